@@ -1,0 +1,338 @@
+#include "client/lib/client.h"
+
+#include <fstream>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "proto/codec/codec.h"
+#include "proto/codec/tensor_paths.h"
+
+namespace attnaudit::client {
+namespace {
+
+constexpr char kRetryPayload[] = "type.attnaudit.dev/retry-after-ms";
+constexpr int64_t kFallbackReceiveLimit = int64_t{4} << 20;  // gRPC default
+constexpr int64_t kDefaultChunk = int64_t{4} << 20;
+
+absl::StatusOr<std::string> ReadFile(const std::string& flag,
+                                     const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": cannot read ", path));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// grpc::Status -> absl::Status, keeping the retry hint as a payload.
+absl::Status ToAbsl(const grpc::Status& status,
+                    const grpc::ClientContext& context) {
+  if (status.ok()) return absl::OkStatus();
+  absl::Status out(static_cast<absl::StatusCode>(status.error_code()),
+                   status.error_message());
+  if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    const auto& trailers = context.GetServerTrailingMetadata();
+    auto it = trailers.find("retry-after-ms");
+    if (it != trailers.end()) {
+      out.SetPayload(kRetryPayload,
+                     absl::Cord(absl::string_view(it->second.data(),
+                                                  it->second.size())));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Duration RetryAfter(const absl::Status& status) {
+  auto payload = status.GetPayload(kRetryPayload);
+  int64_t ms = 0;
+  if (!payload.has_value() ||
+      !absl::SimpleAtoi(std::string(*payload), &ms) || ms < 0) {
+    return absl::ZeroDuration();
+  }
+  return absl::Milliseconds(ms);
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
+    const ClientOptions& options) {
+  if (options.address.empty()) {
+    return absl::InvalidArgumentError("--addr: must not be empty");
+  }
+  std::shared_ptr<grpc::ChannelCredentials> creds;
+  const bool tls = options.tls || !options.tls_ca.empty() ||
+                   !options.tls_cert.empty() || !options.tls_key.empty();
+  if (tls) {
+    grpc::SslCredentialsOptions ssl;
+    if (!options.tls_ca.empty()) {
+      absl::StatusOr<std::string> ca = ReadFile("tls-ca", options.tls_ca);
+      if (!ca.ok()) return ca.status();
+      ssl.pem_root_certs = *std::move(ca);
+    }
+    if (options.tls_cert.empty() != options.tls_key.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls-cert: --tls-cert and --tls-key go together");
+    }
+    if (!options.tls_cert.empty()) {
+      absl::StatusOr<std::string> cert =
+          ReadFile("tls-cert", options.tls_cert);
+      if (!cert.ok()) return cert.status();
+      absl::StatusOr<std::string> key = ReadFile("tls-key", options.tls_key);
+      if (!key.ok()) return key.status();
+      ssl.pem_cert_chain = *std::move(cert);
+      ssl.pem_private_key = *std::move(key);
+    }
+    creds = grpc::SslCredentials(ssl);
+  } else {
+    creds = grpc::InsecureChannelCredentials();
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<int64_t>(options.max_receive_message_bytes, INT32_MAX)));
+  args.SetMaxSendMessageSize(-1);  // the server enforces its own limit
+  if (!options.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(options.tls_server_name);
+  }
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(options.address, creds, args);
+  return std::unique_ptr<Client>(new Client(options, std::move(channel)));
+}
+
+Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
+    : options_(std::move(options)),
+      channel_(std::move(channel)),
+      stub_(v1::AuditService::NewStub(channel_)) {}
+
+void Client::Prepare(grpc::ClientContext* context,
+                     std::optional<absl::Duration> timeout) const {
+  const absl::Duration t = timeout.value_or(options_.timeout);
+  if (t != absl::InfiniteDuration()) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + t));
+  }
+  if (!options_.auth_token.empty()) {
+    context->AddMetadata("authorization",
+                         absl::StrCat("Bearer ", options_.auth_token));
+  }
+}
+
+bool Client::WaitForConnected(absl::Duration timeout) {
+  return channel_->WaitForConnected(
+      absl::ToChronoTime(absl::Now() + timeout));
+}
+
+absl::StatusOr<v1::Capabilities> Client::Capabilities(bool refresh) {
+  if (!refresh) {
+    absl::MutexLock lock(&caps_mu_);
+    if (caps_.has_value()) return *caps_;
+  }
+  grpc::ClientContext context;
+  Prepare(&context, std::nullopt);
+  v1::Capabilities caps;
+  grpc::Status s =
+      stub_->GetCapabilities(&context, v1::GetCapabilitiesRequest(), &caps);
+  if (!s.ok()) return ToAbsl(s, context);
+  absl::MutexLock lock(&caps_mu_);
+  caps_ = caps;
+  return caps;
+}
+
+absl::StatusOr<Transport> Client::ChooseTransport(int64_t request_bytes) {
+  int64_t threshold = options_.stream_threshold_bytes;
+  if (threshold <= 0) {
+    absl::StatusOr<v1::Capabilities> caps = Capabilities();
+    if (!caps.ok()) return caps.status();
+    const int64_t limit = caps->limits().max_receive_message_bytes() > 0
+                              ? caps->limits().max_receive_message_bytes()
+                              : kFallbackReceiveLimit;
+    // Headroom for framing and the non-tensor fields.
+    threshold = limit / 4 * 3;
+  }
+  return request_bytes > threshold ? Transport::kStream : Transport::kUnary;
+}
+
+absl::StatusOr<AuditReport> Client::Audit(const Snapshot& snapshot,
+                                          const CallOptions& call,
+                                          Transport transport) {
+  v1::Snapshot msg;
+  SnapshotToProto(snapshot, &msg);
+  absl::StatusOr<v1::AuditResponse> response =
+      AuditProto(&msg, call, transport);
+  if (!response.ok()) return response.status();
+  return ReportFromProto(response->report());
+}
+
+absl::StatusOr<v1::AuditResponse> Client::AuditProto(v1::Snapshot* snapshot,
+                                                     const CallOptions& call,
+                                                     Transport transport) {
+  if (transport == Transport::kAuto) {
+    absl::StatusOr<Transport> chosen =
+        ChooseTransport(static_cast<int64_t>(snapshot->ByteSizeLong()) + 64 +
+                        static_cast<int64_t>(call.audit_options.ByteSizeLong()));
+    if (!chosen.ok()) return chosen.status();
+    transport = *chosen;
+  }
+  if (transport == Transport::kStream) return AuditStream(snapshot, call);
+  v1::AuditRequest request;
+  // Swap in and out: no copy of the tensor bytes.
+  request.mutable_snapshot()->Swap(snapshot);
+  auto restore =
+      absl::MakeCleanup([&] { request.mutable_snapshot()->Swap(snapshot); });
+  *request.mutable_options() = call.audit_options;
+  request.set_priority(call.priority);
+  return AuditUnary(request, call);
+}
+
+absl::StatusOr<v1::AuditResponse> Client::AuditUnary(
+    const v1::AuditRequest& request, const CallOptions& call) {
+  grpc::ClientContext context;
+  Prepare(&context, call.timeout);
+  v1::AuditResponse response;
+  grpc::Status s = stub_->Audit(&context, request, &response);
+  if (!s.ok()) return ToAbsl(s, context);
+  return response;
+}
+
+absl::StatusOr<v1::AuditResponse> Client::AuditStream(
+    v1::Snapshot* snapshot, const CallOptions& call,
+    int64_t min_streamed_bytes) {
+  int64_t chunk = options_.chunk_bytes;
+  if (chunk <= 0) {
+    absl::StatusOr<v1::Capabilities> caps = Capabilities();
+    chunk = caps.ok() && caps->limits().recommended_chunk_bytes() > 0
+                ? caps->limits().recommended_chunk_bytes()
+                : kDefaultChunk;
+  }
+  // Move the big tensors' bytes aside; the header is the rest.
+  struct Moved {
+    v1::Tensor* tensor;
+    std::string bytes;
+  };
+  std::vector<Moved> moved;
+  auto restore = absl::MakeCleanup([&moved] {
+    for (Moved& m : moved) m.tensor->mutable_data()->swap(m.bytes);
+  });
+  v1::AuditStreamMessage first;
+  v1::AuditStreamHeader* header = first.mutable_header();
+  for (absl::string_view path : SnapshotTensorPaths()) {
+    if (FindSnapshotTensor(*snapshot, path) == nullptr) continue;
+    v1::Tensor* t = MutableSnapshotTensor(snapshot, path);
+    if (static_cast<int64_t>(t->data().size()) < min_streamed_bytes) continue;
+    v1::StreamedTensor* entry = header->add_manifest();
+    entry->set_field_path(std::string(path));
+    entry->set_byte_length(static_cast<int64_t>(t->data().size()));
+    moved.push_back(Moved{t, std::string()});
+    moved.back().bytes.swap(*t->mutable_data());
+  }
+  *header->mutable_snapshot() = *snapshot;  // light now
+  *header->mutable_options() = call.audit_options;
+  header->set_priority(call.priority);
+
+  grpc::ClientContext context;
+  Prepare(&context, call.timeout);
+  v1::AuditResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::AuditStreamMessage>> writer =
+      stub_->AuditStream(&context, &response);
+  bool open = writer->Write(first);
+  first.Clear();
+  v1::AuditStreamMessage message;
+  std::string* data = message.mutable_chunk()->mutable_data();
+  for (const Moved& m : moved) {
+    for (size_t off = 0; open && off < m.bytes.size();
+         off += static_cast<size_t>(chunk)) {
+      const size_t n = std::min(static_cast<size_t>(chunk), m.bytes.size() - off);
+      data->assign(m.bytes.data() + off, n);
+      open = writer->Write(message);
+    }
+    if (!open) break;  // the server ended the call; Finish says why
+  }
+  if (open) writer->WritesDone();
+  grpc::Status s = writer->Finish();
+  if (!s.ok()) return ToAbsl(s, context);
+  return response;
+}
+
+absl::StatusOr<v1::SubmitResponse> Client::Submit(const Snapshot& snapshot,
+                                                  const SubmitOptions& call) {
+  v1::SubmitRequest request;
+  SnapshotToProto(snapshot, request.mutable_snapshot());
+  *request.mutable_options() = call.audit_options;
+  request.set_priority(call.priority);
+  request.set_idempotency_key(call.idempotency_key);
+  if (call.job_timeout > absl::ZeroDuration()) {
+    const int64_t ns = absl::ToInt64Nanoseconds(call.job_timeout);
+    request.mutable_timeout()->set_seconds(ns / 1000000000);
+    request.mutable_timeout()->set_nanos(static_cast<int32_t>(ns % 1000000000));
+  }
+  return SubmitProto(request, call.timeout);
+}
+
+absl::StatusOr<v1::SubmitResponse> Client::SubmitProto(
+    const v1::SubmitRequest& request, std::optional<absl::Duration> timeout) {
+  grpc::ClientContext context;
+  Prepare(&context, timeout);
+  v1::SubmitResponse response;
+  grpc::Status s = stub_->Submit(&context, request, &response);
+  if (!s.ok()) return ToAbsl(s, context);
+  return response;
+}
+
+absl::StatusOr<v1::JobResult> Client::GetResult(const std::string& job_id) {
+  grpc::ClientContext context;
+  Prepare(&context, std::nullopt);
+  v1::GetResultRequest request;
+  request.set_job_id(job_id);
+  v1::JobResult result;
+  grpc::Status s = stub_->GetResult(&context, request, &result);
+  if (!s.ok()) return ToAbsl(s, context);
+  return result;
+}
+
+absl::StatusOr<v1::JobState> Client::Cancel(const std::string& job_id) {
+  grpc::ClientContext context;
+  Prepare(&context, std::nullopt);
+  v1::CancelRequest request;
+  request.set_job_id(job_id);
+  v1::CancelResponse response;
+  grpc::Status s = stub_->Cancel(&context, request, &response);
+  if (!s.ok()) return ToAbsl(s, context);
+  return response.state();
+}
+
+absl::Status Client::Watch(
+    const v1::ResultFilter& filter,
+    const std::function<bool(const v1::JobResult&)>& on_result,
+    absl::Duration duration) {
+  grpc::ClientContext context;
+  Prepare(&context, duration);
+  v1::WatchResultsRequest request;
+  *request.mutable_filter() = filter;
+  std::unique_ptr<grpc::ClientReader<v1::JobResult>> reader =
+      stub_->WatchResults(&context, request);
+  v1::JobResult result;
+  bool stopped = false;
+  while (reader->Read(&result)) {
+    if (!on_result(result)) {
+      stopped = true;
+      context.TryCancel();
+      break;
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (stopped) return absl::OkStatus();
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+      duration != absl::InfiniteDuration()) {
+    return absl::OkStatus();
+  }
+  return ToAbsl(s, context);
+}
+
+}  // namespace attnaudit::client

@@ -1,0 +1,152 @@
+// attnaudit::client: a C++ client of attnaudit-server (attnaudit.v1
+// .AuditService), used by the CLI's remote commands and the load generator.
+//
+//   ClientOptions options;  options.address = "localhost:50051";
+//   ATTNAUDIT_ASSIGN_OR_RETURN(auto client, Client::Connect(options));
+//   ATTNAUDIT_ASSIGN_OR_RETURN(AuditReport report, client->Audit(snapshot));
+//
+// Audit picks the unary call for snapshots that fit comfortably under the
+// server's receive limit and the AuditStream call (header + chunks) for
+// larger ones; the limit and chunk size come from GetCapabilities (asked
+// once, cached). Every call carries a deadline (ClientOptions::timeout
+// unless the call says otherwise) and, when configured, the bearer token.
+//
+// Errors: the gRPC status as absl::Status with the same code and message.
+// RESOURCE_EXHAUSTED answers carry the server's retry hint, readable with
+// RetryAfter(status). Thread safety: a Client may be used from many threads
+// at once (gRPC channels and stubs are thread-safe; the capabilities cache
+// is locked).
+#ifndef ATTNAUDIT_CLIENT_LIB_CLIENT_H_
+#define ATTNAUDIT_CLIENT_LIB_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "attnaudit/v1/service.grpc.pb.h"
+#include "core/audit/audit.h"
+#include "core/report/report.h"
+#include "core/snapshot/snapshot.h"
+
+namespace grpc {
+class Channel;
+}  // namespace grpc
+
+namespace attnaudit::client {
+
+struct ClientOptions {
+  std::string address = "localhost:50051";  // HOST:PORT
+  // TLS: on when `tls` or any of the files is set. ca: PEM roots that sign
+  // the server's certificate (empty: the system roots). cert/key: the
+  // client's certificate for mTLS. server_name: override the name checked
+  // against the certificate (tests with self-signed certificates).
+  bool tls = false;
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_server_name;
+  // Sent as "authorization: Bearer <token>" on every call when non-empty.
+  std::string auth_token;
+  // Deadline of each call unless the call gives one.
+  absl::Duration timeout = absl::Seconds(120);
+  // Largest message the client accepts (reports are small).
+  int64_t max_receive_message_bytes = int64_t{1} << 30;
+  // Audit: snapshots whose unary request exceeds this use AuditStream.
+  // 0: 3/4 of the server's max_receive_message_bytes.
+  int64_t stream_threshold_bytes = 0;
+  // AuditStream chunk size; 0: the server's recommended_chunk_bytes.
+  int64_t chunk_bytes = 0;
+};
+
+// Per-call settings of Audit and Submit.
+struct CallOptions {
+  std::optional<absl::Duration> timeout;  // default: ClientOptions::timeout
+  v1::Priority priority = v1::PRIORITY_UNSPECIFIED;
+  v1::AuditOptions audit_options;
+};
+
+struct SubmitOptions : CallOptions {
+  std::string idempotency_key;
+  // The job's own timeout on the server (waiting + running); 0: none.
+  absl::Duration job_timeout = absl::ZeroDuration();
+};
+
+enum class Transport { kAuto, kUnary, kStream };
+
+class Client {
+ public:
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const ClientOptions& options);
+
+  // Cached after the first successful call unless `refresh`.
+  absl::StatusOr<v1::Capabilities> Capabilities(bool refresh = false);
+
+  // Audits `snapshot` (copied into the request). A snapshot that fails the
+  // server's validation is InvalidArgument naming the field.
+  absl::StatusOr<AuditReport> Audit(const Snapshot& snapshot,
+                                    const CallOptions& call = {},
+                                    Transport transport = Transport::kAuto);
+  // The same from an encoded snapshot. For the stream the message's
+  // tensor data is moved out while the header is built and put back
+  // before returning, so `snapshot` is unchanged afterwards.
+  absl::StatusOr<v1::AuditResponse> AuditProto(
+      v1::Snapshot* snapshot, const CallOptions& call = {},
+      Transport transport = Transport::kAuto);
+  // The unary call with a prepared request (load generation).
+  absl::StatusOr<v1::AuditResponse> AuditUnary(const v1::AuditRequest& request,
+                                               const CallOptions& call = {});
+  // The streaming call: tensors of at least `min_streamed_bytes` bytes are
+  // streamed, smaller ones sent inline in the header.
+  absl::StatusOr<v1::AuditResponse> AuditStream(
+      v1::Snapshot* snapshot, const CallOptions& call = {},
+      int64_t min_streamed_bytes = 64 << 10);
+  // Which transport Audit would use for a request of this many bytes.
+  absl::StatusOr<Transport> ChooseTransport(int64_t request_bytes);
+
+  absl::StatusOr<v1::SubmitResponse> Submit(const Snapshot& snapshot,
+                                            const SubmitOptions& call = {});
+  absl::StatusOr<v1::SubmitResponse> SubmitProto(
+      const v1::SubmitRequest& request,
+      std::optional<absl::Duration> timeout = std::nullopt);
+  absl::StatusOr<v1::JobResult> GetResult(const std::string& job_id);
+  absl::StatusOr<v1::JobState> Cancel(const std::string& job_id);
+
+  // Streams finished results matching `filter` to `on_result` until it
+  // returns false, `duration` passes (the call's deadline; InfiniteDuration:
+  // none), or the server ends the stream. Returns OK when on_result
+  // stopped it or the duration ran out, else the stream's status.
+  absl::Status Watch(const v1::ResultFilter& filter,
+                     const std::function<bool(const v1::JobResult&)>& on_result,
+                     absl::Duration duration = absl::InfiniteDuration());
+
+  // Blocks until the channel is connected or `timeout` passes.
+  bool WaitForConnected(absl::Duration timeout);
+
+  const ClientOptions& options() const { return options_; }
+
+ private:
+  Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
+  void Prepare(grpc::ClientContext* context,
+               std::optional<absl::Duration> timeout) const;
+
+  const ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::AuditService::Stub> stub_;
+  absl::Mutex caps_mu_;
+  std::optional<v1::Capabilities> caps_ ABSL_GUARDED_BY(caps_mu_);
+};
+
+// The server's retry hint of a RESOURCE_EXHAUSTED status (its
+// "retry-after-ms" trailer), or zero.
+absl::Duration RetryAfter(const absl::Status& status);
+
+}  // namespace attnaudit::client
+
+#endif  // ATTNAUDIT_CLIENT_LIB_CLIENT_H_

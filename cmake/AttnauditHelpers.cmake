@@ -1,0 +1,50 @@
+# attnaudit_cc_library(NAME name SRCS ... HDRS ... DEPS ...)
+# Defines attnaudit_<name> with the alias attnaudit::<name>. Headers are
+# included as "core/<component>/<file>.h" from the repository root.
+function(attnaudit_cc_library)
+  cmake_parse_arguments(A "" "NAME" "SRCS;HDRS;DEPS" ${ARGN})
+  set(target attnaudit_${A_NAME})
+  if(A_SRCS)
+    add_library(${target} STATIC ${A_SRCS} ${A_HDRS})
+    target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
+    target_link_libraries(${target} PUBLIC ${A_DEPS})
+    # The numerical core is hot: GCC 12 vectorises runtime-length loops
+    # only at -O3.
+    string(FIND "${CMAKE_CURRENT_SOURCE_DIR}" "${PROJECT_SOURCE_DIR}/core/" in_core)
+    if(in_core EQUAL 0)
+      target_compile_options(${target} PRIVATE
+        $<$<CONFIG:RelWithDebInfo,Release>:-O3>)
+    endif()
+  else()
+    add_library(${target} INTERFACE)
+    target_include_directories(${target} INTERFACE ${PROJECT_SOURCE_DIR})
+    target_link_libraries(${target} INTERFACE ${A_DEPS})
+  endif()
+  add_library(attnaudit::${A_NAME} ALIAS ${target})
+endfunction()
+
+# attnaudit_cc_test(NAME name SRCS ... DEPS ... [LABELS ...])
+function(attnaudit_cc_test)
+  cmake_parse_arguments(A "" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
+  add_executable(${A_NAME} ${A_SRCS})
+  target_link_libraries(${A_NAME} PRIVATE ${A_DEPS} GTest::gtest GTest::gtest_main)
+  target_include_directories(${A_NAME} PRIVATE ${PROJECT_SOURCE_DIR})
+  add_test(NAME ${A_NAME} COMMAND ${A_NAME})
+  if(A_LABELS)
+    set_tests_properties(${A_NAME} PROPERTIES LABELS "${A_LABELS}")
+  endif()
+endfunction()
+
+# Adds every immediate subdirectory of the current source dir that has a
+# CMakeLists.txt, so components can be added without touching their parent.
+function(attnaudit_add_subdirectories)
+  file(GLOB children LIST_DIRECTORIES true RELATIVE ${CMAKE_CURRENT_SOURCE_DIR}
+       ${CMAKE_CURRENT_SOURCE_DIR}/*)
+  list(SORT children)
+  foreach(child ${children})
+    if(IS_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/${child} AND
+       EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/${child}/CMakeLists.txt)
+      add_subdirectory(${child})
+    endif()
+  endforeach()
+endfunction()

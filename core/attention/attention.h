@@ -1,0 +1,94 @@
+// R and P for one validated snapshot, computed in one fused pass over the
+// KV pages (each K/V row is read and widened once, and shared by all query
+// heads of its GQA group and all Sq queries).
+//
+// R, the reference: logical full-prefill attention over the logically
+// gathered, visible keys, accumulated in fp64 (an fp64 online softmax
+// across blocks, whose rescaling error is ~1e-16 relative), LSE in natural
+// log of the scaled (and soft-capped) scores. R.out is NOT rounded.
+// P, the replay: per logical block partial states in fp32 (out normalised
+// within the block, lse), merged in ascending logical block order by the
+// shared MergeInto left fold, sinks merged last, downcast once at the final
+// write to the output dtype.
+// Both report the LSE the way the engine declared it: over keys only, or
+// including sinks when snapshot.engine_lse_includes_sinks.
+//
+// PreparedAttention owns the RoPE'd queries and, when the cache is pre-RoPE,
+// a rotated fp32 copy of the referenced K pages; it borrows the snapshot
+// (which must outlive it). Compute is thread-safe for concurrent calls on a
+// const PreparedAttention.
+#ifndef ATTNAUDIT_CORE_ATTENTION_ATTENTION_H_
+#define ATTNAUDIT_CORE_ATTENTION_ATTENTION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/snapshot/snapshot.h"
+#include "core/validate/validate.h"
+
+namespace attnaudit {
+
+struct PreparedAttention {
+  const Snapshot* snapshot = nullptr;
+  const ResolvedLayout* layout = nullptr;
+  SnapshotDims dims;
+  std::vector<double> q;  // [B,Sq,Hq,D] post-RoPE, as the engine's dtype
+  std::vector<int64_t> query_positions;  // [B,Sq]
+  // K source: the snapshot's pages, or `rotated_k` (f32 NHD) when the cache
+  // was pre-RoPE.
+  std::vector<float> rotated_k;
+  const void* k_data = nullptr;
+  DType k_dtype = DType::kInvalid;
+  KvLayout k_layout = KvLayout::kNHD;
+  const void* v_data = nullptr;
+  DType v_dtype = DType::kInvalid;
+  KvLayout v_layout = KvLayout::kNHD;
+  std::vector<double> k_scale;  // [Hkv], 1 when absent or already applied
+  std::vector<double> v_scale;  // [Hkv]
+  double softmax_scale = 1;
+  double softcap = 0;
+  int64_t window = 0;           // 0: none
+  bool window_inclusive = false;  // FlashAttention left window convention
+  std::vector<double> sinks;    // [Hq] or empty
+  bool lse_includes_sinks = false;
+  DType output_dtype = DType::kF32;
+};
+
+// Applies RoPE (fp32, one cast after) and resolves scales and variants.
+absl::StatusOr<PreparedAttention> PrepareAttention(
+    const Snapshot& snapshot, const ResolvedLayout& layout, int threads);
+
+struct AttentionResults {
+  std::vector<double> reference_out;  // [B,Sq,Hq,D]
+  std::vector<double> reference_lse;  // [B,Sq,Hq]
+  std::vector<double> replay_out;     // rounded to the output dtype
+  std::vector<double> replay_lse;     // fp32 values
+  // [B][Sq][k] ascending logical blocks merged (when requested).
+  std::vector<std::vector<std::vector<int32_t>>> merge_orders;
+  int64_t max_merged_blocks = 0;
+  int64_t max_visible_keys = 0;
+  double seconds = 0;
+};
+
+// Cancelled when *cancelled becomes true (polled per work item).
+absl::StatusOr<AttentionResults> ComputeReferenceAndReplay(
+    const PreparedAttention& prepared, int threads, bool record_merge_orders,
+    const std::atomic<bool>* cancelled);
+
+// Which halves of the fused pass run; benchmarks time R and P apart. The
+// skipped half's outputs stay zero.
+enum class AttentionPasses { kBoth, kReferenceOnly, kReplayOnly };
+struct AttentionRunOptions {
+  int threads = 0;
+  bool record_merge_orders = true;
+  const std::atomic<bool>* cancelled = nullptr;
+  AttentionPasses passes = AttentionPasses::kBoth;
+};
+absl::StatusOr<AttentionResults> ComputeAttention(
+    const PreparedAttention& prepared, const AttentionRunOptions& options);
+
+}  // namespace attnaudit
+
+#endif  // ATTNAUDIT_CORE_ATTENTION_ATTENTION_H_

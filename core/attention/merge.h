@@ -1,0 +1,34 @@
+// The one merge routine for partial attention states (out, lse), shared by
+// the CPU replay, the CP rings and (later) the GPU kernels. DESIGN.md §2:
+//   M   = max_i lse_i      (NaN and +inf count as -inf; M = 0 if all -inf)
+//   w_i = exp(lse_i - M)
+//   out = sum_i w_i out_i / sum_i w_i      (fp32)
+//   lse = M + ln sum_i w_i
+// No state, or only -inf states: out = 0, lse = -inf. LSEs are natural-log;
+// base-2 inputs are converted at the edge (LseFromBase2), never here.
+// Pure functions; thread-safe.
+#ifndef ATTNAUDIT_CORE_ATTENTION_MERGE_H_
+#define ATTNAUDIT_CORE_ATTENTION_MERGE_H_
+
+#include <cstdint>
+
+namespace attnaudit {
+
+// Merges n states of dimension d: outs[i] points at d floats.
+// `out` may alias outs[0].
+void MergeStates(const float* const* outs, const float* lses, int n,
+                 int64_t d, float* out, float* lse);
+
+// Two-state form used by the left fold: (acc_out, acc_lse) <- merge(acc,
+// next). Same arithmetic as MergeStates with n = 2.
+void MergeInto(float* acc_out, float* acc_lse, const float* next_out,
+               float next_lse, int64_t d);
+
+// lse_e = lse_2 * ln 2.
+inline double LseFromBase2(double lse2) {
+  return lse2 * 0.693147180559945309417232121458176568;
+}
+
+}  // namespace attnaudit
+
+#endif  // ATTNAUDIT_CORE_ATTENTION_MERGE_H_

@@ -1,0 +1,226 @@
+// Selected-token log-probs through a (synthetic) lm_head, and the RL
+// frameworks' agreement metrics. Declared in drift.h; definitions in
+// docs/NUMERICS.md ("Log-prob agreement").
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/drift/drift.h"
+
+namespace attnaudit {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Dot product in fp64 with four independent accumulators: a fixed,
+// deterministic order the compiler can vectorise (no reassociation needed).
+double Dot(const double* a, const double* b, int64_t n) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += a[i] * b[i];
+    s1 += a[i + 1] * b[i + 1];
+    s2 += a[i + 2] * b[i + 2];
+    s3 += a[i + 3] * b[i + 3];
+  }
+  for (; i < n; ++i) s0 += a[i] * b[i];
+  return (s0 + s1) + (s2 + s3);
+}
+
+// r - 1 - log r for log r = x, without the cancellation of the direct form:
+// expm1(x) - x, and its Taylor series where even that cancels.
+double K3Term(double x) {
+  if (std::fabs(x) < 1e-4) {
+    // x^2/2 + x^3/6 + x^4/24; the next term is below 1e-20 relative.
+    return x * x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0)));
+  }
+  return std::expm1(x) - x;
+}
+
+// log_softmax(z / temperature)[id], max-shifted; NaN when any logit is not
+// finite, so an engine NaN/Inf in out stays visible.
+double SelectedLogSoftmax(double* z, int64_t vocab, int64_t id,
+                          double temperature) {
+  double max_z = -std::numeric_limits<double>::infinity();
+  bool finite = true;
+  for (int64_t v = 0; v < vocab; ++v) {
+    z[v] /= temperature;
+    finite = finite && std::isfinite(z[v]);
+    max_z = std::max(max_z, z[v]);
+  }
+  if (!finite) return kNaN;
+  double sum = 0;
+  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(z[v] - max_z);
+  return (z[id] - max_z) - std::log(sum);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<double>> SelectedLogprobs(const DenseView& out,
+                                                     const Tensor& lm_head,
+                                                     const Tensor& token_ids,
+                                                     const uint8_t* active_mask,
+                                                     double temperature) {
+  if (out.shape.size() != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("out: expected [B,Sq,Hq,D], got rank ", out.shape.size()));
+  }
+  int64_t out_n = 0;
+  if (!CheckedNumElements(out.shape, &out_n)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "out: shape [", absl::StrJoin(out.shape, ","), "] is invalid"));
+  }
+  if (out_n > 0 && out.values == nullptr) {
+    return absl::InvalidArgumentError("out: values are null");
+  }
+  const int64_t batch = out.shape[0];
+  const int64_t queries = out.shape[1];
+  const int64_t hidden = out.shape[2] * out.shape[3];
+
+  if (!lm_head.present() || !IsFloating(lm_head.dtype())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lm_head: expected a floating tensor, got ", lm_head.DebugString()));
+  }
+  absl::Status status =
+      lm_head.CheckLayout("lm_head", std::numeric_limits<int64_t>::max());
+  if (!status.ok()) return status;
+  if (hidden < 1 || lm_head.rank() != 2 || lm_head.dim(1) != hidden ||
+      lm_head.dim(0) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lm_head: expected [V>=1, Hq*D=", hidden, "], got ",
+                     lm_head.DebugString()));
+  }
+  const int64_t vocab = lm_head.dim(0);
+
+  if (!token_ids.present() || !IsInteger(token_ids.dtype())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("selected_token_ids: expected an i32/i64 tensor, got ",
+                     token_ids.DebugString()));
+  }
+  status = token_ids.CheckLayout("selected_token_ids",
+                                 std::numeric_limits<int64_t>::max());
+  if (!status.ok()) return status;
+  if (token_ids.rank() != 2 || token_ids.dim(0) != batch ||
+      token_ids.dim(1) != queries) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("selected_token_ids: expected [B=", batch,
+                     ", Sq=", queries, "], got ", token_ids.DebugString()));
+  }
+  if (!(temperature > 0) || !std::isfinite(temperature)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature: must be finite and > 0, got ", temperature));
+  }
+
+  // Active tokens and their ids, validated before any O(V) allocation.
+  const int64_t tokens = batch * queries;
+  std::vector<int64_t> active;
+  std::vector<int64_t> ids;
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (active_mask != nullptr && active_mask[t] == 0) continue;
+    const int64_t id = token_ids.IntAt(t);
+    if (id < 0 || id >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("selected_token_ids[", t / queries, "][", t % queries,
+                       "]: token id ", id, " is outside [0, ", vocab, ")"));
+    }
+    active.push_back(t);
+    ids.push_back(id);
+  }
+
+  // logits[a][v] for a chunk of active tokens; the pass over lm_head rows
+  // widens each row once per chunk. The chunk bounds the scratch to
+  // kMaxLogits doubles (or one token's V when V is larger).
+  constexpr int64_t kMaxLogits = int64_t{1} << 22;
+  const int64_t num_active = static_cast<int64_t>(active.size());
+  const int64_t chunk =
+      std::max<int64_t>(1, std::min(num_active, kMaxLogits / vocab));
+  std::vector<double> logits(static_cast<size_t>(chunk * vocab));
+  std::vector<double> row(static_cast<size_t>(hidden));
+  std::vector<float> row_f32(
+      lm_head.dtype() == DType::kF64 ? 0 : static_cast<size_t>(hidden));
+  const size_t row_bytes =
+      static_cast<size_t>(hidden) * DTypeSize(lm_head.dtype());
+  const char* head_bytes = static_cast<const char*>(lm_head.raw());
+
+  std::vector<double> result(static_cast<size_t>(tokens), 0.0);
+  for (int64_t first = 0; first < num_active; first += chunk) {
+    const int64_t last = std::min(num_active, first + chunk);
+    for (int64_t v = 0; v < vocab; ++v) {
+      const char* src = head_bytes + static_cast<size_t>(v) * row_bytes;
+      if (lm_head.dtype() == DType::kF64) {
+        ConvertToDouble(src, DType::kF64, hidden, row.data());
+      } else {
+        ConvertToFloat(src, lm_head.dtype(), hidden, row_f32.data());
+        std::copy(row_f32.begin(), row_f32.end(), row.begin());
+      }
+      for (int64_t a = first; a < last; ++a) {
+        const double* h = out.values + active[a] * hidden;
+        logits[(a - first) * vocab + v] = Dot(h, row.data(), hidden);
+      }
+    }
+    for (int64_t a = first; a < last; ++a) {
+      result[active[a]] = SelectedLogSoftmax(&logits[(a - first) * vocab],
+                                             vocab, ids[a], temperature);
+    }
+  }
+  return result;
+}
+
+LogprobAgreement CompareLogprobs(const DenseView& candidate,
+                                 const DenseView& baseline,
+                                 const uint8_t* active_mask) {
+  LogprobAgreement agreement;
+  const int64_t n = candidate.size();
+  if (candidate.shape != baseline.shape || n == 0 ||
+      candidate.values == nullptr || baseline.values == nullptr) {
+    return agreement;
+  }
+  double sum_abs = 0;
+  double sum_diff = 0;
+  double sum_k3 = 0;
+  double sum_ratio = 0;
+  double min_ratio = std::numeric_limits<double>::infinity();
+  double max_ratio = 0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (active_mask != nullptr && active_mask[i] == 0) continue;
+    const double diff = candidate.values[i] - baseline.values[i];
+    if (!std::isfinite(diff)) continue;  // visible in the DriftStats counts
+    ++count;
+    const double log_ratio = -diff;  // log r = lp_ref - lp_cand
+    const double ratio = std::exp(log_ratio);
+    sum_abs += std::fabs(diff);
+    agreement.max_abs_diff = std::max(agreement.max_abs_diff, std::fabs(diff));
+    sum_diff += diff;
+    sum_k3 += K3Term(log_ratio);
+    sum_ratio += ratio;
+    min_ratio = std::min(min_ratio, ratio);
+    max_ratio = std::max(max_ratio, ratio);
+  }
+  if (count == 0) return agreement;
+  const double cnt = static_cast<double>(count);
+  agreement.count = count;
+  agreement.mean_abs_diff = sum_abs / cnt;
+  agreement.k1_kl = sum_diff / cnt;
+  agreement.k3_kl = sum_k3 / cnt;
+  agreement.ratio_mean = sum_ratio / cnt;
+  agreement.ratio_min = min_ratio;
+  agreement.ratio_max = max_ratio;
+  // Population standard deviation, second pass around the mean (the ratios
+  // sit near 1, where the one-pass formula cancels).
+  double sum_sq = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (active_mask != nullptr && active_mask[i] == 0) continue;
+    const double diff = candidate.values[i] - baseline.values[i];
+    if (!std::isfinite(diff)) continue;
+    const double dev = std::exp(-diff) - agreement.ratio_mean;
+    sum_sq += dev * dev;
+  }
+  agreement.ratio_std = std::sqrt(sum_sq / cnt);
+  return agreement;
+}
+
+}  // namespace attnaudit

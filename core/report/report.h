@@ -1,0 +1,149 @@
+// The audit report: verdict, drift statistics per comparison and quantity,
+// and provenance. The core's model of proto/attnaudit/v1/report.proto.
+// Plain values; no invariants beyond those documented per field.
+#ifndef ATTNAUDIT_CORE_REPORT_REPORT_H_
+#define ATTNAUDIT_CORE_REPORT_REPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "core/snapshot/snapshot.h"
+#include "core/tensor/dtype.h"
+
+namespace attnaudit {
+
+enum class Verdict : int { kUnspecified = 0, kPass = 1, kDrift = 2, kInvalid = 3 };
+
+// Which two results are compared: candidate vs baseline.
+enum class Comparison : int {
+  kEngineVsReference = 0,  // E vs R: engine drift, the production signal
+  kReplayVsReference = 1,  // P vs R: replay consistency
+  kEngineVsReplay = 2,     // E vs P: kernel numerics vs cache/layout faults
+};
+constexpr int kNumComparisons = 3;
+
+enum class Quantity : int { kOut = 0, kLse = 1, kLogprob = 2 };
+constexpr int kNumQuantities = 3;
+
+absl::string_view VerdictName(Verdict v);        // "PASS", "DRIFT", ...
+absl::string_view ComparisonName(Comparison c);  // "engine_vs_reference"
+absl::string_view ComparisonShortName(Comparison c);  // "E-R"
+absl::string_view QuantityName(Quantity q);      // "out", "lse", "logprob"
+
+// A position in [B, Sq, Hq, D]; trailing indices are -1 when the quantity
+// has fewer dimensions (lse: d = -1; logprob: h = d = -1).
+struct Location {
+  int64_t batch = -1;
+  int64_t query = -1;
+  int64_t head = -1;
+  int64_t dim = -1;
+};
+
+// Statistics of diff = candidate - baseline over `count` elements.
+struct DriftStats {
+  int64_t count = 0;
+  double max_abs = 0;
+  double mean_abs = 0;
+  double rms = 0;
+  double max_rel = 0;  // |diff| / max(|baseline|, tiny)
+  double p99_abs = 0;  // exact order statistic (nearest rank), no size limit
+  // ULP distance in `ulp_dtype` (the output dtype for out, f32 for lse and
+  // log-probs).
+  DType ulp_dtype = DType::kF32;
+  double max_ulp = 0;
+  double mean_ulp = 0;
+  double tolerance = 0;          // absolute tolerance applied
+  int64_t over_tolerance = 0;    // elements with |diff| > tolerance
+  int64_t candidate_nan = 0;
+  int64_t candidate_inf = 0;
+  int64_t baseline_nan = 0;
+  int64_t baseline_inf = 0;
+  // Elements where the two sides differ and at least one is NaN/Inf: a NaN
+  // on one side only, an infinity against a finite value, or opposite
+  // infinities (both NaN, or equal infinities, agree). They are not in the
+  // value statistics (`count`) and make the comparison DRIFT.
+  int64_t nonfinite_mismatch = 0;
+  Location first_nonfinite_mismatch;  // first such element, row-major
+  Location worst;  // argmax |diff| (first in row-major order on ties)
+  double worst_candidate = 0;
+  double worst_baseline = 0;
+};
+
+// Log-prob agreement in the RL frameworks' terms; log r = lp_ref - lp_cand,
+// where "ref" is the baseline of the comparison (the trainer's stand-in) and
+// "cand" the candidate (the rollout's). Definitions in docs/NUMERICS.md.
+struct LogprobAgreement {
+  int64_t count = 0;           // active tokens
+  double mean_abs_diff = 0;    // mean |lp_cand - lp_ref|
+  double max_abs_diff = 0;
+  double k1_kl = 0;            // mean(lp_cand - lp_ref)
+  double k3_kl = 0;            // mean(r - 1 - log r)
+  double ratio_mean = 0;       // r = exp(lp_ref - lp_cand)
+  double ratio_min = 0;
+  double ratio_max = 0;
+  double ratio_std = 0;
+};
+
+struct HeadSummary {
+  int64_t head = 0;
+  double max_abs = 0;
+  double mean_abs = 0;
+  double max_ulp = 0;
+};
+
+struct ComparisonResult {
+  Comparison comparison = Comparison::kEngineVsReference;
+  Verdict verdict = Verdict::kUnspecified;
+  bool has_out = false;
+  DriftStats out;
+  bool has_lse = false;
+  DriftStats lse;
+  bool has_logprob = false;
+  DriftStats logprob;
+  LogprobAgreement logprob_agreement;
+  std::vector<HeadSummary> worst_heads;  // by out max_abs, descending
+  std::vector<std::string> reasons;      // why DRIFT, one line each
+};
+
+struct StageTimings {
+  double validate_seconds = 0;
+  double reference_seconds = 0;  // R and P share one pass; see replay
+  double replay_seconds = 0;
+  double compare_seconds = 0;
+  double total_seconds = 0;
+};
+
+struct Provenance {
+  std::string backend = "cpu";
+  int threads = 0;
+  double softmax_scale = 0;
+  DType output_dtype = DType::kInvalid;
+  int64_t max_merged_blocks = 0;  // largest k over all queries
+  // [B][Sq][k]: ascending logical blocks with >= 1 visible key, in the order
+  // the replay merged them. Empty when the option to include them is off.
+  std::vector<std::vector<std::vector<int32_t>>> merge_orders;
+  // [B][active blocks]: CP rank owning each logical block.
+  std::vector<std::vector<int32_t>> block_owners;
+  std::string kv_fingerprint;      // attnaudit v1 digest, when computed
+  std::string prefix_fingerprint;  // recomputed, when the prefix is enabled
+  std::string rope_fingerprint;
+  std::string fingerprint_version;
+  StageTimings timings;
+};
+
+struct AuditReport {
+  Verdict verdict = Verdict::kUnspecified;
+  std::string invalid_reason;  // the validation error, when INVALID
+  SnapshotDims dims;
+  Labels labels;
+  std::vector<ComparisonResult> comparisons;
+  Provenance provenance;
+
+  const ComparisonResult* Find(Comparison c) const;
+};
+
+}  // namespace attnaudit
+
+#endif  // ATTNAUDIT_CORE_REPORT_REPORT_H_

@@ -1,0 +1,295 @@
+// Synthesize: options -> a realistic decode snapshot whose engine outputs
+// come from the simulated flash-decoding kernel (with an optional fault).
+// The snapshot always carries the TRUE data; only engine.* reflects a fault.
+#include "core/sim/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+#include "core/fingerprint/fingerprint.h"
+#include "core/sim/flash_decode.h"
+#include "core/sim/random.h"
+#include "core/sim/synth_internal.h"
+#include "core/validate/validate.h"
+
+namespace attnaudit {
+namespace {
+
+using sim_internal::DeriveSeed;
+using sim_internal::NormalSource;
+
+absl::Status Range(const char* field, int64_t value, int64_t lo, int64_t hi) {
+  if (value < lo || value > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": must be in [", lo, ", ", hi, "], got ", value));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOptions(const SynthOptions& o, const ModelPreset& preset) {
+  const ValidationLimits limits;
+  ATTNAUDIT_RETURN_IF_ERROR(Range("batch", o.batch, 1, limits.max_batch));
+  ATTNAUDIT_RETURN_IF_ERROR(Range("context", o.context, 1, limits.max_context));
+  ATTNAUDIT_RETURN_IF_ERROR(Range("queries", o.queries, 1, limits.max_queries));
+  ATTNAUDIT_RETURN_IF_ERROR(
+      Range("page_size", o.page_size, 1, limits.max_page_size));
+  ATTNAUDIT_RETURN_IF_ERROR(
+      Range("split_tokens", o.split_tokens, 1, limits.max_context));
+  ATTNAUDIT_RETURN_IF_ERROR(Range("vocab", o.vocab, 1, limits.max_vocab));
+  ATTNAUDIT_RETURN_IF_ERROR(
+      Range("layer", o.layer, 0, std::numeric_limits<int32_t>::max()));
+  if (o.kv_dtype != DType::kBF16 && o.kv_dtype != DType::kF16 &&
+      o.kv_dtype != DType::kF32 && o.kv_dtype != DType::kF8E4M3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_dtype: must be bf16, f16, f32 or fp8_e4m3, got ",
+                     DTypeName(o.kv_dtype)));
+  }
+  const int64_t shortest = sim_internal::RowLength(o, o.batch - 1);
+  if (o.prefix < 0 || o.prefix > shortest) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefix: must be in [0, ", shortest,
+                     "] (the shortest row's length), got ", o.prefix));
+  }
+  // Size caps before anything is allocated (every factor is bounded above,
+  // so the products cannot overflow int64).
+  int64_t pages = 0;
+  for (int64_t b = 0; b < o.batch; ++b) {
+    pages += (sim_internal::RowLength(o, b) + o.page_size - 1) / o.page_size;
+  }
+  const int64_t kv_bytes = pages * o.page_size * preset.kv_heads *
+                           preset.head_dim * DTypeSize(o.kv_dtype);
+  const int64_t lm_bytes = o.vocab * preset.q_heads * preset.head_dim * 4;
+  if (kv_bytes > limits.max_tensor_bytes ||
+      2 * kv_bytes + lm_bytes > limits.max_total_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "context: batch ", o.batch, " x context ", o.context,
+        " needs KV pages of ", kv_bytes, " bytes each, over the limit of ",
+        limits.max_tensor_bytes));
+  }
+  if (lm_bytes > limits.max_tensor_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("vocab: lm_head would take ", lm_bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+Tensor IntTensor(std::vector<int64_t> shape, const std::vector<int64_t>& v) {
+  Tensor t(DType::kI32, std::move(shape));
+  int32_t* d = t.mutable_data<int32_t>();
+  for (size_t i = 0; i < v.size(); ++i) d[i] = static_cast<int32_t>(v[i]);
+  return t;
+}
+
+// lm_head, selected ids, active mask and the engine's selected log-probs:
+// fp32 logits of the engine's (rounded) out, fp32 log-softmax.
+void AddLogprobs(const SynthOptions& o, DType out_dtype, Snapshot* s) {
+  const SnapshotDims d = DimsOf(*s);
+  const int64_t hidden = d.q_heads * d.head_dim;
+  const int64_t vocab = o.vocab;
+  const int64_t rows = d.batch * d.queries;
+  const DType lm_dtype = out_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
+  s->lm_head = Tensor(lm_dtype, {vocab, hidden});
+  std::vector<float> w(static_cast<size_t>(vocab * hidden));
+  {
+    // std ~ 8 / sqrt(hidden): logits spread over a few units.
+    const double sigma = 8.0 / std::sqrt(static_cast<double>(hidden));
+    NormalSource ns(DeriveSeed(o.seed, {sim_internal::kTagLmHead}));
+    void* dst = s->lm_head.mutable_raw();
+    for (int64_t i = 0; i < vocab * hidden; ++i) {
+      StoreFromFloat(dst, lm_dtype, i, static_cast<float>(ns.Normal() * sigma));
+      w[i] = LoadAsFloat(dst, lm_dtype, i);
+    }
+  }
+  s->selected_token_ids = Tensor(DType::kI32, {d.batch, d.queries});
+  s->active_mask = Tensor(DType::kBool, {d.batch, d.queries});
+  s->engine.logprobs = Tensor(DType::kF32, {d.batch, d.queries});
+  NormalSource ns(DeriveSeed(o.seed, {sim_internal::kTagTokens}));
+  std::vector<float> h(static_cast<size_t>(hidden));
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t id = static_cast<int64_t>(ns.Below(vocab));
+    s->selected_token_ids.mutable_data<int32_t>()[r] = static_cast<int32_t>(id);
+    // The last query of the batch is padding when there is more than one.
+    s->active_mask.mutable_data<uint8_t>()[r] =
+        (rows > 1 && r == rows - 1) ? 0 : 1;
+    ConvertToFloat(static_cast<const char*>(s->engine.out.raw()) +
+                       r * hidden * DTypeSize(out_dtype),
+                   out_dtype, hidden, h.data());
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t v = 0; v < vocab; ++v) {
+      logits[v] = sim_internal::DotF32(&w[v * hidden], h.data(), hidden);
+      m = std::max(m, logits[v]);
+    }
+    float sum = 0.0f;
+    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(logits[v] - m);
+    s->engine.logprobs.mutable_data<float>()[r] =
+        logits[id] - (m + std::log(sum));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options) {
+  return Synthesize(options, nullptr);
+}
+
+absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options,
+                                    SynthDetails* details) {
+  SynthOptions o = options;
+  std::vector<std::string> notes = AdjustForFault(&o);
+  absl::StatusOr<ModelPreset> preset_or = FindPreset(o.preset);
+  if (!preset_or.ok()) {
+    return absl::InvalidArgumentError(preset_or.status().message());
+  }
+  const ModelPreset& preset = *preset_or;
+  ATTNAUDIT_RETURN_IF_ERROR(CheckOptions(o, preset));
+
+  const int64_t d = preset.head_dim;
+  const double scale = preset.softmax_scale > 0
+                           ? preset.softmax_scale
+                           : 1.0 / std::sqrt(static_cast<double>(d));
+  // Output (and q) dtype: the KV dtype, except bf16 for fp8 caches.
+  const DType out_dtype =
+      o.kv_dtype == DType::kF8E4M3 ? DType::kBF16 : o.kv_dtype;
+  const bool window = preset.sliding_window > 0 && o.layer % 2 == 0;
+
+  Snapshot s;
+  s.rope = preset.rope;
+  s.rope.q_state = RopeState::kPreRope;
+  s.rope.k_state = RopeState::kPostRope;
+  s.rope.cast_point = RopeCastPoint::kAfterRope;
+  s.rope.q_output_dtype = out_dtype;
+  s.rope.k_output_dtype = DType::kInvalid;
+  ATTNAUDIT_ASSIGN_OR_RETURN(RopeTable rope, RopeTable::Create(s.rope, d));
+
+  const sim_internal::SynthLayout layout = sim_internal::BuildLayout(o);
+  const sim_internal::ContentModel model =
+      sim_internal::MakeContentModel(o, preset, rope, scale);
+  sim_internal::KvPool pool =
+      sim_internal::GeneratePool(layout, model, rope, o.kv_dtype, o.threads);
+  s.q = sim_internal::GenerateQueries(layout, model, out_dtype);
+
+  s.softmax_scale = scale;
+  s.sliding_window = window ? preset.sliding_window : 0;
+  s.window_convention = SlidingWindowConvention::kHuggingFace;
+  s.logit_softcap = preset.logit_softcap;
+  s.engine_lse_includes_sinks = false;
+  s.output_dtype = out_dtype;
+  std::vector<float> sinks;
+  if (preset.has_sinks) {
+    NormalSource ns(DeriveSeed(o.seed, {sim_internal::kTagHeads, 1}));
+    s.sinks = Tensor(DType::kF32, {preset.q_heads});
+    for (int64_t h = 0; h < preset.q_heads; ++h) {
+      sinks.push_back(static_cast<float>(4.0 + 4.0 * ns.Uniform()));
+      s.sinks.mutable_data<float>()[h] = sinks.back();
+    }
+  }
+
+  // The clean engine's plan.
+  sim_internal::EnginePlan plan;
+  plan.batch = o.batch;
+  plan.queries = o.queries;
+  plan.q_heads = preset.q_heads;
+  plan.kv_heads = preset.kv_heads;
+  plan.head_dim = d;
+  plan.page_size = o.page_size;
+  plan.k_pages = &pool.k_pages;
+  plan.v_pages = &pool.v_pages;
+  plan.k_descale.assign(preset.kv_heads, 1.0f);
+  plan.v_descale.assign(preset.kv_heads, 1.0f);
+  if (pool.k_scale.present()) {
+    for (int64_t h = 0; h < preset.kv_heads; ++h) {
+      plan.k_descale[h] = pool.k_scale.data<float>()[h];
+      plan.v_descale[h] = pool.v_scale.data<float>()[h];
+    }
+  }
+  plan.block_pages = layout.block_pages;
+  plan.seq_lens = layout.seq_lens;
+  plan.first_positions = layout.first_positions;
+  std::vector<int64_t> query_positions;
+  for (int64_t b = 0; b < o.batch; ++b) {
+    for (int64_t q = 0; q < o.queries; ++q) {
+      // Sq > 1: the queries are the last Sq tokens of the row.
+      const int64_t index = layout.seq_lens[b] - o.queries + q;
+      plan.query_index.push_back(index);
+      query_positions.push_back(layout.first_positions[b] + index);
+    }
+  }
+  plan.q = &s.q;
+  plan.rope = &rope;
+  plan.q_rope_dtype = out_dtype;
+  plan.scale = static_cast<float>(scale);
+  plan.softcap = static_cast<float>(preset.logit_softcap);
+  plan.window = s.sliding_window;
+  plan.sinks = sinks;
+  plan.out_dtype = out_dtype;
+  plan.split_tokens = o.split_tokens;
+  plan.threads = o.threads;
+
+  Tensor stale_k, stale_v;
+  std::string fault_description;
+  ATTNAUDIT_RETURN_IF_ERROR(
+      sim_internal::PlanFault(o.fault, o, layout, model, rope, pool, scale,
+                              &plan, &stale_k, &stale_v, &fault_description));
+  sim_internal::EngineResult engine = sim_internal::RunFlashDecode(plan);
+  s.engine.out = std::move(engine.out);
+  s.engine.lse = std::move(engine.lse);
+  s.engine.lse_base = LseBase::kE;  // as declared, even under lse-base2
+
+  s.kv_layout = KvLayout::kNHD;
+  s.k_pages = std::move(pool.k_pages);
+  s.v_pages = std::move(pool.v_pages);
+  s.k_scale = std::move(pool.k_scale);
+  s.v_scale = std::move(pool.v_scale);
+  s.slot_positions = std::move(pool.slot_positions);
+  std::vector<int64_t> table(static_cast<size_t>(o.batch * layout.max_blocks),
+                             -1);
+  for (int64_t b = 0; b < o.batch; ++b) {
+    for (size_t k = 0; k < layout.block_pages[b].size(); ++k) {
+      table[b * layout.max_blocks + k] = layout.block_pages[b][k];
+    }
+  }
+  s.block_table = IntTensor({o.batch, layout.max_blocks}, table);
+  s.kv_seq_lens = IntTensor({o.batch}, layout.seq_lens);
+  s.query_positions = IntTensor({o.batch, o.queries}, query_positions);
+
+  AddLogprobs(o, out_dtype, &s);
+
+  if (o.prefix > 0) {
+    ResolvedLayout resolved;
+    resolved.dims = DimsOf(s);
+    resolved.seq_lens = layout.seq_lens;
+    resolved.block_pages = layout.block_pages;
+    for (const auto& row : layout.block_pages) {
+      resolved.block_owners.emplace_back(row.size(), 0);
+    }
+    s.prefix.enabled = true;
+    s.prefix.key =
+        absl::StrCat("sim:", preset.name, ":seed", o.seed, ":prefix", o.prefix);
+    s.prefix.length = o.prefix;
+    s.prefix.scheme = PrefixCache::Scheme::kAttnauditV1;
+    ATTNAUDIT_ASSIGN_OR_RETURN(s.prefix.fingerprint,
+                               PrefixFingerprint(s, resolved, o.prefix));
+  }
+
+  s.labels.model = preset.name;
+  s.labels.layer = o.layer;
+  s.labels.engine = "attnaudit-sim";
+  s.labels.backend = "flash-decoding";
+  s.labels.step = layout.seq_lens[0];
+  for (int64_t b = 0; b < o.batch; ++b) {
+    s.labels.request_ids.push_back(absl::StrCat("sim-", o.seed, "-", b));
+  }
+  if (details != nullptr) {
+    details->notes = std::move(notes);
+    details->fault = std::move(fault_description);
+  }
+  return s;
+}
+
+}  // namespace attnaudit

@@ -1,0 +1,99 @@
+// The engine simulator: builds realistic decode snapshots for `attnaudit
+// synth`, tests and benchmarks, and computes the "engine" output the way a
+// real decode kernel does — tiled flash-decoding with split-KV, an online
+// softmax in fp32 per split, an fp32 combine of the splits, and one cast to
+// the output dtype — so that a clean snapshot shows realistic, nonzero drift
+// against the fp64 reference. Faults inject real engine bugs.
+// Deterministic for a given SynthOptions (seeded PRNG). Thread-compatible.
+#ifndef ATTNAUDIT_CORE_SIM_SIMULATOR_H_
+#define ATTNAUDIT_CORE_SIM_SIMULATOR_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/snapshot/snapshot.h"
+
+namespace attnaudit {
+
+// Real model attention shapes (DESIGN.md §2; shared/reference/users_rl.md §3).
+struct ModelPreset {
+  std::string name;  // "llama3-8b", ...
+  int64_t q_heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  double softmax_scale = 0;  // 0: 1/sqrt(head_dim)
+  RopeConfig rope;           // theta, style, rotary_dim, scaling
+  int64_t sliding_window = 0;
+  double logit_softcap = 0;
+  bool has_sinks = false;
+};
+
+// Known presets: llama3-8b, qwen3-8b, gemma2-9b, gpt-oss-20b, glm4-9b,
+// phi4-mini. NotFound (listing the names) otherwise.
+absl::StatusOr<ModelPreset> FindPreset(const std::string& name);
+std::vector<std::string> PresetNames();
+
+enum class Fault {
+  kNone,
+  kStalePage,     // one visible page read with outdated content
+  kSwappedPages,  // two block-table entries swapped, one the partial last page
+  kRopeOffset,    // q rotated at position + 1
+  kKRopeTwice,    // post-RoPE cached K rotated again
+  kLseBase2,      // LSE returned in base 2, declared base e
+  kWrongScale,    // softmax scale 1/sqrt(D) vs the model's (or 1/D if equal)
+  kGqaMapping,    // query head h reads KV head h % Hkv, not h / group
+  kDropBlock,     // one visible logical block skipped by the split-KV loop
+  kFp8Scale,      // fp8 K dequantised with v_scale (scales swapped)
+};
+absl::StatusOr<Fault> ParseFault(const std::string& name);  // "stale-page"
+std::string FaultName(Fault fault);
+std::vector<std::string> FaultNames();
+
+struct SynthOptions {
+  std::string preset = "llama3-8b";
+  int64_t batch = 1;
+  int64_t context = 1024;  // kv_seq_len of row 0; later rows vary a little
+  int64_t queries = 1;     // Sq
+  int64_t page_size = 16;
+  DType kv_dtype = DType::kBF16;  // bf16, f16, f32, fp8_e4m3
+  bool permute_pages = false;     // scatter logical blocks over the pool
+  int64_t prefix = 0;             // shared-prefix tokens (enables the cache)
+  uint64_t seed = 1;
+  Fault fault = Fault::kNone;
+  int64_t split_tokens = 256;  // the simulated kernel's split-KV size
+  int64_t vocab = 256;         // lm_head rows for the log-prob path
+  // Added by the simulator's owner:
+  int64_t layer = 0;  // labels.layer; gemma2/gpt-oss slide on even layers
+  int threads = 0;    // worker threads; 0: hardware concurrency
+};
+
+// Makes `options` able to show the requested fault, and returns one
+// human-readable note per change (the CLI prints them on stderr):
+// fp8-scale switches a non-fp8 KV cache to fp8_e4m3; swapped-pages shortens
+// the context by half a page when Sq == 1 and no row has a partial last page
+// or a sliding-window edge (swapping two fully visible pages is harmless in
+// decode).
+// Synthesize applies it too (silently). Idempotent.
+std::vector<std::string> AdjustForFault(SynthOptions* options);
+
+// Builds a snapshot: pre-RoPE q, post-RoPE K pages (what engines cache),
+// engine out/lse/log-probs from the simulated kernel (with the fault),
+// labels, and the prefix fingerprint when options.prefix > 0.
+// InvalidArgument naming the option ("batch: ...") for bad options or a
+// fault that cannot be made visible; docs/SIMULATOR.md has the details.
+absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options);
+
+// What Synthesize did beyond the options, for the CLI's stderr (added by the
+// simulator's owner).
+struct SynthDetails {
+  std::vector<std::string> notes;  // AdjustForFault's changes
+  std::string fault;               // what was injected where ("none")
+};
+absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options,
+                                    SynthDetails* details);
+
+}  // namespace attnaudit
+
+#endif  // ATTNAUDIT_CORE_SIM_SIMULATOR_H_

@@ -1,0 +1,113 @@
+// Internal pieces of the engine simulator (core/sim): the page layout, the
+// synthetic content model, and the fault planner. Not part of the public API
+// (simulator.h); tests may use it. All functions are deterministic in their
+// inputs; none keeps state.
+#ifndef ATTNAUDIT_CORE_SIM_SYNTH_INTERNAL_H_
+#define ATTNAUDIT_CORE_SIM_SYNTH_INTERNAL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/rope/rope.h"
+#include "core/sim/flash_decode.h"
+#include "core/sim/simulator.h"
+#include "core/tensor/tensor.h"
+
+namespace attnaudit::sim_internal {
+
+// Row b holds max(context - 7 b, Sq, 1) tokens (rows differ a little, as in
+// a real batch) at contiguous positions from first_positions[b].
+int64_t RowLength(const SynthOptions& options, int64_t row);
+
+// Which pool page holds each logical block, and what each pool page holds.
+struct SynthLayout {
+  int64_t batch = 0;
+  int64_t queries = 0;
+  int64_t page_size = 0;
+  int64_t max_blocks = 0;
+  int64_t num_pages = 0;
+  int64_t shared_blocks = 0;      // full prefix blocks shared by every row
+  std::vector<int64_t> seq_lens;  // [B]
+  std::vector<int64_t> first_positions;           // [B]
+  std::vector<std::vector<int32_t>> block_pages;  // [B][ceil(L_b / P)]
+  // Per pool page: the row and logical block whose tokens it holds (row 0
+  // for shared prefix pages).
+  std::vector<int32_t> page_row;
+  std::vector<int32_t> page_block;
+};
+
+// Options must have been checked. Shared prefix blocks are allocated once;
+// with options.permute_pages the allocation order is scattered over the
+// pool by a seeded permutation, otherwise page = allocation index.
+SynthLayout BuildLayout(const SynthOptions& options);
+
+// What makes the synthetic attention look like a model's: each KV head has a
+// unit "heavy" direction u on its lowest-frequency RoPE pairs and on the
+// non-rotary dims (which RoPE barely moves, so the alignment survives any
+// distance); queries carry strength * u, and about 1 key in 32 (plus token 0,
+// an attention sink) carries c * u, adding ~5 (sink ~9) to its scaled score.
+struct ContentModel {
+  uint64_t seed = 1;
+  int64_t q_heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t prefix = 0;             // tokens [0, prefix) are shared by all rows
+  std::vector<float> direction;   // [Hkv, D]
+  std::vector<float> q_strength;  // [Hq]
+  float heavy_strength = 0;
+  float sink_strength = 0;
+};
+
+ContentModel MakeContentModel(const SynthOptions& options,
+                              const ModelPreset& preset, const RopeTable& rope,
+                              double scale);
+
+// Pre-RoPE K and V [Hkv * D] of logical token `index` of `row`
+// (row-independent inside the shared prefix). `stale` selects the content an
+// outdated page still holds instead.
+void TokenContent(const ContentModel& model, int64_t row, int64_t index,
+                  bool stale, float* k, float* v);
+
+struct KvPool {
+  Tensor k_pages;         // [N, P, Hkv, D] kv dtype, K post-RoPE
+  Tensor v_pages;         // [N, P, Hkv, D]
+  Tensor slot_positions;  // [N, P] i32, -1 for unused slots
+  Tensor k_scale;         // f32 [Hkv], fp8 only
+  Tensor v_scale;
+};
+
+// Builds the pool. fp8: K/V are rotated in fp32, rounded to bf16 (the model
+// dtype), divided by the per-head scale amax / 448 and cast to e4m3.
+// Inactive slots hold the previous occupant's (random) content.
+KvPool GeneratePool(const SynthLayout& layout, const ContentModel& model,
+                    const RopeTable& rope, DType kv_dtype, int threads);
+
+// The outdated content of pool page `page` ([P, Hkv, D], the pool's dtype
+// and scales) for the stale-page fault.
+void GenerateStalePage(const SynthLayout& layout, const ContentModel& model,
+                       const RopeTable& rope, const KvPool& pool, int64_t page,
+                       Tensor* k, Tensor* v);
+
+// q [B, Sq, Hq, D] pre-RoPE in `dtype`.
+Tensor GenerateQueries(const SynthLayout& layout, const ContentModel& model,
+                       DType dtype);
+
+// Softmax weight of every key of `row`, summed over query heads: [Sq][L]
+// (fp32 scores of the plan's q and K, masks as the plan's; sinks ignored).
+std::vector<std::vector<double>> KeyMass(const EnginePlan& plan, int64_t row);
+
+// Turns the clean plan into the faulty engine's plan. `stale_k/v` receive
+// the stale page's content (the plan points at them). *description says
+// what was injected where. InvalidArgument ("fault: ...") when the fault
+// cannot change anything for these options.
+absl::Status PlanFault(Fault fault, const SynthOptions& options,
+                       const SynthLayout& layout, const ContentModel& model,
+                       const RopeTable& rope, const KvPool& pool,
+                       double model_scale, EnginePlan* plan, Tensor* stale_k,
+                       Tensor* stale_v, std::string* description);
+
+}  // namespace attnaudit::sim_internal
+
+#endif  // ATTNAUDIT_CORE_SIM_SYNTH_INTERNAL_H_

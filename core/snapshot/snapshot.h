@@ -1,0 +1,197 @@
+// The decode snapshot: everything one attention call of one layer at one
+// decode step read and wrote, for a batch of B sequences. This is the core's
+// model of proto/attnaudit/v1/snapshot.proto (the codec maps one to the other
+// field by field); DESIGN.md §2 and docs/NUMERICS.md define the semantics.
+//
+// Shapes (B batch, Sq queries per sequence, Hq/Hkv heads, D head dim,
+// N pages sent, P page size, M max blocks per sequence):
+//   q                 [B, Sq, Hq, D]       floating
+//   k_pages, v_pages  [N, P, Hkv, D] (NHD) or [N, Hkv, P, D] (HND)
+//   block_table       [B, M] i32/i64       logical block -> page, tail -1
+//   kv_seq_lens       [B] i32/i64
+//   query_positions   [B, Sq] i32/i64      global position of each query
+//   slot_positions    [N, P] i32/i64       global position per slot, -1 unused
+//   key_rope_positions[N, P] optional      RoPE position per slot (default:
+//                                          slot_positions)
+// A Snapshot is a plain value: no invariants hold until ValidateSnapshot
+// (core/validate) returned OK. Not thread-safe to mutate; read-only sharing
+// is fine.
+#ifndef ATTNAUDIT_CORE_SNAPSHOT_SNAPSHOT_H_
+#define ATTNAUDIT_CORE_SNAPSHOT_SNAPSHOT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor/tensor.h"
+
+namespace attnaudit {
+
+enum class KvLayout : int { kNHD = 0, kHND = 1 };
+
+enum class RopeState : int {
+  kPostRope = 0,  // already rotated (what engines usually cache)
+  kPreRope = 1,   // the auditor applies RoPE
+};
+
+enum class RopeStyle : int {
+  kNeox = 0,  // rotate-half: pairs (i, i + rotary_dim/2)
+  kGptj = 1,  // interleaved: pairs (2i, 2i + 1)
+};
+
+enum class RopeScalingType : int {
+  kNone = 0,
+  kLinear = 1,  // positions / factor
+  kLlama3 = 2,  // Llama 3.1 frequency-band scaling
+  kYarn = 3,    // YaRN ramp between interpolation and extrapolation
+};
+
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::kNone;
+  double factor = 1.0;
+  // llama3
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position = 8192;  // llama3 and yarn
+  // yarn
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  // YaRN's cos/sin magnitude factor; 0 means the default 0.1*ln(factor)+1.
+  double attention_factor = 0.0;
+};
+
+enum class RopeCastPoint : int {
+  kAfterRope = 0,  // fp32 RoPE, one cast to the output dtype afterwards
+};
+
+struct RopeConfig {
+  RopeState q_state = RopeState::kPostRope;
+  RopeState k_state = RopeState::kPostRope;
+  RopeStyle style = RopeStyle::kNeox;
+  double theta = 10000.0;
+  int64_t rotary_dim = 0;  // 0 means head_dim; must be even and <= head_dim
+  RopeScaling scaling;
+  RopeCastPoint cast_point = RopeCastPoint::kAfterRope;
+  // dtype q / K are cast to after RoPE; kInvalid means "the input's dtype".
+  DType q_output_dtype = DType::kInvalid;
+  DType k_output_dtype = DType::kInvalid;
+};
+
+enum class CpSharding : int {
+  kNone = 0,              // cp_world_size 1
+  kExplicitOwners = 1,    // cp_block_owners gives the rank of each block
+  kTokenInterleaved = 2,  // token t on rank (t / interleave) % world (vLLM DCP)
+  kPageInterleaved = 3,   // logical block i on rank i % world
+};
+
+struct CpConfig {
+  int64_t world_size = 1;
+  CpSharding sharding = CpSharding::kNone;
+  int64_t interleave_size = 1;  // kTokenInterleaved only
+  Tensor block_owners;          // [B, M] i32/i64, kExplicitOwners only
+  // Optional: the engine's per-rank partial states before its combine.
+  Tensor rank_out;  // [world, B, Sq, Hq, D] floating
+  Tensor rank_lse;  // [world, B, Sq, Hq] floating, base engine.lse_base
+};
+
+enum class LseBase : int { kE = 0, k2 = 1 };
+
+struct EngineOutput {
+  Tensor out;  // [B, Sq, Hq, D]
+  Tensor lse;  // [B, Sq, Hq]
+  LseBase lse_base = LseBase::kE;
+  Tensor logprobs;  // [B, Sq] the engine's selected-token log-probs
+};
+
+struct PrefixCache {
+  bool enabled = false;
+  std::string key;
+  int64_t length = 0;       // tokens of the shared prefix, all rows
+  std::string fingerprint;  // lowercase hex SHA-256 the client expects
+  // Which fingerprint definition `fingerprint` uses.
+  enum class Scheme : int { kAttnauditV1 = 0, kRlKernelCompat = 1 };
+  Scheme scheme = Scheme::kAttnauditV1;
+};
+
+struct Labels {
+  std::string model;
+  int64_t layer = -1;
+  std::string engine;
+  std::string backend;  // the engine's attention backend, e.g. "flashinfer"
+  int64_t step = -1;
+  std::vector<std::string> request_ids;  // [B] or empty
+};
+
+enum class SlidingWindowConvention : int {
+  // HF: a query at position t sees keys with t - W < pos <= t (W keys).
+  kHuggingFace = 0,
+  // FlashAttention left window: t - W <= pos <= t (W + 1 keys).
+  kFlashLeft = 1,
+};
+
+struct Snapshot {
+  Tensor q;
+  Tensor k_pages;
+  Tensor v_pages;
+  KvLayout kv_layout = KvLayout::kNHD;
+  // fp8 KV dequantisation scales: f32 [] (per tensor) or [Hkv] (per head).
+  // Absent means 1.0. Only valid with fp8 pages.
+  Tensor k_scale;
+  Tensor v_scale;
+  // Optional [N] engine page ids of the pages sent; when present,
+  // block_table holds engine page ids, else indices into k_pages.
+  Tensor page_ids;
+  Tensor block_table;
+  Tensor kv_seq_lens;
+  Tensor query_positions;
+  Tensor slot_positions;
+  Tensor key_rope_positions;
+
+  double softmax_scale = 0.0;  // 0 means 1/sqrt(D)
+  int64_t sliding_window = 0;  // 0 means none
+  SlidingWindowConvention window_convention =
+      SlidingWindowConvention::kHuggingFace;
+  double logit_softcap = 0.0;  // 0 means none: s -> cap * tanh(s / cap)
+  Tensor sinks;                // optional f32 [Hq], natural-log logits
+  bool engine_lse_includes_sinks = false;
+
+  RopeConfig rope;
+  DType output_dtype = DType::kInvalid;  // kInvalid means q's dtype
+  CpConfig cp;
+  EngineOutput engine;
+
+  // Selected-token log-prob inputs (all optional, lm_head and ids together).
+  Tensor selected_token_ids;  // [B, Sq] i32/i64
+  Tensor lm_head;             // [V, Hq*D] floating
+  Tensor active_mask;         // [B, Sq] bool
+  double logprob_temperature = 1.0;
+
+  PrefixCache prefix;
+  Labels labels;
+};
+
+// Shape summary derived from a validated snapshot.
+struct SnapshotDims {
+  int64_t batch = 0;        // B
+  int64_t queries = 0;      // Sq
+  int64_t q_heads = 0;      // Hq
+  int64_t kv_heads = 0;     // Hkv
+  int64_t head_dim = 0;     // D
+  int64_t num_pages = 0;    // N
+  int64_t page_size = 0;    // P
+  int64_t max_blocks = 0;   // M
+  int64_t group() const { return kv_heads ? q_heads / kv_heads : 0; }
+};
+
+// Reads dims from tensor shapes without validating them; callers use it
+// after validation. Returns zeros for absent tensors.
+SnapshotDims DimsOf(const Snapshot& snapshot);
+
+// Effective values with defaults applied.
+double EffectiveScale(const Snapshot& snapshot);
+DType EffectiveOutputDType(const Snapshot& snapshot);
+int64_t EffectiveRotaryDim(const Snapshot& snapshot);
+
+}  // namespace attnaudit
+
+#endif  // ATTNAUDIT_CORE_SNAPSHOT_SNAPSHOT_H_

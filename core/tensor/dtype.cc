@@ -1,0 +1,353 @@
+#include "core/tensor/dtype.h"
+
+#include <cmath>
+#include <limits>
+
+namespace attnaudit {
+namespace {
+
+// A small IEEE-like binary float format: 1 sign bit, `ebits`, `mbits`.
+struct SmallFloat {
+  int ebits;
+  int mbits;
+  int bias;
+  bool has_inf;      // all-ones exponent is inf/NaN (IEEE); else e4m3fn
+  double max_finite;
+  bool saturate;     // out-of-range finite values clamp to max_finite
+};
+
+constexpr SmallFloat kF16Format{5, 10, 15, true, 65504.0, false};
+constexpr SmallFloat kE4M3Format{4, 3, 7, false, 448.0, true};
+constexpr SmallFloat kE5M2Format{5, 2, 15, true, 57344.0, true};
+
+uint32_t SignBit(const SmallFloat& fmt) { return 1u << (fmt.ebits + fmt.mbits); }
+
+uint32_t MaxFiniteCode(const SmallFloat& fmt) {
+  const uint32_t mant_all = (1u << fmt.mbits) - 1;
+  if (fmt.has_inf) {
+    return (((1u << fmt.ebits) - 2) << fmt.mbits) | mant_all;
+  }
+  // e4m3fn: exponent all ones is usable except the NaN mantissa all ones.
+  return (((1u << fmt.ebits) - 1) << fmt.mbits) | (mant_all - 1);
+}
+
+uint32_t Encode(double f, const SmallFloat& fmt) {
+  const uint32_t sign = std::signbit(f) ? SignBit(fmt) : 0u;
+  const uint32_t exp_all = (1u << fmt.ebits) - 1;
+  if (std::isnan(f)) {
+    return sign | (exp_all << fmt.mbits) | ((1u << fmt.mbits) - 1);
+  }
+  double a = std::fabs(f);
+  const uint32_t inf_code = fmt.has_inf ? (exp_all << fmt.mbits) : 0u;
+  if (std::isinf(a)) {
+    return sign | (fmt.has_inf && !fmt.saturate ? inf_code : MaxFiniteCode(fmt));
+  }
+  if (a == 0.0) return sign;
+  int e2 = 0;
+  std::frexp(a, &e2);
+  int exponent = e2 - 1;
+  const int min_exp = 1 - fmt.bias;
+  if (exponent < min_exp) exponent = min_exp;
+  double quantum = std::ldexp(1.0, exponent - fmt.mbits);
+  double q = std::nearbyint(a / quantum);  // default rounding: ties to even
+  const double implicit = std::ldexp(1.0, fmt.mbits);
+  if (q >= 2 * implicit) {
+    exponent += 1;
+    q = implicit;
+  }
+  const double value = q * std::ldexp(1.0, exponent - fmt.mbits);
+  if (value > fmt.max_finite) {
+    if (fmt.saturate || !fmt.has_inf) return sign | MaxFiniteCode(fmt);
+    return sign | inf_code;
+  }
+  if (q < implicit) {  // subnormal
+    return sign | static_cast<uint32_t>(q);
+  }
+  const uint32_t exp_field = static_cast<uint32_t>(exponent + fmt.bias);
+  return sign | (exp_field << fmt.mbits) |
+         static_cast<uint32_t>(q - implicit);
+}
+
+double Decode(uint32_t code, const SmallFloat& fmt) {
+  const bool negative = (code & SignBit(fmt)) != 0;
+  const uint32_t exp_all = (1u << fmt.ebits) - 1;
+  const uint32_t exp_field = (code >> fmt.mbits) & exp_all;
+  const uint32_t mant = code & ((1u << fmt.mbits) - 1);
+  double value;
+  if (fmt.has_inf && exp_field == exp_all) {
+    value = mant == 0 ? std::numeric_limits<double>::infinity()
+                      : std::numeric_limits<double>::quiet_NaN();
+  } else if (!fmt.has_inf && exp_field == exp_all &&
+             mant == (1u << fmt.mbits) - 1) {
+    value = std::numeric_limits<double>::quiet_NaN();
+  } else if (exp_field == 0) {
+    value = std::ldexp(static_cast<double>(mant), 1 - fmt.bias - fmt.mbits);
+  } else {
+    value = std::ldexp(static_cast<double>(mant + (1u << fmt.mbits)),
+                       static_cast<int>(exp_field) - fmt.bias - fmt.mbits);
+  }
+  return negative ? -value : value;
+}
+
+struct Fp8Tables {
+  float e4m3[256];
+  float e5m2[256];
+  Fp8Tables() {
+    for (int i = 0; i < 256; ++i) {
+      e4m3[i] = static_cast<float>(Decode(i, kE4M3Format));
+      e5m2[i] = static_cast<float>(Decode(i, kE5M2Format));
+    }
+  }
+};
+const Fp8Tables& Tables() {
+  static const Fp8Tables* tables = new Fp8Tables();
+  return *tables;
+}
+
+// Maps a code of a sign-magnitude format to an integer that orders like the
+// value, so that ULP distance is a difference.
+int64_t OrderedFromSignMagnitude(uint64_t code, int sign_bit) {
+  const uint64_t sign = uint64_t{1} << sign_bit;
+  const int64_t magnitude = static_cast<int64_t>(code & (sign - 1));
+  return (code & sign) ? -magnitude : magnitude;
+}
+
+}  // namespace
+
+int DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return 4;
+    case DType::kF16: return 2;
+    case DType::kBF16: return 2;
+    case DType::kF8E4M3: return 1;
+    case DType::kF8E5M2: return 1;
+    case DType::kF64: return 8;
+    case DType::kI32: return 4;
+    case DType::kI64: return 8;
+    case DType::kBool: return 1;
+    case DType::kInvalid: break;
+  }
+  return 0;
+}
+
+absl::string_view DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return "f32";
+    case DType::kF16: return "f16";
+    case DType::kBF16: return "bf16";
+    case DType::kF8E4M3: return "fp8_e4m3";
+    case DType::kF8E5M2: return "fp8_e5m2";
+    case DType::kF64: return "f64";
+    case DType::kI32: return "i32";
+    case DType::kI64: return "i64";
+    case DType::kBool: return "bool";
+    case DType::kInvalid: break;
+  }
+  return "invalid";
+}
+
+DType DTypeFromName(absl::string_view name) {
+  if (name == "f32" || name == "float32" || name == "float") return DType::kF32;
+  if (name == "f16" || name == "float16" || name == "half") return DType::kF16;
+  if (name == "bf16" || name == "bfloat16") return DType::kBF16;
+  if (name == "fp8_e4m3" || name == "e4m3" || name == "f8e4m3") {
+    return DType::kF8E4M3;
+  }
+  if (name == "fp8_e5m2" || name == "e5m2" || name == "f8e5m2") {
+    return DType::kF8E5M2;
+  }
+  if (name == "f64" || name == "float64" || name == "double") return DType::kF64;
+  if (name == "i32" || name == "int32") return DType::kI32;
+  if (name == "i64" || name == "int64") return DType::kI64;
+  if (name == "bool") return DType::kBool;
+  return DType::kInvalid;
+}
+
+bool IsFloating(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+    case DType::kF64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool IsInteger(DType dtype) {
+  return dtype == DType::kI32 || dtype == DType::kI64;
+}
+
+double DTypeEpsilon(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return std::ldexp(1.0, -23);
+    case DType::kF16: return std::ldexp(1.0, -10);
+    case DType::kBF16: return std::ldexp(1.0, -7);
+    case DType::kF8E4M3: return std::ldexp(1.0, -3);
+    case DType::kF8E5M2: return std::ldexp(1.0, -2);
+    case DType::kF64: return std::ldexp(1.0, -52);
+    default: return 0.0;
+  }
+}
+
+float F16ToFloat(uint16_t h) {
+  return static_cast<float>(Decode(h, kF16Format));
+}
+uint16_t FloatToF16(float f) {
+  return static_cast<uint16_t>(Encode(f, kF16Format));
+}
+float F8E4M3ToFloat(uint8_t v) { return Tables().e4m3[v]; }
+uint8_t FloatToF8E4M3(float f) {
+  return static_cast<uint8_t>(Encode(f, kE4M3Format));
+}
+float F8E5M2ToFloat(uint8_t v) { return Tables().e5m2[v]; }
+uint8_t FloatToF8E5M2(float f) {
+  return static_cast<uint8_t>(Encode(f, kE5M2Format));
+}
+
+float RoundToDType(float value, DType dtype) {
+  switch (dtype) {
+    case DType::kF16: return F16ToFloat(FloatToF16(value));
+    case DType::kBF16: return Bf16ToFloat(FloatToBf16(value));
+    case DType::kF8E4M3: return F8E4M3ToFloat(FloatToF8E4M3(value));
+    case DType::kF8E5M2: return F8E5M2ToFloat(FloatToF8E5M2(value));
+    default: return value;
+  }
+}
+
+double LoadAsDouble(const void* data, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kF64: return static_cast<const double*>(data)[i];
+    case DType::kI32: return static_cast<const int32_t*>(data)[i];
+    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case DType::kBool: return static_cast<const uint8_t*>(data)[i];
+    default: return LoadAsFloat(data, dtype, i);
+  }
+}
+
+float LoadAsFloat(const void* data, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kF32: return static_cast<const float*>(data)[i];
+    case DType::kF16: return F16ToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DType::kBF16: return Bf16ToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DType::kF8E4M3: return Tables().e4m3[static_cast<const uint8_t*>(data)[i]];
+    case DType::kF8E5M2: return Tables().e5m2[static_cast<const uint8_t*>(data)[i]];
+    case DType::kF64: return static_cast<float>(static_cast<const double*>(data)[i]);
+    case DType::kI32: return static_cast<float>(static_cast<const int32_t*>(data)[i]);
+    case DType::kI64: return static_cast<float>(static_cast<const int64_t*>(data)[i]);
+    case DType::kBool: return static_cast<const uint8_t*>(data)[i];
+    case DType::kInvalid: break;
+  }
+  return std::numeric_limits<float>::quiet_NaN();
+}
+
+void StoreFromFloat(void* data, DType dtype, int64_t i, float value) {
+  switch (dtype) {
+    case DType::kF32: static_cast<float*>(data)[i] = value; return;
+    case DType::kF16: static_cast<uint16_t*>(data)[i] = FloatToF16(value); return;
+    case DType::kBF16: static_cast<uint16_t*>(data)[i] = FloatToBf16(value); return;
+    case DType::kF8E4M3: static_cast<uint8_t*>(data)[i] = FloatToF8E4M3(value); return;
+    case DType::kF8E5M2: static_cast<uint8_t*>(data)[i] = FloatToF8E5M2(value); return;
+    case DType::kF64: static_cast<double*>(data)[i] = value; return;
+    case DType::kI32: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(value); return;
+    case DType::kI64: static_cast<int64_t*>(data)[i] = static_cast<int64_t>(value); return;
+    case DType::kBool: static_cast<uint8_t*>(data)[i] = value != 0.0f; return;
+    case DType::kInvalid: return;
+  }
+}
+
+void StoreFromDouble(void* data, DType dtype, int64_t i, double value) {
+  if (dtype == DType::kF64) {
+    static_cast<double*>(data)[i] = value;
+  } else if (dtype == DType::kI64) {
+    static_cast<int64_t*>(data)[i] = static_cast<int64_t>(value);
+  } else {
+    StoreFromFloat(data, dtype, i, static_cast<float>(value));
+  }
+}
+
+void ConvertToFloat(const void* src, DType dtype, int64_t n, float* dst) {
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+      return;
+    case DType::kBF16: {
+      const uint16_t* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(s[i]);
+      return;
+    }
+    case DType::kF8E4M3: {
+      const uint8_t* s = static_cast<const uint8_t*>(src);
+      const float* table = Tables().e4m3;
+      for (int64_t i = 0; i < n; ++i) dst[i] = table[s[i]];
+      return;
+    }
+    case DType::kF8E5M2: {
+      const uint8_t* s = static_cast<const uint8_t*>(src);
+      const float* table = Tables().e5m2;
+      for (int64_t i = 0; i < n; ++i) dst[i] = table[s[i]];
+      return;
+    }
+    default:
+      for (int64_t i = 0; i < n; ++i) dst[i] = LoadAsFloat(src, dtype, i);
+      return;
+  }
+}
+
+void ConvertToDouble(const void* src, DType dtype, int64_t n, double* dst) {
+  if (dtype == DType::kF64) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(double));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) dst[i] = LoadAsDouble(src, dtype, i);
+}
+
+uint64_t UlpDistance(double a, double b, DType dtype) {
+  const bool a_nan = std::isnan(a);
+  const bool b_nan = std::isnan(b);
+  if (a_nan || b_nan) {
+    return a_nan && b_nan ? 0 : std::numeric_limits<uint64_t>::max();
+  }
+  int64_t oa = 0;
+  int64_t ob = 0;
+  switch (dtype) {
+    case DType::kF64: {
+      uint64_t ba, bb;
+      std::memcpy(&ba, &a, 8);
+      std::memcpy(&bb, &b, 8);
+      oa = OrderedFromSignMagnitude(ba, 63);
+      ob = OrderedFromSignMagnitude(bb, 63);
+      break;
+    }
+    case DType::kF16:
+      oa = OrderedFromSignMagnitude(Encode(a, kF16Format), 15);
+      ob = OrderedFromSignMagnitude(Encode(b, kF16Format), 15);
+      break;
+    case DType::kBF16:
+      oa = OrderedFromSignMagnitude(FloatToBf16(static_cast<float>(a)), 15);
+      ob = OrderedFromSignMagnitude(FloatToBf16(static_cast<float>(b)), 15);
+      break;
+    case DType::kF8E4M3:
+      oa = OrderedFromSignMagnitude(Encode(a, kE4M3Format), 7);
+      ob = OrderedFromSignMagnitude(Encode(b, kE4M3Format), 7);
+      break;
+    case DType::kF8E5M2:
+      oa = OrderedFromSignMagnitude(Encode(a, kE5M2Format), 7);
+      ob = OrderedFromSignMagnitude(Encode(b, kE5M2Format), 7);
+      break;
+    default:
+      oa = OrderedFromSignMagnitude(FloatToBits(static_cast<float>(a)), 31);
+      ob = OrderedFromSignMagnitude(FloatToBits(static_cast<float>(b)), 31);
+      break;
+  }
+  // Unsigned arithmetic: the difference of two f64 orderings can exceed
+  // INT64_MAX, and it wraps correctly in uint64.
+  const uint64_t ua = static_cast<uint64_t>(oa);
+  const uint64_t ub = static_cast<uint64_t>(ob);
+  return oa > ob ? ua - ub : ub - ua;
+}
+
+}  // namespace attnaudit

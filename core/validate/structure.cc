@@ -1,0 +1,341 @@
+// Phase 1 of snapshot validation: everything that can be decided from
+// dtypes, shapes and byte counts alone. Runs before anything reads an
+// element or allocates in proportion to the input, so a hostile header
+// (a shape of 2^62 elements, a byte count that disagrees with the shape)
+// is rejected for O(1) work.
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/common/status_macros.h"
+#include "core/validate/validate_internal.h"
+
+namespace attnaudit {
+namespace validate_internal {
+namespace {
+
+enum class Kind { kFloating, kInteger, kF32, kBool };
+
+struct TensorRule {
+  const char* field;
+  const Tensor* tensor;
+  bool required;
+  Kind kind;
+  int rank;               // -1: checked later (k_scale / v_scale: 0 or 1)
+  const char* signature;  // what the rank message prints
+};
+
+std::vector<TensorRule> Rules(const Snapshot& s) {
+  return {
+      {"q", &s.q, true, Kind::kFloating, 4, "[B, Sq, Hq, D]"},
+      {"k_pages", &s.k_pages, true, Kind::kFloating, 4,
+       "[N, P, Hkv, D] (NHD) or [N, Hkv, P, D] (HND)"},
+      {"v_pages", &s.v_pages, true, Kind::kFloating, 4,
+       "[N, P, Hkv, D] (NHD) or [N, Hkv, P, D] (HND)"},
+      {"block_table", &s.block_table, true, Kind::kInteger, 2, "[B, M]"},
+      {"kv_seq_lens", &s.kv_seq_lens, true, Kind::kInteger, 1, "[B]"},
+      {"query_positions", &s.query_positions, true, Kind::kInteger, 2,
+       "[B, Sq]"},
+      {"slot_positions", &s.slot_positions, true, Kind::kInteger, 2, "[N, P]"},
+      {"key_rope_positions", &s.key_rope_positions, false, Kind::kInteger, 2,
+       "[N, P]"},
+      {"page_ids", &s.page_ids, false, Kind::kInteger, 1, "[N]"},
+      {"k_scale", &s.k_scale, false, Kind::kF32, -1, "[] or [Hkv]"},
+      {"v_scale", &s.v_scale, false, Kind::kF32, -1, "[] or [Hkv]"},
+      {"sinks", &s.sinks, false, Kind::kF32, 1, "[Hq]"},
+      {"cp.block_owners", &s.cp.block_owners, false, Kind::kInteger, 2,
+       "[B, M]"},
+      {"cp.rank_out", &s.cp.rank_out, false, Kind::kFloating, 5,
+       "[world, B, Sq, Hq, D]"},
+      {"cp.rank_lse", &s.cp.rank_lse, false, Kind::kFloating, 4,
+       "[world, B, Sq, Hq]"},
+      {"engine.out", &s.engine.out, false, Kind::kFloating, 4,
+       "[B, Sq, Hq, D]"},
+      {"engine.lse", &s.engine.lse, false, Kind::kFloating, 3, "[B, Sq, Hq]"},
+      {"engine.logprobs", &s.engine.logprobs, false, Kind::kFloating, 2,
+       "[B, Sq]"},
+      {"selected_token_ids", &s.selected_token_ids, false, Kind::kInteger, 2,
+       "[B, Sq]"},
+      {"lm_head", &s.lm_head, false, Kind::kFloating, 2, "[V, Hq*D]"},
+      {"active_mask", &s.active_mask, false, Kind::kBool, 2, "[B, Sq]"},
+  };
+}
+
+absl::Status CheckKind(const TensorRule& r) {
+  const DType dt = r.tensor->dtype();
+  switch (r.kind) {
+    case Kind::kFloating:
+      if (!IsFloating(dt)) {
+        return Invalid(r.field, "must use a floating-point dtype, got ",
+                       DTypeName(dt));
+      }
+      break;
+    case Kind::kInteger:
+      if (dt != DType::kI32 && dt != DType::kI64) {
+        return Invalid(r.field, "must contain integers (i32 or i64), got ",
+                       DTypeName(dt));
+      }
+      break;
+    case Kind::kF32:
+      if (dt != DType::kF32) {
+        return Invalid(r.field, "must be f32, got ", DTypeName(dt));
+      }
+      break;
+    case Kind::kBool:
+      if (dt != DType::kBool) {
+        return Invalid(r.field, "must be bool, got ", DTypeName(dt));
+      }
+      break;
+  }
+  if (r.rank >= 0 && r.tensor->rank() != r.rank) {
+    return Invalid(r.field, "must have shape ", r.signature, ", got ",
+                   ShapeString(r.tensor->shape()));
+  }
+  return absl::OkStatus();
+}
+
+// One expected dimension: a name for the message and a value, or -1 for
+// "any size".
+struct Dim {
+  const char* name;
+  int64_t value;
+};
+
+absl::Status ExpectShape(absl::string_view field, const Tensor& t,
+                         std::initializer_list<Dim> dims) {
+  bool ok = t.rank() == static_cast<int>(dims.size());
+  std::vector<std::string> parts;
+  int i = 0;
+  for (const Dim& d : dims) {
+    if (d.value >= 0) {
+      parts.push_back(absl::StrCat(d.name, "=", d.value));
+      if (ok && t.dim(i) != d.value) ok = false;
+    } else {
+      parts.push_back(d.name);
+    }
+    ++i;
+  }
+  if (ok) return absl::OkStatus();
+  return Invalid(field, "shape ", ShapeString(t.shape()), " must be [",
+                 absl::StrJoin(parts, ", "), "]");
+}
+
+absl::Status CheckLimit(absl::string_view field, absl::string_view what,
+                        int64_t value, absl::string_view limit_name,
+                        int64_t limit) {
+  if (value <= limit) return absl::OkStatus();
+  return Invalid(field, what, " ", value, " exceeds limits.", limit_name, "=",
+                 limit);
+}
+
+}  // namespace
+
+absl::Status CheckStructure(const Snapshot& s, const ValidationLimits& limits,
+                            SnapshotDims* dims) {
+  const std::vector<TensorRule> rules = Rules(s);
+  // Presence first: the most useful message for an empty request.
+  for (const TensorRule& r : rules) {
+    if (r.required && !r.tensor->present()) {
+      return Invalid(r.field, "is required but missing");
+    }
+  }
+  // Byte layouts and size caps, before any dim is trusted.
+  int64_t total = 0;
+  for (const TensorRule& r : rules) {
+    const Tensor& t = *r.tensor;
+    if (!t.present()) {
+      if (!t.shape().empty() || !t.bytes().empty()) {
+        return Invalid(r.field, "dtype is missing or unknown but shape ",
+                       ShapeString(t.shape()), " and ", t.bytes().size(),
+                       " bytes were given");
+      }
+      continue;
+    }
+    ATTNAUDIT_RETURN_IF_ERROR(t.CheckLayout(r.field, limits.max_tensor_bytes));
+    const int64_t bytes = static_cast<int64_t>(t.bytes().size());
+    total = bytes > std::numeric_limits<int64_t>::max() - total
+                ? std::numeric_limits<int64_t>::max()
+                : total + bytes;
+  }
+  if (total > limits.max_total_bytes) {
+    return Invalid(
+        "snapshot", "tensors total ", total,
+        " bytes, more than limits.max_total_bytes=", limits.max_total_bytes);
+  }
+  for (const TensorRule& r : rules) {
+    if (r.tensor->present()) ATTNAUDIT_RETURN_IF_ERROR(CheckKind(r));
+  }
+
+  if (s.kv_layout != KvLayout::kNHD && s.kv_layout != KvLayout::kHND) {
+    return Invalid("kv_layout", "unknown value ",
+                   static_cast<int>(s.kv_layout));
+  }
+  const SnapshotDims d = DimsOf(s);
+  for (int i = 0; i < 4; ++i) {
+    if (s.q.dim(i) <= 0) {
+      return Invalid("q", "shape ", ShapeString(s.q.shape()),
+                     " must have positive dimensions [B, Sq, Hq, D]");
+    }
+  }
+  ATTNAUDIT_RETURN_IF_ERROR(
+      CheckLimit("q", "batch size", d.batch, "max_batch", limits.max_batch));
+  // Rows are stamped with int32 indices; only reachable with lifted limits.
+  if (d.batch > std::numeric_limits<int32_t>::max()) {
+    return Invalid("q", "batch size ", d.batch, " exceeds the int32 range");
+  }
+  ATTNAUDIT_RETURN_IF_ERROR(CheckLimit("q", "queries per row", d.queries,
+                                       "max_queries", limits.max_queries));
+  ATTNAUDIT_RETURN_IF_ERROR(
+      CheckLimit("q", "query heads", d.q_heads, "max_heads", limits.max_heads));
+  ATTNAUDIT_RETURN_IF_ERROR(CheckLimit("q", "head dim", d.head_dim,
+                                       "max_head_dim", limits.max_head_dim));
+
+  if (s.v_pages.dtype() != s.k_pages.dtype()) {
+    return Invalid("v_pages", "dtype ", DTypeName(s.v_pages.dtype()),
+                   " differs from k_pages dtype ",
+                   DTypeName(s.k_pages.dtype()));
+  }
+  if (s.v_pages.shape() != s.k_pages.shape()) {
+    return Invalid("v_pages", "shape ", ShapeString(s.v_pages.shape()),
+                   " differs from k_pages shape ",
+                   ShapeString(s.k_pages.shape()));
+  }
+  if (d.page_size <= 0) {
+    return Invalid("k_pages", "page size must be a positive integer, got ",
+                   d.page_size, " (shape ", ShapeString(s.k_pages.shape()),
+                   ")");
+  }
+  ATTNAUDIT_RETURN_IF_ERROR(CheckLimit("k_pages", "page size", d.page_size,
+                                       "max_page_size", limits.max_page_size));
+  if (d.num_pages <= 0 || d.kv_heads <= 0) {
+    return Invalid("k_pages", "shape ", ShapeString(s.k_pages.shape()),
+                   " needs at least one page and one KV head");
+  }
+  if (d.num_pages > std::numeric_limits<int32_t>::max()) {
+    return Invalid("k_pages", d.num_pages,
+                   " pages exceed the int32 page index range");
+  }
+  const int64_t page_dim = s.k_pages.dim(3);
+  if (page_dim != d.head_dim) {
+    return Invalid("k_pages", "head dim ", page_dim,
+                   " differs from q head dim ", d.head_dim);
+  }
+  if (d.q_heads % d.kv_heads != 0) {
+    return Invalid("k_pages", "Hq=", d.q_heads,
+                   " must be divisible by Hkv=", d.kv_heads);
+  }
+
+  ATTNAUDIT_RETURN_IF_ERROR(
+      ExpectShape("block_table", s.block_table, {{"B", d.batch}, {"M", -1}}));
+  ATTNAUDIT_RETURN_IF_ERROR(CheckLimit("block_table", "max blocks M",
+                                       d.max_blocks, "max_blocks",
+                                       limits.max_blocks));
+  ATTNAUDIT_RETURN_IF_ERROR(
+      ExpectShape("kv_seq_lens", s.kv_seq_lens, {{"B", d.batch}}));
+  ATTNAUDIT_RETURN_IF_ERROR(ExpectShape("query_positions", s.query_positions,
+                                        {{"B", d.batch}, {"Sq", d.queries}}));
+  ATTNAUDIT_RETURN_IF_ERROR(
+      ExpectShape("slot_positions", s.slot_positions,
+                  {{"N", d.num_pages}, {"P", d.page_size}}));
+  if (s.key_rope_positions.present()) {
+    ATTNAUDIT_RETURN_IF_ERROR(
+        ExpectShape("key_rope_positions", s.key_rope_positions,
+                    {{"N", d.num_pages}, {"P", d.page_size}}));
+  }
+  if (s.page_ids.present()) {
+    ATTNAUDIT_RETURN_IF_ERROR(
+        ExpectShape("page_ids", s.page_ids, {{"N", d.num_pages}}));
+  }
+  for (const auto& [field, scale] :
+       {std::pair<const char*, const Tensor*>{"k_scale", &s.k_scale},
+        {"v_scale", &s.v_scale}}) {
+    if (!scale->present()) continue;
+    const bool per_tensor = scale->rank() == 0;
+    const bool per_head = scale->rank() == 1 && scale->dim(0) == d.kv_heads;
+    if (!per_tensor && !per_head) {
+      return Invalid(field, "shape ", ShapeString(scale->shape()),
+                     " must be [] (per tensor) or [Hkv=", d.kv_heads,
+                     "] (per head)");
+    }
+  }
+  if (s.sinks.present()) {
+    ATTNAUDIT_RETURN_IF_ERROR(
+        ExpectShape("sinks", s.sinks, {{"Hq", d.q_heads}}));
+  }
+
+  // Context parallelism: the world size is a dimension of the rank tensors.
+  const int64_t world = s.cp.world_size;
+  if (world < 1) {
+    return Invalid("cp.world_size", "must be >= 1, got ", world);
+  }
+  ATTNAUDIT_RETURN_IF_ERROR(CheckLimit("cp.world_size", "world size", world,
+                                       "max_cp_world_size",
+                                       limits.max_cp_world_size));
+  if (s.cp.block_owners.present()) {
+    ATTNAUDIT_RETURN_IF_ERROR(
+        ExpectShape("cp.block_owners", s.cp.block_owners,
+                    {{"B", d.batch}, {"M", d.max_blocks}}));
+  }
+  if (s.cp.rank_out.present()) {
+    ATTNAUDIT_RETURN_IF_ERROR(ExpectShape("cp.rank_out", s.cp.rank_out,
+                                          {{"world", world},
+                                           {"B", d.batch},
+                                           {"Sq", d.queries},
+                                           {"Hq", d.q_heads},
+                                           {"D", d.head_dim}}));
+  }
+  if (s.cp.rank_lse.present()) {
+    ATTNAUDIT_RETURN_IF_ERROR(ExpectShape("cp.rank_lse", s.cp.rank_lse,
+                                          {{"world", world},
+                                           {"B", d.batch},
+                                           {"Sq", d.queries},
+                                           {"Hq", d.q_heads}}));
+  }
+
+  // Engine outputs: shapes only (their values may legitimately drift).
+  if (s.engine.out.present()) {
+    ATTNAUDIT_RETURN_IF_ERROR(ExpectShape("engine.out", s.engine.out,
+                                          {{"B", d.batch},
+                                           {"Sq", d.queries},
+                                           {"Hq", d.q_heads},
+                                           {"D", d.head_dim}}));
+  }
+  if (s.engine.lse.present()) {
+    ATTNAUDIT_RETURN_IF_ERROR(
+        ExpectShape("engine.lse", s.engine.lse,
+                    {{"B", d.batch}, {"Sq", d.queries}, {"Hq", d.q_heads}}));
+  }
+  if (s.engine.logprobs.present()) {
+    ATTNAUDIT_RETURN_IF_ERROR(ExpectShape("engine.logprobs", s.engine.logprobs,
+                                          {{"B", d.batch}, {"Sq", d.queries}}));
+  }
+
+  // Selected-token log-prob inputs.
+  if (s.selected_token_ids.present()) {
+    ATTNAUDIT_RETURN_IF_ERROR(ExpectShape("selected_token_ids",
+                                          s.selected_token_ids,
+                                          {{"B", d.batch}, {"Sq", d.queries}}));
+  }
+  if (s.active_mask.present()) {
+    ATTNAUDIT_RETURN_IF_ERROR(ExpectShape("active_mask", s.active_mask,
+                                          {{"B", d.batch}, {"Sq", d.queries}}));
+  }
+  if (s.lm_head.present()) {
+    ATTNAUDIT_RETURN_IF_ERROR(ExpectShape(
+        "lm_head", s.lm_head, {{"V", -1}, {"Hq*D", d.q_heads * d.head_dim}}));
+    const int64_t vocab = s.lm_head.dim(0);
+    if (vocab < 1) {
+      return Invalid("lm_head", "vocabulary size must be positive, got ",
+                     vocab);
+    }
+    ATTNAUDIT_RETURN_IF_ERROR(CheckLimit("lm_head", "vocabulary size", vocab,
+                                         "max_vocab", limits.max_vocab));
+  }
+  *dims = d;
+  return absl::OkStatus();
+}
+
+}  // namespace validate_internal
+}  // namespace attnaudit

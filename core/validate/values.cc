@@ -1,0 +1,149 @@
+// Phase 4 of snapshot validation: finite checks over the big tensors.
+//
+// A value is non-finite exactly when its exponent field is all ones (IEEE
+// formats and e5m2) or, for e4m3fn, when its magnitude bits are 0x7f. Both
+// reduce to "magnitude bits >= threshold" on the unsigned bit pattern, so
+// the scan is an unsigned max-reduction over chunks, which GCC and Clang
+// vectorise; only a chunk that fails is rescanned to locate the element.
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/validate/validate_internal.h"
+
+namespace attnaudit {
+namespace validate_internal {
+namespace {
+
+// Largest magnitude bit pattern among kBlock elements. The constant trip
+// count lets GCC vectorise it even at -O2 (its "very cheap" cost model
+// refuses loops that would need a scalar epilogue).
+template <typename U, int kBlock>
+U MaxMagnitude(const U* p, U magnitude_mask) {
+  U worst = 0;
+  for (int i = 0; i < kBlock; ++i) {
+    const U m = static_cast<U>(p[i] & magnitude_mask);
+    worst = m > worst ? m : worst;
+  }
+  return worst;
+}
+
+template <typename U>
+int64_t FirstAtOrAbove(const void* data, int64_t n, U magnitude_mask,
+                       U threshold) {
+  constexpr int kBlock = 1024;
+  const U* p = static_cast<const U*>(data);
+  int64_t base = 0;
+  U worst = 0;
+  for (; base + kBlock <= n; base += kBlock) {
+    worst = MaxMagnitude<U, kBlock>(p + base, magnitude_mask);
+    if (worst >= threshold) break;
+  }
+  if (worst < threshold) {  // the tail, or nothing found in full blocks
+    for (int64_t i = base; i < n; ++i) {
+      const U m = static_cast<U>(p[i] & magnitude_mask);
+      worst = m > worst ? m : worst;
+    }
+    if (worst < threshold) return -1;
+  }
+  // Something at or after `base` is non-finite: locate the first one.
+  for (int64_t i = base; i < n; ++i) {
+    if (static_cast<U>(p[i] & magnitude_mask) >= threshold) return i;
+  }
+  return -1;
+}
+
+// Scans `count` contiguous elements starting at element `offset` of `t`;
+// on failure returns the error naming the element.
+absl::Status ScanRange(absl::string_view field, const Tensor& t, int64_t offset,
+                       int64_t count) {
+  const char* base =
+      static_cast<const char*>(t.raw()) + offset * DTypeSize(t.dtype());
+  const int64_t bad = FirstNonFinite(base, t.dtype(), count);
+  if (bad < 0) return absl::OkStatus();
+  return Invalid(ElementPath(field, t.shape(), offset + bad),
+                 "value is not finite");
+}
+
+// Active K (or V) slots only. Runs of consecutive fully active pages are
+// one contiguous range (the common case: a pool of referenced pages) and
+// are scanned in one call; partially active pages slot by slot.
+absl::Status ScanActiveKv(absl::string_view field, const Tensor& pages,
+                          KvLayout layout, const SnapshotDims& d,
+                          const std::vector<uint8_t>& active) {
+  const int64_t p = d.page_size;
+  const int64_t hd = d.kv_heads * d.head_dim;
+  const int64_t page_elems = p * hd;
+  int64_t run_start = 0;  // first page of the current run of full pages
+  for (int64_t page = 0; page <= d.num_pages; ++page) {
+    int64_t used = 0;
+    if (page < d.num_pages) {
+      const uint8_t* flags = active.data() + page * p;
+      for (int64_t k = 0; k < p; ++k) used += flags[k];
+      if (used == p) continue;  // extends the run
+    }
+    if (page > run_start) {
+      absl::Status st = ScanRange(field, pages, run_start * page_elems,
+                                  (page - run_start) * page_elems);
+      if (!st.ok()) return st;
+    }
+    run_start = page + 1;
+    if (used == 0) continue;
+    const uint8_t* flags = active.data() + page * p;
+    const int64_t page_base = page * page_elems;
+    for (int64_t k = 0; k < p; ++k) {
+      if (!flags[k]) continue;
+      if (layout == KvLayout::kNHD) {
+        absl::Status st = ScanRange(field, pages, page_base + k * hd, hd);
+        if (!st.ok()) return st;
+      } else {
+        for (int64_t h = 0; h < d.kv_heads; ++h) {
+          absl::Status st = ScanRange(
+              field, pages, page_base + (h * p + k) * d.head_dim, d.head_dim);
+          if (!st.ok()) return st;
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t FirstNonFinite(const void* data, DType dtype, int64_t n) {
+  switch (dtype) {
+    case DType::kF32:
+      return FirstAtOrAbove<uint32_t>(data, n, 0x7fffffffu, 0x7f800000u);
+    case DType::kF64:
+      return FirstAtOrAbove<uint64_t>(data, n, 0x7fffffffffffffffull,
+                                      0x7ff0000000000000ull);
+    case DType::kF16:
+      return FirstAtOrAbove<uint16_t>(data, n, 0x7fff, 0x7c00);
+    case DType::kBF16:
+      return FirstAtOrAbove<uint16_t>(data, n, 0x7fff, 0x7f80);
+    case DType::kF8E4M3:  // no infinities; S.1111.111 is NaN
+      return FirstAtOrAbove<uint8_t>(data, n, 0x7f, 0x7f);
+    case DType::kF8E5M2:
+      return FirstAtOrAbove<uint8_t>(data, n, 0x7f, 0x7c);
+    default:
+      return -1;  // not floating: nothing can be non-finite
+  }
+}
+
+absl::Status CheckFiniteValues(const Snapshot& s, const SnapshotDims& d,
+                               const std::vector<uint8_t>& active_slots) {
+  absl::Status st = ScanRange("q", s.q, 0, s.q.num_elements());
+  if (!st.ok()) return st;
+  st = ScanActiveKv("k_pages", s.k_pages, s.kv_layout, d, active_slots);
+  if (!st.ok()) return st;
+  st = ScanActiveKv("v_pages", s.v_pages, s.kv_layout, d, active_slots);
+  if (!st.ok()) return st;
+  if (s.lm_head.present()) {
+    st = ScanRange("lm_head", s.lm_head, 0, s.lm_head.num_elements());
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace validate_internal
+}  // namespace attnaudit

@@ -1,0 +1,182 @@
+// Tolerance policy and verdict. The formulas, their derivation and the
+// measurements behind the constants are in docs/NUMERICS.md ("Tolerances");
+// keep the two in step.
+#include "core/verdict/verdict.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace attnaudit {
+namespace {
+
+const double kEpsF32 = std::ldexp(1.0, -23);
+const double kEpsBf16 = std::ldexp(1.0, -7);
+
+// Keys per split of a flash-decoding engine: the least accumulation depth
+// an engine has over a long context, whatever the page size.
+constexpr int64_t kEngineSplitKeys = 256;
+// Weight of the fp32 accumulation term per merged block. The fp32 left fold
+// of the replay loses up to ~0.7 k eps_f32 relative (measured, NUMERICS.md);
+// 2 keeps it inside with room.
+constexpr double kFoldCoefficient = 2.0;
+// fp32 log-softmax over a large vocabulary (and the rounding of the result).
+const double kLogprobFloor = std::ldexp(1.0, -14);
+
+// Smallest positive (subnormal) value: one ULP at zero.
+double DenormMin(DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return std::ldexp(1.0, -24);
+    case DType::kBF16:
+      return std::ldexp(1.0, -133);
+    case DType::kF8E4M3:
+      return std::ldexp(1.0, -9);
+    case DType::kF8E5M2:
+      return std::ldexp(1.0, -16);
+    case DType::kF64:
+      return std::numeric_limits<double>::denorm_min();
+    default:
+      return std::ldexp(1.0, -149);
+  }
+}
+
+// Precision of the engine's P.V product: tensor-core engines round the
+// probabilities (and fp8 KV dequantised values) to the 16-bit compute type.
+double EngineComputeEpsilon(DType kv_dtype) {
+  switch (kv_dtype) {
+    case DType::kBF16:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+      return kEpsBf16;
+    case DType::kF16:
+      return DTypeEpsilon(DType::kF16);
+    default:
+      return kEpsF32;
+  }
+}
+
+bool IsFp8(DType dtype) {
+  return dtype == DType::kF8E4M3 || dtype == DType::kF8E5M2;
+}
+
+double NonNegativeOr(double value, double fallback) {
+  return std::isfinite(value) && value >= 0 ? value : fallback;
+}
+
+std::string LocationString(const Location& loc) {
+  std::string s = absl::StrCat("b=", loc.batch, " s=", loc.query);
+  if (loc.head >= 0) absl::StrAppend(&s, " h=", loc.head);
+  if (loc.dim >= 0) absl::StrAppend(&s, " d=", loc.dim);
+  return s;
+}
+
+void AddReasons(Quantity quantity, const DriftStats& stats,
+                std::vector<std::string>* reasons) {
+  const absl::string_view name = QuantityName(quantity);
+  const char* unit = quantity == Quantity::kLogprob ? "tokens" : "elements";
+  if (stats.over_tolerance > 0) {
+    reasons->push_back(absl::StrFormat(
+        "%s: %d of %d %s over tolerance %.1e (max_abs %.1e at %s)", name,
+        stats.over_tolerance, stats.count, unit, stats.tolerance, stats.max_abs,
+        LocationString(stats.worst)));
+  }
+  if (stats.nonfinite_mismatch > 0) {
+    reasons->push_back(absl::StrFormat(
+        "%s: %d %s NaN/Inf on one side only (candidate %d NaN, %d Inf; "
+        "baseline %d NaN, %d Inf; first at %s)",
+        name, stats.nonfinite_mismatch, unit, stats.candidate_nan,
+        stats.candidate_inf, stats.baseline_nan, stats.baseline_inf,
+        LocationString(stats.first_nonfinite_mismatch)));
+  }
+}
+
+}  // namespace
+
+Tolerances ComputeTolerances(const ToleranceInputs& inputs,
+                             const ToleranceOverrides& overrides) {
+  const bool engine = inputs.comparison != Comparison::kReplayVsReference;
+  // Sides that carry an fp32 accumulation error: E-P has two.
+  const double sides =
+      inputs.comparison == Comparison::kEngineVsReplay ? 2.0 : 1.0;
+  const double eps_out = IsFloating(inputs.output_dtype)
+                             ? DTypeEpsilon(inputs.output_dtype)
+                             : kEpsF32;
+  const double eps_compute = EngineComputeEpsilon(inputs.kv_dtype);
+  const bool fp8 = engine && IsFp8(inputs.kv_dtype);
+
+  // A: out magnitude; L: lse magnitude (at least 1); n: accumulation depth.
+  const double a = NonNegativeOr(inputs.max_abs_out_reference, 0.0);
+  const double l = std::max(
+      1.0, NonNegativeOr(std::fabs(inputs.max_abs_lse_reference), 1.0));
+  const int64_t context = std::max<int64_t>(1, inputs.max_context);
+  const double n = static_cast<double>(
+      std::max({int64_t{1}, inputs.max_merged_blocks,
+                (context + kEngineSplitKeys - 1) / kEngineSplitKeys}));
+
+  Tolerances t;
+  // Rounding of the final write(s), in ULPs of the output dtype at A, plus
+  // the fp32 accumulation over n merges, plus the fp8 dequant rounding.
+  double out_rel = engine ? std::max(2.0 * eps_out, eps_compute) : eps_out;
+  out_rel += kFoldCoefficient * sides * n * kEpsF32;
+  if (fp8) out_rel += kEpsBf16 * l / 4.0;
+  t.out_abs = a * out_rel + 2.0 * DenormMin(inputs.output_dtype);
+
+  // Per fp32 merge step: half an ULP of |lse| plus ~2 eps from log/exp.
+  t.lse_abs = kEpsF32 * (4.0 * l + sides * n * (0.5 * l + 2.0));
+  if (fp8) t.lse_abs += kEpsBf16 * l / 2.0;
+
+  // |d lp| <= 2 max_v |d z_v| <= 2 out_abs * max_v ||W_v||_1 / T, plus the
+  // engine rounding its logits (|z| <= A ||W||_1 / T) to its compute type.
+  const double temperature = inputs.logprob_temperature > 0 &&
+                                     std::isfinite(inputs.logprob_temperature)
+                                 ? inputs.logprob_temperature
+                                 : 1.0;
+  const double w = NonNegativeOr(inputs.lm_head_max_row_l1, 0.0) / temperature;
+  const double w2 = NonNegativeOr(inputs.lm_head_max_row_l2, 0.0) / temperature;
+  if (w2 > 0) {
+    // Statistical bound: |d z_v| <~ 2 * out_abs * ||W_v||_2 (a 2x margin
+    // over the per-element tolerance acting coherently on a unit direction),
+    // and |d lp| <= 2 max_v |d z_v|.
+    t.logprob_abs = (4.0 * t.out_abs + (engine ? 2.0 * eps_compute * a : 0.0)) *
+                        w2 +
+                    kLogprobFloor;
+  } else if (w > 0) {
+    t.logprob_abs = (2.0 * t.out_abs + (engine ? eps_compute * a : 0.0)) * w +
+                    kLogprobFloor;
+  } else {
+    t.logprob_abs = 4.0 * std::max(eps_out, eps_compute) + kLogprobFloor;
+  }
+
+  if (overrides.out_abs > 0) t.out_abs = overrides.out_abs;
+  if (overrides.lse_abs > 0) t.lse_abs = overrides.lse_abs;
+  if (overrides.logprob_abs > 0) t.logprob_abs = overrides.logprob_abs;
+  return t;
+}
+
+void DecideComparison(ComparisonResult* result) {
+  result->reasons.clear();
+  if (result->has_out)
+    AddReasons(Quantity::kOut, result->out, &result->reasons);
+  if (result->has_lse)
+    AddReasons(Quantity::kLse, result->lse, &result->reasons);
+  if (result->has_logprob) {
+    AddReasons(Quantity::kLogprob, result->logprob, &result->reasons);
+  }
+  result->verdict = result->reasons.empty() ? Verdict::kPass : Verdict::kDrift;
+}
+
+Verdict CombineVerdicts(const std::vector<ComparisonResult>& results) {
+  Verdict verdict = Verdict::kPass;
+  for (const ComparisonResult& r : results) {
+    if (r.verdict == Verdict::kInvalid) return Verdict::kInvalid;
+    if (r.verdict != Verdict::kPass) verdict = Verdict::kDrift;
+  }
+  return verdict;
+}
+
+}  // namespace attnaudit

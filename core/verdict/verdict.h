@@ -1,0 +1,64 @@
+// Tolerance policy and verdict. A comparison DRIFTs when any quantity has an
+// element over its tolerance or a NaN/Inf where the baseline is finite; the
+// report's verdict is DRIFT when any requested comparison drifts.
+//
+// Tolerances are dtype-aware and grow with the number of merged blocks k:
+// an fp32 left fold over k partial states is not bitwise, and its error
+// grows ~linearly in k (docs/NUMERICS.md, "Tolerances", gives the formulas
+// and the measurements behind them). Every tolerance can be overridden per
+// request. Pure functions; thread-safe.
+#ifndef ATTNAUDIT_CORE_VERDICT_VERDICT_H_
+#define ATTNAUDIT_CORE_VERDICT_VERDICT_H_
+
+#include <cstdint>
+
+#include "core/report/report.h"
+
+namespace attnaudit {
+
+// Zero (the default) means "use the policy".
+struct ToleranceOverrides {
+  double out_abs = 0;
+  double lse_abs = 0;
+  double logprob_abs = 0;
+};
+
+struct Tolerances {
+  double out_abs = 0;
+  double lse_abs = 0;
+  double logprob_abs = 0;
+};
+
+struct ToleranceInputs {
+  Comparison comparison = Comparison::kEngineVsReference;
+  DType output_dtype = DType::kF32;  // dtype of the compared out
+  DType kv_dtype = DType::kF32;      // storage dtype of the KV pages
+  int64_t max_merged_blocks = 1;     // largest k over the snapshot's queries
+  int64_t max_context = 1;           // largest visible key count of a query
+  double max_abs_out_reference = 1;  // max |R.out|, scales the out tolerance
+  double max_abs_lse_reference = 1;  // max |R.lse|
+  // max_v sum_i |lm_head[v, i]|: propagates the out tolerance to the
+  // selected log-probs (docs/NUMERICS.md, "Tolerances"). 0: unknown, a
+  // dtype-scaled constant is used instead.
+  double lm_head_max_row_l1 = 0;
+  // max_v ||lm_head[v, :]||_2. When known it takes precedence over the L1
+  // bound: output drift is spread over Hq*D elements with mixed signs, so
+  // a logit moves ~||W_v||_2 * |d out|, not ||W_v||_1 * |d out| (the L1
+  // worst case is ~sqrt(Hq*D) times looser and never fires).
+  double lm_head_max_row_l2 = 0;
+  double logprob_temperature = 1;  // logits are divided by it
+};
+
+Tolerances ComputeTolerances(const ToleranceInputs& inputs,
+                             const ToleranceOverrides& overrides);
+
+// Fills result->verdict and result->reasons from its stats (whose
+// `tolerance` and `over_tolerance` fields the caller set via ComputeDrift).
+void DecideComparison(ComparisonResult* result);
+
+// PASS when every comparison passes, else DRIFT.
+Verdict CombineVerdicts(const std::vector<ComparisonResult>& results);
+
+}  // namespace attnaudit
+
+#endif  // ATTNAUDIT_CORE_VERDICT_VERDICT_H_

@@ -1,0 +1,185 @@
+// Snapshot files (binary attnaudit.v1.Snapshot, written atomically) and
+// report JSON.
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl.h"
+#include "google/protobuf/util/json_util.h"
+#include "proto/codec/codec.h"
+
+namespace attnaudit {
+namespace {
+
+// Read/write block of the file streams: large enough that a few hundred MiB
+// file costs a few hundred syscalls, not tens of thousands.
+constexpr int kIoBlockBytes = 1 << 20;
+
+absl::Status ErrnoError(int error, const std::string& path,
+                        absl::string_view what) {
+  return absl::ErrnoToStatus(error, absl::StrCat(path, ": ", what));
+}
+
+// Closes a file descriptor on scope exit unless released.
+class FdCloser {
+ public:
+  explicit FdCloser(int fd) : fd_(fd) {}
+  ~FdCloser() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+  // Closes now and reports close()'s errno (0 on success).
+  int Close() {
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    return rc == 0 ? 0 : errno;
+  }
+
+ private:
+  int fd_;
+};
+
+std::string DirName(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// Unique within the process and across processes (pid) writing the same
+// directory.
+std::string TempPath(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  return absl::StrCat(path, ".tmp.", ::getpid(), ".",
+                      counter.fetch_add(1, std::memory_order_relaxed));
+}
+
+absl::Status WriteAndSync(const v1::Snapshot& msg, const std::string& tmp) {
+  const int fd =
+      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError(errno, tmp, "cannot create");
+  FdCloser closer(fd);
+  {
+    google::protobuf::io::FileOutputStream out(fd, kIoBlockBytes);
+    const bool serialized = msg.SerializeToZeroCopyStream(&out);
+    const bool flushed = out.Flush();
+    if (!serialized || !flushed) {
+      const int error = out.GetErrno();
+      return error != 0 ? ErrnoError(error, tmp, "write failed")
+                        : absl::InternalError(
+                              absl::StrCat(tmp, ": serialization failed"));
+    }
+  }
+  if (::fsync(fd) != 0) return ErrnoError(errno, tmp, "fsync failed");
+  if (const int error = closer.Close(); error != 0) {
+    return ErrnoError(error, tmp, "close failed");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Snapshot> ReadSnapshotFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(errno, path, "cannot open");
+  FdCloser closer(fd);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoError(errno, path, "cannot stat");
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a regular file"));
+  }
+  const int64_t size = st.st_size;
+  if (size == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": empty file, not an attnaudit.v1.Snapshot"));
+  }
+  if (size > kMaxSnapshotFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": ", size,
+        " bytes is over the 2 GiB limit of a snapshot file "
+        "(a protobuf message); audit larger snapshots with AuditStream"));
+  }
+
+  v1::Snapshot msg;
+  {
+    google::protobuf::io::FileInputStream input(fd, kIoBlockBytes);
+    google::protobuf::io::CodedInputStream coded(&input);
+    // The limit is the file's size, so a corrupt length prefix can never make
+    // the parser reserve more than the file holds.
+    coded.SetTotalBytesLimit(static_cast<int>(size));
+    const bool parsed = msg.ParseFromCodedStream(&coded);
+    if (input.GetErrno() != 0) {
+      return ErrnoError(input.GetErrno(), path, "read failed");
+    }
+    if (!parsed || !coded.ConsumedEntireMessage()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path,
+          ": not a valid attnaudit.v1.Snapshot (truncated or corrupt "
+          "protobuf)"));
+    }
+  }
+  absl::StatusOr<Snapshot> snapshot = SnapshotFromProto(&msg);
+  if (!snapshot.ok()) {
+    return absl::Status(snapshot.status().code(),
+                        absl::StrCat(path, ": ", snapshot.status().message()));
+  }
+  return snapshot;
+}
+
+absl::Status WriteSnapshotFile(const std::string& path,
+                               const Snapshot& snapshot) {
+  v1::Snapshot msg;
+  SnapshotToProto(snapshot, &msg);
+  const size_t bytes = msg.ByteSizeLong();
+  if (bytes > static_cast<size_t>(kMaxSnapshotFileBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": the snapshot encodes to ", bytes,
+        " bytes, over the 2 GiB limit of a snapshot file (a protobuf "
+        "message)"));
+  }
+  const std::string tmp = TempPath(path);
+  absl::Status status = WriteAndSync(msg, tmp);
+  if (status.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    status = ErrnoError(errno, path, "rename failed");
+  }
+  if (!status.ok()) {
+    ::unlink(tmp.c_str());
+    return status;
+  }
+  // Make the rename itself durable.
+  const std::string dir = DirName(path);
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) return ErrnoError(errno, dir, "cannot open directory");
+  FdCloser dir_closer(dir_fd);
+  if (::fsync(dir_fd) != 0) return ErrnoError(errno, dir, "fsync failed");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReportToJson(const AuditReport& report,
+                                         bool pretty) {
+  v1::AuditReport msg;
+  ReportToProto(report, &msg);
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = pretty;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  const auto status =
+      google::protobuf::util::MessageToJsonString(msg, &json, options);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "report JSON: ",
+        std::string(status.message().data(), status.message().size())));
+  }
+  return json;
+}
+
+}  // namespace attnaudit

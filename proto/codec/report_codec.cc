@@ -1,0 +1,373 @@
+// AuditReport <-> attnaudit.v1.AuditReport and AuditOptions <->
+// attnaudit.v1.AuditOptions.
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+#include "proto/codec/codec.h"
+#include "proto/codec/internal.h"
+
+namespace attnaudit {
+
+using namespace codec_internal;  // NOLINT: the Encode*/Decode* family
+
+// ---- Audit options ---------------------------------------------------------
+
+absl::Status AuditOptionsFromProto(const v1::AuditOptions& msg,
+                                   AuditOptions* options) {
+  // Decode into locals first so that *options is untouched on error.
+  bool wanted[kNumComparisons] = {false, false, false};
+  if (msg.comparisons_size() == 0) {
+    for (bool& w : wanted) w = true;
+  }
+  for (int i = 0; i < msg.comparisons_size(); ++i) {
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        const Comparison c,
+        DecodeComparison(msg.comparisons(i),
+                         absl::StrCat("comparisons[", i, "]")));
+    wanted[static_cast<int>(c)] = true;
+  }
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      const CpStrategy strategy,
+      DecodeCpStrategy(msg.cp_strategy(), "cp_strategy"));
+  if (msg.has_worst_heads() && msg.worst_heads() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worst_heads: must be >= 0, got ", msg.worst_heads()));
+  }
+  const v1::ToleranceOverrides& t = msg.tolerances();
+  if (t.out_abs() < 0 || t.lse_abs() < 0 || t.logprob_abs() < 0) {
+    return absl::InvalidArgumentError(
+        "tolerances: overrides must be >= 0 (0 keeps the policy)");
+  }
+
+  options->engine_vs_reference =
+      wanted[static_cast<int>(Comparison::kEngineVsReference)];
+  options->replay_vs_reference =
+      wanted[static_cast<int>(Comparison::kReplayVsReference)];
+  options->engine_vs_replay =
+      wanted[static_cast<int>(Comparison::kEngineVsReplay)];
+  options->tolerances.out_abs = t.out_abs();
+  options->tolerances.lse_abs = t.lse_abs();
+  options->tolerances.logprob_abs = t.logprob_abs();
+  options->cp_strategy = strategy;
+  options->include_merge_orders =
+      msg.has_include_merge_orders() ? msg.include_merge_orders() : true;
+  options->compute_kv_fingerprint = msg.compute_kv_fingerprint();
+  options->worst_heads = msg.has_worst_heads() ? msg.worst_heads() : 4;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AuditOptions> AuditOptionsFromProto(
+    const v1::AuditOptions& msg) {
+  AuditOptions options;
+  ATTNAUDIT_RETURN_IF_ERROR(AuditOptionsFromProto(msg, &options));
+  return options;
+}
+
+void AuditOptionsToProto(const AuditOptions& options, v1::AuditOptions* msg) {
+  msg->Clear();
+  if (options.engine_vs_reference) {
+    msg->add_comparisons(v1::COMPARISON_ENGINE_VS_REFERENCE);
+  }
+  if (options.replay_vs_reference) {
+    msg->add_comparisons(v1::COMPARISON_REPLAY_VS_REFERENCE);
+  }
+  if (options.engine_vs_replay) {
+    msg->add_comparisons(v1::COMPARISON_ENGINE_VS_REPLAY);
+  }
+  v1::ToleranceOverrides* t = msg->mutable_tolerances();
+  t->set_out_abs(options.tolerances.out_abs);
+  t->set_lse_abs(options.tolerances.lse_abs);
+  t->set_logprob_abs(options.tolerances.logprob_abs);
+  msg->set_cp_strategy(EncodeCpStrategy(options.cp_strategy));
+  msg->set_include_merge_orders(options.include_merge_orders);
+  msg->set_compute_kv_fingerprint(options.compute_kv_fingerprint);
+  msg->set_worst_heads(options.worst_heads);
+}
+
+void ValidationLimitsToProto(const ValidationLimits& limits, v1::Limits* msg) {
+  msg->set_max_tensor_bytes(limits.max_tensor_bytes);
+  msg->set_max_batch(limits.max_batch);
+  msg->set_max_queries(limits.max_queries);
+  msg->set_max_heads(limits.max_heads);
+  msg->set_max_head_dim(limits.max_head_dim);
+  msg->set_max_page_size(limits.max_page_size);
+  msg->set_max_blocks(limits.max_blocks);
+  msg->set_max_context(limits.max_context);
+  msg->set_max_cp_world_size(limits.max_cp_world_size);
+  msg->set_max_vocab(limits.max_vocab);
+}
+
+// ---- Reports ---------------------------------------------------------------
+
+namespace {
+
+void EncodeDrift(const DriftStats& d, v1::DriftStats* m) {
+  m->set_count(d.count);
+  m->set_max_abs(d.max_abs);
+  m->set_mean_abs(d.mean_abs);
+  m->set_rms(d.rms);
+  m->set_max_rel(d.max_rel);
+  m->set_p99_abs(d.p99_abs);
+  m->set_ulp_dtype(EncodeDType(d.ulp_dtype));
+  m->set_max_ulp(d.max_ulp);
+  m->set_mean_ulp(d.mean_ulp);
+  m->set_tolerance(d.tolerance);
+  m->set_over_tolerance(d.over_tolerance);
+  m->set_candidate_nan(d.candidate_nan);
+  m->set_candidate_inf(d.candidate_inf);
+  m->set_baseline_nan(d.baseline_nan);
+  m->set_baseline_inf(d.baseline_inf);
+  v1::Location* w = m->mutable_worst();
+  w->set_batch(d.worst.batch);
+  w->set_query(d.worst.query);
+  w->set_head(d.worst.head);
+  w->set_dim(d.worst.dim);
+  m->set_worst_candidate(d.worst_candidate);
+  m->set_worst_baseline(d.worst_baseline);
+  m->set_nonfinite_mismatch(d.nonfinite_mismatch);
+  if (d.nonfinite_mismatch > 0) {
+    v1::Location* f = m->mutable_first_nonfinite_mismatch();
+    f->set_batch(d.first_nonfinite_mismatch.batch);
+    f->set_query(d.first_nonfinite_mismatch.query);
+    f->set_head(d.first_nonfinite_mismatch.head);
+    f->set_dim(d.first_nonfinite_mismatch.dim);
+  }
+}
+
+absl::Status DecodeDrift(const v1::DriftStats& m, absl::string_view field,
+                         DriftStats* d) {
+  d->count = m.count();
+  d->max_abs = m.max_abs();
+  d->mean_abs = m.mean_abs();
+  d->rms = m.rms();
+  d->max_rel = m.max_rel();
+  d->p99_abs = m.p99_abs();
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      d->ulp_dtype,
+      DecodeDType(m.ulp_dtype(), absl::StrCat(field, ".ulp_dtype")));
+  d->max_ulp = m.max_ulp();
+  d->mean_ulp = m.mean_ulp();
+  d->tolerance = m.tolerance();
+  d->over_tolerance = m.over_tolerance();
+  d->candidate_nan = m.candidate_nan();
+  d->candidate_inf = m.candidate_inf();
+  d->baseline_nan = m.baseline_nan();
+  d->baseline_inf = m.baseline_inf();
+  // An unset location is "nowhere" (-1), not element 0.
+  if (m.has_worst()) {
+    d->worst.batch = m.worst().batch();
+    d->worst.query = m.worst().query();
+    d->worst.head = m.worst().head();
+    d->worst.dim = m.worst().dim();
+  } else {
+    d->worst = Location();
+  }
+  d->worst_candidate = m.worst_candidate();
+  d->worst_baseline = m.worst_baseline();
+  d->nonfinite_mismatch = m.nonfinite_mismatch();
+  if (m.has_first_nonfinite_mismatch()) {
+    const v1::Location& f = m.first_nonfinite_mismatch();
+    d->first_nonfinite_mismatch = {f.batch(), f.query(), f.head(), f.dim()};
+  } else {
+    d->first_nonfinite_mismatch = Location();
+  }
+  return absl::OkStatus();
+}
+
+void EncodeAgreement(const LogprobAgreement& a, v1::LogprobAgreement* m) {
+  m->set_count(a.count);
+  m->set_mean_abs_diff(a.mean_abs_diff);
+  m->set_max_abs_diff(a.max_abs_diff);
+  m->set_k1_kl(a.k1_kl);
+  m->set_k3_kl(a.k3_kl);
+  m->set_ratio_mean(a.ratio_mean);
+  m->set_ratio_min(a.ratio_min);
+  m->set_ratio_max(a.ratio_max);
+  m->set_ratio_std(a.ratio_std);
+}
+
+void DecodeAgreement(const v1::LogprobAgreement& m, LogprobAgreement* a) {
+  a->count = m.count();
+  a->mean_abs_diff = m.mean_abs_diff();
+  a->max_abs_diff = m.max_abs_diff();
+  a->k1_kl = m.k1_kl();
+  a->k3_kl = m.k3_kl();
+  a->ratio_mean = m.ratio_mean();
+  a->ratio_min = m.ratio_min();
+  a->ratio_max = m.ratio_max();
+  a->ratio_std = m.ratio_std();
+}
+
+void EncodeComparisonResult(const ComparisonResult& r,
+                            v1::ComparisonResult* m) {
+  m->set_comparison(codec_internal::EncodeComparison(r.comparison));
+  m->set_verdict(EncodeVerdict(r.verdict));
+  if (r.has_out) EncodeDrift(r.out, m->mutable_out());
+  if (r.has_lse) EncodeDrift(r.lse, m->mutable_lse());
+  if (r.has_logprob) EncodeDrift(r.logprob, m->mutable_logprob());
+  if (r.logprob_agreement.count > 0) {
+    EncodeAgreement(r.logprob_agreement, m->mutable_logprob_agreement());
+  }
+  for (const HeadSummary& h : r.worst_heads) {
+    v1::HeadSummary* hm = m->add_worst_heads();
+    hm->set_head(h.head);
+    hm->set_max_abs(h.max_abs);
+    hm->set_mean_abs(h.mean_abs);
+    hm->set_max_ulp(h.max_ulp);
+  }
+  for (const std::string& reason : r.reasons) m->add_reasons(reason);
+}
+
+absl::Status DecodeComparisonResult(const v1::ComparisonResult& m,
+                                    const std::string& field,
+                                    ComparisonResult* r) {
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      r->comparison,
+      DecodeComparison(m.comparison(), absl::StrCat(field, ".comparison")));
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      r->verdict, DecodeVerdict(m.verdict(), absl::StrCat(field, ".verdict")));
+  r->has_out = m.has_out();
+  if (r->has_out) {
+    ATTNAUDIT_RETURN_IF_ERROR(
+        DecodeDrift(m.out(), absl::StrCat(field, ".out"), &r->out));
+  }
+  r->has_lse = m.has_lse();
+  if (r->has_lse) {
+    ATTNAUDIT_RETURN_IF_ERROR(
+        DecodeDrift(m.lse(), absl::StrCat(field, ".lse"), &r->lse));
+  }
+  r->has_logprob = m.has_logprob();
+  if (r->has_logprob) {
+    ATTNAUDIT_RETURN_IF_ERROR(
+        DecodeDrift(m.logprob(), absl::StrCat(field, ".logprob"), &r->logprob));
+  }
+  DecodeAgreement(m.logprob_agreement(), &r->logprob_agreement);
+  r->worst_heads.clear();
+  for (const v1::HeadSummary& hm : m.worst_heads()) {
+    HeadSummary h;
+    h.head = hm.head();
+    h.max_abs = hm.max_abs();
+    h.mean_abs = hm.mean_abs();
+    h.max_ulp = hm.max_ulp();
+    r->worst_heads.push_back(h);
+  }
+  r->reasons.assign(m.reasons().begin(), m.reasons().end());
+  return absl::OkStatus();
+}
+
+void EncodeProvenance(const Provenance& p, v1::Provenance* m) {
+  m->set_backend(p.backend);
+  m->set_threads(p.threads);
+  m->set_softmax_scale(p.softmax_scale);
+  m->set_output_dtype(EncodeDType(p.output_dtype));
+  m->set_max_merged_blocks(p.max_merged_blocks);
+  for (const auto& sequence : p.merge_orders) {
+    v1::SequenceMergeOrders* sm = m->add_merge_orders();
+    for (const auto& query : sequence) {
+      sm->add_queries()->mutable_logical_blocks()->Assign(query.begin(),
+                                                          query.end());
+    }
+  }
+  for (const auto& owners : p.block_owners) {
+    m->add_block_owners()->mutable_ranks()->Assign(owners.begin(),
+                                                   owners.end());
+  }
+  m->set_kv_fingerprint(p.kv_fingerprint);
+  m->set_prefix_fingerprint(p.prefix_fingerprint);
+  m->set_rope_fingerprint(p.rope_fingerprint);
+  m->set_fingerprint_version(p.fingerprint_version);
+  v1::StageTimings* t = m->mutable_timings();
+  t->set_validate_seconds(p.timings.validate_seconds);
+  t->set_reference_seconds(p.timings.reference_seconds);
+  t->set_replay_seconds(p.timings.replay_seconds);
+  t->set_compare_seconds(p.timings.compare_seconds);
+  t->set_total_seconds(p.timings.total_seconds);
+}
+
+absl::Status DecodeProvenance(const v1::Provenance& m, Provenance* p) {
+  p->backend = m.backend();
+  p->threads = m.threads();
+  p->softmax_scale = m.softmax_scale();
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      p->output_dtype,
+      DecodeDType(m.output_dtype(), "provenance.output_dtype"));
+  p->max_merged_blocks = m.max_merged_blocks();
+  p->merge_orders.clear();
+  p->merge_orders.reserve(m.merge_orders_size());
+  for (const v1::SequenceMergeOrders& sm : m.merge_orders()) {
+    auto& sequence = p->merge_orders.emplace_back();
+    sequence.reserve(sm.queries_size());
+    for (const v1::BlockOrder& order : sm.queries()) {
+      sequence.emplace_back(order.logical_blocks().begin(),
+                            order.logical_blocks().end());
+    }
+  }
+  p->block_owners.clear();
+  p->block_owners.reserve(m.block_owners_size());
+  for (const v1::BlockOwners& owners : m.block_owners()) {
+    p->block_owners.emplace_back(owners.ranks().begin(), owners.ranks().end());
+  }
+  p->kv_fingerprint = m.kv_fingerprint();
+  p->prefix_fingerprint = m.prefix_fingerprint();
+  p->rope_fingerprint = m.rope_fingerprint();
+  p->fingerprint_version = m.fingerprint_version();
+  const v1::StageTimings& t = m.timings();
+  p->timings.validate_seconds = t.validate_seconds();
+  p->timings.reference_seconds = t.reference_seconds();
+  p->timings.replay_seconds = t.replay_seconds();
+  p->timings.compare_seconds = t.compare_seconds();
+  p->timings.total_seconds = t.total_seconds();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void ReportToProto(const AuditReport& report, v1::AuditReport* msg) {
+  msg->Clear();
+  msg->set_verdict(EncodeVerdict(report.verdict));
+  msg->set_invalid_reason(report.invalid_reason);
+  v1::SnapshotDims* dims = msg->mutable_dims();
+  dims->set_batch(report.dims.batch);
+  dims->set_queries(report.dims.queries);
+  dims->set_q_heads(report.dims.q_heads);
+  dims->set_kv_heads(report.dims.kv_heads);
+  dims->set_head_dim(report.dims.head_dim);
+  dims->set_num_pages(report.dims.num_pages);
+  dims->set_page_size(report.dims.page_size);
+  dims->set_max_blocks(report.dims.max_blocks);
+  EncodeLabels(report.labels, msg->mutable_labels());
+  for (const ComparisonResult& r : report.comparisons) {
+    EncodeComparisonResult(r, msg->add_comparisons());
+  }
+  EncodeProvenance(report.provenance, msg->mutable_provenance());
+}
+
+absl::StatusOr<AuditReport> ReportFromProto(const v1::AuditReport& msg) {
+  AuditReport report;
+  ATTNAUDIT_ASSIGN_OR_RETURN(report.verdict,
+                             DecodeVerdict(msg.verdict(), "verdict"));
+  report.invalid_reason = msg.invalid_reason();
+  const v1::SnapshotDims& dims = msg.dims();
+  report.dims.batch = dims.batch();
+  report.dims.queries = dims.queries();
+  report.dims.q_heads = dims.q_heads();
+  report.dims.kv_heads = dims.kv_heads();
+  report.dims.head_dim = dims.head_dim();
+  report.dims.num_pages = dims.num_pages();
+  report.dims.page_size = dims.page_size();
+  report.dims.max_blocks = dims.max_blocks();
+  DecodeLabels(msg.labels(), &report.labels);
+  report.comparisons.resize(msg.comparisons_size());
+  for (int i = 0; i < msg.comparisons_size(); ++i) {
+    ATTNAUDIT_RETURN_IF_ERROR(DecodeComparisonResult(
+        msg.comparisons(i), absl::StrCat("comparisons[", i, "]"),
+        &report.comparisons[i]));
+  }
+  ATTNAUDIT_RETURN_IF_ERROR(
+      DecodeProvenance(msg.provenance(), &report.provenance));
+  return report;
+}
+
+}  // namespace attnaudit

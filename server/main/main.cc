@@ -1,0 +1,166 @@
+// attnaudit-server: the audit service. Flags: `attnaudit-server --help`
+// (server_flags.h); operations: docs/OPERATIONS.md.
+//
+// Signals: SIGTERM and SIGINT are blocked in every thread and taken by
+// sigwait here, so the shutdown sequence runs on the main thread, outside
+// any signal handler. The first one starts the graceful drain
+// (AuditServer::Shutdown); a second one during the drain exits at once
+// (exit code 1; spooled jobs are resumed on the next start).
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/common/log.h"
+#include "server/main/server_flags.h"
+#include "server/rpc/job_ids.h"
+#include "server/rpc/server.h"
+
+namespace {
+
+using attnaudit::log::Level;
+
+attnaudit::rpc::AuditServerOptions ToOptions(
+    const attnaudit::server::ServerFlags& f) {
+  attnaudit::rpc::AuditServerOptions o;
+  o.listen = f.listen;
+  o.metrics_listen = f.metrics_listen;
+  o.data_dir = f.data_dir;
+  o.cpu_workers = static_cast<int>(f.cpu_workers);
+  o.threads_per_job = static_cast<int>(f.threads_per_job);
+  o.max_message_bytes = f.max_message_bytes;
+  o.queue_capacity = {f.queue_interactive, f.queue_sampled};
+  o.memory_budget_bytes = f.memory_budget_bytes;
+  o.retention_age = f.retention_age;
+  o.retention_count = f.retention_count;
+  o.drain_delay = f.drain_delay;
+  o.drain_timeout = f.drain_timeout;
+  o.tls.cert = f.tls_cert;
+  o.tls.key = f.tls_key;
+  o.tls.client_ca = f.tls_client_ca;
+  o.connection.keepalive_time = f.keepalive_time;
+  o.connection.keepalive_timeout = f.keepalive_timeout;
+  o.connection.keepalive_min_ping_interval = f.keepalive_min_ping_interval;
+  o.connection.max_connection_age = f.max_connection_age;
+  o.connection.max_connection_age_grace = f.max_connection_age_grace;
+  o.connection.max_connection_idle = f.max_connection_idle;
+  o.metrics_max_models = static_cast<int>(f.metrics_max_models);
+  o.metrics_max_layers = static_cast<int>(f.metrics_max_layers);
+  return o;
+}
+
+std::string Host(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  absl::StatusOr<attnaudit::server::ServerFlags> flags =
+      attnaudit::server::ParseServerFlags(args);
+  if (!flags.ok()) {
+    std::fprintf(stderr, "attnaudit-server: %s\n",
+                 std::string(flags.status().message()).c_str());
+    return 2;
+  }
+  if (flags->help) {
+    std::fputs(attnaudit::server::ServerHelpText().c_str(), stdout);
+    return 0;
+  }
+  absl::StatusOr<Level> level = attnaudit::log::ParseLevel(flags->log_level);
+  if (!level.ok()) {
+    std::fprintf(stderr, "attnaudit-server: %s\n",
+                 std::string(level.status().message()).c_str());
+    return 2;
+  }
+  attnaudit::log::SetLevel(*level);
+
+  // Before any thread exists, so every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  attnaudit::rpc::AuditServerOptions options = ToOptions(*flags);
+  if (!flags->auth_token_file.empty()) {
+    absl::StatusOr<std::string> token =
+        attnaudit::rpc::ReadTokenFile(flags->auth_token_file);
+    if (!token.ok()) {
+      std::fprintf(stderr, "attnaudit-server: %s\n",
+                   std::string(token.status().message()).c_str());
+      return 2;
+    }
+    options.auth_token = *std::move(token);
+    if (flags->tls_cert.empty()) {
+      ATTNAUDIT_LOG(kWarn,
+                    "bearer token auth without TLS: the token crosses the "
+                    "network in plaintext; use --tls-cert outside a trusted "
+                    "network");
+    }
+  }
+
+  ATTNAUDIT_LOG(kInfo, "attnaudit-server starting")
+      .Kv("version", attnaudit::rpc::ServerVersion())
+      .Kv("pid", static_cast<int64_t>(getpid()));
+  absl::StatusOr<std::unique_ptr<attnaudit::rpc::AuditServer>> server =
+      attnaudit::rpc::AuditServer::Start(std::move(options));
+  if (!server.ok()) {
+    ATTNAUDIT_LOG(kError, "start-up failed").Kv("status", server.status());
+    return 1;
+  }
+  // One line per endpoint.
+  ATTNAUDIT_LOG(kInfo, "grpc listening")
+      .Kv("addr", absl::StrCat(Host(flags->listen), ":", (*server)->port()))
+      .Kv("tls", flags->tls_cert.empty()
+                     ? "off"
+                     : (flags->tls_client_ca.empty() ? "on" : "mutual"))
+      .Kv("auth", flags->auth_token_file.empty() ? "off" : "bearer")
+      .Kv("max_message_bytes", flags->max_message_bytes)
+      .Kv("health", "grpc.health.v1 (\"\", attnaudit.v1.AuditService)")
+      .Kv("reflection", true);
+  if (flags->metrics_listen.empty()) {
+    ATTNAUDIT_LOG(kInfo, "metrics endpoint disabled");
+  } else {
+    ATTNAUDIT_LOG(kInfo, "metrics listening")
+        .Kv("addr", absl::StrCat(Host(flags->metrics_listen), ":",
+                                 (*server)->metrics_port()))
+        .Kv("path", "/metrics");
+  }
+  std::error_code ec;
+  const std::filesystem::path data =
+      std::filesystem::absolute(flags->data_dir, ec);
+  ATTNAUDIT_LOG(kInfo, "data dir")
+      .Kv("path", data.string())
+      .Kv("spool", (data / "spool").string())
+      .Kv("store", (data / "results.db").string());
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  ATTNAUDIT_LOG(kInfo, "signal received; draining")
+      .Kv("signal", signal_number == SIGTERM ? "SIGTERM" : "SIGINT")
+      .Kv("drain_timeout_s", absl::ToDoubleSeconds(flags->drain_timeout));
+  // A second signal ends the drain at once.
+  std::thread([stop_signals] {
+    int again = 0;
+    sigwait(&stop_signals, &again);
+    ATTNAUDIT_LOG(kWarn, "second signal; exiting without finishing the drain");
+    std::_Exit(1);
+  }).detach();
+  const absl::Time begin = absl::Now();
+  (*server)->Shutdown();
+  server->reset();
+  ATTNAUDIT_LOG(kInfo, "attnaudit-server stopped")
+      .Kv("shutdown_s", absl::ToDoubleSeconds(absl::Now() - begin));
+  return 0;
+}

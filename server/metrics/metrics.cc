@@ -1,0 +1,420 @@
+#include "server/metrics/metrics.h"
+
+#include <arpa/inet.h>
+#include <prometheus/text_serializer.h>
+
+#include <cmath>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "server/metrics/metrics_impl.h"
+
+namespace attnaudit {
+namespace server {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Histogram;
+
+constexpr const char* kStageNames[kNumStages] = {"validate", "reference",
+                                                 "replay", "compare"};
+constexpr const char* kOutcomeNames[kNumOutcomes] = {
+    "ok", "failed", "cancelled", "deadline_exceeded", "unavailable"};
+constexpr Verdict kVerdicts[] = {Verdict::kPass, Verdict::kDrift,
+                                 Verdict::kInvalid};
+
+// Absolute differences: from exact agreement (1e-7) to garbage (>= 10), a
+// few buckets per decade where bf16/fp16 kernels usually land.
+const Histogram::BucketBoundaries& AbsBuckets() {
+  static const auto* b = new Histogram::BucketBoundaries{
+      1e-7, 1e-6, 1e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1, 10};
+  return *b;
+}
+// ULP distances; le="0" counts bit-exact results.
+const Histogram::BucketBoundaries& UlpBuckets() {
+  static const auto* b = new Histogram::BucketBoundaries{
+      0, 1, 2, 4, 8, 16, 32, 64, 256, 1024, 65536};
+  return *b;
+}
+const Histogram::BucketBoundaries& SecondsBuckets() {
+  static const auto* b = new Histogram::BucketBoundaries{
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+      0.25,   0.5,   1,      2.5,   5,    10,    30,   60};
+  return *b;
+}
+
+// NaN would land in the lowest bucket (every `le` comparison is false) and
+// +Inf would poison _sum forever: both are recorded as a large finite value,
+// i.e. in the +Inf bucket.
+double Sanitize(double v) {
+  if (std::isnan(v) || std::isinf(v)) return 1e9;
+  return v;
+}
+
+int OutcomeIndex(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kOk:
+      return 0;
+    case absl::StatusCode::kCancelled:
+      return 2;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 3;
+    case absl::StatusCode::kUnavailable:
+      return 4;
+    default:
+      return 1;
+  }
+}
+
+// "HOST:PORT" -> civetweb's listening_ports syntax. HOST: an IPv4 literal,
+// "localhost" (127.0.0.1), "[v6]", or empty / "*" / "0.0.0.0" (all).
+absl::StatusOr<std::string> CivetAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics listen address: expected HOST:PORT, got \"", address, "\""));
+  }
+  const std::string host = address.substr(0, colon);
+  int port = -1;
+  if (!absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics listen address: bad port in \"", address, "\""));
+  }
+  if (host.empty() || host == "*") return absl::StrCat(port);
+  if (absl::AsciiStrToLower(host) == "localhost") {
+    return absl::StrCat("127.0.0.1:", port);
+  }
+  in_addr v4;
+  in6_addr v6;
+  const bool is_v6 =
+      host.size() > 2 && host.front() == '[' && host.back() == ']' &&
+      inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &v6) == 1;
+  if (!is_v6 && inet_pton(AF_INET, host.c_str(), &v4) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics listen address: host must be an IP literal or localhost, "
+        "got \"",
+        host, "\""));
+  }
+  return absl::StrCat(host, ":", port);
+}
+
+}  // namespace
+
+Metrics::Impl::KindSeries& Metrics::Impl::Kind(absl::string_view kind) {
+  auto it = kinds.find(kind);
+  if (it != kinds.end()) return it->second;
+  KindSeries& s = kinds[std::string(kind)];
+  const std::string k(kind);
+  for (int i = 0; i < kNumStages; ++i) {
+    s.stages[i] = &stage_duration->Add(
+        {{"stage", kStageNames[i]}, {"device_kind", k}}, SecondsBuckets());
+  }
+  s.job = &job_duration->Add({{"device_kind", k}}, SecondsBuckets());
+  s.idle = &devices->Add({{"kind", k}, {"state", "idle"}});
+  s.busy = &devices->Add({{"kind", k}, {"state", "busy"}});
+  return s;
+}
+
+std::array<Histogram*, kNumDriftFamilies>& Metrics::Impl::Drift(
+    Comparison c, const std::string& model, const std::string& layer) {
+  const std::string key =
+      absl::StrCat(static_cast<int>(c), "\x1f", model, "\x1f", layer);
+  auto it = drift_series.find(key);
+  if (it != drift_series.end()) return it->second;
+  std::array<Histogram*, kNumDriftFamilies>& s = drift_series[key];
+  const prometheus::Labels labels = {
+      {"comparison", std::string(ComparisonName(c))},
+      {"model", model},
+      {"layer", layer}};
+  for (int f = 0; f < kNumDriftFamilies; ++f) {
+    s[f] =
+        &drift[f]->Add(labels, f == kOutMaxUlp ? UlpBuckets() : AbsBuckets());
+  }
+  return s;
+}
+
+Metrics::Metrics(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Metrics::~Metrics() = default;
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(
+    const MetricsOptions& options) {
+  if (options.max_models < 1 || options.max_layers < 1) {
+    return absl::InvalidArgumentError("max_models/max_layers: must be >= 1");
+  }
+  auto impl = std::make_unique<Impl>();
+  Impl& m = *impl;
+  m.options = options;
+  m.models = std::make_unique<LabelBounder>(options.max_models);
+  m.layers = std::make_unique<LabelBounder>(options.max_layers);
+  // prometheus-cpp reports misuse with exceptions; none may escape.
+  try {
+    m.registry = std::make_shared<prometheus::Registry>();
+    auto& r = *m.registry;
+    BuildGauge()
+        .Name("attnaudit_build_info")
+        .Help("Build information; the value is always 1.")
+        .Register(r)
+        .Add({{"version", options.version}})
+        .Set(1);
+
+    auto& audits = BuildCounter()
+                       .Name("attnaudit_audits_total")
+                       .Help("Audits completed, by overall verdict.")
+                       .Register(r);
+    auto& cmp = BuildCounter()
+                    .Name("attnaudit_comparison_verdicts_total")
+                    .Help("Comparison results, by comparison and verdict.")
+                    .Register(r);
+    for (Verdict v : kVerdicts) {
+      const std::string name(VerdictName(v));
+      m.audits[static_cast<int>(v)] = &audits.Add({{"verdict", name}});
+      if (v == Verdict::kInvalid) continue;  // not a per-comparison outcome
+      for (int c = 0; c < kNumComparisons; ++c) {
+        m.comparison_verdicts[c][static_cast<int>(v)] =
+            &cmp.Add({{"comparison",
+                       std::string(ComparisonName(static_cast<Comparison>(c)))},
+                      {"verdict", name}});
+      }
+    }
+
+    const char* drift_names[kNumDriftFamilies][2] = {
+        {"attnaudit_drift_out_max_abs",
+         "Largest |candidate - baseline| of the attention output per audit."},
+        {"attnaudit_drift_out_max_ulp",
+         "Largest ULP distance of the attention output (output dtype)."},
+        {"attnaudit_drift_lse_max_abs",
+         "Largest |candidate - baseline| of the log-sum-exp (natural log)."},
+        {"attnaudit_drift_logprob_abs_diff",
+         "Largest |candidate - baseline| of the selected-token log-probs."}};
+    for (int f = 0; f < kNumDriftFamilies; ++f) {
+      m.drift[f] = &BuildHistogram()
+                        .Name(drift_names[f][0])
+                        .Help(drift_names[f][1])
+                        .Register(r);
+    }
+
+    auto& depth = BuildGauge()
+                      .Name("attnaudit_queue_depth")
+                      .Help("Jobs waiting in the scheduler queue, by class.")
+                      .Register(r);
+    auto& capacity = BuildGauge()
+                         .Name("attnaudit_queue_capacity")
+                         .Help("Maximum jobs the class queue holds.")
+                         .Register(r);
+    auto& wait = BuildHistogram()
+                     .Name("attnaudit_queue_wait_seconds")
+                     .Help("Time from admission until a device took the job.")
+                     .Register(r);
+    auto& completed = BuildCounter()
+                          .Name("attnaudit_jobs_completed_total")
+                          .Help("Jobs finished, by class and outcome.")
+                          .Register(r);
+    for (int c = 0; c < kNumPriorityClasses; ++c) {
+      const std::string cls(PriorityClassLabel(static_cast<PriorityClass>(c)));
+      m.queue_depth[c] = &depth.Add({{"class", cls}});
+      m.queue_capacity[c] = &capacity.Add({{"class", cls}});
+      m.queue_capacity[c]->Set(static_cast<double>(options.queue_capacity[c]));
+      m.queue_wait[c] = &wait.Add({{"class", cls}}, SecondsBuckets());
+      for (int o = 0; o < kNumOutcomes; ++o) {
+        m.jobs_completed[c][o] =
+            &completed.Add({{"class", cls}, {"outcome", kOutcomeNames[o]}});
+      }
+    }
+    m.queued_bytes = &BuildGauge()
+                          .Name("attnaudit_queued_bytes")
+                          .Help("Bytes of all queued jobs (memory budget use).")
+                          .Register(r)
+                          .Add({});
+    m.stage_duration =
+        &BuildHistogram()
+             .Name("attnaudit_job_stage_duration_seconds")
+             .Help("Time per audit stage, by stage and device kind.")
+             .Register(r);
+    m.job_duration = &BuildHistogram()
+                          .Name("attnaudit_job_duration_seconds")
+                          .Help("Device run time per job, by device kind.")
+                          .Register(r);
+    m.received_bytes = &BuildCounter()
+                            .Name("attnaudit_received_bytes_total")
+                            .Help("Snapshot bytes received over RPC.")
+                            .Register(r)
+                            .Add({});
+    auto& rejections = BuildCounter()
+                           .Name("attnaudit_rejections_total")
+                           .Help("Requests refused, by reason.")
+                           .Register(r);
+    for (int i = 0; i < kNumRejectReasons; ++i) {
+      m.rejections[i] = &rejections.Add(
+          {{"reason",
+            std::string(RejectReasonLabel(static_cast<RejectReason>(i)))}});
+    }
+    m.inflight = &BuildGauge()
+                      .Name("attnaudit_inflight_jobs")
+                      .Help("Jobs running on a device.")
+                      .Register(r)
+                      .Add({});
+    m.devices = &BuildGauge()
+                     .Name("attnaudit_devices")
+                     .Help("Devices in the pool, by kind and state.")
+                     .Register(r);
+    {
+      absl::MutexLock lock(&m.mu);
+      m.Kind("cpu");
+      for (const std::string& kind : options.device_kinds) m.Kind(kind);
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        absl::StrCat("metrics registration failed: ", e.what()));
+  }
+
+  if (!options.listen_address.empty()) {
+    absl::StatusOr<std::string> civet = CivetAddress(options.listen_address);
+    if (!civet.ok()) return civet.status();
+    try {
+      m.exposer = std::make_unique<prometheus::Exposer>(
+          *civet, static_cast<size_t>(std::max(1, options.exposer_threads)));
+      m.exposer->RegisterCollectable(m.registry);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(
+          "metrics endpoint ", options.listen_address,
+          " could not listen (in use or not permitted?): ", e.what()));
+    }
+  }
+  std::unique_ptr<Metrics> metrics(new Metrics(std::move(impl)));
+  metrics->impl_->listener = std::make_unique<MetricsListener>(metrics.get());
+  return metrics;
+}
+
+void Metrics::ObserveReport(const AuditReport& report,
+                            const JobLabels& labels) {
+  if (report.verdict == Verdict::kUnspecified) return;
+  Impl& m = *impl_;
+  const int v = static_cast<int>(report.verdict);
+  if (v > 0 && v < kNumVerdicts && m.audits[v] != nullptr)
+    m.audits[v]->Increment();
+
+  const std::string& raw_model =
+      labels.model.empty() ? report.labels.model : labels.model;
+  const int64_t raw_layer =
+      labels.layer >= 0 ? labels.layer : report.labels.layer;
+  const std::string model =
+      raw_model.empty() ? "unknown" : m.models->Bound(raw_model);
+  const std::string layer =
+      raw_layer < 0 ? "unknown" : m.layers->Bound(absl::StrCat(raw_layer));
+
+  absl::MutexLock lock(&m.mu);
+  for (const ComparisonResult& cr : report.comparisons) {
+    const int c = static_cast<int>(cr.comparison);
+    if (c < 0 || c >= kNumComparisons) continue;
+    const int cv = static_cast<int>(cr.verdict);
+    if (cv > 0 && cv < kNumVerdicts &&
+        m.comparison_verdicts[c][cv] != nullptr) {
+      m.comparison_verdicts[c][cv]->Increment();
+    }
+    auto& h = m.Drift(cr.comparison, model, layer);
+    if (cr.has_out) {
+      h[kOutMaxAbs]->Observe(Sanitize(cr.out.max_abs));
+      h[kOutMaxUlp]->Observe(Sanitize(cr.out.max_ulp));
+    }
+    if (cr.has_lse) h[kLseMaxAbs]->Observe(Sanitize(cr.lse.max_abs));
+    if (cr.has_logprob)
+      h[kLogprobAbsDiff]->Observe(Sanitize(cr.logprob.max_abs));
+  }
+}
+
+void Metrics::ObserveStages(const StageTimings& t,
+                            absl::string_view device_kind) {
+  absl::MutexLock lock(&impl_->mu);
+  auto& s = impl_->Kind(device_kind).stages;
+  // A stage that did not run (e.g. after validation failed) reports 0 s;
+  // observing it would drag the histogram towards zero.
+  const double seconds[kNumStages] = {t.validate_seconds, t.reference_seconds,
+                                      t.replay_seconds, t.compare_seconds};
+  for (int i = 0; i < kNumStages; ++i) {
+    if (seconds[i] > 0) s[i]->Observe(seconds[i]);
+  }
+}
+
+void Metrics::ObserveQueueWait(PriorityClass c, absl::Duration wait) {
+  impl_->queue_wait[static_cast<int>(c)]->Observe(absl::ToDoubleSeconds(wait));
+}
+
+void Metrics::ObserveJobDuration(absl::string_view device_kind,
+                                 absl::Duration run) {
+  absl::MutexLock lock(&impl_->mu);
+  impl_->Kind(device_kind).job->Observe(absl::ToDoubleSeconds(run));
+}
+
+void Metrics::CountJob(PriorityClass c, const absl::Status& status) {
+  impl_->jobs_completed[static_cast<int>(c)][OutcomeIndex(status)]->Increment();
+}
+
+void Metrics::CountRejection(RejectReason reason) {
+  const int i = static_cast<int>(reason);
+  if (i >= 0 && i < kNumRejectReasons) impl_->rejections[i]->Increment();
+}
+
+void Metrics::AddBytesReceived(int64_t bytes) {
+  if (bytes > 0) impl_->received_bytes->Increment(static_cast<double>(bytes));
+}
+
+void Metrics::SetQueueDepth(PriorityClass c, int64_t depth) {
+  impl_->queue_depth[static_cast<int>(c)]->Set(static_cast<double>(depth));
+}
+
+void Metrics::SetQueuedBytes(int64_t bytes) {
+  impl_->queued_bytes->Set(static_cast<double>(bytes));
+}
+
+void Metrics::SetInFlight(int64_t jobs) {
+  impl_->inflight->Set(static_cast<double>(jobs));
+}
+
+void Metrics::SetDevices(absl::string_view kind, int busy, int total) {
+  absl::MutexLock lock(&impl_->mu);
+  Impl::KindSeries& s = impl_->Kind(kind);
+  s.busy->Set(busy);
+  s.idle->Set(total - busy);
+}
+
+SchedulerListener* Metrics::scheduler_listener() {
+  return impl_->listener.get();
+}
+
+std::shared_ptr<prometheus::Registry> Metrics::registry() const {
+  return impl_->registry;
+}
+
+std::string Metrics::RenderText() const {
+  return prometheus::TextSerializer().Serialize(impl_->registry->Collect());
+}
+
+std::vector<int> Metrics::listening_ports() const {
+  if (impl_->exposer == nullptr) return {};
+  return impl_->exposer->GetListeningPorts();
+}
+
+std::string StripExposerFamilies(absl::string_view text) {
+  std::string out;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    absl::string_view name = line;
+    if (absl::ConsumePrefix(&name, "# HELP ") ||
+        absl::ConsumePrefix(&name, "# TYPE ")) {
+    }
+    if (absl::StartsWith(name, "exposer_")) continue;
+    if (line.empty()) continue;
+    absl::StrAppend(&out, line, "\n");
+  }
+  return out;
+}
+
+}  // namespace server
+}  // namespace attnaudit

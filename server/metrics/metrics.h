@@ -1,0 +1,159 @@
+// Metrics: the service's Prometheus metrics (prometheus-cpp) and, when a
+// listen address is given, the HTTP endpoint serving them at /metrics.
+//
+// Families (base units, counters end in _total; every label set known in
+// advance is created at start-up so dashboards show zeros):
+//   attnaudit_build_info{version}                      gauge = 1
+//   attnaudit_audits_total{verdict}                    counter (PASS, DRIFT,
+//                                                      INVALID)
+//   attnaudit_comparison_verdicts_total{comparison,verdict}   counter
+//   attnaudit_drift_out_max_abs{comparison,model,layer}       histogram
+//   attnaudit_drift_out_max_ulp{comparison,model,layer}       histogram
+//   attnaudit_drift_lse_max_abs{comparison,model,layer}       histogram
+//   attnaudit_drift_logprob_abs_diff{comparison,model,layer}  histogram
+//       (the max |lp_candidate - lp_baseline| of the comparison)
+//   attnaudit_queue_depth{class}                       gauge
+//   attnaudit_queue_capacity{class}                    gauge
+//   attnaudit_queued_bytes                             gauge
+//   attnaudit_queue_wait_seconds{class}                histogram
+//   attnaudit_job_stage_duration_seconds{stage,device_kind}  histogram
+//       stage: validate, reference, replay, compare
+//   attnaudit_job_duration_seconds{device_kind}        histogram (device run)
+//   attnaudit_jobs_completed_total{class,outcome}      counter; outcome: ok,
+//       failed, cancelled, deadline_exceeded, unavailable
+//   attnaudit_received_bytes_total                     counter
+//   attnaudit_rejections_total{reason}                 counter (reasons of
+//                                                      RejectReasonLabel)
+//   attnaudit_inflight_jobs                            gauge
+//   attnaudit_devices{kind,state}                      gauge; state: idle, busy
+// class: interactive, sampled. comparison: engine_vs_reference,
+// replay_vs_reference, engine_vs_replay. Drift histograms of a (model,
+// layer) pair appear when first observed.
+//
+// Bounded labels: the first `max_models` distinct model names and the first
+// `max_layers` distinct layers observed keep their value; later ones are
+// reported as "other" (empty model / layer < 0 as "unknown"). Worst case
+// 4 families x 3 comparisons x (max_models+2) x (max_layers+2) series sets.
+//
+// The HTTP exposer also serves prometheus-cpp's own exposer_* families;
+// exposer_request_latencies is a summary in microseconds, which
+// `promtool check metrics` flags. RenderText() does not include them; for a
+// scrape, StripExposerFamilies() removes them before linting.
+//
+// Destroying a Metrics whose endpoint has served a scrape takes ~2 s
+// (civetweb joins its workers); budget it in shutdown, after the drain.
+//
+// Thread safety: all methods are thread-safe. Errors: Create converts
+// prometheus-cpp/civetweb exceptions (bad address, port in use) to
+// InvalidArgument / Unavailable; nothing else throws or fails.
+#ifndef ATTNAUDIT_SERVER_METRICS_METRICS_H_
+#define ATTNAUDIT_SERVER_METRICS_METRICS_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "core/report/report.h"
+#include "server/scheduler/job.h"
+#include "server/scheduler/scheduler.h"
+
+namespace prometheus {
+class Registry;
+}  // namespace prometheus
+
+namespace attnaudit {
+namespace server {
+
+struct MetricsOptions {
+  // "HOST:PORT" for the HTTP endpoint (port 0 picks a free one); empty:
+  // no endpoint (tests, or an embedding that serves registry() itself).
+  std::string listen_address = "localhost:9464";
+  // civetweb worker threads of the endpoint.
+  int exposer_threads = 2;
+  // attnaudit_build_info{version}.
+  std::string version = "unknown";
+  int max_models = 4;
+  int max_layers = 16;
+  // Device kinds whose attnaudit_devices / duration series are created at
+  // start-up ("cpu" always is).
+  std::vector<std::string> device_kinds = {"cpu"};
+  // attnaudit_queue_capacity{class}, indexed by PriorityClass.
+  std::array<int64_t, kNumPriorityClasses> queue_capacity = {0, 0};
+};
+
+class Metrics {
+ public:
+  static absl::StatusOr<std::unique_ptr<Metrics>> Create(
+      const MetricsOptions& options);
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // Feeds the verdict counters and the drift histograms from one report
+  // (a report with verdict UNSPECIFIED is ignored). `labels` selects the
+  // model/layer series (bounded as above).
+  void ObserveReport(const AuditReport& report, const JobLabels& labels);
+  // Stage durations from report.provenance.timings; stages with 0 s (not
+  // run) are skipped.
+  void ObserveStages(const StageTimings& timings,
+                     absl::string_view device_kind);
+  void ObserveQueueWait(PriorityClass c, absl::Duration wait);
+  void ObserveJobDuration(absl::string_view device_kind, absl::Duration run);
+  void CountJob(PriorityClass c, const absl::Status& status);
+  void CountRejection(RejectReason reason);
+  void AddBytesReceived(int64_t bytes);
+  void SetQueueDepth(PriorityClass c, int64_t depth);
+  void SetQueuedBytes(int64_t bytes);
+  void SetInFlight(int64_t jobs);
+  void SetDevices(absl::string_view kind, int busy, int total);
+
+  // A SchedulerListener that drives the metrics above: queue depth/bytes,
+  // in-flight, devices, rejections, queue wait, and on finish the job
+  // count, run duration, stage durations and (for OK outcomes) the report.
+  // Owned by this Metrics; pass it as SchedulerOptions::listener.
+  SchedulerListener* scheduler_listener();
+
+  // The registry (e.g. for the RPC layer's own families). Families added
+  // to it are rendered and served too.
+  std::shared_ptr<prometheus::Registry> registry() const;
+
+  // The registry in the Prometheus text format (without exposer_*).
+  std::string RenderText() const;
+
+  // Ports the HTTP endpoint listens on (empty without an endpoint).
+  std::vector<int> listening_ports() const;
+
+ private:
+  struct Impl;
+  explicit Metrics(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Removes the exposer_* families (prometheus-cpp's own) from a scrape in
+// the text format, so `promtool check metrics` lints only ours.
+std::string StripExposerFamilies(absl::string_view text);
+
+// Model/layer label values after bounding; exposed for tests.
+// Thread-safe.
+class LabelBounder {
+ public:
+  explicit LabelBounder(int max_values);
+  // The value itself while fewer than max_values distinct values were
+  // seen (or it was seen before), else "other".
+  std::string Bound(const std::string& value);
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace server
+}  // namespace attnaudit
+
+#endif  // ATTNAUDIT_SERVER_METRICS_METRICS_H_

@@ -1,0 +1,108 @@
+// Internal: the state behind Metrics (families, pre-created series, caches
+// of the lazily created model/layer and device-kind series).
+#ifndef ATTNAUDIT_SERVER_METRICS_METRICS_IMPL_H_
+#define ATTNAUDIT_SERVER_METRICS_METRICS_IMPL_H_
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <array>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "server/metrics/metrics.h"
+
+namespace attnaudit {
+namespace server {
+
+// Drift quantities with a histogram family each.
+enum DriftFamily : int {
+  kOutMaxAbs = 0,
+  kOutMaxUlp = 1,
+  kLseMaxAbs = 2,
+  kLogprobAbsDiff = 3,
+  kNumDriftFamilies = 4,
+};
+
+constexpr int kNumStages = 4;  // validate, reference, replay, compare
+constexpr int kNumOutcomes =
+    5;  // ok, failed, cancelled, deadline_exceeded, unavailable
+constexpr int kNumVerdicts = 4;  // indexed by Verdict; 0 unused
+
+class MetricsListener : public SchedulerListener {
+ public:
+  explicit MetricsListener(Metrics* metrics) : m_(metrics) {}
+  void OnQueueChanged(PriorityClass c, int64_t depth,
+                      int64_t queued_bytes) override;
+  void OnInFlightChanged(int64_t in_flight) override;
+  void OnDevicesChanged(absl::string_view kind, int busy, int total) override;
+  void OnRejected(RejectReason reason) override;
+  void OnStarted(const Job& job, absl::string_view device_kind,
+                 absl::Duration queue_wait) override;
+  void OnFinished(const JobOutcome& outcome) override;
+
+ private:
+  Metrics* m_;
+};
+
+struct Metrics::Impl {
+  MetricsOptions options;
+  std::shared_ptr<prometheus::Registry> registry;
+  // Declared after the registry: destroyed first (it holds a weak_ptr).
+  std::unique_ptr<prometheus::Exposer> exposer;
+
+  std::array<prometheus::Counter*, kNumVerdicts> audits{};
+  std::array<std::array<prometheus::Counter*, kNumVerdicts>, kNumComparisons>
+      comparison_verdicts{};
+  std::array<prometheus::Family<prometheus::Histogram>*, kNumDriftFamilies>
+      drift{};
+  std::array<prometheus::Gauge*, kNumPriorityClasses> queue_depth{};
+  std::array<prometheus::Gauge*, kNumPriorityClasses> queue_capacity{};
+  prometheus::Gauge* queued_bytes = nullptr;
+  std::array<prometheus::Histogram*, kNumPriorityClasses> queue_wait{};
+  prometheus::Family<prometheus::Histogram>* stage_duration = nullptr;
+  prometheus::Family<prometheus::Histogram>* job_duration = nullptr;
+  std::array<std::array<prometheus::Counter*, kNumOutcomes>,
+             kNumPriorityClasses>
+      jobs_completed{};
+  prometheus::Counter* received_bytes = nullptr;
+  std::array<prometheus::Counter*, kNumRejectReasons> rejections{};
+  prometheus::Gauge* inflight = nullptr;
+  prometheus::Family<prometheus::Gauge>* devices = nullptr;
+
+  std::unique_ptr<LabelBounder> models;
+  std::unique_ptr<LabelBounder> layers;
+  std::unique_ptr<MetricsListener> listener;
+
+  // Series created on first use, keyed by their label values.
+  struct KindSeries {
+    std::array<prometheus::Histogram*, kNumStages> stages{};
+    prometheus::Histogram* job = nullptr;
+    prometheus::Gauge* idle = nullptr;
+    prometheus::Gauge* busy = nullptr;
+  };
+  absl::Mutex mu;
+  absl::flat_hash_map<std::string,
+                      std::array<prometheus::Histogram*, kNumDriftFamilies>>
+      drift_series ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<std::string, KindSeries> kinds ABSL_GUARDED_BY(mu);
+
+  // Creates (or finds) the per-kind series. Family::Add may throw only for
+  // invalid label names, and ours are constants.
+  KindSeries& Kind(absl::string_view kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  std::array<prometheus::Histogram*, kNumDriftFamilies>& Drift(
+      Comparison c, const std::string& model, const std::string& layer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+};
+
+}  // namespace server
+}  // namespace attnaudit
+
+#endif  // ATTNAUDIT_SERVER_METRICS_METRICS_IMPL_H_

@@ -1,0 +1,565 @@
+// Audit, AuditStream, WatchResults, GetCapabilities and the helpers shared
+// with durable_jobs.cc (Submit, GetResult, Cancel, spool resume).
+#include "server/rpc/audit_service.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/fingerprint/fingerprint.h"
+#include "proto/codec/codec.h"
+#include "server/common/log.h"
+#include "server/rpc/logged_reactor.h"
+#include "server/rpc/rpc_internal.h"
+#include "server/rpc/status_util.h"
+#include "proto/codec/stream.h"
+#include "proto/codec/tensor_paths.h"
+
+namespace attnaudit::rpc {
+namespace {
+
+using server::PriorityClass;
+using server::RejectReason;
+
+// Holds one call's request and response. The service registers these for
+// Audit and Submit so that the request object is its own, non-const
+// allocation: the handler may then move the tensor bytes out of it
+// (const_cast on an object that was not created const is well defined),
+// which saves a copy of every snapshot.
+template <typename Req, typename Resp>
+class OwnedMessageAllocator : public grpc::MessageAllocator<Req, Resp> {
+ public:
+  grpc::MessageHolder<Req, Resp>* AllocateMessages() override {
+    return new Holder();
+  }
+
+ private:
+  class Holder : public grpc::MessageHolder<Req, Resp> {
+   public:
+    Holder() {
+      this->set_request(&request_);
+      this->set_response(&response_);
+    }
+    void Release() override { delete this; }
+
+   private:
+    Req request_;
+    Resp response_;
+  };
+};
+
+// ---- Audit -----------------------------------------------------------------
+
+class AuditCall final : public LoggedUnaryReactor {
+ public:
+  AuditCall(AuditServiceImpl* svc, grpc::CallbackServerContext* context,
+            v1::AuditResponse* response)
+      : LoggedUnaryReactor("Audit", context),
+        svc_(svc),
+        context_(context),
+        response_(response) {}
+
+  void Start(v1::AuditRequest* request) {
+    if (grpc::Status auth = svc_->auth().Check(*context_); !auth.ok()) {
+      Done(auth);
+      return;
+    }
+    const int64_t bytes = static_cast<int64_t>(request->ByteSizeLong());
+    svc_->metrics()->AddBytesReceived(bytes);
+    log().set_bytes(bytes);
+    absl::StatusOr<PriorityClass> priority =
+        PriorityFromProto(request->priority(), PriorityClass::kInteractive);
+    if (!priority.ok()) return Reject(priority.status());
+    if (!request->has_snapshot()) {
+      return Reject(absl::InvalidArgumentError("snapshot: missing"));
+    }
+    absl::StatusOr<Snapshot> snapshot =
+        SnapshotFromProto(request->mutable_snapshot());
+    if (!snapshot.ok()) {
+      return Reject(PrefixStatus("snapshot.", snapshot.status()));
+    }
+    absl::StatusOr<AuditOptions> options =
+        AuditOptionsFromProto(request->options());
+    if (!options.ok()) {
+      return Reject(PrefixStatus("options.", options.status()));
+    }
+    job_id_ = NewJobId('a');
+    log().set_job_id(job_id_);
+    absl::Duration retry_after;
+    absl::Status admitted = AdmitInteractive(
+        svc_, job_id_, *std::move(snapshot), *std::move(options), *priority,
+        bytes, CallDeadline(*context_), response_,
+        [this](const grpc::Status& status) { Done(status); }, &retry_after);
+    if (!admitted.ok()) {
+      if (admitted.code() == absl::StatusCode::kResourceExhausted) {
+        AddRetryAfter(context_, retry_after);
+      }
+      Done(ToGrpcStatus(admitted));
+      return;
+    }
+    // The handler has not returned yet, so OnDone cannot have run: `this`
+    // is alive even if the job already finished.
+    submitted_.store(true);
+    if (cancelled_.load()) svc_->scheduler()->Cancel(job_id_).IgnoreError();
+  }
+
+  void OnCancel() override {
+    cancelled_.store(true);
+    if (submitted_.load()) svc_->scheduler()->Cancel(job_id_).IgnoreError();
+  }
+
+ private:
+  // Refuses the request before a job exists (counted as a rejection).
+  void Reject(const absl::Status& status) {
+    svc_->metrics()->CountRejection(status.code() ==
+                                            absl::StatusCode::kUnavailable
+                                        ? RejectReason::kDraining
+                                        : RejectReason::kInvalidArgument);
+    Done(ToGrpcStatus(status));
+  }
+
+  AuditServiceImpl* const svc_;
+  grpc::CallbackServerContext* const context_;
+  v1::AuditResponse* const response_;
+  std::string job_id_;
+  std::atomic<bool> submitted_{false};
+  std::atomic<bool> cancelled_{false};
+};
+
+// ---- AuditStream -----------------------------------------------------------
+
+class AuditStreamCall final
+    : public grpc::ServerReadReactor<v1::AuditStreamMessage> {
+ public:
+  AuditStreamCall(AuditServiceImpl* svc, grpc::CallbackServerContext* context,
+                  v1::AuditResponse* response)
+      : svc_(svc),
+        context_(context),
+        response_(response),
+        log_("AuditStream", context),
+        assembler_(svc->options().max_stream_bytes) {}
+
+  void Begin() {
+    if (grpc::Status auth = svc_->auth().Check(*context_); !auth.ok()) {
+      return FinishOnce(auth);
+    }
+    if (svc_->draining()) {
+      svc_->metrics()->CountRejection(RejectReason::kDraining);
+      return FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                     "server is draining"));
+    }
+    StartRead(&message_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return EndOfStream();
+    if (message_.has_header()) return OnHeader();
+    if (message_.has_chunk()) return OnChunk();
+    Fail(absl::InvalidArgumentError(
+        "kind: a message must hold a header or a chunk"));
+  }
+
+  void OnCancel() override {
+    cancelled_.store(true);
+    if (submitted_.load()) svc_->scheduler()->Cancel(job_id_).IgnoreError();
+  }
+
+  void OnDone() override {
+    if (reserved_ > 0) svc_->ReleaseUpload(reserved_);
+    log_.Emit();
+    delete this;
+  }
+
+ private:
+  void OnHeader() {
+    const int64_t header_bytes = static_cast<int64_t>(message_.ByteSizeLong());
+    svc_->metrics()->AddBytesReceived(header_bytes);
+    v1::AuditStreamHeader* header = message_.mutable_header();
+    if (assembler_.begun()) {
+      return Fail(absl::InvalidArgumentError(
+          "header: a second header; an AuditStream call has exactly one"));
+    }
+    absl::StatusOr<PriorityClass> priority =
+        PriorityFromProto(header->priority(), PriorityClass::kInteractive);
+    if (!priority.ok()) return Fail(PrefixStatus("header.", priority.status()));
+    priority_ = *priority;
+    absl::StatusOr<AuditOptions> options =
+        AuditOptionsFromProto(header->options());
+    if (!options.ok()) {
+      return Fail(PrefixStatus("header.options.", options.status()));
+    }
+    options_ = *std::move(options);
+    // The manifest is checked against the stream limit before anything is
+    // reserved or any chunk is read.
+    if (absl::Status s = assembler_.Begin(header); !s.ok()) return Fail(s);
+    const int64_t total = assembler_.bytes_expected() + header_bytes;
+    log_.set_bytes(total);
+    // Admission before a single chunk is read: the queue and budget
+    // (advisory; Submit re-checks) and the budget of uploads in progress.
+    server::SubmitRejection why;
+    if (absl::Status s =
+            svc_->scheduler()->CheckAdmission(priority_, total, &why);
+        !s.ok()) {
+      svc_->metrics()->CountRejection(why.reason);
+      if (s.code() == absl::StatusCode::kResourceExhausted) {
+        AddRetryAfter(context_, why.retry_after);
+      }
+      return FinishOnce(ToGrpcStatus(s));
+    }
+    if (!svc_->ReserveUpload(total)) {
+      svc_->metrics()->CountRejection(RejectReason::kMemoryBudget);
+      AddRetryAfter(context_, absl::Milliseconds(250));
+      return FinishOnce(grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("upload budget: ", total,
+                       " more bytes would exceed the ",
+                       svc_->options().upload_budget_bytes,
+                       " bytes of uploads in progress; retry after ~250 ms")));
+    }
+    reserved_ = total;
+    message_.Clear();
+    StartRead(&message_);
+  }
+
+  void OnChunk() {
+    const std::string& data = message_.chunk().data();
+    svc_->metrics()->AddBytesReceived(static_cast<int64_t>(data.size()));
+    if (absl::Status s = assembler_.Append(data); !s.ok()) return Fail(s);
+    message_.Clear();
+    StartRead(&message_);
+  }
+
+  void EndOfStream() {
+    if (cancelled_.load() || context_->IsCancelled()) {
+      return FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED,
+                                     "call cancelled during the upload"));
+    }
+    if (absl::Status s = assembler_.Finish(); !s.ok()) {
+      return Fail(PrefixStatus("stream: ", s));
+    }
+    absl::StatusOr<Snapshot> snapshot =
+        SnapshotFromProto(assembler_.mutable_snapshot());
+    if (!snapshot.ok()) {
+      return Fail(PrefixStatus("header.snapshot.", snapshot.status()));
+    }
+    job_id_ = NewJobId('a');
+    log_.set_job_id(job_id_);
+    absl::Duration retry_after;
+    absl::Status admitted = AdmitInteractive(
+        svc_, job_id_, *std::move(snapshot), std::move(options_), priority_,
+        reserved_, CallDeadline(*context_), response_,
+        [this](const grpc::Status& status) { FinishOnce(status); },
+        &retry_after);
+    // Queued (or refused): the scheduler's budget accounts for the bytes
+    // from here on.
+    svc_->ReleaseUpload(reserved_);
+    reserved_ = 0;
+    if (!admitted.ok()) {
+      if (admitted.code() == absl::StatusCode::kResourceExhausted) {
+        AddRetryAfter(context_, retry_after);
+      }
+      return FinishOnce(ToGrpcStatus(admitted));
+    }
+    // No read is pending and Finish comes only from the job, so OnDone
+    // cannot run before this line.
+    submitted_.store(true);
+    if (cancelled_.load()) svc_->scheduler()->Cancel(job_id_).IgnoreError();
+  }
+
+  void Fail(const absl::Status& status) {
+    svc_->metrics()->CountRejection(RejectReason::kInvalidArgument);
+    FinishOnce(ToGrpcStatus(status));
+  }
+
+  void FinishOnce(const grpc::Status& status) {
+    if (finished_.exchange(true)) return;
+    log_.set_status(status);
+    Finish(status);
+  }
+
+  AuditServiceImpl* const svc_;
+  grpc::CallbackServerContext* const context_;
+  v1::AuditResponse* const response_;
+  CallLog log_;
+  v1::AuditStreamMessage message_;
+  AuditStreamAssembler assembler_;
+  PriorityClass priority_ = PriorityClass::kInteractive;
+  AuditOptions options_;
+  int64_t reserved_ = 0;
+  std::string job_id_;
+  std::atomic<bool> submitted_{false};
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> finished_{false};
+};
+
+// A WatchResults call refused before it starts.
+class RejectedWatch final : public grpc::ServerWriteReactor<v1::JobResult> {
+ public:
+  explicit RejectedWatch(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+// ---- Shared helpers ----------------------------------------------------------
+
+int64_t SnapshotTensorBytes(const Snapshot& snapshot) {
+  int64_t total = 0;
+  for (absl::string_view path : SnapshotTensorPaths()) {
+    const Tensor* t = FindSnapshotTensor(snapshot, path);
+    if (t != nullptr && t->present()) {
+      total += static_cast<int64_t>(t->bytes().size());
+    }
+  }
+  return total;
+}
+
+void ApplyServerOptions(const AuditServiceImpl& svc, AuditOptions* options) {
+  options->threads = svc.options().threads_per_job;
+  options->limits = svc.options().limits;
+}
+
+v1::JobResult OutcomeToJobResult(const server::JobOutcome& outcome,
+                                 const Labels& labels, absl::Time submitted,
+                                 absl::Time started) {
+  v1::JobResult r;
+  r.set_job_id(outcome.job_id);
+  switch (outcome.status.code()) {
+    case absl::StatusCode::kOk:
+      r.set_state(v1::JOB_STATE_DONE);
+      break;
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kDeadlineExceeded:
+      r.set_state(v1::JOB_STATE_CANCELLED);
+      break;
+    default:
+      r.set_state(v1::JOB_STATE_FAILED);
+      break;
+  }
+  if (!outcome.status.ok()) {
+    r.mutable_error()->set_code(static_cast<int>(outcome.status.code()));
+    r.mutable_error()->set_message(std::string(outcome.status.message()));
+  }
+  r.set_priority(PriorityToProto(outcome.priority));
+  LabelsToProto(labels, r.mutable_labels());
+  TimeToProto(submitted, r.mutable_submit_time());
+  if (outcome.ran && started != absl::InfinitePast()) {
+    TimeToProto(started, r.mutable_start_time());
+  }
+  TimeToProto(absl::Now(), r.mutable_finish_time());
+  return r;
+}
+
+void PublishResult(AuditServiceImpl* svc, v1::JobResult result) {
+  svc->watch_hub()->Publish(
+      std::make_shared<const v1::JobResult>(std::move(result)));
+}
+
+absl::Status AdmitInteractive(AuditServiceImpl* svc, const std::string& job_id,
+                              Snapshot snapshot, AuditOptions options,
+                              server::PriorityClass priority, int64_t bytes,
+                              absl::Time deadline, v1::AuditResponse* response,
+                              Finisher finish, absl::Duration* retry_after) {
+  *retry_after = absl::ZeroDuration();
+  if (svc->draining()) {
+    svc->metrics()->CountRejection(RejectReason::kDraining);
+    return absl::UnavailableError("server is draining; retry elsewhere");
+  }
+  auto job = std::make_unique<server::Job>();
+  job->id = job_id;
+  job->priority = priority;
+  job->deadline = deadline;
+  job->labels = JobLabelsOf(snapshot.labels);
+  Labels labels = snapshot.labels;
+  job->snapshot = std::move(snapshot);
+  ApplyServerOptions(*svc, &options);
+  job->options = std::move(options);
+  job->bytes = bytes;
+  const absl::Time submitted = absl::Now();
+  // Written by on_start on the worker, read by on_done on the same worker.
+  auto started = std::make_shared<absl::Time>(absl::InfinitePast());
+  job->on_start = [started](const server::Job&, absl::string_view) {
+    *started = absl::Now();
+  };
+  job->on_done = [svc, response, finish = std::move(finish),
+                  labels = std::move(labels), submitted,
+                  started](const server::JobOutcome& outcome) {
+    grpc::Status status;
+    if (outcome.status.ok()) {
+      if (outcome.report.verdict == Verdict::kInvalid) {
+        status = grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("snapshot.", outcome.report.invalid_reason));
+      } else {
+        ReportToProto(outcome.report, response->mutable_report());
+      }
+    } else {
+      status = ToGrpcStatus(outcome.status);
+    }
+    if (svc->watch_hub()->HasWatchers()) {
+      v1::JobResult result =
+          OutcomeToJobResult(outcome, labels, submitted, *started);
+      if (outcome.status.ok()) {
+        if (response->has_report()) {
+          *result.mutable_report() = response->report();
+        } else {
+          ReportToProto(outcome.report, result.mutable_report());
+        }
+      }
+      PublishResult(svc, std::move(result));
+    }
+    finish(status);
+  };
+  server::SubmitRejection why;
+  absl::Status s = svc->scheduler()->Submit(std::move(job), &why);
+  if (!s.ok()) *retry_after = why.retry_after;
+  return s;
+}
+
+// ---- The service ----------------------------------------------------------------
+
+struct AuditServiceImpl::Allocators {
+  OwnedMessageAllocator<v1::AuditRequest, v1::AuditResponse> audit;
+  OwnedMessageAllocator<v1::SubmitRequest, v1::SubmitResponse> submit;
+};
+
+AuditServiceImpl::AuditServiceImpl(ServiceOptions options,
+                                   server::Scheduler* scheduler,
+                                   server::Spool* spool,
+                                   server::ResultStore* store,
+                                   server::Metrics* metrics,
+                                   BlockingExecutor* executor)
+    : options_(std::move(options)),
+      scheduler_(scheduler),
+      spool_(spool),
+      store_(store),
+      metrics_(metrics),
+      executor_(executor),
+      auth_(options_.auth_token),
+      allocators_(std::make_unique<Allocators>()) {
+  SetMessageAllocatorFor_Audit(&allocators_->audit);
+  SetMessageAllocatorFor_Submit(&allocators_->submit);
+}
+
+AuditServiceImpl::~AuditServiceImpl() = default;
+
+void AuditServiceImpl::StartDraining() { draining_.store(true); }
+
+void AuditServiceImpl::CloseWatchers() {
+  hub_.Close(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "server is shutting down; reconnect to another "
+                          "replica"));
+}
+
+bool AuditServiceImpl::ReserveUpload(int64_t bytes) {
+  int64_t current = uploading_bytes_.load();
+  do {
+    if (current + bytes > options_.upload_budget_bytes) return false;
+  } while (!uploading_bytes_.compare_exchange_weak(current, current + bytes));
+  return true;
+}
+
+void AuditServiceImpl::ReleaseUpload(int64_t bytes) {
+  uploading_bytes_.fetch_sub(bytes);
+}
+
+bool AuditServiceImpl::BeginIdempotentSubmit(const std::string& job_id) {
+  absl::MutexLock lock(&submit_mu_);
+  return submitting_.insert(job_id).second;
+}
+
+void AuditServiceImpl::EndIdempotentSubmit(const std::string& job_id) {
+  absl::MutexLock lock(&submit_mu_);
+  submitting_.erase(job_id);
+}
+
+grpc::ServerUnaryReactor* AuditServiceImpl::Audit(
+    grpc::CallbackServerContext* context, const v1::AuditRequest* request,
+    v1::AuditResponse* response) {
+  auto* call = new AuditCall(this, context, response);
+  // The request comes from OwnedMessageAllocator (see above).
+  call->Start(const_cast<v1::AuditRequest*>(request));
+  return call;
+}
+
+grpc::ServerReadReactor<v1::AuditStreamMessage>* AuditServiceImpl::AuditStream(
+    grpc::CallbackServerContext* context, v1::AuditResponse* response) {
+  auto* call = new AuditStreamCall(this, context, response);
+  call->Begin();
+  return call;
+}
+
+grpc::ServerWriteReactor<v1::JobResult>* AuditServiceImpl::WatchResults(
+    grpc::CallbackServerContext* context,
+    const v1::WatchResultsRequest* request) {
+  if (grpc::Status auth = auth_.Check(*context); !auth.ok()) {
+    return new RejectedWatch(auth);
+  }
+  for (int v : request->filter().verdicts()) {
+    if (!v1::Verdict_IsValid(v) || v == v1::VERDICT_UNSPECIFIED) {
+      return new RejectedWatch(grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("filter.verdicts: unknown value ", v)));
+    }
+  }
+  ATTNAUDIT_LOG(kDebug, "rpc")
+      .Kv("method", "WatchResults")
+      .Kv("peer", context->peer());
+  return new WatchReactor(&hub_, request->filter(), options_.watcher_buffer);
+}
+
+grpc::ServerUnaryReactor* AuditServiceImpl::GetCapabilities(
+    grpc::CallbackServerContext* context,
+    const v1::GetCapabilitiesRequest* request, v1::Capabilities* response) {
+  auto* call = new LoggedUnaryReactor("GetCapabilities", context);
+  if (grpc::Status auth = auth_.Check(*context); !auth.ok()) {
+    call->Done(auth);
+    return call;
+  }
+  response->set_version(options_.version);
+  response->set_api_version("attnaudit.v1");
+  response->set_fingerprint_version(kFingerprintVersion);
+  const std::vector<server::DeviceInfo> devices = scheduler_->Devices();
+  bool have_cuda = false;
+  for (const server::DeviceInfo& d : devices) {
+    v1::Device* dev = response->add_devices();
+    dev->set_id(d.name);
+    const bool gpu = d.kind == "cuda";
+    have_cuda |= gpu;
+    dev->set_kind(gpu ? v1::DEVICE_KIND_GPU : v1::DEVICE_KIND_CPU);
+    dev->set_name(gpu ? "CUDA device" : "CPU worker");
+    dev->set_state(d.busy ? v1::DEVICE_STATE_BUSY : v1::DEVICE_STATE_IDLE);
+  }
+  v1::Backend* cpu = response->add_backends();
+  cpu->set_name("cpu");
+  cpu->set_available(true);
+  v1::Backend* cuda = response->add_backends();
+  cuda->set_name("cuda");
+  cuda->set_available(have_cuda);
+  cuda->set_detail(!options_.cuda_built ? "not built in"
+                   : have_cuda          ? ""
+                                        : "no GPU worker in the pool");
+  v1::Limits* l = response->mutable_limits();
+  l->set_max_receive_message_bytes(options_.max_message_bytes);
+  l->set_max_stream_bytes(options_.max_stream_bytes);
+  l->set_recommended_chunk_bytes(options_.recommended_chunk_bytes);
+  l->set_max_tensor_bytes(options_.limits.max_tensor_bytes);
+  l->set_max_batch(options_.limits.max_batch);
+  l->set_max_queries(options_.limits.max_queries);
+  l->set_max_heads(options_.limits.max_heads);
+  l->set_max_head_dim(options_.limits.max_head_dim);
+  l->set_max_page_size(options_.limits.max_page_size);
+  l->set_max_blocks(options_.limits.max_blocks);
+  l->set_max_context(options_.limits.max_context);
+  l->set_max_cp_world_size(options_.limits.max_cp_world_size);
+  l->set_max_vocab(options_.limits.max_vocab);
+  l->set_interactive_queue_capacity(
+      options_.queue_capacity[static_cast<int>(PriorityClass::kInteractive)]);
+  l->set_sampled_queue_capacity(
+      options_.queue_capacity[static_cast<int>(PriorityClass::kSampled)]);
+  l->set_queued_bytes_budget(options_.queued_bytes_budget);
+  call->Done(grpc::Status::OK);
+  return call;
+}
+
+}  // namespace attnaudit::rpc

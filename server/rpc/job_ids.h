@@ -1,0 +1,46 @@
+// Job ids and bearer-token checks for the RPC layer.
+//
+// Ids are spool file names (server/spool ValidateJobId: [A-Za-z0-9_.-]):
+//   NewJobId('s') -> "s0190a3c4e2f1000001a1b2c3d4"  (kind, ms, counter, random)
+// unique across restarts (time + process-random) and sortable by creation.
+// An idempotent Submit's id is derived from its key, so a retry after a
+// crash maps onto the same job without any extra state:
+//   IdempotentJobId("k1") -> "k" + 32 hex digits of SHA-256("k1")
+// Thread-safe.
+#ifndef ATTNAUDIT_SERVER_RPC_JOB_IDS_H_
+#define ATTNAUDIT_SERVER_RPC_JOB_IDS_H_
+
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace attnaudit::rpc {
+
+// `kind`: 'a' Audit/AuditStream, 's' Submit.
+std::string NewJobId(char kind);
+std::string IdempotentJobId(absl::string_view key);
+
+// Checks the "authorization: Bearer <token>" metadata of a call in
+// constant time. An empty token disables the check. The token is never
+// logged or echoed in errors.
+class TokenAuth {
+ public:
+  explicit TokenAuth(std::string token) : token_(std::move(token)) {}
+  bool enabled() const { return !token_.empty(); }
+  // OK, or UNAUTHENTICATED.
+  grpc::Status Check(const grpc::CallbackServerContext& context) const;
+
+ private:
+  std::string token_;
+};
+
+// Reads a token file: the first line, surrounding whitespace removed.
+// InvalidArgument "--auth-token-file: ..." when unreadable or empty.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+
+}  // namespace attnaudit::rpc
+
+#endif  // ATTNAUDIT_SERVER_RPC_JOB_IDS_H_

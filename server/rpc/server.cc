@@ -1,0 +1,354 @@
+#include "server/rpc/server.h"
+
+#include <algorithm>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <utility>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "core/common/status_macros.h"
+#include "server/common/log.h"
+
+#ifdef ATTNAUDIT_HAVE_CPU_DEVICE
+#include "server/cpu_device/cpu_device.h"
+#endif
+
+#ifndef ATTNAUDIT_VERSION
+#define ATTNAUDIT_VERSION "unknown"
+#endif
+
+namespace attnaudit::rpc {
+namespace {
+
+constexpr char kServiceName[] = "attnaudit.v1.AuditService";
+
+absl::StatusOr<std::string> ReadPem(const std::string& flag,
+                                    const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": cannot read ", path));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (text.str().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": ", path, " is empty"));
+  }
+  return text.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
+    const TlsFiles& tls) {
+  if (tls.cert.empty() && tls.key.empty()) {
+    if (!tls.client_ca.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls-client-ca: needs --tls-cert and --tls-key");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  if (tls.cert.empty() || tls.key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-cert: --tls-cert and --tls-key go together");
+  }
+  ATTNAUDIT_ASSIGN_OR_RETURN(std::string cert, ReadPem("tls-cert", tls.cert));
+  ATTNAUDIT_ASSIGN_OR_RETURN(std::string key, ReadPem("tls-key", tls.key));
+  grpc::SslServerCredentialsOptions ssl(
+      tls.client_ca.empty()
+          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  if (!tls.client_ca.empty()) {
+    ATTNAUDIT_ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                               ReadPem("tls-client-ca", tls.client_ca));
+  }
+  ssl.pem_key_cert_pairs.push_back({std::move(key), std::move(cert)});
+  return grpc::SslServerCredentials(ssl);
+}
+
+int ClampMs(absl::Duration d) {
+  const int64_t ms = absl::ToInt64Milliseconds(d);
+  return static_cast<int>(std::min<int64_t>(ms, INT32_MAX));
+}
+
+void ApplyConnectionOptions(const ConnectionOptions& c,
+                            grpc::ServerBuilder* builder) {
+  if (c.keepalive_time > absl::ZeroDuration()) {
+    builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                                ClampMs(c.keepalive_time));
+    builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  }
+  if (c.keepalive_timeout > absl::ZeroDuration()) {
+    builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                                ClampMs(c.keepalive_timeout));
+  }
+  if (c.keepalive_min_ping_interval > absl::ZeroDuration()) {
+    // Clients pinging more often than this get GOAWAY too_many_pings.
+    builder->AddChannelArgument(
+        GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+        ClampMs(c.keepalive_min_ping_interval));
+  }
+  if (c.max_connection_age > absl::ZeroDuration()) {
+    builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                                ClampMs(c.max_connection_age));
+    builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                                ClampMs(c.max_connection_age_grace));
+  }
+  if (c.max_connection_idle > absl::ZeroDuration()) {
+    builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                                ClampMs(c.max_connection_idle));
+  }
+}
+
+// Default pool shape: one job may use the whole machine (so one audit is
+// as fast as `attnaudit check`), several jobs share it.
+void PoolShape(int cpu_workers, int threads_per_job, int* workers,
+               int* threads) {
+  const int hw = std::max(1u, std::thread::hardware_concurrency());
+  if (cpu_workers <= 0 && threads_per_job <= 0) {
+    *workers = std::max(1, hw / 8);
+    *threads = std::max(1, hw / *workers);
+  } else if (cpu_workers <= 0) {
+    *threads = threads_per_job;
+    *workers = std::max(1, hw / threads_per_job);
+  } else if (threads_per_job <= 0) {
+    *workers = cpu_workers;
+    *threads = std::max(1, hw / cpu_workers);
+  } else {
+    *workers = cpu_workers;
+    *threads = threads_per_job;
+  }
+}
+
+}  // namespace
+
+const char* ServerVersion() { return ATTNAUDIT_VERSION; }
+
+absl::StatusOr<std::unique_ptr<AuditServer>> AuditServer::Start(
+    AuditServerOptions options) {
+  std::unique_ptr<AuditServer> server(new AuditServer());
+  server->options_ = std::move(options);
+  absl::Status s = server->Init();
+  if (!s.ok()) {
+    server->Shutdown();
+    return s;
+  }
+  return server;
+}
+
+absl::Status AuditServer::Init() {
+  AuditServerOptions& o = options_;
+  if (o.max_message_bytes < 4096 || o.max_message_bytes > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        "--max-message-bytes: must be in [4096, 2147483647]");
+  }
+  int workers = 0;
+  int threads = 0;
+  PoolShape(o.cpu_workers, o.threads_per_job, &workers, &threads);
+
+  std::vector<std::unique_ptr<server::Device>> devices = std::move(o.devices);
+  if (devices.empty()) {
+#ifdef ATTNAUDIT_HAVE_CPU_DEVICE
+    devices = server::MakeCpuDevices(workers, threads);
+#else
+    return absl::FailedPreconditionError(
+        "no devices: this build has no CPU device (server/cpu_device)");
+#endif
+  }
+  std::vector<std::string> kinds = {"cpu"};
+  for (const auto& d : devices) {
+    if (std::find(kinds.begin(), kinds.end(), d->kind()) == kinds.end()) {
+      kinds.push_back(d->kind());
+    }
+  }
+
+  server::MetricsOptions mo;
+  mo.listen_address = o.metrics_listen;
+  mo.version = ServerVersion();
+  mo.max_models = o.metrics_max_models;
+  mo.max_layers = o.metrics_max_layers;
+  mo.device_kinds = kinds;
+  mo.queue_capacity = o.queue_capacity;
+  absl::StatusOr<std::unique_ptr<server::Metrics>> metrics =
+      server::Metrics::Create(mo);
+  if (!metrics.ok()) {
+    return absl::Status(metrics.status().code(),
+                        absl::StrCat("--metrics-listen ", o.metrics_listen,
+                                     ": ", metrics.status().message()));
+  }
+  metrics_ = *std::move(metrics);
+  if (!o.metrics_listen.empty()) {
+    std::vector<int> ports = metrics_->listening_ports();
+    metrics_port_ = ports.empty() ? 0 : ports.front();
+  }
+
+  server::StoreOptions so;
+  so.max_age = o.retention_age > absl::ZeroDuration()
+                   ? o.retention_age
+                   : absl::InfiniteDuration();
+  so.max_results = o.retention_count;
+  so.sync = o.sync_storage;
+  ATTNAUDIT_ASSIGN_OR_RETURN(store_, server::ResultStore::Open(o.data_dir, so));
+  server::SpoolOptions spo;
+  spo.sync = o.sync_storage;
+  spo.max_payload_bytes = std::max<int64_t>(o.max_message_bytes, 1 << 20) * 2;
+  ATTNAUDIT_ASSIGN_OR_RETURN(spool_, server::Spool::Open(o.data_dir, spo));
+
+  server::SchedulerOptions sched;
+  sched.devices = std::move(devices);
+  sched.max_queued = o.queue_capacity;
+  sched.max_queued_bytes = o.memory_budget_bytes;
+  sched.listener = metrics_->scheduler_listener();
+  ATTNAUDIT_ASSIGN_OR_RETURN(scheduler_,
+                             server::Scheduler::Create(std::move(sched)));
+
+  executor_ = std::make_unique<BlockingExecutor>(o.blocking_threads,
+                                                 o.blocking_queue);
+
+  ServiceOptions svc;
+  svc.max_message_bytes = o.max_message_bytes;
+  svc.max_stream_bytes =
+      std::min(o.limits.max_total_bytes, o.memory_budget_bytes);
+  svc.upload_budget_bytes = o.memory_budget_bytes;
+  svc.limits = o.limits;
+  svc.threads_per_job = 0;  // each device's own default (threads above)
+  svc.queue_capacity = o.queue_capacity;
+  svc.queued_bytes_budget = o.memory_budget_bytes;
+  svc.auth_token = o.auth_token;
+  svc.watcher_buffer = o.watcher_buffer;
+  svc.version = ServerVersion();
+#ifdef ATTNAUDIT_HAVE_CUDA
+  svc.cuda_built = true;
+#endif
+  service_ = std::make_unique<AuditServiceImpl>(
+      std::move(svc), scheduler_.get(), spool_.get(), store_.get(),
+      metrics_.get(), executor_.get());
+
+  ATTNAUDIT_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds,
+                             MakeCredentials(o.tls));
+  static std::once_flag plugins_once;
+  std::call_once(plugins_once, [] {
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  });
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(o.listen, creds, &port_);
+  builder.RegisterService(service_.get());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(o.max_message_bytes));
+  // Reports are small, but cap them too (never unlimited).
+  builder.SetMaxSendMessageSize(static_cast<int>(
+      std::max<int64_t>(o.max_message_bytes, int64_t{64} << 20)));
+  ApplyConnectionOptions(o.connection, &builder);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--listen: cannot listen on ", o.listen,
+                     " (address in use or not local?)"));
+  }
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  if (health != nullptr) {
+    health->SetServingStatus("", true);
+    health->SetServingStatus(kServiceName, true);
+  }
+
+  if (o.resume_spool) {
+    resume_thread_ = std::thread([this] {
+      resumed_.store(service_->ResumeSpool(stop_));
+      resume_done_.Notify();
+    });
+  } else {
+    resume_done_.Notify();
+  }
+  prune_thread_ = std::thread([this] { PruneLoop(); });
+  return absl::OkStatus();
+}
+
+void AuditServer::PruneLoop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&prune_mu_);
+      prune_mu_.AwaitWithTimeout(
+          absl::Condition(
+              +[](std::atomic<bool>* stop) { return stop->load(); }, &stop_),
+          options_.prune_interval);
+    }
+    if (stop_.load()) return;
+    absl::StatusOr<int64_t> pruned = store_->Prune(absl::Now());
+    if (!pruned.ok()) {
+      ATTNAUDIT_LOG(kWarn, "result store prune failed")
+          .Kv("status", pruned.status());
+    } else if (*pruned > 0) {
+      ATTNAUDIT_LOG(kInfo, "result store pruned").Kv("rows", *pruned);
+    }
+  }
+}
+
+std::string AuditServer::dial_address() const {
+  std::string host = options_.listen.substr(0, options_.listen.rfind(':'));
+  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") {
+    host = "127.0.0.1";
+  }
+  return absl::StrCat(host, ":", port_);
+}
+
+bool AuditServer::WaitForResume(absl::Duration timeout) {
+  return resume_done_.WaitForNotificationWithTimeout(timeout);
+}
+
+void AuditServer::Shutdown() {
+  absl::MutexLock lock(&shutdown_mu_);
+  if (shut_down_) return;
+  shut_down_ = true;
+  const absl::Time begin = absl::Now();
+  if (server_ != nullptr) {
+    // 1. Readiness off first, so load balancers stop sending work.
+    if (auto* health = server_->GetHealthCheckService(); health != nullptr) {
+      health->SetServingStatus(kServiceName, false);
+      health->SetServingStatus("", false);
+    }
+    if (options_.drain_delay > absl::ZeroDuration()) {
+      ATTNAUDIT_LOG(kInfo, "draining: NOT_SERVING, waiting for load balancers")
+          .Kv("drain_delay_s", absl::ToDoubleSeconds(options_.drain_delay));
+      absl::SleepFor(options_.drain_delay);
+    }
+  }
+  // 2. Refuse new work; stop resuming the spool.
+  stop_.store(true);
+  if (service_ != nullptr) service_->StartDraining();
+  // 3. Let queued and running jobs finish, up to the drain timeout.
+  if (scheduler_ != nullptr) {
+    absl::Status drained = scheduler_->Drain(options_.drain_timeout);
+    ATTNAUDIT_LOG(kInfo, "scheduler drained")
+        .Kv("status", drained)
+        .Kv("seconds", absl::ToDoubleSeconds(absl::Now() - begin));
+  }
+  // 4. End the endless streams, then stop gRPC (a short grace for calls
+  //    being answered right now; the rest are cancelled).
+  if (service_ != nullptr) service_->CloseWatchers();
+  if (server_ != nullptr) {
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  }
+  {
+    absl::MutexLock prune_lock(&prune_mu_);  // wakes PruneLoop
+  }
+  if (resume_thread_.joinable()) resume_thread_.join();
+  if (prune_thread_.joinable()) prune_thread_.join();
+  if (executor_ != nullptr) executor_->Shutdown();
+  server_.reset();
+  scheduler_.reset();  // joins the workers
+  service_.reset();
+  executor_.reset();
+  spool_.reset();
+  store_.reset();
+  // 5. Metrics last: the final counts were scrapeable until now.
+  metrics_.reset();
+}
+
+AuditServer::~AuditServer() { Shutdown(); }
+
+}  // namespace attnaudit::rpc

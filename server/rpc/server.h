@@ -1,0 +1,165 @@
+// AuditServer: the whole service in one object, as attnaudit-server runs it
+// and as the integration tests embed it: metrics (own HTTP port), result
+// store, spool, scheduler with its device pool, the blocking executor, the
+// AuditService on gRPC's callback API, grpc.health.v1 with real service
+// names ("" and "attnaudit.v1.AuditService"), reflection, TLS/mTLS, bearer
+// token auth, keepalive and connection age, and a bounded receive size.
+//
+//   AuditServerOptions options;  options.listen = "127.0.0.1:0"; ...
+//   ATTNAUDIT_ASSIGN_OR_RETURN(auto server, AuditServer::Start(std::move(options)));
+//   ... server->port() ...
+//   server->Shutdown();  // the SIGTERM sequence; also run by the destructor
+//
+// Shutdown sequence (docs/OPERATIONS.md): health NOT_SERVING -> wait
+// drain_delay (load balancers notice) -> refuse new work (UNAVAILABLE) ->
+// drain queued and running jobs up to drain_timeout (leftover spooled jobs
+// stay on disk for the next start) -> end WatchResults streams -> gRPC
+// Shutdown with a short grace -> workers joined -> store, spool -> metrics
+// last (the final counts stay scrapeable until then).
+//
+// Thread safety: all methods are thread-safe; Shutdown is idempotent and
+// blocks until the sequence is complete.
+#ifndef ATTNAUDIT_SERVER_RPC_SERVER_H_
+#define ATTNAUDIT_SERVER_RPC_SERVER_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "core/validate/validate.h"
+#include "server/metrics/metrics.h"
+#include "server/rpc/audit_service.h"
+#include "server/rpc/blocking_executor.h"
+#include "server/scheduler/device.h"
+#include "server/scheduler/scheduler.h"
+#include "server/spool/spool.h"
+#include "server/store/result_store.h"
+
+namespace attnaudit::rpc {
+
+struct TlsFiles {
+  std::string cert;       // PEM chain; empty: plaintext
+  std::string key;        // PEM private key
+  std::string client_ca;  // PEM CA bundle; non-empty: mTLS required
+};
+
+struct ConnectionOptions {
+  // Zero durations leave gRPC's default (or "never" for age/idle).
+  absl::Duration keepalive_time = absl::Minutes(2);
+  absl::Duration keepalive_timeout = absl::Seconds(20);
+  absl::Duration keepalive_min_ping_interval = absl::Seconds(30);
+  absl::Duration max_connection_age = absl::Minutes(30);
+  absl::Duration max_connection_age_grace = absl::Minutes(5);
+  absl::Duration max_connection_idle = absl::Minutes(15);
+};
+
+struct AuditServerOptions {
+  std::string listen = "localhost:50051";  // port 0 picks a free one
+  std::string metrics_listen = "localhost:9464";  // empty: no endpoint
+  std::string data_dir = "./var/attnaudit";
+
+  // CPU pool: 0 derives from the machine (see server_flags.h --help).
+  int cpu_workers = 0;
+  int threads_per_job = 0;
+  // Replaces the CPU pool when non-empty (tests, GPU builds).
+  std::vector<std::unique_ptr<server::Device>> devices;
+
+  int64_t max_message_bytes = int64_t{256} << 20;
+  std::array<int64_t, server::kNumPriorityClasses> queue_capacity = {64,
+                                                                     1024};
+  // Queued snapshot bytes (scheduler) and, separately, bytes of stream
+  // uploads in progress.
+  int64_t memory_budget_bytes = int64_t{8} << 30;
+  ValidationLimits limits;
+
+  absl::Duration retention_age = absl::Hours(24 * 7);  // 0: keep forever
+  int64_t retention_count = 100000;                     // 0: no cap
+  absl::Duration prune_interval = absl::Minutes(5);
+
+  absl::Duration drain_delay = absl::ZeroDuration();
+  absl::Duration drain_timeout = absl::Seconds(30);
+
+  TlsFiles tls;
+  std::string auth_token;  // empty: no auth
+  ConnectionOptions connection;
+
+  int metrics_max_models = 4;
+  int metrics_max_layers = 16;
+  size_t watcher_buffer = 256;
+  int blocking_threads = 4;
+  size_t blocking_queue = 1024;
+  // Tests only: skip fsync in the spool and the store.
+  bool sync_storage = true;
+  bool resume_spool = true;
+};
+
+class AuditServer {
+ public:
+  // Opens everything and starts serving. Errors name the failing part
+  // ("--listen: cannot bind localhost:50051", "--tls-cert: ...", the data
+  // dir, the metrics port).
+  static absl::StatusOr<std::unique_ptr<AuditServer>> Start(
+      AuditServerOptions options);
+  ~AuditServer();
+  AuditServer(const AuditServer&) = delete;
+  AuditServer& operator=(const AuditServer&) = delete;
+
+  // The bound gRPC port and metrics port (0 without an endpoint).
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }
+  // "127.0.0.1:<port>"-style address a local client can dial.
+  std::string dial_address() const;
+
+  // The SIGTERM sequence (see the file comment). Idempotent.
+  void Shutdown();
+  // Blocks until the start-up spool resume has finished (tests). False on
+  // timeout.
+  bool WaitForResume(absl::Duration timeout);
+  int64_t resumed_jobs() const { return resumed_.load(); }
+
+  server::Metrics* metrics() const { return metrics_.get(); }
+  server::Scheduler* scheduler() const { return scheduler_.get(); }
+  AuditServiceImpl* service() const { return service_.get(); }
+
+ private:
+  AuditServer() = default;
+  absl::Status Init();
+  void PruneLoop();
+
+  AuditServerOptions options_;
+  std::unique_ptr<server::Metrics> metrics_;
+  std::unique_ptr<server::ResultStore> store_;
+  std::unique_ptr<server::Spool> spool_;
+  std::unique_ptr<server::Scheduler> scheduler_;
+  std::unique_ptr<BlockingExecutor> executor_;
+  std::unique_ptr<AuditServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  int metrics_port_ = 0;
+
+  std::atomic<bool> stop_{false};
+  std::thread resume_thread_;
+  absl::Notification resume_done_;
+  std::atomic<int64_t> resumed_{0};
+  std::thread prune_thread_;
+  absl::Mutex prune_mu_;
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ = false;
+};
+
+// Version string of this build ("0.1.0").
+const char* ServerVersion();
+
+}  // namespace attnaudit::rpc
+
+#endif  // ATTNAUDIT_SERVER_RPC_SERVER_H_

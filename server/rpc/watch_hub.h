@@ -1,0 +1,97 @@
+// WatchHub: the fan-out behind WatchResults. Every finished job's JobResult
+// is published once; each open WatchResults call (a WatchReactor) gets the
+// results matching its filter in a bounded buffer of its own and writes
+// them one at a time. A watcher that falls `buffer` results behind is
+// dropped with RESOURCE_EXHAUSTED (so one slow dashboard can never hold
+// memory or slow the workers); Close ends every call (server shutdown).
+//
+// Ownership: results are shared immutable messages (shared_ptr), built once
+// however many watchers there are. The hub does not own reactors: a
+// reactor registers itself and unregisters in OnDone before it deletes
+// itself; the hub lock makes that safe against a concurrent Publish.
+//
+// Thread safety: all methods are thread-safe. Publish never blocks on a
+// client: it only appends to buffers and starts writes.
+#ifndef ATTNAUDIT_SERVER_RPC_WATCH_HUB_H_
+#define ATTNAUDIT_SERVER_RPC_WATCH_HUB_H_
+
+#include <cstddef>
+#include <deque>
+#include <memory>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "attnaudit/v1/service.pb.h"
+
+namespace attnaudit::rpc {
+
+// Whether `result` passes `filter` (service.proto, ResultFilter).
+bool MatchesFilter(const v1::ResultFilter& filter, const v1::JobResult& result);
+
+class WatchHub;
+
+// The reactor of one WatchResults call.
+class WatchReactor : public grpc::ServerWriteReactor<v1::JobResult> {
+ public:
+  // Registers with `hub` unless it is closed (then finishes UNAVAILABLE).
+  WatchReactor(WatchHub* hub, v1::ResultFilter filter, size_t buffer);
+
+  // Queues `result` if it matches; drops the watcher when the buffer is
+  // full.
+  void Push(const std::shared_ptr<const v1::JobResult>& result);
+  // Ends the call with `status` after the write in flight, if any.
+  void Close(const grpc::Status& status);
+
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  // Finishes now, or after the write in flight (gRPC allows no operation
+  // after Finish, and the message being written must stay alive).
+  // StartWrite/Finish are called with mu_ held: gRPC 1.51 never runs a
+  // reaction inline inside them (write and finish reactions are scheduled),
+  // so this cannot re-enter mu_.
+  void FinishLocked(const grpc::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  WatchHub* const hub_;
+  const v1::ResultFilter filter_;
+  const size_t buffer_;
+  absl::Mutex mu_;
+  std::deque<std::shared_ptr<const v1::JobResult>> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;  // a write is issued
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;  // Finish requested
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;   // Finish called
+  grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
+};
+
+class WatchHub {
+ public:
+  WatchHub() = default;
+  WatchHub(const WatchHub&) = delete;
+  WatchHub& operator=(const WatchHub&) = delete;
+
+  // Cheap check, so publishers skip building a JobResult nobody watches.
+  bool HasWatchers() const;
+  void Publish(std::shared_ptr<const v1::JobResult> result);
+  // Finishes every open call with `status` and refuses new ones.
+  void Close(const grpc::Status& status);
+  size_t watchers() const;
+
+ private:
+  friend class WatchReactor;
+  bool Add(WatchReactor* w);  // false when closed
+  void Remove(WatchReactor* w);
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_set<WatchReactor*> watchers_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace attnaudit::rpc
+
+#endif  // ATTNAUDIT_SERVER_RPC_WATCH_HUB_H_

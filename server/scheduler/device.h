@@ -1,0 +1,56 @@
+// Device: one execution slot of the scheduler's pool (a CPU worker, one
+// GPU). The scheduler runs one worker thread per device and hands a device
+// at most one job at a time, so an implementation need not be reentrant
+// for Run; kind()/name() must be callable from any thread.
+//
+// Gang jobs (Job::gang_size = P > 1, e.g. a ring attention replay over P
+// GPUs): the scheduler waits until P idle devices of the job's kind are
+// free, marks them all busy, and calls RunGang on the leader (gang[0]) from
+// the leader's worker thread; the other P-1 devices stay reserved (their
+// workers idle) until RunGang returns. A CUDA device that supports ring
+// jobs overrides RunGang; the default runs P == 1 jobs through Run and
+// fails the rest with Unimplemented.
+//
+// Errors: a Run error becomes the job's outcome status. Run must poll
+// options.cancelled (set by Cancel, the deadline timer and Drain) and
+// return Cancelled promptly when it is set; the scheduler maps the final
+// status (Cancelled, DeadlineExceeded or Unavailable) from why it was set.
+#ifndef ATTNAUDIT_SERVER_SCHEDULER_DEVICE_H_
+#define ATTNAUDIT_SERVER_SCHEDULER_DEVICE_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/audit/audit.h"
+#include "core/report/report.h"
+#include "core/snapshot/snapshot.h"
+
+namespace attnaudit {
+namespace server {
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  // "cpu" or "cuda": the device_kind metric label and Job::device_kind.
+  virtual std::string kind() const = 0;
+  // Unique within the pool, e.g. "cpu:0", "cuda:1".
+  virtual std::string name() const = 0;
+
+  // Audits one snapshot. `snapshot` and `options` stay valid until Run
+  // returns. Called from this device's worker thread only.
+  virtual absl::StatusOr<AuditReport> Run(const Snapshot& snapshot,
+                                          const AuditOptions& options) = 0;
+
+  // Audits one snapshot on `gang` (gang[0] == this, size P >= 1, all of the
+  // same kind, held exclusively until return).
+  virtual absl::StatusOr<AuditReport> RunGang(absl::Span<Device* const> gang,
+                                              const Snapshot& snapshot,
+                                              const AuditOptions& options);
+};
+
+}  // namespace server
+}  // namespace attnaudit
+
+#endif  // ATTNAUDIT_SERVER_SCHEDULER_DEVICE_H_

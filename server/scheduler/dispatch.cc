@@ -1,0 +1,205 @@
+// Scheduler: dispatch to the device pool, the worker threads (one per
+// device), the deadline timer thread, and delivery of completions.
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/scheduler/scheduler_impl.h"
+
+namespace attnaudit {
+namespace server {
+namespace internal {
+
+Entry* SchedulerImpl::NextHeadLocked(absl::Time now) {
+  const auto& interactive =
+      queues_[static_cast<int>(PriorityClass::kInteractive)];
+  const auto& sampled = queues_[static_cast<int>(PriorityClass::kSampled)];
+  Entry* i = interactive.empty() ? nullptr : interactive.begin()->second;
+  Entry* s = sampled.empty() ? nullptr : sampled.begin()->second;
+  if (i != nullptr && s != nullptr &&
+      sampled_promote_after_ != absl::InfiniteDuration() &&
+      s->enqueued + sampled_promote_after_ <= now) {
+    return s;  // aged: goes before the interactive head
+  }
+  return i != nullptr ? i : s;
+}
+
+void SchedulerImpl::DispatchLocked() {
+  if (stopping_) return;
+  const absl::Time now = absl::Now();
+  bool changed = false;
+  while (true) {
+    Entry* head = NextHeadLocked(now);
+    if (head == nullptr) break;
+    const Job& job = *head->job;
+    // Idle devices of one kind, enough for the gang. Jobs without a kind
+    // take the first kind (in pool order) that has enough idle devices.
+    std::vector<int> gang;
+    for (const std::string& kind : kinds_) {
+      if (!job.device_kind.empty() && kind != job.device_kind) continue;
+      gang.clear();
+      for (size_t i = 0;
+           i < slots_.size() && static_cast<int>(gang.size()) < job.gang_size;
+           ++i) {
+        if (!slots_[i]->busy && slots_[i]->kind == kind) {
+          gang.push_back(static_cast<int>(i));
+        }
+      }
+      if (static_cast<int>(gang.size()) == job.gang_size) break;
+    }
+    // The head waits for its devices; nothing behind it overtakes it.
+    if (static_cast<int>(gang.size()) != job.gang_size) break;
+
+    const PriorityClass c = job.priority;
+    queues_[static_cast<int>(c)].erase(head->seq);
+    queued_bytes_ -= job.bytes;
+    head->running = true;
+    head->gang = gang;
+    for (int g : gang) slots_[g]->busy = true;
+    slots_[gang[0]]->assigned = head;
+    slots_[gang[0]]->cv.Signal();
+    ++in_flight_;
+    space_cv_.SignalAll();
+    NotifyQueueLocked(c);
+    changed = true;
+  }
+  if (changed) {
+    if (listener_ != nullptr) listener_->OnInFlightChanged(in_flight_);
+    NotifyDevicesLocked();
+  }
+}
+
+static absl::Status StopStatus(absl::StatusCode code, const std::string& id,
+                               bool ran) {
+  const char* when = ran ? "while running" : "before it started";
+  switch (code) {
+    case absl::StatusCode::kCancelled:
+      return absl::CancelledError(
+          absl::StrCat("job ", id, " cancelled ", when));
+    case absl::StatusCode::kDeadlineExceeded:
+      return absl::DeadlineExceededError(
+          absl::StrCat("job ", id, ": deadline passed ", when));
+    default:
+      return absl::UnavailableError(
+          absl::StrCat("job ", id, ": scheduler drained ", when));
+  }
+}
+
+void SchedulerImpl::WorkerLoop(int index) {
+  mu_.Lock();
+  Slot* slot = slots_[index].get();
+  while (true) {
+    while (slot->assigned == nullptr && !stopping_) slot->cv.Wait(&mu_);
+    if (slot->assigned == nullptr) break;  // stopping
+    Entry* e = slot->assigned;
+    slot->assigned = nullptr;
+    Job* job = e->job.get();
+    std::vector<Device*> gang;
+    for (int g : e->gang) gang.push_back(slots_[g]->device);
+    const absl::Duration queue_wait = absl::Now() - e->enqueued;
+    mu_.Unlock();
+
+    absl::StatusOr<AuditReport> result =
+        absl::UnknownError("the job did not run");
+    bool ran = false;
+    absl::Duration run = absl::ZeroDuration();
+    // A job stopped between dispatch and here never runs.
+    if (!job->cancelled.load(std::memory_order_relaxed)) {
+      if (job->on_start) job->on_start(*job, slot->name);
+      if (listener_ != nullptr)
+        listener_->OnStarted(*job, slot->kind, queue_wait);
+      const absl::Time t0 = absl::Now();
+      result = gang.size() == 1
+                   ? gang[0]->Run(job->snapshot, job->options)
+                   : gang[0]->RunGang(gang, job->snapshot, job->options);
+      run = absl::Now() - t0;
+      ran = true;
+    }
+
+    mu_.Lock();
+    Completion done;
+    JobOutcome& out = done.outcome;
+    out.job_id = job->id;
+    out.priority = job->priority;
+    out.ran = ran;
+    out.device_kind = slot->kind;
+    out.device_name = slot->name;
+    out.labels = job->labels;
+    out.timings.queue_wait = queue_wait;
+    out.timings.run = run;
+    if (e->stop_code != absl::StatusCode::kOk) {
+      out.status = StopStatus(e->stop_code, job->id, ran);
+    } else if (!result.ok()) {
+      out.status = result.status();
+    } else {
+      out.report = *std::move(result);
+    }
+    if (ran) {
+      // Exponential moving average for retry hints.
+      run_estimate_seconds_ =
+          0.8 * run_estimate_seconds_ + 0.2 * absl::ToDoubleSeconds(run);
+    }
+    for (int g : e->gang) slots_[g]->busy = false;
+    --in_flight_;
+    EraseDeadlineLocked(e);
+    done.job = std::move(e->job);
+    entries_.erase(done.job->id);  // destroys *e
+    ++pending_deliveries_;
+    idle_cv_.SignalAll();
+    if (listener_ != nullptr) listener_->OnInFlightChanged(in_flight_);
+    NotifyDevicesLocked();
+    DispatchLocked();
+    mu_.Unlock();
+    Deliver(std::move(done));
+    mu_.Lock();
+  }
+  mu_.Unlock();
+}
+
+void SchedulerImpl::TimerLoop() {
+  mu_.Lock();
+  while (!stopping_) {
+    const absl::Time now = absl::Now();
+    std::vector<Completion> expired;
+    while (!deadlines_.empty() && std::get<0>(*deadlines_.begin()) <= now) {
+      Entry* e = std::get<2>(*deadlines_.begin());
+      if (e->running) {
+        deadlines_.erase(deadlines_.begin());
+        StopRunningLocked(e, absl::StatusCode::kDeadlineExceeded);
+        continue;
+      }
+      const absl::Duration waited = now - e->enqueued;
+      expired.push_back(RemoveQueuedLocked(
+          e,
+          absl::DeadlineExceededError(absl::StrCat(
+              "job ", e->job->id, ": deadline expired after ",
+              absl::ToInt64Milliseconds(waited), " ms in queue ",
+              PriorityClassName(e->job->priority), "; it never ran")),
+          now));
+    }
+    if (!expired.empty()) {
+      DispatchLocked();  // an expired head may have blocked others
+      mu_.Unlock();
+      for (auto& c : expired) Deliver(std::move(c));
+      mu_.Lock();
+      continue;
+    }
+    const absl::Time next = deadlines_.empty()
+                                ? absl::InfiniteFuture()
+                                : std::get<0>(*deadlines_.begin());
+    timer_cv_.WaitWithDeadline(&mu_, next);
+  }
+  mu_.Unlock();
+}
+
+void SchedulerImpl::Deliver(Completion c) {
+  if (listener_ != nullptr) listener_->OnFinished(c.outcome);
+  if (c.job->on_done) c.job->on_done(c.outcome);
+  c.job.reset();  // frees the snapshot before Drain can return
+  absl::MutexLock lock(&mu_);
+  --pending_deliveries_;
+  idle_cv_.SignalAll();
+}
+
+}  // namespace internal
+}  // namespace server
+}  // namespace attnaudit

@@ -1,0 +1,50 @@
+#include "server/scheduler/job.h"
+
+#include "absl/strings/ascii.h"
+
+namespace attnaudit {
+namespace server {
+
+absl::string_view PriorityClassName(PriorityClass c) {
+  return c == PriorityClass::kInteractive ? "INTERACTIVE" : "SAMPLED";
+}
+
+absl::string_view PriorityClassLabel(PriorityClass c) {
+  return c == PriorityClass::kInteractive ? "interactive" : "sampled";
+}
+
+bool ParsePriorityClass(absl::string_view text, PriorityClass* out) {
+  const std::string lower = absl::AsciiStrToLower(text);
+  if (lower == "interactive") {
+    *out = PriorityClass::kInteractive;
+    return true;
+  }
+  if (lower == "sampled") {
+    *out = PriorityClass::kSampled;
+    return true;
+  }
+  return false;
+}
+
+absl::string_view RejectReasonLabel(RejectReason r) {
+  switch (r) {
+    case RejectReason::kQueueFull:
+      return "queue_full";
+    case RejectReason::kMemoryBudget:
+      return "memory_budget";
+    case RejectReason::kInvalidArgument:
+      return "invalid_argument";
+    case RejectReason::kDeadline:
+      return "deadline";
+    case RejectReason::kCancelled:
+      return "cancelled";
+    case RejectReason::kDraining:
+      return "draining";
+    case RejectReason::kTooLarge:
+      return "too_large";
+  }
+  return "unknown";
+}
+
+}  // namespace server
+}  // namespace attnaudit

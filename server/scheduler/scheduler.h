@@ -1,0 +1,195 @@
+// Scheduler: admission control, per-class bounded queues with strict
+// priority, deadlines on their own timer, cancellation, and a device pool
+// with one worker thread per device (Triton's request path, see
+// shared/reference/service_anchors.md §1.4-§1.5).
+//
+//   SchedulerOptions opts;
+//   opts.devices = MakeCpuDevices(4, /*threads_each=*/2);  // server/cpu_device
+//   ATTNAUDIT_ASSIGN_OR_RETURN(auto scheduler,
+//   Scheduler::Create(std::move(opts))); auto job = std::make_unique<Job>();
+//   ... job->on_done = ...; SubmitRejection why; absl::Status s =
+//   scheduler->Submit(std::move(job), &why);
+//   // !s.ok(): not admitted; on_done will never run; why.retry_after hints.
+//
+// Admission (Submit), in this order:
+//   Unavailable        after Drain() (reason kDraining)
+//   InvalidArgument    empty id, gang_size < 1, bytes < 0 (kInvalidArgument)
+//   FailedPrecondition fewer than gang_size devices of the job's kind
+//                      (kInvalidArgument)
+//   AlreadyExists      a queued or running job has this id (kInvalidArgument)
+//   DeadlineExceeded   the deadline is not in the future (kDeadline)
+//   ResourceExhausted  bytes > max_queued_bytes (kTooLarge; retrying cannot
+//                      help, retry_after is zero); the class queue is full
+//                      (kQueueFull); queued bytes + bytes > max_queued_bytes
+//                      (kMemoryBudget). Message e.g.
+//                      "queue INTERACTIVE full (64 jobs); retry after ~120 ms"
+// Every rejection is reported to SchedulerListener::OnRejected.
+//
+// Dispatch: whenever a job is queued or a device frees up, the scheduler
+// takes the head of the highest non-empty class queue (FIFO within a class)
+// and gives it to idle device(s) of its kind. If the head cannot be placed
+// (its gang is not free yet, or no device of its kind is idle) dispatch
+// stops there: later jobs never overtake it, so gang jobs cannot starve.
+// Starvation: under sustained INTERACTIVE load SAMPLED jobs wait (bounded by
+// their deadlines). sampled_promote_after (default infinite: strict) lets a
+// SAMPLED head that has waited that long go before INTERACTIVE jobs.
+//
+// Memory: `bytes` counts against max_queued_bytes while the job is queued;
+// it is released when the job is dispatched, cancelled or expires. Running
+// jobs are bounded by the device count instead.
+//
+// Thread safety: all methods are thread-safe. on_done/on_start run without
+// the internal lock held and may call back into the Scheduler, except Drain
+// and the destructor (which wait for every on_done to return).
+// Destruction: ~Scheduler() = Drain(ZeroDuration()) then joins its threads;
+// it blocks until every device has returned from Run.
+#ifndef ATTNAUDIT_SERVER_SCHEDULER_SCHEDULER_H_
+#define ATTNAUDIT_SERVER_SCHEDULER_SCHEDULER_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "server/scheduler/device.h"
+#include "server/scheduler/job.h"
+
+namespace attnaudit {
+namespace server {
+
+// Receives scheduler events, e.g. to update Prometheus metrics
+// (server/metrics provides one). Not owned by the scheduler; must outlive
+// it. Default implementations do nothing.
+class SchedulerListener {
+ public:
+  virtual ~SchedulerListener() = default;
+
+  // --- Called WITH the scheduler's lock held (so gauge updates arrive in
+  // order): must be fast, must not block and must not call the Scheduler.
+  // Queue `c` now holds `depth` jobs; `queued_bytes` is over all classes.
+  virtual void OnQueueChanged(PriorityClass c, int64_t depth,
+                              int64_t queued_bytes) {}
+  // Jobs currently running (gang jobs count once); devices of `kind` busy
+  // (running or reserved for a gang) out of `total`.
+  virtual void OnInFlightChanged(int64_t in_flight) {}
+  virtual void OnDevicesChanged(absl::string_view kind, int busy, int total) {}
+  // Submit refused a job.
+  virtual void OnRejected(RejectReason reason) {}
+
+  // --- Called WITHOUT the lock, on the thread that completes the job.
+  // A device took the job after `queue_wait`.
+  virtual void OnStarted(const Job& job, absl::string_view device_kind,
+                         absl::Duration queue_wait) {}
+  // Called once per accepted job, just before Job::on_done. Also for jobs
+  // that never ran (outcome.ran == false).
+  virtual void OnFinished(const JobOutcome& outcome) {}
+};
+
+struct SchedulerOptions {
+  // The pool. At least one device. Owned by the scheduler.
+  std::vector<std::unique_ptr<Device>> devices;
+  // Bounded queue per class, indexed by PriorityClass. >= 1 each.
+  std::array<int64_t, kNumPriorityClasses> max_queued = {64, 1024};
+  // Budget for the bytes of all queued jobs (all classes). >= 1.
+  int64_t max_queued_bytes = int64_t{4} << 30;  // 4 GiB
+  // See the file comment; InfiniteDuration() keeps strict priority.
+  absl::Duration sampled_promote_after = absl::InfiniteDuration();
+  // First guess of one job's run time, for retry hints until real runs
+  // have been measured (an exponential moving average after that).
+  absl::Duration initial_run_estimate = absl::Milliseconds(100);
+  // May be null. Not owned.
+  SchedulerListener* listener = nullptr;
+};
+
+// Filled by Submit when it refuses a job.
+struct SubmitRejection {
+  RejectReason reason = RejectReason::kQueueFull;
+  // Suggested wait before retrying (zero when retrying cannot help).
+  // Derived from the queue ahead and the measured run time per device.
+  absl::Duration retry_after = absl::ZeroDuration();
+};
+
+struct DeviceInfo {
+  std::string name;
+  std::string kind;
+  bool busy = false;
+};
+
+struct SchedulerStats {
+  std::array<int64_t, kNumPriorityClasses> queued = {0, 0};
+  std::array<int64_t, kNumPriorityClasses> max_queued = {0, 0};
+  int64_t queued_bytes = 0;
+  int64_t max_queued_bytes = 0;
+  int64_t in_flight = 0;  // running jobs
+  int devices_total = 0;
+  int devices_busy = 0;
+  bool draining = false;
+};
+
+class Scheduler {
+ public:
+  // InvalidArgument when options are out of range (no devices, a null
+  // device, duplicate device names, a max_queued < 1, ...). Starts one
+  // worker thread per device and the deadline timer thread.
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Create(
+      SchedulerOptions options);
+
+  virtual ~Scheduler() = default;
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Admits `job` or refuses it (see the file comment). On OK the scheduler
+  // owns the job and will call job->on_done exactly once. On error the job
+  // is destroyed, on_done is never called, and `rejection` (may be null) is
+  // filled.
+  virtual absl::Status Submit(std::unique_ptr<Job> job,
+                              SubmitRejection* rejection = nullptr) = 0;
+
+  // As Submit, but while the refusal is kQueueFull or kMemoryBudget it
+  // waits (until `wait_until`) for room instead of failing. For resuming a
+  // spool at start-up from a background thread. Fails as Submit does for
+  // the other reasons and with ResourceExhausted at `wait_until`.
+  virtual absl::Status SubmitWhenAdmitted(std::unique_ptr<Job> job,
+                                          absl::Time wait_until) = 0;
+
+  // A cheap, advisory pre-check of Submit's admission rules for a job of
+  // this class and size (e.g. before spooling a large upload). OK does not
+  // reserve room.
+  virtual absl::Status CheckAdmission(
+      PriorityClass priority, int64_t bytes,
+      SubmitRejection* rejection = nullptr) const = 0;
+
+  // Cancels a queued or running job.
+  //   queued:  removed, its memory released, on_done(Cancelled) runs on the
+  //            calling thread before Cancel returns.
+  //   running: its cancelled flag is set; it completes Cancelled when the
+  //            device returns (whatever the device returned).
+  // NotFound when no queued or running job has this id (unknown or already
+  // finished).
+  virtual absl::Status Cancel(absl::string_view job_id) = 0;
+
+  // Shutdown: stops admitting (Submit -> Unavailable "draining") at once,
+  // keeps dispatching queued jobs and waits for all jobs to finish until
+  // `timeout`. At the timeout, jobs still queued complete Unavailable and
+  // running ones have their cancelled flag set and complete Unavailable
+  // when their device returns; Drain then waits for that and returns
+  // DeadlineExceeded. OK when every job finished within the timeout.
+  // Idempotent; the scheduler never admits again.
+  virtual absl::Status Drain(absl::Duration timeout) = 0;
+
+  virtual SchedulerStats Stats() const = 0;
+  virtual std::vector<DeviceInfo> Devices() const = 0;
+
+ protected:
+  Scheduler() = default;
+};
+
+}  // namespace server
+}  // namespace attnaudit
+
+#endif  // ATTNAUDIT_SERVER_SCHEDULER_SCHEDULER_H_

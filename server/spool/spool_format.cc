@@ -1,0 +1,147 @@
+#include "server/spool/spool_format.h"
+
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace attnaudit {
+namespace server {
+namespace spool_format {
+namespace {
+
+void PutU32(std::string* out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
+}
+void PutU64(std::string* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
+}
+void PutString(std::string* out, absl::string_view s) {
+  PutU32(out, static_cast<uint32_t>(s.size()));
+  out->append(s.data(), s.size());
+}
+
+// Reads little-endian values from a bounded view; every read is checked.
+class Reader {
+ public:
+  explicit Reader(absl::string_view in) : in_(in) {}
+  bool U32(uint32_t* v) {
+    if (in_.size() < 4) return false;
+    *v = 0;
+    for (int i = 0; i < 4; ++i) {
+      *v |= static_cast<uint32_t>(static_cast<unsigned char>(in_[i]))
+            << (8 * i);
+    }
+    in_.remove_prefix(4);
+    return true;
+  }
+  bool U64(uint64_t* v) {
+    if (in_.size() < 8) return false;
+    *v = 0;
+    for (int i = 0; i < 8; ++i) {
+      *v |= static_cast<uint64_t>(static_cast<unsigned char>(in_[i]))
+            << (8 * i);
+    }
+    in_.remove_prefix(8);
+    return true;
+  }
+  bool String(std::string* s) {
+    uint32_t n;
+    if (!U32(&n) || in_.size() < n) return false;
+    s->assign(in_.data(), n);
+    in_.remove_prefix(n);
+    return true;
+  }
+  bool done() const { return in_.empty(); }
+
+ private:
+  absl::string_view in_;
+};
+
+int64_t TimeToMicros(absl::Time t) {
+  if (t == absl::InfiniteFuture()) return std::numeric_limits<int64_t>::max();
+  if (t == absl::InfinitePast()) return std::numeric_limits<int64_t>::min();
+  return absl::ToUnixMicros(t);
+}
+
+absl::Time MicrosToTime(int64_t us) {
+  if (us == std::numeric_limits<int64_t>::max()) return absl::InfiniteFuture();
+  if (us == std::numeric_limits<int64_t>::min()) return absl::InfinitePast();
+  return absl::FromUnixMicros(us);
+}
+
+}  // namespace
+
+absl::Status EncodePrefix(const SpoolMetadata& metadata, uint64_t payload_bytes,
+                          std::string* out) {
+  std::string meta;
+  PutU32(&meta, static_cast<uint32_t>(metadata.priority));
+  PutU64(&meta, static_cast<uint64_t>(TimeToMicros(metadata.created)));
+  PutU64(&meta, static_cast<uint64_t>(TimeToMicros(metadata.deadline)));
+  PutU64(&meta, static_cast<uint64_t>(metadata.layer));
+  PutString(&meta, metadata.model);
+  PutString(&meta, metadata.engine);
+  PutString(&meta, metadata.attributes);
+  if (meta.size() > kMaxMetadataBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("metadata: ", meta.size(),
+                                                   " bytes encoded, limit ",
+                                                   kMaxMetadataBytes));
+  }
+  out->clear();
+  out->append(kMagic, sizeof(kMagic));
+  PutU32(out, kVersion);
+  PutU32(out, static_cast<uint32_t>(meta.size()));
+  PutU64(out, payload_bytes);
+  out->append(meta);
+  return absl::OkStatus();
+}
+
+absl::Status DecodeHeader(absl::string_view bytes, uint64_t max_payload_bytes,
+                          Header* header) {
+  if (bytes.size() < kHeaderBytes) {
+    return absl::DataLossError("header: file shorter than the header");
+  }
+  if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
+    return absl::DataLossError("header: bad magic");
+  }
+  Reader r(bytes.substr(sizeof(kMagic), kHeaderBytes - sizeof(kMagic)));
+  uint32_t version = 0;
+  r.U32(&version);
+  r.U32(&header->metadata_bytes);
+  r.U64(&header->payload_bytes);
+  if (version != kVersion) {
+    return absl::DataLossError(
+        absl::StrCat("header: unknown format version ", version));
+  }
+  if (header->metadata_bytes > kMaxMetadataBytes) {
+    return absl::DataLossError(absl::StrCat(
+        "header: metadata length ", header->metadata_bytes, " over the limit"));
+  }
+  if (header->payload_bytes > max_payload_bytes) {
+    return absl::DataLossError(
+        absl::StrCat("header: payload length ", header->payload_bytes,
+                     " over the limit ", max_payload_bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeMetadata(absl::string_view bytes, SpoolMetadata* metadata) {
+  Reader r(bytes);
+  uint32_t priority;
+  uint64_t created, deadline, layer;
+  if (!r.U32(&priority) || !r.U64(&created) || !r.U64(&deadline) ||
+      !r.U64(&layer) || !r.String(&metadata->model) ||
+      !r.String(&metadata->engine) || !r.String(&metadata->attributes) ||
+      !r.done()) {
+    return absl::DataLossError("metadata: malformed");
+  }
+  metadata->priority = static_cast<int32_t>(priority);
+  metadata->created = MicrosToTime(static_cast<int64_t>(created));
+  metadata->deadline = MicrosToTime(static_cast<int64_t>(deadline));
+  metadata->layer = static_cast<int64_t>(layer);
+  return absl::OkStatus();
+}
+
+}  // namespace spool_format
+}  // namespace server
+}  // namespace attnaudit

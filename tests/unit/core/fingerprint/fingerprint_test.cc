@@ -1,0 +1,425 @@
+// attnaudit v1 fingerprints: the documented byte stream (rebuilt here by
+// hand from docs/NUMERICS.md and hashed with OpenSSL's one-shot SHA-256),
+// invariances (page placement, NHD/HND, inactive slots, position integer
+// width, scale form) and sensitivities (content, positions, RoPE identity,
+// dtypes, key, page size, scales), the prefix check, and the SHA-256 stream
+// against FIPS 180-2 test vectors.
+#include "core/fingerprint/fingerprint.h"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <cctype>
+#include <string>
+#include <vector>
+
+#include "core/fingerprint/sha256_stream.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/core/fingerprint/fixture.h"
+
+namespace attnaudit {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+using testing_fixture::Fixture;
+using testing_fixture::FixtureOptions;
+using testing_fixture::KValue;
+using testing_fixture::MakeFixture;
+using testing_fixture::PoolIndex;
+using testing_fixture::VValue;
+
+std::string OneShotSha256(const std::string& bytes) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  EXPECT_EQ(
+      EVP_Digest(bytes.data(), bytes.size(), digest, &n, EVP_sha256(), nullptr),
+      1);
+  std::string hex;
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (unsigned int i = 0; i < n; ++i) {
+    hex += kHex[digest[i] >> 4];
+    hex += kHex[digest[i] & 0xf];
+  }
+  return hex;
+}
+
+std::string Prefix(const Fixture& f, int64_t tokens = 4) {
+  absl::StatusOr<std::string> d =
+      PrefixFingerprint(f.snapshot, f.layout, tokens);
+  EXPECT_TRUE(d.ok()) << d.status();
+  return d.ok() ? *d : std::string();
+}
+
+std::string Whole(const Fixture& f) {
+  return KvCacheFingerprint(f.snapshot, f.layout);
+}
+
+void AppendLe(std::string* out, const void* p, size_t n) {
+  out->append(static_cast<const char*>(p), n);  // the test host is LE (x86)
+}
+
+TEST(Sha256StreamTest, MatchesFips180Vectors) {
+  {
+    fingerprint_internal::Sha256Stream s;
+    s.Append("abc");
+    EXPECT_EQ(
+        *s.Finish(),
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  }
+  // One million 'a', fed in pieces of awkward sizes that straddle the
+  // staging buffer, plus one piece larger than it.
+  fingerprint_internal::Sha256Stream s;
+  const std::string big(200000, 'a');
+  size_t fed = 0;
+  for (size_t piece = 1; fed + piece <= 800000; piece = piece * 3 + 7) {
+    s.Append(big.data(), std::min(piece, big.size()));
+    fed += std::min(piece, big.size());
+  }
+  while (fed < 1000000) {
+    const size_t n = std::min<size_t>(1000000 - fed, big.size());
+    s.Append(big.data(), n);
+    fed += n;
+  }
+  EXPECT_EQ(*s.Finish(),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+// The stream of docs/NUMERICS.md ("Fingerprints"), written out for the base
+// fixture: `tokens` per row, the key bound in the prefix domain only.
+std::string DocumentedStream(const std::string& domain, int64_t tokens) {
+  std::string bytes =
+      "attnaudit.kv.v1;domain=" + domain +
+      ";page_size=2;kv_heads=2;head_dim=8;"
+      "k_dtype=f32;v_dtype=f32;k_scale=none;v_scale=none;"
+      "k_rope_state=post_rope;rope_style=neox;rope_theta=1000000;"
+      "rotary_dim=8;rope_scaling=none;rope_cast_at=after_rope;"
+      "k_rope_output_dtype=f32";
+  if (domain == "prefix") bytes += ";prefix_key=13:shared-prefix";
+  bytes += "\n";
+  for (int64_t b = 0; b < 2; ++b) {
+    bytes +=
+        "row=" + std::to_string(b) + ";tokens=" + std::to_string(tokens) + "\n";
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int64_t position = t;
+      AppendLe(&bytes, &position, 8);  // position
+      AppendLe(&bytes, &position, 8);  // key RoPE position
+      for (auto* value : {&KValue, &VValue}) {
+        for (int64_t h = 0; h < 2; ++h) {
+          for (int64_t d = 0; d < 8; ++d) {
+            const float x =
+                static_cast<float>(value(((b * 2 + h) * 6 + t) * 8 + d));
+            AppendLe(&bytes, &x, 4);
+          }
+        }
+      }
+    }
+  }
+  return bytes;
+}
+
+TEST(PrefixFingerprintTest, MatchesTheDocumentedByteStream) {
+  FixtureOptions o;
+  o.page_order = {2, 0, 1};
+  o.layout = KvLayout::kHND;
+  const Fixture f = MakeFixture(o);
+  EXPECT_EQ(Prefix(f), OneShotSha256(DocumentedStream("prefix", 4)));
+  EXPECT_EQ(Whole(f), OneShotSha256(DocumentedStream("kv_cache", 6)));
+}
+
+TEST(PrefixFingerprintTest, InvariantToPagePlacementAndKvLayout) {
+  FixtureOptions base;
+  const Fixture reference = MakeFixture(base);
+  for (const auto& order :
+       std::vector<std::vector<int>>{{2, 0, 1}, {1, 2, 0}}) {
+    for (KvLayout layout : {KvLayout::kNHD, KvLayout::kHND}) {
+      FixtureOptions o = base;
+      o.page_order = order;
+      o.layout = layout;
+      o.spare_pages = 2;
+      const Fixture f = MakeFixture(o);
+      EXPECT_EQ(Prefix(f), Prefix(reference));
+      EXPECT_EQ(Whole(f), Whole(reference));
+      EXPECT_EQ(
+          *RlKernelPrefixFingerprint(f.snapshot, f.layout, 4),
+          *RlKernelPrefixFingerprint(reference.snapshot, reference.layout, 4));
+    }
+  }
+}
+
+TEST(PrefixFingerprintTest, IgnoresInactiveSlotContent) {
+  // Row 0 is 5 tokens long, so its last page has one inactive slot; two
+  // spare pages are wholly inactive. Only the garbage differs.
+  FixtureOptions o;
+  o.seq_lens = {5, 6};
+  o.spare_pages = 2;
+  o.garbage = 123.0f;
+  const Fixture a = MakeFixture(o);
+  o.garbage = -456.0f;
+  const Fixture b = MakeFixture(o);
+  ASSERT_NE(a.snapshot.k_pages.bytes(), b.snapshot.k_pages.bytes());
+  EXPECT_EQ(Prefix(a), Prefix(b));
+  EXPECT_EQ(Prefix(a, 5), Prefix(b, 5));
+  EXPECT_EQ(Whole(a), Whole(b));
+}
+
+TEST(PrefixFingerprintTest, Int32AndInt64PositionsHashTheSame) {
+  FixtureOptions o;
+  o.explicit_key_positions = true;
+  const Fixture wide = MakeFixture(o);
+  o.position_dtype = DType::kI32;
+  const Fixture narrow = MakeFixture(o);
+  EXPECT_EQ(Prefix(narrow), Prefix(wide));
+  EXPECT_EQ(Whole(narrow), Whole(wide));
+  EXPECT_EQ(RopeIdentityFingerprint(narrow.snapshot),
+            RopeIdentityFingerprint(wide.snapshot));
+}
+
+TEST(PrefixFingerprintTest, AbsentKeyPositionsEqualExplicitSlotPositions) {
+  FixtureOptions o;
+  const Fixture absent = MakeFixture(o);
+  o.explicit_key_positions = true;
+  const Fixture given = MakeFixture(o);
+  EXPECT_EQ(Prefix(absent), Prefix(given));
+}
+
+TEST(PrefixFingerprintTest, ContentOutsideThePrefixOnlyChangesTheCache) {
+  const Fixture base = MakeFixture(FixtureOptions{});
+  Fixture f = MakeFixture(FixtureOptions{});
+  // Logical token 5 of row 1 (block 2, slot 1): beyond the 4-token prefix.
+  const int64_t page = f.layout.block_pages[1][2];
+  StoreFromFloat(f.snapshot.v_pages.mutable_raw(), DType::kF32,
+                 PoolIndex(f.snapshot, f.layout, page, 1, 0, 0), 99.0f);
+  EXPECT_EQ(Prefix(f), Prefix(base));
+  EXPECT_NE(Whole(f), Whole(base));
+}
+
+// Every field the digest is bound to: changing it changes the digest.
+TEST(PrefixFingerprintTest, BoundToContentPositionsRopeDtypesKeyAndPageSize) {
+  const Fixture base_fixture = MakeFixture(FixtureOptions{});
+  const std::string base = Prefix(base_fixture);
+  auto expect_changed = [&](const Fixture& f, const char* what) {
+    EXPECT_NE(Prefix(f), base) << what;
+  };
+  for (bool is_k : {true, false}) {  // first prefix slot, like seed1 case 14
+    Fixture f = MakeFixture(FixtureOptions{});
+    Tensor& pool = is_k ? f.snapshot.k_pages : f.snapshot.v_pages;
+    const int64_t e =
+        PoolIndex(f.snapshot, f.layout, f.layout.block_pages[0][0], 0, 0, 0);
+    StoreFromFloat(pool.mutable_raw(), DType::kF32, e, pool.FloatAt(e) + 1.0f);
+    expect_changed(f, is_k ? "k content" : "v content");
+  }
+  {
+    FixtureOptions o;
+    o.position_offset = 128;
+    expect_changed(MakeFixture(o), "positions");
+  }
+  {
+    Fixture f = MakeFixture(FixtureOptions{});
+    f.snapshot.key_rope_positions = f.snapshot.slot_positions;
+    f.snapshot.key_rope_positions
+        .mutable_data<int64_t>()[f.layout.block_pages[1][1] * 2] += 1;
+    expect_changed(f, "key rope positions");
+  }
+  {
+    FixtureOptions o;
+    o.kv_dtype = DType::kBF16;  // same values, exact in bf16
+    expect_changed(MakeFixture(o), "storage dtype");
+  }
+  {
+    FixtureOptions o;
+    o.page_size = 3;
+    o.owners = {0, 1};
+    expect_changed(MakeFixture(o), "page size");
+  }
+  struct Edit {
+    const char* what;
+    void (*apply)(Snapshot*);
+  };
+  const Edit edits[] = {
+      {"theta", [](Snapshot* s) { s->rope.theta = 10000.0; }},
+      {"k state", [](Snapshot* s) { s->rope.k_state = RopeState::kPreRope; }},
+      {"style", [](Snapshot* s) { s->rope.style = RopeStyle::kGptj; }},
+      {"rotary dim", [](Snapshot* s) { s->rope.rotary_dim = 4; }},
+      {"scaling",
+       [](Snapshot* s) {
+         s->rope.scaling.type = RopeScalingType::kLinear;
+         s->rope.scaling.factor = 2.0;
+       }},
+      {"k output dtype",
+       [](Snapshot* s) { s->rope.k_output_dtype = DType::kBF16; }},
+      {"key", [](Snapshot* s) { s->prefix.key = "different-prefix"; }},
+  };
+  for (const Edit& edit : edits) {
+    Fixture f = MakeFixture(FixtureOptions{});
+    edit.apply(&f.snapshot);
+    expect_changed(f, edit.what);
+  }
+  // Not bound: the q side, CP owners, the declared length (tokens is).
+  Fixture f = MakeFixture(FixtureOptions{});
+  f.snapshot.rope.q_state = RopeState::kPreRope;
+  f.layout.block_owners = {{0, 0, 0}, {0, 0, 0}};
+  f.snapshot.prefix.length = 3;
+  EXPECT_EQ(Prefix(f), base);
+  EXPECT_NE(Prefix(f, 3), base);
+}
+
+TEST(PrefixFingerprintTest, BoundToFp8ScalesInCanonicalPerHeadForm) {
+  FixtureOptions o;
+  o.kv_dtype = DType::kF8E4M3;
+  Fixture absent = MakeFixture(o);
+  Fixture one = MakeFixture(o);
+  one.snapshot.k_scale = Tensor(DType::kF32, {});
+  *one.snapshot.k_scale.mutable_data<float>() = 1.0f;
+  EXPECT_EQ(Prefix(absent), Prefix(one));  // absent means 1.0
+
+  Fixture per_tensor = MakeFixture(o);
+  per_tensor.snapshot.k_scale = Tensor(DType::kF32, {});
+  *per_tensor.snapshot.k_scale.mutable_data<float>() = 0.5f;
+  Fixture per_head = MakeFixture(o);
+  per_head.snapshot.k_scale = Tensor(DType::kF32, {2});
+  per_head.snapshot.k_scale.mutable_data<float>()[0] = 0.5f;
+  per_head.snapshot.k_scale.mutable_data<float>()[1] = 0.5f;
+  EXPECT_EQ(Prefix(per_tensor), Prefix(per_head));
+  EXPECT_NE(Prefix(per_tensor), Prefix(absent));
+
+  per_head.snapshot.k_scale.mutable_data<float>()[1] = 0.25f;
+  EXPECT_NE(Prefix(per_head), Prefix(per_tensor));
+  Fixture v_scaled = MakeFixture(o);
+  v_scaled.snapshot.v_scale = per_tensor.snapshot.k_scale;
+  EXPECT_NE(Prefix(v_scaled), Prefix(per_tensor));
+  EXPECT_NE(Prefix(v_scaled), Prefix(absent));
+
+  Fixture bad = MakeFixture(o);
+  bad.snapshot.k_scale = Tensor(DType::kF32, {3});
+  absl::StatusOr<std::string> d =
+      PrefixFingerprint(bad.snapshot, bad.layout, 4);
+  ASSERT_FALSE(d.ok());
+  EXPECT_THAT(std::string(d.status().message()), StartsWith("k_scale:"));
+}
+
+TEST(PrefixFingerprintTest, RejectsTokenCountsOutsideEveryRow) {
+  FixtureOptions o;
+  o.seq_lens = {6, 5};
+  const Fixture f = MakeFixture(o);
+  for (int64_t tokens : {int64_t{6}, int64_t{0}, int64_t{-1}}) {
+    absl::StatusOr<std::string> d =
+        PrefixFingerprint(f.snapshot, f.layout, tokens);
+    ASSERT_FALSE(d.ok()) << tokens;
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(d.status().message()),
+                StartsWith("prefix.length:"));
+  }
+  absl::StatusOr<std::string> d = PrefixFingerprint(f.snapshot, f.layout, 6);
+  EXPECT_THAT(std::string(d.status().message()),
+              HasSubstr("kv_seq_lens[1] = 5"));
+  EXPECT_TRUE(PrefixFingerprint(f.snapshot, f.layout, 5).ok());
+}
+
+TEST(PrefixFingerprintTest, InconsistentLayoutIsAnErrorNotACrash) {
+  Fixture f = MakeFixture(FixtureOptions{});
+  f.layout.block_pages[0][1] = 99;
+  absl::StatusOr<std::string> d = PrefixFingerprint(f.snapshot, f.layout, 4);
+  ASSERT_FALSE(d.ok());
+  EXPECT_THAT(std::string(d.status().message()),
+              StartsWith("block_table[0][1]:"));
+  EXPECT_EQ(Whole(f), "");
+
+  Fixture g = MakeFixture(FixtureOptions{});
+  g.snapshot.k_pages.mutable_bytes()->resize(8);
+  d = PrefixFingerprint(g.snapshot, g.layout, 4);
+  ASSERT_FALSE(d.ok());
+  EXPECT_THAT(std::string(d.status().message()), StartsWith("k_pages:"));
+}
+
+TEST(RopeIdentityFingerprintTest, BoundToRopeFactsAndPositions) {
+  const Fixture base = MakeFixture(FixtureOptions{});
+  const std::string digest = RopeIdentityFingerprint(base.snapshot);
+  ASSERT_EQ(digest.size(), 64u);
+  Fixture f = MakeFixture(FixtureOptions{});
+  f.snapshot.rope.q_state = RopeState::kPreRope;
+  EXPECT_NE(RopeIdentityFingerprint(f.snapshot), digest);
+  f = MakeFixture(FixtureOptions{});
+  f.snapshot.rope.q_output_dtype = DType::kBF16;
+  EXPECT_NE(RopeIdentityFingerprint(f.snapshot), digest);
+  f = MakeFixture(FixtureOptions{});
+  f.snapshot.query_positions.mutable_data<int64_t>()[1] -= 1;
+  EXPECT_NE(RopeIdentityFingerprint(f.snapshot), digest);
+  f = MakeFixture(FixtureOptions{});
+  f.snapshot.rope.scaling.type = RopeScalingType::kYarn;
+  const std::string yarn = RopeIdentityFingerprint(f.snapshot);
+  EXPECT_NE(yarn, digest);
+  f.snapshot.rope.scaling.beta_fast = 16.0;
+  EXPECT_NE(RopeIdentityFingerprint(f.snapshot), yarn);
+  // A parameter the scaling type does not read is not bound.
+  f = MakeFixture(FixtureOptions{});
+  f.snapshot.rope.scaling.beta_fast = 16.0;
+  EXPECT_EQ(RopeIdentityFingerprint(f.snapshot), digest);
+}
+
+TEST(VerifyPrefixFingerprintTest, AcceptsTheRecomputedDigest) {
+  Fixture f = MakeFixture(FixtureOptions{});
+  f.snapshot.prefix.fingerprint = Prefix(f);
+  std::string recomputed = "stale";
+  ASSERT_TRUE(VerifyPrefixFingerprint(f.snapshot, f.layout, &recomputed).ok());
+  EXPECT_EQ(recomputed, f.snapshot.prefix.fingerprint);
+  // Upper-case hex names the same digest.
+  for (char& c : f.snapshot.prefix.fingerprint) c = std::toupper(c);
+  EXPECT_TRUE(VerifyPrefixFingerprint(f.snapshot, f.layout, nullptr).ok());
+}
+
+TEST(VerifyPrefixFingerprintTest, DisabledPrefixIsNotChecked) {
+  Fixture f = MakeFixture(FixtureOptions{});
+  f.snapshot.prefix = PrefixCache{};
+  std::string recomputed = "stale";
+  EXPECT_TRUE(VerifyPrefixFingerprint(f.snapshot, f.layout, &recomputed).ok());
+  EXPECT_EQ(recomputed, "");
+}
+
+// seed1 §4 cases 10, 14, 15, 16: key, content, theta and storage dtype drift
+// after the fingerprint was taken.
+TEST(VerifyPrefixFingerprintTest, RejectsDriftWithTheFieldPath) {
+  const std::string good = Prefix(MakeFixture(FixtureOptions{}));
+  std::vector<Fixture> drifted;
+  drifted.push_back(MakeFixture(FixtureOptions{}));
+  drifted.back().snapshot.prefix.key = "different-prefix";
+  drifted.push_back(MakeFixture(FixtureOptions{}));
+  {
+    Fixture& f = drifted.back();
+    const int64_t e =
+        PoolIndex(f.snapshot, f.layout, f.layout.block_pages[0][0], 0, 0, 0);
+    f.snapshot.k_pages.mutable_data<float>()[e] += 1.0f;
+  }
+  drifted.push_back(MakeFixture(FixtureOptions{}));
+  drifted.back().snapshot.rope.theta = 10000.0;
+  FixtureOptions bf16;
+  bf16.kv_dtype = DType::kBF16;
+  drifted.push_back(MakeFixture(bf16));
+  for (Fixture& f : drifted) {
+    f.snapshot.prefix.fingerprint = good;
+    std::string recomputed = "stale";
+    const absl::Status s =
+        VerifyPrefixFingerprint(f.snapshot, f.layout, &recomputed);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), StartsWith("prefix.fingerprint:"));
+    EXPECT_THAT(
+        std::string(s.message()),
+        HasSubstr("does not match the logical prefix positions/content"));
+    EXPECT_EQ(recomputed, "");
+  }
+}
+
+TEST(VerifyPrefixFingerprintTest, MissingFingerprintAndBadLengthAreNamed) {
+  Fixture f = MakeFixture(FixtureOptions{});
+  absl::Status s = VerifyPrefixFingerprint(f.snapshot, f.layout, nullptr);
+  EXPECT_THAT(std::string(s.message()), StartsWith("prefix.fingerprint:"));
+  f.snapshot.prefix.fingerprint = std::string(64, '0');
+  f.snapshot.prefix.length = 7;
+  s = VerifyPrefixFingerprint(f.snapshot, f.layout, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), StartsWith("prefix.length:"));
+}
+
+}  // namespace
+}  // namespace attnaudit

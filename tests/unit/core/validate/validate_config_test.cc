@@ -1,0 +1,442 @@
+// Phase 2 rules: scalars, fp8 scales, sinks, RoPE, CP configuration,
+// log-prob inputs, prefix declaration, labels.
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/validate/validate.h"
+#include "gtest/gtest.h"
+#include "tests/unit/core/validate/snapshot_builder.h"
+#include "tests/unit/core/validate/validate_test_util.h"
+
+namespace attnaudit {
+namespace test {
+namespace {
+
+constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+const std::string kHex64(64, 'a');
+
+SnapshotSpec Fp8() {
+  SnapshotSpec spec;
+  spec.kv_dtype = DType::kF8E4M3;
+  return spec;
+}
+
+void EnablePrefix(Snapshot* s) {
+  s->prefix.enabled = true;
+  s->prefix.key = "shared-prefix";
+  s->prefix.length = 4;
+  s->prefix.fingerprint = kHex64;
+}
+
+class ConfigTest : public ::testing::TestWithParam<InvalidCase> {};
+
+TEST_P(ConfigTest, Rejects) { RunInvalidCase(GetParam()); }
+
+std::vector<InvalidCase> ScalarCases() {
+  std::vector<InvalidCase> cases;
+  // Harness acceptance case 22 (scale nan/inf/-1; 0 is our "default").
+  const std::vector<std::pair<std::string, double>> bad = {
+      {"Nan", kNan}, {"Inf", kInf}, {"NegInf", -kInf}, {"Minus1", -1.0}};
+  for (const auto& [name, v] : bad) {
+    const double value = v;
+    cases.push_back(
+        {"SoftmaxScale" + name,
+         [value](Snapshot* s, ValidationLimits*) { s->softmax_scale = value; },
+         "softmax_scale", "positive finite"});
+    cases.push_back(
+        {"LogitSoftcap" + name,
+         [value](Snapshot* s, ValidationLimits*) { s->logit_softcap = value; },
+         "logit_softcap", "positive finite"});
+    cases.push_back({"Temperature" + name,
+                     [value](Snapshot* s, ValidationLimits*) {
+                       s->logprob_temperature = value;
+                     },
+                     "logprob_temperature", "positive finite"});
+  }
+  cases.push_back(
+      {"TemperatureZero",
+       [](Snapshot* s, ValidationLimits*) { s->logprob_temperature = 0.0; },
+       "logprob_temperature", "positive finite"});
+  cases.push_back(
+      {"SlidingWindowNegative",
+       [](Snapshot* s, ValidationLimits*) { s->sliding_window = -1; },
+       "sliding_window", ">= 0"});
+  cases.push_back({"WindowConventionUnknown",
+                   [](Snapshot* s, ValidationLimits*) {
+                     s->window_convention =
+                         static_cast<SlidingWindowConvention>(5);
+                   },
+                   "window_convention", "unknown"});
+  cases.push_back(
+      {"OutputDtypeInteger",
+       [](Snapshot* s, ValidationLimits*) { s->output_dtype = DType::kI32; },
+       "output_dtype", "floating-point"});
+  cases.push_back({"EngineOutDtypeDiffersFromOutputDtype",
+                   [](Snapshot* s, ValidationLimits*) {
+                     AddEngineOutputs(s, DType::kBF16);
+                     s->output_dtype = DType::kF16;
+                   },
+                   "engine.out", "differs from output_dtype"});
+  cases.push_back({"LseBaseUnknown",
+                   [](Snapshot* s, ValidationLimits*) {
+                     s->engine.lse_base = static_cast<LseBase>(3);
+                   },
+                   "engine.lse_base", "unknown"});
+  return cases;
+}
+INSTANTIATE_TEST_SUITE_P(Scalars, ConfigTest,
+                         ::testing::ValuesIn(ScalarCases()), CaseName);
+
+std::vector<InvalidCase> ScaleAndSinkCases() {
+  std::vector<InvalidCase> cases = {
+      {"KScaleWithoutFp8Pages",
+       [](Snapshot* s, ValidationLimits*) {
+         s->k_scale = FloatTensor(DType::kF32, {}, {0.5});
+       },
+       "k_scale", "only valid with fp8 pages"},
+      {"VScaleWithoutFp8Pages",
+       [](Snapshot* s, ValidationLimits*) {
+         s->v_scale = FloatTensor(DType::kF32, {2}, {0.5, 0.5});
+       },
+       "v_scale", "only valid with fp8 pages"},
+      {"PerHeadScaleNan",
+       [](Snapshot* s, ValidationLimits*) {
+         s->k_scale = FloatTensor(DType::kF32, {2}, {0.5, kNan});
+       },
+       "k_scale[1]", "positive finite", Fp8()},
+      {"SinkNan",
+       [](Snapshot* s, ValidationLimits*) {
+         s->sinks = FloatTensor(DType::kF32, {4}, {0.1, 0.2, kNan, 0.4});
+       },
+       "sinks[2]", "not finite"},
+      {"SinkInf",
+       [](Snapshot* s, ValidationLimits*) {
+         s->sinks = FloatTensor(DType::kF32, {4}, {-kInf, 0, 0, 0});
+       },
+       "sinks[0]", "not finite"},
+  };
+  // Per-tensor scales nan / inf / 0 / -1 for k and v.
+  const std::vector<std::pair<std::string, double>> bad = {
+      {"Nan", kNan}, {"Inf", kInf}, {"Zero", 0.0}, {"Minus1", -1.0}};
+  for (const auto& [name, v] : bad) {
+    const double value = v;
+    cases.push_back({"KScale" + name,
+                     [value](Snapshot* s, ValidationLimits*) {
+                       s->k_scale = FloatTensor(DType::kF32, {}, {value});
+                     },
+                     "k_scale", "positive finite", Fp8()});
+    cases.push_back({"VScale" + name,
+                     [value](Snapshot* s, ValidationLimits*) {
+                       s->v_scale = FloatTensor(DType::kF32, {}, {value});
+                     },
+                     "v_scale", "positive finite", Fp8()});
+  }
+  return cases;
+}
+INSTANTIATE_TEST_SUITE_P(ScalesAndSinks, ConfigTest,
+                         ::testing::ValuesIn(ScaleAndSinkCases()), CaseName);
+
+std::vector<InvalidCase> RopeCases() {
+  std::vector<InvalidCase> cases = {
+      // Harness acceptance case 17.
+      {"CastPointNotAfterRope",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.cast_point = static_cast<RopeCastPoint>(1);
+       },
+       "rope.cast_point", "after_rope"},
+      {"QStateUnknown",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.q_state = static_cast<RopeState>(4);
+       },
+       "rope.q_state", "post_rope or pre_rope"},
+      {"KStateUnknown",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.k_state = static_cast<RopeState>(-1);
+       },
+       "rope.k_state", "post_rope or pre_rope"},
+      {"StyleUnknown",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.style = static_cast<RopeStyle>(2);
+       },
+       "rope.style", "unknown"},
+      {"RotaryDimOdd",
+       [](Snapshot* s, ValidationLimits*) { s->rope.rotary_dim = 3; },
+       "rope.rotary_dim", ""},
+      {"RotaryDimAboveHeadDim",
+       [](Snapshot* s, ValidationLimits*) { s->rope.rotary_dim = 10; },
+       "rope.rotary_dim", ""},
+      {"RotaryDimNegative",
+       [](Snapshot* s, ValidationLimits*) { s->rope.rotary_dim = -2; },
+       "rope.rotary_dim", ""},
+      {"ScalingLlama3FactorBelowOne",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.scaling.type = RopeScalingType::kLlama3;
+         s->rope.scaling.factor = 0.5;
+       },
+       "rope.scaling", "llama3"},
+      {"ScalingLinearZeroFactor",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.scaling.type = RopeScalingType::kLinear;
+         s->rope.scaling.factor = 0.0;
+       },
+       "rope.scaling.factor", ""},
+      {"ScalingTypeUnknown",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.scaling.type = static_cast<RopeScalingType>(9);
+       },
+       "rope.scaling.type", ""},
+      {"QOutputDtypeInteger",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.q_state = RopeState::kPreRope;
+         s->rope.q_output_dtype = DType::kI64;
+       },
+       "rope.q_output_dtype", "floating-point"},
+      {"KOutputDtypeBool",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.k_output_dtype = DType::kBool;
+       },
+       "rope.k_output_dtype", "floating-point"},
+      // Harness rule 18: post-RoPE data must already be in the declared
+      // RoPE output dtype.
+      {"PostRopeQDtypeMismatch",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.q_output_dtype = DType::kBF16;
+       },
+       "rope.q_output_dtype", "post-RoPE q dtype f32"},
+      {"PostRopeKDtypeMismatch",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.k_output_dtype = DType::kF16;
+       },
+       "rope.k_output_dtype", "post-RoPE k_pages dtype f32"},
+  };
+  // Harness acceptance case 18 (plus 0 and negative), with post-RoPE state:
+  // theta is checked regardless.
+  const std::vector<std::pair<std::string, double>> bad = {
+      {"Nan", kNan},
+      {"Inf", kInf},
+      {"NegInf", -kInf},
+      {"Zero", 0.0},
+      {"Negative", -10000.0}};
+  for (const auto& [name, v] : bad) {
+    const double value = v;
+    cases.push_back(
+        {"Theta" + name,
+         [value](Snapshot* s, ValidationLimits*) { s->rope.theta = value; },
+         "rope.theta", "positive finite"});
+  }
+  return cases;
+}
+INSTANTIATE_TEST_SUITE_P(Rope, ConfigTest, ::testing::ValuesIn(RopeCases()),
+                         CaseName);
+
+std::vector<InvalidCase> CpCases() {
+  return {
+      {"WorldSizeZero",
+       [](Snapshot* s, ValidationLimits*) { s->cp.world_size = 0; },
+       "cp.world_size", ">= 1"},
+      {"NoneShardingWithWorld2",
+       [](Snapshot* s, ValidationLimits*) { s->cp.world_size = 2; },
+       "cp.sharding", "requires cp.world_size 1"},
+      {"ShardingUnknown",
+       [](Snapshot* s, ValidationLimits*) {
+         s->cp.sharding = static_cast<CpSharding>(8);
+       },
+       "cp.sharding", "unknown"},
+      {"ExplicitWithoutOwners",
+       [](Snapshot* s, ValidationLimits*) {
+         s->cp.world_size = 2;
+         s->cp.sharding = CpSharding::kExplicitOwners;
+       },
+       "cp.block_owners", "required"},
+      {"OwnersWithPageInterleaved",
+       [](Snapshot* s, ValidationLimits*) {
+         SetExplicitOwners(s, 2, {{0, 1, 0}, {0, 1, 0}});
+         s->cp.sharding = CpSharding::kPageInterleaved;
+       },
+       "cp.block_owners", "only valid with sharding explicit_owners"},
+      {"InterleaveZero",
+       [](Snapshot* s, ValidationLimits*) {
+         s->cp.world_size = 2;
+         s->cp.sharding = CpSharding::kTokenInterleaved;
+         s->cp.interleave_size = 0;
+       },
+       "cp.interleave_size", ">= 1"},
+      {"RankOutWithoutRankLse",
+       [](Snapshot* s, ValidationLimits*) {
+         s->cp.rank_out = Tensor(DType::kF32, {1, 2, 2, 4, 8});
+       },
+       "cp.rank_lse", "together"},
+      {"RankLseWithoutRankOut",
+       [](Snapshot* s, ValidationLimits*) {
+         s->cp.rank_lse = Tensor(DType::kF32, {1, 2, 2, 4});
+       },
+       "cp.rank_out", "together"},
+  };
+}
+INSTANTIATE_TEST_SUITE_P(Cp, ConfigTest, ::testing::ValuesIn(CpCases()),
+                         CaseName);
+
+std::vector<InvalidCase> LogprobCases() {
+  return {
+      {"LmHeadWithoutIds",
+       [](Snapshot* s, ValidationLimits*) {
+         AddLogprobInputs(s);
+         s->selected_token_ids = Tensor();
+       },
+       "selected_token_ids",
+       "lm_head and selected_token_ids must be provided together"},
+      {"IdsWithoutLmHead",
+       [](Snapshot* s, ValidationLimits*) {
+         AddLogprobInputs(s);
+         s->lm_head = Tensor();
+       },
+       "lm_head", "lm_head and selected_token_ids must be provided together"},
+      {"EngineLogprobsWithoutIds",
+       [](Snapshot* s, ValidationLimits*) {
+         s->engine.logprobs = Tensor(DType::kF32, {2, 2});
+       },
+       "engine.logprobs", "requires selected_token_ids"},
+      {"IdAtVocab",
+       [](Snapshot* s, ValidationLimits*) {
+         AddLogprobInputs(s, 11);
+         SetInt(&s->selected_token_ids, 2, 11);
+       },
+       "selected_token_ids[1][0]", "11 is outside [0, 11)"},
+      {"IdNegative",
+       [](Snapshot* s, ValidationLimits*) {
+         AddLogprobInputs(s, 11);
+         SetInt(&s->selected_token_ids, 3, -1);
+       },
+       "selected_token_ids[1][1]", "-1 is outside [0, 11)"},
+      {"MaskValueTwo",
+       [](Snapshot* s, ValidationLimits*) {
+         AddLogprobInputs(s);
+         SetInt(&s->active_mask, 1, 2);
+       },
+       "active_mask[0][1]", "not 0 or 1"},
+  };
+}
+INSTANTIATE_TEST_SUITE_P(Logprob, ConfigTest,
+                         ::testing::ValuesIn(LogprobCases()), CaseName);
+
+std::vector<InvalidCase> PrefixCases() {
+  return {
+      {"EnabledWithoutKey",
+       [](Snapshot* s, ValidationLimits*) {
+         EnablePrefix(s);
+         s->prefix.key.clear();
+       },
+       "prefix.key", "required"},
+      {"EnabledZeroLength",
+       [](Snapshot* s, ValidationLimits*) {
+         EnablePrefix(s);
+         s->prefix.length = 0;
+       },
+       "prefix.length", "positive"},
+      {"EnabledLengthAboveSeqLen",
+       [](Snapshot* s, ValidationLimits*) {
+         EnablePrefix(s);
+         s->prefix.length = 6;  // row 1 holds only 5 tokens
+       },
+       "prefix.length", "kv_seq_lens[1]=5",
+       [] {
+         SnapshotSpec spec;
+         spec.seq_lens = {6, 5};
+         return spec;
+       }()},
+      {"EnabledWithoutFingerprint",
+       [](Snapshot* s, ValidationLimits*) {
+         EnablePrefix(s);
+         s->prefix.fingerprint.clear();
+       },
+       "prefix.fingerprint", "required"},
+      {"FingerprintUppercase",
+       [](Snapshot* s, ValidationLimits*) {
+         EnablePrefix(s);
+         s->prefix.fingerprint = std::string(64, 'A');
+       },
+       "prefix.fingerprint", "64 lowercase hex"},
+      {"FingerprintTooShort",
+       [](Snapshot* s, ValidationLimits*) {
+         EnablePrefix(s);
+         s->prefix.fingerprint = std::string(63, 'a');
+       },
+       "prefix.fingerprint", "63 characters"},
+      {"DisabledWithKey",
+       [](Snapshot* s, ValidationLimits*) { s->prefix.key = "k"; },
+       "prefix.key", "disabled"},
+      {"DisabledWithLength",
+       [](Snapshot* s, ValidationLimits*) { s->prefix.length = 2; },
+       "prefix.length", "disabled"},
+      {"DisabledWithFingerprint",
+       [](Snapshot* s, ValidationLimits*) { s->prefix.fingerprint = kHex64; },
+       "prefix.fingerprint", "disabled"},
+      {"SchemeUnknown",
+       [](Snapshot* s, ValidationLimits*) {
+         s->prefix.scheme = static_cast<PrefixCache::Scheme>(3);
+       },
+       "prefix.scheme", "unknown"},
+      {"RequestIdsCount",
+       [](Snapshot* s, ValidationLimits*) {
+         s->labels.request_ids = {"a", "b", "c"};
+       },
+       "labels.request_ids", "expected 0 or B=2"},
+  };
+}
+INSTANTIATE_TEST_SUITE_P(Prefix, ConfigTest, ::testing::ValuesIn(PrefixCases()),
+                         CaseName);
+
+// Values the rules above must keep accepting.
+TEST(ConfigValidTest, DefaultsAndBoundaryValuesPass) {
+  Snapshot s = BuildSnapshot({});
+  s.softmax_scale = 0.0;  // default 1/sqrt(D)
+  s.logit_softcap = 0.0;
+  s.sliding_window = 0;
+  EXPECT_TRUE(IsValid(ValidateSnapshot(s)));
+  s.softmax_scale = 0.125;
+  s.logit_softcap = 30.0;
+  s.sliding_window = 3;
+  s.window_convention = SlidingWindowConvention::kFlashLeft;
+  s.logprob_temperature = 0.7;
+  s.sinks = FloatTensor(DType::kF32, {4}, {0.5, -1.0, 2.0, 0.0});
+  s.engine_lse_includes_sinks = true;
+  s.output_dtype = DType::kBF16;
+  AddEngineOutputs(&s, DType::kBF16);
+  s.engine.lse_base = LseBase::k2;
+  s.labels.request_ids = {"r0", "r1"};
+  EXPECT_TRUE(IsValid(ValidateSnapshot(s)));
+}
+
+TEST(ConfigValidTest, PreRopeMayCastToOtherDtypes) {
+  Snapshot s = BuildSnapshot({});
+  s.rope.q_state = RopeState::kPreRope;
+  s.rope.k_state = RopeState::kPreRope;
+  s.rope.q_output_dtype = DType::kF32;
+  s.rope.k_output_dtype = DType::kBF16;  // bf16 cache with fp32 q
+  s.rope.style = RopeStyle::kGptj;
+  s.rope.rotary_dim = 4;
+  s.rope.scaling.type = RopeScalingType::kYarn;
+  s.rope.scaling.factor = 4.0;
+  EXPECT_TRUE(IsValid(ValidateSnapshot(s)));
+  // Post-RoPE with the matching dtype declared is fine too.
+  s.rope.q_state = RopeState::kPostRope;
+  s.rope.k_state = RopeState::kPostRope;
+  s.rope.k_output_dtype = DType::kF32;
+  EXPECT_TRUE(IsValid(ValidateSnapshot(s)));
+}
+
+TEST(ConfigValidTest, PrefixEnabledWellFormedPasses) {
+  Snapshot s = BuildSnapshot({});
+  EnablePrefix(&s);
+  s.prefix.length = 6;  // == every kv_seq_len
+  EXPECT_TRUE(IsValid(ValidateSnapshot(s)));
+  s.prefix.scheme = PrefixCache::Scheme::kRlKernelCompat;
+  EXPECT_TRUE(IsValid(ValidateSnapshot(s)));
+}
+
+}  // namespace
+}  // namespace test
+}  // namespace attnaudit

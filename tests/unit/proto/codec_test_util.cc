@@ -1,0 +1,368 @@
+#include "tests/unit/proto/codec_test_util.h"
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace attnaudit {
+namespace testing_codec {
+namespace {
+
+Tensor RandomTensor(std::mt19937* rng, DType dtype,
+                    std::vector<int64_t> shape) {
+  Tensor t(dtype, std::move(shape));
+  std::string* bytes = t.mutable_bytes();
+  for (char& c : *bytes) c = static_cast<char>((*rng)() & 0xff);
+  return t;
+}
+
+}  // namespace
+
+Snapshot FullSnapshot(uint32_t seed) {
+  std::mt19937 rng(seed);
+  Snapshot s;
+  s.q = RandomTensor(&rng, DType::kBF16, {2, 2, 4, 8});
+  s.k_pages = RandomTensor(&rng, DType::kF8E4M3, {3, 2, 4, 8});
+  s.v_pages = RandomTensor(&rng, DType::kF8E4M3, {3, 2, 4, 8});
+  s.kv_layout = KvLayout::kHND;
+  s.k_scale = RandomTensor(&rng, DType::kF32, {2});
+  s.v_scale = RandomTensor(&rng, DType::kF32, {2});
+  s.page_ids = RandomTensor(&rng, DType::kI64, {3});
+  s.block_table = RandomTensor(&rng, DType::kI32, {2, 2});
+  s.kv_seq_lens = RandomTensor(&rng, DType::kI32, {2});
+  s.query_positions = RandomTensor(&rng, DType::kI64, {2, 2});
+  s.slot_positions = RandomTensor(&rng, DType::kI32, {3, 4});
+  s.key_rope_positions = RandomTensor(&rng, DType::kI64, {3, 4});
+  s.softmax_scale = 0.125;
+  s.sliding_window = 4096;
+  s.window_convention = SlidingWindowConvention::kFlashLeft;
+  s.logit_softcap = 50.0;
+  s.sinks = RandomTensor(&rng, DType::kF32, {4});
+  s.engine_lse_includes_sinks = true;
+
+  s.rope.q_state = RopeState::kPreRope;
+  s.rope.k_state = RopeState::kPreRope;
+  s.rope.style = RopeStyle::kGptj;
+  s.rope.theta = 500000.0;
+  s.rope.rotary_dim = 4;
+  s.rope.scaling.type = RopeScalingType::kYarn;
+  s.rope.scaling.factor = 8.0;
+  s.rope.scaling.low_freq_factor = 2.0;
+  s.rope.scaling.high_freq_factor = 6.0;
+  s.rope.scaling.original_max_position = 4096;
+  s.rope.scaling.beta_fast = 16.0;
+  s.rope.scaling.beta_slow = 2.0;
+  s.rope.scaling.attention_factor = 1.25;
+  s.rope.cast_point = RopeCastPoint::kAfterRope;
+  s.rope.q_output_dtype = DType::kBF16;
+  s.rope.k_output_dtype = DType::kF16;
+  s.output_dtype = DType::kF16;
+
+  s.cp.world_size = 2;
+  s.cp.sharding = CpSharding::kTokenInterleaved;
+  s.cp.interleave_size = 16;
+  s.cp.block_owners = RandomTensor(&rng, DType::kI32, {2, 2});
+  s.cp.rank_out = RandomTensor(&rng, DType::kF32, {2, 2, 2, 4, 8});
+  s.cp.rank_lse = RandomTensor(&rng, DType::kF32, {2, 2, 2, 4});
+
+  s.engine.out = RandomTensor(&rng, DType::kF16, {2, 2, 4, 8});
+  s.engine.lse = RandomTensor(&rng, DType::kF32, {2, 2, 4});
+  s.engine.lse_base = LseBase::k2;
+  s.engine.logprobs = RandomTensor(&rng, DType::kF64, {2, 2});
+
+  s.selected_token_ids = RandomTensor(&rng, DType::kI64, {2, 2});
+  s.lm_head = RandomTensor(&rng, DType::kBF16, {5, 32});
+  s.active_mask = RandomTensor(&rng, DType::kBool, {2, 2});
+  s.logprob_temperature = 0.7;
+
+  s.prefix.enabled = true;
+  s.prefix.key = "prefix-key-42";
+  s.prefix.length = 3;
+  s.prefix.fingerprint = std::string(64, 'a');
+  s.prefix.scheme = PrefixCache::Scheme::kRlKernelCompat;
+
+  s.labels.model = "llama3-8b";
+  s.labels.layer = 17;
+  s.labels.engine = "vllm";
+  s.labels.backend = "flashinfer";
+  s.labels.step = 123456;
+  s.labels.request_ids = {"req-a", "req-b"};
+  return s;
+}
+
+namespace {
+
+DriftStats Drift(double base) {
+  DriftStats d;
+  d.count = static_cast<int64_t>(base * 1000);
+  d.max_abs = base;
+  d.mean_abs = base / 2;
+  d.rms = base / 3;
+  d.max_rel = base * 7;
+  d.p99_abs = base * 0.9;
+  d.ulp_dtype = DType::kBF16;
+  d.max_ulp = 12;
+  d.mean_ulp = 0.5;
+  d.tolerance = 1e-3;
+  d.over_tolerance = 3;
+  d.candidate_nan = 1;
+  d.candidate_inf = 2;
+  d.baseline_nan = 4;
+  d.baseline_inf = 5;
+  d.worst = Location{1, 0, 3, 7};
+  d.worst_candidate = 0.25;
+  d.worst_baseline = -0.5;
+  return d;
+}
+
+}  // namespace
+
+AuditReport FullReport() {
+  AuditReport r;
+  r.verdict = Verdict::kDrift;
+  r.invalid_reason = "not invalid, but set";
+  r.dims.batch = 2;
+  r.dims.queries = 1;
+  r.dims.q_heads = 32;
+  r.dims.kv_heads = 8;
+  r.dims.head_dim = 128;
+  r.dims.num_pages = 512;
+  r.dims.page_size = 16;
+  r.dims.max_blocks = 256;
+  r.labels = FullSnapshot().labels;
+
+  ComparisonResult er;
+  er.comparison = Comparison::kEngineVsReference;
+  er.verdict = Verdict::kDrift;
+  er.has_out = true;
+  er.out = Drift(0.01);
+  er.has_lse = true;
+  er.lse = Drift(0.002);
+  er.lse.worst = Location{0, 0, 5, -1};
+  er.has_logprob = true;
+  er.logprob = Drift(0.3);
+  er.logprob.worst = Location{1, 0, -1, -1};
+  er.logprob_agreement =
+      LogprobAgreement{2, 0.1, 0.3, -0.05, 0.01, 1.02, 0.8, 1.3, 0.07};
+  er.worst_heads = {HeadSummary{3, 0.01, 0.002, 12},
+                    HeadSummary{1, 0.005, 0.001, 6}};
+  er.reasons = {"out: 3 elements over 1e-3", "lse: NaN in candidate"};
+
+  ComparisonResult pr;
+  pr.comparison = Comparison::kReplayVsReference;
+  pr.verdict = Verdict::kPass;
+  pr.has_out = true;
+  pr.out = Drift(1e-7);
+  pr.has_lse = true;
+  pr.lse = Drift(2e-7);
+
+  ComparisonResult ep;  // only lse, nothing else
+  ep.comparison = Comparison::kEngineVsReplay;
+  ep.verdict = Verdict::kUnspecified;
+  ep.has_lse = true;
+  ep.lse = Drift(0.004);
+
+  r.comparisons = {er, pr, ep};
+
+  Provenance& p = r.provenance;
+  p.backend = "cpu";
+  p.threads = 2;
+  p.softmax_scale = 0.08838834764831845;
+  p.output_dtype = DType::kBF16;
+  p.max_merged_blocks = 3;
+  p.merge_orders = {{{0, 1, 2}, {}}, {{0}, {1, 2}}};
+  p.block_owners = {{0, 1, 0}, {}};
+  p.kv_fingerprint = std::string(64, 'b');
+  p.prefix_fingerprint = std::string(64, 'c');
+  p.rope_fingerprint = std::string(64, 'd');
+  p.fingerprint_version = "attnaudit-fp-v1";
+  p.timings = StageTimings{0.001, 0.5, 0.25, 0.01, 0.8};
+  return r;
+}
+
+void ExpectTensorEq(const Tensor& a, const Tensor& b, const char* where) {
+  EXPECT_EQ(a.dtype(), b.dtype()) << where;
+  EXPECT_EQ(a.shape(), b.shape()) << where;
+  EXPECT_TRUE(a.bytes() == b.bytes()) << where << ": bytes differ";
+}
+
+void ExpectSnapshotEq(const Snapshot& a, const Snapshot& b) {
+  ExpectTensorEq(a.q, b.q, "q");
+  ExpectTensorEq(a.k_pages, b.k_pages, "k_pages");
+  ExpectTensorEq(a.v_pages, b.v_pages, "v_pages");
+  EXPECT_EQ(a.kv_layout, b.kv_layout);
+  ExpectTensorEq(a.k_scale, b.k_scale, "k_scale");
+  ExpectTensorEq(a.v_scale, b.v_scale, "v_scale");
+  ExpectTensorEq(a.page_ids, b.page_ids, "page_ids");
+  ExpectTensorEq(a.block_table, b.block_table, "block_table");
+  ExpectTensorEq(a.kv_seq_lens, b.kv_seq_lens, "kv_seq_lens");
+  ExpectTensorEq(a.query_positions, b.query_positions, "query_positions");
+  ExpectTensorEq(a.slot_positions, b.slot_positions, "slot_positions");
+  ExpectTensorEq(a.key_rope_positions, b.key_rope_positions,
+                 "key_rope_positions");
+  EXPECT_EQ(a.softmax_scale, b.softmax_scale);
+  EXPECT_EQ(a.sliding_window, b.sliding_window);
+  EXPECT_EQ(a.window_convention, b.window_convention);
+  EXPECT_EQ(a.logit_softcap, b.logit_softcap);
+  ExpectTensorEq(a.sinks, b.sinks, "sinks");
+  EXPECT_EQ(a.engine_lse_includes_sinks, b.engine_lse_includes_sinks);
+
+  EXPECT_EQ(a.rope.q_state, b.rope.q_state);
+  EXPECT_EQ(a.rope.k_state, b.rope.k_state);
+  EXPECT_EQ(a.rope.style, b.rope.style);
+  EXPECT_EQ(a.rope.theta, b.rope.theta);
+  EXPECT_EQ(a.rope.rotary_dim, b.rope.rotary_dim);
+  EXPECT_EQ(a.rope.scaling.type, b.rope.scaling.type);
+  EXPECT_EQ(a.rope.scaling.factor, b.rope.scaling.factor);
+  EXPECT_EQ(a.rope.scaling.low_freq_factor, b.rope.scaling.low_freq_factor);
+  EXPECT_EQ(a.rope.scaling.high_freq_factor, b.rope.scaling.high_freq_factor);
+  EXPECT_EQ(a.rope.scaling.original_max_position,
+            b.rope.scaling.original_max_position);
+  EXPECT_EQ(a.rope.scaling.beta_fast, b.rope.scaling.beta_fast);
+  EXPECT_EQ(a.rope.scaling.beta_slow, b.rope.scaling.beta_slow);
+  EXPECT_EQ(a.rope.scaling.attention_factor, b.rope.scaling.attention_factor);
+  EXPECT_EQ(a.rope.cast_point, b.rope.cast_point);
+  EXPECT_EQ(a.rope.q_output_dtype, b.rope.q_output_dtype);
+  EXPECT_EQ(a.rope.k_output_dtype, b.rope.k_output_dtype);
+  EXPECT_EQ(a.output_dtype, b.output_dtype);
+
+  EXPECT_EQ(a.cp.world_size, b.cp.world_size);
+  EXPECT_EQ(a.cp.sharding, b.cp.sharding);
+  EXPECT_EQ(a.cp.interleave_size, b.cp.interleave_size);
+  ExpectTensorEq(a.cp.block_owners, b.cp.block_owners, "cp.block_owners");
+  ExpectTensorEq(a.cp.rank_out, b.cp.rank_out, "cp.rank_out");
+  ExpectTensorEq(a.cp.rank_lse, b.cp.rank_lse, "cp.rank_lse");
+
+  ExpectTensorEq(a.engine.out, b.engine.out, "engine.out");
+  ExpectTensorEq(a.engine.lse, b.engine.lse, "engine.lse");
+  EXPECT_EQ(a.engine.lse_base, b.engine.lse_base);
+  ExpectTensorEq(a.engine.logprobs, b.engine.logprobs, "engine.logprobs");
+
+  ExpectTensorEq(a.selected_token_ids, b.selected_token_ids,
+                 "selected_token_ids");
+  ExpectTensorEq(a.lm_head, b.lm_head, "lm_head");
+  ExpectTensorEq(a.active_mask, b.active_mask, "active_mask");
+  EXPECT_EQ(a.logprob_temperature, b.logprob_temperature);
+
+  EXPECT_EQ(a.prefix.enabled, b.prefix.enabled);
+  EXPECT_EQ(a.prefix.key, b.prefix.key);
+  EXPECT_EQ(a.prefix.length, b.prefix.length);
+  EXPECT_EQ(a.prefix.fingerprint, b.prefix.fingerprint);
+  EXPECT_EQ(a.prefix.scheme, b.prefix.scheme);
+
+  EXPECT_EQ(a.labels.model, b.labels.model);
+  EXPECT_EQ(a.labels.layer, b.labels.layer);
+  EXPECT_EQ(a.labels.engine, b.labels.engine);
+  EXPECT_EQ(a.labels.backend, b.labels.backend);
+  EXPECT_EQ(a.labels.step, b.labels.step);
+  EXPECT_EQ(a.labels.request_ids, b.labels.request_ids);
+}
+
+namespace {
+
+void ExpectDriftEq(const DriftStats& a, const DriftStats& b,
+                   const std::string& where) {
+  SCOPED_TRACE(where);
+  EXPECT_EQ(a.count, b.count);
+  EXPECT_EQ(a.max_abs, b.max_abs);
+  EXPECT_EQ(a.mean_abs, b.mean_abs);
+  EXPECT_EQ(a.rms, b.rms);
+  EXPECT_EQ(a.max_rel, b.max_rel);
+  EXPECT_EQ(a.p99_abs, b.p99_abs);
+  EXPECT_EQ(a.ulp_dtype, b.ulp_dtype);
+  EXPECT_EQ(a.max_ulp, b.max_ulp);
+  EXPECT_EQ(a.mean_ulp, b.mean_ulp);
+  EXPECT_EQ(a.tolerance, b.tolerance);
+  EXPECT_EQ(a.over_tolerance, b.over_tolerance);
+  EXPECT_EQ(a.candidate_nan, b.candidate_nan);
+  EXPECT_EQ(a.candidate_inf, b.candidate_inf);
+  EXPECT_EQ(a.baseline_nan, b.baseline_nan);
+  EXPECT_EQ(a.baseline_inf, b.baseline_inf);
+  EXPECT_EQ(a.worst.batch, b.worst.batch);
+  EXPECT_EQ(a.worst.query, b.worst.query);
+  EXPECT_EQ(a.worst.head, b.worst.head);
+  EXPECT_EQ(a.worst.dim, b.worst.dim);
+  EXPECT_EQ(a.worst_candidate, b.worst_candidate);
+  EXPECT_EQ(a.worst_baseline, b.worst_baseline);
+}
+
+}  // namespace
+
+void ExpectReportEq(const AuditReport& a, const AuditReport& b) {
+  EXPECT_EQ(a.verdict, b.verdict);
+  EXPECT_EQ(a.invalid_reason, b.invalid_reason);
+  EXPECT_EQ(a.dims.batch, b.dims.batch);
+  EXPECT_EQ(a.dims.queries, b.dims.queries);
+  EXPECT_EQ(a.dims.q_heads, b.dims.q_heads);
+  EXPECT_EQ(a.dims.kv_heads, b.dims.kv_heads);
+  EXPECT_EQ(a.dims.head_dim, b.dims.head_dim);
+  EXPECT_EQ(a.dims.num_pages, b.dims.num_pages);
+  EXPECT_EQ(a.dims.page_size, b.dims.page_size);
+  EXPECT_EQ(a.dims.max_blocks, b.dims.max_blocks);
+  EXPECT_EQ(a.labels.model, b.labels.model);
+  EXPECT_EQ(a.labels.layer, b.labels.layer);
+  EXPECT_EQ(a.labels.engine, b.labels.engine);
+  EXPECT_EQ(a.labels.backend, b.labels.backend);
+  EXPECT_EQ(a.labels.step, b.labels.step);
+  EXPECT_EQ(a.labels.request_ids, b.labels.request_ids);
+
+  ASSERT_EQ(a.comparisons.size(), b.comparisons.size());
+  for (size_t i = 0; i < a.comparisons.size(); ++i) {
+    const ComparisonResult& x = a.comparisons[i];
+    const ComparisonResult& y = b.comparisons[i];
+    SCOPED_TRACE("comparison " + std::to_string(i));
+    EXPECT_EQ(x.comparison, y.comparison);
+    EXPECT_EQ(x.verdict, y.verdict);
+    EXPECT_EQ(x.has_out, y.has_out);
+    EXPECT_EQ(x.has_lse, y.has_lse);
+    EXPECT_EQ(x.has_logprob, y.has_logprob);
+    if (x.has_out && y.has_out) ExpectDriftEq(x.out, y.out, "out");
+    if (x.has_lse && y.has_lse) ExpectDriftEq(x.lse, y.lse, "lse");
+    if (x.has_logprob && y.has_logprob) {
+      ExpectDriftEq(x.logprob, y.logprob, "logprob");
+    }
+    const LogprobAgreement& p = x.logprob_agreement;
+    const LogprobAgreement& q = y.logprob_agreement;
+    EXPECT_EQ(p.count, q.count);
+    EXPECT_EQ(p.mean_abs_diff, q.mean_abs_diff);
+    EXPECT_EQ(p.max_abs_diff, q.max_abs_diff);
+    EXPECT_EQ(p.k1_kl, q.k1_kl);
+    EXPECT_EQ(p.k3_kl, q.k3_kl);
+    EXPECT_EQ(p.ratio_mean, q.ratio_mean);
+    EXPECT_EQ(p.ratio_min, q.ratio_min);
+    EXPECT_EQ(p.ratio_max, q.ratio_max);
+    EXPECT_EQ(p.ratio_std, q.ratio_std);
+    ASSERT_EQ(x.worst_heads.size(), y.worst_heads.size());
+    for (size_t h = 0; h < x.worst_heads.size(); ++h) {
+      EXPECT_EQ(x.worst_heads[h].head, y.worst_heads[h].head);
+      EXPECT_EQ(x.worst_heads[h].max_abs, y.worst_heads[h].max_abs);
+      EXPECT_EQ(x.worst_heads[h].mean_abs, y.worst_heads[h].mean_abs);
+      EXPECT_EQ(x.worst_heads[h].max_ulp, y.worst_heads[h].max_ulp);
+    }
+    EXPECT_EQ(x.reasons, y.reasons);
+  }
+
+  const Provenance& p = a.provenance;
+  const Provenance& q = b.provenance;
+  EXPECT_EQ(p.backend, q.backend);
+  EXPECT_EQ(p.threads, q.threads);
+  EXPECT_EQ(p.softmax_scale, q.softmax_scale);
+  EXPECT_EQ(p.output_dtype, q.output_dtype);
+  EXPECT_EQ(p.max_merged_blocks, q.max_merged_blocks);
+  EXPECT_EQ(p.merge_orders, q.merge_orders);
+  EXPECT_EQ(p.block_owners, q.block_owners);
+  EXPECT_EQ(p.kv_fingerprint, q.kv_fingerprint);
+  EXPECT_EQ(p.prefix_fingerprint, q.prefix_fingerprint);
+  EXPECT_EQ(p.rope_fingerprint, q.rope_fingerprint);
+  EXPECT_EQ(p.fingerprint_version, q.fingerprint_version);
+  EXPECT_EQ(p.timings.validate_seconds, q.timings.validate_seconds);
+  EXPECT_EQ(p.timings.reference_seconds, q.timings.reference_seconds);
+  EXPECT_EQ(p.timings.replay_seconds, q.timings.replay_seconds);
+  EXPECT_EQ(p.timings.compare_seconds, q.timings.compare_seconds);
+  EXPECT_EQ(p.timings.total_seconds, q.timings.total_seconds);
+}
+
+}  // namespace testing_codec
+}  // namespace attnaudit

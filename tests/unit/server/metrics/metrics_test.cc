@@ -1,0 +1,497 @@
+// Metrics: the golden list of families, initial zero series, drift
+// histograms and bounded labels, the scheduler listener, the HTTP endpoint,
+// and `promtool check metrics` on the exposition.
+#include "server/metrics/metrics.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <prometheus/metric_family.h>
+#include <prometheus/registry.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/scheduler/scheduler.h"
+#include "tests/unit/server/scheduler/test_devices.h"
+
+namespace attnaudit {
+namespace server {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using LabelMap = std::map<std::string, std::string>;
+
+std::unique_ptr<Metrics> MakeMetrics(MetricsOptions options = {}) {
+  options.listen_address = "";
+  auto m = Metrics::Create(options);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return *std::move(m);
+}
+
+// The series of family `name` whose labels are exactly `labels`, or null.
+const prometheus::ClientMetric* Find(
+    const std::vector<prometheus::MetricFamily>& families,
+    const std::string& name, const LabelMap& labels) {
+  for (const auto& f : families) {
+    if (f.name != name) continue;
+    for (const auto& m : f.metric) {
+      LabelMap got;
+      for (const auto& l : m.label) got[l.name] = l.value;
+      if (got == labels) return &m;
+    }
+  }
+  return nullptr;
+}
+
+double Value(const Metrics& metrics, const std::string& name,
+             const LabelMap& labels) {
+  const auto families = metrics.registry()->Collect();
+  const prometheus::ClientMetric* m = Find(families, name, labels);
+  if (m == nullptr) {
+    ADD_FAILURE() << "no series " << name;
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+  for (const auto& f : families) {
+    if (f.name != name) continue;
+    switch (f.type) {
+      case prometheus::MetricType::Counter:
+        return m->counter.value;
+      case prometheus::MetricType::Gauge:
+        return m->gauge.value;
+      case prometheus::MetricType::Histogram:
+        return static_cast<double>(m->histogram.sample_count);
+      default:
+        break;
+    }
+  }
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
+// Cumulative count of the bucket with upper bound `le` (+Inf allowed).
+uint64_t Bucket(const Metrics& metrics, const std::string& name,
+                const LabelMap& labels, double le) {
+  const auto families = metrics.registry()->Collect();
+  const prometheus::ClientMetric* m = Find(families, name, labels);
+  if (m == nullptr) {
+    ADD_FAILURE() << "no series " << name;
+    return 0;
+  }
+  for (const auto& b : m->histogram.bucket) {
+    if (b.upper_bound == le) return b.cumulative_count;
+  }
+  ADD_FAILURE() << "no bucket le=" << le;
+  return 0;
+}
+
+TEST(MetricsTest, ExactlyTheDocumentedFamilies) {
+  auto metrics = MakeMetrics();
+  auto families = [&] {
+    std::map<std::string, prometheus::MetricType> got;
+    for (const auto& f : metrics->registry()->Collect()) got[f.name] = f.type;
+    return got;
+  };
+  // Drift series carry model/layer labels, unknown until a report arrives.
+  EXPECT_EQ(families().count("attnaudit_drift_out_max_abs"), 0u);
+  AuditReport pass;
+  pass.verdict = Verdict::kPass;
+  pass.comparisons.emplace_back();
+  metrics->ObserveReport(pass, JobLabels{"m", 0, ""});
+  const auto got = families();
+  using T = prometheus::MetricType;
+  const std::map<std::string, prometheus::MetricType> want = {
+      {"attnaudit_build_info", T::Gauge},
+      {"attnaudit_audits_total", T::Counter},
+      {"attnaudit_comparison_verdicts_total", T::Counter},
+      {"attnaudit_drift_out_max_abs", T::Histogram},
+      {"attnaudit_drift_out_max_ulp", T::Histogram},
+      {"attnaudit_drift_lse_max_abs", T::Histogram},
+      {"attnaudit_drift_logprob_abs_diff", T::Histogram},
+      {"attnaudit_queue_depth", T::Gauge},
+      {"attnaudit_queue_capacity", T::Gauge},
+      {"attnaudit_queued_bytes", T::Gauge},
+      {"attnaudit_queue_wait_seconds", T::Histogram},
+      {"attnaudit_job_stage_duration_seconds", T::Histogram},
+      {"attnaudit_job_duration_seconds", T::Histogram},
+      {"attnaudit_jobs_completed_total", T::Counter},
+      {"attnaudit_received_bytes_total", T::Counter},
+      {"attnaudit_rejections_total", T::Counter},
+      {"attnaudit_inflight_jobs", T::Gauge},
+      {"attnaudit_devices", T::Gauge},
+  };
+  EXPECT_EQ(got, want);
+}
+
+TEST(MetricsTest, KnownLabelSetsStartAtZero) {
+  MetricsOptions options;
+  options.version = "1.2.3";
+  options.device_kinds = {"cpu", "cuda"};
+  options.queue_capacity = {64, 1024};
+  auto metrics = MakeMetrics(options);
+  EXPECT_EQ(Value(*metrics, "attnaudit_build_info", {{"version", "1.2.3"}}), 1);
+  for (const char* v : {"PASS", "DRIFT", "INVALID"}) {
+    EXPECT_EQ(Value(*metrics, "attnaudit_audits_total", {{"verdict", v}}), 0);
+  }
+  for (const char* c :
+       {"engine_vs_reference", "replay_vs_reference", "engine_vs_replay"}) {
+    for (const char* v : {"PASS", "DRIFT"}) {
+      EXPECT_EQ(Value(*metrics, "attnaudit_comparison_verdicts_total",
+                      {{"comparison", c}, {"verdict", v}}),
+                0);
+    }
+  }
+  for (const char* r : {"queue_full", "memory_budget", "invalid_argument",
+                        "deadline", "cancelled", "draining", "too_large"}) {
+    EXPECT_EQ(Value(*metrics, "attnaudit_rejections_total", {{"reason", r}}), 0)
+        << r;
+  }
+  for (const char* cls : {"interactive", "sampled"}) {
+    EXPECT_EQ(Value(*metrics, "attnaudit_queue_depth", {{"class", cls}}), 0);
+    EXPECT_EQ(Value(*metrics, "attnaudit_queue_wait_seconds", {{"class", cls}}),
+              0);
+    for (const char* o :
+         {"ok", "failed", "cancelled", "deadline_exceeded", "unavailable"}) {
+      EXPECT_EQ(Value(*metrics, "attnaudit_jobs_completed_total",
+                      {{"class", cls}, {"outcome", o}}),
+                0);
+    }
+  }
+  EXPECT_EQ(Value(*metrics, "attnaudit_queue_capacity", {{"class", "sampled"}}),
+            1024);
+  for (const char* kind : {"cpu", "cuda"}) {
+    for (const char* stage : {"validate", "reference", "replay", "compare"}) {
+      EXPECT_EQ(Value(*metrics, "attnaudit_job_stage_duration_seconds",
+                      {{"stage", stage}, {"device_kind", kind}}),
+                0);
+    }
+    EXPECT_EQ(Value(*metrics, "attnaudit_devices",
+                    {{"kind", kind}, {"state", "idle"}}),
+              0);
+  }
+  EXPECT_EQ(Value(*metrics, "attnaudit_inflight_jobs", {}), 0);
+  EXPECT_EQ(Value(*metrics, "attnaudit_received_bytes_total", {}), 0);
+}
+
+AuditReport DriftReport() {
+  AuditReport r;
+  r.verdict = Verdict::kDrift;
+  ComparisonResult er;
+  er.comparison = Comparison::kEngineVsReference;
+  er.verdict = Verdict::kDrift;
+  er.has_out = true;
+  er.out.max_abs = 2e-3;  // in (1e-3, 3e-3]
+  er.out.max_ulp = 3;     // in (2, 4]
+  er.has_lse = true;
+  er.lse.max_abs = 5e-6;  // in (1e-6, 1e-5]
+  er.has_logprob = true;
+  er.logprob.max_abs = 0.05;  // in (3e-2, 0.1]
+  ComparisonResult pr;
+  pr.comparison = Comparison::kReplayVsReference;
+  pr.verdict = Verdict::kPass;
+  pr.has_out = true;
+  pr.out.max_abs = 0;
+  pr.out.max_ulp = 0;
+  r.comparisons = {er, pr};
+  return r;
+}
+
+TEST(MetricsTest, ReportFeedsVerdictsAndDriftBuckets) {
+  auto metrics = MakeMetrics();
+  JobLabels labels{"llama", 5, "vllm"};
+  metrics->ObserveReport(DriftReport(), labels);
+  EXPECT_EQ(Value(*metrics, "attnaudit_audits_total", {{"verdict", "DRIFT"}}),
+            1);
+  EXPECT_EQ(
+      Value(*metrics, "attnaudit_comparison_verdicts_total",
+            {{"comparison", "engine_vs_reference"}, {"verdict", "DRIFT"}}),
+      1);
+  EXPECT_EQ(Value(*metrics, "attnaudit_comparison_verdicts_total",
+                  {{"comparison", "replay_vs_reference"}, {"verdict", "PASS"}}),
+            1);
+  const LabelMap er = {{"comparison", "engine_vs_reference"},
+                       {"model", "llama"},
+                       {"layer", "5"}};
+  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_out_max_abs", er, 1e-3), 0u);
+  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_out_max_abs", er, 3e-3), 1u);
+  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_out_max_ulp", er, 2), 0u);
+  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_out_max_ulp", er, 4), 1u);
+  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_lse_max_abs", er, 1e-6), 0u);
+  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_lse_max_abs", er, 1e-5), 1u);
+  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_logprob_abs_diff", er, 3e-2), 0u);
+  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_logprob_abs_diff", er, 0.1), 1u);
+  const LabelMap pr = {{"comparison", "replay_vs_reference"},
+                       {"model", "llama"},
+                       {"layer", "5"}};
+  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_out_max_ulp", pr, 0),
+            1u);  // exact
+  // No lse in P-R: the series exists but saw nothing.
+  EXPECT_EQ(Value(*metrics, "attnaudit_drift_lse_max_abs", pr), 0);
+  // Unspecified verdicts are ignored.
+  metrics->ObserveReport(AuditReport(), labels);
+  EXPECT_EQ(Value(*metrics, "attnaudit_drift_out_max_abs", er), 1);
+}
+
+TEST(MetricsTest, NonFiniteDriftLandsInTheInfBucket) {
+  auto metrics = MakeMetrics();
+  AuditReport r = DriftReport();
+  r.comparisons[0].out.max_abs = std::numeric_limits<double>::quiet_NaN();
+  r.comparisons[0].lse.max_abs = std::numeric_limits<double>::infinity();
+  metrics->ObserveReport(r, JobLabels{"m", 0, ""});
+  const LabelMap er = {
+      {"comparison", "engine_vs_reference"}, {"model", "m"}, {"layer", "0"}};
+  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_out_max_abs", er, 10), 0u);
+  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_out_max_abs", er,
+                   std::numeric_limits<double>::infinity()),
+            1u);
+  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_lse_max_abs", er, 10), 0u);
+  const auto families = metrics->registry()->Collect();
+  const auto* m = Find(families, "attnaudit_drift_lse_max_abs", er);
+  ASSERT_NE(m, nullptr);
+  EXPECT_TRUE(std::isfinite(m->histogram.sample_sum));
+}
+
+TEST(MetricsTest, ModelAndLayerLabelsAreBounded) {
+  MetricsOptions options;
+  options.max_models = 2;
+  options.max_layers = 1;
+  auto metrics = MakeMetrics(options);
+  for (const char* model : {"a", "b", "c", "a", ""}) {
+    metrics->ObserveReport(DriftReport(), JobLabels{model, 1, ""});
+  }
+  metrics->ObserveReport(DriftReport(), JobLabels{"b", 2, ""});
+  metrics->ObserveReport(DriftReport(), JobLabels{"b", -1, ""});
+  auto count = [&](const char* model, const char* layer) {
+    return Value(*metrics, "attnaudit_drift_out_max_abs",
+                 {{"comparison", "engine_vs_reference"},
+                  {"model", model},
+                  {"layer", layer}});
+  };
+  EXPECT_EQ(count("a", "1"), 2);
+  EXPECT_EQ(count("b", "1"), 1);
+  EXPECT_EQ(count("other", "1"), 1);  // "c": past max_models
+  EXPECT_EQ(count("unknown", "1"), 1);
+  EXPECT_EQ(count("b", "other"), 1);  // layer 2: past max_layers
+  EXPECT_EQ(count("b", "unknown"), 1);
+  // Labels fall back to the report's own when the job has none.
+  AuditReport r = DriftReport();
+  r.labels.model = "a";
+  r.labels.layer = 1;
+  metrics->ObserveReport(r, JobLabels{});
+  EXPECT_EQ(count("a", "1"), 3);
+
+  LabelBounder bounder(1);
+  EXPECT_EQ(bounder.Bound("x"), "x");
+  EXPECT_EQ(bounder.Bound("y"), "other");
+  EXPECT_EQ(bounder.Bound("x"), "x");
+}
+
+TEST(MetricsTest, SchedulerListenerDrivesQueueJobAndDeviceMetrics) {
+  auto metrics = MakeMetrics();
+  testing::Gate gate;
+  SchedulerOptions so;
+  so.devices = testing::GateDevices(1, &gate);
+  so.max_queued = {1, 1};
+  so.listener = metrics->scheduler_listener();
+  auto scheduler = Scheduler::Create(std::move(so));
+  ASSERT_TRUE(scheduler.ok());
+  testing::Recorder rec;
+  ASSERT_TRUE(
+      (*scheduler)
+          ->Submit(testing::MakeJob("a", PriorityClass::kInteractive, &rec, 10))
+          .ok());
+  gate.WaitStarted(1);
+  EXPECT_EQ(Value(*metrics, "attnaudit_inflight_jobs", {}), 1);
+  EXPECT_EQ(Value(*metrics, "attnaudit_devices",
+                  {{"kind", "cpu"}, {"state", "busy"}}),
+            1);
+  ASSERT_TRUE(
+      (*scheduler)
+          ->Submit(testing::MakeJob("b", PriorityClass::kInteractive, &rec, 20))
+          .ok());
+  EXPECT_EQ(
+      Value(*metrics, "attnaudit_queue_depth", {{"class", "interactive"}}), 1);
+  EXPECT_EQ(Value(*metrics, "attnaudit_queued_bytes", {}), 20);
+  EXPECT_FALSE(
+      (*scheduler)
+          ->Submit(testing::MakeJob("c", PriorityClass::kInteractive, &rec))
+          .ok());
+  EXPECT_EQ(
+      Value(*metrics, "attnaudit_rejections_total", {{"reason", "queue_full"}}),
+      1);
+  ASSERT_TRUE((*scheduler)->Cancel("b").ok());
+  gate.Open();
+  rec.Wait("a");
+  const LabelMap interactive = {{"class", "interactive"}};
+  EXPECT_EQ(Value(*metrics, "attnaudit_jobs_completed_total",
+                  {{"class", "interactive"}, {"outcome", "ok"}}),
+            1);
+  EXPECT_EQ(Value(*metrics, "attnaudit_jobs_completed_total",
+                  {{"class", "interactive"}, {"outcome", "cancelled"}}),
+            1);
+  EXPECT_EQ(Value(*metrics, "attnaudit_queue_wait_seconds", interactive), 1);
+  EXPECT_EQ(Value(*metrics, "attnaudit_job_duration_seconds",
+                  {{"device_kind", "cpu"}}),
+            1);
+  EXPECT_EQ(Value(*metrics, "attnaudit_audits_total", {{"verdict", "PASS"}}),
+            1);
+  EXPECT_EQ(Value(*metrics, "attnaudit_inflight_jobs", {}), 0);
+  EXPECT_EQ(Value(*metrics, "attnaudit_queue_depth", interactive), 0);
+  EXPECT_EQ(Value(*metrics, "attnaudit_queued_bytes", {}), 0);
+  EXPECT_EQ(Value(*metrics, "attnaudit_devices",
+                  {{"kind", "cpu"}, {"state", "idle"}}),
+            1);
+  metrics->AddBytesReceived(1234);
+  EXPECT_EQ(Value(*metrics, "attnaudit_received_bytes_total", {}), 1234);
+}
+
+TEST(MetricsTest, StagesThatDidNotRunAreNotObserved) {
+  auto metrics = MakeMetrics();
+  metrics->ObserveStages(StageTimings{0.002, 0, 0, 0, 0.002}, "cuda");
+  metrics->ObserveStages(StageTimings{0.001, 0.02, 0.03, 0.004, 0.055}, "cuda");
+  const LabelMap validate = {{"stage", "validate"}, {"device_kind", "cuda"}};
+  const LabelMap replay = {{"stage", "replay"}, {"device_kind", "cuda"}};
+  EXPECT_EQ(Value(*metrics, "attnaudit_job_stage_duration_seconds", validate),
+            2);
+  EXPECT_EQ(Value(*metrics, "attnaudit_job_stage_duration_seconds", replay), 1);
+  EXPECT_EQ(
+      Bucket(*metrics, "attnaudit_job_stage_duration_seconds", replay, 0.025),
+      0u);
+  EXPECT_EQ(
+      Bucket(*metrics, "attnaudit_job_stage_duration_seconds", replay, 0.05),
+      1u);
+}
+
+TEST(MetricsTest, StripExposerFamiliesKeepsOurs) {
+  const std::string text =
+      "# HELP exposer_request_latencies Latencies\n"
+      "# TYPE exposer_request_latencies summary\n"
+      "exposer_request_latencies{quantile=\"0.5\"} 12\n"
+      "# TYPE attnaudit_inflight_jobs gauge\n"
+      "attnaudit_inflight_jobs 0\n";
+  EXPECT_EQ(
+      StripExposerFamilies(text),
+      "# TYPE attnaudit_inflight_jobs gauge\nattnaudit_inflight_jobs 0\n");
+}
+
+// Runs `promtool check metrics` on `text`; returns its exit code and output,
+// or -1 when promtool is not installed.
+int Promtool(const std::string& text, std::string* output) {
+  if (system("command -v promtool >/dev/null 2>&1") != 0) return -1;
+  char path[] = "/tmp/metrics_test_XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0) return -2;
+  close(fd);
+  std::ofstream(path) << text;
+  const std::string cmd =
+      absl::StrCat("promtool check metrics < ", path, " 2>&1");
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[512];
+  while (p != nullptr && fgets(buf, sizeof(buf), p) != nullptr) *output += buf;
+  const int status = p != nullptr ? pclose(p) : -1;
+  unlink(path);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -3;
+}
+
+TEST(MetricsPromtoolTest, RegistryPassesPromtoolCheckMetrics) {
+  MetricsOptions options;
+  options.device_kinds = {"cpu", "cuda"};
+  auto metrics = MakeMetrics(options);
+  metrics->ObserveReport(DriftReport(), JobLabels{"llama", 5, "vllm"});
+  metrics->ObserveStages(StageTimings{0.001, 0.01, 0.01, 0.002, 0.023}, "cpu");
+  std::string out;
+  const int rc = Promtool(metrics->RenderText(), &out);
+  if (rc == -1) GTEST_SKIP() << "promtool not found on PATH; lint skipped";
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(out, "") << "promtool findings";
+}
+
+// GET /metrics over a plain socket; empty on failure.
+std::string Scrape(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req =
+      "GET /metrics HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string resp;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) resp.append(buf, n);
+  close(fd);
+  const size_t body = resp.find("\r\n\r\n");
+  return body == std::string::npos ? "" : resp.substr(body + 4);
+}
+
+TEST(MetricsEndpointTest, ServesTheRegistryOverHttp) {
+  MetricsOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.version = "9.9.9";
+  auto metrics = Metrics::Create(options);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  const std::vector<int> ports = (*metrics)->listening_ports();
+  ASSERT_EQ(ports.size(), 1u);
+  ASSERT_GT(ports[0], 0);
+  const std::string scrape = Scrape(ports[0]);
+  EXPECT_THAT(scrape, HasSubstr("attnaudit_build_info{version=\"9.9.9\"} 1"));
+  const std::string ours = StripExposerFamilies(scrape);
+  EXPECT_THAT(ours, HasSubstr("attnaudit_rejections_total"));
+  EXPECT_THAT(ours, Not(HasSubstr("exposer_")));
+  std::string out;
+  const int rc = Promtool(ours, &out);
+  if (rc != -1) {
+    EXPECT_EQ(rc, 0) << out;
+  }
+
+  // The port is taken now: a second endpoint there fails cleanly.
+  MetricsOptions again;
+  again.listen_address = absl::StrCat("127.0.0.1:", ports[0]);
+  auto second = Metrics::Create(again);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(MetricsEndpointTest, BadAddressesAreInvalidArguments) {
+  for (const char* address : {"nonsense", "localhost:99999", "localhost:http",
+                              "metrics.example.com:9464", "1.2.3:80"}) {
+    MetricsOptions options;
+    options.listen_address = address;
+    auto m = Metrics::Create(options);
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << address;
+  }
+  MetricsOptions zero;
+  zero.listen_address = "";
+  zero.max_models = 0;
+  EXPECT_EQ(Metrics::Create(zero).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MetricsEndpointTest, LocalhostIsAccepted) {
+  MetricsOptions options;
+  options.listen_address = "localhost:0";
+  auto m = Metrics::Create(options);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ((*m)->listening_ports().size(), 1u);
+  EXPECT_THAT(Scrape((*m)->listening_ports()[0]), HasSubstr("attnaudit_"));
+}
+
+}  // namespace
+}  // namespace server
+}  // namespace attnaudit

@@ -1,0 +1,182 @@
+// Test doubles for the scheduler: a device whose runs block until the test
+// releases them (or the job is cancelled), and a recorder of outcomes.
+// Synchronisation is by mutex conditions, never by sleeping.
+#ifndef ATTNAUDIT_TESTS_UNIT_SERVER_SCHEDULER_TEST_DEVICES_H_
+#define ATTNAUDIT_TESTS_UNIT_SERVER_SCHEDULER_TEST_DEVICES_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "server/scheduler/device.h"
+#include "server/scheduler/job.h"
+#include "server/scheduler/scheduler.h"
+
+namespace attnaudit {
+namespace server {
+namespace testing {
+
+// Shared by all GateDevices of a test: which jobs started (in order) and
+// how many runs may finish.
+class Gate {
+ public:
+  // Lets `n` more runs return (in any order they are waiting).
+  void Release(int n) {
+    absl::MutexLock lock(&mu_);
+    tokens_ += n;
+  }
+  // Every run, now and later, returns at once.
+  void Open() {
+    absl::MutexLock lock(&mu_);
+    open_ = true;
+  }
+  // Blocks until `n` runs have started.
+  void WaitStarted(int n) {
+    absl::MutexLock lock(&mu_);
+    auto reached = [this, n]() {
+      mu_.AssertReaderHeld();
+      return static_cast<int>(started_.size()) >= n;
+    };
+    mu_.Await(absl::Condition(&reached));
+  }
+  std::vector<std::string> started() {
+    absl::MutexLock lock(&mu_);
+    return started_;
+  }
+
+  // Called by GateDevice::Run. Model label = job marker.
+  absl::Status Pass(const std::string& marker,
+                    const std::atomic<bool>* cancelled) {
+    absl::MutexLock lock(&mu_);
+    started_.push_back(marker);
+    // Cancellation is an atomic that nobody signals through mu_, so poll it
+    // the way a real device polls between work items.
+    while (!open_ && tokens_ == 0) {
+      if (cancelled != nullptr && cancelled->load()) {
+        return absl::CancelledError("device saw the cancel flag");
+      }
+      auto released = [this]() {
+        mu_.AssertReaderHeld();
+        return open_ || tokens_ > 0;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&released), absl::Milliseconds(1));
+    }
+    if (!open_) --tokens_;
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> started_;
+  int tokens_ = 0;
+  bool open_ = false;
+};
+
+class GateDevice : public Device {
+ public:
+  GateDevice(std::string name, std::string kind, Gate* gate)
+      : name_(std::move(name)), kind_(std::move(kind)), gate_(gate) {}
+  std::string kind() const override { return kind_; }
+  std::string name() const override { return name_; }
+  absl::StatusOr<AuditReport> Run(const Snapshot& snapshot,
+                                  const AuditOptions& options) override {
+    absl::Status s = gate_->Pass(snapshot.labels.model, options.cancelled);
+    if (!s.ok()) return s;
+    AuditReport report;
+    report.verdict = Verdict::kPass;
+    report.labels = snapshot.labels;
+    return report;
+  }
+
+ private:
+  std::string name_;
+  std::string kind_;
+  Gate* gate_;
+};
+
+// A device that supports gangs and reports the gang size in the report's
+// labels.layer.
+class GangDevice : public GateDevice {
+ public:
+  using GateDevice::GateDevice;
+  absl::StatusOr<AuditReport> RunGang(absl::Span<Device* const> gang,
+                                      const Snapshot& snapshot,
+                                      const AuditOptions& options) override {
+    absl::StatusOr<AuditReport> r = Run(snapshot, options);
+    if (r.ok()) r->labels.layer = static_cast<int64_t>(gang.size());
+    return r;
+  }
+};
+
+inline std::vector<std::unique_ptr<Device>> GateDevices(
+    int n, Gate* gate, std::string kind = "cpu") {
+  std::vector<std::unique_ptr<Device>> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(std::make_unique<GateDevice>(kind + ":" + std::to_string(i),
+                                               kind, gate));
+  }
+  return out;
+}
+
+// Collects outcomes by job id.
+class Recorder {
+ public:
+  std::function<void(const JobOutcome&)> Callback() {
+    return [this](const JobOutcome& o) {
+      absl::MutexLock lock(&mu_);
+      ++calls_[o.job_id];
+      outcomes_[o.job_id] = o;
+      order_.push_back(o.job_id);
+    };
+  }
+  JobOutcome Wait(const std::string& id) {
+    absl::MutexLock lock(&mu_);
+    auto done = [this, &id]() {
+      mu_.AssertReaderHeld();
+      return outcomes_.contains(id);
+    };
+    mu_.Await(absl::Condition(&done));
+    return outcomes_[id];
+  }
+  bool Has(const std::string& id) {
+    absl::MutexLock lock(&mu_);
+    return outcomes_.contains(id);
+  }
+  int Calls(const std::string& id) {
+    absl::MutexLock lock(&mu_);
+    auto it = calls_.find(id);
+    return it == calls_.end() ? 0 : it->second;
+  }
+  std::vector<std::string> order() {
+    absl::MutexLock lock(&mu_);
+    return order_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, JobOutcome> outcomes_;
+  absl::flat_hash_map<std::string, int> calls_;
+  std::vector<std::string> order_;
+};
+
+inline std::unique_ptr<Job> MakeJob(const std::string& id, PriorityClass c,
+                                    Recorder* recorder, int64_t bytes = 0) {
+  auto job = std::make_unique<Job>();
+  job->id = id;
+  job->priority = c;
+  job->bytes = bytes;
+  job->snapshot.labels.model = id;  // the marker GateDevice records
+  job->labels.model = "m";
+  if (recorder != nullptr) job->on_done = recorder->Callback();
+  return job;
+}
+
+}  // namespace testing
+}  // namespace server
+}  // namespace attnaudit
+
+#endif  // ATTNAUDIT_TESTS_UNIT_SERVER_SCHEDULER_TEST_DEVICES_H_
