@@ -217,25 +217,21 @@ int RunAudit(const Argv& argv) {
   if (!client.ok()) return Fail("audit", client.status());
   absl::StatusOr<Snapshot> snapshot = ReadSnapshotFile(args.positional()[0]);
   if (!snapshot.ok()) return Fail("audit", snapshot.status());
-  v1::Snapshot msg;
-  SnapshotToProto(*std::move(snapshot), &msg);  // moves the bytes
   const client::Transport transport = args.Has("unary")
                                           ? client::Transport::kUnary
                                       : args.Has("stream")
                                           ? client::Transport::kStream
                                           : client::Transport::kAuto;
-  absl::StatusOr<v1::AuditResponse> response =
-      (*client)->AuditProto(&msg, call, transport);
-  if (!response.ok()) {
-    if (response.status().code() == absl::StatusCode::kInvalidArgument) {
+  absl::StatusOr<AuditReport> report =
+      (*client)->Audit(*snapshot, call, transport);
+  if (!report.ok()) {
+    if (report.status().code() == absl::StatusCode::kInvalidArgument) {
       std::cerr << "attnaudit audit: invalid snapshot: "
-                << response.status().message() << "\n";
+                << report.status().message() << "\n";
       return kExitError;
     }
-    return Fail("audit", response.status());
+    return Fail("audit", report.status());
   }
-  absl::StatusOr<AuditReport> report = ReportFromProto(response->report());
-  if (!report.ok()) return Fail("audit", report.status());
   if (args.Has("json")) {
     absl::StatusOr<std::string> json = ReportToJson(*report);
     if (!json.ok()) return Fail("audit", json.status());

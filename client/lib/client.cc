@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "proto/codec/codec.h"
+#include "proto/codec/stream.h"
 #include "proto/codec/tensor_paths.h"
 
 namespace attnaudit::client {
@@ -19,7 +20,6 @@ namespace {
 
 constexpr char kRetryPayload[] = "type.attnaudit.dev/retry-after-ms";
 constexpr int64_t kFallbackReceiveLimit = int64_t{4} << 20;  // gRPC default
-constexpr int64_t kDefaultChunk = int64_t{4} << 20;
 
 absl::StatusOr<std::string> ReadFile(const std::string& flag,
                                      const std::string& path) {
@@ -162,33 +162,28 @@ absl::StatusOr<Transport> Client::ChooseTransport(int64_t request_bytes) {
 absl::StatusOr<AuditReport> Client::Audit(const Snapshot& snapshot,
                                           const CallOptions& call,
                                           Transport transport) {
-  v1::Snapshot msg;
-  SnapshotToProto(snapshot, &msg);
-  absl::StatusOr<v1::AuditResponse> response =
-      AuditProto(&msg, call, transport);
-  if (!response.ok()) return response.status();
-  return ReportFromProto(response->report());
-}
-
-absl::StatusOr<v1::AuditResponse> Client::AuditProto(v1::Snapshot* snapshot,
-                                                     const CallOptions& call,
-                                                     Transport transport) {
   if (transport == Transport::kAuto) {
-    absl::StatusOr<Transport> chosen =
-        ChooseTransport(static_cast<int64_t>(snapshot->ByteSizeLong()) + 64 +
-                        static_cast<int64_t>(call.audit_options.ByteSizeLong()));
+    int64_t bytes = 4096;  // the scalar fields and framing, generously
+    for (absl::string_view path : SnapshotTensorPaths()) {
+      const Tensor* t = FindSnapshotTensor(snapshot, path);
+      if (t != nullptr) bytes += static_cast<int64_t>(t->bytes().size());
+    }
+    absl::StatusOr<Transport> chosen = ChooseTransport(bytes);
     if (!chosen.ok()) return chosen.status();
     transport = *chosen;
   }
-  if (transport == Transport::kStream) return AuditStream(snapshot, call);
-  v1::AuditRequest request;
-  // Swap in and out: no copy of the tensor bytes.
-  request.mutable_snapshot()->Swap(snapshot);
-  auto restore =
-      absl::MakeCleanup([&] { request.mutable_snapshot()->Swap(snapshot); });
-  *request.mutable_options() = call.audit_options;
-  request.set_priority(call.priority);
-  return AuditUnary(request, call);
+  absl::StatusOr<v1::AuditResponse> response;
+  if (transport == Transport::kStream) {
+    response = AuditStream(snapshot, call);
+  } else {
+    v1::AuditRequest request;
+    SnapshotToProto(snapshot, request.mutable_snapshot());
+    *request.mutable_options() = call.audit_options;
+    request.set_priority(call.priority);
+    response = AuditUnary(request, call);
+  }
+  if (!response.ok()) return response.status();
+  return ReportFromProto(response->report());
 }
 
 absl::StatusOr<v1::AuditResponse> Client::AuditUnary(
@@ -202,37 +197,19 @@ absl::StatusOr<v1::AuditResponse> Client::AuditUnary(
 }
 
 absl::StatusOr<v1::AuditResponse> Client::AuditStream(
-    v1::Snapshot* snapshot, const CallOptions& call,
+    const Snapshot& snapshot, const CallOptions& call,
     int64_t min_streamed_bytes) {
   int64_t chunk = options_.chunk_bytes;
   if (chunk <= 0) {
     absl::StatusOr<v1::Capabilities> caps = Capabilities();
     chunk = caps.ok() && caps->limits().recommended_chunk_bytes() > 0
                 ? caps->limits().recommended_chunk_bytes()
-                : kDefaultChunk;
+                : kDefaultStreamChunkBytes;
   }
-  // Move the big tensors' bytes aside; the header is the rest.
-  struct Moved {
-    v1::Tensor* tensor;
-    std::string bytes;
-  };
-  std::vector<Moved> moved;
-  auto restore = absl::MakeCleanup([&moved] {
-    for (Moved& m : moved) m.tensor->mutable_data()->swap(m.bytes);
-  });
   v1::AuditStreamMessage first;
   v1::AuditStreamHeader* header = first.mutable_header();
-  for (absl::string_view path : SnapshotTensorPaths()) {
-    if (FindSnapshotTensor(*snapshot, path) == nullptr) continue;
-    v1::Tensor* t = MutableSnapshotTensor(snapshot, path);
-    if (static_cast<int64_t>(t->data().size()) < min_streamed_bytes) continue;
-    v1::StreamedTensor* entry = header->add_manifest();
-    entry->set_field_path(std::string(path));
-    entry->set_byte_length(static_cast<int64_t>(t->data().size()));
-    moved.push_back(Moved{t, std::string()});
-    moved.back().bytes.swap(*t->mutable_data());
-  }
-  *header->mutable_snapshot() = *snapshot;  // light now
+  AuditStreamChunker chunker(
+      BuildAuditStreamHeader(snapshot, min_streamed_bytes, header), chunk);
   *header->mutable_options() = call.audit_options;
   header->set_priority(call.priority);
 
@@ -245,15 +222,8 @@ absl::StatusOr<v1::AuditResponse> Client::AuditStream(
   first.Clear();
   v1::AuditStreamMessage message;
   std::string* data = message.mutable_chunk()->mutable_data();
-  for (const Moved& m : moved) {
-    for (size_t off = 0; open && off < m.bytes.size();
-         off += static_cast<size_t>(chunk)) {
-      const size_t n = std::min(static_cast<size_t>(chunk), m.bytes.size() - off);
-      data->assign(m.bytes.data() + off, n);
-      open = writer->Write(message);
-    }
-    if (!open) break;  // the server ended the call; Finish says why
-  }
+  // A false Write means the server ended the call; Finish says why.
+  while (open && chunker.Next(data)) open = writer->Write(message);
   if (open) writer->WritesDone();
   grpc::Status s = writer->Finish();
   if (!s.ok()) return ToAbsl(s, context);

@@ -88,24 +88,21 @@ class Client {
   // Cached after the first successful call unless `refresh`.
   absl::StatusOr<v1::Capabilities> Capabilities(bool refresh = false);
 
-  // Audits `snapshot` (copied into the request). A snapshot that fails the
+  // Audits `snapshot`: its bytes are copied into the unary request, or read
+  // straight from it into the stream's chunks. A snapshot that fails the
   // server's validation is InvalidArgument naming the field.
   absl::StatusOr<AuditReport> Audit(const Snapshot& snapshot,
                                     const CallOptions& call = {},
                                     Transport transport = Transport::kAuto);
-  // The same from an encoded snapshot. For the stream the message's
-  // tensor data is moved out while the header is built and put back
-  // before returning, so `snapshot` is unchanged afterwards.
-  absl::StatusOr<v1::AuditResponse> AuditProto(
-      v1::Snapshot* snapshot, const CallOptions& call = {},
-      Transport transport = Transport::kAuto);
-  // The unary call with a prepared request (load generation).
+  // The unary call with a prepared request (load generation: build once,
+  // send many times; a const request may be shared by threads).
   absl::StatusOr<v1::AuditResponse> AuditUnary(const v1::AuditRequest& request,
                                                const CallOptions& call = {});
   // The streaming call: tensors of at least `min_streamed_bytes` bytes are
-  // streamed, smaller ones sent inline in the header.
+  // streamed in chunks, smaller ones sent inline in the header. `snapshot`
+  // is only read (it may be shared by threads).
   absl::StatusOr<v1::AuditResponse> AuditStream(
-      v1::Snapshot* snapshot, const CallOptions& call = {},
+      const Snapshot& snapshot, const CallOptions& call = {},
       int64_t min_streamed_bytes = 64 << 10);
   // Which transport Audit would use for a request of this many bytes.
   absl::StatusOr<Transport> ChooseTransport(int64_t request_bytes);

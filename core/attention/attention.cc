@@ -148,6 +148,95 @@ inline float DotF32(const float* q, const float* k, int64_t n) {
 }
 #endif
 
+// fp64 pages: R reads them unrounded (P still sees them as fp32, as an
+// engine computing in fp32 would).
+inline double DotF64Exact(const double* q, const double* k, int64_t n) {
+  double lane[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    for (int j = 0; j < 4; ++j) lane[j] = std::fma(q[i + j], k[i + j], lane[j]);
+  }
+  double sum = (lane[0] + lane[1]) + (lane[2] + lane[3]);
+  for (; i < n; ++i) sum = std::fma(q[i], k[i], sum);
+  return sum;
+}
+
+// acc[i] += sum over j (in order) of e[j] * v[rows[j]][i]: the value rows
+// of a block folded into an accumulator, D in register-sized chunks so each
+// accumulator chunk is loaded and stored once per block, not once per key.
+// Per element the additions happen in token order, exactly as a token-major
+// loop would do them.
+inline void AccumulateF64(double* acc, const double* e, const float* v_block,
+                          const int32_t* rows, int64_t count, int64_t D) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 8 <= D; i += 8) {
+    __m512d a = _mm512_loadu_pd(acc + i);
+    for (int64_t j = 0; j < count; ++j) {
+      const __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(v_block + rows[j] * D + i));
+      a = _mm512_fmadd_pd(_mm512_set1_pd(e[j]), v, a);
+    }
+    _mm512_storeu_pd(acc + i, a);
+  }
+#endif
+  for (; i < D; ++i) {
+    double a = acc[i];
+    for (int64_t j = 0; j < count; ++j) {
+      a = std::fma(e[j], static_cast<double>(v_block[rows[j] * D + i]), a);
+    }
+    acc[i] = a;
+  }
+}
+
+inline void AccumulateF32(float* acc, const float* e, const float* v_block,
+                          const int32_t* rows, int64_t count, int64_t D) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= D; i += 16) {
+    __m512 a = _mm512_loadu_ps(acc + i);
+    for (int64_t j = 0; j < count; ++j) {
+      a = _mm512_fmadd_ps(_mm512_set1_ps(e[j]),
+                          _mm512_loadu_ps(v_block + rows[j] * D + i), a);
+    }
+    _mm512_storeu_ps(acc + i, a);
+  }
+#endif
+  for (; i < D; ++i) {
+    float a = acc[i];
+    for (int64_t j = 0; j < count; ++j) {
+      a = std::fma(e[j], v_block[rows[j] * D + i], a);
+    }
+    acc[i] = a;
+  }
+}
+
+// Starts pulling a page's K/V rows for heads [g0, g1) into the cache: the
+// next logical block's page is anywhere in the pool, so the hardware
+// prefetcher cannot guess it.
+inline void PrefetchPage(const void* base, DType dtype, KvLayout layout,
+                         const SnapshotDims& d, int64_t page, int64_t g0,
+                         int64_t g1) {
+  const char* bytes = static_cast<const char*>(base);
+  const int64_t elem = DTypeSize(dtype);
+  if (layout == KvLayout::kNHD) {
+    const int64_t row_bytes = (g1 - g0) * d.head_dim * elem;
+    for (int64_t t = 0; t < d.page_size; ++t) {
+      const char* start =
+          bytes + (((page * d.page_size + t) * d.kv_heads + g0) * d.head_dim) * elem;
+      for (int64_t off = 0; off < row_bytes; off += 64) {
+        __builtin_prefetch(start + off);
+      }
+    }
+  } else {
+    for (int64_t g = g0; g < g1; ++g) {
+      const char* start =
+          bytes + (((page * d.kv_heads + g) * d.page_size) * d.head_dim) * elem;
+      const int64_t span = d.page_size * d.head_dim * elem;
+      for (int64_t off = 0; off < span; off += 64) __builtin_prefetch(start + off);
+    }
+  }
+}
+
 int64_t KvOffset(KvLayout layout, const SnapshotDims& d, int64_t page,
                  int64_t slot, int64_t head) {
   if (layout == KvLayout::kNHD) {
@@ -159,6 +248,7 @@ int64_t KvOffset(KvLayout layout, const SnapshotDims& d, int64_t page,
 // Per-thread scratch, reused across work items.
 struct Scratch {
   std::vector<float> k_block, v_block;        // [P][D] for one KV head
+  std::vector<double> k_block64, v_block64;   // [P][D], fp64 pages only
   std::vector<int64_t> positions;             // [P]
   std::vector<uint8_t> visible;               // [Sq][P]
   std::vector<int64_t> visible_count;         // [Sq]
@@ -170,6 +260,9 @@ struct Scratch {
   std::vector<float> blk_out;                 // [D]
   std::vector<double> s64;                    // [P]
   std::vector<float> s32;                     // [P]
+  std::vector<int32_t> rows;                  // [P] visible token indices
+  std::vector<double> e64;                    // [P]
+  std::vector<float> e32;                     // [P]
 };
 
 struct Item {
@@ -204,7 +297,10 @@ void ProcessRow(const Item& item, Scratch& sc, int64_t r, int64_t n,
     if (!visible[t]) continue;
     const float* k = &sc.k_block[t * D];
     if (item.reference) {
-      double s64 = DotF64(q64, k, D) * scale64;
+      double s64 = (p.k_dtype == DType::kF64
+                        ? DotF64Exact(q64, &sc.k_block64[t * D], D)
+                        : DotF64(q64, k, D)) *
+                   scale64;
       if (cap64 > 0) s64 = cap64 * std::tanh(s64 / cap64);
       sc.s64[t] = s64;
       bmax64 = std::max(bmax64, s64);
@@ -227,27 +323,38 @@ void ProcessRow(const Item& item, Scratch& sc, int64_t r, int64_t n,
       for (int64_t i = 0; i < D; ++i) acc[i] *= alpha;
     }
     m = m_new;
+    int64_t count = 0;
     for (int64_t t = 0; t < n; ++t) {
       if (!visible[t]) continue;
-      const float* v = &sc.v_block[t * D];
-      const double e64 = std::exp(sc.s64[t] - m);
-      l += e64;
-      for (int64_t i = 0; i < D; ++i) {
-        acc[i] = std::fma(e64, static_cast<double>(v[i]), acc[i]);
+      const double e = std::exp(sc.s64[t] - m);
+      l += e;
+      sc.rows[count] = static_cast<int32_t>(t);
+      sc.e64[count++] = e;
+    }
+    if (p.v_dtype == DType::kF64) {
+      for (int64_t j = 0; j < count; ++j) {
+        const double* v64 = &sc.v_block64[sc.rows[j] * D];
+        for (int64_t i = 0; i < D; ++i) acc[i] = std::fma(sc.e64[j], v64[i], acc[i]);
       }
+    } else {
+      AccumulateF64(acc, sc.e64.data(), sc.v_block.data(), sc.rows.data(),
+                    count, D);
     }
   }
   if (item.replay) {
     float* blk_out = sc.blk_out.data();
     std::fill(blk_out, blk_out + D, 0.0f);
     float blk_sum = 0.0f;
+    int64_t count = 0;
     for (int64_t t = 0; t < n; ++t) {
       if (!visible[t]) continue;
-      const float* v = &sc.v_block[t * D];
-      const float e32 = std::exp(sc.s32[t] - bmax32);
-      blk_sum += e32;
-      for (int64_t i = 0; i < D; ++i) blk_out[i] = std::fma(e32, v[i], blk_out[i]);
+      const float e = std::exp(sc.s32[t] - bmax32);
+      blk_sum += e;
+      sc.rows[count] = static_cast<int32_t>(t);
+      sc.e32[count++] = e;
     }
+    AccumulateF32(blk_out, sc.e32.data(), sc.v_block.data(), sc.rows.data(),
+                  count, D);
     for (int64_t i = 0; i < D; ++i) blk_out[i] /= blk_sum;
     const float blk_lse = bmax32 + std::log(blk_sum);
     float* rep = &sc.rep_out[r * D];
@@ -339,6 +446,8 @@ void RunItem(const Item& item, int64_t b, int64_t g0, int64_t g1,
 
   sc.k_block.resize(static_cast<size_t>(P * D));
   sc.v_block.resize(static_cast<size_t>(P * D));
+  if (p.k_dtype == DType::kF64) sc.k_block64.resize(static_cast<size_t>(P * D));
+  if (p.v_dtype == DType::kF64) sc.v_block64.resize(static_cast<size_t>(P * D));
   sc.positions.resize(static_cast<size_t>(P));
   sc.visible.resize(static_cast<size_t>(d.queries * P));
   sc.visible_count.resize(static_cast<size_t>(d.queries));
@@ -353,6 +462,9 @@ void RunItem(const Item& item, int64_t b, int64_t g0, int64_t g1,
   sc.blk_out.resize(static_cast<size_t>(D));
   sc.s64.resize(static_cast<size_t>(P));
   sc.s32.resize(static_cast<size_t>(P));
+  sc.rows.resize(static_cast<size_t>(P));
+  sc.e64.resize(static_cast<size_t>(P));
+  sc.e32.resize(static_cast<size_t>(P));
 
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t sq = r / per_query;
@@ -368,6 +480,10 @@ void RunItem(const Item& item, int64_t b, int64_t g0, int64_t g1,
   for (int64_t blk = 0; blk < num_blocks; ++blk) {
     const int64_t page = pages[blk];
     const int64_t n = std::min(P, L - blk * P);
+    if (blk + 1 < num_blocks) {
+      PrefetchPage(p.k_data, p.k_dtype, p.k_layout, d, pages[blk + 1], g0, g1);
+      PrefetchPage(p.v_data, p.v_dtype, p.v_layout, d, pages[blk + 1], g0, g1);
+    }
     for (int64_t t = 0; t < n; ++t) {
       sc.positions[t] = slot_positions.IntAt(page * P + t);
     }
@@ -389,10 +505,20 @@ void RunItem(const Item& item, int64_t b, int64_t g0, int64_t g1,
     if (!any) continue;
     for (int64_t g = g0; g < g1; ++g) {
       for (int64_t t = 0; t < n; ++t) {
-        WidenRow(p.k_data, p.k_dtype, KvOffset(p.k_layout, d, page, t, g), D,
-                 &sc.k_block[t * D]);
-        WidenRow(p.v_data, p.v_dtype, KvOffset(p.v_layout, d, page, t, g), D,
-                 &sc.v_block[t * D]);
+        const int64_t k_off = KvOffset(p.k_layout, d, page, t, g);
+        const int64_t v_off = KvOffset(p.v_layout, d, page, t, g);
+        WidenRow(p.k_data, p.k_dtype, k_off, D, &sc.k_block[t * D]);
+        WidenRow(p.v_data, p.v_dtype, v_off, D, &sc.v_block[t * D]);
+        if (p.k_dtype == DType::kF64) {
+          std::memcpy(&sc.k_block64[t * D],
+                      static_cast<const double*>(p.k_data) + k_off,
+                      static_cast<size_t>(D) * sizeof(double));
+        }
+        if (p.v_dtype == DType::kF64) {
+          std::memcpy(&sc.v_block64[t * D],
+                      static_cast<const double*>(p.v_data) + v_off,
+                      static_cast<size_t>(D) * sizeof(double));
+        }
       }
       const double scale64 = p.softmax_scale * p.k_scale[g];
       const float scale32 = static_cast<float>(p.softmax_scale) *

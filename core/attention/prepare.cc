@@ -49,6 +49,8 @@ absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
     for (int32_t page : row) referenced[page] = 1;
   }
   const std::vector<double> k_scale = PerHeadScale(s.k_scale, d.kv_heads);
+  const bool requantize =
+      out_dtype == DType::kF8E4M3 || out_dtype == DType::kF8E5M2;
   ParallelFor(d.num_pages, threads, [&](int64_t page) {
     if (!referenced[page]) return;
     std::vector<float> cos_half(rope.inv_freq().size());
@@ -68,8 +70,17 @@ absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
         rope.RotateWith(row.data(), cos_half.data(), sin_half.data());
         float* dst = p->rotated_k.data() +
                      SlotOffset(KvLayout::kNHD, d, page, slot, g);
-        for (int64_t i = 0; i < d.head_dim; ++i) {
-          dst[i] = RoundToDType(row[i], out_dtype);
+        if (requantize) {
+          // An fp8 cache stores the rotated key re-quantised with its scale;
+          // the pool holds the dequantised value (the scale is applied here,
+          // so the kernel's k_scale becomes 1).
+          for (int64_t i = 0; i < d.head_dim; ++i) {
+            dst[i] = RoundToDType(row[i] / ks, out_dtype) * ks;
+          }
+        } else {
+          for (int64_t i = 0; i < d.head_dim; ++i) {
+            dst[i] = RoundToDType(row[i], out_dtype);
+          }
         }
       }
     }

@@ -53,11 +53,14 @@ RowNorms MaxRowNorms(const Tensor& lm_head) {
   if (!lm_head.present() || lm_head.rank() != 2) return best;
   const int64_t rows = lm_head.dim(0);
   const int64_t cols = lm_head.dim(1);
+  std::vector<double> row(static_cast<size_t>(cols));
+  const char* bytes = static_cast<const char*>(lm_head.raw());
+  const int64_t row_bytes = cols * DTypeSize(lm_head.dtype());
   for (int64_t r = 0; r < rows; ++r) {
+    ConvertToDouble(bytes + r * row_bytes, lm_head.dtype(), cols, row.data());
     double l1 = 0;
     double sq = 0;
-    for (int64_t c = 0; c < cols; ++c) {
-      const double w = lm_head.DoubleAt(r * cols + c);
+    for (double w : row) {
       l1 += std::fabs(w);
       sq += w * w;
     }
@@ -275,18 +278,22 @@ absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
   Side engine = EngineSide(snapshot, prepared);
   {
     // The reference log-prob reads the reference output as the trainer
-    // would hold it: rounded once to the output dtype.
+    // would hold it: rounded once to the output dtype. The three sides'
+    // log-probs are independent; compute them concurrently.
     Side rounded_reference;
     rounded_reference.out = RoundedCopy(reference.out, out_dtype);
     rounded_reference.has_out = true;
-    ATTNAUDIT_RETURN_IF_ERROR(
-        ComputeLogprobs(snapshot, &rounded_reference, out_shape));
+    Side* sides[3] = {&rounded_reference, &replay,
+                      engine.has_logprobs ? nullptr : &engine};
+    absl::Status statuses[3];
+    ParallelFor(3, threads, [&](int64_t i) {
+      if (sides[i] != nullptr) {
+        statuses[i] = ComputeLogprobs(snapshot, sides[i], out_shape);
+      }
+    });
+    for (const absl::Status& st : statuses) ATTNAUDIT_RETURN_IF_ERROR(st);
     reference.logprobs = std::move(rounded_reference.logprobs);
     reference.has_logprobs = rounded_reference.has_logprobs;
-  }
-  ATTNAUDIT_RETURN_IF_ERROR(ComputeLogprobs(snapshot, &replay, out_shape));
-  if (!engine.has_logprobs) {
-    ATTNAUDIT_RETURN_IF_ERROR(ComputeLogprobs(snapshot, &engine, out_shape));
   }
 
   CompareContext ctx{snapshot, d, out_dtype, {}, options};

@@ -1,5 +1,6 @@
 #include "core/tensor/dtype.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -300,6 +301,18 @@ void ConvertToFloat(const void* src, DType dtype, int64_t n, float* dst) {
 void ConvertToDouble(const void* src, DType dtype, int64_t n, double* dst) {
   if (dtype == DType::kF64) {
     std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(double));
+    return;
+  }
+  if (IsFloating(dtype)) {
+    // Every narrower float widens exactly through float; chunks keep the
+    // scratch on the stack and the loops vectorisable.
+    float chunk[256];
+    for (int64_t start = 0; start < n; start += 256) {
+      const int64_t len = std::min<int64_t>(256, n - start);
+      ConvertToFloat(static_cast<const char*>(src) + start * DTypeSize(dtype),
+                     dtype, len, chunk);
+      for (int64_t i = 0; i < len; ++i) dst[start + i] = chunk[i];
+    }
     return;
   }
   for (int64_t i = 0; i < n; ++i) dst[i] = LoadAsDouble(src, dtype, i);

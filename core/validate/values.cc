@@ -7,6 +7,7 @@
 // vectorise; only a chunk that fails is rescanned to locate the element.
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "core/validate/validate_internal.h"
@@ -134,10 +135,29 @@ absl::Status CheckFiniteValues(const Snapshot& s, const SnapshotDims& d,
                                const std::vector<uint8_t>& active_slots) {
   absl::Status st = ScanRange("q", s.q, 0, s.q.num_elements());
   if (!st.ok()) return st;
-  st = ScanActiveKv("k_pages", s.k_pages, s.kv_layout, d, active_slots);
-  if (!st.ok()) return st;
-  st = ScanActiveKv("v_pages", s.v_pages, s.kv_layout, d, active_slots);
-  if (!st.ok()) return st;
+  // K and V are scanned concurrently when large: this pass reads the whole
+  // cache, and one core does not saturate memory bandwidth here. The K
+  // error wins when both are bad, so the message does not depend on timing.
+  absl::Status k_status;
+  absl::Status v_status;
+  auto scan_k = [&] {
+    k_status = ScanActiveKv("k_pages", s.k_pages, s.kv_layout, d, active_slots);
+  };
+  constexpr size_t kParallelBytes = size_t{4} << 20;
+  if (s.k_pages.bytes().size() >= kParallelBytes &&
+      std::thread::hardware_concurrency() > 1) {
+    std::thread k_thread(scan_k);
+    v_status = ScanActiveKv("v_pages", s.v_pages, s.kv_layout, d, active_slots);
+    k_thread.join();
+  } else {
+    scan_k();
+    if (k_status.ok()) {
+      v_status =
+          ScanActiveKv("v_pages", s.v_pages, s.kv_layout, d, active_slots);
+    }
+  }
+  if (!k_status.ok()) return k_status;
+  if (!v_status.ok()) return v_status;
   if (s.lm_head.present()) {
     st = ScanRange("lm_head", s.lm_head, 0, s.lm_head.num_elements());
     if (!st.ok()) return st;

@@ -235,7 +235,7 @@ class AuditStreamCall final
                                      "call cancelled during the upload"));
     }
     if (absl::Status s = assembler_.Finish(); !s.ok()) {
-      return Fail(PrefixStatus("stream: ", s));
+      return Fail(s);  // "stream ended after X of Y bytes"
     }
     absl::StatusOr<Snapshot> snapshot =
         SnapshotFromProto(assembler_.mutable_snapshot());

@@ -7,7 +7,8 @@
 //                the job's on_done fills the response and calls Finish.
 //   AuditStream  header checked against the limits and the admission
 //                budget before any chunk is read; chunks appended straight
-//                into the tensor buffers (StreamAssembler); then as Audit.
+//                into the tensor buffers (proto/codec/stream.h
+//                AuditStreamAssembler); then as Audit.
 //   Submit       handed to the BlockingExecutor: validate, serialise, spool
 //                (fsync), schedule as SAMPLED, record QUEUED, THEN answer
 //                the job id. The job's result is committed to the store

@@ -135,7 +135,7 @@ PagingOptions PagingFor(const Shape& sh, uint64_t seed) {
 }
 
 constexpr DType F32 = DType::kF32, BF16 = DType::kBF16, F16 = DType::kF16,
-                E4M3 = DType::kF8E4M3, E5M2 = DType::kF8E5M2,
+                E4M3 = DType::kF8E4M3, E5M2 = DType::kF8E5M2, F64 = DType::kF64,
                 SAME = DType::kInvalid;
 constexpr KvLayout NHD = KvLayout::kNHD, HND = KvLayout::kHND;
 
@@ -168,6 +168,9 @@ const std::vector<Shape>& Shapes() {
       {32, 8, 128, 1, {300}, 16, BF16, BF16, SAME, NHD, 0, 0, true, false},
       {8, 1, 128, 3, {64, 128}, 64, F32, F32, BF16, NHD, 128, 0, false, true},
       {4, 1, 128, 2, {257, 3}, 16, F16, BF16, F32, HND, 1 << 20, 5, true, true},
+      // fp64 q and pages: R must read them unrounded (the oracle's 1e-12
+      // relative bound fails if they are narrowed to fp32 on the way).
+      {4, 2, 64, 1, {70, 33}, 16, F64, F64, F32, NHD, 0, 1, true, false},
   };
   return *shapes;
 }

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Acceptance test of the offline CLI (issue 2, "Done when"): a clean synth of
+# every preset PASSes, every --fault DRIFTs (exit 1), a corrupt or truncated
+# file exits 2 with a message naming what is wrong, and `check --json` emits
+# proto3 JSON. Usage: cli_acceptance_test.sh PATH/TO/attnaudit
+set -u
+cli=${1:?usage: $0 PATH/TO/attnaudit}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+passed=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+ok() { passed=$((passed + 1)); }
+
+expect_exit() {  # expected_code description command...
+  local want=$1 what=$2; shift 2
+  "$@" >"$work/out.txt" 2>"$work/err.txt"
+  local got=$?
+  if [[ $got -ne $want ]]; then
+    fail "$what: exit $got, want $want"; sed 's/^/    /' "$work/err.txt" | head -5
+    return 1
+  fi
+  ok
+}
+
+# Every preset, clean, small: PASS.
+for preset in llama3-8b qwen3-8b gemma2-9b gpt-oss-20b glm4-9b phi4-mini; do
+  expect_exit 0 "synth $preset" "$cli" synth --preset "$preset" --batch 2 \
+    --context 300 --permute-pages --seed 3 -o "$work/$preset.pb" || continue
+  expect_exit 0 "check clean $preset" "$cli" check "$work/$preset.pb"
+  grep -q "verdict: PASS" "$work/out.txt" || fail "check $preset: no PASS line"
+done
+
+# Few-query, fp8 and prefix variants stay clean.
+expect_exit 0 "synth fp8 prefix Sq=3" "$cli" synth --preset llama3-8b --batch 2 \
+  --context 200 --queries 3 --kv-dtype fp8_e4m3 --prefix 64 -o "$work/v.pb" &&
+  expect_exit 0 "check fp8 prefix Sq=3" "$cli" check "$work/v.pb"
+
+# Every fault: DRIFT.
+for fault in stale-page swapped-pages rope-offset k-rope-twice lse-base2 \
+             wrong-scale gqa-mapping drop-block fp8-scale; do
+  expect_exit 0 "synth --fault $fault" "$cli" synth --preset qwen3-8b --batch 2 \
+    --context 300 --permute-pages --fault "$fault" -o "$work/f.pb" || continue
+  expect_exit 1 "check --fault $fault" "$cli" check "$work/f.pb"
+  grep -q "verdict: DRIFT" "$work/out.txt" || fail "check $fault: no DRIFT line"
+done
+
+# JSON report.
+expect_exit 0 "check --json" "$cli" check --json "$work/llama3-8b.pb"
+grep -q '"verdict": "VERDICT_PASS"' "$work/out.txt" || fail "check --json: no verdict field"
+
+# inspect.
+expect_exit 0 "inspect" "$cli" inspect "$work/llama3-8b.pb"
+grep -q "k_pages" "$work/out.txt" || fail "inspect: no k_pages line"
+
+# Truncated, corrupt, missing files: exit 2 with a message naming the problem.
+size=$(stat -c %s "$work/llama3-8b.pb")
+head -c $((size / 2)) "$work/llama3-8b.pb" >"$work/truncated.pb"
+expect_exit 2 "check truncated" "$cli" check "$work/truncated.pb"
+grep -q "truncated.pb" "$work/err.txt" || fail "truncated: message does not name the file"
+printf 'this is not a snapshot' >"$work/corrupt.pb"
+expect_exit 2 "check corrupt" "$cli" check "$work/corrupt.pb"
+grep -qi "corrupt\|not a valid\|missing" "$work/err.txt" || fail "corrupt: unclear message"
+expect_exit 2 "check missing" "$cli" check "$work/does-not-exist.pb"
+expect_exit 2 "unknown preset" "$cli" synth --preset nope -o "$work/x.pb"
+expect_exit 2 "unknown fault" "$cli" synth --preset llama3-8b --fault nope -o "$work/x.pb"
+expect_exit 2 "unknown flag" "$cli" check --bogus "$work/llama3-8b.pb"
+
+echo "$passed passed, $failures failed"
+[[ $failures -eq 0 ]]

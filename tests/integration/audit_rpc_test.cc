@@ -1,0 +1,314 @@
+// Audit and AuditStream against an in-process server on loopback: the
+// report equals the offline pipeline's, snapshots past the unary limit go
+// through the stream, bad input is INVALID_ARGUMENT naming the field, and
+// the stream protocol's violations are refused with their place. Also
+// GetCapabilities, health with real service names, reflection and the
+// bearer token.
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "core/audit/audit.h"
+#include "gtest/gtest.h"
+#include "proto/codec/codec.h"
+#include "proto/codec/stream.h"
+#include "tests/integration/test_server.h"
+
+namespace attnaudit::testing_rpc {
+namespace {
+
+AuditReport Offline(const Snapshot& snapshot) {
+  AuditOptions options;
+  options.threads = 1;
+  absl::StatusOr<AuditReport> r = RunAudit(snapshot, options);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : AuditReport();
+}
+
+// The service must return exactly what the offline pipeline computes (same
+// code, same inputs after a lossless round trip through the wire).
+void ExpectSameReport(const AuditReport& got, const AuditReport& want) {
+  EXPECT_EQ(got.verdict, want.verdict);
+  ASSERT_EQ(got.comparisons.size(), want.comparisons.size());
+  for (size_t i = 0; i < want.comparisons.size(); ++i) {
+    const ComparisonResult& g = got.comparisons[i];
+    const ComparisonResult& w = want.comparisons[i];
+    EXPECT_EQ(g.comparison, w.comparison);
+    EXPECT_EQ(g.verdict, w.verdict);
+    EXPECT_EQ(g.out.max_abs, w.out.max_abs) << ComparisonName(w.comparison);
+    EXPECT_EQ(g.out.max_ulp, w.out.max_ulp);
+    EXPECT_EQ(g.lse.max_abs, w.lse.max_abs);
+    EXPECT_EQ(g.out.worst.head, w.out.worst.head);
+  }
+  EXPECT_EQ(got.labels.model, want.labels.model);
+  EXPECT_EQ(got.labels.step, want.labels.step);
+}
+
+class AuditRpcTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    t_ = StartServer(TestOptions(MakeTempDir("audit_rpc")));
+    ASSERT_NE(t_, nullptr);
+  }
+  std::unique_ptr<TestServer> t_;
+};
+
+TEST_F(AuditRpcTest, UnaryAuditMatchesTheOfflinePipeline) {
+  const Snapshot snapshot = SmallSnapshot(7);
+  absl::StatusOr<AuditReport> report =
+      t_->client->Audit(snapshot, {}, client::Transport::kUnary);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ExpectSameReport(*report, Offline(snapshot));
+  EXPECT_EQ(report->verdict, Verdict::kPass);
+}
+
+TEST_F(AuditRpcTest, StreamedAuditMatchesTheOfflinePipeline) {
+  const Snapshot snapshot = SmallSnapshot(8, Fault::kStalePage, 256);
+  absl::StatusOr<AuditReport> report =
+      t_->client->Audit(snapshot, {}, client::Transport::kStream);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ExpectSameReport(*report, Offline(snapshot));
+  // The injected stale page is engine drift the verdict must catch.
+  EXPECT_EQ(report->verdict, Verdict::kDrift);
+}
+
+TEST_F(AuditRpcTest, InvalidSnapshotIsInvalidArgumentNamingTheField) {
+  Snapshot snapshot = SmallSnapshot(9);
+  snapshot.block_table.mutable_data<int32_t>()[0] = 999;  // no such page
+  for (client::Transport transport :
+       {client::Transport::kUnary, client::Transport::kStream}) {
+    absl::StatusOr<AuditReport> report =
+        t_->client->Audit(snapshot, {}, transport);
+    ASSERT_FALSE(report.ok());
+    EXPECT_EQ(report.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StartsWith(report.status().message(),
+                                 "snapshot.block_table"))
+        << report.status();
+  }
+}
+
+TEST_F(AuditRpcTest, UnknownEnumIsInvalidArgumentNamingTheField) {
+  v1::AuditRequest request;
+  SnapshotToProto(SmallSnapshot(10), request.mutable_snapshot());
+  request.mutable_snapshot()->mutable_rope()->set_style(
+      static_cast<v1::RopeStyle>(7));
+  grpc::ClientContext context;
+  v1::AuditResponse response;
+  grpc::Status s = t_->stub->Audit(&context, request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StartsWith(s.error_message(), "snapshot.rope.style"))
+      << s.error_message();
+
+  request.set_priority(static_cast<v1::Priority>(9));
+  grpc::ClientContext context2;
+  s = t_->stub->Audit(&context2, request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StartsWith(s.error_message(), "priority"))
+      << s.error_message();
+}
+
+// Sends `messages` on AuditStream and returns the call's status.
+grpc::Status SendStream(v1::AuditService::Stub* stub,
+                        const std::vector<v1::AuditStreamMessage>& messages) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
+  v1::AuditResponse response;
+  auto writer = stub->AuditStream(&context, &response);
+  for (const v1::AuditStreamMessage& m : messages) {
+    if (!writer->Write(m)) break;
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+TEST_F(AuditRpcTest, StreamProtocolViolationsAreRefusedWithTheirPlace) {
+  const Snapshot snapshot = SmallSnapshot(11);
+  v1::AuditStreamMessage header;
+  std::vector<const Tensor*> streamed =
+      BuildAuditStreamHeader(snapshot, 1024, header.mutable_header());
+  ASSERT_FALSE(streamed.empty());
+  AuditStreamChunker chunker(streamed, 64 << 10);
+  std::vector<v1::AuditStreamMessage> chunks;
+  v1::AuditStreamMessage chunk;
+  while (chunker.Next(chunk.mutable_chunk()->mutable_data())) {
+    chunks.push_back(chunk);
+  }
+  ASSERT_GE(chunks.size(), 2u);
+
+  {  // The whole, correct stream works (the control for the cases below).
+    std::vector<v1::AuditStreamMessage> all = {header};
+    all.insert(all.end(), chunks.begin(), chunks.end());
+    EXPECT_TRUE(SendStream(t_->stub.get(), all).ok());
+  }
+  {  // A chunk before the header.
+    grpc::Status s = SendStream(t_->stub.get(), {chunks[0]});
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_TRUE(absl::StartsWith(s.error_message(), "chunk")) << s.error_message();
+  }
+  {  // A byte length that disagrees with the tensor's shape.
+    v1::AuditStreamMessage bad = header;
+    bad.mutable_header()->mutable_manifest(0)->set_byte_length(
+        bad.header().manifest(0).byte_length() + 2);
+    grpc::Status s = SendStream(t_->stub.get(), {bad});
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_TRUE(absl::StartsWith(s.error_message(),
+                                 "header.manifest[0].byte_length"))
+        << s.error_message();
+  }
+  {  // Half-closed before every announced byte arrived.
+    grpc::Status s = SendStream(t_->stub.get(), {header, chunks[0]});
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_TRUE(absl::StrContains(s.error_message(), "stream ended after"))
+        << s.error_message();
+  }
+  {  // More bytes than announced.
+    std::vector<v1::AuditStreamMessage> all = {header};
+    all.insert(all.end(), chunks.begin(), chunks.end());
+    all.push_back(chunks[0]);
+    grpc::Status s = SendStream(t_->stub.get(), all);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_TRUE(absl::StartsWith(s.error_message(), "chunk")) << s.error_message();
+  }
+  {  // A second header.
+    grpc::Status s = SendStream(t_->stub.get(), {header, header});
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_TRUE(absl::StartsWith(s.error_message(), "header")) << s.error_message();
+  }
+  {  // Nothing at all.
+    grpc::Status s = SendStream(t_->stub.get(), {});
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+}
+
+TEST(AuditRpcLimitsTest, SnapshotPastTheUnaryLimitIsStreamed) {
+  rpc::AuditServerOptions options = TestOptions(MakeTempDir("limit"));
+  options.max_message_bytes = 64 << 10;
+  client::ClientOptions client_options;
+  client_options.chunk_bytes = 32 << 10;  // chunks under the limit
+  std::unique_ptr<TestServer> t =
+      StartServer(std::move(options), client_options);
+  ASSERT_NE(t, nullptr);
+  const Snapshot snapshot = SmallSnapshot(12);
+  ASSERT_GT(snapshot.k_pages.bytes().size() + snapshot.v_pages.bytes().size(),
+            size_t{64} << 10);
+
+  // The unary call cannot carry it: gRPC's own receive limit answers.
+  absl::StatusOr<AuditReport> unary =
+      t->client->Audit(snapshot, {}, client::Transport::kUnary);
+  ASSERT_FALSE(unary.ok());
+  EXPECT_EQ(unary.status().code(), absl::StatusCode::kResourceExhausted);
+
+  // Auto picks the stream from GetCapabilities' limit, and it works.
+  absl::StatusOr<client::Transport> chosen =
+      t->client->ChooseTransport(static_cast<int64_t>(
+          snapshot.k_pages.bytes().size() + snapshot.v_pages.bytes().size()));
+  ASSERT_TRUE(chosen.ok());
+  EXPECT_EQ(*chosen, client::Transport::kStream);
+  absl::StatusOr<AuditReport> report = t->client->Audit(snapshot);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ExpectSameReport(*report, Offline(snapshot));
+}
+
+TEST(AuditRpcLimitsTest, StreamOverTheStreamLimitIsRefusedBeforeItsChunks) {
+  rpc::AuditServerOptions options = TestOptions(MakeTempDir("streamlimit"));
+  options.memory_budget_bytes = 64 << 10;  // also caps max_stream_bytes
+  std::unique_ptr<TestServer> t = StartServer(std::move(options));
+  ASSERT_NE(t, nullptr);
+  const Snapshot snapshot = SmallSnapshot(13);
+  v1::AuditStreamMessage header;
+  BuildAuditStreamHeader(snapshot, 1024, header.mutable_header());
+  grpc::Status s = SendStream(t->stub.get(), {header});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "header.manifest"))
+      << s.error_message();
+}
+
+TEST_F(AuditRpcTest, CapabilitiesDescribeTheServer) {
+  absl::StatusOr<v1::Capabilities> caps = t_->client->Capabilities();
+  ASSERT_TRUE(caps.ok()) << caps.status();
+  EXPECT_EQ(caps->api_version(), "attnaudit.v1");
+  EXPECT_FALSE(caps->version().empty());
+  EXPECT_EQ(caps->limits().max_receive_message_bytes(), int64_t{256} << 20);
+  EXPECT_GT(caps->limits().recommended_chunk_bytes(), 0);
+  EXPECT_EQ(caps->limits().interactive_queue_capacity(), 64);
+  EXPECT_EQ(caps->limits().sampled_queue_capacity(), 1024);
+  ASSERT_EQ(caps->devices_size(), 1);
+  EXPECT_EQ(caps->devices(0).kind(), v1::DEVICE_KIND_CPU);
+  ASSERT_GE(caps->backends_size(), 1);
+  EXPECT_EQ(caps->backends(0).name(), "cpu");
+  EXPECT_TRUE(caps->backends(0).available());
+}
+
+TEST_F(AuditRpcTest, HealthUsesRealServiceNames) {
+  grpc::Status s;
+  EXPECT_EQ(HealthCheck(t_->channel, "", &s), 1) << s.error_message();
+  EXPECT_EQ(HealthCheck(t_->channel, "attnaudit.v1.AuditService", &s), 1)
+      << s.error_message();
+  EXPECT_EQ(HealthCheck(t_->channel, "no.such.Service", &s), -1);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(AuditRpcTest, ReflectionListsTheService) {
+  grpc::Status s;
+  const std::string services = ReflectionListServices(t_->channel, &s);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(services, "attnaudit.v1.AuditService"));
+  EXPECT_TRUE(absl::StrContains(services, "grpc.health.v1.Health"));
+}
+
+TEST(AuditRpcAuthTest, BearerTokenIsRequiredExceptForHealth) {
+  rpc::AuditServerOptions options = TestOptions(MakeTempDir("auth"));
+  options.auth_token = "s3cret-token";
+  std::unique_ptr<TestServer> t = StartServer(std::move(options));
+  ASSERT_NE(t, nullptr);
+  const Snapshot snapshot = SmallSnapshot(14);
+
+  absl::StatusOr<AuditReport> denied = t->client->Audit(snapshot);
+  ASSERT_FALSE(denied.ok());
+  EXPECT_EQ(denied.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_FALSE(absl::StrContains(denied.status().message(), "s3cret"));
+  absl::StatusOr<v1::SubmitResponse> submit = t->client->Submit(snapshot);
+  EXPECT_EQ(submit.status().code(), absl::StatusCode::kUnauthenticated);
+  absl::StatusOr<AuditReport> streamed =
+      t->client->Audit(snapshot, {}, client::Transport::kStream);
+  EXPECT_EQ(streamed.status().code(), absl::StatusCode::kUnauthenticated);
+
+  client::ClientOptions wrong;
+  wrong.address = t->address;
+  wrong.auth_token = "s3cret-tokeX";
+  auto wrong_client = client::Client::Connect(wrong);
+  ASSERT_TRUE(wrong_client.ok());
+  EXPECT_EQ((*wrong_client)->Capabilities().status().code(),
+            absl::StatusCode::kUnauthenticated);
+
+  client::ClientOptions right = wrong;
+  right.auth_token = "s3cret-token";
+  auto right_client = client::Client::Connect(right);
+  ASSERT_TRUE(right_client.ok());
+  absl::StatusOr<AuditReport> report = (*right_client)->Audit(snapshot);
+  EXPECT_TRUE(report.ok()) << report.status();
+
+  grpc::Status s;  // probes carry no token
+  EXPECT_EQ(HealthCheck(t->channel, "attnaudit.v1.AuditService", &s), 1);
+}
+
+TEST(AuditRpcShutdownTest, ShutdownTurnsHealthNotServingBeforeItStops) {
+  rpc::AuditServerOptions options = TestOptions(MakeTempDir("shutdown"));
+  options.drain_delay = absl::Seconds(2);
+  std::unique_ptr<TestServer> t = StartServer(std::move(options));
+  ASSERT_NE(t, nullptr);
+  grpc::Status s;
+  ASSERT_EQ(HealthCheck(t->channel, "attnaudit.v1.AuditService", &s), 1);
+  std::thread stopper([&] { t->server->Shutdown(); });
+  // During the drain delay the server still answers, NOT_SERVING.
+  EXPECT_TRUE(WaitFor([&] {
+    grpc::Status st;
+    return HealthCheck(t->channel, "attnaudit.v1.AuditService", &st) == 2;
+  }));
+  EXPECT_EQ(HealthCheck(t->channel, "", &s), 2);
+  stopper.join();
+}
+
+}  // namespace
+}  // namespace attnaudit::testing_rpc

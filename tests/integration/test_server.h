@@ -1,0 +1,116 @@
+// Helpers of the integration tests: an in-process AuditServer on
+// 127.0.0.1 with a kernel-picked port and a temporary data dir, a client
+// connected to it, small synthetic snapshots, a device whose runs wait at a
+// gate the test opens (to hold the pool busy deterministically), and raw
+// calls to grpc.health.v1 and reflection through gRPC's generic stub (their
+// generated stubs are not installed on Debian).
+//
+// Every wait has a deadline; state is polled (WaitFor) or awaited on a
+// mutex condition, never assumed after a fixed sleep.
+#ifndef ATTNAUDIT_TESTS_INTEGRATION_TEST_SERVER_H_
+#define ATTNAUDIT_TESTS_INTEGRATION_TEST_SERVER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "attnaudit/v1/service.grpc.pb.h"
+#include "client/lib/client.h"
+#include "core/sim/simulator.h"
+#include "core/snapshot/snapshot.h"
+#include "server/rpc/server.h"
+#include "server/scheduler/device.h"
+
+namespace attnaudit::testing_rpc {
+
+// Bound of every wait in these tests.
+inline constexpr absl::Duration kWait = absl::Seconds(30);
+
+// A llama3-8b-shaped decode snapshot with 64 tokens of context and a
+// 16-entry vocabulary (~280 KiB). labels.step = `tag` identifies the job
+// in GateState::started().
+Snapshot SmallSnapshot(int64_t tag, Fault fault = Fault::kNone,
+                       int64_t context = 64);
+
+// A fresh directory under $TEST_TMPDIR or /tmp.
+std::string MakeTempDir(const std::string& name);
+int CountFiles(const std::string& dir, const std::string& suffix);
+
+// Shared by GateDevices: the order in which jobs reached a device (by
+// labels.step) and whether runs may proceed.
+class GateState {
+ public:
+  void Open();
+  bool WaitStarted(size_t n, absl::Duration timeout = kWait);
+  std::vector<int64_t> started();
+  int cancelled_runs();
+
+  // GateDevice::Run: records, then waits for Open or the job's cancel flag.
+  absl::Status Pass(int64_t tag, const std::atomic<bool>* cancelled);
+
+ private:
+  absl::Mutex mu_;
+  bool open_ = false;
+  std::vector<int64_t> started_;
+  int cancelled_runs_ = 0;
+};
+
+// A CPU device that waits at the gate, then runs the real audit.
+class GateDevice : public server::Device {
+ public:
+  GateDevice(std::shared_ptr<GateState> gate, int index)
+      : gate_(std::move(gate)), name_("gate:" + std::to_string(index)) {}
+  std::string kind() const override { return "cpu"; }
+  std::string name() const override { return name_; }
+  absl::StatusOr<AuditReport> Run(const Snapshot& snapshot,
+                                  const AuditOptions& options) override;
+
+ private:
+  std::shared_ptr<GateState> gate_;
+  std::string name_;
+};
+
+// Loopback-only defaults: 127.0.0.1:0, no metrics endpoint, no fsync, one
+// single-threaded CPU worker, short drain.
+rpc::AuditServerOptions TestOptions(const std::string& data_dir);
+
+struct TestServer {
+  std::unique_ptr<rpc::AuditServer> server;
+  std::unique_ptr<client::Client> client;
+  std::shared_ptr<grpc::Channel> channel;  // for raw stubs
+  std::unique_ptr<v1::AuditService::Stub> stub;
+  std::string data_dir;
+  std::string address;
+};
+
+// Starts a server (failing the test on error) and connects a client with
+// `client_options` (address filled in).
+std::unique_ptr<TestServer> StartServer(
+    rpc::AuditServerOptions options,
+    client::ClientOptions client_options = {});
+
+// grpc.health.v1.Health/Check through the generic stub: the reported
+// serving status (1 SERVING, 2 NOT_SERVING), or -1 with *status set when
+// the call failed.
+int HealthCheck(const std::shared_ptr<grpc::Channel>& channel,
+                const std::string& service, grpc::Status* status);
+
+// grpc.reflection.v1alpha list_services: the raw response bytes.
+std::string ReflectionListServices(const std::shared_ptr<grpc::Channel>& channel,
+                                   grpc::Status* status);
+
+// Waits until `predicate` holds (polling every millisecond); false on
+// timeout.
+bool WaitFor(const std::function<bool()>& predicate,
+             absl::Duration timeout = kWait);
+
+}  // namespace attnaudit::testing_rpc
+
+#endif  // ATTNAUDIT_TESTS_INTEGRATION_TEST_SERVER_H_
