@@ -14,6 +14,7 @@
 #endif
 
 #include "core/attention/merge.h"
+#include "core/attention/vexp.h"
 #include "core/common/parallel.h"
 
 namespace attnaudit {
@@ -326,11 +327,11 @@ void ProcessRow(const Item& item, Scratch& sc, int64_t r, int64_t n,
     int64_t count = 0;
     for (int64_t t = 0; t < n; ++t) {
       if (!visible[t]) continue;
-      const double e = std::exp(sc.s64[t] - m);
-      l += e;
       sc.rows[count] = static_cast<int32_t>(t);
-      sc.e64[count++] = e;
+      sc.e64[count++] = sc.s64[t] - m;
     }
+    ExpNonPositiveF64(sc.e64.data(), count, sc.e64.data());
+    for (int64_t j = 0; j < count; ++j) l += sc.e64[j];
     if (p.v_dtype == DType::kF64) {
       for (int64_t j = 0; j < count; ++j) {
         const double* v64 = &sc.v_block64[sc.rows[j] * D];
@@ -348,11 +349,11 @@ void ProcessRow(const Item& item, Scratch& sc, int64_t r, int64_t n,
     int64_t count = 0;
     for (int64_t t = 0; t < n; ++t) {
       if (!visible[t]) continue;
-      const float e = std::exp(sc.s32[t] - bmax32);
-      blk_sum += e;
       sc.rows[count] = static_cast<int32_t>(t);
-      sc.e32[count++] = e;
+      sc.e32[count++] = sc.s32[t] - bmax32;
     }
+    ExpNonPositiveF32(sc.e32.data(), count, sc.e32.data());
+    for (int64_t j = 0; j < count; ++j) blk_sum += sc.e32[j];
     AccumulateF32(blk_out, sc.e32.data(), sc.v_block.data(), sc.rows.data(),
                   count, D);
     for (int64_t i = 0; i < D; ++i) blk_out[i] /= blk_sum;

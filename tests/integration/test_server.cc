@@ -7,11 +7,14 @@
 #include <thread>
 #include <utility>
 
+#include <grpcpp/generic/generic_stub.h>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/audit/audit.h"
 #include "gtest/gtest.h"
+#include "server/common/log.h"
 
 namespace attnaudit::testing_rpc {
 
@@ -123,6 +126,8 @@ rpc::AuditServerOptions TestOptions(const std::string& data_dir) {
 
 std::unique_ptr<TestServer> StartServer(rpc::AuditServerOptions options,
                                         client::ClientOptions client_options) {
+  // Start-up and shutdown lines at info level would drown the test output.
+  log::SetLevel(log::Level::kWarn);
   auto t = std::make_unique<TestServer>();
   t->data_dir = options.data_dir;
   absl::StatusOr<std::unique_ptr<rpc::AuditServer>> server =

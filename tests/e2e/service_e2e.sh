@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# End-to-end test of the real binaries on loopback (registered with ctest):
+#   1. start attnaudit-server on 127.0.0.1 with kernel-picked ports and a
+#      temporary data dir;
+#   2. audit synthetic snapshots (attnaudit synth) over the unary and the
+#      streaming call and compare with the offline `attnaudit check`;
+#   3. scrape /metrics: the drift histograms moved, `promtool check metrics`
+#      passes;
+#   4. submit jobs, SIGKILL the server while they are in flight, restart it
+#      on the same data dir, and get every acknowledged job's result exactly
+#      once;
+#   5. SIGTERM: the server drains and exits 0.
+# Every step is bounded (timeout); nothing leaves 127.0.0.1.
+#
+# usage: service_e2e.sh ATTNAUDIT_SERVER ATTNAUDIT [PROMTOOL]
+set -euo pipefail
+
+SERVER_BIN=$1
+CLI=$2
+PROMTOOL=${3:-$(command -v promtool || true)}
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/attnaudit_e2e_XXXXXX")
+SERVER_PID=""
+cleanup() {
+  if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill -KILL "$SERVER_PID" 2>/dev/null || true
+  fi
+  if [[ "${KEEP_E2E_DIR:-0}" != 1 ]]; then rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+
+fail() {
+  echo "FAIL: $*" >&2
+  echo "--- server log ---" >&2
+  tail -n 40 "$WORK"/server*.log >&2 || true
+  exit 1
+}
+step() { echo "== $*"; }
+
+# Starts the server; sets SERVER_PID, ADDR, METRICS.
+start_server() {
+  local log=$1
+  shift
+  "$SERVER_BIN" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+    --data-dir "$WORK/data" --drain-timeout 20s "$@" 2>"$log" &
+  SERVER_PID=$!
+  local grpc_port="" metrics_port=""
+  for _ in $(seq 1 200); do
+    grpc_port=$(sed -n 's/.*msg="grpc listening" addr=127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log" | tail -1)
+    metrics_port=$(sed -n 's/.*msg="metrics listening" addr=127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log" | tail -1)
+    [[ -n "$grpc_port" && -n "$metrics_port" ]] && break
+    kill -0 "$SERVER_PID" 2>/dev/null || fail "server exited at start"
+    sleep 0.05
+  done
+  [[ -n "$grpc_port" && -n "$metrics_port" ]] || fail "server did not report its ports"
+  ADDR="127.0.0.1:$grpc_port"
+  METRICS="127.0.0.1:$metrics_port"
+}
+
+scrape() {
+  curl --silent --show-error --max-time 10 "http://$METRICS/metrics"
+}
+
+# The report minus the timing line (wall times differ run to run).
+strip_timings() { grep -v '^timings:'; }
+
+step "synthesise snapshots"
+timeout 60 "$CLI" synth --preset llama3-8b --context 64 -o "$WORK/small.pb" 2>/dev/null
+timeout 60 "$CLI" synth --preset qwen3-8b --batch 4 --context 2048 \
+  --layer 3 -o "$WORK/big.pb" 2>/dev/null
+timeout 60 "$CLI" synth --preset llama3-8b --context 512 --fault stale-page \
+  -o "$WORK/drift.pb" 2>/dev/null
+small_bytes=$(stat -c %s "$WORK/small.pb")
+big_bytes=$(stat -c %s "$WORK/big.pb")
+# Unary limit between the two, so `audit` streams the big one by itself.
+limit=$(( (small_bytes + big_bytes) / 2 ))
+
+step "start the server (max message $limit bytes)"
+start_server "$WORK/server1.log" --max-message-bytes "$limit" \
+  --cpu-workers 1 --threads-per-job 1
+timeout 30 "$CLI" caps --addr "$ADDR" >"$WORK/caps.txt" || fail "caps"
+grep -q "unary" "$WORK/caps.txt" || fail "caps output"
+
+step "audit over unary and stream equals the offline check"
+for f in small big drift; do
+  set +e
+  timeout 60 "$CLI" check "$WORK/$f.pb" >"$WORK/$f.check"
+  want=$?
+  timeout 60 "$CLI" audit "$WORK/$f.pb" --addr "$ADDR" >"$WORK/$f.auto"
+  got_auto=$?
+  timeout 60 "$CLI" audit "$WORK/$f.pb" --addr "$ADDR" --stream >"$WORK/$f.stream"
+  got_stream=$?
+  set -e
+  [[ $want == $got_auto && $want == $got_stream ]] ||
+    fail "$f: exit codes check=$want audit=$got_auto stream=$got_stream"
+  diff <(strip_timings <"$WORK/$f.check") <(strip_timings <"$WORK/$f.auto") ||
+    fail "$f: audit report differs from check"
+  diff <(strip_timings <"$WORK/$f.check") <(strip_timings <"$WORK/$f.stream") ||
+    fail "$f: streamed report differs from check"
+done
+grep -q '^verdict: DRIFT' "$WORK/drift.auto" || fail "drift snapshot not DRIFT"
+set +e
+timeout 60 "$CLI" audit "$WORK/small.pb" --addr "$ADDR" --unary >/dev/null
+small_unary=$?
+timeout 60 "$CLI" audit "$WORK/big.pb" --addr "$ADDR" --unary >/dev/null 2>"$WORK/big.unary.err"
+big_unary=$?
+set -e
+[[ $small_unary == 0 ]] || fail "small unary audit"
+[[ $big_unary == 2 ]] && grep -q RESOURCE_EXHAUSTED "$WORK/big.unary.err" ||
+  fail "a unary request past the limit must be refused (exit $big_unary)"
+timeout 60 "$CLI" audit "$WORK/small.pb" --addr "$ADDR" --json >"$WORK/small.json"
+grep -q '"verdict": "VERDICT_PASS"' "$WORK/small.json" || fail "audit --json"
+
+step "metrics: drift histograms moved, promtool check metrics passes"
+scrape >"$WORK/metrics.txt" || fail "scrape"
+er_count=$(sed -n 's/^attnaudit_drift_out_max_abs_count{comparison="engine_vs_reference",layer="3",model="qwen3-8b"} \([0-9.e+]*\)$/\1/p' "$WORK/metrics.txt")
+[[ -n "$er_count" ]] || fail "no engine_vs_reference out histogram for qwen3-8b/3"
+awk -v c="$er_count" 'BEGIN { exit !(c >= 2) }' || fail "histogram count $er_count < 2"
+grep -q '^attnaudit_audits_total{verdict="DRIFT"} [1-9]' "$WORK/metrics.txt" ||
+  fail "DRIFT verdict counter did not move"
+grep -q '^attnaudit_received_bytes_total [1-9]' "$WORK/metrics.txt" ||
+  fail "received bytes did not move"
+if [[ -n "$PROMTOOL" ]]; then
+  # prometheus-cpp's own exposer_* families are not ours to lint (one is a
+  # microsecond summary); everything else must pass.
+  awk '/^# (HELP|TYPE) exposer_/ {next} /^exposer_/ {next} {print}' \
+    "$WORK/metrics.txt" >"$WORK/metrics.lint.txt"
+  "$PROMTOOL" check metrics <"$WORK/metrics.lint.txt" || fail "promtool check metrics"
+else
+  echo "promtool not found; lint skipped"
+fi
+
+step "submit jobs, SIGKILL the server mid-way, restart, get every result once"
+# Submit is unary: the jobs stay under the unary limit.
+timeout 60 "$CLI" synth --preset llama3-8b --batch 2 --context 1024 \
+  -o "$WORK/job.pb" 2>/dev/null
+for i in 1 2 3 4 5 6; do cp "$WORK/job.pb" "$WORK/job$i.pb"; done
+: >"$WORK/acked.txt"
+pids=()
+for pair in "1 2" "3 4" "5 6"; do
+  set -- $pair
+  timeout 120 "$CLI" submit "$WORK/job$1.pb" "$WORK/job$2.pb" --addr "$ADDR" \
+    >>"$WORK/acked.txt" 2>/dev/null &
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p" || fail "submit failed before the kill"; done
+kill -KILL "$SERVER_PID"
+wait "$SERVER_PID" 2>/dev/null || true
+SERVER_PID=""
+acked=$(awk '{print $2}' "$WORK/acked.txt" | sort -u)
+[[ $(echo "$acked" | wc -l) == 6 ]] || fail "expected 6 acknowledged jobs"
+pending=$(ls "$WORK/data/spool" | grep -c '\.job$' || true)
+echo "spool entries left by SIGKILL: $pending"
+
+start_server "$WORK/server2.log" --cpu-workers 1
+for id in $acked; do
+  set +e
+  timeout 120 "$CLI" get "$id" --addr "$ADDR" --wait 90s >"$WORK/get.$id" 2>&1
+  rc=$?
+  set -e
+  [[ $rc == 0 ]] || fail "get $id: exit $rc: $(head -3 "$WORK/get.$id")"
+  grep -q "^job $id: DONE" "$WORK/get.$id" || fail "get $id: not DONE"
+  grep -q '^verdict: PASS' "$WORK/get.$id" || fail "get $id: no report"
+done
+# Exactly once: every job the restarted server re-queued from the spool
+# completed once (no more, no fewer), nothing is left in the spool, and a
+# further restart re-runs nothing (checked below).
+ls "$WORK/data/spool" | grep -q '\.job$' && fail "spool not empty after all results"
+requeued=$(sed -n 's/.*msg="spool resumed" spooled=[0-9]* requeued=\([0-9]*\).*/\1/p' "$WORK/server2.log")
+[[ -n "$requeued" ]] || fail "no resume line"
+[[ $requeued -le $pending ]] || fail "requeued $requeued > spooled $pending"
+scrape >"$WORK/metrics2.txt" || fail "scrape after restart"
+completed=$(sed -n 's/^attnaudit_jobs_completed_total{class="sampled",outcome="ok"} \([0-9]*\)$/\1/p' "$WORK/metrics2.txt")
+[[ "$completed" == "$requeued" ]] ||
+  fail "restarted server completed $completed sampled jobs, re-queued $requeued"
+echo "re-queued and completed after the restart: $requeued"
+
+step "SIGTERM drains and exits 0"
+kill -TERM "$SERVER_PID"
+set +e
+timeout 30 tail --pid="$SERVER_PID" -f /dev/null
+wait "$SERVER_PID"
+rc=$?
+set -e
+SERVER_PID=""
+[[ $rc == 0 ]] || fail "server exit code $rc after SIGTERM"
+grep -q 'msg="attnaudit-server stopped"' "$WORK/server2.log" || fail "no stop line"
+
+start_server "$WORK/server3.log" --cpu-workers 1
+for _ in $(seq 1 100); do
+  grep -q 'msg="spool resumed"' "$WORK/server3.log" && break
+  sleep 0.05
+done
+grep -q 'msg="spool resumed" spooled=0 requeued=0' "$WORK/server3.log" ||
+  fail "a third start found work to redo: $(grep 'spool resumed' "$WORK/server3.log")"
+kill -TERM "$SERVER_PID"
+wait "$SERVER_PID" || fail "third server exit"
+SERVER_PID=""
+echo "PASS"
