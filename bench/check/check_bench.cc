@@ -53,10 +53,12 @@ void Die(const absl::Status& st) {
 int Main(int argc, char** argv) {
   cli::Args args({"threads", "repeats", "context", "batch", "preset", "file"},
                  {"markdown"});
-  if (absl::Status st = args.Parse(cli::Argv(argv + 1, argv + argc)); !st.ok()) {
+  if (absl::Status st = args.Parse(cli::Argv(argv + 1, argv + argc));
+      !st.ok()) {
     Die(st);
   }
-  const int threads = ResolveThreads(static_cast<int>(*args.GetInt("threads", 0)));
+  const int threads =
+      ResolveThreads(static_cast<int>(*args.GetInt("threads", 0)));
   const int repeats = static_cast<int>(*args.GetInt("repeats", 5));
   SynthOptions so;
   so.preset = args.Get("preset", "llama3-8b");
@@ -82,8 +84,8 @@ int Main(int argc, char** argv) {
   for (int64_t len : layout->seq_lens) active_tokens += len;
   const double kv_bytes = static_cast<double>(active_tokens) * d.kv_heads *
                           d.head_dim * 2 * DTypeSize(snap.k_pages.dtype());
-  absl::StatusOr<AttentionResults> once = ComputeReferenceAndReplay(
-      *prepared, threads, false, nullptr);
+  absl::StatusOr<AttentionResults> once =
+      ComputeReferenceAndReplay(*prepared, threads, false, nullptr);
   if (!once.ok()) Die(once.status());
   // Sum of visible keys over all queries, times heads: 4 flops per (key, dim).
   double visible_pairs = 0;
@@ -94,8 +96,8 @@ int Main(int argc, char** argv) {
 
   const MachineFloor floor = MeasureMachineFloor(threads);
   const double floor_memory = kv_bytes / floor.read_bytes_per_second;
-  const double floor_compute = flops / floor.fp64_flops_per_second +
-                               flops / floor.fp32_flops_per_second;
+  const double floor_compute =
+      flops / floor.fp64_flops_per_second + flops / floor.fp32_flops_per_second;
   const double machine_floor = std::max(floor_memory, floor_compute);
 
   auto run_passes = [&](AttentionPasses passes) {
@@ -111,9 +113,12 @@ int Main(int argc, char** argv) {
   const Timing t_validate = Measure(repeats, [&] {
     if (!ValidateSnapshot(snap).ok()) Die(absl::InternalError("validate"));
   });
-  const Timing t_ref = Measure(repeats, [&] { run_passes(AttentionPasses::kReferenceOnly); });
-  const Timing t_rep = Measure(repeats, [&] { run_passes(AttentionPasses::kReplayOnly); });
-  const Timing t_both = Measure(repeats, [&] { run_passes(AttentionPasses::kBoth); });
+  const Timing t_ref =
+      Measure(repeats, [&] { run_passes(AttentionPasses::kReferenceOnly); });
+  const Timing t_rep =
+      Measure(repeats, [&] { run_passes(AttentionPasses::kReplayOnly); });
+  const Timing t_both =
+      Measure(repeats, [&] { run_passes(AttentionPasses::kBoth); });
   Verdict verdict = Verdict::kUnspecified;
   const Timing t_audit = Measure(repeats, [&] {
     absl::StatusOr<AuditReport> r = RunAudit(snap, audit_options);
@@ -131,13 +136,14 @@ int Main(int argc, char** argv) {
     if (!s.ok()) Die(s.status());
   });
 
-  std::printf("W1: preset=%s B=%lld Sq=%lld Hq=%lld Hkv=%lld D=%lld page=%lld "
-              "context=%lld kv=%s, verdict %s, threads %d\n",
-              so.preset.c_str(), (long long)d.batch, (long long)d.queries,
-              (long long)d.q_heads, (long long)d.kv_heads, (long long)d.head_dim,
-              (long long)d.page_size, (long long)so.context,
-              std::string(DTypeName(snap.k_pages.dtype())).c_str(),
-              std::string(VerdictName(verdict)).c_str(), threads);
+  std::printf(
+      "W1: preset=%s B=%lld Sq=%lld Hq=%lld Hkv=%lld D=%lld page=%lld "
+      "context=%lld kv=%s, verdict %s, threads %d\n",
+      so.preset.c_str(), (long long)d.batch, (long long)d.queries,
+      (long long)d.q_heads, (long long)d.kv_heads, (long long)d.head_dim,
+      (long long)d.page_size, (long long)so.context,
+      std::string(DTypeName(snap.k_pages.dtype())).c_str(),
+      std::string(VerdictName(verdict)).c_str(), threads);
   std::printf("machine: read %.2f GB/s, fp64 %.1f GFLOP/s, fp32 %.1f GFLOP/s\n",
               floor.read_bytes_per_second / 1e9,
               floor.fp64_flops_per_second / 1e9,
@@ -158,7 +164,8 @@ int Main(int argc, char** argv) {
   row("read + parse file", t_read);
   row("whole check (read+audit)", t_check);
   if (args.Has("markdown")) {
-    std::printf("\n| stage | median ms | min ms | x floor |\n|---|---|---|---|\n");
+    std::printf(
+        "\n| stage | median ms | min ms | x floor |\n|---|---|---|---|\n");
     auto md = [&](const char* name, const Timing& t) {
       std::printf("| %s | %.2f | %.2f | %.2f |\n", name, t.median * 1e3,
                   t.min * 1e3, t.median / machine_floor);

@@ -164,17 +164,17 @@ MachineFloor MeasureMachineFloor(int threads, int repeats) {
   best = 1e30;
   for (int r = 0; r < repeats; ++r) {
     best = std::min(best, TimeThreads(threads, [&](int t) {
-      volatile double v = FmaPeakF64(iters, 1.0 + t);
-      (void)v;
-    }));
+                      volatile double v = FmaPeakF64(iters, 1.0 + t);
+                      (void)v;
+                    }));
   }
   f.fp64_flops_per_second = flops64 / best;
   best = 1e30;
   for (int r = 0; r < repeats; ++r) {
     best = std::min(best, TimeThreads(threads, [&](int t) {
-      volatile float v = FmaPeakF32(iters, 1.0f + t);
-      (void)v;
-    }));
+                      volatile float v = FmaPeakF32(iters, 1.0f + t);
+                      (void)v;
+                    }));
   }
   f.fp32_flops_per_second = 2.0 * flops64 / best;
   if (sink.load() == 42) std::printf(" ");

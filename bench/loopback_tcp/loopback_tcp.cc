@@ -51,9 +51,12 @@ bool ParseInt(const char* s, int64_t* out) {
   if (errno != 0 || end == s) return false;
   // Accept K/M/G suffixes (binary).
   int64_t mul = 1;
-  if (*end == 'K' || *end == 'k') mul = int64_t{1} << 10, ++end;
-  else if (*end == 'M' || *end == 'm') mul = int64_t{1} << 20, ++end;
-  else if (*end == 'G' || *end == 'g') mul = int64_t{1} << 30, ++end;
+  if (*end == 'K' || *end == 'k')
+    mul = int64_t{1} << 10, ++end;
+  else if (*end == 'M' || *end == 'm')
+    mul = int64_t{1} << 20, ++end;
+  else if (*end == 'G' || *end == 'g')
+    mul = int64_t{1} << 30, ++end;
   if (*end != '\0' || v < 0) return false;
   *out = static_cast<int64_t>(v) * mul;
   return true;
@@ -149,8 +152,8 @@ Result RunOnce(const Options& opts) {
       int64_t sent = 0;
       sent_ok = true;
       while (sent < opts.bytes) {
-        size_t want =
-            static_cast<size_t>(std::min<int64_t>(opts.chunk, opts.bytes - sent));
+        size_t want = static_cast<size_t>(
+            std::min<int64_t>(opts.chunk, opts.bytes - sent));
         ssize_t n = send(cfd, src.data(), want, MSG_NOSIGNAL);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
@@ -216,8 +219,9 @@ int main(int argc, char** argv) {
   }
   if (opts.bytes <= 0 || opts.bytes > kMaxBytes || opts.chunk <= 0 ||
       opts.chunk > kMaxChunk || opts.repeat <= 0) {
-    std::fprintf(stderr, "loopback_tcp: --bytes must be in (0, 64G], "
-                         "--chunk in (0, 256M], --repeat > 0\n");
+    std::fprintf(stderr,
+                 "loopback_tcp: --bytes must be in (0, 64G], "
+                 "--chunk in (0, 256M], --repeat > 0\n");
     return 2;
   }
   double best = 0;

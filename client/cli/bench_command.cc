@@ -32,12 +32,15 @@ constexpr char kBenchHelp[] =
     "                       [--json] [connection flags]\n"
     "Closed-loop load: N threads (default 1) audit FILE back to back for\n"
     "--warmup (default 1s, not measured) then --duration (default 10s, at\n"
-    "most 1h) or until --requests audits. Prints audits/s, p50/p99 latency\n"
-    "and ingest GB/s (snapshot bytes per second of wall time). Exit 0 when\n"
-    "every call succeeded, 2 otherwise.\n";
+    "most 1h) or until --requests audits. Prints audits/s, p50/p99 latency,\n"
+    "ingest GB/s (snapshot bytes per second of wall time), and per audit the\n"
+    "server's audit time (from the report) and the rest of the latency\n"
+    "(transfer, decode, queue) with its GB/s. Exit 0 when every call\n"
+    "succeeded, 2 otherwise.\n";
 
 struct WorkerStats {
   std::vector<double> latencies_ms;  // measured calls only
+  double audit_seconds = 0;          // sum of the server's audit time (report)
   int64_t ok = 0;
   int64_t errors = 0;
   int64_t rejected = 0;  // RESOURCE_EXHAUSTED, retried after the hint
@@ -56,8 +59,8 @@ double Percentile(std::vector<double>* sorted, double p) {
 }  // namespace
 
 int RunBench(const Argv& argv) {
-  Args args(WithConnectionFlags({"concurrency", "duration", "warmup",
-                                 "transport", "requests"}),
+  Args args(WithConnectionFlags(
+                {"concurrency", "duration", "warmup", "transport", "requests"}),
             WithConnectionBoolFlags({"json"}));
   if (absl::Status st = args.Parse(argv); !st.ok()) {
     std::cerr << "attnaudit bench: " << st.message() << "\n"
@@ -79,8 +82,8 @@ int RunBench(const Argv& argv) {
   absl::StatusOr<int64_t> concurrency = args.GetInt("concurrency", 1);
   if (!concurrency.ok()) return fail(concurrency.status());
   if (*concurrency < 1 || *concurrency > 1024) {
-    return fail(absl::InvalidArgumentError(
-        "--concurrency: must be in [1, 1024]"));
+    return fail(
+        absl::InvalidArgumentError("--concurrency: must be in [1, 1024]"));
   }
   absl::StatusOr<int64_t> max_requests = args.GetInt("requests", 0);
   if (!max_requests.ok()) return fail(max_requests.status());
@@ -153,14 +156,15 @@ int RunBench(const Argv& argv) {
         if (r.ok()) {
           if (measured) {
             st.latencies_ms.push_back(absl::ToDoubleMilliseconds(t1 - t0));
+            st.audit_seconds +=
+                r->report().provenance().timings().total_seconds();
             ++st.ok;
             st.last_done = t1;
           }
         } else if (r.status().code() == absl::StatusCode::kResourceExhausted) {
           ++st.rejected;
           absl::SleepFor(std::clamp(client::RetryAfter(r.status()),
-                                    absl::Milliseconds(1),
-                                    absl::Seconds(1)));
+                                    absl::Milliseconds(1), absl::Seconds(1)));
         } else {
           if (st.first_error.ok()) st.first_error = r.status();
           ++st.errors;
@@ -173,22 +177,31 @@ int RunBench(const Argv& argv) {
 
   std::vector<double> all;
   int64_t ok = 0, errors = 0, rejected = 0;
+  double audit_seconds = 0, latency_seconds = 0;
   absl::Time last = measure_from;
   absl::Status first_error;
   for (WorkerStats& st : stats) {
     all.insert(all.end(), st.latencies_ms.begin(), st.latencies_ms.end());
     ok += st.ok;
+    audit_seconds += st.audit_seconds;
+    for (double ms : st.latencies_ms) latency_seconds += ms / 1000;
     errors += st.errors;
     rejected += st.rejected;
     last = std::max(last, st.last_done);
     if (first_error.ok()) first_error = st.first_error;
   }
   std::sort(all.begin(), all.end());
-  const double seconds =
-      std::max(1e-9, absl::ToDoubleSeconds(std::max(last, stop_at) -
-                                           measure_from));
+  const double seconds = std::max(
+      1e-9, absl::ToDoubleSeconds(std::max(last, stop_at) - measure_from));
   const double per_s = ok / seconds;
   const double gbps = static_cast<double>(ok) * bytes / seconds / 1e9;
+  // Per call: the server's audit time (from the report) and the rest of the
+  // latency, i.e. sending, receiving, decoding and queueing the snapshot.
+  const double audit_ms = ok ? audit_seconds / ok * 1e3 : 0;
+  const double transfer_ms =
+      ok ? std::max(0.0, (latency_seconds - audit_seconds) / ok * 1e3) : 0;
+  const double transfer_gbps =
+      transfer_ms > 0 ? bytes / (transfer_ms / 1e3) / 1e9 : 0;
   const char* tname =
       transport == client::Transport::kUnary ? "unary" : "stream";
   if (args.Has("json")) {
@@ -196,25 +209,28 @@ int RunBench(const Argv& argv) {
         "{\"file\": \"%s\", \"transport\": \"%s\", \"concurrency\": %lld, "
         "\"snapshot_bytes\": %lld, \"seconds\": %.3f, \"audits\": %lld, "
         "\"audits_per_second\": %.3f, \"p50_ms\": %.3f, \"p99_ms\": %.3f, "
-        "\"ingest_gb_per_second\": %.4f, \"errors\": %lld, \"rejected\": "
-        "%lld}\n",
+        "\"ingest_gb_per_second\": %.4f, \"audit_ms\": %.3f, "
+        "\"transfer_ms\": %.3f, \"transfer_gb_per_second\": %.4f, "
+        "\"errors\": %lld, \"rejected\": %lld}\n",
         args.positional()[0].c_str(), tname,
         static_cast<long long>(*concurrency), static_cast<long long>(bytes),
         seconds, static_cast<long long>(ok), per_s, Percentile(&all, 50),
-        Percentile(&all, 99), gbps, static_cast<long long>(errors),
-        static_cast<long long>(rejected));
+        Percentile(&all, 99), gbps, audit_ms, transfer_ms, transfer_gbps,
+        static_cast<long long>(errors), static_cast<long long>(rejected));
   } else {
     std::printf(
         "bench %s: transport=%s concurrency=%lld snapshot=%.2f MiB "
         "measured=%.2fs\n"
         "  audits=%lld  audits/s=%.2f  p50=%.2f ms  p99=%.2f ms  "
         "ingest=%.3f GB/s\n"
+        "  per audit: server audit %.2f ms + transfer/decode/queue %.2f ms "
+        "(%.3f GB/s)\n"
         "  errors=%lld  rejected(retried)=%lld\n",
         args.positional()[0].c_str(), tname,
         static_cast<long long>(*concurrency), bytes / 1048576.0, seconds,
         static_cast<long long>(ok), per_s, Percentile(&all, 50),
-        Percentile(&all, 99), gbps, static_cast<long long>(errors),
-        static_cast<long long>(rejected));
+        Percentile(&all, 99), gbps, audit_ms, transfer_ms, transfer_gbps,
+        static_cast<long long>(errors), static_cast<long long>(rejected));
   }
   if (!first_error.ok()) {
     std::cerr << "attnaudit bench: first error: " << DescribeError(first_error)

@@ -25,13 +25,15 @@ absl::Status ParseAuditFlags(const Args& args, AuditOptions* options) {
   options->threads = static_cast<int>(*threads);
   options->compute_kv_fingerprint = args.Has("kv-fingerprint");
   for (auto [flag, field] :
-       {std::pair<const char*, double*>{"out-tol", &options->tolerances.out_abs},
+       {std::pair<const char*, double*>{"out-tol",
+                                        &options->tolerances.out_abs},
         {"lse-tol", &options->tolerances.lse_abs},
         {"logprob-tol", &options->tolerances.logprob_abs}}) {
     absl::StatusOr<double> v = args.GetDouble(flag, 0);
     if (!v.ok()) return v.status();
     if (*v < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be >= 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, " must be >= 0"));
     }
     *field = *v;
   }

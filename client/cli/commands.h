@@ -20,13 +20,13 @@ int RunSynth(const Argv& args);    // synth_command.cc
 int RunCheck(const Argv& args);    // check_command.cc
 int RunInspect(const Argv& args);  // inspect_command.cc
 // Against a server (client library).
-int RunAudit(const Argv& args);    // remote_commands.cc
+int RunAudit(const Argv& args);  // remote_commands.cc
 int RunSubmit(const Argv& args);
 int RunGet(const Argv& args);
 int RunWatch(const Argv& args);
 int RunCancel(const Argv& args);
 int RunCaps(const Argv& args);
-int RunBench(const Argv& args);    // bench_command.cc (load generator)
+int RunBench(const Argv& args);  // bench_command.cc (load generator)
 
 }  // namespace attnaudit::cli
 

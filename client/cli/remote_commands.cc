@@ -1,5 +1,6 @@
 // The subcommands that talk to attnaudit-server: audit, submit, get, watch,
 // cancel, caps. Connection flags: remote_common.h.
+#include <google/protobuf/util/json_util.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,8 +9,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <google/protobuf/util/json_util.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -64,140 +63,12 @@ constexpr char kCapsHelp[] =
     "usage: attnaudit caps [--json] [connection flags]\n"
     "Prints the server's version, backends, devices and limits.\n";
 
-// Parses the command's own flags plus the connection flags; prints usage
-// on error. Returns false when the command should exit with *code.
-bool ParseCommand(const char* name, const char* help, Args* args,
-                  const Argv& argv, int* code) {
-  if (absl::Status st = args->Parse(argv); !st.ok()) {
-    std::cerr << "attnaudit " << name << ": " << st.message() << "\n"
-              << help << kConnectionHelp;
-    *code = kExitError;
-    return false;
-  }
-  if (args->Has("help")) {
-    std::cout << help << kConnectionHelp;
-    *code = 0;
-    return false;
-  }
-  return true;
-}
-
-int Fail(const char* name, const absl::Status& status) {
-  std::cerr << "attnaudit " << name << ": " << DescribeError(status) << "\n";
-  return kExitError;
-}
-
-absl::StatusOr<v1::Priority> ParsePriority(const Args& args) {
-  if (!args.Has("priority")) return v1::PRIORITY_UNSPECIFIED;
-  const std::string p = absl::AsciiStrToLower(args.Get("priority"));
-  if (p == "interactive") return v1::PRIORITY_INTERACTIVE;
-  if (p == "sampled") return v1::PRIORITY_SAMPLED;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--priority: '", args.Get("priority"),
-      "' is not interactive or sampled"));
-}
-
-absl::Status ParseTolerances(const Args& args, v1::AuditOptions* options) {
-  AuditOptions core;
-  core.compute_kv_fingerprint = args.Has("kv-fingerprint");
-  for (auto [flag, field] :
-       {std::pair<const char*, double*>{"out-tol", &core.tolerances.out_abs},
-        {"lse-tol", &core.tolerances.lse_abs},
-        {"logprob-tol", &core.tolerances.logprob_abs}}) {
-    absl::StatusOr<double> v = args.GetDouble(flag, 0);
-    if (!v.ok()) return v.status();
-    if (*v < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", flag, " must be >= 0"));
-    }
-    *field = *v;
-  }
-  AuditOptionsToProto(core, options);
-  return absl::OkStatus();
-}
-
-std::string ToJson(const google::protobuf::Message& message, bool pretty) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = pretty;
-  options.preserve_proto_field_names = true;
-  options.always_print_primitive_fields = true;
-  if (!google::protobuf::util::MessageToJsonString(message, &out, options)
-           .ok()) {
-    return "{}";
-  }
-  return out;
-}
-
-// A one-line progress bar on stderr, redrawn in place on a terminal and
-// printed every 10% otherwise (logs stay readable).
-class ProgressBar {
- public:
-  explicit ProgressBar(size_t total)
-      : total_(total), tty_(isatty(STDERR_FILENO) != 0),
-        start_(absl::Now()) {}
-  void Update(size_t done, int64_t bytes, size_t failed) {
-    const double frac = total_ ? static_cast<double>(done) / total_ : 1.0;
-    const int decile = static_cast<int>(frac * 10);
-    if (!tty_ && decile == last_decile_ && done != total_) return;
-    last_decile_ = decile;
-    const int width = 30;
-    const int fill = static_cast<int>(frac * width);
-    const double secs = absl::ToDoubleSeconds(absl::Now() - start_);
-    std::string bar = absl::StrFormat(
-        "[%s%s] %zu/%zu files  %.1f MiB  %.1f MiB/s%s", std::string(fill, '#'),
-        std::string(width - fill, '.'), done, total_, bytes / 1048576.0,
-        secs > 0 ? bytes / 1048576.0 / secs : 0.0,
-        failed ? absl::StrCat("  ", failed, " failed") : std::string());
-    std::fprintf(stderr, tty_ ? "\r%s" : "%s\n", bar.c_str());
-    if (tty_ && done == total_) std::fputc('\n', stderr);
-    std::fflush(stderr);
-  }
-
- private:
-  size_t total_;
-  bool tty_;
-  absl::Time start_;
-  int last_decile_ = -1;
-};
-
-const char* StateName(v1::JobState s) {
-  switch (s) {
-    case v1::JOB_STATE_QUEUED:
-      return "QUEUED";
-    case v1::JOB_STATE_RUNNING:
-      return "RUNNING";
-    case v1::JOB_STATE_DONE:
-      return "DONE";
-    case v1::JOB_STATE_FAILED:
-      return "FAILED";
-    case v1::JOB_STATE_CANCELLED:
-      return "CANCELLED";
-    default:
-      return "UNSPECIFIED";
-  }
-}
-
-const char* VerdictText(int v) {
-  switch (v) {
-    case v1::VERDICT_PASS:
-      return "PASS";
-    case v1::VERDICT_DRIFT:
-      return "DRIFT";
-    case v1::VERDICT_INVALID:
-      return "INVALID";
-    default:
-      return "-";
-  }
-}
-
 }  // namespace
 
 int RunAudit(const Argv& argv) {
-  Args args(WithConnectionFlags({"priority", "out-tol", "lse-tol",
-                                 "logprob-tol"}),
-            WithConnectionBoolFlags({"json", "unary", "stream",
-                                     "kv-fingerprint"}));
+  Args args(
+      WithConnectionFlags({"priority", "out-tol", "lse-tol", "logprob-tol"}),
+      WithConnectionBoolFlags({"json", "unary", "stream", "kv-fingerprint"}));
   int code = 0;
   if (!ParseCommand("audit", kAuditHelp, &args, argv, &code)) return code;
   if (args.positional().size() != 1 ||
@@ -217,11 +88,10 @@ int RunAudit(const Argv& argv) {
   if (!client.ok()) return Fail("audit", client.status());
   absl::StatusOr<Snapshot> snapshot = ReadSnapshotFile(args.positional()[0]);
   if (!snapshot.ok()) return Fail("audit", snapshot.status());
-  const client::Transport transport = args.Has("unary")
-                                          ? client::Transport::kUnary
-                                      : args.Has("stream")
-                                          ? client::Transport::kStream
-                                          : client::Transport::kAuto;
+  const client::Transport transport =
+      args.Has("unary")    ? client::Transport::kUnary
+      : args.Has("stream") ? client::Transport::kStream
+                           : client::Transport::kAuto;
   absl::StatusOr<AuditReport> report =
       (*client)->Audit(*snapshot, call, transport);
   if (!report.ok()) {
@@ -243,8 +113,8 @@ int RunAudit(const Argv& argv) {
 }
 
 int RunSubmit(const Argv& argv) {
-  Args args(WithConnectionFlags({"priority", "idempotency-key",
-                                 "job-timeout", "retries"}),
+  Args args(WithConnectionFlags(
+                {"priority", "idempotency-key", "job-timeout", "retries"}),
             WithConnectionBoolFlags({}));
   int code = 0;
   if (!ParseCommand("submit", kSubmitHelp, &args, argv, &code)) return code;
@@ -306,14 +176,13 @@ int RunSubmit(const Argv& argv) {
           bytes += static_cast<int64_t>(request.ByteSizeLong());
           break;
         }
-        if (response.status().code() !=
-                absl::StatusCode::kResourceExhausted ||
+        if (response.status().code() != absl::StatusCode::kResourceExhausted ||
             attempt >= *retries) {
           break;
         }
-        const absl::Duration wait = std::clamp(
-            client::RetryAfter(response.status()), absl::Milliseconds(50),
-            absl::Seconds(10));
+        const absl::Duration wait =
+            std::clamp(client::RetryAfter(response.status()),
+                       absl::Milliseconds(50), absl::Seconds(10));
         absl::SleepFor(wait);
       }
     }
@@ -337,7 +206,8 @@ int RunGet(const Argv& argv) {
   }
   absl::Duration wait = absl::ZeroDuration();
   if (args.Has("wait")) {
-    absl::StatusOr<absl::Duration> w = ParseCliDuration("wait", args.Get("wait"));
+    absl::StatusOr<absl::Duration> w =
+        ParseCliDuration("wait", args.Get("wait"));
     if (!w.ok()) return Fail("get", w.status());
     wait = *w;
   }
@@ -399,9 +269,9 @@ int RunWatch(const Argv& argv) {
     v1::Verdict verdict;
     if (!v1::Verdict_Parse(absl::StrCat("VERDICT_", u), &verdict) ||
         verdict == v1::VERDICT_UNSPECIFIED) {
-      return Fail("watch", absl::InvalidArgumentError(absl::StrCat(
-                               "--verdict: '", v,
-                               "' is not PASS, DRIFT or INVALID")));
+      return Fail("watch",
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "--verdict: '", v, "' is not PASS, DRIFT or INVALID")));
     }
     filter.add_verdicts(verdict);
   }
@@ -435,8 +305,8 @@ int RunWatch(const Argv& argv) {
         } else {
           std::string line = absl::StrCat(
               r.job_id(), " ", StateName(r.state()), " ",
-              VerdictText(r.report().verdict()), " model=",
-              r.labels().model().empty() ? "-" : r.labels().model(),
+              VerdictText(r.report().verdict()),
+              " model=", r.labels().model().empty() ? "-" : r.labels().model(),
               " layer=",
               r.labels().has_layer() ? absl::StrCat(r.labels().layer())
                                      : std::string("-"));
@@ -471,8 +341,7 @@ int RunCancel(const Argv& argv) {
   absl::StatusOr<std::unique_ptr<client::Client>> client =
       ConnectFromArgs(args);
   if (!client.ok()) return Fail("cancel", client.status());
-  absl::StatusOr<v1::JobState> state =
-      (*client)->Cancel(args.positional()[0]);
+  absl::StatusOr<v1::JobState> state = (*client)->Cancel(args.positional()[0]);
   if (!state.ok()) return Fail("cancel", state.status());
   std::cout << "job " << args.positional()[0] << ": " << StateName(*state)
             << "\n";

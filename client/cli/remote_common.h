@@ -1,7 +1,8 @@
 // Shared by the remote subcommands (remote_commands.cc) and the load
 // generator (bench_command.cc): the connection flags every remote command
-// takes, and how a failed call is reported. Header-only so the CLI target
-// needs no extra source file. Not thread-safe (parse once per command).
+// takes, how a failed call is reported, and small printing helpers. Header-only
+// so the CLI target needs no extra source file. Not thread-safe (parse once per
+// command).
 //
 // Connection flags (all optional):
 //   --addr HOST:PORT        server (default localhost:50051)
@@ -15,7 +16,11 @@
 #ifndef ATTNAUDIT_CLIENT_CLI_REMOTE_COMMON_H_
 #define ATTNAUDIT_CLIENT_CLI_REMOTE_COMMON_H_
 
+#include <google/protobuf/util/json_util.h>
+#include <unistd.h>
+
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -27,16 +32,21 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/cli/args.h"
+#include "client/cli/commands.h"
 #include "client/lib/client.h"
+#include "core/audit/audit.h"
+#include "proto/codec/codec.h"
 
 namespace attnaudit::cli {
 
 inline const std::set<std::string>& ConnectionValueFlags() {
   static const auto* flags = new std::set<std::string>{
-      "addr",     "timeout", "tls-ca", "tls-cert", "tls-key",
-      "tls-server-name", "auth-token-file"};
+      "addr",    "timeout",         "tls-ca",         "tls-cert",
+      "tls-key", "tls-server-name", "auth-token-file"};
   return *flags;
 }
 
@@ -109,14 +119,144 @@ inline absl::StatusOr<std::unique_ptr<client::Client>> ConnectFromArgs(
 
 // "INVALID_ARGUMENT: snapshot.q: ..." plus the retry hint when there is one.
 inline std::string DescribeError(const absl::Status& status) {
-  std::string out = absl::StrCat(absl::StatusCodeToString(status.code()),
-                                 ": ", status.message());
+  std::string out = absl::StrCat(absl::StatusCodeToString(status.code()), ": ",
+                                 status.message());
   const absl::Duration retry = client::RetryAfter(status);
   if (retry > absl::ZeroDuration()) {
     absl::StrAppend(&out, " (server suggests retrying after ",
                     absl::FormatDuration(retry), ")");
   }
   return out;
+}
+
+// ---- Shared by the remote subcommands.
+
+// Parses the command's own flags plus the connection flags; prints usage
+// on error. Returns false when the command should exit with *code.
+inline bool ParseCommand(const char* name, const char* help, Args* args,
+                         const Argv& argv, int* code) {
+  if (absl::Status st = args->Parse(argv); !st.ok()) {
+    std::cerr << "attnaudit " << name << ": " << st.message() << "\n"
+              << help << kConnectionHelp;
+    *code = kExitError;
+    return false;
+  }
+  if (args->Has("help")) {
+    std::cout << help << kConnectionHelp;
+    *code = 0;
+    return false;
+  }
+  return true;
+}
+
+inline int Fail(const char* name, const absl::Status& status) {
+  std::cerr << "attnaudit " << name << ": " << DescribeError(status) << "\n";
+  return kExitError;
+}
+
+inline absl::StatusOr<v1::Priority> ParsePriority(const Args& args) {
+  if (!args.Has("priority")) return v1::PRIORITY_UNSPECIFIED;
+  const std::string p = absl::AsciiStrToLower(args.Get("priority"));
+  if (p == "interactive") return v1::PRIORITY_INTERACTIVE;
+  if (p == "sampled") return v1::PRIORITY_SAMPLED;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--priority: '", args.Get("priority"),
+                   "' is not interactive or sampled"));
+}
+
+inline absl::Status ParseTolerances(const Args& args,
+                                    v1::AuditOptions* options) {
+  AuditOptions core;
+  core.compute_kv_fingerprint = args.Has("kv-fingerprint");
+  for (auto [flag, field] :
+       {std::pair<const char*, double*>{"out-tol", &core.tolerances.out_abs},
+        {"lse-tol", &core.tolerances.lse_abs},
+        {"logprob-tol", &core.tolerances.logprob_abs}}) {
+    absl::StatusOr<double> v = args.GetDouble(flag, 0);
+    if (!v.ok()) return v.status();
+    if (*v < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, " must be >= 0"));
+    }
+    *field = *v;
+  }
+  AuditOptionsToProto(core, options);
+  return absl::OkStatus();
+}
+
+inline std::string ToJson(const google::protobuf::Message& message,
+                          bool pretty) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = pretty;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  if (!google::protobuf::util::MessageToJsonString(message, &out, options)
+           .ok()) {
+    return "{}";
+  }
+  return out;
+}
+
+// A one-line progress bar on stderr, redrawn in place on a terminal and
+// printed every 10% otherwise (logs stay readable).
+class ProgressBar {
+ public:
+  explicit ProgressBar(size_t total)
+      : total_(total), tty_(isatty(STDERR_FILENO) != 0), start_(absl::Now()) {}
+  void Update(size_t done, int64_t bytes, size_t failed) {
+    const double frac = total_ ? static_cast<double>(done) / total_ : 1.0;
+    const int decile = static_cast<int>(frac * 10);
+    if (!tty_ && decile == last_decile_ && done != total_) return;
+    last_decile_ = decile;
+    const int width = 30;
+    const int fill = static_cast<int>(frac * width);
+    const double secs = absl::ToDoubleSeconds(absl::Now() - start_);
+    std::string bar = absl::StrFormat(
+        "[%s%s] %zu/%zu files  %.1f MiB  %.1f MiB/s%s", std::string(fill, '#'),
+        std::string(width - fill, '.'), done, total_, bytes / 1048576.0,
+        secs > 0 ? bytes / 1048576.0 / secs : 0.0,
+        failed ? absl::StrCat("  ", failed, " failed") : std::string());
+    std::fprintf(stderr, tty_ ? "\r%s" : "%s\n", bar.c_str());
+    if (tty_ && done == total_) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  }
+
+ private:
+  size_t total_;
+  bool tty_;
+  absl::Time start_;
+  int last_decile_ = -1;
+};
+
+inline const char* StateName(v1::JobState s) {
+  switch (s) {
+    case v1::JOB_STATE_QUEUED:
+      return "QUEUED";
+    case v1::JOB_STATE_RUNNING:
+      return "RUNNING";
+    case v1::JOB_STATE_DONE:
+      return "DONE";
+    case v1::JOB_STATE_FAILED:
+      return "FAILED";
+    case v1::JOB_STATE_CANCELLED:
+      return "CANCELLED";
+    default:
+      return "UNSPECIFIED";
+  }
+}
+
+inline const char* VerdictText(int v) {
+  switch (v) {
+    case v1::VERDICT_PASS:
+      return "PASS";
+    case v1::VERDICT_DRIFT:
+      return "DRIFT";
+    case v1::VERDICT_INVALID:
+      return "INVALID";
+    default:
+      return "-";
+  }
 }
 
 }  // namespace attnaudit::cli

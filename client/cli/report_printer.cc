@@ -22,9 +22,9 @@ std::string Row(absl::string_view comparison, absl::string_view quantity,
                 const DriftStats& st) {
   std::string nonfinite;
   if (st.candidate_nan + st.candidate_inf + st.nonfinite_mismatch > 0) {
-    nonfinite = absl::StrCat(" nan=", st.candidate_nan, " inf=",
-                             st.candidate_inf, " mismatched=",
-                             st.nonfinite_mismatch);
+    nonfinite =
+        absl::StrCat(" nan=", st.candidate_nan, " inf=", st.candidate_inf,
+                     " mismatched=", st.nonfinite_mismatch);
   }
   return absl::StrFormat(
       "  %-4s %-8s %10.3e %10.3e %10.3e %10.3e %9.0f %10.3e %8d%s\n",
@@ -33,8 +33,10 @@ std::string Row(absl::string_view comparison, absl::string_view quantity,
 }
 
 std::string Bytes(int64_t n) {
-  if (n >= (int64_t{1} << 30)) return absl::StrFormat("%.2f GiB", n / 1073741824.0);
-  if (n >= (int64_t{1} << 20)) return absl::StrFormat("%.1f MiB", n / 1048576.0);
+  if (n >= (int64_t{1} << 30))
+    return absl::StrFormat("%.2f GiB", n / 1073741824.0);
+  if (n >= (int64_t{1} << 20))
+    return absl::StrFormat("%.1f MiB", n / 1048576.0);
   if (n >= 1024) return absl::StrFormat("%.1f KiB", n / 1024.0);
   return absl::StrCat(n, " B");
 }
@@ -53,9 +55,12 @@ std::string LabelLine(const Labels& l) {
 
 int ExitCodeFor(Verdict verdict) {
   switch (verdict) {
-    case Verdict::kPass: return kExitPass;
-    case Verdict::kDrift: return kExitDrift;
-    default: return kExitError;
+    case Verdict::kPass:
+      return kExitPass;
+    case Verdict::kDrift:
+      return kExitDrift;
+    default:
+      return kExitError;
   }
 }
 
@@ -87,8 +92,8 @@ std::string FormatReport(const AuditReport& r) {
   out += "\n";
   for (const ComparisonResult& c : r.comparisons) {
     absl::StrAppend(&out, ComparisonShortName(c.comparison), " (",
-                    ComparisonName(c.comparison),
-                    "): ", VerdictName(c.verdict), "\n");
+                    ComparisonName(c.comparison), "): ", VerdictName(c.verdict),
+                    "\n");
     for (const std::string& reason : c.reasons) {
       absl::StrAppend(&out, "    ", reason, "\n");
     }
@@ -116,8 +121,7 @@ std::string FormatReport(const AuditReport& r) {
           &out,
           "    log-prob: %d tokens, mean|diff| %.3e, k1 %.3e, k3 %.3e, "
           "ratio [%.6f, %.6f]\n",
-          a.count, a.mean_abs_diff, a.k1_kl, a.k3_kl, a.ratio_min,
-          a.ratio_max);
+          a.count, a.mean_abs_diff, a.k1_kl, a.k3_kl, a.ratio_min, a.ratio_max);
     }
   }
   const StageTimings& t = r.provenance.timings;
@@ -129,8 +133,9 @@ std::string FormatReport(const AuditReport& r) {
       t.replay_seconds * 1e3, t.compare_seconds * 1e3, t.total_seconds * 1e3,
       r.provenance.backend, r.provenance.threads);
   if (!r.provenance.prefix_fingerprint.empty()) {
-    absl::StrAppend(&out, "prefix fingerprint: ",
-                    r.provenance.prefix_fingerprint, " (verified)\n");
+    absl::StrAppend(&out,
+                    "prefix fingerprint: ", r.provenance.prefix_fingerprint,
+                    " (verified)\n");
   }
   return out;
 }
@@ -151,8 +156,7 @@ std::string FormatSnapshotSummary(const Snapshot& s) {
       d.batch, d.queries, d.q_heads, d.kv_heads, d.head_dim, d.num_pages,
       d.page_size, d.max_blocks, s.kv_layout == KvLayout::kNHD ? "NHD" : "HND");
   absl::StrAppendFormat(
-      &out,
-      "rope:     q=%s k=%s style=%s theta=%g rotary_dim=%d scaling=%d\n",
+      &out, "rope:     q=%s k=%s style=%s theta=%g rotary_dim=%d scaling=%d\n",
       s.rope.q_state == RopeState::kPreRope ? "pre" : "post",
       s.rope.k_state == RopeState::kPreRope ? "pre" : "post",
       s.rope.style == RopeStyle::kNeox ? "neox" : "gptj", s.rope.theta,
@@ -163,8 +167,8 @@ std::string FormatSnapshotSummary(const Snapshot& s) {
       s.sinks.present() ? "yes" : "no", s.cp.world_size);
   if (s.prefix.enabled) {
     absl::StrAppend(&out, "prefix:   key=", s.prefix.key,
-                    " length=", s.prefix.length, " fingerprint=",
-                    s.prefix.fingerprint, "\n");
+                    " length=", s.prefix.length,
+                    " fingerprint=", s.prefix.fingerprint, "\n");
   }
   absl::StrAppend(&out, "tensors:\n");
   tensor("q", s.q);
@@ -189,9 +193,8 @@ std::string FormatSnapshotSummary(const Snapshot& s) {
   tensor("cp.rank_out", s.cp.rank_out);
   tensor("cp.rank_lse", s.cp.rank_lse);
   int64_t total = 0;
-  for (const Tensor* t :
-       {&s.q, &s.k_pages, &s.v_pages, &s.block_table, &s.slot_positions,
-        &s.engine.out, &s.lm_head}) {
+  for (const Tensor* t : {&s.q, &s.k_pages, &s.v_pages, &s.block_table,
+                          &s.slot_positions, &s.engine.out, &s.lm_head}) {
     total += static_cast<int64_t>(t->bytes().size());
   }
   absl::StrAppend(&out, "total (main tensors): ", Bytes(total), "\n");

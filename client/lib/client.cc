@@ -1,11 +1,12 @@
 #include "client/lib/client.h"
 
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <utility>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
@@ -20,6 +21,7 @@ namespace {
 
 constexpr char kRetryPayload[] = "type.attnaudit.dev/retry-after-ms";
 constexpr int64_t kFallbackReceiveLimit = int64_t{4} << 20;  // gRPC default
+constexpr int64_t kStreamAbove = int64_t{8} << 20;
 
 absl::StatusOr<std::string> ReadFile(const std::string& flag,
                                      const std::string& path) {
@@ -43,9 +45,8 @@ absl::Status ToAbsl(const grpc::Status& status,
     const auto& trailers = context.GetServerTrailingMetadata();
     auto it = trailers.find("retry-after-ms");
     if (it != trailers.end()) {
-      out.SetPayload(kRetryPayload,
-                     absl::Cord(absl::string_view(it->second.data(),
-                                                  it->second.size())));
+      out.SetPayload(kRetryPayload, absl::Cord(absl::string_view(
+                                        it->second.data(), it->second.size())));
     }
   }
   return out;
@@ -56,8 +57,8 @@ absl::Status ToAbsl(const grpc::Status& status,
 absl::Duration RetryAfter(const absl::Status& status) {
   auto payload = status.GetPayload(kRetryPayload);
   int64_t ms = 0;
-  if (!payload.has_value() ||
-      !absl::SimpleAtoi(std::string(*payload), &ms) || ms < 0) {
+  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &ms) ||
+      ms < 0) {
     return absl::ZeroDuration();
   }
   return absl::Milliseconds(ms);
@@ -83,8 +84,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
           "--tls-cert: --tls-cert and --tls-key go together");
     }
     if (!options.tls_cert.empty()) {
-      absl::StatusOr<std::string> cert =
-          ReadFile("tls-cert", options.tls_cert);
+      absl::StatusOr<std::string> cert = ReadFile("tls-cert", options.tls_cert);
       if (!cert.ok()) return cert.status();
       absl::StatusOr<std::string> key = ReadFile("tls-key", options.tls_key);
       if (!key.ok()) return key.status();
@@ -125,8 +125,7 @@ void Client::Prepare(grpc::ClientContext* context,
 }
 
 bool Client::WaitForConnected(absl::Duration timeout) {
-  return channel_->WaitForConnected(
-      absl::ToChronoTime(absl::Now() + timeout));
+  return channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout));
 }
 
 absl::StatusOr<v1::Capabilities> Client::Capabilities(bool refresh) {
@@ -153,8 +152,11 @@ absl::StatusOr<Transport> Client::ChooseTransport(int64_t request_bytes) {
     const int64_t limit = caps->limits().max_receive_message_bytes() > 0
                               ? caps->limits().max_receive_message_bytes()
                               : kFallbackReceiveLimit;
-    // Headroom for framing and the non-tensor fields.
-    threshold = limit / 4 * 3;
+    // Headroom for framing and the non-tensor fields; and past ~8 MiB the
+    // stream is faster even when unary would fit (its chunks pipeline the
+    // client's serialisation, the transfer and the server's parsing;
+    // measured on loopback, docs/PERF.md).
+    threshold = std::min(limit / 4 * 3, kStreamAbove);
   }
   return request_bytes > threshold ? Transport::kStream : Transport::kUnary;
 }

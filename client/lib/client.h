@@ -59,7 +59,8 @@ struct ClientOptions {
   // Largest message the client accepts (reports are small).
   int64_t max_receive_message_bytes = int64_t{1} << 30;
   // Audit: snapshots whose unary request exceeds this use AuditStream.
-  // 0: 3/4 of the server's max_receive_message_bytes.
+  // 0: the smaller of 8 MiB (past which streaming is faster) and 3/4 of the
+  // server's max_receive_message_bytes.
   int64_t stream_threshold_bytes = 0;
   // AuditStream chunk size; 0: the server's recommended_chunk_bytes.
   int64_t chunk_bytes = 0;

@@ -71,14 +71,14 @@ inline float DotF32(const float* q, const float* k, int64_t n) {
   __m512 acc1 = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i),
-                           acc0);
+    acc0 =
+        _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i), acc0);
     acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16),
                            _mm512_loadu_ps(k + i + 16), acc1);
   }
   for (; i + 16 <= n; i += 16) {
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i),
-                           acc0);
+    acc0 =
+        _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i), acc0);
   }
   float sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
   for (; i < n; ++i) sum = std::fma(q[i], k[i], sum);
@@ -112,7 +112,8 @@ inline float DotF32(const float* q, const float* k, int64_t n) {
   __m256 acc1 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), acc0);
+    acc0 =
+        _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), acc0);
     acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8),
                            _mm256_loadu_ps(k + i + 8), acc1);
   }
@@ -174,7 +175,8 @@ inline void AccumulateF64(double* acc, const double* e, const float* v_block,
   for (; i + 8 <= D; i += 8) {
     __m512d a = _mm512_loadu_pd(acc + i);
     for (int64_t j = 0; j < count; ++j) {
-      const __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(v_block + rows[j] * D + i));
+      const __m512d v =
+          _mm512_cvtps_pd(_mm256_loadu_ps(v_block + rows[j] * D + i));
       a = _mm512_fmadd_pd(_mm512_set1_pd(e[j]), v, a);
     }
     _mm512_storeu_pd(acc + i, a);
@@ -223,7 +225,8 @@ inline void PrefetchPage(const void* base, DType dtype, KvLayout layout,
     const int64_t row_bytes = (g1 - g0) * d.head_dim * elem;
     for (int64_t t = 0; t < d.page_size; ++t) {
       const char* start =
-          bytes + (((page * d.page_size + t) * d.kv_heads + g0) * d.head_dim) * elem;
+          bytes +
+          (((page * d.page_size + t) * d.kv_heads + g0) * d.head_dim) * elem;
       for (int64_t off = 0; off < row_bytes; off += 64) {
         __builtin_prefetch(start + off);
       }
@@ -233,7 +236,8 @@ inline void PrefetchPage(const void* base, DType dtype, KvLayout layout,
       const char* start =
           bytes + (((page * d.kv_heads + g) * d.page_size) * d.head_dim) * elem;
       const int64_t span = d.page_size * d.head_dim * elem;
-      for (int64_t off = 0; off < span; off += 64) __builtin_prefetch(start + off);
+      for (int64_t off = 0; off < span; off += 64)
+        __builtin_prefetch(start + off);
     }
   }
 }
@@ -298,10 +302,10 @@ void ProcessRow(const Item& item, Scratch& sc, int64_t r, int64_t n,
     if (!visible[t]) continue;
     const float* k = &sc.k_block[t * D];
     if (item.reference) {
-      double s64 = (p.k_dtype == DType::kF64
-                        ? DotF64Exact(q64, &sc.k_block64[t * D], D)
-                        : DotF64(q64, k, D)) *
-                   scale64;
+      double s64 =
+          (p.k_dtype == DType::kF64 ? DotF64Exact(q64, &sc.k_block64[t * D], D)
+                                    : DotF64(q64, k, D)) *
+          scale64;
       if (cap64 > 0) s64 = cap64 * std::tanh(s64 / cap64);
       sc.s64[t] = s64;
       bmax64 = std::max(bmax64, s64);
@@ -335,7 +339,8 @@ void ProcessRow(const Item& item, Scratch& sc, int64_t r, int64_t n,
     if (p.v_dtype == DType::kF64) {
       for (int64_t j = 0; j < count; ++j) {
         const double* v64 = &sc.v_block64[sc.rows[j] * D];
-        for (int64_t i = 0; i < D; ++i) acc[i] = std::fma(sc.e64[j], v64[i], acc[i]);
+        for (int64_t i = 0; i < D; ++i)
+          acc[i] = std::fma(sc.e64[j], v64[i], acc[i]);
       }
     } else {
       AccumulateF64(acc, sc.e64.data(), sc.v_block.data(), sc.rows.data(),
@@ -433,8 +438,7 @@ void FinishRows(const Item& item, Scratch& sc, int64_t b, int64_t g0,
 // (sq, query head within the range). Each logical block's page is consumed
 // for all heads of the range before moving on, so a page is read from
 // memory once, contiguously.
-void RunItem(const Item& item, int64_t b, int64_t g0, int64_t g1,
-             Scratch& sc) {
+void RunItem(const Item& item, int64_t b, int64_t g0, int64_t g1, Scratch& sc) {
   const PreparedAttention& p = item.p;
   const SnapshotDims& d = p.dims;
   const int64_t D = d.head_dim;
@@ -568,8 +572,7 @@ absl::StatusOr<AttentionResults> ComputeAttention(
   res.merge_orders.assign(
       static_cast<size_t>(d.batch),
       std::vector<std::vector<int32_t>>(static_cast<size_t>(d.queries)));
-  const Item item{p, &res, true,
-                  options.passes != AttentionPasses::kReplayOnly,
+  const Item item{p, &res, true, options.passes != AttentionPasses::kReplayOnly,
                   options.passes != AttentionPasses::kReferenceOnly};
   // Work items: (row, range of KV heads). Whole rows keep each page read
   // contiguously; rows are split by heads only when there are too few rows
@@ -597,27 +600,27 @@ absl::StatusOr<AttentionResults> ComputeAttention(
 
   for (int64_t b = 0; b < d.batch; ++b) {
     for (int64_t sq = 0; sq < d.queries; ++sq) {
-      res.max_merged_blocks =
-          std::max<int64_t>(res.max_merged_blocks,
-                            static_cast<int64_t>(res.merge_orders[b][sq].size()));
+      res.max_merged_blocks = std::max<int64_t>(
+          res.max_merged_blocks,
+          static_cast<int64_t>(res.merge_orders[b][sq].size()));
       // Visible keys: count positions <= query (and in the window).
       const int64_t qpos = p.query_positions[b * d.queries + sq];
       int64_t visible = 0;
       const int64_t L = p.layout->seq_lens[b];
       for (int64_t t = 0; t < L; ++t) {
         const int64_t page = p.layout->block_pages[b][t / d.page_size];
-        visible += Visible(
-            p, p.snapshot->slot_positions.IntAt(page * d.page_size +
-                                                t % d.page_size),
-            qpos);
+        visible += Visible(p,
+                           p.snapshot->slot_positions.IntAt(page * d.page_size +
+                                                            t % d.page_size),
+                           qpos);
       }
       res.max_visible_keys = std::max(res.max_visible_keys, visible);
     }
   }
   if (!record_merge_orders) res.merge_orders.clear();
-  res.seconds = std::chrono::duration<double>(
-                    std::chrono::steady_clock::now() - start)
-                    .count();
+  res.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   return res;
 }
 

@@ -49,16 +49,17 @@ struct PreparedAttention {
   std::vector<double> v_scale;  // [Hkv]
   double softmax_scale = 1;
   double softcap = 0;
-  int64_t window = 0;           // 0: none
+  int64_t window = 0;             // 0: none
   bool window_inclusive = false;  // FlashAttention left window convention
-  std::vector<double> sinks;    // [Hq] or empty
+  std::vector<double> sinks;      // [Hq] or empty
   bool lse_includes_sinks = false;
   DType output_dtype = DType::kF32;
 };
 
 // Applies RoPE (fp32, one cast after) and resolves scales and variants.
-absl::StatusOr<PreparedAttention> PrepareAttention(
-    const Snapshot& snapshot, const ResolvedLayout& layout, int threads);
+absl::StatusOr<PreparedAttention> PrepareAttention(const Snapshot& snapshot,
+                                                   const ResolvedLayout& layout,
+                                                   int threads);
 
 struct AttentionResults {
   std::vector<double> reference_out;  // [B,Sq,Hq,D]

@@ -17,8 +17,8 @@ inline float Sanitize(float lse) {
 
 }  // namespace
 
-void MergeStates(const float* const* outs, const float* lses, int n,
-                 int64_t d, float* out, float* lse) {
+void MergeStates(const float* const* outs, const float* lses, int n, int64_t d,
+                 float* out, float* lse) {
   float m = kNegInf;
   for (int i = 0; i < n; ++i) m = std::fmax(m, Sanitize(lses[i]));
   if (m == kNegInf) {

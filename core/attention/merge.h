@@ -16,8 +16,8 @@ namespace attnaudit {
 
 // Merges n states of dimension d: outs[i] points at d floats.
 // `out` may alias outs[0].
-void MergeStates(const float* const* outs, const float* lses, int n,
-                 int64_t d, float* out, float* lse);
+void MergeStates(const float* const* outs, const float* lses, int n, int64_t d,
+                 float* out, float* lse);
 
 // Two-state form used by the left fold: (acc_out, acc_lse) <- merge(acc,
 // next). Same arithmetic as MergeStates with n = 2.

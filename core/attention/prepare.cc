@@ -68,8 +68,8 @@ absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
           if (s.k_scale.present()) row[i] *= ks;
         }
         rope.RotateWith(row.data(), cos_half.data(), sin_half.data());
-        float* dst = p->rotated_k.data() +
-                     SlotOffset(KvLayout::kNHD, d, page, slot, g);
+        float* dst =
+            p->rotated_k.data() + SlotOffset(KvLayout::kNHD, d, page, slot, g);
         if (requantize) {
           // An fp8 cache stores the rotated key re-quantised with its scale;
           // the pool holds the dequantised value (the scale is applied here,
@@ -94,8 +94,9 @@ absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
 
 }  // namespace
 
-absl::StatusOr<PreparedAttention> PrepareAttention(
-    const Snapshot& s, const ResolvedLayout& layout, int threads) {
+absl::StatusOr<PreparedAttention> PrepareAttention(const Snapshot& s,
+                                                   const ResolvedLayout& layout,
+                                                   int threads) {
   PreparedAttention p;
   p.snapshot = &s;
   p.layout = &layout;

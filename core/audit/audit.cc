@@ -126,10 +126,9 @@ absl::StatusOr<ComparisonResult> Compare(const CompareContext& ctx,
         result.out, ComputeDrift({candidate.out.data(), out_shape},
                                  {baseline.out.data(), out_shape}, o));
     result.has_out = true;
-    result.worst_heads =
-        WorstHeads({candidate.out.data(), out_shape},
-                   {baseline.out.data(), out_shape}, ctx.output_dtype,
-                   ctx.options.worst_heads);
+    result.worst_heads = WorstHeads({candidate.out.data(), out_shape},
+                                    {baseline.out.data(), out_shape},
+                                    ctx.output_dtype, ctx.options.worst_heads);
   }
   if (candidate.has_lse && baseline.has_lse) {
     DriftOptions o;
@@ -149,9 +148,8 @@ absl::StatusOr<ComparisonResult> Compare(const CompareContext& ctx,
     o.tolerance = tol.logprob_abs;
     o.active_mask = mask;
     ATTNAUDIT_ASSIGN_OR_RETURN(
-        result.logprob,
-        ComputeDrift({candidate.logprobs.data(), lp_shape},
-                     {baseline.logprobs.data(), lp_shape}, o));
+        result.logprob, ComputeDrift({candidate.logprobs.data(), lp_shape},
+                                     {baseline.logprobs.data(), lp_shape}, o));
     result.has_logprob = true;
     result.logprob_agreement =
         CompareLogprobs({candidate.logprobs.data(), lp_shape},
@@ -220,8 +218,7 @@ absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
                              PrepareAttention(snapshot, layout, threads));
   ATTNAUDIT_ASSIGN_OR_RETURN(
       AttentionResults results,
-      ComputeReferenceAndReplay(prepared, threads,
-                                options.include_merge_orders,
+      ComputeReferenceAndReplay(prepared, threads, options.include_merge_orders,
                                 options.cancelled));
   const double attention_seconds = SecondsSince(t);
   // R and P share the pass; attribute it in proportion to their arithmetic
@@ -301,7 +298,8 @@ absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
   ctx.tolerance_inputs.kv_dtype = snapshot.k_pages.dtype();
   ctx.tolerance_inputs.max_merged_blocks =
       std::max<int64_t>(1, results.max_merged_blocks);
-  ctx.tolerance_inputs.max_context = std::max<int64_t>(1, results.max_visible_keys);
+  ctx.tolerance_inputs.max_context =
+      std::max<int64_t>(1, results.max_visible_keys);
   ctx.tolerance_inputs.max_abs_out_reference = MaxAbs(reference.out);
   ctx.tolerance_inputs.max_abs_lse_reference = MaxAbs(reference.lse);
   const RowNorms norms = MaxRowNorms(snapshot.lm_head);
@@ -354,7 +352,8 @@ absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
 absl::StatusOr<AuditReport> RunAudit(const Snapshot& snapshot,
                                      const AuditOptions& options) {
   absl::StatusOr<AuditReport> report = AuditSnapshot(snapshot, options);
-  if (report.ok() || report.status().code() != absl::StatusCode::kInvalidArgument) {
+  if (report.ok() ||
+      report.status().code() != absl::StatusCode::kInvalidArgument) {
     return report;
   }
   AuditReport invalid;

@@ -9,17 +9,17 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-#define ATTNAUDIT_RETURN_IF_ERROR(expr)                 \
-  do {                                                  \
-    const ::absl::Status attnaudit_status_ = (expr);    \
+#define ATTNAUDIT_RETURN_IF_ERROR(expr)                    \
+  do {                                                     \
+    const ::absl::Status attnaudit_status_ = (expr);       \
     if (!attnaudit_status_.ok()) return attnaudit_status_; \
   } while (0)
 
 #define ATTNAUDIT_STATUS_CONCAT_INNER_(a, b) a##b
 #define ATTNAUDIT_STATUS_CONCAT_(a, b) ATTNAUDIT_STATUS_CONCAT_INNER_(a, b)
 
-#define ATTNAUDIT_ASSIGN_OR_RETURN(lhs, expr)                              \
-  ATTNAUDIT_ASSIGN_OR_RETURN_IMPL_(                                        \
+#define ATTNAUDIT_ASSIGN_OR_RETURN(lhs, expr) \
+  ATTNAUDIT_ASSIGN_OR_RETURN_IMPL_(           \
       ATTNAUDIT_STATUS_CONCAT_(attnaudit_statusor_, __LINE__), lhs, expr)
 
 #define ATTNAUDIT_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \

@@ -54,9 +54,11 @@ std::vector<HeadSummary> WorstHeads(const DenseView& candidate,
 // output dtype by the caller), logits = hidden . lm_head^T in fp64,
 // log_softmax(logits / temperature)[token]. Returns [B*Sq]; inactive tokens
 // (mask 0) get 0. lm_head is [V, Hq*D]; token ids must lie in [0, V).
-absl::StatusOr<std::vector<double>> SelectedLogprobs(
-    const DenseView& out, const Tensor& lm_head, const Tensor& token_ids,
-    const uint8_t* active_mask, double temperature);
+absl::StatusOr<std::vector<double>> SelectedLogprobs(const DenseView& out,
+                                                     const Tensor& lm_head,
+                                                     const Tensor& token_ids,
+                                                     const uint8_t* active_mask,
+                                                     double temperature);
 
 // RL-framework agreement metrics for candidate (rollout) vs baseline
 // (trainer stand-in) log-probs over active tokens; see report.h.

@@ -30,7 +30,8 @@ double Dot(const double* a, const double* b, int64_t n) {
   __m512d acc0 = _mm512_setzero_pd();
   __m512d acc1 = _mm512_setzero_pd();
   for (; i + 16 <= n; i += 16) {
-    acc0 = _mm512_fmadd_pd(_mm512_loadu_pd(a + i), _mm512_loadu_pd(b + i), acc0);
+    acc0 =
+        _mm512_fmadd_pd(_mm512_loadu_pd(a + i), _mm512_loadu_pd(b + i), acc0);
     acc1 = _mm512_fmadd_pd(_mm512_loadu_pd(a + i + 8),
                            _mm512_loadu_pd(b + i + 8), acc1);
   }

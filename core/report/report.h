@@ -14,7 +14,12 @@
 
 namespace attnaudit {
 
-enum class Verdict : int { kUnspecified = 0, kPass = 1, kDrift = 2, kInvalid = 3 };
+enum class Verdict : int {
+  kUnspecified = 0,
+  kPass = 1,
+  kDrift = 2,
+  kInvalid = 3
+};
 
 // Which two results are compared: candidate vs baseline.
 enum class Comparison : int {
@@ -27,10 +32,10 @@ constexpr int kNumComparisons = 3;
 enum class Quantity : int { kOut = 0, kLse = 1, kLogprob = 2 };
 constexpr int kNumQuantities = 3;
 
-absl::string_view VerdictName(Verdict v);        // "PASS", "DRIFT", ...
-absl::string_view ComparisonName(Comparison c);  // "engine_vs_reference"
+absl::string_view VerdictName(Verdict v);             // "PASS", "DRIFT", ...
+absl::string_view ComparisonName(Comparison c);       // "engine_vs_reference"
 absl::string_view ComparisonShortName(Comparison c);  // "E-R"
-absl::string_view QuantityName(Quantity q);      // "out", "lse", "logprob"
+absl::string_view QuantityName(Quantity q);           // "out", "lse", "logprob"
 
 // A position in [B, Sq, Hq, D]; trailing indices are -1 when the quantity
 // has fewer dimensions (lse: d = -1; logprob: h = d = -1).
@@ -54,8 +59,8 @@ struct DriftStats {
   DType ulp_dtype = DType::kF32;
   double max_ulp = 0;
   double mean_ulp = 0;
-  double tolerance = 0;          // absolute tolerance applied
-  int64_t over_tolerance = 0;    // elements with |diff| > tolerance
+  double tolerance = 0;        // absolute tolerance applied
+  int64_t over_tolerance = 0;  // elements with |diff| > tolerance
   int64_t candidate_nan = 0;
   int64_t candidate_inf = 0;
   int64_t baseline_nan = 0;
@@ -75,12 +80,12 @@ struct DriftStats {
 // where "ref" is the baseline of the comparison (the trainer's stand-in) and
 // "cand" the candidate (the rollout's). Definitions in docs/NUMERICS.md.
 struct LogprobAgreement {
-  int64_t count = 0;           // active tokens
-  double mean_abs_diff = 0;    // mean |lp_cand - lp_ref|
+  int64_t count = 0;         // active tokens
+  double mean_abs_diff = 0;  // mean |lp_cand - lp_ref|
   double max_abs_diff = 0;
-  double k1_kl = 0;            // mean(lp_cand - lp_ref)
-  double k3_kl = 0;            // mean(r - 1 - log r)
-  double ratio_mean = 0;       // r = exp(lp_ref - lp_cand)
+  double k1_kl = 0;       // mean(lp_cand - lp_ref)
+  double k3_kl = 0;       // mean(r - 1 - log r)
+  double ratio_mean = 0;  // r = exp(lp_ref - lp_cand)
   double ratio_min = 0;
   double ratio_max = 0;
   double ratio_std = 0;

@@ -53,10 +53,10 @@ absl::Status ApplyYarn(const RopeScaling& s, float base, int64_t rotary_dim,
   }
   const float dim = static_cast<float>(rotary_dim);
   const float max_pos = static_cast<float>(s.original_max_position);
-  float low = std::floor(YarnCorrectionDim(static_cast<float>(s.beta_fast),
-                                           dim, base, max_pos));
-  float high = std::ceil(YarnCorrectionDim(static_cast<float>(s.beta_slow),
-                                           dim, base, max_pos));
+  float low = std::floor(
+      YarnCorrectionDim(static_cast<float>(s.beta_fast), dim, base, max_pos));
+  float high = std::ceil(
+      YarnCorrectionDim(static_cast<float>(s.beta_slow), dim, base, max_pos));
   low = std::max(low, 0.0f);
   high = std::min(high, dim - 1.0f);
   if (low == high) high += 0.001f;
@@ -83,9 +83,8 @@ absl::Status ApplyYarn(const RopeScaling& s, float base, int64_t rotary_dim,
 absl::StatusOr<RopeTable> RopeTable::Create(const RopeConfig& config,
                                             int64_t head_dim) {
   if (!std::isfinite(config.theta) || !(config.theta > 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rope.theta: must be a positive finite number, got ",
-                     config.theta));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rope.theta: must be a positive finite number, got ", config.theta));
   }
   const int64_t rotary_dim =
       config.rotary_dim > 0 ? config.rotary_dim : head_dim;

@@ -172,14 +172,14 @@ struct Snapshot {
 
 // Shape summary derived from a validated snapshot.
 struct SnapshotDims {
-  int64_t batch = 0;        // B
-  int64_t queries = 0;      // Sq
-  int64_t q_heads = 0;      // Hq
-  int64_t kv_heads = 0;     // Hkv
-  int64_t head_dim = 0;     // D
-  int64_t num_pages = 0;    // N
-  int64_t page_size = 0;    // P
-  int64_t max_blocks = 0;   // M
+  int64_t batch = 0;       // B
+  int64_t queries = 0;     // Sq
+  int64_t q_heads = 0;     // Hq
+  int64_t kv_heads = 0;    // Hkv
+  int64_t head_dim = 0;    // D
+  int64_t num_pages = 0;   // N
+  int64_t page_size = 0;   // P
+  int64_t max_blocks = 0;  // M
   int64_t group() const { return kv_heads ? q_heads / kv_heads : 0; }
 };
 

@@ -12,16 +12,18 @@ struct SmallFloat {
   int ebits;
   int mbits;
   int bias;
-  bool has_inf;      // all-ones exponent is inf/NaN (IEEE); else e4m3fn
+  bool has_inf;  // all-ones exponent is inf/NaN (IEEE); else e4m3fn
   double max_finite;
-  bool saturate;     // out-of-range finite values clamp to max_finite
+  bool saturate;  // out-of-range finite values clamp to max_finite
 };
 
 constexpr SmallFloat kF16Format{5, 10, 15, true, 65504.0, false};
 constexpr SmallFloat kE4M3Format{4, 3, 7, false, 448.0, true};
 constexpr SmallFloat kE5M2Format{5, 2, 15, true, 57344.0, true};
 
-uint32_t SignBit(const SmallFloat& fmt) { return 1u << (fmt.ebits + fmt.mbits); }
+uint32_t SignBit(const SmallFloat& fmt) {
+  return 1u << (fmt.ebits + fmt.mbits);
+}
 
 uint32_t MaxFiniteCode(const SmallFloat& fmt) {
   const uint32_t mant_all = (1u << fmt.mbits) - 1;
@@ -41,7 +43,8 @@ uint32_t Encode(double f, const SmallFloat& fmt) {
   double a = std::fabs(f);
   const uint32_t inf_code = fmt.has_inf ? (exp_all << fmt.mbits) : 0u;
   if (std::isinf(a)) {
-    return sign | (fmt.has_inf && !fmt.saturate ? inf_code : MaxFiniteCode(fmt));
+    return sign |
+           (fmt.has_inf && !fmt.saturate ? inf_code : MaxFiniteCode(fmt));
   }
   if (a == 0.0) return sign;
   int e2 = 0;
@@ -65,8 +68,7 @@ uint32_t Encode(double f, const SmallFloat& fmt) {
     return sign | static_cast<uint32_t>(q);
   }
   const uint32_t exp_field = static_cast<uint32_t>(exponent + fmt.bias);
-  return sign | (exp_field << fmt.mbits) |
-         static_cast<uint32_t>(q - implicit);
+  return sign | (exp_field << fmt.mbits) | static_cast<uint32_t>(q - implicit);
 }
 
 double Decode(uint32_t code, const SmallFloat& fmt) {
@@ -117,32 +119,52 @@ int64_t OrderedFromSignMagnitude(uint64_t code, int sign_bit) {
 
 int DTypeSize(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return 4;
-    case DType::kF16: return 2;
-    case DType::kBF16: return 2;
-    case DType::kF8E4M3: return 1;
-    case DType::kF8E5M2: return 1;
-    case DType::kF64: return 8;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
-    case DType::kBool: return 1;
-    case DType::kInvalid: break;
+    case DType::kF32:
+      return 4;
+    case DType::kF16:
+      return 2;
+    case DType::kBF16:
+      return 2;
+    case DType::kF8E4M3:
+      return 1;
+    case DType::kF8E5M2:
+      return 1;
+    case DType::kF64:
+      return 8;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
+    case DType::kBool:
+      return 1;
+    case DType::kInvalid:
+      break;
   }
   return 0;
 }
 
 absl::string_view DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kF8E4M3: return "fp8_e4m3";
-    case DType::kF8E5M2: return "fp8_e5m2";
-    case DType::kF64: return "f64";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kBool: return "bool";
-    case DType::kInvalid: break;
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF8E4M3:
+      return "fp8_e4m3";
+    case DType::kF8E5M2:
+      return "fp8_e5m2";
+    case DType::kF64:
+      return "f64";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kBool:
+      return "bool";
+    case DType::kInvalid:
+      break;
   }
   return "invalid";
 }
@@ -157,7 +179,8 @@ DType DTypeFromName(absl::string_view name) {
   if (name == "fp8_e5m2" || name == "e5m2" || name == "f8e5m2") {
     return DType::kF8E5M2;
   }
-  if (name == "f64" || name == "float64" || name == "double") return DType::kF64;
+  if (name == "f64" || name == "float64" || name == "double")
+    return DType::kF64;
   if (name == "i32" || name == "int32") return DType::kI32;
   if (name == "i64" || name == "int64") return DType::kI64;
   if (name == "bool") return DType::kBool;
@@ -184,13 +207,20 @@ bool IsInteger(DType dtype) {
 
 double DTypeEpsilon(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return std::ldexp(1.0, -23);
-    case DType::kF16: return std::ldexp(1.0, -10);
-    case DType::kBF16: return std::ldexp(1.0, -7);
-    case DType::kF8E4M3: return std::ldexp(1.0, -3);
-    case DType::kF8E5M2: return std::ldexp(1.0, -2);
-    case DType::kF64: return std::ldexp(1.0, -52);
-    default: return 0.0;
+    case DType::kF32:
+      return std::ldexp(1.0, -23);
+    case DType::kF16:
+      return std::ldexp(1.0, -10);
+    case DType::kBF16:
+      return std::ldexp(1.0, -7);
+    case DType::kF8E4M3:
+      return std::ldexp(1.0, -3);
+    case DType::kF8E5M2:
+      return std::ldexp(1.0, -2);
+    case DType::kF64:
+      return std::ldexp(1.0, -52);
+    default:
+      return 0.0;
   }
 }
 
@@ -211,52 +241,91 @@ uint8_t FloatToF8E5M2(float f) {
 
 float RoundToDType(float value, DType dtype) {
   switch (dtype) {
-    case DType::kF16: return F16ToFloat(FloatToF16(value));
-    case DType::kBF16: return Bf16ToFloat(FloatToBf16(value));
-    case DType::kF8E4M3: return F8E4M3ToFloat(FloatToF8E4M3(value));
-    case DType::kF8E5M2: return F8E5M2ToFloat(FloatToF8E5M2(value));
-    default: return value;
+    case DType::kF16:
+      return F16ToFloat(FloatToF16(value));
+    case DType::kBF16:
+      return Bf16ToFloat(FloatToBf16(value));
+    case DType::kF8E4M3:
+      return F8E4M3ToFloat(FloatToF8E4M3(value));
+    case DType::kF8E5M2:
+      return F8E5M2ToFloat(FloatToF8E5M2(value));
+    default:
+      return value;
   }
 }
 
 double LoadAsDouble(const void* data, DType dtype, int64_t i) {
   switch (dtype) {
-    case DType::kF64: return static_cast<const double*>(data)[i];
-    case DType::kI32: return static_cast<const int32_t*>(data)[i];
-    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
-    case DType::kBool: return static_cast<const uint8_t*>(data)[i];
-    default: return LoadAsFloat(data, dtype, i);
+    case DType::kF64:
+      return static_cast<const double*>(data)[i];
+    case DType::kI32:
+      return static_cast<const int32_t*>(data)[i];
+    case DType::kI64:
+      return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case DType::kBool:
+      return static_cast<const uint8_t*>(data)[i];
+    default:
+      return LoadAsFloat(data, dtype, i);
   }
 }
 
 float LoadAsFloat(const void* data, DType dtype, int64_t i) {
   switch (dtype) {
-    case DType::kF32: return static_cast<const float*>(data)[i];
-    case DType::kF16: return F16ToFloat(static_cast<const uint16_t*>(data)[i]);
-    case DType::kBF16: return Bf16ToFloat(static_cast<const uint16_t*>(data)[i]);
-    case DType::kF8E4M3: return Tables().e4m3[static_cast<const uint8_t*>(data)[i]];
-    case DType::kF8E5M2: return Tables().e5m2[static_cast<const uint8_t*>(data)[i]];
-    case DType::kF64: return static_cast<float>(static_cast<const double*>(data)[i]);
-    case DType::kI32: return static_cast<float>(static_cast<const int32_t*>(data)[i]);
-    case DType::kI64: return static_cast<float>(static_cast<const int64_t*>(data)[i]);
-    case DType::kBool: return static_cast<const uint8_t*>(data)[i];
-    case DType::kInvalid: break;
+    case DType::kF32:
+      return static_cast<const float*>(data)[i];
+    case DType::kF16:
+      return F16ToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DType::kBF16:
+      return Bf16ToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DType::kF8E4M3:
+      return Tables().e4m3[static_cast<const uint8_t*>(data)[i]];
+    case DType::kF8E5M2:
+      return Tables().e5m2[static_cast<const uint8_t*>(data)[i]];
+    case DType::kF64:
+      return static_cast<float>(static_cast<const double*>(data)[i]);
+    case DType::kI32:
+      return static_cast<float>(static_cast<const int32_t*>(data)[i]);
+    case DType::kI64:
+      return static_cast<float>(static_cast<const int64_t*>(data)[i]);
+    case DType::kBool:
+      return static_cast<const uint8_t*>(data)[i];
+    case DType::kInvalid:
+      break;
   }
   return std::numeric_limits<float>::quiet_NaN();
 }
 
 void StoreFromFloat(void* data, DType dtype, int64_t i, float value) {
   switch (dtype) {
-    case DType::kF32: static_cast<float*>(data)[i] = value; return;
-    case DType::kF16: static_cast<uint16_t*>(data)[i] = FloatToF16(value); return;
-    case DType::kBF16: static_cast<uint16_t*>(data)[i] = FloatToBf16(value); return;
-    case DType::kF8E4M3: static_cast<uint8_t*>(data)[i] = FloatToF8E4M3(value); return;
-    case DType::kF8E5M2: static_cast<uint8_t*>(data)[i] = FloatToF8E5M2(value); return;
-    case DType::kF64: static_cast<double*>(data)[i] = value; return;
-    case DType::kI32: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(value); return;
-    case DType::kI64: static_cast<int64_t*>(data)[i] = static_cast<int64_t>(value); return;
-    case DType::kBool: static_cast<uint8_t*>(data)[i] = value != 0.0f; return;
-    case DType::kInvalid: return;
+    case DType::kF32:
+      static_cast<float*>(data)[i] = value;
+      return;
+    case DType::kF16:
+      static_cast<uint16_t*>(data)[i] = FloatToF16(value);
+      return;
+    case DType::kBF16:
+      static_cast<uint16_t*>(data)[i] = FloatToBf16(value);
+      return;
+    case DType::kF8E4M3:
+      static_cast<uint8_t*>(data)[i] = FloatToF8E4M3(value);
+      return;
+    case DType::kF8E5M2:
+      static_cast<uint8_t*>(data)[i] = FloatToF8E5M2(value);
+      return;
+    case DType::kF64:
+      static_cast<double*>(data)[i] = value;
+      return;
+    case DType::kI32:
+      static_cast<int32_t*>(data)[i] = static_cast<int32_t>(value);
+      return;
+    case DType::kI64:
+      static_cast<int64_t*>(data)[i] = static_cast<int64_t>(value);
+      return;
+    case DType::kBool:
+      static_cast<uint8_t*>(data)[i] = value != 0.0f;
+      return;
+    case DType::kInvalid:
+      return;
   }
 }
 

@@ -24,10 +24,14 @@ int64_t Tensor::num_elements() const {
 
 int64_t Tensor::IntAt(int64_t i) const {
   switch (dtype_) {
-    case DType::kI32: return data<int32_t>()[i];
-    case DType::kI64: return data<int64_t>()[i];
-    case DType::kBool: return data<uint8_t>()[i];
-    default: return static_cast<int64_t>(DoubleAt(i));
+    case DType::kI32:
+      return data<int32_t>()[i];
+    case DType::kI64:
+      return data<int64_t>()[i];
+    case DType::kBool:
+      return data<uint8_t>()[i];
+    default:
+      return static_cast<int64_t>(DoubleAt(i));
   }
 }
 
@@ -50,16 +54,16 @@ absl::Status Tensor::CheckLayout(absl::string_view field,
   }
   int64_t n = 0;
   if (!CheckedNumElements(shape_, &n)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": shape [", absl::StrJoin(shape_, ","),
-        "] has a negative dimension or overflows"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": shape [", absl::StrJoin(shape_, ","),
+                     "] has a negative dimension or overflows"));
   }
   const int64_t size = DTypeSize(dtype_);
   if (n > max_bytes / size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": shape [", absl::StrJoin(shape_, ","), "] of ",
-        DTypeName(dtype_), " needs more than the limit of ", max_bytes,
-        " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": shape [", absl::StrJoin(shape_, ","), "] of ",
+                     DTypeName(dtype_), " needs more than the limit of ",
+                     max_bytes, " bytes"));
   }
   if (static_cast<int64_t>(bytes_.size()) != n * size) {
     return absl::InvalidArgumentError(absl::StrCat(

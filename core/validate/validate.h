@@ -25,12 +25,12 @@ struct ValidationLimits {
   int64_t max_tensor_bytes = int64_t{4} << 30;  // any single tensor
   int64_t max_total_bytes = int64_t{8} << 30;   // all tensors together
   int64_t max_batch = 4096;
-  int64_t max_queries = 64;   // Sq
-  int64_t max_heads = 1024;   // Hq
+  int64_t max_queries = 64;  // Sq
+  int64_t max_heads = 1024;  // Hq
   int64_t max_head_dim = 1024;
   int64_t max_page_size = 4096;
-  int64_t max_blocks = 1 << 20;      // M
-  int64_t max_context = 1 << 24;     // kv_seq_len
+  int64_t max_blocks = 1 << 20;   // M
+  int64_t max_context = 1 << 24;  // kv_seq_len
   int64_t max_cp_world_size = 1024;
   int64_t max_vocab = 1 << 20;
 };

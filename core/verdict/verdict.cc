@@ -142,9 +142,9 @@ Tolerances ComputeTolerances(const ToleranceInputs& inputs,
     // Statistical bound: |d z_v| <~ 2 * out_abs * ||W_v||_2 (a 2x margin
     // over the per-element tolerance acting coherently on a unit direction),
     // and |d lp| <= 2 max_v |d z_v|.
-    t.logprob_abs = (4.0 * t.out_abs + (engine ? 2.0 * eps_compute * a : 0.0)) *
-                        w2 +
-                    kLogprobFloor;
+    t.logprob_abs =
+        (4.0 * t.out_abs + (engine ? 2.0 * eps_compute * a : 0.0)) * w2 +
+        kLogprobFloor;
   } else if (w > 0) {
     t.logprob_abs = (2.0 * t.out_abs + (engine ? eps_compute * a : 0.0)) * w +
                     kLogprobFloor;

@@ -112,11 +112,10 @@ Line::Line(Level level, absl::string_view msg) {
   buf_.reserve(160);
   const auto now = std::chrono::system_clock::now();
   const std::time_t secs = std::chrono::system_clock::to_time_t(now);
-  const int64_t millis =
-      std::chrono::duration_cast<std::chrono::milliseconds>(
-          now.time_since_epoch())
-          .count() %
-      1000;
+  const int64_t millis = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             now.time_since_epoch())
+                             .count() %
+                         1000;
   std::tm tm{};
   gmtime_r(&secs, &tm);
   absl::StrAppendFormat(&buf_, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ",

@@ -1,7 +1,8 @@
 // Structured, level-filtered logging for the server: one line per event on
 // stderr, "key=value" pairs after a timestamp, the level and a message:
 //
-//   2024-05-01T12:00:00.123Z level=info msg="grpc listening" addr=localhost:50051
+//   2024-05-01T12:00:00.123Z level=info msg="grpc listening"
+//   addr=localhost:50051
 //
 //   ATTNAUDIT_LOG(kInfo, "grpc listening").Kv("addr", addr);
 //   ATTNAUDIT_LOG(kDebug, "rpc").Kv("method", "Audit").Kv("ms", 12.5);

@@ -27,15 +27,14 @@ struct FlagDef {
 
 FlagDef StringFlag(std::string name, std::string help,
                    std::string ServerFlags::*field) {
-  return FlagDef{
-      name, std::move(help),
-      [field](const ServerFlags& f) {
-        return (f.*field).empty() ? std::string("\"\"") : f.*field;
-      },
-      [field](const std::string& v, ServerFlags* f) {
-        f->*field = v;
-        return absl::OkStatus();
-      }};
+  return FlagDef{name, std::move(help),
+                 [field](const ServerFlags& f) {
+                   return (f.*field).empty() ? std::string("\"\"") : f.*field;
+                 },
+                 [field](const std::string& v, ServerFlags* f) {
+                   f->*field = v;
+                   return absl::OkStatus();
+                 }};
 }
 
 FlagDef IntFlag(std::string name, std::string help, int64_t ServerFlags::*field,
@@ -49,8 +48,8 @@ FlagDef IntFlag(std::string name, std::string help, int64_t ServerFlags::*field,
           return FlagError(name, absl::StrCat("'", v, "' is not an integer"));
         }
         if (x < min || x > max) {
-          return FlagError(name, absl::StrCat(x, " is outside [", min, ", ",
-                                              max, "]"));
+          return FlagError(
+              name, absl::StrCat(x, " is outside [", min, ", ", max, "]"));
         }
         f->*field = x;
         return absl::OkStatus();
@@ -91,8 +90,7 @@ constexpr int64_t kMaxInt = int64_t{1} << 40;
 
 const std::vector<FlagDef>& Table() {
   static const auto* table = new std::vector<FlagDef>{
-      StringFlag("listen",
-                 "gRPC address HOST:PORT (port 0 picks a free port)",
+      StringFlag("listen", "gRPC address HOST:PORT (port 0 picks a free port)",
                  &ServerFlags::listen),
       StringFlag("metrics-listen",
                  "Prometheus /metrics address HOST:PORT (\"\" disables it)",
@@ -100,7 +98,8 @@ const std::vector<FlagDef>& Table() {
       StringFlag("data-dir", "spool and result store directory",
                  &ServerFlags::data_dir),
       IntFlag("cpu-workers",
-              "concurrent CPU audit jobs (0: cores / threads-per-job, >= 1)",
+              "concurrent CPU audit jobs (0: one per 16 cores, or cores / "
+              "threads-per-job)",
               &ServerFlags::cpu_workers, 0, 4096),
       IntFlag("threads-per-job",
               "threads one audit uses (0: all cores / cpu-workers)",
@@ -117,10 +116,12 @@ const std::vector<FlagDef>& Table() {
               "queued SAMPLED jobs (Submit) before RESOURCE_EXHAUSTED",
               &ServerFlags::queue_sampled, 1, kMaxInt),
       SizeFlag("memory-budget-bytes",
-               "snapshot bytes held by queued and running jobs",
+               "snapshot bytes of queued jobs (and, separately, of stream "
+               "uploads in progress)",
                &ServerFlags::memory_budget_bytes, 4096, int64_t{1} << 50),
-      DurationFlag("retention-age", "drop stored results older than this "
-                                    "(0: keep forever)",
+      DurationFlag("retention-age",
+                   "drop stored results older than this "
+                   "(0: keep forever)",
                    &ServerFlags::retention_age),
       IntFlag("retention-count", "keep at most this many results (0: no cap)",
               &ServerFlags::retention_count, 0, kMaxInt),
@@ -131,8 +132,9 @@ const std::vector<FlagDef>& Table() {
       DurationFlag("drain-timeout",
                    "on SIGTERM, wait at most this long for in-flight jobs",
                    &ServerFlags::drain_timeout),
-      StringFlag("log-level", "debug, info, warn or error (debug: one line "
-                              "per request)",
+      StringFlag("log-level",
+                 "debug, info, warn or error (debug: one line "
+                 "per request)",
                  &ServerFlags::log_level),
       StringFlag("tls-cert", "PEM server certificate chain (enables TLS)",
                  &ServerFlags::tls_cert),
@@ -281,9 +283,10 @@ absl::StatusOr<ServerFlags> ParseServerFlags(
       continue;
     }
     if (!absl::StartsWith(arg, "--") || arg.size() == 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unexpected argument '", arg, "' (flags are --name VALUE; see "
-                                        "--help)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument '", arg,
+                       "' (flags are --name VALUE; see "
+                       "--help)"));
     }
     std::string name = arg.substr(2);
     std::string value;

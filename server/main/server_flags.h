@@ -83,7 +83,7 @@ absl::StatusOr<int64_t> ParseByteSize(const std::string& flag,
                                       const std::string& value);
 absl::StatusOr<absl::Duration> ParseDurationFlag(const std::string& flag,
                                                  const std::string& value);
-std::string FormatByteSize(int64_t bytes);   // 268435456 -> "256MiB"
+std::string FormatByteSize(int64_t bytes);         // 268435456 -> "256MiB"
 std::string FormatDurationFlag(absl::Duration d);  // 7 days -> "7d"
 
 }  // namespace attnaudit::server

@@ -12,8 +12,6 @@
 #include "server/rpc/logged_reactor.h"
 #include "server/rpc/rpc_internal.h"
 #include "server/rpc/status_util.h"
-#include "proto/codec/stream.h"
-#include "proto/codec/tensor_paths.h"
 
 namespace attnaudit::rpc {
 namespace {
@@ -126,172 +124,6 @@ class AuditCall final : public LoggedUnaryReactor {
   std::atomic<bool> cancelled_{false};
 };
 
-// ---- AuditStream -----------------------------------------------------------
-
-class AuditStreamCall final
-    : public grpc::ServerReadReactor<v1::AuditStreamMessage> {
- public:
-  AuditStreamCall(AuditServiceImpl* svc, grpc::CallbackServerContext* context,
-                  v1::AuditResponse* response)
-      : svc_(svc),
-        context_(context),
-        response_(response),
-        log_("AuditStream", context),
-        assembler_(svc->options().max_stream_bytes) {}
-
-  void Begin() {
-    if (grpc::Status auth = svc_->auth().Check(*context_); !auth.ok()) {
-      return FinishOnce(auth);
-    }
-    if (svc_->draining()) {
-      svc_->metrics()->CountRejection(RejectReason::kDraining);
-      return FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                     "server is draining"));
-    }
-    StartRead(&message_);
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) return EndOfStream();
-    if (message_.has_header()) return OnHeader();
-    if (message_.has_chunk()) return OnChunk();
-    Fail(absl::InvalidArgumentError(
-        "kind: a message must hold a header or a chunk"));
-  }
-
-  void OnCancel() override {
-    cancelled_.store(true);
-    if (submitted_.load()) svc_->scheduler()->Cancel(job_id_).IgnoreError();
-  }
-
-  void OnDone() override {
-    if (reserved_ > 0) svc_->ReleaseUpload(reserved_);
-    log_.Emit();
-    delete this;
-  }
-
- private:
-  void OnHeader() {
-    const int64_t header_bytes = static_cast<int64_t>(message_.ByteSizeLong());
-    svc_->metrics()->AddBytesReceived(header_bytes);
-    v1::AuditStreamHeader* header = message_.mutable_header();
-    if (assembler_.begun()) {
-      return Fail(absl::InvalidArgumentError(
-          "header: a second header; an AuditStream call has exactly one"));
-    }
-    absl::StatusOr<PriorityClass> priority =
-        PriorityFromProto(header->priority(), PriorityClass::kInteractive);
-    if (!priority.ok()) return Fail(PrefixStatus("header.", priority.status()));
-    priority_ = *priority;
-    absl::StatusOr<AuditOptions> options =
-        AuditOptionsFromProto(header->options());
-    if (!options.ok()) {
-      return Fail(PrefixStatus("header.options.", options.status()));
-    }
-    options_ = *std::move(options);
-    // The manifest is checked against the stream limit before anything is
-    // reserved or any chunk is read.
-    if (absl::Status s = assembler_.Begin(header); !s.ok()) return Fail(s);
-    const int64_t total = assembler_.bytes_expected() + header_bytes;
-    log_.set_bytes(total);
-    // Admission before a single chunk is read: the queue and budget
-    // (advisory; Submit re-checks) and the budget of uploads in progress.
-    server::SubmitRejection why;
-    if (absl::Status s =
-            svc_->scheduler()->CheckAdmission(priority_, total, &why);
-        !s.ok()) {
-      svc_->metrics()->CountRejection(why.reason);
-      if (s.code() == absl::StatusCode::kResourceExhausted) {
-        AddRetryAfter(context_, why.retry_after);
-      }
-      return FinishOnce(ToGrpcStatus(s));
-    }
-    if (!svc_->ReserveUpload(total)) {
-      svc_->metrics()->CountRejection(RejectReason::kMemoryBudget);
-      AddRetryAfter(context_, absl::Milliseconds(250));
-      return FinishOnce(grpc::Status(
-          grpc::StatusCode::RESOURCE_EXHAUSTED,
-          absl::StrCat("upload budget: ", total,
-                       " more bytes would exceed the ",
-                       svc_->options().upload_budget_bytes,
-                       " bytes of uploads in progress; retry after ~250 ms")));
-    }
-    reserved_ = total;
-    message_.Clear();
-    StartRead(&message_);
-  }
-
-  void OnChunk() {
-    const std::string& data = message_.chunk().data();
-    svc_->metrics()->AddBytesReceived(static_cast<int64_t>(data.size()));
-    if (absl::Status s = assembler_.Append(data); !s.ok()) return Fail(s);
-    message_.Clear();
-    StartRead(&message_);
-  }
-
-  void EndOfStream() {
-    if (cancelled_.load() || context_->IsCancelled()) {
-      return FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED,
-                                     "call cancelled during the upload"));
-    }
-    if (absl::Status s = assembler_.Finish(); !s.ok()) {
-      return Fail(s);  // "stream ended after X of Y bytes"
-    }
-    absl::StatusOr<Snapshot> snapshot =
-        SnapshotFromProto(assembler_.mutable_snapshot());
-    if (!snapshot.ok()) {
-      return Fail(PrefixStatus("header.snapshot.", snapshot.status()));
-    }
-    job_id_ = NewJobId('a');
-    log_.set_job_id(job_id_);
-    absl::Duration retry_after;
-    absl::Status admitted = AdmitInteractive(
-        svc_, job_id_, *std::move(snapshot), std::move(options_), priority_,
-        reserved_, CallDeadline(*context_), response_,
-        [this](const grpc::Status& status) { FinishOnce(status); },
-        &retry_after);
-    // Queued (or refused): the scheduler's budget accounts for the bytes
-    // from here on.
-    svc_->ReleaseUpload(reserved_);
-    reserved_ = 0;
-    if (!admitted.ok()) {
-      if (admitted.code() == absl::StatusCode::kResourceExhausted) {
-        AddRetryAfter(context_, retry_after);
-      }
-      return FinishOnce(ToGrpcStatus(admitted));
-    }
-    // No read is pending and Finish comes only from the job, so OnDone
-    // cannot run before this line.
-    submitted_.store(true);
-    if (cancelled_.load()) svc_->scheduler()->Cancel(job_id_).IgnoreError();
-  }
-
-  void Fail(const absl::Status& status) {
-    svc_->metrics()->CountRejection(RejectReason::kInvalidArgument);
-    FinishOnce(ToGrpcStatus(status));
-  }
-
-  void FinishOnce(const grpc::Status& status) {
-    if (finished_.exchange(true)) return;
-    log_.set_status(status);
-    Finish(status);
-  }
-
-  AuditServiceImpl* const svc_;
-  grpc::CallbackServerContext* const context_;
-  v1::AuditResponse* const response_;
-  CallLog log_;
-  v1::AuditStreamMessage message_;
-  AuditStreamAssembler assembler_;
-  PriorityClass priority_ = PriorityClass::kInteractive;
-  AuditOptions options_;
-  int64_t reserved_ = 0;
-  std::string job_id_;
-  std::atomic<bool> submitted_{false};
-  std::atomic<bool> cancelled_{false};
-  std::atomic<bool> finished_{false};
-};
-
 // A WatchResults call refused before it starts.
 class RejectedWatch final : public grpc::ServerWriteReactor<v1::JobResult> {
  public:
@@ -300,60 +132,6 @@ class RejectedWatch final : public grpc::ServerWriteReactor<v1::JobResult> {
 };
 
 }  // namespace
-
-// ---- Shared helpers ----------------------------------------------------------
-
-int64_t SnapshotTensorBytes(const Snapshot& snapshot) {
-  int64_t total = 0;
-  for (absl::string_view path : SnapshotTensorPaths()) {
-    const Tensor* t = FindSnapshotTensor(snapshot, path);
-    if (t != nullptr && t->present()) {
-      total += static_cast<int64_t>(t->bytes().size());
-    }
-  }
-  return total;
-}
-
-void ApplyServerOptions(const AuditServiceImpl& svc, AuditOptions* options) {
-  options->threads = svc.options().threads_per_job;
-  options->limits = svc.options().limits;
-}
-
-v1::JobResult OutcomeToJobResult(const server::JobOutcome& outcome,
-                                 const Labels& labels, absl::Time submitted,
-                                 absl::Time started) {
-  v1::JobResult r;
-  r.set_job_id(outcome.job_id);
-  switch (outcome.status.code()) {
-    case absl::StatusCode::kOk:
-      r.set_state(v1::JOB_STATE_DONE);
-      break;
-    case absl::StatusCode::kCancelled:
-    case absl::StatusCode::kDeadlineExceeded:
-      r.set_state(v1::JOB_STATE_CANCELLED);
-      break;
-    default:
-      r.set_state(v1::JOB_STATE_FAILED);
-      break;
-  }
-  if (!outcome.status.ok()) {
-    r.mutable_error()->set_code(static_cast<int>(outcome.status.code()));
-    r.mutable_error()->set_message(std::string(outcome.status.message()));
-  }
-  r.set_priority(PriorityToProto(outcome.priority));
-  LabelsToProto(labels, r.mutable_labels());
-  TimeToProto(submitted, r.mutable_submit_time());
-  if (outcome.ran && started != absl::InfinitePast()) {
-    TimeToProto(started, r.mutable_start_time());
-  }
-  TimeToProto(absl::Now(), r.mutable_finish_time());
-  return r;
-}
-
-void PublishResult(AuditServiceImpl* svc, v1::JobResult result) {
-  svc->watch_hub()->Publish(
-      std::make_shared<const v1::JobResult>(std::move(result)));
-}
 
 absl::Status AdmitInteractive(AuditServiceImpl* svc, const std::string& job_id,
                               Snapshot snapshot, AuditOptions options,
@@ -416,7 +194,8 @@ absl::Status AdmitInteractive(AuditServiceImpl* svc, const std::string& job_id,
   return s;
 }
 
-// ---- The service ----------------------------------------------------------------
+// ---- The service
+// ----------------------------------------------------------------
 
 struct AuditServiceImpl::Allocators {
   OwnedMessageAllocator<v1::AuditRequest, v1::AuditResponse> audit;
@@ -482,13 +261,6 @@ grpc::ServerUnaryReactor* AuditServiceImpl::Audit(
   return call;
 }
 
-grpc::ServerReadReactor<v1::AuditStreamMessage>* AuditServiceImpl::AuditStream(
-    grpc::CallbackServerContext* context, v1::AuditResponse* response) {
-  auto* call = new AuditStreamCall(this, context, response);
-  call->Begin();
-  return call;
-}
-
 grpc::ServerWriteReactor<v1::JobResult>* AuditServiceImpl::WatchResults(
     grpc::CallbackServerContext* context,
     const v1::WatchResultsRequest* request) {
@@ -497,9 +269,9 @@ grpc::ServerWriteReactor<v1::JobResult>* AuditServiceImpl::WatchResults(
   }
   for (int v : request->filter().verdicts()) {
     if (!v1::Verdict_IsValid(v) || v == v1::VERDICT_UNSPECIFIED) {
-      return new RejectedWatch(grpc::Status(
-          grpc::StatusCode::INVALID_ARGUMENT,
-          absl::StrCat("filter.verdicts: unknown value ", v)));
+      return new RejectedWatch(
+          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                       absl::StrCat("filter.verdicts: unknown value ", v)));
     }
   }
   ATTNAUDIT_LOG(kDebug, "rpc")

@@ -28,14 +28,14 @@
 #ifndef ATTNAUDIT_SERVER_RPC_AUDIT_SERVICE_H_
 #define ATTNAUDIT_SERVER_RPC_AUDIT_SERVICE_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
@@ -71,8 +71,7 @@ struct ServiceOptions {
   // AuditOptions::threads of every job (0: the device's default).
   int threads_per_job = 0;
   // Capacities reported in Capabilities (the scheduler enforces them).
-  std::array<int64_t, server::kNumPriorityClasses> queue_capacity = {64,
-                                                                     1024};
+  std::array<int64_t, server::kNumPriorityClasses> queue_capacity = {64, 1024};
   int64_t queued_bytes_budget = int64_t{4} << 30;
   // Empty: no authentication.
   std::string auth_token;

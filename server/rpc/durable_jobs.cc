@@ -1,7 +1,7 @@
-// Submit, GetResult, Cancel and the spool resume: the durable half of the
-// service. Everything here that touches the disk runs on the
-// BlockingExecutor (or a scheduler worker / the resume thread), never on a
-// gRPC reaction thread.
+// Submit, GetResult, Cancel and the completion of durable jobs: the
+// durable half of the service (the spool resume is spool_resume.cc). Everything
+// here that touches the disk runs on the BlockingExecutor (or a scheduler
+// worker / the resume thread), never on a gRPC reaction thread.
 //
 // Exactly-once results: a Submit is acknowledged only after its spool
 // entry is durable; a job's terminal result is committed to the store
@@ -43,42 +43,6 @@ server::JobState StateOf(const absl::Status& status) {
       return JobState::kCancelled;
     default:
       return JobState::kFailed;
-  }
-}
-
-ResultRecord TerminalRecord(const std::string& job_id, PriorityClass priority,
-                            const server::JobLabels& labels,
-                            absl::Time created, const absl::Status& status) {
-  ResultRecord rec;
-  rec.job_id = job_id;
-  rec.state = StateOf(status);
-  rec.priority = static_cast<int32_t>(priority);
-  rec.model = labels.model;
-  rec.layer = labels.layer;
-  rec.engine = labels.engine;
-  rec.created = created;
-  rec.finished = absl::Now();
-  rec.error_code = static_cast<int>(status.code());
-  rec.error_message = std::string(status.message());
-  return rec;
-}
-
-// Stores a terminal result for a job that will not run (corrupt entry,
-// expired, refused on resume) and drops its spool entry.
-void FailSpooledJob(AuditServiceImpl* svc, const ResultRecord& rec) {
-  absl::StatusOr<bool> put = svc->store()->PutResult(rec);
-  if (!put.ok()) {
-    ATTNAUDIT_LOG(kError, "result store write failed; job stays spooled")
-        .Kv("job_id", rec.job_id)
-        .Kv("status", put.status());
-    return;
-  }
-  if (absl::Status s = svc->spool()->Remove(rec.job_id); !s.ok()) {
-    ATTNAUDIT_LOG(kWarn, "spool remove failed").Kv("job_id", rec.job_id).Kv(
-        "status", s);
-  }
-  if (*put && svc->watch_hub()->HasWatchers()) {
-    PublishResult(svc, RecordToJobResult(rec));
   }
 }
 
@@ -124,6 +88,45 @@ void CompleteDurable(AuditServiceImpl* svc, const server::JobOutcome& outcome,
   }
 }
 
+}  // namespace
+
+ResultRecord TerminalRecord(const std::string& job_id, PriorityClass priority,
+                            const server::JobLabels& labels, absl::Time created,
+                            const absl::Status& status) {
+  ResultRecord rec;
+  rec.job_id = job_id;
+  rec.state = StateOf(status);
+  rec.priority = static_cast<int32_t>(priority);
+  rec.model = labels.model;
+  rec.layer = labels.layer;
+  rec.engine = labels.engine;
+  rec.created = created;
+  rec.finished = absl::Now();
+  rec.error_code = static_cast<int>(status.code());
+  rec.error_message = std::string(status.message());
+  return rec;
+}
+
+// Stores a terminal result for a job that will not run (corrupt entry,
+// expired, refused on resume) and drops its spool entry.
+void FailSpooledJob(AuditServiceImpl* svc, const ResultRecord& rec) {
+  absl::StatusOr<bool> put = svc->store()->PutResult(rec);
+  if (!put.ok()) {
+    ATTNAUDIT_LOG(kError, "result store write failed; job stays spooled")
+        .Kv("job_id", rec.job_id)
+        .Kv("status", put.status());
+    return;
+  }
+  if (absl::Status s = svc->spool()->Remove(rec.job_id); !s.ok()) {
+    ATTNAUDIT_LOG(kWarn, "spool remove failed")
+        .Kv("job_id", rec.job_id)
+        .Kv("status", s);
+  }
+  if (*put && svc->watch_hub()->HasWatchers()) {
+    PublishResult(svc, RecordToJobResult(rec));
+  }
+}
+
 std::unique_ptr<server::Job> MakeDurableJob(
     AuditServiceImpl* svc, const std::string& job_id, PriorityClass priority,
     absl::Time deadline, absl::Time created, Snapshot snapshot,
@@ -156,8 +159,7 @@ std::unique_ptr<server::Job> MakeDurableJob(
 }
 
 ResultRecord QueuedRecord(const std::string& job_id, PriorityClass priority,
-                          const server::JobLabels& labels,
-                          absl::Time created) {
+                          const server::JobLabels& labels, absl::Time created) {
   ResultRecord rec;
   rec.job_id = job_id;
   rec.state = JobState::kQueued;
@@ -168,6 +170,8 @@ ResultRecord QueuedRecord(const std::string& job_id, PriorityClass priority,
   rec.created = created;
   return rec;
 }
+
+namespace {
 
 // The body of Submit, on the executor. Fills *response on OK.
 absl::Status DoSubmit(AuditServiceImpl* svc, v1::SubmitRequest* request,
@@ -186,9 +190,8 @@ absl::Status DoSubmit(AuditServiceImpl* svc, v1::SubmitRequest* request,
   if (!priority.ok()) return invalid(priority.status());
   const std::string& key = request->idempotency_key();
   if (key.size() > kMaxIdempotencyKey) {
-    return invalid(absl::InvalidArgumentError(
-        absl::StrCat("idempotency_key: ", key.size(),
-                     " bytes; at most 128 are allowed")));
+    return invalid(absl::InvalidArgumentError(absl::StrCat(
+        "idempotency_key: ", key.size(), " bytes; at most 128 are allowed")));
   }
   const absl::Time created = absl::Now();
   absl::Time deadline = absl::InfiniteFuture();
@@ -197,8 +200,7 @@ absl::Status DoSubmit(AuditServiceImpl* svc, v1::SubmitRequest* request,
         absl::Seconds(request->timeout().seconds()) +
         absl::Nanoseconds(request->timeout().nanos());
     if (timeout <= absl::ZeroDuration()) {
-      return invalid(
-          absl::InvalidArgumentError("timeout: must be positive"));
+      return invalid(absl::InvalidArgumentError("timeout: must be positive"));
     }
     deadline = created + timeout;
   } else if (svc->options().default_submit_timeout !=
@@ -317,9 +319,8 @@ absl::Status DoCancel(AuditServiceImpl* svc, const std::string& job_id,
   absl::StatusOr<ResultRecord> rec = svc->store()->Get(job_id);
   if (!rec.ok()) {
     if (rec.status().code() == absl::StatusCode::kNotFound) {
-      return absl::NotFoundError(
-          absl::StrCat("job_id: no queued, running or stored job '", job_id,
-                       "'"));
+      return absl::NotFoundError(absl::StrCat(
+          "job_id: no queued, running or stored job '", job_id, "'"));
     }
     return rec.status();
   }
@@ -334,206 +335,21 @@ absl::Status DoCancel(AuditServiceImpl* svc, const std::string& job_id,
   labels.model = rec->model;
   labels.layer = rec->layer;
   labels.engine = rec->engine;
-  FailSpooledJob(svc, TerminalRecord(job_id,
-                                     static_cast<PriorityClass>(rec->priority),
-                                     labels, rec->created,
-                                     absl::CancelledError(
-                                         "cancelled before it was scheduled")));
+  FailSpooledJob(
+      svc, TerminalRecord(
+               job_id, static_cast<PriorityClass>(rec->priority), labels,
+               rec->created,
+               absl::CancelledError("cancelled before it was scheduled")));
   absl::StatusOr<ResultRecord> now = svc->store()->Get(job_id);
   response->set_state(now.ok() ? JobStateToProto(now->state)
                                : v1::JOB_STATE_CANCELLED);
   return absl::OkStatus();
 }
 
-// Reads, decodes and re-enqueues one spooled job (*requeued tells whether
-// it went back to the scheduler). Returns Unavailable when the scheduler
-// drains (stop resuming).
-absl::Status ResumeOne(AuditServiceImpl* svc,
-                       const server::SpoolListing& listing, bool* requeued) {
-  *requeued = false;
-  const std::string& id = listing.job_id;
-  const server::SpoolMetadata& meta = listing.metadata;
-  server::JobLabels labels;
-  labels.model = meta.model;
-  labels.layer = meta.layer;
-  labels.engine = meta.engine;
-  const auto priority = static_cast<PriorityClass>(
-      meta.priority == static_cast<int>(PriorityClass::kInteractive)
-          ? PriorityClass::kInteractive
-          : PriorityClass::kSampled);
-  absl::StatusOr<ResultRecord> existing = svc->store()->Get(id);
-  if (existing.ok() && server::IsTerminal(existing->state)) {
-    // Crashed between the result commit and the spool remove.
-    return svc->spool()->Remove(id);
-  }
-  absl::StatusOr<server::SpoolEntry> entry = svc->spool()->Read(id);
-  if (!entry.ok()) {
-    if (entry.status().code() == absl::StatusCode::kNotFound) {
-      return absl::OkStatus();  // removed meanwhile
-    }
-    FailSpooledJob(svc, TerminalRecord(id, priority, labels, meta.created,
-                                       entry.status()));
-    return absl::OkStatus();
-  }
-  v1::SubmitRequest request;
-  if (!request.ParseFromString(entry->payload)) {
-    FailSpooledJob(svc, TerminalRecord(id, priority, labels, meta.created,
-                                       absl::DataLossError(
-                                           "spool entry does not hold a "
-                                           "SubmitRequest")));
-    return absl::OkStatus();
-  }
-  std::string().swap(entry->payload);
-  absl::StatusOr<Snapshot> snapshot =
-      SnapshotFromProto(request.mutable_snapshot());
-  absl::StatusOr<AuditOptions> options =
-      AuditOptionsFromProto(request.options());
-  if (!snapshot.ok() || !options.ok()) {
-    FailSpooledJob(
-        svc, TerminalRecord(id, priority, labels, meta.created,
-                            !snapshot.ok()
-                                ? PrefixStatus("snapshot.", snapshot.status())
-                                : PrefixStatus("options.", options.status())));
-    return absl::OkStatus();
-  }
-  absl::StatusOr<bool> recorded = svc->store()->RecordQueued(
-      QueuedRecord(id, priority, labels, meta.created));
-  if (!recorded.ok()) {
-    ATTNAUDIT_LOG(kWarn, "result store RecordQueued failed")
-        .Kv("job_id", id)
-        .Kv("status", recorded.status());
-  }
-  std::unique_ptr<server::Job> job =
-      MakeDurableJob(svc, id, priority, meta.deadline, meta.created,
-                     *std::move(snapshot), *std::move(options));
-  absl::Status s =
-      svc->scheduler()->SubmitWhenAdmitted(std::move(job),
-                                           absl::InfiniteFuture());
-  *requeued = s.ok();
-  if (s.ok() || s.code() == absl::StatusCode::kUnavailable) return s;
-  if (s.code() == absl::StatusCode::kAlreadyExists) {
-    return absl::OkStatus();  // a concurrent resume of the same id
-  }
-  // Expired while the server was down, or refused for good.
-  FailSpooledJob(svc, TerminalRecord(id, priority, labels, meta.created, s));
-  return absl::OkStatus();
-}
-
 }  // namespace
 
-// ---- Conversions (rpc_internal.h) --------------------------------------------
-
-absl::StatusOr<PriorityClass> PriorityFromProto(int priority,
-                                                PriorityClass def) {
-  switch (priority) {
-    case v1::PRIORITY_UNSPECIFIED:
-      return def;
-    case v1::PRIORITY_INTERACTIVE:
-      return PriorityClass::kInteractive;
-    case v1::PRIORITY_SAMPLED:
-      return PriorityClass::kSampled;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("priority: unknown value ", priority));
-  }
-}
-
-v1::Priority PriorityToProto(PriorityClass c) {
-  return c == PriorityClass::kInteractive ? v1::PRIORITY_INTERACTIVE
-                                          : v1::PRIORITY_SAMPLED;
-}
-
-v1::JobState JobStateToProto(JobState s) {
-  switch (s) {
-    case JobState::kQueued:
-      return v1::JOB_STATE_QUEUED;
-    case JobState::kRunning:
-      return v1::JOB_STATE_RUNNING;
-    case JobState::kDone:
-      return v1::JOB_STATE_DONE;
-    case JobState::kFailed:
-      return v1::JOB_STATE_FAILED;
-    case JobState::kCancelled:
-      return v1::JOB_STATE_CANCELLED;
-  }
-  return v1::JOB_STATE_UNSPECIFIED;
-}
-
-void LabelsToProto(const Labels& labels, v1::Labels* msg) {
-  msg->set_model(labels.model);
-  if (labels.layer >= 0) msg->set_layer(labels.layer);
-  msg->set_engine(labels.engine);
-  msg->set_backend(labels.backend);
-  if (labels.step >= 0) msg->set_step(labels.step);
-  for (const std::string& id : labels.request_ids) msg->add_request_ids(id);
-}
-
-server::JobLabels JobLabelsOf(const Labels& labels) {
-  server::JobLabels out;
-  out.model = labels.model;
-  out.layer = labels.layer;
-  out.engine = labels.engine;
-  return out;
-}
-
-void TimeToProto(absl::Time t, google::protobuf::Timestamp* msg) {
-  const int64_t nanos = absl::ToUnixNanos(t);
-  int64_t secs = nanos / 1000000000;
-  int64_t rem = nanos % 1000000000;
-  if (rem < 0) {
-    rem += 1000000000;
-    --secs;
-  }
-  msg->set_seconds(secs);
-  msg->set_nanos(static_cast<int32_t>(rem));
-}
-
-absl::Time CallDeadline(const grpc::CallbackServerContext& context) {
-  const auto deadline = context.deadline();
-  // gRPC reports "no deadline" as a time far in the future.
-  if (deadline >= std::chrono::system_clock::time_point::max() -
-                      std::chrono::hours(24 * 365)) {
-    return absl::InfiniteFuture();
-  }
-  return absl::FromChrono(deadline);
-}
-
-v1::JobResult RecordToJobResult(const ResultRecord& record) {
-  v1::JobResult r;
-  r.set_job_id(record.job_id);
-  r.set_state(JobStateToProto(record.state));
-  if (record.state == JobState::kDone && !record.report.empty()) {
-    if (!r.mutable_report()->ParseFromString(record.report)) {
-      r.clear_report();
-      r.set_state(v1::JOB_STATE_FAILED);
-      r.mutable_error()->set_code(static_cast<int>(absl::StatusCode::kDataLoss));
-      r.mutable_error()->set_message("stored report is corrupt");
-    }
-  }
-  if (record.error_code != 0) {
-    r.mutable_error()->set_code(record.error_code);
-    r.mutable_error()->set_message(record.error_message);
-  }
-  r.set_priority(PriorityToProto(static_cast<PriorityClass>(record.priority)));
-  if (r.has_report() && r.report().has_labels()) {
-    *r.mutable_labels() = r.report().labels();
-  } else {
-    v1::Labels* l = r.mutable_labels();
-    l->set_model(record.model);
-    if (record.layer >= 0) l->set_layer(record.layer);
-    l->set_engine(record.engine);
-  }
-  TimeToProto(record.created, r.mutable_submit_time());
-  if (record.started != absl::UnixEpoch()) {
-    TimeToProto(record.started, r.mutable_start_time());
-  }
-  if (record.finished != absl::UnixEpoch()) {
-    TimeToProto(record.finished, r.mutable_finish_time());
-  }
-  return r;
-}
-
-// ---- RPCs ----------------------------------------------------------------------
+// ---- RPCs
+// ----------------------------------------------------------------------
 
 grpc::ServerUnaryReactor* AuditServiceImpl::Submit(
     grpc::CallbackServerContext* context, const v1::SubmitRequest* request,
@@ -552,17 +368,17 @@ grpc::ServerUnaryReactor* AuditServiceImpl::Submit(
   // The request comes from this service's allocator (audit_service.cc), so
   // its bytes may be moved out.
   auto* mutable_request = const_cast<v1::SubmitRequest*>(request);
-  const bool posted = executor_->Post([this, call, context, mutable_request,
-                                       response] {
-    absl::Duration retry_after;
-    absl::Status s =
-        DoSubmit(this, mutable_request, response, &call->log(), &retry_after);
-    if (s.code() == absl::StatusCode::kResourceExhausted) {
-      AddRetryAfter(context, retry_after);
-    }
-    if (!s.ok()) response->Clear();
-    call->Done(ToGrpcStatus(s));
-  });
+  const bool posted =
+      executor_->Post([this, call, context, mutable_request, response] {
+        absl::Duration retry_after;
+        absl::Status s = DoSubmit(this, mutable_request, response, &call->log(),
+                                  &retry_after);
+        if (s.code() == absl::StatusCode::kResourceExhausted) {
+          AddRetryAfter(context, retry_after);
+        }
+        if (!s.ok()) response->Clear();
+        call->Done(ToGrpcStatus(s));
+      });
   if (!posted) {
     AddRetryAfter(context, absl::Milliseconds(100));
     call->Done(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -588,12 +404,12 @@ grpc::ServerUnaryReactor* AuditServiceImpl::GetResult(
   const bool posted = executor_->Post([this, call, request, response] {
     absl::StatusOr<ResultRecord> rec = store_->Get(request->job_id());
     if (!rec.ok()) {
-      call->Done(ToGrpcStatus(
-          rec.status().code() == absl::StatusCode::kNotFound
-              ? absl::NotFoundError(absl::StrCat(
-                    "job_id: no stored job '", request->job_id(),
-                    "' (unknown, pruned, or an Audit call's job)"))
-              : rec.status()));
+      call->Done(
+          ToGrpcStatus(rec.status().code() == absl::StatusCode::kNotFound
+                           ? absl::NotFoundError(absl::StrCat(
+                                 "job_id: no stored job '", request->job_id(),
+                                 "' (unknown, pruned, or an Audit call's job)"))
+                           : rec.status()));
       return;
     }
     *response = RecordToJobResult(*rec);
@@ -629,48 +445,6 @@ grpc::ServerUnaryReactor* AuditServiceImpl::Cancel(
                             "server busy; retry after ~100 ms"));
   }
   return call;
-}
-
-int64_t AuditServiceImpl::ResumeSpool(const std::atomic<bool>& stop) {
-  // Rows the store thinks are unfinished but whose spool entry is gone can
-  // never finish: close them so GetResult does not say QUEUED forever.
-  if (absl::StatusOr<std::vector<std::string>> unfinished =
-          store_->Unfinished();
-      unfinished.ok()) {
-    for (const std::string& id : *unfinished) {
-      if (stop.load()) return 0;
-      if (spool_->Contains(id)) continue;
-      absl::StatusOr<ResultRecord> rec = store_->Get(id);
-      if (!rec.ok() || server::IsTerminal(rec->state)) continue;
-      server::JobLabels labels;
-      labels.model = rec->model;
-      labels.layer = rec->layer;
-      labels.engine = rec->engine;
-      FailSpooledJob(this, TerminalRecord(
-                               id, static_cast<PriorityClass>(rec->priority),
-                               labels, rec->created,
-                               absl::InternalError(
-                                   "job lost: its spool entry is missing")));
-    }
-  }
-  absl::StatusOr<std::vector<server::SpoolListing>> listing = spool_->List();
-  if (!listing.ok()) {
-    ATTNAUDIT_LOG(kError, "spool listing failed; nothing resumed")
-        .Kv("status", listing.status());
-    return 0;
-  }
-  int64_t resumed = 0;
-  for (const server::SpoolListing& l : *listing) {
-    if (stop.load() || draining()) break;
-    bool requeued = false;
-    absl::Status s = ResumeOne(this, l, &requeued);
-    if (s.code() == absl::StatusCode::kUnavailable) break;
-    if (requeued) ++resumed;
-  }
-  ATTNAUDIT_LOG(kInfo, "spool resumed")
-      .Kv("spooled", static_cast<int64_t>(listing->size()))
-      .Kv("requeued", resumed);
-  return resumed;
 }
 
 }  // namespace attnaudit::rpc

@@ -34,12 +34,12 @@ std::string IdempotentJobId(absl::string_view key) {
   unsigned char digest[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(key.data()), key.size(),
          digest);
-  return absl::StrCat(
-      "k", absl::BytesToHexString(absl::string_view(
-               reinterpret_cast<const char*>(digest), 16)));
+  return absl::StrCat("k", absl::BytesToHexString(absl::string_view(
+                               reinterpret_cast<const char*>(digest), 16)));
 }
 
-grpc::Status TokenAuth::Check(const grpc::CallbackServerContext& context) const {
+grpc::Status TokenAuth::Check(
+    const grpc::CallbackServerContext& context) const {
   if (token_.empty()) return grpc::Status::OK;
   const auto& md = context.client_metadata();
   auto it = md.find("authorization");

@@ -10,9 +10,9 @@
 #ifndef ATTNAUDIT_SERVER_RPC_JOB_IDS_H_
 #define ATTNAUDIT_SERVER_RPC_JOB_IDS_H_
 
-#include <string>
-
 #include <grpcpp/grpcpp.h>
+
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"

@@ -7,11 +7,11 @@
 #ifndef ATTNAUDIT_SERVER_RPC_LOGGED_REACTOR_H_
 #define ATTNAUDIT_SERVER_RPC_LOGGED_REACTOR_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <cstdint>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/time/time.h"
 

@@ -1,16 +1,17 @@
 // Internal helpers of the RPC layer shared by audit_service.cc (Audit,
-// AuditStream, WatchResults, GetCapabilities) and durable_jobs.cc (Submit,
-// GetResult, Cancel, spool resume). Not a public interface.
+// WatchResults, GetCapabilities), audit_stream.cc (AuditStream),
+// durable_jobs.cc (Submit, GetResult, Cancel, job completion),
+// spool_resume.cc and conversions.cc. Not a public interface.
 #ifndef ATTNAUDIT_SERVER_RPC_RPC_INTERNAL_H_
 #define ATTNAUDIT_SERVER_RPC_RPC_INTERNAL_H_
+
+#include <grpcpp/grpcpp.h>
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -68,6 +69,30 @@ int64_t SnapshotTensorBytes(const Snapshot& snapshot);
 
 // Applies the server-side settings to a request's audit options.
 void ApplyServerOptions(const AuditServiceImpl& svc, AuditOptions* options);
+
+// ---- Durable (Submit and resumed) jobs: durable_jobs.cc.
+
+// A terminal store record: DONE for OK, CANCELLED for Cancelled and
+// DeadlineExceeded, FAILED otherwise; finished now.
+server::ResultRecord TerminalRecord(const std::string& job_id,
+                                    server::PriorityClass priority,
+                                    const server::JobLabels& labels,
+                                    absl::Time created,
+                                    const absl::Status& status);
+server::ResultRecord QueuedRecord(const std::string& job_id,
+                                  server::PriorityClass priority,
+                                  const server::JobLabels& labels,
+                                  absl::Time created);
+// Stores a terminal result for a job that will not run (corrupt entry,
+// expired, cancelled before it was re-queued), then drops its spool entry
+// and publishes it. Blocking (SQLite, fsync).
+void FailSpooledJob(AuditServiceImpl* svc, const server::ResultRecord& rec);
+// A job whose completion commits the result to the store before removing
+// the spool entry (and which marks RUNNING in the store when it starts).
+std::unique_ptr<server::Job> MakeDurableJob(
+    AuditServiceImpl* svc, const std::string& job_id,
+    server::PriorityClass priority, absl::Time deadline, absl::Time created,
+    Snapshot snapshot, AuditOptions options);
 
 }  // namespace attnaudit::rpc
 

@@ -1,13 +1,13 @@
 #include "server/rpc/server.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
 #include <algorithm>
 #include <fstream>
 #include <mutex>
 #include <sstream>
 #include <utility>
-
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -105,13 +105,14 @@ void ApplyConnectionOptions(const ConnectionOptions& c,
   }
 }
 
-// Default pool shape: one job may use the whole machine (so one audit is
-// as fast as `attnaudit check`), several jobs share it.
+// Default pool shape: up to 16 cores one worker gets them all (one audit is
+// then as fast as `attnaudit check`); larger machines get a worker per 16
+// cores, so a long job cannot hold every core.
 void PoolShape(int cpu_workers, int threads_per_job, int* workers,
                int* threads) {
   const int hw = std::max(1u, std::thread::hardware_concurrency());
   if (cpu_workers <= 0 && threads_per_job <= 0) {
-    *workers = std::max(1, hw / 8);
+    *workers = std::max(1, hw / 16);
     *threads = std::max(1, hw / *workers);
   } else if (cpu_workers <= 0) {
     *threads = threads_per_job;
@@ -207,8 +208,8 @@ absl::Status AuditServer::Init() {
   ATTNAUDIT_ASSIGN_OR_RETURN(scheduler_,
                              server::Scheduler::Create(std::move(sched)));
 
-  executor_ = std::make_unique<BlockingExecutor>(o.blocking_threads,
-                                                 o.blocking_queue);
+  executor_ =
+      std::make_unique<BlockingExecutor>(o.blocking_threads, o.blocking_queue);
 
   ServiceOptions svc;
   svc.max_message_bytes = o.max_message_bytes;
@@ -244,6 +245,9 @@ absl::Status AuditServer::Init() {
   builder.SetMaxSendMessageSize(static_cast<int>(
       std::max<int64_t>(o.max_message_bytes, int64_t{64} << 20)));
   ApplyConnectionOptions(o.connection, &builder);
+  // gRPC sets SO_REUSEPORT by default: a second server on the same port
+  // would start "fine" and split the traffic. Fail loudly instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
     return absl::UnavailableError(

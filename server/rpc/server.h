@@ -6,7 +6,8 @@
 // token auth, keepalive and connection age, and a bounded receive size.
 //
 //   AuditServerOptions options;  options.listen = "127.0.0.1:0"; ...
-//   ATTNAUDIT_ASSIGN_OR_RETURN(auto server, AuditServer::Start(std::move(options)));
+//   ATTNAUDIT_ASSIGN_OR_RETURN(auto server,
+//   AuditServer::Start(std::move(options)));
 //   ... server->port() ...
 //   server->Shutdown();  // the SIGTERM sequence; also run by the destructor
 //
@@ -22,6 +23,8 @@
 #ifndef ATTNAUDIT_SERVER_RPC_SERVER_H_
 #define ATTNAUDIT_SERVER_RPC_SERVER_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -29,8 +32,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -64,7 +65,7 @@ struct ConnectionOptions {
 };
 
 struct AuditServerOptions {
-  std::string listen = "localhost:50051";  // port 0 picks a free one
+  std::string listen = "localhost:50051";         // port 0 picks a free one
   std::string metrics_listen = "localhost:9464";  // empty: no endpoint
   std::string data_dir = "./var/attnaudit";
 
@@ -75,15 +76,14 @@ struct AuditServerOptions {
   std::vector<std::unique_ptr<server::Device>> devices;
 
   int64_t max_message_bytes = int64_t{256} << 20;
-  std::array<int64_t, server::kNumPriorityClasses> queue_capacity = {64,
-                                                                     1024};
+  std::array<int64_t, server::kNumPriorityClasses> queue_capacity = {64, 1024};
   // Queued snapshot bytes (scheduler) and, separately, bytes of stream
   // uploads in progress.
   int64_t memory_budget_bytes = int64_t{8} << 30;
   ValidationLimits limits;
 
   absl::Duration retention_age = absl::Hours(24 * 7);  // 0: keep forever
-  int64_t retention_count = 100000;                     // 0: no cap
+  int64_t retention_count = 100000;                    // 0: no cap
   absl::Duration prune_interval = absl::Minutes(5);
 
   absl::Duration drain_delay = absl::ZeroDuration();

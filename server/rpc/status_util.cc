@@ -29,7 +29,8 @@ void AddRetryAfter(grpc::CallbackServerContext* context,
                    absl::Duration retry_after) {
   if (retry_after <= absl::ZeroDuration()) return;
   const double ms = std::ceil(absl::ToDoubleMilliseconds(retry_after));
-  const int64_t clamped = ms < 1 ? 1 : (ms > 3.6e6 ? 3600000 : static_cast<int64_t>(ms));
+  const int64_t clamped =
+      ms < 1 ? 1 : (ms > 3.6e6 ? 3600000 : static_cast<int64_t>(ms));
   context->AddTrailingMetadata(kRetryAfterMetadata, absl::StrCat(clamped));
 }
 

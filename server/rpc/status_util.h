@@ -5,9 +5,9 @@
 #ifndef ATTNAUDIT_SERVER_RPC_STATUS_UTIL_H_
 #define ATTNAUDIT_SERVER_RPC_STATUS_UTIL_H_
 
-#include <string>
-
 #include <grpcpp/grpcpp.h>
+
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"

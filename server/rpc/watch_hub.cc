@@ -37,8 +37,8 @@ WatchReactor::WatchReactor(WatchHub* hub, v1::ResultFilter filter,
     : hub_(hub), filter_(std::move(filter)), buffer_(buffer < 1 ? 1 : buffer) {
   if (!hub_->Add(this)) {
     absl::MutexLock lock(&mu_);
-    FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                              "server is shutting down"));
+    FinishLocked(
+        grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is shutting down"));
   }
 }
 

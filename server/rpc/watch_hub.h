@@ -15,11 +15,11 @@
 #ifndef ATTNAUDIT_SERVER_RPC_WATCH_HUB_H_
 #define ATTNAUDIT_SERVER_RPC_WATCH_HUB_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <cstddef>
 #include <deque>
 #include <memory>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
@@ -63,7 +63,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobResult> {
   const size_t buffer_;
   absl::Mutex mu_;
   std::deque<std::shared_ptr<const v1::JobResult>> queue_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;  // a write is issued
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;    // a write is issued
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;  // Finish requested
   bool finished_ ABSL_GUARDED_BY(mu_) = false;   // Finish called
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);

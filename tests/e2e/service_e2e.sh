@@ -111,6 +111,22 @@ set -e
 timeout 60 "$CLI" audit "$WORK/small.pb" --addr "$ADDR" --json >"$WORK/small.json"
 grep -q '"verdict": "VERDICT_PASS"' "$WORK/small.json" || fail "audit --json"
 
+step "watch --verdict DRIFT sees drifting audits only"
+timeout 60 "$CLI" watch --addr "$ADDR" --verdict DRIFT --count 2 --json \
+  --duration 50s >"$WORK/watch.jsonl" 2>"$WORK/watch.err" &
+watch_pid=$!
+# The watcher connects asynchronously: keep auditing (PASS and DRIFT) until
+# it has seen two DRIFT results, at most 40 rounds.
+for _ in $(seq 1 40); do
+  kill -0 "$watch_pid" 2>/dev/null || break
+  timeout 60 "$CLI" audit "$WORK/small.pb" --addr "$ADDR" >/dev/null || true
+  timeout 60 "$CLI" audit "$WORK/drift.pb" --addr "$ADDR" >/dev/null || true
+done
+wait "$watch_pid" || fail "watch: $(cat "$WORK/watch.err")"
+[[ $(wc -l <"$WORK/watch.jsonl") == 2 ]] || fail "watch printed $(wc -l <"$WORK/watch.jsonl") lines"
+grep -c '"verdict":"VERDICT_DRIFT"' "$WORK/watch.jsonl" | grep -qx 2 ||
+  fail "watch output is not two DRIFT results: $(cat "$WORK/watch.jsonl" | cut -c1-300)"
+
 step "metrics: drift histograms moved, promtool check metrics passes"
 scrape >"$WORK/metrics.txt" || fail "scrape"
 er_count=$(sed -n 's/^attnaudit_drift_out_max_abs_count{comparison="engine_vs_reference",layer="3",model="qwen3-8b"} \([0-9.e+]*\)$/\1/p' "$WORK/metrics.txt")
@@ -196,4 +212,49 @@ grep -q 'msg="spool resumed" spooled=0 requeued=0' "$WORK/server3.log" ||
 kill -TERM "$SERVER_PID"
 wait "$SERVER_PID" || fail "third server exit"
 SERVER_PID=""
+
+if command -v openssl >/dev/null; then
+  step "mTLS and bearer token"
+  T="$WORK/tls"
+  mkdir -p "$T"
+  (
+    cd "$T"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=e2e-ca" \
+      -keyout ca.key -out ca.pem
+    for who in server client; do
+      openssl req -newkey rsa:2048 -nodes -subj "/CN=$who" \
+        -keyout $who.key -out $who.csr
+      printf "subjectAltName=DNS:localhost,IP:127.0.0.1\n" >$who.ext
+      openssl x509 -req -in $who.csr -CA ca.pem -CAkey ca.key \
+        -CAcreateserial -days 2 -extfile $who.ext -out $who.pem
+    done
+    echo "e2e-token-$RANDOM$RANDOM" >token
+  ) >/dev/null 2>&1 || fail "openssl could not make test certificates"
+  start_server "$WORK/server4.log" --tls-cert "$T/server.pem" \
+    --tls-key "$T/server.key" --tls-client-ca "$T/ca.pem" \
+    --auth-token-file "$T/token"
+  grep -q 'tls=mutual auth=bearer' "$WORK/server4.log" || fail "tls/auth line"
+  grep -q "$(cat "$T/token")" "$WORK/server4.log" && fail "token in the log"
+  tls=(--addr "$ADDR" --tls-ca "$T/ca.pem" --tls-server-name localhost)
+  timeout 30 "$CLI" audit "$WORK/small.pb" "${tls[@]}" --tls-cert "$T/client.pem" \
+    --tls-key "$T/client.key" --auth-token-file "$T/token" >/dev/null ||
+    fail "audit over mTLS with the token"
+  set +e
+  timeout 30 "$CLI" caps "${tls[@]}" --tls-cert "$T/client.pem" \
+    --tls-key "$T/client.key" --timeout 10s 2>"$WORK/notoken.err" >/dev/null
+  no_token=$?
+  timeout 30 "$CLI" caps "${tls[@]}" --auth-token-file "$T/token" \
+    --timeout 5s 2>"$WORK/nocert.err" >/dev/null
+  no_cert=$?
+  timeout 30 "$CLI" caps --addr "$ADDR" --timeout 5s 2>/dev/null >/dev/null
+  plaintext=$?
+  set -e
+  [[ $no_token == 2 ]] && grep -q UNAUTHENTICATED "$WORK/notoken.err" ||
+    fail "a call without the token must be UNAUTHENTICATED"
+  [[ $no_cert == 2 ]] || fail "a client without a certificate must fail"
+  [[ $plaintext == 2 ]] || fail "a plaintext client must fail"
+  kill -TERM "$SERVER_PID"
+  wait "$SERVER_PID" || fail "TLS server exit"
+  SERVER_PID=""
+fi
 echo "PASS"

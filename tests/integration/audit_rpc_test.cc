@@ -82,8 +82,8 @@ TEST_F(AuditRpcTest, InvalidSnapshotIsInvalidArgumentNamingTheField) {
         t_->client->Audit(snapshot, {}, transport);
     ASSERT_FALSE(report.ok());
     EXPECT_EQ(report.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_TRUE(absl::StartsWith(report.status().message(),
-                                 "snapshot.block_table"))
+    EXPECT_TRUE(
+        absl::StartsWith(report.status().message(), "snapshot.block_table"))
         << report.status();
   }
 }
@@ -144,7 +144,8 @@ TEST_F(AuditRpcTest, StreamProtocolViolationsAreRefusedWithTheirPlace) {
   {  // A chunk before the header.
     grpc::Status s = SendStream(t_->stub.get(), {chunks[0]});
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_TRUE(absl::StartsWith(s.error_message(), "chunk")) << s.error_message();
+    EXPECT_TRUE(absl::StartsWith(s.error_message(), "chunk"))
+        << s.error_message();
   }
   {  // A byte length that disagrees with the tensor's shape.
     v1::AuditStreamMessage bad = header;
@@ -152,8 +153,8 @@ TEST_F(AuditRpcTest, StreamProtocolViolationsAreRefusedWithTheirPlace) {
         bad.header().manifest(0).byte_length() + 2);
     grpc::Status s = SendStream(t_->stub.get(), {bad});
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_TRUE(absl::StartsWith(s.error_message(),
-                                 "header.manifest[0].byte_length"))
+    EXPECT_TRUE(
+        absl::StartsWith(s.error_message(), "header.manifest[0].byte_length"))
         << s.error_message();
   }
   {  // Half-closed before every announced byte arrived.
@@ -168,12 +169,14 @@ TEST_F(AuditRpcTest, StreamProtocolViolationsAreRefusedWithTheirPlace) {
     all.push_back(chunks[0]);
     grpc::Status s = SendStream(t_->stub.get(), all);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_TRUE(absl::StartsWith(s.error_message(), "chunk")) << s.error_message();
+    EXPECT_TRUE(absl::StartsWith(s.error_message(), "chunk"))
+        << s.error_message();
   }
   {  // A second header.
     grpc::Status s = SendStream(t_->stub.get(), {header, header});
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_TRUE(absl::StartsWith(s.error_message(), "header")) << s.error_message();
+    EXPECT_TRUE(absl::StartsWith(s.error_message(), "header"))
+        << s.error_message();
   }
   {  // Nothing at all.
     grpc::Status s = SendStream(t_->stub.get(), {});

@@ -78,7 +78,8 @@ TEST_F(JobsRpcTest, SubmittedJobYieldsOneStoredResult) {
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   EXPECT_FALSE(submitted->job_id().empty());
   EXPECT_FALSE(submitted->deduplicated());
-  const v1::JobResult result = WaitFinished(t_->client.get(), submitted->job_id());
+  const v1::JobResult result =
+      WaitFinished(t_->client.get(), submitted->job_id());
   ASSERT_EQ(result.state(), v1::JOB_STATE_DONE) << result.DebugString();
   EXPECT_EQ(result.job_id(), submitted->job_id());
   EXPECT_EQ(result.report().verdict(), v1::VERDICT_PASS);
@@ -87,7 +88,8 @@ TEST_F(JobsRpcTest, SubmittedJobYieldsOneStoredResult) {
   EXPECT_TRUE(result.has_start_time());
   EXPECT_TRUE(result.has_finish_time());
   // The result is committed, so the spool entry is gone.
-  EXPECT_TRUE(WaitFor([&] { return CountFiles(t_->data_dir + "/spool", ".job") == 0; }));
+  EXPECT_TRUE(WaitFor(
+      [&] { return CountFiles(t_->data_dir + "/spool", ".job") == 0; }));
 }
 
 TEST_F(JobsRpcTest, WatchStreamsFinishedResultsThatMatchTheFilter) {
@@ -95,9 +97,8 @@ TEST_F(JobsRpcTest, WatchStreamsFinishedResultsThatMatchTheFilter) {
   drift_only.add_verdicts(v1::VERDICT_DRIFT);
   Watcher drift(t_->client.get(), drift_only, 1);
   Watcher everything(t_->client.get(), v1::ResultFilter(), 2);
-  ASSERT_TRUE(WaitFor([&] {
-    return t_->server->service()->watch_hub()->watchers() == 2;
-  }));
+  ASSERT_TRUE(WaitFor(
+      [&] { return t_->server->service()->watch_hub()->watchers() == 2; }));
 
   absl::StatusOr<v1::SubmitResponse> pass =
       t_->client->Submit(SmallSnapshot(22));
@@ -129,9 +130,8 @@ TEST_F(JobsRpcTest, WatchFiltersOnLabels) {
   layer0.set_layer(0);
   Watcher none(t_->client.get(), other_model, 1);
   Watcher some(t_->client.get(), layer0, 1);
-  ASSERT_TRUE(WaitFor([&] {
-    return t_->server->service()->watch_hub()->watchers() == 2;
-  }));
+  ASSERT_TRUE(WaitFor(
+      [&] { return t_->server->service()->watch_hub()->watchers() == 2; }));
   ASSERT_TRUE(t_->client->Audit(SmallSnapshot(24)).ok());
   some.Join();
   ASSERT_EQ(some.results().size(), 1u);
@@ -152,11 +152,9 @@ TEST_F(JobsRpcTest, SlowWatcherIsDroppedWithResourceExhausted) {
   ASSERT_NE(t_, nullptr);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
-  auto reader =
-      t_->stub->WatchResults(&context, v1::WatchResultsRequest());
-  ASSERT_TRUE(WaitFor([&] {
-    return t_->server->service()->watch_hub()->watchers() == 1;
-  }));
+  auto reader = t_->stub->WatchResults(&context, v1::WatchResultsRequest());
+  ASSERT_TRUE(WaitFor(
+      [&] { return t_->server->service()->watch_hub()->watchers() == 1; }));
   // The client reads nothing while large results are published: once the
   // transport's flow-control window is full the server's buffer fills too.
   v1::JobResult big;
@@ -223,7 +221,8 @@ TEST_F(JobsRpcTest, InvalidSubmitCreatesNoJob) {
   v1::SubmitResponse response;
   grpc::Status s = t_->stub->Submit(&context, request, &response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_TRUE(absl::StartsWith(s.error_message(), "timeout")) << s.error_message();
+  EXPECT_TRUE(absl::StartsWith(s.error_message(), "timeout"))
+      << s.error_message();
 }
 
 TEST_F(JobsRpcTest, UnknownAndMalformedJobIds) {

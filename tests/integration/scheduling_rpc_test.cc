@@ -57,13 +57,15 @@ class SchedulingRpcTest : public ::testing::Test {
   std::vector<std::thread> threads_;
 };
 
-TEST_F(SchedulingRpcTest, FullQueueIsRefusedAndTheNextRequestAfterADrainIsAccepted) {
+TEST_F(SchedulingRpcTest,
+       FullQueueIsRefusedAndTheNextRequestAfterADrainIsAccepted) {
   Start(/*interactive_queue=*/1);
   absl::Status running, queued;
   AuditAsync(1, &running);
   ASSERT_TRUE(gate_->WaitStarted(1));  // the device is busy
   AuditAsync(2, &queued);
-  ASSERT_TRUE(WaitFor([&] { return Queued(PriorityClass::kInteractive) == 1; }));
+  ASSERT_TRUE(
+      WaitFor([&] { return Queued(PriorityClass::kInteractive) == 1; }));
 
   // The queue of one is full: refused at once, with a retry hint trailer.
   absl::StatusOr<AuditReport> refused = t_->client->Audit(SmallSnapshot(3));
@@ -72,8 +74,8 @@ TEST_F(SchedulingRpcTest, FullQueueIsRefusedAndTheNextRequestAfterADrainIsAccept
       << refused.status();
   EXPECT_GT(client::RetryAfter(refused.status()), absl::ZeroDuration());
   // The stream is refused before its chunks, the same way.
-  absl::StatusOr<AuditReport> refused_stream = t_->client->Audit(
-      SmallSnapshot(4), {}, client::Transport::kStream);
+  absl::StatusOr<AuditReport> refused_stream =
+      t_->client->Audit(SmallSnapshot(4), {}, client::Transport::kStream);
   EXPECT_EQ(refused_stream.status().code(),
             absl::StatusCode::kResourceExhausted);
 
@@ -112,7 +114,8 @@ TEST_F(SchedulingRpcTest, ExpiredQueuedJobFailsDeadlineExceededWithoutRunning) {
   absl::StatusOr<AuditReport> late =
       t_->client->Audit(SmallSnapshot(3), short_call);
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_TRUE(WaitFor([&] { return Queued(PriorityClass::kInteractive) == 0; }));
+  EXPECT_TRUE(
+      WaitFor([&] { return Queued(PriorityClass::kInteractive) == 0; }));
 
   // The device was held the whole time: neither job ever reached it.
   EXPECT_EQ(gate_->started(), (std::vector<int64_t>{1}));
@@ -164,11 +167,13 @@ TEST_F(SchedulingRpcTest, ClientCancelFreesTheQueuedAuditJob) {
     v1::AuditResponse response;
     status = t_->stub->Audit(&context, request, &response);
   });
-  ASSERT_TRUE(WaitFor([&] { return Queued(PriorityClass::kInteractive) == 1; }));
+  ASSERT_TRUE(
+      WaitFor([&] { return Queued(PriorityClass::kInteractive) == 1; }));
   context.TryCancel();
   call.join();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
-  EXPECT_TRUE(WaitFor([&] { return Queued(PriorityClass::kInteractive) == 0; }));
+  EXPECT_TRUE(
+      WaitFor([&] { return Queued(PriorityClass::kInteractive) == 0; }));
   gate_->Open();
   for (std::thread& th : threads_) th.join();
   threads_.clear();
@@ -234,9 +239,10 @@ TEST_F(SchedulingRpcTest, DrainingRefusesNewWorkWithUnavailable) {
   const Snapshot snapshot = SmallSnapshot(1);
   EXPECT_EQ(t_->client->Audit(snapshot).status().code(),
             absl::StatusCode::kUnavailable);
-  EXPECT_EQ(
-      t_->client->Audit(snapshot, {}, client::Transport::kStream).status().code(),
-      absl::StatusCode::kUnavailable);
+  EXPECT_EQ(t_->client->Audit(snapshot, {}, client::Transport::kStream)
+                .status()
+                .code(),
+            absl::StatusCode::kUnavailable);
   EXPECT_EQ(t_->client->Submit(snapshot).status().code(),
             absl::StatusCode::kUnavailable);
   // Reads still work while draining.

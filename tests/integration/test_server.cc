@@ -1,13 +1,13 @@
 #include "tests/integration/test_server.h"
 
 #include <dirent.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <stdlib.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 #include <utility>
-
-#include <grpcpp/generic/generic_stub.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -33,12 +33,41 @@ Snapshot SmallSnapshot(int64_t tag, Fault fault, int64_t context) {
   return *std::move(s);
 }
 
+namespace {
+
+// Removes every directory MakeTempDir made when the test program exits
+// (after the fixtures, and so the servers, are gone).
+class TempDirs {
+ public:
+  ~TempDirs() {
+    for (const std::string& dir : dirs_) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  }
+  void Add(std::string dir) {
+    absl::MutexLock lock(&mu_);
+    dirs_.push_back(std::move(dir));
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> dirs_;
+};
+TempDirs& AllTempDirs() {
+  static TempDirs dirs;
+  return dirs;
+}
+
+}  // namespace
+
 std::string MakeTempDir(const std::string& name) {
   const char* base = std::getenv("TEST_TMPDIR");
   std::string tmpl = absl::StrCat(base != nullptr ? base : "/tmp",
                                   "/attnaudit_", name, "_XXXXXX");
   char* made = mkdtemp(tmpl.data());
   EXPECT_NE(made, nullptr);
+  AllTempDirs().Add(tmpl);
   return tmpl;
 }
 
@@ -145,8 +174,8 @@ std::unique_ptr<TestServer> StartServer(rpc::AuditServerOptions options,
   EXPECT_TRUE(c.ok()) << c.status();
   if (!c.ok()) return nullptr;
   t->client = *std::move(c);
-  t->channel = grpc::CreateChannel(t->address,
-                                   grpc::InsecureChannelCredentials());
+  t->channel =
+      grpc::CreateChannel(t->address, grpc::InsecureChannelCredentials());
   t->stub = v1::AuditService::NewStub(t->channel);
   return t;
 }
@@ -201,8 +230,8 @@ int HealthCheck(const std::shared_ptr<grpc::Channel>& channel,
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   grpc::CompletionQueue cq;
-  auto call = stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check",
-                                    in, &cq);
+  auto call =
+      stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check", in, &cq);
   call->StartCall();
   call->Finish(&out, status, reinterpret_cast<void*>(1));
   Next(&cq);
@@ -214,15 +243,15 @@ int HealthCheck(const std::shared_ptr<grpc::Channel>& channel,
   return 0;
 }
 
-std::string ReflectionListServices(const std::shared_ptr<grpc::Channel>& channel,
-                                   grpc::Status* status) {
+std::string ReflectionListServices(
+    const std::shared_ptr<grpc::Channel>& channel, grpc::Status* status) {
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   grpc::CompletionQueue cq;
   auto call = stub.PrepareCall(
-      &context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-      &cq);
+      &context,
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
   call->StartCall(reinterpret_cast<void*>(1));
   std::string response;
   if (Next(&cq)) {

@@ -10,14 +10,14 @@
 #ifndef ATTNAUDIT_TESTS_INTEGRATION_TEST_SERVER_H_
 #define ATTNAUDIT_TESTS_INTEGRATION_TEST_SERVER_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -39,7 +39,8 @@ inline constexpr absl::Duration kWait = absl::Seconds(30);
 Snapshot SmallSnapshot(int64_t tag, Fault fault = Fault::kNone,
                        int64_t context = 64);
 
-// A fresh directory under $TEST_TMPDIR or /tmp.
+// A fresh directory under $TEST_TMPDIR or /tmp, removed when the test
+// program exits.
 std::string MakeTempDir(const std::string& name);
 int CountFiles(const std::string& dir, const std::string& suffix);
 
@@ -93,8 +94,7 @@ struct TestServer {
 // Starts a server (failing the test on error) and connects a client with
 // `client_options` (address filled in).
 std::unique_ptr<TestServer> StartServer(
-    rpc::AuditServerOptions options,
-    client::ClientOptions client_options = {});
+    rpc::AuditServerOptions options, client::ClientOptions client_options = {});
 
 // grpc.health.v1.Health/Check through the generic stub: the reported
 // serving status (1 SERVING, 2 NOT_SERVING), or -1 with *status set when
@@ -103,8 +103,8 @@ int HealthCheck(const std::shared_ptr<grpc::Channel>& channel,
                 const std::string& service, grpc::Status* status);
 
 // grpc.reflection.v1alpha list_services: the raw response bytes.
-std::string ReflectionListServices(const std::shared_ptr<grpc::Channel>& channel,
-                                   grpc::Status* status);
+std::string ReflectionListServices(
+    const std::shared_ptr<grpc::Channel>& channel, grpc::Status* status);
 
 // Waits until `predicate` holds (polling every millisecond); false on
 // timeout.

@@ -21,7 +21,8 @@ TEST(VexpTest, F64WithinTwoUlps) {
   std::vector<double> e(x.size());
   ExpNonPositiveF64(x.data(), static_cast<int64_t>(x.size()), e.data());
   for (size_t i = 0; i < x.size(); ++i) {
-    const double want = static_cast<double>(std::exp(static_cast<long double>(x[i])));
+    const double want =
+        static_cast<double>(std::exp(static_cast<long double>(x[i])));
     if (x[i] < -745.2) {
       EXPECT_LE(e[i], 5e-324) << x[i];
       continue;
@@ -39,7 +40,8 @@ TEST(VexpTest, F32WithinTwoUlps) {
   std::vector<float> e(x.size());
   ExpNonPositiveF32(x.data(), static_cast<int64_t>(x.size()), e.data());
   for (size_t i = 0; i < x.size(); ++i) {
-    const float want = static_cast<float>(std::exp(static_cast<long double>(x[i])));
+    const float want =
+        static_cast<float>(std::exp(static_cast<long double>(x[i])));
     if (x[i] < -103.98f) {
       EXPECT_LE(e[i], 1.5e-45f) << x[i];
       continue;

@@ -14,9 +14,9 @@ TEST(DTypeTest, SizesAndNames) {
   EXPECT_EQ(DTypeSize(DType::kF8E4M3), 1);
   EXPECT_EQ(DTypeSize(DType::kF64), 8);
   EXPECT_EQ(DTypeSize(DType::kInvalid), 0);
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3,
-                  DType::kF8E5M2, DType::kF64, DType::kI32, DType::kI64,
-                  DType::kBool}) {
+  for (DType t :
+       {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kF8E5M2,
+        DType::kF64, DType::kI32, DType::kI64, DType::kBool}) {
     EXPECT_EQ(DTypeFromName(DTypeName(t)), t) << DTypeName(t);
   }
   EXPECT_EQ(DTypeFromName("bfloat16"), DType::kBF16);
@@ -44,7 +44,7 @@ TEST(DTypeTest, F16KnownValues) {
   EXPECT_EQ(FloatToF16(1.0f), 0x3c00);
   EXPECT_EQ(FloatToF16(65504.0f), 0x7bff);
   EXPECT_EQ(FloatToF16(65520.0f), 0x7c00);  // rounds up to infinity
-  EXPECT_EQ(FloatToF16(std::ldexp(1.0f, -25)), 0x0000);  // tie to even (0)
+  EXPECT_EQ(FloatToF16(std::ldexp(1.0f, -25)), 0x0000);      // tie to even (0)
   EXPECT_EQ(FloatToF16(3 * std::ldexp(1.0f, -25)), 0x0002);  // tie to even
 }
 
@@ -91,9 +91,9 @@ TEST(DTypeTest, UlpDistance) {
   EXPECT_EQ(UlpDistance(one, one, DType::kBF16), 0u);
   EXPECT_EQ(UlpDistance(-0.0, 0.0, DType::kF32), 0u);
   // Across zero: the smallest positive and negative subnormals are 2 apart.
-  EXPECT_EQ(UlpDistance(std::ldexp(1.0, -149), -std::ldexp(1.0, -149),
-                        DType::kF32),
-            2u);
+  EXPECT_EQ(
+      UlpDistance(std::ldexp(1.0, -149), -std::ldexp(1.0, -149), DType::kF32),
+      2u);
   EXPECT_EQ(UlpDistance(1.0, 1.0 + std::ldexp(1.0, -52), DType::kF64), 1u);
   EXPECT_EQ(UlpDistance(NAN, 1.0, DType::kF32),
             std::numeric_limits<uint64_t>::max());

@@ -1,0 +1,482 @@
+#!/usr/bin/env python3
+"""Generates deploy/grafana/dashboards/attnaudit.json (the on-call dashboard).
+
+    python3 deploy/grafana/dashboard_gen.py          # rewrite the JSON
+    python3 deploy/grafana/dashboard_gen.py --check  # exit 1 if it is stale
+
+The JSON is committed (Grafana provisions it as-is); edit this file, not the
+JSON. Standard library only. tests/deploy/check_deploy.sh runs --check and
+lints every expression against server/metrics/metrics.h.
+
+Layout, top to bottom (what you need first at 3 a.m. is at the top):
+  Overview   DRIFT / INVALID fraction, audits/s, rejections/s, queue fill,
+             targets down; verdicts, rejections by reason, queue depth,
+             in-flight and devices over time
+  Drift      output |diff| p50/p99 and ULP p99 by model/layer, LSE and
+             log-prob |diff|, DRIFT fraction by comparison, worst layers
+  Latency    queue wait by class, stage durations, device run time, outcomes
+  Devices    device state, queued bytes, received bytes, build info
+Every panel uses the `datasource` variable (default: the provisioned uid
+attnaudit-prometheus) and the job / instance / comparison / model / layer
+variables.
+"""
+import json
+import os
+import sys
+
+DATASOURCE_UID = "attnaudit-prometheus"
+DS = {"type": "prometheus", "uid": "${datasource}"}
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dashboards",
+                   "attnaudit.json")
+
+# Label matchers shared by every query.
+SEL = 'job=~"$job",instance=~"$instance"'
+DRIFT_SEL = SEL + ',comparison=~"$comparison",model=~"$model",layer=~"$layer"'
+RATE = "$__rate_interval"
+
+
+class Layout:
+    """Hands out gridPos rectangles left to right, row by row (24 columns)."""
+
+    def __init__(self):
+        self.y = 0
+        self.x = 0
+        self.row_h = 0
+        self.next_id = 1
+
+    def id(self):
+        self.next_id += 1
+        return self.next_id - 1
+
+    def place(self, w, h):
+        if self.x + w > 24:
+            self.newline()
+        pos = {"x": self.x, "y": self.y, "w": w, "h": h}
+        self.x += w
+        self.row_h = max(self.row_h, h)
+        return pos
+
+    def newline(self):
+        self.y += self.row_h
+        self.x = 0
+        self.row_h = 0
+
+
+L = Layout()
+PANELS = []
+
+
+def target(expr, legend="", ref="A", instant=False):
+    t = {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref}
+    if instant:
+        t.update({"instant": True, "range": False})
+    else:
+        t.update({"instant": False, "range": True})
+    return t
+
+
+def row(title):
+    L.newline()
+    PANELS.append({"type": "row", "title": title, "collapsed": False,
+                   "id": L.id(), "gridPos": L.place(24, 1), "panels": []})
+    L.newline()
+
+
+def thresholds(*steps):
+    """steps: (value, color) after the base green."""
+    s = [{"color": "green", "value": None}]
+    s += [{"color": c, "value": v} for v, c in steps]
+    return {"mode": "absolute", "steps": s}
+
+
+def stat(title, description, expr, unit, w=4, h=4, steps=(), decimals=None):
+    defaults = {"unit": unit, "thresholds": thresholds(*steps),
+                "color": {"mode": "thresholds"}}
+    if decimals is not None:
+        defaults["decimals"] = decimals
+    PANELS.append({
+        "type": "stat", "title": title, "description": description,
+        "id": L.id(), "gridPos": L.place(w, h), "datasource": DS,
+        "targets": [target(expr)],
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {"reduceOptions": {"calcs": ["lastNotNull"],
+                                      "fields": "", "values": False},
+                    "colorMode": "background", "graphMode": "area",
+                    "justifyMode": "auto", "orientation": "auto",
+                    "textMode": "value"},
+    })
+
+
+def timeseries(title, description, targets, unit, w=12, h=8, log=None,
+               stack=False, overrides=None, steps=(), min_zero=True):
+    custom = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10,
+              "showPoints": "never", "spanNulls": False,
+              "stacking": {"mode": "normal" if stack else "none",
+                           "group": "A"}}
+    if log:
+        custom["scaleDistribution"] = {"type": "log", "log": log}
+    if steps:
+        custom["thresholdsStyle"] = {"mode": "line+area"}
+    defaults = {"unit": unit, "custom": custom,
+                "thresholds": thresholds(*steps),
+                "color": {"mode": "palette-classic"}}
+    if min_zero and not log:
+        defaults["min"] = 0
+    PANELS.append({
+        "type": "timeseries", "title": title, "description": description,
+        "id": L.id(), "gridPos": L.place(w, h), "datasource": DS,
+        "targets": [target(e, lg, chr(ord("A") + i))
+                    for i, (e, lg) in enumerate(targets)],
+        "fieldConfig": {"defaults": defaults, "overrides": overrides or []},
+        "options": {"legend": {"displayMode": "table", "placement": "bottom",
+                               "calcs": ["lastNotNull", "max"],
+                               "showLegend": True},
+                    "tooltip": {"mode": "multi", "sort": "desc"}},
+    })
+
+
+def color_override(name, color):
+    return {"matcher": {"id": "byName", "options": name},
+            "properties": [{"id": "color",
+                            "value": {"mode": "fixed", "fixedColor": color}}]}
+
+
+def quantiles(metric, by, sel, legend, qs=(0.5, 0.99)):
+    """histogram_quantile targets over a classic histogram."""
+    out = []
+    for q in qs:
+        expr = ("histogram_quantile(%g, sum by (%s, le) "
+                "(rate(%s_bucket{%s}[%s])))" % (q, by, metric, sel, RATE))
+        out.append((expr, "p%d %s" % (round(q * 100), legend)))
+    return out
+
+
+def build_panels():
+    # ---------------------------------------------------------- Overview ----
+    row("Overview")
+    stat("DRIFT fraction (10m)",
+         "Share of valid audits (PASS + DRIFT) whose verdict is DRIFT over the "
+         "last 10 minutes, all selected replicas. Same window and threshold "
+         "(5%) as the AttnauditDriftRateHigh alert. A rise means an inference "
+         "engine's attention moved beyond tolerance: look at the Drift row "
+         "below for which comparison, model and layer.",
+         'sum(rate(attnaudit_audits_total{%s,verdict="DRIFT"}[10m])) / '
+         'sum(rate(attnaudit_audits_total{%s,verdict=~"PASS|DRIFT"}[10m]))'
+         % (SEL, SEL),
+         "percentunit", steps=((0.01, "orange"), (0.05, "red")), decimals=2)
+    stat("INVALID fraction (10m)",
+         "Share of all audits whose snapshot failed validation (verdict "
+         "INVALID) over 10 minutes; alert at 5%. Usually a snapshot exporter "
+         "bug after an engine upgrade: `attnaudit watch --verdict INVALID "
+         "--json` shows the field path of the error.",
+         'sum(rate(attnaudit_audits_total{%s,verdict="INVALID"}[10m])) / '
+         'sum(rate(attnaudit_audits_total{%s}[10m]))' % (SEL, SEL),
+         "percentunit", steps=((0.01, "orange"), (0.05, "red")), decimals=2)
+    stat("Audits/s",
+         "Audits finished per second (any verdict), all selected replicas. "
+         "Zero while replicas are up for 30 minutes fires AttnauditNoAudits: "
+         "traffic stopped reaching the service.",
+         "sum(rate(attnaudit_audits_total{%s}[%s]))" % (SEL, RATE), "ops",
+         decimals=2)
+    stat("Rejected/s",
+         "Requests refused per second, all reasons except draining "
+         "(expected during rollouts). See 'Rejections/s by reason'.",
+         'sum(rate(attnaudit_rejections_total{%s,reason!="draining"}[%s]))'
+         % (SEL, RATE), "reqps", steps=((0.01, "orange"), (0.1, "red")),
+         decimals=2)
+    stat("Fullest queue",
+         "Highest queue depth / capacity over all replicas and classes. "
+         "Above 80% for 5 minutes fires AttnauditQueueSaturated; at 100% "
+         "requests get RESOURCE_EXHAUSTED.",
+         "max(attnaudit_queue_depth{%s} / on (job, instance, class) "
+         "(attnaudit_queue_capacity{%s} > 0))" % (SEL, SEL),
+         "percentunit", steps=((0.5, "orange"), (0.8, "red")), decimals=1)
+    stat("Targets down",
+         "Scrape targets of the selected job/instances that Prometheus cannot "
+         "reach (up == 0). Any non-zero value for 2 minutes fires "
+         "AttnauditDown.",
+         'count(up{job=~"$job",instance=~"$instance"} == 0) or vector(0)',
+         "none", steps=((1, "red"),), decimals=0)
+    L.newline()
+    timeseries(
+        "Audits/s by verdict",
+        "Finished audits per second by verdict (stacked). PASS green, DRIFT "
+        "orange, INVALID red.",
+        [("sum by (verdict) (rate(attnaudit_audits_total{%s}[%s]))"
+          % (SEL, RATE), "{{verdict}}")],
+        "ops", w=6, stack=True,
+        overrides=[color_override("PASS", "green"),
+                   color_override("DRIFT", "orange"),
+                   color_override("INVALID", "red")])
+    timeseries(
+        "Rejections/s by reason",
+        "Requests refused at admission, by reason. queue_full / "
+        "memory_budget: out of capacity (scale out). invalid_argument / "
+        "too_large: client problem. deadline / cancelled: clients gave up "
+        "before admission. draining: a replica is shutting down (normal "
+        "during rollouts).",
+        [("sum by (reason) (rate(attnaudit_rejections_total{%s}[%s]))"
+          % (SEL, RATE), "{{reason}}")],
+        "reqps", w=6)
+    timeseries(
+        "Queue depth by class",
+        "Jobs waiting for a device, per priority class, summed over "
+        "replicas (dashed: capacity). interactive = Audit/AuditStream, "
+        "sampled = Submit. Compare instances (variable) to spot a replica "
+        "that gets all the traffic.",
+        [("sum by (class) (attnaudit_queue_depth{%s})" % SEL,
+          "{{class}} depth"),
+         ("sum by (class) (attnaudit_queue_capacity{%s})" % SEL,
+          "{{class}} capacity")],
+        "short", w=6,
+        overrides=[{"matcher": {"id": "byRegexp", "options": ".*capacity"},
+                    "properties": [{"id": "custom.lineStyle",
+                                    "value": {"fill": "dash",
+                                              "dash": [10, 10]}}]}])
+    timeseries(
+        "In-flight jobs and devices",
+        "Jobs running on a device now, and the device pool size by kind. "
+        "In-flight pinned at the pool size with a growing queue = saturated; "
+        "in-flight stuck > 0 with no audits finishing = hung jobs.",
+        [("sum(attnaudit_inflight_jobs{%s})" % SEL, "in-flight"),
+         ("sum by (kind) (attnaudit_devices{%s})" % SEL, "{{kind}} devices")],
+        "short", w=6)
+
+    # ------------------------------------------------------------- Drift ----
+    row("Drift ($comparison)")
+    timeseries(
+        "Attention output max |diff| by model/layer",
+        "p50 and p99 over audits of the largest |candidate - baseline| of the "
+        "attention output (per audit), by model and layer, for the selected "
+        "comparison (default engine_vs_reference = engine drift). bf16 "
+        "kernels usually sit around 1e-3; a step up by a decade at one "
+        "layer points at that layer's kernel path.",
+        quantiles("attnaudit_drift_out_max_abs", "model, layer", DRIFT_SEL,
+                  "{{model}} L{{layer}}"),
+        "sci", log=10)
+    timeseries(
+        "Attention output max ULP distance (p99)",
+        "p99 of the largest ULP distance of the attention output (in the "
+        "output dtype). 0 = bit-exact; a few ULP is rounding; thousands "
+        "means a wrong value, not rounding.",
+        quantiles("attnaudit_drift_out_max_ulp", "model, layer", DRIFT_SEL,
+                  "{{model}} L{{layer}}", qs=(0.99,)),
+        "none", log=2)
+    timeseries(
+        "LSE max |diff| by model/layer",
+        "p50 and p99 of the largest |candidate - baseline| of the "
+        "log-sum-exp (natural log). A constant offset near ln 2 = 0.693 "
+        "suggests a log2-vs-ln mix-up; large LSE drift with small output "
+        "drift suggests a split-KV/merge bug.",
+        quantiles("attnaudit_drift_lse_max_abs", "model, layer", DRIFT_SEL,
+                  "{{model}} L{{layer}}"),
+        "sci", log=10)
+    timeseries(
+        "Log-prob max |diff| by model/layer",
+        "p50 and p99 of the largest |candidate - baseline| of the selected "
+        "tokens' log-probs: the RL-visible effect of the attention drift.",
+        quantiles("attnaudit_drift_logprob_abs_diff", "model, layer",
+                  DRIFT_SEL, "{{model}} L{{layer}}"),
+        "sci", log=10)
+    timeseries(
+        "DRIFT fraction by comparison",
+        "Share of comparisons with verdict DRIFT, per comparison. "
+        "engine_vs_reference only: the engine drifts. replay_vs_reference "
+        "too: the replayed paged/CP execution itself differs from the "
+        "reference (merge, split, CP path). engine_vs_replay: the engine "
+        "differs from its own deterministic replay (nondeterminism, order).",
+        [('sum by (comparison) (rate(attnaudit_comparison_verdicts_total'
+          '{%s,verdict="DRIFT"}[%s])) / sum by (comparison) '
+          '(rate(attnaudit_comparison_verdicts_total{%s}[%s]))'
+          % (SEL, RATE, SEL, RATE), "{{comparison}}")],
+        "percentunit", steps=((0.05, "red"),))
+    PANELS.append({
+        "type": "bargauge",
+        "title": "Worst model/layer: output max |diff| p99 over the range",
+        "description": "The ten (model, layer) pairs with the highest p99 "
+                       "attention-output drift over the dashboard's time "
+                       "range, selected comparison. Start the investigation "
+                       "with the top bar.",
+        "id": L.id(), "gridPos": L.place(12, 8), "datasource": DS,
+        "targets": [target(
+            "topk(10, histogram_quantile(0.99, sum by (model, layer, le) "
+            "(increase(attnaudit_drift_out_max_abs_bucket{%s}[$__range]))))"
+            % DRIFT_SEL, "{{model}} L{{layer}}", instant=True)],
+        "fieldConfig": {"defaults": {
+            "unit": "sci", "min": 0,
+            "thresholds": thresholds((0.01, "orange"), (0.1, "red")),
+            "color": {"mode": "thresholds"}}, "overrides": []},
+        "options": {"orientation": "horizontal", "displayMode": "basic",
+                    "showUnfilled": True,
+                    "reduceOptions": {"calcs": ["lastNotNull"], "fields": "",
+                                      "values": False}},
+    })
+
+    # ----------------------------------------------------------- Latency ----
+    row("Latency")
+    timeseries(
+        "Queue wait by class",
+        "Time from admission until a device took the job, p50 and p99 per "
+        "class over all replicas. Alerts: interactive p99 > 2.5 s, sampled "
+        "p99 > 30 s.",
+        quantiles("attnaudit_queue_wait_seconds", "class", SEL, "{{class}}"),
+        "s", w=6)
+    timeseries(
+        "Stage duration by stage",
+        "p50 and p99 time per audit stage (validate, reference, replay, "
+        "compare) and device kind. The slow stage is where to look when "
+        "queue wait grows.",
+        quantiles("attnaudit_job_stage_duration_seconds",
+                  "stage, device_kind", SEL, "{{stage}} ({{device_kind}})"),
+        "s", w=6)
+    timeseries(
+        "Device run time per job",
+        "p50 and p99 of the whole device run of a job, by device kind.",
+        quantiles("attnaudit_job_duration_seconds", "device_kind", SEL,
+                  "{{device_kind}}"),
+        "s", w=6)
+    timeseries(
+        "Jobs finished/s by outcome",
+        "Admitted jobs by how they ended. failed = internal error "
+        "(AttnauditJobsFailing at 5%); deadline_exceeded / cancelled = the "
+        "client's deadline or cancel; unavailable = shut down mid-job "
+        "(Submits resume from the spool).",
+        [("sum by (outcome) (rate(attnaudit_jobs_completed_total{%s}[%s]))"
+          % (SEL, RATE), "{{outcome}}")],
+        "ops", w=6, stack=True,
+        overrides=[color_override("ok", "green"),
+                   color_override("failed", "red")])
+
+    # ----------------------------------------------------- Devices/build ----
+    row("Devices, memory and build")
+    timeseries(
+        "Devices by kind and state",
+        "Device pool by kind and state (stacked). All busy for long = add "
+        "replicas or devices.",
+        [("sum by (kind, state) (attnaudit_devices{%s})" % SEL,
+          "{{kind}} {{state}}")],
+        "short", w=6, stack=True,
+        overrides=[color_override("cpu busy", "orange")])
+    timeseries(
+        "Queued bytes (memory budget use)",
+        "Snapshot bytes held by queued jobs per replica; at "
+        "--memory-budget-bytes new work is refused with memory_budget.",
+        [("sum by (instance) (attnaudit_queued_bytes{%s})" % SEL,
+          "{{instance}}")],
+        "bytes", w=6)
+    timeseries(
+        "Received bytes/s",
+        "Snapshot bytes received over RPC per replica.",
+        [("sum by (instance) (rate(attnaudit_received_bytes_total{%s}[%s]))"
+          % (SEL, RATE), "{{instance}}")],
+        "Bps", w=6)
+    PANELS.append({
+        "type": "table", "title": "Build info",
+        "description": "Version of every selected replica "
+                       "(attnaudit_build_info). Mixed versions = a rollout "
+                       "in progress or stuck.",
+        "id": L.id(), "gridPos": L.place(6, 8), "datasource": DS,
+        "targets": [dict(target("attnaudit_build_info{%s}" % SEL,
+                                instant=True), format="table")],
+        "fieldConfig": {"defaults": {"unit": "none"}, "overrides": []},
+        "options": {"showHeader": True},
+        "transformations": [{"id": "organize", "options": {
+            "excludeByName": {"Time": True, "Value": True, "__name__": True},
+            "indexByName": {"instance": 0, "version": 1, "job": 2}}}],
+    })
+
+
+def query_var(name, label, query, multi=True, include_all=True, sort=1,
+              current=None):
+    v = {"name": name, "label": label, "type": "query", "datasource": DS,
+         "definition": query, "query": query, "refresh": 2, "regex": "",
+         "sort": sort, "multi": multi, "includeAll": include_all,
+         "allValue": ".*", "hide": 0,
+         "current": current or {"selected": True, "text": ["All"],
+                                "value": ["$__all"]},
+         "options": []}
+    return v
+
+
+def templating():
+    return {"list": [
+        {"name": "datasource", "label": "Data source", "type": "datasource",
+         "query": "prometheus", "regex": "", "hide": 0, "refresh": 1,
+         "includeAll": False, "multi": False,
+         "current": {"selected": True, "text": "Prometheus",
+                     "value": DATASOURCE_UID},
+         "options": []},
+        query_var("job", "Job", "label_values(attnaudit_build_info, job)"),
+        query_var("instance", "Instance",
+                  'label_values(attnaudit_build_info{job=~"$job"}, instance)'),
+        {"name": "comparison", "label": "Comparison", "type": "custom",
+         "query": "engine_vs_reference,replay_vs_reference,engine_vs_replay",
+         "multi": True, "includeAll": True, "allValue": ".*", "hide": 0,
+         "current": {"selected": True, "text": ["engine_vs_reference"],
+                     "value": ["engine_vs_reference"]},
+         "options": []},
+        query_var("model", "Model",
+                  'label_values(attnaudit_drift_out_max_abs_count'
+                  '{job=~"$job"}, model)'),
+        query_var("layer", "Layer",
+                  'label_values(attnaudit_drift_out_max_abs_count'
+                  '{job=~"$job",model=~"$model"}, layer)', sort=3),
+    ]}
+
+
+def dashboard():
+    build_panels()
+    return {
+        "uid": "attnaudit-overview",
+        "title": "attnaudit",
+        "description": "attnaudit-server: verdicts, drift by model/layer, "
+                       "admission and queueing, latency, devices. Alerts: "
+                       "deploy/prometheus/alerts.yml; runbook: "
+                       "docs/DEPLOYMENT.md.",
+        "tags": ["attnaudit"],
+        "editable": False,
+        "graphTooltip": 1,
+        "timezone": "browser",
+        "refresh": "30s",
+        "schemaVersion": 39,
+        "version": 1,
+        "time": {"from": "now-3h", "to": "now"},
+        "timepicker": {},
+        "fiscalYearStartMonth": 0,
+        "liveNow": False,
+        "links": [],
+        "annotations": {"list": [{
+            "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+            "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
+            "name": "Annotations & Alerts", "type": "dashboard"}]},
+        "templating": templating(),
+        "panels": PANELS,
+    }
+
+
+def render():
+    return json.dumps(dashboard(), indent=2, sort_keys=False) + "\n"
+
+
+def main(argv):
+    text = render()
+    if "--check" in argv:
+        try:
+            with open(OUT, encoding="utf-8") as f:
+                current = f.read()
+        except OSError as e:
+            print("dashboard_gen: cannot read %s: %s" % (OUT, e))
+            return 1
+        if current != text:
+            print("dashboard_gen: %s is stale; run "
+                  "python3 deploy/grafana/dashboard_gen.py" % OUT)
+            return 1
+        return 0
+    with open(OUT, "w", encoding="utf-8") as f:
+        f.write(text)
+    print("wrote %s (%d panels)" % (OUT, len(PANELS)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,195 @@
+// AuditStream: the client-streaming audit (header, then chunks assembled
+// straight into the tensor buffers by proto/codec/stream.h), admitted like
+// Audit once the last byte arrived.
+#include <atomic>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "proto/codec/codec.h"
+#include "proto/codec/stream.h"
+#include "server/rpc/audit_service.h"
+#include "server/rpc/logged_reactor.h"
+#include "server/rpc/rpc_internal.h"
+#include "server/rpc/status_util.h"
+
+namespace attnaudit::rpc {
+namespace {
+
+using server::PriorityClass;
+using server::RejectReason;
+
+class AuditStreamCall final
+    : public grpc::ServerReadReactor<v1::AuditStreamMessage> {
+ public:
+  AuditStreamCall(AuditServiceImpl* svc, grpc::CallbackServerContext* context,
+                  v1::AuditResponse* response)
+      : svc_(svc),
+        context_(context),
+        response_(response),
+        log_("AuditStream", context),
+        assembler_(svc->options().max_stream_bytes) {}
+
+  void Begin() {
+    if (grpc::Status auth = svc_->auth().Check(*context_); !auth.ok()) {
+      return FinishOnce(auth);
+    }
+    if (svc_->draining()) {
+      svc_->metrics()->CountRejection(RejectReason::kDraining);
+      return FinishOnce(
+          grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is draining"));
+    }
+    StartRead(&message_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return EndOfStream();
+    if (message_.has_header()) return OnHeader();
+    if (message_.has_chunk()) return OnChunk();
+    Fail(absl::InvalidArgumentError(
+        "kind: a message must hold a header or a chunk"));
+  }
+
+  void OnCancel() override {
+    cancelled_.store(true);
+    if (submitted_.load()) svc_->scheduler()->Cancel(job_id_).IgnoreError();
+  }
+
+  void OnDone() override {
+    if (reserved_ > 0) svc_->ReleaseUpload(reserved_);
+    log_.Emit();
+    delete this;
+  }
+
+ private:
+  void OnHeader() {
+    const int64_t header_bytes = static_cast<int64_t>(message_.ByteSizeLong());
+    svc_->metrics()->AddBytesReceived(header_bytes);
+    v1::AuditStreamHeader* header = message_.mutable_header();
+    if (assembler_.begun()) {
+      return Fail(absl::InvalidArgumentError(
+          "header: a second header; an AuditStream call has exactly one"));
+    }
+    absl::StatusOr<PriorityClass> priority =
+        PriorityFromProto(header->priority(), PriorityClass::kInteractive);
+    if (!priority.ok()) return Fail(PrefixStatus("header.", priority.status()));
+    priority_ = *priority;
+    absl::StatusOr<AuditOptions> options =
+        AuditOptionsFromProto(header->options());
+    if (!options.ok()) {
+      return Fail(PrefixStatus("header.options.", options.status()));
+    }
+    options_ = *std::move(options);
+    // The manifest is checked against the stream limit before anything is
+    // reserved or any chunk is read.
+    if (absl::Status s = assembler_.Begin(header); !s.ok()) return Fail(s);
+    const int64_t total = assembler_.bytes_expected() + header_bytes;
+    log_.set_bytes(total);
+    // Admission before a single chunk is read: the queue and budget
+    // (advisory; Submit re-checks) and the budget of uploads in progress.
+    server::SubmitRejection why;
+    if (absl::Status s =
+            svc_->scheduler()->CheckAdmission(priority_, total, &why);
+        !s.ok()) {
+      svc_->metrics()->CountRejection(why.reason);
+      if (s.code() == absl::StatusCode::kResourceExhausted) {
+        AddRetryAfter(context_, why.retry_after);
+      }
+      return FinishOnce(ToGrpcStatus(s));
+    }
+    if (!svc_->ReserveUpload(total)) {
+      svc_->metrics()->CountRejection(RejectReason::kMemoryBudget);
+      AddRetryAfter(context_, absl::Milliseconds(250));
+      return FinishOnce(grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("upload budget: ", total,
+                       " more bytes would exceed the ",
+                       svc_->options().upload_budget_bytes,
+                       " bytes of uploads in progress; retry after ~250 ms")));
+    }
+    reserved_ = total;
+    message_.Clear();
+    StartRead(&message_);
+  }
+
+  void OnChunk() {
+    const std::string& data = message_.chunk().data();
+    svc_->metrics()->AddBytesReceived(static_cast<int64_t>(data.size()));
+    if (absl::Status s = assembler_.Append(data); !s.ok()) return Fail(s);
+    message_.Clear();
+    StartRead(&message_);
+  }
+
+  void EndOfStream() {
+    if (cancelled_.load() || context_->IsCancelled()) {
+      return FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED,
+                                     "call cancelled during the upload"));
+    }
+    if (absl::Status s = assembler_.Finish(); !s.ok()) {
+      return Fail(s);  // "stream ended after X of Y bytes"
+    }
+    absl::StatusOr<Snapshot> snapshot =
+        SnapshotFromProto(assembler_.mutable_snapshot());
+    if (!snapshot.ok()) {
+      return Fail(PrefixStatus("header.snapshot.", snapshot.status()));
+    }
+    job_id_ = NewJobId('a');
+    log_.set_job_id(job_id_);
+    absl::Duration retry_after;
+    absl::Status admitted = AdmitInteractive(
+        svc_, job_id_, *std::move(snapshot), std::move(options_), priority_,
+        reserved_, CallDeadline(*context_), response_,
+        [this](const grpc::Status& status) { FinishOnce(status); },
+        &retry_after);
+    // Queued (or refused): the scheduler's budget accounts for the bytes
+    // from here on.
+    svc_->ReleaseUpload(reserved_);
+    reserved_ = 0;
+    if (!admitted.ok()) {
+      if (admitted.code() == absl::StatusCode::kResourceExhausted) {
+        AddRetryAfter(context_, retry_after);
+      }
+      return FinishOnce(ToGrpcStatus(admitted));
+    }
+    // No read is pending and Finish comes only from the job, so OnDone
+    // cannot run before this line.
+    submitted_.store(true);
+    if (cancelled_.load()) svc_->scheduler()->Cancel(job_id_).IgnoreError();
+  }
+
+  void Fail(const absl::Status& status) {
+    svc_->metrics()->CountRejection(RejectReason::kInvalidArgument);
+    FinishOnce(ToGrpcStatus(status));
+  }
+
+  void FinishOnce(const grpc::Status& status) {
+    if (finished_.exchange(true)) return;
+    log_.set_status(status);
+    Finish(status);
+  }
+
+  AuditServiceImpl* const svc_;
+  grpc::CallbackServerContext* const context_;
+  v1::AuditResponse* const response_;
+  CallLog log_;
+  v1::AuditStreamMessage message_;
+  AuditStreamAssembler assembler_;
+  PriorityClass priority_ = PriorityClass::kInteractive;
+  AuditOptions options_;
+  int64_t reserved_ = 0;
+  std::string job_id_;
+  std::atomic<bool> submitted_{false};
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> finished_{false};
+};
+
+}  // namespace
+
+grpc::ServerReadReactor<v1::AuditStreamMessage>* AuditServiceImpl::AuditStream(
+    grpc::CallbackServerContext* context, v1::AuditResponse* response) {
+  auto* call = new AuditStreamCall(this, context, response);
+  call->Begin();
+  return call;
+}
+
+}  // namespace attnaudit::rpc

@@ -1,0 +1,138 @@
+// attnaudit-server's flags: documented defaults, both value spellings,
+// errors that name the flag, and --help generated from the same table.
+#include "server/main/server_flags.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+
+namespace attnaudit::server {
+namespace {
+
+TEST(ServerFlagsTest, DefaultsAreTheDocumentedOnes) {
+  absl::StatusOr<ServerFlags> f = ParseServerFlags({});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->listen, "localhost:50051");
+  EXPECT_EQ(f->metrics_listen, "localhost:9464");
+  EXPECT_EQ(f->data_dir, "./var/attnaudit");
+  EXPECT_EQ(f->max_message_bytes, 256 * 1024 * 1024);
+  EXPECT_EQ(f->drain_timeout, absl::Seconds(30));
+  EXPECT_FALSE(f->help);
+}
+
+TEST(ServerFlagsTest, ParsesBothSpellingsAndUnits) {
+  absl::StatusOr<ServerFlags> f = ParseServerFlags(
+      {"--listen", "0.0.0.0:6000", "--max-message-bytes=64MiB",
+       "--memory-budget-bytes", "2G", "--retention-age=3d", "--drain-timeout",
+       "1m30s", "--queue-interactive=5", "--cpu-workers", "3", "--tls-cert",
+       "c.pem", "--tls-key=k.pem", "--max-connection-age", "0"});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->listen, "0.0.0.0:6000");
+  EXPECT_EQ(f->max_message_bytes, 64 << 20);
+  EXPECT_EQ(f->memory_budget_bytes, int64_t{2} << 30);
+  EXPECT_EQ(f->retention_age, absl::Hours(72));
+  EXPECT_EQ(f->drain_timeout, absl::Seconds(90));
+  EXPECT_EQ(f->queue_interactive, 5);
+  EXPECT_EQ(f->cpu_workers, 3);
+  EXPECT_EQ(f->tls_cert, "c.pem");
+  EXPECT_EQ(f->tls_key, "k.pem");
+  EXPECT_EQ(f->max_connection_age, absl::ZeroDuration());
+}
+
+// Every error starts with the flag it is about.
+TEST(ServerFlagsTest, ErrorsNameTheFlag) {
+  struct Case {
+    std::vector<std::string> argv;
+    const char* prefix;
+  };
+  const Case cases[] = {
+      {{"--max-message-bytes", "0"}, "--max-message-bytes"},
+      {{"--max-message-bytes", "3GiB"}, "--max-message-bytes"},  // > int
+      {{"--max-message-bytes", "lots"}, "--max-message-bytes"},
+      {{"--queue-sampled", "0"}, "--queue-sampled"},
+      {{"--cpu-workers", "-1"}, "--cpu-workers"},
+      {{"--drain-timeout", "soon"}, "--drain-timeout"},
+      {{"--drain-timeout", "-5s"}, "--drain-timeout"},
+      {{"--listen"}, "--listen"},
+      {{"--tls-cert", "c.pem"}, "--tls-key"},
+      {{"--tls-client-ca", "ca.pem"}, "--tls-client-ca"},
+      {{"--bogus", "1"}, "unknown flag --bogus"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<ServerFlags> f = ParseServerFlags(c.argv);
+    ASSERT_FALSE(f.ok()) << c.argv[0];
+    EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StartsWith(f.status().message(), c.prefix))
+        << f.status() << " expected prefix " << c.prefix;
+  }
+}
+
+TEST(ServerFlagsTest, HelpListsEveryFlagWithItsDefault) {
+  absl::StatusOr<ServerFlags> f = ParseServerFlags({"--help"});
+  ASSERT_TRUE(f.ok());
+  EXPECT_TRUE(f->help);
+  const std::string help = ServerHelpText();
+  for (const char* expected : {"--listen",
+                               "[localhost:50051]",
+                               "--metrics-listen",
+                               "[localhost:9464]",
+                               "--data-dir",
+                               "[./var/attnaudit]",
+                               "--cpu-workers",
+                               "--threads-per-job",
+                               "--max-message-bytes",
+                               "[256MiB]",
+                               "--queue-interactive",
+                               "[64]",
+                               "--queue-sampled",
+                               "[1024]",
+                               "--memory-budget-bytes",
+                               "[8GiB]",
+                               "--retention-age",
+                               "[7d]",
+                               "--retention-count",
+                               "--drain-timeout",
+                               "[30s]",
+                               "--log-level",
+                               "[info]",
+                               "--tls-cert",
+                               "--tls-key",
+                               "--tls-client-ca",
+                               "--auth-token-file",
+                               "--keepalive-time",
+                               "--max-connection-age",
+                               "[30m]",
+                               "--help"}) {
+    EXPECT_TRUE(absl::StrContains(help, expected)) << expected;
+  }
+  // Flag names are spelled with dashes, never underscores.
+  for (absl::string_view line : absl::StrSplit(help, '\n')) {
+    if (!absl::StartsWith(line, "  --")) continue;
+    absl::string_view name = line.substr(4, line.find(' ', 4) - 4);
+    EXPECT_FALSE(absl::StrContains(name, "_")) << name;
+  }
+}
+
+TEST(ServerFlagsTest, SizeAndDurationFormatsRoundTrip) {
+  for (int64_t v :
+       {int64_t{4096}, int64_t{1} << 20, int64_t{3} << 30, int64_t{1000}}) {
+    absl::StatusOr<int64_t> back = ParseByteSize("x", FormatByteSize(v));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, v);
+  }
+  for (absl::Duration d : {absl::Seconds(30), absl::Hours(24 * 7),
+                           absl::Minutes(90), absl::ZeroDuration()}) {
+    absl::StatusOr<absl::Duration> back =
+        ParseDurationFlag("x", FormatDurationFlag(d));
+    ASSERT_TRUE(back.ok()) << FormatDurationFlag(d);
+    EXPECT_EQ(*back, d);
+  }
+  EXPECT_FALSE(ParseByteSize("x", "-1").ok());
+  EXPECT_FALSE(ParseByteSize("x", "99999999999G").ok());
+}
+
+}  // namespace
+}  // namespace attnaudit::server
