@@ -45,11 +45,13 @@ float YarnCorrectionDim(float num_rotations, float dim, float base,
 
 absl::Status ApplyYarn(const RopeScaling& s, float base, int64_t rotary_dim,
                        std::vector<float>* inv_freq, float* magnitude) {
-  if (!(s.factor >= 1.0) || s.original_max_position <= 0 ||
-      !(s.beta_fast > 0) || !(s.beta_slow > 0)) {
+  if (!(s.factor >= 1.0) || !std::isfinite(s.factor) ||
+      s.original_max_position <= 0 || !std::isfinite(s.beta_fast) ||
+      !std::isfinite(s.beta_slow) || !(s.beta_slow > 0) ||
+      !(s.beta_fast > s.beta_slow)) {
     return absl::InvalidArgumentError(
-        "rope.scaling: yarn needs factor >= 1, original_max_position > 0 and "
-        "positive beta_fast/beta_slow");
+        "rope.scaling: yarn needs a finite factor >= 1, "
+        "original_max_position > 0 and finite beta_fast > beta_slow > 0");
   }
   const float dim = static_cast<float>(rotary_dim);
   const float max_pos = static_cast<float>(s.original_max_position);
@@ -69,6 +71,14 @@ absl::Status ApplyYarn(const RopeScaling& s, float base, int64_t rotary_dim,
     const float extrapolation_weight = 1.0f - ramp;
     (*inv_freq)[i] = interpolation * (1.0f - extrapolation_weight) +
                      extrapolation * extrapolation_weight;
+  }
+  if (s.attention_factor != 0 &&
+      !(std::isfinite(s.attention_factor) && s.attention_factor > 0 &&
+        s.attention_factor < 1e6)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rope.scaling.attention_factor: must be 0 (the default 0.1 ln(factor) "
+        "+ 1) or a positive finite number below 1e6, got ",
+        s.attention_factor));
   }
   if (s.attention_factor > 0) {
     *magnitude = static_cast<float>(s.attention_factor);
@@ -130,6 +140,18 @@ absl::StatusOr<RopeTable> RopeTable::Create(const RopeConfig& config,
     }
     default:
       return absl::InvalidArgumentError("rope.scaling.type: unknown value");
+  }
+  // A theta or scaling factor at the edge of the double range can still
+  // give fp32 inverse frequencies that are zero, subnormal or infinite;
+  // say so here rather than let attention overflow later.
+  for (float f : table.inv_freq_) {
+    if (!std::isnormal(f)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rope.theta, rope.scaling: theta=", config.theta,
+          " with this scaling gives fp32 inverse frequencies outside the "
+          "normal range (",
+          f, ")"));
+    }
   }
   return table;
 }

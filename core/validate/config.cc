@@ -3,6 +3,7 @@
 // tensors (at most O(Hq), O(Hkv) or O(B * Sq) elements, all bounded by the
 // limits phase 1 enforced).
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -17,11 +18,23 @@ namespace {
 bool IsFp8(DType dt) { return dt == DType::kF8E4M3 || dt == DType::kF8E5M2; }
 
 // 0 (the documented default) or a positive finite number.
+// Scale and soft-cap are used in fp32 by the replay: a value fp32 flushes to
+// 0 or subnormal (or overflows) would make P compute a different attention
+// than R, so the range is fp32's normal range.
 absl::Status ZeroOrPositiveFinite(absl::string_view field, double v,
                                   absl::string_view zero_means) {
-  if (v == 0.0 || (std::isfinite(v) && v > 0.0)) return absl::OkStatus();
-  return Invalid(field, "must be 0 (", zero_means,
-                 ") or a positive finite number, got ", v);
+  if (v == 0.0) return absl::OkStatus();
+  if (!(std::isfinite(v) && v > 0.0)) {
+    return Invalid(field, "must be 0 (", zero_means,
+                   ") or a positive finite number, got ", v);
+  }
+  if (v < std::numeric_limits<float>::min() ||
+      v > std::numeric_limits<float>::max()) {
+    return Invalid(field, "must lie in fp32's normal range [",
+                   std::numeric_limits<float>::min(), ", ",
+                   std::numeric_limits<float>::max(), "], got ", v);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckScalars(const Snapshot& s) {

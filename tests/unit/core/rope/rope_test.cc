@@ -315,6 +315,36 @@ TEST(RopeTest, InvalidThetaIsRejected) {
   }
 }
 
+// A theta or linear factor at the edge of the double range gives fp32
+// inverse frequencies that are zero or infinite: the error must name RoPE,
+// not surface later as an attention overflow blamed on q.
+TEST(RopeTest, ThetaOrFactorGivingNonNormalFrequenciesIsRejected) {
+  for (double theta : {1e-300, 1e-46}) {
+    RopeConfig config;
+    config.theta = theta;
+    ExpectInvalid(config, 8, "rope.theta");
+  }
+  RopeConfig linear;
+  linear.scaling.type = RopeScalingType::kLinear;
+  linear.scaling.factor = 1e-40;
+  ExpectInvalid(linear, 8, "rope.");
+}
+
+TEST(RopeTest, YarnAttentionFactorAndBetasAreChecked) {
+  RopeConfig yarn;
+  yarn.scaling.type = RopeScalingType::kYarn;
+  yarn.scaling.factor = 4;
+  yarn.scaling.original_max_position = 4096;
+  for (double af : {std::numeric_limits<double>::quiet_NaN(), -1.0, 1e39}) {
+    yarn.scaling.attention_factor = af;
+    ExpectInvalid(yarn, 8, "rope.scaling.attention_factor");
+  }
+  yarn.scaling.attention_factor = 0;
+  yarn.scaling.beta_fast = 1;
+  yarn.scaling.beta_slow = 32;  // beta_fast must exceed beta_slow
+  ExpectInvalid(yarn, 8, "rope.scaling");
+}
+
 TEST(RopeTest, InvalidRotaryDimIsRejected) {
   for (int64_t rd : {3, 10, -2, 7}) {
     RopeConfig config;

@@ -56,6 +56,24 @@ std::vector<InvalidCase> ScalarCases() {
                      },
                      "logprob_temperature", "positive finite"});
   }
+  // Values fp32 flushes to zero (or subnormal) would make the fp32 replay
+  // compute a different attention than the fp64 reference.
+  for (double tiny : {1e-46, 1e-40, 1e-320}) {
+    cases.push_back(
+        {"LogitSoftcapBelowFp32Normal" +
+             std::to_string(static_cast<int>(-std::log10(tiny))),
+         [tiny](Snapshot* s, ValidationLimits*) { s->logit_softcap = tiny; },
+         "logit_softcap", "fp32's normal range"});
+    cases.push_back(
+        {"SoftmaxScaleBelowFp32Normal" +
+             std::to_string(static_cast<int>(-std::log10(tiny))),
+         [tiny](Snapshot* s, ValidationLimits*) { s->softmax_scale = tiny; },
+         "softmax_scale", "fp32's normal range"});
+  }
+  cases.push_back(
+      {"LogitSoftcapAboveFp32Max",
+       [](Snapshot* s, ValidationLimits*) { s->logit_softcap = 1e39; },
+       "logit_softcap", "fp32's normal range"});
   cases.push_back(
       {"TemperatureZero",
        [](Snapshot* s, ValidationLimits*) { s->logprob_temperature = 0.0; },
