@@ -47,6 +47,23 @@ inline void WidenRow(const void* base, DType dtype, int64_t offset, int64_t n,
   }
 }
 
+// Portable dot product with four fixed lanes (the fallback of the SIMD
+// versions below, and R's fp64-page path): deterministic and vectorisable
+// without reassociation.
+template <typename Acc, typename K>
+inline Acc LaneDot(const Acc* q, const K* k, int64_t n) {
+  Acc lane[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    for (int j = 0; j < 4; ++j) {
+      lane[j] = std::fma(q[i + j], static_cast<Acc>(k[i + j]), lane[j]);
+    }
+  }
+  Acc sum = (lane[0] + lane[1]) + (lane[2] + lane[3]);
+  for (; i < n; ++i) sum = std::fma(q[i], static_cast<Acc>(k[i]), sum);
+  return sum;
+}
+
 // Dot products in a fixed accumulation order (deterministic for a build).
 // Explicit SIMD: GCC does not vectorise a floating reduction without
 // reassociation, and the reference must not be built with -ffast-math.
@@ -126,41 +143,18 @@ inline float DotF32(const float* q, const float* k, int64_t n) {
 }
 #else
 inline double DotF64(const double* q, const float* k, int64_t n) {
-  double lane[4] = {0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    for (int j = 0; j < 4; ++j) {
-      lane[j] = std::fma(q[i + j], static_cast<double>(k[i + j]), lane[j]);
-    }
-  }
-  double sum = (lane[0] + lane[1]) + (lane[2] + lane[3]);
-  for (; i < n; ++i) sum = std::fma(q[i], static_cast<double>(k[i]), sum);
-  return sum;
+  return LaneDot(q, k, n);
 }
 
 inline float DotF32(const float* q, const float* k, int64_t n) {
-  float lane[4] = {0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    for (int j = 0; j < 4; ++j) lane[j] = std::fma(q[i + j], k[i + j], lane[j]);
-  }
-  float sum = (lane[0] + lane[1]) + (lane[2] + lane[3]);
-  for (; i < n; ++i) sum = std::fma(q[i], k[i], sum);
-  return sum;
+  return LaneDot(q, k, n);
 }
 #endif
 
 // fp64 pages: R reads them unrounded (P still sees them as fp32, as an
 // engine computing in fp32 would).
 inline double DotF64Exact(const double* q, const double* k, int64_t n) {
-  double lane[4] = {0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    for (int j = 0; j < 4; ++j) lane[j] = std::fma(q[i + j], k[i + j], lane[j]);
-  }
-  double sum = (lane[0] + lane[1]) + (lane[2] + lane[3]);
-  for (; i < n; ++i) sum = std::fma(q[i], k[i], sum);
-  return sum;
+  return LaneDot(q, k, n);
 }
 
 // acc[i] += sum over j (in order) of e[j] * v[rows[j]][i]: the value rows

@@ -159,7 +159,7 @@ absl::StatusOr<ComparisonResult> Compare(const CompareContext& ctx,
   return result;
 }
 
-Side EngineSide(const Snapshot& s, const PreparedAttention& p) {
+Side EngineSide(const Snapshot& s) {
   Side e;
   const EngineOutput& eng = s.engine;
   if (eng.out.present()) {
@@ -183,7 +183,6 @@ Side EngineSide(const Snapshot& s, const PreparedAttention& p) {
                     eng.logprobs.num_elements(), e.logprobs.data());
     e.has_logprobs = true;
   }
-  (void)p;
   return e;
 }
 
@@ -272,7 +271,7 @@ absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
   replay.out = std::move(results.replay_out);
   replay.lse = std::move(results.replay_lse);
   replay.has_out = replay.has_lse = true;
-  Side engine = EngineSide(snapshot, prepared);
+  Side engine = EngineSide(snapshot);
   {
     // The reference log-prob reads the reference output as the trainer
     // would hold it: rounded once to the output dtype. The three sides'

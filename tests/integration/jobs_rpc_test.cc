@@ -18,20 +18,6 @@
 namespace attnaudit::testing_rpc {
 namespace {
 
-// Polls GetResult until the job is finished; the last result seen.
-v1::JobResult WaitFinished(client::Client* client, const std::string& id) {
-  v1::JobResult last;
-  WaitFor([&] {
-    absl::StatusOr<v1::JobResult> r = client->GetResult(id);
-    if (!r.ok()) return false;
-    last = *r;
-    return r->state() == v1::JOB_STATE_DONE ||
-           r->state() == v1::JOB_STATE_FAILED ||
-           r->state() == v1::JOB_STATE_CANCELLED;
-  });
-  return last;
-}
-
 // Collects a watch stream on a thread until `count` results arrived.
 class Watcher {
  public:

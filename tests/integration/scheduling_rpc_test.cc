@@ -40,16 +40,7 @@ class SchedulingRpcTest : public ::testing::Test {
     return t_->server->scheduler()->Stats().queued[static_cast<int>(c)];
   }
   v1::JobResult WaitFinished(const std::string& id) {
-    v1::JobResult last;
-    WaitFor([&] {
-      absl::StatusOr<v1::JobResult> r = t_->client->GetResult(id);
-      if (!r.ok()) return false;
-      last = *r;
-      return r->state() == v1::JOB_STATE_DONE ||
-             r->state() == v1::JOB_STATE_FAILED ||
-             r->state() == v1::JOB_STATE_CANCELLED;
-    });
-    return last;
+    return testing_rpc::WaitFinished(t_->client.get(), id);
   }
 
   std::shared_ptr<GateState> gate_;

@@ -282,4 +282,17 @@ bool WaitFor(const std::function<bool()>& predicate, absl::Duration timeout) {
   return true;
 }
 
+v1::JobResult WaitFinished(client::Client* client, const std::string& id) {
+  v1::JobResult last;
+  WaitFor([&] {
+    absl::StatusOr<v1::JobResult> r = client->GetResult(id);
+    if (!r.ok()) return false;
+    last = *r;
+    return r->state() == v1::JOB_STATE_DONE ||
+           r->state() == v1::JOB_STATE_FAILED ||
+           r->state() == v1::JOB_STATE_CANCELLED;
+  });
+  return last;
+}
+
 }  // namespace attnaudit::testing_rpc

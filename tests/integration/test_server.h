@@ -111,6 +111,10 @@ std::string ReflectionListServices(
 bool WaitFor(const std::function<bool()>& predicate,
              absl::Duration timeout = kWait);
 
+// Polls GetResult until the job is DONE, FAILED or CANCELLED (or kWait
+// passes); returns the last result seen.
+v1::JobResult WaitFinished(client::Client* client, const std::string& id);
+
 }  // namespace attnaudit::testing_rpc
 
 #endif  // ATTNAUDIT_TESTS_INTEGRATION_TEST_SERVER_H_
