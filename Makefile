@@ -15,7 +15,7 @@ SERVER_FLAGS ?=
 # Debian 12 packages the build and the tests need.
 APT_PACKAGES := build-essential cmake pkg-config git python3 \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
-  libabsl-dev prometheus-cpp-dev libsqlite3-dev libssl-dev \
+  libabsl-dev libtbb-dev libhwy-dev prometheus-cpp-dev libsqlite3-dev libssl-dev \
   libgtest-dev libgmock-dev libbenchmark-dev prometheus curl openssl
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

@@ -1,15 +1,28 @@
-// ParallelFor: runs fn(i) for i in [0, n) on up to `threads` threads (the
-// calling thread included), handing out indices dynamically so uneven work
-// items balance. Blocks until all items ran. fn must be thread-safe across
-// distinct indices. threads <= 0 means std::thread::hardware_concurrency().
+// Parallel loops for the numerical core, on oneTBB's process-wide worker
+// pool: the threads are started once per process and reused by every audit,
+// so no audit starts or joins a thread.
+//
+// ParallelFor(n, threads, fn) runs fn(i) for every i in [0, n) on up to
+// `threads` threads (the calling thread takes part), handing out indices
+// one at a time so uneven work items balance. It returns when every fn(i)
+// has returned. fn must be safe to run concurrently for distinct indices;
+// the order in which indices run is unspecified, so results must not depend
+// on it (every caller writes index-owned outputs). Nested calls are allowed.
+// threads <= 0 means all hardware threads. fn must not throw.
+//
+// Thread-safe: any number of threads may call ParallelFor at once; their
+// loops share the pool's workers (each limited to its own `threads`).
 #ifndef ATTNAUDIT_CORE_COMMON_PARALLEL_H_
 #define ATTNAUDIT_CORE_COMMON_PARALLEL_H_
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <thread>
-#include <vector>
+
+#include "tbb/blocked_range.h"
+#include "tbb/parallel_for.h"
+#include "tbb/partitioner.h"
+#include "tbb/task_arena.h"
 
 namespace attnaudit {
 
@@ -27,15 +40,18 @@ void ParallelFor(int64_t n, int threads, Fn&& fn) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
-  std::atomic<int64_t> next{0};
-  auto body = [&]() {
-    for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(i);
+  auto loop = [&] {
+    tbb::parallel_for(
+        tbb::blocked_range<int64_t>(0, n, 1),
+        [&](const tbb::blocked_range<int64_t>& range) {
+          for (int64_t i = range.begin(); i != range.end(); ++i) fn(i);
+        },
+        tbb::simple_partitioner());
   };
-  std::vector<std::thread> pool;
-  pool.reserve(workers - 1);
-  for (int w = 1; w < workers; ++w) pool.emplace_back(body);
-  body();
-  for (std::thread& t : pool) t.join();
+  // An arena caps this loop's concurrency without creating threads: it
+  // borrows workers from the process-wide pool.
+  tbb::task_arena arena(workers);
+  arena.execute(loop);
 }
 
 }  // namespace attnaudit
