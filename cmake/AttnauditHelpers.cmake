@@ -48,3 +48,18 @@ function(attnaudit_add_subdirectories)
     endif()
   endforeach()
 endfunction()
+
+# attnaudit_simd_sources(TARGET target SRCS ...)
+# Sources written over Highway with runtime dispatch (they include
+# "hwy/foreach_target.h"). They are compiled for a fixed baseline, whatever
+# ATTNAUDIT_NATIVE_ARCH says, so the same binary carries the SSE4, AVX2 and
+# AVX-512 versions and picks one per CPU at run time: a portable build is
+# as fast as a native one, and tests can run every target on one machine.
+function(attnaudit_simd_sources)
+  cmake_parse_arguments(A "" "TARGET" "SRCS" ${ARGN})
+  set_source_files_properties(${A_SRCS} TARGET_DIRECTORY ${A_TARGET}
+    PROPERTIES COMPILE_OPTIONS "-march=x86-64-v2;-mpclmul;-maes")
+  target_compile_definitions(${A_TARGET} PRIVATE
+    "HWY_DISABLED_TARGETS=(HWY_SSSE3|HWY_AVX3_DL|HWY_EMU128|HWY_SCALAR)")
+  target_link_libraries(${A_TARGET} PUBLIC hwy::hwy)
+endfunction()

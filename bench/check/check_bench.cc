@@ -84,8 +84,9 @@ int Main(int argc, char** argv) {
   for (int64_t len : layout->seq_lens) active_tokens += len;
   const double kv_bytes = static_cast<double>(active_tokens) * d.kv_heads *
                           d.head_dim * 2 * DTypeSize(snap.k_pages.dtype());
-  absl::StatusOr<AttentionResults> once =
-      ComputeReferenceAndReplay(*prepared, threads, false, nullptr);
+  AttentionRunOptions warm_up;
+  warm_up.threads = threads;
+  absl::StatusOr<AttentionResults> once = ComputeAttention(*prepared, warm_up);
   if (!once.ok()) Die(once.status());
   // Sum of visible keys over all queries, times heads: 4 flops per (key, dim).
   double visible_pairs = 0;

@@ -70,13 +70,12 @@ struct AttentionResults {
   std::vector<std::vector<std::vector<int32_t>>> merge_orders;
   int64_t max_merged_blocks = 0;
   int64_t max_visible_keys = 0;
+  // Some active K or V value read by the pass was not finite (the pass is
+  // the audit's only read of the cache; ValidateSnapshot with
+  // scan_kv_values locates the value for the error message).
+  bool kv_non_finite = false;
   double seconds = 0;
 };
-
-// Cancelled when *cancelled becomes true (polled per work item).
-absl::StatusOr<AttentionResults> ComputeReferenceAndReplay(
-    const PreparedAttention& prepared, int threads, bool record_merge_orders,
-    const std::atomic<bool>* cancelled);
 
 // Which halves of the fused pass run; benchmarks time R and P apart. The
 // skipped half's outputs stay zero.

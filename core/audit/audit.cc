@@ -200,8 +200,10 @@ absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
 
   // validate
   Clock::time_point t = Clock::now();
-  ATTNAUDIT_ASSIGN_OR_RETURN(ResolvedLayout layout,
-                             ValidateSnapshot(snapshot, options.limits));
+  // K/V values are checked finite by the fused pass (one read of the cache).
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      ResolvedLayout layout,
+      ValidateSnapshot(snapshot, options.limits, ValueScan::kSkipKv));
   std::string prefix_digest;
   ATTNAUDIT_RETURN_IF_ERROR(
       VerifyPrefixFingerprint(snapshot, layout, &prefix_digest));
@@ -215,10 +217,17 @@ absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
   t = Clock::now();
   ATTNAUDIT_ASSIGN_OR_RETURN(PreparedAttention prepared,
                              PrepareAttention(snapshot, layout, threads));
-  ATTNAUDIT_ASSIGN_OR_RETURN(
-      AttentionResults results,
-      ComputeReferenceAndReplay(prepared, threads, options.include_merge_orders,
-                                options.cancelled));
+  AttentionRunOptions run;
+  run.threads = threads;
+  run.record_merge_orders = options.include_merge_orders;
+  run.cancelled = options.cancelled;
+  ATTNAUDIT_ASSIGN_OR_RETURN(AttentionResults results,
+                             ComputeAttention(prepared, run));
+  if (results.kv_non_finite) {
+    // Name the first non-finite K/V value exactly as validation would.
+    ATTNAUDIT_RETURN_IF_ERROR(
+        ValidateSnapshot(snapshot, options.limits, ValueScan::kAll).status());
+  }
   const double attention_seconds = SecondsSince(t);
   // R and P share the pass; attribute it in proportion to their arithmetic
   // (fp64 vs fp32), documented in docs/ARCHITECTURE.md.

@@ -8,7 +8,8 @@
 // has returned. fn must be safe to run concurrently for distinct indices;
 // the order in which indices run is unspecified, so results must not depend
 // on it (every caller writes index-owned outputs). Nested calls are allowed.
-// threads <= 0 means all hardware threads. fn must not throw.
+// threads <= 0 means all hardware threads; more than the hardware has are
+// not used. fn must not throw.
 //
 // Thread-safe: any number of threads may call ParallelFor at once; their
 // loops share the pool's workers (each limited to its own `threads`).
@@ -20,6 +21,7 @@
 #include <thread>
 
 #include "tbb/blocked_range.h"
+#include "tbb/info.h"
 #include "tbb/parallel_for.h"
 #include "tbb/partitioner.h"
 #include "tbb/task_arena.h"
@@ -34,8 +36,9 @@ inline int ResolveThreads(int threads) {
 
 template <typename Fn>
 void ParallelFor(int64_t n, int threads, Fn&& fn) {
-  const int workers =
-      static_cast<int>(std::min<int64_t>(ResolveThreads(threads), n));
+  // More threads than the pool has (the hardware's) would only queue.
+  const int workers = static_cast<int>(std::min<int64_t>(
+      std::min(ResolveThreads(threads), tbb::info::default_concurrency()), n));
   if (workers <= 1) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;

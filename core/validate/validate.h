@@ -53,11 +53,22 @@ struct ResolvedLayout {
 int32_t TokenOwner(const Snapshot& snapshot, const ResolvedLayout& layout,
                    int64_t batch, int64_t token);
 
-// Validates everything, including that every active q/K/V value is finite.
-// The prefix fingerprint is checked by the audit pipeline right after this
-// (core/fingerprint needs the resolved layout).
+// What ValidateSnapshot reads of the tensors' values.
+enum class ValueScan {
+  // Every active q/K/V value and lm_head is checked finite.
+  kAll,
+  // As kAll but K and V values are not read: the caller's single pass over
+  // the cache checks them (the audit's fused pass does, and calls
+  // ValidateSnapshot again with kAll to name the value when it finds one).
+  kSkipKv,
+};
+
+// Validates everything, including (per `scan`) that every active q/K/V
+// value is finite. The prefix fingerprint is checked by the audit pipeline
+// right after this (core/fingerprint needs the resolved layout).
 absl::StatusOr<ResolvedLayout> ValidateSnapshot(
-    const Snapshot& snapshot, const ValidationLimits& limits = {});
+    const Snapshot& snapshot, const ValidationLimits& limits = {},
+    ValueScan scan = ValueScan::kAll);
 
 }  // namespace attnaudit
 

@@ -92,9 +92,10 @@ absl::Status CheckRows(const Snapshot& s, const ValidationLimits& limits,
 
 // Phase 4 (values.cc): every q value, every K/V value of an active slot and
 // every lm_head value are finite. Engine outputs are not checked (NaN there
-// is drift, not bad input).
+// is drift, not bad input). K and V only when `scan_kv`.
 absl::Status CheckFiniteValues(const Snapshot& s, const SnapshotDims& dims,
-                               const std::vector<uint8_t>& active_slots);
+                               const std::vector<uint8_t>& active_slots,
+                               bool scan_kv);
 
 // Index (relative to `data`) of the first non-finite element among n
 // elements of floating `dtype`, or -1 when all are finite. Works on the bit

@@ -7,9 +7,9 @@
 // vectorise; only a chunk that fails is rescanned to locate the element.
 #include <algorithm>
 #include <cstring>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
 #include "core/validate/validate_internal.h"
 
 namespace attnaudit {
@@ -132,35 +132,19 @@ int64_t FirstNonFinite(const void* data, DType dtype, int64_t n) {
 }
 
 absl::Status CheckFiniteValues(const Snapshot& s, const SnapshotDims& d,
-                               const std::vector<uint8_t>& active_slots) {
-  absl::Status st = ScanRange("q", s.q, 0, s.q.num_elements());
-  if (!st.ok()) return st;
-  // K and V are scanned concurrently when large: this pass reads the whole
-  // cache, and one core does not saturate memory bandwidth here. The K
-  // error wins when both are bad, so the message does not depend on timing.
-  absl::Status k_status;
-  absl::Status v_status;
-  auto scan_k = [&] {
-    k_status = ScanActiveKv("k_pages", s.k_pages, s.kv_layout, d, active_slots);
-  };
-  constexpr size_t kParallelBytes = size_t{4} << 20;
-  if (s.k_pages.bytes().size() >= kParallelBytes &&
-      std::thread::hardware_concurrency() > 1) {
-    std::thread k_thread(scan_k);
-    v_status = ScanActiveKv("v_pages", s.v_pages, s.kv_layout, d, active_slots);
-    k_thread.join();
-  } else {
-    scan_k();
-    if (k_status.ok()) {
-      v_status =
-          ScanActiveKv("v_pages", s.v_pages, s.kv_layout, d, active_slots);
-    }
+                               const std::vector<uint8_t>& active_slots,
+                               bool scan_kv) {
+  ATTNAUDIT_RETURN_IF_ERROR(ScanRange("q", s.q, 0, s.q.num_elements()));
+  if (scan_kv) {
+    // K first: when both are bad the message names K, whatever the timing.
+    ATTNAUDIT_RETURN_IF_ERROR(
+        ScanActiveKv("k_pages", s.k_pages, s.kv_layout, d, active_slots));
+    ATTNAUDIT_RETURN_IF_ERROR(
+        ScanActiveKv("v_pages", s.v_pages, s.kv_layout, d, active_slots));
   }
-  if (!k_status.ok()) return k_status;
-  if (!v_status.ok()) return v_status;
   if (s.lm_head.present()) {
-    st = ScanRange("lm_head", s.lm_head, 0, s.lm_head.num_elements());
-    if (!st.ok()) return st;
+    ATTNAUDIT_RETURN_IF_ERROR(
+        ScanRange("lm_head", s.lm_head, 0, s.lm_head.num_elements()));
   }
   return absl::OkStatus();
 }

@@ -1,4 +1,4 @@
-// Test helper: validate -> PrepareAttention -> ComputeReferenceAndReplay
+// Test helper: validate -> PrepareAttention -> ComputeAttention
 // for one snapshot, keeping the resolved layout with the results.
 // Header-only, test-only; not thread-safe to share a Run while mutating.
 #ifndef ATTNAUDIT_TESTS_UNIT_CORE_ATTENTION_RUN_ATTENTION_H_
@@ -30,8 +30,11 @@ inline absl::StatusOr<AttentionRun> RunAttention(
   absl::StatusOr<PreparedAttention> prepared =
       PrepareAttention(snapshot, run.layout, threads);
   if (!prepared.ok()) return prepared.status();
-  absl::StatusOr<AttentionResults> results = ComputeReferenceAndReplay(
-      *prepared, threads, /*record_merge_orders=*/true, cancelled);
+  AttentionRunOptions options;
+  options.threads = threads;
+  options.cancelled = cancelled;
+  absl::StatusOr<AttentionResults> results =
+      ComputeAttention(*prepared, options);
   if (!results.ok()) return results.status();
   run.results = *std::move(results);
   return run;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/validate/validate.h"
 #include "gtest/gtest.h"
 #include "tests/unit/core/testing/attention_oracle.h"
 #include "tests/unit/core/testing/snapshot_builder.h"
@@ -180,6 +181,58 @@ TEST(AuditTest, InvalidSnapshotGivesAnInvalidVerdictNamingTheField) {
   ASSERT_FALSE(status.ok());
   EXPECT_EQ(status.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(std::string(status.status().message()), report.invalid_reason);
+}
+
+// K/V values are checked finite by the fused pass, not by a separate scan;
+// the message must still be validation's, naming the first bad element in
+// memory order (K before V), whatever the threads did.
+TEST(AuditTest, NonFiniteKvFoundByTheFusedPassIsNamedLikeValidation) {
+  const LogicalCase c = Bf16Case();
+  const Snapshot clean = BuildSnapshot(c, Paging());
+  ASSERT_TRUE(ValidateSnapshot(clean).ok());
+  struct Poison {
+    bool k;
+    int64_t element;
+  };
+  const int64_t row = clean.k_pages.num_elements() / clean.k_pages.dim(0) /
+                      clean.k_pages.dim(1);  // Hkv * D: one slot
+  // An active slot: the first slot of the page holding row 0's block 0.
+  const ResolvedLayout layout = *ValidateSnapshot(clean);
+  const int64_t page = layout.block_pages[0][0];
+  const int64_t slot0 = page * clean.k_pages.dim(1) * row;
+  for (const Poison& poison : {Poison{true, slot0 + 5}, Poison{false, slot0 + 7},
+                               Poison{true, slot0 + row + 3}}) {
+    Snapshot s = clean;
+    Tensor& t = poison.k ? s.k_pages : s.v_pages;
+    t.mutable_data<uint16_t>()[poison.element] = 0x7fc0;  // bf16 NaN
+    if (poison.k) {  // and a second, later bad value in V: K must win
+      s.v_pages.mutable_data<uint16_t>()[slot0 + 1] = 0x7f80;  // +inf
+    }
+    const absl::Status want = ValidateSnapshot(s).status();
+    ASSERT_FALSE(want.ok());
+    for (int threads : {1, 2, 4}) {
+      AuditOptions options;
+      options.threads = threads;
+      const absl::StatusOr<AuditReport> got = AuditSnapshot(s, options);
+      ASSERT_FALSE(got.ok());
+      EXPECT_EQ(got.status(), want) << threads << " threads";
+    }
+  }
+}
+
+TEST(AuditTest, NonFiniteValuesInInactiveSlotsAreNotRead) {
+  Snapshot s = BuildSnapshot(Bf16Case(), Paging());
+  const ResolvedLayout layout = *ValidateSnapshot(s);
+  // Row 1 holds 77 tokens: its fifth block uses slots 0..12 of 16.
+  const int64_t page = layout.block_pages[1][4];
+  const int64_t row = s.k_pages.num_elements() / s.k_pages.dim(0) /
+                      s.k_pages.dim(1);
+  const int64_t slot14 = (page * s.k_pages.dim(1) + 14) * row;
+  s.k_pages.mutable_data<uint16_t>()[slot14 + 2] = 0x7fc0;
+  s.v_pages.mutable_data<uint16_t>()[slot14 + 9] = 0xff80;
+  ASSERT_TRUE(ValidateSnapshot(s).ok());
+  const absl::StatusOr<AuditReport> report = AuditSnapshot(s, {});
+  ASSERT_TRUE(report.ok()) << report.status();
 }
 
 TEST(AuditTest, CancellationIsReportedAsCancelled) {

@@ -1,0 +1,69 @@
+// Between attention.cc (work items, results, orchestration) and
+// attention_pass.cc (the per-target fused R + P kernel). Not a public API.
+#ifndef ATTNAUDIT_CORE_ATTENTION_ATTENTION_INTERNAL_H_
+#define ATTNAUDIT_CORE_ATTENTION_ATTENTION_INTERNAL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "core/attention/attention.h"
+
+namespace attnaudit {
+namespace attention_internal {
+
+// What one call of ComputeAttention shares with its work items.
+struct PassContext {
+  const PreparedAttention& p;
+  AttentionResults* results;
+  bool reference;  // run R
+  bool replay;     // run P
+  // Set by any work item that widened a non-finite K or V value; the
+  // caller then locates it (the message must not depend on scheduling).
+  std::atomic<bool>* kv_non_finite;
+};
+
+// Per-thread buffers, grown on demand and reused across work items and
+// audits (so a steady stream of audits allocates nothing here).
+struct Scratch {
+  // K/V of the heads of one sweep over a page, [head][slot][D]; f64 only
+  // for f64 pages. At most sweep_heads heads per sweep, so the buffers stay
+  // in L2 whatever the page size.
+  std::vector<float> sweep_k32, sweep_v32;
+  std::vector<double> sweep_k64, sweep_v64;
+  int64_t sweep_heads = 1;
+  std::vector<double> k64, v64;       // [P][D] one head promoted for R
+  std::vector<int64_t> positions;     // [P]
+  std::vector<int32_t> visible;       // [Sq][P] indices of visible slots
+  std::vector<int64_t> visible_count; // [Sq]
+  std::vector<double> q64;            // [rows][D]
+  std::vector<float> q32;             // [rows][D]
+  std::vector<double> ref_m, ref_l, ref_acc;  // [rows], [rows], [rows][D]
+  std::vector<float> rep_out, rep_lse;        // [rows][D], [rows]
+  std::vector<uint8_t> rep_started;           // [rows]
+  std::vector<double> s64, e64;       // [group][P]
+  std::vector<float> s32, e32;        // [group][P]
+  std::vector<float> blk_out, blk_sum, blk_lse;  // [group][D], [group]
+  std::vector<float> zeros;           // [D]
+};
+
+// Runs the blocks of work item (b, KV heads [g0, g1)) through the fused
+// pass, leaving each row's running R and P state in `scratch` (sized and
+// loaded with the item's queries by attention.cc). Dispatches to the best
+// SIMD target of this CPU; every target computes the same bits.
+void RunPassItem(const PassContext& ctx, int64_t b, int64_t g0, int64_t g1,
+                 Scratch& scratch);
+
+// Whether key position `key_pos` is visible to a query at `query_pos`.
+inline bool Visible(const PreparedAttention& p, int64_t key_pos,
+                    int64_t query_pos) {
+  if (key_pos < 0 || key_pos > query_pos) return false;
+  if (p.window <= 0) return true;
+  const int64_t distance = query_pos - key_pos;
+  return p.window_inclusive ? distance <= p.window : distance < p.window;
+}
+
+}  // namespace attention_internal
+}  // namespace attnaudit
+
+#endif  // ATTNAUDIT_CORE_ATTENTION_ATTENTION_INTERNAL_H_

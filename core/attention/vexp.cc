@@ -1,0 +1,42 @@
+// Dispatching entry points for the vectorised exp of core/simd/simd-inl.h
+// (the fused pass calls the per-target versions directly).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "core/attention/vexp.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include "core/attention/vexp.h"
+#include "core/simd/simd-inl.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attnaudit {
+namespace HWY_NAMESPACE {
+
+void ExpF64Impl(const double* x, int64_t n, double* e) {
+  ExpNonPositiveArray(DF64(), x, n, e);
+}
+
+void ExpF32Impl(const float* x, int64_t n, float* e) {
+  ExpNonPositiveArray(DF32(), x, n, e);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attnaudit
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attnaudit {
+
+HWY_EXPORT(ExpF64Impl);
+HWY_EXPORT(ExpF32Impl);
+
+void ExpNonPositiveF64(const double* x, int64_t n, double* e) {
+  HWY_DYNAMIC_DISPATCH(ExpF64Impl)(x, n, e);
+}
+
+void ExpNonPositiveF32(const float* x, int64_t n, float* e) {
+  HWY_DYNAMIC_DISPATCH(ExpF32Impl)(x, n, e);
+}
+
+}  // namespace attnaudit
+#endif  // HWY_ONCE

@@ -1,0 +1,284 @@
+// Per-target SIMD building blocks for the core's hot loops, written once
+// over Google Highway and compiled for every x86 target we dispatch to
+// (SSE4, AVX2, AVX-512; see core/simd/CMakeLists.txt). A .cc that uses them
+// sets HWY_TARGET_INCLUDE to itself, includes "hwy/foreach_target.h" and
+// then this header, and writes its own code inside
+// `namespace attnaudit::HWY_NAMESPACE`.
+//
+// The contract these blocks keep (docs/NUMERICS.md, "One source, every
+// target"): for the same inputs they return the same bits on every target.
+//  - Every multiply-add is one correctly rounded fused operation
+//    (ExactMulAdd). SSE4 has no FMA instruction, and Highway's MulAdd is a
+//    multiply then an add there, so that target computes it lane by lane
+//    with std::fma: slower, never different.
+//  - A reduction over a vector is defined on *virtual lanes*, not on the
+//    hardware's: a dot product has 16 fp32 (8 fp64) virtual lanes, element
+//    d feeding lane d mod 16 (8), and the lanes are summed by a fixed tree
+//    (lane i with lane i + 8, then i + 4, i + 2, i + 1). A target with
+//    narrower vectors holds the virtual lanes in several vectors; the tree
+//    pairs the same values on every target.
+//  - Element-wise work (exp, widening, value accumulation) does the same
+//    IEEE operations per element on every target; tails go through the
+//    vector code too, padded, never through a scalar twin.
+// Pure functions; thread-safe.
+
+// Per-target include guard (Highway's convention for -inl.h headers).
+#if defined(ATTNAUDIT_CORE_SIMD_SIMD_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTNAUDIT_CORE_SIMD_SIMD_INL_H_
+#undef ATTNAUDIT_CORE_SIMD_SIMD_INL_H_
+#else
+#define ATTNAUDIT_CORE_SIMD_SIMD_INL_H_
+#endif
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attnaudit {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF32 = hn::ScalableTag<float>;
+using DF64 = hn::ScalableTag<double>;
+using VF32 = hn::Vec<DF32>;
+using VF64 = hn::Vec<DF64>;
+
+// Virtual lanes of a dot product (see the file comment).
+constexpr int kVirtualF32 = 16;
+constexpr int kVirtualF64 = 8;
+
+// ------------------------------------------------------------ fused ops
+
+// a * b + c with one rounding, on every target.
+template <class V>
+HWY_INLINE V ExactMulAdd(V a, V b, V c) {
+#if HWY_NATIVE_FMA
+  return hn::MulAdd(a, b, c);
+#else
+  using D = hn::DFromV<V>;
+  using T = hn::TFromD<D>;
+  const D d;
+  HWY_ALIGN T la[hn::MaxLanes(d)];
+  HWY_ALIGN T lb[hn::MaxLanes(d)];
+  HWY_ALIGN T lc[hn::MaxLanes(d)];
+  hn::Store(a, d, la);
+  hn::Store(b, d, lb);
+  hn::Store(c, d, lc);
+  for (size_t i = 0; i < hn::MaxLanes(d); ++i) lc[i] = std::fma(la[i], lb[i], lc[i]);
+  return hn::Load(d, lc);
+#endif
+}
+
+// c - a * b with one rounding.
+template <class V>
+HWY_INLINE V ExactNegMulAdd(V a, V b, V c) {
+  return ExactMulAdd(hn::Neg(a), b, c);
+}
+
+// ------------------------------------------------------------ exp
+
+// 2^k for integral k in [-1100, 0] held in a double/float vector, applied
+// to p as two exact power-of-two scalings so subnormal results round once,
+// as a single correctly rounded p * 2^k would.
+HWY_INLINE VF64 ScaleByPow2(VF64 p, VF64 k) {
+  const DF64 d;
+  const hn::RebindToSigned<DF64> di;
+  const auto ki = hn::ConvertTo(di, k);
+  const auto k1 = hn::ShiftRight<1>(ki);  // arithmetic: floor(k / 2)
+  const auto k2 = hn::Sub(ki, k1);
+  const auto bias = hn::Set(di, 1023);
+  const VF64 s1 = hn::BitCast(d, hn::ShiftLeft<52>(hn::Add(k1, bias)));
+  const VF64 s2 = hn::BitCast(d, hn::ShiftLeft<52>(hn::Add(k2, bias)));
+  return hn::Mul(hn::Mul(p, s1), s2);
+}
+
+HWY_INLINE VF32 ScaleByPow2(VF32 p, VF32 k) {
+  const DF32 d;
+  const hn::RebindToSigned<DF32> di;
+  const auto ki = hn::ConvertTo(di, k);
+  const auto k1 = hn::ShiftRight<1>(ki);
+  const auto k2 = hn::Sub(ki, k1);
+  const auto bias = hn::Set(di, 127);
+  const VF32 s1 = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(k1, bias)));
+  const VF32 s2 = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(k2, bias)));
+  return hn::Mul(hn::Mul(p, s1), s2);
+}
+
+// exp(x) for x <= 0 (softmax arguments shifted by their running max):
+// Cody-Waite reduction x = k ln2 + r, |r| <= ln2/2, a Taylor polynomial of
+// degree 13 for e^r (truncation < 0.05 ulp), then 2^k. Within 2 ulp of the
+// correctly rounded result (tested per target). x below the underflow
+// threshold, -inf included, gives +0; NaN stays NaN.
+HWY_INLINE VF64 ExpNonPositive(DF64 d, VF64 x) {
+  const VF64 underflow = hn::Set(d, -745.2);
+  const auto tiny = hn::Lt(x, underflow);
+  const auto nan = hn::IsNaN(x);
+  const VF64 v = hn::Max(x, underflow);
+  const VF64 k = hn::Round(hn::Mul(v, hn::Set(d, 1.4426950408889634)));
+  VF64 r = ExactNegMulAdd(k, hn::Set(d, 6.93147180369123816490e-01), v);
+  r = ExactNegMulAdd(k, hn::Set(d, 1.90821492927058770002e-10), r);
+  static constexpr double kCoef[14] = {
+      1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0,
+      1.0 / 3628800.0,    1.0 / 362880.0,    1.0 / 40320.0,
+      1.0 / 5040.0,       1.0 / 720.0,       1.0 / 120.0,
+      1.0 / 24.0,         1.0 / 6.0,         0.5,
+      1.0,                1.0};
+  VF64 p = hn::Set(d, kCoef[0]);
+  for (int j = 1; j < 14; ++j) p = ExactMulAdd(p, r, hn::Set(d, kCoef[j]));
+  const VF64 result = hn::IfThenZeroElse(tiny, ScaleByPow2(p, k));
+  return hn::IfThenElse(nan, x, result);
+}
+
+// The fp32 twin: degree 7 (truncation < 0.05 ulp), 2 ulp.
+HWY_INLINE VF32 ExpNonPositive(DF32 d, VF32 x) {
+  const VF32 underflow = hn::Set(d, -103.98f);
+  const auto tiny = hn::Lt(x, underflow);
+  const auto nan = hn::IsNaN(x);
+  const VF32 v = hn::Max(x, underflow);
+  const VF32 k = hn::Round(hn::Mul(v, hn::Set(d, 1.44269504f)));
+  VF32 r = ExactNegMulAdd(k, hn::Set(d, 0.693359375f), v);
+  r = ExactNegMulAdd(k, hn::Set(d, -2.12194440e-4f), r);
+  static constexpr float kCoef[8] = {1.0f / 5040.0f, 1.0f / 720.0f,
+                                     1.0f / 120.0f,  1.0f / 24.0f,
+                                     1.0f / 6.0f,    0.5f,
+                                     1.0f,           1.0f};
+  VF32 p = hn::Set(d, kCoef[0]);
+  for (int j = 1; j < 8; ++j) p = ExactMulAdd(p, r, hn::Set(d, kCoef[j]));
+  const VF32 result = hn::IfThenZeroElse(tiny, ScaleByPow2(p, k));
+  return hn::IfThenElse(nan, x, result);
+}
+
+// e[i] = exp(x[i]) for i < n; x and e may alias. The tail is padded into
+// one full vector, so every element takes the same path.
+template <class D>
+HWY_INLINE void ExpNonPositiveArray(D d, const hn::TFromD<D>* x, int64_t n,
+                                    hn::TFromD<D>* e) {
+  using T = hn::TFromD<D>;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    hn::StoreU(ExpNonPositive(d, hn::LoadU(d, x + i)), d, e + i);
+  }
+  if (i < n) {
+    HWY_ALIGN T buf[hn::MaxLanes(d)] = {};
+    std::memcpy(buf, x + i, static_cast<size_t>(n - i) * sizeof(T));
+    hn::Store(ExpNonPositive(d, hn::Load(d, buf)), d, buf);
+    std::memcpy(e + i, buf, static_cast<size_t>(n - i) * sizeof(T));
+  }
+}
+
+// ------------------------------------------------------------ reductions
+
+// Sum of the lanes of one vector by the tree "lane i + lane i + N/2",
+// recursively, down to lane 0.
+template <class D>
+HWY_INLINE hn::TFromD<D> TreeSumOfLanes(D d, hn::Vec<D> v) {
+  using T = hn::TFromD<D>;
+  constexpr size_t kLanes128 = 16 / sizeof(T);
+  if constexpr (hn::MaxLanes(D()) > kLanes128) {
+    const hn::Half<D> dh;
+    return TreeSumOfLanes(dh,
+                          hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  } else if constexpr (sizeof(T) == 4) {
+    // 4 fp32 lanes: (0 + 2, 1 + 3), then their sum.
+    v = hn::Add(v, hn::Shuffle1032(v));
+    v = hn::Add(v, hn::Shuffle2301(v));
+    return hn::GetLane(v);
+  } else {
+    // 2 fp64 lanes.
+    return hn::GetLane(hn::Add(v, hn::Shuffle01(v)));
+  }
+}
+
+// Sum of kVirtual virtual lanes held in kVec = kVirtual / N vectors
+// (vector j holds virtual lanes [j N, (j + 1) N)): the halves of the
+// vector array first (virtual i with i + kVirtual / 2, ...), then the tree
+// inside the last vector; the same pairings as one kVirtual-lane vector.
+template <int kVec, class D>
+HWY_INLINE hn::TFromD<D> VirtualLaneSum(D d, hn::Vec<D>* acc) {
+  for (int half = kVec / 2; half >= 1; half /= 2) {
+    for (int j = 0; j < half; ++j) acc[j] = hn::Add(acc[j], acc[j + half]);
+  }
+  return TreeSumOfLanes(d, acc[0]);
+}
+
+// ------------------------------------------------------------ widening
+
+// bf16 -> f32 (exact). Returns the OR of every element's magnitude
+// exponent check: true when some element is Inf or NaN.
+HWY_INLINE bool WidenBF16(const uint16_t* src, int64_t n, float* dst) {
+  const DF32 df;
+  const hn::Rebind<uint16_t, DF32> du16;
+  const hn::RebindToUnsigned<DF32> du32;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  auto bad = hn::Zero(du32);
+  const auto exp_mask = hn::Set(du32, 0x7f800000u);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto bits = hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, src + i)));
+    bad = hn::Or(bad, hn::VecFromMask(du32, hn::Eq(hn::And(bits, exp_mask), exp_mask)));
+    hn::StoreU(hn::BitCast(df, bits), df, dst + i);
+  }
+  bool any = !hn::AllTrue(du32, hn::Eq(bad, hn::Zero(du32)));
+  for (; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(&dst[i], &bits, sizeof(float));
+    any = any || (bits & 0x7f800000u) == 0x7f800000u;
+  }
+  return any;
+}
+
+// f16 -> f32 (exact).
+HWY_INLINE bool WidenF16(const uint16_t* src, int64_t n, float* dst) {
+  const DF32 df;
+  const hn::Rebind<hwy::float16_t, DF32> dh;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  bool any = false;
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const VF32 v = hn::PromoteTo(
+        df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(src + i)));
+    any = any || !hn::AllFalse(df, hn::Not(hn::IsFinite(v)));
+    hn::StoreU(v, df, dst + i);
+  }
+  if (i < n) {
+    HWY_ALIGN uint16_t buf[hn::MaxLanes(df)] = {};
+    std::memcpy(buf, src + i, static_cast<size_t>(n - i) * sizeof(uint16_t));
+    HWY_ALIGN float out[hn::MaxLanes(df)];
+    const VF32 v = hn::PromoteTo(
+        df, hn::Load(dh, reinterpret_cast<const hwy::float16_t*>(buf)));
+    any = any || !hn::AllFalse(df, hn::Not(hn::IsFinite(v)));
+    hn::Store(v, df, out);
+    std::memcpy(dst + i, out, static_cast<size_t>(n - i) * sizeof(float));
+  }
+  return any;
+}
+
+// f32 copy with the finite check.
+HWY_INLINE bool CopyF32(const float* src, int64_t n, float* dst) {
+  const DF32 df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  auto bad = hn::Zero(df);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const VF32 v = hn::LoadU(df, src + i);
+    // x - x is 0 for finite x and NaN otherwise.
+    bad = hn::Or(bad, hn::Sub(v, v));
+    hn::StoreU(v, df, dst + i);
+  }
+  bool any = !hn::AllTrue(df, hn::Eq(bad, hn::Zero(df)));
+  for (; i < n; ++i) {
+    dst[i] = src[i];
+    any = any || !std::isfinite(src[i]);
+  }
+  return any;
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attnaudit
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTNAUDIT_CORE_SIMD_SIMD_INL_H_
