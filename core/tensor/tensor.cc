@@ -16,6 +16,26 @@ Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
 Tensor::Tensor(DType dtype, std::vector<int64_t> shape, std::string bytes)
     : dtype_(dtype), shape_(std::move(shape)), bytes_(std::move(bytes)) {}
 
+Tensor Tensor::View(DType dtype, std::vector<int64_t> shape,
+                    absl::string_view bytes,
+                    std::shared_ptr<const void> owner) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.view_ = bytes;
+  t.view_owner_ = std::move(owner);
+  return t;
+}
+
+std::string* Tensor::mutable_bytes() {
+  if (view_owner_ != nullptr) {
+    bytes_.assign(view_.data(), view_.size());
+    view_ = absl::string_view();
+    view_owner_.reset();
+  }
+  return &bytes_;
+}
+
 int64_t Tensor::num_elements() const {
   int64_t n = 1;
   for (int64_t d : shape_) n *= d;
@@ -65,9 +85,9 @@ absl::Status Tensor::CheckLayout(absl::string_view field,
                      DTypeName(dtype_), " needs more than the limit of ",
                      max_bytes, " bytes"));
   }
-  if (static_cast<int64_t>(bytes_.size()) != n * size) {
+  if (static_cast<int64_t>(bytes().size()) != n * size) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ": has ", bytes_.size(), " bytes but ", DTypeName(dtype_), "[",
+        field, ": has ", bytes().size(), " bytes but ", DTypeName(dtype_), "[",
         absl::StrJoin(shape_, ","), "] needs ", n * size));
   }
   return absl::OkStatus();

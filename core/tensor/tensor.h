@@ -1,8 +1,13 @@
-// Tensor: a dense, row-major, little-endian n-d array that owns its bytes.
+// Tensor: a dense, row-major, little-endian n-d array.
 //
-// The bytes live in a std::string so the wire codec can move a received
-// protobuf `bytes` field into a Tensor without copying. A Tensor is a value
-// type; it is not synchronised (share it read-only between threads).
+// Its bytes are either owned, in a std::string (so the wire codec can move
+// a received protobuf `bytes` field into a Tensor without copying), or a
+// read-only view of memory kept alive by a shared owner (a mapped snapshot
+// file: `attnaudit check` never copies tensor bytes). Copying a Tensor
+// copies owned bytes and shares a view. Any mutable accessor first turns a
+// view into owned bytes (one copy), so writes never reach the viewed
+// memory. A Tensor is a value type; it is not synchronised (share it
+// read-only between threads).
 // A default-constructed Tensor is "absent": dtype kInvalid, no shape, no
 // bytes. Shape/size consistency is checked by Tensor::CheckLayout and by
 // snapshot validation, never assumed by accessors beyond debug asserts.
@@ -10,6 +15,7 @@
 #define ATTNAUDIT_CORE_TENSOR_TENSOR_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,6 +31,11 @@ class Tensor {
   Tensor(DType dtype, std::vector<int64_t> shape);  // zero-filled
   Tensor(DType dtype, std::vector<int64_t> shape, std::string bytes);
 
+  // A view of `bytes`, which `owner` keeps alive (and unchanged) for as
+  // long as any copy of the tensor exists.
+  static Tensor View(DType dtype, std::vector<int64_t> shape,
+                     absl::string_view bytes, std::shared_ptr<const void> owner);
+
   bool present() const { return dtype_ != DType::kInvalid; }
   DType dtype() const { return dtype_; }
   const std::vector<int64_t>& shape() const { return shape_; }
@@ -34,18 +45,22 @@ class Tensor {
   // overflow with CheckLayout first when the shape came from the wire.
   int64_t num_elements() const;
 
-  const std::string& bytes() const { return bytes_; }
-  std::string* mutable_bytes() { return &bytes_; }
-  const void* raw() const { return bytes_.data(); }
-  void* mutable_raw() { return &bytes_[0]; }
+  absl::string_view bytes() const {
+    return view_owner_ ? view_ : absl::string_view(bytes_);
+  }
+  bool is_view() const { return view_owner_ != nullptr; }
+  // Owned bytes (a view is copied into them first).
+  std::string* mutable_bytes();
+  const void* raw() const { return bytes().data(); }
+  void* mutable_raw() { return &(*mutable_bytes())[0]; }
 
   template <typename T>
   const T* data() const {
-    return reinterpret_cast<const T*>(bytes_.data());
+    return reinterpret_cast<const T*>(bytes().data());
   }
   template <typename T>
   T* mutable_data() {
-    return reinterpret_cast<T*>(&bytes_[0]);
+    return reinterpret_cast<T*>(mutable_raw());
   }
 
   // Integer element i of an i32/i64 tensor, widened to int64.
@@ -65,7 +80,9 @@ class Tensor {
  private:
   DType dtype_ = DType::kInvalid;
   std::vector<int64_t> shape_;
-  std::string bytes_;
+  std::string bytes_;  // when owned
+  absl::string_view view_;  // when a view: the bytes, alive through the owner
+  std::shared_ptr<const void> view_owner_;
 };
 
 // Checked product of dims; false on overflow or a negative dim.

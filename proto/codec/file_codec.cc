@@ -7,13 +7,18 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl.h"
 #include "google/protobuf/util/json_util.h"
+#include "core/common/status_macros.h"
 #include "proto/codec/codec.h"
+#include "proto/codec/tensor_data.h"
+#include "proto/codec/tensor_paths.h"
 
 namespace attnaudit {
 namespace {
@@ -85,7 +90,50 @@ absl::Status WriteAndSync(const v1::Snapshot& msg, const std::string& tmp) {
   return absl::OkStatus();
 }
 
+// Maps the whole file read-only; the mapping lives as long as the returned
+// owner (and every tensor viewing it).
+absl::StatusOr<std::shared_ptr<const void>> MapFile(int fd, int64_t size,
+                                                    const std::string& path) {
+  void* mapped = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ,
+                        MAP_PRIVATE | MAP_POPULATE, fd, 0);
+  if (mapped == MAP_FAILED) return ErrnoError(errno, path, "cannot map");
+  const size_t length = static_cast<size_t>(size);
+  return std::shared_ptr<const void>(
+      mapped, [length](const void* p) { ::munmap(const_cast<void*>(p), length); });
+}
+
+// Parses the skeleton (everything but the tensor payloads) and points each
+// tensor at its payload inside `file`, which `owner` keeps mapped.
+absl::StatusOr<Snapshot> DecodeMappedSnapshot(
+    absl::string_view file, const std::shared_ptr<const void>& owner) {
+  const absl::Status corrupt = absl::InvalidArgumentError(
+      "not a valid attnaudit.v1.Snapshot (truncated or corrupt protobuf)");
+  std::string skeleton;
+  std::vector<TensorDataRange> ranges;
+  if (!SplitSnapshotTensorData(file, &skeleton, &ranges).ok()) return corrupt;
+  v1::Snapshot msg;
+  if (!msg.ParseFromString(skeleton)) return corrupt;
+  ATTNAUDIT_ASSIGN_OR_RETURN(Snapshot snapshot, SnapshotFromProto(&msg));
+  for (const TensorDataRange& range : ranges) {
+    Tensor* tensor = MutableSnapshotTensor(&snapshot, range.path);
+    if (tensor == nullptr) {
+      return absl::InternalError(absl::StrCat(
+          range.path, ": a Tensor field the codec does not know"));
+    }
+    if (!tensor->present()) {
+      // As TensorFromProto: data without a dtype is an error, and an empty
+      // message is an absent tensor.
+      if (range.bytes.empty()) continue;
+      return absl::InvalidArgumentError(
+          absl::StrCat(range.path, ".dtype: must be set"));
+    }
+    *tensor = Tensor::View(tensor->dtype(), tensor->shape(), range.bytes, owner);
+  }
+  return snapshot;
+}
+
 }  // namespace
+
 
 absl::StatusOr<Snapshot> ReadSnapshotFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -109,32 +157,11 @@ absl::StatusOr<Snapshot> ReadSnapshotFile(const std::string& path) {
         "(a protobuf message); audit larger snapshots with AuditStream"));
   }
 
-  v1::Snapshot msg;
-  {
-    // Map the file and parse from the flat buffer: the parser then copies
-    // each bytes field once, at its final size, instead of growing strings
-    // chunk by chunk from a stream (2-3x faster for large snapshots).
-    void* mapped = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ,
-                          MAP_PRIVATE, fd, 0);
-    if (mapped == MAP_FAILED) return ErrnoError(errno, path, "cannot map");
-    ::madvise(mapped, static_cast<size_t>(size), MADV_SEQUENTIAL);
-    google::protobuf::io::CodedInputStream coded(
-        static_cast<const uint8_t*>(mapped), static_cast<int>(size));
-    // The limit is the file's size, so a corrupt length prefix can never make
-    // the parser reserve more than the file holds.
-    coded.SetTotalBytesLimit(static_cast<int>(size));
-    const bool parsed = msg.ParseFromCodedStream(&coded);
-    const bool complete = parsed && coded.ConsumedEntireMessage() &&
-                          coded.CurrentPosition() == static_cast<int>(size);
-    ::munmap(mapped, static_cast<size_t>(size));
-    if (!complete) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path,
-          ": not a valid attnaudit.v1.Snapshot (truncated or corrupt "
-          "protobuf)"));
-    }
-  }
-  absl::StatusOr<Snapshot> snapshot = SnapshotFromProto(&msg);
+  ATTNAUDIT_ASSIGN_OR_RETURN(std::shared_ptr<const void> mapping,
+                             MapFile(fd, size, path));
+  const absl::string_view file(static_cast<const char*>(mapping.get()),
+                               static_cast<size_t>(size));
+  absl::StatusOr<Snapshot> snapshot = DecodeMappedSnapshot(file, mapping);
   if (!snapshot.ok()) {
     return absl::Status(snapshot.status().code(),
                         absl::StrCat(path, ": ", snapshot.status().message()));

@@ -39,7 +39,7 @@ absl::StatusOr<Tensor> TensorFromProto(v1::Tensor* msg,
 void TensorToProto(const Tensor& tensor, v1::Tensor* msg) {
   msg->set_dtype(EncodeDType(tensor.dtype()));
   msg->mutable_shape()->Assign(tensor.shape().begin(), tensor.shape().end());
-  msg->set_data(tensor.bytes());
+  msg->set_data(tensor.bytes().data(), tensor.bytes().size());
 }
 
 void TensorToProto(Tensor&& tensor, v1::Tensor* msg) {

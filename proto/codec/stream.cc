@@ -52,10 +52,10 @@ bool AuditStreamChunker::Next(std::string* chunk) {
   chunk->clear();
   while (tensor_ < tensors_.size() &&
          static_cast<int64_t>(chunk->size()) < chunk_bytes_) {
-    const std::string& bytes = tensors_[tensor_]->bytes();
+    const absl::string_view bytes = tensors_[tensor_]->bytes();
     const size_t want = static_cast<size_t>(chunk_bytes_) - chunk->size();
     const size_t take = std::min(want, bytes.size() - offset_);
-    chunk->append(bytes, offset_, take);
+    chunk->append(bytes.data() + offset_, take);
     offset_ += take;
     if (offset_ == bytes.size()) {
       ++tensor_;

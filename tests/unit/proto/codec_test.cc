@@ -133,7 +133,7 @@ TEST(SnapshotCodecTest, DecodeMovesBytesWithoutCopy) {
 TEST(SnapshotCodecTest, MovingEncodeMovesBytesWithoutCopy) {
   Snapshot s = FullSnapshot();
   s.v_pages = Tensor(DType::kBF16, {3, 2, 4, 8 * 1024});
-  const std::string expected = s.v_pages.bytes();
+  const std::string expected(s.v_pages.bytes());
   const char* before = s.v_pages.bytes().data();
 
   v1::Snapshot msg;

@@ -15,6 +15,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "proto/codec/codec.h"
+#include "proto/codec/tensor_paths.h"
 #include "tests/unit/proto/codec_test_util.h"
 
 namespace attnaudit {
@@ -22,6 +23,7 @@ namespace {
 
 using testing_codec::ExpectReportEq;
 using testing_codec::ExpectSnapshotEq;
+using testing_codec::ExpectTensorEq;
 using testing_codec::FullReport;
 using testing_codec::FullSnapshot;
 
@@ -80,6 +82,31 @@ TEST_F(SnapshotFileTest, RoundTripLeavesOnlyTheFile) {
   ExpectSnapshotEq(original, *read);
 }
 
+// The reader maps the file and never copies tensor bytes: every present
+// tensor is a view; writing to one copies it first and leaves the file and
+// the other readers' views alone; views outlive the snapshot they came in.
+TEST_F(SnapshotFileTest, TensorsAreViewsOfTheMappedFile) {
+  const std::string path = dir_ + "/v.pb";
+  const Snapshot original = FullSnapshot(6);
+  ASSERT_TRUE(WriteSnapshotFile(path, original).ok());
+  absl::StatusOr<Snapshot> read = ReadSnapshotFile(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  for (absl::string_view p : SnapshotTensorPaths()) {
+    const Tensor* t = FindSnapshotTensor(*read, p);
+    if (t->present() && !t->bytes().empty()) EXPECT_TRUE(t->is_view()) << p;
+  }
+  Tensor kept = read->k_pages;  // shares the mapping
+  Snapshot mutated = *read;
+  read = absl::InternalError("dropped");  // the first snapshot is gone
+  ASSERT_TRUE(mutated.k_pages.is_view());
+  mutated.k_pages.mutable_data<char>()[0] ^= 0x55;
+  EXPECT_FALSE(mutated.k_pages.is_view());
+  ExpectTensorEq(original.k_pages, kept, "k_pages view after a copy's write");
+  absl::StatusOr<Snapshot> again = ReadSnapshotFile(path);
+  ASSERT_TRUE(again.ok());
+  ExpectSnapshotEq(original, *again);
+}
+
 TEST_F(SnapshotFileTest, OverwriteReplacesAtomically) {
   const std::string path = dir_ + "/s.pb";
   ASSERT_TRUE(WriteSnapshotFile(path, FullSnapshot(1)).ok());
@@ -134,7 +161,7 @@ TEST_F(SnapshotFileTest, TruncationInsideATensorIsACorruptFile) {
   }
   ASSERT_TRUE(WriteSnapshotFile(path, original).ok());
   const std::string full = ReadAll(path);
-  const size_t start = full.find(original.k_pages.bytes());
+  const size_t start = full.find(std::string(original.k_pages.bytes()));
   ASSERT_NE(start, std::string::npos);
   const size_t end = start + original.k_pages.bytes().size();
 
