@@ -41,35 +41,6 @@ double MaxAbs(const std::vector<double>& v) {
   return m;
 }
 
-// Largest L1 and L2 norms of an lm_head row: they bound how far a logit
-// moves per unit of output drift (the log-prob tolerance scales with them).
-// Zeros when absent.
-struct RowNorms {
-  double l1 = 0;
-  double l2 = 0;
-};
-RowNorms MaxRowNorms(const Tensor& lm_head) {
-  RowNorms best;
-  if (!lm_head.present() || lm_head.rank() != 2) return best;
-  const int64_t rows = lm_head.dim(0);
-  const int64_t cols = lm_head.dim(1);
-  std::vector<double> row(static_cast<size_t>(cols));
-  const char* bytes = static_cast<const char*>(lm_head.raw());
-  const int64_t row_bytes = cols * DTypeSize(lm_head.dtype());
-  for (int64_t r = 0; r < rows; ++r) {
-    ConvertToDouble(bytes + r * row_bytes, lm_head.dtype(), cols, row.data());
-    double l1 = 0;
-    double sq = 0;
-    for (double w : row) {
-      l1 += std::fabs(w);
-      sq += w * w;
-    }
-    best.l1 = std::max(best.l1, l1);
-    best.l2 = std::max(best.l2, std::sqrt(sq));
-  }
-  return best;
-}
-
 std::vector<double> RoundedCopy(const std::vector<double>& v, DType dtype) {
   std::vector<double> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) {
@@ -80,19 +51,30 @@ std::vector<double> RoundedCopy(const std::vector<double>& v, DType dtype) {
   return out;
 }
 
-absl::Status ComputeLogprobs(const Snapshot& s, Side* side,
-                             const std::vector<int64_t>& out_shape) {
-  if (!s.lm_head.present() || !s.selected_token_ids.present() ||
-      !side->has_out) {
-    return absl::OkStatus();
+// Log-probs of every side that has an output and needs them (the engine's
+// own log-probs, when sent, are used as they are), in one pass over
+// lm_head, which also yields its row norms.
+absl::Status ComputeLogprobs(const Snapshot& s, std::vector<Side*> sides,
+                             const std::vector<int64_t>& out_shape,
+                             int threads, LmHeadNorms* norms) {
+  const bool can = s.lm_head.present() && s.selected_token_ids.present();
+  std::vector<Side*> todo;
+  std::vector<DenseView> views;
+  for (Side* side : sides) {
+    if (!can || side == nullptr || !side->has_out) continue;
+    todo.push_back(side);
+    views.push_back({side->out.data(), out_shape});
   }
-  DenseView view{side->out.data(), out_shape};
   const uint8_t* mask =
       s.active_mask.present() ? s.active_mask.data<uint8_t>() : nullptr;
   ATTNAUDIT_ASSIGN_OR_RETURN(
-      side->logprobs, SelectedLogprobs(view, s.lm_head, s.selected_token_ids,
-                                       mask, s.logprob_temperature));
-  side->has_logprobs = true;
+      std::vector<std::vector<double>> logprobs,
+      SelectedLogprobsForEach(views, s.lm_head, s.selected_token_ids, mask,
+                              s.logprob_temperature, threads, norms));
+  for (size_t i = 0; i < todo.size(); ++i) {
+    todo[i]->logprobs = std::move(logprobs[i]);
+    todo[i]->has_logprobs = true;
+  }
   return absl::OkStatus();
 }
 
@@ -281,6 +263,7 @@ absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
   replay.lse = std::move(results.replay_lse);
   replay.has_out = replay.has_lse = true;
   Side engine = EngineSide(snapshot);
+  LmHeadNorms norms;
   {
     // The reference log-prob reads the reference output as the trainer
     // would hold it: rounded once to the output dtype. The three sides'
@@ -288,15 +271,10 @@ absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
     Side rounded_reference;
     rounded_reference.out = RoundedCopy(reference.out, out_dtype);
     rounded_reference.has_out = true;
-    Side* sides[3] = {&rounded_reference, &replay,
-                      engine.has_logprobs ? nullptr : &engine};
-    absl::Status statuses[3];
-    ParallelFor(3, threads, [&](int64_t i) {
-      if (sides[i] != nullptr) {
-        statuses[i] = ComputeLogprobs(snapshot, sides[i], out_shape);
-      }
-    });
-    for (const absl::Status& st : statuses) ATTNAUDIT_RETURN_IF_ERROR(st);
+    ATTNAUDIT_RETURN_IF_ERROR(ComputeLogprobs(
+        snapshot,
+        {&rounded_reference, &replay, engine.has_logprobs ? nullptr : &engine},
+        out_shape, threads, &norms));
     reference.logprobs = std::move(rounded_reference.logprobs);
     reference.has_logprobs = rounded_reference.has_logprobs;
   }
@@ -310,9 +288,8 @@ absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
       std::max<int64_t>(1, results.max_visible_keys);
   ctx.tolerance_inputs.max_abs_out_reference = MaxAbs(reference.out);
   ctx.tolerance_inputs.max_abs_lse_reference = MaxAbs(reference.lse);
-  const RowNorms norms = MaxRowNorms(snapshot.lm_head);
-  ctx.tolerance_inputs.lm_head_max_row_l1 = norms.l1;
-  ctx.tolerance_inputs.lm_head_max_row_l2 = norms.l2;
+  ctx.tolerance_inputs.lm_head_max_row_l1 = norms.max_row_l1;
+  ctx.tolerance_inputs.lm_head_max_row_l2 = norms.max_row_l2;
   ctx.tolerance_inputs.logprob_temperature = snapshot.logprob_temperature;
 
   const bool have_engine = engine.has_out || engine.has_lse;

@@ -60,6 +60,24 @@ absl::StatusOr<std::vector<double>> SelectedLogprobs(const DenseView& out,
                                                      const uint8_t* active_mask,
                                                      double temperature);
 
+// The largest L1 and L2 norms of lm_head's rows: they bound how far a
+// logit moves per unit of output drift (the log-prob tolerance uses them).
+struct LmHeadNorms {
+  double max_row_l1 = 0;
+  double max_row_l2 = 0;
+};
+
+// SelectedLogprobs for several outputs of the same shape at once, in one
+// pass over lm_head (each row is read and widened once for all of them, on
+// up to `threads` threads), with lm_head's row norms into *norms (may be
+// null). Returns one vector per output, each what SelectedLogprobs would
+// return for it. With no outputs it only computes the norms (lm_head may
+// then be absent: zero norms).
+absl::StatusOr<std::vector<std::vector<double>>> SelectedLogprobsForEach(
+    const std::vector<DenseView>& outs, const Tensor& lm_head,
+    const Tensor& token_ids, const uint8_t* active_mask, double temperature,
+    int threads, LmHeadNorms* norms);
+
 // RL-framework agreement metrics for candidate (rollout) vs baseline
 // (trainer stand-in) log-probs over active tokens; see report.h.
 LogprobAgreement CompareLogprobs(const DenseView& candidate,

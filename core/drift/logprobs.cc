@@ -5,50 +5,19 @@
 #include <cmath>
 #include <limits>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/common/parallel.h"
+#include "core/common/status_macros.h"
 #include "core/drift/drift.h"
+#include "core/drift/logits_internal.h"
 
 namespace attnaudit {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-// Dot product in fp64 with four independent accumulators: a fixed,
-// deterministic order the compiler can vectorise (no reassociation needed).
-// Fixed-order dot product (deterministic for a build); explicit SIMD where
-// available because GCC will not vectorise a floating reduction by itself.
-double Dot(const double* a, const double* b, int64_t n) {
-  int64_t i = 0;
-  double sum = 0;
-#if defined(__AVX512F__)
-  __m512d acc0 = _mm512_setzero_pd();
-  __m512d acc1 = _mm512_setzero_pd();
-  for (; i + 16 <= n; i += 16) {
-    acc0 =
-        _mm512_fmadd_pd(_mm512_loadu_pd(a + i), _mm512_loadu_pd(b + i), acc0);
-    acc1 = _mm512_fmadd_pd(_mm512_loadu_pd(a + i + 8),
-                           _mm512_loadu_pd(b + i + 8), acc1);
-  }
-  sum = _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
-#else
-  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  for (; i + 4 <= n; i += 4) {
-    s0 = std::fma(a[i], b[i], s0);
-    s1 = std::fma(a[i + 1], b[i + 1], s1);
-    s2 = std::fma(a[i + 2], b[i + 2], s2);
-    s3 = std::fma(a[i + 3], b[i + 3], s3);
-  }
-  sum = (s0 + s1) + (s2 + s3);
-#endif
-  for (; i < n; ++i) sum = std::fma(a[i], b[i], sum);
-  return sum;
-}
 
 double K3Term(double x) {
   if (std::fabs(x) < 1e-4) {
@@ -77,11 +46,10 @@ double SelectedLogSoftmax(double* z, int64_t vocab, int64_t id,
 
 }  // namespace
 
-absl::StatusOr<std::vector<double>> SelectedLogprobs(const DenseView& out,
-                                                     const Tensor& lm_head,
-                                                     const Tensor& token_ids,
-                                                     const uint8_t* active_mask,
-                                                     double temperature) {
+namespace {
+
+// The shape checks shared by every output; returns Hq * D.
+absl::StatusOr<int64_t> CheckOutShape(const DenseView& out) {
   if (out.shape.size() != 4) {
     return absl::InvalidArgumentError(
         absl::StrCat("out: expected [B,Sq,Hq,D], got rank ", out.shape.size()));
@@ -94,49 +62,45 @@ absl::StatusOr<std::vector<double>> SelectedLogprobs(const DenseView& out,
   if (out_n > 0 && out.values == nullptr) {
     return absl::InvalidArgumentError("out: values are null");
   }
-  const int64_t batch = out.shape[0];
-  const int64_t queries = out.shape[1];
-  const int64_t hidden = out.shape[2] * out.shape[3];
+  return out.shape[2] * out.shape[3];
+}
 
+absl::Status CheckLmHead(const Tensor& lm_head, int64_t hidden) {
   if (!lm_head.present() || !IsFloating(lm_head.dtype())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "lm_head: expected a floating tensor, got ", lm_head.DebugString()));
   }
-  absl::Status status =
-      lm_head.CheckLayout("lm_head", std::numeric_limits<int64_t>::max());
-  if (!status.ok()) return status;
+  ATTNAUDIT_RETURN_IF_ERROR(
+      lm_head.CheckLayout("lm_head", std::numeric_limits<int64_t>::max()));
   if (hidden < 1 || lm_head.rank() != 2 || lm_head.dim(1) != hidden ||
       lm_head.dim(0) < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("lm_head: expected [V>=1, Hq*D=", hidden, "], got ",
                      lm_head.DebugString()));
   }
-  const int64_t vocab = lm_head.dim(0);
+  return absl::OkStatus();
+}
 
+// The active tokens (flat b * Sq + s) and their ids, checked against V.
+absl::Status ActiveTokens(const Tensor& token_ids, int64_t batch,
+                          int64_t queries, int64_t vocab,
+                          const uint8_t* active_mask,
+                          std::vector<int64_t>* active,
+                          std::vector<int64_t>* ids) {
   if (!token_ids.present() || !IsInteger(token_ids.dtype())) {
     return absl::InvalidArgumentError(
         absl::StrCat("selected_token_ids: expected an i32/i64 tensor, got ",
                      token_ids.DebugString()));
   }
-  status = token_ids.CheckLayout("selected_token_ids",
-                                 std::numeric_limits<int64_t>::max());
-  if (!status.ok()) return status;
+  ATTNAUDIT_RETURN_IF_ERROR(token_ids.CheckLayout(
+      "selected_token_ids", std::numeric_limits<int64_t>::max()));
   if (token_ids.rank() != 2 || token_ids.dim(0) != batch ||
       token_ids.dim(1) != queries) {
     return absl::InvalidArgumentError(
         absl::StrCat("selected_token_ids: expected [B=", batch,
                      ", Sq=", queries, "], got ", token_ids.DebugString()));
   }
-  if (!(temperature > 0) || !std::isfinite(temperature)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("temperature: must be finite and > 0, got ", temperature));
-  }
-
-  // Active tokens and their ids, validated before any O(V) allocation.
-  const int64_t tokens = batch * queries;
-  std::vector<int64_t> active;
-  std::vector<int64_t> ids;
-  for (int64_t t = 0; t < tokens; ++t) {
+  for (int64_t t = 0; t < batch * queries; ++t) {
     if (active_mask != nullptr && active_mask[t] == 0) continue;
     const int64_t id = token_ids.IntAt(t);
     if (id < 0 || id >= vocab) {
@@ -144,47 +108,125 @@ absl::StatusOr<std::vector<double>> SelectedLogprobs(const DenseView& out,
           absl::StrCat("selected_token_ids[", t / queries, "][", t % queries,
                        "]: token id ", id, " is outside [0, ", vocab, ")"));
     }
-    active.push_back(t);
-    ids.push_back(id);
+    active->push_back(t);
+    ids->push_back(id);
   }
+  return absl::OkStatus();
+}
 
-  // logits[a][v] for a chunk of active tokens; the pass over lm_head rows
-  // widens each row once per chunk. The chunk bounds the scratch to
-  // kMaxLogits doubles (or one token's V when V is larger).
+// Logits of a chunk of hidden vectors through all of lm_head, in parallel
+// over blocks of rows (each logit is one dot product, so the result does
+// not depend on the split), plus the row norms.
+void ChunkLogits(const Tensor& lm_head, const std::vector<double>& hiddens,
+                 int64_t num_hidden, int threads, std::vector<double>* logits,
+                 LmHeadNorms* norms) {
+  const int64_t vocab = lm_head.dim(0);
+  const int64_t hidden = lm_head.dim(1);
+  constexpr int64_t kRowsPerTask = 64;
+  const int64_t tasks = (vocab + kRowsPerTask - 1) / kRowsPerTask;
+  std::vector<double> l1(static_cast<size_t>(tasks), 0.0);
+  std::vector<double> l2(static_cast<size_t>(tasks), 0.0);
+  logits->resize(static_cast<size_t>(num_hidden * vocab));
+  ParallelFor(tasks, threads, [&](int64_t task) {
+    const int64_t v0 = task * kRowsPerTask;
+    const int64_t v1 = std::min(vocab, v0 + kRowsPerTask);
+    drift_internal::LogitRows(lm_head.raw(), lm_head.dtype(), hidden, v0, v1,
+                              hiddens.data(), num_hidden, logits->data(), vocab,
+                              &l1[task], &l2[task]);
+  });
+  for (int64_t t = 0; t < tasks; ++t) {
+    norms->max_row_l1 = std::max(norms->max_row_l1, l1[t]);
+    norms->max_row_l2 = std::max(norms->max_row_l2, l2[t]);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::vector<double>>> SelectedLogprobsForEach(
+    const std::vector<DenseView>& outs, const Tensor& lm_head,
+    const Tensor& token_ids, const uint8_t* active_mask, double temperature,
+    int threads, LmHeadNorms* norms) {
+  LmHeadNorms local_norms;
+  if (norms == nullptr) norms = &local_norms;
+  *norms = LmHeadNorms();
+  if (outs.empty()) {
+    if (!lm_head.present()) return std::vector<std::vector<double>>();
+    ATTNAUDIT_RETURN_IF_ERROR(
+        lm_head.CheckLayout("lm_head", std::numeric_limits<int64_t>::max()));
+    if (lm_head.rank() != 2 || !IsFloating(lm_head.dtype())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "lm_head: expected a floating [V, H] tensor, got ",
+          lm_head.DebugString()));
+    }
+    std::vector<double> none;
+    ChunkLogits(lm_head, none, 0, threads, &none, norms);
+    return std::vector<std::vector<double>>();
+  }
+  ATTNAUDIT_ASSIGN_OR_RETURN(const int64_t hidden, CheckOutShape(outs[0]));
+  for (const DenseView& out : outs) {
+    if (out.shape != outs[0].shape) {
+      return absl::InvalidArgumentError("out: outputs differ in shape");
+    }
+    ATTNAUDIT_RETURN_IF_ERROR(CheckOutShape(out).status());
+  }
+  ATTNAUDIT_RETURN_IF_ERROR(CheckLmHead(lm_head, hidden));
+  const int64_t batch = outs[0].shape[0];
+  const int64_t queries = outs[0].shape[1];
+  const int64_t vocab = lm_head.dim(0);
+  if (!(temperature > 0) || !std::isfinite(temperature)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature: must be finite and > 0, got ", temperature));
+  }
+  // Tokens are validated before any O(V) allocation.
+  std::vector<int64_t> active;
+  std::vector<int64_t> ids;
+  ATTNAUDIT_RETURN_IF_ERROR(ActiveTokens(token_ids, batch, queries, vocab,
+                                         active_mask, &active, &ids));
+  // Hidden vectors of (output, active token) pairs in chunks, so the logits
+  // scratch stays within kMaxLogits doubles (or one vector's V).
   constexpr int64_t kMaxLogits = int64_t{1} << 22;
   const int64_t num_active = static_cast<int64_t>(active.size());
+  const int64_t pairs = num_active * static_cast<int64_t>(outs.size());
   const int64_t chunk =
-      std::max<int64_t>(1, std::min(num_active, kMaxLogits / vocab));
-  std::vector<double> logits(static_cast<size_t>(chunk * vocab));
-  std::vector<double> row(static_cast<size_t>(hidden));
-  std::vector<float> row_f32(
-      lm_head.dtype() == DType::kF64 ? 0 : static_cast<size_t>(hidden));
-  const size_t row_bytes =
-      static_cast<size_t>(hidden) * DTypeSize(lm_head.dtype());
-  const char* head_bytes = static_cast<const char*>(lm_head.raw());
-
-  std::vector<double> result(static_cast<size_t>(tokens), 0.0);
-  for (int64_t first = 0; first < num_active; first += chunk) {
-    const int64_t last = std::min(num_active, first + chunk);
-    for (int64_t v = 0; v < vocab; ++v) {
-      const char* src = head_bytes + static_cast<size_t>(v) * row_bytes;
-      if (lm_head.dtype() == DType::kF64) {
-        ConvertToDouble(src, DType::kF64, hidden, row.data());
-      } else {
-        ConvertToFloat(src, lm_head.dtype(), hidden, row_f32.data());
-        std::copy(row_f32.begin(), row_f32.end(), row.begin());
-      }
-      for (int64_t a = first; a < last; ++a) {
-        const double* h = out.values + active[a] * hidden;
-        logits[(a - first) * vocab + v] = Dot(h, row.data(), hidden);
-      }
+      std::max<int64_t>(1, std::min(pairs, kMaxLogits / vocab));
+  std::vector<std::vector<double>> results(
+      outs.size(), std::vector<double>(static_cast<size_t>(batch * queries)));
+  std::vector<double> hiddens;
+  std::vector<double> logits;
+  bool norms_done = false;
+  for (int64_t first = 0; first < pairs || !norms_done; first += chunk) {
+    const int64_t last = std::min(pairs, first + chunk);
+    hiddens.resize(static_cast<size_t>(std::max<int64_t>(0, last - first) *
+                                       hidden));
+    for (int64_t p = first; p < last; ++p) {
+      const double* h = outs[p / num_active].values +
+                        active[p % num_active] * hidden;
+      std::copy(h, h + hidden, &hiddens[(p - first) * hidden]);
     }
-    for (int64_t a = first; a < last; ++a) {
-      result[active[a]] = SelectedLogSoftmax(&logits[(a - first) * vocab],
-                                             vocab, ids[a], temperature);
+    LmHeadNorms chunk_norms;
+    ChunkLogits(lm_head, hiddens, std::max<int64_t>(0, last - first), threads,
+                &logits, &chunk_norms);
+    if (!norms_done) *norms = chunk_norms;
+    norms_done = true;
+    for (int64_t p = first; p < last; ++p) {
+      results[p / num_active][active[p % num_active]] =
+          SelectedLogSoftmax(&logits[(p - first) * vocab], vocab,
+                             ids[p % num_active], temperature);
     }
   }
-  return result;
+  return results;
+}
+
+absl::StatusOr<std::vector<double>> SelectedLogprobs(const DenseView& out,
+                                                     const Tensor& lm_head,
+                                                     const Tensor& token_ids,
+                                                     const uint8_t* active_mask,
+                                                     double temperature) {
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      std::vector<std::vector<double>> each,
+      SelectedLogprobsForEach({out}, lm_head, token_ids, active_mask,
+                              temperature, /*threads=*/1, nullptr));
+  return std::move(each[0]);
 }
 
 LogprobAgreement CompareLogprobs(const DenseView& candidate,

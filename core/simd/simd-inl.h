@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/tensor/dtype.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -205,6 +206,88 @@ HWY_INLINE hn::TFromD<D> VirtualLaneSum(D d, hn::Vec<D>* acc) {
   return TreeSumOfLanes(d, acc[0]);
 }
 
+// ------------------------------------------------------------ dot products
+
+// Vectors that hold one dot product's virtual lanes on this target.
+template <class D>
+constexpr int VecsPerDot() {
+  constexpr int virtual_lanes =
+      sizeof(hn::TFromD<D>) == 4 ? kVirtualF32 : kVirtualF64;
+  static_assert(virtual_lanes >= static_cast<int>(hn::MaxLanes(D())),
+                "vectors wider than the virtual lanes");
+  return virtual_lanes / static_cast<int>(hn::MaxLanes(D()));
+}
+
+// s[r * lds + t] = q_r . k_t for a tile of RT rows of q and KT rows of k
+// (each `dim` long), each dot product in virtual-lane order: chunks of the
+// virtual width, the fixed lane tree, then the elements past the last full
+// chunk in order. The same bits on every target.
+template <int RT, int KT, class D>
+HWY_INLINE void DotTile(D d, const hn::TFromD<D>* q, const hn::TFromD<D>* k,
+                          int64_t dim, hn::TFromD<D>* s, int64_t lds) {
+  using T = hn::TFromD<D>;
+  constexpr int kVec = VecsPerDot<D>();
+  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(D()));
+  constexpr int64_t kChunk = kVec * N;
+  hn::Vec<D> acc[RT][KT][kVec];
+  for (int r = 0; r < RT; ++r) {
+    for (int t = 0; t < KT; ++t) {
+      for (int v = 0; v < kVec; ++v) acc[r][t][v] = hn::Zero(d);
+    }
+  }
+  const int64_t full = dim / kChunk * kChunk;
+  for (int64_t c = 0; c < full; c += kChunk) {
+    for (int v = 0; v < kVec; ++v) {
+      const int64_t off = c + v * N;
+      hn::Vec<D> kv[KT];
+      for (int t = 0; t < KT; ++t) kv[t] = hn::LoadU(d, k + t * dim + off);
+      for (int r = 0; r < RT; ++r) {
+        const hn::Vec<D> qv = hn::LoadU(d, q + r * dim + off);
+        for (int t = 0; t < KT; ++t) {
+          acc[r][t][v] = ExactMulAdd(qv, kv[t], acc[r][t][v]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < RT; ++r) {
+    for (int t = 0; t < KT; ++t) {
+      T sum = VirtualLaneSum<kVec>(d, acc[r][t]);
+      for (int64_t e = full; e < dim; ++e) {
+        sum = std::fma(q[r * dim + e], k[t * dim + e], sum);
+      }
+      s[r * lds + t] = sum;
+    }
+  }
+}
+
+// All dot products of `rows` rows of q ([rows][dim]) with n rows of k
+// ([n][dim]) into s[r * lds + t], in register tiles.
+template <class D>
+HWY_INLINE void DotRows(D d, const hn::TFromD<D>* q, int64_t rows,
+               const hn::TFromD<D>* k, int64_t n, int64_t dim,
+               hn::TFromD<D>* s, int64_t lds) {
+  // About eight accumulators in flight: enough independent FMA chains to
+  // cover the FMA latency without spilling registers.
+  constexpr int kVec = VecsPerDot<D>();
+  constexpr int RT = kVec == 1 ? 4 : 2;
+  constexpr int KT = kVec <= 2 ? 2 : 1;
+  int64_t r = 0;
+  for (; r + RT <= rows; r += RT) {
+    int64_t t = 0;
+    for (; t + KT <= n; t += KT) {
+      DotTile<RT, KT>(d, q + r * dim, k + t * dim, dim, s + r * lds + t, lds);
+    }
+    for (; t < n; ++t) {
+      DotTile<RT, 1>(d, q + r * dim, k + t * dim, dim, s + r * lds + t, lds);
+    }
+  }
+  for (; r < rows; ++r) {
+    for (int64_t t = 0; t < n; ++t) {
+      DotTile<1, 1>(d, q + r * dim, k + t * dim, dim, s + r * lds + t, lds);
+    }
+  }
+}
+
 // ------------------------------------------------------------ widening
 
 // bf16 -> f32 (exact). Returns the OR of every element's magnitude
@@ -275,6 +358,53 @@ HWY_INLINE bool CopyF32(const float* src, int64_t n, float* dst) {
     any = any || !std::isfinite(src[i]);
   }
   return any;
+}
+
+// Widens one row of `n` elements at element `offset` of `base` into f32
+// (and, for f64 pages, keeps the exact values in dst64). Returns true when
+// some element is not finite.
+HWY_INLINE bool WidenRow(const void* base, DType dtype, int64_t offset, int64_t n,
+              float* dst32, double* dst64) {
+  switch (dtype) {
+    case DType::kBF16:
+      return WidenBF16(static_cast<const uint16_t*>(base) + offset, n, dst32);
+    case DType::kF16:
+      return WidenF16(static_cast<const uint16_t*>(base) + offset, n, dst32);
+    case DType::kF32:
+      return CopyF32(static_cast<const float*>(base) + offset, n, dst32);
+    case DType::kF64: {
+      const double* src = static_cast<const double*>(base) + offset;
+      bool bad = false;
+      for (int64_t i = 0; i < n; ++i) {
+        dst64[i] = src[i];
+        dst32[i] = static_cast<float>(src[i]);
+        bad = bad || !std::isfinite(src[i]);
+      }
+      return bad;
+    }
+    default: {  // fp8: a table lookup per element
+      const uint8_t* src = static_cast<const uint8_t*>(base) + offset;
+      const bool e4m3 = dtype == DType::kF8E4M3;
+      bool bad = false;
+      for (int64_t i = 0; i < n; ++i) {
+        dst32[i] = e4m3 ? F8E4M3ToFloat(src[i]) : F8E5M2ToFloat(src[i]);
+        bad = bad || !std::isfinite(dst32[i]);
+      }
+      return bad;
+    }
+  }
+}
+
+// f32 -> f64 (exact).
+HWY_INLINE void PromoteRows(const float* src, int64_t n, double* dst) {
+  const DF64 d64;
+  const hn::Rebind<float, DF64> df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d64));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    hn::StoreU(hn::PromoteTo(d64, hn::LoadU(df, src + i)), d64, dst + i);
+  }
+  for (; i < n; ++i) dst[i] = static_cast<double>(src[i]);
 }
 
 }  // namespace HWY_NAMESPACE
