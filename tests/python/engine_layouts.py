@@ -119,14 +119,19 @@ def wire_options(snap) -> dict:
 
 
 def to_torch(args, kwargs):
-    """The same engine tensors as torch CPU tensors (bf16 via int16 views)."""
+    """The same engine tensors as torch CPU tensors (bf16 and fp8 through
+    integer views: torch.from_numpy knows neither)."""
     import torch
 
     def conv(x):
         if not isinstance(x, np.ndarray):
             return x
-        if x.dtype.name == "bfloat16":
-            return torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(np.ascontiguousarray(x))
+        x = np.array(x)  # a writable contiguous copy
+        name = x.dtype.name
+        if name == "bfloat16":
+            return torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+        if name in ("float8_e4m3fn", "float8_e5m2"):
+            return torch.from_numpy(x.view(np.uint8)).view(getattr(torch, name))
+        return torch.from_numpy(x)
 
     return tuple(conv(a) for a in args), {k: conv(v) for k, v in kwargs.items()}

@@ -323,6 +323,8 @@ class CopyPlan:
         if is_torch(pool):
             torch = _torch()
             code = code_of(pool, what)
+            if code in (FP8_E4M3, FP8_E5M2):
+                pool = pool.view(torch.uint8)  # index kernels may lack fp8
             idx = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))
             if pool.is_cuda:
                 idx = idx.pin_memory().to(pool.device, non_blocking=True)

@@ -13,7 +13,9 @@
 Sampling. A call is sampled when its step is a multiple of `sample_every`
 (after `offset`) and its layer is eligible: any layer when `layers` is None,
 else the listed ones -- all of them at every sampled step, or, with
-rotate_layers=True, one per sampled step in turn. The step is the `step=`
+rotate_layers=True, one per sampled step in turn: step s takes
+layers[((s - offset) // sample_every) % len(layers)], a function of the step
+alone, so every rank of a tensor-parallel group picks the same layer. The step is the `step=`
 argument, or else the number of earlier calls with the same layer. The
 snapshot argument may be a built Snapshot or a callable returning one (a
 builder); a builder is called only when the call is sampled, so an
