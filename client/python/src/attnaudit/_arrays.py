@@ -312,10 +312,10 @@ class CopyPlan:
             # keep its memory from being reused before the read is done.
             t.record_stream(torch.cuda.current_stream(t.device))
             return self._stage_device(staged, code or src_code)
-        if copy or not t.is_contiguous():
-            t = t.clone(memory_format=torch.contiguous_format)
-        return WireTensor(code or src_code, tuple(t.shape),
-                          t.reshape(-1).view(torch.uint8).numpy())
+        a = _numpy_view(t)
+        if copy or not a.flags.c_contiguous:
+            a = np.array(a, order="C", copy=True)
+        return WireTensor(code or src_code, a.shape, _numpy_bytes(a))
 
     def take_pages(self, pool: Any, ids: np.ndarray, what: str) -> WireTensor:
         """pool[ids] along axis 0, as one gather copy (pool may be a strided
@@ -325,15 +325,18 @@ class CopyPlan:
             code = code_of(pool, what)
             if code in (FP8_E4M3, FP8_E5M2):
                 pool = pool.view(torch.uint8)  # index kernels may lack fp8
-            idx = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))
             if pool.is_cuda:
+                idx = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))
                 idx = idx.pin_memory().to(pool.device, non_blocking=True)
                 staged = pool.detach().index_select(0, idx)
                 return self._stage_device(staged, code)
-            out = pool.detach().index_select(0, idx)
-            return WireTensor(code, tuple(out.shape),
-                              out.reshape(-1).view(torch.uint8).numpy())
-        code = code_of(pool, what)
+            # Host tensors are gathered by numpy through a zero-copy view:
+            # numpy backs large fresh arrays with transparent huge pages,
+            # which makes the gather ~4x faster than torch's (whose fresh
+            # buffers pay a page fault per 4 KiB).
+            pool = _numpy_view(pool.detach())
+        else:
+            code = code_of(pool, what)
         out = np.take(pool, ids, axis=0)  # a fresh C-contiguous array
         return WireTensor(code, out.shape, _numpy_bytes(out))
 
@@ -362,6 +365,15 @@ class CopyPlan:
         for wt, _ in self._device:
             wt._pending = pending
         self._device = []
+
+
+def _numpy_view(t) -> np.ndarray:
+    """A zero-copy numpy view of a host torch tensor's storage (strides
+    kept), as unsigned integers of the element's size: numpy has no bf16 or
+    fp8 of torch's, and only the bytes matter from here on."""
+    torch = _torch()
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.view(as_int[t.element_size()]).numpy()
 
 
 def _torch_dtype(code: int):
