@@ -190,3 +190,30 @@ def test_f64_arrays_stay_f64_and_bf16_works_without_torch():
     assert snap.wire_tensor("engine.lse").dtype == 6
     assert snap.wire_tensor("k_pages").dtype == 3  # DTYPE_BF16
     assert snap.tensor("k_pages").dtype == ml_dtypes.bfloat16
+
+
+def test_encoding_waits_for_pending_device_copies():
+    """The CUDA path without a GPU: a tensor whose bytes are still being
+    copied off the device is waited for (its event synchronised) before
+    anything reads it, once, and the staging buffers are released then."""
+    from attnaudit import _arrays
+
+    class Event:
+        synchronized = 0
+
+        def synchronize(self):
+            Event.synchronized += 1
+
+    event = Event()
+    snap = attnaudit.Snapshot.from_paged_kv(
+        np.ones((1, 2, 8), np.float32), np.ones((2, 2, 4, 1, 8), np.float32), None,
+        [[0]], [3])
+    pending = _arrays._Pending(event, keepalive=["staging"])
+    q = snap.wire_tensor("q")
+    q._pending = pending
+    assert Event.synchronized == 0
+    data = snap.serialize()
+    assert Event.synchronized == 1 and pending.keepalive is None
+    snap.serialize()
+    assert Event.synchronized == 1
+    assert attnaudit.Snapshot.from_proto(snap.to_proto()).serialize() == data

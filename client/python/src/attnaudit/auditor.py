@@ -36,8 +36,9 @@ mode="submit" queues durable jobs with Submit (the slot is freed once the
 server has the job on disk) and collects their reports by polling.
 
 Results. `counters` (an AuditorCounters: steps, sampled, sent, dropped,
-failed, invalid, passed, drifted), `latest` (the last AuditResult per
-layer), `latest_verdicts`, `results()` (the last `keep` results) and the
+failed, invalid, passed, drifted), `latest` (the AuditResult of the newest
+audited step per layer), `latest_verdicts`, `results()` (the last `keep`
+results, in completion order) and the
 optional `on_result` callback (called on a background thread; exceptions
 in it are counted in `callback_errors`, never propagated).
 
@@ -320,7 +321,10 @@ class RolloutAuditor:
             else:
                 self._counts["failed"] += 1
                 self.last_error = error
-            self._latest[item.layer] = result
+            # Audits finish out of order: keep the newest step per layer.
+            prev = self._latest.get(item.layer)
+            if prev is None or prev.step is None or item.step is None or item.step >= prev.step:
+                self._latest[item.layer] = result
             self._recent.append(result)
         if error is not None and not isinstance(error, AuditError):
             _warn_once(error)
@@ -350,7 +354,7 @@ class RolloutAuditor:
 
     @property
     def latest(self) -> Dict[Optional[int], AuditResult]:
-        """The last result of every layer seen."""
+        """The result of the newest audited step of every layer seen."""
         with self._lock:
             return dict(self._latest)
 
