@@ -108,7 +108,7 @@ class AuditClient:
         if C.choose_transport(transport, snapshot, threshold) == "stream":
             chunk = C.chunk_size(await self._known_caps(not self._chunk), self._chunk)
             await loop.run_in_executor(None, snapshot.wait)
-            messages = C.stream_messages(snapshot, opts, prio, chunk)
+            messages = _off_loop(C.stream_messages(snapshot, opts, prio, chunk))
             response = await self._call(self._stream, messages, timeout)
         else:
             request = await loop.run_in_executor(None, C.audit_request, snapshot, opts, prio)
@@ -163,6 +163,17 @@ class AuditClient:
         request = C.watch_request(model, layer, engine, backend, verdicts)
         call = self._watch(request, timeout=timeout, metadata=self._metadata)
         return Watch(call, bounded=timeout is not None)
+
+
+async def _off_loop(messages):
+    """The stream's messages, each encoded (a chunk copy) on the default
+    executor so the event loop never stalls on a large snapshot."""
+    loop = asyncio.get_running_loop()
+    while True:
+        message = await loop.run_in_executor(None, next, messages, None)
+        if message is None:
+            return
+        yield message
 
 
 class Watch:
