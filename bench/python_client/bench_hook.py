@@ -18,7 +18,8 @@ cache with 25% spare blocks and a shuffled block table.
   build       Snapshot.from_paged_kv alone, against the baselines "copy the
               snapshot's bytes once" (one contiguous copy of the same number
               of bytes, into a new buffer and into a reused one) and "gather
-              the K/V pages" (np.take of the same pages, alone).
+              the K/V pages" (np.take of the same pages, alone; with torch
+              also torch's index_select into new torch buffers).
   encode      the second copy, on the background thread: the AuditStream
               chunks (what audit() sends for W1) and, for comparison, one
               unary request.
@@ -165,8 +166,14 @@ def bench_build(e, use_torch, repeats):
     dst = np.empty_like(src)
     dst.fill(0)
     kv = e["kv"]
+    extra = {}
     if use_torch:
         import torch
+        idx = torch.from_numpy(ids)
+        # torch's own gather into fresh torch buffers, for comparison: what
+        # the builder did before it gathered through numpy views.
+        extra["gather_torch"] = timed(lambda: (kv[0].index_select(0, idx),
+                                               kv[1].index_select(0, idx)), repeats)
         kv = kv.view(torch.int16).numpy()
     results = {
         "build": timed(lambda: build(e), repeats),
@@ -176,6 +183,7 @@ def bench_build(e, use_torch, repeats):
         "memcpy_reused": timed(lambda: np.copyto(dst, src), repeats),
         "gather": timed(lambda: (np.take(kv[0], ids, axis=0),
                                  np.take(kv[1], ids, axis=0)), repeats),
+        **extra,
     }
     chunk = 4 << 20
     encode = {
@@ -237,6 +245,9 @@ def main():
     print(f"baseline: copy {nbytes / 2**20:.1f} MiB once into a reused buffer: "
           f"{ms(b['memcpy_reused'])}")
     print(f"baseline: gather the K/V pages alone: {ms(b['gather'])}")
+    if "gather_torch" in b:
+        print(f"for comparison: the same gather with torch index_select into new "
+              f"torch buffers: {ms(b['gather_torch'])}")
     print(f"ratio build / copy once (new buffer): "
           f"{statistics.median(b['build']) / statistics.median(b['memcpy_fresh']):.2f}")
     print(f"encode on the background thread, AuditStream chunks of 4 MiB (what audit() "
