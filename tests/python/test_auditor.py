@@ -5,7 +5,6 @@ when it resumes (SIGCONT)."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 

@@ -417,7 +417,6 @@ class _Paging:
 
     def __init__(self, table: np.ndarray, lens: np.ndarray, P: int,
                  num_blocks: int, key_pos: Optional[np.ndarray]):
-        B = table.shape[0]
         if (lens < 1).any():
             b = int(np.argmax(lens < 1))
             raise ValueError(f"seq_lens[{b}]: {int(lens[b])} must be >= 1")
@@ -472,7 +471,6 @@ class _Paging:
         self.slot_positions = slot_pos
         self.lens = lens
         self._key_pos = key_pos
-        self.B = B
 
     def position(self, b: int, token: np.ndarray) -> np.ndarray:
         if self._key_pos is None:
