@@ -112,16 +112,28 @@ def test_cancel(make_server, files):
     server = make_server("--cpu-workers", "1", "--threads-per-job", "1")
     with attnaudit.AuditClient(server.address) as c:
         busy = attnaudit.Snapshot.load(files["medium"])
-        ahead = [c.submit(busy).job_id for _ in range(3)]
-        last = c.submit(attnaudit.Snapshot.load(files["small"])).job_id
-        # Queued behind three audits on one worker: cancelled before it runs.
-        assert c.cancel(last) == attnaudit.JobState.CANCELLED
-        result = c.wait(last, timeout=60)
-        assert result.state == attnaudit.JobState.CANCELLED and result.report is None
-        assert isinstance(result.error, attnaudit.CancelledError)
-        done = c.wait(ahead[0], timeout=120)
+        small = attnaudit.Snapshot.load(files["small"])
+        # A job queued behind audits on the only worker is cancelled before
+        # it runs. Whether it is still queued when Cancel arrives depends on
+        # the machine's speed, so the queue ahead doubles until it is (a
+        # job that finished first must report DONE consistently).
+        cancelled = None
+        for ahead in (3, 6, 12, 24):
+            jobs = [c.submit(busy).job_id for _ in range(ahead)]
+            last = c.submit(small).job_id
+            state = c.cancel(last)
+            result = c.wait(last, timeout=120)
+            assert result.state == state, (state, result)
+            if state == attnaudit.JobState.CANCELLED:
+                cancelled = result
+                break
+            assert state == attnaudit.JobState.DONE and result.report is not None
+        assert cancelled is not None, "never caught a queued job"
+        assert cancelled.report is None
+        assert isinstance(cancelled.error, attnaudit.CancelledError)
+        done = c.wait(jobs[0], timeout=300)
         assert done.state == attnaudit.JobState.DONE
-        assert c.cancel(ahead[0]) == attnaudit.JobState.DONE  # finished: unchanged
+        assert c.cancel(jobs[0]) == attnaudit.JobState.DONE  # finished: unchanged
         with pytest.raises(attnaudit.NotFoundError) as e:
             c.cancel("no-such-job")
         assert e.value.code == grpc.StatusCode.NOT_FOUND

@@ -28,7 +28,8 @@ def test_torch_decode_loop_audits_itself(server):
     p = subprocess.run(
         [sys.executable, os.path.join(EXAMPLES, "torch_decode_loop.py"), "--addr",
          server.address, "--steps", "17", "--layers", "2", "--sample-every", "8",
-         "--fault", "stale-page", "--fault-step", "4"],
+         "--fault", "stale-page", "--fault-step", "4",
+         "--max-in-flight", "6"],  # room for every sampled call: nothing dropped
         capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     first = p.stdout.splitlines()[0]

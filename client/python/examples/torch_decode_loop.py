@@ -126,6 +126,8 @@ def main():
     ap.add_argument("--prompt", type=int, default=100, help="tokens before decoding")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--sample-every", type=int, default=8)
+    ap.add_argument("--max-in-flight", type=int, default=0,
+                    help="snapshots held at once (default: one per layer)")
     ap.add_argument("--fault", choices=["none", "stale-page"], default="none")
     ap.add_argument("--fault-step", type=int, default=24)
     args = ap.parse_args()
@@ -156,7 +158,7 @@ def main():
     # One slot per layer: a sampled step audits every layer. With fewer
     # slots the auditor drops what it cannot hold (counters.dropped).
     auditor = attnaudit.RolloutAuditor(client, sample_every=args.sample_every,
-                                       max_in_flight=args.layers)
+                                       max_in_flight=args.max_in_flight or args.layers)
     stale_page = None
     try:
         for t in range(max_len):
