@@ -5,22 +5,27 @@
 #   make run    build and start attnaudit-server on the embedded defaults
 #               (CPU backend, data under ./var, gRPC localhost:50051,
 #               metrics localhost:9464)
-#   make test   build and run every test (ctest)
+#   make test   build and run every test (ctest; the Python client's tests
+#               build build/py-venv from pinned PyPI packages)
+#   make py-venv       the Python client in build/py-venv (pinned, no torch)
+#   make bench-python  the Python client benchmark (build/py-bench-venv with
+#                      torch from PyPI, about 3 GB of downloads the first time)
 
 BUILD_DIR ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 SERVER_FLAGS ?=
 
-# Debian 12 packages the build and the tests need.
-APT_PACKAGES := build-essential cmake pkg-config git python3 \
+# Debian 12 packages the build and the tests need (python3-venv: the
+# Python client's tests run in a virtual environment).
+APT_PACKAGES := build-essential cmake pkg-config git python3 python3-venv \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
   libabsl-dev libtbb-dev libhwy-dev prometheus-cpp-dev libsqlite3-dev libssl-dev \
   libgtest-dev libgmock-dev libbenchmark-dev prometheus curl openssl
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build run test bench demo clean
+.PHONY: all deps build run test bench demo clean py-venv bench-python
 
 all: build
 
@@ -62,6 +67,20 @@ test: build
 
 bench: build
 	$(BUILD_DIR)/bin/attnaudit_bench_check
+
+PYTHON ?= python3
+PY_VENV := $(BUILD_DIR)/py-venv
+PY_BENCH_VENV := $(BUILD_DIR)/py-bench-venv
+
+py-venv: deps
+	bash client/python/scripts/make_venv.sh $(PY_VENV) $(PYTHON) client/python/requirements/test.txt
+
+# The hook's cost per decode step (docs/PERF.md "Python client"), against a
+# real attnaudit-server started by the script.
+bench-python: build
+	bash client/python/scripts/make_venv.sh $(PY_BENCH_VENV) $(PYTHON) client/python/requirements/bench.txt
+	$(PY_BENCH_VENV)/bin/python bench/python_client/bench_hook.py \
+	  --server $(BUILD_DIR)/bin/attnaudit-server
 
 clean:
 	rm -rf $(BUILD_DIR)

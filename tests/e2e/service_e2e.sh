@@ -41,6 +41,7 @@ step() { echo "== $*"; }
 start_server() {
   local log=$1
   shift
+  : >"$log"  # exists before the first sed below (the child creates it late)
   "$SERVER_BIN" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
     --data-dir "$WORK/data" --drain-timeout 20s "$@" 2>"$log" &
   SERVER_PID=$!

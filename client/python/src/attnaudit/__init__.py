@@ -1,0 +1,34 @@
+"""attnaudit: Python client for attnaudit-server.
+
+    import attnaudit
+    client = attnaudit.AuditClient("localhost:50051")
+    snap = attnaudit.Snapshot.from_paged_kv(q, kv_cache, None, block_table,
+                                            seq_lens, layout="vllm",
+                                            engine_out=out, engine_lse=lse,
+                                            lse_base="e")
+    report = client.audit(snap)
+    print(report.verdict, report.engine_vs_reference.out.max_abs)
+
+docs/PYTHON.md in the repository is the guide. attnaudit.aio has the
+asyncio client; attnaudit.v1 the generated protobuf/gRPC stubs.
+"""
+
+from ._calls import Submitted, Tls
+from ._enums import Comparison, JobState, Priority, Verdict
+from .auditor import AuditorCounters, AuditResult, RolloutAuditor
+from .client import AuditClient, Watch
+from .errors import (AuditError, CancelledError, DeadlineExceededError,
+                     InvalidArgumentError, NotFoundError, PermissionDeniedError,
+                     ResourceExhaustedError, UnauthenticatedError, UnavailableError)
+from .report import ComparisonView, JobResult, Report
+from .snapshot import Snapshot
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AuditClient", "AuditError", "AuditResult", "AuditorCounters", "CancelledError",
+    "Comparison", "ComparisonView", "DeadlineExceededError", "InvalidArgumentError",
+    "JobResult", "JobState", "NotFoundError", "PermissionDeniedError", "Priority",
+    "Report", "ResourceExhaustedError", "RolloutAuditor", "Snapshot", "Submitted",
+    "Tls", "UnauthenticatedError", "UnavailableError", "Verdict", "Watch",
+]

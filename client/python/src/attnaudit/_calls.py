@@ -1,0 +1,222 @@
+"""What the sync and asyncio clients share: channel set-up, request
+encoding, transport choice and argument parsing. No I/O happens here."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
+
+import grpc
+
+from attnaudit.v1 import report_pb2, service_pb2
+
+from . import _enums as E
+from . import _wire
+from .snapshot import Snapshot
+
+SERVICE = "/attnaudit.v1.AuditService/"
+
+# Past this size the stream is faster than one unary message even when the
+# unary call would fit (its chunks pipeline encoding, transfer and parsing).
+STREAM_ABOVE = 8 << 20
+# The receive limit assumed when the server does not state one (gRPC's).
+FALLBACK_RECEIVE_LIMIT = 4 << 20
+DEFAULT_CHUNK = 2 << 20
+MIN_CHUNK = 16 << 10
+# Tensors smaller than this travel inline in the AuditStream header.
+MIN_STREAMED = 64 << 10
+# The scalar fields and framing of a request, generously.
+REQUEST_OVERHEAD = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class Tls:
+    """TLS settings. ca: PEM roots that sign the server's certificate (a
+    path or the PEM bytes; None: the system roots). cert/key: the client's
+    certificate and key for mTLS. server_name: the name checked against the
+    server's certificate, when it differs from the address's host."""
+
+    ca: Optional[Union[str, bytes]] = None
+    cert: Optional[Union[str, bytes]] = None
+    key: Optional[Union[str, bytes]] = None
+    server_name: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Submitted:
+    """Answer of submit(): the job id, and whether an idempotency key
+    matched an existing job (no new job was created)."""
+
+    job_id: str
+    deduplicated: bool
+
+
+def _pem(value, what: str) -> Optional[bytes]:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str) and os.path.exists(value):
+        with open(value, "rb") as f:
+            return f.read()
+    raise ValueError(f"tls.{what}: {value!r} is neither PEM bytes nor a readable file")
+
+
+def channel_setup(tls: Any) -> Tuple[Optional[grpc.ChannelCredentials], List]:
+    """(credentials or None for plaintext, channel options)."""
+    options = [("grpc.max_receive_message_length", 1 << 30),
+               ("grpc.max_send_message_length", -1)]
+    if tls is None or tls is False:
+        return None, options
+    if tls is True:
+        tls = Tls()
+    elif isinstance(tls, Mapping):
+        tls = Tls(**tls)
+    if not isinstance(tls, Tls):
+        raise TypeError("tls: expected None, True, a dict or attnaudit.Tls")
+    if (tls.cert is None) != (tls.key is None):
+        raise ValueError("tls: cert and key go together")
+    creds = grpc.ssl_channel_credentials(root_certificates=_pem(tls.ca, "ca"),
+                                         private_key=_pem(tls.key, "key"),
+                                         certificate_chain=_pem(tls.cert, "cert"))
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return creds, options
+
+
+def metadata(token: Optional[str]) -> Tuple:
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def audit_options(options: Any) -> Optional[report_pb2.AuditOptions]:
+    """AuditOptions from None, a message or a dict: comparisons (names such
+    as "engine_vs_reference"), tolerances (dict out_abs / lse_abs /
+    logprob_abs), cp_strategy, include_merge_orders, compute_kv_fingerprint,
+    worst_heads."""
+    if options is None or isinstance(options, report_pb2.AuditOptions):
+        return options
+    if not isinstance(options, Mapping):
+        raise TypeError("options: expected None, a dict or attnaudit.v1.AuditOptions")
+    out = report_pb2.AuditOptions()
+    for k, v in options.items():
+        if k == "comparisons":
+            out.comparisons.extend(
+                E.parse_enum(report_pb2.Comparison, "COMPARISON_", c, "options.comparisons")
+                for c in v)
+        elif k == "tolerances":
+            for name, value in dict(v).items():
+                if name not in ("out_abs", "lse_abs", "logprob_abs"):
+                    raise TypeError(f"options.tolerances: unknown key {name!r}")
+                setattr(out.tolerances, name, float(value))
+        elif k == "cp_strategy":
+            out.cp_strategy = E.parse_enum(report_pb2.CpStrategy, "CP_STRATEGY_", v,
+                                           "options.cp_strategy")
+        elif k in ("include_merge_orders", "compute_kv_fingerprint"):
+            setattr(out, k, bool(v))
+        elif k == "worst_heads":
+            out.worst_heads = int(v)
+        else:
+            raise TypeError(f"options: unknown key {k!r}")
+    return out
+
+
+def priority(value: Any) -> int:
+    if value is None:
+        return service_pb2.PRIORITY_UNSPECIFIED
+    return E.parse_enum(service_pb2.Priority, "PRIORITY_", value, "priority")
+
+
+def _rest(message) -> bytes:
+    return message.SerializeToString()
+
+
+def audit_request(snapshot: Snapshot, options, prio: int) -> bytes:
+    rest = service_pb2.AuditRequest(priority=prio)
+    if options is not None:
+        rest.options.CopyFrom(options)
+    return _wire.request_bytes(1, snapshot.pieces(), _rest(rest))
+
+
+def submit_request(snapshot: Snapshot, options, prio: int,
+                   idempotency_key: Optional[str], job_timeout: Optional[float]) -> bytes:
+    rest = service_pb2.SubmitRequest(priority=prio,
+                                     idempotency_key=idempotency_key or "")
+    if options is not None:
+        rest.options.CopyFrom(options)
+    if job_timeout is not None:
+        rest.timeout.FromNanoseconds(int(job_timeout * 1e9))
+    return _wire.request_bytes(1, snapshot.pieces(), _rest(rest))
+
+
+def request_size(snapshot: Snapshot) -> int:
+    return snapshot.nbytes + REQUEST_OVERHEAD
+
+
+def stream_threshold(caps: Optional[service_pb2.Capabilities],
+                     override: Optional[int]) -> int:
+    if override:
+        return int(override)
+    limit = FALLBACK_RECEIVE_LIMIT
+    if caps is not None and caps.limits.max_receive_message_bytes > 0:
+        limit = caps.limits.max_receive_message_bytes
+    return min(limit // 4 * 3, STREAM_ABOVE)
+
+
+def chunk_size(caps: Optional[service_pb2.Capabilities], override: Optional[int]) -> int:
+    """The AuditStream chunk size: the override, else the server's
+    recommendation, never more than half its receive limit (every chunk is
+    one message the server must accept)."""
+    if override:
+        return int(override)
+    chunk = DEFAULT_CHUNK
+    if caps is not None and caps.limits.recommended_chunk_bytes > 0:
+        chunk = int(caps.limits.recommended_chunk_bytes)
+    if caps is not None and caps.limits.max_receive_message_bytes > 0:
+        chunk = min(chunk, max(MIN_CHUNK, caps.limits.max_receive_message_bytes // 2))
+    return chunk
+
+
+def stream_messages(snapshot: Snapshot, options, prio: int, chunk: int,
+                    min_streamed: int = MIN_STREAMED):
+    """The AuditStream messages: the header, then the chunks (a generator,
+    so chunks are encoded as gRPC sends them)."""
+    snapshot.wait()
+    tensors = {p: snapshot.wire_tensor(p) for p in snapshot.tensor_paths()}
+    # Small tensors ride inline in the header, smallest first, while the
+    # header stays well under a chunk (so under the server's limit too).
+    inline, budget = set(), chunk // 2
+    for p in sorted(tensors, key=lambda p: tensors[p].nbytes):
+        n = tensors[p].nbytes
+        if n >= min_streamed or n > budget:
+            break
+        inline.add(p)
+        budget -= n
+    streamed = [p for p in _wire.TENSOR_PATHS if p in tensors and p not in inline]
+    yield _wire.header_message(snapshot.meta, tensors, streamed, options, prio)
+    yield from _wire.chunk_messages(tensors, streamed, chunk)
+
+
+def choose_transport(transport: str, snapshot: Snapshot, threshold: int) -> str:
+    if transport not in ("auto", "unary", "stream"):
+        raise ValueError(f"transport: {transport!r}; expected auto, unary or stream")
+    if transport != "auto":
+        return transport
+    return "stream" if request_size(snapshot) > threshold else "unary"
+
+
+def watch_request(model: Optional[str], layer: Optional[int], engine: Optional[str],
+                  backend: Optional[str], verdicts: Optional[Sequence]) -> bytes:
+    f = service_pb2.ResultFilter(model=model or "", engine=engine or "",
+                                 backend=backend or "")
+    if layer is not None:
+        f.layer = int(layer)
+    for v in verdicts or ():
+        f.verdicts.append(E.parse_enum(report_pb2.Verdict, "VERDICT_", v, "verdicts"))
+    return service_pb2.WatchResultsRequest(filter=f).SerializeToString()
+
+
+def id_request(cls, job_id: str) -> bytes:
+    if not isinstance(job_id, str) or not job_id:
+        raise ValueError("job_id: must be a non-empty string")
+    return cls(job_id=job_id).SerializeToString()

@@ -1,0 +1,239 @@
+"""attnaudit.aio.AuditClient: the asyncio twin of attnaudit.AuditClient.
+
+Same methods, arguments, transport choice and typed errors; every call is a
+coroutine, and watch() returns an async iterator:
+
+    async with attnaudit.aio.AuditClient("localhost:50051") as client:
+        report = await client.audit(snapshot)
+        async for result in client.watch(verdicts=["DRIFT"], timeout=60):
+            ...
+
+Use one client per event loop (grpc.aio channels are bound to the loop that
+created them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, Optional, Sequence
+
+import grpc
+import grpc.aio
+
+from attnaudit.v1 import service_pb2
+
+from . import _calls as C
+from ._enums import JobState
+from .errors import AuditError, DeadlineExceededError, UnavailableError, from_rpc_error
+from .report import JobResult, Report
+from .snapshot import Snapshot
+
+Submitted = C.Submitted
+
+
+class AuditClient:
+    """Asyncio client (see the module docstring and attnaudit.AuditClient)."""
+
+    def __init__(self, addr: str = "localhost:50051", *, tls: Any = None,
+                 token: Optional[str] = None, timeout: float = 120.0,
+                 stream_threshold_bytes: Optional[int] = None,
+                 chunk_bytes: Optional[int] = None,
+                 channel_options: Sequence = ()):
+        if not addr:
+            raise ValueError("addr: must not be empty")
+        creds, options = C.channel_setup(tls)
+        options += list(channel_options)
+        self._channel = (grpc.aio.secure_channel(addr, creds, options) if creds
+                         else grpc.aio.insecure_channel(addr, options))
+        self._metadata = C.metadata(token)
+        self.timeout = timeout
+        self._threshold = stream_threshold_bytes
+        self._chunk = chunk_bytes
+        self._caps = None
+        ch, S = self._channel, C.SERVICE
+        self._audit = ch.unary_unary(S + "Audit",
+                                     response_deserializer=service_pb2.AuditResponse.FromString)
+        self._stream = ch.stream_unary(S + "AuditStream",
+                                       response_deserializer=service_pb2.AuditResponse.FromString)
+        self._submit = ch.unary_unary(S + "Submit",
+                                      response_deserializer=service_pb2.SubmitResponse.FromString)
+        self._get = ch.unary_unary(S + "GetResult",
+                                   response_deserializer=service_pb2.JobResult.FromString)
+        self._watch = ch.unary_stream(S + "WatchResults",
+                                      response_deserializer=service_pb2.JobResult.FromString)
+        self._cancel = ch.unary_unary(S + "Cancel",
+                                      response_deserializer=service_pb2.CancelResponse.FromString)
+        self._capabilities = ch.unary_unary(
+            S + "GetCapabilities", response_deserializer=service_pb2.Capabilities.FromString)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> "AuditClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def wait_for_ready(self, timeout: float = 10.0) -> None:
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), timeout)
+        except asyncio.TimeoutError:
+            raise UnavailableError(grpc.StatusCode.UNAVAILABLE,
+                                   f"not connected within {timeout} s") from None
+
+    async def _call(self, method, request, timeout: Optional[float]):
+        try:
+            return await method(request, timeout=self.timeout if timeout is None else timeout,
+                                metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    async def capabilities(self, refresh: bool = False) -> service_pb2.Capabilities:
+        if self._caps is None or refresh:
+            self._caps = await self._call(self._capabilities, b"", None)
+        return self._caps
+
+    async def audit(self, snapshot: Snapshot, *, timeout: Optional[float] = None,
+                    priority: Any = None, options: Any = None,
+                    transport: str = "auto") -> Report:
+        opts, prio = C.audit_options(options), C.priority(priority)
+        threshold = C.stream_threshold(
+            await self._known_caps(transport == "auto" and not self._threshold),
+            self._threshold)
+        # Encoding copies the snapshot's bytes once and may wait for a
+        # device copy: keep it off the event loop.
+        loop = asyncio.get_running_loop()
+        if C.choose_transport(transport, snapshot, threshold) == "stream":
+            chunk = C.chunk_size(await self._known_caps(not self._chunk), self._chunk)
+            await loop.run_in_executor(None, snapshot.wait)
+            messages = _off_loop(C.stream_messages(snapshot, opts, prio, chunk))
+            response = await self._call(self._stream, messages, timeout)
+        else:
+            request = await loop.run_in_executor(None, C.audit_request, snapshot, opts, prio)
+            response = await self._call(self._audit, request, timeout)
+        return Report(response.report)
+
+    async def _known_caps(self, needed: bool):
+        if not needed:
+            return self._caps
+        try:
+            return await self.capabilities()
+        except AuditError:
+            return None
+
+    async def submit(self, snapshot: Snapshot, *, timeout: Optional[float] = None,
+                     priority: Any = None, options: Any = None,
+                     idempotency_key: Optional[str] = None,
+                     job_timeout: Optional[float] = None) -> C.Submitted:
+        loop = asyncio.get_running_loop()
+        request = await loop.run_in_executor(
+            None, C.submit_request, snapshot, C.audit_options(options),
+            C.priority(priority), idempotency_key, job_timeout)
+        r = await self._call(self._submit, request, timeout)
+        return C.Submitted(r.job_id, r.deduplicated)
+
+    async def get(self, job_id: str, *, timeout: Optional[float] = None) -> JobResult:
+        return JobResult(await self._call(
+            self._get, C.id_request(service_pb2.GetResultRequest, job_id), timeout))
+
+    async def wait(self, job_id: str, *, timeout: float = 60.0,
+                   poll: float = 0.1) -> JobResult:
+        end = time.monotonic() + timeout
+        while True:
+            result = await self.get(job_id)
+            if result.done:
+                return result
+            if time.monotonic() >= end:
+                raise DeadlineExceededError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"job {job_id} still {result.state.name} after {timeout} s")
+            await asyncio.sleep(poll)
+
+    async def cancel(self, job_id: str, *, timeout: Optional[float] = None) -> JobState:
+        r = await self._call(self._cancel, C.id_request(service_pb2.CancelRequest, job_id),
+                             timeout)
+        return JobState(r.state)
+
+    def watch(self, *, model: Optional[str] = None, layer: Optional[int] = None,
+              engine: Optional[str] = None, backend: Optional[str] = None,
+              verdicts: Optional[Sequence] = None,
+              timeout: Optional[float] = None) -> "Watch":
+        request = C.watch_request(model, layer, engine, backend, verdicts)
+        call = self._watch(request, timeout=timeout, metadata=self._metadata)
+        return Watch(call, bounded=timeout is not None)
+
+
+async def _off_loop(messages):
+    """The stream's messages, each encoded (a chunk copy) on the default
+    executor so the event loop never stalls on a large snapshot."""
+    loop = asyncio.get_running_loop()
+    while True:
+        message = await loop.run_in_executor(None, next, messages, None)
+        if message is None:
+            return
+        yield message
+
+
+class Watch:
+    """An open WatchResults call: `async for result in watch`."""
+
+    def __init__(self, call, bounded: bool):
+        self._call = call
+        self._bounded = bounded
+        self._cancelled = False
+
+    def __aiter__(self) -> AsyncIterator[JobResult]:
+        return self
+
+    async def __anext__(self) -> JobResult:
+        try:
+            message = await self._call.read()
+        except asyncio.CancelledError:
+            if self._cancelled:
+                raise StopAsyncIteration from None
+            raise
+        except grpc.RpcError as e:
+            if self._cancelled:
+                raise StopAsyncIteration from None
+            if self._bounded and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise StopAsyncIteration from None
+            raise from_rpc_error(e) from None
+        if message is grpc.aio.EOF:
+            if self._bounded and await self._call.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise StopAsyncIteration
+            if self._cancelled:
+                raise StopAsyncIteration
+            code = await self._call.code()
+            if code != grpc.StatusCode.OK:
+                raise from_rpc_error(_Finished(code, await self._call.details()))
+            raise StopAsyncIteration
+        return JobResult(message)
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._call.cancel()
+
+    async def __aenter__(self) -> "Watch":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.cancel()
+
+
+class _Finished(grpc.RpcError):
+    """A finished call's status in the shape from_rpc_error reads."""
+
+    def __init__(self, code, details):
+        super().__init__()
+        self._code, self._details = code, details
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+    def trailing_metadata(self):
+        return None

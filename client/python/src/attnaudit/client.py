@@ -1,0 +1,237 @@
+"""AuditClient: the synchronous client of attnaudit-server.
+
+    client = attnaudit.AuditClient("localhost:50051", token=None, tls=None)
+    report = client.audit(snapshot)            # blocks until the report
+    print(report.verdict, report.engine_vs_reference.out.max_abs)
+    job = client.submit(snapshot)              # durable async job
+    result = client.wait(job.job_id)           # or get() / watch()
+
+audit() sends a snapshot over the unary Audit call when it fits
+comfortably under the server's receive limit (Capabilities, asked once and
+cached) and over the chunked AuditStream call otherwise. Every call has a
+deadline (`timeout`, per call or the client's default) and carries the
+bearer token when one is set. Failures raise attnaudit.AuditError
+subclasses (errors.py) with the gRPC code, the server's message, its field
+path and its retry hint.
+
+Thread safety: an AuditClient may be used from many threads at once (gRPC
+channels are thread-safe; the capabilities cache is locked). Close it (or
+use it as a context manager) to release the channel.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Iterator, Optional, Sequence
+
+import grpc
+
+from attnaudit.v1 import service_pb2
+
+from . import _calls as C
+from .errors import AuditError, DeadlineExceededError, from_rpc_error
+from .report import JobResult, Report
+from .snapshot import Snapshot
+
+
+
+class AuditClient:
+    """Synchronous client (see the module docstring)."""
+
+    def __init__(self, addr: str = "localhost:50051", *, tls: Any = None,
+                 token: Optional[str] = None, timeout: float = 120.0,
+                 stream_threshold_bytes: Optional[int] = None,
+                 chunk_bytes: Optional[int] = None,
+                 channel_options: Sequence = ()):
+        """addr: HOST:PORT. tls: None (plaintext), True (system roots), or
+        attnaudit.Tls / a dict (ca, cert, key, server_name). token: sent as
+        "authorization: Bearer <token>". timeout: default deadline of a
+        call, seconds. stream_threshold_bytes / chunk_bytes: override the
+        transport choice and the AuditStream chunk size."""
+        if not addr:
+            raise ValueError("addr: must not be empty")
+        creds, options = C.channel_setup(tls)
+        options += list(channel_options)
+        self._channel = (grpc.secure_channel(addr, creds, options) if creds
+                         else grpc.insecure_channel(addr, options))
+        self._metadata = C.metadata(token)
+        self.timeout = timeout
+        self._threshold = stream_threshold_bytes
+        self._chunk = chunk_bytes
+        self._caps = None
+        self._caps_lock = threading.Lock()
+        ch, S = self._channel, C.SERVICE
+        self._audit = ch.unary_unary(S + "Audit",
+                                     response_deserializer=service_pb2.AuditResponse.FromString)
+        self._stream = ch.stream_unary(S + "AuditStream",
+                                       response_deserializer=service_pb2.AuditResponse.FromString)
+        self._submit = ch.unary_unary(S + "Submit",
+                                      response_deserializer=service_pb2.SubmitResponse.FromString)
+        self._get = ch.unary_unary(S + "GetResult",
+                                   response_deserializer=service_pb2.JobResult.FromString)
+        self._watch = ch.unary_stream(S + "WatchResults",
+                                      response_deserializer=service_pb2.JobResult.FromString)
+        self._cancel = ch.unary_unary(S + "Cancel",
+                                      response_deserializer=service_pb2.CancelResponse.FromString)
+        self._capabilities = ch.unary_unary(
+            S + "GetCapabilities", response_deserializer=service_pb2.Capabilities.FromString)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "AuditClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def wait_for_ready(self, timeout: float = 10.0) -> None:
+        """Blocks until the channel is connected; UnavailableError if not
+        within `timeout` seconds."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            from .errors import UnavailableError
+            raise UnavailableError(grpc.StatusCode.UNAVAILABLE,
+                                   f"not connected within {timeout} s") from None
+
+    # -- calls ---------------------------------------------------------------
+
+    def _call(self, method, request, timeout: Optional[float]):
+        try:
+            return method(request, timeout=self.timeout if timeout is None else timeout,
+                          metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def capabilities(self, refresh: bool = False) -> service_pb2.Capabilities:
+        """The server's version, backends, devices and limits (cached)."""
+        with self._caps_lock:
+            if self._caps is not None and not refresh:
+                return self._caps
+        caps = self._call(self._capabilities, b"", None)
+        with self._caps_lock:
+            self._caps = caps
+        return caps
+
+    def audit(self, snapshot: Snapshot, *, timeout: Optional[float] = None,
+              priority: Any = None, options: Any = None,
+              transport: str = "auto") -> Report:
+        """Audits `snapshot` and returns its report (PASS or DRIFT; a
+        snapshot that fails validation raises InvalidArgumentError with the
+        field path). priority: "interactive" (default) or "sampled".
+        options: attnaudit.v1.AuditOptions or a dict (see _calls.audit_options).
+        transport: "auto", "unary" or "stream"."""
+        opts, prio = C.audit_options(options), C.priority(priority)
+        threshold = C.stream_threshold(self._known_caps(transport == "auto" and not self._threshold),
+                                       self._threshold)
+        if C.choose_transport(transport, snapshot, threshold) == "stream":
+            chunk = C.chunk_size(self._known_caps(not self._chunk), self._chunk)
+            messages = C.stream_messages(snapshot, opts, prio, chunk)
+            response = self._call(self._stream, messages, timeout)
+        else:
+            response = self._call(self._audit, C.audit_request(snapshot, opts, prio),
+                                  timeout)
+        return Report(response.report)
+
+    def _known_caps(self, needed: bool):
+        """The capabilities when `needed` (asked once), else what is cached."""
+        if not needed:
+            return self._caps
+        try:
+            return self.capabilities()
+        except AuditError:
+            return None  # the call itself will report the problem
+
+    def submit(self, snapshot: Snapshot, *, timeout: Optional[float] = None,
+               priority: Any = None, options: Any = None,
+               idempotency_key: Optional[str] = None,
+               job_timeout: Optional[float] = None) -> C.Submitted:
+        """Queues a durable audit job (default priority "sampled"); returns
+        its id. Retrying with the same idempotency_key never creates a
+        second job. job_timeout: seconds the job may wait and run."""
+        request = C.submit_request(snapshot, C.audit_options(options), C.priority(priority),
+                                   idempotency_key, job_timeout)
+        r = self._call(self._submit, request, timeout)
+        return C.Submitted(r.job_id, r.deduplicated)
+
+    def get(self, job_id: str, *, timeout: Optional[float] = None) -> JobResult:
+        """The job's current state, with its report once DONE."""
+        return JobResult(self._call(
+            self._get, C.id_request(service_pb2.GetResultRequest, job_id), timeout))
+
+    def wait(self, job_id: str, *, timeout: float = 60.0, poll: float = 0.1) -> JobResult:
+        """Polls get() until the job finished; DeadlineExceededError after
+        `timeout` seconds."""
+        end = time.monotonic() + timeout
+        while True:
+            result = self.get(job_id)
+            if result.done:
+                return result
+            if time.monotonic() >= end:
+                raise DeadlineExceededError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"job {job_id} still {result.state.name} after {timeout} s")
+            time.sleep(poll)
+
+    def cancel(self, job_id: str, *, timeout: Optional[float] = None):
+        """Cancels a queued or running job; returns its JobState afterwards."""
+        from ._enums import JobState
+        r = self._call(self._cancel, C.id_request(service_pb2.CancelRequest, job_id),
+                       timeout)
+        return JobState(r.state)
+
+    def watch(self, *, model: Optional[str] = None, layer: Optional[int] = None,
+              engine: Optional[str] = None, backend: Optional[str] = None,
+              verdicts: Optional[Sequence] = None,
+              timeout: Optional[float] = None) -> "Watch":
+        """Streams the results of jobs that finish from now on and match the
+        filter (every criterion given must match). Iterate over the returned
+        Watch; it ends after `timeout` seconds (None: never) or cancel().
+        The call starts at once, but the server registers it asynchronously:
+        a job that finishes within milliseconds of this call may be missed."""
+        request = C.watch_request(model, layer, engine, backend, verdicts)
+        try:
+            call = self._watch(request, timeout=timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return Watch(call, bounded=timeout is not None)
+
+
+class Watch:
+    """An open WatchResults call: iterate for JobResult views. A deadline
+    given at watch() ends the iteration quietly; other errors raise."""
+
+    def __init__(self, call, bounded: bool):
+        self._call = call
+        self._bounded = bounded
+        self._cancelled = False
+
+    def __iter__(self) -> Iterator[JobResult]:
+        return self
+
+    def __next__(self) -> JobResult:
+        try:
+            return JobResult(next(self._call))
+        except StopIteration:
+            raise
+        except grpc.RpcError as e:
+            code = e.code()
+            if self._cancelled:
+                raise StopIteration from None
+            if self._bounded and code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise StopIteration from None
+            raise from_rpc_error(e) from None
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._call.cancel()
+
+    def __enter__(self) -> "Watch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cancel()

@@ -1,0 +1,214 @@
+"""Typed views of the server's answers.
+
+Report wraps an attnaudit.v1.AuditReport: the generated message stays
+available as `.proto`, and the common questions are attributes:
+
+    report.verdict                                   Verdict.PASS / DRIFT
+    report.engine_vs_reference.out.max_abs           DriftStats fields
+    report.replay_vs_reference.lse.over_tolerance
+    report.engine_vs_reference.logprob_agreement.k3_kl
+    report.reasons                                   why it drifted
+
+A comparison that was not computed is None; a quantity it did not compare
+(e.g. lse without an engine lse) is None too. JobResult wraps a
+attnaudit.v1.JobResult the same way. Views are immutable snapshots of the
+message; they are cheap to create and safe to share between threads.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+from attnaudit.v1 import report_pb2, service_pb2
+
+from ._enums import Comparison, JobState, Priority, Verdict
+from .errors import AuditError, job_error
+
+
+class ComparisonView:
+    """One comparison (candidate vs baseline) of a report."""
+
+    __slots__ = ("proto",)
+
+    def __init__(self, proto: report_pb2.ComparisonResult):
+        self.proto = proto
+
+    @property
+    def comparison(self) -> Comparison:
+        return Comparison(self.proto.comparison)
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict(self.proto.verdict)
+
+    def _stats(self, name: str) -> Optional[report_pb2.DriftStats]:
+        return getattr(self.proto, name) if self.proto.HasField(name) else None
+
+    @property
+    def out(self) -> Optional[report_pb2.DriftStats]:
+        """Attention output drift (max_abs, max_rel, p99_abs, max_ulp, ...)."""
+        return self._stats("out")
+
+    @property
+    def lse(self) -> Optional[report_pb2.DriftStats]:
+        """LSE drift, natural log."""
+        return self._stats("lse")
+
+    @property
+    def logprob(self) -> Optional[report_pb2.DriftStats]:
+        """Selected-token log-prob drift, nats."""
+        return self._stats("logprob")
+
+    @property
+    def logprob_agreement(self) -> Optional[report_pb2.LogprobAgreement]:
+        """Log-prob agreement in RL terms (k1/k3 KL, importance ratios)."""
+        return self._stats("logprob_agreement")
+
+    @property
+    def worst_heads(self) -> List[report_pb2.HeadSummary]:
+        return list(self.proto.worst_heads)
+
+    @property
+    def reasons(self) -> List[str]:
+        return list(self.proto.reasons)
+
+    def __repr__(self) -> str:
+        parts = [f"{self.comparison.name} {self.verdict.name}"]
+        for name in ("out", "lse", "logprob"):
+            s = self._stats(name)
+            if s is not None:
+                parts.append(f"{name}.max_abs={s.max_abs:.3g}/tol {s.tolerance:.3g}")
+        return "<" + " ".join(parts) + ">"
+
+
+class Report:
+    """An audit report (see the module docstring)."""
+
+    __slots__ = ("proto",)
+
+    def __init__(self, proto: report_pb2.AuditReport):
+        self.proto = proto
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict(self.proto.verdict)
+
+    @property
+    def passed(self) -> bool:
+        return self.proto.verdict == report_pb2.VERDICT_PASS
+
+    @property
+    def drifted(self) -> bool:
+        return self.proto.verdict == report_pb2.VERDICT_DRIFT
+
+    @property
+    def invalid_reason(self) -> str:
+        return self.proto.invalid_reason
+
+    def comparison(self, which) -> Optional[ComparisonView]:
+        """The comparison `which` (a Comparison or its name), or None."""
+        if isinstance(which, str):
+            which = Comparison[which.upper()]
+        for c in self.proto.comparisons:
+            if c.comparison == int(which):
+                return ComparisonView(c)
+        return None
+
+    @property
+    def engine_vs_reference(self) -> Optional[ComparisonView]:
+        """E vs R: engine drift, the production signal."""
+        return self.comparison(Comparison.ENGINE_VS_REFERENCE)
+
+    @property
+    def replay_vs_reference(self) -> Optional[ComparisonView]:
+        """P vs R: replay consistency."""
+        return self.comparison(Comparison.REPLAY_VS_REFERENCE)
+
+    @property
+    def engine_vs_replay(self) -> Optional[ComparisonView]:
+        """E vs P: kernel numerics vs cache/layout faults."""
+        return self.comparison(Comparison.ENGINE_VS_REPLAY)
+
+    @property
+    def comparisons(self) -> List[ComparisonView]:
+        return [ComparisonView(c) for c in self.proto.comparisons]
+
+    @property
+    def reasons(self) -> List[str]:
+        """Every comparison's drift reasons, prefixed with its name."""
+        return [f"{Comparison(c.comparison).name.lower()}: {r}"
+                for c in self.proto.comparisons for r in c.reasons]
+
+    @property
+    def dims(self) -> report_pb2.SnapshotDims:
+        return self.proto.dims
+
+    @property
+    def labels(self):
+        return self.proto.labels
+
+    @property
+    def provenance(self) -> report_pb2.Provenance:
+        return self.proto.provenance
+
+    def __repr__(self) -> str:
+        d = self.proto.dims
+        comps = ", ".join(repr(c) for c in self.comparisons)
+        return (f"<attnaudit.Report {self.verdict.name} B={d.batch} Hq={d.q_heads} "
+                f"pages={d.num_pages}x{d.page_size} [{comps}]>")
+
+
+class JobResult:
+    """State and outcome of a job (GetResult, WatchResults)."""
+
+    __slots__ = ("proto",)
+
+    def __init__(self, proto: service_pb2.JobResult):
+        self.proto = proto
+
+    @property
+    def job_id(self) -> str:
+        return self.proto.job_id
+
+    @property
+    def state(self) -> JobState:
+        return JobState(self.proto.state)
+
+    @property
+    def done(self) -> bool:
+        """True once the job finished (DONE, FAILED or CANCELLED)."""
+        return self.proto.state in (service_pb2.JOB_STATE_DONE,
+                                    service_pb2.JOB_STATE_FAILED,
+                                    service_pb2.JOB_STATE_CANCELLED)
+
+    @property
+    def report(self) -> Optional[Report]:
+        """The report when DONE, else None."""
+        if self.proto.state == service_pb2.JOB_STATE_DONE and self.proto.HasField("report"):
+            return Report(self.proto.report)
+        return None
+
+    @property
+    def verdict(self) -> Optional[Verdict]:
+        r = self.report
+        return r.verdict if r is not None else None
+
+    @property
+    def error(self) -> Optional[AuditError]:
+        """Why a FAILED or CANCELLED job has no report, as a typed error."""
+        if not self.proto.HasField("error"):
+            return None
+        return job_error(self.proto.error.code, self.proto.error.message)
+
+    @property
+    def priority(self) -> Priority:
+        return Priority(self.proto.priority)
+
+    @property
+    def labels(self):
+        return self.proto.labels
+
+    def __repr__(self) -> str:
+        v = self.verdict
+        return (f"<attnaudit.JobResult {self.job_id} {self.state.name}"
+                + (f" {v.name}" if v is not None else "") + ">")

@@ -1,0 +1,169 @@
+"""RolloutAuditor: sampling, lazy builders, counters and verdicts, and
+never blocking -- it drops while the server is paused (SIGSTOP) and recovers
+when it resumes (SIGCONT)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import attnaudit
+
+
+@pytest.fixture(scope="module")
+def snaps(cli, tmp_path_factory):
+    d = tmp_path_factory.mktemp("auditor")
+    ok = cli.synth(str(d / "ok.pb"), "--preset", "phi4-mini", "--context", "64")
+    bad = cli.synth(str(d / "bad.pb"), "--preset", "phi4-mini", "--context", "64",
+                    "--fault", "stale-page")
+    return {"ok": ok, "bad": bad}
+
+
+class Builder:
+    """A builder that loads a snapshot and counts its calls."""
+
+    def __init__(self, path):
+        self.path = path
+        self.calls = 0
+
+    def __call__(self):
+        self.calls += 1
+        snap = attnaudit.Snapshot.load(self.path)
+        snap.labels.ClearField("layer")  # the auditor fills in its own
+        snap.labels.ClearField("step")
+        return snap
+
+
+def test_builders_run_only_for_sampled_steps(client, snaps):
+    build = Builder(snaps["ok"])
+    auditor = attnaudit.RolloutAuditor(client, sample_every=4, layers=[1, 3],
+                                       max_in_flight=6)
+    sampled = []
+    for step in range(10):
+        for layer in range(4):
+            if auditor.step(build, layer=layer):
+                sampled.append((step, layer))
+    # Steps 0, 4, 8; layers 1 and 3 only.
+    assert sampled == [(s, l) for s in (0, 4, 8) for l in (1, 3)]
+    assert build.calls == 6
+    assert auditor.flush(60)
+    c = auditor.counters
+    assert (c.steps, c.sampled, c.dropped, c.sent, c.passed, c.failed) == (40, 6, 0, 6, 6, 0)
+    latest = auditor.latest
+    assert set(latest) == {1, 3}
+    assert latest[3].step == 8 and latest[3].verdict == attnaudit.Verdict.PASS
+    assert latest[3].report.labels.layer == 3 and latest[3].report.labels.step == 8
+    assert auditor.latest_verdicts == {1: attnaudit.Verdict.PASS, 3: attnaudit.Verdict.PASS}
+    assert auditor.close()
+
+
+def test_rotating_layers_and_explicit_steps(client, snaps):
+    build = Builder(snaps["ok"])
+    auditor = attnaudit.RolloutAuditor(client, sample_every=2, layers=[0, 5, 9],
+                                       rotate_layers=True, max_in_flight=8)
+    taken = [(s, l) for s in range(100, 112) for l in (0, 5, 9)
+             if auditor.step(build, layer=l, step=s)]
+    # Sampled step s takes layer number (s // 2) mod 3: 50 mod 3 = 2 first.
+    assert taken == [(100, 9), (102, 0), (104, 5), (106, 9), (108, 0), (110, 5)]
+    assert auditor.flush(60) and auditor.counters.passed == 6
+    auditor.close()
+
+
+def test_drift_and_errors_are_counted(client, snaps):
+    results = []
+    auditor = attnaudit.RolloutAuditor(client, sample_every=1, max_in_flight=4,
+                                       on_result=results.append)
+    assert auditor.step(Builder(snaps["bad"]), layer=0)
+    assert auditor.step(attnaudit.Snapshot.load(snaps["ok"]), layer=1)  # a built one
+
+    def broken():
+        raise RuntimeError("engine tensors gone")
+
+    with pytest.warns(RuntimeWarning, match="engine tensors gone"):
+        assert not auditor.step(broken, layer=2)
+    invalid = attnaudit.Snapshot.load(snaps["ok"])
+    invalid.meta.softmax_scale = -1.0
+    assert auditor.step(invalid, layer=3)
+    assert auditor.flush(60)
+    c = auditor.counters
+    assert (c.sampled, c.drifted, c.passed, c.failed, c.invalid) == (4, 1, 1, 1, 1)
+    assert isinstance(auditor.last_error, (RuntimeError, attnaudit.InvalidArgumentError))
+    verdicts = auditor.latest_verdicts
+    assert verdicts[0] == attnaudit.Verdict.DRIFT and verdicts[1] == attnaudit.Verdict.PASS
+    assert verdicts[2] is None and verdicts[3] == attnaudit.Verdict.INVALID
+    assert auditor.latest[3].error.field_path == "snapshot.softmax_scale"
+    assert len(results) == 4 and len(auditor.results()) == 4
+    auditor.close()
+
+
+def test_submit_mode_collects_verdicts(client, snaps):
+    auditor = attnaudit.RolloutAuditor(client, sample_every=1, max_in_flight=2,
+                                       mode="submit", poll_interval=0.05)
+    auditor.step(Builder(snaps["ok"]), layer=0)
+    auditor.step(Builder(snaps["bad"]), layer=1)
+    assert auditor.flush(60)
+    latest = auditor.latest
+    assert latest[0].verdict == attnaudit.Verdict.PASS and latest[0].job_id
+    assert latest[1].verdict == attnaudit.Verdict.DRIFT
+    c = auditor.counters
+    assert (c.sent, c.passed, c.drifted) == (2, 1, 1)
+    auditor.close()
+
+
+def _step_returns(auditor, builder, **kw) -> bool:
+    """Runs auditor.step on a thread; True if it returned within 10 s
+    (a blocked hook would hang for the 60 s call deadline)."""
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", auditor.step(builder, **kw)),
+                         daemon=True)
+    t.start()
+    t.join(timeout=10)
+    return not t.is_alive()
+
+
+def test_drops_instead_of_blocking_while_the_server_is_paused(make_server, snaps):
+    server = make_server("--cpu-workers", "1")
+    client = attnaudit.AuditClient(server.address, timeout=60)
+    client.wait_for_ready(10)
+    client.capabilities()  # cached: the hook path makes no extra call
+    build = Builder(snaps["ok"])
+    auditor = attnaudit.RolloutAuditor(client, sample_every=1, max_in_flight=2,
+                                       timeout=60)
+    try:
+        server.pause()
+        for i in range(12):
+            assert _step_returns(auditor, build, layer=0), f"step {i} blocked"
+        c = auditor.counters
+        # Two snapshots hang in flight at the paused server; the rest were
+        # dropped before their builder ran.
+        assert (c.sampled, c.dropped, c.sent) == (12, 10, 0)
+        assert build.calls == 2 and auditor.in_flight == 2
+    finally:
+        server.resume()
+    assert auditor.flush(60), "the in-flight audits did not finish after SIGCONT"
+    assert auditor.counters.sent == 2 and auditor.counters.passed == 2
+    for _ in range(3):
+        assert auditor.step(build, layer=0)
+        assert auditor.flush(60)
+    c = auditor.counters
+    assert (c.sent, c.passed, c.dropped, c.failed) == (5, 5, 10, 0)
+    assert auditor.close()
+    client.close()
+
+
+def test_closed_auditor_drops(client, snaps):
+    auditor = attnaudit.RolloutAuditor(client, sample_every=1)
+    assert auditor.close()
+    build = Builder(snaps["ok"])
+    assert not auditor.step(build)
+    assert build.calls == 0 and auditor.counters.dropped == 1
+
+
+def test_argument_checks(client):
+    with pytest.raises(ValueError, match="sample_every"):
+        attnaudit.RolloutAuditor(client, sample_every=0)
+    with pytest.raises(ValueError, match="rotate_layers"):
+        attnaudit.RolloutAuditor(client, rotate_layers=True)
+    with pytest.raises(ValueError, match="mode"):
+        attnaudit.RolloutAuditor(client, mode="fire-and-forget")

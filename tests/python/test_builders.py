@@ -1,0 +1,219 @@
+"""Snapshot builders: every engine layout gives the CLI's report.
+
+The oracle is the C++ CLI: `attnaudit synth` writes a snapshot whose engine
+outputs come from its simulated flash-decoding kernel, `attnaudit check`
+audits that file offline. The test re-lays the same data out as each engine
+would hold it (engine_layouts.py), builds a snapshot with
+Snapshot.from_paged_kv, audits it on the server, and requires the same
+report, field for field, apart from wall times, thread counts and the
+placement-dependent RoPE digest.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import attnaudit
+from attnaudit import fingerprint
+from conftest import comparable, report_json
+from engine_layouts import LAYOUTS, engine_tensors, to_torch
+
+try:
+    import torch  # noqa: F401
+    HAVE_TORCH = True
+except ImportError:
+    HAVE_TORCH = False
+
+# Two synthetic snapshots: (1) offset positions (odd rows start at 1000 b + 3)
+# and fp8 pages with per-head scales; (2) a prefix shared by every row (the
+# same pages in several rows), two queries per row, sinks and a sliding
+# window (gpt-oss, even layer), bf16 pages.
+CASES = {
+    "llama3_fp8_offsets": ["--preset", "llama3-8b", "--batch", "3", "--context", "150",
+                           "--kv-dtype", "fp8_e4m3", "--permute-pages", "--seed", "3"],
+    "gptoss_prefix_sq2": ["--preset", "gpt-oss-20b", "--batch", "3", "--context", "170",
+                          "--prefix", "40", "--queries", "2", "--layer", "2",
+                          "--permute-pages", "--seed", "5"],
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def synth_case(request, cli, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("synth") / f"{request.param}.pb")
+    cli.synth(path, *CASES[request.param])
+    return path, cli.check_json(path)
+
+
+def _without_pages(d: dict) -> dict:
+    d = comparable(d)
+    d["dims"].pop("num_pages", None)
+    d["dims"].pop("max_blocks", None)
+    return d
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layout_matches_cli_report(synth_case, layout, client):
+    path, expected = synth_case
+    original = attnaudit.Snapshot.load(path)
+    args, kwargs, engine_id = engine_tensors(original, layout)
+    snap = attnaudit.Snapshot.from_paged_kv(*args, **kwargs)
+
+    # Only the referenced pages went in, under the engine's ids.
+    referenced = np.unique(engine_id[np.unique(_pool_indices(original))])
+    np.testing.assert_array_equal(snap.tensor("page_ids"), referenced)
+    assert snap.tensor("k_pages").shape[0] == len(referenced)
+
+    report = client.audit(snap)
+    assert _without_pages(report_json(report)) == _without_pages(expected)
+    assert report.dims.num_pages == len(referenced)
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed (make test "
+                    "does not install it; `make bench-python` does)")
+@pytest.mark.parametrize("layout", ["vllm", "flashinfer_hnd"])
+def test_torch_tensors_match_cli_report(synth_case, layout, client):
+    path, expected = synth_case
+    original = attnaudit.Snapshot.load(path)
+    args, kwargs, _ = engine_tensors(original, layout)
+    targs, tkwargs = to_torch(args, kwargs)
+    snap = attnaudit.Snapshot.from_paged_kv(*targs, **tkwargs)
+    assert _without_pages(report_json(client.audit(snap))) == _without_pages(expected)
+
+
+def _pool_indices(snap) -> np.ndarray:
+    bt = snap.tensor("block_table")
+    return bt[bt >= 0]
+
+
+def test_saved_file_is_the_cli_format(synth_case, client, cli, tmp_path):
+    path, expected = synth_case
+    args, kwargs, _ = engine_tensors(attnaudit.Snapshot.load(path), "flashinfer_nhd")
+    snap = attnaudit.Snapshot.from_paged_kv(*args, **kwargs)
+    saved = str(tmp_path / "built.pb")
+    snap.save(saved)
+    # The CLI reads the file back and reports what the server reported.
+    offline = cli.check_json(saved)
+    assert comparable(offline) == comparable(report_json(client.audit(snap)))
+    assert _without_pages(offline) == _without_pages(expected)
+    again = attnaudit.Snapshot.load(saved)
+    assert again.serialize() == snap.serialize()
+    assert not [f for f in os.listdir(tmp_path) if ".tmp." in f]
+
+
+def test_prefix_fingerprint_auto_and_kv_fingerprint(client, cli, tmp_path):
+    path = cli.synth(str(tmp_path / "p.pb"), "--preset", "qwen3-8b", "--batch", "2",
+                     "--context", "90", "--prefix", "35", "--permute-pages")
+    original = attnaudit.Snapshot.load(path)
+    # Our independent implementation of the v1 digest reproduces synth's.
+    assert fingerprint.prefix_fingerprint(
+        original, original.meta.prefix.length,
+        original.meta.prefix.key) == original.meta.prefix.fingerprint
+    args, kwargs, _ = engine_tensors(original, "hnd")
+    kwargs["prefix_fingerprint"] = "auto"
+    snap = attnaudit.Snapshot.from_paged_kv(*args, **kwargs)
+    report = client.audit(snap, options={"compute_kv_fingerprint": True})
+    assert snap.meta.prefix.fingerprint == original.meta.prefix.fingerprint
+    assert report.provenance.prefix_fingerprint == original.meta.prefix.fingerprint
+    assert report.provenance.kv_fingerprint == fingerprint.kv_cache_fingerprint(snap)
+    # A wrong declared fingerprint is refused, naming the field.
+    kwargs["prefix_fingerprint"] = "0" * 64
+    with pytest.raises(attnaudit.InvalidArgumentError) as e:
+        client.audit(attnaudit.Snapshot.from_paged_kv(*args, **kwargs))
+    assert e.value.field_path == "snapshot.prefix.fingerprint"
+
+
+def test_builder_copies_inputs_once_and_owns_them(client, cli, tmp_path):
+    path = cli.synth(str(tmp_path / "s.pb"), "--preset", "phi4-mini", "--context", "64")
+    original = attnaudit.Snapshot.load(path)
+    args, kwargs, _ = engine_tensors(original, "vllm")
+    args = (args[0].copy(),) + args[1:]  # writable, as an engine's are
+    kwargs["engine_out"] = kwargs["engine_out"].copy()
+    snap = attnaudit.Snapshot.from_paged_kv(*args, **kwargs)
+    before = snap.serialize()
+    for a in (args[0], args[1], kwargs["engine_out"]):
+        a[...] = 0  # the engine reuses its buffers right after the hook
+    assert snap.serialize() == before
+
+
+def test_lse_base_is_required_with_an_engine_lse():
+    q = np.zeros((1, 2, 8), np.float32)
+    kv = np.zeros((2, 2, 4, 1, 8), np.float32)
+    common = dict(layout="vllm", engine_lse=np.zeros((1, 2), np.float32))
+    with pytest.raises(ValueError, match="lse_base: required"):
+        attnaudit.Snapshot.from_paged_kv(q, kv, None, [[0]], [3], **common)
+    snap = attnaudit.Snapshot.from_paged_kv(q, kv, None, [[0]], [3], lse_base="2", **common)
+    assert snap.meta.engine.lse_base == 2
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(engine_lse=np.zeros((2, 1), np.float32), lse_base="e"), r"engine_lse: .*\[Hq, B\]"),
+    (dict(engine_out=np.zeros((1, 3, 8), np.float32)), "engine_out: shape"),
+    (dict(lm_head=np.zeros((5, 7), np.float32)), r"lm_head: shape .* \[V, Hq\*D=16\]"),
+    (dict(rope={"theta": 1e4, "bogus": 1}), "rope: unknown key"),
+    (dict(rope={"style": "spiral"}), "rope.style: unknown value"),
+    (dict(window_convention="sideways"), "window_convention: unknown value"),
+    (dict(labels={"modle": "x"}), "labels: unknown key"),
+])
+def test_builder_argument_errors_name_the_argument(kwargs, message):
+    q = np.zeros((1, 2, 8), np.float32)
+    kv = np.zeros((2, 2, 4, 1, 8), np.float32)
+    with pytest.raises((ValueError, TypeError), match=message):
+        attnaudit.Snapshot.from_paged_kv(q, kv, None, [[1]], [3], layout="vllm", **kwargs)
+
+
+def test_builder_paging_errors():
+    q = np.zeros((2, 2, 8), np.float32)
+    kv = np.zeros((2, 3, 4, 1, 8), np.float32)
+    with pytest.raises(ValueError, match=r"block_table\[1\]\[0\]: page id 7 is outside"):
+        attnaudit.Snapshot.from_paged_kv(q, kv, None, [[0, 1], [7, 0]], [5, 3])
+    with pytest.raises(ValueError, match="row 0 needs 3 blocks"):
+        attnaudit.Snapshot.from_paged_kv(q, kv, None, [[0, 1], [2, 0]], [9, 3])
+    # Page 0 as block 0 of row 0 and block 1 of row 1: positions clash.
+    with pytest.raises(ValueError, match=r"block_table\[1\]\[1\]: page id 0 is shared"):
+        attnaudit.Snapshot.from_paged_kv(q, kv, None, [[0, 1], [2, 0]], [5, 6])
+    with pytest.raises(ValueError, match="fused K/V tensor"):
+        attnaudit.Snapshot.from_paged_kv(q, kv, None, [[0], [1]], [1, 1], layout="hnd")
+
+
+def test_f64_arrays_stay_f64_and_bf16_works_without_torch():
+    import ml_dtypes
+    q = np.ones((1, 1, 2, 4), np.float64)
+    kv = np.ones((2, 1, 4, 1, 4), dtype=ml_dtypes.bfloat16)
+    snap = attnaudit.Snapshot.from_paged_kv(q, kv, None, [[0]], [2],
+                                            engine_out=np.ones((1, 2, 4)),
+                                            engine_lse=np.ones((1, 2)), lse_base="e")
+    assert snap.wire_tensor("q").dtype == 6  # DTYPE_F64
+    assert snap.wire_tensor("engine.out").dtype == 6
+    assert snap.wire_tensor("engine.lse").dtype == 6
+    assert snap.wire_tensor("k_pages").dtype == 3  # DTYPE_BF16
+    assert snap.tensor("k_pages").dtype == ml_dtypes.bfloat16
+
+
+def test_encoding_waits_for_pending_device_copies():
+    """The CUDA path without a GPU: a tensor whose bytes are still being
+    copied off the device is waited for (its event synchronised) before
+    anything reads it, once, and the staging buffers are released then."""
+    from attnaudit import _arrays
+
+    class Event:
+        synchronized = 0
+
+        def synchronize(self):
+            Event.synchronized += 1
+
+    event = Event()
+    snap = attnaudit.Snapshot.from_paged_kv(
+        np.ones((1, 2, 8), np.float32), np.ones((2, 2, 4, 1, 8), np.float32), None,
+        [[0]], [3])
+    pending = _arrays._Pending(event, keepalive=["staging"])
+    q = snap.wire_tensor("q")
+    q._pending = pending
+    assert Event.synchronized == 0
+    data = snap.serialize()
+    assert Event.synchronized == 1 and pending.keepalive is None
+    snap.serialize()
+    assert Event.synchronized == 1
+    assert attnaudit.Snapshot.from_proto(snap.to_proto()).serialize() == data
