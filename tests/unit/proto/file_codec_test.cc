@@ -20,10 +20,10 @@
 namespace attnaudit {
 namespace {
 
-using testing_codec::ExpectReportEq;
-using testing_codec::ExpectSnapshotEq;
-using testing_codec::FullReport;
-using testing_codec::FullSnapshot;
+using testing::ExpectReportEq;
+using testing::ExpectSnapshotEq;
+using testing::FullReport;
+using testing::FullSnapshot;
 
 class SnapshotFileTest : public ::testing::Test {
  protected:

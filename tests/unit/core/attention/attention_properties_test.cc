@@ -16,7 +16,7 @@
 #include "tests/unit/core/testing/snapshot_builder.h"
 
 namespace attnaudit {
-namespace testutil {
+namespace testing {
 namespace {
 
 AttentionResults MustRun(const Snapshot& s, int threads = 2) {
@@ -319,5 +319,5 @@ TEST(AttentionPropertiesTest, CancellationStopsTheComputation) {
 }
 
 }  // namespace
-}  // namespace testutil
+}  // namespace testing
 }  // namespace attnaudit

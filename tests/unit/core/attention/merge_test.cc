@@ -16,7 +16,7 @@
 namespace attnaudit {
 namespace {
 
-using testutil::TestRng;
+using testing::TestRng;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();

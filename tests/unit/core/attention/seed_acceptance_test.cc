@@ -17,7 +17,7 @@
 #include "tests/unit/core/testing/snapshot_builder.h"
 
 namespace attnaudit {
-namespace testutil {
+namespace testing {
 namespace {
 
 AttentionRun MustRun(const Snapshot& s) {
@@ -257,5 +257,5 @@ TEST(SeedAcceptanceTest, Case26Qwen3GqaHeadLayout) {
 }
 
 }  // namespace
-}  // namespace testutil
+}  // namespace testing
 }  // namespace attnaudit

@@ -16,7 +16,7 @@
 #include "tests/unit/core/testing/snapshot_builder.h"
 
 namespace attnaudit {
-namespace testutil {
+namespace testing {
 namespace {
 
 // The harness fixture with its log-prob inputs: lm_head [11, Hq*D = 32],
@@ -177,5 +177,5 @@ TEST(SeedPipelineTest, Case16PrefixStorageDtypeDriftIsInvalid) {
 }
 
 }  // namespace
-}  // namespace testutil
+}  // namespace testing
 }  // namespace attnaudit

@@ -21,14 +21,14 @@
 namespace attnaudit {
 namespace {
 
+using testing::Fixture;
+using testing::FixtureOptions;
 using ::testing::HasSubstr;
+using testing::KValue;
+using testing::KvIndex;
+using testing::MakeFixture;
 using ::testing::StartsWith;
-using testing_fixture::Fixture;
-using testing_fixture::FixtureOptions;
-using testing_fixture::KValue;
-using testing_fixture::MakeFixture;
-using testing_fixture::PoolIndex;
-using testing_fixture::VValue;
+using testing::VValue;
 
 std::string OneShotSha256(const std::string& bytes) {
   unsigned char digest[EVP_MAX_MD_SIZE];
@@ -190,7 +190,7 @@ TEST(PrefixFingerprintTest, ContentOutsideThePrefixOnlyChangesTheCache) {
   // Logical token 5 of row 1 (block 2, slot 1): beyond the 4-token prefix.
   const int64_t page = f.layout.block_pages[1][2];
   StoreFromFloat(f.snapshot.v_pages.mutable_raw(), DType::kF32,
-                 PoolIndex(f.snapshot, f.layout, page, 1, 0, 0), 99.0f);
+                 KvIndex(f.snapshot, page, 1, 0, 0), 99.0f);
   EXPECT_EQ(Prefix(f), Prefix(base));
   EXPECT_NE(Whole(f), Whole(base));
 }
@@ -205,8 +205,7 @@ TEST(PrefixFingerprintTest, BoundToContentPositionsRopeDtypesKeyAndPageSize) {
   for (bool is_k : {true, false}) {  // first prefix slot, like seed1 case 14
     Fixture f = MakeFixture(FixtureOptions{});
     Tensor& pool = is_k ? f.snapshot.k_pages : f.snapshot.v_pages;
-    const int64_t e =
-        PoolIndex(f.snapshot, f.layout, f.layout.block_pages[0][0], 0, 0, 0);
+    const int64_t e = KvIndex(f.snapshot, f.layout.block_pages[0][0], 0, 0, 0);
     StoreFromFloat(pool.mutable_raw(), DType::kF32, e, pool.FloatAt(e) + 1.0f);
     expect_changed(f, is_k ? "k content" : "v content");
   }
@@ -387,8 +386,7 @@ TEST(VerifyPrefixFingerprintTest, RejectsDriftWithTheFieldPath) {
   drifted.push_back(MakeFixture(FixtureOptions{}));
   {
     Fixture& f = drifted.back();
-    const int64_t e =
-        PoolIndex(f.snapshot, f.layout, f.layout.block_pages[0][0], 0, 0, 0);
+    const int64_t e = KvIndex(f.snapshot, f.layout.block_pages[0][0], 0, 0, 0);
     f.snapshot.k_pages.mutable_data<float>()[e] += 1.0f;
   }
   drifted.push_back(MakeFixture(FixtureOptions{}));

@@ -18,10 +18,10 @@
 namespace attnaudit {
 namespace {
 
+using testing::Fixture;
+using testing::FixtureOptions;
+using testing::MakeFixture;
 using ::testing::StartsWith;
-using testing_fixture::Fixture;
-using testing_fixture::FixtureOptions;
-using testing_fixture::MakeFixture;
 
 // python3 tests/python/rlkernel_fingerprint_oracle.py
 constexpr char kRlKernelOracleBase[] =

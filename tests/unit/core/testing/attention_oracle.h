@@ -24,7 +24,7 @@
 #include "tests/unit/core/testing/snapshot_builder.h"
 
 namespace attnaudit {
-namespace testutil {
+namespace testing {
 
 struct OracleResult {
   std::vector<long double> out;             // [B, Sq, Hq, D]
@@ -77,7 +77,7 @@ ErrorBound ReplayBound(const LogicalCase& c, const OracleResult& o,
 // subnormals: 2^-25).
 double HalfUlp(double x, DType dtype);
 
-}  // namespace testutil
+}  // namespace testing
 }  // namespace attnaudit
 
 #endif  // ATTNAUDIT_TESTS_UNIT_CORE_TESTING_ATTENTION_ORACLE_H_

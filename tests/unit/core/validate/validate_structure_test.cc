@@ -4,11 +4,11 @@
 
 #include "core/validate/validate.h"
 #include "gtest/gtest.h"
-#include "tests/unit/core/validate/snapshot_builder.h"
+#include "tests/unit/core/testing/snapshot_builder.h"
 #include "tests/unit/core/validate/validate_test_util.h"
 
 namespace attnaudit {
-namespace test {
+namespace testing {
 namespace {
 
 using Mut = std::function<void(Snapshot*, ValidationLimits*)>;
@@ -285,7 +285,7 @@ std::vector<InvalidCase> ShapeCases() {
        "page_ids", "[N=6]", WithPageIds()},
       {"ScaleShape",
        [](Snapshot* s, ValidationLimits*) {
-         s->v_scale = FloatTensor(DType::kF32, {3}, {1, 1, 1});
+         s->v_scale = MakeFloatTensor(DType::kF32, {3}, {1, 1, 1});
        },
        "v_scale", "[Hkv=2]", Fp8()},
       {"SinksShape",
@@ -399,5 +399,5 @@ INSTANTIATE_TEST_SUITE_P(Limits, StructureTest,
                          ::testing::ValuesIn(LimitCases()), CaseName);
 
 }  // namespace
-}  // namespace test
+}  // namespace testing
 }  // namespace attnaudit
