@@ -19,10 +19,9 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-// Dot product in fp64 with four independent accumulators: a fixed,
-// deterministic order the compiler can vectorise (no reassociation needed).
-// Fixed-order dot product (deterministic for a build); explicit SIMD where
-// available because GCC will not vectorise a floating reduction by itself.
+// Dot product in fp64 in a fixed order (deterministic for a build): four
+// independent accumulators, or explicit AVX-512 where available, because
+// GCC will not vectorise a floating reduction by itself.
 double Dot(const double* a, const double* b, int64_t n) {
   int64_t i = 0;
   double sum = 0;
@@ -75,13 +74,18 @@ double SelectedLogSoftmax(double* z, int64_t vocab, int64_t id,
   return (z[id] - max_z) - std::log(sum);
 }
 
-}  // namespace
+// The shapes SelectedLogprobs works with, once its inputs are checked.
+struct LogprobShape {
+  int64_t batch = 0;
+  int64_t queries = 0;
+  int64_t hidden = 0;  // Hq * D
+  int64_t vocab = 0;
+};
 
-absl::StatusOr<std::vector<double>> SelectedLogprobs(const DenseView& out,
-                                                     const Tensor& lm_head,
-                                                     const Tensor& token_ids,
-                                                     const uint8_t* active_mask,
-                                                     double temperature) {
+absl::StatusOr<LogprobShape> CheckLogprobInputs(const DenseView& out,
+                                                const Tensor& lm_head,
+                                                const Tensor& token_ids,
+                                                double temperature) {
   if (out.shape.size() != 4) {
     return absl::InvalidArgumentError(
         absl::StrCat("out: expected [B,Sq,Hq,D], got rank ", out.shape.size()));
@@ -94,10 +98,10 @@ absl::StatusOr<std::vector<double>> SelectedLogprobs(const DenseView& out,
   if (out_n > 0 && out.values == nullptr) {
     return absl::InvalidArgumentError("out: values are null");
   }
-  const int64_t batch = out.shape[0];
-  const int64_t queries = out.shape[1];
-  const int64_t hidden = out.shape[2] * out.shape[3];
-
+  LogprobShape shape;
+  shape.batch = out.shape[0];
+  shape.queries = out.shape[1];
+  shape.hidden = out.shape[2] * out.shape[3];
   if (!lm_head.present() || !IsFloating(lm_head.dtype())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "lm_head: expected a floating tensor, got ", lm_head.DebugString()));
@@ -105,14 +109,13 @@ absl::StatusOr<std::vector<double>> SelectedLogprobs(const DenseView& out,
   absl::Status status =
       lm_head.CheckLayout("lm_head", std::numeric_limits<int64_t>::max());
   if (!status.ok()) return status;
-  if (hidden < 1 || lm_head.rank() != 2 || lm_head.dim(1) != hidden ||
-      lm_head.dim(0) < 1) {
+  if (shape.hidden < 1 || lm_head.rank() != 2 ||
+      lm_head.dim(1) != shape.hidden || lm_head.dim(0) < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("lm_head: expected [V>=1, Hq*D=", hidden, "], got ",
+        absl::StrCat("lm_head: expected [V>=1, Hq*D=", shape.hidden, "], got ",
                      lm_head.DebugString()));
   }
-  const int64_t vocab = lm_head.dim(0);
-
+  shape.vocab = lm_head.dim(0);
   if (!token_ids.present() || !IsInteger(token_ids.dtype())) {
     return absl::InvalidArgumentError(
         absl::StrCat("selected_token_ids: expected an i32/i64 tensor, got ",
@@ -121,37 +124,50 @@ absl::StatusOr<std::vector<double>> SelectedLogprobs(const DenseView& out,
   status = token_ids.CheckLayout("selected_token_ids",
                                  std::numeric_limits<int64_t>::max());
   if (!status.ok()) return status;
-  if (token_ids.rank() != 2 || token_ids.dim(0) != batch ||
-      token_ids.dim(1) != queries) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("selected_token_ids: expected [B=", batch,
-                     ", Sq=", queries, "], got ", token_ids.DebugString()));
+  if (token_ids.rank() != 2 || token_ids.dim(0) != shape.batch ||
+      token_ids.dim(1) != shape.queries) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "selected_token_ids: expected [B=", shape.batch, ", Sq=", shape.queries,
+        "], got ", token_ids.DebugString()));
   }
   if (!(temperature > 0) || !std::isfinite(temperature)) {
     return absl::InvalidArgumentError(
         absl::StrCat("temperature: must be finite and > 0, got ", temperature));
   }
+  return shape;
+}
 
-  // Active tokens and their ids, validated before any O(V) allocation.
-  const int64_t tokens = batch * queries;
-  std::vector<int64_t> active;
-  std::vector<int64_t> ids;
-  for (int64_t t = 0; t < tokens; ++t) {
+// The active tokens (flat b * Sq + s) and their ids, every id checked
+// against the vocabulary; done before any O(V) allocation.
+absl::Status ActiveTokens(const Tensor& token_ids, const uint8_t* active_mask,
+                          const LogprobShape& shape,
+                          std::vector<int64_t>* active,
+                          std::vector<int64_t>* ids) {
+  for (int64_t t = 0; t < shape.batch * shape.queries; ++t) {
     if (active_mask != nullptr && active_mask[t] == 0) continue;
     const int64_t id = token_ids.IntAt(t);
-    if (id < 0 || id >= vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("selected_token_ids[", t / queries, "][", t % queries,
-                       "]: token id ", id, " is outside [0, ", vocab, ")"));
+    if (id < 0 || id >= shape.vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "selected_token_ids[", t / shape.queries, "][", t % shape.queries,
+          "]: token id ", id, " is outside [0, ", shape.vocab, ")"));
     }
-    active.push_back(t);
-    ids.push_back(id);
+    active->push_back(t);
+    ids->push_back(id);
   }
+  return absl::OkStatus();
+}
 
-  // logits[a][v] for a chunk of active tokens; the pass over lm_head rows
-  // widens each row once per chunk. The chunk bounds the scratch to
-  // kMaxLogits doubles (or one token's V when V is larger).
+// logits[a][v] for a chunk of active tokens; the pass over lm_head rows
+// widens each row once per chunk. The chunk bounds the scratch to
+// kMaxLogits doubles (or one token's V when V is larger).
+std::vector<double> LogprobsOfActive(const DenseView& out,
+                                     const Tensor& lm_head,
+                                     const LogprobShape& shape,
+                                     const std::vector<int64_t>& active,
+                                     const std::vector<int64_t>& ids,
+                                     double temperature) {
   constexpr int64_t kMaxLogits = int64_t{1} << 22;
+  const int64_t vocab = shape.vocab, hidden = shape.hidden;
   const int64_t num_active = static_cast<int64_t>(active.size());
   const int64_t chunk =
       std::max<int64_t>(1, std::min(num_active, kMaxLogits / vocab));
@@ -163,7 +179,8 @@ absl::StatusOr<std::vector<double>> SelectedLogprobs(const DenseView& out,
       static_cast<size_t>(hidden) * DTypeSize(lm_head.dtype());
   const char* head_bytes = static_cast<const char*>(lm_head.raw());
 
-  std::vector<double> result(static_cast<size_t>(tokens), 0.0);
+  std::vector<double> result(static_cast<size_t>(shape.batch * shape.queries),
+                             0.0);
   for (int64_t first = 0; first < num_active; first += chunk) {
     const int64_t last = std::min(num_active, first + chunk);
     for (int64_t v = 0; v < vocab; ++v) {
@@ -185,6 +202,23 @@ absl::StatusOr<std::vector<double>> SelectedLogprobs(const DenseView& out,
     }
   }
   return result;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<double>> SelectedLogprobs(const DenseView& out,
+                                                     const Tensor& lm_head,
+                                                     const Tensor& token_ids,
+                                                     const uint8_t* active_mask,
+                                                     double temperature) {
+  absl::StatusOr<LogprobShape> shape =
+      CheckLogprobInputs(out, lm_head, token_ids, temperature);
+  if (!shape.ok()) return shape.status();
+  std::vector<int64_t> active, ids;
+  absl::Status status =
+      ActiveTokens(token_ids, active_mask, *shape, &active, &ids);
+  if (!status.ok()) return status;
+  return LogprobsOfActive(out, lm_head, *shape, active, ids, temperature);
 }
 
 LogprobAgreement CompareLogprobs(const DenseView& candidate,

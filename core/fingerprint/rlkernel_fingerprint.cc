@@ -172,17 +172,8 @@ void AppendCacheBytes(const PagedKv& kv, bool is_k, absl::string_view dtype,
 absl::StatusOr<std::string> RlKernelPrefixFingerprint(
     const Snapshot& snapshot, const ResolvedLayout& layout, int64_t tokens) {
   const Snapshot& s = snapshot;
-  if (tokens <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prefix.length: must be a positive number of tokens, got ", tokens));
-  }
-  for (size_t b = 0; b < layout.seq_lens.size(); ++b) {
-    if (tokens > layout.seq_lens[b]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prefix.length: ", tokens, " tokens exceed kv_seq_lens[",
-                       b, "] = ", layout.seq_lens[b]));
-    }
-  }
+  ATTNAUDIT_RETURN_IF_ERROR(
+      fingerprint_internal::CheckPrefixTokens(layout, tokens));
   const std::vector<int64_t> counts(layout.seq_lens.size(), tokens);
   ATTNAUDIT_ASSIGN_OR_RETURN(const PagedKv kv,
                              CheckKvAccess(s, layout, counts));
