@@ -14,7 +14,7 @@
 namespace attnaudit {
 
 // How a context-parallel snapshot is replayed across workers
-// (docs/DESIGN.md, "Execution"). Carried from the wire
+// (docs/DESIGN.md §3). Carried from the wire
 // (AuditOptions.cp_strategy); the CPU backend replays every strategy the
 // same way until the ring workers exist.
 enum class CpStrategy : int {

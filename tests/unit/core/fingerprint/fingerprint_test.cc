@@ -202,7 +202,7 @@ TEST(PrefixFingerprintTest, BoundToContentPositionsRopeDtypesKeyAndPageSize) {
   auto expect_changed = [&](const Fixture& f, const char* what) {
     EXPECT_NE(Prefix(f), base) << what;
   };
-  for (bool is_k : {true, false}) {  // first prefix slot, like seed1 case 14
+  for (bool is_k : {true, false}) {  // first prefix slot, like harness case 14
     Fixture f = MakeFixture(FixtureOptions{});
     Tensor& pool = is_k ? f.snapshot.k_pages : f.snapshot.v_pages;
     const int64_t e = KvIndex(f.snapshot, f.layout.block_pages[0][0], 0, 0, 0);
@@ -376,8 +376,8 @@ TEST(VerifyPrefixFingerprintTest, DisabledPrefixIsNotChecked) {
   EXPECT_EQ(recomputed, "");
 }
 
-// seed1 §4 cases 10, 14, 15, 16: key, content, theta and storage dtype drift
-// after the fingerprint was taken.
+// Harness cases 10, 14, 15, 16 (docs/RL_KERNEL_HARNESS.md): key, content, theta
+// and storage dtype drift after the fingerprint was taken.
 TEST(VerifyPrefixFingerprintTest, RejectsDriftWithTheFieldPath) {
   const std::string good = Prefix(MakeFixture(FixtureOptions{}));
   std::vector<Fixture> drifted;

@@ -1,5 +1,5 @@
 // Naive long-double oracles for decode attention and RoPE, written from the
-// definitions (DESIGN.md §2; HF transformers' documented RoPE formulas),
+// definitions (docs/NUMERICS.md; HF transformers' documented RoPE formulas),
 // independently of core/attention and core/rope. Test-only; slow on
 // purpose (one key at a time, no blocking, no online softmax).
 //
