@@ -1,5 +1,6 @@
 // Phase 1 rules: presence, byte layouts, dtypes, ranks, shapes, limits.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/validate/validate.h"
@@ -206,7 +207,8 @@ std::vector<InvalidCase> DTypeCases() {
 INSTANTIATE_TEST_SUITE_P(DTypes, StructureTest,
                          ::testing::ValuesIn(DTypeCases()), CaseName);
 
-std::vector<InvalidCase> ShapeCases() {
+// q and the page pools (CheckStructure: CheckQuery, CheckPagePools).
+std::vector<InvalidCase> PoolShapeCases() {
   return {
       {"QRank3",
        [](Snapshot* s, ValidationLimits*) {
@@ -253,6 +255,12 @@ std::vector<InvalidCase> ShapeCases() {
          s->v_pages = Tensor(DType::kF32, {6, 4, 2, 8});
        },
        "slot_positions", "[N=6, P=4]"},
+  };
+}
+
+// The page table, lengths and positions.
+std::vector<InvalidCase> TableShapeCases() {
+  return {
       {"BlockTableRows",
        [](Snapshot* s, ValidationLimits*) {
          s->block_table = Grown(s->block_table, 0);
@@ -283,6 +291,12 @@ std::vector<InvalidCase> ShapeCases() {
          s->page_ids = Grown(s->page_ids, 0);
        },
        "page_ids", "[N=6]", WithPageIds()},
+  };
+}
+
+// Optional tensors: scales, sinks, CP, engine outputs, log-prob inputs.
+std::vector<InvalidCase> OptionalShapeCases() {
+  return {
       {"ScaleShape",
        [](Snapshot* s, ValidationLimits*) {
          s->v_scale = MakeFloatTensor(DType::kF32, {3}, {1, 1, 1});
@@ -358,6 +372,14 @@ std::vector<InvalidCase> ShapeCases() {
        },
        "lm_head", "vocabulary size must be positive"},
   };
+}
+
+std::vector<InvalidCase> ShapeCases() {
+  std::vector<InvalidCase> cases = PoolShapeCases();
+  for (auto* more : {&TableShapeCases, &OptionalShapeCases}) {
+    for (InvalidCase& c : more()) cases.push_back(std::move(c));
+  }
+  return cases;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, StructureTest,
                          ::testing::ValuesIn(ShapeCases()), CaseName);
