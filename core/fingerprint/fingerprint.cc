@@ -229,17 +229,8 @@ bool AppendPositions(const Tensor& t, absl::string_view name,
 absl::StatusOr<std::string> PrefixFingerprint(const Snapshot& snapshot,
                                               const ResolvedLayout& layout,
                                               int64_t tokens) {
-  if (tokens <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prefix.length: must be a positive number of tokens, got ", tokens));
-  }
-  for (size_t b = 0; b < layout.seq_lens.size(); ++b) {
-    if (tokens > layout.seq_lens[b]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prefix.length: ", tokens, " tokens exceed kv_seq_lens[",
-                       b, "] = ", layout.seq_lens[b]));
-    }
-  }
+  ATTNAUDIT_RETURN_IF_ERROR(
+      fingerprint_internal::CheckPrefixTokens(layout, tokens));
   return KvDigestV1(snapshot, layout,
                     std::vector<int64_t>(layout.seq_lens.size(), tokens),
                     "prefix", /*bind_prefix_key=*/true);

@@ -9,7 +9,8 @@
 // byte stream is specified in docs/NUMERICS.md ("Fingerprints").
 //
 // RL-Kernel compatible: byte-compatible with the harness's
-// `_decode_cache_fingerprint` (shared/reference/seed1_rl_kernel.md §3.10),
+// `_decode_cache_fingerprint` (docs/NUMERICS.md, "RL-Kernel compatible
+// prefix stream"),
 // for snapshots expressible in its model (f32/f16/bf16/f64 pages in either
 // layout, no fp8 scales, NeoX full rotary, no scaling, each CP block on one
 // rank).

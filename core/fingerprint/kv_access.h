@@ -69,6 +69,10 @@ absl::StatusOr<PagedKv> CheckKvAccess(const Snapshot& snapshot,
                                       const ResolvedLayout& layout,
                                       const std::vector<int64_t>& tokens);
 
+// A prefix of `tokens` tokens exists in every row: 0 < tokens <= every
+// kv_seq_len. InvalidArgument at "prefix.length".
+absl::Status CheckPrefixTokens(const ResolvedLayout& layout, int64_t tokens);
+
 }  // namespace fingerprint_internal
 }  // namespace attnaudit
 

@@ -1,6 +1,7 @@
 // The RL-Kernel harness compatible prefix digest: the byte stream of its
 // `_decode_cache_fingerprint(inputs, token_counts=(n,)*B,
-// domain="shared_prefix")` (shared/reference/seed1_rl_kernel.md §3.10),
+// domain="shared_prefix")` (docs/NUMERICS.md, "RL-Kernel compatible prefix
+// stream"),
 // reproduced from our shared-pool snapshot. The harness stores K/V per row
 // as [B, Hkv, C, D]; after its logical gather the bytes it hashes are
 // K[b][h][t][d] for t < n, which is what is streamed here (head-major),
@@ -80,8 +81,9 @@ absl::StatusOr<std::string> PythonKeyRepr(const PrefixCache& prefix) {
   return absl::StrCat("'", prefix.key, "'");
 }
 
-// Rejects what the harness's model has no field for (§5.1): anything but
-// NeoX full-rotary unscaled RoPE, fp8 scales, CP blocks spanning ranks.
+// Rejects what the harness's model has no field for
+// (docs/RL_KERNEL_HARNESS.md, "Limits of the harness"): anything but NeoX
+// full-rotary unscaled RoPE, fp8 scales, CP blocks spanning ranks.
 absl::Status CheckExpressible(const Snapshot& s, int64_t head_dim) {
   if (s.k_scale.present()) return Unexpressible("k_scale", "fp8 KV scales");
   if (s.v_scale.present()) return Unexpressible("v_scale", "fp8 KV scales");
@@ -172,17 +174,8 @@ void AppendCacheBytes(const PagedKv& kv, bool is_k, absl::string_view dtype,
 absl::StatusOr<std::string> RlKernelPrefixFingerprint(
     const Snapshot& snapshot, const ResolvedLayout& layout, int64_t tokens) {
   const Snapshot& s = snapshot;
-  if (tokens <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prefix.length: must be a positive number of tokens, got ", tokens));
-  }
-  for (size_t b = 0; b < layout.seq_lens.size(); ++b) {
-    if (tokens > layout.seq_lens[b]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prefix.length: ", tokens, " tokens exceed kv_seq_lens[",
-                       b, "] = ", layout.seq_lens[b]));
-    }
-  }
+  ATTNAUDIT_RETURN_IF_ERROR(
+      fingerprint_internal::CheckPrefixTokens(layout, tokens));
   const std::vector<int64_t> counts(layout.seq_lens.size(), tokens);
   ATTNAUDIT_ASSIGN_OR_RETURN(const PagedKv kv,
                              CheckKvAccess(s, layout, counts));

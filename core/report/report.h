@@ -30,7 +30,6 @@ enum class Comparison : int {
 constexpr int kNumComparisons = 3;
 
 enum class Quantity : int { kOut = 0, kLse = 1, kLogprob = 2 };
-constexpr int kNumQuantities = 3;
 
 absl::string_view VerdictName(Verdict v);             // "PASS", "DRIFT", ...
 absl::string_view ComparisonName(Comparison c);       // "engine_vs_reference"

@@ -168,45 +168,108 @@ std::vector<std::vector<double>> KeyMass(const EnginePlan& plan, int64_t row) {
   return mass;
 }
 
-absl::Status PlanFault(Fault fault, const SynthOptions& options,
-                       const SynthLayout& layout, const ContentModel& model,
-                       const RopeTable& rope, const KvPool& pool,
-                       double model_scale, EnginePlan* plan, Tensor* stale_k,
-                       Tensor* stale_v, std::string* description) {
+namespace {
+
+// stale-page / drop-block: the fault hits row 0's logical block with the
+// largest share of the attention mass, so that it is always visible.
+absl::Status PlanHeaviestBlockFault(Fault fault, const SynthLayout& layout,
+                                    const ContentModel& model,
+                                    const RopeTable& rope, const KvPool& pool,
+                                    EnginePlan* plan, Tensor* stale_k,
+                                    Tensor* stale_v, std::string* description) {
   const EnginePlan clean = *plan;
+  const auto mass = KeyMass(clean, 0);
+  const std::vector<double> blocks = BlockMass(clean, 0, mass);
+  const int64_t block =
+      std::max_element(blocks.begin(), blocks.end()) - blocks.begin();
+  const int32_t page = clean.block_pages[0][block];
+  const double share = 100.0 * Share(blocks[block], mass);
+  if (fault == Fault::kStalePage) {
+    GenerateStalePage(layout, model, rope, pool, page, stale_k, stale_v);
+    plan->stale_page = page;
+    plan->stale_k = stale_k;
+    plan->stale_v = stale_v;
+    *description = absl::StrFormat(
+        "stale-page: pool page %d (row 0, logical block %d, %.1f%% of the "
+        "row's attention mass) read with outdated K/V",
+        page, block, share);
+  } else {
+    plan->dropped_block.assign(static_cast<size_t>(plan->batch), -1);
+    plan->dropped_block[0] = block;
+    *description = absl::StrFormat(
+        "drop-block: the split loop of row 0 skips logical block %d (page "
+        "%d, %.1f%% of the row's attention mass)",
+        block, page, share);
+  }
+  return absl::OkStatus();
+}
+
+// A model-specific scale forgotten (the kernel's default 1/sqrt(D)), or,
+// when the model uses 1/sqrt(D), the scale applied twice (q pre-scaled by
+// the model and scaled again by the kernel).
+absl::Status PlanWrongScale(double model_scale, EnginePlan* plan,
+                            std::string* description) {
+  const double default_scale = 1.0 / std::sqrt(double(plan->head_dim));
+  const bool differs =
+      std::fabs(model_scale - default_scale) > 1e-9 * default_scale;
+  const double wrong = differs ? default_scale : model_scale * default_scale;
+  plan->scale = static_cast<float>(wrong);
+  *description = absl::StrFormat(
+      "wrong-scale: softmax scale %.6g instead of %.6g (%s)", wrong,
+      model_scale,
+      differs ? "the model's scale ignored" : "scale applied twice");
+  return absl::OkStatus();
+}
+
+absl::Status PlanGqaMapping(EnginePlan* plan, std::string* description) {
+  if (plan->kv_heads == 1 || plan->q_heads == plan->kv_heads) {
+    return absl::InvalidArgumentError(
+        "fault: gqa-mapping is invisible with one KV head or Hq == Hkv");
+  }
+  plan->gqa_modulo = true;
+  *description = "gqa-mapping: query head h reads KV head h % Hkv";
+  return absl::OkStatus();
+}
+
+absl::Status PlanFp8Scale(const KvPool& pool, EnginePlan* plan,
+                          std::string* description) {
+  if (!pool.k_scale.present()) {
+    return absl::InvalidArgumentError(
+        "fault: fp8-scale needs an fp8 KV cache (kv_dtype fp8_e4m3)");
+  }
+  bool differs = false;
+  for (int64_t h = 0; h < plan->kv_heads; ++h) {
+    const float k_descale = plan->k_descale[h];
+    plan->k_descale[h] = pool.v_scale.data<float>()[h];
+    differs |= plan->k_descale[h] != k_descale;
+  }
+  if (!differs) {
+    return absl::InvalidArgumentError(
+        "fault: fp8-scale is invisible: k_scale equals v_scale");
+  }
+  *description = "fp8-scale: K dequantised with v_scale";
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status PlanFault(Fault fault, const SynthLayout& layout,
+                       const ContentModel& model, const RopeTable& rope,
+                       const KvPool& pool, double model_scale, EnginePlan* plan,
+                       Tensor* stale_k, Tensor* stale_v,
+                       std::string* description) {
   switch (fault) {
     case Fault::kNone:
       *description = "none";
       return absl::OkStatus();
     case Fault::kStalePage:
-    case Fault::kDropBlock: {
-      const auto mass = KeyMass(clean, 0);
-      const std::vector<double> blocks = BlockMass(clean, 0, mass);
-      const int64_t block =
-          std::max_element(blocks.begin(), blocks.end()) - blocks.begin();
-      const int32_t page = clean.block_pages[0][block];
-      const double share = 100.0 * Share(blocks[block], mass);
-      if (fault == Fault::kStalePage) {
-        GenerateStalePage(layout, model, rope, pool, page, stale_k, stale_v);
-        plan->stale_page = page;
-        plan->stale_k = stale_k;
-        plan->stale_v = stale_v;
-        *description = absl::StrFormat(
-            "stale-page: pool page %d (row 0, logical block %d, %.1f%% of the "
-            "row's attention mass) read with outdated K/V",
-            page, block, share);
-      } else {
-        plan->dropped_block.assign(static_cast<size_t>(plan->batch), -1);
-        plan->dropped_block[0] = block;
-        *description = absl::StrFormat(
-            "drop-block: the split loop of row 0 skips logical block %d (page "
-            "%d, %.1f%% of the row's attention mass)",
-            block, page, share);
-      }
-      return absl::OkStatus();
-    }
-    case Fault::kSwappedPages:
+    case Fault::kDropBlock:
+      return PlanHeaviestBlockFault(fault, layout, model, rope, pool, plan,
+                                    stale_k, stale_v, description);
+    case Fault::kSwappedPages: {
+      const EnginePlan clean = *plan;
       return PlanSwap(clean, plan, description);
+    }
     case Fault::kRopeOffset:
       plan->q_position_delta = 1;
       *description = "rope-offset: q rotated at position + 1";
@@ -219,47 +282,12 @@ absl::Status PlanFault(Fault fault, const SynthOptions& options,
       plan->lse_base2 = true;
       *description = "lse-base2: LSE returned as log2 while declared base e";
       return absl::OkStatus();
-    case Fault::kWrongScale: {
-      // A model-specific scale forgotten (the kernel's default 1/sqrt(D)),
-      // or, when the model uses 1/sqrt(D), the scale applied twice (q
-      // pre-scaled by the model and scaled again by the kernel).
-      const double default_scale = 1.0 / std::sqrt(double(plan->head_dim));
-      const bool differs =
-          std::fabs(model_scale - default_scale) > 1e-9 * default_scale;
-      const double wrong =
-          differs ? default_scale : model_scale * default_scale;
-      plan->scale = static_cast<float>(wrong);
-      *description = absl::StrFormat(
-          "wrong-scale: softmax scale %.6g instead of %.6g (%s)", wrong,
-          model_scale,
-          differs ? "the model's scale ignored" : "scale applied twice");
-      return absl::OkStatus();
-    }
+    case Fault::kWrongScale:
+      return PlanWrongScale(model_scale, plan, description);
     case Fault::kGqaMapping:
-      if (plan->kv_heads == 1 || plan->q_heads == plan->kv_heads) {
-        return absl::InvalidArgumentError(
-            "fault: gqa-mapping is invisible with one KV head or Hq == Hkv");
-      }
-      plan->gqa_modulo = true;
-      *description = "gqa-mapping: query head h reads KV head h % Hkv";
-      return absl::OkStatus();
-    case Fault::kFp8Scale: {
-      if (!pool.k_scale.present()) {
-        return absl::InvalidArgumentError(
-            "fault: fp8-scale needs an fp8 KV cache (kv_dtype fp8_e4m3)");
-      }
-      bool differs = false;
-      for (int64_t h = 0; h < plan->kv_heads; ++h) {
-        plan->k_descale[h] = pool.v_scale.data<float>()[h];
-        differs |= plan->k_descale[h] != clean.k_descale[h];
-      }
-      if (!differs) {
-        return absl::InvalidArgumentError(
-            "fault: fp8-scale is invisible: k_scale equals v_scale");
-      }
-      *description = "fp8-scale: K dequantised with v_scale";
-      return absl::OkStatus();
-    }
+      return PlanGqaMapping(plan, description);
+    case Fault::kFp8Scale:
+      return PlanFp8Scale(pool, plan, description);
   }
   return absl::InvalidArgumentError("fault: unknown value");
 }

@@ -1,7 +1,7 @@
 // Model presets and fault names of the engine simulator.
 //
-// The shapes are the published model configs (shared/reference/users_rl.md
-// §3). Only what decode attention needs is modelled; in particular Phi-4
+// The shapes are the published model configs (docs/SIMULATOR.md,
+// "Presets"). Only what decode attention needs is modelled; in particular Phi-4
 // mini's LongRoPE short/long factors are not (plain NeoX RoPE, partial 96),
 // and Qwen3's QK-norm is baked into q/K before they reach attention.
 #include <cmath>

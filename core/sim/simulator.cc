@@ -132,6 +132,149 @@ void AddLogprobs(const SynthOptions& o, DType out_dtype, Snapshot* s) {
   }
 }
 
+// RoPE settings of the engine: q rotated by the engine from pre-RoPE
+// values, K cached post-RoPE.
+RopeConfig EngineRope(const ModelPreset& preset, DType out_dtype) {
+  RopeConfig rope = preset.rope;
+  rope.q_state = RopeState::kPreRope;
+  rope.k_state = RopeState::kPostRope;
+  rope.cast_point = RopeCastPoint::kAfterRope;
+  rope.q_output_dtype = out_dtype;
+  rope.k_output_dtype = DType::kInvalid;
+  return rope;
+}
+
+// Scale, window, soft-cap, output dtype and (for presets with sinks) the
+// per-head sinks, which are also returned for the engine's plan.
+std::vector<float> SetAttentionVariant(const SynthOptions& o,
+                                       const ModelPreset& preset, double scale,
+                                       DType out_dtype, Snapshot* s) {
+  const bool window = preset.sliding_window > 0 && o.layer % 2 == 0;
+  s->softmax_scale = scale;
+  s->sliding_window = window ? preset.sliding_window : 0;
+  s->window_convention = SlidingWindowConvention::kHuggingFace;
+  s->logit_softcap = preset.logit_softcap;
+  s->engine_lse_includes_sinks = false;
+  s->output_dtype = out_dtype;
+  std::vector<float> sinks;
+  if (preset.has_sinks) {
+    NormalSource ns(DeriveSeed(o.seed, {sim_internal::kTagHeads, 1}));
+    s->sinks = Tensor(DType::kF32, {preset.q_heads});
+    for (int64_t h = 0; h < preset.q_heads; ++h) {
+      sinks.push_back(static_cast<float>(4.0 + 4.0 * ns.Uniform()));
+      s->sinks.mutable_data<float>()[h] = sinks.back();
+    }
+  }
+  return sinks;
+}
+
+// The clean engine's plan over the pool and the snapshot's q (both must
+// stay in place until the plan has run).
+sim_internal::EnginePlan CleanPlan(const SynthOptions& o,
+                                   const ModelPreset& preset,
+                                   const sim_internal::SynthLayout& layout,
+                                   const sim_internal::KvPool& pool,
+                                   const RopeTable& rope, const Snapshot& s,
+                                   std::vector<float> sinks) {
+  sim_internal::EnginePlan plan;
+  plan.batch = o.batch;
+  plan.queries = o.queries;
+  plan.q_heads = preset.q_heads;
+  plan.kv_heads = preset.kv_heads;
+  plan.head_dim = preset.head_dim;
+  plan.page_size = o.page_size;
+  plan.k_pages = &pool.k_pages;
+  plan.v_pages = &pool.v_pages;
+  plan.k_descale.assign(preset.kv_heads, 1.0f);
+  plan.v_descale.assign(preset.kv_heads, 1.0f);
+  if (pool.k_scale.present()) {
+    for (int64_t h = 0; h < preset.kv_heads; ++h) {
+      plan.k_descale[h] = pool.k_scale.data<float>()[h];
+      plan.v_descale[h] = pool.v_scale.data<float>()[h];
+    }
+  }
+  plan.block_pages = layout.block_pages;
+  plan.seq_lens = layout.seq_lens;
+  plan.first_positions = layout.first_positions;
+  for (int64_t b = 0; b < o.batch; ++b) {
+    for (int64_t q = 0; q < o.queries; ++q) {
+      // Sq > 1: the queries are the last Sq tokens of the row.
+      plan.query_index.push_back(layout.seq_lens[b] - o.queries + q);
+    }
+  }
+  plan.q = &s.q;
+  plan.rope = &rope;
+  plan.q_rope_dtype = s.output_dtype;
+  plan.scale = static_cast<float>(s.softmax_scale);
+  plan.softcap = static_cast<float>(s.logit_softcap);
+  plan.window = s.sliding_window;
+  plan.sinks = std::move(sinks);
+  plan.out_dtype = s.output_dtype;
+  plan.split_tokens = o.split_tokens;
+  plan.threads = o.threads;
+  return plan;
+}
+
+// Moves the pool into the snapshot and writes the page table, lengths and
+// query positions (the last Sq tokens of every row).
+void SetPagedCache(const SynthOptions& o,
+                   const sim_internal::SynthLayout& layout,
+                   sim_internal::KvPool pool, Snapshot* s) {
+  s->kv_layout = KvLayout::kNHD;
+  s->k_pages = std::move(pool.k_pages);
+  s->v_pages = std::move(pool.v_pages);
+  s->k_scale = std::move(pool.k_scale);
+  s->v_scale = std::move(pool.v_scale);
+  s->slot_positions = std::move(pool.slot_positions);
+  std::vector<int64_t> table(static_cast<size_t>(o.batch * layout.max_blocks),
+                             -1);
+  std::vector<int64_t> query_positions;
+  for (int64_t b = 0; b < o.batch; ++b) {
+    for (size_t k = 0; k < layout.block_pages[b].size(); ++k) {
+      table[b * layout.max_blocks + k] = layout.block_pages[b][k];
+    }
+    for (int64_t q = 0; q < o.queries; ++q) {
+      query_positions.push_back(layout.first_positions[b] + layout.seq_lens[b] -
+                                o.queries + q);
+    }
+  }
+  s->block_table = IntTensor({o.batch, layout.max_blocks}, table);
+  s->kv_seq_lens = IntTensor({o.batch}, layout.seq_lens);
+  s->query_positions = IntTensor({o.batch, o.queries}, query_positions);
+}
+
+// Declares the first o.prefix tokens a shared prefix and fingerprints them.
+absl::Status AddPrefix(const SynthOptions& o, const ModelPreset& preset,
+                       const sim_internal::SynthLayout& layout, Snapshot* s) {
+  ResolvedLayout resolved;
+  resolved.dims = DimsOf(*s);
+  resolved.seq_lens = layout.seq_lens;
+  resolved.block_pages = layout.block_pages;
+  for (const auto& row : layout.block_pages) {
+    resolved.block_owners.emplace_back(row.size(), 0);
+  }
+  s->prefix.enabled = true;
+  s->prefix.key =
+      absl::StrCat("sim:", preset.name, ":seed", o.seed, ":prefix", o.prefix);
+  s->prefix.length = o.prefix;
+  s->prefix.scheme = PrefixCache::Scheme::kAttnauditV1;
+  ATTNAUDIT_ASSIGN_OR_RETURN(s->prefix.fingerprint,
+                             PrefixFingerprint(*s, resolved, o.prefix));
+  return absl::OkStatus();
+}
+
+void SetLabels(const SynthOptions& o, const ModelPreset& preset,
+               const sim_internal::SynthLayout& layout, Snapshot* s) {
+  s->labels.model = preset.name;
+  s->labels.layer = o.layer;
+  s->labels.engine = "attnaudit-sim";
+  s->labels.backend = "flash-decoding";
+  s->labels.step = layout.seq_lens[0];
+  for (int64_t b = 0; b < o.batch; ++b) {
+    s->labels.request_ids.push_back(absl::StrCat("sim-", o.seed, "-", b));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options) {
@@ -149,23 +292,17 @@ absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options,
   const ModelPreset& preset = *preset_or;
   ATTNAUDIT_RETURN_IF_ERROR(CheckOptions(o, preset));
 
-  const int64_t d = preset.head_dim;
-  const double scale = preset.softmax_scale > 0
-                           ? preset.softmax_scale
-                           : 1.0 / std::sqrt(static_cast<double>(d));
+  const double scale =
+      preset.softmax_scale > 0
+          ? preset.softmax_scale
+          : 1.0 / std::sqrt(static_cast<double>(preset.head_dim));
   // Output (and q) dtype: the KV dtype, except bf16 for fp8 caches.
   const DType out_dtype =
       o.kv_dtype == DType::kF8E4M3 ? DType::kBF16 : o.kv_dtype;
-  const bool window = preset.sliding_window > 0 && o.layer % 2 == 0;
-
   Snapshot s;
-  s.rope = preset.rope;
-  s.rope.q_state = RopeState::kPreRope;
-  s.rope.k_state = RopeState::kPostRope;
-  s.rope.cast_point = RopeCastPoint::kAfterRope;
-  s.rope.q_output_dtype = out_dtype;
-  s.rope.k_output_dtype = DType::kInvalid;
-  ATTNAUDIT_ASSIGN_OR_RETURN(RopeTable rope, RopeTable::Create(s.rope, d));
+  s.rope = EngineRope(preset, out_dtype);
+  ATTNAUDIT_ASSIGN_OR_RETURN(RopeTable rope,
+                             RopeTable::Create(s.rope, preset.head_dim));
 
   const sim_internal::SynthLayout layout = sim_internal::BuildLayout(o);
   const sim_internal::ContentModel model =
@@ -173,118 +310,25 @@ absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options,
   sim_internal::KvPool pool =
       sim_internal::GeneratePool(layout, model, rope, o.kv_dtype, o.threads);
   s.q = sim_internal::GenerateQueries(layout, model, out_dtype);
+  std::vector<float> sinks =
+      SetAttentionVariant(o, preset, scale, out_dtype, &s);
 
-  s.softmax_scale = scale;
-  s.sliding_window = window ? preset.sliding_window : 0;
-  s.window_convention = SlidingWindowConvention::kHuggingFace;
-  s.logit_softcap = preset.logit_softcap;
-  s.engine_lse_includes_sinks = false;
-  s.output_dtype = out_dtype;
-  std::vector<float> sinks;
-  if (preset.has_sinks) {
-    NormalSource ns(DeriveSeed(o.seed, {sim_internal::kTagHeads, 1}));
-    s.sinks = Tensor(DType::kF32, {preset.q_heads});
-    for (int64_t h = 0; h < preset.q_heads; ++h) {
-      sinks.push_back(static_cast<float>(4.0 + 4.0 * ns.Uniform()));
-      s.sinks.mutable_data<float>()[h] = sinks.back();
-    }
-  }
-
-  // The clean engine's plan.
-  sim_internal::EnginePlan plan;
-  plan.batch = o.batch;
-  plan.queries = o.queries;
-  plan.q_heads = preset.q_heads;
-  plan.kv_heads = preset.kv_heads;
-  plan.head_dim = d;
-  plan.page_size = o.page_size;
-  plan.k_pages = &pool.k_pages;
-  plan.v_pages = &pool.v_pages;
-  plan.k_descale.assign(preset.kv_heads, 1.0f);
-  plan.v_descale.assign(preset.kv_heads, 1.0f);
-  if (pool.k_scale.present()) {
-    for (int64_t h = 0; h < preset.kv_heads; ++h) {
-      plan.k_descale[h] = pool.k_scale.data<float>()[h];
-      plan.v_descale[h] = pool.v_scale.data<float>()[h];
-    }
-  }
-  plan.block_pages = layout.block_pages;
-  plan.seq_lens = layout.seq_lens;
-  plan.first_positions = layout.first_positions;
-  std::vector<int64_t> query_positions;
-  for (int64_t b = 0; b < o.batch; ++b) {
-    for (int64_t q = 0; q < o.queries; ++q) {
-      // Sq > 1: the queries are the last Sq tokens of the row.
-      const int64_t index = layout.seq_lens[b] - o.queries + q;
-      plan.query_index.push_back(index);
-      query_positions.push_back(layout.first_positions[b] + index);
-    }
-  }
-  plan.q = &s.q;
-  plan.rope = &rope;
-  plan.q_rope_dtype = out_dtype;
-  plan.scale = static_cast<float>(scale);
-  plan.softcap = static_cast<float>(preset.logit_softcap);
-  plan.window = s.sliding_window;
-  plan.sinks = sinks;
-  plan.out_dtype = out_dtype;
-  plan.split_tokens = o.split_tokens;
-  plan.threads = o.threads;
-
+  sim_internal::EnginePlan plan =
+      CleanPlan(o, preset, layout, pool, rope, s, std::move(sinks));
   Tensor stale_k, stale_v;
   std::string fault_description;
   ATTNAUDIT_RETURN_IF_ERROR(
-      sim_internal::PlanFault(o.fault, o, layout, model, rope, pool, scale,
-                              &plan, &stale_k, &stale_v, &fault_description));
+      sim_internal::PlanFault(o.fault, layout, model, rope, pool, scale, &plan,
+                              &stale_k, &stale_v, &fault_description));
   sim_internal::EngineResult engine = sim_internal::RunFlashDecode(plan);
   s.engine.out = std::move(engine.out);
   s.engine.lse = std::move(engine.lse);
   s.engine.lse_base = LseBase::kE;  // as declared, even under lse-base2
 
-  s.kv_layout = KvLayout::kNHD;
-  s.k_pages = std::move(pool.k_pages);
-  s.v_pages = std::move(pool.v_pages);
-  s.k_scale = std::move(pool.k_scale);
-  s.v_scale = std::move(pool.v_scale);
-  s.slot_positions = std::move(pool.slot_positions);
-  std::vector<int64_t> table(static_cast<size_t>(o.batch * layout.max_blocks),
-                             -1);
-  for (int64_t b = 0; b < o.batch; ++b) {
-    for (size_t k = 0; k < layout.block_pages[b].size(); ++k) {
-      table[b * layout.max_blocks + k] = layout.block_pages[b][k];
-    }
-  }
-  s.block_table = IntTensor({o.batch, layout.max_blocks}, table);
-  s.kv_seq_lens = IntTensor({o.batch}, layout.seq_lens);
-  s.query_positions = IntTensor({o.batch, o.queries}, query_positions);
-
+  SetPagedCache(o, layout, std::move(pool), &s);
   AddLogprobs(o, out_dtype, &s);
-
-  if (o.prefix > 0) {
-    ResolvedLayout resolved;
-    resolved.dims = DimsOf(s);
-    resolved.seq_lens = layout.seq_lens;
-    resolved.block_pages = layout.block_pages;
-    for (const auto& row : layout.block_pages) {
-      resolved.block_owners.emplace_back(row.size(), 0);
-    }
-    s.prefix.enabled = true;
-    s.prefix.key =
-        absl::StrCat("sim:", preset.name, ":seed", o.seed, ":prefix", o.prefix);
-    s.prefix.length = o.prefix;
-    s.prefix.scheme = PrefixCache::Scheme::kAttnauditV1;
-    ATTNAUDIT_ASSIGN_OR_RETURN(s.prefix.fingerprint,
-                               PrefixFingerprint(s, resolved, o.prefix));
-  }
-
-  s.labels.model = preset.name;
-  s.labels.layer = o.layer;
-  s.labels.engine = "attnaudit-sim";
-  s.labels.backend = "flash-decoding";
-  s.labels.step = layout.seq_lens[0];
-  for (int64_t b = 0; b < o.batch; ++b) {
-    s.labels.request_ids.push_back(absl::StrCat("sim-", o.seed, "-", b));
-  }
+  if (o.prefix > 0) ATTNAUDIT_RETURN_IF_ERROR(AddPrefix(o, preset, layout, &s));
+  SetLabels(o, preset, layout, &s);
   if (details != nullptr) {
     details->notes = std::move(notes);
     details->fault = std::move(fault_description);

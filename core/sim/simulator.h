@@ -17,7 +17,7 @@
 
 namespace attnaudit {
 
-// Real model attention shapes (DESIGN.md §2; shared/reference/users_rl.md §3).
+// Real model attention shapes (docs/SIMULATOR.md, "Presets").
 struct ModelPreset {
   std::string name;  // "llama3-8b", ...
   int64_t q_heads = 0;

@@ -102,11 +102,11 @@ std::vector<std::vector<double>> KeyMass(const EnginePlan& plan, int64_t row);
 // the stale page's content (the plan points at them). *description says
 // what was injected where. InvalidArgument ("fault: ...") when the fault
 // cannot change anything for these options.
-absl::Status PlanFault(Fault fault, const SynthOptions& options,
-                       const SynthLayout& layout, const ContentModel& model,
-                       const RopeTable& rope, const KvPool& pool,
-                       double model_scale, EnginePlan* plan, Tensor* stale_k,
-                       Tensor* stale_v, std::string* description);
+absl::Status PlanFault(Fault fault, const SynthLayout& layout,
+                       const ContentModel& model, const RopeTable& rope,
+                       const KvPool& pool, double model_scale, EnginePlan* plan,
+                       Tensor* stale_k, Tensor* stale_v,
+                       std::string* description);
 
 }  // namespace attnaudit::sim_internal
 

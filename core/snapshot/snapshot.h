@@ -1,7 +1,8 @@
 // The decode snapshot: everything one attention call of one layer at one
 // decode step read and wrote, for a batch of B sequences. This is the core's
 // model of proto/attnaudit/v1/snapshot.proto (the codec maps one to the other
-// field by field); DESIGN.md §2 and docs/NUMERICS.md define the semantics.
+// field by field); docs/DESIGN.md §2 and docs/NUMERICS.md define the
+// semantics.
 //
 // Shapes (B batch, Sq queries per sequence, Hq/Hkv heads, D head dim,
 // N pages sent, P page size, M max blocks per sequence):

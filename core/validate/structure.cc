@@ -130,18 +130,27 @@ absl::Status CheckLimit(absl::string_view field, absl::string_view what,
                  limit);
 }
 
-}  // namespace
+// ExpectShape for an optional tensor: absent is fine.
+absl::Status ExpectShapeIfPresent(absl::string_view field, const Tensor& t,
+                                  std::initializer_list<Dim> dims) {
+  if (!t.present()) return absl::OkStatus();
+  return ExpectShape(field, t, dims);
+}
 
-absl::Status CheckStructure(const Snapshot& s, const ValidationLimits& limits,
-                            SnapshotDims* dims) {
-  const std::vector<TensorRule> rules = Rules(s);
-  // Presence first: the most useful message for an empty request.
+// Presence first: the most useful message for an empty request.
+absl::Status CheckPresence(const std::vector<TensorRule>& rules) {
   for (const TensorRule& r : rules) {
     if (r.required && !r.tensor->present()) {
       return Invalid(r.field, "is required but missing");
     }
   }
-  // Byte layouts and size caps, before any dim is trusted.
+  return absl::OkStatus();
+}
+
+// Byte layouts and size caps, before any dim is trusted; then dtypes and
+// ranks.
+absl::Status CheckBytesAndKinds(const std::vector<TensorRule>& rules,
+                                const ValidationLimits& limits) {
   int64_t total = 0;
   for (const TensorRule& r : rules) {
     const Tensor& t = *r.tensor;
@@ -167,12 +176,16 @@ absl::Status CheckStructure(const Snapshot& s, const ValidationLimits& limits,
   for (const TensorRule& r : rules) {
     if (r.tensor->present()) ATTNAUDIT_RETURN_IF_ERROR(CheckKind(r));
   }
+  return absl::OkStatus();
+}
 
+// kv_layout and q: [B, Sq, Hq, D], all positive and within the limits.
+absl::Status CheckQuery(const Snapshot& s, const SnapshotDims& d,
+                        const ValidationLimits& limits) {
   if (s.kv_layout != KvLayout::kNHD && s.kv_layout != KvLayout::kHND) {
     return Invalid("kv_layout", "unknown value ",
                    static_cast<int>(s.kv_layout));
   }
-  const SnapshotDims d = DimsOf(s);
   for (int i = 0; i < 4; ++i) {
     if (s.q.dim(i) <= 0) {
       return Invalid("q", "shape ", ShapeString(s.q.shape()),
@@ -189,9 +202,14 @@ absl::Status CheckStructure(const Snapshot& s, const ValidationLimits& limits,
                                        "max_queries", limits.max_queries));
   ATTNAUDIT_RETURN_IF_ERROR(
       CheckLimit("q", "query heads", d.q_heads, "max_heads", limits.max_heads));
-  ATTNAUDIT_RETURN_IF_ERROR(CheckLimit("q", "head dim", d.head_dim,
-                                       "max_head_dim", limits.max_head_dim));
+  return CheckLimit("q", "head dim", d.head_dim, "max_head_dim",
+                    limits.max_head_dim);
+}
 
+// The page pools: K and V alike, page size, page count, KV heads, head dim
+// and the GQA ratio.
+absl::Status CheckPagePools(const Snapshot& s, const SnapshotDims& d,
+                            const ValidationLimits& limits) {
   if (s.v_pages.dtype() != s.k_pages.dtype()) {
     return Invalid("v_pages", "dtype ", DTypeName(s.v_pages.dtype()),
                    " differs from k_pages dtype ",
@@ -226,7 +244,12 @@ absl::Status CheckStructure(const Snapshot& s, const ValidationLimits& limits,
     return Invalid("k_pages", "Hq=", d.q_heads,
                    " must be divisible by Hkv=", d.kv_heads);
   }
+  return absl::OkStatus();
+}
 
+// The page table, lengths and positions.
+absl::Status CheckTables(const Snapshot& s, const SnapshotDims& d,
+                         const ValidationLimits& limits) {
   ATTNAUDIT_RETURN_IF_ERROR(
       ExpectShape("block_table", s.block_table, {{"B", d.batch}, {"M", -1}}));
   ATTNAUDIT_RETURN_IF_ERROR(CheckLimit("block_table", "max blocks M",
@@ -239,15 +262,14 @@ absl::Status CheckStructure(const Snapshot& s, const ValidationLimits& limits,
   ATTNAUDIT_RETURN_IF_ERROR(
       ExpectShape("slot_positions", s.slot_positions,
                   {{"N", d.num_pages}, {"P", d.page_size}}));
-  if (s.key_rope_positions.present()) {
-    ATTNAUDIT_RETURN_IF_ERROR(
-        ExpectShape("key_rope_positions", s.key_rope_positions,
-                    {{"N", d.num_pages}, {"P", d.page_size}}));
-  }
-  if (s.page_ids.present()) {
-    ATTNAUDIT_RETURN_IF_ERROR(
-        ExpectShape("page_ids", s.page_ids, {{"N", d.num_pages}}));
-  }
+  ATTNAUDIT_RETURN_IF_ERROR(
+      ExpectShapeIfPresent("key_rope_positions", s.key_rope_positions,
+                           {{"N", d.num_pages}, {"P", d.page_size}}));
+  return ExpectShapeIfPresent("page_ids", s.page_ids, {{"N", d.num_pages}});
+}
+
+// fp8 scales (per tensor or per KV head) and attention sinks (per head).
+absl::Status CheckScalesAndSinks(const Snapshot& s, const SnapshotDims& d) {
   for (const auto& [field, scale] :
        {std::pair<const char*, const Tensor*>{"k_scale", &s.k_scale},
         {"v_scale", &s.v_scale}}) {
@@ -260,12 +282,12 @@ absl::Status CheckStructure(const Snapshot& s, const ValidationLimits& limits,
                      "] (per head)");
     }
   }
-  if (s.sinks.present()) {
-    ATTNAUDIT_RETURN_IF_ERROR(
-        ExpectShape("sinks", s.sinks, {{"Hq", d.q_heads}}));
-  }
+  return ExpectShapeIfPresent("sinks", s.sinks, {{"Hq", d.q_heads}});
+}
 
-  // Context parallelism: the world size is a dimension of the rank tensors.
+// Context parallelism: the world size is a dimension of the rank tensors.
+absl::Status CheckContextParallel(const Snapshot& s, const SnapshotDims& d,
+                                  const ValidationLimits& limits) {
   const int64_t world = s.cp.world_size;
   if (world < 1) {
     return Invalid("cp.world_size", "must be >= 1, got ", world);
@@ -273,66 +295,68 @@ absl::Status CheckStructure(const Snapshot& s, const ValidationLimits& limits,
   ATTNAUDIT_RETURN_IF_ERROR(CheckLimit("cp.world_size", "world size", world,
                                        "max_cp_world_size",
                                        limits.max_cp_world_size));
-  if (s.cp.block_owners.present()) {
-    ATTNAUDIT_RETURN_IF_ERROR(
-        ExpectShape("cp.block_owners", s.cp.block_owners,
-                    {{"B", d.batch}, {"M", d.max_blocks}}));
-  }
-  if (s.cp.rank_out.present()) {
-    ATTNAUDIT_RETURN_IF_ERROR(ExpectShape("cp.rank_out", s.cp.rank_out,
-                                          {{"world", world},
-                                           {"B", d.batch},
-                                           {"Sq", d.queries},
-                                           {"Hq", d.q_heads},
-                                           {"D", d.head_dim}}));
-  }
-  if (s.cp.rank_lse.present()) {
-    ATTNAUDIT_RETURN_IF_ERROR(ExpectShape("cp.rank_lse", s.cp.rank_lse,
-                                          {{"world", world},
-                                           {"B", d.batch},
-                                           {"Sq", d.queries},
-                                           {"Hq", d.q_heads}}));
-  }
+  ATTNAUDIT_RETURN_IF_ERROR(
+      ExpectShapeIfPresent("cp.block_owners", s.cp.block_owners,
+                           {{"B", d.batch}, {"M", d.max_blocks}}));
+  ATTNAUDIT_RETURN_IF_ERROR(ExpectShapeIfPresent("cp.rank_out", s.cp.rank_out,
+                                                 {{"world", world},
+                                                  {"B", d.batch},
+                                                  {"Sq", d.queries},
+                                                  {"Hq", d.q_heads},
+                                                  {"D", d.head_dim}}));
+  return ExpectShapeIfPresent(
+      "cp.rank_lse", s.cp.rank_lse,
+      {{"world", world}, {"B", d.batch}, {"Sq", d.queries}, {"Hq", d.q_heads}});
+}
 
-  // Engine outputs: shapes only (their values may legitimately drift).
-  if (s.engine.out.present()) {
-    ATTNAUDIT_RETURN_IF_ERROR(ExpectShape("engine.out", s.engine.out,
-                                          {{"B", d.batch},
-                                           {"Sq", d.queries},
-                                           {"Hq", d.q_heads},
-                                           {"D", d.head_dim}}));
-  }
-  if (s.engine.lse.present()) {
-    ATTNAUDIT_RETURN_IF_ERROR(
-        ExpectShape("engine.lse", s.engine.lse,
-                    {{"B", d.batch}, {"Sq", d.queries}, {"Hq", d.q_heads}}));
-  }
-  if (s.engine.logprobs.present()) {
-    ATTNAUDIT_RETURN_IF_ERROR(ExpectShape("engine.logprobs", s.engine.logprobs,
-                                          {{"B", d.batch}, {"Sq", d.queries}}));
-  }
+// Engine outputs: shapes only (their values may legitimately drift).
+absl::Status CheckEngineOutputs(const Snapshot& s, const SnapshotDims& d) {
+  ATTNAUDIT_RETURN_IF_ERROR(ExpectShapeIfPresent("engine.out", s.engine.out,
+                                                 {{"B", d.batch},
+                                                  {"Sq", d.queries},
+                                                  {"Hq", d.q_heads},
+                                                  {"D", d.head_dim}}));
+  ATTNAUDIT_RETURN_IF_ERROR(ExpectShapeIfPresent(
+      "engine.lse", s.engine.lse,
+      {{"B", d.batch}, {"Sq", d.queries}, {"Hq", d.q_heads}}));
+  return ExpectShapeIfPresent("engine.logprobs", s.engine.logprobs,
+                              {{"B", d.batch}, {"Sq", d.queries}});
+}
 
-  // Selected-token log-prob inputs.
-  if (s.selected_token_ids.present()) {
-    ATTNAUDIT_RETURN_IF_ERROR(ExpectShape("selected_token_ids",
-                                          s.selected_token_ids,
-                                          {{"B", d.batch}, {"Sq", d.queries}}));
+// Selected-token log-prob inputs: ids, mask and the lm_head slice.
+absl::Status CheckLogprobInputs(const Snapshot& s, const SnapshotDims& d,
+                                const ValidationLimits& limits) {
+  ATTNAUDIT_RETURN_IF_ERROR(
+      ExpectShapeIfPresent("selected_token_ids", s.selected_token_ids,
+                           {{"B", d.batch}, {"Sq", d.queries}}));
+  ATTNAUDIT_RETURN_IF_ERROR(ExpectShapeIfPresent(
+      "active_mask", s.active_mask, {{"B", d.batch}, {"Sq", d.queries}}));
+  if (!s.lm_head.present()) return absl::OkStatus();
+  ATTNAUDIT_RETURN_IF_ERROR(ExpectShape(
+      "lm_head", s.lm_head, {{"V", -1}, {"Hq*D", d.q_heads * d.head_dim}}));
+  const int64_t vocab = s.lm_head.dim(0);
+  if (vocab < 1) {
+    return Invalid("lm_head", "vocabulary size must be positive, got ", vocab);
   }
-  if (s.active_mask.present()) {
-    ATTNAUDIT_RETURN_IF_ERROR(ExpectShape("active_mask", s.active_mask,
-                                          {{"B", d.batch}, {"Sq", d.queries}}));
-  }
-  if (s.lm_head.present()) {
-    ATTNAUDIT_RETURN_IF_ERROR(ExpectShape(
-        "lm_head", s.lm_head, {{"V", -1}, {"Hq*D", d.q_heads * d.head_dim}}));
-    const int64_t vocab = s.lm_head.dim(0);
-    if (vocab < 1) {
-      return Invalid("lm_head", "vocabulary size must be positive, got ",
-                     vocab);
-    }
-    ATTNAUDIT_RETURN_IF_ERROR(CheckLimit("lm_head", "vocabulary size", vocab,
-                                         "max_vocab", limits.max_vocab));
-  }
+  return CheckLimit("lm_head", "vocabulary size", vocab, "max_vocab",
+                    limits.max_vocab);
+}
+
+}  // namespace
+
+absl::Status CheckStructure(const Snapshot& s, const ValidationLimits& limits,
+                            SnapshotDims* dims) {
+  const std::vector<TensorRule> rules = Rules(s);
+  ATTNAUDIT_RETURN_IF_ERROR(CheckPresence(rules));
+  ATTNAUDIT_RETURN_IF_ERROR(CheckBytesAndKinds(rules, limits));
+  const SnapshotDims d = DimsOf(s);
+  ATTNAUDIT_RETURN_IF_ERROR(CheckQuery(s, d, limits));
+  ATTNAUDIT_RETURN_IF_ERROR(CheckPagePools(s, d, limits));
+  ATTNAUDIT_RETURN_IF_ERROR(CheckTables(s, d, limits));
+  ATTNAUDIT_RETURN_IF_ERROR(CheckScalesAndSinks(s, d));
+  ATTNAUDIT_RETURN_IF_ERROR(CheckContextParallel(s, d, limits));
+  ATTNAUDIT_RETURN_IF_ERROR(CheckEngineOutputs(s, d));
+  ATTNAUDIT_RETURN_IF_ERROR(CheckLogprobInputs(s, d, limits));
   *dims = d;
   return absl::OkStatus();
 }

@@ -1,9 +1,9 @@
 // Snapshot validation: every structural and semantic rule a snapshot must
 // satisfy before any attention is computed. See docs/NUMERICS.md
 // ("Validation") for the rule list; it follows the RL-Kernel decode harness
-// (shared/reference/seed1_rl_kernel.md §2) adapted to a shared page pool,
-// plus attnaudit's own rules (page bounds, window/soft-cap/sink ranges, fp8
-// scales, CP sharding, size caps).
+// (docs/RL_KERNEL_HARNESS.md, "Validation rules") adapted to a shared page
+// pool, plus attnaudit's own rules (page bounds, window/soft-cap/sink ranges,
+// fp8 scales, CP sharding, size caps).
 //
 // Errors are absl::InvalidArgumentError whose message starts with the field
 // path, e.g. "block_table[1][3]: page 9 is out of range [0, 8)". Sizes are

@@ -35,7 +35,7 @@
 #include "attnaudit/v1/service.pb.h"
 #include "attnaudit/v1/snapshot.pb.h"
 #include "attnaudit/v1/tensor.pb.h"
-#include "core/audit/audit.h"
+#include "core/audit/options.h"
 #include "core/report/report.h"
 #include "core/snapshot/snapshot.h"
 #include "core/tensor/tensor.h"

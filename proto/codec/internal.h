@@ -17,7 +17,7 @@
 #include "attnaudit/v1/report.pb.h"
 #include "attnaudit/v1/snapshot.pb.h"
 #include "attnaudit/v1/tensor.pb.h"
-#include "core/audit/audit.h"
+#include "core/audit/options.h"
 #include "core/report/report.h"
 #include "core/snapshot/snapshot.h"
 

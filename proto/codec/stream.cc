@@ -5,11 +5,72 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/internal.h"
 #include "proto/codec/tensor_paths.h"
 
 namespace attnaudit {
+namespace {
+
+// One manifest entry: a known, not yet listed tensor path whose dtype and
+// shape the header's snapshot sets (with no data), and whose byte length
+// is what they say, within the stream limit.
+absl::Status CheckManifestEntry(const v1::StreamedTensor& entry, int index,
+                                const v1::Snapshot& snapshot,
+                                int64_t max_stream_bytes,
+                                std::set<std::string>* seen) {
+  const std::string where = absl::StrCat("header.manifest[", index, "]");
+  const std::string& path = entry.field_path();
+  const bool known =
+      std::find(SnapshotTensorPaths().begin(), SnapshotTensorPaths().end(),
+                path) != SnapshotTensorPaths().end();
+  if (!known) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ".field_path: \"", path, "\" is not a tensor of Snapshot"));
+  }
+  if (!seen->insert(path).second) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ".field_path: \"", path, "\" is listed twice"));
+  }
+  const v1::Tensor* tensor = FindSnapshotTensor(snapshot, path);
+  if (tensor == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": snapshot.", path,
+                     " is not set in the header (its dtype and shape must "
+                     "be)"));
+  }
+  if (!tensor->data().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": snapshot.", path, ".data must be empty in the header"));
+  }
+  const int element = v1::DType_IsValid(tensor->dtype())
+                          ? DTypeSize(static_cast<DType>(tensor->dtype()))
+                          : 0;
+  if (element == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": snapshot.", path, ".dtype: unknown value ", tensor->dtype()));
+  }
+  const std::vector<int64_t> shape(tensor->shape().begin(),
+                                   tensor->shape().end());
+  int64_t elements = 0;
+  if (!CheckedNumElements(shape, &elements) ||
+      elements > max_stream_bytes / element) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": snapshot.", path,
+                     ".shape is negative or larger than the stream limit of ",
+                     max_stream_bytes, " bytes"));
+  }
+  if (entry.byte_length() != elements * element) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ".byte_length: ", entry.byte_length(), " but snapshot.", path,
+        " holds ", elements, " elements of ", element,
+        " bytes = ", elements * element));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 std::vector<const Tensor*> BuildAuditStreamHeader(
     const Snapshot& snapshot, int64_t min_streamed_bytes,
@@ -76,58 +137,10 @@ absl::Status AuditStreamAssembler::Begin(v1::AuditStreamHeader* header) {
   // Check the whole manifest before reserving any memory.
   std::set<std::string> seen;
   int64_t total = 0;
-  const v1::Snapshot& snapshot = header->snapshot();
   for (int i = 0; i < header->manifest_size(); ++i) {
-    const v1::StreamedTensor& entry = header->manifest(i);
-    const std::string where = absl::StrCat("header.manifest[", i, "]");
-    const std::string& path = entry.field_path();
-    const bool known =
-        std::find(SnapshotTensorPaths().begin(), SnapshotTensorPaths().end(),
-                  path) != SnapshotTensorPaths().end();
-    if (!known) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ".field_path: \"", path, "\" is not a tensor of Snapshot"));
-    }
-    if (!seen.insert(path).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ".field_path: \"", path, "\" is listed twice"));
-    }
-    const v1::Tensor* tensor = FindSnapshotTensor(snapshot, path);
-    if (tensor == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": snapshot.", path,
-                       " is not set in the header (its dtype and shape must "
-                       "be)"));
-    }
-    if (!tensor->data().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": snapshot.", path, ".data must be empty in the header"));
-    }
-    const int element = v1::DType_IsValid(tensor->dtype())
-                            ? DTypeSize(static_cast<DType>(tensor->dtype()))
-                            : 0;
-    if (element == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": snapshot.", path,
-                                                     ".dtype: unknown value ",
-                                                     tensor->dtype()));
-    }
-    const std::vector<int64_t> shape(tensor->shape().begin(),
-                                     tensor->shape().end());
-    int64_t elements = 0;
-    if (!CheckedNumElements(shape, &elements) ||
-        elements > max_stream_bytes_ / element) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": snapshot.", path,
-                       ".shape is negative or larger than the stream limit of ",
-                       max_stream_bytes_, " bytes"));
-    }
-    if (entry.byte_length() != elements * element) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ".byte_length: ", entry.byte_length(), " but snapshot.", path,
-          " holds ", elements, " elements of ", element,
-          " bytes = ", elements * element));
-    }
-    total += entry.byte_length();  // each <= max, so no overflow
+    ATTNAUDIT_RETURN_IF_ERROR(CheckManifestEntry(
+        header->manifest(i), i, header->snapshot(), max_stream_bytes_, &seen));
+    total += header->manifest(i).byte_length();  // each <= max: no overflow
     if (total > max_stream_bytes_) {
       return absl::InvalidArgumentError(
           absl::StrCat("header.manifest: more than the limit of ",

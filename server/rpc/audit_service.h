@@ -43,7 +43,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "attnaudit/v1/service.grpc.pb.h"
-#include "core/audit/audit.h"
+#include "core/audit/options.h"
 #include "core/validate/validate.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/blocking_executor.h"

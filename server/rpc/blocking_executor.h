@@ -1,6 +1,6 @@
 // BlockingExecutor: a small fixed pool of threads for the RPC layer's
 // blocking work (spooling a Submit with fsync, SQLite reads and writes), so
-// gRPC's reaction threads never block (service_anchors.md §2.1: "reactions
+// gRPC's reaction threads never block (docs/DESIGN.md §4: "reactions
 // should be fast").
 //
 // The queue is bounded: Post refuses work (returns false) when `max_queued`

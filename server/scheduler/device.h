@@ -22,7 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "core/audit/audit.h"
+#include "core/audit/options.h"
 #include "core/report/report.h"
 #include "core/snapshot/snapshot.h"
 

@@ -22,7 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "core/audit/audit.h"
+#include "core/audit/options.h"
 #include "core/report/report.h"
 #include "core/snapshot/snapshot.h"
 

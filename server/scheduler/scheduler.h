@@ -1,7 +1,7 @@
 // Scheduler: admission control, per-class bounded queues with strict
 // priority, deadlines on their own timer, cancellation, and a device pool
 // with one worker thread per device (Triton's request path, see
-// shared/reference/service_anchors.md §1.4-§1.5).
+// docs/DESIGN.md §4).
 //
 //   SchedulerOptions opts;
 //   opts.devices = MakeCpuDevices(4, /*threads_each=*/2);  // server/cpu_device

@@ -14,7 +14,7 @@ PyYAML optional). Called by check_deploy.sh, one subcommand per check:
                                 variables substituted) as recording rules, for
                                 `promtool check rules` to parse them
   yaml FILE...                  every YAML document parses (exit 77 when
-                                PyYAML is not installed: the caller skips)
+                                PyYAML is not installed: a failure)
   consistency                   the server flags used by the Dockerfile,
                                 compose and the StatefulSet exist in
                                 server/main/server_flags.cc; shutdown budgets
@@ -23,7 +23,8 @@ PyYAML optional). Called by check_deploy.sh, one subcommand per check:
                                 ports, selectors and names agree (PyYAML;
                                 77 without it)
 
-Exit status: 0 ok, 1 problems found (printed one per line), 77 skipped.
+Exit status: 0 ok, 1 problems found (printed one per line), 77 a module
+is missing (PyYAML; Debian: python3-yaml).
 The PromQL scan is a tokenizer, not a parser: it strips strings, label
 matchers, ranges and numbers, then treats an identifier followed by "(" as a
 function/aggregation and any other non-keyword identifier as a metric name.
@@ -340,9 +341,9 @@ def cmd_emit_rules(out_path):
 
 def cmd_yaml(files):
     try:
-        import yaml  # noqa: F401  (Debian: python3-yaml, optional)
+        import yaml  # noqa: F401  (Debian: python3-yaml)
     except ImportError:
-        print("yaml: PyYAML not installed; skipped")
+        print("yaml: PyYAML not installed (Debian: python3-yaml)")
         return 77
     bad = 0
     for path in files:
@@ -404,7 +405,7 @@ def cmd_consistency():
     try:
         import yaml
     except ImportError:
-        print("consistency: PyYAML not installed; skipped")
+        print("consistency: PyYAML not installed (Debian: python3-yaml)")
         return 77
     problems = []
     known = server_flag_names()

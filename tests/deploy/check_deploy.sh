@@ -7,7 +7,9 @@
 #   alerts), every compose/k8s/Prometheus/Grafana YAML parses, and the
 #   Dockerfile/compose/StatefulSet agree with the server's flags and shutdown
 #   budget.
-# Checks whose tool is missing (promtool; PyYAML) are skipped with a message.
+# A missing tool (promtool, python3, PyYAML) fails its checks: nothing is
+# skipped. ctest passes the tools the configure step found as PROMTOOL and
+# PYTHON (defaults: promtool, python3 on PATH).
 # Usage: tests/deploy/check_deploy.sh [REPO_ROOT]
 # Output ends with "N passed, N failed"; exit status 1 when anything failed.
 set -u
@@ -15,14 +17,15 @@ set -u
 ROOT=${1:-"$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"}
 cd "$ROOT" || { echo "cannot cd to $ROOT"; echo "0 passed, 1 failed"; exit 1; }
 
+PROMTOOL=${PROMTOOL:-promtool}
+PYTHON=${PYTHON:-python3}
 PASSED=0
 FAILED=0
-SKIPPED=0
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
-# check NAME COMMAND...: exit 0 passes, 77 skips, anything else fails and
-# prints the command's output.
+# check NAME COMMAND...: exit 0 passes; anything else fails (77 from
+# check_deploy.py: a module it needs is missing) and prints the output.
 check() {
   local name=$1
   shift
@@ -32,10 +35,6 @@ check() {
     PASSED=$((PASSED + 1))
     echo "PASS  $name"
     return 0
-  elif [ "$rc" -eq 77 ]; then
-    SKIPPED=$((SKIPPED + 1))
-    echo "SKIP  $name: $(tail -n 1 "$TMP/out")"
-    return 0
   else
     FAILED=$((FAILED + 1))
     echo "FAIL  $name (exit $rc)"
@@ -43,49 +42,50 @@ check() {
   sed 's/^/      /' "$TMP/out"
 }
 
-skip() {
-  SKIPPED=$((SKIPPED + 1))
-  echo "SKIP  $1: $2"
+# missing NAME WHY: a check that cannot run because its tool is missing.
+missing() {
+  FAILED=$((FAILED + 1))
+  echo "FAIL  $1: $2"
 }
 
 HAVE_PROMTOOL=1
-command -v promtool >/dev/null 2>&1 || HAVE_PROMTOOL=0
+command -v "$PROMTOOL" >/dev/null 2>&1 || HAVE_PROMTOOL=0
 HAVE_PYTHON=1
-command -v python3 >/dev/null 2>&1 || HAVE_PYTHON=0
+command -v "$PYTHON" >/dev/null 2>&1 || HAVE_PYTHON=0
 PY=tests/deploy/check_deploy.py
 
 # --- Prometheus rules and config -------------------------------------------
 if [ "$HAVE_PROMTOOL" -eq 1 ]; then
   check "promtool check rules deploy/prometheus/alerts.yml" \
-    promtool check rules deploy/prometheus/alerts.yml
+    "$PROMTOOL" check rules deploy/prometheus/alerts.yml
   # Also resolves rule_files (alerts.yml) relative to the config.
   check "promtool check config deploy/prometheus/prometheus.yml" \
-    promtool check config deploy/prometheus/prometheus.yml
+    "$PROMTOOL" check config deploy/prometheus/prometheus.yml
   check "promtool test rules tests/deploy/alerts_test.yml" \
-    promtool test rules tests/deploy/alerts_test.yml
+    "$PROMTOOL" test rules tests/deploy/alerts_test.yml
 else
   for c in "check rules" "check config" "test rules"; do
-    skip "promtool $c" "promtool not installed (Debian package: prometheus)"
+    missing "promtool $c" "promtool not found (Debian package: prometheus)"
   done
 fi
 
 # --- Dashboard ---------------------------------------------------------------
 if [ "$HAVE_PYTHON" -eq 1 ]; then
-  check "dashboard JSON parses" python3 -c \
+  check "dashboard JSON parses" "$PYTHON" -c \
     'import json, sys; json.load(open(sys.argv[1], encoding="utf-8"))' \
     deploy/grafana/dashboards/attnaudit.json
   check "dashboard JSON is up to date with dashboard_gen.py" \
-    python3 deploy/grafana/dashboard_gen.py --check
+    "$PYTHON" deploy/grafana/dashboard_gen.py --check
   check "dashboard conventions and metric/label names vs metrics.h" \
-    python3 "$PY" dashboard
+    "$PYTHON" "$PY" dashboard
   if [ "$HAVE_PROMTOOL" -eq 1 ]; then
-    python3 "$PY" emit-rules "$TMP/dashboard_rules.yml" >/dev/null 2>&1
+    "$PYTHON" "$PY" emit-rules "$TMP/dashboard_rules.yml" >/dev/null 2>&1
     check "dashboard PromQL parses (promtool check rules)" \
-      promtool check rules "$TMP/dashboard_rules.yml"
+      "$PROMTOOL" check rules "$TMP/dashboard_rules.yml"
   else
-    skip "dashboard PromQL parses" "promtool not installed"
+    missing "dashboard PromQL parses" "promtool not found"
   fi
-  check "alert metric/label names vs metrics.h" python3 "$PY" alerts
+  check "alert metric/label names vs metrics.h" "$PYTHON" "$PY" alerts
 
   # --- YAML and cross-file consistency ---------------------------------------
   YAML_FILES=(deploy/compose/*.yml deploy/k8s/*.yaml
@@ -93,13 +93,12 @@ if [ "$HAVE_PYTHON" -eq 1 ]; then
               deploy/grafana/provisioning/datasources/*.yml
               deploy/grafana/provisioning/dashboards/*.yml
               tests/deploy/alerts_test.yml)
-  check "YAML parses (${#YAML_FILES[@]} files)" python3 "$PY" yaml "${YAML_FILES[@]}"
+  check "YAML parses (${#YAML_FILES[@]} files)" "$PYTHON" "$PY" yaml "${YAML_FILES[@]}"
   check "flags, shutdown budgets, probes, selectors agree" \
-    python3 "$PY" consistency
+    "$PYTHON" "$PY" consistency
 else
-  skip "dashboard and YAML checks" "python3 not installed"
+  missing "dashboard and YAML checks" "python3 not found"
 fi
 
-echo "$SKIPPED skipped"
 echo "$PASSED passed, $FAILED failed"
 [ "$FAILED" -eq 0 ]

@@ -3,9 +3,9 @@
 
 Builds, with hashlib and struct only (no torch, no attnaudit code), the byte
 stream the RL-Kernel decode harness hashes in `_decode_cache_fingerprint`
-(domain "shared_prefix"; shared/reference/seed1_rl_kernel.md section 3.10)
-for the acceptance fixture of its section 4, in the harness's own per-row
-logical terms:
+(domain "shared_prefix"; docs/NUMERICS.md, "RL-Kernel compatible prefix
+stream") for its acceptance fixture (docs/RL_KERNEL_HARNESS.md), in the
+harness's own per-row logical terms:
 
   B=2 rows, Hkv=2, D=8, page_size=2, 6 cached tokens per row (3 pages),
   CP block owners [0, 1, 0], prefix key 'shared-prefix', theta 1e6,

@@ -15,8 +15,8 @@
 namespace attnaudit {
 namespace {
 
-using testing_codec::ExpectSnapshotEq;
-using testing_codec::FullSnapshot;
+using testing::ExpectSnapshotEq;
+using testing::FullSnapshot;
 
 // Every singular field of `msg`, recursively, that is not set, as paths.
 // Repeated fields count as set when non-empty.

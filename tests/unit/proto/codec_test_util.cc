@@ -7,7 +7,7 @@
 #include "gtest/gtest.h"
 
 namespace attnaudit {
-namespace testing_codec {
+namespace testing {
 namespace {
 
 Tensor RandomTensor(std::mt19937* rng, DType dtype,
@@ -364,5 +364,5 @@ void ExpectReportEq(const AuditReport& a, const AuditReport& b) {
   EXPECT_EQ(p.timings.total_seconds, q.timings.total_seconds);
 }
 
-}  // namespace testing_codec
+}  // namespace testing
 }  // namespace attnaudit

@@ -8,7 +8,7 @@
 #include "core/snapshot/snapshot.h"
 
 namespace attnaudit {
-namespace testing_codec {
+namespace testing {
 
 // Dims: B 2, Sq 2, Hq 4, Hkv 2, D 8, N 3 pages of P 4, M 2, W 2 ranks,
 // V 5 vocab rows. Tensor contents are pseudo-random bytes (distinct per
@@ -23,7 +23,7 @@ void ExpectTensorEq(const Tensor& a, const Tensor& b, const char* where);
 void ExpectSnapshotEq(const Snapshot& a, const Snapshot& b);
 void ExpectReportEq(const AuditReport& a, const AuditReport& b);
 
-}  // namespace testing_codec
+}  // namespace testing
 }  // namespace attnaudit
 
 #endif  // ATTNAUDIT_TESTS_UNIT_PROTO_CODEC_TEST_UTIL_H_

@@ -21,11 +21,11 @@
 namespace attnaudit {
 namespace {
 
-using testing_codec::ExpectReportEq;
-using testing_codec::ExpectSnapshotEq;
-using testing_codec::ExpectTensorEq;
-using testing_codec::FullReport;
-using testing_codec::FullSnapshot;
+using testing::ExpectReportEq;
+using testing::ExpectSnapshotEq;
+using testing::ExpectTensorEq;
+using testing::FullReport;
+using testing::FullSnapshot;
 
 class SnapshotFileTest : public ::testing::Test {
  protected:

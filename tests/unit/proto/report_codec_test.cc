@@ -12,8 +12,8 @@
 namespace attnaudit {
 namespace {
 
-using testing_codec::ExpectReportEq;
-using testing_codec::FullReport;
+using testing::ExpectReportEq;
+using testing::FullReport;
 
 TEST(AuditOptionsCodecTest, EmptyMessageMeansDefaults) {
   AuditOptions options;

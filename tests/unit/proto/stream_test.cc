@@ -13,8 +13,8 @@
 namespace attnaudit {
 namespace {
 
-using testing_codec::ExpectSnapshotEq;
-using testing_codec::FullSnapshot;
+using testing::ExpectSnapshotEq;
+using testing::FullSnapshot;
 
 constexpr int64_t kLimit = int64_t{1} << 30;
 

@@ -17,7 +17,7 @@ namespace attnaudit {
 namespace {
 
 using google::protobuf::util::MessageDifferencer;
-using testing_codec::FullSnapshot;
+using testing::FullSnapshot;
 
 std::string Serialized(uint32_t seed, v1::Snapshot* msg) {
   SnapshotToProto(FullSnapshot(seed), msg);

@@ -53,7 +53,7 @@ TEST(TensorPathsTest, FindsAndCreatesMessageFields) {
 }
 
 TEST(TensorPathsTest, NamesTheCoreMembers) {
-  Snapshot s = testing_codec::FullSnapshot();
+  Snapshot s = testing::FullSnapshot();
   EXPECT_EQ(MutableSnapshotTensor(&s, "q"), &s.q);
   EXPECT_EQ(MutableSnapshotTensor(&s, "engine.lse"), &s.engine.lse);
   EXPECT_EQ(MutableSnapshotTensor(&s, "cp.block_owners"), &s.cp.block_owners);

@@ -21,7 +21,7 @@
 #include "tests/unit/core/testing/snapshot_builder.h"
 
 namespace attnaudit {
-namespace testutil {
+namespace testing {
 namespace {
 
 // Compares one case against the oracle; `label` names it in failures.
@@ -320,5 +320,5 @@ TEST(AttentionOracleTest, PreRopeInputsMatchTheOracleOnTheirPostRopeValues) {
 }
 
 }  // namespace
-}  // namespace testutil
+}  // namespace testing
 }  // namespace attnaudit

@@ -1,5 +1,5 @@
 // Properties of R and P that hold by construction of the contract
-// (DESIGN.md §2), checked without any oracle: physical layout, CP
+// (docs/DESIGN.md §2), checked without any oracle: physical layout, CP
 // ownership, threads and batch neighbours never change the results; page
 // size changes R only by fp64 reassociation; pre-RoPE input equals its
 // post-RoPE equivalent; GQA maps query head h to KV head h / group.
@@ -16,7 +16,7 @@
 #include "tests/unit/core/testing/snapshot_builder.h"
 
 namespace attnaudit {
-namespace testutil {
+namespace testing {
 namespace {
 
 AttentionResults MustRun(const Snapshot& s, int threads = 2) {
@@ -149,7 +149,7 @@ TEST(AttentionPropertiesTest, RowsAreIndependentOfTheirNeighbours) {
 }
 
 // GQA: query head h reads KV head h / (Hq / Hkv). Expanding the KV heads
-// (repeat_interleave, as the seed harness does) to MHA gives identical
+// (repeat_interleave, as the RL-Kernel harness does) to MHA gives identical
 // results.
 TEST(AttentionPropertiesTest, GqaEqualsRepeatInterleavedMha) {
   for (int64_t group : {4, 7}) {
@@ -319,5 +319,5 @@ TEST(AttentionPropertiesTest, CancellationStopsTheComputation) {
 }
 
 }  // namespace
-}  // namespace testutil
+}  // namespace testing
 }  // namespace attnaudit

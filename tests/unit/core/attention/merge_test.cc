@@ -1,6 +1,6 @@
 // MergeStates / MergeInto against an independent pairwise merge written
-// here in long double (the logaddexp form of the seed harness and of
-// ring-flash-attention), plus the DESIGN.md §2 edge cases.
+// here in long double (the logaddexp form of the RL-Kernel harness and
+// of ring-flash-attention), plus the docs/DESIGN.md §2 edge cases.
 #include "core/attention/merge.h"
 
 #include <algorithm>
@@ -16,7 +16,7 @@
 namespace attnaudit {
 namespace {
 
-using testutil::TestRng;
+using testing::TestRng;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();

@@ -13,7 +13,7 @@
 #include "core/validate/validate.h"
 
 namespace attnaudit {
-namespace testutil {
+namespace testing {
 
 struct AttentionRun {
   ResolvedLayout layout;
@@ -40,7 +40,7 @@ inline absl::StatusOr<AttentionRun> RunAttention(
   return run;
 }
 
-}  // namespace testutil
+}  // namespace testing
 }  // namespace attnaudit
 
 #endif  // ATTNAUDIT_TESTS_UNIT_CORE_ATTENTION_RUN_ATTENTION_H_

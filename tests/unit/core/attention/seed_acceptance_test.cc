@@ -1,10 +1,10 @@
-// The decode acceptance cases of the seed harness (shared/reference/
-// seed1_rl_kernel.md §4), adapted to attnaudit's layout: a shared page pool
-// instead of per-row caches, our own deterministic generator instead of
-// torch.randn. Case numbers are the table's. The harness compares an fp32
-// replay with an fp32 reference; here P (fp32) is compared with R (fp64),
-// which is stricter on the reference side, with the harness's tolerances.
-// Cases needing the pipeline (log-probs, prefix fingerprints, the
+// The decode acceptance cases of the RL-Kernel harness
+// (docs/RL_KERNEL_HARNESS.md, "Acceptance cases"), adapted to attnaudit's
+// layout: a shared page pool instead of per-row caches, our own deterministic
+// generator instead of torch.randn. Case numbers are the table's. The harness
+// compares an fp32 replay with an fp32 reference; here P (fp32) is compared
+// with R (fp64), which is stricter on the reference side, with the harness's
+// tolerances. Cases needing the pipeline (log-probs, prefix fingerprints, the
 // non-finite rejection) live in tests/unit/core/audit.
 #include <algorithm>
 #include <cmath>
@@ -17,7 +17,7 @@
 #include "tests/unit/core/testing/snapshot_builder.h"
 
 namespace attnaudit {
-namespace testutil {
+namespace testing {
 namespace {
 
 AttentionRun MustRun(const Snapshot& s) {
@@ -257,5 +257,5 @@ TEST(SeedAcceptanceTest, Case26Qwen3GqaHeadLayout) {
 }
 
 }  // namespace
-}  // namespace testutil
+}  // namespace testing
 }  // namespace attnaudit

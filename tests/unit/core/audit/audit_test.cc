@@ -15,7 +15,7 @@
 #include "tests/unit/core/testing/snapshot_builder.h"
 
 namespace attnaudit {
-namespace testutil {
+namespace testing {
 namespace {
 
 constexpr double kLn2 = 0.693147180559945309417232121458176568;
@@ -274,5 +274,5 @@ TEST(AuditTest, ComparisonsFollowTheOptionsAndTheEngineOutputs) {
 }
 
 }  // namespace
-}  // namespace testutil
+}  // namespace testing
 }  // namespace attnaudit

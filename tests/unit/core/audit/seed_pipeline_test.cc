@@ -1,8 +1,8 @@
-// The seed harness acceptance cases (shared/reference/seed1_rl_kernel.md
-// §4) that need the whole pipeline: selected-token log-prob drift (case 1),
-// the prefix-cache fingerprint (3, 10, 14, 15, 16) and the rejection of
-// finite inputs that overflow attention (9). Adapted to our layout; case
-// numbers are the table's.
+// The RL-Kernel harness acceptance cases (docs/RL_KERNEL_HARNESS.md,
+// "Acceptance cases") that need the whole pipeline: selected-token log-prob
+// drift (case 1), the prefix-cache fingerprint (3, 10, 14, 15, 16) and the
+// rejection of finite inputs that overflow attention (9). Adapted to our
+// layout; case numbers are the table's.
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -16,7 +16,7 @@
 #include "tests/unit/core/testing/snapshot_builder.h"
 
 namespace attnaudit {
-namespace testutil {
+namespace testing {
 namespace {
 
 // The harness fixture with its log-prob inputs: lm_head [11, Hq*D = 32],
@@ -177,5 +177,5 @@ TEST(SeedPipelineTest, Case16PrefixStorageDtypeDriftIsInvalid) {
 }
 
 }  // namespace
-}  // namespace testutil
+}  // namespace testing
 }  // namespace attnaudit

@@ -21,14 +21,14 @@
 namespace attnaudit {
 namespace {
 
+using testing::Fixture;
+using testing::FixtureOptions;
 using ::testing::HasSubstr;
+using testing::KValue;
+using testing::KvIndex;
+using testing::MakeFixture;
 using ::testing::StartsWith;
-using testing_fixture::Fixture;
-using testing_fixture::FixtureOptions;
-using testing_fixture::KValue;
-using testing_fixture::MakeFixture;
-using testing_fixture::PoolIndex;
-using testing_fixture::VValue;
+using testing::VValue;
 
 std::string OneShotSha256(const std::string& bytes) {
   unsigned char digest[EVP_MAX_MD_SIZE];
@@ -190,7 +190,7 @@ TEST(PrefixFingerprintTest, ContentOutsideThePrefixOnlyChangesTheCache) {
   // Logical token 5 of row 1 (block 2, slot 1): beyond the 4-token prefix.
   const int64_t page = f.layout.block_pages[1][2];
   StoreFromFloat(f.snapshot.v_pages.mutable_raw(), DType::kF32,
-                 PoolIndex(f.snapshot, f.layout, page, 1, 0, 0), 99.0f);
+                 KvIndex(f.snapshot, page, 1, 0, 0), 99.0f);
   EXPECT_EQ(Prefix(f), Prefix(base));
   EXPECT_NE(Whole(f), Whole(base));
 }
@@ -202,11 +202,10 @@ TEST(PrefixFingerprintTest, BoundToContentPositionsRopeDtypesKeyAndPageSize) {
   auto expect_changed = [&](const Fixture& f, const char* what) {
     EXPECT_NE(Prefix(f), base) << what;
   };
-  for (bool is_k : {true, false}) {  // first prefix slot, like seed1 case 14
+  for (bool is_k : {true, false}) {  // first prefix slot, like harness case 14
     Fixture f = MakeFixture(FixtureOptions{});
     Tensor& pool = is_k ? f.snapshot.k_pages : f.snapshot.v_pages;
-    const int64_t e =
-        PoolIndex(f.snapshot, f.layout, f.layout.block_pages[0][0], 0, 0, 0);
+    const int64_t e = KvIndex(f.snapshot, f.layout.block_pages[0][0], 0, 0, 0);
     StoreFromFloat(pool.mutable_raw(), DType::kF32, e, pool.FloatAt(e) + 1.0f);
     expect_changed(f, is_k ? "k content" : "v content");
   }
@@ -377,8 +376,8 @@ TEST(VerifyPrefixFingerprintTest, DisabledPrefixIsNotChecked) {
   EXPECT_EQ(recomputed, "");
 }
 
-// seed1 §4 cases 10, 14, 15, 16: key, content, theta and storage dtype drift
-// after the fingerprint was taken.
+// Harness cases 10, 14, 15, 16 (docs/RL_KERNEL_HARNESS.md): key, content, theta
+// and storage dtype drift after the fingerprint was taken.
 TEST(VerifyPrefixFingerprintTest, RejectsDriftWithTheFieldPath) {
   const std::string good = Prefix(MakeFixture(FixtureOptions{}));
   std::vector<Fixture> drifted;
@@ -387,8 +386,7 @@ TEST(VerifyPrefixFingerprintTest, RejectsDriftWithTheFieldPath) {
   drifted.push_back(MakeFixture(FixtureOptions{}));
   {
     Fixture& f = drifted.back();
-    const int64_t e =
-        PoolIndex(f.snapshot, f.layout, f.layout.block_pages[0][0], 0, 0, 0);
+    const int64_t e = KvIndex(f.snapshot, f.layout.block_pages[0][0], 0, 0, 0);
     f.snapshot.k_pages.mutable_data<float>()[e] += 1.0f;
   }
   drifted.push_back(MakeFixture(FixtureOptions{}));

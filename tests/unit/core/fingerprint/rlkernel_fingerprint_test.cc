@@ -2,10 +2,10 @@
 //
 // The expected digests below were produced by
 // tests/python/rlkernel_fingerprint_oracle.py, which rebuilds the harness's
-// byte stream (seed1_rl_kernel.md §3.10) with hashlib and struct only, from
-// the logical fixture, without any attnaudit code. The ctest
-// `rlkernel_fingerprint_oracle` re-runs that script and checks it still
-// yields exactly the constants in this file (it reads them from here).
+// byte stream (docs/NUMERICS.md, "RL-Kernel compatible prefix stream") with
+// hashlib and struct only, from the logical fixture, without any attnaudit
+// code. The ctest `rlkernel_fingerprint_oracle` re-runs that script and checks
+// it still yields exactly the constants in this file (it reads them from here).
 // Here the same logical fixture is laid out in attnaudit's shared pool with
 // permuted pages, NHD and HND, so a match also checks the logical gather.
 #include <string>
@@ -18,10 +18,10 @@
 namespace attnaudit {
 namespace {
 
+using testing::Fixture;
+using testing::FixtureOptions;
+using testing::MakeFixture;
 using ::testing::StartsWith;
-using testing_fixture::Fixture;
-using testing_fixture::FixtureOptions;
-using testing_fixture::MakeFixture;
 
 // python3 tests/python/rlkernel_fingerprint_oracle.py
 constexpr char kRlKernelOracleBase[] =

@@ -15,11 +15,11 @@
 namespace attnaudit {
 namespace {
 
-using testutil::OracleInvFreq;
-using testutil::OracleMagnitude;
-using testutil::OracleRope;
-using testutil::OracleYarnRange;
-using testutil::TestRng;
+using testing::OracleInvFreq;
+using testing::OracleMagnitude;
+using testing::OracleRope;
+using testing::OracleYarnRange;
+using testing::TestRng;
 
 constexpr double kU = 0x1.0p-24;  // fp32 unit roundoff
 
@@ -153,7 +153,7 @@ TEST(RopeTest, InverseFrequenciesMatchTheOracle) {
     const int64_t D = 128;
     if (config.scaling.type == RopeScalingType::kYarn) {
       // Away from an integer, fp32 and long double floor/ceil agree.
-      const testutil::YarnRange r = OracleYarnRange(config, D);
+      const testing::YarnRange r = OracleYarnRange(config, D);
       for (long double v : {r.low_dim, r.high_dim}) {
         const long double frac = v - std::floor(v);
         ASSERT_TRUE(frac > 0.01L && frac < 0.99L) << name << " " << (double)v;

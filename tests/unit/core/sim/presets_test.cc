@@ -18,7 +18,8 @@ struct Expected {
   bool sinks;
 };
 
-// users_rl.md §3, written out by hand.
+// The published model configs (docs/SIMULATOR.md, "Presets"), written out
+// by hand.
 const Expected kExpected[] = {
     {"llama3-8b", 32, 8, 128, 500000, RopeStyle::kNeox, 128,
      RopeScalingType::kLlama3, 0, 0, false},

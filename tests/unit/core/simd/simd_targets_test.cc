@@ -18,7 +18,7 @@
 #include "tests/unit/core/testing/snapshot_builder.h"
 
 namespace attnaudit {
-namespace testutil {
+namespace testing {
 namespace {
 
 // Runs fn once per compiled target with dispatch forced to it.
@@ -194,5 +194,5 @@ TEST(SimdTargetsTest, FusedPassIsBitIdenticalOnEveryTarget) {
 }
 
 }  // namespace
-}  // namespace testutil
+}  // namespace testing
 }  // namespace attnaudit

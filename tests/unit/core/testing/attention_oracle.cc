@@ -8,7 +8,7 @@
 #include "core/tensor/dtype.h"
 
 namespace attnaudit {
-namespace testutil {
+namespace testing {
 namespace {
 
 constexpr long double kNegInf = -__builtin_infl();
@@ -177,5 +177,5 @@ double HalfUlp(double x, DType dtype) {
   return std::max(0.5 * eps * std::fabs(x), floor);
 }
 
-}  // namespace testutil
+}  // namespace testing
 }  // namespace attnaudit

@@ -1,5 +1,5 @@
 // Naive long-double oracles for decode attention and RoPE, written from the
-// definitions (DESIGN.md §2; HF transformers' documented RoPE formulas),
+// definitions (docs/NUMERICS.md; HF transformers' documented RoPE formulas),
 // independently of core/attention and core/rope. Test-only; slow on
 // purpose (one key at a time, no blocking, no online softmax).
 //
@@ -24,7 +24,7 @@
 #include "tests/unit/core/testing/snapshot_builder.h"
 
 namespace attnaudit {
-namespace testutil {
+namespace testing {
 
 struct OracleResult {
   std::vector<long double> out;             // [B, Sq, Hq, D]
@@ -77,7 +77,7 @@ ErrorBound ReplayBound(const LogicalCase& c, const OracleResult& o,
 // subnormals: 2^-25).
 double HalfUlp(double x, DType dtype);
 
-}  // namespace testutil
+}  // namespace testing
 }  // namespace attnaudit
 
 #endif  // ATTNAUDIT_TESTS_UNIT_CORE_TESTING_ATTENTION_ORACLE_H_

@@ -1,30 +1,17 @@
-// The logical cases of snapshot_builder.h: random cases, the seed
-// harness fixture, and post-RoPE equivalents.
+// The ready-made logical cases of snapshot_builder.h: random cases, the
+// RL-Kernel harness fixture, and post-RoPE equivalents.
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <numeric>
 #include <utility>
 
 #include "tests/unit/core/testing/snapshot_builder.h"
 
 namespace attnaudit {
-namespace testutil {
+namespace testing {
 namespace {
 
-// Test-construction errors are bugs in the test itself: fail loudly.
-void Require(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "logical_cases: %s\n", what);
-    std::abort();
-  }
-}
-
-double RoundValue(double x, DType dtype) {
-  if (dtype == DType::kF64) return x;
-  return RoundToDType(static_cast<float>(x), dtype);
-}
+using builder_internal::Require;
 
 bool IsFp8(DType d) { return d == DType::kF8E4M3 || d == DType::kF8E5M2; }
 
@@ -190,5 +177,5 @@ LogicalCase PostRopeEquivalent(const LogicalCase& c) {
   return out;
 }
 
-}  // namespace testutil
+}  // namespace testing
 }  // namespace attnaudit

@@ -11,7 +11,7 @@
 #include "tests/unit/core/testing/snapshot_builder.h"
 
 namespace attnaudit {
-namespace testutil {
+namespace testing {
 namespace {
 
 // One row, one query head, D = 2, keys at positions 0..n-1.
@@ -162,5 +162,5 @@ TEST(SnapshotBuilderTest, RoundTripsThroughValidation) {
 }
 
 }  // namespace
-}  // namespace testutil
+}  // namespace testing
 }  // namespace attnaudit

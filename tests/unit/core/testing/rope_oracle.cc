@@ -4,7 +4,7 @@
 #include <cmath>
 
 namespace attnaudit {
-namespace testutil {
+namespace testing {
 namespace {
 
 constexpr long double kPi = 3.141592653589793238462643383279502884L;
@@ -119,5 +119,5 @@ std::vector<long double> OracleRope(const RopeConfig& config,
   return out;
 }
 
-}  // namespace testutil
+}  // namespace testing
 }  // namespace attnaudit

@@ -13,7 +13,7 @@
 #include "core/snapshot/snapshot.h"
 
 namespace attnaudit {
-namespace testutil {
+namespace testing {
 
 // rotary_dim / 2 inverse frequencies after scaling.
 std::vector<long double> OracleInvFreq(const RopeConfig& config,
@@ -37,7 +37,7 @@ std::vector<long double> OracleRope(const RopeConfig& config,
                                     const std::vector<long double>& x,
                                     int64_t position);
 
-}  // namespace testutil
+}  // namespace testing
 }  // namespace attnaudit
 
 #endif  // ATTNAUDIT_TESTS_UNIT_CORE_TESTING_ROPE_ORACLE_H_

@@ -1,20 +1,25 @@
-// Test-only builder of small, valid decode snapshots in attnaudit's layout.
+// The one test-only builder of decode snapshots in attnaudit's layout, used
+// by every test of core/ (and the fingerprint fixture).
 //
-// A test describes the *logical* truth of a snapshot in a LogicalCase: per
-// batch row, the K/V of its cached tokens in logical order with their global
-// positions, the queries and their positions, and the attention variant.
-// BuildSnapshot then lays that truth out the way an engine would: a shared
-// page pool (NHD or HND), a block table with -1 tails, per-slot positions
-// with -1 for unused slots, optionally permuted pages, spare (unreferenced)
-// pages and junk in unused slots, engine page ids, and a CP sharding rule.
-// The oracles (attention_oracle.h) read the LogicalCase only, never the
-// paged Snapshot, so they check the library's gather independently.
+// Two ways in, one layout routine:
+//   - LogicalCase + PagingOptions: a test states the *logical* truth (per
+//     row, the K/V of its cached tokens in logical order with their global
+//     positions, the queries, the attention variant) and how it is laid out
+//     (page size, NHD/HND, page placement, spare pages, junk in unused
+//     slots, engine page ids, CP sharding). The oracles (attention_oracle.h)
+//     read the LogicalCase only, never the paged Snapshot, so they check the
+//     library's gather independently.
+//   - SnapshotSpec: a quick, valid snapshot from a handful of shape knobs
+//     with deterministic uniform content, for tests that then corrupt it
+//     field by field (the validation tests). It is turned into a LogicalCase
+//     and PagingOptions and laid out by the same routine.
 //
 // Values in a LogicalCase are the values *as stored* (already representable
 // in their dtype; fp8 entries are decoded fp8 values before the scale), so
-// building a snapshot never rounds. RandomCase produces such values.
-// Everything here is deterministic for a given seed, single-threaded, and
-// reports misuse through gtest-free asserts (std::abort): test bugs only.
+// building a snapshot never rounds them; SnapshotSpec content is rounded to
+// its dtypes when stored. Everything here is deterministic for a given seed,
+// single-threaded, and reports misuse through gtest-free asserts
+// (std::abort): those are bugs in the test.
 #ifndef ATTNAUDIT_TESTS_UNIT_CORE_TESTING_SNAPSHOT_BUILDER_H_
 #define ATTNAUDIT_TESTS_UNIT_CORE_TESTING_SNAPSHOT_BUILDER_H_
 
@@ -24,9 +29,10 @@
 #include "core/rope/rope.h"
 #include "core/snapshot/snapshot.h"
 #include "core/tensor/dtype.h"
+#include "core/tensor/tensor.h"
 
 namespace attnaudit {
-namespace testutil {
+namespace testing {
 
 // SplitMix64: a tiny, portable generator (the same stream on every
 // platform and standard library, unlike std::normal_distribution).
@@ -41,6 +47,38 @@ class TestRng {
  private:
   uint64_t state_;
 };
+
+// ---------------------------------------------------------------------------
+// Tensors.
+
+// A new tensor of `dtype` holding `values` (one per element, row-major; the
+// conversion is the library's StoreFromDouble, so values that are not
+// representable are rounded).
+Tensor MakeFloatTensor(DType dtype, std::vector<int64_t> shape,
+                       const std::vector<double>& values);
+// i32, i64 or bool (0/1) elements.
+Tensor MakeIntTensor(DType dtype, std::vector<int64_t> shape,
+                     const std::vector<int64_t>& values);
+Tensor MakeBoolTensor(std::vector<int64_t> shape,
+                      const std::vector<bool>& values);
+// All elements of a floating tensor as doubles.
+std::vector<double> ToDoubles(const Tensor& t);
+// Element `flat` of an i32/i64/bool tensor.
+void SetInt(Tensor* t, int64_t flat, int64_t value);
+int64_t GetInt(const Tensor& t, int64_t flat);
+// Element `flat` of a floating tensor (rounded to its dtype).
+void SetFloat(Tensor* t, int64_t flat, double value);
+// Every element of a floating tensor: deterministic values in [-1, 1).
+void FillUniform(Tensor* t, uint64_t seed);
+
+// `x` rounded to `dtype` (f64: unchanged), and the same for every value.
+double RoundValue(double x, DType dtype);
+void RoundTo(std::vector<double>* values, DType dtype);
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ---------------------------------------------------------------------------
+// Logical case -> paged snapshot.
 
 // The logical truth of one snapshot. Shapes: q [B, Sq, Hq, D];
 // k[b], v[b] [L_b, Hkv, D] in logical token order; positions[b] [L_b]
@@ -85,12 +123,14 @@ struct PagingOptions {
   bool permute_pages = false;
   uint64_t permutation_seed = 1;
   // Explicit physical page of every logical block, [B][blocks]; overrides
-  // permute_pages. Pages not named stay unreferenced (positions -1).
+  // permute_pages. Rows may share a page when the positions (and the
+  // caller's K/V) agree. Pages not named stay unreferenced (positions -1).
   std::vector<std::vector<int32_t>> page_of_block;
-  int64_t spare_pages = 0;          // unreferenced pages, junk content
+  int64_t spare_pages = 0;          // unreferenced pages after the named ones
   int64_t extra_blocks = 0;         // block_table columns past the longest row
-  bool junk_unused_slots = true;    // garbage K/V in unused slots
-  double junk_value = 123.0;        // K junk; V junk is -456
+  bool junk_unused_slots = true;    // garbage K/V in unused slots (else 0)
+  double junk_value = 123.0;        // K junk
+  double junk_v_value = -456.0;     // V junk
   DType index_dtype = DType::kI64;  // block_table, positions, lens
   bool key_rope_positions = false;  // send key_rope_positions explicitly
   // Engine page ids: page i gets id page_id_base + 7 * i; block_table then
@@ -108,6 +148,72 @@ struct PagingOptions {
 
 // Lays out `c` as a snapshot. Engine outputs are left absent.
 Snapshot BuildSnapshot(const LogicalCase& c, const PagingOptions& options);
+
+// ---------------------------------------------------------------------------
+// Quick valid snapshots.
+
+// Default (SnapshotSpec{}): the RL-Kernel harness decode fixture
+// (docs/RL_KERNEL_HARNESS.md) adapted to a pool: B=2, Sq=2, Hq=4, Hkv=2,
+// D=8, P=2, kv_seq_lens [6, 6], positions 0..5 in every row, query
+// positions [[4,5],[4,5]], fp32 q/K/V uniform in [-1, 1), i32 indices, each
+// row with its own 3 pages (6 pages), physically permuted.
+// shared_prefix_blocks = 3 gives the harness's exact table: both rows on
+// the same 3 pages. The defaults and the documented knobs give snapshots
+// that ValidateSnapshot accepts (the validate tests assert that); anything
+// else is the caller's responsibility.
+struct SnapshotSpec {
+  std::vector<int64_t> seq_lens = {6, 6};  // one entry per row: B
+  int64_t queries = 2;                     // Sq
+  int64_t q_heads = 4;
+  int64_t kv_heads = 2;
+  int64_t head_dim = 8;
+  int64_t page_size = 2;
+  // Row b, logical token i has global position offset + stride * i.
+  int64_t position_offset = 0;
+  int64_t position_stride = 1;  // > 1: gapped positions (evicted cache)
+  // Empty: each row queries its last `queries` tokens.
+  std::vector<std::vector<int64_t>> query_positions;
+  // The first this-many logical blocks of every row use the same pages
+  // (prefix sharing across rows; positions agree by construction).
+  int64_t shared_prefix_blocks = 0;
+  int64_t spare_pages = 0;   // pages no row references (positions -1)
+  int64_t extra_blocks = 0;  // block_table columns past the longest row
+  bool permute_pages = true;
+  uint64_t seed = 17;
+  KvLayout kv_layout = KvLayout::kNHD;
+  DType q_dtype = DType::kF32;
+  DType kv_dtype = DType::kF32;
+  DType index_dtype = DType::kI32;  // block_table, lengths, positions
+  bool with_key_rope_positions = true;
+  // page_ids[i] = 1000 + 7 * i and block_table holds those ids.
+  bool with_page_ids = false;
+};
+
+Snapshot BuildSnapshot(const SnapshotSpec& spec);
+
+// ---------------------------------------------------------------------------
+// Reading and editing a built snapshot.
+
+// Index into k_pages/v_pages of the page holding row b's logical block j
+// (follows page_ids when present; -1 when no page has the id).
+int64_t PageOfBlock(const Snapshot& s, int64_t b, int64_t j);
+
+// Flat element index of (page, slot, kv head, d) in k_pages/v_pages.
+int64_t KvIndex(const Snapshot& s, int64_t page, int64_t slot, int64_t head,
+                int64_t d);
+
+// Engine out [B,Sq,Hq,D], lse [B,Sq,Hq] (zero-filled, `dtype` for out).
+void AddEngineOutputs(Snapshot* s, DType dtype = DType::kF32);
+
+// lm_head [vocab, Hq*D], selected ids (b * Sq + q) % vocab, all-active mask.
+void AddLogprobInputs(Snapshot* s, int64_t vocab = 11);
+
+// Explicit CP owners: owners[b][j] for the active blocks, -1 in the tail.
+void SetExplicitOwners(Snapshot* s, int64_t world,
+                       const std::vector<std::vector<int64_t>>& owners);
+
+// ---------------------------------------------------------------------------
+// Ready-made logical cases.
 
 // Shape and content knobs of a random case.
 struct RandomCaseOptions {
@@ -135,8 +241,8 @@ struct RandomCaseOptions {
 // values stay near kv_std.
 LogicalCase RandomCase(const RandomCaseOptions& options);
 
-// The decode fixture of the seed harness (shared/reference/
-// seed1_rl_kernel.md §4), adapted: B=2, Sq=2, Hq=4, Hkv=2, D=8, fp32,
+// The decode fixture of the RL-Kernel harness (docs/RL_KERNEL_HARNESS.md,
+// "Acceptance fixture"), adapted: B=2, Sq=2, Hq=4, Hkv=2, D=8, fp32,
 // positions offset+0..5 in both rows, queries [[4,5],[4,5]] (+offset).
 // Our generator replaces torch.randn(seed 17); the shapes and semantics
 // are the harness's.
@@ -144,9 +250,6 @@ LogicalCase SeedFixture(int64_t position_offset = 0, uint64_t seed = 17);
 // The fixture's paging: P=2, three pages, logical page i at physical page
 // page_order[i], explicit CP owners [[0,1,0]]*2 with world size 2.
 PagingOptions SeedFixturePaging(std::vector<int32_t> page_order = {0, 1, 2});
-
-// Rounds every value of `values` to `dtype` in place (float rounding).
-void RoundTo(std::vector<double>* values, DType dtype);
 
 // The post-RoPE equivalent of a case whose q and/or K are pre-RoPE: rotates
 // them with the library's fp32 RopeTable and rounds once to the declared
@@ -156,18 +259,13 @@ void RoundTo(std::vector<double>* values, DType dtype);
 // config.
 LogicalCase PostRopeEquivalent(const LogicalCase& c);
 
-// Writes values [n] into a new tensor of `dtype` (values must be exactly
-// representable; the conversion is the library's StoreFromDouble).
-Tensor MakeFloatTensor(DType dtype, std::vector<int64_t> shape,
-                       const std::vector<double>& values);
-Tensor MakeIntTensor(DType dtype, std::vector<int64_t> shape,
-                     const std::vector<int64_t>& values);
-Tensor MakeBoolTensor(std::vector<int64_t> shape,
-                      const std::vector<bool>& values);
-// All elements of a floating tensor as doubles.
-std::vector<double> ToDoubles(const Tensor& t);
+namespace builder_internal {
+// Aborts with `what` when !ok: test-construction errors are bugs in the
+// test itself.
+void Require(bool ok, const char* what);
+}  // namespace builder_internal
 
-}  // namespace testutil
+}  // namespace testing
 }  // namespace attnaudit
 
 #endif  // ATTNAUDIT_TESTS_UNIT_CORE_TESTING_SNAPSHOT_BUILDER_H_

@@ -7,11 +7,11 @@
 
 #include "core/validate/validate.h"
 #include "gtest/gtest.h"
-#include "tests/unit/core/validate/snapshot_builder.h"
+#include "tests/unit/core/testing/snapshot_builder.h"
 #include "tests/unit/core/validate/validate_test_util.h"
 
 namespace attnaudit {
-namespace test {
+namespace testing {
 namespace {
 
 constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
@@ -112,27 +112,27 @@ std::vector<InvalidCase> ScaleAndSinkCases() {
   std::vector<InvalidCase> cases = {
       {"KScaleWithoutFp8Pages",
        [](Snapshot* s, ValidationLimits*) {
-         s->k_scale = FloatTensor(DType::kF32, {}, {0.5});
+         s->k_scale = MakeFloatTensor(DType::kF32, {}, {0.5});
        },
        "k_scale", "only valid with fp8 pages"},
       {"VScaleWithoutFp8Pages",
        [](Snapshot* s, ValidationLimits*) {
-         s->v_scale = FloatTensor(DType::kF32, {2}, {0.5, 0.5});
+         s->v_scale = MakeFloatTensor(DType::kF32, {2}, {0.5, 0.5});
        },
        "v_scale", "only valid with fp8 pages"},
       {"PerHeadScaleNan",
        [](Snapshot* s, ValidationLimits*) {
-         s->k_scale = FloatTensor(DType::kF32, {2}, {0.5, kNan});
+         s->k_scale = MakeFloatTensor(DType::kF32, {2}, {0.5, kNan});
        },
        "k_scale[1]", "positive finite", Fp8()},
       {"SinkNan",
        [](Snapshot* s, ValidationLimits*) {
-         s->sinks = FloatTensor(DType::kF32, {4}, {0.1, 0.2, kNan, 0.4});
+         s->sinks = MakeFloatTensor(DType::kF32, {4}, {0.1, 0.2, kNan, 0.4});
        },
        "sinks[2]", "not finite"},
       {"SinkInf",
        [](Snapshot* s, ValidationLimits*) {
-         s->sinks = FloatTensor(DType::kF32, {4}, {-kInf, 0, 0, 0});
+         s->sinks = MakeFloatTensor(DType::kF32, {4}, {-kInf, 0, 0, 0});
        },
        "sinks[0]", "not finite"},
   };
@@ -143,12 +143,12 @@ std::vector<InvalidCase> ScaleAndSinkCases() {
     const double value = v;
     cases.push_back({"KScale" + name,
                      [value](Snapshot* s, ValidationLimits*) {
-                       s->k_scale = FloatTensor(DType::kF32, {}, {value});
+                       s->k_scale = MakeFloatTensor(DType::kF32, {}, {value});
                      },
                      "k_scale", "positive finite", Fp8()});
     cases.push_back({"VScale" + name,
                      [value](Snapshot* s, ValidationLimits*) {
-                       s->v_scale = FloatTensor(DType::kF32, {}, {value});
+                       s->v_scale = MakeFloatTensor(DType::kF32, {}, {value});
                      },
                      "v_scale", "positive finite", Fp8()});
   }
@@ -419,7 +419,7 @@ TEST(ConfigValidTest, DefaultsAndBoundaryValuesPass) {
   s.sliding_window = 3;
   s.window_convention = SlidingWindowConvention::kFlashLeft;
   s.logprob_temperature = 0.7;
-  s.sinks = FloatTensor(DType::kF32, {4}, {0.5, -1.0, 2.0, 0.0});
+  s.sinks = MakeFloatTensor(DType::kF32, {4}, {0.5, -1.0, 2.0, 0.0});
   s.engine_lse_includes_sinks = true;
   s.output_dtype = DType::kBF16;
   AddEngineOutputs(&s, DType::kBF16);
@@ -456,5 +456,5 @@ TEST(ConfigValidTest, PrefixEnabledWellFormedPasses) {
 }
 
 }  // namespace
-}  // namespace test
+}  // namespace testing
 }  // namespace attnaudit

@@ -9,7 +9,7 @@
 
 #include "core/validate/validate.h"
 #include "gtest/gtest.h"
-#include "tests/unit/core/validate/snapshot_builder.h"
+#include "tests/unit/core/testing/snapshot_builder.h"
 #include "tests/unit/core/validate/validate_test_util.h"
 
 namespace {
@@ -34,7 +34,7 @@ void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace attnaudit {
-namespace test {
+namespace testing {
 namespace {
 
 // Every single allocation during validation stays below this.
@@ -88,7 +88,7 @@ TEST(HostileTest, HugeVocabulary) {
 
 TEST(HostileTest, HugeSequenceLength) {
   Snapshot s = BuildSnapshot({});
-  s.kv_seq_lens = IntTensor(DType::kI64, {2}, {int64_t{1} << 62, 6});
+  s.kv_seq_lens = MakeIntTensor(DType::kI64, {2}, {int64_t{1} << 62, 6});
   size_t largest = 0;
   EXPECT_TRUE(IsInvalid(TrackedValidate(s, &largest), "kv_seq_lens[0]",
                         "is outside [1, 6]"));
@@ -154,5 +154,5 @@ TEST(HostileTest, ValidSnapshotAllocatesLittle) {
 }
 
 }  // namespace
-}  // namespace test
+}  // namespace testing
 }  // namespace attnaudit

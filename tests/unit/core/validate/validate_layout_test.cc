@@ -7,11 +7,11 @@
 #include "core/validate/validate.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/unit/core/validate/snapshot_builder.h"
+#include "tests/unit/core/testing/snapshot_builder.h"
 #include "tests/unit/core/validate/validate_test_util.h"
 
 namespace attnaudit {
-namespace test {
+namespace testing {
 namespace {
 
 using ::testing::ElementsAre;
@@ -112,13 +112,13 @@ std::vector<ValidCase> ValidCases() {
       {"Fp8E4M3PerTensorScales",
        With([](SnapshotSpec* s) { s->kv_dtype = DType::kF8E4M3; }),
        [](Snapshot* s) {
-         s->k_scale = FloatTensor(DType::kF32, {}, {0.25});
-         s->v_scale = FloatTensor(DType::kF32, {}, {3.0});
+         s->k_scale = MakeFloatTensor(DType::kF32, {}, {0.25});
+         s->v_scale = MakeFloatTensor(DType::kF32, {}, {3.0});
        }},
       {"Fp8E5M2PerHeadScales",
        With([](SnapshotSpec* s) { s->kv_dtype = DType::kF8E5M2; }),
        [](Snapshot* s) {
-         s->k_scale = FloatTensor(DType::kF32, {2}, {0.5, 2.0});
+         s->k_scale = MakeFloatTensor(DType::kF32, {2}, {0.5, 2.0});
        }},
       {"HeadsOneToOne", With([](SnapshotSpec* s) { s->kv_heads = 4; })},
       {"SingleKvHead", With([](SnapshotSpec* s) { s->kv_heads = 1; })},
@@ -180,17 +180,17 @@ Snapshot HandSnapshot(KvLayout layout, bool with_page_ids) {
   FillUniform(&s.v_pages, 3);
   std::vector<int64_t> table = {3, 0, 4, -1, 3, 1, -1, -1};
   if (with_page_ids) {
-    s.page_ids = IntTensor(DType::kI64, {5}, {10, 20, 30, 40, 50});
+    s.page_ids = MakeIntTensor(DType::kI64, {5}, {10, 20, 30, 40, 50});
     for (int64_t& e : table) e = e < 0 ? -1 : 10 * (e + 1);
   }
-  s.block_table = IntTensor(DType::kI32, {2, 4}, table);
-  s.kv_seq_lens = IntTensor(DType::kI32, {2}, {9, 6});
-  s.slot_positions = IntTensor(DType::kI32, {5, 4}, {112, 115, 118, 121,  //
-                                                     112, 115, -1,  -1,   //
-                                                     -1,  -1,  -1,  -1,   //
-                                                     100, 103, 106, 109,  //
-                                                     124, -1,  -1,  -1});
-  s.query_positions = IntTensor(DType::kI32, {2, 1}, {124, 115});
+  s.block_table = MakeIntTensor(DType::kI32, {2, 4}, table);
+  s.kv_seq_lens = MakeIntTensor(DType::kI32, {2}, {9, 6});
+  s.slot_positions = MakeIntTensor(DType::kI32, {5, 4}, {112, 115, 118, 121,  //
+                                                         112, 115, -1,  -1,   //
+                                                         -1,  -1,  -1,  -1,   //
+                                                         100, 103, 106, 109,  //
+                                                         124, -1,  -1,  -1});
+  s.query_positions = MakeIntTensor(DType::kI32, {2, 1}, {124, 115});
   return s;
 }
 
@@ -313,22 +313,24 @@ TEST(SharedPageTest, DifferentLogicalIndicesMustAgreeOnOrder) {
   Snapshot s = HandSnapshot(KvLayout::kNHD, false);
   // Row 1 = [page 3, page 0]: 100..109, 112..121, the same page 0 that is
   // row 0's block 1.
-  s.block_table = IntTensor(DType::kI32, {2, 4}, {3, 0, 4, -1, 3, 0, -1, -1});
-  s.kv_seq_lens = IntTensor(DType::kI32, {2}, {9, 8});
-  s.slot_positions = IntTensor(DType::kI32, {5, 4}, {112, 115, 118, 121,  //
-                                                     -1,  -1,  -1,  -1,   //
-                                                     -1,  -1,  -1,  -1,   //
-                                                     100, 103, 106, 109,  //
-                                                     124, -1,  -1,  -1});
-  s.query_positions = IntTensor(DType::kI32, {2, 1}, {124, 121});
+  s.block_table =
+      MakeIntTensor(DType::kI32, {2, 4}, {3, 0, 4, -1, 3, 0, -1, -1});
+  s.kv_seq_lens = MakeIntTensor(DType::kI32, {2}, {9, 8});
+  s.slot_positions = MakeIntTensor(DType::kI32, {5, 4}, {112, 115, 118, 121,  //
+                                                         -1,  -1,  -1,  -1,   //
+                                                         -1,  -1,  -1,  -1,   //
+                                                         100, 103, 106, 109,  //
+                                                         124, -1,  -1,  -1});
+  s.query_positions = MakeIntTensor(DType::kI32, {2, 1}, {124, 121});
   ASSERT_TRUE(IsValid(ValidateSnapshot(s)));
   // Page 0 at logical block 0 of row 1 and block 1 of row 0: row 1 then
   // continues with page 3 (100...) which goes backwards.
-  s.block_table = IntTensor(DType::kI32, {2, 4}, {3, 0, 4, -1, 0, 3, -1, -1});
+  s.block_table =
+      MakeIntTensor(DType::kI32, {2, 4}, {3, 0, 4, -1, 0, 3, -1, -1});
   EXPECT_TRUE(IsInvalid(ValidateSnapshot(s), "slot_positions[3][0]",
                         "row 1 logical token 4"));
 }
 
 }  // namespace
-}  // namespace test
+}  // namespace testing
 }  // namespace attnaudit

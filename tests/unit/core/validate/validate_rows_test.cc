@@ -6,11 +6,11 @@
 #include "absl/strings/str_cat.h"
 #include "core/validate/validate.h"
 #include "gtest/gtest.h"
-#include "tests/unit/core/validate/snapshot_builder.h"
+#include "tests/unit/core/testing/snapshot_builder.h"
 #include "tests/unit/core/validate/validate_test_util.h"
 
 namespace attnaudit {
-namespace test {
+namespace testing {
 namespace {
 
 // Default fixture: B=2, P=2, kv_seq_lens [6, 6], 6 pages, M=3, positions
@@ -257,5 +257,5 @@ TEST(RowsSharedPageTest, TailRuleAppliesOnlyToSlotsNoRowUses) {
 }
 
 }  // namespace
-}  // namespace test
+}  // namespace testing
 }  // namespace attnaudit

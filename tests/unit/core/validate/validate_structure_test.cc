@@ -1,14 +1,15 @@
 // Phase 1 rules: presence, byte layouts, dtypes, ranks, shapes, limits.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/validate/validate.h"
 #include "gtest/gtest.h"
-#include "tests/unit/core/validate/snapshot_builder.h"
+#include "tests/unit/core/testing/snapshot_builder.h"
 #include "tests/unit/core/validate/validate_test_util.h"
 
 namespace attnaudit {
-namespace test {
+namespace testing {
 namespace {
 
 using Mut = std::function<void(Snapshot*, ValidationLimits*)>;
@@ -206,7 +207,8 @@ std::vector<InvalidCase> DTypeCases() {
 INSTANTIATE_TEST_SUITE_P(DTypes, StructureTest,
                          ::testing::ValuesIn(DTypeCases()), CaseName);
 
-std::vector<InvalidCase> ShapeCases() {
+// q and the page pools (CheckStructure: CheckQuery, CheckPagePools).
+std::vector<InvalidCase> PoolShapeCases() {
   return {
       {"QRank3",
        [](Snapshot* s, ValidationLimits*) {
@@ -253,6 +255,12 @@ std::vector<InvalidCase> ShapeCases() {
          s->v_pages = Tensor(DType::kF32, {6, 4, 2, 8});
        },
        "slot_positions", "[N=6, P=4]"},
+  };
+}
+
+// The page table, lengths and positions.
+std::vector<InvalidCase> TableShapeCases() {
+  return {
       {"BlockTableRows",
        [](Snapshot* s, ValidationLimits*) {
          s->block_table = Grown(s->block_table, 0);
@@ -283,9 +291,15 @@ std::vector<InvalidCase> ShapeCases() {
          s->page_ids = Grown(s->page_ids, 0);
        },
        "page_ids", "[N=6]", WithPageIds()},
+  };
+}
+
+// Optional tensors: scales, sinks, CP, engine outputs, log-prob inputs.
+std::vector<InvalidCase> OptionalShapeCases() {
+  return {
       {"ScaleShape",
        [](Snapshot* s, ValidationLimits*) {
-         s->v_scale = FloatTensor(DType::kF32, {3}, {1, 1, 1});
+         s->v_scale = MakeFloatTensor(DType::kF32, {3}, {1, 1, 1});
        },
        "v_scale", "[Hkv=2]", Fp8()},
       {"SinksShape",
@@ -359,6 +373,14 @@ std::vector<InvalidCase> ShapeCases() {
        "lm_head", "vocabulary size must be positive"},
   };
 }
+
+std::vector<InvalidCase> ShapeCases() {
+  std::vector<InvalidCase> cases = PoolShapeCases();
+  for (auto* more : {&TableShapeCases, &OptionalShapeCases}) {
+    for (InvalidCase& c : more()) cases.push_back(std::move(c));
+  }
+  return cases;
+}
 INSTANTIATE_TEST_SUITE_P(Shapes, StructureTest,
                          ::testing::ValuesIn(ShapeCases()), CaseName);
 
@@ -399,5 +421,5 @@ INSTANTIATE_TEST_SUITE_P(Limits, StructureTest,
                          ::testing::ValuesIn(LimitCases()), CaseName);
 
 }  // namespace
-}  // namespace test
+}  // namespace testing
 }  // namespace attnaudit

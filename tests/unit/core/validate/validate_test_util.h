@@ -10,10 +10,10 @@
 #include "absl/strings/match.h"
 #include "core/validate/validate.h"
 #include "gtest/gtest.h"
-#include "tests/unit/core/validate/snapshot_builder.h"
+#include "tests/unit/core/testing/snapshot_builder.h"
 
 namespace attnaudit {
-namespace test {
+namespace testing {
 
 // Validation fails with InvalidArgument, the message starts with `path`
 // and contains `contains` (when not empty).
@@ -83,7 +83,7 @@ inline void RunInvalidCase(const InvalidCase& c) {
   EXPECT_TRUE(IsInvalid(ValidateSnapshot(s, limits), c.path, c.contains));
 }
 
-}  // namespace test
+}  // namespace testing
 }  // namespace attnaudit
 
 #endif  // ATTNAUDIT_TESTS_UNIT_CORE_VALIDATE_VALIDATE_TEST_UTIL_H_

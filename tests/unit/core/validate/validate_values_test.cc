@@ -11,11 +11,11 @@
 #include "core/validate/validate.h"
 #include "core/validate/validate_internal.h"
 #include "gtest/gtest.h"
-#include "tests/unit/core/validate/snapshot_builder.h"
+#include "tests/unit/core/testing/snapshot_builder.h"
 #include "tests/unit/core/validate/validate_test_util.h"
 
 namespace attnaudit {
-namespace test {
+namespace testing {
 namespace {
 
 constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
@@ -282,5 +282,5 @@ TEST(FirstNonFiniteTest, ReportsFirstIndexAcrossChunks) {
 }
 
 }  // namespace
-}  // namespace test
+}  // namespace testing
 }  // namespace attnaudit

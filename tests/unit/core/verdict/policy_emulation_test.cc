@@ -1,8 +1,9 @@
 // The tolerance policy against an emulated engine. The test builds its own
 // three results for one decode query:
 //   R: fp64 attention over all keys (then rounded to the output dtype);
-//   P: per-16-key-page fp32 partials folded left with the DESIGN.md merge;
-//   E: a flash-decoding kernel: split-KV of 256 keys, 64-key tiles with an
+//   P: per-16-key-page fp32 partials folded left with the docs/DESIGN.md §2
+//   merge; E: a flash-decoding kernel: split-KV of 256 keys, 64-key tiles with
+//   an
 //      online softmax in fp32, probabilities rounded to bf16 before P.V (as
 //      tensor-core kernels do), an fp32 combine of the splits, bf16 output.
 // Clean engines must PASS every comparison for contexts up to 128K; engines
@@ -133,7 +134,8 @@ struct State {
   float lse;
 };
 
-void MergeInto(State* acc, const State& next) {  // DESIGN.md merge, fp32
+void MergeInto(State* acc,
+               const State& next) {  // docs/DESIGN.md §2 merge, fp32
   const float m = std::max(acc->lse, next.lse);
   const float wa = std::exp(acc->lse - m), wb = std::exp(next.lse - m);
   const float sum = wa + wb;
