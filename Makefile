@@ -16,6 +16,7 @@ SERVER_FLAGS ?=
 APT_PACKAGES := build-essential cmake pkg-config git python3 \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
   libabsl-dev prometheus-cpp-dev libsqlite3-dev libssl-dev \
+  libcli11-dev libspdlog-dev \
   libgtest-dev libgmock-dev libbenchmark-dev prometheus curl openssl
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

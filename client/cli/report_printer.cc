@@ -6,9 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "client/cli/commands.h"
 
-namespace attnaudit::cli {
+namespace attnaudit::client {
 namespace {
 
 std::string Loc(const Location& l) {
@@ -205,4 +204,4 @@ std::string FormatSnapshotSummary(const Snapshot& s) {
   return out;
 }
 
-}  // namespace attnaudit::cli
+}  // namespace attnaudit::client

@@ -8,7 +8,7 @@
 #include "core/report/report.h"
 #include "core/snapshot/snapshot.h"
 
-namespace attnaudit::cli {
+namespace attnaudit::client {
 
 // Verdict, a table of comparisons x quantities, worst locations and heads,
 // log-prob agreement, timings. Ends with a newline.
@@ -17,9 +17,14 @@ std::string FormatReport(const AuditReport& report);
 // Shapes, dtypes, sizes and labels of a snapshot (no validation needed).
 std::string FormatSnapshotSummary(const Snapshot& snapshot);
 
+// The CLI's exit codes.
+constexpr int kExitPass = 0;
+constexpr int kExitDrift = 1;
+constexpr int kExitError = 2;  // invalid input or an error
+
 // Exit code for a verdict: 0 PASS, 1 DRIFT, 2 INVALID/unspecified.
 int ExitCodeFor(Verdict verdict);
 
-}  // namespace attnaudit::cli
+}  // namespace attnaudit::client
 
 #endif  // ATTNAUDIT_CLIENT_CLI_REPORT_PRINTER_H_

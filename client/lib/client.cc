@@ -1,10 +1,9 @@
 #include "client/lib/client.h"
 
+#include <google/protobuf/util/time_util.h>
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -15,6 +14,7 @@
 #include "proto/codec/codec.h"
 #include "proto/codec/stream.h"
 #include "proto/codec/tensor_paths.h"
+#include "proto/credentials/credential_files.h"
 
 namespace attnaudit::client {
 namespace {
@@ -22,18 +22,6 @@ namespace {
 constexpr char kRetryPayload[] = "type.attnaudit.dev/retry-after-ms";
 constexpr int64_t kFallbackReceiveLimit = int64_t{4} << 20;  // gRPC default
 constexpr int64_t kStreamAbove = int64_t{8} << 20;
-
-absl::StatusOr<std::string> ReadFile(const std::string& flag,
-                                     const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, ": cannot read ", path));
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // grpc::Status -> absl::Status, keeping the retry hint as a payload.
 absl::Status ToAbsl(const grpc::Status& status,
@@ -75,7 +63,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   if (tls) {
     grpc::SslCredentialsOptions ssl;
     if (!options.tls_ca.empty()) {
-      absl::StatusOr<std::string> ca = ReadFile("tls-ca", options.tls_ca);
+      absl::StatusOr<std::string> ca = ReadPemFile("tls-ca", options.tls_ca);
       if (!ca.ok()) return ca.status();
       ssl.pem_root_certs = *std::move(ca);
     }
@@ -84,9 +72,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
           "--tls-cert: --tls-cert and --tls-key go together");
     }
     if (!options.tls_cert.empty()) {
-      absl::StatusOr<std::string> cert = ReadFile("tls-cert", options.tls_cert);
+      absl::StatusOr<std::string> cert =
+          ReadPemFile("tls-cert", options.tls_cert);
       if (!cert.ok()) return cert.status();
-      absl::StatusOr<std::string> key = ReadFile("tls-key", options.tls_key);
+      absl::StatusOr<std::string> key = ReadPemFile("tls-key", options.tls_key);
       if (!key.ok()) return key.status();
       ssl.pem_cert_chain = *std::move(cert);
       ssl.pem_private_key = *std::move(key);
@@ -232,19 +221,24 @@ absl::StatusOr<v1::AuditResponse> Client::AuditStream(
   return response;
 }
 
-absl::StatusOr<v1::SubmitResponse> Client::Submit(const Snapshot& snapshot,
-                                                  const SubmitOptions& call) {
+v1::SubmitRequest MakeSubmitRequest(const Snapshot& snapshot,
+                                    const SubmitOptions& call) {
   v1::SubmitRequest request;
   SnapshotToProto(snapshot, request.mutable_snapshot());
   *request.mutable_options() = call.audit_options;
   request.set_priority(call.priority);
   request.set_idempotency_key(call.idempotency_key);
   if (call.job_timeout > absl::ZeroDuration()) {
-    const int64_t ns = absl::ToInt64Nanoseconds(call.job_timeout);
-    request.mutable_timeout()->set_seconds(ns / 1000000000);
-    request.mutable_timeout()->set_nanos(static_cast<int32_t>(ns % 1000000000));
+    *request.mutable_timeout() =
+        google::protobuf::util::TimeUtil::NanosecondsToDuration(
+            absl::ToInt64Nanoseconds(call.job_timeout));
   }
-  return SubmitProto(request, call.timeout);
+  return request;
+}
+
+absl::StatusOr<v1::SubmitResponse> Client::Submit(const Snapshot& snapshot,
+                                                  const SubmitOptions& call) {
+  return SubmitProto(MakeSubmitRequest(snapshot, call), call.timeout);
 }
 
 absl::StatusOr<v1::SubmitResponse> Client::SubmitProto(

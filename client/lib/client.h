@@ -141,6 +141,12 @@ class Client {
   std::optional<v1::Capabilities> caps_ ABSL_GUARDED_BY(caps_mu_);
 };
 
+// The request Client::Submit sends (for callers that keep it to resend, as
+// `attnaudit submit` does on RESOURCE_EXHAUSTED, or send it with
+// SubmitProto).
+v1::SubmitRequest MakeSubmitRequest(const Snapshot& snapshot,
+                                    const SubmitOptions& call);
+
 // The server's retry hint of a RESOURCE_EXHAUSTED status (its
 // "retry-after-ms" trailer), or zero.
 absl::Duration RetryAfter(const absl::Status& status);

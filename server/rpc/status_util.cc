@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -34,4 +34,4 @@ void AddRetryAfter(grpc::CallbackServerContext* context,
   context->AddTrailingMetadata(kRetryAfterMetadata, absl::StrCat(clamped));
 }
 
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server

@@ -13,7 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 
 // Trailing metadata key carrying the retry hint of RESOURCE_EXHAUSTED
 // answers, in whole milliseconds.
@@ -31,6 +31,6 @@ absl::Status PrefixStatus(absl::string_view prefix, const absl::Status& status);
 void AddRetryAfter(grpc::CallbackServerContext* context,
                    absl::Duration retry_after);
 
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_RPC_STATUS_UTIL_H_

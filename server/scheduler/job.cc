@@ -2,8 +2,7 @@
 
 #include "absl/strings/ascii.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 
 absl::string_view PriorityClassName(PriorityClass c) {
   return c == PriorityClass::kInteractive ? "INTERACTIVE" : "SAMPLED";
@@ -46,5 +45,4 @@ absl::string_view RejectReasonLabel(RejectReason r) {
   return "unknown";
 }
 
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server

@@ -26,8 +26,7 @@
 #include "core/report/report.h"
 #include "core/snapshot/snapshot.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 
 // Strict priority: every queued kInteractive job is dispatched before any
 // kSampled job (unless SchedulerOptions::sampled_promote_after ages one).
@@ -136,7 +135,6 @@ struct Job {
   Job& operator=(const Job&) = delete;
 };
 
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_SCHEDULER_JOB_H_

@@ -5,9 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace attnaudit {
-namespace server {
-namespace spool_format {
+namespace attnaudit::server {
+namespace spool_internal {
 namespace {
 
 void PutU32(std::string* out, uint32_t v) {
@@ -142,6 +141,5 @@ absl::Status DecodeMetadata(absl::string_view bytes, SpoolMetadata* metadata) {
   return absl::OkStatus();
 }
 
-}  // namespace spool_format
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace spool_internal
+}  // namespace attnaudit::server

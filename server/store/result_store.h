@@ -38,8 +38,7 @@
 
 struct sqlite3;
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 
 // Stored as text ("QUEUED", ...). Values are not persisted.
 enum class JobState : int {
@@ -145,7 +144,6 @@ class ResultStore {
   sqlite3* db_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_STORE_RESULT_STORE_H_

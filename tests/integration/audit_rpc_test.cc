@@ -15,7 +15,7 @@
 #include "proto/codec/stream.h"
 #include "tests/integration/test_server.h"
 
-namespace attnaudit::testing_rpc {
+namespace attnaudit::testing {
 namespace {
 
 AuditReport Offline(const Snapshot& snapshot) {
@@ -185,7 +185,7 @@ TEST_F(AuditRpcTest, StreamProtocolViolationsAreRefusedWithTheirPlace) {
 }
 
 TEST(AuditRpcLimitsTest, SnapshotPastTheUnaryLimitIsStreamed) {
-  rpc::AuditServerOptions options = TestOptions(MakeTempDir("limit"));
+  server::AuditServerOptions options = TestOptions(MakeTempDir("limit"));
   options.max_message_bytes = 64 << 10;
   client::ClientOptions client_options;
   client_options.chunk_bytes = 32 << 10;  // chunks under the limit
@@ -214,7 +214,7 @@ TEST(AuditRpcLimitsTest, SnapshotPastTheUnaryLimitIsStreamed) {
 }
 
 TEST(AuditRpcLimitsTest, StreamOverTheStreamLimitIsRefusedBeforeItsChunks) {
-  rpc::AuditServerOptions options = TestOptions(MakeTempDir("streamlimit"));
+  server::AuditServerOptions options = TestOptions(MakeTempDir("streamlimit"));
   options.memory_budget_bytes = 64 << 10;  // also caps max_stream_bytes
   std::unique_ptr<TestServer> t = StartServer(std::move(options));
   ASSERT_NE(t, nullptr);
@@ -261,7 +261,7 @@ TEST_F(AuditRpcTest, ReflectionListsTheService) {
 }
 
 TEST(AuditRpcAuthTest, BearerTokenIsRequiredExceptForHealth) {
-  rpc::AuditServerOptions options = TestOptions(MakeTempDir("auth"));
+  server::AuditServerOptions options = TestOptions(MakeTempDir("auth"));
   options.auth_token = "s3cret-token";
   std::unique_ptr<TestServer> t = StartServer(std::move(options));
   ASSERT_NE(t, nullptr);
@@ -297,7 +297,7 @@ TEST(AuditRpcAuthTest, BearerTokenIsRequiredExceptForHealth) {
 }
 
 TEST(AuditRpcShutdownTest, ShutdownTurnsHealthNotServingBeforeItStops) {
-  rpc::AuditServerOptions options = TestOptions(MakeTempDir("shutdown"));
+  server::AuditServerOptions options = TestOptions(MakeTempDir("shutdown"));
   options.drain_delay = absl::Seconds(2);
   std::unique_ptr<TestServer> t = StartServer(std::move(options));
   ASSERT_NE(t, nullptr);
@@ -314,4 +314,4 @@ TEST(AuditRpcShutdownTest, ShutdownTurnsHealthNotServingBeforeItStops) {
 }
 
 }  // namespace
-}  // namespace attnaudit::testing_rpc
+}  // namespace attnaudit::testing

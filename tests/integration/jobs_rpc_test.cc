@@ -15,7 +15,7 @@
 #include "proto/codec/codec.h"
 #include "tests/integration/test_server.h"
 
-namespace attnaudit::testing_rpc {
+namespace attnaudit::testing {
 namespace {
 
 // Collects a watch stream on a thread until `count` results arrived.
@@ -132,7 +132,7 @@ TEST_F(JobsRpcTest, WatchFiltersOnLabels) {
 
 TEST_F(JobsRpcTest, SlowWatcherIsDroppedWithResourceExhausted) {
   t_.reset();
-  rpc::AuditServerOptions options = TestOptions(MakeTempDir("slow"));
+  server::AuditServerOptions options = TestOptions(MakeTempDir("slow"));
   options.watcher_buffer = 2;
   t_ = StartServer(std::move(options));
   ASSERT_NE(t_, nullptr);
@@ -229,7 +229,7 @@ TEST(JobsDurabilityTest, SpooledJobsAreResumedByTheNextServer) {
     // First server: its only device never lets a job finish, and the
     // drain gives up at once, so every accepted job stays spooled.
     auto gate = std::make_shared<GateState>();
-    rpc::AuditServerOptions options = TestOptions(dir);
+    server::AuditServerOptions options = TestOptions(dir);
     options.devices.push_back(std::make_unique<GateDevice>(gate, 0));
     options.drain_timeout = absl::ZeroDuration();
     std::unique_ptr<TestServer> t = StartServer(std::move(options));
@@ -269,4 +269,4 @@ TEST(JobsDurabilityTest, SpooledJobsAreResumedByTheNextServer) {
 }
 
 }  // namespace
-}  // namespace attnaudit::testing_rpc
+}  // namespace attnaudit::testing

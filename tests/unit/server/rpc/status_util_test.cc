@@ -3,7 +3,7 @@
 
 #include "gtest/gtest.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 namespace {
 
 TEST(StatusUtilTest, EveryCodeMapsToTheSameGrpcCode) {
@@ -40,4 +40,4 @@ TEST(StatusUtilTest, PrefixMakesFieldPathsAbsolute) {
 }
 
 }  // namespace
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server
