@@ -30,18 +30,12 @@ int RunCheck(const CheckCommand& o) {
   if (!snapshot.ok()) return Fail(snapshot.status().message());
   absl::StatusOr<AuditReport> report = RunAudit(*snapshot, options);
   if (!report.ok()) return Fail(report.status().ToString());
-  if (o.json) {
-    absl::StatusOr<std::string> json = ReportToJson(*report);
-    if (!json.ok()) return Fail(json.status().message());
-    std::cout << *json << "\n";
-  } else {
-    std::cout << FormatReport(*report);
-  }
+  const int exit_code = PrintReport("check", *report, o.json);
   if (report->verdict == Verdict::kInvalid) {
     std::cerr << "attnaudit check: invalid snapshot: " << report->invalid_reason
               << "\n";
   }
-  return ExitCodeFor(report->verdict);
+  return exit_code;
 }
 
 }  // namespace

@@ -41,6 +41,16 @@ int Main(int argc, char** argv) {
   // `attnaudit help` is `attnaudit --help`.
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.size() == 1 && args[0] == "help") args[0] = "--help";
+  // CLI11 would only say that a subcommand is required.
+  if (!args.empty() && args[0][0] != '-' &&
+      app.get_subcommands([&args](const CLI::App* command) {
+           return command->check_name(args[0]);
+         })
+          .empty()) {
+    std::cerr << "attnaudit: unknown command '" << args[0] << "'\n"
+              << "run 'attnaudit --help' for the commands\n";
+    return kExitError;
+  }
   std::reverse(args.begin(), args.end());  // CLI11 takes them back to front
   try {
     app.parse(args);

@@ -54,14 +54,7 @@ int RunAuditCommand(const AuditCommand& o) {
     }
     return Fail("audit", report.status());
   }
-  if (o.json) {
-    absl::StatusOr<std::string> json = ReportToJson(*report);
-    if (!json.ok()) return Fail("audit", json.status());
-    std::cout << *json << "\n";
-  } else {
-    std::cout << FormatReport(*report);
-  }
-  return ExitCodeFor(report->verdict);
+  return PrintReport("audit", *report, o.json);
 }
 
 void AddAudit(CLI::App* app, int* exit_code) {

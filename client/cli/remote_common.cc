@@ -19,8 +19,6 @@
 namespace attnaudit::client::cli_internal {
 namespace {
 
-constexpr char kConnection[] = "Connection";
-
 // An enum value's name without its prefix: JOB_STATE_DONE -> DONE.
 std::string WithoutPrefix(const std::string& name, absl::string_view prefix) {
   return std::string(absl::StripPrefix(name, prefix));
@@ -29,34 +27,24 @@ std::string WithoutPrefix(const std::string& name, absl::string_view prefix) {
 }  // namespace
 
 void AddConnectionFlags(CLI::App* command, ConnectionFlags* flags) {
-  command->add_option("--addr", flags->addr, "server HOST:PORT")
-      ->capture_default_str()
-      ->group(kConnection);
-  command
+  CLI::App* group = command->add_option_group(
+      "Connection", "where the server is and how to reach it");
+  group->add_option("--addr", flags->addr, "server HOST:PORT")
+      ->capture_default_str();
+  group
       ->add_option("--timeout", flags->timeout,
                    "deadline of each call (default 120s)")
-      ->check(DurationValidator())
-      ->group(kConnection);
-  command->add_flag("--tls", flags->tls, "use TLS with the system roots")
-      ->group(kConnection);
-  command
-      ->add_option("--tls-ca", flags->tls_ca,
-                   "PEM roots of the server's certificate (implies TLS)")
-      ->group(kConnection);
-  command
-      ->add_option("--tls-cert", flags->tls_cert,
-                   "PEM client certificate (mTLS; with --tls-key)")
-      ->group(kConnection);
-  command->add_option("--tls-key", flags->tls_key, "PEM key of --tls-cert")
-      ->group(kConnection);
-  command
-      ->add_option("--tls-server-name", flags->tls_server_name,
-                   "name to verify instead of the address's host")
-      ->group(kConnection);
-  command
-      ->add_option("--auth-token-file", flags->auth_token_file,
-                   "file whose first line is the bearer token")
-      ->group(kConnection);
+      ->check(DurationValidator());
+  group->add_flag("--tls", flags->tls, "use TLS with the system roots");
+  group->add_option("--tls-ca", flags->tls_ca,
+                    "PEM roots of the server's certificate (implies TLS)");
+  group->add_option("--tls-cert", flags->tls_cert,
+                    "PEM client certificate (mTLS; with --tls-key)");
+  group->add_option("--tls-key", flags->tls_key, "PEM key of --tls-cert");
+  group->add_option("--tls-server-name", flags->tls_server_name,
+                    "name to verify instead of the address's host");
+  group->add_option("--auth-token-file", flags->auth_token_file,
+                    "file whose first line is the bearer token");
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectionFlags& flags) {

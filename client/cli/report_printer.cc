@@ -1,11 +1,13 @@
 #include "client/cli/report_printer.h"
 
 #include <algorithm>
+#include <iostream>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "proto/codec/codec.h"
 
 namespace attnaudit::client {
 namespace {
@@ -202,6 +204,21 @@ std::string FormatSnapshotSummary(const Snapshot& s) {
                     s.engine.lse_base == LseBase::kE ? "e" : "2", "\n");
   }
   return out;
+}
+
+int PrintReport(absl::string_view command, const AuditReport& report,
+                bool json) {
+  if (!json) {
+    std::cout << FormatReport(report);
+    return ExitCodeFor(report.verdict);
+  }
+  absl::StatusOr<std::string> text = ReportToJson(report);
+  if (!text.ok()) {
+    std::cerr << "attnaudit " << command << ": " << text.status() << "\n";
+    return kExitError;
+  }
+  std::cout << *text << "\n";
+  return ExitCodeFor(report.verdict);
 }
 
 }  // namespace attnaudit::client

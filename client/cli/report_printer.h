@@ -1,10 +1,12 @@
 // Human-readable rendering of an AuditReport and of a snapshot summary, for
-// `attnaudit check`, `audit` and `inspect`. Pure functions.
+// `attnaudit check`, `audit` and `inspect` (pure functions), and the
+// printing of a report with its exit code.
 #ifndef ATTNAUDIT_CLIENT_CLI_REPORT_PRINTER_H_
 #define ATTNAUDIT_CLIENT_CLI_REPORT_PRINTER_H_
 
 #include <string>
 
+#include "absl/strings/string_view.h"
 #include "core/report/report.h"
 #include "core/snapshot/snapshot.h"
 
@@ -24,6 +26,12 @@ constexpr int kExitError = 2;  // invalid input or an error
 
 // Exit code for a verdict: 0 PASS, 1 DRIFT, 2 INVALID/unspecified.
 int ExitCodeFor(Verdict verdict);
+
+// Writes `report` to stdout (FormatReport, or proto3 JSON when `json`) and
+// returns ExitCodeFor its verdict; kExitError, with "attnaudit COMMAND: ..."
+// on stderr, when it cannot be converted to JSON.
+int PrintReport(absl::string_view command, const AuditReport& report,
+                bool json);
 
 }  // namespace attnaudit::client
 

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "absl/cleanup/cleanup.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -113,6 +113,19 @@ void Client::Prepare(grpc::ClientContext* context,
   }
 }
 
+template <typename Request, typename Response>
+absl::StatusOr<Response> Client::Unary(
+    grpc::Status (v1::AuditService::Stub::*rpc)(grpc::ClientContext*,
+                                                const Request&, Response*),
+    const Request& request, std::optional<absl::Duration> timeout) {
+  grpc::ClientContext context;
+  Prepare(&context, timeout);
+  Response response;
+  grpc::Status s = (stub_.get()->*rpc)(&context, request, &response);
+  if (!s.ok()) return ToAbsl(s, context);
+  return response;
+}
+
 bool Client::WaitForConnected(absl::Duration timeout) {
   return channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout));
 }
@@ -122,14 +135,12 @@ absl::StatusOr<v1::Capabilities> Client::Capabilities(bool refresh) {
     absl::MutexLock lock(&caps_mu_);
     if (caps_.has_value()) return *caps_;
   }
-  grpc::ClientContext context;
-  Prepare(&context, std::nullopt);
-  v1::Capabilities caps;
-  grpc::Status s =
-      stub_->GetCapabilities(&context, v1::GetCapabilitiesRequest(), &caps);
-  if (!s.ok()) return ToAbsl(s, context);
+  absl::StatusOr<v1::Capabilities> caps =
+      Unary(&v1::AuditService::Stub::GetCapabilities,
+            v1::GetCapabilitiesRequest(), std::nullopt);
+  if (!caps.ok()) return caps.status();
   absl::MutexLock lock(&caps_mu_);
-  caps_ = caps;
+  caps_ = *caps;
   return caps;
 }
 
@@ -179,12 +190,7 @@ absl::StatusOr<AuditReport> Client::Audit(const Snapshot& snapshot,
 
 absl::StatusOr<v1::AuditResponse> Client::AuditUnary(
     const v1::AuditRequest& request, const CallOptions& call) {
-  grpc::ClientContext context;
-  Prepare(&context, call.timeout);
-  v1::AuditResponse response;
-  grpc::Status s = stub_->Audit(&context, request, &response);
-  if (!s.ok()) return ToAbsl(s, context);
-  return response;
+  return Unary(&v1::AuditService::Stub::Audit, request, call.timeout);
 }
 
 absl::StatusOr<v1::AuditResponse> Client::AuditStream(
@@ -243,34 +249,22 @@ absl::StatusOr<v1::SubmitResponse> Client::Submit(const Snapshot& snapshot,
 
 absl::StatusOr<v1::SubmitResponse> Client::SubmitProto(
     const v1::SubmitRequest& request, std::optional<absl::Duration> timeout) {
-  grpc::ClientContext context;
-  Prepare(&context, timeout);
-  v1::SubmitResponse response;
-  grpc::Status s = stub_->Submit(&context, request, &response);
-  if (!s.ok()) return ToAbsl(s, context);
-  return response;
+  return Unary(&v1::AuditService::Stub::Submit, request, timeout);
 }
 
 absl::StatusOr<v1::JobResult> Client::GetResult(const std::string& job_id) {
-  grpc::ClientContext context;
-  Prepare(&context, std::nullopt);
   v1::GetResultRequest request;
   request.set_job_id(job_id);
-  v1::JobResult result;
-  grpc::Status s = stub_->GetResult(&context, request, &result);
-  if (!s.ok()) return ToAbsl(s, context);
-  return result;
+  return Unary(&v1::AuditService::Stub::GetResult, request, std::nullopt);
 }
 
 absl::StatusOr<v1::JobState> Client::Cancel(const std::string& job_id) {
-  grpc::ClientContext context;
-  Prepare(&context, std::nullopt);
   v1::CancelRequest request;
   request.set_job_id(job_id);
-  v1::CancelResponse response;
-  grpc::Status s = stub_->Cancel(&context, request, &response);
-  if (!s.ok()) return ToAbsl(s, context);
-  return response.state();
+  absl::StatusOr<v1::CancelResponse> response =
+      Unary(&v1::AuditService::Stub::Cancel, request, std::nullopt);
+  if (!response.ok()) return response.status();
+  return response->state();
 }
 
 absl::Status Client::Watch(

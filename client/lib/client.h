@@ -133,6 +133,12 @@ class Client {
   Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
   void Prepare(grpc::ClientContext* context,
                std::optional<absl::Duration> timeout) const;
+  // One unary call of `rpc` with the deadline and the token (client.cc).
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Unary(
+      grpc::Status (v1::AuditService::Stub::*rpc)(grpc::ClientContext*,
+                                                  const Request&, Response*),
+      const Request& request, std::optional<absl::Duration> timeout);
 
   const ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -82,7 +82,6 @@ class AuditStreamAssembler {
 
   bool begun() const { return begun_; }
   int64_t bytes_expected() const { return bytes_expected_; }
-  int64_t bytes_received() const { return bytes_received_; }
 
  private:
   int64_t max_stream_bytes_;

@@ -58,6 +58,23 @@ const Histogram::BucketBoundaries& SecondsBuckets() {
   return *b;
 }
 
+// A family registered on `r` with its name and help text.
+prometheus::Family<prometheus::Counter>& CounterFamily(prometheus::Registry& r,
+                                                       const char* name,
+                                                       const char* help) {
+  return BuildCounter().Name(name).Help(help).Register(r);
+}
+prometheus::Family<prometheus::Gauge>& GaugeFamily(prometheus::Registry& r,
+                                                   const char* name,
+                                                   const char* help) {
+  return BuildGauge().Name(name).Help(help).Register(r);
+}
+prometheus::Family<Histogram>& HistogramFamily(prometheus::Registry& r,
+                                               const char* name,
+                                               const char* help) {
+  return BuildHistogram().Name(name).Help(help).Register(r);
+}
+
 // NaN would land in the lowest bucket (every `le` comparison is false) and
 // +Inf would poison _sum forever: both are recorded as a large finite value,
 // i.e. in the +Inf bucket.
@@ -153,20 +170,14 @@ Metrics::Metrics(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Metrics::~Metrics() = default;
 
 void Metrics::Impl::RegisterVerdicts(prometheus::Registry& r) {
-  BuildGauge()
-      .Name("attnaudit_build_info")
-      .Help("Build information; the value is always 1.")
-      .Register(r)
+  GaugeFamily(r, "attnaudit_build_info",
+              "Build information; the value is always 1.")
       .Add({{"version", options.version}})
       .Set(1);
-  auto& audit_family = BuildCounter()
-                           .Name("attnaudit_audits_total")
-                           .Help("Audits completed, by overall verdict.")
-                           .Register(r);
-  auto& cmp = BuildCounter()
-                  .Name("attnaudit_comparison_verdicts_total")
-                  .Help("Comparison results, by comparison and verdict.")
-                  .Register(r);
+  auto& audit_family = CounterFamily(r, "attnaudit_audits_total",
+                                     "Audits completed, by overall verdict.");
+  auto& cmp = CounterFamily(r, "attnaudit_comparison_verdicts_total",
+                            "Comparison results, by comparison and verdict.");
   for (Verdict v : kVerdicts) {
     const std::string name(VerdictName(v));
     audits[static_cast<int>(v)] = &audit_family.Add({{"verdict", name}});
@@ -191,28 +202,20 @@ void Metrics::Impl::RegisterDrift(prometheus::Registry& r) {
       {"attnaudit_drift_logprob_abs_diff",
        "Largest |candidate - baseline| of the selected-token log-probs."}};
   for (int f = 0; f < kNumDriftFamilies; ++f) {
-    drift[f] =
-        &BuildHistogram().Name(names[f][0]).Help(names[f][1]).Register(r);
+    drift[f] = &HistogramFamily(r, names[f][0], names[f][1]);
   }
 }
 
 void Metrics::Impl::RegisterQueues(prometheus::Registry& r) {
-  auto& depth = BuildGauge()
-                    .Name("attnaudit_queue_depth")
-                    .Help("Jobs waiting in the scheduler queue, by class.")
-                    .Register(r);
-  auto& capacity = BuildGauge()
-                       .Name("attnaudit_queue_capacity")
-                       .Help("Maximum jobs the class queue holds.")
-                       .Register(r);
-  auto& wait = BuildHistogram()
-                   .Name("attnaudit_queue_wait_seconds")
-                   .Help("Time from admission until a device took the job.")
-                   .Register(r);
-  auto& completed = BuildCounter()
-                        .Name("attnaudit_jobs_completed_total")
-                        .Help("Jobs finished, by class and outcome.")
-                        .Register(r);
+  auto& depth = GaugeFamily(r, "attnaudit_queue_depth",
+                            "Jobs waiting in the scheduler queue, by class.");
+  auto& capacity = GaugeFamily(r, "attnaudit_queue_capacity",
+                               "Maximum jobs the class queue holds.");
+  auto& wait =
+      HistogramFamily(r, "attnaudit_queue_wait_seconds",
+                      "Time from admission until a device took the job.");
+  auto& completed = CounterFamily(r, "attnaudit_jobs_completed_total",
+                                  "Jobs finished, by class and outcome.");
   for (int c = 0; c < kNumPriorityClasses; ++c) {
     const std::string cls(PriorityClassLabel(static_cast<PriorityClass>(c)));
     queue_depth[c] = &depth.Add({{"class", cls}});
@@ -224,45 +227,32 @@ void Metrics::Impl::RegisterQueues(prometheus::Registry& r) {
           &completed.Add({{"class", cls}, {"outcome", kOutcomeNames[o]}});
     }
   }
-  queued_bytes = &BuildGauge()
-                      .Name("attnaudit_queued_bytes")
-                      .Help("Bytes of all queued jobs (memory budget use).")
-                      .Register(r)
+  queued_bytes = &GaugeFamily(r, "attnaudit_queued_bytes",
+                              "Bytes of all queued jobs (memory budget use).")
                       .Add({});
 }
 
 void Metrics::Impl::RegisterJobs(prometheus::Registry& r) {
-  stage_duration = &BuildHistogram()
-                        .Name("attnaudit_job_stage_duration_seconds")
-                        .Help("Time per audit stage, by stage and device kind.")
-                        .Register(r);
-  job_duration = &BuildHistogram()
-                      .Name("attnaudit_job_duration_seconds")
-                      .Help("Device run time per job, by device kind.")
-                      .Register(r);
-  received_bytes = &BuildCounter()
-                        .Name("attnaudit_received_bytes_total")
-                        .Help("Snapshot bytes received over RPC.")
-                        .Register(r)
+  stage_duration =
+      &HistogramFamily(r, "attnaudit_job_stage_duration_seconds",
+                       "Time per audit stage, by stage and device kind.");
+  job_duration = &HistogramFamily(r, "attnaudit_job_duration_seconds",
+                                  "Device run time per job, by device kind.");
+  received_bytes = &CounterFamily(r, "attnaudit_received_bytes_total",
+                                  "Snapshot bytes received over RPC.")
                         .Add({});
-  auto& rejection_family = BuildCounter()
-                               .Name("attnaudit_rejections_total")
-                               .Help("Requests refused, by reason.")
-                               .Register(r);
+  auto& rejection_family = CounterFamily(r, "attnaudit_rejections_total",
+                                         "Requests refused, by reason.");
   for (int i = 0; i < kNumRejectReasons; ++i) {
     rejections[i] = &rejection_family.Add(
         {{"reason",
           std::string(RejectReasonLabel(static_cast<RejectReason>(i)))}});
   }
-  inflight = &BuildGauge()
-                  .Name("attnaudit_inflight_jobs")
-                  .Help("Jobs running on a device.")
-                  .Register(r)
-                  .Add({});
-  devices = &BuildGauge()
-                 .Name("attnaudit_devices")
-                 .Help("Devices in the pool, by kind and state.")
-                 .Register(r);
+  inflight =
+      &GaugeFamily(r, "attnaudit_inflight_jobs", "Jobs running on a device.")
+           .Add({});
+  devices = &GaugeFamily(r, "attnaudit_devices",
+                         "Devices in the pool, by kind and state.");
   absl::MutexLock lock(&mu);
   Kind("cpu");
   for (const std::string& kind : options.device_kinds) Kind(kind);

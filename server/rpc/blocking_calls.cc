@@ -284,13 +284,24 @@ absl::Status DoCancel(AuditServiceImpl* svc, const std::string& job_id,
   return absl::OkStatus();
 }
 
-// Precheck of the calls that name a job: the id goes into the call's log
-// line and must be a valid id.
-rpc_internal::Precheck JobIdPrecheck(const std::string& job_id) {
-  return [&job_id](CallLog* log) {
-    log->set_job_id(job_id);
-    return ValidateJobId(job_id);
-  };
+// A call about one job (GetResult, Cancel): the id goes into the call's log
+// line and must be valid, then `body` runs on the executor. `job_id` is a
+// field of the request, which gRPC keeps alive until the call finishes.
+template <typename Response>
+grpc::ServerUnaryReactor* PostJobCall(
+    AuditServiceImpl* svc, const char* method,
+    grpc::CallbackServerContext* context, const std::string& job_id,
+    Response* response,
+    absl::Status (*body)(AuditServiceImpl*, const std::string&, Response*)) {
+  return rpc_internal::PostBlocking(
+      svc, method, context,
+      [&job_id](CallLog* log) {
+        log->set_job_id(job_id);
+        return ValidateJobId(job_id);
+      },
+      [svc, &job_id, response, body](CallLog*, absl::Duration*) {
+        return body(svc, job_id, response);
+      });
 }
 
 }  // namespace
@@ -320,21 +331,15 @@ grpc::ServerUnaryReactor* AuditServiceImpl::Submit(
 grpc::ServerUnaryReactor* AuditServiceImpl::GetResult(
     grpc::CallbackServerContext* context, const v1::GetResultRequest* request,
     v1::JobResult* response) {
-  return rpc_internal::PostBlocking(
-      this, "GetResult", context, JobIdPrecheck(request->job_id()),
-      [this, request, response](CallLog*, absl::Duration*) {
-        return DoGetResult(this, request->job_id(), response);
-      });
+  return PostJobCall(this, "GetResult", context, request->job_id(), response,
+                     &DoGetResult);
 }
 
 grpc::ServerUnaryReactor* AuditServiceImpl::Cancel(
     grpc::CallbackServerContext* context, const v1::CancelRequest* request,
     v1::CancelResponse* response) {
-  return rpc_internal::PostBlocking(
-      this, "Cancel", context, JobIdPrecheck(request->job_id()),
-      [this, request, response](CallLog*, absl::Duration*) {
-        return DoCancel(this, request->job_id(), response);
-      });
+  return PostJobCall(this, "Cancel", context, request->job_id(), response,
+                     &DoCancel);
 }
 
 }  // namespace attnaudit::server

@@ -202,12 +202,15 @@ int64_t SnapshotTensorBytes(const Snapshot& snapshot) {
 }
 
 absl::StatusOr<DecodedAudit> DecodeAuditRequest(v1::AuditRequest* request) {
-  return DecodeAudit(request->has_snapshot(), request->mutable_snapshot(),
+  // Asked before mutable_snapshot(), which creates the field.
+  const bool has_snapshot = request->has_snapshot();
+  return DecodeAudit(has_snapshot, request->mutable_snapshot(),
                      request->options());
 }
 
 absl::StatusOr<DecodedAudit> DecodeAuditRequest(v1::SubmitRequest* request) {
-  return DecodeAudit(request->has_snapshot(), request->mutable_snapshot(),
+  const bool has_snapshot = request->has_snapshot();
+  return DecodeAudit(has_snapshot, request->mutable_snapshot(),
                      request->options());
 }
 

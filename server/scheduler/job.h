@@ -34,12 +34,13 @@ namespace attnaudit::server {
 enum class PriorityClass : int { kInteractive = 0, kSampled = 1 };
 constexpr int kNumPriorityClasses = 2;
 
-// "INTERACTIVE" / "SAMPLED" (log and error messages).
+// "INTERACTIVE" / "SAMPLED" (log and error messages). Spelled here, not
+// taken from attnaudit.v1.Priority's generated names: the scheduler knows no
+// wire types (proto depends on nothing of the server).
 absl::string_view PriorityClassName(PriorityClass c);
-// "interactive" / "sampled" (metric label values).
+// "interactive" / "sampled": metric label values, a contract of their own
+// with dashboards and alerts (lower case by Prometheus convention).
 absl::string_view PriorityClassLabel(PriorityClass c);
-// Parses either spelling, case-insensitively. False on anything else.
-bool ParsePriorityClass(absl::string_view text, PriorityClass* out);
 
 // Why a job was not admitted (or, for kDeadline/kCancelled, why it ended
 // early). Label values for attnaudit_rejections_total{reason=...}.

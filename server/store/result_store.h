@@ -48,6 +48,10 @@ enum class JobState : int {
   kFailed = 3,
   kCancelled = 4,
 };
+// "QUEUED", "RUNNING", "DONE", "FAILED", "CANCELLED": the text stored in
+// results.db. Spelled here rather than taken from attnaudit.v1.JobState's
+// generated names: stored rows must not change when the wire contract
+// renames a value, and the store knows no wire types.
 absl::string_view JobStateName(JobState s);
 bool IsTerminal(JobState s);
 

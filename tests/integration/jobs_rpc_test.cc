@@ -209,6 +209,22 @@ TEST_F(JobsRpcTest, InvalidSubmitCreatesNoJob) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(absl::StartsWith(s.error_message(), "timeout"))
       << s.error_message();
+
+  // A malformed Duration (mixed signs) is refused the same way.
+  request.mutable_timeout()->set_seconds(5);
+  request.mutable_timeout()->set_nanos(-1);
+  grpc::ClientContext context2;
+  s = t_->stub->Submit(&context2, request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StartsWith(s.error_message(), "timeout: not a valid"))
+      << s.error_message();
+
+  v1::SubmitRequest no_snapshot;
+  grpc::ClientContext context3;
+  s = t_->stub->Submit(&context3, no_snapshot, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "snapshot: missing");
+  EXPECT_EQ(CountFiles(t_->data_dir + "/spool", ".job"), 0);
 }
 
 TEST_F(JobsRpcTest, UnknownAndMalformedJobIds) {
