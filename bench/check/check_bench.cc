@@ -67,11 +67,11 @@ BenchFlags ParseFlags(int argc, char** argv) {
                "attnaudit_bench_check");
   app.add_option("--threads", f.threads, "threads (0: all cores)");
   app.add_option("--repeats", f.repeats, "runs per stage (min and median)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1000));
   app.add_option("--preset", f.preset, "model preset");
-  app.add_option("--batch", f.batch, "rows")->check(CLI::PositiveNumber);
+  app.add_option("--batch", f.batch, "rows")->check(CLI::Range(1, 4096));
   app.add_option("--context", f.context, "KV length of row 0")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1 << 24));
   app.add_option("--file", f.file, "where the snapshot file is written");
   app.add_flag("--markdown", f.markdown, "also print a Markdown table");
   try {

@@ -271,7 +271,7 @@ void AddBenchCommand(CLI::App* app, int* exit_code) {
   command
       ->add_option("--requests", o->requests,
                    "stop after this many measured audits (0: no cap)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   command->add_flag("--json", o->json, "print one JSON object");
   AddConnectionFlags(command, &o->connection);
 }

@@ -5,9 +5,6 @@
 
 namespace attnaudit::client {
 
-namespace {
-
-// A number >= 0, with a message that says so.
 CLI::Validator NonNegative() {
   return CLI::Validator(
       [](std::string& value) {
@@ -17,8 +14,6 @@ CLI::Validator NonNegative() {
       },
       "X>=0");
 }
-
-}  // namespace
 
 void AddAuditFlags(CLI::App* app, AuditFlags* flags) {
   app->add_option("--out-tol", flags->out_tol,

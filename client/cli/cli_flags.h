@@ -26,6 +26,10 @@ void AddAuditFlags(CLI::App* app, AuditFlags* flags);
 // The core options these flags ask for (threads and limits left default).
 AuditOptions ToAuditOptions(const AuditFlags& flags);
 
+// A CLI11 check that the value is a number >= 0 ("'-1' is not a number
+// >= 0"; CLI11's own range check prints the double range).
+CLI::Validator NonNegative();
+
 // "30s", "2m", "1h30m" or plain seconds ("2.5"); never negative.
 absl::StatusOr<absl::Duration> ParseCliDuration(const std::string& value);
 // A CLI11 check that the value parses with ParseCliDuration.

@@ -162,7 +162,7 @@ void AddSubmit(CLI::App* app, int* exit_code) {
       ->add_option("--retries", o->retries,
                    "retries of a RESOURCE_EXHAUSTED answer per file")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   AddConnectionFlags(command, &o->connection);
 }
 
@@ -325,11 +325,11 @@ void AddWatch(CLI::App* app, int* exit_code) {
       ->check(CLI::IsMember({"PASS", "DRIFT", "INVALID"}, CLI::ignore_case));
   command->add_option("--model", o->model, "only this model label");
   command->add_option("--layer", o->layer, "only this layer")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   command->add_option("--engine", o->engine, "only this engine label");
   command->add_option("--backend", o->backend, "only this backend label");
   command->add_option("--count", o->count, "stop after this many results")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   command->add_option("--duration", o->duration, "stop after this long")
       ->check(DurationValidator());
   command->add_flag("--json", o->json, "one JSON object per line");
