@@ -28,7 +28,6 @@ std::string IdempotentJobId(absl::string_view key);
 class TokenAuth {
  public:
   explicit TokenAuth(std::string token) : token_(std::move(token)) {}
-  bool enabled() const { return !token_.empty(); }
   // OK, or UNAUTHENTICATED.
   grpc::Status Check(const grpc::CallbackServerContext& context) const;
 

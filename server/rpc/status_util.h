@@ -20,7 +20,6 @@ namespace attnaudit::server {
 inline constexpr char kRetryAfterMetadata[] = "retry-after-ms";
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
-absl::Status FromGrpcStatus(const grpc::Status& status);
 
 // `status` with `prefix` put in front of its message (same code); OK stays
 // OK. Used to make core field paths absolute ("snapshot." + "q: ...").
