@@ -5,10 +5,12 @@
 
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 
 namespace attnaudit::server {
 namespace {
@@ -73,6 +75,13 @@ void ConfigureLogging(spdlog::level::level_enum level, spdlog::sink_ptr sink) {
   // Lines are rare except at debug level; write each at once so a crash
   // loses none.
   logger->flush_on(spdlog::level::trace);
+  // Another thread may be inside a call through the previous logger
+  // (spdlog::default_logger_raw() holds no reference): keep every replaced
+  // logger alive. Reconfiguring is rare (start-up; tests).
+  static absl::Mutex retired_mu(absl::kConstInit);
+  static auto* retired = new std::vector<std::shared_ptr<spdlog::logger>>();
+  absl::MutexLock lock(&retired_mu);
+  retired->push_back(spdlog::default_logger());
   spdlog::set_default_logger(std::move(logger));
 }
 

@@ -39,8 +39,8 @@ namespace attnaudit::server {
 absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(absl::string_view name);
 
 // Makes the default spdlog logger write the format above to `sink` (stderr
-// when null) at `level` and above. Call before the server starts threads;
-// tests pass a sink that captures the lines.
+// when null) at `level` and above. Safe while other threads log (the
+// previous logger is kept alive); tests pass a sink that captures lines.
 void ConfigureLogging(spdlog::level::level_enum level,
                       spdlog::sink_ptr sink = nullptr);
 
