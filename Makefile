@@ -21,6 +21,7 @@ SERVER_FLAGS ?=
 APT_PACKAGES := build-essential cmake pkg-config git python3 python3-venv \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
   libabsl-dev libtbb-dev libhwy-dev prometheus-cpp-dev libsqlite3-dev libssl-dev \
+  libcli11-dev libspdlog-dev \
   libgtest-dev libgmock-dev libbenchmark-dev prometheus curl openssl \
   python3-yaml
 

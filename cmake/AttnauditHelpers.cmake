@@ -35,19 +35,6 @@ function(attnaudit_cc_test)
   endif()
 endfunction()
 
-# Adds every immediate subdirectory of the current source dir that has a
-# CMakeLists.txt, so components can be added without touching their parent.
-function(attnaudit_add_subdirectories)
-  file(GLOB children LIST_DIRECTORIES true RELATIVE ${CMAKE_CURRENT_SOURCE_DIR}
-       ${CMAKE_CURRENT_SOURCE_DIR}/*)
-  list(SORT children)
-  foreach(child ${children})
-    if(IS_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/${child} AND
-       EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/${child}/CMakeLists.txt)
-      add_subdirectory(${child})
-    endif()
-  endforeach()
-endfunction()
 
 # attnaudit_simd_sources(TARGET target SRCS ...)
 # Sources written over Highway with runtime dispatch (they include

@@ -6,16 +6,16 @@
 //               R flops / fp64 FMA peak + P flops / fp32 FMA peak).
 // Usage: attnaudit_bench_check [--threads N] [--repeats N] [--context L]
 //        [--batch B] [--preset NAME] [--markdown]
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/common/machine_floor.h"
-#include "client/cli/args.h"
-#include "client/cli/commands.h"
 #include "core/attention/attention.h"
 #include "core/audit/audit.h"
 #include "core/common/parallel.h"
@@ -50,136 +50,185 @@ void Die(const absl::Status& st) {
   std::exit(1);
 }
 
-int Main(int argc, char** argv) {
-  cli::Args args({"threads", "repeats", "context", "batch", "preset", "file"},
-                 {"markdown"});
-  if (absl::Status st = args.Parse(cli::Argv(argv + 1, argv + argc));
-      !st.ok()) {
-    Die(st);
+struct BenchFlags {
+  int threads = 0;  // 0: all cores
+  int repeats = 5;
+  std::string preset = "llama3-8b";
+  int64_t batch = 8;
+  int64_t context = 4096;
+  std::string file = "/tmp/attnaudit_bench_w1.pb";
+  bool markdown = false;
+};
+
+// CLI11 parses; a usage error exits 2 with what was wrong.
+BenchFlags ParseFlags(int argc, char** argv) {
+  BenchFlags f;
+  CLI::App app("W1 benchmark of the audit against this machine's floor",
+               "attnaudit_bench_check");
+  app.add_option("--threads", f.threads, "threads (0: all cores)");
+  app.add_option("--repeats", f.repeats, "runs per stage (min and median)")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--preset", f.preset, "model preset");
+  app.add_option("--batch", f.batch, "rows")->check(CLI::Range(1, 4096));
+  app.add_option("--context", f.context, "KV length of row 0")
+      ->check(CLI::Range(1, 1 << 24));
+  app.add_option("--file", f.file, "where the snapshot file is written");
+  app.add_flag("--markdown", f.markdown, "also print a Markdown table");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e) == 0 ? 0 : 2);
   }
-  const int threads =
-      ResolveThreads(static_cast<int>(*args.GetInt("threads", 0)));
-  const int repeats = static_cast<int>(*args.GetInt("repeats", 5));
+  return f;
+}
+
+// The W1 snapshot, validated and prepared, with the work it represents.
+struct Workload {
+  Snapshot snapshot;
+  ResolvedLayout layout;
+  PreparedAttention prepared;
+  double kv_bytes = 0;  // the KV rows the pass reads
+  double flops = 0;     // per pass: 4 flops per (visible key, dim, head)
+};
+
+Workload PrepareWorkload(const BenchFlags& flags, int threads) {
   SynthOptions so;
-  so.preset = args.Get("preset", "llama3-8b");
-  so.batch = *args.GetInt("batch", 8);
-  so.context = *args.GetInt("context", 4096);
+  so.preset = flags.preset;
+  so.batch = flags.batch;
+  so.context = flags.context;
   so.permute_pages = true;
   so.seed = 1;
+  Workload w;
   absl::StatusOr<Snapshot> synth = Synthesize(so);
   if (!synth.ok()) Die(synth.status());
-  const std::string path = args.Get("file", "/tmp/attnaudit_bench_w1.pb");
-  if (absl::Status st = WriteSnapshotFile(path, *synth); !st.ok()) Die(st);
-  const Snapshot& snap = *synth;
-
-  absl::StatusOr<ResolvedLayout> layout = ValidateSnapshot(snap);
+  w.snapshot = *std::move(synth);
+  if (absl::Status st = WriteSnapshotFile(flags.file, w.snapshot); !st.ok()) {
+    Die(st);
+  }
+  absl::StatusOr<ResolvedLayout> layout = ValidateSnapshot(w.snapshot);
   if (!layout.ok()) Die(layout.status());
-  const SnapshotDims& d = layout->dims;
+  w.layout = *std::move(layout);
   absl::StatusOr<PreparedAttention> prepared =
-      PrepareAttention(snap, *layout, threads);
+      PrepareAttention(w.snapshot, w.layout, threads);
   if (!prepared.ok()) Die(prepared.status());
-
+  w.prepared = *std::move(prepared);
+  const SnapshotDims& d = w.layout.dims;
   // Work: visible keys per query (decode: all cached keys of the row).
   int64_t active_tokens = 0;
-  for (int64_t len : layout->seq_lens) active_tokens += len;
-  const double kv_bytes = static_cast<double>(active_tokens) * d.kv_heads *
-                          d.head_dim * 2 * DTypeSize(snap.k_pages.dtype());
-  AttentionRunOptions warm_up;
-  warm_up.threads = threads;
-  absl::StatusOr<AttentionResults> once = ComputeAttention(*prepared, warm_up);
-  if (!once.ok()) Die(once.status());
-  // Sum of visible keys over all queries, times heads: 4 flops per (key, dim).
   double visible_pairs = 0;
   for (int64_t b = 0; b < d.batch; ++b) {
-    visible_pairs += static_cast<double>(layout->seq_lens[b]) * d.queries;
+    active_tokens += w.layout.seq_lens[b];
+    visible_pairs += static_cast<double>(w.layout.seq_lens[b]) * d.queries;
   }
-  const double flops = 4.0 * d.head_dim * d.q_heads * visible_pairs;
+  w.kv_bytes = static_cast<double>(active_tokens) * d.kv_heads * d.head_dim *
+               2 * DTypeSize(w.snapshot.k_pages.dtype());
+  w.flops = 4.0 * d.head_dim * d.q_heads * visible_pairs;
+  return w;
+}
 
-  const MachineFloor floor = MeasureMachineFloor(threads);
-  const double floor_memory = kv_bytes / floor.read_bytes_per_second;
-  const double floor_compute =
-      flops / floor.fp64_flops_per_second + flops / floor.fp32_flops_per_second;
-  const double machine_floor = std::max(floor_memory, floor_compute);
+struct StageTimes {
+  Timing validate, reference, replay, fused, audit, read, check;
+  Verdict verdict = Verdict::kUnspecified;
+};
 
+StageTimes MeasureStages(const Workload& w, const BenchFlags& flags,
+                         int threads) {
+  // Warm-up: one fused pass before anything is timed.
+  AttentionRunOptions warm_up;
+  warm_up.threads = threads;
+  absl::StatusOr<AttentionResults> once = ComputeAttention(w.prepared, warm_up);
+  if (!once.ok()) Die(once.status());
   auto run_passes = [&](AttentionPasses passes) {
     AttentionRunOptions o;
     o.threads = threads;
     o.record_merge_orders = false;
     o.passes = passes;
-    absl::StatusOr<AttentionResults> r = ComputeAttention(*prepared, o);
+    absl::StatusOr<AttentionResults> r = ComputeAttention(w.prepared, o);
     if (!r.ok()) Die(r.status());
   };
   AuditOptions audit_options;
   audit_options.threads = threads;
-  const Timing t_validate = Measure(repeats, [&] {
-    if (!ValidateSnapshot(snap).ok()) Die(absl::InternalError("validate"));
+  const int n = flags.repeats;
+  StageTimes t;
+  t.validate = Measure(n, [&] {
+    if (!ValidateSnapshot(w.snapshot).ok())
+      Die(absl::InternalError("validate"));
   });
-  const Timing t_ref =
-      Measure(repeats, [&] { run_passes(AttentionPasses::kReferenceOnly); });
-  const Timing t_rep =
-      Measure(repeats, [&] { run_passes(AttentionPasses::kReplayOnly); });
-  const Timing t_both =
-      Measure(repeats, [&] { run_passes(AttentionPasses::kBoth); });
-  Verdict verdict = Verdict::kUnspecified;
-  const Timing t_audit = Measure(repeats, [&] {
-    absl::StatusOr<AuditReport> r = RunAudit(snap, audit_options);
+  t.reference =
+      Measure(n, [&] { run_passes(AttentionPasses::kReferenceOnly); });
+  t.replay = Measure(n, [&] { run_passes(AttentionPasses::kReplayOnly); });
+  t.fused = Measure(n, [&] { run_passes(AttentionPasses::kBoth); });
+  t.audit = Measure(n, [&] {
+    absl::StatusOr<AuditReport> r = RunAudit(w.snapshot, audit_options);
     if (!r.ok()) Die(r.status());
-    verdict = r->verdict;
+    t.verdict = r->verdict;
   });
-  const Timing t_check = Measure(repeats, [&] {
-    absl::StatusOr<Snapshot> s = ReadSnapshotFile(path);
+  t.check = Measure(n, [&] {
+    absl::StatusOr<Snapshot> s = ReadSnapshotFile(flags.file);
     if (!s.ok()) Die(s.status());
     absl::StatusOr<AuditReport> r = RunAudit(*s, audit_options);
     if (!r.ok()) Die(r.status());
   });
-  const Timing t_read = Measure(repeats, [&] {
-    absl::StatusOr<Snapshot> s = ReadSnapshotFile(path);
+  t.read = Measure(n, [&] {
+    absl::StatusOr<Snapshot> s = ReadSnapshotFile(flags.file);
     if (!s.ok()) Die(s.status());
   });
+  return t;
+}
 
+void PrintResults(const BenchFlags& flags, const Workload& w, int threads,
+                  const MachineFloor& floor, const StageTimes& t) {
+  const SnapshotDims& d = w.layout.dims;
+  const double floor_memory = w.kv_bytes / floor.read_bytes_per_second;
+  const double floor_compute = w.flops / floor.fp64_flops_per_second +
+                               w.flops / floor.fp32_flops_per_second;
+  const double machine_floor = std::max(floor_memory, floor_compute);
   std::printf(
       "W1: preset=%s B=%lld Sq=%lld Hq=%lld Hkv=%lld D=%lld page=%lld "
       "context=%lld kv=%s, verdict %s, threads %d\n",
-      so.preset.c_str(), (long long)d.batch, (long long)d.queries,
+      flags.preset.c_str(), (long long)d.batch, (long long)d.queries,
       (long long)d.q_heads, (long long)d.kv_heads, (long long)d.head_dim,
-      (long long)d.page_size, (long long)so.context,
-      std::string(DTypeName(snap.k_pages.dtype())).c_str(),
-      std::string(VerdictName(verdict)).c_str(), threads);
+      (long long)d.page_size, (long long)flags.context,
+      std::string(DTypeName(w.snapshot.k_pages.dtype())).c_str(),
+      std::string(VerdictName(t.verdict)).c_str(), threads);
   std::printf("machine: read %.2f GB/s, fp64 %.1f GFLOP/s, fp32 %.1f GFLOP/s\n",
               floor.read_bytes_per_second / 1e9,
               floor.fp64_flops_per_second / 1e9,
               floor.fp32_flops_per_second / 1e9);
   std::printf("work: KV %.1f MiB, %.3f GFLOP per pass (R fp64 + P fp32)\n",
-              kv_bytes / 1048576.0, flops / 1e9);
+              w.kv_bytes / 1048576.0, w.flops / 1e9);
   std::printf("floor: memory %.2f ms, compute %.2f ms -> %.2f ms\n",
               floor_memory * 1e3, floor_compute * 1e3, machine_floor * 1e3);
-  auto row = [&](const char* name, const Timing& t) {
+  const std::pair<const char*, const Timing*> rows[] = {
+      {"validate", &t.validate},
+      {"R (fp64 reference) alone", &t.reference},
+      {"P (fp32 replay) alone", &t.replay},
+      {"R + P fused pass", &t.fused},
+      {"audit in memory (R+P+drift)", &t.audit},
+      {"read + parse file", &t.read},
+      {"whole check (read+audit)", &t.check}};
+  for (const auto& [name, timing] : rows) {
     std::printf("  %-34s min %8.2f ms  median %8.2f ms  %5.2fx floor\n", name,
-                t.min * 1e3, t.median * 1e3, t.median / machine_floor);
-  };
-  row("validate", t_validate);
-  row("R (fp64 reference) alone", t_ref);
-  row("P (fp32 replay) alone", t_rep);
-  row("R + P fused pass", t_both);
-  row("audit in memory (R+P+drift)", t_audit);
-  row("read + parse file", t_read);
-  row("whole check (read+audit)", t_check);
-  if (args.Has("markdown")) {
-    std::printf(
-        "\n| stage | median ms | min ms | x floor |\n|---|---|---|---|\n");
-    auto md = [&](const char* name, const Timing& t) {
-      std::printf("| %s | %.2f | %.2f | %.2f |\n", name, t.median * 1e3,
-                  t.min * 1e3, t.median / machine_floor);
-    };
-    md("validate", t_validate);
-    md("R alone", t_ref);
-    md("P alone", t_rep);
-    md("R+P fused", t_both);
-    md("audit (R+P+drift)", t_audit);
-    md("read+parse", t_read);
-    md("whole check", t_check);
+                timing->min * 1e3, timing->median * 1e3,
+                timing->median / machine_floor);
   }
-  std::remove(path.c_str());
+  if (!flags.markdown) return;
+  std::printf(
+      "\n| stage | median ms | min ms | x floor |\n|---|---|---|---|\n");
+  for (const auto& [name, timing] : rows) {
+    std::printf("| %s | %.2f | %.2f | %.2f |\n", name, timing->median * 1e3,
+                timing->min * 1e3, timing->median / machine_floor);
+  }
+}
+
+int Main(int argc, char** argv) {
+  const BenchFlags flags = ParseFlags(argc, argv);
+  const int threads = ResolveThreads(flags.threads);
+  const Workload w = PrepareWorkload(flags, threads);
+  const MachineFloor floor = MeasureMachineFloor(threads);
+  const StageTimes t = MeasureStages(w, flags, threads);
+  PrintResults(flags, w, threads, floor, t);
+  std::remove(flags.file.c_str());
   return 0;
 }
 

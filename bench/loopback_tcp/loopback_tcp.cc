@@ -20,6 +20,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -44,24 +45,6 @@ struct Options {
   bool copy = false;
 };
 
-bool ParseInt(const char* s, int64_t* out) {
-  char* end = nullptr;
-  errno = 0;
-  long long v = std::strtoll(s, &end, 10);
-  if (errno != 0 || end == s) return false;
-  // Accept K/M/G suffixes (binary).
-  int64_t mul = 1;
-  if (*end == 'K' || *end == 'k')
-    mul = int64_t{1} << 10, ++end;
-  else if (*end == 'M' || *end == 'm')
-    mul = int64_t{1} << 20, ++end;
-  else if (*end == 'G' || *end == 'g')
-    mul = int64_t{1} << 30, ++end;
-  if (*end != '\0' || v < 0) return false;
-  *out = static_cast<int64_t>(v) * mul;
-  return true;
-}
-
 void SetTimeouts(int fd) {
   timeval tv{};
   tv.tv_sec = 10;
@@ -76,153 +59,147 @@ struct Result {
   std::string error;
 };
 
-// One transfer of opts.bytes over a fresh connection.
-Result RunOnce(const Options& opts) {
-  Result result;
+std::string Errno(const char* what) {
+  return std::string(what) + ": " + std::strerror(errno);
+}
+
+// A socket listening on 127.0.0.1 at an ephemeral port (*addr), or -1.
+int Listen(sockaddr_in* addr, std::string* error) {
   int lfd = socket(AF_INET, SOCK_STREAM, 0);
   if (lfd < 0) {
-    result.error = std::string("socket: ") + std::strerror(errno);
-    return result;
+    *error = Errno("socket");
+    return -1;
   }
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+  *addr = sockaddr_in{};
+  addr->sin_family = AF_INET;
+  addr->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr->sin_port = 0;
+  socklen_t len = sizeof(*addr);
+  if (bind(lfd, reinterpret_cast<sockaddr*>(addr), sizeof(*addr)) != 0 ||
       listen(lfd, 1) != 0 ||
-      getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    result.error = std::string("bind/listen: ") + std::strerror(errno);
+      getsockname(lfd, reinterpret_cast<sockaddr*>(addr), &len) != 0) {
+    *error = Errno("bind/listen");
     close(lfd);
-    return result;
+    return -1;
   }
   SetTimeouts(lfd);
+  return lfd;
+}
 
-  std::atomic<bool> receiver_ok{false};
-  std::string receiver_error;
-  std::chrono::steady_clock::time_point first, last;
-  int64_t received = 0;
-  std::thread receiver([&] {
-    int fd = accept(lfd, nullptr, nullptr);
-    if (fd < 0) {
-      receiver_error = std::string("accept: ") + std::strerror(errno);
-      return;
-    }
-    SetTimeouts(fd);
-    std::vector<char> buf(static_cast<size_t>(opts.chunk));
-    std::vector<char> dest;
-    const int64_t dest_size = std::min<int64_t>(opts.bytes, int64_t{1} << 30);
-    if (opts.copy) dest.resize(static_cast<size_t>(dest_size));
-    bool started = false;
-    while (received < opts.bytes) {
-      ssize_t n = recv(fd, buf.data(), buf.size(), 0);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        receiver_error = n == 0 ? "peer closed early"
-                                : std::string("recv: ") + std::strerror(errno);
-        close(fd);
-        return;
-      }
-      if (!started) {
-        first = std::chrono::steady_clock::now();
-        started = true;
-      }
-      if (opts.copy) {
-        int64_t off = received % dest_size;
-        int64_t take = std::min<int64_t>(n, dest_size - off);
-        std::memcpy(dest.data() + off, buf.data(), static_cast<size_t>(take));
-        if (take < n) {
-          std::memcpy(dest.data(), buf.data() + take,
-                      static_cast<size_t>(n - take));
-        }
-      }
-      received += n;
-    }
-    last = std::chrono::steady_clock::now();
-    close(fd);
-    receiver_ok = true;
-  });
-
-  int cfd = socket(AF_INET, SOCK_STREAM, 0);
-  bool sent_ok = false;
-  if (cfd >= 0) {
-    SetTimeouts(cfd);
-    if (connect(cfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-      std::vector<char> src(static_cast<size_t>(opts.chunk), '\x5a');
-      int64_t sent = 0;
-      sent_ok = true;
-      while (sent < opts.bytes) {
-        size_t want = static_cast<size_t>(
-            std::min<int64_t>(opts.chunk, opts.bytes - sent));
-        ssize_t n = send(cfd, src.data(), want, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-          result.error = std::string("send: ") + std::strerror(errno);
-          sent_ok = false;
-          break;
-        }
-        sent += n;
-      }
-    } else {
-      result.error = std::string("connect: ") + std::strerror(errno);
-    }
-    close(cfd);
-  } else {
-    result.error = std::string("socket: ") + std::strerror(errno);
+// Copies `n` received bytes into the ring `dest` at offset received % size.
+void CopyIntoRing(const char* data, int64_t n, int64_t received,
+                  std::vector<char>* dest) {
+  const int64_t size = static_cast<int64_t>(dest->size());
+  const int64_t off = received % size;
+  const int64_t take = std::min<int64_t>(n, size - off);
+  std::memcpy(dest->data() + off, data, static_cast<size_t>(take));
+  if (take < n) {
+    std::memcpy(dest->data(), data + take, static_cast<size_t>(n - take));
   }
-  // A failed connect leaves the receiver in accept() until its timeout.
-  receiver.join();
-  close(lfd);
-  if (!sent_ok) return result;
-  if (!receiver_ok) {
-    result.error = receiver_error;
+}
+
+// Accepts one connection and reads opts.bytes; the rate is timed from the
+// first byte to the last.
+Result Receive(int lfd, const Options& opts) {
+  Result result;
+  int fd = accept(lfd, nullptr, nullptr);
+  if (fd < 0) {
+    result.error = Errno("accept");
     return result;
   }
+  SetTimeouts(fd);
+  std::vector<char> buf(static_cast<size_t>(opts.chunk));
+  std::vector<char> dest;
+  if (opts.copy) {
+    dest.resize(
+        static_cast<size_t>(std::min<int64_t>(opts.bytes, int64_t{1} << 30)));
+  }
+  std::chrono::steady_clock::time_point first;
+  while (result.received < opts.bytes) {
+    ssize_t n = recv(fd, buf.data(), buf.size(), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      result.error = n == 0 ? "peer closed early" : Errno("recv");
+      close(fd);
+      return result;
+    }
+    if (result.received == 0) first = std::chrono::steady_clock::now();
+    if (opts.copy) CopyIntoRing(buf.data(), n, result.received, &dest);
+    result.received += n;
+  }
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - first)
+          .count();
+  close(fd);
   result.ok = true;
-  result.received = received;
-  result.seconds = std::chrono::duration<double>(last - first).count();
   return result;
 }
 
-void Usage() {
-  std::fprintf(stderr,
-               "usage: loopback_tcp [--bytes N[K|M|G]] (default 2G, max 64G)\n"
-               "                    [--chunk N[K|M|G]] (default 4M)\n"
-               "                    [--repeat N] (default 3, max 100)\n"
-               "                    [--copy] (also copy into a buffer)\n");
+// Connects to `addr` and writes opts.bytes in opts.chunk writes. Returns
+// the error, empty on success.
+std::string Send(const sockaddr_in& addr, const Options& opts) {
+  int cfd = socket(AF_INET, SOCK_STREAM, 0);
+  if (cfd < 0) return Errno("socket");
+  SetTimeouts(cfd);
+  std::string error;
+  if (connect(cfd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) !=
+      0) {
+    error = Errno("connect");
+  }
+  std::vector<char> src(static_cast<size_t>(opts.chunk), '\x5a');
+  for (int64_t sent = 0; error.empty() && sent < opts.bytes;) {
+    const size_t want =
+        static_cast<size_t>(std::min<int64_t>(opts.chunk, opts.bytes - sent));
+    ssize_t n = send(cfd, src.data(), want, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) error = Errno("send");
+    sent += std::max<ssize_t>(n, 0);
+  }
+  close(cfd);
+  return error;
+}
+
+// One transfer of opts.bytes over a fresh connection.
+Result RunOnce(const Options& opts) {
+  Result result;
+  sockaddr_in addr;
+  int lfd = Listen(&addr, &result.error);
+  if (lfd < 0) return result;
+  std::thread receiver([&] { result = Receive(lfd, opts); });
+  const std::string send_error = Send(addr, opts);
+  // A failed connect leaves the receiver in accept() until its timeout.
+  receiver.join();
+  close(lfd);
+  if (!send_error.empty()) {
+    result.ok = false;
+    result.error = send_error;
+  }
+  return result;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Options opts;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&](int64_t* out) {
-      if (i + 1 >= argc || !ParseInt(argv[i + 1], out)) return false;
-      ++i;
-      return true;
-    };
-    int64_t v = 0;
-    if (a == "--bytes" && value(&v)) {
-      opts.bytes = v;
-    } else if (a == "--chunk" && value(&v)) {
-      opts.chunk = v;
-    } else if (a == "--repeat" && value(&v)) {
-      opts.repeat = static_cast<int>(std::min<int64_t>(v, 100));
-    } else if (a == "--copy") {
-      opts.copy = true;
-    } else {
-      Usage();
-      return a == "--help" || a == "-h" ? 0 : 2;
-    }
-  }
-  if (opts.bytes <= 0 || opts.bytes > kMaxBytes || opts.chunk <= 0 ||
-      opts.chunk > kMaxChunk || opts.repeat <= 0) {
-    std::fprintf(stderr,
-                 "loopback_tcp: --bytes must be in (0, 64G], "
-                 "--chunk in (0, 256M], --repeat > 0\n");
-    return 2;
+  CLI::App app("raw loopback TCP transfer rate (the ingest ceiling)",
+               "loopback_tcp");
+  app.add_option("--bytes", opts.bytes, "bytes per transfer (max 64G)")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(int64_t{1}, kMaxBytes))
+      ->capture_default_str();
+  app.add_option("--chunk", opts.chunk, "bytes per send and recv (max 256M)")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(int64_t{1}, kMaxChunk))
+      ->capture_default_str();
+  app.add_option("--repeat", opts.repeat, "transfers (best is reported)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  app.add_flag("--copy", opts.copy,
+               "also copy every received chunk into a buffer");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // usage errors exit 2
   }
   double best = 0;
   for (int r = 0; r < opts.repeat; ++r) {

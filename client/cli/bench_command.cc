@@ -9,34 +9,49 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "client/cli/args.h"
+#include "client/cli/cli_flags.h"
 #include "client/cli/commands.h"
 #include "client/cli/remote_common.h"
+#include "core/common/status_macros.h"
 #include "proto/codec/codec.h"
 
-namespace attnaudit::cli {
+namespace attnaudit::client::cli_internal {
 namespace {
 
-constexpr char kBenchHelp[] =
-    "usage: attnaudit bench FILE [--addr HOST:PORT] [--concurrency N]\n"
-    "                       [--duration DUR] [--warmup DUR]\n"
-    "                       [--transport auto|unary|stream] [--requests N]\n"
-    "                       [--json] [connection flags]\n"
-    "Closed-loop load: N threads (default 1) audit FILE back to back for\n"
-    "--warmup (default 1s, not measured) then --duration (default 10s, at\n"
-    "most 1h) or until --requests audits. Prints audits/s, p50/p99 latency,\n"
-    "ingest GB/s (snapshot bytes per second of wall time), and per audit the\n"
-    "server's audit time (from the report) and the rest of the latency\n"
-    "(transfer, decode, queue) with its GB/s. Exit 0 when every call\n"
-    "succeeded, 2 otherwise.\n";
+struct BenchCommand {
+  std::string file;
+  int64_t concurrency = 1;
+  std::string duration = "10s";
+  std::string warmup = "1s";
+  std::string transport = "auto";
+  int64_t requests = 0;  // 0: no cap
+  bool json = false;
+  ConnectionFlags connection;
+};
+
+// What every worker sends. Unary: one request built once and shared
+// read-only by every thread (serialising a const message concurrently is
+// safe). Stream: the core snapshot, also only read.
+struct Load {
+  Snapshot snapshot;
+  v1::AuditRequest request;
+  int64_t bytes = 0;  // of the unary request
+  Transport transport = Transport::kUnary;
+};
+
+// When the workers measure and stop, and how many audits they may issue.
+struct Schedule {
+  absl::Time measure_from;
+  absl::Time stop_at;
+  int64_t max_requests = 0;  // 0: no cap
+};
 
 struct WorkerStats {
   std::vector<double> latencies_ms;  // measured calls only
@@ -48,163 +63,133 @@ struct WorkerStats {
   absl::Status first_error;
 };
 
-double Percentile(std::vector<double>* sorted, double p) {
-  if (sorted->empty()) return 0;
-  // Nearest rank.
-  const size_t rank = static_cast<size_t>(
-      std::ceil(p / 100.0 * static_cast<double>(sorted->size())));
-  return (*sorted)[std::min(sorted->size(), std::max<size_t>(rank, 1)) - 1];
-}
-
-}  // namespace
-
-int RunBench(const Argv& argv) {
-  Args args(WithConnectionFlags(
-                {"concurrency", "duration", "warmup", "transport", "requests"}),
-            WithConnectionBoolFlags({"json"}));
-  if (absl::Status st = args.Parse(argv); !st.ok()) {
-    std::cerr << "attnaudit bench: " << st.message() << "\n"
-              << kBenchHelp << kConnectionHelp;
-    return kExitError;
-  }
-  if (args.Has("help")) {
-    std::cout << kBenchHelp << kConnectionHelp;
-    return 0;
-  }
-  if (args.positional().size() != 1) {
-    std::cerr << kBenchHelp << kConnectionHelp;
-    return kExitError;
-  }
-  auto fail = [](const absl::Status& s) {
-    std::cerr << "attnaudit bench: " << DescribeError(s) << "\n";
-    return kExitError;
-  };
-  absl::StatusOr<int64_t> concurrency = args.GetInt("concurrency", 1);
-  if (!concurrency.ok()) return fail(concurrency.status());
-  if (*concurrency < 1 || *concurrency > 1024) {
-    return fail(
-        absl::InvalidArgumentError("--concurrency: must be in [1, 1024]"));
-  }
-  absl::StatusOr<int64_t> max_requests = args.GetInt("requests", 0);
-  if (!max_requests.ok()) return fail(max_requests.status());
-  absl::StatusOr<absl::Duration> duration =
-      ParseCliDuration("duration", args.Get("duration", "10s"));
-  if (!duration.ok()) return fail(duration.status());
-  absl::StatusOr<absl::Duration> warmup =
-      ParseCliDuration("warmup", args.Get("warmup", "1s"));
-  if (!warmup.ok()) return fail(warmup.status());
-  if (*duration <= absl::ZeroDuration() || *duration > absl::Hours(1) ||
-      *warmup > absl::Minutes(10)) {
-    return fail(absl::InvalidArgumentError(
-        "--duration: must be in (0, 1h]; --warmup at most 10m"));
-  }
-  const std::string transport_name =
-      absl::AsciiStrToLower(args.Get("transport", "auto"));
-  if (transport_name != "auto" && transport_name != "unary" &&
-      transport_name != "stream") {
-    return fail(absl::InvalidArgumentError(
-        "--transport: must be auto, unary or stream"));
-  }
-
-  absl::StatusOr<std::unique_ptr<client::Client>> client =
-      ConnectFromArgs(args);
-  if (!client.ok()) return fail(client.status());
-  absl::StatusOr<Snapshot> snapshot = ReadSnapshotFile(args.positional()[0]);
-  if (!snapshot.ok()) return fail(snapshot.status());
-  // Unary: one request built once and shared read-only by every thread
-  // (serialising a const message concurrently is safe). Stream: the core
-  // snapshot, also only read.
-  v1::AuditRequest request;
-  SnapshotToProto(*snapshot, request.mutable_snapshot());
-  const int64_t bytes = static_cast<int64_t>(request.ByteSizeLong());
-  if (!(*client)->WaitForConnected(absl::Seconds(10))) {
-    return fail(absl::UnavailableError(
-        absl::StrCat("cannot connect to ", (*client)->options().address)));
-  }
-  client::Transport transport = client::Transport::kUnary;
-  if (transport_name == "stream") {
-    transport = client::Transport::kStream;
-  } else if (transport_name == "auto") {
-    absl::StatusOr<client::Transport> t = (*client)->ChooseTransport(bytes);
-    if (!t.ok()) return fail(t.status());
-    transport = *t;
-  }
-  if (transport == client::Transport::kStream) request.Clear();
-
-  const absl::Time start = absl::Now();
-  const absl::Time measure_from = start + *warmup;
-  const absl::Time stop_at = measure_from + *duration;
-  std::atomic<int64_t> issued{0};
-  std::vector<WorkerStats> stats(static_cast<size_t>(*concurrency));
-  std::vector<std::thread> threads;
-  for (int64_t w = 0; w < *concurrency; ++w) {
-    threads.emplace_back([&, w] {
-      WorkerStats& st = stats[static_cast<size_t>(w)];
-      client::CallOptions call;
-      while (absl::Now() < stop_at) {
-        const absl::Time t0 = absl::Now();
-        const bool measured = t0 >= measure_from;
-        if (measured && *max_requests > 0 &&
-            issued.fetch_add(1) >= *max_requests) {
-          break;
-        }
-        absl::StatusOr<v1::AuditResponse> r =
-            transport == client::Transport::kUnary
-                ? (*client)->AuditUnary(request, call)
-                : (*client)->AuditStream(*snapshot, call);
-        const absl::Time t1 = absl::Now();
-        if (r.ok()) {
-          if (measured) {
-            st.latencies_ms.push_back(absl::ToDoubleMilliseconds(t1 - t0));
-            st.audit_seconds +=
-                r->report().provenance().timings().total_seconds();
-            ++st.ok;
-            st.last_done = t1;
-          }
-        } else if (r.status().code() == absl::StatusCode::kResourceExhausted) {
-          ++st.rejected;
-          absl::SleepFor(std::clamp(client::RetryAfter(r.status()),
-                                    absl::Milliseconds(1), absl::Seconds(1)));
-        } else {
-          if (st.first_error.ok()) st.first_error = r.status();
-          ++st.errors;
-          if (st.errors >= 10) break;  // the server is not answering well
-        }
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-
-  std::vector<double> all;
+struct Summary {
   int64_t ok = 0, errors = 0, rejected = 0;
-  double audit_seconds = 0, latency_seconds = 0;
-  absl::Time last = measure_from;
-  absl::Status first_error;
-  for (WorkerStats& st : stats) {
-    all.insert(all.end(), st.latencies_ms.begin(), st.latencies_ms.end());
-    ok += st.ok;
-    audit_seconds += st.audit_seconds;
-    for (double ms : st.latencies_ms) latency_seconds += ms / 1000;
-    errors += st.errors;
-    rejected += st.rejected;
-    last = std::max(last, st.last_done);
-    if (first_error.ok()) first_error = st.first_error;
-  }
-  std::sort(all.begin(), all.end());
-  const double seconds = std::max(
-      1e-9, absl::ToDoubleSeconds(std::max(last, stop_at) - measure_from));
-  const double per_s = ok / seconds;
-  const double gbps = static_cast<double>(ok) * bytes / seconds / 1e9;
+  double seconds = 0;  // measured wall time
+  double per_second = 0, p50_ms = 0, p99_ms = 0, ingest_gbps = 0;
   // Per call: the server's audit time (from the report) and the rest of the
   // latency, i.e. sending, receiving, decoding and queueing the snapshot.
-  const double audit_ms = ok ? audit_seconds / ok * 1e3 : 0;
-  const double transfer_ms =
-      ok ? std::max(0.0, (latency_seconds - audit_seconds) / ok * 1e3) : 0;
-  const double transfer_gbps =
-      transfer_ms > 0 ? bytes / (transfer_ms / 1e3) / 1e9 : 0;
-  const char* tname =
-      transport == client::Transport::kUnary ? "unary" : "stream";
-  if (args.Has("json")) {
+  double audit_ms = 0, transfer_ms = 0, transfer_gbps = 0;
+  absl::Status first_error;
+};
+
+double Percentile(const std::vector<double>& sorted, double p) {
+  if (sorted.empty()) return 0;
+  // Nearest rank.
+  const size_t rank = static_cast<size_t>(
+      std::ceil(p / 100.0 * static_cast<double>(sorted.size())));
+  return sorted[std::min(sorted.size(), std::max<size_t>(rank, 1)) - 1];
+}
+
+// Reads the snapshot, builds the unary request and picks the transport
+// (auto: what Client::Audit would use for this size).
+absl::StatusOr<std::unique_ptr<Load>> PrepareLoad(Client* client,
+                                                  const BenchCommand& o) {
+  auto load = std::make_unique<Load>();
+  ATTNAUDIT_ASSIGN_OR_RETURN(load->snapshot, ReadSnapshotFile(o.file));
+  SnapshotToProto(load->snapshot, load->request.mutable_snapshot());
+  load->bytes = static_cast<int64_t>(load->request.ByteSizeLong());
+  if (!client->WaitForConnected(absl::Seconds(10))) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot connect to ", client->options().address));
+  }
+  if (o.transport == "stream") {
+    load->transport = Transport::kStream;
+  } else if (o.transport == "auto") {
+    ATTNAUDIT_ASSIGN_OR_RETURN(load->transport,
+                               client->ChooseTransport(load->bytes));
+  }
+  if (load->transport == Transport::kStream) load->request.Clear();
+  return load;
+}
+
+// One closed-loop worker: audits back to back until the schedule ends, the
+// request cap is reached or ten calls failed.
+void RunWorker(Client* client, const Load& load, const Schedule& schedule,
+               std::atomic<int64_t>* issued, WorkerStats* st) {
+  const CallOptions call;
+  while (absl::Now() < schedule.stop_at) {
+    const absl::Time t0 = absl::Now();
+    const bool measured = t0 >= schedule.measure_from;
+    if (measured && schedule.max_requests > 0 &&
+        issued->fetch_add(1) >= schedule.max_requests) {
+      break;
+    }
+    absl::StatusOr<v1::AuditResponse> r =
+        load.transport == Transport::kUnary
+            ? client->AuditUnary(load.request, call)
+            : client->AuditStream(load.snapshot, call);
+    const absl::Time t1 = absl::Now();
+    if (r.ok()) {
+      if (!measured) continue;
+      st->latencies_ms.push_back(absl::ToDoubleMilliseconds(t1 - t0));
+      st->audit_seconds += r->report().provenance().timings().total_seconds();
+      ++st->ok;
+      st->last_done = t1;
+    } else if (r.status().code() == absl::StatusCode::kResourceExhausted) {
+      ++st->rejected;
+      absl::SleepFor(std::clamp(RetryAfter(r.status()), absl::Milliseconds(1),
+                                absl::Seconds(1)));
+    } else {
+      if (st->first_error.ok()) st->first_error = r.status();
+      if (++st->errors >= 10) break;  // the server is not answering well
+    }
+  }
+}
+
+std::vector<WorkerStats> RunWorkers(Client* client, const Load& load,
+                                    const Schedule& schedule,
+                                    int64_t concurrency) {
+  std::atomic<int64_t> issued{0};
+  std::vector<WorkerStats> stats(static_cast<size_t>(concurrency));
+  std::vector<std::thread> threads;
+  for (WorkerStats& st : stats) {
+    threads.emplace_back(
+        [&, st = &st] { RunWorker(client, load, schedule, &issued, st); });
+  }
+  for (std::thread& t : threads) t.join();
+  return stats;
+}
+
+Summary Summarise(const std::vector<WorkerStats>& stats,
+                  const Schedule& schedule, int64_t bytes) {
+  Summary s;
+  std::vector<double> all;
+  double latency_seconds = 0;
+  double audit_seconds = 0;
+  absl::Time last = schedule.measure_from;
+  for (const WorkerStats& st : stats) {
+    all.insert(all.end(), st.latencies_ms.begin(), st.latencies_ms.end());
+    for (double ms : st.latencies_ms) latency_seconds += ms / 1000;
+    s.ok += st.ok;
+    s.errors += st.errors;
+    s.rejected += st.rejected;
+    audit_seconds += st.audit_seconds;
+    last = std::max(last, st.last_done);
+    if (s.first_error.ok()) s.first_error = st.first_error;
+  }
+  std::sort(all.begin(), all.end());
+  s.seconds =
+      std::max(1e-9, absl::ToDoubleSeconds(std::max(last, schedule.stop_at) -
+                                           schedule.measure_from));
+  s.per_second = s.ok / s.seconds;
+  s.p50_ms = Percentile(all, 50);
+  s.p99_ms = Percentile(all, 99);
+  s.ingest_gbps = static_cast<double>(s.ok) * bytes / s.seconds / 1e9;
+  if (s.ok > 0) {
+    s.audit_ms = audit_seconds / s.ok * 1e3;
+    s.transfer_ms =
+        std::max(0.0, (latency_seconds - audit_seconds) / s.ok * 1e3);
+  }
+  s.transfer_gbps = s.transfer_ms > 0 ? bytes / (s.transfer_ms / 1e3) / 1e9 : 0;
+  return s;
+}
+
+void PrintSummary(const BenchCommand& o, const Load& load, const Summary& s) {
+  const char* transport =
+      load.transport == Transport::kUnary ? "unary" : "stream";
+  const auto ll = [](int64_t v) { return static_cast<long long>(v); };
+  if (o.json) {
     std::printf(
         "{\"file\": \"%s\", \"transport\": \"%s\", \"concurrency\": %lld, "
         "\"snapshot_bytes\": %lld, \"seconds\": %.3f, \"audits\": %lld, "
@@ -212,31 +197,83 @@ int RunBench(const Argv& argv) {
         "\"ingest_gb_per_second\": %.4f, \"audit_ms\": %.3f, "
         "\"transfer_ms\": %.3f, \"transfer_gb_per_second\": %.4f, "
         "\"errors\": %lld, \"rejected\": %lld}\n",
-        args.positional()[0].c_str(), tname,
-        static_cast<long long>(*concurrency), static_cast<long long>(bytes),
-        seconds, static_cast<long long>(ok), per_s, Percentile(&all, 50),
-        Percentile(&all, 99), gbps, audit_ms, transfer_ms, transfer_gbps,
-        static_cast<long long>(errors), static_cast<long long>(rejected));
-  } else {
-    std::printf(
-        "bench %s: transport=%s concurrency=%lld snapshot=%.2f MiB "
-        "measured=%.2fs\n"
-        "  audits=%lld  audits/s=%.2f  p50=%.2f ms  p99=%.2f ms  "
-        "ingest=%.3f GB/s\n"
-        "  per audit: server audit %.2f ms + transfer/decode/queue %.2f ms "
-        "(%.3f GB/s)\n"
-        "  errors=%lld  rejected(retried)=%lld\n",
-        args.positional()[0].c_str(), tname,
-        static_cast<long long>(*concurrency), bytes / 1048576.0, seconds,
-        static_cast<long long>(ok), per_s, Percentile(&all, 50),
-        Percentile(&all, 99), gbps, audit_ms, transfer_ms, transfer_gbps,
-        static_cast<long long>(errors), static_cast<long long>(rejected));
+        o.file.c_str(), transport, ll(o.concurrency), ll(load.bytes), s.seconds,
+        ll(s.ok), s.per_second, s.p50_ms, s.p99_ms, s.ingest_gbps, s.audit_ms,
+        s.transfer_ms, s.transfer_gbps, ll(s.errors), ll(s.rejected));
+    return;
   }
-  if (!first_error.ok()) {
-    std::cerr << "attnaudit bench: first error: " << DescribeError(first_error)
-              << "\n";
-  }
-  return errors == 0 && ok > 0 ? 0 : kExitError;
+  std::printf(
+      "bench %s: transport=%s concurrency=%lld snapshot=%.2f MiB "
+      "measured=%.2fs\n"
+      "  audits=%lld  audits/s=%.2f  p50=%.2f ms  p99=%.2f ms  "
+      "ingest=%.3f GB/s\n"
+      "  per audit: server audit %.2f ms + transfer/decode/queue %.2f ms "
+      "(%.3f GB/s)\n"
+      "  errors=%lld  rejected(retried)=%lld\n",
+      o.file.c_str(), transport, ll(o.concurrency), load.bytes / 1048576.0,
+      s.seconds, ll(s.ok), s.per_second, s.p50_ms, s.p99_ms, s.ingest_gbps,
+      s.audit_ms, s.transfer_ms, s.transfer_gbps, ll(s.errors), ll(s.rejected));
 }
 
-}  // namespace attnaudit::cli
+int RunBench(const BenchCommand& o) {
+  const absl::Duration duration = CliDuration(o.duration);
+  const absl::Duration warmup = CliDuration(o.warmup);
+  if (duration <= absl::ZeroDuration() || duration > absl::Hours(1) ||
+      warmup > absl::Minutes(10)) {
+    return Fail("bench", absl::InvalidArgumentError(
+                             "--duration: must be in (0, 1h]; --warmup at "
+                             "most 10m"));
+  }
+  absl::StatusOr<std::unique_ptr<Client>> client = Connect(o.connection);
+  if (!client.ok()) return Fail("bench", client.status());
+  absl::StatusOr<std::unique_ptr<Load>> load = PrepareLoad(client->get(), o);
+  if (!load.ok()) return Fail("bench", load.status());
+  Schedule schedule;
+  schedule.measure_from = absl::Now() + warmup;
+  schedule.stop_at = schedule.measure_from + duration;
+  schedule.max_requests = o.requests;
+  const Summary summary =
+      Summarise(RunWorkers(client->get(), **load, schedule, o.concurrency),
+                schedule, (*load)->bytes);
+  PrintSummary(o, **load, summary);
+  if (!summary.first_error.ok()) {
+    std::cerr << "attnaudit bench: first error: "
+              << DescribeError(summary.first_error) << "\n";
+  }
+  return summary.errors == 0 && summary.ok > 0 ? 0 : kExitError;
+}
+
+}  // namespace
+
+void AddBenchCommand(CLI::App* app, int* exit_code) {
+  auto [command, o] = AddCommand<BenchCommand>(
+      app, exit_code, "bench", "load-generate against a server",
+      "Closed-loop load: N threads audit FILE back to back for --warmup (not\n"
+      "measured) then --duration (at most 1h) or until --requests audits.\n"
+      "Prints audits/s, p50/p99 latency, ingest GB/s (snapshot bytes per\n"
+      "second of wall time), and per audit the server's audit time (from "
+      "the\nreport) and the rest of the latency (transfer, decode, queue) "
+      "with its\nGB/s. Exit 0 when every call succeeded, 2 otherwise.",
+      &RunBench);
+  command->add_option("file", o->file, "snapshot file")->required();
+  command->add_option("--concurrency", o->concurrency, "client threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  command->add_option("--duration", o->duration, "measured time (at most 1h)")
+      ->capture_default_str()
+      ->check(DurationValidator());
+  command->add_option("--warmup", o->warmup, "unmeasured lead-in (at most 10m)")
+      ->capture_default_str()
+      ->check(DurationValidator());
+  command->add_option("--transport", o->transport, "auto, unary or stream")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "unary", "stream"}, CLI::ignore_case));
+  command
+      ->add_option("--requests", o->requests,
+                   "stop after this many measured audits (0: no cap)")
+      ->check(NonNegative());
+  command->add_flag("--json", o->json, "print one JSON object");
+  AddConnectionFlags(command, &o->connection);
+}
+
+}  // namespace attnaudit::client::cli_internal

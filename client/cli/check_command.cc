@@ -1,93 +1,59 @@
-// attnaudit check FILE [--json] [--threads N] [--no-engine-vs-reference ...]
-#include <cstdio>
+// attnaudit check FILE [--json] [--threads N] [--kv-fingerprint] [tolerances]
 #include <iostream>
+#include <string>
 
-#include "absl/strings/str_cat.h"
-#include "client/cli/args.h"
+#include "client/cli/cli_flags.h"
 #include "client/cli/commands.h"
 #include "client/cli/report_printer.h"
 #include "core/audit/audit.h"
 #include "proto/codec/codec.h"
 
-namespace attnaudit::cli {
+namespace attnaudit::client::cli_internal {
 namespace {
 
-constexpr char kCheckHelp[] =
-    "usage: attnaudit check FILE [--json] [--threads N] [--kv-fingerprint]\n"
-    "                       [--out-tol X] [--lse-tol X] [--logprob-tol X]\n"
-    "Audits an attnaudit.v1.Snapshot file offline: reference R (fp64), replay\n"
-    "P (fp32 per-block, ordered merge) and the engine's output E, compared\n"
-    "E-R, P-R, E-P. Exit 0 PASS, 1 DRIFT, 2 invalid input or error.\n";
+struct CheckCommand {
+  std::string file;
+  bool json = false;
+  int threads = 0;
+  AuditFlags audit;
+};
 
-absl::Status ParseAuditFlags(const Args& args, AuditOptions* options) {
-  absl::StatusOr<int64_t> threads = args.GetInt("threads", 0);
-  if (!threads.ok()) return threads.status();
-  options->threads = static_cast<int>(*threads);
-  options->compute_kv_fingerprint = args.Has("kv-fingerprint");
-  for (auto [flag, field] :
-       {std::pair<const char*, double*>{"out-tol",
-                                        &options->tolerances.out_abs},
-        {"lse-tol", &options->tolerances.lse_abs},
-        {"logprob-tol", &options->tolerances.logprob_abs}}) {
-    absl::StatusOr<double> v = args.GetDouble(flag, 0);
-    if (!v.ok()) return v.status();
-    if (*v < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", flag, " must be >= 0"));
-    }
-    *field = *v;
-  }
-  return absl::OkStatus();
+int Fail(absl::string_view message) {
+  std::cerr << "attnaudit check: " << message << "\n";
+  return kExitError;
 }
 
-}  // namespace
-
-int RunCheck(const Argv& argv) {
-  Args args({"threads", "out-tol", "lse-tol", "logprob-tol"},
-            {"json", "kv-fingerprint", "help"});
-  if (absl::Status st = args.Parse(argv); !st.ok()) {
-    std::cerr << "attnaudit check: " << st.message() << "\n" << kCheckHelp;
-    return kExitError;
-  }
-  if (args.Has("help")) {
-    std::cout << kCheckHelp;
-    return 0;
-  }
-  if (args.positional().size() != 1) {
-    std::cerr << kCheckHelp;
-    return kExitError;
-  }
-  AuditOptions options;
-  if (absl::Status st = ParseAuditFlags(args, &options); !st.ok()) {
-    std::cerr << "attnaudit check: " << st.message() << "\n";
-    return kExitError;
-  }
-  const std::string& path = args.positional()[0];
-  absl::StatusOr<Snapshot> snapshot = ReadSnapshotFile(path);
-  if (!snapshot.ok()) {
-    std::cerr << "attnaudit check: " << snapshot.status().message() << "\n";
-    return kExitError;
-  }
+int RunCheck(const CheckCommand& o) {
+  AuditOptions options = ToAuditOptions(o.audit);
+  options.threads = o.threads;
+  absl::StatusOr<Snapshot> snapshot = ReadSnapshotFile(o.file);
+  if (!snapshot.ok()) return Fail(snapshot.status().message());
   absl::StatusOr<AuditReport> report = RunAudit(*snapshot, options);
-  if (!report.ok()) {
-    std::cerr << "attnaudit check: " << report.status().ToString() << "\n";
-    return kExitError;
-  }
-  if (args.Has("json")) {
-    absl::StatusOr<std::string> json = ReportToJson(*report);
-    if (!json.ok()) {
-      std::cerr << "attnaudit check: " << json.status().message() << "\n";
-      return kExitError;
-    }
-    std::cout << *json << "\n";
-  } else {
-    std::cout << FormatReport(*report);
-  }
+  if (!report.ok()) return Fail(report.status().ToString());
+  const int exit_code = PrintReport("check", *report, o.json);
   if (report->verdict == Verdict::kInvalid) {
     std::cerr << "attnaudit check: invalid snapshot: " << report->invalid_reason
               << "\n";
   }
-  return ExitCodeFor(report->verdict);
+  return exit_code;
 }
 
-}  // namespace attnaudit::cli
+}  // namespace
+
+void AddCheckCommand(CLI::App* app, int* exit_code) {
+  auto [command, o] = AddCommand<CheckCommand>(
+      app, exit_code, "check",
+      "audit a snapshot file offline (exit 0 PASS, 1 DRIFT, 2 invalid)",
+      "Audits an attnaudit.v1.Snapshot file offline: reference R (fp64), "
+      "replay\nP (fp32 per-block, ordered merge) and the engine's output E, "
+      "compared\nE-R, P-R, E-P. Exit 0 PASS, 1 DRIFT, 2 invalid input or "
+      "error.",
+      &RunCheck);
+  command->add_option("file", o->file, "snapshot file")->required();
+  command->add_flag("--json", o->json, "print the report as proto3 JSON");
+  command->add_option("--threads", o->threads, "threads (0: all cores)")
+      ->check(CLI::Range(0, 4096));
+  AddAuditFlags(command, &o->audit);
+}
+
+}  // namespace attnaudit::client::cli_internal

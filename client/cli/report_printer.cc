@@ -1,14 +1,15 @@
 #include "client/cli/report_printer.h"
 
 #include <algorithm>
+#include <iostream>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "client/cli/commands.h"
+#include "proto/codec/codec.h"
 
-namespace attnaudit::cli {
+namespace attnaudit::client {
 namespace {
 
 std::string Loc(const Location& l) {
@@ -64,22 +65,9 @@ int ExitCodeFor(Verdict verdict) {
   }
 }
 
-std::string FormatReport(const AuditReport& r) {
-  std::string out;
-  const SnapshotDims& d = r.dims;
-  absl::StrAppend(&out, "verdict: ", VerdictName(r.verdict), "\n");
-  if (r.verdict == Verdict::kInvalid) {
-    absl::StrAppend(&out, "invalid: ", r.invalid_reason, "\n");
-    return out;
-  }
-  absl::StrAppend(&out, "labels:  ", LabelLine(r.labels), "\n");
-  absl::StrAppendFormat(
-      &out,
-      "shape:   B=%d Sq=%d Hq=%d Hkv=%d D=%d page=%d  out=%s  scale=%.6g  "
-      "merged blocks<=%d\n\n",
-      d.batch, d.queries, d.q_heads, d.kv_heads, d.head_dim, d.page_size,
-      DTypeName(r.provenance.output_dtype), r.provenance.softmax_scale,
-      r.provenance.max_merged_blocks);
+// The table of comparisons x quantities.
+void AppendComparisonTable(const AuditReport& r, std::string* out_ptr) {
+  std::string& out = *out_ptr;
   absl::StrAppendFormat(&out, "  %-4s %-8s %10s %10s %10s %10s %9s %10s %8s\n",
                         "cmp", "quantity", "max_abs", "mean_abs", "rms",
                         "p99_abs", "max_ulp", "tolerance", "over");
@@ -89,7 +77,12 @@ std::string FormatReport(const AuditReport& r) {
     if (c.has_lse) out += Row(name, "lse", c.lse);
     if (c.has_logprob) out += Row(name, "logprob", c.logprob);
   }
-  out += "\n";
+}
+
+// Per comparison: its verdict, the reasons, the worst locations and heads,
+// the log-prob agreement.
+void AppendFindings(const AuditReport& r, std::string* out_ptr) {
+  std::string& out = *out_ptr;
   for (const ComparisonResult& c : r.comparisons) {
     absl::StrAppend(&out, ComparisonShortName(c.comparison), " (",
                     ComparisonName(c.comparison), "): ", VerdictName(c.verdict),
@@ -124,6 +117,27 @@ std::string FormatReport(const AuditReport& r) {
           a.count, a.mean_abs_diff, a.k1_kl, a.k3_kl, a.ratio_min, a.ratio_max);
     }
   }
+}
+
+std::string FormatReport(const AuditReport& r) {
+  std::string out;
+  const SnapshotDims& d = r.dims;
+  absl::StrAppend(&out, "verdict: ", VerdictName(r.verdict), "\n");
+  if (r.verdict == Verdict::kInvalid) {
+    absl::StrAppend(&out, "invalid: ", r.invalid_reason, "\n");
+    return out;
+  }
+  absl::StrAppend(&out, "labels:  ", LabelLine(r.labels), "\n");
+  absl::StrAppendFormat(
+      &out,
+      "shape:   B=%d Sq=%d Hq=%d Hkv=%d D=%d page=%d  out=%s  scale=%.6g  "
+      "merged blocks<=%d\n\n",
+      d.batch, d.queries, d.q_heads, d.kv_heads, d.head_dim, d.page_size,
+      DTypeName(r.provenance.output_dtype), r.provenance.softmax_scale,
+      r.provenance.max_merged_blocks);
+  AppendComparisonTable(r, &out);
+  out += "\n";
+  AppendFindings(r, &out);
   const StageTimings& t = r.provenance.timings;
   absl::StrAppendFormat(
       &out,
@@ -205,4 +219,19 @@ std::string FormatSnapshotSummary(const Snapshot& s) {
   return out;
 }
 
-}  // namespace attnaudit::cli
+int PrintReport(absl::string_view command, const AuditReport& report,
+                bool json) {
+  if (!json) {
+    std::cout << FormatReport(report);
+    return ExitCodeFor(report.verdict);
+  }
+  absl::StatusOr<std::string> text = ReportToJson(report);
+  if (!text.ok()) {
+    std::cerr << "attnaudit " << command << ": " << text.status() << "\n";
+    return kExitError;
+  }
+  std::cout << *text << "\n";
+  return ExitCodeFor(report.verdict);
+}
+
+}  // namespace attnaudit::client

@@ -1,20 +1,20 @@
 #include "client/lib/client.h"
 
+#include <google/protobuf/util/time_util.h>
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 #include <utility>
 #include <vector>
 
-#include "absl/cleanup/cleanup.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/stream.h"
 #include "proto/codec/tensor_paths.h"
+#include "proto/credentials/credential_files.h"
 
 namespace attnaudit::client {
 namespace {
@@ -22,18 +22,6 @@ namespace {
 constexpr char kRetryPayload[] = "type.attnaudit.dev/retry-after-ms";
 constexpr int64_t kFallbackReceiveLimit = int64_t{4} << 20;  // gRPC default
 constexpr int64_t kStreamAbove = int64_t{8} << 20;
-
-absl::StatusOr<std::string> ReadFile(const std::string& flag,
-                                     const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, ": cannot read ", path));
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // grpc::Status -> absl::Status, keeping the retry hint as a payload.
 absl::Status ToAbsl(const grpc::Status& status,
@@ -75,7 +63,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   if (tls) {
     grpc::SslCredentialsOptions ssl;
     if (!options.tls_ca.empty()) {
-      absl::StatusOr<std::string> ca = ReadFile("tls-ca", options.tls_ca);
+      absl::StatusOr<std::string> ca = ReadPemFile("tls-ca", options.tls_ca);
       if (!ca.ok()) return ca.status();
       ssl.pem_root_certs = *std::move(ca);
     }
@@ -84,9 +72,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
           "--tls-cert: --tls-cert and --tls-key go together");
     }
     if (!options.tls_cert.empty()) {
-      absl::StatusOr<std::string> cert = ReadFile("tls-cert", options.tls_cert);
+      absl::StatusOr<std::string> cert =
+          ReadPemFile("tls-cert", options.tls_cert);
       if (!cert.ok()) return cert.status();
-      absl::StatusOr<std::string> key = ReadFile("tls-key", options.tls_key);
+      absl::StatusOr<std::string> key = ReadPemFile("tls-key", options.tls_key);
       if (!key.ok()) return key.status();
       ssl.pem_cert_chain = *std::move(cert);
       ssl.pem_private_key = *std::move(key);
@@ -124,6 +113,19 @@ void Client::Prepare(grpc::ClientContext* context,
   }
 }
 
+template <typename Request, typename Response>
+absl::StatusOr<Response> Client::Unary(
+    grpc::Status (v1::AuditService::Stub::*rpc)(grpc::ClientContext*,
+                                                const Request&, Response*),
+    const Request& request, std::optional<absl::Duration> timeout) {
+  grpc::ClientContext context;
+  Prepare(&context, timeout);
+  Response response;
+  grpc::Status s = (stub_.get()->*rpc)(&context, request, &response);
+  if (!s.ok()) return ToAbsl(s, context);
+  return response;
+}
+
 bool Client::WaitForConnected(absl::Duration timeout) {
   return channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout));
 }
@@ -133,14 +135,12 @@ absl::StatusOr<v1::Capabilities> Client::Capabilities(bool refresh) {
     absl::MutexLock lock(&caps_mu_);
     if (caps_.has_value()) return *caps_;
   }
-  grpc::ClientContext context;
-  Prepare(&context, std::nullopt);
-  v1::Capabilities caps;
-  grpc::Status s =
-      stub_->GetCapabilities(&context, v1::GetCapabilitiesRequest(), &caps);
-  if (!s.ok()) return ToAbsl(s, context);
+  absl::StatusOr<v1::Capabilities> caps =
+      Unary(&v1::AuditService::Stub::GetCapabilities,
+            v1::GetCapabilitiesRequest(), std::nullopt);
+  if (!caps.ok()) return caps.status();
   absl::MutexLock lock(&caps_mu_);
-  caps_ = caps;
+  caps_ = *caps;
   return caps;
 }
 
@@ -190,12 +190,7 @@ absl::StatusOr<AuditReport> Client::Audit(const Snapshot& snapshot,
 
 absl::StatusOr<v1::AuditResponse> Client::AuditUnary(
     const v1::AuditRequest& request, const CallOptions& call) {
-  grpc::ClientContext context;
-  Prepare(&context, call.timeout);
-  v1::AuditResponse response;
-  grpc::Status s = stub_->Audit(&context, request, &response);
-  if (!s.ok()) return ToAbsl(s, context);
-  return response;
+  return Unary(&v1::AuditService::Stub::Audit, request, call.timeout);
 }
 
 absl::StatusOr<v1::AuditResponse> Client::AuditStream(
@@ -232,51 +227,44 @@ absl::StatusOr<v1::AuditResponse> Client::AuditStream(
   return response;
 }
 
-absl::StatusOr<v1::SubmitResponse> Client::Submit(const Snapshot& snapshot,
-                                                  const SubmitOptions& call) {
+v1::SubmitRequest MakeSubmitRequest(const Snapshot& snapshot,
+                                    const SubmitOptions& call) {
   v1::SubmitRequest request;
   SnapshotToProto(snapshot, request.mutable_snapshot());
   *request.mutable_options() = call.audit_options;
   request.set_priority(call.priority);
   request.set_idempotency_key(call.idempotency_key);
   if (call.job_timeout > absl::ZeroDuration()) {
-    const int64_t ns = absl::ToInt64Nanoseconds(call.job_timeout);
-    request.mutable_timeout()->set_seconds(ns / 1000000000);
-    request.mutable_timeout()->set_nanos(static_cast<int32_t>(ns % 1000000000));
+    *request.mutable_timeout() =
+        google::protobuf::util::TimeUtil::NanosecondsToDuration(
+            absl::ToInt64Nanoseconds(call.job_timeout));
   }
-  return SubmitProto(request, call.timeout);
+  return request;
+}
+
+absl::StatusOr<v1::SubmitResponse> Client::Submit(const Snapshot& snapshot,
+                                                  const SubmitOptions& call) {
+  return SubmitProto(MakeSubmitRequest(snapshot, call), call.timeout);
 }
 
 absl::StatusOr<v1::SubmitResponse> Client::SubmitProto(
     const v1::SubmitRequest& request, std::optional<absl::Duration> timeout) {
-  grpc::ClientContext context;
-  Prepare(&context, timeout);
-  v1::SubmitResponse response;
-  grpc::Status s = stub_->Submit(&context, request, &response);
-  if (!s.ok()) return ToAbsl(s, context);
-  return response;
+  return Unary(&v1::AuditService::Stub::Submit, request, timeout);
 }
 
 absl::StatusOr<v1::JobResult> Client::GetResult(const std::string& job_id) {
-  grpc::ClientContext context;
-  Prepare(&context, std::nullopt);
   v1::GetResultRequest request;
   request.set_job_id(job_id);
-  v1::JobResult result;
-  grpc::Status s = stub_->GetResult(&context, request, &result);
-  if (!s.ok()) return ToAbsl(s, context);
-  return result;
+  return Unary(&v1::AuditService::Stub::GetResult, request, std::nullopt);
 }
 
 absl::StatusOr<v1::JobState> Client::Cancel(const std::string& job_id) {
-  grpc::ClientContext context;
-  Prepare(&context, std::nullopt);
   v1::CancelRequest request;
   request.set_job_id(job_id);
-  v1::CancelResponse response;
-  grpc::Status s = stub_->Cancel(&context, request, &response);
-  if (!s.ok()) return ToAbsl(s, context);
-  return response.state();
+  absl::StatusOr<v1::CancelResponse> response =
+      Unary(&v1::AuditService::Stub::Cancel, request, std::nullopt);
+  if (!response.ok()) return response.status();
+  return response->state();
 }
 
 absl::Status Client::Watch(

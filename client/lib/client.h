@@ -133,6 +133,12 @@ class Client {
   Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
   void Prepare(grpc::ClientContext* context,
                std::optional<absl::Duration> timeout) const;
+  // One unary call of `rpc` with the deadline and the token (client.cc).
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Unary(
+      grpc::Status (v1::AuditService::Stub::*rpc)(grpc::ClientContext*,
+                                                  const Request&, Response*),
+      const Request& request, std::optional<absl::Duration> timeout);
 
   const ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -140,6 +146,12 @@ class Client {
   absl::Mutex caps_mu_;
   std::optional<v1::Capabilities> caps_ ABSL_GUARDED_BY(caps_mu_);
 };
+
+// The request Client::Submit sends (for callers that keep it to resend, as
+// `attnaudit submit` does on RESOURCE_EXHAUSTED, or send it with
+// SubmitProto).
+v1::SubmitRequest MakeSubmitRequest(const Snapshot& snapshot,
+                                    const SubmitOptions& call);
 
 // The server's retry hint of a RESOURCE_EXHAUSTED status (its
 // "retry-after-ms" trailer), or zero.

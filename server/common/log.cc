@@ -1,24 +1,40 @@
 #include "server/common/log.h"
 
-#include <unistd.h>
+#include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/stdout_sinks.h>
 
-#include <atomic>
-#include <cerrno>
-#include <chrono>
-#include <ctime>
-#include <mutex>
+#include <memory>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 
-namespace attnaudit::log {
+namespace attnaudit::server {
 namespace {
 
-std::atomic<int> g_level{static_cast<int>(Level::kInfo)};
-std::mutex g_mu;
-Sink g_sink = nullptr;
-void* g_sink_arg = nullptr;
+// spdlog spells the warning level "warning"; our format keeps the short
+// names the --log-level flag takes (level=warn).
+absl::string_view ShortLevelName(spdlog::level::level_enum level) {
+  if (level == spdlog::level::warn) return "warn";
+  const spdlog::string_view_t name = spdlog::level::to_string_view(level);
+  return absl::string_view(name.data(), name.size());
+}
+
+// The %* flag of the pattern: the level as ShortLevelName spells it.
+class LevelFlag final : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&,
+              spdlog::memory_buf_t& dest) override {
+    const absl::string_view name = ShortLevelName(msg.level);
+    dest.append(name.data(), name.data() + name.size());
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<LevelFlag>();
+  }
+};
 
 bool NeedsQuotes(absl::string_view v) {
   if (v.empty()) return true;
@@ -31,63 +47,45 @@ bool NeedsQuotes(absl::string_view v) {
   return false;
 }
 
-void WriteAll(absl::string_view s) {
-  const char* p = s.data();
-  size_t left = s.size();
-  while (left > 0) {
-    ssize_t n = ::write(STDERR_FILENO, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return;  // stderr is gone; logging must never take the server down
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-}
-
 }  // namespace
 
-void SetLevel(Level level) {
-  g_level.store(static_cast<int>(level), std::memory_order_relaxed);
-}
-Level GetLevel() {
-  return static_cast<Level>(g_level.load(std::memory_order_relaxed));
-}
-bool Enabled(Level level) {
-  return static_cast<int>(level) >= g_level.load(std::memory_order_relaxed);
-}
-
-absl::StatusOr<Level> ParseLevel(absl::string_view name) {
-  std::string n = absl::AsciiStrToLower(name);
-  if (n == "debug") return Level::kDebug;
-  if (n == "info") return Level::kInfo;
-  if (n == "warn" || n == "warning") return Level::kWarn;
-  if (n == "error") return Level::kError;
+absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(
+    absl::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(name);
+  // from_str knows every spdlog name ("warning", "warn", "error", "err")
+  // and answers `off` for anything else; the flag offers four levels.
+  const spdlog::level::level_enum level = spdlog::level::from_str(lower);
+  if (level == spdlog::level::debug || level == spdlog::level::info ||
+      level == spdlog::level::warn || level == spdlog::level::err) {
+    return level;
+  }
   return absl::InvalidArgumentError(absl::StrCat(
       "--log-level: '", name, "' is not one of debug, info, warn, error"));
 }
 
-absl::string_view LevelName(Level level) {
-  switch (level) {
-    case Level::kDebug:
-      return "debug";
-    case Level::kInfo:
-      return "info";
-    case Level::kWarn:
-      return "warn";
-    case Level::kError:
-      return "error";
-  }
-  return "info";
+void ConfigureLogging(spdlog::level::level_enum level, spdlog::sink_ptr sink) {
+  if (sink == nullptr) sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+  auto formatter = std::make_unique<spdlog::pattern_formatter>(
+      spdlog::pattern_time_type::utc);
+  formatter->add_flag<LevelFlag>('*').set_pattern(
+      "%Y-%m-%dT%H:%M:%S.%eZ level=%* msg=%v");
+  sink->set_formatter(std::move(formatter));
+  auto logger = std::make_shared<spdlog::logger>("attnaudit", std::move(sink));
+  logger->set_level(level);
+  // Lines are rare except at debug level; write each at once so a crash
+  // loses none.
+  logger->flush_on(spdlog::level::trace);
+  // Another thread may be inside a call through the previous logger
+  // (spdlog::default_logger_raw() holds no reference): keep every replaced
+  // logger alive. Reconfiguring is rare (start-up; tests).
+  static absl::Mutex retired_mu(absl::kConstInit);
+  static auto* retired = new std::vector<std::shared_ptr<spdlog::logger>>();
+  absl::MutexLock lock(&retired_mu);
+  retired->push_back(spdlog::default_logger());
+  spdlog::set_default_logger(std::move(logger));
 }
 
-void SetSink(Sink sink, void* arg) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_sink = sink;
-  g_sink_arg = arg;
-}
-
-void AppendValue(absl::string_view value, std::string* out) {
+void AppendLogValue(absl::string_view value, std::string* out) {
   if (!NeedsQuotes(value)) {
     out->append(value.data(), value.size());
     return;
@@ -108,70 +106,53 @@ void AppendValue(absl::string_view value, std::string* out) {
   out->push_back('"');
 }
 
-Line::Line(Level level, absl::string_view msg) {
+LogLine::LogLine(spdlog::level::level_enum level, absl::string_view msg)
+    : level_(level) {
   buf_.reserve(160);
-  const auto now = std::chrono::system_clock::now();
-  const std::time_t secs = std::chrono::system_clock::to_time_t(now);
-  const int64_t millis = std::chrono::duration_cast<std::chrono::milliseconds>(
-                             now.time_since_epoch())
-                             .count() %
-                         1000;
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  absl::StrAppendFormat(&buf_, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ",
-                        tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-                        tm.tm_hour, tm.tm_min, tm.tm_sec,
-                        static_cast<int>(millis));
-  absl::StrAppend(&buf_, " level=", LevelName(level), " msg=");
-  AppendValue(msg, &buf_);
+  AppendLogValue(msg, &buf_);
 }
 
-Line::~Line() {
-  buf_.push_back('\n');
-  std::lock_guard<std::mutex> lock(g_mu);
-  if (g_sink != nullptr) {
-    g_sink(buf_, g_sink_arg);
-  } else {
-    WriteAll(buf_);
-  }
+LogLine::~LogLine() {
+  spdlog::default_logger_raw()->log(
+      level_, spdlog::string_view_t(buf_.data(), buf_.size()));
 }
 
-Line& Line::Kv(absl::string_view key, absl::string_view value) {
+LogLine& LogLine::Kv(absl::string_view key, absl::string_view value) {
   buf_.push_back(' ');
   buf_.append(key.data(), key.size());
   buf_.push_back('=');
-  AppendValue(value, &buf_);
+  AppendLogValue(value, &buf_);
   return *this;
 }
 
-Line& Line::Kv(absl::string_view key, int64_t value) {
+LogLine& LogLine::Kv(absl::string_view key, int64_t value) {
   absl::StrAppend(&buf_, " ", key, "=", value);
   return *this;
 }
 
-Line& Line::Kv(absl::string_view key, uint64_t value) {
+LogLine& LogLine::Kv(absl::string_view key, uint64_t value) {
   absl::StrAppend(&buf_, " ", key, "=", value);
   return *this;
 }
 
-Line& Line::Kv(absl::string_view key, double value) {
+LogLine& LogLine::Kv(absl::string_view key, double value) {
   absl::StrAppendFormat(&buf_, " %s=%.6g", key, value);
   return *this;
 }
 
-Line& Line::Kv(absl::string_view key, bool value) {
+LogLine& LogLine::Kv(absl::string_view key, bool value) {
   absl::StrAppend(&buf_, " ", key, "=", value ? "true" : "false");
   return *this;
 }
 
-Line& Line::Kv(absl::string_view key, const absl::Status& status) {
+LogLine& LogLine::Kv(absl::string_view key, const absl::Status& status) {
   absl::StrAppend(&buf_, " ", key, "=",
                   absl::StatusCodeToString(status.code()));
   if (!status.ok()) {
     buf_.append(" error=");
-    AppendValue(status.message(), &buf_);
+    AppendLogValue(status.message(), &buf_);
   }
   return *this;
 }
 
-}  // namespace attnaudit::log
+}  // namespace attnaudit::server

@@ -6,8 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/audit/audit.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 
 CpuDevice::CpuDevice(int index, int threads)
     : name_(absl::StrCat("cpu:", index)), threads_(std::max(1, threads)) {}
@@ -34,5 +33,4 @@ std::vector<std::unique_ptr<Device>> MakeCpuDevices(int count,
   return out;
 }
 
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server

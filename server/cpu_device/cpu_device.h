@@ -20,8 +20,7 @@
 
 #include "server/scheduler/device.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 
 class CpuDevice : public Device {
  public:
@@ -44,7 +43,6 @@ class CpuDevice : public Device {
 std::vector<std::unique_ptr<Device>> MakeCpuDevices(int count,
                                                     int threads_each);
 
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_CPU_DEVICE_CPU_DEVICE_H_

@@ -17,20 +17,21 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "proto/credentials/credential_files.h"
 #include "server/common/log.h"
 #include "server/main/server_flags.h"
-#include "server/rpc/job_ids.h"
 #include "server/rpc/server.h"
 
+namespace attnaudit::server {
 namespace {
 
-using attnaudit::log::Level;
+constexpr int kExitUsage = 2;
 
-attnaudit::rpc::AuditServerOptions ToOptions(
-    const attnaudit::server::ServerFlags& f) {
-  attnaudit::rpc::AuditServerOptions o;
+AuditServerOptions ToOptions(const ServerFlags& f) {
+  AuditServerOptions o;
   o.listen = f.listen;
   o.metrics_listen = f.metrics_listen;
   o.data_dir = f.data_dir;
@@ -57,34 +58,26 @@ attnaudit::rpc::AuditServerOptions ToOptions(
   return o;
 }
 
-std::string Host(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  return colon == std::string::npos ? address : address.substr(0, colon);
+// The options with the bearer token read from its file (never logged).
+absl::StatusOr<AuditServerOptions> BuildOptions(const ServerFlags& flags) {
+  AuditServerOptions options = ToOptions(flags);
+  if (flags.auth_token_file.empty()) return options;
+  absl::StatusOr<std::string> token =
+      ReadTokenFile("auth-token-file", flags.auth_token_file);
+  if (!token.ok()) return token.status();
+  options.auth_token = *std::move(token);
+  if (flags.tls_cert.empty()) {
+    ATTNAUDIT_LOG(warn,
+                  "bearer token auth without TLS: the token crosses the "
+                  "network in plaintext; use --tls-cert outside a trusted "
+                  "network");
+  }
+  return options;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  absl::StatusOr<attnaudit::server::ServerFlags> flags =
-      attnaudit::server::ParseServerFlags(args);
-  if (!flags.ok()) {
-    std::fprintf(stderr, "attnaudit-server: %s\n",
-                 std::string(flags.status().message()).c_str());
-    return 2;
-  }
-  if (flags->help) {
-    std::fputs(attnaudit::server::ServerHelpText().c_str(), stdout);
-    return 0;
-  }
-  absl::StatusOr<Level> level = attnaudit::log::ParseLevel(flags->log_level);
-  if (!level.ok()) {
-    std::fprintf(stderr, "attnaudit-server: %s\n",
-                 std::string(level.status().message()).c_str());
-    return 2;
-  }
-  attnaudit::log::SetLevel(*level);
-
+// Process-wide settings made before any thread exists, so every thread
+// inherits the signal mask. Returns the stop signals to sigwait on.
+sigset_t PrepareProcess() {
   // Snapshot buffers are large (tens to hundreds of MiB) and short-lived.
   // By default glibc serves each from a fresh mmap and unmaps it on free,
   // so every request pays a page fault per 4 KiB of the snapshot again;
@@ -93,84 +86,109 @@ int main(int argc, char** argv) {
   // threshold, so RSS stays near its peak (bounded by the memory budget).
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
-
-  // Before any thread exists, so every thread inherits the mask.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  return stop_signals;
+}
 
-  attnaudit::rpc::AuditServerOptions options = ToOptions(*flags);
-  if (!flags->auth_token_file.empty()) {
-    absl::StatusOr<std::string> token =
-        attnaudit::rpc::ReadTokenFile(flags->auth_token_file);
-    if (!token.ok()) {
-      std::fprintf(stderr, "attnaudit-server: %s\n",
-                   std::string(token.status().message()).c_str());
-      return 2;
-    }
-    options.auth_token = *std::move(token);
-    if (flags->tls_cert.empty()) {
-      ATTNAUDIT_LOG(kWarn,
-                    "bearer token auth without TLS: the token crosses the "
-                    "network in plaintext; use --tls-cert outside a trusted "
-                    "network");
-    }
-  }
+std::string Host(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
 
-  ATTNAUDIT_LOG(kInfo, "attnaudit-server starting")
-      .Kv("version", attnaudit::rpc::ServerVersion())
-      .Kv("pid", static_cast<int64_t>(getpid()));
-  absl::StatusOr<std::unique_ptr<attnaudit::rpc::AuditServer>> server =
-      attnaudit::rpc::AuditServer::Start(std::move(options));
-  if (!server.ok()) {
-    ATTNAUDIT_LOG(kError, "start-up failed").Kv("status", server.status());
-    return 1;
-  }
-  // One line per endpoint.
-  ATTNAUDIT_LOG(kInfo, "grpc listening")
-      .Kv("addr", absl::StrCat(Host(flags->listen), ":", (*server)->port()))
-      .Kv("tls", flags->tls_cert.empty()
+// One line per endpoint (the e2e test and operators read the ports here).
+void LogEndpoints(const ServerFlags& flags, const AuditServer& server) {
+  ATTNAUDIT_LOG(info, "grpc listening")
+      .Kv("addr", absl::StrCat(Host(flags.listen), ":", server.port()))
+      .Kv("tls", flags.tls_cert.empty()
                      ? "off"
-                     : (flags->tls_client_ca.empty() ? "on" : "mutual"))
-      .Kv("auth", flags->auth_token_file.empty() ? "off" : "bearer")
-      .Kv("max_message_bytes", flags->max_message_bytes)
+                     : (flags.tls_client_ca.empty() ? "on" : "mutual"))
+      .Kv("auth", flags.auth_token_file.empty() ? "off" : "bearer")
+      .Kv("max_message_bytes", flags.max_message_bytes)
       .Kv("health", "grpc.health.v1 (\"\", attnaudit.v1.AuditService)")
       .Kv("reflection", true);
-  if (flags->metrics_listen.empty()) {
-    ATTNAUDIT_LOG(kInfo, "metrics endpoint disabled");
+  if (flags.metrics_listen.empty()) {
+    ATTNAUDIT_LOG(info, "metrics endpoint disabled");
   } else {
-    ATTNAUDIT_LOG(kInfo, "metrics listening")
-        .Kv("addr", absl::StrCat(Host(flags->metrics_listen), ":",
-                                 (*server)->metrics_port()))
+    ATTNAUDIT_LOG(info, "metrics listening")
+        .Kv("addr", absl::StrCat(Host(flags.metrics_listen), ":",
+                                 server.metrics_port()))
         .Kv("path", "/metrics");
   }
   std::error_code ec;
   const std::filesystem::path data =
-      std::filesystem::absolute(flags->data_dir, ec);
-  ATTNAUDIT_LOG(kInfo, "data dir")
+      std::filesystem::absolute(flags.data_dir, ec);
+  ATTNAUDIT_LOG(info, "data dir")
       .Kv("path", data.string())
       .Kv("spool", (data / "spool").string())
       .Kv("store", (data / "results.db").string());
+}
 
+// Waits for SIGTERM/SIGINT, then runs the drain; a second signal during
+// the drain exits at once.
+void ServeUntilSignalled(const sigset_t& stop_signals, const ServerFlags& flags,
+                         std::unique_ptr<AuditServer> server) {
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
-  ATTNAUDIT_LOG(kInfo, "signal received; draining")
+  ATTNAUDIT_LOG(info, "signal received; draining")
       .Kv("signal", signal_number == SIGTERM ? "SIGTERM" : "SIGINT")
-      .Kv("drain_timeout_s", absl::ToDoubleSeconds(flags->drain_timeout));
-  // A second signal ends the drain at once.
+      .Kv("drain_timeout_s", absl::ToDoubleSeconds(flags.drain_timeout));
   std::thread([stop_signals] {
     int again = 0;
     sigwait(&stop_signals, &again);
-    ATTNAUDIT_LOG(kWarn, "second signal; exiting without finishing the drain");
+    ATTNAUDIT_LOG(warn, "second signal; exiting without finishing the drain");
     std::_Exit(1);
   }).detach();
   const absl::Time begin = absl::Now();
-  (*server)->Shutdown();
-  server->reset();
-  ATTNAUDIT_LOG(kInfo, "attnaudit-server stopped")
+  server->Shutdown();
+  server.reset();
+  ATTNAUDIT_LOG(info, "attnaudit-server stopped")
       .Kv("shutdown_s", absl::ToDoubleSeconds(absl::Now() - begin));
+}
+
+int UsageError(const absl::Status& status) {
+  std::fprintf(stderr, "attnaudit-server: %s\n",
+               std::string(status.message()).c_str());
+  return kExitUsage;
+}
+
+int Main(const std::vector<std::string>& args) {
+  absl::StatusOr<ServerFlags> flags = ParseServerFlags(args);
+  if (!flags.ok()) return UsageError(flags.status());
+  if (flags->help) {
+    std::fputs(ServerHelpText().c_str(), stdout);
+    return 0;
+  }
+  absl::StatusOr<spdlog::level::level_enum> level =
+      ParseLogLevel(flags->log_level);
+  if (!level.ok()) return UsageError(level.status());
+  ConfigureLogging(*level);
+  const sigset_t stop_signals = PrepareProcess();
+  absl::StatusOr<AuditServerOptions> options = BuildOptions(*flags);
+  if (!options.ok()) return UsageError(options.status());
+
+  ATTNAUDIT_LOG(info, "attnaudit-server starting")
+      .Kv("version", ServerVersion())
+      .Kv("pid", static_cast<int64_t>(getpid()));
+  absl::StatusOr<std::unique_ptr<AuditServer>> server =
+      AuditServer::Start(*std::move(options));
+  if (!server.ok()) {
+    ATTNAUDIT_LOG(err, "start-up failed").Kv("status", server.status());
+    return 1;
+  }
+  LogEndpoints(*flags, **server);
+  ServeUntilSignalled(stop_signals, *flags, *std::move(server));
   return 0;
+}
+
+}  // namespace
+}  // namespace attnaudit::server
+
+int main(int argc, char** argv) {
+  return attnaudit::server::Main(
+      std::vector<std::string>(argv + 1, argv + argc));
 }

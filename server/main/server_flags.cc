@@ -1,255 +1,366 @@
 #include "server/main/server_flags.h"
 
-#include <functional>
 #include <utility>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/common/status_macros.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
+
+using attnaudit::server::ByteSize;
+using attnaudit::server::FlagDuration;
+
+// Endpoints and storage.
+ABSL_FLAG(std::string, listen, "localhost:50051",
+          "gRPC address HOST:PORT (port 0 picks a free port)");
+ABSL_FLAG(std::string, metrics_listen, "localhost:9464",
+          "Prometheus /metrics address HOST:PORT (\"\" disables it)");
+ABSL_FLAG(std::string, data_dir, "./var/attnaudit",
+          "spool and result store directory");
+// Execution.
+ABSL_FLAG(int64_t, cpu_workers, 0,
+          "concurrent CPU audit jobs (0: one per 16 cores, or cores / "
+          "threads-per-job)");
+ABSL_FLAG(int64_t, threads_per_job, 0,
+          "threads one audit uses (0: all cores / cpu-workers)");
+// Admission control.
+ABSL_FLAG(ByteSize, max_message_bytes, ByteSize{int64_t{256} << 20},
+          "largest unary request; bigger snapshots use AuditStream (never "
+          "unlimited)");
+ABSL_FLAG(int64_t, queue_interactive, 64,
+          "queued INTERACTIVE jobs (Audit/AuditStream) before "
+          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, queue_sampled, 1024,
+          "queued SAMPLED jobs (Submit) before RESOURCE_EXHAUSTED");
+ABSL_FLAG(ByteSize, memory_budget_bytes, ByteSize{int64_t{8} << 30},
+          "snapshot bytes of queued jobs (and, separately, of stream uploads "
+          "in progress)");
+// Result store retention.
+ABSL_FLAG(FlagDuration, retention_age, FlagDuration{absl::Hours(24 * 7)},
+          "drop stored results older than this (0: keep forever)");
+ABSL_FLAG(int64_t, retention_count, 100000,
+          "keep at most this many results (0: no cap)");
+// Lifecycle.
+ABSL_FLAG(FlagDuration, drain_delay, FlagDuration{absl::ZeroDuration()},
+          "on SIGTERM, wait this long NOT_SERVING before refusing work (lets "
+          "load balancers notice)");
+ABSL_FLAG(FlagDuration, drain_timeout, FlagDuration{absl::Seconds(30)},
+          "on SIGTERM, wait at most this long for in-flight jobs");
+ABSL_FLAG(std::string, log_level, "info",
+          "debug, info, warn or error (debug: one line per request)");
+// Security.
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM server certificate chain (enables TLS)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle; clients must present a certificate it signed "
+          "(mTLS)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file holding a bearer token; calls must send metadata "
+          "\"authorization: Bearer TOKEN\" (health is exempt)");
+// Connections.
+ABSL_FLAG(FlagDuration, keepalive_time, FlagDuration{absl::Minutes(2)},
+          "server pings an idle connection this often");
+ABSL_FLAG(FlagDuration, keepalive_timeout, FlagDuration{absl::Seconds(20)},
+          "close a connection whose ping is unanswered this long");
+ABSL_FLAG(FlagDuration, keepalive_min_ping_interval,
+          FlagDuration{absl::Seconds(30)},
+          "least interval between client pings the server accepts");
+ABSL_FLAG(FlagDuration, max_connection_age, FlagDuration{absl::Minutes(30)},
+          "close connections after this age so clients rebalance (0: never)");
+ABSL_FLAG(FlagDuration, max_connection_age_grace,
+          FlagDuration{absl::Minutes(5)},
+          "time given to calls on an aged connection");
+ABSL_FLAG(FlagDuration, max_connection_idle, FlagDuration{absl::Minutes(15)},
+          "close connections idle this long (0: never)");
+// Metrics.
+ABSL_FLAG(int64_t, metrics_max_models, 4,
+          "distinct model label values on drift metrics before \"other\"");
+ABSL_FLAG(int64_t, metrics_max_layers, 16,
+          "distinct layer label values on drift metrics before \"other\"");
 
 namespace attnaudit::server {
 namespace {
 
-absl::Status FlagError(const std::string& flag, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", what));
-}
-
-struct FlagDef {
-  std::string name;
-  std::string help;
-  // Formats the current value (used for the defaults in --help).
-  std::function<std::string(const ServerFlags&)> show;
-  std::function<absl::Status(const std::string&, ServerFlags*)> set;
-};
-
-FlagDef StringFlag(std::string name, std::string help,
-                   std::string ServerFlags::*field) {
-  return FlagDef{name, std::move(help),
-                 [field](const ServerFlags& f) {
-                   return (f.*field).empty() ? std::string("\"\"") : f.*field;
-                 },
-                 [field](const std::string& v, ServerFlags* f) {
-                   f->*field = v;
-                   return absl::OkStatus();
-                 }};
-}
-
-FlagDef IntFlag(std::string name, std::string help, int64_t ServerFlags::*field,
-                int64_t min, int64_t max) {
-  return FlagDef{
-      name, std::move(help),
-      [field](const ServerFlags& f) { return absl::StrCat(f.*field); },
-      [name, field, min, max](const std::string& v, ServerFlags* f) {
-        int64_t x = 0;
-        if (!absl::SimpleAtoi(v, &x)) {
-          return FlagError(name, absl::StrCat("'", v, "' is not an integer"));
-        }
-        if (x < min || x > max) {
-          return FlagError(
-              name, absl::StrCat(x, " is outside [", min, ", ", max, "]"));
-        }
-        f->*field = x;
-        return absl::OkStatus();
-      }};
-}
-
-FlagDef SizeFlag(std::string name, std::string help,
-                 int64_t ServerFlags::*field, int64_t min, int64_t max) {
-  return FlagDef{
-      name, std::move(help),
-      [field](const ServerFlags& f) { return FormatByteSize(f.*field); },
-      [name, field, min, max](const std::string& v, ServerFlags* f) {
-        ATTNAUDIT_ASSIGN_OR_RETURN(int64_t x, ParseByteSize(name, v));
-        if (x < min || x > max) {
-          return FlagError(name, absl::StrCat(x, " bytes is outside [", min,
-                                              ", ", max, "]"));
-        }
-        f->*field = x;
-        return absl::OkStatus();
-      }};
-}
-
-FlagDef DurationFlag(std::string name, std::string help,
-                     absl::Duration ServerFlags::*field) {
-  return FlagDef{
-      name, std::move(help),
-      [field](const ServerFlags& f) { return FormatDurationFlag(f.*field); },
-      [name, field](const std::string& v, ServerFlags* f) {
-        ATTNAUDIT_ASSIGN_OR_RETURN(absl::Duration d,
-                                   ParseDurationFlag(name, v));
-        f->*field = d;
-        return absl::OkStatus();
-      }};
-}
-
 constexpr int64_t kMaxGrpcMessage = (int64_t{1} << 31) - 1;
-constexpr int64_t kMaxInt = int64_t{1} << 40;
+constexpr int64_t kMaxCount = int64_t{1} << 40;
 
-const std::vector<FlagDef>& Table() {
-  static const auto* table = new std::vector<FlagDef>{
-      StringFlag("listen", "gRPC address HOST:PORT (port 0 picks a free port)",
-                 &ServerFlags::listen),
-      StringFlag("metrics-listen",
-                 "Prometheus /metrics address HOST:PORT (\"\" disables it)",
-                 &ServerFlags::metrics_listen),
-      StringFlag("data-dir", "spool and result store directory",
-                 &ServerFlags::data_dir),
-      IntFlag("cpu-workers",
-              "concurrent CPU audit jobs (0: one per 16 cores, or cores / "
-              "threads-per-job)",
-              &ServerFlags::cpu_workers, 0, 4096),
-      IntFlag("threads-per-job",
-              "threads one audit uses (0: all cores / cpu-workers)",
-              &ServerFlags::threads_per_job, 0, 4096),
-      SizeFlag("max-message-bytes",
-               "largest unary request; bigger snapshots use AuditStream "
-               "(never unlimited)",
-               &ServerFlags::max_message_bytes, 4096, kMaxGrpcMessage),
-      IntFlag("queue-interactive",
-              "queued INTERACTIVE jobs (Audit/AuditStream) before "
-              "RESOURCE_EXHAUSTED",
-              &ServerFlags::queue_interactive, 1, kMaxInt),
-      IntFlag("queue-sampled",
-              "queued SAMPLED jobs (Submit) before RESOURCE_EXHAUSTED",
-              &ServerFlags::queue_sampled, 1, kMaxInt),
-      SizeFlag("memory-budget-bytes",
-               "snapshot bytes of queued jobs (and, separately, of stream "
-               "uploads in progress)",
-               &ServerFlags::memory_budget_bytes, 4096, int64_t{1} << 50),
-      DurationFlag("retention-age",
-                   "drop stored results older than this "
-                   "(0: keep forever)",
-                   &ServerFlags::retention_age),
-      IntFlag("retention-count", "keep at most this many results (0: no cap)",
-              &ServerFlags::retention_count, 0, kMaxInt),
-      DurationFlag("drain-delay",
-                   "on SIGTERM, wait this long NOT_SERVING before refusing "
-                   "work (lets load balancers notice)",
-                   &ServerFlags::drain_delay),
-      DurationFlag("drain-timeout",
-                   "on SIGTERM, wait at most this long for in-flight jobs",
-                   &ServerFlags::drain_timeout),
-      StringFlag("log-level",
-                 "debug, info, warn or error (debug: one line "
-                 "per request)",
-                 &ServerFlags::log_level),
-      StringFlag("tls-cert", "PEM server certificate chain (enables TLS)",
-                 &ServerFlags::tls_cert),
-      StringFlag("tls-key", "PEM private key of --tls-cert",
-                 &ServerFlags::tls_key),
-      StringFlag("tls-client-ca",
-                 "PEM CA bundle; clients must present a certificate it "
-                 "signed (mTLS)",
-                 &ServerFlags::tls_client_ca),
-      StringFlag("auth-token-file",
-                 "file holding a bearer token; calls must send metadata "
-                 "\"authorization: Bearer TOKEN\" (health is exempt)",
-                 &ServerFlags::auth_token_file),
-      DurationFlag("keepalive-time",
-                   "server pings an idle connection this often",
-                   &ServerFlags::keepalive_time),
-      DurationFlag("keepalive-timeout",
-                   "close a connection whose ping is unanswered this long",
-                   &ServerFlags::keepalive_timeout),
-      DurationFlag("keepalive-min-ping-interval",
-                   "least interval between client pings the server accepts",
-                   &ServerFlags::keepalive_min_ping_interval),
-      DurationFlag("max-connection-age",
-                   "close connections after this age so clients rebalance "
-                   "(0: never)",
-                   &ServerFlags::max_connection_age),
-      DurationFlag("max-connection-age-grace",
-                   "time given to calls on an aged connection",
-                   &ServerFlags::max_connection_age_grace),
-      DurationFlag("max-connection-idle",
-                   "close connections idle this long (0: never)",
-                   &ServerFlags::max_connection_idle),
-      IntFlag("metrics-max-models",
-              "distinct model label values on drift metrics before "
-              "\"other\"",
-              &ServerFlags::metrics_max_models, 1, 1000),
-      IntFlag("metrics-max-layers",
-              "distinct layer label values on drift metrics before "
-              "\"other\"",
-              &ServerFlags::metrics_max_layers, 1, 1000),
+// The server's flags in --help order. Only these are accepted: other
+// libraries may register absl flags of their own.
+const std::vector<absl::string_view>& FlagNames() {
+  static const auto* names = new std::vector<absl::string_view>{
+      absl::GetFlagReflectionHandle(FLAGS_listen).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_metrics_listen).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_data_dir).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_cpu_workers).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_threads_per_job).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_max_message_bytes).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_queue_interactive).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_queue_sampled).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_memory_budget_bytes).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_retention_age).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_retention_count).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_drain_delay).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_drain_timeout).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_log_level).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_tls_cert).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_tls_key).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_tls_client_ca).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_auth_token_file).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_keepalive_time).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_keepalive_timeout).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_keepalive_min_ping_interval).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_max_connection_age).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_max_connection_age_grace).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_max_connection_idle).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_metrics_max_models).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_metrics_max_layers).Name(),
   };
-  return *table;
+  return *names;
+}
+
+// "max_message_bytes" -> "max-message-bytes", the documented spelling.
+std::string Dashed(absl::string_view name) {
+  return absl::StrReplaceAll(name, {{"_", "-"}});
+}
+
+absl::Status FlagError(absl::string_view flag, absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", Dashed(flag), ": ", what));
+}
+
+// One of the server's flags by its name, dashes read as underscores.
+absl::CommandLineFlag* FindServerFlag(absl::string_view arg_name) {
+  const std::string name = absl::StrReplaceAll(arg_name, {{"-", "_"}});
+  for (absl::string_view known : FlagNames()) {
+    if (known == name) return absl::FindCommandLineFlag(known);
+  }
+  return nullptr;
+}
+
+// Sets `flag` from `value`. absl reports "Illegal value '...' specified for
+// flag '...'" followed by the parser's own reason, if any; the reason is
+// what the user needs.
+absl::Status SetFlag(absl::CommandLineFlag& flag, absl::string_view value) {
+  std::string error;
+  if (flag.ParseFrom(value, &error)) return absl::OkStatus();
+  const size_t reason = error.find("; ");
+  if (reason != std::string::npos) {
+    return FlagError(flag.Name(), error.substr(reason + 2));
+  }
+  return FlagError(
+      flag.Name(),
+      absl::StrCat("'", value, "' is not ",
+                   flag.IsOfType<int64_t>() ? "an integer" : "a valid value"));
+}
+
+// Every server flag back to its default.
+void ResetFlags() {
+  for (absl::string_view name : FlagNames()) {
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    std::string ignored;
+    flag->ParseFrom(flag->DefaultValue(), &ignored);
+  }
+}
+
+// Applies argv to the flags; sets *help for --help / -h / -help.
+absl::Status ApplyArgs(const std::vector<std::string>& argv, bool* help) {
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& arg = argv[i];
+    if (arg == "--help" || arg == "-h" || arg == "-help") {
+      *help = true;
+      continue;
+    }
+    if (!absl::StartsWith(arg, "--") || arg.size() == 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument '", arg,
+                       "' (flags are --name VALUE; see --help)"));
+    }
+    absl::string_view name = absl::string_view(arg).substr(2);
+    const size_t eq = name.find('=');
+    const bool inline_value = eq != absl::string_view::npos;
+    if (inline_value) name = name.substr(0, eq);
+    absl::CommandLineFlag* flag = FindServerFlag(name);
+    if (flag == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag --", name, " (see --help)"));
+    }
+    if (!inline_value && i + 1 >= argv.size()) {
+      return FlagError(flag->Name(), "needs a value");
+    }
+    const absl::string_view value =
+        inline_value ? absl::string_view(arg).substr(2 + eq + 1)
+                     : absl::string_view(argv[++i]);
+    if (absl::Status s = SetFlag(*flag, value); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+ServerFlags ReadFlags() {
+  ServerFlags f;
+  f.listen = absl::GetFlag(FLAGS_listen);
+  f.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  f.data_dir = absl::GetFlag(FLAGS_data_dir);
+  f.cpu_workers = absl::GetFlag(FLAGS_cpu_workers);
+  f.threads_per_job = absl::GetFlag(FLAGS_threads_per_job);
+  f.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes).bytes;
+  f.queue_interactive = absl::GetFlag(FLAGS_queue_interactive);
+  f.queue_sampled = absl::GetFlag(FLAGS_queue_sampled);
+  f.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes).bytes;
+  f.retention_age = absl::GetFlag(FLAGS_retention_age).value;
+  f.retention_count = absl::GetFlag(FLAGS_retention_count);
+  f.drain_delay = absl::GetFlag(FLAGS_drain_delay).value;
+  f.drain_timeout = absl::GetFlag(FLAGS_drain_timeout).value;
+  f.log_level = absl::GetFlag(FLAGS_log_level);
+  f.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  f.tls_key = absl::GetFlag(FLAGS_tls_key);
+  f.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  f.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  f.keepalive_time = absl::GetFlag(FLAGS_keepalive_time).value;
+  f.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout).value;
+  f.keepalive_min_ping_interval =
+      absl::GetFlag(FLAGS_keepalive_min_ping_interval).value;
+  f.max_connection_age = absl::GetFlag(FLAGS_max_connection_age).value;
+  f.max_connection_age_grace =
+      absl::GetFlag(FLAGS_max_connection_age_grace).value;
+  f.max_connection_idle = absl::GetFlag(FLAGS_max_connection_idle).value;
+  f.metrics_max_models = absl::GetFlag(FLAGS_metrics_max_models);
+  f.metrics_max_layers = absl::GetFlag(FLAGS_metrics_max_layers);
+  return f;
+}
+
+absl::Status CheckRanges(const ServerFlags& f) {
+  struct Range {
+    const char* flag;
+    int64_t value, min, max;
+  };
+  for (const Range& r : {
+           Range{"cpu-workers", f.cpu_workers, 0, 4096},
+           Range{"threads-per-job", f.threads_per_job, 0, 4096},
+           Range{"max-message-bytes", f.max_message_bytes, 4096,
+                 kMaxGrpcMessage},
+           Range{"queue-interactive", f.queue_interactive, 1, kMaxCount},
+           Range{"queue-sampled", f.queue_sampled, 1, kMaxCount},
+           Range{"memory-budget-bytes", f.memory_budget_bytes, 4096,
+                 int64_t{1} << 50},
+           Range{"retention-count", f.retention_count, 0, kMaxCount},
+           Range{"metrics-max-models", f.metrics_max_models, 1, 1000},
+           Range{"metrics-max-layers", f.metrics_max_layers, 1, 1000},
+       }) {
+    if (r.value < r.min || r.value > r.max) {
+      return FlagError(r.flag, absl::StrCat(r.value, " is outside [", r.min,
+                                            ", ", r.max, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCombinations(const ServerFlags& f) {
+  if (f.tls_cert.empty() != f.tls_key.empty()) {
+    return FlagError(f.tls_cert.empty() ? "tls-cert" : "tls-key",
+                     "--tls-cert and --tls-key go together");
+  }
+  if (!f.tls_client_ca.empty() && f.tls_cert.empty()) {
+    return FlagError("tls-client-ca", "needs --tls-cert and --tls-key");
+  }
+  if (f.listen.empty()) return FlagError("listen", "must not be empty");
+  if (f.data_dir.empty()) return FlagError("data-dir", "must not be empty");
+  return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<int64_t> ParseByteSize(const std::string& flag,
-                                      const std::string& value) {
-  std::string v = absl::AsciiStrToLower(absl::StripAsciiWhitespace(value));
+bool AbslParseFlag(absl::string_view text, ByteSize* out, std::string* error) {
+  std::string v = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
   int64_t mul = 1;
-  struct Suffix {
-    const char* text;
-    int shift;
-  };
-  for (const Suffix& s :
-       {Suffix{"kib", 10}, Suffix{"mib", 20}, Suffix{"gib", 30},
-        Suffix{"k", 10}, Suffix{"m", 20}, Suffix{"g", 30}}) {
-    if (absl::EndsWith(v, s.text)) {
-      v.resize(v.size() - std::char_traits<char>::length(s.text));
-      mul = int64_t{1} << s.shift;
+  for (const auto& [suffix, shift] :
+       {std::pair<absl::string_view, int>{"kib", 10},
+        {"mib", 20},
+        {"gib", 30},
+        {"k", 10},
+        {"m", 20},
+        {"g", 30}}) {
+    if (absl::EndsWith(v, suffix)) {
+      v.resize(v.size() - suffix.size());
+      mul = int64_t{1} << shift;
       break;
     }
   }
   int64_t x = 0;
   if (!absl::SimpleAtoi(v, &x) || x < 0) {
-    return FlagError(flag, absl::StrCat("'", value,
-                                        "' is not a size (e.g. 268435456, "
-                                        "256MiB)"));
+    *error =
+        absl::StrCat("'", text, "' is not a size (e.g. 268435456, 256MiB)");
+    return false;
   }
   if (x > (int64_t{1} << 62) / mul) {
-    return FlagError(flag, absl::StrCat("'", value, "' is too large"));
+    *error = absl::StrCat("'", text, "' is too large");
+    return false;
   }
-  return x * mul;
+  out->bytes = x * mul;
+  return true;
 }
 
-absl::StatusOr<absl::Duration> ParseDurationFlag(const std::string& flag,
-                                                 const std::string& value) {
-  std::string v(absl::StripAsciiWhitespace(value));
-  absl::Duration d;
-  if (v == "0") return absl::ZeroDuration();
-  if (!v.empty() && v.back() == 'd') {
-    int64_t days = 0;
-    if (absl::SimpleAtoi(v.substr(0, v.size() - 1), &days) && days >= 0 &&
-        days < 100000) {
-      return absl::Hours(24 * days);
+std::string AbslUnparseFlag(ByteSize size) {
+  for (const auto& [suffix, shift] :
+       {std::pair<const char*, int>{"GiB", 30}, {"MiB", 20}, {"KiB", 10}}) {
+    const int64_t unit = int64_t{1} << shift;
+    if (size.bytes > 0 && size.bytes % unit == 0) {
+      return absl::StrCat(size.bytes / unit, suffix);
     }
-  } else if (absl::ParseDuration(v, &d) && d >= absl::ZeroDuration() &&
-             d != absl::InfiniteDuration()) {
-    return d;
   }
-  return FlagError(flag, absl::StrCat("'", value,
-                                      "' is not a duration (e.g. 30s, 5m, "
-                                      "1h30m, 7d)"));
+  return absl::StrCat(size.bytes);
 }
 
-std::string FormatByteSize(int64_t bytes) {
-  if (bytes > 0 && bytes % (int64_t{1} << 30) == 0) {
-    return absl::StrCat(bytes >> 30, "GiB");
+bool AbslParseFlag(absl::string_view text, FlagDuration* out,
+                   std::string* error) {
+  const absl::string_view v = absl::StripAsciiWhitespace(text);
+  absl::string_view day_count = v;
+  int64_t days = 0;
+  absl::Duration d;
+  if (v == "0") {
+    out->value = absl::ZeroDuration();
+    return true;
   }
-  if (bytes > 0 && bytes % (int64_t{1} << 20) == 0) {
-    return absl::StrCat(bytes >> 20, "MiB");
+  if (absl::ConsumeSuffix(&day_count, "d") &&
+      absl::SimpleAtoi(day_count, &days) && days >= 0 && days < 100000) {
+    out->value = absl::Hours(24 * days);
+    return true;
   }
-  if (bytes > 0 && bytes % (int64_t{1} << 10) == 0) {
-    return absl::StrCat(bytes >> 10, "KiB");
+  if (absl::ParseDuration(v, &d) && d >= absl::ZeroDuration() &&
+      d != absl::InfiniteDuration()) {
+    out->value = d;
+    return true;
   }
-  return absl::StrCat(bytes);
+  *error =
+      absl::StrCat("'", text, "' is not a duration (e.g. 30s, 5m, 1h30m, 7d)");
+  return false;
 }
 
-std::string FormatDurationFlag(absl::Duration d) {
-  if (d == absl::ZeroDuration()) return "0";
+std::string AbslUnparseFlag(FlagDuration d) {
+  if (d.value == absl::ZeroDuration()) return "0";
   const absl::Duration day = absl::Hours(24);
-  if (d % day == absl::ZeroDuration()) {
-    return absl::StrCat(absl::IDivDuration(d, day, &d), "d");
+  if (d.value % day == absl::ZeroDuration()) {
+    return absl::StrCat(absl::IDivDuration(d.value, day, &d.value), "d");
   }
-  return absl::FormatDuration(d);
+  return absl::FormatDuration(d.value);
+}
+
+absl::StatusOr<ServerFlags> ParseServerFlags(
+    const std::vector<std::string>& argv) {
+  ResetFlags();
+  bool help = false;
+  if (absl::Status s = ApplyArgs(argv, &help); !s.ok()) return s;
+  ServerFlags flags = ReadFlags();
+  flags.help = help;
+  if (absl::Status s = CheckRanges(flags); !s.ok()) return s;
+  if (absl::Status s = CheckCombinations(flags); !s.ok()) return s;
+  return flags;
 }
 
 std::string ServerHelpText() {
@@ -258,10 +369,11 @@ std::string ServerHelpText() {
       "The attnaudit audit service (gRPC attnaudit.v1.AuditService, "
       "grpc.health.v1,\nreflection) with Prometheus metrics. Every flag is "
       "optional.\n\nflags (default in brackets):\n";
-  const ServerFlags defaults;
-  for (const FlagDef& f : Table()) {
-    absl::StrAppendFormat(&out, "  --%-28s %s [%s]\n", f.name, f.help,
-                          f.show(defaults));
+  for (absl::string_view name : FlagNames()) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    const std::string def = flag->DefaultValue();
+    absl::StrAppendFormat(&out, "  --%-28s %s [%s]\n", Dashed(name),
+                          flag->Help(), def.empty() ? "\"\"" : def);
   }
   absl::StrAppendFormat(&out, "  --%-28s %s\n", "help",
                         "print this text and exit");
@@ -271,57 +383,6 @@ std::string ServerHelpText() {
                   "drain up to\n--drain-timeout, stop. See docs/OPERATIONS.md."
                   "\n");
   return out;
-}
-
-absl::StatusOr<ServerFlags> ParseServerFlags(
-    const std::vector<std::string>& argv) {
-  ServerFlags flags;
-  for (size_t i = 0; i < argv.size(); ++i) {
-    const std::string& arg = argv[i];
-    if (arg == "--help" || arg == "-h" || arg == "-help") {
-      flags.help = true;
-      continue;
-    }
-    if (!absl::StartsWith(arg, "--") || arg.size() == 2) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unexpected argument '", arg,
-                       "' (flags are --name VALUE; see "
-                       "--help)"));
-    }
-    std::string name = arg.substr(2);
-    std::string value;
-    bool inline_value = false;
-    if (size_t eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name.resize(eq);
-      inline_value = true;
-    }
-    const FlagDef* def = nullptr;
-    for (const FlagDef& f : Table()) {
-      if (f.name == name) def = &f;
-    }
-    if (def == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown flag --", name, " (see --help)"));
-    }
-    if (!inline_value) {
-      if (i + 1 >= argv.size()) return FlagError(name, "needs a value");
-      value = argv[++i];
-    }
-    ATTNAUDIT_RETURN_IF_ERROR(def->set(value, &flags));
-  }
-  if (flags.tls_cert.empty() != flags.tls_key.empty()) {
-    return FlagError(flags.tls_cert.empty() ? "tls-cert" : "tls-key",
-                     "--tls-cert and --tls-key go together");
-  }
-  if (!flags.tls_client_ca.empty() && flags.tls_cert.empty()) {
-    return FlagError("tls-client-ca", "needs --tls-cert and --tls-key");
-  }
-  if (flags.listen.empty()) return FlagError("listen", "must not be empty");
-  if (flags.data_dir.empty()) {
-    return FlagError("data-dir", "must not be empty");
-  }
-  return flags;
 }
 
 }  // namespace attnaudit::server

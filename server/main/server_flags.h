@@ -1,9 +1,13 @@
-// Command-line flags of attnaudit-server. Spelled with dashes like the CLI's
-// (--max-message-bytes); `--flag VALUE` and `--flag=VALUE` both work, and
-// --help prints every flag with its default, generated from the same table
-// the parser uses, so the two never disagree. Unknown flags and malformed
-// values are InvalidArgument naming the flag. Not thread-safe (parse once at
-// startup).
+// Command-line flags of attnaudit-server, defined with absl/flags
+// (server_flags.cc): each flag's type, default and help text live in its
+// ABSL_FLAG, and --help is generated from those definitions.
+//
+// Spelling: the documented flags use dashes (--max-message-bytes), as the
+// CLI's do; absl flag names cannot hold a dash, so a flag's dashes are read
+// as underscores (--max_message_bytes is the same flag) and --help prints
+// the dashed form. `--flag VALUE` and `--flag=VALUE` both work. Unknown
+// flags, malformed values and values out of range are InvalidArgument
+// naming the flag. Not thread-safe (parse once at startup).
 //
 // Value syntax: sizes accept an integer with an optional binary suffix
 // (K/KiB, M/MiB, G/GiB: 256MiB); durations accept absl's syntax (30s, 5m,
@@ -16,36 +20,37 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace attnaudit::server {
 
+// The parsed flags (server/main/main.cc turns them into AuditServerOptions).
 struct ServerFlags {
   // Endpoints and storage.
-  std::string listen = "localhost:50051";
-  std::string metrics_listen = "localhost:9464";
-  std::string data_dir = "./var/attnaudit";
+  std::string listen;
+  std::string metrics_listen;
+  std::string data_dir;
 
   // Execution. 0 means "derived from the machine" (see --help).
   int64_t cpu_workers = 0;
   int64_t threads_per_job = 0;
 
   // Admission control.
-  int64_t max_message_bytes = int64_t{256} << 20;
-  int64_t queue_interactive = 64;
-  int64_t queue_sampled = 1024;
-  int64_t memory_budget_bytes = int64_t{8} << 30;
+  int64_t max_message_bytes = 0;
+  int64_t queue_interactive = 0;
+  int64_t queue_sampled = 0;
+  int64_t memory_budget_bytes = 0;
 
   // Result store retention.
-  absl::Duration retention_age = absl::Hours(24 * 7);
-  int64_t retention_count = 100000;
+  absl::Duration retention_age;
+  int64_t retention_count = 0;
 
   // Lifecycle.
-  absl::Duration drain_delay = absl::ZeroDuration();
-  absl::Duration drain_timeout = absl::Seconds(30);
-  std::string log_level = "info";
+  absl::Duration drain_delay;
+  absl::Duration drain_timeout;
+  std::string log_level;
 
   // Security. Empty paths mean "off".
   std::string tls_cert;
@@ -55,36 +60,43 @@ struct ServerFlags {
 
   // Connections (Kubernetes: a finite connection age rebalances clients
   // behind an L4 Service).
-  absl::Duration keepalive_time = absl::Minutes(2);
-  absl::Duration keepalive_timeout = absl::Seconds(20);
-  absl::Duration keepalive_min_ping_interval = absl::Seconds(30);
-  absl::Duration max_connection_age = absl::Minutes(30);
-  absl::Duration max_connection_age_grace = absl::Minutes(5);
-  absl::Duration max_connection_idle = absl::Minutes(15);
+  absl::Duration keepalive_time;
+  absl::Duration keepalive_timeout;
+  absl::Duration keepalive_min_ping_interval;
+  absl::Duration max_connection_age;
+  absl::Duration max_connection_age_grace;
+  absl::Duration max_connection_idle;
 
   // Metrics: distinct label values kept before "other" is reported.
-  int64_t metrics_max_models = 4;
-  int64_t metrics_max_layers = 16;
+  int64_t metrics_max_models = 0;
+  int64_t metrics_max_layers = 0;
 
-  bool help = false;  // --help was given; print HelpText() and exit 0
+  bool help = false;  // --help was given; print ServerHelpText() and exit 0
 };
 
-// Parses argv (without the program name). Checks ranges: positive queue
-// sizes, 4 KiB <= max-message-bytes <= 2 GiB - 1 (gRPC's int limit; never
-// unlimited), TLS cert and key together, a client CA only with TLS.
+// Parses argv (without the program name), starting from every flag's
+// default, so the result depends on `argv` alone. Checks ranges: positive
+// queue sizes, 4 KiB <= max-message-bytes <= 2 GiB - 1 (gRPC's int limit;
+// never unlimited), TLS cert and key together, a client CA only with TLS.
 absl::StatusOr<ServerFlags> ParseServerFlags(
     const std::vector<std::string>& argv);
 
 // The --help text: usage and one entry per flag with its default.
 std::string ServerHelpText();
 
-// Value parsers (exposed for tests). `flag` names the flag in errors.
-absl::StatusOr<int64_t> ParseByteSize(const std::string& flag,
-                                      const std::string& value);
-absl::StatusOr<absl::Duration> ParseDurationFlag(const std::string& flag,
-                                                 const std::string& value);
-std::string FormatByteSize(int64_t bytes);         // 268435456 -> "256MiB"
-std::string FormatDurationFlag(absl::Duration d);  // 7 days -> "7d"
+// Flag value types with their own syntax (see the file comment). absl
+// parses and prints them through these overloads.
+struct ByteSize {
+  int64_t bytes = 0;
+};
+struct FlagDuration {
+  absl::Duration value;  // never negative or infinite
+};
+bool AbslParseFlag(absl::string_view text, ByteSize* out, std::string* error);
+std::string AbslUnparseFlag(ByteSize size);  // 268435456 -> "256MiB"
+bool AbslParseFlag(absl::string_view text, FlagDuration* out,
+                   std::string* error);
+std::string AbslUnparseFlag(FlagDuration d);  // 7 days -> "7d"
 
 }  // namespace attnaudit::server
 

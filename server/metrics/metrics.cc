@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <prometheus/text_serializer.h>
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <utility>
@@ -14,10 +15,17 @@
 #include "absl/strings/str_split.h"
 #include "server/metrics/metrics_impl.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 namespace {
 
+using metrics_internal::kLogprobAbsDiff;
+using metrics_internal::kLseMaxAbs;
+using metrics_internal::kNumDriftFamilies;
+using metrics_internal::kNumOutcomes;
+using metrics_internal::kNumStages;
+using metrics_internal::kNumVerdicts;
+using metrics_internal::kOutMaxAbs;
+using metrics_internal::kOutMaxUlp;
 using prometheus::BuildCounter;
 using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
@@ -48,6 +56,23 @@ const Histogram::BucketBoundaries& SecondsBuckets() {
       0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
       0.25,   0.5,   1,      2.5,   5,    10,    30,   60};
   return *b;
+}
+
+// A family registered on `r` with its name and help text.
+prometheus::Family<prometheus::Counter>& CounterFamily(prometheus::Registry& r,
+                                                       const char* name,
+                                                       const char* help) {
+  return BuildCounter().Name(name).Help(help).Register(r);
+}
+prometheus::Family<prometheus::Gauge>& GaugeFamily(prometheus::Registry& r,
+                                                   const char* name,
+                                                   const char* help) {
+  return BuildGauge().Name(name).Help(help).Register(r);
+}
+prometheus::Family<Histogram>& HistogramFamily(prometheus::Registry& r,
+                                               const char* name,
+                                               const char* help) {
+  return BuildHistogram().Name(name).Help(help).Register(r);
 }
 
 // NaN would land in the lowest bucket (every `le` comparison is false) and
@@ -144,152 +169,135 @@ std::array<Histogram*, kNumDriftFamilies>& Metrics::Impl::Drift(
 Metrics::Metrics(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Metrics::~Metrics() = default;
 
+void Metrics::Impl::RegisterVerdicts(prometheus::Registry& r) {
+  GaugeFamily(r, "attnaudit_build_info",
+              "Build information; the value is always 1.")
+      .Add({{"version", options.version}})
+      .Set(1);
+  auto& audit_family = CounterFamily(r, "attnaudit_audits_total",
+                                     "Audits completed, by overall verdict.");
+  auto& cmp = CounterFamily(r, "attnaudit_comparison_verdicts_total",
+                            "Comparison results, by comparison and verdict.");
+  for (Verdict v : kVerdicts) {
+    const std::string name(VerdictName(v));
+    audits[static_cast<int>(v)] = &audit_family.Add({{"verdict", name}});
+    if (v == Verdict::kInvalid) continue;  // not a per-comparison outcome
+    for (int c = 0; c < kNumComparisons; ++c) {
+      comparison_verdicts[c][static_cast<int>(v)] =
+          &cmp.Add({{"comparison",
+                     std::string(ComparisonName(static_cast<Comparison>(c)))},
+                    {"verdict", name}});
+    }
+  }
+}
+
+void Metrics::Impl::RegisterDrift(prometheus::Registry& r) {
+  const char* names[kNumDriftFamilies][2] = {
+      {"attnaudit_drift_out_max_abs",
+       "Largest |candidate - baseline| of the attention output per audit."},
+      {"attnaudit_drift_out_max_ulp",
+       "Largest ULP distance of the attention output (output dtype)."},
+      {"attnaudit_drift_lse_max_abs",
+       "Largest |candidate - baseline| of the log-sum-exp (natural log)."},
+      {"attnaudit_drift_logprob_abs_diff",
+       "Largest |candidate - baseline| of the selected-token log-probs."}};
+  for (int f = 0; f < kNumDriftFamilies; ++f) {
+    drift[f] = &HistogramFamily(r, names[f][0], names[f][1]);
+  }
+}
+
+void Metrics::Impl::RegisterQueues(prometheus::Registry& r) {
+  auto& depth = GaugeFamily(r, "attnaudit_queue_depth",
+                            "Jobs waiting in the scheduler queue, by class.");
+  auto& capacity = GaugeFamily(r, "attnaudit_queue_capacity",
+                               "Maximum jobs the class queue holds.");
+  auto& wait =
+      HistogramFamily(r, "attnaudit_queue_wait_seconds",
+                      "Time from admission until a device took the job.");
+  auto& completed = CounterFamily(r, "attnaudit_jobs_completed_total",
+                                  "Jobs finished, by class and outcome.");
+  for (int c = 0; c < kNumPriorityClasses; ++c) {
+    const std::string cls(PriorityClassLabel(static_cast<PriorityClass>(c)));
+    queue_depth[c] = &depth.Add({{"class", cls}});
+    queue_capacity[c] = &capacity.Add({{"class", cls}});
+    queue_capacity[c]->Set(static_cast<double>(options.queue_capacity[c]));
+    queue_wait[c] = &wait.Add({{"class", cls}}, SecondsBuckets());
+    for (int o = 0; o < kNumOutcomes; ++o) {
+      jobs_completed[c][o] =
+          &completed.Add({{"class", cls}, {"outcome", kOutcomeNames[o]}});
+    }
+  }
+  queued_bytes = &GaugeFamily(r, "attnaudit_queued_bytes",
+                              "Bytes of all queued jobs (memory budget use).")
+                      .Add({});
+}
+
+void Metrics::Impl::RegisterJobs(prometheus::Registry& r) {
+  stage_duration =
+      &HistogramFamily(r, "attnaudit_job_stage_duration_seconds",
+                       "Time per audit stage, by stage and device kind.");
+  job_duration = &HistogramFamily(r, "attnaudit_job_duration_seconds",
+                                  "Device run time per job, by device kind.");
+  received_bytes = &CounterFamily(r, "attnaudit_received_bytes_total",
+                                  "Snapshot bytes received over RPC.")
+                        .Add({});
+  auto& rejection_family = CounterFamily(r, "attnaudit_rejections_total",
+                                         "Requests refused, by reason.");
+  for (int i = 0; i < kNumRejectReasons; ++i) {
+    rejections[i] = &rejection_family.Add(
+        {{"reason",
+          std::string(RejectReasonLabel(static_cast<RejectReason>(i)))}});
+  }
+  inflight =
+      &GaugeFamily(r, "attnaudit_inflight_jobs", "Jobs running on a device.")
+           .Add({});
+  devices = &GaugeFamily(r, "attnaudit_devices",
+                         "Devices in the pool, by kind and state.");
+  absl::MutexLock lock(&mu);
+  Kind("cpu");
+  for (const std::string& kind : options.device_kinds) Kind(kind);
+}
+
+absl::Status Metrics::Impl::StartExposer() {
+  if (options.listen_address.empty()) return absl::OkStatus();
+  absl::StatusOr<std::string> civet = CivetAddress(options.listen_address);
+  if (!civet.ok()) return civet.status();
+  try {
+    exposer = std::make_unique<prometheus::Exposer>(
+        *civet, static_cast<size_t>(std::max(1, options.exposer_threads)));
+    exposer->RegisterCollectable(registry);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "metrics endpoint ", options.listen_address,
+        " could not listen (in use or not permitted?): ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(
     const MetricsOptions& options) {
   if (options.max_models < 1 || options.max_layers < 1) {
     return absl::InvalidArgumentError("max_models/max_layers: must be >= 1");
   }
   auto impl = std::make_unique<Impl>();
-  Impl& m = *impl;
-  m.options = options;
-  m.models = std::make_unique<LabelBounder>(options.max_models);
-  m.layers = std::make_unique<LabelBounder>(options.max_layers);
+  impl->options = options;
+  impl->models = std::make_unique<LabelBounder>(options.max_models);
+  impl->layers = std::make_unique<LabelBounder>(options.max_layers);
   // prometheus-cpp reports misuse with exceptions; none may escape.
   try {
-    m.registry = std::make_shared<prometheus::Registry>();
-    auto& r = *m.registry;
-    BuildGauge()
-        .Name("attnaudit_build_info")
-        .Help("Build information; the value is always 1.")
-        .Register(r)
-        .Add({{"version", options.version}})
-        .Set(1);
-
-    auto& audits = BuildCounter()
-                       .Name("attnaudit_audits_total")
-                       .Help("Audits completed, by overall verdict.")
-                       .Register(r);
-    auto& cmp = BuildCounter()
-                    .Name("attnaudit_comparison_verdicts_total")
-                    .Help("Comparison results, by comparison and verdict.")
-                    .Register(r);
-    for (Verdict v : kVerdicts) {
-      const std::string name(VerdictName(v));
-      m.audits[static_cast<int>(v)] = &audits.Add({{"verdict", name}});
-      if (v == Verdict::kInvalid) continue;  // not a per-comparison outcome
-      for (int c = 0; c < kNumComparisons; ++c) {
-        m.comparison_verdicts[c][static_cast<int>(v)] =
-            &cmp.Add({{"comparison",
-                       std::string(ComparisonName(static_cast<Comparison>(c)))},
-                      {"verdict", name}});
-      }
-    }
-
-    const char* drift_names[kNumDriftFamilies][2] = {
-        {"attnaudit_drift_out_max_abs",
-         "Largest |candidate - baseline| of the attention output per audit."},
-        {"attnaudit_drift_out_max_ulp",
-         "Largest ULP distance of the attention output (output dtype)."},
-        {"attnaudit_drift_lse_max_abs",
-         "Largest |candidate - baseline| of the log-sum-exp (natural log)."},
-        {"attnaudit_drift_logprob_abs_diff",
-         "Largest |candidate - baseline| of the selected-token log-probs."}};
-    for (int f = 0; f < kNumDriftFamilies; ++f) {
-      m.drift[f] = &BuildHistogram()
-                        .Name(drift_names[f][0])
-                        .Help(drift_names[f][1])
-                        .Register(r);
-    }
-
-    auto& depth = BuildGauge()
-                      .Name("attnaudit_queue_depth")
-                      .Help("Jobs waiting in the scheduler queue, by class.")
-                      .Register(r);
-    auto& capacity = BuildGauge()
-                         .Name("attnaudit_queue_capacity")
-                         .Help("Maximum jobs the class queue holds.")
-                         .Register(r);
-    auto& wait = BuildHistogram()
-                     .Name("attnaudit_queue_wait_seconds")
-                     .Help("Time from admission until a device took the job.")
-                     .Register(r);
-    auto& completed = BuildCounter()
-                          .Name("attnaudit_jobs_completed_total")
-                          .Help("Jobs finished, by class and outcome.")
-                          .Register(r);
-    for (int c = 0; c < kNumPriorityClasses; ++c) {
-      const std::string cls(PriorityClassLabel(static_cast<PriorityClass>(c)));
-      m.queue_depth[c] = &depth.Add({{"class", cls}});
-      m.queue_capacity[c] = &capacity.Add({{"class", cls}});
-      m.queue_capacity[c]->Set(static_cast<double>(options.queue_capacity[c]));
-      m.queue_wait[c] = &wait.Add({{"class", cls}}, SecondsBuckets());
-      for (int o = 0; o < kNumOutcomes; ++o) {
-        m.jobs_completed[c][o] =
-            &completed.Add({{"class", cls}, {"outcome", kOutcomeNames[o]}});
-      }
-    }
-    m.queued_bytes = &BuildGauge()
-                          .Name("attnaudit_queued_bytes")
-                          .Help("Bytes of all queued jobs (memory budget use).")
-                          .Register(r)
-                          .Add({});
-    m.stage_duration =
-        &BuildHistogram()
-             .Name("attnaudit_job_stage_duration_seconds")
-             .Help("Time per audit stage, by stage and device kind.")
-             .Register(r);
-    m.job_duration = &BuildHistogram()
-                          .Name("attnaudit_job_duration_seconds")
-                          .Help("Device run time per job, by device kind.")
-                          .Register(r);
-    m.received_bytes = &BuildCounter()
-                            .Name("attnaudit_received_bytes_total")
-                            .Help("Snapshot bytes received over RPC.")
-                            .Register(r)
-                            .Add({});
-    auto& rejections = BuildCounter()
-                           .Name("attnaudit_rejections_total")
-                           .Help("Requests refused, by reason.")
-                           .Register(r);
-    for (int i = 0; i < kNumRejectReasons; ++i) {
-      m.rejections[i] = &rejections.Add(
-          {{"reason",
-            std::string(RejectReasonLabel(static_cast<RejectReason>(i)))}});
-    }
-    m.inflight = &BuildGauge()
-                      .Name("attnaudit_inflight_jobs")
-                      .Help("Jobs running on a device.")
-                      .Register(r)
-                      .Add({});
-    m.devices = &BuildGauge()
-                     .Name("attnaudit_devices")
-                     .Help("Devices in the pool, by kind and state.")
-                     .Register(r);
-    {
-      absl::MutexLock lock(&m.mu);
-      m.Kind("cpu");
-      for (const std::string& kind : options.device_kinds) m.Kind(kind);
-    }
+    impl->registry = std::make_shared<prometheus::Registry>();
+    impl->RegisterVerdicts(*impl->registry);
+    impl->RegisterDrift(*impl->registry);
+    impl->RegisterQueues(*impl->registry);
+    impl->RegisterJobs(*impl->registry);
   } catch (const std::exception& e) {
     return absl::InternalError(
         absl::StrCat("metrics registration failed: ", e.what()));
   }
-
-  if (!options.listen_address.empty()) {
-    absl::StatusOr<std::string> civet = CivetAddress(options.listen_address);
-    if (!civet.ok()) return civet.status();
-    try {
-      m.exposer = std::make_unique<prometheus::Exposer>(
-          *civet, static_cast<size_t>(std::max(1, options.exposer_threads)));
-      m.exposer->RegisterCollectable(m.registry);
-    } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat(
-          "metrics endpoint ", options.listen_address,
-          " could not listen (in use or not permitted?): ", e.what()));
-    }
-  }
+  if (absl::Status s = impl->StartExposer(); !s.ok()) return s;
   std::unique_ptr<Metrics> metrics(new Metrics(std::move(impl)));
-  metrics->impl_->listener = std::make_unique<MetricsListener>(metrics.get());
+  metrics->impl_->listener =
+      std::make_unique<metrics_internal::MetricsListener>(metrics.get());
   return metrics;
 }
 
@@ -416,5 +424,4 @@ std::string StripExposerFamilies(absl::string_view text) {
   return out;
 }
 
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server

@@ -67,8 +67,7 @@ namespace prometheus {
 class Registry;
 }  // namespace prometheus
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 
 struct MetricsOptions {
   // "HOST:PORT" for the HTTP endpoint (port 0 picks a free one); empty:
@@ -153,7 +152,6 @@ class LabelBounder {
   std::shared_ptr<Impl> impl_;
 };
 
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_METRICS_METRICS_H_

@@ -16,11 +16,12 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "server/metrics/metrics.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
+namespace metrics_internal {
 
 // Drift quantities with a histogram family each.
 enum DriftFamily : int {
@@ -52,16 +53,20 @@ class MetricsListener : public SchedulerListener {
   Metrics* m_;
 };
 
+}  // namespace metrics_internal
+
 struct Metrics::Impl {
   MetricsOptions options;
   std::shared_ptr<prometheus::Registry> registry;
   // Declared after the registry: destroyed first (it holds a weak_ptr).
   std::unique_ptr<prometheus::Exposer> exposer;
 
-  std::array<prometheus::Counter*, kNumVerdicts> audits{};
-  std::array<std::array<prometheus::Counter*, kNumVerdicts>, kNumComparisons>
+  std::array<prometheus::Counter*, metrics_internal::kNumVerdicts> audits{};
+  std::array<std::array<prometheus::Counter*, metrics_internal::kNumVerdicts>,
+             kNumComparisons>
       comparison_verdicts{};
-  std::array<prometheus::Family<prometheus::Histogram>*, kNumDriftFamilies>
+  std::array<prometheus::Family<prometheus::Histogram>*,
+             metrics_internal::kNumDriftFamilies>
       drift{};
   std::array<prometheus::Gauge*, kNumPriorityClasses> queue_depth{};
   std::array<prometheus::Gauge*, kNumPriorityClasses> queue_capacity{};
@@ -69,7 +74,7 @@ struct Metrics::Impl {
   std::array<prometheus::Histogram*, kNumPriorityClasses> queue_wait{};
   prometheus::Family<prometheus::Histogram>* stage_duration = nullptr;
   prometheus::Family<prometheus::Histogram>* job_duration = nullptr;
-  std::array<std::array<prometheus::Counter*, kNumOutcomes>,
+  std::array<std::array<prometheus::Counter*, metrics_internal::kNumOutcomes>,
              kNumPriorityClasses>
       jobs_completed{};
   prometheus::Counter* received_bytes = nullptr;
@@ -79,30 +84,40 @@ struct Metrics::Impl {
 
   std::unique_ptr<LabelBounder> models;
   std::unique_ptr<LabelBounder> layers;
-  std::unique_ptr<MetricsListener> listener;
+  std::unique_ptr<metrics_internal::MetricsListener> listener;
 
   // Series created on first use, keyed by their label values.
   struct KindSeries {
-    std::array<prometheus::Histogram*, kNumStages> stages{};
+    std::array<prometheus::Histogram*, metrics_internal::kNumStages> stages{};
     prometheus::Histogram* job = nullptr;
     prometheus::Gauge* idle = nullptr;
     prometheus::Gauge* busy = nullptr;
   };
   absl::Mutex mu;
-  absl::flat_hash_map<std::string,
-                      std::array<prometheus::Histogram*, kNumDriftFamilies>>
+  absl::flat_hash_map<
+      std::string,
+      std::array<prometheus::Histogram*, metrics_internal::kNumDriftFamilies>>
       drift_series ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<std::string, KindSeries> kinds ABSL_GUARDED_BY(mu);
+
+  // Metrics::Create's steps: the families and their fixed series (none of
+  // these throws for our constant names and labels, but prometheus-cpp
+  // reports misuse with exceptions: Create catches them).
+  void RegisterVerdicts(prometheus::Registry& r);
+  void RegisterDrift(prometheus::Registry& r);
+  void RegisterQueues(prometheus::Registry& r);
+  void RegisterJobs(prometheus::Registry& r);
+  // The /metrics endpoint on options.listen_address.
+  absl::Status StartExposer();
 
   // Creates (or finds) the per-kind series. Family::Add may throw only for
   // invalid label names, and ours are constants.
   KindSeries& Kind(absl::string_view kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  std::array<prometheus::Histogram*, kNumDriftFamilies>& Drift(
-      Comparison c, const std::string& model, const std::string& layer)
+  std::array<prometheus::Histogram*, metrics_internal::kNumDriftFamilies>&
+  Drift(Comparison c, const std::string& model, const std::string& layer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 };
 
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_METRICS_METRICS_IMPL_H_

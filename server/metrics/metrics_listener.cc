@@ -4,8 +4,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "server/metrics/metrics_impl.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
+namespace metrics_internal {
 
 void MetricsListener::OnQueueChanged(PriorityClass c, int64_t depth,
                                      int64_t queued_bytes) {
@@ -41,6 +41,8 @@ void MetricsListener::OnFinished(const JobOutcome& outcome) {
   }
 }
 
+}  // namespace metrics_internal
+
 struct LabelBounder::Impl {
   explicit Impl(int max) : max_values(max) {}
   const int max_values;
@@ -61,5 +63,4 @@ std::string LabelBounder::Bound(const std::string& value) {
   return "other";
 }
 
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server

@@ -1,5 +1,5 @@
-// Audit, AuditStream, WatchResults, GetCapabilities and the helpers shared
-// with durable_jobs.cc (Submit, GetResult, Cancel, spool resume).
+// Audit, WatchResults, GetCapabilities, the service's lifecycle, and the
+// admission of interactive jobs shared with audit_stream.cc.
 #include "server/rpc/audit_service.h"
 
 #include <utility>
@@ -13,11 +13,14 @@
 #include "server/rpc/rpc_internal.h"
 #include "server/rpc/status_util.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 namespace {
 
-using server::PriorityClass;
-using server::RejectReason;
+using rpc_internal::AdmitInteractive;
+using rpc_internal::CallDeadline;
+using rpc_internal::DecodeAuditRequest;
+using rpc_internal::DecodedAudit;
+using rpc_internal::PriorityFromProto;
 
 // Holds one call's request and response. The service registers these for
 // Audit and Submit so that the request object is its own, non-const
@@ -68,25 +71,14 @@ class AuditCall final : public LoggedUnaryReactor {
     absl::StatusOr<PriorityClass> priority =
         PriorityFromProto(request->priority(), PriorityClass::kInteractive);
     if (!priority.ok()) return Reject(priority.status());
-    if (!request->has_snapshot()) {
-      return Reject(absl::InvalidArgumentError("snapshot: missing"));
-    }
-    absl::StatusOr<Snapshot> snapshot =
-        SnapshotFromProto(request->mutable_snapshot());
-    if (!snapshot.ok()) {
-      return Reject(PrefixStatus("snapshot.", snapshot.status()));
-    }
-    absl::StatusOr<AuditOptions> options =
-        AuditOptionsFromProto(request->options());
-    if (!options.ok()) {
-      return Reject(PrefixStatus("options.", options.status()));
-    }
+    absl::StatusOr<DecodedAudit> audit = DecodeAuditRequest(request);
+    if (!audit.ok()) return Reject(audit.status());
     job_id_ = NewJobId('a');
     log().set_job_id(job_id_);
     absl::Duration retry_after;
     absl::Status admitted = AdmitInteractive(
-        svc_, job_id_, *std::move(snapshot), *std::move(options), *priority,
-        bytes, CallDeadline(*context_), response_,
+        svc_, job_id_, *std::move(audit), *priority, bytes,
+        CallDeadline(*context_), response_,
         [this](const grpc::Status& status) { Done(status); }, &retry_after);
     if (!admitted.ok()) {
       if (admitted.code() == absl::StatusCode::kResourceExhausted) {
@@ -131,68 +123,133 @@ class RejectedWatch final : public grpc::ServerWriteReactor<v1::JobResult> {
   void OnDone() override { delete this; }
 };
 
+// Capabilities.devices and .backends.
+void DescribeDevices(const std::vector<DeviceInfo>& devices, bool cuda_built,
+                     v1::Capabilities* caps) {
+  bool have_cuda = false;
+  for (const DeviceInfo& d : devices) {
+    v1::Device* dev = caps->add_devices();
+    dev->set_id(d.name);
+    const bool gpu = d.kind == "cuda";
+    have_cuda |= gpu;
+    dev->set_kind(gpu ? v1::DEVICE_KIND_GPU : v1::DEVICE_KIND_CPU);
+    dev->set_name(gpu ? "CUDA device" : "CPU worker");
+    dev->set_state(d.busy ? v1::DEVICE_STATE_BUSY : v1::DEVICE_STATE_IDLE);
+  }
+  v1::Backend* cpu = caps->add_backends();
+  cpu->set_name("cpu");
+  cpu->set_available(true);
+  v1::Backend* cuda = caps->add_backends();
+  cuda->set_name("cuda");
+  cuda->set_available(have_cuda);
+  cuda->set_detail(!cuda_built ? "not built in"
+                   : have_cuda ? ""
+                               : "no GPU worker in the pool");
+}
+
+// Capabilities.limits: what validation, the queues and gRPC enforce.
+void DescribeLimits(const ServiceOptions& o, v1::Limits* l) {
+  l->set_max_receive_message_bytes(o.max_message_bytes);
+  l->set_max_stream_bytes(o.max_stream_bytes);
+  l->set_recommended_chunk_bytes(o.recommended_chunk_bytes);
+  l->set_max_tensor_bytes(o.limits.max_tensor_bytes);
+  l->set_max_batch(o.limits.max_batch);
+  l->set_max_queries(o.limits.max_queries);
+  l->set_max_heads(o.limits.max_heads);
+  l->set_max_head_dim(o.limits.max_head_dim);
+  l->set_max_page_size(o.limits.max_page_size);
+  l->set_max_blocks(o.limits.max_blocks);
+  l->set_max_context(o.limits.max_context);
+  l->set_max_cp_world_size(o.limits.max_cp_world_size);
+  l->set_max_vocab(o.limits.max_vocab);
+  l->set_interactive_queue_capacity(
+      o.queue_capacity[static_cast<int>(PriorityClass::kInteractive)]);
+  l->set_sampled_queue_capacity(
+      o.queue_capacity[static_cast<int>(PriorityClass::kSampled)]);
+  l->set_queued_bytes_budget(o.queued_bytes_budget);
+}
+
+}  // namespace
+
+namespace rpc_internal {
+namespace {
+
+// The end of an interactive job: the call's answer (the report, or the
+// error; an INVALID verdict is INVALID_ARGUMENT naming the field) and, when
+// someone watches, the published result.
+grpc::Status FinishInteractive(AuditServiceImpl* svc, const JobOutcome& outcome,
+                               const Labels& labels, absl::Time submitted,
+                               absl::Time started,
+                               v1::AuditResponse* response) {
+  grpc::Status status;
+  if (!outcome.status.ok()) {
+    status = ToGrpcStatus(outcome.status);
+  } else if (outcome.report.verdict == Verdict::kInvalid) {
+    status =
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     absl::StrCat("snapshot.", outcome.report.invalid_reason));
+  } else {
+    ReportToProto(outcome.report, response->mutable_report());
+  }
+  if (svc->watch_hub()->HasWatchers()) {
+    v1::JobResult result =
+        OutcomeToJobResult(outcome, labels, submitted, started);
+    if (response->has_report()) {
+      *result.mutable_report() = response->report();
+    } else if (outcome.status.ok()) {
+      ReportToProto(outcome.report, result.mutable_report());
+    }
+    PublishResult(svc, std::move(result));
+  }
+  return status;
+}
+
 }  // namespace
 
 absl::Status AdmitInteractive(AuditServiceImpl* svc, const std::string& job_id,
-                              Snapshot snapshot, AuditOptions options,
-                              server::PriorityClass priority, int64_t bytes,
-                              absl::Time deadline, v1::AuditResponse* response,
-                              Finisher finish, absl::Duration* retry_after) {
+                              DecodedAudit audit, PriorityClass priority,
+                              int64_t bytes, absl::Time deadline,
+                              v1::AuditResponse* response, Finisher finish,
+                              absl::Duration* retry_after) {
   *retry_after = absl::ZeroDuration();
   if (svc->draining()) {
     svc->metrics()->CountRejection(RejectReason::kDraining);
     return absl::UnavailableError("server is draining; retry elsewhere");
   }
-  auto job = std::make_unique<server::Job>();
+  auto job = std::make_unique<Job>();
   job->id = job_id;
   job->priority = priority;
   job->deadline = deadline;
-  job->labels = JobLabelsOf(snapshot.labels);
-  Labels labels = snapshot.labels;
-  job->snapshot = std::move(snapshot);
-  ApplyServerOptions(*svc, &options);
-  job->options = std::move(options);
+  job->labels = JobLabelsOf(audit.snapshot.labels);
   job->bytes = bytes;
+  Labels labels = audit.snapshot.labels;
+  job->snapshot = std::move(audit.snapshot);
+  ApplyServerOptions(*svc, &audit.options);
+  job->options = std::move(audit.options);
   const absl::Time submitted = absl::Now();
   // Written by on_start on the worker, read by on_done on the same worker.
   auto started = std::make_shared<absl::Time>(absl::InfinitePast());
-  job->on_start = [started](const server::Job&, absl::string_view) {
+  job->on_start = [started](const Job&, absl::string_view) {
     *started = absl::Now();
   };
   job->on_done = [svc, response, finish = std::move(finish),
                   labels = std::move(labels), submitted,
-                  started](const server::JobOutcome& outcome) {
-    grpc::Status status;
-    if (outcome.status.ok()) {
-      if (outcome.report.verdict == Verdict::kInvalid) {
-        status = grpc::Status(
-            grpc::StatusCode::INVALID_ARGUMENT,
-            absl::StrCat("snapshot.", outcome.report.invalid_reason));
-      } else {
-        ReportToProto(outcome.report, response->mutable_report());
-      }
-    } else {
-      status = ToGrpcStatus(outcome.status);
-    }
-    if (svc->watch_hub()->HasWatchers()) {
-      v1::JobResult result =
-          OutcomeToJobResult(outcome, labels, submitted, *started);
-      if (outcome.status.ok()) {
-        if (response->has_report()) {
-          *result.mutable_report() = response->report();
-        } else {
-          ReportToProto(outcome.report, result.mutable_report());
-        }
-      }
-      PublishResult(svc, std::move(result));
-    }
-    finish(status);
+                  started](const JobOutcome& outcome) {
+    finish(
+        FinishInteractive(svc, outcome, labels, submitted, *started, response));
   };
-  server::SubmitRejection why;
+  SubmitRejection why;
   absl::Status s = svc->scheduler()->Submit(std::move(job), &why);
   if (!s.ok()) *retry_after = why.retry_after;
   return s;
 }
+
+void PublishResult(AuditServiceImpl* svc, v1::JobResult result) {
+  svc->watch_hub()->Publish(
+      std::make_shared<const v1::JobResult>(std::move(result)));
+}
+
+}  // namespace rpc_internal
 
 // ---- The service
 // ----------------------------------------------------------------
@@ -202,12 +259,9 @@ struct AuditServiceImpl::Allocators {
   OwnedMessageAllocator<v1::SubmitRequest, v1::SubmitResponse> submit;
 };
 
-AuditServiceImpl::AuditServiceImpl(ServiceOptions options,
-                                   server::Scheduler* scheduler,
-                                   server::Spool* spool,
-                                   server::ResultStore* store,
-                                   server::Metrics* metrics,
-                                   BlockingExecutor* executor)
+AuditServiceImpl::AuditServiceImpl(ServiceOptions options, Scheduler* scheduler,
+                                   Spool* spool, ResultStore* store,
+                                   Metrics* metrics, BlockingExecutor* executor)
     : options_(std::move(options)),
       scheduler_(scheduler),
       spool_(spool),
@@ -274,7 +328,7 @@ grpc::ServerWriteReactor<v1::JobResult>* AuditServiceImpl::WatchResults(
                        absl::StrCat("filter.verdicts: unknown value ", v)));
     }
   }
-  ATTNAUDIT_LOG(kDebug, "rpc")
+  ATTNAUDIT_LOG(debug, "rpc")
       .Kv("method", "WatchResults")
       .Kv("peer", context->peer());
   return new WatchReactor(&hub_, request->filter(), options_.watcher_buffer);
@@ -291,47 +345,10 @@ grpc::ServerUnaryReactor* AuditServiceImpl::GetCapabilities(
   response->set_version(options_.version);
   response->set_api_version("attnaudit.v1");
   response->set_fingerprint_version(kFingerprintVersion);
-  const std::vector<server::DeviceInfo> devices = scheduler_->Devices();
-  bool have_cuda = false;
-  for (const server::DeviceInfo& d : devices) {
-    v1::Device* dev = response->add_devices();
-    dev->set_id(d.name);
-    const bool gpu = d.kind == "cuda";
-    have_cuda |= gpu;
-    dev->set_kind(gpu ? v1::DEVICE_KIND_GPU : v1::DEVICE_KIND_CPU);
-    dev->set_name(gpu ? "CUDA device" : "CPU worker");
-    dev->set_state(d.busy ? v1::DEVICE_STATE_BUSY : v1::DEVICE_STATE_IDLE);
-  }
-  v1::Backend* cpu = response->add_backends();
-  cpu->set_name("cpu");
-  cpu->set_available(true);
-  v1::Backend* cuda = response->add_backends();
-  cuda->set_name("cuda");
-  cuda->set_available(have_cuda);
-  cuda->set_detail(!options_.cuda_built ? "not built in"
-                   : have_cuda          ? ""
-                                        : "no GPU worker in the pool");
-  v1::Limits* l = response->mutable_limits();
-  l->set_max_receive_message_bytes(options_.max_message_bytes);
-  l->set_max_stream_bytes(options_.max_stream_bytes);
-  l->set_recommended_chunk_bytes(options_.recommended_chunk_bytes);
-  l->set_max_tensor_bytes(options_.limits.max_tensor_bytes);
-  l->set_max_batch(options_.limits.max_batch);
-  l->set_max_queries(options_.limits.max_queries);
-  l->set_max_heads(options_.limits.max_heads);
-  l->set_max_head_dim(options_.limits.max_head_dim);
-  l->set_max_page_size(options_.limits.max_page_size);
-  l->set_max_blocks(options_.limits.max_blocks);
-  l->set_max_context(options_.limits.max_context);
-  l->set_max_cp_world_size(options_.limits.max_cp_world_size);
-  l->set_max_vocab(options_.limits.max_vocab);
-  l->set_interactive_queue_capacity(
-      options_.queue_capacity[static_cast<int>(PriorityClass::kInteractive)]);
-  l->set_sampled_queue_capacity(
-      options_.queue_capacity[static_cast<int>(PriorityClass::kSampled)]);
-  l->set_queued_bytes_budget(options_.queued_bytes_budget);
+  DescribeDevices(scheduler_->Devices(), options_.cuda_built, response);
+  DescribeLimits(options_, response->mutable_limits());
   call->Done(grpc::Status::OK);
   return call;
 }
 
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server

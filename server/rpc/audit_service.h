@@ -53,7 +53,7 @@
 #include "server/spool/spool.h"
 #include "server/store/result_store.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 
 struct ServiceOptions {
   // The gRPC receive limit (also reported in Capabilities).
@@ -71,7 +71,7 @@ struct ServiceOptions {
   // AuditOptions::threads of every job (0: the device's default).
   int threads_per_job = 0;
   // Capacities reported in Capabilities (the scheduler enforces them).
-  std::array<int64_t, server::kNumPriorityClasses> queue_capacity = {64, 1024};
+  std::array<int64_t, kNumPriorityClasses> queue_capacity = {64, 1024};
   int64_t queued_bytes_budget = int64_t{4} << 30;
   // Empty: no authentication.
   std::string auth_token;
@@ -86,9 +86,9 @@ struct ServiceOptions {
 
 class AuditServiceImpl final : public v1::AuditService::CallbackService {
  public:
-  AuditServiceImpl(ServiceOptions options, server::Scheduler* scheduler,
-                   server::Spool* spool, server::ResultStore* store,
-                   server::Metrics* metrics, BlockingExecutor* executor);
+  AuditServiceImpl(ServiceOptions options, Scheduler* scheduler, Spool* spool,
+                   ResultStore* store, Metrics* metrics,
+                   BlockingExecutor* executor);
   ~AuditServiceImpl() override;
 
   // --- RPCs (see service.proto).
@@ -129,10 +129,10 @@ class AuditServiceImpl final : public v1::AuditService::CallbackService {
   // --- Used by the reactors and job callbacks (audit_service.cc,
   // durable_jobs.cc); not for other callers.
   const ServiceOptions& options() const { return options_; }
-  server::Scheduler* scheduler() const { return scheduler_; }
-  server::Spool* spool() const { return spool_; }
-  server::ResultStore* store() const { return store_; }
-  server::Metrics* metrics() const { return metrics_; }
+  Scheduler* scheduler() const { return scheduler_; }
+  Spool* spool() const { return spool_; }
+  ResultStore* store() const { return store_; }
+  Metrics* metrics() const { return metrics_; }
   BlockingExecutor* executor() const { return executor_; }
   const TokenAuth& auth() const { return auth_; }
   WatchHub* watch_hub() { return &hub_; }
@@ -146,10 +146,10 @@ class AuditServiceImpl final : public v1::AuditService::CallbackService {
 
  private:
   ServiceOptions options_;
-  server::Scheduler* const scheduler_;
-  server::Spool* const spool_;
-  server::ResultStore* const store_;
-  server::Metrics* const metrics_;
+  Scheduler* const scheduler_;
+  Spool* const spool_;
+  ResultStore* const store_;
+  Metrics* const metrics_;
   BlockingExecutor* const executor_;
   TokenAuth auth_;
   WatchHub hub_;
@@ -167,6 +167,6 @@ class AuditServiceImpl final : public v1::AuditService::CallbackService {
   std::unique_ptr<Allocators> allocators_;
 };
 
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_RPC_AUDIT_SERVICE_H_

@@ -13,11 +13,13 @@
 #include "server/rpc/rpc_internal.h"
 #include "server/rpc/status_util.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 namespace {
 
-using server::PriorityClass;
-using server::RejectReason;
+using rpc_internal::AdmitInteractive;
+using rpc_internal::CallDeadline;
+using rpc_internal::DecodedAudit;
+using rpc_internal::PriorityFromProto;
 
 class AuditStreamCall final
     : public grpc::ServerReadReactor<v1::AuditStreamMessage> {
@@ -87,7 +89,7 @@ class AuditStreamCall final
     log_.set_bytes(total);
     // Admission before a single chunk is read: the queue and budget
     // (advisory; Submit re-checks) and the budget of uploads in progress.
-    server::SubmitRejection why;
+    SubmitRejection why;
     if (absl::Status s =
             svc_->scheduler()->CheckAdmission(priority_, total, &why);
         !s.ok()) {
@@ -137,8 +139,8 @@ class AuditStreamCall final
     log_.set_job_id(job_id_);
     absl::Duration retry_after;
     absl::Status admitted = AdmitInteractive(
-        svc_, job_id_, *std::move(snapshot), std::move(options_), priority_,
-        reserved_, CallDeadline(*context_), response_,
+        svc_, job_id_, DecodedAudit{*std::move(snapshot), std::move(options_)},
+        priority_, reserved_, CallDeadline(*context_), response_,
         [this](const grpc::Status& status) { FinishOnce(status); },
         &retry_after);
     // Queued (or refused): the scheduler's budget accounts for the bytes
@@ -192,4 +194,4 @@ grpc::ServerReadReactor<v1::AuditStreamMessage>* AuditServiceImpl::AuditStream(
   return call;
 }
 
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server

@@ -2,7 +2,7 @@
 
 #include <utility>
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 
 BlockingExecutor::BlockingExecutor(int threads, size_t max_queued)
     : max_queued_(max_queued == 0 ? 1 : max_queued) {
@@ -55,4 +55,4 @@ void BlockingExecutor::Loop() {
   }
 }
 
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server

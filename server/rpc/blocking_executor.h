@@ -1,7 +1,17 @@
 // BlockingExecutor: a small fixed pool of threads for the RPC layer's
-// blocking work (spooling a Submit with fsync, SQLite reads and writes), so
-// gRPC's reaction threads never block (docs/DESIGN.md §4: "reactions
-// should be fast").
+// blocking I/O (spooling a Submit with fsync, SQLite reads and writes), so
+// gRPC's reaction threads never block: gRPC's callback API runs reactions
+// on a few shared threads, and one that waits on the disk stalls every
+// call behind it.
+//
+// Why not the compute pool the audits run on: a task there that waits for
+// fsync (milliseconds to seconds on a busy disk) holds a core's worth of
+// audit capacity idle, and a burst of Submits would queue behind running
+// audits (or they behind it), coupling ingest latency to audit load. I/O
+// threads mostly sleep in the kernel, so a few cost next to nothing. And
+// the I/O queue must be bounded with an immediate "no" (the caller answers
+// RESOURCE_EXHAUSTED "server busy"), which neither gRPC nor a task arena
+// offers. This is that: a bounded FIFO in front of a few threads.
 //
 // The queue is bounded: Post refuses work (returns false) when `max_queued`
 // tasks are waiting or after Shutdown, and the caller answers the RPC
@@ -20,7 +30,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 
 class BlockingExecutor {
  public:
@@ -49,6 +59,6 @@ class BlockingExecutor {
   absl::Mutex join_mu_;  // serialises concurrent Shutdown calls
 };
 
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_RPC_BLOCKING_EXECUTOR_H_

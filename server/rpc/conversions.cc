@@ -1,18 +1,36 @@
 // Conversions between the wire, the scheduler and the store, shared by the
 // RPC layer (rpc_internal.h).
+#include <google/protobuf/util/time_util.h>
+
 #include <chrono>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "proto/codec/codec.h"
 #include "proto/codec/tensor_paths.h"
 #include "server/rpc/rpc_internal.h"
+#include "server/rpc/status_util.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server::rpc_internal {
+namespace {
 
-using server::JobState;
-using server::PriorityClass;
-using server::ResultRecord;
+using google::protobuf::util::TimeUtil;
+
+absl::StatusOr<DecodedAudit> DecodeAudit(bool has_snapshot,
+                                         v1::Snapshot* snapshot,
+                                         const v1::AuditOptions& options) {
+  if (!has_snapshot) return absl::InvalidArgumentError("snapshot: missing");
+  absl::StatusOr<Snapshot> decoded = SnapshotFromProto(snapshot);
+  if (!decoded.ok()) return PrefixStatus("snapshot.", decoded.status());
+  absl::StatusOr<AuditOptions> audit_options = AuditOptionsFromProto(options);
+  if (!audit_options.ok()) {
+    return PrefixStatus("options.", audit_options.status());
+  }
+  return DecodedAudit{*std::move(decoded), *std::move(audit_options)};
+}
+
+}  // namespace
 
 absl::StatusOr<PriorityClass> PriorityFromProto(int priority,
                                                 PriorityClass def) {
@@ -50,6 +68,18 @@ v1::JobState JobStateToProto(JobState s) {
   return v1::JOB_STATE_UNSPECIFIED;
 }
 
+JobState TerminalStateOf(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return JobState::kDone;
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kDeadlineExceeded:
+      return JobState::kCancelled;
+    default:
+      return JobState::kFailed;
+  }
+}
+
 void LabelsToProto(const Labels& labels, v1::Labels* msg) {
   msg->set_model(labels.model);
   if (labels.layer >= 0) msg->set_layer(labels.layer);
@@ -59,24 +89,39 @@ void LabelsToProto(const Labels& labels, v1::Labels* msg) {
   for (const std::string& id : labels.request_ids) msg->add_request_ids(id);
 }
 
-server::JobLabels JobLabelsOf(const Labels& labels) {
-  server::JobLabels out;
-  out.model = labels.model;
-  out.layer = labels.layer;
-  out.engine = labels.engine;
-  return out;
+JobLabels JobLabelsOf(const Labels& labels) {
+  return JobLabels{labels.model, labels.layer, labels.engine};
+}
+
+JobLabels JobLabelsOf(const ResultRecord& record) {
+  return JobLabels{record.model, record.layer, record.engine};
+}
+
+JobLabels JobLabelsOf(const SpoolMetadata& metadata) {
+  return JobLabels{metadata.model, metadata.layer, metadata.engine};
 }
 
 void TimeToProto(absl::Time t, google::protobuf::Timestamp* msg) {
-  const int64_t nanos = absl::ToUnixNanos(t);
-  int64_t secs = nanos / 1000000000;
-  int64_t rem = nanos % 1000000000;
-  if (rem < 0) {
-    rem += 1000000000;
-    --secs;
+  *msg = TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
+}
+
+absl::StatusOr<absl::Duration> DurationFromProto(
+    const google::protobuf::Duration& msg, absl::string_view field) {
+  // TimeUtil converts only well-formed Durations (its checks are debug
+  // assertions), so a hostile value is refused here first.
+  const bool in_range = msg.seconds() >= TimeUtil::kDurationMinSeconds &&
+                        msg.seconds() <= TimeUtil::kDurationMaxSeconds &&
+                        msg.nanos() > -1000000000 && msg.nanos() < 1000000000;
+  const bool one_sign = (msg.seconds() <= 0 && msg.nanos() <= 0) ||
+                        (msg.seconds() >= 0 && msg.nanos() >= 0);
+  if (!in_range || !one_sign) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": not a valid google.protobuf.Duration (seconds ",
+                     msg.seconds(), ", nanos ", msg.nanos(), ")"));
   }
-  msg->set_seconds(secs);
-  msg->set_nanos(static_cast<int32_t>(rem));
+  // Microseconds: the whole Duration range fits in an int64 (nanoseconds
+  // would overflow past ~292 years).
+  return absl::Microseconds(TimeUtil::DurationToMicroseconds(msg));
 }
 
 absl::Time CallDeadline(const grpc::CallbackServerContext& context) {
@@ -125,39 +170,12 @@ v1::JobResult RecordToJobResult(const ResultRecord& record) {
   return r;
 }
 
-int64_t SnapshotTensorBytes(const Snapshot& snapshot) {
-  int64_t total = 0;
-  for (absl::string_view path : SnapshotTensorPaths()) {
-    const Tensor* t = FindSnapshotTensor(snapshot, path);
-    if (t != nullptr && t->present()) {
-      total += static_cast<int64_t>(t->bytes().size());
-    }
-  }
-  return total;
-}
-
-void ApplyServerOptions(const AuditServiceImpl& svc, AuditOptions* options) {
-  options->threads = svc.options().threads_per_job;
-  options->limits = svc.options().limits;
-}
-
-v1::JobResult OutcomeToJobResult(const server::JobOutcome& outcome,
+v1::JobResult OutcomeToJobResult(const JobOutcome& outcome,
                                  const Labels& labels, absl::Time submitted,
                                  absl::Time started) {
   v1::JobResult r;
   r.set_job_id(outcome.job_id);
-  switch (outcome.status.code()) {
-    case absl::StatusCode::kOk:
-      r.set_state(v1::JOB_STATE_DONE);
-      break;
-    case absl::StatusCode::kCancelled:
-    case absl::StatusCode::kDeadlineExceeded:
-      r.set_state(v1::JOB_STATE_CANCELLED);
-      break;
-    default:
-      r.set_state(v1::JOB_STATE_FAILED);
-      break;
-  }
+  r.set_state(JobStateToProto(TerminalStateOf(outcome.status)));
   if (!outcome.status.ok()) {
     r.mutable_error()->set_code(static_cast<int>(outcome.status.code()));
     r.mutable_error()->set_message(std::string(outcome.status.message()));
@@ -172,9 +190,33 @@ v1::JobResult OutcomeToJobResult(const server::JobOutcome& outcome,
   return r;
 }
 
-void PublishResult(AuditServiceImpl* svc, v1::JobResult result) {
-  svc->watch_hub()->Publish(
-      std::make_shared<const v1::JobResult>(std::move(result)));
+int64_t SnapshotTensorBytes(const Snapshot& snapshot) {
+  int64_t total = 0;
+  for (absl::string_view path : SnapshotTensorPaths()) {
+    const Tensor* t = FindSnapshotTensor(snapshot, path);
+    if (t != nullptr && t->present()) {
+      total += static_cast<int64_t>(t->bytes().size());
+    }
+  }
+  return total;
 }
 
-}  // namespace attnaudit::rpc
+absl::StatusOr<DecodedAudit> DecodeAuditRequest(v1::AuditRequest* request) {
+  // Asked before mutable_snapshot(), which creates the field.
+  const bool has_snapshot = request->has_snapshot();
+  return DecodeAudit(has_snapshot, request->mutable_snapshot(),
+                     request->options());
+}
+
+absl::StatusOr<DecodedAudit> DecodeAuditRequest(v1::SubmitRequest* request) {
+  const bool has_snapshot = request->has_snapshot();
+  return DecodeAudit(has_snapshot, request->mutable_snapshot(),
+                     request->options());
+}
+
+void ApplyServerOptions(const AuditServiceImpl& svc, AuditOptions* options) {
+  options->threads = svc.options().threads_per_job;
+  options->limits = svc.options().limits;
+}
+
+}  // namespace attnaudit::server::rpc_internal

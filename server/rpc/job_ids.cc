@@ -5,18 +5,15 @@
 
 #include <atomic>
 #include <cstdint>
-#include <fstream>
-#include <sstream>
 
 #include "absl/random/random.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 
 std::string NewJobId(char kind) {
   static std::atomic<uint32_t> counter{0};
@@ -67,20 +64,4 @@ grpc::Status TokenAuth::Check(
   return grpc::Status::OK;
 }
 
-absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--auth-token-file: cannot read ", path));
-  }
-  std::string line;
-  std::getline(in, line);
-  std::string token(absl::StripAsciiWhitespace(line));
-  if (token.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--auth-token-file: ", path, " holds no token"));
-  }
-  return token;
-}
-
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server

@@ -14,10 +14,9 @@
 
 #include <string>
 
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 
 // `kind`: 'a' Audit/AuditStream, 's' Submit.
 std::string NewJobId(char kind);
@@ -29,7 +28,6 @@ std::string IdempotentJobId(absl::string_view key);
 class TokenAuth {
  public:
   explicit TokenAuth(std::string token) : token_(std::move(token)) {}
-  bool enabled() const { return !token_.empty(); }
   // OK, or UNAUTHENTICATED.
   grpc::Status Check(const grpc::CallbackServerContext& context) const;
 
@@ -37,10 +35,6 @@ class TokenAuth {
   std::string token_;
 };
 
-// Reads a token file: the first line, surrounding whitespace removed.
-// InvalidArgument "--auth-token-file: ..." when unreadable or empty.
-absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
-
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_RPC_JOB_IDS_H_

@@ -3,16 +3,16 @@
 #include "absl/time/clock.h"
 #include "server/common/log.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 
 CallLog::CallLog(const char* method, const grpc::CallbackServerContext* context)
     : method_(method), start_(absl::Now()) {
-  if (log::Enabled(log::Level::kDebug)) peer_ = context->peer();
+  if (spdlog::should_log(spdlog::level::debug)) peer_ = context->peer();
 }
 
 void CallLog::Emit() const {
-  if (!log::Enabled(log::Level::kDebug)) return;
-  log::Line line(log::Level::kDebug, "rpc");
+  if (!spdlog::should_log(spdlog::level::debug)) return;
+  LogLine line(spdlog::level::debug, "rpc");
   line.Kv("method", method_);
   line.Kv("peer", peer_);
   if (!job_id_.empty()) line.Kv("job_id", job_id_);
@@ -22,4 +22,4 @@ void CallLog::Emit() const {
   line.Kv("ms", absl::ToDoubleMilliseconds(absl::Now() - start_));
 }
 
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server

@@ -15,7 +15,7 @@
 
 #include "absl/time/time.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 
 class CallLog {
  public:
@@ -62,6 +62,6 @@ class LoggedUnaryReactor : public grpc::ServerUnaryReactor {
   std::atomic<bool> finished_{false};
 };
 
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_RPC_LOGGED_REACTOR_H_

@@ -1,13 +1,13 @@
 // Internal helpers of the RPC layer shared by audit_service.cc (Audit,
 // WatchResults, GetCapabilities), audit_stream.cc (AuditStream),
-// durable_jobs.cc (Submit, GetResult, Cancel, job completion),
-// spool_resume.cc and conversions.cc. Not a public interface.
+// blocking_calls.cc (Submit, GetResult, Cancel), durable_jobs.cc (durable
+// job completion), spool_resume.cc and conversions.cc. Not a public
+// interface.
 #ifndef ATTNAUDIT_SERVER_RPC_RPC_INTERNAL_H_
 #define ATTNAUDIT_SERVER_RPC_RPC_INTERNAL_H_
 
 #include <grpcpp/grpcpp.h>
 
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -15,33 +15,71 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "attnaudit/v1/service.pb.h"
+#include "core/audit/audit.h"
 #include "core/snapshot/snapshot.h"
+#include "google/protobuf/duration.pb.h"
 #include "google/protobuf/timestamp.pb.h"
 #include "server/rpc/audit_service.h"
+#include "server/rpc/logged_reactor.h"
 #include "server/scheduler/job.h"
+#include "server/spool/spool.h"
 #include "server/store/result_store.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server::rpc_internal {
+
+// ---- Conversions between the wire, the scheduler and the store:
+// conversions.cc.
 
 // Wire priority -> scheduling class; PRIORITY_UNSPECIFIED -> `def`.
 // InvalidArgument "priority: ..." for values the contract does not know.
-absl::StatusOr<server::PriorityClass> PriorityFromProto(
-    int priority, server::PriorityClass def);
-v1::Priority PriorityToProto(server::PriorityClass c);
-v1::JobState JobStateToProto(server::JobState s);
+absl::StatusOr<PriorityClass> PriorityFromProto(int priority,
+                                                PriorityClass def);
+v1::Priority PriorityToProto(PriorityClass c);
+v1::JobState JobStateToProto(JobState s);
+// The terminal state of a job that ended with `status`: DONE for OK,
+// CANCELLED for Cancelled and DeadlineExceeded, FAILED otherwise.
+JobState TerminalStateOf(const absl::Status& status);
 
 void LabelsToProto(const Labels& labels, v1::Labels* msg);
-server::JobLabels JobLabelsOf(const Labels& labels);
+JobLabels JobLabelsOf(const Labels& labels);
+JobLabels JobLabelsOf(const ResultRecord& record);
+JobLabels JobLabelsOf(const SpoolMetadata& metadata);
 
 void TimeToProto(absl::Time t, google::protobuf::Timestamp* msg);
+// A request's google.protobuf.Duration; InvalidArgument naming `field` when
+// it is not a well-formed Duration (seconds and nanos in range, one sign).
+absl::StatusOr<absl::Duration> DurationFromProto(
+    const google::protobuf::Duration& msg, absl::string_view field);
 // The call's deadline as absl::Time (InfiniteFuture when it has none).
 absl::Time CallDeadline(const grpc::CallbackServerContext& context);
 
 // A stored record as the wire's JobResult (parses the stored report).
-v1::JobResult RecordToJobResult(const server::ResultRecord& record);
+v1::JobResult RecordToJobResult(const ResultRecord& record);
+// The JobResult of a finished job (without the report).
+v1::JobResult OutcomeToJobResult(const JobOutcome& outcome,
+                                 const Labels& labels, absl::Time submitted,
+                                 absl::Time started);
+
+// Sum of the bytes of every present tensor (the memory a job holds).
+int64_t SnapshotTensorBytes(const Snapshot& snapshot);
+
+// The decoded body of an Audit or Submit request.
+struct DecodedAudit {
+  Snapshot snapshot;
+  AuditOptions options;
+};
+// Decodes the snapshot, moving its tensor bytes out of `request` (whose
+// snapshot is left unusable), and the audit options. InvalidArgument naming
+// the field: "snapshot: missing", "snapshot.q: ...", "options.tolerances...".
+absl::StatusOr<DecodedAudit> DecodeAuditRequest(v1::AuditRequest* request);
+absl::StatusOr<DecodedAudit> DecodeAuditRequest(v1::SubmitRequest* request);
+
+// Applies the server-side settings to a request's audit options.
+void ApplyServerOptions(const AuditServiceImpl& svc, AuditOptions* options);
+
+// ---- Interactive jobs: audit_service.cc.
 
 // Completion of an interactive (Audit/AuditStream) job: the response is
 // filled when the status is OK; called exactly once.
@@ -51,49 +89,57 @@ using Finisher = std::function<void(const grpc::Status&)>;
 // *retry_after set when retrying can help) and `finish` is never called;
 // otherwise `finish` runs once, from the job's completion.
 absl::Status AdmitInteractive(AuditServiceImpl* svc, const std::string& job_id,
-                              Snapshot snapshot, AuditOptions options,
-                              server::PriorityClass priority, int64_t bytes,
-                              absl::Time deadline, v1::AuditResponse* response,
-                              Finisher finish, absl::Duration* retry_after);
+                              DecodedAudit audit, PriorityClass priority,
+                              int64_t bytes, absl::Time deadline,
+                              v1::AuditResponse* response, Finisher finish,
+                              absl::Duration* retry_after);
 
 // Publishes a finished job to the watchers.
 void PublishResult(AuditServiceImpl* svc, v1::JobResult result);
 
-// The JobResult of a finished job (without the report).
-v1::JobResult OutcomeToJobResult(const server::JobOutcome& outcome,
-                                 const Labels& labels, absl::Time submitted,
-                                 absl::Time started);
+// ---- Unary calls whose work blocks: blocking_calls.cc.
 
-// Sum of the bytes of every present tensor (the memory a job holds).
-int64_t SnapshotTensorBytes(const Snapshot& snapshot);
+// The blocking body of a call: fills the response on OK; sets *retry_after
+// for a RESOURCE_EXHAUSTED answer when retrying can help.
+using BlockingWork =
+    std::function<absl::Status(CallLog* log, absl::Duration* retry_after)>;
+// Cheap checks run in the reaction once the token is accepted (a job id's
+// syntax, draining); an error answers the call at once.
+using Precheck = std::function<absl::Status(CallLog* log)>;
 
-// Applies the server-side settings to a request's audit options.
-void ApplyServerOptions(const AuditServiceImpl& svc, AuditOptions* options);
+// Starts a unary call whose work blocks (disk, SQLite): checks the bearer
+// token, then `precheck`, then runs `work` on the BlockingExecutor and
+// finishes the call with its status (and the retry hint). A full executor
+// queue answers RESOURCE_EXHAUSTED "server busy" with a 100 ms hint.
+grpc::ServerUnaryReactor* PostBlocking(AuditServiceImpl* svc,
+                                       const char* method,
+                                       grpc::CallbackServerContext* context,
+                                       const Precheck& precheck,
+                                       BlockingWork work);
 
 // ---- Durable (Submit and resumed) jobs: durable_jobs.cc.
 
-// A terminal store record: DONE for OK, CANCELLED for Cancelled and
-// DeadlineExceeded, FAILED otherwise; finished now.
-server::ResultRecord TerminalRecord(const std::string& job_id,
-                                    server::PriorityClass priority,
-                                    const server::JobLabels& labels,
-                                    absl::Time created,
-                                    const absl::Status& status);
-server::ResultRecord QueuedRecord(const std::string& job_id,
-                                  server::PriorityClass priority,
-                                  const server::JobLabels& labels,
-                                  absl::Time created);
+// A terminal store record (state from TerminalStateOf(status)), finished
+// now.
+ResultRecord TerminalRecord(const std::string& job_id, PriorityClass priority,
+                            const JobLabels& labels, absl::Time created,
+                            const absl::Status& status);
+// The same for a job the store already knows (its labels and times).
+ResultRecord TerminalRecord(const ResultRecord& known,
+                            const absl::Status& status);
+ResultRecord QueuedRecord(const std::string& job_id, PriorityClass priority,
+                          const JobLabels& labels, absl::Time created);
 // Stores a terminal result for a job that will not run (corrupt entry,
 // expired, cancelled before it was re-queued), then drops its spool entry
 // and publishes it. Blocking (SQLite, fsync).
-void FailSpooledJob(AuditServiceImpl* svc, const server::ResultRecord& rec);
+void FailSpooledJob(AuditServiceImpl* svc, const ResultRecord& rec);
 // A job whose completion commits the result to the store before removing
 // the spool entry (and which marks RUNNING in the store when it starts).
-std::unique_ptr<server::Job> MakeDurableJob(
-    AuditServiceImpl* svc, const std::string& job_id,
-    server::PriorityClass priority, absl::Time deadline, absl::Time created,
-    Snapshot snapshot, AuditOptions options);
+std::unique_ptr<Job> MakeDurableJob(AuditServiceImpl* svc,
+                                    const std::string& job_id,
+                                    PriorityClass priority, absl::Time deadline,
+                                    absl::Time created, DecodedAudit audit);
 
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server::rpc_internal
 
 #endif  // ATTNAUDIT_SERVER_RPC_RPC_INTERNAL_H_

@@ -4,45 +4,25 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
-#include <fstream>
 #include <mutex>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "core/common/status_macros.h"
+#include "proto/credentials/credential_files.h"
 #include "server/common/log.h"
-
-#ifdef ATTNAUDIT_HAVE_CPU_DEVICE
 #include "server/cpu_device/cpu_device.h"
-#endif
 
 #ifndef ATTNAUDIT_VERSION
 #define ATTNAUDIT_VERSION "unknown"
 #endif
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 namespace {
 
 constexpr char kServiceName[] = "attnaudit.v1.AuditService";
-
-absl::StatusOr<std::string> ReadPem(const std::string& flag,
-                                    const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, ": cannot read ", path));
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (text.str().empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, ": ", path, " is empty"));
-  }
-  return text.str();
-}
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
     const TlsFiles& tls) {
@@ -57,15 +37,16 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
     return absl::InvalidArgumentError(
         "--tls-cert: --tls-cert and --tls-key go together");
   }
-  ATTNAUDIT_ASSIGN_OR_RETURN(std::string cert, ReadPem("tls-cert", tls.cert));
-  ATTNAUDIT_ASSIGN_OR_RETURN(std::string key, ReadPem("tls-key", tls.key));
+  ATTNAUDIT_ASSIGN_OR_RETURN(std::string cert,
+                             ReadPemFile("tls-cert", tls.cert));
+  ATTNAUDIT_ASSIGN_OR_RETURN(std::string key, ReadPemFile("tls-key", tls.key));
   grpc::SslServerCredentialsOptions ssl(
       tls.client_ca.empty()
           ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
           : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
   if (!tls.client_ca.empty()) {
     ATTNAUDIT_ASSIGN_OR_RETURN(ssl.pem_root_certs,
-                               ReadPem("tls-client-ca", tls.client_ca));
+                               ReadPemFile("tls-client-ca", tls.client_ca));
   }
   ssl.pem_key_cert_pairs.push_back({std::move(key), std::move(cert)});
   return grpc::SslServerCredentials(ssl);
@@ -143,40 +124,55 @@ absl::StatusOr<std::unique_ptr<AuditServer>> AuditServer::Start(
 }
 
 absl::Status AuditServer::Init() {
-  AuditServerOptions& o = options_;
+  const AuditServerOptions& o = options_;
   if (o.max_message_bytes < 4096 || o.max_message_bytes > INT32_MAX) {
     return absl::InvalidArgumentError(
         "--max-message-bytes: must be in [4096, 2147483647]");
   }
+  std::vector<std::unique_ptr<Device>> devices = MakeDevices();
+  ATTNAUDIT_RETURN_IF_ERROR(OpenMetrics(devices));
+  ATTNAUDIT_RETURN_IF_ERROR(OpenStorage());
+  SchedulerOptions sched;
+  sched.devices = std::move(devices);
+  sched.max_queued = o.queue_capacity;
+  sched.max_queued_bytes = o.memory_budget_bytes;
+  sched.listener = metrics_->scheduler_listener();
+  ATTNAUDIT_ASSIGN_OR_RETURN(scheduler_, Scheduler::Create(std::move(sched)));
+  executor_ =
+      std::make_unique<BlockingExecutor>(o.blocking_threads, o.blocking_queue);
+  service_ = std::make_unique<AuditServiceImpl>(
+      MakeServiceOptions(), scheduler_.get(), spool_.get(), store_.get(),
+      metrics_.get(), executor_.get());
+  ATTNAUDIT_RETURN_IF_ERROR(StartGrpc());
+  StartBackgroundThreads();
+  return absl::OkStatus();
+}
+
+std::vector<std::unique_ptr<Device>> AuditServer::MakeDevices() {
+  if (!options_.devices.empty()) return std::move(options_.devices);
   int workers = 0;
   int threads = 0;
-  PoolShape(o.cpu_workers, o.threads_per_job, &workers, &threads);
+  PoolShape(options_.cpu_workers, options_.threads_per_job, &workers, &threads);
+  return MakeCpuDevices(workers, threads);
+}
 
-  std::vector<std::unique_ptr<server::Device>> devices = std::move(o.devices);
-  if (devices.empty()) {
-#ifdef ATTNAUDIT_HAVE_CPU_DEVICE
-    devices = server::MakeCpuDevices(workers, threads);
-#else
-    return absl::FailedPreconditionError(
-        "no devices: this build has no CPU device (server/cpu_device)");
-#endif
-  }
-  std::vector<std::string> kinds = {"cpu"};
-  for (const auto& d : devices) {
-    if (std::find(kinds.begin(), kinds.end(), d->kind()) == kinds.end()) {
-      kinds.push_back(d->kind());
-    }
-  }
-
-  server::MetricsOptions mo;
+absl::Status AuditServer::OpenMetrics(
+    const std::vector<std::unique_ptr<Device>>& devices) {
+  const AuditServerOptions& o = options_;
+  MetricsOptions mo;
   mo.listen_address = o.metrics_listen;
   mo.version = ServerVersion();
   mo.max_models = o.metrics_max_models;
   mo.max_layers = o.metrics_max_layers;
-  mo.device_kinds = kinds;
+  mo.device_kinds = {"cpu"};
+  for (const auto& d : devices) {
+    if (std::find(mo.device_kinds.begin(), mo.device_kinds.end(), d->kind()) ==
+        mo.device_kinds.end()) {
+      mo.device_kinds.push_back(d->kind());
+    }
+  }
   mo.queue_capacity = o.queue_capacity;
-  absl::StatusOr<std::unique_ptr<server::Metrics>> metrics =
-      server::Metrics::Create(mo);
+  absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create(mo);
   if (!metrics.ok()) {
     return absl::Status(metrics.status().code(),
                         absl::StrCat("--metrics-listen ", o.metrics_listen,
@@ -187,37 +183,34 @@ absl::Status AuditServer::Init() {
     std::vector<int> ports = metrics_->listening_ports();
     metrics_port_ = ports.empty() ? 0 : ports.front();
   }
+  return absl::OkStatus();
+}
 
-  server::StoreOptions so;
+absl::Status AuditServer::OpenStorage() {
+  const AuditServerOptions& o = options_;
+  StoreOptions so;
   so.max_age = o.retention_age > absl::ZeroDuration()
                    ? o.retention_age
                    : absl::InfiniteDuration();
   so.max_results = o.retention_count;
   so.sync = o.sync_storage;
-  ATTNAUDIT_ASSIGN_OR_RETURN(store_, server::ResultStore::Open(o.data_dir, so));
-  server::SpoolOptions spo;
+  ATTNAUDIT_ASSIGN_OR_RETURN(store_, ResultStore::Open(o.data_dir, so));
+  SpoolOptions spo;
   spo.sync = o.sync_storage;
   spo.max_payload_bytes = std::max<int64_t>(o.max_message_bytes, 1 << 20) * 2;
-  ATTNAUDIT_ASSIGN_OR_RETURN(spool_, server::Spool::Open(o.data_dir, spo));
+  ATTNAUDIT_ASSIGN_OR_RETURN(spool_, Spool::Open(o.data_dir, spo));
+  return absl::OkStatus();
+}
 
-  server::SchedulerOptions sched;
-  sched.devices = std::move(devices);
-  sched.max_queued = o.queue_capacity;
-  sched.max_queued_bytes = o.memory_budget_bytes;
-  sched.listener = metrics_->scheduler_listener();
-  ATTNAUDIT_ASSIGN_OR_RETURN(scheduler_,
-                             server::Scheduler::Create(std::move(sched)));
-
-  executor_ =
-      std::make_unique<BlockingExecutor>(o.blocking_threads, o.blocking_queue);
-
+ServiceOptions AuditServer::MakeServiceOptions() const {
+  const AuditServerOptions& o = options_;
   ServiceOptions svc;
   svc.max_message_bytes = o.max_message_bytes;
   svc.max_stream_bytes =
       std::min(o.limits.max_total_bytes, o.memory_budget_bytes);
   svc.upload_budget_bytes = o.memory_budget_bytes;
   svc.limits = o.limits;
-  svc.threads_per_job = 0;  // each device's own default (threads above)
+  svc.threads_per_job = 0;  // each device's own default (MakeDevices)
   svc.queue_capacity = o.queue_capacity;
   svc.queued_bytes_budget = o.memory_budget_bytes;
   svc.auth_token = o.auth_token;
@@ -226,10 +219,11 @@ absl::Status AuditServer::Init() {
 #ifdef ATTNAUDIT_HAVE_CUDA
   svc.cuda_built = true;
 #endif
-  service_ = std::make_unique<AuditServiceImpl>(
-      std::move(svc), scheduler_.get(), spool_.get(), store_.get(),
-      metrics_.get(), executor_.get());
+  return svc;
+}
 
+absl::Status AuditServer::StartGrpc() {
+  const AuditServerOptions& o = options_;
   ATTNAUDIT_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds,
                              MakeCredentials(o.tls));
   static std::once_flag plugins_once;
@@ -254,13 +248,17 @@ absl::Status AuditServer::Init() {
         absl::StrCat("--listen: cannot listen on ", o.listen,
                      " (address in use or not local?)"));
   }
-  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
-  if (health != nullptr) {
+  if (grpc::HealthCheckServiceInterface* health =
+          server_->GetHealthCheckService();
+      health != nullptr) {
     health->SetServingStatus("", true);
     health->SetServingStatus(kServiceName, true);
   }
+  return absl::OkStatus();
+}
 
-  if (o.resume_spool) {
+void AuditServer::StartBackgroundThreads() {
+  if (options_.resume_spool) {
     resume_thread_ = std::thread([this] {
       resumed_.store(service_->ResumeSpool(stop_));
       resume_done_.Notify();
@@ -269,7 +267,6 @@ absl::Status AuditServer::Init() {
     resume_done_.Notify();
   }
   prune_thread_ = std::thread([this] { PruneLoop(); });
-  return absl::OkStatus();
 }
 
 void AuditServer::PruneLoop() {
@@ -284,20 +281,12 @@ void AuditServer::PruneLoop() {
     if (stop_.load()) return;
     absl::StatusOr<int64_t> pruned = store_->Prune(absl::Now());
     if (!pruned.ok()) {
-      ATTNAUDIT_LOG(kWarn, "result store prune failed")
+      ATTNAUDIT_LOG(warn, "result store prune failed")
           .Kv("status", pruned.status());
     } else if (*pruned > 0) {
-      ATTNAUDIT_LOG(kInfo, "result store pruned").Kv("rows", *pruned);
+      ATTNAUDIT_LOG(info, "result store pruned").Kv("rows", *pruned);
     }
   }
-}
-
-std::string AuditServer::dial_address() const {
-  std::string host = options_.listen.substr(0, options_.listen.rfind(':'));
-  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") {
-    host = "127.0.0.1";
-  }
-  return absl::StrCat(host, ":", port_);
 }
 
 bool AuditServer::WaitForResume(absl::Duration timeout) {
@@ -316,7 +305,7 @@ void AuditServer::Shutdown() {
       health->SetServingStatus("", false);
     }
     if (options_.drain_delay > absl::ZeroDuration()) {
-      ATTNAUDIT_LOG(kInfo, "draining: NOT_SERVING, waiting for load balancers")
+      ATTNAUDIT_LOG(info, "draining: NOT_SERVING, waiting for load balancers")
           .Kv("drain_delay_s", absl::ToDoubleSeconds(options_.drain_delay));
       absl::SleepFor(options_.drain_delay);
     }
@@ -327,7 +316,7 @@ void AuditServer::Shutdown() {
   // 3. Let queued and running jobs finish, up to the drain timeout.
   if (scheduler_ != nullptr) {
     absl::Status drained = scheduler_->Drain(options_.drain_timeout);
-    ATTNAUDIT_LOG(kInfo, "scheduler drained")
+    ATTNAUDIT_LOG(info, "scheduler drained")
         .Kv("status", drained)
         .Kv("seconds", absl::ToDoubleSeconds(absl::Now() - begin));
   }
@@ -355,4 +344,4 @@ void AuditServer::Shutdown() {
 
 AuditServer::~AuditServer() { Shutdown(); }
 
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server

@@ -46,7 +46,7 @@
 #include "server/spool/spool.h"
 #include "server/store/result_store.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 
 struct TlsFiles {
   std::string cert;       // PEM chain; empty: plaintext
@@ -73,10 +73,10 @@ struct AuditServerOptions {
   int cpu_workers = 0;
   int threads_per_job = 0;
   // Replaces the CPU pool when non-empty (tests, GPU builds).
-  std::vector<std::unique_ptr<server::Device>> devices;
+  std::vector<std::unique_ptr<Device>> devices;
 
   int64_t max_message_bytes = int64_t{256} << 20;
-  std::array<int64_t, server::kNumPriorityClasses> queue_capacity = {64, 1024};
+  std::array<int64_t, kNumPriorityClasses> queue_capacity = {64, 1024};
   // Queued snapshot bytes (scheduler) and, separately, bytes of stream
   // uploads in progress.
   int64_t memory_budget_bytes = int64_t{8} << 30;
@@ -117,8 +117,6 @@ class AuditServer {
   // The bound gRPC port and metrics port (0 without an endpoint).
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
-  // "127.0.0.1:<port>"-style address a local client can dial.
-  std::string dial_address() const;
 
   // The SIGTERM sequence (see the file comment). Idempotent.
   void Shutdown();
@@ -127,20 +125,27 @@ class AuditServer {
   bool WaitForResume(absl::Duration timeout);
   int64_t resumed_jobs() const { return resumed_.load(); }
 
-  server::Metrics* metrics() const { return metrics_.get(); }
-  server::Scheduler* scheduler() const { return scheduler_.get(); }
+  Metrics* metrics() const { return metrics_.get(); }
+  Scheduler* scheduler() const { return scheduler_.get(); }
   AuditServiceImpl* service() const { return service_.get(); }
 
  private:
   AuditServer() = default;
+  // Start-up, one step each (Init runs them in order).
   absl::Status Init();
+  std::vector<std::unique_ptr<Device>> MakeDevices();
+  absl::Status OpenMetrics(const std::vector<std::unique_ptr<Device>>& devices);
+  absl::Status OpenStorage();
+  ServiceOptions MakeServiceOptions() const;
+  absl::Status StartGrpc();
+  void StartBackgroundThreads();
   void PruneLoop();
 
   AuditServerOptions options_;
-  std::unique_ptr<server::Metrics> metrics_;
-  std::unique_ptr<server::ResultStore> store_;
-  std::unique_ptr<server::Spool> spool_;
-  std::unique_ptr<server::Scheduler> scheduler_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<ResultStore> store_;
+  std::unique_ptr<Spool> spool_;
+  std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<BlockingExecutor> executor_;
   std::unique_ptr<AuditServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
@@ -160,6 +165,6 @@ class AuditServer {
 // Version string of this build ("0.1.0").
 const char* ServerVersion();
 
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_RPC_SERVER_H_

@@ -12,76 +12,65 @@
 #include "server/rpc/rpc_internal.h"
 #include "server/rpc/status_util.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 namespace {
 
-using server::JobState;
-using server::PriorityClass;
-using server::ResultRecord;
+using rpc_internal::DecodedAudit;
+using rpc_internal::FailSpooledJob;
+using rpc_internal::TerminalRecord;
+
+// Reads and decodes one spooled Submit. A failure is the job's terminal
+// status (the entry is corrupt or no longer decodes).
+absl::StatusOr<DecodedAudit> ReadSpooledJob(AuditServiceImpl* svc,
+                                            const std::string& id) {
+  absl::StatusOr<SpoolEntry> entry = svc->spool()->Read(id);
+  if (!entry.ok()) return entry.status();
+  v1::SubmitRequest request;
+  if (!request.ParseFromString(entry->payload)) {
+    return absl::DataLossError("spool entry does not hold a SubmitRequest");
+  }
+  std::string().swap(entry->payload);
+  return rpc_internal::DecodeAuditRequest(&request);
+}
 
 // Reads, decodes and re-enqueues one spooled job (*requeued tells whether
 // it went back to the scheduler). Returns Unavailable when the scheduler
 // drains (stop resuming).
-absl::Status ResumeOne(AuditServiceImpl* svc,
-                       const server::SpoolListing& listing, bool* requeued) {
+absl::Status ResumeOne(AuditServiceImpl* svc, const SpoolListing& listing,
+                       bool* requeued) {
   *requeued = false;
   const std::string& id = listing.job_id;
-  const server::SpoolMetadata& meta = listing.metadata;
-  server::JobLabels labels;
-  labels.model = meta.model;
-  labels.layer = meta.layer;
-  labels.engine = meta.engine;
-  const auto priority = static_cast<PriorityClass>(
+  const SpoolMetadata& meta = listing.metadata;
+  const JobLabels labels = rpc_internal::JobLabelsOf(meta);
+  const PriorityClass priority =
       meta.priority == static_cast<int>(PriorityClass::kInteractive)
           ? PriorityClass::kInteractive
-          : PriorityClass::kSampled);
+          : PriorityClass::kSampled;
   absl::StatusOr<ResultRecord> existing = svc->store()->Get(id);
-  if (existing.ok() && server::IsTerminal(existing->state)) {
+  if (existing.ok() && IsTerminal(existing->state)) {
     // Crashed between the result commit and the spool remove.
     return svc->spool()->Remove(id);
   }
-  absl::StatusOr<server::SpoolEntry> entry = svc->spool()->Read(id);
-  if (!entry.ok()) {
-    if (entry.status().code() == absl::StatusCode::kNotFound) {
-      return absl::OkStatus();  // removed meanwhile
-    }
+  absl::StatusOr<DecodedAudit> audit = ReadSpooledJob(svc, id);
+  if (audit.status().code() == absl::StatusCode::kNotFound) {
+    return absl::OkStatus();  // removed meanwhile
+  }
+  if (!audit.ok()) {
     FailSpooledJob(svc, TerminalRecord(id, priority, labels, meta.created,
-                                       entry.status()));
-    return absl::OkStatus();
-  }
-  v1::SubmitRequest request;
-  if (!request.ParseFromString(entry->payload)) {
-    FailSpooledJob(
-        svc, TerminalRecord(id, priority, labels, meta.created,
-                            absl::DataLossError("spool entry does not hold a "
-                                                "SubmitRequest")));
-    return absl::OkStatus();
-  }
-  std::string().swap(entry->payload);
-  absl::StatusOr<Snapshot> snapshot =
-      SnapshotFromProto(request.mutable_snapshot());
-  absl::StatusOr<AuditOptions> options =
-      AuditOptionsFromProto(request.options());
-  if (!snapshot.ok() || !options.ok()) {
-    FailSpooledJob(
-        svc, TerminalRecord(id, priority, labels, meta.created,
-                            !snapshot.ok()
-                                ? PrefixStatus("snapshot.", snapshot.status())
-                                : PrefixStatus("options.", options.status())));
+                                       audit.status()));
     return absl::OkStatus();
   }
   absl::StatusOr<bool> recorded = svc->store()->RecordQueued(
-      QueuedRecord(id, priority, labels, meta.created));
+      rpc_internal::QueuedRecord(id, priority, labels, meta.created));
   if (!recorded.ok()) {
-    ATTNAUDIT_LOG(kWarn, "result store RecordQueued failed")
+    ATTNAUDIT_LOG(warn, "result store RecordQueued failed")
         .Kv("job_id", id)
         .Kv("status", recorded.status());
   }
-  std::unique_ptr<server::Job> job =
-      MakeDurableJob(svc, id, priority, meta.deadline, meta.created,
-                     *std::move(snapshot), *std::move(options));
-  absl::Status s = svc->scheduler()->SubmitWhenAdmitted(std::move(job),
-                                                        absl::InfiniteFuture());
+  absl::Status s = svc->scheduler()->SubmitWhenAdmitted(
+      rpc_internal::MakeDurableJob(svc, id, priority, meta.deadline,
+                                   meta.created, *std::move(audit)),
+      absl::InfiniteFuture());
   *requeued = s.ok();
   if (s.ok() || s.code() == absl::StatusCode::kUnavailable) return s;
   if (s.code() == absl::StatusCode::kAlreadyExists) {
@@ -104,36 +93,30 @@ int64_t AuditServiceImpl::ResumeSpool(const std::atomic<bool>& stop) {
       if (stop.load()) return 0;
       if (spool_->Contains(id)) continue;
       absl::StatusOr<ResultRecord> rec = store_->Get(id);
-      if (!rec.ok() || server::IsTerminal(rec->state)) continue;
-      server::JobLabels labels;
-      labels.model = rec->model;
-      labels.layer = rec->layer;
-      labels.engine = rec->engine;
+      if (!rec.ok() || IsTerminal(rec->state)) continue;
       FailSpooledJob(
-          this, TerminalRecord(id, static_cast<PriorityClass>(rec->priority),
-                               labels, rec->created,
-                               absl::InternalError(
-                                   "job lost: its spool entry is missing")));
+          this, TerminalRecord(*rec, absl::InternalError("job lost: its spool "
+                                                         "entry is missing")));
     }
   }
-  absl::StatusOr<std::vector<server::SpoolListing>> listing = spool_->List();
+  absl::StatusOr<std::vector<SpoolListing>> listing = spool_->List();
   if (!listing.ok()) {
-    ATTNAUDIT_LOG(kError, "spool listing failed; nothing resumed")
+    ATTNAUDIT_LOG(err, "spool listing failed; nothing resumed")
         .Kv("status", listing.status());
     return 0;
   }
   int64_t resumed = 0;
-  for (const server::SpoolListing& l : *listing) {
+  for (const SpoolListing& l : *listing) {
     if (stop.load() || draining()) break;
     bool requeued = false;
     absl::Status s = ResumeOne(this, l, &requeued);
     if (s.code() == absl::StatusCode::kUnavailable) break;
     if (requeued) ++resumed;
   }
-  ATTNAUDIT_LOG(kInfo, "spool resumed")
+  ATTNAUDIT_LOG(info, "spool resumed")
       .Kv("spooled", static_cast<int64_t>(listing->size()))
       .Kv("requeued", resumed);
   return resumed;
 }
 
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server

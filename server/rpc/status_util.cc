@@ -5,18 +5,12 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
                       std::string(status.message()));
-}
-
-absl::Status FromGrpcStatus(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
 }
 
 absl::Status PrefixStatus(absl::string_view prefix,
@@ -34,4 +28,4 @@ void AddRetryAfter(grpc::CallbackServerContext* context,
   context->AddTrailingMetadata(kRetryAfterMetadata, absl::StrCat(clamped));
 }
 
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server

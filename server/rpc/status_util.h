@@ -13,14 +13,13 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 
 // Trailing metadata key carrying the retry hint of RESOURCE_EXHAUSTED
 // answers, in whole milliseconds.
 inline constexpr char kRetryAfterMetadata[] = "retry-after-ms";
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
-absl::Status FromGrpcStatus(const grpc::Status& status);
 
 // `status` with `prefix` put in front of its message (same code); OK stays
 // OK. Used to make core field paths absolute ("snapshot." + "q: ...").
@@ -31,6 +30,6 @@ absl::Status PrefixStatus(absl::string_view prefix, const absl::Status& status);
 void AddRetryAfter(grpc::CallbackServerContext* context,
                    absl::Duration retry_after);
 
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_RPC_STATUS_UTIL_H_

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 
 bool MatchesFilter(const v1::ResultFilter& filter,
                    const v1::JobResult& result) {
@@ -151,4 +151,4 @@ void WatchHub::Close(const grpc::Status& status) {
   for (WatchReactor* w : watchers_) w->Close(status);
 }
 
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server

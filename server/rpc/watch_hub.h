@@ -26,7 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "attnaudit/v1/service.pb.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 
 // Whether `result` passes `filter` (service.proto, ResultFilter).
 bool MatchesFilter(const v1::ResultFilter& filter, const v1::JobResult& result);
@@ -92,6 +92,6 @@ class WatchHub {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_RPC_WATCH_HUB_H_

@@ -2,8 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 
 absl::StatusOr<AuditReport> Device::RunGang(absl::Span<Device* const> gang,
                                             const Snapshot& snapshot,
@@ -14,5 +13,4 @@ absl::StatusOr<AuditReport> Device::RunGang(absl::Span<Device* const> gang,
       gang.size(), " devices"));
 }
 
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server

@@ -26,8 +26,7 @@
 #include "core/report/report.h"
 #include "core/snapshot/snapshot.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 
 class Device {
  public:
@@ -50,7 +49,6 @@ class Device {
                                               const AuditOptions& options);
 };
 
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_SCHEDULER_DEVICE_H_

@@ -5,9 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "server/scheduler/scheduler_impl.h"
 
-namespace attnaudit {
-namespace server {
-namespace internal {
+namespace attnaudit::server {
+namespace scheduler_internal {
 
 Entry* SchedulerImpl::NextHeadLocked(absl::Time now) {
   const auto& interactive =
@@ -200,6 +199,5 @@ void SchedulerImpl::Deliver(Completion c) {
   idle_cv_.SignalAll();
 }
 
-}  // namespace internal
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace scheduler_internal
+}  // namespace attnaudit::server

@@ -1,9 +1,6 @@
 #include "server/scheduler/job.h"
 
-#include "absl/strings/ascii.h"
-
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 
 absl::string_view PriorityClassName(PriorityClass c) {
   return c == PriorityClass::kInteractive ? "INTERACTIVE" : "SAMPLED";
@@ -11,19 +8,6 @@ absl::string_view PriorityClassName(PriorityClass c) {
 
 absl::string_view PriorityClassLabel(PriorityClass c) {
   return c == PriorityClass::kInteractive ? "interactive" : "sampled";
-}
-
-bool ParsePriorityClass(absl::string_view text, PriorityClass* out) {
-  const std::string lower = absl::AsciiStrToLower(text);
-  if (lower == "interactive") {
-    *out = PriorityClass::kInteractive;
-    return true;
-  }
-  if (lower == "sampled") {
-    *out = PriorityClass::kSampled;
-    return true;
-  }
-  return false;
 }
 
 absl::string_view RejectReasonLabel(RejectReason r) {
@@ -46,5 +30,4 @@ absl::string_view RejectReasonLabel(RejectReason r) {
   return "unknown";
 }
 
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server

@@ -26,8 +26,7 @@
 #include "core/report/report.h"
 #include "core/snapshot/snapshot.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 
 // Strict priority: every queued kInteractive job is dispatched before any
 // kSampled job (unless SchedulerOptions::sampled_promote_after ages one).
@@ -35,12 +34,13 @@ namespace server {
 enum class PriorityClass : int { kInteractive = 0, kSampled = 1 };
 constexpr int kNumPriorityClasses = 2;
 
-// "INTERACTIVE" / "SAMPLED" (log and error messages).
+// "INTERACTIVE" / "SAMPLED" (log and error messages). Spelled here, not
+// taken from attnaudit.v1.Priority's generated names: the scheduler knows no
+// wire types (proto depends on nothing of the server).
 absl::string_view PriorityClassName(PriorityClass c);
-// "interactive" / "sampled" (metric label values).
+// "interactive" / "sampled": metric label values, a contract of their own
+// with dashboards and alerts (lower case by Prometheus convention).
 absl::string_view PriorityClassLabel(PriorityClass c);
-// Parses either spelling, case-insensitively. False on anything else.
-bool ParsePriorityClass(absl::string_view text, PriorityClass* out);
 
 // Why a job was not admitted (or, for kDeadline/kCancelled, why it ended
 // early). Label values for attnaudit_rejections_total{reason=...}.
@@ -136,7 +136,6 @@ struct Job {
   Job& operator=(const Job&) = delete;
 };
 
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_SCHEDULER_JOB_H_

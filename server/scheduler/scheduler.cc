@@ -11,8 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "server/scheduler/scheduler_impl.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 
 absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
     SchedulerOptions options) {
@@ -45,12 +44,13 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
   if (options.initial_run_estimate <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("initial_run_estimate: must be positive");
   }
-  auto impl = std::make_unique<internal::SchedulerImpl>(std::move(options));
+  auto impl =
+      std::make_unique<scheduler_internal::SchedulerImpl>(std::move(options));
   impl->Start();
   return std::unique_ptr<Scheduler>(std::move(impl));
 }
 
-namespace internal {
+namespace scheduler_internal {
 
 SchedulerImpl::SchedulerImpl(SchedulerOptions options)
     : max_queued_(options.max_queued),
@@ -415,6 +415,5 @@ void SchedulerImpl::NotifyDevicesLocked() {
   }
 }
 
-}  // namespace internal
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace scheduler_internal
+}  // namespace attnaudit::server

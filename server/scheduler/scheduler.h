@@ -1,7 +1,8 @@
 // Scheduler: admission control, per-class bounded queues with strict
 // priority, deadlines on their own timer, cancellation, and a device pool
-// with one worker thread per device (Triton's request path, see
-// docs/DESIGN.md §4).
+// with one worker thread per device (the request path of an inference
+// server such as Triton: admit, queue by priority, dispatch to a free
+// device, complete through a callback).
 //
 //   SchedulerOptions opts;
 //   opts.devices = MakeCpuDevices(4, /*threads_each=*/2);  // server/cpu_device
@@ -59,8 +60,7 @@
 #include "server/scheduler/device.h"
 #include "server/scheduler/job.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 
 // Receives scheduler events, e.g. to update Prometheus metrics
 // (server/metrics provides one). Not owned by the scheduler; must outlive
@@ -189,7 +189,6 @@ class Scheduler {
   Scheduler() = default;
 };
 
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_SCHEDULER_SCHEDULER_H_

@@ -22,9 +22,8 @@
 #include "absl/synchronization/mutex.h"
 #include "server/scheduler/scheduler.h"
 
-namespace attnaudit {
-namespace server {
-namespace internal {
+namespace attnaudit::server {
+namespace scheduler_internal {
 
 struct Entry {
   std::unique_ptr<Job> job;
@@ -129,8 +128,7 @@ class SchedulerImpl : public Scheduler {
   std::thread timer_;
 };
 
-}  // namespace internal
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace scheduler_internal
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_SCHEDULER_SCHEDULER_IMPL_H_

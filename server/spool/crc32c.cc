@@ -11,8 +11,7 @@
 #include <nmmintrin.h>
 #endif
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 namespace {
 
 #if !defined(__SSE4_2__)
@@ -58,5 +57,4 @@ uint32_t Crc32c(uint32_t crc, const void* data, size_t size) {
   return ~c;
 }
 
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server

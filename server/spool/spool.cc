@@ -16,11 +16,10 @@
 #include "absl/strings/str_cat.h"
 #include "server/spool/spool_format.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 namespace {
 
-namespace fmt = spool_format;
+namespace format = spool_internal;
 
 absl::Status ErrnoStatus(int err, absl::string_view op,
                          absl::string_view path) {
@@ -119,15 +118,15 @@ absl::Status ReadEntryFile(const std::string& path, uint64_t max_payload,
   if (fd.get() < 0) return ErrnoStatus(errno, "open", path);
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat", path);
-  char head[fmt::kHeaderBytes];
+  char head[format::kHeaderBytes];
   if (static_cast<uint64_t>(st.st_size) < sizeof(head)) {
     return absl::DataLossError(absl::StrCat(path, ": truncated header"));
   }
   absl::Status s = ReadExact(fd.get(), head, sizeof(head), path);
   if (!s.ok()) return s;
-  fmt::Header header;
-  s = fmt::DecodeHeader(absl::string_view(head, sizeof(head)), max_payload,
-                        &header);
+  format::Header header;
+  s = format::DecodeHeader(absl::string_view(head, sizeof(head)), max_payload,
+                           &header);
   if (!s.ok())
     return absl::DataLossError(absl::StrCat(path, ": ", s.message()));
   if (static_cast<uint64_t>(st.st_size) != header.file_bytes()) {
@@ -138,7 +137,7 @@ absl::Status ReadEntryFile(const std::string& path, uint64_t max_payload,
   std::string meta(header.metadata_bytes, '\0');
   s = ReadExact(fd.get(), &meta[0], meta.size(), path);
   if (!s.ok()) return s;
-  s = fmt::DecodeMetadata(meta, metadata);
+  s = format::DecodeMetadata(meta, metadata);
   if (!s.ok())
     return absl::DataLossError(absl::StrCat(path, ": ", s.message()));
   *payload_bytes = static_cast<int64_t>(header.payload_bytes);
@@ -154,7 +153,7 @@ absl::Status ReadEntryFile(const std::string& path, uint64_t max_payload,
   s = ReadExact(fd.get(), &(*body)[0], body->size(), path);
   if (!s.ok()) return s;
   crc = Crc32c(crc, body->data(), body->size());
-  char trailer[fmt::kTrailerBytes];
+  char trailer[format::kTrailerBytes];
   s = ReadExact(fd.get(), trailer, sizeof(trailer), path);
   if (!s.ok()) return s;
   if (LoadU32(trailer) != crc) {
@@ -241,10 +240,10 @@ absl::Status Spool::Put(absl::string_view job_id, const SpoolMetadata& metadata,
                                                    options_.max_payload_bytes));
   }
   std::string prefix;
-  s = spool_format::EncodePrefix(metadata, payload.size(), &prefix);
+  s = spool_internal::EncodePrefix(metadata, payload.size(), &prefix);
   if (!s.ok()) return s;
   const int64_t file_bytes = static_cast<int64_t>(
-      prefix.size() + payload.size() + spool_format::kTrailerBytes);
+      prefix.size() + payload.size() + spool_internal::kTrailerBytes);
   const std::string id(job_id);
   {
     absl::MutexLock lock(&mu_);
@@ -395,5 +394,4 @@ int64_t Spool::total_bytes() const {
   return total_bytes_;
 }
 
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server

@@ -40,8 +40,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 
 // Small, fixed metadata stored next to the payload, so a resumed job can be
 // rescheduled without parsing the payload first.
@@ -132,7 +131,6 @@ absl::Status ValidateJobId(absl::string_view job_id);
 // `crc` is the running value (0 to start).
 uint32_t Crc32c(uint32_t crc, const void* data, size_t size);
 
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_SPOOL_SPOOL_H_

@@ -5,9 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace attnaudit {
-namespace server {
-namespace spool_format {
+namespace attnaudit::server {
+namespace spool_internal {
 namespace {
 
 void PutU32(std::string* out, uint32_t v) {
@@ -25,26 +24,8 @@ void PutString(std::string* out, absl::string_view s) {
 class Reader {
  public:
   explicit Reader(absl::string_view in) : in_(in) {}
-  bool U32(uint32_t* v) {
-    if (in_.size() < 4) return false;
-    *v = 0;
-    for (int i = 0; i < 4; ++i) {
-      *v |= static_cast<uint32_t>(static_cast<unsigned char>(in_[i]))
-            << (8 * i);
-    }
-    in_.remove_prefix(4);
-    return true;
-  }
-  bool U64(uint64_t* v) {
-    if (in_.size() < 8) return false;
-    *v = 0;
-    for (int i = 0; i < 8; ++i) {
-      *v |= static_cast<uint64_t>(static_cast<unsigned char>(in_[i]))
-            << (8 * i);
-    }
-    in_.remove_prefix(8);
-    return true;
-  }
+  bool U32(uint32_t* v) { return Fixed(v); }
+  bool U64(uint64_t* v) { return Fixed(v); }
   bool String(std::string* s) {
     uint32_t n;
     if (!U32(&n) || in_.size() < n) return false;
@@ -55,6 +36,18 @@ class Reader {
   bool done() const { return in_.empty(); }
 
  private:
+  // A little-endian unsigned integer of sizeof(T) bytes.
+  template <typename T>
+  bool Fixed(T* v) {
+    if (in_.size() < sizeof(T)) return false;
+    *v = 0;
+    for (size_t i = 0; i < sizeof(T); ++i) {
+      *v |= static_cast<T>(static_cast<unsigned char>(in_[i])) << (8 * i);
+    }
+    in_.remove_prefix(sizeof(T));
+    return true;
+  }
+
   absl::string_view in_;
 };
 
@@ -142,6 +135,5 @@ absl::Status DecodeMetadata(absl::string_view bytes, SpoolMetadata* metadata) {
   return absl::OkStatus();
 }
 
-}  // namespace spool_format
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace spool_internal
+}  // namespace attnaudit::server

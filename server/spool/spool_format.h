@@ -10,9 +10,8 @@
 #include "absl/strings/string_view.h"
 #include "server/spool/spool.h"
 
-namespace attnaudit {
-namespace server {
-namespace spool_format {
+namespace attnaudit::server {
+namespace spool_internal {
 
 constexpr char kMagic[8] = {'A', 'A', 'S', 'P', 'O', 'O', 'L', '1'};
 constexpr uint32_t kVersion = 1;
@@ -42,8 +41,7 @@ absl::Status DecodeHeader(absl::string_view bytes, uint64_t max_payload_bytes,
 // Parses the metadata block; DataLoss when malformed.
 absl::Status DecodeMetadata(absl::string_view bytes, SpoolMetadata* metadata);
 
-}  // namespace spool_format
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace spool_internal
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_SPOOL_SPOOL_FORMAT_H_

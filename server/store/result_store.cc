@@ -9,11 +9,10 @@
 #include "absl/strings/str_cat.h"
 #include "server/store/sqlite_util.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 namespace {
 
-using sqlite::Stmt;
+using store_internal::Stmt;
 
 // Schema version 1. auto_vacuum must be set before the first table exists
 // so that Prune can hand freed pages back to the file system.
@@ -344,5 +343,4 @@ absl::StatusOr<int64_t> ResultStore::Prune(absl::Time now) {
   return deleted;
 }
 
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server

@@ -38,8 +38,7 @@
 
 struct sqlite3;
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 
 // Stored as text ("QUEUED", ...). Values are not persisted.
 enum class JobState : int {
@@ -49,6 +48,10 @@ enum class JobState : int {
   kFailed = 3,
   kCancelled = 4,
 };
+// "QUEUED", "RUNNING", "DONE", "FAILED", "CANCELLED": the text stored in
+// results.db. Spelled here rather than taken from attnaudit.v1.JobState's
+// generated names: stored rows must not change when the wire contract
+// renames a value, and the store knows no wire types.
 absl::string_view JobStateName(JobState s);
 bool IsTerminal(JobState s);
 
@@ -145,7 +148,6 @@ class ResultStore {
   sqlite3* db_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_STORE_RESULT_STORE_H_

@@ -14,9 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
-namespace attnaudit {
-namespace server {
-namespace sqlite {
+namespace attnaudit::server {
+namespace store_internal {
 
 inline absl::Status Error(sqlite3* db, absl::string_view what) {
   return absl::InternalError(
@@ -86,8 +85,7 @@ class Stmt {
   int rc_ = SQLITE_OK;
 };
 
-}  // namespace sqlite
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace store_internal
+}  // namespace attnaudit::server
 
 #endif  // ATTNAUDIT_SERVER_STORE_SQLITE_UTIL_H_

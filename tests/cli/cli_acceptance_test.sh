@@ -66,5 +66,27 @@ expect_exit 2 "unknown preset" "$cli" synth --preset nope -o "$work/x.pb"
 expect_exit 2 "unknown fault" "$cli" synth --preset llama3-8b --fault nope -o "$work/x.pb"
 expect_exit 2 "unknown flag" "$cli" check --bogus "$work/llama3-8b.pb"
 
+# Usage errors: exit 2 and a message that says what was wrong.
+expect_usage_error() {  # description expected-text command...
+  local what=$1 text=$2; shift 2
+  expect_exit 2 "$what" "$@" || return
+  grep -qF -- "$text" "$work/err.txt" ||
+    { fail "$what: stderr does not say '$text'"; sed 's/^/    /' "$work/err.txt" | head -3; }
+}
+pb="$work/llama3-8b.pb"
+expect_usage_error "two files" "not expected: $pb" "$cli" check "$pb" "$pb"
+expect_usage_error "no file" "file is required" "$cli" check
+expect_usage_error "bad integer" "--threads" "$cli" check --threads many "$pb"
+expect_usage_error "negative tolerance" "--out-tol" "$cli" check --out-tol -1 "$pb"
+expect_usage_error "no output" "--output" "$cli" synth --preset llama3-8b
+expect_usage_error "no command" "subcommand is required" "$cli"
+expect_usage_error "unknown command" "nosuch" "$cli" nosuch
+expect_usage_error "unary and stream" "--stream" "$cli" audit --unary --stream "$pb"
+expect_usage_error "bad duration" "--timeout" "$cli" caps --timeout soon
+expect_exit 0 "check --help" "$cli" check --help &&
+  { grep -q -- "--json" "$work/out.txt" || fail "check --help: no --json"; }
+expect_exit 0 "--help" "$cli" --help &&
+  { grep -q "bench" "$work/out.txt" || fail "--help: no bench command"; }
+
 echo "$passed passed, $failures failed"
 [[ $failures -eq 0 ]]

@@ -362,9 +362,11 @@ def cmd_yaml(files):
 
 
 def server_flag_names():
+    """The server's flags, spelled with dashes as documented (the ABSL_FLAG
+    names use underscores; the server reads a dash as an underscore)."""
     text = open(SERVER_FLAGS_CC, encoding="utf-8").read()
-    return set(re.findall(
-        r'(?:String|Int|Size|Duration|Bool)Flag\(\s*"([a-z0-9-]+)"', text))
+    return {name.replace("_", "-") for name in re.findall(
+        r'ABSL_FLAG\(\s*[\w:<>]+\s*,\s*([a-z0-9_]+)\s*,', text)}
 
 
 def flag_args(args):
@@ -414,7 +416,7 @@ def cmd_consistency():
 
     def check_flags(where, flags):
         for k in flags:
-            if k not in known:
+            if k.replace("_", "-") not in known:
                 problems.append("%s: --%s is not a server flag" % (where, k))
 
     # Dockerfile ENTRYPOINT.

@@ -4,6 +4,8 @@
 // the stream protocol's violations are refused with their place. Also
 // GetCapabilities, health with real service names, reflection and the
 // bearer token.
+#include <spdlog/sinks/ringbuffer_sink.h>
+
 #include <memory>
 #include <string>
 #include <thread>
@@ -13,9 +15,10 @@
 #include "gtest/gtest.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/stream.h"
+#include "server/common/log.h"
 #include "tests/integration/test_server.h"
 
-namespace attnaudit::testing_rpc {
+namespace attnaudit::testing {
 namespace {
 
 AuditReport Offline(const Snapshot& snapshot) {
@@ -106,6 +109,11 @@ TEST_F(AuditRpcTest, UnknownEnumIsInvalidArgumentNamingTheField) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(absl::StartsWith(s.error_message(), "priority"))
       << s.error_message();
+
+  grpc::ClientContext context3;
+  s = t_->stub->Audit(&context3, v1::AuditRequest(), &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "snapshot: missing");
 }
 
 // Sends `messages` on AuditStream and returns the call's status.
@@ -185,7 +193,7 @@ TEST_F(AuditRpcTest, StreamProtocolViolationsAreRefusedWithTheirPlace) {
 }
 
 TEST(AuditRpcLimitsTest, SnapshotPastTheUnaryLimitIsStreamed) {
-  rpc::AuditServerOptions options = TestOptions(MakeTempDir("limit"));
+  server::AuditServerOptions options = TestOptions(MakeTempDir("limit"));
   options.max_message_bytes = 64 << 10;
   client::ClientOptions client_options;
   client_options.chunk_bytes = 32 << 10;  // chunks under the limit
@@ -214,7 +222,7 @@ TEST(AuditRpcLimitsTest, SnapshotPastTheUnaryLimitIsStreamed) {
 }
 
 TEST(AuditRpcLimitsTest, StreamOverTheStreamLimitIsRefusedBeforeItsChunks) {
-  rpc::AuditServerOptions options = TestOptions(MakeTempDir("streamlimit"));
+  server::AuditServerOptions options = TestOptions(MakeTempDir("streamlimit"));
   options.memory_budget_bytes = 64 << 10;  // also caps max_stream_bytes
   std::unique_ptr<TestServer> t = StartServer(std::move(options));
   ASSERT_NE(t, nullptr);
@@ -261,7 +269,7 @@ TEST_F(AuditRpcTest, ReflectionListsTheService) {
 }
 
 TEST(AuditRpcAuthTest, BearerTokenIsRequiredExceptForHealth) {
-  rpc::AuditServerOptions options = TestOptions(MakeTempDir("auth"));
+  server::AuditServerOptions options = TestOptions(MakeTempDir("auth"));
   options.auth_token = "s3cret-token";
   std::unique_ptr<TestServer> t = StartServer(std::move(options));
   ASSERT_NE(t, nullptr);
@@ -296,8 +304,45 @@ TEST(AuditRpcAuthTest, BearerTokenIsRequiredExceptForHealth) {
   EXPECT_EQ(HealthCheck(t->channel, "attnaudit.v1.AuditService", &s), 1);
 }
 
+// The bearer token, right or wrong, never reaches a log line, even with
+// one line per call (debug).
+TEST(AuditRpcAuthTest, TokensNeverReachTheLog) {
+  server::AuditServerOptions options = TestOptions(MakeTempDir("authlog"));
+  options.auth_token = "s3cret-token";
+  std::unique_ptr<TestServer> t = StartServer(std::move(options));
+  ASSERT_NE(t, nullptr);
+  auto lines = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(1000);
+  server::ConfigureLogging(spdlog::level::debug, lines);
+  const Snapshot snapshot = SmallSnapshot(15);
+  for (const char* token : {"", "s3cret-tokeX", "s3cret-token"}) {
+    client::ClientOptions o;
+    o.address = t->address;
+    o.auth_token = token;
+    auto c = client::Client::Connect(o);
+    ASSERT_TRUE(c.ok());
+    (*c)->Audit(snapshot).IgnoreError();
+    (*c)->Submit(snapshot).IgnoreError();
+    (*c)->GetResult("s-no-such-job").IgnoreError();
+    (*c)->Cancel("bad id!").IgnoreError();
+  }
+  // Each call's line is written when the call is done on the server, which
+  // may be just after the client has its answer.
+  auto logged = [&lines] {
+    int calls = 0;
+    for (const std::string& line : lines->last_formatted()) {
+      calls += absl::StrContains(line, " msg=rpc method=") ? 1 : 0;
+    }
+    return calls;
+  };
+  EXPECT_TRUE(WaitFor([&] { return logged() >= 12; })) << logged();
+  server::ConfigureLogging(spdlog::level::warn);
+  for (const std::string& line : lines->last_formatted()) {
+    EXPECT_FALSE(absl::StrContains(line, "s3cret")) << line;
+  }
+}
+
 TEST(AuditRpcShutdownTest, ShutdownTurnsHealthNotServingBeforeItStops) {
-  rpc::AuditServerOptions options = TestOptions(MakeTempDir("shutdown"));
+  server::AuditServerOptions options = TestOptions(MakeTempDir("shutdown"));
   options.drain_delay = absl::Seconds(2);
   std::unique_ptr<TestServer> t = StartServer(std::move(options));
   ASSERT_NE(t, nullptr);
@@ -314,4 +359,4 @@ TEST(AuditRpcShutdownTest, ShutdownTurnsHealthNotServingBeforeItStops) {
 }
 
 }  // namespace
-}  // namespace attnaudit::testing_rpc
+}  // namespace attnaudit::testing

@@ -15,7 +15,7 @@
 #include "proto/codec/codec.h"
 #include "tests/integration/test_server.h"
 
-namespace attnaudit::testing_rpc {
+namespace attnaudit::testing {
 namespace {
 
 // Collects a watch stream on a thread until `count` results arrived.
@@ -132,7 +132,7 @@ TEST_F(JobsRpcTest, WatchFiltersOnLabels) {
 
 TEST_F(JobsRpcTest, SlowWatcherIsDroppedWithResourceExhausted) {
   t_.reset();
-  rpc::AuditServerOptions options = TestOptions(MakeTempDir("slow"));
+  server::AuditServerOptions options = TestOptions(MakeTempDir("slow"));
   options.watcher_buffer = 2;
   t_ = StartServer(std::move(options));
   ASSERT_NE(t_, nullptr);
@@ -209,6 +209,22 @@ TEST_F(JobsRpcTest, InvalidSubmitCreatesNoJob) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(absl::StartsWith(s.error_message(), "timeout"))
       << s.error_message();
+
+  // A malformed Duration (mixed signs) is refused the same way.
+  request.mutable_timeout()->set_seconds(5);
+  request.mutable_timeout()->set_nanos(-1);
+  grpc::ClientContext context2;
+  s = t_->stub->Submit(&context2, request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StartsWith(s.error_message(), "timeout: not a valid"))
+      << s.error_message();
+
+  v1::SubmitRequest no_snapshot;
+  grpc::ClientContext context3;
+  s = t_->stub->Submit(&context3, no_snapshot, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "snapshot: missing");
+  EXPECT_EQ(CountFiles(t_->data_dir + "/spool", ".job"), 0);
 }
 
 TEST_F(JobsRpcTest, UnknownAndMalformedJobIds) {
@@ -229,7 +245,7 @@ TEST(JobsDurabilityTest, SpooledJobsAreResumedByTheNextServer) {
     // First server: its only device never lets a job finish, and the
     // drain gives up at once, so every accepted job stays spooled.
     auto gate = std::make_shared<GateState>();
-    rpc::AuditServerOptions options = TestOptions(dir);
+    server::AuditServerOptions options = TestOptions(dir);
     options.devices.push_back(std::make_unique<GateDevice>(gate, 0));
     options.drain_timeout = absl::ZeroDuration();
     std::unique_ptr<TestServer> t = StartServer(std::move(options));
@@ -269,4 +285,4 @@ TEST(JobsDurabilityTest, SpooledJobsAreResumedByTheNextServer) {
 }
 
 }  // namespace
-}  // namespace attnaudit::testing_rpc
+}  // namespace attnaudit::testing

@@ -11,7 +11,7 @@
 #include "proto/codec/codec.h"
 #include "tests/integration/test_server.h"
 
-namespace attnaudit::testing_rpc {
+namespace attnaudit::testing {
 namespace {
 
 using server::PriorityClass;
@@ -20,7 +20,7 @@ class SchedulingRpcTest : public ::testing::Test {
  protected:
   void Start(int64_t interactive_queue = 64) {
     gate_ = std::make_shared<GateState>();
-    rpc::AuditServerOptions options = TestOptions(MakeTempDir("sched"));
+    server::AuditServerOptions options = TestOptions(MakeTempDir("sched"));
     options.devices.push_back(std::make_unique<GateDevice>(gate_, 0));
     options.queue_capacity = {interactive_queue, 64};
     t_ = StartServer(std::move(options));
@@ -40,7 +40,7 @@ class SchedulingRpcTest : public ::testing::Test {
     return t_->server->scheduler()->Stats().queued[static_cast<int>(c)];
   }
   v1::JobResult WaitFinished(const std::string& id) {
-    return testing_rpc::WaitFinished(t_->client.get(), id);
+    return testing::WaitFinished(t_->client.get(), id);
   }
 
   std::shared_ptr<GateState> gate_;
@@ -242,4 +242,4 @@ TEST_F(SchedulingRpcTest, DrainingRefusesNewWorkWithUnavailable) {
 }
 
 }  // namespace
-}  // namespace attnaudit::testing_rpc
+}  // namespace attnaudit::testing

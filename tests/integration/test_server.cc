@@ -16,7 +16,7 @@
 #include "gtest/gtest.h"
 #include "server/common/log.h"
 
-namespace attnaudit::testing_rpc {
+namespace attnaudit::testing {
 
 Snapshot SmallSnapshot(int64_t tag, Fault fault, int64_t context) {
   SynthOptions o;
@@ -140,8 +140,8 @@ absl::StatusOr<AuditReport> GateDevice::Run(const Snapshot& snapshot,
   return RunAudit(snapshot, own);
 }
 
-rpc::AuditServerOptions TestOptions(const std::string& data_dir) {
-  rpc::AuditServerOptions o;
+server::AuditServerOptions TestOptions(const std::string& data_dir) {
+  server::AuditServerOptions o;
   o.listen = "127.0.0.1:0";
   o.metrics_listen = "";
   o.data_dir = data_dir;
@@ -153,14 +153,14 @@ rpc::AuditServerOptions TestOptions(const std::string& data_dir) {
   return o;
 }
 
-std::unique_ptr<TestServer> StartServer(rpc::AuditServerOptions options,
+std::unique_ptr<TestServer> StartServer(server::AuditServerOptions options,
                                         client::ClientOptions client_options) {
   // Start-up and shutdown lines at info level would drown the test output.
-  log::SetLevel(log::Level::kWarn);
+  server::ConfigureLogging(spdlog::level::warn);
   auto t = std::make_unique<TestServer>();
   t->data_dir = options.data_dir;
-  absl::StatusOr<std::unique_ptr<rpc::AuditServer>> server =
-      rpc::AuditServer::Start(std::move(options));
+  absl::StatusOr<std::unique_ptr<server::AuditServer>> server =
+      server::AuditServer::Start(std::move(options));
   EXPECT_TRUE(server.ok()) << server.status();
   if (!server.ok()) return nullptr;
   t->server = *std::move(server);
@@ -295,4 +295,4 @@ v1::JobResult WaitFinished(client::Client* client, const std::string& id) {
   return last;
 }
 
-}  // namespace attnaudit::testing_rpc
+}  // namespace attnaudit::testing

@@ -28,7 +28,7 @@
 #include "server/rpc/server.h"
 #include "server/scheduler/device.h"
 
-namespace attnaudit::testing_rpc {
+namespace attnaudit::testing {
 
 // Bound of every wait in these tests.
 inline constexpr absl::Duration kWait = absl::Seconds(30);
@@ -80,10 +80,10 @@ class GateDevice : public server::Device {
 
 // Loopback-only defaults: 127.0.0.1:0, no metrics endpoint, no fsync, one
 // single-threaded CPU worker, short drain.
-rpc::AuditServerOptions TestOptions(const std::string& data_dir);
+server::AuditServerOptions TestOptions(const std::string& data_dir);
 
 struct TestServer {
-  std::unique_ptr<rpc::AuditServer> server;
+  std::unique_ptr<server::AuditServer> server;
   std::unique_ptr<client::Client> client;
   std::shared_ptr<grpc::Channel> channel;  // for raw stubs
   std::unique_ptr<v1::AuditService::Stub> stub;
@@ -94,7 +94,8 @@ struct TestServer {
 // Starts a server (failing the test on error) and connects a client with
 // `client_options` (address filled in).
 std::unique_ptr<TestServer> StartServer(
-    rpc::AuditServerOptions options, client::ClientOptions client_options = {});
+    server::AuditServerOptions options,
+    client::ClientOptions client_options = {});
 
 // grpc.health.v1.Health/Check through the generic stub: the reported
 // serving status (1 SERVING, 2 NOT_SERVING), or -1 with *status set when
@@ -115,6 +116,6 @@ bool WaitFor(const std::function<bool()>& predicate,
 // passes); returns the last result seen.
 v1::JobResult WaitFinished(client::Client* client, const std::string& id);
 
-}  // namespace attnaudit::testing_rpc
+}  // namespace attnaudit::testing
 
 #endif  // ATTNAUDIT_TESTS_INTEGRATION_TEST_SERVER_H_

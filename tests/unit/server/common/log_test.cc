@@ -1,7 +1,12 @@
-// The server's structured log: level filtering that skips the arguments,
-// key=value quoting, and whole lines under concurrency.
+// The server's log over spdlog: the line format (RFC 3339 UTC timestamp,
+// level, quoted message and key=value pairs), level filtering that skips the
+// arguments, whole lines under concurrency, and the --log-level names.
 #include "server/common/log.h"
 
+#include <spdlog/sinks/ostream_sink.h>
+
+#include <algorithm>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -10,24 +15,19 @@
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 
-namespace attnaudit::log {
+namespace attnaudit::server {
 namespace {
-
-void Capture(absl::string_view line, void* arg) {
-  static_cast<std::string*>(arg)->append(line.data(), line.size());
-}
 
 class LogTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    SetSink(&Capture, &out_);
-    SetLevel(Level::kInfo);
+    ConfigureLogging(spdlog::level::info,
+                     std::make_shared<spdlog::sinks::ostream_sink_mt>(out_));
   }
-  void TearDown() override {
-    SetSink(nullptr, nullptr);
-    SetLevel(Level::kInfo);
-  }
-  std::string out_;
+  void TearDown() override { ConfigureLogging(spdlog::level::info); }
+  std::string out() const { return out_.str(); }
+
+  std::ostringstream out_;
 };
 
 TEST_F(LogTest, FiltersByLevelWithoutEvaluatingArguments) {
@@ -36,19 +36,21 @@ TEST_F(LogTest, FiltersByLevelWithoutEvaluatingArguments) {
     ++evaluated;
     return std::string("v");
   };
-  ATTNAUDIT_LOG(kDebug, "hidden").Kv("k", expensive());
+  ATTNAUDIT_LOG(debug, "hidden").Kv("k", expensive());
   EXPECT_EQ(evaluated, 0);
-  EXPECT_TRUE(out_.empty());
-  ATTNAUDIT_LOG(kWarn, "shown").Kv("k", expensive());
+  EXPECT_TRUE(out().empty());
+  ATTNAUDIT_LOG(warn, "shown").Kv("k", expensive());
   EXPECT_EQ(evaluated, 1);
-  EXPECT_TRUE(absl::StrContains(out_, " level=warn msg=shown k=v\n")) << out_;
-  SetLevel(Level::kDebug);
-  ATTNAUDIT_LOG(kDebug, "now").Kv("n", 3);
-  EXPECT_TRUE(absl::StrContains(out_, "level=debug msg=now n=3\n")) << out_;
+  EXPECT_TRUE(absl::StrContains(out(), " level=warn msg=shown k=v\n")) << out();
+  spdlog::set_level(spdlog::level::debug);
+  ATTNAUDIT_LOG(debug, "now").Kv("n", 3);
+  EXPECT_TRUE(absl::StrContains(out(), "level=debug msg=now n=3\n")) << out();
+  ATTNAUDIT_LOG(err, "bad").Kv("n", 4);
+  EXPECT_TRUE(absl::StrContains(out(), "level=error msg=bad n=4\n")) << out();
 }
 
 TEST_F(LogTest, QuotesValuesThatNeedIt) {
-  ATTNAUDIT_LOG(kInfo, "two words")
+  ATTNAUDIT_LOG(info, "two words")
       .Kv("plain", "abc")
       .Kv("space", "a b")
       .Kv("quote", "say \"hi\"")
@@ -58,17 +60,21 @@ TEST_F(LogTest, QuotesValuesThatNeedIt) {
       .Kv("flag", true)
       .Kv("ms", 1.5)
       .Kv("status", absl::InvalidArgumentError("q: bad"));
+  const std::string line = out();
   EXPECT_TRUE(absl::StrContains(
-      out_,
+      line,
       "msg=\"two words\" plain=abc space=\"a b\" quote=\"say \\\"hi\\\"\" "
       "eq=\"a=b\" empty=\"\" newline=\"x\\ny\" flag=true ms=1.5 "
       "status=INVALID_ARGUMENT error=\"q: bad\"\n"))
-      << out_;
-  // One line, starting with an RFC 3339 UTC timestamp.
-  EXPECT_EQ(std::count(out_.begin(), out_.end(), '\n'), 1);
-  EXPECT_EQ(out_[4], '-');
-  EXPECT_EQ(out_[10], 'T');
-  EXPECT_TRUE(absl::StrContains(out_.substr(0, 40), "Z level=info"));
+      << line;
+  // One line, starting with an RFC 3339 UTC timestamp with milliseconds:
+  // 2024-05-01T12:00:00.123Z.
+  EXPECT_EQ(std::count(line.begin(), line.end(), '\n'), 1);
+  ASSERT_GT(line.size(), 24u);
+  EXPECT_EQ(line[4], '-');
+  EXPECT_EQ(line[10], 'T');
+  EXPECT_EQ(line[19], '.');
+  EXPECT_EQ(line.substr(23, 12), "Z level=info");
 }
 
 TEST_F(LogTest, ConcurrentLinesNeverInterleave) {
@@ -76,7 +82,7 @@ TEST_F(LogTest, ConcurrentLinesNeverInterleave) {
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([t] {
       for (int i = 0; i < 200; ++i) {
-        ATTNAUDIT_LOG(kInfo, "line")
+        ATTNAUDIT_LOG(info, "line")
             .Kv("thread", t)
             .Kv("i", i)
             .Kv("pad", std::string(100, 'a' + t));
@@ -85,7 +91,7 @@ TEST_F(LogTest, ConcurrentLinesNeverInterleave) {
   }
   for (std::thread& th : threads) th.join();
   std::vector<std::string> lines =
-      absl::StrSplit(out_, '\n', absl::SkipEmpty());
+      absl::StrSplit(out(), '\n', absl::SkipEmpty());
   ASSERT_EQ(lines.size(), 800u);
   for (const std::string& line : lines) {
     // Each line carries exactly one thread's padding.
@@ -98,12 +104,17 @@ TEST_F(LogTest, ConcurrentLinesNeverInterleave) {
 }
 
 TEST(LogLevelTest, ParsesNamesAndRejectsOthers) {
-  EXPECT_EQ(*ParseLevel("DEBUG"), Level::kDebug);
-  EXPECT_EQ(*ParseLevel("warning"), Level::kWarn);
-  absl::StatusOr<Level> bad = ParseLevel("loud");
-  ASSERT_FALSE(bad.ok());
-  EXPECT_TRUE(absl::StartsWith(bad.status().message(), "--log-level"));
+  EXPECT_EQ(*ParseLogLevel("DEBUG"), spdlog::level::debug);
+  EXPECT_EQ(*ParseLogLevel("info"), spdlog::level::info);
+  EXPECT_EQ(*ParseLogLevel("warn"), spdlog::level::warn);
+  EXPECT_EQ(*ParseLogLevel("warning"), spdlog::level::warn);
+  EXPECT_EQ(*ParseLogLevel("error"), spdlog::level::err);
+  for (const char* bad : {"loud", "off", "trace", ""}) {
+    absl::StatusOr<spdlog::level::level_enum> level = ParseLogLevel(bad);
+    ASSERT_FALSE(level.ok()) << bad;
+    EXPECT_TRUE(absl::StartsWith(level.status().message(), "--log-level"));
+  }
 }
 
 }  // namespace
-}  // namespace attnaudit::log
+}  // namespace attnaudit::server

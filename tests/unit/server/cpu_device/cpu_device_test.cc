@@ -12,8 +12,7 @@
 #include "gtest/gtest.h"
 #include "server/scheduler/scheduler.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 namespace {
 
 Snapshot Synth(Fault fault) {
@@ -92,5 +91,4 @@ TEST(CpuDeviceTest, RunsJobsThroughTheScheduler) {
 }
 
 }  // namespace
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server

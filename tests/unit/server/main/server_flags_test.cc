@@ -1,10 +1,12 @@
-// attnaudit-server's flags: documented defaults, both value spellings,
-// errors that name the flag, and --help generated from the same table.
+// attnaudit-server's flags: documented defaults, both value spellings, the
+// dashed names (and their underscore form, absl's), errors that name the
+// flag, and --help generated from the absl flag definitions.
 #include "server/main/server_flags.h"
 
 #include <string>
 #include <vector>
 
+#include "absl/flags/marshalling.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
@@ -60,6 +62,10 @@ TEST(ServerFlagsTest, ErrorsNameTheFlag) {
       {{"--tls-cert", "c.pem"}, "--tls-key"},
       {{"--tls-client-ca", "ca.pem"}, "--tls-client-ca"},
       {{"--bogus", "1"}, "unknown flag --bogus"},
+      {{"--metrics-max-models", "0"}, "--metrics-max-models"},
+      {{"--metrics_max_layers=x"}, "--metrics-max-layers"},
+      {{"--retention-age", "3 days"}, "--retention-age"},
+      {{"listen"}, "unexpected argument 'listen'"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<ServerFlags> f = ParseServerFlags(c.argv);
@@ -116,22 +122,67 @@ TEST(ServerFlagsTest, HelpListsEveryFlagWithItsDefault) {
   }
 }
 
+// The documented dashed names and absl's underscore names are the same
+// flags, so existing command lines keep working.
+TEST(ServerFlagsTest, DashesAndUnderscoresNameTheSameFlag) {
+  absl::StatusOr<ServerFlags> dashed = ParseServerFlags(
+      {"--metrics-listen", "127.0.0.1:0", "--max-connection-age-grace=1m",
+       "--auth-token-file", "t"});
+  absl::StatusOr<ServerFlags> underscored = ParseServerFlags(
+      {"--metrics_listen", "127.0.0.1:0", "--max_connection_age_grace=1m",
+       "--auth_token_file", "t"});
+  ASSERT_TRUE(dashed.ok()) << dashed.status();
+  ASSERT_TRUE(underscored.ok()) << underscored.status();
+  for (const ServerFlags* f : {&*dashed, &*underscored}) {
+    EXPECT_EQ(f->metrics_listen, "127.0.0.1:0");
+    EXPECT_EQ(f->max_connection_age_grace, absl::Minutes(1));
+    EXPECT_EQ(f->auth_token_file, "t");
+  }
+  // A value is never rewritten, dashes and all.
+  absl::StatusOr<ServerFlags> f =
+      ParseServerFlags({"--data-dir", "-my-dir", "--listen=a-b:1"});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->data_dir, "-my-dir");
+  EXPECT_EQ(f->listen, "a-b:1");
+}
+
+// Each parse starts from the defaults: a flag set by an earlier parse does
+// not leak into the next.
+TEST(ServerFlagsTest, EveryParseStartsFromTheDefaults) {
+  ASSERT_TRUE(ParseServerFlags({"--queue-sampled", "7"}).ok());
+  absl::StatusOr<ServerFlags> f = ParseServerFlags({});
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->queue_sampled, 1024);
+}
+
 TEST(ServerFlagsTest, SizeAndDurationFormatsRoundTrip) {
   for (int64_t v :
        {int64_t{4096}, int64_t{1} << 20, int64_t{3} << 30, int64_t{1000}}) {
-    absl::StatusOr<int64_t> back = ParseByteSize("x", FormatByteSize(v));
-    ASSERT_TRUE(back.ok());
-    EXPECT_EQ(*back, v);
+    ByteSize back;
+    std::string error;
+    ASSERT_TRUE(absl::ParseFlag(absl::UnparseFlag(ByteSize{v}), &back, &error))
+        << error;
+    EXPECT_EQ(back.bytes, v);
   }
+  EXPECT_EQ(absl::UnparseFlag(ByteSize{int64_t{256} << 20}), "256MiB");
   for (absl::Duration d : {absl::Seconds(30), absl::Hours(24 * 7),
                            absl::Minutes(90), absl::ZeroDuration()}) {
-    absl::StatusOr<absl::Duration> back =
-        ParseDurationFlag("x", FormatDurationFlag(d));
-    ASSERT_TRUE(back.ok()) << FormatDurationFlag(d);
-    EXPECT_EQ(*back, d);
+    FlagDuration back;
+    std::string error;
+    const std::string text = absl::UnparseFlag(FlagDuration{d});
+    ASSERT_TRUE(absl::ParseFlag(text, &back, &error)) << text << error;
+    EXPECT_EQ(back.value, d);
   }
-  EXPECT_FALSE(ParseByteSize("x", "-1").ok());
-  EXPECT_FALSE(ParseByteSize("x", "99999999999G").ok());
+  EXPECT_EQ(absl::UnparseFlag(FlagDuration{absl::Hours(24 * 7)}), "7d");
+  ByteSize size;
+  FlagDuration duration;
+  std::string error;
+  EXPECT_FALSE(absl::ParseFlag("-1", &size, &error));
+  EXPECT_FALSE(absl::ParseFlag("99999999999G", &size, &error));
+  EXPECT_FALSE(absl::ParseFlag("-5s", &duration, &error));
+  EXPECT_FALSE(absl::ParseFlag("inf", &duration, &error));
+  EXPECT_FALSE(absl::ParseFlag("xd", &duration, &error));
+  EXPECT_TRUE(absl::StartsWith(error, "'xd' is not a duration")) << error;
 }
 
 }  // namespace

@@ -27,8 +27,7 @@
 #include "server/scheduler/scheduler.h"
 #include "tests/unit/server/scheduler/test_devices.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 namespace {
 
 using ::testing::HasSubstr;
@@ -493,5 +492,4 @@ TEST(MetricsEndpointTest, LocalhostIsAccepted) {
 }
 
 }  // namespace
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server

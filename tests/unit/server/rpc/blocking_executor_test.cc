@@ -8,7 +8,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 namespace {
 
 TEST(BlockingExecutorTest, RunsInOrderAndRefusesWhenFull) {
@@ -48,4 +48,4 @@ TEST(BlockingExecutorTest, ManyThreadsRunEveryTask) {
 }
 
 }  // namespace
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server

@@ -1,9 +1,9 @@
-// absl <-> gRPC status conversion keeps the code number and the message.
+// absl -> gRPC status conversion keeps the code number and the message.
 #include "server/rpc/status_util.h"
 
 #include "gtest/gtest.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 namespace {
 
 TEST(StatusUtilTest, EveryCodeMapsToTheSameGrpcCode) {
@@ -28,7 +28,6 @@ TEST(StatusUtilTest, EveryCodeMapsToTheSameGrpcCode) {
     const grpc::Status s = ToGrpcStatus(absl::Status(a, "field: why"));
     EXPECT_EQ(s.error_code(), g);
     EXPECT_EQ(s.error_message(), "field: why");
-    EXPECT_EQ(FromGrpcStatus(s), absl::Status(a, "field: why"));
   }
   EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
 }
@@ -40,4 +39,4 @@ TEST(StatusUtilTest, PrefixMakesFieldPathsAbsolute) {
 }
 
 }  // namespace
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server

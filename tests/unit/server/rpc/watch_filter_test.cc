@@ -3,7 +3,7 @@
 #include "gtest/gtest.h"
 #include "server/rpc/watch_hub.h"
 
-namespace attnaudit::rpc {
+namespace attnaudit::server {
 namespace {
 
 v1::JobResult Done(const std::string& model, int64_t layer, v1::Verdict v) {
@@ -66,4 +66,4 @@ TEST(WatchFilterTest, VerdictsMatchOnlyDoneJobsWithAListedVerdict) {
 }
 
 }  // namespace
-}  // namespace attnaudit::rpc
+}  // namespace attnaudit::server

@@ -11,8 +11,7 @@
 #include "server/scheduler/scheduler.h"
 #include "tests/unit/server/scheduler/test_devices.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 namespace {
 
 using ::testing::ElementsAre;
@@ -167,5 +166,4 @@ TEST(SchedulerListenerTest, ReportsQueueDevicesRejectionsAndCompletions) {
 }
 
 }  // namespace
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server

@@ -11,8 +11,7 @@
 #include "gtest/gtest.h"
 #include "tests/unit/server/scheduler/test_devices.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 namespace {
 
 using ::testing::ElementsAre;
@@ -402,5 +401,4 @@ TEST(SchedulerTest, DefaultRunGangRefusesGangs) {
 }
 
 }  // namespace
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server

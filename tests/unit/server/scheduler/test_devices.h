@@ -16,9 +16,7 @@
 #include "server/scheduler/job.h"
 #include "server/scheduler/scheduler.h"
 
-namespace attnaudit {
-namespace server {
-namespace testing {
+namespace attnaudit::testing {
 
 // Shared by all GateDevices of a test: which jobs started (in order) and
 // how many runs may finish.
@@ -76,7 +74,7 @@ class Gate {
   bool open_ = false;
 };
 
-class GateDevice : public Device {
+class GateDevice : public server::Device {
  public:
   GateDevice(std::string name, std::string kind, Gate* gate)
       : name_(std::move(name)), kind_(std::move(kind)), gate_(gate) {}
@@ -103,7 +101,7 @@ class GateDevice : public Device {
 class GangDevice : public GateDevice {
  public:
   using GateDevice::GateDevice;
-  absl::StatusOr<AuditReport> RunGang(absl::Span<Device* const> gang,
+  absl::StatusOr<AuditReport> RunGang(absl::Span<server::Device* const> gang,
                                       const Snapshot& snapshot,
                                       const AuditOptions& options) override {
     absl::StatusOr<AuditReport> r = Run(snapshot, options);
@@ -112,9 +110,9 @@ class GangDevice : public GateDevice {
   }
 };
 
-inline std::vector<std::unique_ptr<Device>> GateDevices(
+inline std::vector<std::unique_ptr<server::Device>> GateDevices(
     int n, Gate* gate, std::string kind = "cpu") {
-  std::vector<std::unique_ptr<Device>> out;
+  std::vector<std::unique_ptr<server::Device>> out;
   for (int i = 0; i < n; ++i) {
     out.push_back(std::make_unique<GateDevice>(kind + ":" + std::to_string(i),
                                                kind, gate));
@@ -125,15 +123,15 @@ inline std::vector<std::unique_ptr<Device>> GateDevices(
 // Collects outcomes by job id.
 class Recorder {
  public:
-  std::function<void(const JobOutcome&)> Callback() {
-    return [this](const JobOutcome& o) {
+  std::function<void(const server::JobOutcome&)> Callback() {
+    return [this](const server::JobOutcome& o) {
       absl::MutexLock lock(&mu_);
       ++calls_[o.job_id];
       outcomes_[o.job_id] = o;
       order_.push_back(o.job_id);
     };
   }
-  JobOutcome Wait(const std::string& id) {
+  server::JobOutcome Wait(const std::string& id) {
     absl::MutexLock lock(&mu_);
     auto done = [this, &id]() {
       mu_.AssertReaderHeld();
@@ -158,14 +156,16 @@ class Recorder {
 
  private:
   absl::Mutex mu_;
-  absl::flat_hash_map<std::string, JobOutcome> outcomes_;
+  absl::flat_hash_map<std::string, server::JobOutcome> outcomes_;
   absl::flat_hash_map<std::string, int> calls_;
   std::vector<std::string> order_;
 };
 
-inline std::unique_ptr<Job> MakeJob(const std::string& id, PriorityClass c,
-                                    Recorder* recorder, int64_t bytes = 0) {
-  auto job = std::make_unique<Job>();
+inline std::unique_ptr<server::Job> MakeJob(const std::string& id,
+                                            server::PriorityClass c,
+                                            Recorder* recorder,
+                                            int64_t bytes = 0) {
+  auto job = std::make_unique<server::Job>();
   job->id = id;
   job->priority = c;
   job->bytes = bytes;
@@ -175,8 +175,6 @@ inline std::unique_ptr<Job> MakeJob(const std::string& id, PriorityClass c,
   return job;
 }
 
-}  // namespace testing
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::testing
 
 #endif  // ATTNAUDIT_TESTS_UNIT_SERVER_SCHEDULER_TEST_DEVICES_H_

@@ -17,8 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 namespace {
 
 namespace fs = std::filesystem;
@@ -330,5 +329,4 @@ TEST(SpoolTest, OpenFailsCleanlyOnAnUnusableDirectory) {
 }
 
 }  // namespace
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server

@@ -16,8 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace attnaudit {
-namespace server {
+namespace attnaudit::server {
 namespace {
 
 using ::testing::ElementsAre;
@@ -295,5 +294,4 @@ TEST(ResultStoreTest, NamesOfStates) {
 }
 
 }  // namespace
-}  // namespace server
-}  // namespace attnaudit
+}  // namespace attnaudit::server

@@ -1,0 +1,151 @@
+#include "client/cli/remote_common.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "client/cli/cli_flags.h"
+#include "client/cli/commands.h"
+#include "proto/credentials/credential_files.h"
+
+namespace attnaudit::client::cli_internal {
+namespace {
+
+// An enum value's name without its prefix: JOB_STATE_DONE -> DONE.
+std::string WithoutPrefix(const std::string& name, absl::string_view prefix) {
+  return std::string(absl::StripPrefix(name, prefix));
+}
+
+}  // namespace
+
+void AddConnectionFlags(CLI::App* command, ConnectionFlags* flags) {
+  CLI::App* group = command->add_option_group(
+      "Connection", "where the server is and how to reach it");
+  group->add_option("--addr", flags->addr, "server HOST:PORT")
+      ->capture_default_str();
+  group
+      ->add_option("--timeout", flags->timeout,
+                   "deadline of each call (default 120s)")
+      ->check(DurationValidator());
+  group->add_flag("--tls", flags->tls, "use TLS with the system roots");
+  group->add_option("--tls-ca", flags->tls_ca,
+                    "PEM roots of the server's certificate (implies TLS)");
+  group->add_option("--tls-cert", flags->tls_cert,
+                    "PEM client certificate (mTLS; with --tls-key)");
+  group->add_option("--tls-key", flags->tls_key, "PEM key of --tls-cert");
+  group->add_option("--tls-server-name", flags->tls_server_name,
+                    "name to verify instead of the address's host");
+  group->add_option("--auth-token-file", flags->auth_token_file,
+                    "file whose first line is the bearer token");
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectionFlags& flags) {
+  ClientOptions o;
+  o.address = flags.addr;
+  if (!flags.timeout.empty()) {
+    o.timeout = CliDuration(flags.timeout);
+    if (o.timeout <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("--timeout: must be positive");
+    }
+  }
+  o.tls = flags.tls;
+  o.tls_ca = flags.tls_ca;
+  o.tls_cert = flags.tls_cert;
+  o.tls_key = flags.tls_key;
+  o.tls_server_name = flags.tls_server_name;
+  if (!flags.auth_token_file.empty()) {
+    absl::StatusOr<std::string> token =
+        ReadTokenFile("auth-token-file", flags.auth_token_file);
+    if (!token.ok()) return token.status();
+    o.auth_token = *std::move(token);
+  }
+  return Client::Connect(o);
+}
+
+void AddPriorityFlag(CLI::App* command, std::string* priority) {
+  command
+      ->add_option("--priority", *priority,
+                   "scheduling class: interactive or sampled")
+      ->check(CLI::IsMember({"interactive", "sampled"}, CLI::ignore_case));
+}
+
+v1::Priority PriorityOf(const std::string& flag_value) {
+  v1::Priority p = v1::PRIORITY_UNSPECIFIED;
+  if (!flag_value.empty()) {
+    v1::Priority_Parse(
+        absl::StrCat("PRIORITY_", absl::AsciiStrToUpper(flag_value)), &p);
+  }
+  return p;
+}
+
+std::string DescribeError(const absl::Status& status) {
+  std::string out = absl::StrCat(absl::StatusCodeToString(status.code()), ": ",
+                                 status.message());
+  const absl::Duration retry = RetryAfter(status);
+  if (retry > absl::ZeroDuration()) {
+    absl::StrAppend(&out, " (server suggests retrying after ",
+                    absl::FormatDuration(retry), ")");
+  }
+  return out;
+}
+
+int Fail(const char* name, const absl::Status& status) {
+  std::cerr << "attnaudit " << name << ": " << DescribeError(status) << "\n";
+  return kExitError;
+}
+
+std::string ToJson(const google::protobuf::Message& message, bool pretty) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = pretty;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  if (!google::protobuf::util::MessageToJsonString(message, &out, options)
+           .ok()) {
+    return "{}";
+  }
+  return out;
+}
+
+std::string StateName(v1::JobState state) {
+  return WithoutPrefix(v1::JobState_Name(state), "JOB_STATE_");
+}
+
+std::string VerdictText(int verdict) {
+  if (!v1::Verdict_IsValid(verdict) || verdict == v1::VERDICT_UNSPECIFIED) {
+    return "-";
+  }
+  return WithoutPrefix(v1::Verdict_Name(static_cast<v1::Verdict>(verdict)),
+                       "VERDICT_");
+}
+
+ProgressBar::ProgressBar(size_t total)
+    : total_(total), tty_(isatty(STDERR_FILENO) != 0), start_(absl::Now()) {}
+
+void ProgressBar::Update(size_t done, int64_t bytes, size_t failed) {
+  const double frac = total_ ? static_cast<double>(done) / total_ : 1.0;
+  const int decile = static_cast<int>(frac * 10);
+  if (!tty_ && decile == last_decile_ && done != total_) return;
+  last_decile_ = decile;
+  const int width = 30;
+  const int fill = static_cast<int>(frac * width);
+  const double secs = absl::ToDoubleSeconds(absl::Now() - start_);
+  std::string bar = absl::StrFormat(
+      "[%s%s] %zu/%zu files  %.1f MiB  %.1f MiB/s%s", std::string(fill, '#'),
+      std::string(width - fill, '.'), done, total_, bytes / 1048576.0,
+      secs > 0 ? bytes / 1048576.0 / secs : 0.0,
+      failed ? absl::StrCat("  ", failed, " failed") : std::string());
+  std::fprintf(stderr, tty_ ? "\r%s" : "%s\n", bar.c_str());
+  if (tty_ && done == total_) std::fputc('\n', stderr);
+  std::fflush(stderr);
+}
+
+}  // namespace attnaudit::client::cli_internal
