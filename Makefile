@@ -66,12 +66,12 @@ test: build
 # printed as markdown and written as JSON to $(BENCH_OUT); temporary
 # snapshots go to $(BENCH_TMP) (up to 512 MiB at a time) and are deleted.
 # Run times on the 2-core dev VM:
-#   bench-check   C++ W1 stages vs the floor                       ~30 s
-#   bench-peers   attnaudit check vs numpy / torch (+ RL-Kernel)   ~1 min
-#                 (RLKERNEL=/path/to/checkout adds the RL-Kernel harness,
-#                 ~6 s per run); first run also builds bench-env
-#   bench-sweeps  context / tokens / batch sweeps, up to 128k      ~4 min
-#   bench-server  small-snapshot audits/s through the server       ~3 min
+#   bench-check   C++ W1 stages vs the floor                       ~20 s
+#   bench-peers   attnaudit check vs numpy / torch                 ~30 s
+#                 (RLKERNEL=/path/to/checkout adds the RL-Kernel harness:
+#                 ~8 s per run, 5 runs); the first run builds bench-env
+#   bench-sweeps  context / tokens / batch sweeps, up to 128k      ~1 min
+#   bench-server  small-snapshot audits/s through the server       ~1.5 min
 #   bench-env     the peers' venv, pinned PyPI packages: ~6 min and 5.4 GiB
 #                 the first time (PyPI's torch wheel brings CUDA libraries)
 # REPEATS sets the timed runs per measurement.

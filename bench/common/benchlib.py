@@ -14,7 +14,6 @@ queries); R and P each do one pass.
 
 import json
 import os
-import resource
 import statistics
 import subprocess
 import time
@@ -110,7 +109,3 @@ def summarize(seconds):
     return {"median_s": statistics.median(seconds), "min_s": min(seconds),
             "runs": len(seconds)}
 
-
-def self_rss_bytes():
-    """Peak RSS of this process so far."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

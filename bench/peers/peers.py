@@ -31,7 +31,6 @@ import argparse
 import json
 import warnings
 import os
-import statistics
 import subprocess
 import sys
 import time
