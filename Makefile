@@ -10,6 +10,7 @@
 #   make py-venv       the Python client in build/py-venv (pinned, no torch)
 #   make bench-python  the Python client benchmark (build/py-bench-venv with
 #                      torch from PyPI, about 3 GB of downloads the first time)
+#   make bench  every benchmark of docs/PERF.md (see the bench targets below)
 
 BUILD_DIR ?= build
 JOBS ?= 2
@@ -27,7 +28,8 @@ APT_PACKAGES := build-essential cmake pkg-config git python3 python3-venv \
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build run test bench demo clean py-venv bench-python
+.PHONY: all deps build run test bench bench-check bench-env bench-peers \
+  bench-sweeps bench-server demo clean py-venv bench-python
 
 all: build
 
@@ -67,8 +69,61 @@ demo: build
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
-bench: build
-	$(BUILD_DIR)/bin/attnaudit_bench_check
+# Benchmarks (docs/PERF.md has the method and figures of each). Results are
+# printed as markdown and written as JSON to $(BENCH_OUT); temporary
+# snapshots go to $(BENCH_TMP) (up to 512 MiB at a time) and are deleted.
+# Run times on the 2-core dev VM:
+#   bench-check   C++ W1 stages vs the floor                       ~20 s
+#   bench-peers   attnaudit check vs numpy / torch                 ~30 s
+#                 (RLKERNEL=/path/to/checkout adds the RL-Kernel harness:
+#                 ~8 s per run, 5 runs); the first run builds bench-env
+#   bench-sweeps  context / tokens / batch sweeps, up to 128k      ~1 min
+#   bench-server  small-snapshot audits/s through the server       ~1.5 min
+#   bench-env     the peers' venv, pinned PyPI packages: ~6 min and 5.4 GiB
+#                 the first time (PyPI's torch wheel brings CUDA libraries)
+# REPEATS sets the timed runs per measurement.
+BENCH_VENV := $(BUILD_DIR)/bench-venv
+BENCH_OUT := $(BUILD_DIR)/bench-results
+BENCH_TMP := $(BUILD_DIR)/bench-tmp
+REPEATS ?= 5
+RLKERNEL ?=
+
+bench: bench-check bench-peers bench-sweeps bench-server
+
+bench-check: build
+	$(BUILD_DIR)/bin/attnaudit_bench_floor --sweep
+	$(BUILD_DIR)/bin/attnaudit_bench_check --repeats 9 --markdown
+
+$(BENCH_VENV)/.installed: bench/peers/requirements.txt $(wildcard proto/attnaudit/v1/*.proto)
+	rm -rf $(BENCH_VENV)
+	python3 -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install --quiet --progress-bar off -r bench/peers/requirements.txt
+	mkdir -p $(BENCH_VENV)/gen
+	$(BENCH_VENV)/bin/python -m grpc_tools.protoc -I proto \
+	  --python_out=$(BENCH_VENV)/gen proto/attnaudit/v1/tensor.proto \
+	  proto/attnaudit/v1/snapshot.proto
+	$(BENCH_VENV)/bin/python -c "import site, os; \
+	  open(os.path.join(site.getsitepackages()[0], 'attnaudit_gen.pth'), 'w') \
+	  .write(os.path.abspath('$(BENCH_VENV)/gen') + '\n')"
+	touch $@
+
+bench-env: $(BENCH_VENV)/.installed
+
+bench-peers: build bench-env
+	@mkdir -p $(BENCH_OUT) $(BENCH_TMP)
+	$(BENCH_VENV)/bin/python bench/peers/peers.py --bin-dir $(BUILD_DIR)/bin \
+	  --repeats $(REPEATS) --workdir $(BENCH_TMP) --json $(BENCH_OUT)/peers.json \
+	  $(if $(RLKERNEL),--rlkernel $(RLKERNEL))
+
+bench-sweeps: build
+	@mkdir -p $(BENCH_OUT) $(BENCH_TMP)
+	python3 bench/sweeps/sweeps.py --bin-dir $(BUILD_DIR)/bin \
+	  --repeats $(REPEATS) --workdir $(BENCH_TMP) --json $(BENCH_OUT)/sweeps.json
+
+bench-server: build
+	@mkdir -p $(BENCH_OUT) $(BENCH_TMP)
+	python3 bench/sweeps/server_rate.py --bin-dir $(BUILD_DIR)/bin \
+	  --workdir $(BENCH_TMP) --json $(BENCH_OUT)/server_rate.json
 
 PYTHON ?= python3
 PY_VENV := $(BUILD_DIR)/py-venv

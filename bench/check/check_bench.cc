@@ -191,10 +191,12 @@ void PrintResults(const BenchFlags& flags, const Workload& w, int threads,
       (long long)d.page_size, (long long)flags.context,
       std::string(DTypeName(w.snapshot.k_pages.dtype())).c_str(),
       std::string(VerdictName(t.verdict)).c_str(), threads);
-  std::printf("machine: read %.2f GB/s, fp64 %.1f GFLOP/s, fp32 %.1f GFLOP/s\n",
-              floor.read_bytes_per_second / 1e9,
-              floor.fp64_flops_per_second / 1e9,
-              floor.fp32_flops_per_second / 1e9);
+  std::printf(
+      "machine: read %.2f GB/s, fp64 %.1f GFLOP/s, fp32 %.1f GFLOP/s (%s, %d "
+      "FMA chains per thread)\n",
+      floor.read_bytes_per_second / 1e9, floor.fp64_flops_per_second / 1e9,
+      floor.fp32_flops_per_second / 1e9, floor.fma_isa.c_str(),
+      floor.fma_chains);
   std::printf("work: KV %.1f MiB, %.3f GFLOP per pass (R fp64 + P fp32)\n",
               w.kv_bytes / 1048576.0, w.flops / 1e9);
   std::printf("floor: memory %.2f ms, compute %.2f ms -> %.2f ms\n",
