@@ -48,5 +48,5 @@ function(attnaudit_simd_sources)
     PROPERTIES COMPILE_OPTIONS "-march=x86-64-v2;-mpclmul;-maes")
   target_compile_definitions(${A_TARGET} PRIVATE
     "HWY_DISABLED_TARGETS=(HWY_SSSE3|HWY_AVX3_DL|HWY_EMU128|HWY_SCALAR)")
-  target_link_libraries(${A_TARGET} PUBLIC hwy::hwy)
+  target_link_libraries(${A_TARGET} PUBLIC attnaudit::hwy_headers)
 endfunction()

@@ -21,6 +21,7 @@
 
 #include "core/attention/attention_internal.h"
 #include "core/attention/merge.h"
+#include "core/simd/dispatch.h"
 #include "core/simd/simd-inl.h"
 #include "core/tensor/dtype.h"
 #include "hwy/cache_control.h"
@@ -375,11 +376,11 @@ HWY_AFTER_NAMESPACE();
 namespace attnaudit {
 namespace attention_internal {
 
-HWY_EXPORT(RunPassItemImpl);
+ATTNAUDIT_SIMD_EXPORT(RunPassItemImpl);
 
 void RunPassItem(const PassContext& ctx, int64_t b, int64_t g0, int64_t g1,
                  Scratch& scratch) {
-  HWY_DYNAMIC_DISPATCH(RunPassItemImpl)(ctx, b, g0, g1, scratch);
+  ATTNAUDIT_SIMD_DISPATCH(RunPassItemImpl)(ctx, b, g0, g1, scratch);
 }
 
 }  // namespace attention_internal

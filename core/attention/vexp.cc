@@ -5,6 +5,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include "core/attention/vexp.h"
+#include "core/simd/dispatch.h"
 #include "core/simd/simd-inl.h"
 #include "hwy/highway.h"
 
@@ -27,15 +28,15 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace attnaudit {
 
-HWY_EXPORT(ExpF64Impl);
-HWY_EXPORT(ExpF32Impl);
+ATTNAUDIT_SIMD_EXPORT(ExpF64Impl);
+ATTNAUDIT_SIMD_EXPORT(ExpF32Impl);
 
 void ExpNonPositiveF64(const double* x, int64_t n, double* e) {
-  HWY_DYNAMIC_DISPATCH(ExpF64Impl)(x, n, e);
+  ATTNAUDIT_SIMD_DISPATCH(ExpF64Impl)(x, n, e);
 }
 
 void ExpNonPositiveF32(const float* x, int64_t n, float* e) {
-  HWY_DYNAMIC_DISPATCH(ExpF32Impl)(x, n, e);
+  ATTNAUDIT_SIMD_DISPATCH(ExpF32Impl)(x, n, e);
 }
 
 }  // namespace attnaudit

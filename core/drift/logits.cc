@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/drift/logits_internal.h"
+#include "core/simd/dispatch.h"
 #include "core/simd/simd-inl.h"
 #include "hwy/highway.h"
 
@@ -66,12 +67,12 @@ HWY_AFTER_NAMESPACE();
 namespace attnaudit {
 namespace drift_internal {
 
-HWY_EXPORT(LogitRowsImpl);
+ATTNAUDIT_SIMD_EXPORT(LogitRowsImpl);
 
 void LogitRows(const void* head, DType dtype, int64_t hidden, int64_t v0,
                int64_t v1, const double* hiddens, int64_t num_hidden,
                double* logits, int64_t ld, double* max_l1, double* max_l2) {
-  HWY_DYNAMIC_DISPATCH(LogitRowsImpl)(head, dtype, hidden, v0, v1, hiddens,
+  ATTNAUDIT_SIMD_DISPATCH(LogitRowsImpl)(head, dtype, hidden, v0, v1, hiddens,
                                       num_hidden, logits, ld, max_l1, max_l2);
 }
 

@@ -95,7 +95,7 @@ absl::Status WriteAndSync(const v1::Snapshot& msg, const std::string& tmp) {
 absl::StatusOr<std::shared_ptr<const void>> MapFile(int fd, int64_t size,
                                                     const std::string& path) {
   void* mapped = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ,
-                        MAP_PRIVATE | MAP_POPULATE, fd, 0);
+                        MAP_PRIVATE, fd, 0);
   if (mapped == MAP_FAILED) return ErrnoError(errno, path, "cannot map");
   const size_t length = static_cast<size_t>(size);
   return std::shared_ptr<const void>(
