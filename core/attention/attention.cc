@@ -41,7 +41,6 @@ void PrepareItem(const PreparedAttention& p, int64_t b, int64_t g0, int64_t g1,
   for (auto* v : {&sc.sweep_k32, &sc.sweep_v32}) Grow(*v, sc.sweep_heads * P * D);
   if (p.k_dtype == DType::kF64) Grow(sc.sweep_k64, sc.sweep_heads * P * D);
   if (p.v_dtype == DType::kF64) Grow(sc.sweep_v64, sc.sweep_heads * P * D);
-  for (auto* v : {&sc.k64, &sc.v64}) Grow(*v, P * D);
   Grow(sc.positions, P);
   Grow(sc.visible, d.queries * P);
   Grow(sc.visible_count, d.queries);

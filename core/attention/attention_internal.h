@@ -32,7 +32,6 @@ struct Scratch {
   std::vector<float> sweep_k32, sweep_v32;
   std::vector<double> sweep_k64, sweep_v64;
   int64_t sweep_heads = 1;
-  std::vector<double> k64, v64;       // [P][D] one head promoted for R
   std::vector<int64_t> positions;     // [P]
   std::vector<int32_t> visible;       // [Sq][P] indices of visible slots
   std::vector<int64_t> visible_count; // [Sq]

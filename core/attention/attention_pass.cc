@@ -39,11 +39,13 @@ constexpr float kNegInfF = -std::numeric_limits<float>::infinity();
 
 // acc[r * dim + i] = fma chain over j < count of e[r * lde + j] *
 // v[idx[j] * dim + i], in j order, for RT rows: each V load feeds RT rows.
-template <int RT, class D>
+// v may be f32 under an f64 accumulator (widened exactly as loaded).
+template <int RT, class D, typename V>
 HWY_INLINE void AccumulateTile(D d, hn::TFromD<D>* acc,
                                const hn::TFromD<D>* e, int64_t lde,
-                               const hn::TFromD<D>* v, const int32_t* idx,
-                               int64_t count, int64_t dim) {
+                               const V* v, const int32_t* idx, int64_t count,
+                               int64_t dim) {
+  using T = hn::TFromD<D>;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(D()));
   constexpr int kCols = 2;
   int64_t i = 0;
@@ -55,9 +57,9 @@ HWY_INLINE void AccumulateTile(D d, hn::TFromD<D>* acc,
       }
     }
     for (int64_t j = 0; j < count; ++j) {
-      const hn::TFromD<D>* vrow = v + idx[j] * dim + i;
+      const V* vrow = v + idx[j] * dim + i;
       hn::Vec<D> vv[kCols];
-      for (int c = 0; c < kCols; ++c) vv[c] = hn::LoadU(d, vrow + c * N);
+      for (int c = 0; c < kCols; ++c) vv[c] = LoadAs(d, vrow + c * N);
       for (int r = 0; r < RT; ++r) {
         const hn::Vec<D> ej = hn::Set(d, e[r * lde + j]);
         for (int c = 0; c < kCols; ++c) a[r][c] = ExactMulAdd(ej, vv[c], a[r][c]);
@@ -72,20 +74,19 @@ HWY_INLINE void AccumulateTile(D d, hn::TFromD<D>* acc,
   // Element-wise, so the scalar tail computes what a vector lane would.
   for (; i < dim; ++i) {
     for (int r = 0; r < RT; ++r) {
-      hn::TFromD<D> a = acc[r * dim + i];
+      T a = acc[r * dim + i];
       for (int64_t j = 0; j < count; ++j) {
-        a = std::fma(e[r * lde + j], v[idx[j] * dim + i], a);
+        a = std::fma(e[r * lde + j], static_cast<T>(v[idx[j] * dim + i]), a);
       }
       acc[r * dim + i] = a;
     }
   }
 }
 
-template <class D>
+template <class D, typename V>
 void AccumulateRows(D d, hn::TFromD<D>* acc, int64_t rows,
-                    const hn::TFromD<D>* e, int64_t lde,
-                    const hn::TFromD<D>* v, const int32_t* idx, int64_t count,
-                    int64_t dim) {
+                    const hn::TFromD<D>* e, int64_t lde, const V* v,
+                    const int32_t* idx, int64_t count, int64_t dim) {
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
     AccumulateTile<4>(d, acc + r * dim, e + r * lde, lde, v, idx, count, dim);
@@ -150,8 +151,9 @@ bool LoadSweep(const PreparedAttention& p, int64_t page, int64_t n,
   return bad;
 }
 
-// One KV head's block as the arithmetic reads it: f32 for P, f64 for R
-// (exact: promoted from f32, or the f64 page values themselves).
+// One KV head's block as the arithmetic reads it: f32 rows for P, and
+// for R the exact f64 rows of f64 pages (null otherwise: R widens the f32
+// rows as it loads them).
 struct HeadBlock {
   const float* k32;
   const float* v32;
@@ -159,23 +161,11 @@ struct HeadBlock {
   const double* v64;
 };
 
-HeadBlock SelectHead(const PreparedAttention& p, int64_t h, int64_t n,
-                     Scratch& sc) {
-  const int64_t D = p.dims.head_dim;
-  const int64_t at = h * p.dims.page_size * D;
+HeadBlock SelectHead(const PreparedAttention& p, int64_t h, Scratch& sc) {
+  const int64_t at = h * p.dims.page_size * p.dims.head_dim;
   HeadBlock blk{&sc.sweep_k32[at], &sc.sweep_v32[at], nullptr, nullptr};
-  if (p.k_dtype == DType::kF64) {
-    blk.k64 = &sc.sweep_k64[at];
-  } else {
-    PromoteRows(blk.k32, n * D, sc.k64.data());
-    blk.k64 = sc.k64.data();
-  }
-  if (p.v_dtype == DType::kF64) {
-    blk.v64 = &sc.sweep_v64[at];
-  } else {
-    PromoteRows(blk.v32, n * D, sc.v64.data());
-    blk.v64 = sc.v64.data();
-  }
+  if (p.k_dtype == DType::kF64) blk.k64 = &sc.sweep_k64[at];
+  if (p.v_dtype == DType::kF64) blk.v64 = &sc.sweep_v64[at];
   return blk;
 }
 
@@ -207,9 +197,9 @@ bool ComputeVisibility(const PassContext& ctx, int64_t b, int64_t page,
 
 // Scaled (and soft-capped) scores of the `group` rows starting at
 // `first_row` against the block's keys.
-template <class D>
+template <class D, typename K>
 void GroupScores(D d, const PassContext& ctx, const hn::TFromD<D>* q,
-                 const hn::TFromD<D>* k, int64_t n, hn::TFromD<D> scale,
+                 const K* k, int64_t n, hn::TFromD<D> scale,
                  hn::TFromD<D>* s) {
   using T = hn::TFromD<D>;
   const PreparedAttention& p = ctx.p;
@@ -226,8 +216,10 @@ void GroupScores(D d, const PassContext& ctx, const hn::TFromD<D>* q,
   }
 }
 
-// R: the fp64 online-softmax update of the group's rows with this block.
-void UpdateReference(const PassContext& ctx, Scratch& sc, const double* v64,
+// R: the fp64 online-softmax update of the group's rows with this block
+// (V rows f32, or f64 for f64 pages).
+template <typename V>
+void UpdateReference(const PassContext& ctx, Scratch& sc, const V* v,
                      int64_t first_row, const int32_t* vis, int64_t count) {
   const DF64 d64;
   const PreparedAttention& p = ctx.p;
@@ -255,8 +247,8 @@ void UpdateReference(const PassContext& ctx, Scratch& sc, const double* v64,
     for (int64_t c = 0; c < count; ++c) l += e[c];
     sc.ref_l[r] = l;
   }
-  AccumulateRows(d64, &sc.ref_acc[first_row * D], group, sc.e64.data(), P,
-                 v64, vis, count, D);
+  AccumulateRows(d64, &sc.ref_acc[first_row * D], group, sc.e64.data(), P, v,
+                 vis, count, D);
 }
 
 // P: the fp32 partial state of this block for the group's rows (out
@@ -318,9 +310,17 @@ void ProcessHead(const PassContext& ctx, Scratch& sc, const HeadBlock& blk,
     const int32_t* vis = &sc.visible[sq * P];
     const int64_t first_row = sq * per_query + (g - g0) * group;
     if (ctx.reference) {
-      GroupScores(DF64(), ctx, &sc.q64[first_row * D], blk.k64, n, scale64,
-                  sc.s64.data());
-      UpdateReference(ctx, sc, blk.v64, first_row, vis, count);
+      const double* q64 = &sc.q64[first_row * D];
+      if (blk.k64 != nullptr) {
+        GroupScores(DF64(), ctx, q64, blk.k64, n, scale64, sc.s64.data());
+      } else {
+        GroupScores(DF64(), ctx, q64, blk.k32, n, scale64, sc.s64.data());
+      }
+      if (blk.v64 != nullptr) {
+        UpdateReference(ctx, sc, blk.v64, first_row, vis, count);
+      } else {
+        UpdateReference(ctx, sc, blk.v32, first_row, vis, count);
+      }
     }
     if (ctx.replay) {
       GroupScores(DF32(), ctx, &sc.q32[first_row * D], blk.k32, n, scale32,
@@ -361,7 +361,7 @@ void RunPassItemImpl(const PassContext& ctx, int64_t b, int64_t g0,
       non_finite |= LoadSweep(p, page, n, gs, ge, sc);
       if (!any) continue;
       for (int64_t g = gs; g < ge; ++g) {
-        ProcessHead(ctx, sc, SelectHead(p, g - gs, n, sc), g, g0, g1, n);
+        ProcessHead(ctx, sc, SelectHead(p, g - gs, sc), g, g0, g1, n);
       }
     }
   }
