@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "core/attention/attention_internal.h"
+#include "core/attention/unit_states.h"
 #include "core/attention/merge.h"
 #include "core/common/parallel.h"
 
@@ -24,8 +25,8 @@ void Grow(std::vector<T>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
 }
 
-// Sizes the scratch for item (b, [g0, g1)) and loads its query rows,
-// ordered (sq, query head within the range).
+}  // namespace
+
 void PrepareItem(const PreparedAttention& p, int64_t b, int64_t g0, int64_t g1,
                  Scratch& sc) {
   const SnapshotDims& d = p.dims;
@@ -51,7 +52,9 @@ void PrepareItem(const PreparedAttention& p, int64_t b, int64_t g0, int64_t g1,
   Grow(sc.blk_out, group * D);
   Grow(sc.blk_sum, group);
   Grow(sc.blk_lse, group);
-  sc.zeros.assign(static_cast<size_t>(D), 0.0f);
+  Grow(sc.ref_unit_out, group * D);
+  Grow(sc.ref_unit_sum, group);
+  Grow(sc.ref_unit_lse, group);
   sc.ref_m.assign(static_cast<size_t>(rows), kNegInfD);
   sc.ref_l.assign(static_cast<size_t>(rows), 0.0);
   sc.ref_acc.assign(static_cast<size_t>(rows * D), 0.0);
@@ -69,6 +72,8 @@ void PrepareItem(const PreparedAttention& p, int64_t b, int64_t g0, int64_t g1,
   }
 }
 
+namespace {
+
 // Writes R and P of every row of the item to the results.
 void FinishRows(const PassContext& item, Scratch& sc, int64_t b, int64_t g0,
                 int64_t g1) {
@@ -78,7 +83,6 @@ void FinishRows(const PassContext& item, Scratch& sc, int64_t b, int64_t g0,
   const int64_t group = d.group();
   const int64_t per_query = (g1 - g0) * group;
   AttentionResults& res = *item.results;
-  const std::vector<float>& zeros = sc.zeros;
   for (int64_t r = 0; r < d.queries * per_query; ++r) {
     const int64_t sq = r / per_query;
     const int64_t h = g0 * group + r % per_query;
@@ -111,20 +115,8 @@ void FinishRows(const PassContext& item, Scratch& sc, int64_t b, int64_t g0,
       res.reference_lse[qi] = lse_ref;
     }
     if (item.replay) {
-      float* rep = &sc.rep_out[r * D];
-      float rep_lse = sc.rep_lse[r];
-      const float rep_lse_keys = rep_lse;
-      if (!p.sinks.empty()) {
-        MergeInto(rep, &rep_lse, zeros.data(), static_cast<float>(p.sinks[h]),
-                  D);
-      }
-      const double vs = p.v_scale[g];
-      const float vs32 = static_cast<float>(vs);
-      for (int64_t i = 0; i < D; ++i) {
-        const float value = vs == 1.0 ? rep[i] : rep[i] * vs32;
-        res.replay_out[qi * D + i] = RoundToDType(value, p.output_dtype);
-      }
-      res.replay_lse[qi] = p.lse_includes_sinks ? rep_lse : rep_lse_keys;
+      FinishReplayState(p, h, &sc.rep_out[r * D], sc.rep_lse[r],
+                        &res.replay_out[qi * D], &res.replay_lse[qi]);
     }
   }
 }
@@ -152,9 +144,14 @@ absl::StatusOr<AttentionResults> ComputeAttention(
       static_cast<size_t>(d.batch),
       std::vector<std::vector<int32_t>>(static_cast<size_t>(d.queries)));
   std::atomic<bool> kv_non_finite{false};
+  const bool replay = options.passes != AttentionPasses::kReferenceOnly;
+  if (options.unit_states != nullptr) {
+    options.unit_states->Reset(p.units, d, options.unit_states->has_reference);
+  }
   const attention_internal::PassContext ctx{
-      p, &res, options.passes != AttentionPasses::kReplayOnly,
-      options.passes != AttentionPasses::kReferenceOnly, &kv_non_finite};
+      p,      &res,   options.passes != AttentionPasses::kReplayOnly,
+      replay, replay, options.unit_states,
+      &kv_non_finite};
   // Work items: (row, range of KV heads). Whole rows keep each page read
   // contiguously; rows are split by heads only when there are too few rows
   // to keep every thread busy.
@@ -195,9 +192,9 @@ absl::StatusOr<AttentionResults> ComputeAttention(
         const int64_t page = p.layout->block_pages[b][t / d.page_size];
         visible += attention_internal::Visible(
             p,
-                           p.snapshot->slot_positions.IntAt(page * d.page_size +
-                                                            t % d.page_size),
-                           qpos);
+            p.snapshot->slot_positions.IntAt(page * d.page_size +
+                                             t % d.page_size),
+            qpos);
       }
       res.max_visible_keys = std::max(res.max_visible_keys, visible);
     }
@@ -207,6 +204,64 @@ absl::StatusOr<AttentionResults> ComputeAttention(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
   return res;
+}
+
+void UnitStates::Reset(const std::vector<std::vector<KvUnit>>& units,
+                       const SnapshotDims& dims, bool with_reference) {
+  queries = dims.queries;
+  q_heads = dims.q_heads;
+  head_dim = dims.head_dim;
+  has_reference = with_reference;
+  unit_base.assign(units.size() + 1, 0);
+  for (size_t b = 0; b < units.size(); ++b) {
+    unit_base[b + 1] = unit_base[b] + static_cast<int64_t>(units[b].size());
+  }
+  const size_t states =
+      static_cast<size_t>(unit_base.back() * queries * q_heads);
+  const float inf32 = -std::numeric_limits<float>::infinity();
+  p_out.assign(states * static_cast<size_t>(head_dim), 0.0f);
+  p_lse.assign(states, inf32);
+  r_out.assign(with_reference ? states * static_cast<size_t>(head_dim) : 0,
+               0.0);
+  r_lse.assign(with_reference ? states : 0,
+               -std::numeric_limits<double>::infinity());
+}
+
+absl::Status ComputeRunStates(const PreparedAttention& p, const TokenRun& run,
+                              int64_t b, int64_t g0, int64_t g1,
+                              UnitStates* states) {
+  if (run.n > p.dims.page_size || run.n < 0) {
+    return absl::InvalidArgumentError(
+        "run: more tokens than a page holds (split it)");
+  }
+  std::atomic<bool> kv_non_finite{false};
+  const attention_internal::PassContext ctx{p,    nullptr, false,  true,
+                                            false, states, &kv_non_finite};
+  thread_local attention_internal::Scratch scratch;
+  attention_internal::PrepareItem(p, b, g0, g1, scratch);
+  attention_internal::RunStates(ctx, run, b, g0, g1, scratch);
+  if (kv_non_finite.load()) {
+    return absl::InvalidArgumentError("run: a K/V value is not finite");
+  }
+  return absl::OkStatus();
+}
+
+void FinishReplayState(const PreparedAttention& p, int64_t h, float* out,
+                       float lse, double* out_final, double* lse_out) {
+  const int64_t D = p.dims.head_dim;
+  const float lse_keys = lse;
+  if (!p.sinks.empty()) {
+    thread_local std::vector<float> zeros;
+    zeros.assign(static_cast<size_t>(D), 0.0f);
+    MergeInto(out, &lse, zeros.data(), static_cast<float>(p.sinks[h]), D);
+  }
+  const double vs = p.v_scale[h / p.dims.group()];
+  const float vs32 = static_cast<float>(vs);
+  for (int64_t i = 0; i < D; ++i) {
+    const float value = vs == 1.0 ? out[i] : out[i] * vs32;
+    out_final[i] = RoundToDType(value, p.output_dtype);
+  }
+  *lse_out = p.lse_includes_sinks ? lse : lse_keys;
 }
 
 }  // namespace attnaudit

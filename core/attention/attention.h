@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/attention/units.h"
 #include "core/snapshot/snapshot.h"
 #include "core/validate/validate.h"
 
@@ -54,6 +55,10 @@ struct PreparedAttention {
   std::vector<double> sinks;      // [Hq] or empty
   bool lse_includes_sinks = false;
   DType output_dtype = DType::kF32;
+  // P's units (core/attention/units.h) per row, and for each logical block
+  // the first of its units: block_unit_begin[b][blk] .. [blk + 1].
+  std::vector<std::vector<KvUnit>> units;
+  std::vector<std::vector<int32_t>> block_unit_begin;
 };
 
 // Applies RoPE (fp32, one cast after) and resolves scales and variants.
@@ -66,13 +71,14 @@ struct AttentionResults {
   std::vector<double> reference_lse;  // [B,Sq,Hq]
   std::vector<double> replay_out;     // rounded to the output dtype
   std::vector<double> replay_lse;     // fp32 values
-  // [B][Sq][k] ascending logical blocks merged (when requested).
+  // [B][Sq][k] the logical block of each unit merged, ascending (a block
+  // appears once per unit: once without CP). Cleared unless requested.
   std::vector<std::vector<std::vector<int32_t>>> merge_orders;
-  int64_t max_merged_blocks = 0;
+  int64_t max_merged_blocks = 0;  // units merged, the most of any query
   int64_t max_visible_keys = 0;
   // Some active K or V value read by the pass was not finite (the pass is
   // the audit's only read of the cache; ValidateSnapshot with
-  // scan_kv_values locates the value for the error message).
+  // ValueScan::kAll locates the value for the error message).
   bool kv_non_finite = false;
   double seconds = 0;
 };
@@ -80,11 +86,16 @@ struct AttentionResults {
 // Which halves of the fused pass run; benchmarks time R and P apart. The
 // skipped half's outputs stay zero.
 enum class AttentionPasses { kBoth, kReferenceOnly, kReplayOnly };
+struct UnitStates;  // core/attention/unit_states.h
+
 struct AttentionRunOptions {
   int threads = 0;
   bool record_merge_orders = true;
   const std::atomic<bool>* cancelled = nullptr;
   AttentionPasses passes = AttentionPasses::kBoth;
+  // When set, also every unit's P state (and R's, when its has_reference is
+  // set on entry) for the CP replays and the diagnosis; Reset here.
+  UnitStates* unit_states = nullptr;
 };
 absl::StatusOr<AttentionResults> ComputeAttention(
     const PreparedAttention& prepared, const AttentionRunOptions& options);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/attention/attention.h"
+#include "core/attention/unit_states.h"
 
 namespace attnaudit {
 namespace attention_internal {
@@ -15,9 +16,11 @@ namespace attention_internal {
 // What one call of ComputeAttention shares with its work items.
 struct PassContext {
   const PreparedAttention& p;
-  AttentionResults* results;
-  bool reference;  // run R
-  bool replay;     // run P
+  AttentionResults* results;  // null for ComputeRunStates
+  bool reference;    // run R's online softmax into the scratch
+  bool replay;       // compute P's unit states
+  bool fold_replay;  // fold them into the scratch's running P
+  UnitStates* unit_states;  // store unit states here when not null
   // Set by any work item that widened a non-finite K or V value; the
   // caller then locates it (the message must not depend on scheduling).
   std::atomic<bool>* kv_non_finite;
@@ -43,7 +46,7 @@ struct Scratch {
   std::vector<double> s64, e64;       // [group][P]
   std::vector<float> s32, e32;        // [group][P]
   std::vector<float> blk_out, blk_sum, blk_lse;  // [group][D], [group]
-  std::vector<float> zeros;           // [D]
+  std::vector<double> ref_unit_out, ref_unit_sum, ref_unit_lse;  // likewise
 };
 
 // Runs the blocks of work item (b, KV heads [g0, g1)) through the fused
@@ -52,6 +55,15 @@ struct Scratch {
 // SIMD target of this CPU; every target computes the same bits.
 void RunPassItem(const PassContext& ctx, int64_t b, int64_t g0, int64_t g1,
                  Scratch& scratch);
+
+// The states of `run`'s units for item (b, [g0, g1)) into ctx.unit_states.
+void RunStates(const PassContext& ctx, const TokenRun& run, int64_t b,
+               int64_t g0, int64_t g1, Scratch& scratch);
+
+// Sizes the scratch for item (b, [g0, g1)) and loads its query rows,
+// ordered (sq, query head within the range).
+void PrepareItem(const PreparedAttention& p, int64_t b, int64_t g0, int64_t g1,
+                 Scratch& sc);
 
 // Whether key position `key_pos` is visible to a query at `query_pos`.
 inline bool Visible(const PreparedAttention& p, int64_t key_pos,

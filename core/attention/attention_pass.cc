@@ -21,6 +21,7 @@
 
 #include "core/attention/attention_internal.h"
 #include "core/attention/merge.h"
+#include "core/attention/unit_states.h"
 #include "core/simd/dispatch.h"
 #include "core/simd/simd-inl.h"
 #include "core/tensor/dtype.h"
@@ -33,6 +34,7 @@ namespace HWY_NAMESPACE {
 
 using attention_internal::PassContext;
 using attention_internal::Scratch;
+using attnaudit::TokenRun;
 
 constexpr double kNegInfD = -std::numeric_limits<double>::infinity();
 constexpr float kNegInfF = -std::numeric_limits<float>::infinity();
@@ -96,58 +98,82 @@ void AccumulateRows(D d, hn::TFromD<D>* acc, int64_t rows,
   }
 }
 
-int64_t KvOffset(KvLayout layout, const SnapshotDims& d, int64_t page,
-                 int64_t slot, int64_t head) {
-  if (layout == KvLayout::kNHD) {
-    return ((page * d.page_size + slot) * d.kv_heads + head) * d.head_dim;
-  }
-  return ((page * d.kv_heads + head) * d.page_size + slot) * d.head_dim;
-}
-
-// Starts pulling a page's K or V rows of heads [g0, g1) into the cache: the
-// next logical block's page lies anywhere in the pool, so the hardware
-// prefetcher cannot guess it.
-void PrefetchPage(const void* base, DType dtype, KvLayout layout,
-                  const SnapshotDims& d, int64_t page, int64_t g0,
-                  int64_t g1) {
-  const char* bytes = static_cast<const char*>(base);
-  const int64_t elem = DTypeSize(dtype);
-  const int64_t row_bytes = d.head_dim * elem;
-  for (int64_t g = g0; g < g1; ++g) {
-    for (int64_t t = 0; t < d.page_size; ++t) {
-      const char* row = bytes + KvOffset(layout, d, page, t, g) * elem;
-      for (int64_t off = 0; off < row_bytes; off += 64) {
-        hwy::Prefetch(row + off);
-      }
-    }
-  }
-}
-
-// Widens K and V of KV heads [gs, ge) for the first n slots of `page` into
-// the sweep buffers ([head - gs][slot][D]), reading the page in memory
-// order so the hardware prefetchers stream it. Returns true when a value
-// is not finite.
-bool LoadSweep(const PreparedAttention& p, int64_t page, int64_t n,
-               int64_t gs, int64_t ge, Scratch& sc) {
+// The run of a pool page: its first n slots, rows addressed through the
+// page's layout.
+TokenRun PageRun(const PreparedAttention& p, int64_t page, int64_t n,
+                 const int64_t* positions) {
   const SnapshotDims& d = p.dims;
   const int64_t D = d.head_dim;
-  const int64_t P = d.page_size;
-  bool bad = false;
-  auto load = [&](const void* base, DType dtype, KvLayout layout,
-                  std::vector<float>& f32, std::vector<double>& f64) {
-    const bool nhd = layout == KvLayout::kNHD;
-    for (int64_t outer = 0; outer < (nhd ? n : ge - gs); ++outer) {
-      for (int64_t inner = 0; inner < (nhd ? ge - gs : n); ++inner) {
-        const int64_t t = nhd ? outer : inner;
-        const int64_t h = nhd ? inner : outer;
-        const int64_t at = (h * P + t) * D;
-        bad |= WidenRow(base, dtype, KvOffset(layout, d, page, t, gs + h), D,
-                        &f32[at], dtype == DType::kF64 ? &f64[at] : nullptr);
+  TokenRun run;
+  auto address = [&](KvLayout layout, const void* data, DType dtype,
+                     const void** base, int64_t* row, int64_t* head) {
+    const int64_t elem = DTypeSize(dtype);
+    const int64_t page_elems = d.page_size * d.kv_heads * D;
+    *base = static_cast<const char*>(data) + page * page_elems * elem;
+    *row = layout == KvLayout::kNHD ? d.kv_heads * D : D;
+    *head = layout == KvLayout::kNHD ? D : d.page_size * D;
+  };
+  address(p.k_layout, p.k_data, p.k_dtype, &run.k_data, &run.k_row_stride,
+          &run.k_head_stride);
+  address(p.v_layout, p.v_data, p.v_dtype, &run.v_data, &run.v_row_stride,
+          &run.v_head_stride);
+  run.k_dtype = p.k_dtype;
+  run.v_dtype = p.v_dtype;
+  run.positions = positions;
+  run.n = n;
+  return run;
+}
+
+// Starts pulling a run's K/V rows of heads [g0, g1) into the cache: the
+// next logical block's page lies anywhere in the pool, so the hardware
+// prefetcher cannot guess it.
+void PrefetchRun(const TokenRun& run, int64_t n, int64_t head_dim, int64_t g0,
+                 int64_t g1) {
+  auto rows = [&](const void* data, DType dtype, int64_t row_stride,
+                  int64_t head_stride) {
+    const int64_t elem = DTypeSize(dtype);
+    const char* bytes = static_cast<const char*>(data);
+    for (int64_t g = g0; g < g1; ++g) {
+      for (int64_t t = 0; t < n; ++t) {
+        const char* row = bytes + (t * row_stride + g * head_stride) * elem;
+        for (int64_t off = 0; off < head_dim * elem; off += 64) {
+          hwy::Prefetch(row + off);
+        }
       }
     }
   };
-  load(p.k_data, p.k_dtype, p.k_layout, sc.sweep_k32, sc.sweep_k64);
-  load(p.v_data, p.v_dtype, p.v_layout, sc.sweep_v32, sc.sweep_v64);
+  rows(run.k_data, run.k_dtype, run.k_row_stride, run.k_head_stride);
+  rows(run.v_data, run.v_dtype, run.v_row_stride, run.v_head_stride);
+}
+
+// Widens K and V of KV heads [gs, ge) of the run's tokens into the sweep
+// buffers ([head - gs][token][D]), reading in memory order so the hardware
+// prefetchers stream it. Returns true when a value is not finite.
+bool LoadSweep(const PreparedAttention& p, const TokenRun& run, int64_t gs,
+               int64_t ge, Scratch& sc) {
+  const int64_t D = p.dims.head_dim;
+  const int64_t P = p.dims.page_size;
+  bool bad = false;
+  auto load = [&](const void* base, DType dtype, int64_t row_stride,
+                  int64_t head_stride, std::vector<float>& f32,
+                  std::vector<double>& f64) {
+    // Token-major when a token's heads are adjacent (NHD), else head-major.
+    const bool token_major = head_stride <= row_stride;
+    for (int64_t outer = 0; outer < (token_major ? run.n : ge - gs); ++outer) {
+      for (int64_t inner = 0; inner < (token_major ? ge - gs : run.n);
+           ++inner) {
+        const int64_t t = token_major ? outer : inner;
+        const int64_t h = token_major ? inner : outer;
+        const int64_t at = (h * P + t) * D;
+        bad |= WidenRow(base, dtype, t * row_stride + (gs + h) * head_stride,
+                        D, &f32[at], dtype == DType::kF64 ? &f64[at] : nullptr);
+      }
+    }
+  };
+  load(run.k_data, run.k_dtype, run.k_row_stride, run.k_head_stride,
+       sc.sweep_k32, sc.sweep_k64);
+  load(run.v_data, run.v_dtype, run.v_row_stride, run.v_head_stride,
+       sc.sweep_v32, sc.sweep_v64);
   return bad;
 }
 
@@ -161,31 +187,29 @@ struct HeadBlock {
   const double* v64;
 };
 
-HeadBlock SelectHead(const PreparedAttention& p, int64_t h, Scratch& sc) {
+HeadBlock SelectHead(const PreparedAttention& p, const TokenRun& run,
+                     int64_t h, Scratch& sc) {
   const int64_t at = h * p.dims.page_size * p.dims.head_dim;
   HeadBlock blk{&sc.sweep_k32[at], &sc.sweep_v32[at], nullptr, nullptr};
-  if (p.k_dtype == DType::kF64) blk.k64 = &sc.sweep_k64[at];
-  if (p.v_dtype == DType::kF64) blk.v64 = &sc.sweep_v64[at];
+  if (run.k_dtype == DType::kF64) blk.k64 = &sc.sweep_k64[at];
+  if (run.v_dtype == DType::kF64) blk.v64 = &sc.sweep_v64[at];
   return blk;
 }
 
-// The slot positions of a page and, per query position, which of its n
-// slots are visible. Returns whether any query sees any slot.
-bool ComputeVisibility(const PassContext& ctx, int64_t b, int64_t page,
-                       int64_t n, Scratch& sc) {
+// Per query position, which of the run's tokens are visible (ascending
+// token indices). Returns whether any query sees any token.
+bool ComputeVisibility(const PassContext& ctx, int64_t b, const TokenRun& run,
+                       Scratch& sc) {
   const PreparedAttention& p = ctx.p;
   const SnapshotDims& d = p.dims;
   const int64_t P = d.page_size;
-  for (int64_t t = 0; t < n; ++t) {
-    sc.positions[t] = p.snapshot->slot_positions.IntAt(page * P + t);
-  }
   bool any = false;
   for (int64_t sq = 0; sq < d.queries; ++sq) {
     const int64_t qpos = p.query_positions[b * d.queries + sq];
     int32_t* vis = &sc.visible[sq * P];
     int64_t count = 0;
-    for (int64_t t = 0; t < n; ++t) {
-      if (attention_internal::Visible(p, sc.positions[t], qpos)) {
+    for (int64_t t = 0; t < run.n; ++t) {
+      if (attention_internal::Visible(p, run.positions[t], qpos)) {
         vis[count++] = static_cast<int32_t>(t);
       }
     }
@@ -195,8 +219,8 @@ bool ComputeVisibility(const PassContext& ctx, int64_t b, int64_t page,
   return any;
 }
 
-// Scaled (and soft-capped) scores of the `group` rows starting at
-// `first_row` against the block's keys.
+// Scaled (and soft-capped) scores of the `group` rows of q against the
+// run's n keys.
 template <class D, typename K>
 void GroupScores(D d, const PassContext& ctx, const hn::TFromD<D>* q,
                  const K* k, int64_t n, hn::TFromD<D> scale,
@@ -216,8 +240,8 @@ void GroupScores(D d, const PassContext& ctx, const hn::TFromD<D>* q,
   }
 }
 
-// R: the fp64 online-softmax update of the group's rows with this block
-// (V rows f32, or f64 for f64 pages).
+// R: the fp64 online-softmax update of the group's rows with visible keys
+// `vis` (V rows f32, or f64 for f64 pages).
 template <typename V>
 void UpdateReference(const PassContext& ctx, Scratch& sc, const V* v,
                      int64_t first_row, const int32_t* vis, int64_t count) {
@@ -251,35 +275,44 @@ void UpdateReference(const PassContext& ctx, Scratch& sc, const V* v,
                  vis, count, D);
 }
 
-// P: the fp32 partial state of this block for the group's rows (out
-// normalised within the block, lse), folded into each row's running state
-// by the shared merge routine, in ascending logical block order.
-void UpdateReplay(const PassContext& ctx, Scratch& sc, const float* v32,
-                  int64_t first_row, const int32_t* vis, int64_t count) {
-  const DF32 d32;
-  const PreparedAttention& p = ctx.p;
+// The partial state of one unit (visible keys `vis`) for the group's rows,
+// in the lane type of D: out normalised over the unit, lse. Scores s are
+// [group][P] as GroupScores left them; e, out, sum and lse are scratch
+// ([group][P], [group][D], [group], [group]).
+template <class D, typename V>
+void UnitState(D d, const PreparedAttention& p, const hn::TFromD<D>* s,
+               const V* v, const int32_t* vis, int64_t count,
+               hn::TFromD<D>* e, hn::TFromD<D>* out, hn::TFromD<D>* sum,
+               hn::TFromD<D>* lse) {
+  using T = hn::TFromD<D>;
   const int64_t group = p.dims.group();
   const int64_t P = p.dims.page_size;
-  const int64_t D = p.dims.head_dim;
+  const int64_t Dh = p.dims.head_dim;
   for (int64_t j = 0; j < group; ++j) {
-    const float* s = &sc.s32[j * P];
-    float* e = &sc.e32[j * P];
-    float bmax = kNegInfF;
-    for (int64_t c = 0; c < count; ++c) bmax = std::max(bmax, s[vis[c]]);
-    for (int64_t c = 0; c < count; ++c) e[c] = s[vis[c]] - bmax;
-    ExpNonPositiveArray(d32, e, count, e);
-    float sum = 0.0f;
-    for (int64_t c = 0; c < count; ++c) sum += e[c];
-    sc.blk_sum[j] = sum;
-    sc.blk_lse[j] = bmax + std::log(sum);
+    const T* sj = &s[j * P];
+    T* ej = &e[j * P];
+    T bmax = -std::numeric_limits<T>::infinity();
+    for (int64_t c = 0; c < count; ++c) bmax = std::max(bmax, sj[vis[c]]);
+    for (int64_t c = 0; c < count; ++c) ej[c] = sj[vis[c]] - bmax;
+    ExpNonPositiveArray(d, ej, count, ej);
+    T total = 0;
+    for (int64_t c = 0; c < count; ++c) total += ej[c];
+    sum[j] = total;
+    lse[j] = bmax + std::log(total);
   }
-  float* blk_out = sc.blk_out.data();
-  std::fill(blk_out, blk_out + group * D, 0.0f);
-  AccumulateRows(d32, blk_out, group, sc.e32.data(), P, v32, vis, count, D);
+  std::fill(out, out + group * Dh, T(0));
+  AccumulateRows(d, out, group, e, P, v, vis, count, Dh);
+  for (int64_t j = 0; j < group; ++j) {
+    for (int64_t i = 0; i < Dh; ++i) out[j * Dh + i] /= sum[j];
+  }
+}
+
+// P: folds one unit's state into each group row's running state by the
+// shared merge routine (units arrive in ascending order).
+void FoldReplay(Scratch& sc, int64_t first_row, int64_t group, int64_t D) {
   for (int64_t j = 0; j < group; ++j) {
     const int64_t r = first_row + j;
-    float* out = &blk_out[j * D];
-    for (int64_t i = 0; i < D; ++i) out[i] /= sc.blk_sum[j];
+    const float* out = &sc.blk_out[j * D];
     float* rep = &sc.rep_out[r * D];
     if (!sc.rep_started[r]) {
       std::copy(out, out + D, rep);
@@ -291,10 +324,91 @@ void UpdateReplay(const PassContext& ctx, Scratch& sc, const float* v32,
   }
 }
 
-// One KV head of one block: scores, then R and P for every query position
-// that sees some slot of the block.
-void ProcessHead(const PassContext& ctx, Scratch& sc, const HeadBlock& blk,
-                 int64_t g, int64_t g0, int64_t g1, int64_t n) {
+// Where one group row's state of unit `unit` goes in ctx.unit_states.
+int64_t StateIndex(const PassContext& ctx, int64_t b, int64_t unit,
+                   int64_t sq, int64_t h) {
+  return ctx.unit_states->Index(b, unit, sq, h);
+}
+
+// What the query rows of one KV head do with one unit of the run.
+struct UnitTarget {
+  int64_t b, sq, g, first_row, unit;
+};
+
+void StoreReplay(const PassContext& ctx, const Scratch& sc,
+                 const UnitTarget& at) {
+  const int64_t group = ctx.p.dims.group();
+  const int64_t D = ctx.p.dims.head_dim;
+  UnitStates& st = *ctx.unit_states;
+  for (int64_t j = 0; j < group; ++j) {
+    const int64_t i = StateIndex(ctx, at.b, at.unit, at.sq, at.g * group + j);
+    std::copy(&sc.blk_out[j * D], &sc.blk_out[j * D] + D, &st.p_out[i * D]);
+    st.p_lse[i] = sc.blk_lse[j];
+  }
+}
+
+template <typename V>
+void StoreReference(const PassContext& ctx, Scratch& sc, const V* v,
+                    const int32_t* vis, int64_t count, const UnitTarget& at) {
+  const int64_t group = ctx.p.dims.group();
+  const int64_t D = ctx.p.dims.head_dim;
+  UnitState(DF64(), ctx.p, sc.s64.data(), v, vis, count, sc.e64.data(),
+            sc.ref_unit_out.data(), sc.ref_unit_sum.data(),
+            sc.ref_unit_lse.data());
+  UnitStates& st = *ctx.unit_states;
+  for (int64_t j = 0; j < group; ++j) {
+    const int64_t i = StateIndex(ctx, at.b, at.unit, at.sq, at.g * group + j);
+    std::copy(&sc.ref_unit_out[j * D], &sc.ref_unit_out[j * D] + D,
+              &st.r_out[i * D]);
+    st.r_lse[i] = sc.ref_unit_lse[j];
+  }
+}
+
+// The visible keys of run tokens [first, first + count): a sub-span of the
+// ascending visible list.
+std::pair<const int32_t*, int64_t> VisibleIn(const int32_t* vis, int64_t n,
+                                             int64_t first, int64_t count) {
+  const int32_t* lo = std::lower_bound(vis, vis + n, first);
+  const int32_t* hi = std::lower_bound(lo, vis + n, first + count);
+  return {lo, hi - lo};
+}
+
+// The units of the run for one query position and KV head: P (folded, or
+// stored) and, when asked, R's unit states.
+void ProcessUnits(const PassContext& ctx, Scratch& sc, const TokenRun& run,
+                  const HeadBlock& blk, const UnitTarget& base,
+                  const int32_t* vis, int64_t visible) {
+  const PreparedAttention& p = ctx.p;
+  const int64_t group = p.dims.group();
+  const int64_t D = p.dims.head_dim;
+  for (size_t u = 0; u < run.unit_of.size(); ++u) {
+    const auto [uvis, ucount] =
+        VisibleIn(vis, visible, run.first[u], run.count[u]);
+    if (ucount == 0) continue;
+    UnitTarget at = base;
+    at.unit = run.unit_of[u];
+    if (ctx.replay) {
+      UnitState(DF32(), p, sc.s32.data(), blk.v32, uvis, ucount,
+                sc.e32.data(), sc.blk_out.data(), sc.blk_sum.data(),
+                sc.blk_lse.data());
+      if (ctx.fold_replay) FoldReplay(sc, at.first_row, group, D);
+      if (ctx.unit_states != nullptr) StoreReplay(ctx, sc, at);
+    }
+    if (ctx.unit_states != nullptr && ctx.unit_states->has_reference) {
+      if (blk.v64 != nullptr) {
+        StoreReference(ctx, sc, blk.v64, uvis, ucount, at);
+      } else {
+        StoreReference(ctx, sc, blk.v32, uvis, ucount, at);
+      }
+    }
+  }
+}
+
+// One KV head of one run: scores, then R and P for every query position
+// that sees some token of the run.
+void ProcessHead(const PassContext& ctx, Scratch& sc, const TokenRun& run,
+                 const HeadBlock& blk, int64_t b, int64_t g, int64_t g0,
+                 int64_t g1) {
   const PreparedAttention& p = ctx.p;
   const SnapshotDims& d = p.dims;
   const int64_t D = d.head_dim;
@@ -304,18 +418,22 @@ void ProcessHead(const PassContext& ctx, Scratch& sc, const HeadBlock& blk,
   const double scale64 = p.softmax_scale * p.k_scale[g];
   const float scale32 =
       static_cast<float>(p.softmax_scale) * static_cast<float>(p.k_scale[g]);
+  const bool unit_reference =
+      ctx.unit_states != nullptr && ctx.unit_states->has_reference;
   for (int64_t sq = 0; sq < d.queries; ++sq) {
     const int64_t count = sc.visible_count[sq];
     if (count == 0) continue;
     const int32_t* vis = &sc.visible[sq * P];
     const int64_t first_row = sq * per_query + (g - g0) * group;
-    if (ctx.reference) {
+    if (ctx.reference || unit_reference) {
       const double* q64 = &sc.q64[first_row * D];
       if (blk.k64 != nullptr) {
-        GroupScores(DF64(), ctx, q64, blk.k64, n, scale64, sc.s64.data());
+        GroupScores(DF64(), ctx, q64, blk.k64, run.n, scale64, sc.s64.data());
       } else {
-        GroupScores(DF64(), ctx, q64, blk.k32, n, scale64, sc.s64.data());
+        GroupScores(DF64(), ctx, q64, blk.k32, run.n, scale64, sc.s64.data());
       }
+    }
+    if (ctx.reference) {
       if (blk.v64 != nullptr) {
         UpdateReference(ctx, sc, blk.v64, first_row, vis, count);
       } else {
@@ -323,9 +441,59 @@ void ProcessHead(const PassContext& ctx, Scratch& sc, const HeadBlock& blk,
       }
     }
     if (ctx.replay) {
-      GroupScores(DF32(), ctx, &sc.q32[first_row * D], blk.k32, n, scale32,
-                  sc.s32.data());
-      UpdateReplay(ctx, sc, blk.v32, first_row, vis, count);
+      GroupScores(DF32(), ctx, &sc.q32[first_row * D], blk.k32, run.n,
+                  scale32, sc.s32.data());
+    }
+    ProcessUnits(ctx, sc, run, blk, {b, sq, g, first_row, 0}, vis, count);
+  }
+}
+
+// Every head of [g0, g1) against one run, in sweeps of heads whose K/V fit
+// the scratch. Every token is widened, visible or not: this is the finite
+// check of the cache. Returns true when a value is not finite.
+bool ProcessRun(const PassContext& ctx, const TokenRun& run, int64_t b,
+                int64_t g0, int64_t g1, Scratch& sc) {
+  const bool any = ComputeVisibility(ctx, b, run, sc);
+  bool non_finite = false;
+  for (int64_t gs = g0; gs < g1; gs += sc.sweep_heads) {
+    const int64_t ge = std::min(g1, gs + sc.sweep_heads);
+    non_finite |= LoadSweep(ctx.p, run, gs, ge, sc);
+    if (!any) continue;
+    for (int64_t g = gs; g < ge; ++g) {
+      ProcessHead(ctx, sc, run, SelectHead(ctx.p, run, g - gs, sc), b, g, g0,
+                  g1);
+    }
+  }
+  return non_finite;
+}
+
+// The units of a row that lie in logical block blk (a contiguous range of
+// the row's ascending plan), as a run over the block's page.
+void BlockUnits(const PreparedAttention& p, int64_t b, int64_t blk,
+                TokenRun* run) {
+  run->unit_of.clear();
+  run->first.clear();
+  run->count.clear();
+  const std::vector<KvUnit>& units = p.units[b];
+  for (int32_t u = p.block_unit_begin[b][blk];
+       u < p.block_unit_begin[b][blk + 1]; ++u) {
+    run->unit_of.push_back(u);
+    run->first.push_back(units[u].first);
+    run->count.push_back(units[u].count);
+  }
+}
+
+// Records, per query position, the blocks of the units it merges.
+void RecordMergeOrder(const PassContext& ctx, const TokenRun& run, int64_t b,
+                      int64_t blk, const Scratch& sc) {
+  const int64_t P = ctx.p.dims.page_size;
+  for (int64_t sq = 0; sq < ctx.p.dims.queries; ++sq) {
+    const int32_t* vis = &sc.visible[sq * P];
+    for (size_t u = 0; u < run.unit_of.size(); ++u) {
+      if (VisibleIn(vis, sc.visible_count[sq], run.first[u], run.count[u])
+              .second > 0) {
+        ctx.results->merge_orders[b][sq].push_back(static_cast<int32_t>(blk));
+      }
     }
   }
 }
@@ -339,33 +507,32 @@ void RunPassItemImpl(const PassContext& ctx, int64_t b, int64_t g0,
   const std::vector<int32_t>& pages = p.layout->block_pages[b];
   const int64_t num_blocks = (L + P - 1) / P;
   bool non_finite = false;
+  TokenRun run;
+  TokenRun next;
   for (int64_t blk = 0; blk < num_blocks; ++blk) {
     const int64_t page = pages[blk];
     const int64_t n = std::min(P, L - blk * P);
     if (blk + 1 < num_blocks) {
-      PrefetchPage(p.k_data, p.k_dtype, p.k_layout, d, pages[blk + 1], g0, g1);
-      PrefetchPage(p.v_data, p.v_dtype, p.v_layout, d, pages[blk + 1], g0, g1);
+      next = PageRun(p, pages[blk + 1], P, nullptr);
+      PrefetchRun(next, P, d.head_dim, g0, g1);
     }
-    const bool any = ComputeVisibility(ctx, b, page, n, sc);
-    if (any && g0 == 0) {
-      for (int64_t sq = 0; sq < d.queries; ++sq) {
-        if (sc.visible_count[sq] > 0) {
-          ctx.results->merge_orders[b][sq].push_back(static_cast<int32_t>(blk));
-        }
-      }
+    for (int64_t t = 0; t < n; ++t) {
+      sc.positions[t] = p.snapshot->slot_positions.IntAt(page * P + t);
     }
-    for (int64_t gs = g0; gs < g1; gs += sc.sweep_heads) {
-      const int64_t ge = std::min(g1, gs + sc.sweep_heads);
-      // Every active slot is widened, visible or not: this is the finite
-      // check of the cache.
-      non_finite |= LoadSweep(p, page, n, gs, ge, sc);
-      if (!any) continue;
-      for (int64_t g = gs; g < ge; ++g) {
-        ProcessHead(ctx, sc, SelectHead(p, g - gs, sc), g, g0, g1, n);
-      }
-    }
+    run = PageRun(p, page, n, sc.positions.data());
+    BlockUnits(p, b, blk, &run);
+    non_finite |= ProcessRun(ctx, run, b, g0, g1, sc);
+    if (g0 == 0) RecordMergeOrder(ctx, run, b, blk, sc);
   }
   if (non_finite) ctx.kv_non_finite->store(true, std::memory_order_relaxed);
+}
+
+// A run given by a caller (a CP rank's received shard): its units' states.
+void RunStatesImpl(const PassContext& ctx, const TokenRun& run, int64_t b,
+                   int64_t g0, int64_t g1, Scratch& sc) {
+  if (ProcessRun(ctx, run, b, g0, g1, sc)) {
+    ctx.kv_non_finite->store(true, std::memory_order_relaxed);
+  }
 }
 
 }  // namespace HWY_NAMESPACE
@@ -377,10 +544,16 @@ namespace attnaudit {
 namespace attention_internal {
 
 ATTNAUDIT_SIMD_EXPORT(RunPassItemImpl);
+ATTNAUDIT_SIMD_EXPORT(RunStatesImpl);
 
 void RunPassItem(const PassContext& ctx, int64_t b, int64_t g0, int64_t g1,
                  Scratch& scratch) {
   ATTNAUDIT_SIMD_DISPATCH(RunPassItemImpl)(ctx, b, g0, g1, scratch);
+}
+
+void RunStates(const PassContext& ctx, const TokenRun& run, int64_t b,
+               int64_t g0, int64_t g1, Scratch& scratch) {
+  ATTNAUDIT_SIMD_DISPATCH(RunStatesImpl)(ctx, run, b, g0, g1, scratch);
 }
 
 }  // namespace attention_internal

@@ -122,6 +122,15 @@ absl::StatusOr<PreparedAttention> PrepareAttention(const Snapshot& s,
   p.k_scale = PerHeadScale(s.k_scale, d.kv_heads);
   p.v_scale = PerHeadScale(s.v_scale, d.kv_heads);
 
+  p.units = PlanUnits(s, layout);
+  p.block_unit_begin.resize(p.units.size());
+  for (size_t b = 0; b < p.units.size(); ++b) {
+    std::vector<int32_t>& begin = p.block_unit_begin[b];
+    begin.assign(layout.block_pages[b].size() + 1, 0);
+    for (const KvUnit& unit : p.units[b]) ++begin[unit.block + 1];
+    for (size_t i = 1; i < begin.size(); ++i) begin[i] += begin[i - 1];
+  }
+
   p.query_positions.resize(static_cast<size_t>(d.batch * d.queries));
   for (int64_t i = 0; i < d.batch * d.queries; ++i) {
     p.query_positions[i] = s.query_positions.IntAt(i);

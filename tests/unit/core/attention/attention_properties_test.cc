@@ -79,7 +79,9 @@ TEST(AttentionPropertiesTest, PhysicalLayoutNeverChangesRorP) {
   }
 }
 
-TEST(AttentionPropertiesTest, CpOwnershipNeverChangesRorP) {
+// Shardings that keep every logical block on one rank leave P's units the
+// blocks themselves: R and P are those of the same cache without CP.
+TEST(AttentionPropertiesTest, ShardingsThatKeepBlocksWholeNeverChangeRorP) {
   const LogicalCase c = Case(12);
   PagingOptions base;
   base.page_size = 8;
@@ -87,18 +89,67 @@ TEST(AttentionPropertiesTest, CpOwnershipNeverChangesRorP) {
   const AttentionResults want = MustRun(BuildSnapshot(c, base));
   for (int64_t world = 1; world <= 4; ++world) {
     for (CpSharding sharding :
-         {CpSharding::kExplicitOwners, CpSharding::kPageInterleaved,
-          CpSharding::kTokenInterleaved}) {
-      for (int64_t interleave : {1, 3}) {
-        PagingOptions p = base;
-        p.sharding = sharding;
-        p.cp_world_size = world;
-        p.interleave_size = interleave;
-        p.owner_seed = static_cast<uint64_t>(world * 10 + interleave);
-        ExpectIdentical(MustRun(BuildSnapshot(c, p)), want,
-                        absl::StrCat("world ", world, " sharding ",
-                                     static_cast<int>(sharding), " interleave ",
-                                     interleave));
+         {CpSharding::kExplicitOwners, CpSharding::kPageInterleaved}) {
+      PagingOptions p = base;
+      p.sharding = sharding;
+      p.cp_world_size = world;
+      p.owner_seed = static_cast<uint64_t>(world * 10);
+      ExpectIdentical(MustRun(BuildSnapshot(c, p)), want,
+                      absl::StrCat("world ", world, " sharding ",
+                                   static_cast<int>(sharding)));
+    }
+  }
+}
+
+// Token interleaving below the page size splits a block among ranks: P's
+// units become each rank's runs of the block (so that any CP replay can
+// rebuild P from unit states), R is unchanged, and P moves only by the
+// extra fp32 merges.
+TEST(AttentionPropertiesTest, TokenInterleavingMergesOneStatePerRankRun) {
+  const LogicalCase c = Case(12);
+  PagingOptions base;
+  base.page_size = 8;
+  base.permute_pages = true;
+  const AttentionResults whole = MustRun(BuildSnapshot(c, base));
+  for (int64_t world = 2; world <= 4; ++world) {
+    for (int64_t interleave : {1, 3}) {
+      PagingOptions p = base;
+      p.sharding = CpSharding::kTokenInterleaved;
+      p.cp_world_size = world;
+      p.interleave_size = interleave;
+      const std::string what =
+          absl::StrCat("world ", world, " interleave ", interleave);
+      const AttentionResults got = MustRun(BuildSnapshot(c, p));
+      EXPECT_EQ(got.reference_out, whole.reference_out) << what;
+      EXPECT_EQ(got.reference_lse, whole.reference_lse) << what;
+      for (size_t i = 0; i < got.replay_lse.size(); ++i) {
+        EXPECT_NEAR(got.replay_lse[i], whole.replay_lse[i], 2e-6) << what;
+      }
+      // Units by hand: within a block, a new unit starts wherever the owner
+      // (position / interleave) % world changes.
+      for (int64_t b = 0; b < c.batch; ++b) {
+        for (int64_t sq = 0; sq < c.queries; ++sq) {
+          const int64_t qpos = c.query_positions[b * c.queries + sq];
+          std::vector<int32_t> want;
+          for (int64_t blk = 0; blk * 8 < c.SeqLen(b); ++blk) {
+            const int64_t end = std::min<int64_t>(c.SeqLen(b), blk * 8 + 8);
+            int64_t run_owner = -1;
+            bool run_seen = false;
+            for (int64_t t = blk * 8; t <= end; ++t) {
+              const int64_t owner =
+                  t < end ? (c.positions[b][t] / interleave) % world : -1;
+              if (t == end || (t > blk * 8 && owner != run_owner)) {
+                if (run_seen) want.push_back(static_cast<int32_t>(blk));
+                run_seen = false;
+              }
+              if (t == end) break;
+              run_owner = owner;
+              const int64_t pos = c.positions[b][t];
+              run_seen = run_seen || (pos <= qpos && qpos - pos < 40);
+            }
+          }
+          EXPECT_EQ(got.merge_orders[b][sq], want) << what << " row " << b;
+        }
       }
     }
   }

@@ -1,0 +1,87 @@
+// Per-unit partial attention states (core/attention/units.h), for the
+// context-parallel replays (core/cp) and the diagnosis, which rebuild and
+// re-fold P from them instead of re-reading the cache.
+//
+// A state is (out, lse): out normalised over the unit's visible keys, lse
+// their log-sum-exp (natural log, of the scaled and soft-capped scores,
+// sinks excluded). A unit none of whose keys a query sees has lse -inf and
+// out 0: the merge routine skips it. P states are fp32, exactly those the
+// fused pass folds into P; R states are fp64.
+//
+// UnitStates is a plain value, written by one ComputeAttention call (or
+// ComputeRunStates calls on disjoint query rows) and read afterwards.
+#ifndef ATTNAUDIT_CORE_ATTENTION_UNIT_STATES_H_
+#define ATTNAUDIT_CORE_ATTENTION_UNIT_STATES_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/attention/attention.h"
+#include "core/attention/units.h"
+
+namespace attnaudit {
+
+struct UnitStates {
+  int64_t queries = 0;   // Sq
+  int64_t q_heads = 0;   // Hq
+  int64_t head_dim = 0;  // D
+  bool has_reference = false;
+  // unit_base[b] = units of rows before b; unit_base[B] = all units.
+  std::vector<int64_t> unit_base;
+  std::vector<float> p_out;   // [state][D]
+  std::vector<float> p_lse;   // [state]
+  std::vector<double> r_out;  // [state][D], when has_reference
+  std::vector<double> r_lse;  // [state]
+
+  // The state of query (b, sq, h) for unit u of row b.
+  int64_t Index(int64_t b, int64_t u, int64_t sq, int64_t h) const {
+    return ((unit_base[b] + u) * queries + sq) * q_heads + h;
+  }
+  // Sized for `units` (every state empty: lse -inf, out 0).
+  void Reset(const std::vector<std::vector<KvUnit>>& units,
+             const SnapshotDims& dims, bool with_reference);
+};
+
+// K/V rows the unit kernel reads: token t (0 <= t < n) of KV head g is at
+// element t * row_stride + g * head_stride of k_data / v_data (which may be
+// a page of the pool or a buffer a CP rank received). positions[t] is the
+// token's position. units lists the units whose tokens the run holds:
+// unit_of[i] is the unit's index in its row's plan, and its tokens are
+// [first[i], first[i] + count[i]) of the run.
+struct TokenRun {
+  const void* k_data = nullptr;
+  DType k_dtype = DType::kInvalid;
+  int64_t k_row_stride = 0;
+  int64_t k_head_stride = 0;
+  const void* v_data = nullptr;
+  DType v_dtype = DType::kInvalid;
+  int64_t v_row_stride = 0;
+  int64_t v_head_stride = 0;
+  const int64_t* positions = nullptr;
+  int64_t n = 0;
+  std::vector<int32_t> unit_of, first, count;
+};
+
+// Computes the states of the run's units for the query rows of batch row b
+// whose KV head lies in [g0, g1) (all Sq, all their query heads) into
+// *states (sized by Reset; R states when states->has_reference). K/V of
+// pre-RoPE caches must already be rotated, as PrepareAttention does for the
+// pool: callers pass prepared.k_data-based runs. Thread-safe for calls that
+// write disjoint (b, g) ranges. InvalidArgument when a K/V value of the run
+// is not finite.
+absl::Status ComputeRunStates(const PreparedAttention& prepared,
+                              const TokenRun& run, int64_t b, int64_t g0,
+                              int64_t g1, UnitStates* states);
+
+// The final write of P for query head h from its folded state (out, lse
+// over keys, in place): merges the head's sink when there is one, applies
+// the V scale and rounds to the output dtype, as the fused pass does.
+// *lse_out is the LSE the engine declared (with or without the sink).
+void FinishReplayState(const PreparedAttention& prepared, int64_t h,
+                       float* out, float lse, double* out_final,
+                       double* lse_out);
+
+}  // namespace attnaudit
+
+#endif  // ATTNAUDIT_CORE_ATTENTION_UNIT_STATES_H_

@@ -1,0 +1,220 @@
+// Unit states (core/attention/unit_states.h): what the CP replays and the
+// diagnosis rebuild P from. Folding the stored P states in ascending unit
+// order with the shared merge routine must give P bit for bit; R's unit
+// states must merge (here in long double, independently) to R; and a
+// rank's run of tokens copied into a buffer of another layout must give the
+// very same states as the pool.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/attention/attention.h"
+#include "core/attention/merge.h"
+#include "core/attention/unit_states.h"
+#include "core/validate/validate.h"
+#include "gtest/gtest.h"
+#include "tests/unit/core/testing/snapshot_builder.h"
+
+namespace attnaudit {
+namespace testing {
+namespace {
+
+struct Prepared {
+  Snapshot snapshot;
+  ResolvedLayout layout;
+  PreparedAttention p;
+};
+
+// Heap-allocated so the pointers PreparedAttention keeps stay valid.
+std::unique_ptr<Prepared> Prepare(const LogicalCase& c,
+                                  const PagingOptions& paging) {
+  auto out = std::make_unique<Prepared>();
+  out->snapshot = BuildSnapshot(c, paging);
+  absl::StatusOr<ResolvedLayout> layout = ValidateSnapshot(out->snapshot);
+  EXPECT_TRUE(layout.ok()) << layout.status();
+  out->layout = *layout;
+  absl::StatusOr<PreparedAttention> p =
+      PrepareAttention(out->snapshot, out->layout, 2);
+  EXPECT_TRUE(p.ok()) << p.status();
+  out->p = *std::move(p);
+  return out;
+}
+
+LogicalCase Case(DType kv, uint64_t seed) {
+  RandomCaseOptions o;
+  o.batch = 2;
+  o.queries = 2;
+  o.q_heads = 8;
+  o.kv_heads = 2;
+  o.head_dim = 32;
+  o.seq_lens = {53, 20};
+  o.max_gap = 1;
+  o.position_offset = 100;
+  o.spread_queries = true;
+  o.kv_dtype = kv;
+  o.seed = seed;
+  LogicalCase c = RandomCase(o);
+  c.sinks.assign(8, 0.5f);
+  return c;
+}
+
+PagingOptions Paging(int64_t world, int64_t interleave) {
+  PagingOptions p;
+  p.page_size = 8;
+  p.permute_pages = true;
+  if (world > 1) {
+    p.sharding = CpSharding::kTokenInterleaved;
+    p.cp_world_size = world;
+    p.interleave_size = interleave;
+  }
+  return p;
+}
+
+TEST(UnitStatesTest, FoldingThePStatesInUnitOrderIsPBitForBit) {
+  for (int64_t world : {1, 3}) {
+    const auto prep = Prepare(Case(DType::kBF16, 5), Paging(world, 2));
+    const PreparedAttention& p = prep->p;
+    UnitStates states;
+    states.has_reference = true;
+    AttentionRunOptions o;
+    o.unit_states = &states;
+    absl::StatusOr<AttentionResults> res = ComputeAttention(p, o);
+    ASSERT_TRUE(res.ok()) << res.status();
+    const SnapshotDims& d = p.dims;
+    const int64_t D = d.head_dim;
+    for (int64_t b = 0; b < d.batch; ++b) {
+      for (int64_t sq = 0; sq < d.queries; ++sq) {
+        for (int64_t h = 0; h < d.q_heads; ++h) {
+          std::vector<float> acc(static_cast<size_t>(D), 0.0f);
+          float lse = -std::numeric_limits<float>::infinity();
+          bool started = false;
+          long double m = -INFINITY, l = 0;
+          std::vector<long double> r_acc(static_cast<size_t>(D), 0);
+          for (size_t u = 0; u < p.units[b].size(); ++u) {
+            const int64_t i = states.Index(b, static_cast<int64_t>(u), sq, h);
+            if (states.p_lse[i] == -std::numeric_limits<float>::infinity()) {
+              continue;
+            }
+            const float* out = &states.p_out[i * D];
+            if (!started) {
+              std::copy(out, out + D, acc.begin());
+              lse = states.p_lse[i];
+              started = true;
+            } else {
+              MergeInto(acc.data(), &lse, out, states.p_lse[i], D);
+            }
+            // R: an independent long-double LSE merge.
+            const long double li = states.r_lse[i];
+            const long double mn = std::max(m, li);
+            const long double a = std::exp(m - mn), w = std::exp(li - mn);
+            for (int64_t k = 0; k < D; ++k) {
+              r_acc[k] = r_acc[k] * a + w * states.r_out[i * D + k];
+            }
+            l = l * a + w;
+            m = mn;
+          }
+          std::vector<double> out(static_cast<size_t>(D));
+          double out_lse = 0;
+          FinishReplayState(p, h, acc.data(), lse, out.data(), &out_lse);
+          const int64_t qi = (b * d.queries + sq) * d.q_heads + h;
+          const std::string at = absl::StrCat("world ", world, " b", b, " s",
+                                              sq, " h", h);
+          EXPECT_EQ(std::memcmp(out.data(), &res->replay_out[qi * D],
+                                D * sizeof(double)),
+                    0)
+              << at;
+          EXPECT_EQ(out_lse, res->replay_lse[qi]) << at;
+          // R over keys (sinks excluded) against R's output with the sink:
+          // compare the key-only LSE by removing nothing -- the snapshot's
+          // engine LSE excludes sinks, so R.lse is over keys.
+          EXPECT_NEAR(static_cast<double>(m + std::log(l)),
+                      res->reference_lse[qi], 1e-12) << at;
+        }
+      }
+    }
+  }
+}
+
+// A CP rank works on the tokens it holds, received into its own buffer:
+// the states must not depend on where the rows live.
+TEST(UnitStatesTest, ARunCopiedIntoAnotherLayoutGivesTheSameStates) {
+  for (DType kv : {DType::kBF16, DType::kF32, DType::kF8E4M3}) {
+    const auto prep = Prepare(Case(kv, 9), Paging(2, 1));
+    const PreparedAttention& p = prep->p;
+    UnitStates want;
+    want.has_reference = true;
+    AttentionRunOptions o;
+    o.unit_states = &want;
+    ASSERT_TRUE(ComputeAttention(p, o).ok());
+    UnitStates got;
+    got.Reset(p.units, p.dims, true);
+    const SnapshotDims& d = p.dims;
+    const int64_t D = d.head_dim;
+    const int64_t elem = DTypeSize(kv);
+    for (int64_t b = 0; b < d.batch; ++b) {
+      // Rank 0's tokens of each block, gathered [token][Hkv][D] (HND pages
+      // in the pool would be laid out differently: the run says how).
+      for (size_t blk = 0; blk < prep->layout.block_pages[b].size(); ++blk) {
+        const int64_t page = prep->layout.block_pages[b][blk];
+        TokenRun run;
+        std::string k_buf, v_buf;
+        std::vector<int64_t> positions;
+        for (int32_t u = p.block_unit_begin[b][blk];
+             u < p.block_unit_begin[b][blk + 1]; ++u) {
+          const KvUnit& unit = p.units[b][u];
+          if (unit.rank != 0) continue;
+          run.unit_of.push_back(u);
+          run.first.push_back(static_cast<int32_t>(positions.size()));
+          run.count.push_back(unit.count);
+          for (int32_t t = unit.first; t < unit.first + unit.count; ++t) {
+            const int64_t slot = page * d.page_size + t;
+            positions.push_back(prep->snapshot.slot_positions.IntAt(slot));
+            const int64_t row = slot * d.kv_heads * D * elem;  // NHD pool
+            k_buf.append(prep->snapshot.k_pages.bytes().data() + row,
+                         d.kv_heads * D * elem);
+            v_buf.append(prep->snapshot.v_pages.bytes().data() + row,
+                         d.kv_heads * D * elem);
+          }
+        }
+        if (positions.empty()) continue;
+        run.k_data = k_buf.data();
+        run.v_data = v_buf.data();
+        run.k_dtype = run.v_dtype = kv;
+        run.k_row_stride = run.v_row_stride = d.kv_heads * D;
+        run.k_head_stride = run.v_head_stride = D;
+        run.positions = positions.data();
+        run.n = static_cast<int64_t>(positions.size());
+        ASSERT_TRUE(ComputeRunStates(p, run, b, 0, d.kv_heads, &got).ok());
+      }
+    }
+    // Every rank-0 state equals the pool's; the others stay empty.
+    for (int64_t b = 0; b < d.batch; ++b) {
+      for (size_t u = 0; u < p.units[b].size(); ++u) {
+        for (int64_t sq = 0; sq < d.queries; ++sq) {
+          for (int64_t h = 0; h < d.q_heads; ++h) {
+            const int64_t i = want.Index(b, static_cast<int64_t>(u), sq, h);
+            if (p.units[b][u].rank != 0) {
+              EXPECT_EQ(got.p_lse[i], -std::numeric_limits<float>::infinity());
+              continue;
+            }
+            EXPECT_EQ(got.p_lse[i], want.p_lse[i]);
+            EXPECT_EQ(got.r_lse[i], want.r_lse[i]);
+            EXPECT_EQ(std::memcmp(&got.p_out[i * D], &want.p_out[i * D],
+                                  D * sizeof(float)),
+                      0);
+            EXPECT_EQ(std::memcmp(&got.r_out[i * D], &want.r_out[i * D],
+                                  D * sizeof(double)),
+                      0);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace attnaudit
