@@ -1,5 +1,7 @@
 #include "client/lib/client.h"
 
+#include "client/lib/zero_copy_stream.h"
+
 #include <google/protobuf/util/time_util.h>
 #include <grpcpp/grpcpp.h>
 
@@ -99,7 +101,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
 Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
     : options_(std::move(options)),
       channel_(std::move(channel)),
-      stub_(v1::AuditService::NewStub(channel_)) {}
+      stub_(v1::AuditService::NewStub(channel_)),
+      generic_stub_(std::make_unique<grpc::GenericStub>(channel_)) {}
 
 void Client::Prepare(grpc::ClientContext* context,
                      std::optional<absl::Duration> timeout) const {
@@ -213,16 +216,9 @@ absl::StatusOr<v1::AuditResponse> Client::AuditStream(
   grpc::ClientContext context;
   Prepare(&context, call.timeout);
   v1::AuditResponse response;
-  std::unique_ptr<grpc::ClientWriter<v1::AuditStreamMessage>> writer =
-      stub_->AuditStream(&context, &response);
-  bool open = writer->Write(first);
-  first.Clear();
-  v1::AuditStreamMessage message;
-  std::string* data = message.mutable_chunk()->mutable_data();
-  // A false Write means the server ended the call; Finish says why.
-  while (open && chunker.Next(data)) open = writer->Write(message);
-  if (open) writer->WritesDone();
-  grpc::Status s = writer->Finish();
+  // Chunks go out as slices over the tensors' own bytes (no copy).
+  grpc::Status s = client_internal::ZeroCopyAuditStream(
+      generic_stub_.get(), &context, first, &chunker, &response);
   if (!s.ok()) return ToAbsl(s, context);
   return response;
 }

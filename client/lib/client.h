@@ -31,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "attnaudit/v1/service.grpc.pb.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "core/audit/audit.h"
 #include "core/report/report.h"
 #include "core/snapshot/snapshot.h"
@@ -143,6 +144,7 @@ class Client {
   const ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::AuditService::Stub> stub_;
+  std::unique_ptr<grpc::GenericStub> generic_stub_;  // zero-copy AuditStream
   absl::Mutex caps_mu_;
   std::optional<v1::Capabilities> caps_ ABSL_GUARDED_BY(caps_mu_);
 };

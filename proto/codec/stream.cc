@@ -109,6 +109,24 @@ AuditStreamChunker::AuditStreamChunker(std::vector<const Tensor*> tensors,
   }
 }
 
+bool AuditStreamChunker::NextPieces(std::vector<absl::string_view>* pieces) {
+  pieces->clear();
+  int64_t size = 0;
+  while (tensor_ < tensors_.size() && size < chunk_bytes_) {
+    const absl::string_view bytes = tensors_[tensor_]->bytes();
+    const size_t want = static_cast<size_t>(chunk_bytes_ - size);
+    const size_t take = std::min(want, bytes.size() - offset_);
+    if (take > 0) pieces->push_back(bytes.substr(offset_, take));
+    size += static_cast<int64_t>(take);
+    offset_ += take;
+    if (offset_ == bytes.size()) {
+      ++tensor_;
+      offset_ = 0;
+    }
+  }
+  return size > 0;
+}
+
 bool AuditStreamChunker::Next(std::string* chunk) {
   chunk->clear();
   while (tensor_ < tensors_.size() &&

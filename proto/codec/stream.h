@@ -52,6 +52,12 @@ class AuditStreamChunker {
   // byte has been handed out.
   bool Next(std::string* chunk);
 
+  // The same chunks without copying: *pieces gets views of the tensors'
+  // bytes (several when a chunk spans tensors) that together make the next
+  // chunk. Valid while the tensors live. Do not mix with Next on one
+  // chunker.
+  bool NextPieces(std::vector<absl::string_view>* pieces);
+
   int64_t total_bytes() const { return total_bytes_; }
 
  private:
