@@ -124,6 +124,33 @@ void FinishRows(const PassContext& item, Scratch& sc, int64_t b, int64_t g0,
 }  // namespace
 }  // namespace attention_internal
 
+namespace {
+
+// The most units any query merged, and the most keys any query sees
+// (positions <= the query's, in the window): they size the tolerances.
+void SummariseMerges(const PreparedAttention& p, AttentionResults* res) {
+  const SnapshotDims& d = p.dims;
+  for (int64_t b = 0; b < d.batch; ++b) {
+    const int64_t L = p.layout->seq_lens[b];
+    for (int64_t sq = 0; sq < d.queries; ++sq) {
+      res->max_merged_blocks = std::max<int64_t>(
+          res->max_merged_blocks,
+          static_cast<int64_t>(res->merge_orders[b][sq].size()));
+      const int64_t qpos = p.query_positions[b * d.queries + sq];
+      int64_t visible = 0;
+      for (int64_t t = 0; t < L; ++t) {
+        const int64_t page = p.layout->block_pages[b][t / d.page_size];
+        const int64_t slot = page * d.page_size + t % d.page_size;
+        visible += attention_internal::Visible(
+            p, p.snapshot->slot_positions.IntAt(slot), qpos);
+      }
+      res->max_visible_keys = std::max(res->max_visible_keys, visible);
+    }
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<AttentionResults> ComputeAttention(
     const PreparedAttention& p, const AttentionRunOptions& options) {
   const int threads = options.threads;
@@ -179,26 +206,7 @@ absl::StatusOr<AttentionResults> ComputeAttention(
   if (was_cancelled.load()) return absl::CancelledError("audit cancelled");
   res.kv_non_finite = kv_non_finite.load();
 
-  for (int64_t b = 0; b < d.batch; ++b) {
-    for (int64_t sq = 0; sq < d.queries; ++sq) {
-      res.max_merged_blocks = std::max<int64_t>(
-          res.max_merged_blocks,
-          static_cast<int64_t>(res.merge_orders[b][sq].size()));
-      // Visible keys: count positions <= query (and in the window).
-      const int64_t qpos = p.query_positions[b * d.queries + sq];
-      int64_t visible = 0;
-      const int64_t L = p.layout->seq_lens[b];
-      for (int64_t t = 0; t < L; ++t) {
-        const int64_t page = p.layout->block_pages[b][t / d.page_size];
-        visible += attention_internal::Visible(
-            p,
-            p.snapshot->slot_positions.IntAt(page * d.page_size +
-                                             t % d.page_size),
-            qpos);
-      }
-      res.max_visible_keys = std::max(res.max_visible_keys, visible);
-    }
-  }
+  SummariseMerges(p, &res);
   if (!record_merge_orders) res.merge_orders.clear();
   res.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)

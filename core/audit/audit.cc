@@ -170,168 +170,217 @@ Side EngineSide(const Snapshot& s) {
 
 }  // namespace
 
-absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
-                                          const AuditOptions& options) {
-  const Clock::time_point start = Clock::now();
-  const int threads = ResolveThreads(options.threads);
+namespace {
+
+// One audit's state as it moves through the stages below.
+struct AuditRun {
+  AuditRun(const Snapshot& s, const AuditOptions& o)
+      : snapshot(s), options(o), start(Clock::now()) {}
+
+  const Snapshot& snapshot;
+  const AuditOptions& options;
+  int threads = 1;
+  Clock::time_point start;
   AuditReport report;
-  report.labels = snapshot.labels;
-  auto stage_done = [&](const char* name, double seconds) {
-    if (options.on_stage) options.on_stage(name, seconds);
-  };
-
-  // validate
-  Clock::time_point t = Clock::now();
-  // K/V values are checked finite by the fused pass (one read of the cache).
-  ATTNAUDIT_ASSIGN_OR_RETURN(
-      ResolvedLayout layout,
-      ValidateSnapshot(snapshot, options.limits, ValueScan::kSkipKv));
+  ResolvedLayout layout;
   std::string prefix_digest;
-  ATTNAUDIT_RETURN_IF_ERROR(
-      VerifyPrefixFingerprint(snapshot, layout, &prefix_digest));
-  report.dims = layout.dims;
-  const SnapshotDims& d = layout.dims;
-  report.provenance.timings.validate_seconds = SecondsSince(t);
-  stage_done("validate", report.provenance.timings.validate_seconds);
-  if (IsCancelled(options)) return absl::CancelledError("audit cancelled");
+  PreparedAttention prepared;
+  AttentionResults results;
+  Side reference, replay, engine;
+  LmHeadNorms norms;
 
-  // reference + replay (one fused pass)
-  t = Clock::now();
-  ATTNAUDIT_ASSIGN_OR_RETURN(PreparedAttention prepared,
-                             PrepareAttention(snapshot, layout, threads));
-  AttentionRunOptions run;
-  run.threads = threads;
-  run.record_merge_orders = options.include_merge_orders;
-  run.cancelled = options.cancelled;
-  ATTNAUDIT_ASSIGN_OR_RETURN(AttentionResults results,
-                             ComputeAttention(prepared, run));
-  if (results.kv_non_finite) {
+  void StageDone(const char* name, double seconds) const {
+    if (options.on_stage) options.on_stage(name, seconds);
+  }
+};
+
+// validate: everything but the K/V values (the fused pass checks those
+// while it reads the cache), then the prefix fingerprint.
+absl::Status ValidateStage(AuditRun* run) {
+  const Clock::time_point t = Clock::now();
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      run->layout,
+      ValidateSnapshot(run->snapshot, run->options.limits, ValueScan::kSkipKv));
+  ATTNAUDIT_RETURN_IF_ERROR(
+      VerifyPrefixFingerprint(run->snapshot, run->layout, &run->prefix_digest));
+  run->report.dims = run->layout.dims;
+  run->report.provenance.timings.validate_seconds = SecondsSince(t);
+  run->StageDone("validate", run->report.provenance.timings.validate_seconds);
+  if (IsCancelled(run->options)) {
+    return absl::CancelledError("audit cancelled");
+  }
+  return absl::OkStatus();
+}
+
+// InvalidArgument when any value is not finite.
+absl::Status RequireFinite(const std::vector<double>& values,
+                           absl::string_view message) {
+  for (double x : values) {
+    if (!std::isfinite(x)) return absl::InvalidArgumentError(message);
+  }
+  return absl::OkStatus();
+}
+
+// The fp64 reference survives inputs (e.g. q near FLT_MAX) whose scores or
+// sums no fp32 engine can represent; the fp32 replay is the witness
+// ("produced non-finite" is a rejection, not drift, as in the RL-Kernel
+// harness: docs/RL_KERNEL_HARNESS.md).
+absl::Status CheckAttentionFinite(const AttentionResults& r) {
+  ATTNAUDIT_RETURN_IF_ERROR(RequireFinite(
+      r.reference_lse,
+      "q: finite inputs overflow attention: the full logical-KV reference "
+      "produced a non-finite LSE"));
+  ATTNAUDIT_RETURN_IF_ERROR(RequireFinite(
+      r.reference_out,
+      "q: finite inputs overflow attention: the full logical-KV reference "
+      "produced a non-finite output"));
+  ATTNAUDIT_RETURN_IF_ERROR(RequireFinite(
+      r.replay_lse,
+      "q: finite inputs overflow fp32 attention: the paged replay produced a "
+      "non-finite LSE"));
+  return RequireFinite(
+      r.replay_out,
+      "q: finite inputs overflow fp32 attention or the output dtype: the "
+      "paged replay produced a non-finite output");
+}
+
+// reference + replay: RoPE and scales, then the fused pass (the audit's one
+// read of the cache).
+absl::Status AttentionStage(AuditRun* run) {
+  const Clock::time_point t = Clock::now();
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      run->prepared, PrepareAttention(run->snapshot, run->layout, run->threads));
+  AttentionRunOptions options;
+  options.threads = run->threads;
+  options.record_merge_orders = run->options.include_merge_orders;
+  options.cancelled = run->options.cancelled;
+  ATTNAUDIT_ASSIGN_OR_RETURN(run->results,
+                             ComputeAttention(run->prepared, options));
+  if (run->results.kv_non_finite) {
     // Name the first non-finite K/V value exactly as validation would.
     ATTNAUDIT_RETURN_IF_ERROR(
-        ValidateSnapshot(snapshot, options.limits, ValueScan::kAll).status());
+        ValidateSnapshot(run->snapshot, run->options.limits, ValueScan::kAll)
+            .status());
   }
-  const double attention_seconds = SecondsSince(t);
   // R and P share the pass; attribute it in proportion to their arithmetic
   // (fp64 vs fp32), documented in docs/ARCHITECTURE.md.
-  report.provenance.timings.reference_seconds = attention_seconds * 2.0 / 3.0;
-  report.provenance.timings.replay_seconds = attention_seconds / 3.0;
-  stage_done("reference", report.provenance.timings.reference_seconds);
-  stage_done("replay", report.provenance.timings.replay_seconds);
-  for (double x : results.reference_lse) {
-    if (!std::isfinite(x)) {
-      return absl::InvalidArgumentError(
-          "q: finite inputs overflow attention: the full logical-KV reference "
-          "produced a non-finite LSE");
-    }
-  }
-  for (double x : results.reference_out) {
-    if (!std::isfinite(x)) {
-      return absl::InvalidArgumentError(
-          "q: finite inputs overflow attention: the full logical-KV reference "
-          "produced a non-finite output");
-    }
-  }
-  // The fp64 reference survives inputs (e.g. q near FLT_MAX) whose scores
-  // or sums no fp32 engine can represent; the fp32 replay is the witness
-  // (seed harness: "produced non-finite" is a rejection, not drift).
-  for (double x : results.replay_lse) {
-    if (!std::isfinite(x)) {
-      return absl::InvalidArgumentError(
-          "q: finite inputs overflow fp32 attention: the paged replay "
-          "produced a non-finite LSE");
-    }
-  }
-  for (double x : results.replay_out) {
-    if (!std::isfinite(x)) {
-      return absl::InvalidArgumentError(
-          "q: finite inputs overflow fp32 attention or the output dtype: the "
-          "paged replay produced a non-finite output");
-    }
-  }
+  const double seconds = SecondsSince(t);
+  StageTimings& timings = run->report.provenance.timings;
+  timings.reference_seconds = seconds * 2.0 / 3.0;
+  timings.replay_seconds = seconds / 3.0;
+  run->StageDone("reference", timings.reference_seconds);
+  run->StageDone("replay", timings.replay_seconds);
+  ATTNAUDIT_RETURN_IF_ERROR(CheckAttentionFinite(run->results));
+  AttentionResults& r = run->results;
+  run->reference.out = std::move(r.reference_out);
+  run->reference.lse = std::move(r.reference_lse);
+  run->reference.has_out = run->reference.has_lse = true;
+  run->replay.out = std::move(r.replay_out);
+  run->replay.lse = std::move(r.replay_lse);
+  run->replay.has_out = run->replay.has_lse = true;
+  run->engine = EngineSide(run->snapshot);
+  return absl::OkStatus();
+}
 
-  // compare
-  t = Clock::now();
-  const DType out_dtype = prepared.output_dtype;
-  const std::vector<int64_t> out_shape{d.batch, d.queries, d.q_heads,
-                                       d.head_dim};
-  Side reference;
-  reference.out = std::move(results.reference_out);
-  reference.lse = std::move(results.reference_lse);
-  reference.has_out = reference.has_lse = true;
-  Side replay;
-  replay.out = std::move(results.replay_out);
-  replay.lse = std::move(results.replay_lse);
-  replay.has_out = replay.has_lse = true;
-  Side engine = EngineSide(snapshot);
-  LmHeadNorms norms;
-  {
-    // The reference log-prob reads the reference output as the trainer
-    // would hold it: rounded once to the output dtype. The three sides'
-    // log-probs are independent; compute them concurrently.
-    Side rounded_reference;
-    rounded_reference.out = RoundedCopy(reference.out, out_dtype);
-    rounded_reference.has_out = true;
-    ATTNAUDIT_RETURN_IF_ERROR(ComputeLogprobs(
-        snapshot,
-        {&rounded_reference, &replay, engine.has_logprobs ? nullptr : &engine},
-        out_shape, threads, &norms));
-    reference.logprobs = std::move(rounded_reference.logprobs);
-    reference.has_logprobs = rounded_reference.has_logprobs;
-  }
+std::vector<int64_t> OutShape(const SnapshotDims& d) {
+  return {d.batch, d.queries, d.q_heads, d.head_dim};
+}
 
-  CompareContext ctx{snapshot, d, out_dtype, {}, options};
-  ctx.tolerance_inputs.output_dtype = out_dtype;
-  ctx.tolerance_inputs.kv_dtype = snapshot.k_pages.dtype();
-  ctx.tolerance_inputs.max_merged_blocks =
-      std::max<int64_t>(1, results.max_merged_blocks);
-  ctx.tolerance_inputs.max_context =
-      std::max<int64_t>(1, results.max_visible_keys);
-  ctx.tolerance_inputs.max_abs_out_reference = MaxAbs(reference.out);
-  ctx.tolerance_inputs.max_abs_lse_reference = MaxAbs(reference.lse);
-  ctx.tolerance_inputs.lm_head_max_row_l1 = norms.max_row_l1;
-  ctx.tolerance_inputs.lm_head_max_row_l2 = norms.max_row_l2;
-  ctx.tolerance_inputs.logprob_temperature = snapshot.logprob_temperature;
+// The selected-token log-probs of every side, in one pass over lm_head.
+// The reference's reads the reference output as the trainer would hold it:
+// rounded once to the output dtype.
+absl::Status LogprobStage(AuditRun* run) {
+  Side rounded_reference;
+  rounded_reference.out =
+      RoundedCopy(run->reference.out, run->prepared.output_dtype);
+  rounded_reference.has_out = true;
+  Side* engine = run->engine.has_logprobs ? nullptr : &run->engine;
+  ATTNAUDIT_RETURN_IF_ERROR(ComputeLogprobs(
+      run->snapshot, {&rounded_reference, &run->replay, engine},
+      OutShape(run->layout.dims), run->threads, &run->norms));
+  run->reference.logprobs = std::move(rounded_reference.logprobs);
+  run->reference.has_logprobs = rounded_reference.has_logprobs;
+  return absl::OkStatus();
+}
 
-  const bool have_engine = engine.has_out || engine.has_lse;
-  if (options.engine_vs_reference && have_engine) {
-    ATTNAUDIT_ASSIGN_OR_RETURN(
-        ComparisonResult r,
-        Compare(ctx, Comparison::kEngineVsReference, engine, reference));
-    report.comparisons.push_back(std::move(r));
-  }
-  if (options.replay_vs_reference) {
-    ATTNAUDIT_ASSIGN_OR_RETURN(
-        ComparisonResult r,
-        Compare(ctx, Comparison::kReplayVsReference, replay, reference));
-    report.comparisons.push_back(std::move(r));
-  }
-  if (options.engine_vs_replay && have_engine) {
-    ATTNAUDIT_ASSIGN_OR_RETURN(
-        ComparisonResult r,
-        Compare(ctx, Comparison::kEngineVsReplay, engine, replay));
-    report.comparisons.push_back(std::move(r));
-  }
-  report.verdict = CombineVerdicts(report.comparisons);
-  report.provenance.timings.compare_seconds = SecondsSince(t);
-  stage_done("compare", report.provenance.timings.compare_seconds);
+CompareContext MakeCompareContext(const AuditRun& run) {
+  const DType out_dtype = run.prepared.output_dtype;
+  CompareContext ctx{run.snapshot, run.layout.dims, out_dtype, {}, run.options};
+  ToleranceInputs& ti = ctx.tolerance_inputs;
+  ti.output_dtype = out_dtype;
+  ti.kv_dtype = run.snapshot.k_pages.dtype();
+  ti.max_merged_blocks = std::max<int64_t>(1, run.results.max_merged_blocks);
+  ti.max_context = std::max<int64_t>(1, run.results.max_visible_keys);
+  ti.max_abs_out_reference = MaxAbs(run.reference.out);
+  ti.max_abs_lse_reference = MaxAbs(run.reference.lse);
+  ti.lm_head_max_row_l1 = run.norms.max_row_l1;
+  ti.lm_head_max_row_l2 = run.norms.max_row_l2;
+  ti.logprob_temperature = run.snapshot.logprob_temperature;
+  return ctx;
+}
 
-  // provenance
-  Provenance& prov = report.provenance;
+// compare: E-R, P-R and E-P as requested, then the verdict.
+absl::Status CompareStage(AuditRun* run) {
+  const Clock::time_point t = Clock::now();
+  ATTNAUDIT_RETURN_IF_ERROR(LogprobStage(run));
+  const CompareContext ctx = MakeCompareContext(*run);
+  const bool have_engine = run->engine.has_out || run->engine.has_lse;
+  struct Wanted {
+    bool requested;
+    Comparison which;
+    const Side& candidate;
+    const Side& baseline;
+  };
+  const Wanted wanted[] = {
+      {run->options.engine_vs_reference && have_engine,
+       Comparison::kEngineVsReference, run->engine, run->reference},
+      {run->options.replay_vs_reference, Comparison::kReplayVsReference,
+       run->replay, run->reference},
+      {run->options.engine_vs_replay && have_engine,
+       Comparison::kEngineVsReplay, run->engine, run->replay},
+  };
+  for (const Wanted& w : wanted) {
+    if (!w.requested) continue;
+    ATTNAUDIT_ASSIGN_OR_RETURN(ComparisonResult r,
+                               Compare(ctx, w.which, w.candidate, w.baseline));
+    run->report.comparisons.push_back(std::move(r));
+  }
+  run->report.verdict = CombineVerdicts(run->report.comparisons);
+  run->report.provenance.timings.compare_seconds = SecondsSince(t);
+  run->StageDone("compare", run->report.provenance.timings.compare_seconds);
+  return absl::OkStatus();
+}
+
+void FillProvenance(AuditRun* run) {
+  Provenance& prov = run->report.provenance;
   prov.backend = "cpu";
-  prov.threads = threads;
-  prov.softmax_scale = prepared.softmax_scale;
-  prov.output_dtype = out_dtype;
-  prov.max_merged_blocks = results.max_merged_blocks;
-  prov.merge_orders = std::move(results.merge_orders);
-  prov.block_owners = layout.block_owners;
-  prov.prefix_fingerprint = prefix_digest;
-  prov.rope_fingerprint = RopeIdentityFingerprint(snapshot);
+  prov.threads = run->threads;
+  prov.softmax_scale = run->prepared.softmax_scale;
+  prov.output_dtype = run->prepared.output_dtype;
+  prov.max_merged_blocks = run->results.max_merged_blocks;
+  prov.merge_orders = std::move(run->results.merge_orders);
+  prov.block_owners = run->layout.block_owners;
+  prov.prefix_fingerprint = run->prefix_digest;
+  prov.rope_fingerprint = RopeIdentityFingerprint(run->snapshot);
   prov.fingerprint_version = kFingerprintVersion;
-  if (options.compute_kv_fingerprint) {
-    prov.kv_fingerprint = KvCacheFingerprint(snapshot, layout);
+  if (run->options.compute_kv_fingerprint) {
+    prov.kv_fingerprint = KvCacheFingerprint(run->snapshot, run->layout);
   }
-  prov.timings.total_seconds = SecondsSince(start);
-  return report;
+  prov.timings.total_seconds = SecondsSince(run->start);
+}
+
+}  // namespace
+
+absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
+                                          const AuditOptions& options) {
+  AuditRun run(snapshot, options);
+  run.threads = ResolveThreads(options.threads);
+  run.report.labels = snapshot.labels;
+  ATTNAUDIT_RETURN_IF_ERROR(ValidateStage(&run));
+  ATTNAUDIT_RETURN_IF_ERROR(AttentionStage(&run));
+  ATTNAUDIT_RETURN_IF_ERROR(CompareStage(&run));
+  FillProvenance(&run);
+  return std::move(run.report);
 }
 
 absl::StatusOr<AuditReport> RunAudit(const Snapshot& snapshot,
