@@ -20,6 +20,32 @@ namespace HWY_NAMESPACE {
 // L2 while every hidden vector reads it.
 constexpr int64_t kBlockRows = 8;
 
+// Norms of rows [0, n) of `rows` (each `hidden` long): sum |w| and sum w^2
+// as dot products with a row of ones (virtual-lane order, like every dot
+// here), eight rows at a time.
+void RowNorms(const double* rows, int64_t n, int64_t hidden, double* max_l1,
+              double* max_l2) {
+  const DF64 d;
+  thread_local std::vector<double> abs_rows, sq_rows, ones;
+  abs_rows.resize(static_cast<size_t>(n * hidden));
+  sq_rows.resize(static_cast<size_t>(n * hidden));
+  if (static_cast<int64_t>(ones.size()) != hidden) {
+    ones.assign(static_cast<size_t>(hidden), 1.0);
+  }
+  for (int64_t i = 0; i < n * hidden; ++i) {
+    abs_rows[i] = std::fabs(rows[i]);
+    sq_rows[i] = rows[i] * rows[i];
+  }
+  double l1[kBlockRows];
+  double sq[kBlockRows];
+  DotRows(d, ones.data(), 1, abs_rows.data(), n, hidden, l1, kBlockRows);
+  DotRows(d, ones.data(), 1, sq_rows.data(), n, hidden, sq, kBlockRows);
+  for (int64_t r = 0; r < n; ++r) {
+    *max_l1 = std::max(*max_l1, l1[r]);
+    *max_l2 = std::max(*max_l2, std::sqrt(sq[r]));
+  }
+}
+
 void LogitRowsImpl(const void* head, DType dtype, int64_t hidden, int64_t v0,
                    int64_t v1, const double* hiddens, int64_t num_hidden,
                    double* logits, int64_t ld, double* max_l1,
@@ -27,12 +53,8 @@ void LogitRowsImpl(const void* head, DType dtype, int64_t hidden, int64_t v0,
   const DF64 d;
   thread_local std::vector<float> row32;
   thread_local std::vector<double> rows64;
-  thread_local std::vector<double> abs64;
-  thread_local std::vector<double> ones;
   row32.resize(static_cast<size_t>(hidden));
   rows64.resize(static_cast<size_t>(kBlockRows * hidden));
-  abs64.resize(static_cast<size_t>(hidden));
-  ones.assign(static_cast<size_t>(hidden), 1.0);
   for (int64_t first = v0; first < v1; first += kBlockRows) {
     const int64_t n = std::min(kBlockRows, v1 - first);
     for (int64_t r = 0; r < n; ++r) {
@@ -45,15 +67,8 @@ void LogitRowsImpl(const void* head, DType dtype, int64_t hidden, int64_t v0,
         WidenRow(head, dtype, offset, hidden, row32.data(), nullptr);
         PromoteRows(row32.data(), hidden, w);
       }
-      // Norms in the same virtual-lane order: |w| . 1 and w . w.
-      for (int64_t i = 0; i < hidden; ++i) abs64[i] = std::fabs(w[i]);
-      double l1 = 0;
-      double sq = 0;
-      DotRows(d, abs64.data(), 1, ones.data(), 1, hidden, &l1, 1);
-      DotRows(d, w, 1, w, 1, hidden, &sq, 1);
-      *max_l1 = std::max(*max_l1, l1);
-      *max_l2 = std::max(*max_l2, std::sqrt(sq));
     }
+    RowNorms(rows64.data(), n, hidden, max_l1, max_l2);
     DotRows(d, hiddens, num_hidden, rows64.data(), n, hidden, logits + first,
             ld);
   }

@@ -353,10 +353,13 @@ HWY_INLINE void DotRows(D d, const hn::TFromD<D>* q, int64_t rows, const K* k,
                         int64_t n, int64_t dim, hn::TFromD<D>* s,
                         int64_t lds) {
   // About eight accumulators in flight: enough independent FMA chains to
-  // cover the FMA latency without spilling registers.
+  // cover the FMA latency without spilling registers. Rows left over (or
+  // too few for a tile) go one at a time against eight vectors' worth of k
+  // rows, so even one row keeps eight chains busy.
   constexpr int kVec = VecsPerDot<D>();
   constexpr int RT = kVec == 1 ? 4 : 2;
   constexpr int KT = kVec <= 2 ? 2 : 1;
+  constexpr int KT1 = 8 / kVec;  // keys per tile of a single row
   int64_t r = 0;
   for (; r + RT <= rows; r += RT) {
     int64_t t = 0;
@@ -368,7 +371,11 @@ HWY_INLINE void DotRows(D d, const hn::TFromD<D>* q, int64_t rows, const K* k,
     }
   }
   for (; r < rows; ++r) {
-    for (int64_t t = 0; t < n; ++t) {
+    int64_t t = 0;
+    for (; t + KT1 <= n; t += KT1) {
+      DotTile<1, KT1>(d, q + r * dim, k + t * dim, dim, s + r * lds + t, lds);
+    }
+    for (; t < n; ++t) {
       DotTile<1, 1>(d, q + r * dim, k + t * dim, dim, s + r * lds + t, lds);
     }
   }

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/attention/vexp.h"
+#include "core/drift/drift.h"
 #include "core/simd/targets.h"
 #include "core/tensor/dtype.h"
 #include "gtest/gtest.h"
@@ -191,6 +192,44 @@ TEST(SimdTargetsTest, FusedPassIsBitIdenticalOnEveryTarget) {
     });
     ASSERT_EQ(runs.size(), CompiledSimdTargets().size()) << pc.name;
   }
+}
+
+// The lm_head pass (logits and row norms) is a dot-product user too.
+TEST(SimdTargetsTest, LogprobsAndLmHeadNormsAreBitIdenticalOnEveryTarget) {
+  TestRng rng(3);
+  const int64_t vocab = 37;
+  const int64_t hidden = 4 * 40 + 3;  // not a multiple of the lanes
+  std::vector<double> head(static_cast<size_t>(vocab * hidden));
+  for (double& w : head) w = rng.Normal() * 0.05;
+  RoundTo(&head, DType::kBF16);
+  const Tensor lm_head =
+      MakeFloatTensor(DType::kBF16, {vocab, hidden}, head);
+  const Tensor ids = MakeIntTensor(DType::kI64, {2, 1}, {5, 36});
+  std::vector<std::vector<double>> outs(3);
+  std::vector<DenseView> views;
+  for (auto& out : outs) {
+    out.resize(static_cast<size_t>(2 * hidden));
+    for (double& x : out) x = rng.Normal();
+    views.push_back({out.data(), {2, 1, 1, hidden}});
+  }
+  std::vector<std::vector<double>> first;
+  LmHeadNorms first_norms;
+  ForEachTarget([&](const std::string& target) {
+    LmHeadNorms norms;
+    absl::StatusOr<std::vector<std::vector<double>>> lp =
+        SelectedLogprobsForEach(views, lm_head, ids, nullptr, 1.0, 2, &norms);
+    ASSERT_TRUE(lp.ok()) << lp.status();
+    if (first.empty()) {
+      first = *lp;
+      first_norms = norms;
+      return;
+    }
+    for (size_t i = 0; i < first.size(); ++i) {
+      EXPECT_TRUE(SameBits(first[i], (*lp)[i])) << target << " output " << i;
+    }
+    EXPECT_EQ(norms.max_row_l1, first_norms.max_row_l1) << target;
+    EXPECT_EQ(norms.max_row_l2, first_norms.max_row_l2) << target;
+  });
 }
 
 }  // namespace
