@@ -8,6 +8,7 @@
 //        [--batch B] [--preset NAME] [--markdown]
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <memory>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include "core/audit/audit.h"
 #include "core/common/parallel.h"
 #include "core/sim/simulator.h"
+#include "core/simd/targets.h"
 #include "core/validate/validate.h"
 #include "proto/codec/codec.h"
 
@@ -58,6 +60,7 @@ struct BenchFlags {
   int64_t context = 4096;
   std::string file = "/tmp/attnaudit_bench_w1.pb";
   bool markdown = false;
+  std::string simd_target;  // empty: the best one this CPU runs
 };
 
 // CLI11 parses; a usage error exits 2 with what was wrong.
@@ -74,6 +77,9 @@ BenchFlags ParseFlags(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 24));
   app.add_option("--file", f.file, "where the snapshot file is written");
   app.add_flag("--markdown", f.markdown, "also print a Markdown table");
+  app.add_option("--simd-target", f.simd_target,
+                 "run the SIMD code as this target (AVX3, AVX2, SSE4), to "
+                 "measure another ISA on this machine");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -91,14 +97,17 @@ struct Workload {
   double flops = 0;     // per pass: 4 flops per (visible key, dim, head)
 };
 
-Workload PrepareWorkload(const BenchFlags& flags, int threads) {
+// On the heap: `prepared` points into the snapshot and layout beside it.
+std::unique_ptr<Workload> PrepareWorkload(const BenchFlags& flags,
+                                          int threads) {
   SynthOptions so;
   so.preset = flags.preset;
   so.batch = flags.batch;
   so.context = flags.context;
   so.permute_pages = true;
   so.seed = 1;
-  Workload w;
+  auto owned = std::make_unique<Workload>();
+  Workload& w = *owned;
   absl::StatusOr<Snapshot> synth = Synthesize(so);
   if (!synth.ok()) Die(synth.status());
   w.snapshot = *std::move(synth);
@@ -123,7 +132,7 @@ Workload PrepareWorkload(const BenchFlags& flags, int threads) {
   w.kv_bytes = static_cast<double>(active_tokens) * d.kv_heads * d.head_dim *
                2 * DTypeSize(w.snapshot.k_pages.dtype());
   w.flops = 4.0 * d.head_dim * d.q_heads * visible_pairs;
-  return w;
+  return owned;
 }
 
 struct StageTimes {
@@ -226,7 +235,22 @@ void PrintResults(const BenchFlags& flags, const Workload& w, int threads,
 int Main(int argc, char** argv) {
   const BenchFlags flags = ParseFlags(argc, argv);
   const int threads = ResolveThreads(flags.threads);
-  const Workload w = PrepareWorkload(flags, threads);
+  if (!flags.simd_target.empty()) {
+    bool found = false;
+    for (int64_t target : CompiledSimdTargets()) {
+      if (SimdTargetName(target) != flags.simd_target) continue;
+      ForceSimdTargetForTest(target);
+      found = true;
+    }
+    if (!found) {
+      std::fprintf(stderr, "bench: --simd-target %s: not a target this CPU runs\n",
+                   flags.simd_target.c_str());
+      return 2;
+    }
+  }
+  std::printf("simd target: %s\n", ActiveSimdTarget().c_str());
+  const std::unique_ptr<Workload> owned = PrepareWorkload(flags, threads);
+  const Workload& w = *owned;
   const MachineFloor floor = MeasureMachineFloor(threads);
   const StageTimes t = MeasureStages(w, flags, threads);
   PrintResults(flags, w, threads, floor, t);
