@@ -1,6 +1,9 @@
-// attnaudit bench: a closed-loop load generator against attnaudit-server.
-// N client threads each send the same snapshot back to back (unary or
-// stream) for a warm-up and then a measured duration, and the command
+// attnaudit bench: a load generator against attnaudit-server. Closed loop
+// (default): N client threads each send the same snapshot back to back
+// (unary or stream). Open loop (--rate R): audits are due at R per second
+// whatever the server does, sent by up to N threads, and each latency is
+// counted from its due time, so a slow server shows as latency, not as a
+// lower offered rate. Either way a warm-up and then a measured duration;
 // prints audits/s, p50/p99 latency and the ingest rate (snapshot bytes
 // delivered per second). Bounded: --duration is capped at one hour, every
 // call has a deadline, and the threads stop on their own.
@@ -32,6 +35,7 @@ struct BenchCommand {
   std::string warmup = "1s";
   std::string transport = "auto";
   int64_t requests = 0;  // 0: no cap
+  double rate = 0;       // audits/s offered; 0: closed loop
   bool json = false;
   ConnectionFlags connection;
 };
@@ -48,10 +52,28 @@ struct Load {
 
 // When the workers measure and stop, and how many audits they may issue.
 struct Schedule {
+  absl::Time start;  // of the warm-up
   absl::Time measure_from;
   absl::Time stop_at;
   int64_t max_requests = 0;  // 0: no cap
+  double rate = 0;           // open loop: audit k is due at start + k / rate
 };
+
+// When the caller's next audit starts (closed loop: now) and the time its
+// latency counts from (open loop: its due time, even when every thread was
+// busy then). False when the schedule has ended.
+bool NextAudit(const Schedule& schedule, std::atomic<int64_t>* next_due,
+               absl::Time* due) {
+  if (schedule.rate <= 0) {
+    *due = absl::Now();
+  } else {
+    const int64_t k = next_due->fetch_add(1);
+    *due = schedule.start + absl::Seconds(static_cast<double>(k) /
+                                          schedule.rate);
+    absl::SleepFor(*due - absl::Now());  // no-op when already late
+  }
+  return *due < schedule.stop_at;
+}
 
 struct WorkerStats {
   std::vector<double> latencies_ms;  // measured calls only
@@ -103,13 +125,14 @@ absl::StatusOr<std::unique_ptr<Load>> PrepareLoad(Client* client,
   return load;
 }
 
-// One closed-loop worker: audits back to back until the schedule ends, the
-// request cap is reached or ten calls failed.
+// One worker: audits back to back (or when due, open loop) until the
+// schedule ends, the request cap is reached or ten calls failed.
 void RunWorker(Client* client, const Load& load, const Schedule& schedule,
-               std::atomic<int64_t>* issued, WorkerStats* st) {
+               std::atomic<int64_t>* issued, std::atomic<int64_t>* next_due,
+               WorkerStats* st) {
   const CallOptions call;
-  while (absl::Now() < schedule.stop_at) {
-    const absl::Time t0 = absl::Now();
+  absl::Time t0;
+  while (NextAudit(schedule, next_due, &t0)) {
     const bool measured = t0 >= schedule.measure_from;
     if (measured && schedule.max_requests > 0 &&
         issued->fetch_add(1) >= schedule.max_requests) {
@@ -141,11 +164,13 @@ std::vector<WorkerStats> RunWorkers(Client* client, const Load& load,
                                     const Schedule& schedule,
                                     int64_t concurrency) {
   std::atomic<int64_t> issued{0};
+  std::atomic<int64_t> next_due{0};
   std::vector<WorkerStats> stats(static_cast<size_t>(concurrency));
   std::vector<std::thread> threads;
   for (WorkerStats& st : stats) {
-    threads.emplace_back(
-        [&, st = &st] { RunWorker(client, load, schedule, &issued, st); });
+    threads.emplace_back([&, st = &st] {
+      RunWorker(client, load, schedule, &issued, &next_due, st);
+    });
   }
   for (std::thread& t : threads) t.join();
   return stats;
@@ -192,26 +217,29 @@ void PrintSummary(const BenchCommand& o, const Load& load, const Summary& s) {
   if (o.json) {
     std::printf(
         "{\"file\": \"%s\", \"transport\": \"%s\", \"concurrency\": %lld, "
+        "\"rate\": %.3f, "
         "\"snapshot_bytes\": %lld, \"seconds\": %.3f, \"audits\": %lld, "
         "\"audits_per_second\": %.3f, \"p50_ms\": %.3f, \"p99_ms\": %.3f, "
         "\"ingest_gb_per_second\": %.4f, \"audit_ms\": %.3f, "
         "\"transfer_ms\": %.3f, \"transfer_gb_per_second\": %.4f, "
         "\"errors\": %lld, \"rejected\": %lld}\n",
-        o.file.c_str(), transport, ll(o.concurrency), ll(load.bytes), s.seconds,
+        o.file.c_str(), transport, ll(o.concurrency), o.rate, ll(load.bytes),
+        s.seconds,
         ll(s.ok), s.per_second, s.p50_ms, s.p99_ms, s.ingest_gbps, s.audit_ms,
         s.transfer_ms, s.transfer_gbps, ll(s.errors), ll(s.rejected));
     return;
   }
   std::printf(
-      "bench %s: transport=%s concurrency=%lld snapshot=%.2f MiB "
+      "bench %s: transport=%s concurrency=%lld rate=%s snapshot=%.2f MiB "
       "measured=%.2fs\n"
       "  audits=%lld  audits/s=%.2f  p50=%.2f ms  p99=%.2f ms  "
       "ingest=%.3f GB/s\n"
       "  per audit: server audit %.2f ms + transfer/decode/queue %.2f ms "
       "(%.3f GB/s)\n"
       "  errors=%lld  rejected(retried)=%lld\n",
-      o.file.c_str(), transport, ll(o.concurrency), load.bytes / 1048576.0,
-      s.seconds, ll(s.ok), s.per_second, s.p50_ms, s.p99_ms, s.ingest_gbps,
+      o.file.c_str(), transport, ll(o.concurrency),
+      o.rate > 0 ? absl::StrCat(o.rate, "/s").c_str() : "closed-loop",
+      load.bytes / 1048576.0, s.seconds, ll(s.ok), s.per_second, s.p50_ms, s.p99_ms, s.ingest_gbps,
       s.audit_ms, s.transfer_ms, s.transfer_gbps, ll(s.errors), ll(s.rejected));
 }
 
@@ -229,7 +257,9 @@ int RunBench(const BenchCommand& o) {
   absl::StatusOr<std::unique_ptr<Load>> load = PrepareLoad(client->get(), o);
   if (!load.ok()) return Fail("bench", load.status());
   Schedule schedule;
-  schedule.measure_from = absl::Now() + warmup;
+  schedule.start = absl::Now();
+  schedule.rate = o.rate;
+  schedule.measure_from = schedule.start + warmup;
   schedule.stop_at = schedule.measure_from + duration;
   schedule.max_requests = o.requests;
   const Summary summary =
@@ -250,6 +280,8 @@ void AddBenchCommand(CLI::App* app, int* exit_code) {
       app, exit_code, "bench", "load-generate against a server",
       "Closed-loop load: N threads audit FILE back to back for --warmup (not\n"
       "measured) then --duration (at most 1h) or until --requests audits.\n"
+      "--rate R: open loop instead, audits due at R/s sent by up to N\n"
+      "threads, latency counted from each audit's due time.\n"
       "Prints audits/s, p50/p99 latency, ingest GB/s (snapshot bytes per\n"
       "second of wall time), and per audit the server's audit time (from "
       "the\nreport) and the rest of the latency (transfer, decode, queue) "
@@ -272,6 +304,10 @@ void AddBenchCommand(CLI::App* app, int* exit_code) {
       ->add_option("--requests", o->requests,
                    "stop after this many measured audits (0: no cap)")
       ->check(NonNegative());
+  command
+      ->add_option("--rate", o->rate,
+                   "open loop: audits per second offered (0: closed loop)")
+      ->check(CLI::Range(0.0, 1e6));
   command->add_flag("--json", o->json, "print one JSON object");
   AddConnectionFlags(command, &o->connection);
 }

@@ -128,6 +128,20 @@ wait "$watch_pid" || fail "watch: $(cat "$WORK/watch.err")"
 grep -c '"verdict":"VERDICT_DRIFT"' "$WORK/watch.jsonl" | grep -qx 2 ||
   fail "watch output is not two DRIFT results: $(cat "$WORK/watch.jsonl" | cut -c1-300)"
 
+step "bench: closed and open loop"
+timeout 60 "$CLI" bench "$WORK/small.pb" --addr "$ADDR" --concurrency 2 \
+  --warmup 0s --duration 1s --json >"$WORK/bench_closed.json" ||
+  fail "closed-loop bench failed: $(cat "$WORK/bench_closed.json")"
+# Open loop at 20/s for 2 s: 40 audits are due, whatever the latency.
+timeout 60 "$CLI" bench "$WORK/small.pb" --addr "$ADDR" --concurrency 4 \
+  --rate 20 --warmup 0s --duration 2s --json >"$WORK/bench_open.json" ||
+  fail "open-loop bench failed: $(cat "$WORK/bench_open.json")"
+grep -q '"rate": 20.000' "$WORK/bench_open.json" ||
+  fail "open-loop bench did not report its rate: $(cat "$WORK/bench_open.json")"
+audits=$(sed -n 's/.*"audits": \([0-9]*\).*/\1/p' "$WORK/bench_open.json")
+[[ "$audits" -ge 38 && "$audits" -le 41 ]] ||
+  fail "open loop at 20/s for 2 s made $audits audits, not ~40"
+
 step "metrics: drift histograms moved, promtool check metrics passes"
 scrape >"$WORK/metrics.txt" || fail "scrape"
 er_count=$(sed -n 's/^attnaudit_drift_out_max_abs_count{comparison="engine_vs_reference",layer="3",model="qwen3-8b"} \([0-9.e+]*\)$/\1/p' "$WORK/metrics.txt")
