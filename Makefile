@@ -87,9 +87,10 @@ demo:
 	  { echo "make demo: the build failed; the last lines of $(DEMO_LOG):"; \
 	    tail -n 20 $(DEMO_LOG); exit 2; }
 	$(BACKENDS)
-	@$(BUILD_DIR)/bin/attnaudit synth --preset llama3-8b --batch 8 --context 4096 \
-	  --permute-pages -o var/w1.pb >/dev/null
 	@echo "\$$ attnaudit synth --preset llama3-8b --batch 8 --context 4096 --permute-pages -o var/w1.pb"
+	@$(BUILD_DIR)/bin/attnaudit synth --preset llama3-8b --batch 8 --context 4096 \
+	  --permute-pages -o var/w1.pb >/dev/null 2>var/w1.synth.log || \
+	  { cat var/w1.synth.log; exit 2; }
 	@echo "\$$ attnaudit check var/w1.pb"
 	@$(BUILD_DIR)/bin/attnaudit check var/w1.pb
 
