@@ -76,9 +76,10 @@ run: configure
 # Offline demo: synthesise a W1 snapshot and audit it without a server. The
 # build is quiet (its log is kept); only the report is shown.
 DEMO_LOG := $(BUILD_DIR)/demo-build.log
+DEMO_DIR ?= var
 demo:
 	@$(MAKE) --no-print-directory deps >/dev/null
-	@mkdir -p $(BUILD_DIR) var
+	@mkdir -p $(BUILD_DIR) $(DEMO_DIR)
 	@echo "building the attnaudit CLI (log: $(DEMO_LOG)) ..."
 	@{ [ -f $(BUILD_DIR)/CMakeCache.txt ] || \
 	   cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS); } \
@@ -87,12 +88,12 @@ demo:
 	  { echo "make demo: the build failed; the last lines of $(DEMO_LOG):"; \
 	    tail -n 20 $(DEMO_LOG); exit 2; }
 	$(BACKENDS)
-	@echo "\$$ attnaudit synth --preset llama3-8b --batch 8 --context 4096 --permute-pages -o var/w1.pb"
+	@echo "\$$ attnaudit synth --preset llama3-8b --batch 8 --context 4096 --permute-pages -o $(DEMO_DIR)/w1.pb"
 	@$(BUILD_DIR)/bin/attnaudit synth --preset llama3-8b --batch 8 --context 4096 \
-	  --permute-pages -o var/w1.pb >/dev/null 2>var/w1.synth.log || \
-	  { cat var/w1.synth.log; exit 2; }
-	@echo "\$$ attnaudit check var/w1.pb"
-	@$(BUILD_DIR)/bin/attnaudit check var/w1.pb
+	  --permute-pages -o $(DEMO_DIR)/w1.pb >/dev/null 2>$(DEMO_DIR)/w1.synth.log || \
+	  { cat $(DEMO_DIR)/w1.synth.log; exit 2; }
+	@echo "\$$ attnaudit check $(DEMO_DIR)/w1.pb"
+	@$(BUILD_DIR)/bin/attnaudit check $(DEMO_DIR)/w1.pb
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900

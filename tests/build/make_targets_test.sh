@@ -57,7 +57,8 @@ else
   fail "the backends line says which and why" "$line"
 fi
 
-out=$(make -s -C "$ROOT" demo BUILD_DIR="$BUILD" APT_PACKAGES= 2>&1)
+demo_dir=$(mktemp -d)
+out=$(make -s -C "$ROOT" demo BUILD_DIR="$BUILD" APT_PACKAGES= DEMO_DIR="$demo_dir" 2>&1)
 rc=$?
 lines=$(echo "$out" | wc -l)
 if [[ $rc == 0 && "$out" == *"verdict: PASS"* && "$out" != *"Building CXX"* &&
@@ -66,6 +67,8 @@ if [[ $rc == 0 && "$out" == *"verdict: PASS"* && "$out" != *"Building CXX"* &&
 else
   fail "make demo shows the report, not the build (exit $rc, $lines lines)" "$out"
 fi
+
+rm -rf "$demo_dir"
 
 echo "$PASSED passed, $FAILED failed"
 [[ $FAILED -eq 0 ]]
