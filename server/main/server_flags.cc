@@ -275,8 +275,8 @@ absl::Status CheckCombinations(const ServerFlags& f) {
     return FlagError("tls-client-ca", "needs --tls-cert and --tls-key");
   }
   if (f.devices != "cpu" && f.devices != "all") {
-    return FlagError("devices", absl::StrCat("'", f.devices,
-                                             "' is not cpu or all"));
+    return FlagError("devices",
+                     absl::StrCat("'", f.devices, "' is not cpu or all"));
   }
   if (f.listen.empty()) return FlagError("listen", "must not be empty");
   if (f.data_dir.empty()) return FlagError("data-dir", "must not be empty");
