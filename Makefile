@@ -2,15 +2,23 @@
 # lacks (apt, idempotent: nothing is installed when everything is present),
 # build with 2 jobs, then run.
 #
-#   make run    build and start attnaudit-server on the embedded defaults
-#               (CPU backend, data under ./var, gRPC localhost:50051,
-#               metrics localhost:9464)
-#   make test   build and run every test (ctest; the Python client's tests
-#               build build/py-venv from pinned PyPI packages)
+#   make run    build attnaudit-server and the attnaudit CLI (nothing else:
+#               no tests, no benchmarks), print the backends line, and start
+#               the server on the embedded defaults (CPU backend, data under
+#               ./var, gRPC localhost:50051, metrics localhost:9464)
+#   make demo   the CLI only, built quietly; audits a synthetic W1 snapshot
+#               offline and prints the report
+#   make test   build everything in the same build folder (what `make run`
+#               built is reused) and run every test (ctest; the Python
+#               client's tests build build/py-venv from pinned PyPI packages)
 #   make py-venv       the Python client in build/py-venv (pinned, no torch)
 #   make bench-python  the Python client benchmark (build/py-bench-venv with
 #                      torch from PyPI, about 3 GB of downloads the first time)
 #   make bench  every benchmark of docs/PERF.md (see the bench targets below)
+#
+# One build folder serves all of them, configured once with tests and
+# benchmarks enabled: `run`, `demo` and the bench targets build only their
+# targets, `test` builds the rest, and no object is compiled twice.
 
 BUILD_DIR ?= build
 JOBS ?= 2
@@ -28,8 +36,8 @@ APT_PACKAGES := build-essential cmake pkg-config git python3 python3-venv \
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build run test bench bench-check bench-env bench-peers \
-  bench-sweeps bench-server demo clean py-venv bench-python
+.PHONY: all deps configure build run test bench bench-check bench-env \
+  bench-peers bench-sweeps bench-server demo clean py-venv bench-python
 
 all: build
 
@@ -49,22 +57,43 @@ deps:
 $(BUILD_DIR)/CMakeCache.txt:
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS)
 
-build: deps $(BUILD_DIR)/CMakeCache.txt
+configure: deps $(BUILD_DIR)/CMakeCache.txt
+
+# Everything: libraries, binaries, tests, benchmarks.
+build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-run: build
-	@mkdir -p var
-	@if [ -x $(BUILD_DIR)/bin/attnaudit-server ]; then \
-	  exec $(BUILD_DIR)/bin/attnaudit-server $(SERVER_FLAGS); \
-	else \
-	  $(MAKE) --no-print-directory demo; \
-	fi
+# What `make run` starts and the CLI to talk to it.
+RUN_TARGETS := attnaudit-server attnaudit
+BACKENDS = @cat $(BUILD_DIR)/attnaudit-backends.txt
 
-# Offline demo: synthesise a W1 snapshot and audit it without a server.
-demo: build
+run: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target $(RUN_TARGETS)
+	$(BACKENDS)
 	@mkdir -p var
-	$(BUILD_DIR)/bin/attnaudit synth --preset llama3-8b --batch 8 --context 4096 --permute-pages -o var/w1.pb
-	$(BUILD_DIR)/bin/attnaudit check var/w1.pb
+	exec $(BUILD_DIR)/bin/attnaudit-server $(SERVER_FLAGS)
+
+# Offline demo: synthesise a W1 snapshot and audit it without a server. The
+# build is quiet (its log is kept); only the report is shown.
+DEMO_LOG := $(BUILD_DIR)/demo-build.log
+DEMO_DIR ?= var
+demo:
+	@$(MAKE) --no-print-directory deps >/dev/null
+	@mkdir -p $(BUILD_DIR) $(DEMO_DIR)
+	@echo "building the attnaudit CLI (log: $(DEMO_LOG)) ..."
+	@{ [ -f $(BUILD_DIR)/CMakeCache.txt ] || \
+	   cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS); } \
+	  >$(DEMO_LOG) 2>&1 && \
+	  cmake --build $(BUILD_DIR) -j $(JOBS) --target attnaudit >>$(DEMO_LOG) 2>&1 || \
+	  { echo "make demo: the build failed; the last lines of $(DEMO_LOG):"; \
+	    tail -n 20 $(DEMO_LOG); exit 2; }
+	$(BACKENDS)
+	@echo "\$$ attnaudit synth --preset llama3-8b --batch 8 --context 4096 --permute-pages -o $(DEMO_DIR)/w1.pb"
+	@$(BUILD_DIR)/bin/attnaudit synth --preset llama3-8b --batch 8 --context 4096 \
+	  --permute-pages -o $(DEMO_DIR)/w1.pb >/dev/null 2>$(DEMO_DIR)/w1.synth.log || \
+	  { cat $(DEMO_DIR)/w1.synth.log; exit 2; }
+	@echo "\$$ attnaudit check $(DEMO_DIR)/w1.pb"
+	@$(BUILD_DIR)/bin/attnaudit check $(DEMO_DIR)/w1.pb
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
@@ -88,9 +117,15 @@ BENCH_TMP := $(BUILD_DIR)/bench-tmp
 REPEATS ?= 5
 RLKERNEL ?=
 
+# The binaries the benchmark scripts run (the scripts share bench/common).
+BENCH_TARGETS := $(RUN_TARGETS) attnaudit_bench_floor attnaudit_bench_check \
+  attnaudit_bench_reference
+BUILD_BENCH = cmake --build $(BUILD_DIR) -j $(JOBS) --target $(BENCH_TARGETS)
+
 bench: bench-check bench-peers bench-sweeps bench-server
 
-bench-check: build
+bench-check: configure
+	$(BUILD_BENCH)
 	$(BUILD_DIR)/bin/attnaudit_bench_floor --sweep
 	$(BUILD_DIR)/bin/attnaudit_bench_check --repeats 9 --markdown
 
@@ -109,18 +144,21 @@ $(BENCH_VENV)/.installed: bench/peers/requirements.txt $(wildcard proto/attnaudi
 
 bench-env: $(BENCH_VENV)/.installed
 
-bench-peers: build bench-env
+bench-peers: configure bench-env
+	$(BUILD_BENCH)
 	@mkdir -p $(BENCH_OUT) $(BENCH_TMP)
 	$(BENCH_VENV)/bin/python bench/peers/peers.py --bin-dir $(BUILD_DIR)/bin \
 	  --repeats $(REPEATS) --workdir $(BENCH_TMP) --json $(BENCH_OUT)/peers.json \
 	  $(if $(RLKERNEL),--rlkernel $(RLKERNEL))
 
-bench-sweeps: build
+bench-sweeps: configure
+	$(BUILD_BENCH)
 	@mkdir -p $(BENCH_OUT) $(BENCH_TMP)
 	python3 bench/sweeps/sweeps.py --bin-dir $(BUILD_DIR)/bin \
 	  --repeats $(REPEATS) --workdir $(BENCH_TMP) --json $(BENCH_OUT)/sweeps.json
 
-bench-server: build
+bench-server: configure
+	$(BUILD_BENCH)
 	@mkdir -p $(BENCH_OUT) $(BENCH_TMP)
 	python3 bench/sweeps/server_rate.py --bin-dir $(BUILD_DIR)/bin \
 	  --workdir $(BENCH_TMP) --json $(BENCH_OUT)/server_rate.json
@@ -134,7 +172,8 @@ py-venv: deps
 
 # The hook's cost per decode step (docs/PERF.md "Python client"), against a
 # real attnaudit-server started by the script.
-bench-python: build
+bench-python: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target attnaudit-server
 	bash client/python/scripts/make_venv.sh $(PY_BENCH_VENV) $(PYTHON) client/python/requirements/bench.txt
 	$(PY_BENCH_VENV)/bin/python bench/python_client/bench_hook.py \
 	  --server $(BUILD_DIR)/bin/attnaudit-server

@@ -103,12 +103,14 @@ double Percentile(const std::vector<double>& sorted, double p) {
   return sorted[std::min(sorted.size(), std::max<size_t>(rank, 1)) - 1];
 }
 
-// Reads the snapshot, builds the unary request and picks the transport
-// (auto: what Client::Audit would use for this size).
+// Builds the unary request from the snapshot read from o.file and picks the
+// transport (auto: what Client::Audit would use for this size). Errors are
+// the server's (or the connection's).
 absl::StatusOr<std::unique_ptr<Load>> PrepareLoad(Client* client,
-                                                  const BenchCommand& o) {
+                                                  const BenchCommand& o,
+                                                  Snapshot snapshot) {
   auto load = std::make_unique<Load>();
-  ATTNAUDIT_ASSIGN_OR_RETURN(load->snapshot, ReadSnapshotFile(o.file));
+  load->snapshot = std::move(snapshot);
   SnapshotToProto(load->snapshot, load->request.mutable_snapshot());
   load->bytes = static_cast<int64_t>(load->request.ByteSizeLong());
   if (!client->WaitForConnected(absl::Seconds(10))) {
@@ -248,14 +250,17 @@ int RunBench(const BenchCommand& o) {
   const absl::Duration warmup = CliDuration(o.warmup);
   if (duration <= absl::ZeroDuration() || duration > absl::Hours(1) ||
       warmup > absl::Minutes(10)) {
-    return Fail("bench", absl::InvalidArgumentError(
-                             "--duration: must be in (0, 1h]; --warmup at "
-                             "most 10m"));
+    return FailLocal("bench", absl::InvalidArgumentError(
+                                  "--duration: must be in (0, 1h]; --warmup "
+                                  "at most 10m"));
   }
+  absl::StatusOr<Snapshot> snapshot = ReadSnapshotFile(o.file);
+  if (!snapshot.ok()) return FailLocal("bench", snapshot.status());
   absl::StatusOr<std::unique_ptr<Client>> client = Connect(o.connection);
-  if (!client.ok()) return Fail("bench", client.status());
-  absl::StatusOr<std::unique_ptr<Load>> load = PrepareLoad(client->get(), o);
-  if (!load.ok()) return Fail("bench", load.status());
+  if (!client.ok()) return FailLocal("bench", client.status());
+  absl::StatusOr<std::unique_ptr<Load>> load =
+      PrepareLoad(client->get(), o, *std::move(snapshot));
+  if (!load.ok()) return FailRemote("bench", o.connection, load.status());
   Schedule schedule;
   schedule.start = absl::Now();
   schedule.rate = o.rate;
@@ -287,7 +292,7 @@ void AddBenchCommand(CLI::App* app, int* exit_code) {
       "the\nreport) and the rest of the latency (transfer, decode, queue) "
       "with its\nGB/s. Exit 0 when every call succeeded, 2 otherwise.",
       &RunBench);
-  command->add_option("file", o->file, "snapshot file")->required();
+  command->add_option("FILE", o->file, "snapshot file")->required();
   command->add_option("--concurrency", o->concurrency, "client threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));

@@ -29,7 +29,7 @@ int RunCheck(const CheckCommand& o) {
   absl::StatusOr<Snapshot> snapshot = ReadSnapshotFile(o.file);
   if (!snapshot.ok()) return Fail(snapshot.status().message());
   absl::StatusOr<AuditReport> report = RunAudit(*snapshot, options);
-  if (!report.ok()) return Fail(report.status().ToString());
+  if (!report.ok()) return Fail(report.status().message());
   const int exit_code = PrintReport("check", *report, o.json);
   if (report->verdict == Verdict::kInvalid) {
     std::cerr << "attnaudit check: invalid snapshot: " << report->invalid_reason
@@ -49,7 +49,7 @@ void AddCheckCommand(CLI::App* app, int* exit_code) {
       "compared\nE-R, P-R, E-P. Exit 0 PASS, 1 DRIFT, 2 invalid input or "
       "error.",
       &RunCheck);
-  command->add_option("file", o->file, "snapshot file")->required();
+  command->add_option("FILE", o->file, "snapshot file")->required();
   command->add_flag("--json", o->json, "print the report as proto3 JSON");
   command->add_option("--threads", o->threads, "threads (0: all cores)")
       ->check(CLI::Range(0, 4096));

@@ -30,7 +30,7 @@ void AddInspectCommand(CLI::App* app, int* exit_code) {
       app, exit_code, "inspect",
       "print a snapshot's shapes, dtypes, sizes and labels",
       "Reads the file only; no validation or audit.", &RunInspect);
-  command->add_option("file", o->file, "snapshot file")->required();
+  command->add_option("FILE", o->file, "snapshot file")->required();
 }
 
 }  // namespace attnaudit::client::cli_internal

@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "client/cli/cli_flags.h"
 #include "client/cli/commands.h"
+#include "client/cli/findings.h"
 #include "client/cli/remote_common.h"
 #include "client/cli/report_printer.h"
 #include "proto/codec/codec.h"
@@ -37,10 +38,10 @@ int RunAuditCommand(const AuditCommand& o) {
   CallOptions call;
   call.priority = PriorityOf(o.priority);
   AuditOptionsToProto(ToAuditOptions(o.audit), &call.audit_options);
-  absl::StatusOr<std::unique_ptr<Client>> client = Connect(o.connection);
-  if (!client.ok()) return Fail("audit", client.status());
   absl::StatusOr<Snapshot> snapshot = ReadSnapshotFile(o.file);
-  if (!snapshot.ok()) return Fail("audit", snapshot.status());
+  if (!snapshot.ok()) return FailLocal("audit", snapshot.status());
+  absl::StatusOr<std::unique_ptr<Client>> client = Connect(o.connection);
+  if (!client.ok()) return FailLocal("audit", client.status());
   const Transport transport = o.unary    ? Transport::kUnary
                               : o.stream ? Transport::kStream
                                          : Transport::kAuto;
@@ -48,11 +49,11 @@ int RunAuditCommand(const AuditCommand& o) {
       (*client)->Audit(*snapshot, call, transport);
   if (!report.ok()) {
     if (report.status().code() == absl::StatusCode::kInvalidArgument) {
-      std::cerr << "attnaudit audit: invalid snapshot: "
-                << report.status().message() << "\n";
+      std::cerr << "attnaudit audit: server " << o.connection.addr
+                << ": invalid snapshot: " << report.status().message() << "\n";
       return kExitError;
     }
-    return Fail("audit", report.status());
+    return FailRemote("audit", o.connection, report.status());
   }
   return PrintReport("audit", *report, o.json);
 }
@@ -64,7 +65,7 @@ void AddAudit(CLI::App* app, int* exit_code) {
       "JSON).\nSnapshots past the server's unary limit are streamed. Exit 0 "
       "PASS,\n1 DRIFT, 2 invalid input or error.",
       &RunAuditCommand);
-  command->add_option("file", o->file, "snapshot file")->required();
+  command->add_option("FILE", o->file, "snapshot file")->required();
   command->add_flag("--json", o->json, "print the report as JSON");
   CLI::Option* unary =
       command->add_flag("--unary", o->unary, "always the unary call");
@@ -107,12 +108,13 @@ int RunSubmitCommand(const SubmitCommand& o) {
   call.priority = PriorityOf(o.priority);
   call.idempotency_key = o.idempotency_key;
   if (!call.idempotency_key.empty() && o.files.size() != 1) {
-    return Fail("submit", absl::InvalidArgumentError(
-                              "--idempotency-key: only with a single FILE"));
+    return FailLocal("submit", absl::InvalidArgumentError(
+                                   "--idempotency-key: only with a single "
+                                   "FILE"));
   }
   if (!o.job_timeout.empty()) call.job_timeout = CliDuration(o.job_timeout);
   absl::StatusOr<std::unique_ptr<Client>> client = Connect(o.connection);
-  if (!client.ok()) return Fail("submit", client.status());
+  if (!client.ok()) return FailLocal("submit", client.status());
   ProgressBar bar(o.files.size());
   size_t done = 0;
   size_t failed = 0;
@@ -120,23 +122,26 @@ int RunSubmitCommand(const SubmitCommand& o) {
   bar.Update(0, 0, 0);
   for (const std::string& file : o.files) {
     absl::StatusOr<Snapshot> snapshot = ReadSnapshotFile(file);
-    absl::Status status = snapshot.status();
-    if (snapshot.ok()) {
-      const v1::SubmitRequest request = MakeSubmitRequest(*snapshot, call);
-      absl::StatusOr<v1::SubmitResponse> response =
-          SubmitWithRetries(client->get(), request, o.retries);
-      status = response.status();
-      if (response.ok()) {
-        std::cout << file << " " << response->job_id()
-                  << (response->deduplicated() ? " (deduplicated)" : "") << "\n"
-                  << std::flush;
-        bytes += static_cast<int64_t>(request.ByteSizeLong());
-      }
-    }
-    if (!status.ok()) {
+    if (!snapshot.ok()) {  // local: the message names the file
       ++failed;
-      std::cerr << "\nattnaudit submit: " << file << ": "
-                << DescribeError(status) << "\n";
+      std::cerr << "\nattnaudit submit: " << snapshot.status().message()
+                << "\n";
+      bar.Update(++done, bytes, failed);
+      continue;
+    }
+    const v1::SubmitRequest request = MakeSubmitRequest(*snapshot, call);
+    absl::StatusOr<v1::SubmitResponse> response =
+        SubmitWithRetries(client->get(), request, o.retries);
+    if (response.ok()) {
+      std::cout << file << " " << response->job_id()
+                << (response->deduplicated() ? " (deduplicated)" : "") << "\n"
+                << std::flush;
+      bytes += static_cast<int64_t>(request.ByteSizeLong());
+    } else {
+      ++failed;
+      std::cerr << "\nattnaudit submit: " << file << ": server "
+                << o.connection.addr << ": " << DescribeError(response.status())
+                << "\n";
     }
     bar.Update(++done, bytes, failed);
   }
@@ -150,7 +155,8 @@ void AddSubmit(CLI::App* app, int* exit_code) {
       "goes to\nstderr. Full queues are retried after the server's hint. "
       "Exit 0 when every\nfile was accepted, else 2.",
       &RunSubmitCommand);
-  command->add_option("files", o->files, "snapshot files")->required();
+  command->add_option("FILE", o->files, "snapshot files (one or more)")
+      ->required();
   AddPriorityFlag(command, &o->priority);
   command->add_option("--idempotency-key", o->idempotency_key,
                       "one file only: a retried submit returns the same job");
@@ -198,11 +204,11 @@ absl::StatusOr<v1::JobResult> PollResult(Client* client,
 
 int RunGetCommand(const GetCommand& o) {
   absl::StatusOr<std::unique_ptr<Client>> client = Connect(o.connection);
-  if (!client.ok()) return Fail("get", client.status());
+  if (!client.ok()) return FailLocal("get", client.status());
   absl::StatusOr<v1::JobResult> result =
       PollResult(client->get(), o.job_id,
                  o.wait.empty() ? absl::ZeroDuration() : CliDuration(o.wait));
-  if (!result.ok()) return Fail("get", result.status());
+  if (!result.ok()) return FailRemote("get", o.connection, result.status());
   if (o.json) {
     std::cout << ToJson(*result, /*pretty=*/true) << "\n";
   } else {
@@ -218,7 +224,7 @@ int RunGetCommand(const GetCommand& o) {
   switch (result->state()) {
     case v1::JOB_STATE_DONE: {
       absl::StatusOr<AuditReport> report = ReportFromProto(result->report());
-      if (!report.ok()) return Fail("get", report.status());
+      if (!report.ok()) return FailRemote("get", o.connection, report.status());
       if (!o.json) std::cout << FormatReport(*report);
       return ExitCodeFor(report->verdict);
     }
@@ -236,7 +242,7 @@ void AddGet(CLI::App* app, int* exit_code) {
       "Prints a job's state and, once DONE, its report. Exit: DONE 0 PASS /\n"
       "1 DRIFT / 2 INVALID; FAILED or CANCELLED 2; still QUEUED/RUNNING 3.",
       &RunGetCommand);
-  command->add_option("job_id", o->job_id, "the job id Submit returned")
+  command->add_option("JOB_ID", o->job_id, "the job id Submit returned")
       ->required();
   command->add_flag("--json", o->json, "print the JobResult as JSON");
   command
@@ -260,7 +266,8 @@ struct WatchCommand {
   ConnectionFlags connection;
 };
 
-// One line per result: id, state, verdict, labels, the E-R output drift.
+// One line per result: id, state, verdict, labels, and the reason: for a
+// finished audit what fired (or the E-R margin of a PASS), else the error.
 std::string WatchLine(const v1::JobResult& r) {
   std::string line = absl::StrCat(
       r.job_id(), " ", StateName(r.state()), " ",
@@ -269,13 +276,18 @@ std::string WatchLine(const v1::JobResult& r) {
       " layer=",
       r.labels().has_layer() ? absl::StrCat(r.labels().layer())
                              : std::string("-"));
-  for (const v1::ComparisonResult& c : r.report().comparisons()) {
-    if (c.comparison() == v1::COMPARISON_ENGINE_VS_REFERENCE && c.has_out()) {
-      absl::StrAppendFormat(&line, " E-R out max_abs=%.3g", c.out().max_abs());
-    }
+  if (r.has_report()) {
+    absl::StatusOr<AuditReport> report = ReportFromProto(r.report());
+    absl::StrAppend(&line, ": ",
+                    report.ok() ? ReasonLine(*report)
+                                : absl::StrCat("unreadable report: ",
+                                               report.status().message()));
   }
   if (r.has_error() && r.error().code() != 0) {
-    absl::StrAppend(&line, " error=\"", r.error().message(), "\"");
+    absl::StrAppend(&line, ": error ",
+                    absl::StatusCodeToString(
+                        static_cast<absl::StatusCode>(r.error().code())),
+                    ": ", r.error().message());
   }
   return line;
 }
@@ -297,7 +309,7 @@ v1::ResultFilter FilterOf(const WatchCommand& o) {
 
 int RunWatchCommand(const WatchCommand& o) {
   absl::StatusOr<std::unique_ptr<Client>> client = Connect(o.connection);
-  if (!client.ok()) return Fail("watch", client.status());
+  if (!client.ok()) return FailLocal("watch", client.status());
   int64_t seen = 0;
   absl::Status s = (*client)->Watch(
       FilterOf(o),
@@ -308,7 +320,7 @@ int RunWatchCommand(const WatchCommand& o) {
         return o.count <= 0 || ++seen < o.count;
       },
       o.duration.empty() ? absl::InfiniteDuration() : CliDuration(o.duration));
-  if (!s.ok()) return Fail("watch", s);
+  if (!s.ok()) return FailRemote("watch", o.connection, s);
   return 0;
 }
 
@@ -345,9 +357,9 @@ struct CancelCommand {
 
 int RunCancelCommand(const CancelCommand& o) {
   absl::StatusOr<std::unique_ptr<Client>> client = Connect(o.connection);
-  if (!client.ok()) return Fail("cancel", client.status());
+  if (!client.ok()) return FailLocal("cancel", client.status());
   absl::StatusOr<v1::JobState> state = (*client)->Cancel(o.job_id);
-  if (!state.ok()) return Fail("cancel", state.status());
+  if (!state.ok()) return FailRemote("cancel", o.connection, state.status());
   std::cout << "job " << o.job_id << ": " << StateName(*state) << "\n";
   return 0;
 }
@@ -357,7 +369,7 @@ void AddCancel(CLI::App* app, int* exit_code) {
       app, exit_code, "cancel", "cancel a job",
       "Cancels a queued or running job and prints its state.",
       &RunCancelCommand);
-  command->add_option("job_id", o->job_id, "the job to cancel")->required();
+  command->add_option("JOB_ID", o->job_id, "the job to cancel")->required();
   AddConnectionFlags(command, &o->connection);
 }
 
@@ -401,9 +413,9 @@ void PrintCapabilities(const v1::Capabilities& caps) {
 
 int RunCapsCommand(const CapsCommand& o) {
   absl::StatusOr<std::unique_ptr<Client>> client = Connect(o.connection);
-  if (!client.ok()) return Fail("caps", client.status());
+  if (!client.ok()) return FailLocal("caps", client.status());
   absl::StatusOr<v1::Capabilities> caps = (*client)->Capabilities();
-  if (!caps.ok()) return Fail("caps", caps.status());
+  if (!caps.ok()) return FailRemote("caps", o.connection, caps.status());
   if (o.json) {
     std::cout << ToJson(*caps, /*pretty=*/true) << "\n";
   } else {

@@ -6,8 +6,10 @@
 #include <cstdio>
 #include <iostream>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
@@ -30,11 +32,20 @@ void AddConnectionFlags(CLI::App* command, ConnectionFlags* flags) {
   CLI::App* group = command->add_option_group(
       "Connection", "where the server is and how to reach it");
   group->add_option("--addr", flags->addr, "server HOST:PORT")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& value) { return CheckAddress(value); }, "HOST:PORT"));
   group
       ->add_option("--timeout", flags->timeout,
                    "deadline of each call (default 120s)")
-      ->check(DurationValidator());
+      ->check(DurationValidator())
+      ->check(CLI::Validator(
+          [](std::string& value) {
+            return CliDuration(value) > absl::ZeroDuration()
+                       ? std::string()
+                       : std::string("must be positive");
+          },
+          ""));
   group->add_flag("--tls", flags->tls, "use TLS with the system roots");
   group->add_option("--tls-ca", flags->tls_ca,
                     "PEM roots of the server's certificate (implies TLS)");
@@ -97,9 +108,83 @@ std::string DescribeError(const absl::Status& status) {
   return out;
 }
 
-int Fail(const char* name, const absl::Status& status) {
-  std::cerr << "attnaudit " << name << ": " << DescribeError(status) << "\n";
+int FailRemote(const char* name, const ConnectionFlags& flags,
+               const absl::Status& status) {
+  std::cerr << "attnaudit " << name << ": server " << flags.addr << ": "
+            << DescribeError(status) << "\n";
   return kExitError;
+}
+
+int FailLocal(const char* name, const absl::Status& status) {
+  std::cerr << "attnaudit " << name << ": " << status.message() << "\n";
+  return kExitError;
+}
+
+namespace {
+
+// "" when `port` is a decimal port number 1..65535.
+std::string CheckPort(absl::string_view port, absl::string_view addr) {
+  int value = 0;
+  if (port.empty()) {
+    return absl::StrCat("'", addr, "' has an empty port: expected HOST:PORT");
+  }
+  if (!absl::c_all_of(port, absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(port, &value) || value < 1 || value > 65535) {
+    return absl::StrCat("'", addr, "': the port '", port,
+                        "' is not a number in 1..65535");
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string CheckAddress(const std::string& addr) {
+  absl::string_view a = addr;
+  if (a.empty()) return "empty: expected HOST:PORT, e.g. localhost:50051";
+  // gRPC targets with a scheme: unix sockets have no port; ipv4:/ipv6:
+  // lists are gRPC's to parse. dns: names a host, which needs the port.
+  for (absl::string_view scheme :
+       {"unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:"}) {
+    if (absl::StartsWith(a, scheme)) return "";
+  }
+  if (absl::ConsumePrefix(&a, "dns:")) {
+    if (absl::ConsumePrefix(&a, "//")) {  // dns://AUTHORITY/HOST:PORT
+      const size_t slash = a.find('/');
+      a = slash == absl::string_view::npos ? "" : a.substr(slash + 1);
+    }
+  }
+  if (absl::StartsWith(a, "[")) {  // [v6]:port
+    const size_t close = a.find(']');
+    if (close == absl::string_view::npos) {
+      return absl::StrCat("'", addr, "': an IPv6 host needs a closing ']'");
+    }
+    if (a.substr(close + 1).empty()) {
+      return absl::StrCat("'", addr,
+                          "' has no port: expected [HOST]:PORT, "
+                          "e.g. [::1]:50051");
+    }
+    if (a[close + 1] != ':') {
+      return absl::StrCat("'", addr, "': expected ':' and the port after ']'");
+    }
+    return CheckPort(a.substr(close + 2), addr);
+  }
+  const size_t colon = a.rfind(':');
+  if (colon == absl::string_view::npos) {
+    return absl::StrCat("'", addr, "' has no port: expected HOST:PORT, e.g. ",
+                        a.empty() ? absl::string_view("localhost") : a,
+                        ":50051 (without a port "
+                        "gRPC would dial 443)");
+  }
+  if (a.find(':') != colon) {
+    return absl::StrCat("'", addr, "': bracket an IPv6 host, e.g. [::1]:50051");
+  }
+  if (colon == 0) {
+    return absl::StrCat("'", addr,
+                        "' has no host: expected HOST:PORT, e.g. "
+                        "localhost",
+                        a);
+  }
+  return CheckPort(a.substr(colon + 1), addr);
 }
 
 std::string ToJson(const google::protobuf::Message& message, bool pretty) {

@@ -4,7 +4,10 @@
 // thread-safe except where noted (one command runs per process).
 //
 // Connection flags (all optional):
-//   --addr HOST:PORT        server (default localhost:50051)
+//   --addr HOST:PORT        server (default localhost:50051); the port is
+//                           required (gRPC would dial 443 without one), an
+//                           IPv6 host is bracketed ([::1]:50051); gRPC's
+//                           dns:, ipv4:, ipv6: and unix: targets also work
 //   --timeout DUR           deadline of each call (default 120s; 30s, 2m, or
 //                           plain seconds)
 //   --tls                   use TLS with the system roots
@@ -42,7 +45,12 @@ struct ConnectionFlags {
 };
 // Declares the connection flags on `command` (in their own help group).
 void AddConnectionFlags(CLI::App* command, ConnectionFlags* flags);
-// Connects as the flags say (reads the token and PEM files).
+// --addr's check (a usage error names what is wrong): "" when `addr` is a
+// HOST:PORT (or a gRPC target with a scheme), else the problem, e.g.
+// "'localhost' has no port: expected HOST:PORT, e.g. localhost:50051".
+std::string CheckAddress(const std::string& addr);
+// Connects as the flags say (reads the token and PEM files). Its errors are
+// local (a file or flag), to be reported with FailLocal.
 absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectionFlags& flags);
 
 // --priority interactive|sampled (either case); PRIORITY_UNSPECIFIED when
@@ -52,8 +60,15 @@ v1::Priority PriorityOf(const std::string& flag_value);
 
 // "INVALID_ARGUMENT: snapshot.q: ..." plus the retry hint when there is one.
 std::string DescribeError(const absl::Status& status);
-// Prints "attnaudit NAME: <error>" to stderr; returns kExitError.
-int Fail(const char* name, const absl::Status& status);
+// A call to the server failed: prints "attnaudit NAME: server ADDR:
+// <DescribeError>" to stderr; returns kExitError.
+int FailRemote(const char* name, const ConnectionFlags& flags,
+               const absl::Status& status);
+// A local problem, no server involved (a file that cannot be read or
+// decoded, a flag that cannot be used): prints "attnaudit NAME: <message>"
+// without a status code, which would read as the server's answer; returns
+// kExitError.
+int FailLocal(const char* name, const absl::Status& status);
 
 // proto3 JSON with the field names of the .proto files.
 std::string ToJson(const google::protobuf::Message& message, bool pretty);

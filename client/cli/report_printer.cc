@@ -7,17 +7,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/cli/findings.h"
+#include "core/fingerprint/fingerprint.h"
 #include "proto/codec/codec.h"
 
 namespace attnaudit::client {
 namespace {
-
-std::string Loc(const Location& l) {
-  std::string s = absl::StrCat("b=", l.batch, " s=", l.query);
-  if (l.head >= 0) absl::StrAppend(&s, " h=", l.head);
-  if (l.dim >= 0) absl::StrAppend(&s, " d=", l.dim);
-  return s;
-}
 
 std::string Row(absl::string_view comparison, absl::string_view quantity,
                 const DriftStats& st) {
@@ -42,6 +37,53 @@ std::string Bytes(int64_t n) {
   return absl::StrCat(n, " B");
 }
 
+// Enum values by name (`inspect`), spelled as the fingerprint's canonical
+// text spells them where it has them.
+absl::string_view LayoutName(KvLayout l) {
+  return l == KvLayout::kHND ? "HND" : "NHD";
+}
+absl::string_view RopeStateName(RopeState s) {
+  return s == RopeState::kPreRope ? "pre_rope" : "post_rope";
+}
+absl::string_view RopeStyleName(RopeStyle s) {
+  return s == RopeStyle::kGptj ? "gptj" : "neox";
+}
+absl::string_view WindowConventionName(SlidingWindowConvention c) {
+  return c == SlidingWindowConvention::kFlashLeft ? "flash_left"
+                                                  : "hugging_face";
+}
+absl::string_view CpShardingName(CpSharding c) {
+  switch (c) {
+    case CpSharding::kNone:
+      return "none";
+    case CpSharding::kExplicitOwners:
+      return "explicit_owners";
+    case CpSharding::kTokenInterleaved:
+      return "token_interleaved";
+    case CpSharding::kPageInterleaved:
+      return "page_interleaved";
+  }
+  return "unknown";
+}
+absl::string_view PrefixSchemeName(PrefixCache::Scheme s) {
+  return s == PrefixCache::Scheme::kRlKernelCompat ? "rl_kernel_compat"
+                                                   : kFingerprintVersion;
+}
+// "none", or the type and the factor: "llama3 factor=8".
+std::string ScalingText(const RopeScaling& s) {
+  switch (s.type) {
+    case RopeScalingType::kNone:
+      return "none";
+    case RopeScalingType::kLinear:
+      return absl::StrCat("linear factor=", s.factor);
+    case RopeScalingType::kLlama3:
+      return absl::StrCat("llama3 factor=", s.factor);
+    case RopeScalingType::kYarn:
+      return absl::StrCat("yarn factor=", s.factor);
+  }
+  return absl::StrCat("unknown(", static_cast<int>(s.type), ")");
+}
+
 std::string LabelLine(const Labels& l) {
   std::vector<std::string> parts;
   if (!l.model.empty()) parts.push_back(absl::StrCat("model=", l.model));
@@ -50,6 +92,21 @@ std::string LabelLine(const Labels& l) {
   if (!l.backend.empty()) parts.push_back(absl::StrCat("backend=", l.backend));
   if (l.step >= 0) parts.push_back(absl::StrCat("step=", l.step));
   return parts.empty() ? "(none)" : absl::StrJoin(parts, " ");
+}
+
+// The fingerprints the audit computed, each with the definition's name
+// (the same kFingerprintVersion that GetCapabilities reports).
+void AppendFingerprints(const Provenance& p, std::string* out) {
+  const std::string version =
+      p.fingerprint_version.empty() ? "" : " " + p.fingerprint_version;
+  if (!p.kv_fingerprint.empty()) {
+    absl::StrAppend(out, "kv fingerprint:", version, " ", p.kv_fingerprint,
+                    "\n");
+  }
+  if (!p.prefix_fingerprint.empty()) {
+    absl::StrAppend(out, "prefix fingerprint:", version, " ",
+                    p.prefix_fingerprint, " (verified)\n");
+  }
 }
 
 }  // namespace
@@ -79,50 +136,94 @@ void AppendComparisonTable(const AuditReport& r, std::string* out_ptr) {
   }
 }
 
-// Per comparison: its verdict, the reasons, the worst locations and heads,
-// the log-prob agreement.
+// Per comparison: its verdict, each quantity in the engine's terms (what
+// fired, by how much, where), the worst heads, the log-prob agreement.
 void AppendFindings(const AuditReport& r, std::string* out_ptr) {
   std::string& out = *out_ptr;
+  const std::vector<Finding> findings = FindingsOf(r);
   for (const ComparisonResult& c : r.comparisons) {
-    absl::StrAppend(&out, ComparisonShortName(c.comparison), " (",
-                    ComparisonName(c.comparison), "): ", VerdictName(c.verdict),
+    absl::StrAppend(&out, ComparisonShortName(c.comparison), " ",
+                    CandidateName(c.comparison), " vs ",
+                    BaselineName(c.comparison), ": ", VerdictName(c.verdict),
                     "\n");
-    for (const std::string& reason : c.reasons) {
-      absl::StrAppend(&out, "    ", reason, "\n");
+    bool fired = false;
+    for (const Finding& f : findings) {
+      if (f.comparison != c.comparison) continue;
+      fired |= f.fired();
+      out += DescribeFinding(f, r.dims, "    ");
     }
-    if (c.has_out && c.out.max_abs > 0) {
-      absl::StrAppendFormat(&out, "    worst out at %s: %.9g vs %.9g\n",
-                            Loc(c.out.worst), c.out.worst_candidate,
-                            c.out.worst_baseline);
-    }
-    if (c.has_lse && c.lse.max_abs > 0) {
-      absl::StrAppendFormat(&out, "    worst lse at %s: %.9g vs %.9g\n",
-                            Loc(c.lse.worst), c.lse.worst_candidate,
-                            c.lse.worst_baseline);
+    if (c.verdict == Verdict::kDrift && !fired) {
+      // DRIFT for a reason the statistics do not carry: the core's words.
+      for (const std::string& reason : c.reasons) {
+        absl::StrAppend(&out, "    ", reason, "\n");
+      }
     }
     if (!c.worst_heads.empty() && c.has_out && c.out.max_abs > 0) {
       std::vector<std::string> heads;
       for (const HeadSummary& h : c.worst_heads) {
         heads.push_back(absl::StrFormat("h%d %.2e", h.head, h.max_abs));
       }
-      absl::StrAppend(&out, "    worst heads: ", absl::StrJoin(heads, ", "),
-                      "\n");
+      absl::StrAppend(
+          &out, "    worst heads (out): ", absl::StrJoin(heads, ", "), "\n");
     }
     if (c.has_logprob && c.logprob_agreement.count > 0) {
       const LogprobAgreement& a = c.logprob_agreement;
       absl::StrAppendFormat(
           &out,
-          "    log-prob: %d tokens, mean|diff| %.3e, k1 %.3e, k3 %.3e, "
-          "ratio [%.6f, %.6f]\n",
+          "    log-prob agreement: %d tokens, mean|diff| %.3e, k1 %.3e, "
+          "k3 %.3e, ratio [%.6f, %.6f]\n",
           a.count, a.mean_abs_diff, a.k1_kl, a.k3_kl, a.ratio_min, a.ratio_max);
     }
   }
 }
 
+// ", fired: E-R lse, E-P lse" after a DRIFT verdict (empty otherwise).
+std::string FiredSummary(const AuditReport& r) {
+  std::vector<std::string> fired;
+  for (const Finding& f : FindingsOf(r)) {
+    if (f.fired()) {
+      fired.push_back(absl::StrCat(ComparisonShortName(f.comparison), " ",
+                                   QuantityName(f.quantity)));
+    }
+  }
+  return fired.empty() ? ""
+                       : absl::StrCat(" (", absl::StrJoin(fired, ", "), ")");
+}
+
+// What the log-prob tolerance bounds, under the table: it is far looser
+// than out's and lse's, and a reader must know why.
+void AppendLogprobToleranceNote(const AuditReport& r, std::string* out) {
+  const ComparisonResult* er = r.Find(Comparison::kEngineVsReference);
+  if (er == nullptr || !er->has_logprob) return;
+  absl::StrAppendFormat(
+      out,
+      "  logprob tolerance (E-R %.2g nats): the most a selected-token "
+      "log-prob can move\n  when every output value is within the out "
+      "tolerance (about 4 x out tolerance x\n  the largest lm_head row norm). "
+      "Loose on purpose: clean drift is 1e2-1e4 times smaller,\n  so a "
+      "logprob DRIFT means a cause beyond attention (temperature, sampling\n"
+      "  mode, wrong token, NaN).\n",
+      er->logprob.tolerance);
+}
+
+// Where the drift is, as far as this report knows. The statistics give the
+// worst (row, query, head, dim); the logical block and engine page need a
+// diagnosis, whose section goes here once AuditReport carries one.
+void AppendLocalisation(const AuditReport& r, std::string* out) {
+  if (r.verdict != Verdict::kDrift) return;
+  absl::StrAppend(
+      out,
+      "\nlocalisation: rows, queries and heads above are the engine's "
+      "(row = block_table\nrow, kv head = the K/V head the query head "
+      "reads). The drift statistics do not\nsay which logical block or "
+      "engine page caused it: not localised in this report.\n");
+}
+
 std::string FormatReport(const AuditReport& r) {
   std::string out;
   const SnapshotDims& d = r.dims;
-  absl::StrAppend(&out, "verdict: ", VerdictName(r.verdict), "\n");
+  absl::StrAppend(&out, "verdict: ", VerdictName(r.verdict), FiredSummary(r),
+                  "\n");
   if (r.verdict == Verdict::kInvalid) {
     absl::StrAppend(&out, "invalid: ", r.invalid_reason, "\n");
     return out;
@@ -136,8 +237,10 @@ std::string FormatReport(const AuditReport& r) {
       DTypeName(r.provenance.output_dtype), r.provenance.softmax_scale,
       r.provenance.max_merged_blocks);
   AppendComparisonTable(r, &out);
+  AppendLogprobToleranceNote(r, &out);
   out += "\n";
   AppendFindings(r, &out);
+  AppendLocalisation(r, &out);
   const StageTimings& t = r.provenance.timings;
   absl::StrAppendFormat(
       &out,
@@ -146,11 +249,7 @@ std::string FormatReport(const AuditReport& r) {
       t.validate_seconds * 1e3, t.reference_seconds * 1e3,
       t.replay_seconds * 1e3, t.compare_seconds * 1e3, t.total_seconds * 1e3,
       r.provenance.backend, r.provenance.threads);
-  if (!r.provenance.prefix_fingerprint.empty()) {
-    absl::StrAppend(&out,
-                    "prefix fingerprint: ", r.provenance.prefix_fingerprint,
-                    " (verified)\n");
-  }
+  AppendFingerprints(r.provenance, &out);
   return out;
 }
 
@@ -168,17 +267,23 @@ std::string FormatSnapshotSummary(const Snapshot& s) {
       "shape:    B=%d Sq=%d Hq=%d Hkv=%d D=%d pages=%d page_size=%d "
       "max_blocks=%d layout=%s\n",
       d.batch, d.queries, d.q_heads, d.kv_heads, d.head_dim, d.num_pages,
-      d.page_size, d.max_blocks, s.kv_layout == KvLayout::kNHD ? "NHD" : "HND");
+      d.page_size, d.max_blocks, LayoutName(s.kv_layout));
   absl::StrAppendFormat(
-      &out, "rope:     q=%s k=%s style=%s theta=%g rotary_dim=%d scaling=%d\n",
-      s.rope.q_state == RopeState::kPreRope ? "pre" : "post",
-      s.rope.k_state == RopeState::kPreRope ? "pre" : "post",
-      s.rope.style == RopeStyle::kNeox ? "neox" : "gptj", s.rope.theta,
-      s.rope.rotary_dim, static_cast<int>(s.rope.scaling.type));
+      &out, "rope:     q=%s k=%s style=%s theta=%g rotary_dim=%d scaling=%s\n",
+      RopeStateName(s.rope.q_state), RopeStateName(s.rope.k_state),
+      RopeStyleName(s.rope.style), s.rope.theta, s.rope.rotary_dim,
+      ScalingText(s.rope.scaling));
   absl::StrAppendFormat(
-      &out, "variant:  scale=%g window=%d softcap=%g sinks=%s cp_world=%d\n",
-      EffectiveScale(s), s.sliding_window, s.logit_softcap,
-      s.sinks.present() ? "yes" : "no", s.cp.world_size);
+      &out,
+      "variant:  scale=%g window=%d%s softcap=%g sinks=%s cp_world=%d%s\n",
+      EffectiveScale(s), s.sliding_window,
+      s.sliding_window > 0
+          ? absl::StrCat(" (", WindowConventionName(s.window_convention), ")")
+          : "",
+      s.logit_softcap, s.sinks.present() ? "yes" : "no", s.cp.world_size,
+      s.cp.world_size > 1
+          ? absl::StrCat(" cp_sharding=", CpShardingName(s.cp.sharding))
+          : "");
   if (s.prefix.enabled) {
     absl::StrAppend(&out, "prefix:   key=", s.prefix.key,
                     " length=", s.prefix.length,
@@ -215,6 +320,10 @@ std::string FormatSnapshotSummary(const Snapshot& s) {
   if (s.engine.out.present()) {
     absl::StrAppend(&out, "engine lse base: ",
                     s.engine.lse_base == LseBase::kE ? "e" : "2", "\n");
+  }
+  if (s.prefix.enabled) {
+    absl::StrAppend(&out, "prefix fingerprint scheme: ",
+                    PrefixSchemeName(s.prefix.scheme), "\n");
   }
   return out;
 }

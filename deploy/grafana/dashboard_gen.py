@@ -18,7 +18,14 @@ Layout, top to bottom (what you need first at 3 a.m. is at the top):
   Devices    device state, queued bytes, received bytes, build info
 Every panel uses the `datasource` variable (default: the provisioned uid
 attnaudit-prometheus) and the job / instance / comparison / model / layer
-variables.
+variables. The job variable lists only jobs that export attnaudit metrics
+(label_values(attnaudit_build_info, job)) and its "All" is those jobs, never
+".*": on a Prometheus shared with other services, `up{job=~"$job"}` must not
+count their targets.
+
+Future panels (once the server reports them): context-parallel ranks (per
+rank drift of the merged partial states) and diagnoses (the localised
+logical block / engine page). Neither exists in the metrics yet.
 """
 import json
 import os
@@ -192,9 +199,10 @@ def build_panels():
          "(attnaudit_queue_capacity{%s} > 0))" % (SEL, SEL),
          "percentunit", steps=((0.5, "orange"), (0.8, "red")), decimals=1)
     stat("Targets down",
-         "Scrape targets of the selected job/instances that Prometheus cannot "
-         "reach (up == 0). Any non-zero value for 2 minutes fires "
-         "AttnauditDown.",
+         "Scrape targets of the selected attnaudit jobs/instances that "
+         "Prometheus cannot reach (up == 0); other services' targets on a "
+         "shared Prometheus are not counted. Any non-zero value for 2 minutes "
+         "fires AttnauditDown.",
          'count(up{job=~"$job",instance=~"$instance"} == 0) or vector(0)',
          "none", steps=((1, "red"),), decimals=0)
     L.newline()
@@ -387,11 +395,12 @@ def build_panels():
 
 
 def query_var(name, label, query, multi=True, include_all=True, sort=1,
-              current=None):
+              current=None, all_value=".*"):
+    """all_value None: Grafana's "All" is the regex of the values found."""
     v = {"name": name, "label": label, "type": "query", "datasource": DS,
          "definition": query, "query": query, "refresh": 2, "regex": "",
          "sort": sort, "multi": multi, "includeAll": include_all,
-         "allValue": ".*", "hide": 0,
+         "allValue": all_value, "hide": 0,
          "current": current or {"selected": True, "text": ["All"],
                                 "value": ["$__all"]},
          "options": []}
@@ -406,7 +415,9 @@ def templating():
          "current": {"selected": True, "text": "Prometheus",
                      "value": DATASOURCE_UID},
          "options": []},
-        query_var("job", "Job", "label_values(attnaudit_build_info, job)"),
+        # All = the jobs found exporting attnaudit_build_info, not ".*".
+        query_var("job", "Job", "label_values(attnaudit_build_info, job)",
+                  all_value=None),
         query_var("instance", "Instance",
                   'label_values(attnaudit_build_info{job=~"$job"}, instance)'),
         {"name": "comparison", "label": "Comparison", "type": "custom",

@@ -111,6 +111,12 @@ void LogEndpoints(const ServerFlags& flags, const AuditServer& server) {
       .Kv("max_message_bytes", flags.max_message_bytes)
       .Kv("health", "grpc.health.v1 (\"\", attnaudit.v1.AuditService)")
       .Kv("reflection", true);
+  if (flags.devices == "all") {
+    ATTNAUDIT_LOG(info, "devices")
+        .Kv("requested", "all")
+        .Kv("using", "cpu")
+        .Kv("why", "this build has no GPU backend yet");
+  }
   if (flags.metrics_listen.empty()) {
     ATTNAUDIT_LOG(info, "metrics endpoint disabled");
   } else {

@@ -29,6 +29,9 @@ ABSL_FLAG(int64_t, cpu_workers, 0,
           "threads-per-job)");
 ABSL_FLAG(int64_t, threads_per_job, 0,
           "threads one audit uses (0: all cores / cpu-workers)");
+ABSL_FLAG(std::string, devices, "cpu",
+          "devices to drive: cpu, or all (every device this build can use; "
+          "there is no GPU backend yet, so all = the CPU workers)");
 // Admission control.
 ABSL_FLAG(ByteSize, max_message_bytes, ByteSize{int64_t{256} << 20},
           "largest unary request; bigger snapshots use AuditStream (never "
@@ -100,6 +103,7 @@ const std::vector<absl::string_view>& FlagNames() {
       absl::GetFlagReflectionHandle(FLAGS_data_dir).Name(),
       absl::GetFlagReflectionHandle(FLAGS_cpu_workers).Name(),
       absl::GetFlagReflectionHandle(FLAGS_threads_per_job).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_devices).Name(),
       absl::GetFlagReflectionHandle(FLAGS_max_message_bytes).Name(),
       absl::GetFlagReflectionHandle(FLAGS_queue_interactive).Name(),
       absl::GetFlagReflectionHandle(FLAGS_queue_sampled).Name(),
@@ -209,6 +213,7 @@ ServerFlags ReadFlags() {
   f.data_dir = absl::GetFlag(FLAGS_data_dir);
   f.cpu_workers = absl::GetFlag(FLAGS_cpu_workers);
   f.threads_per_job = absl::GetFlag(FLAGS_threads_per_job);
+  f.devices = absl::GetFlag(FLAGS_devices);
   f.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes).bytes;
   f.queue_interactive = absl::GetFlag(FLAGS_queue_interactive);
   f.queue_sampled = absl::GetFlag(FLAGS_queue_sampled);
@@ -268,6 +273,10 @@ absl::Status CheckCombinations(const ServerFlags& f) {
   }
   if (!f.tls_client_ca.empty() && f.tls_cert.empty()) {
     return FlagError("tls-client-ca", "needs --tls-cert and --tls-key");
+  }
+  if (f.devices != "cpu" && f.devices != "all") {
+    return FlagError("devices",
+                     absl::StrCat("'", f.devices, "' is not cpu or all"));
   }
   if (f.listen.empty()) return FlagError("listen", "must not be empty");
   if (f.data_dir.empty()) return FlagError("data-dir", "must not be empty");

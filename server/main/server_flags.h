@@ -36,6 +36,9 @@ struct ServerFlags {
   // Execution. 0 means "derived from the machine" (see --help).
   int64_t cpu_workers = 0;
   int64_t threads_per_job = 0;
+  // "cpu" or "all". The GPU backend will give "all" (and device lists) a
+  // meaning of its own; until then both select the CPU workers.
+  std::string devices;
 
   // Admission control.
   int64_t max_message_bytes = 0;

@@ -4,9 +4,11 @@
 #include <prometheus/text_serializer.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <exception>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -16,6 +18,45 @@
 #include "server/metrics/metrics_impl.h"
 
 namespace attnaudit::server {
+namespace metrics_internal {
+
+// Upper bounds 1, 2 and 5 times each power of ten from 10^lo_exp up to
+// `hi` (one of them). Parsed from decimal text so that each bound is the
+// double nearest its decimal spelling and renders back as written.
+std::vector<double> OneTwoFive(int lo_exp, double hi) {
+  std::vector<double> bounds;
+  for (int e = lo_exp; e < 30; ++e) {
+    for (int m : {1, 2, 5}) {
+      double v = 0;
+      if (!absl::SimpleAtod(absl::StrCat(m, "e", e), &v)) continue;
+      if (v > hi * (1 + 1e-12)) return bounds;
+      bounds.push_back(v);
+    }
+  }
+  return bounds;
+}
+
+// Drift buckets, one set per quantity, over the range that matters for it
+// (docs/OPERATIONS.md "Drift histogram buckets" has the reasoning):
+//   out |diff|   1e-7 .. 5: fp32 replay vs fp64 (~1e-7) to a wrong output
+//   lse |diff|   1e-7 .. 10: fp32 rounding to a base-2/ln mix-up (~4)
+//   log-prob     1e-6 .. 20 nats: fp32 log-softmax to a wrong token
+//   ULP          0, 1 .. 1e6: bit-exact, bf16/f16 rounding (a few), an f32
+//                output of a bf16 engine (1e3..1e5)
+const std::vector<double>& DriftBuckets(DriftFamily family) {
+  static const auto* buckets = [] {
+    auto* b = new std::array<std::vector<double>, kNumDriftFamilies>;
+    (*b)[kOutMaxAbs] = OneTwoFive(-7, 5);
+    (*b)[kLseMaxAbs] = OneTwoFive(-7, 10);
+    (*b)[kLogprobAbsDiff] = OneTwoFive(-6, 20);
+    (*b)[kOutMaxUlp] = OneTwoFive(0, 1e6);
+    (*b)[kOutMaxUlp].insert((*b)[kOutMaxUlp].begin(), 0.0);  // bit-exact
+    return b;
+  }();
+  return (*buckets)[family];
+}
+}  // namespace metrics_internal
+
 namespace {
 
 using metrics_internal::kLogprobAbsDiff;
@@ -38,19 +79,6 @@ constexpr const char* kOutcomeNames[kNumOutcomes] = {
 constexpr Verdict kVerdicts[] = {Verdict::kPass, Verdict::kDrift,
                                  Verdict::kInvalid};
 
-// Absolute differences: from exact agreement (1e-7) to garbage (>= 10), a
-// few buckets per decade where bf16/fp16 kernels usually land.
-const Histogram::BucketBoundaries& AbsBuckets() {
-  static const auto* b = new Histogram::BucketBoundaries{
-      1e-7, 1e-6, 1e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1, 10};
-  return *b;
-}
-// ULP distances; le="0" counts bit-exact results.
-const Histogram::BucketBoundaries& UlpBuckets() {
-  static const auto* b = new Histogram::BucketBoundaries{
-      0, 1, 2, 4, 8, 16, 32, 64, 256, 1024, 65536};
-  return *b;
-}
 const Histogram::BucketBoundaries& SecondsBuckets() {
   static const auto* b = new Histogram::BucketBoundaries{
       0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -160,8 +188,9 @@ std::array<Histogram*, kNumDriftFamilies>& Metrics::Impl::Drift(
       {"model", model},
       {"layer", layer}};
   for (int f = 0; f < kNumDriftFamilies; ++f) {
-    s[f] =
-        &drift[f]->Add(labels, f == kOutMaxUlp ? UlpBuckets() : AbsBuckets());
+    s[f] = &drift[f]->Add(labels,
+                          metrics_internal::DriftBuckets(
+                              static_cast<metrics_internal::DriftFamily>(f)));
   }
   return s;
 }
@@ -368,6 +397,13 @@ void Metrics::CountJob(PriorityClass c, const absl::Status& status) {
 void Metrics::CountRejection(RejectReason reason) {
   const int i = static_cast<int>(reason);
   if (i >= 0 && i < kNumRejectReasons) impl_->rejections[i]->Increment();
+}
+
+void Metrics::CountInvalidInput(InvalidInput where) {
+  CountRejection(RejectReason::kInvalidArgument);
+  if (where == InvalidInput::kAuditRequest) {
+    impl_->audits[static_cast<int>(Verdict::kInvalid)]->Increment();
+  }
 }
 
 void Metrics::AddBytesReceived(int64_t bytes) {

@@ -24,6 +24,10 @@
 //   attnaudit_received_bytes_total                     counter
 //   attnaudit_rejections_total{reason}                 counter (reasons of
 //                                                      RejectReasonLabel)
+// Invalid input is counted once, the same way whichever RPC carried it
+// (CountInvalidInput below; docs/OPERATIONS.md "Invalid input").
+// Drift histogram buckets are 1-2-5 steps over each quantity's range
+// (metrics_internal::DriftBuckets).
 //   attnaudit_inflight_jobs                            gauge
 //   attnaudit_devices{kind,state}                      gauge; state: idle, busy
 // class: interactive, sampled. comparison: engine_vs_reference,
@@ -106,6 +110,26 @@ class Metrics {
   void ObserveJobDuration(absl::string_view device_kind, absl::Duration run);
   void CountJob(PriorityClass c, const absl::Status& status);
   void CountRejection(RejectReason reason);
+
+  // Where the RPC layer found invalid input, i.e. answered INVALID_ARGUMENT.
+  enum class InvalidInput {
+    // Audit, AuditStream or Submit refused before any audit ran: a bad
+    // request field, a snapshot that does not decode, or (Submit, which
+    // validates before spooling) one that fails validation.
+    kAuditRequest,
+    // An Audit/AuditStream job whose validate stage reported INVALID
+    // (ObserveReport has counted the INVALID audit).
+    kAuditVerdict,
+    // A request that asked for no audit (GetResult, Cancel, WatchResults).
+    kOtherRequest,
+  };
+  // One accounting across RPCs: every INVALID_ARGUMENT answer counts once
+  // in attnaudit_rejections_total{reason="invalid_argument"}, and every
+  // audit request answered INVALID_ARGUMENT counts once in
+  // attnaudit_audits_total{verdict="INVALID"} (kAuditRequest here,
+  // kAuditVerdict through ObserveReport), so the same invalid snapshot
+  // counts alike sent to Audit, AuditStream or Submit.
+  void CountInvalidInput(InvalidInput where);
   void AddBytesReceived(int64_t bytes);
   void SetQueueDepth(PriorityClass c, int64_t depth);
   void SetQueuedBytes(int64_t bytes);

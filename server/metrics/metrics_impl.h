@@ -13,6 +13,7 @@
 #include <array>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -31,6 +32,10 @@ enum DriftFamily : int {
   kLogprobAbsDiff = 3,
   kNumDriftFamilies = 4,
 };
+
+// Bucket upper bounds of a drift family: 1-2-5 steps over the range that
+// matters for its quantity (metrics.cc; docs/OPERATIONS.md).
+const std::vector<double>& DriftBuckets(DriftFamily family);
 
 constexpr int kNumStages = 4;  // validate, reference, replay, compare
 constexpr int kNumOutcomes =

@@ -2,6 +2,7 @@
 // admission of interactive jobs shared with audit_stream.cc.
 #include "server/rpc/audit_service.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -94,6 +95,8 @@ class AuditCall final : public LoggedUnaryReactor {
   }
 
   void OnCancel() override {
+    // At the deadline the scheduler's timer ends the job DEADLINE_EXCEEDED.
+    if (rpc_internal::CancelledByDeadline(*context_)) return;
     cancelled_.store(true);
     if (submitted_.load()) svc_->scheduler()->Cancel(job_id_).IgnoreError();
   }
@@ -101,10 +104,8 @@ class AuditCall final : public LoggedUnaryReactor {
  private:
   // Refuses the request before a job exists (counted as a rejection).
   void Reject(const absl::Status& status) {
-    svc_->metrics()->CountRejection(status.code() ==
-                                            absl::StatusCode::kUnavailable
-                                        ? RejectReason::kDraining
-                                        : RejectReason::kInvalidArgument);
+    rpc_internal::CountRefusal(svc_, status,
+                               Metrics::InvalidInput::kAuditRequest);
     Done(ToGrpcStatus(status));
   }
 
@@ -147,11 +148,24 @@ void DescribeDevices(const std::vector<DeviceInfo>& devices, bool cuda_built,
                                : "no GPU worker in the pool");
 }
 
+// Bytes a chunk message adds around its data (AuditStreamMessage.chunk.data:
+// two tags and two length varints, 12 bytes at most) with room to spare.
+constexpr int64_t kChunkFramingBytes = 64;
+
+// The chunk size to advertise: the configured one, capped so that a chunk
+// message fits under the receive limit (a client that follows the advice
+// must never be refused RESOURCE_EXHAUSTED for it).
+int64_t RecommendedChunkBytes(const ServiceOptions& o) {
+  return std::max<int64_t>(1,
+                           std::min(o.recommended_chunk_bytes,
+                                    o.max_message_bytes - kChunkFramingBytes));
+}
+
 // Capabilities.limits: what validation, the queues and gRPC enforce.
 void DescribeLimits(const ServiceOptions& o, v1::Limits* l) {
   l->set_max_receive_message_bytes(o.max_message_bytes);
   l->set_max_stream_bytes(o.max_stream_bytes);
-  l->set_recommended_chunk_bytes(o.recommended_chunk_bytes);
+  l->set_recommended_chunk_bytes(RecommendedChunkBytes(o));
   l->set_max_tensor_bytes(o.limits.max_tensor_bytes);
   l->set_max_batch(o.limits.max_batch);
   l->set_max_queries(o.limits.max_queries);
@@ -185,6 +199,7 @@ grpc::Status FinishInteractive(AuditServiceImpl* svc, const JobOutcome& outcome,
   if (!outcome.status.ok()) {
     status = ToGrpcStatus(outcome.status);
   } else if (outcome.report.verdict == Verdict::kInvalid) {
+    svc->metrics()->CountInvalidInput(Metrics::InvalidInput::kAuditVerdict);
     status =
         grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                      absl::StrCat("snapshot.", outcome.report.invalid_reason));
@@ -205,6 +220,23 @@ grpc::Status FinishInteractive(AuditServiceImpl* svc, const JobOutcome& outcome,
 }
 
 }  // namespace
+
+void CountRefusal(AuditServiceImpl* svc, const absl::Status& status,
+                  Metrics::InvalidInput where) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+      svc->metrics()->CountInvalidInput(where);
+      break;
+    case absl::StatusCode::kUnavailable:
+      svc->metrics()->CountRejection(RejectReason::kDraining);
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      svc->metrics()->CountRejection(RejectReason::kTooLarge);
+      break;
+    default:
+      break;
+  }
+}
 
 absl::Status AdmitInteractive(AuditServiceImpl* svc, const std::string& job_id,
                               DecodedAudit audit, PriorityClass priority,
@@ -323,9 +355,11 @@ grpc::ServerWriteReactor<v1::JobResult>* AuditServiceImpl::WatchResults(
   }
   for (int v : request->filter().verdicts()) {
     if (!v1::Verdict_IsValid(v) || v == v1::VERDICT_UNSPECIFIED) {
-      return new RejectedWatch(
-          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                       absl::StrCat("filter.verdicts: unknown value ", v)));
+      const absl::Status invalid = absl::InvalidArgumentError(
+          absl::StrCat("filter.verdicts: unknown value ", v));
+      rpc_internal::CountRefusal(this, invalid,
+                                 Metrics::InvalidInput::kOtherRequest);
+      return new RejectedWatch(ToGrpcStatus(invalid));
     }
   }
   ATTNAUDIT_LOG(debug, "rpc")

@@ -60,6 +60,7 @@ struct ServiceOptions {
   int64_t max_message_bytes = int64_t{256} << 20;
   // Bytes of one AuditStream snapshot (header + chunks).
   int64_t max_stream_bytes = int64_t{4} << 30;
+  // Advertised in Capabilities, capped to fit under max_message_bytes.
   int64_t recommended_chunk_bytes = int64_t{4} << 20;
   // Bytes of AuditStream uploads in progress (all calls together); an
   // upload that would pass it is refused RESOURCE_EXHAUSTED before its

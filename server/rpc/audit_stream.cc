@@ -53,6 +53,9 @@ class AuditStreamCall final
   }
 
   void OnCancel() override {
+    // At the deadline the scheduler's timer ends the job DEADLINE_EXCEEDED
+    // (an upload still in progress ends at its next read, which fails).
+    if (rpc_internal::CancelledByDeadline(*context_)) return;
     cancelled_.store(true);
     if (submitted_.load()) svc_->scheduler()->Cancel(job_id_).IgnoreError();
   }
@@ -160,7 +163,8 @@ class AuditStreamCall final
   }
 
   void Fail(const absl::Status& status) {
-    svc_->metrics()->CountRejection(RejectReason::kInvalidArgument);
+    rpc_internal::CountRefusal(svc_, status,
+                               Metrics::InvalidInput::kAuditRequest);
     FinishOnce(ToGrpcStatus(status));
   }
 

@@ -72,10 +72,11 @@ struct SubmitPlan {
   std::string job_id;
 };
 
-// InvalidArgument errors are refused requests: count them.
+// InvalidArgument errors are invalid input (one accounting across RPCs:
+// Metrics::CountInvalidInput).
 absl::Status CountInvalid(AuditServiceImpl* svc, absl::Status s) {
   if (s.code() == absl::StatusCode::kInvalidArgument) {
-    svc->metrics()->CountRejection(RejectReason::kInvalidArgument);
+    svc->metrics()->CountInvalidInput(Metrics::InvalidInput::kAuditRequest);
   }
   return s;
 }
@@ -295,9 +296,12 @@ grpc::ServerUnaryReactor* PostJobCall(
     absl::Status (*body)(AuditServiceImpl*, const std::string&, Response*)) {
   return rpc_internal::PostBlocking(
       svc, method, context,
-      [&job_id](CallLog* log) {
+      [svc, &job_id](CallLog* log) {
         log->set_job_id(job_id);
-        return ValidateJobId(job_id);
+        absl::Status valid = ValidateJobId(job_id);
+        rpc_internal::CountRefusal(svc, valid,
+                                   Metrics::InvalidInput::kOtherRequest);
+        return valid;
       },
       [svc, &job_id, response, body](CallLog*, absl::Duration*) {
         return body(svc, job_id, response);

@@ -134,6 +134,12 @@ absl::Time CallDeadline(const grpc::CallbackServerContext& context) {
   return absl::FromChrono(deadline);
 }
 
+bool CancelledByDeadline(const grpc::CallbackServerContext& context) {
+  const absl::Time deadline = CallDeadline(context);
+  return deadline != absl::InfiniteFuture() &&
+         absl::Now() + kDeadlineSlack >= deadline;
+}
+
 v1::JobResult RecordToJobResult(const ResultRecord& record) {
   v1::JobResult r;
   r.set_job_id(record.job_id);

@@ -54,6 +54,15 @@ absl::StatusOr<absl::Duration> DurationFromProto(
     const google::protobuf::Duration& msg, absl::string_view field);
 // The call's deadline as absl::Time (InfiniteFuture when it has none).
 absl::Time CallDeadline(const grpc::CallbackServerContext& context);
+// Whether a cancelled call was cancelled by its deadline. gRPC does not say
+// why a call was cancelled, and the client's cancellation at its deadline
+// reaches the server slightly before the server's copy of that deadline
+// (which counts from when the server read the headers), so a cancellation
+// less than kDeadlineSlack before the deadline is taken for the deadline.
+// The interactive calls then leave their job to the scheduler's deadline
+// timer, which ends it DEADLINE_EXCEEDED within that slack.
+inline constexpr absl::Duration kDeadlineSlack = absl::Seconds(1);
+bool CancelledByDeadline(const grpc::CallbackServerContext& context);
 
 // A stored record as the wire's JobResult (parses the stored report).
 v1::JobResult RecordToJobResult(const ResultRecord& record);
@@ -78,6 +87,16 @@ absl::StatusOr<DecodedAudit> DecodeAuditRequest(v1::SubmitRequest* request);
 
 // Applies the server-side settings to a request's audit options.
 void ApplyServerOptions(const AuditServiceImpl& svc, AuditOptions* options);
+
+// ---- Accounting of refused requests: audit_service.cc.
+
+// Counts a request refused with `status` by the RPC layer itself (the
+// scheduler counts its own refusals): INVALID_ARGUMENT as invalid input
+// found `where` (Metrics::CountInvalidInput: one accounting across RPCs),
+// UNAVAILABLE as draining, RESOURCE_EXHAUSTED as too_large. Other codes
+// are not refusals of the request and are not counted.
+void CountRefusal(AuditServiceImpl* svc, const absl::Status& status,
+                  Metrics::InvalidInput where);
 
 // ---- Interactive jobs: audit_service.cc.
 

@@ -35,10 +35,22 @@ bool MatchesFilter(const v1::ResultFilter& filter,
 WatchReactor::WatchReactor(WatchHub* hub, v1::ResultFilter filter,
                            size_t buffer)
     : hub_(hub), filter_(std::move(filter)), buffer_(buffer < 1 ? 1 : buffer) {
-  if (!hub_->Add(this)) {
-    absl::MutexLock lock(&mu_);
+  const bool added = hub_->Add(this);
+  absl::MutexLock lock(&mu_);
+  if (!added) {
     FinishLocked(
         grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is shutting down"));
+    return;
+  }
+  // Registered first, so the metadata promises every later result. A Push
+  // or Close may have come in between: Close has finished the call (which
+  // sends the metadata itself); a queued result is written now.
+  if (finished_ || finishing_) return;
+  StartSendInitialMetadata();
+  metadata_started_ = true;
+  if (!queue_.empty() && !writing_) {
+    writing_ = true;
+    StartWrite(queue_.front().get());
   }
 }
 
@@ -69,7 +81,7 @@ void WatchReactor::Push(const std::shared_ptr<const v1::JobResult>& result) {
     return;
   }
   queue_.push_back(result);
-  if (!writing_) {
+  if (metadata_started_ && !writing_) {
     writing_ = true;
     StartWrite(queue_.front().get());
   }

@@ -36,7 +36,10 @@ class WatchHub;
 // The reactor of one WatchResults call.
 class WatchReactor : public grpc::ServerWriteReactor<v1::JobResult> {
  public:
-  // Registers with `hub` unless it is closed (then finishes UNAVAILABLE).
+  // Registers with `hub` unless it is closed (then finishes UNAVAILABLE),
+  // then sends the initial metadata: a client that has received it knows
+  // the watch is live (every result published from then on reaches it),
+  // without waiting for the first result.
   WatchReactor(WatchHub* hub, v1::ResultFilter filter, size_t buffer);
 
   // Queues `result` if it matches; drops the watcher when the buffer is
@@ -63,6 +66,9 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobResult> {
   const size_t buffer_;
   absl::Mutex mu_;
   std::deque<std::shared_ptr<const v1::JobResult>> queue_ ABSL_GUARDED_BY(mu_);
+  // Writes wait until the initial metadata has been started (gRPC allows
+  // no StartSendInitialMetadata after a write).
+  bool metadata_started_ ABSL_GUARDED_BY(mu_) = false;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;    // a write is issued
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;  // Finish requested
   bool finished_ ABSL_GUARDED_BY(mu_) = false;   // Finish called

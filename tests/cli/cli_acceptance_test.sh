@@ -75,7 +75,7 @@ expect_usage_error() {  # description expected-text command...
 }
 pb="$work/llama3-8b.pb"
 expect_usage_error "two files" "not expected: $pb" "$cli" check "$pb" "$pb"
-expect_usage_error "no file" "file is required" "$cli" check
+expect_usage_error "no file" "FILE is required" "$cli" check
 expect_usage_error "bad integer" "--threads" "$cli" check --threads many "$pb"
 expect_usage_error "negative tolerance" "--out-tol" "$cli" check --out-tol -1 "$pb"
 expect_usage_error "no output" "--output" "$cli" synth --preset llama3-8b
@@ -83,6 +83,77 @@ expect_usage_error "no command" "subcommand is required" "$cli"
 expect_usage_error "unknown command" "nosuch" "$cli" nosuch
 expect_usage_error "unary and stream" "--stream" "$cli" audit --unary --stream "$pb"
 expect_usage_error "bad duration" "--timeout" "$cli" caps --timeout soon
+expect_usage_error "unknown flag without FILE" "--nope" "$cli" check --nope
+expect_usage_error "extra argument to inspect" "not expected: $pb" "$cli" inspect "$pb" "$pb"
+expect_usage_error "no JOB_ID" "JOB_ID is required" "$cli" get
+expect_usage_error "no JOB_ID to cancel" "JOB_ID is required" "$cli" cancel
+expect_usage_error "no FILE to submit" "FILE is required" "$cli" submit
+expect_usage_error "no FILE to bench" "FILE is required" "$cli" bench
+expect_usage_error "extra argument to watch" "not expected: extra" "$cli" watch extra
+expect_usage_error "bad verdict" "--verdict" "$cli" watch --verdict MAYBE
+expect_usage_error "bad priority" "--priority" "$cli" submit --priority urgent "$pb"
+expect_usage_error "bad concurrency" "--concurrency" "$cli" bench --concurrency 0 "$pb"
+expect_usage_error "zero timeout" "--timeout: must be positive" "$cli" caps --timeout 0
+expect_usage_error "unknown top-level option" "unknown option '--bogus'" "$cli" --bogus
+expect_usage_error "help for an unknown command" "unknown command 'nosuch'" "$cli" help nosuch
+# --addr needs a port: without one gRPC would dial 443.
+for cmd in caps "audit $pb" "submit $pb" "get j1" "watch" "cancel j1" "bench $pb"; do
+  # shellcheck disable=SC2086
+  expect_usage_error "--addr localhost ($cmd)" "'localhost' has no port" \
+    "$cli" $cmd --addr localhost
+done
+expect_usage_error "--addr IPv6 unbracketed" "bracket an IPv6 host" "$cli" caps --addr ::1:50051
+expect_usage_error "--addr bad port" "is not a number in 1..65535" "$cli" caps --addr host:99999
+expect_exit 2 "--addr [::1]:1 is accepted (then fails to connect)" \
+  "$cli" caps --addr "[::1]:1" --timeout 2 &&
+  { grep -q "server \[::1\]:1: UNAVAILABLE" "$work/err.txt" ||
+    fail "--addr [::1]:1: $(cat "$work/err.txt")"; }
+# Local errors are worded as local: no status code, the file named.
+for cmd in audit bench; do
+  expect_exit 2 "$cmd of a missing file" "$cli" $cmd "$work/missing.pb" --addr 127.0.0.1:1
+  grep -q "missing.pb: cannot open" "$work/err.txt" && ! grep -q "NOT_FOUND\|server" "$work/err.txt" ||
+    fail "$cmd of a missing file reads as a server answer: $(cat "$work/err.txt")"
+done
+expect_exit 2 "submit of a missing file" "$cli" submit "$work/missing.pb" --addr 127.0.0.1:1
+grep -q "missing.pb: cannot open" "$work/err.txt" && ! grep -q "NOT_FOUND" "$work/err.txt" ||
+  fail "submit of a missing file reads as a server answer: $(cat "$work/err.txt")"
+expect_exit 0 "--version" "$cli" --version &&
+  { grep -q "^attnaudit [0-9]" "$work/out.txt" || fail "--version: $(cat "$work/out.txt")"; }
+expect_exit 0 "help check" "$cli" help check &&
+  { grep -q -- "--json" "$work/out.txt" || fail "help check: no --json"; }
+
+# Enum values by name.
+expect_exit 0 "inspect names enums" "$cli" inspect "$pb"
+grep -q "scaling=llama3" "$work/out.txt" || fail "inspect: scaling not by name: $(grep rope: "$work/out.txt")"
+grep -q "q=.*_rope k=.*_rope style=neox" "$work/out.txt" || fail "inspect: rope states not by name"
+
+# The report names what fired, where in the engine's terms, and what the
+# log-prob tolerance bounds.
+expect_exit 0 "synth lse-base2" "$cli" synth --preset llama3-8b --batch 2 --context 300 \
+  --fault lse-base2 -o "$work/lse.pb"
+expect_exit 1 "check lse-base2" "$cli" check "$work/lse.pb"
+report="$work/out.txt"
+grep -q "^verdict: DRIFT (E-R lse, E-P lse)$" "$report" || fail "verdict line does not name what fired: $(head -1 "$report")"
+grep -q "^E-R engine vs reference: DRIFT" "$report" || fail "no E-R comparison heading"
+grep -q "^    lse: [0-9]* of [0-9]* values over the tolerance" "$report" || fail "no lse finding"
+grep -q "^      at row [0-9]*, query 0, head [0-9]* (kv head [0-9]*): engine .*, reference " "$report" ||
+  fail "lse finding without the engine location"
+grep -q "^    out: within the tolerance" "$report" || fail "out not reported within tolerance"
+grep -q "logprob tolerance (E-R .* nats): the most a selected-token" "$report" ||
+  fail "no line saying what the log-prob tolerance bounds"
+grep -q "^localisation: .*block_table" "$report" || fail "no localisation section"
+grep -q "not localised in this report" "$report" || fail "block/page not said to be unknown"
+expect_exit 0 "check PASS has no localisation" "$cli" check "$pb"
+grep -q "^localisation:" "$work/out.txt" && fail "a PASS report has a localisation section"
+
+# One fingerprint name: the report names the definition the server's caps
+# name (core/fingerprint/fingerprint.h kFingerprintVersion).
+fp_version=$(sed -n 's/.*kFingerprintVersion\[\] = "\(.*\)";/\1/p' \
+  "$(dirname "$0")/../../core/fingerprint/fingerprint.h")
+expect_exit 0 "check --kv-fingerprint" "$cli" check --kv-fingerprint "$pb"
+grep -q "^kv fingerprint: $fp_version [0-9a-f]\{64\}$" "$work/out.txt" ||
+  fail "kv fingerprint line does not name $fp_version: $(grep fingerprint "$work/out.txt")"
+
 expect_exit 0 "check --help" "$cli" check --help &&
   { grep -q -- "--json" "$work/out.txt" || fail "check --help: no --json"; }
 expect_exit 0 "--help" "$cli" --help &&

@@ -461,11 +461,16 @@ def cmd_consistency():
         if name not in compose.get("services", {}):
             problems.append("compose: no %s service" % name)
 
-    # Kubernetes.
+    # Kubernetes: the CPU base and the resources the autoscaled overlay adds
+    # (the rendered overlays are checked by check_k8s.sh).
     docs = {}
-    for f in sorted(os.listdir(os.path.join(DEPLOY, "k8s"))):
-        if f.endswith(".yaml"):
-            for d in yaml.safe_load_all(open(os.path.join(DEPLOY, "k8s", f))):
+    for folder in ("base", os.path.join("overlays", "autoscaled")):
+        d_path = os.path.join(DEPLOY, "k8s", folder)
+        for f in sorted(os.listdir(d_path)):
+            if not f.endswith(".yaml") or f == "kustomization.yaml" or \
+                    f.startswith("prometheus-adapter"):
+                continue
+            for d in yaml.safe_load_all(open(os.path.join(d_path, f))):
                 if d and "kind" in d:
                     docs.setdefault(d["kind"], []).append(d)
                     if d.get("metadata", {}).get("namespace"):

@@ -88,7 +88,8 @@ if [ "$HAVE_PYTHON" -eq 1 ]; then
   check "alert metric/label names vs metrics.h" "$PYTHON" "$PY" alerts
 
   # --- YAML and cross-file consistency ---------------------------------------
-  YAML_FILES=(deploy/compose/*.yml deploy/k8s/*.yaml
+  YAML_FILES=(deploy/compose/*.yml deploy/k8s/*.yaml deploy/k8s/base/*.yaml
+              deploy/k8s/overlays/*/*.yaml
               deploy/prometheus/*.yml
               deploy/grafana/provisioning/datasources/*.yml
               deploy/grafana/provisioning/dashboards/*.yml

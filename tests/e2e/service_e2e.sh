@@ -81,6 +81,11 @@ start_server "$WORK/server1.log" --max-message-bytes "$limit" \
   --cpu-workers 1 --threads-per-job 1
 timeout 30 "$CLI" caps --addr "$ADDR" >"$WORK/caps.txt" || fail "caps"
 grep -q "unary" "$WORK/caps.txt" || fail "caps output"
+# One fingerprint name: caps says the constant the reports and docs use.
+fp_version=$(sed -n 's/.*kFingerprintVersion\[\] = "\(.*\)";/\1/p' \
+  "$(dirname "$0")/../../core/fingerprint/fingerprint.h")
+grep -q "fingerprints $fp_version)" "$WORK/caps.txt" ||
+  fail "caps does not name the fingerprint definition $fp_version: $(head -1 "$WORK/caps.txt")"
 
 step "audit over unary and stream equals the offline check"
 for f in small big drift; do
@@ -141,6 +146,22 @@ grep -q '"rate": 20.000' "$WORK/bench_open.json" ||
 audits=$(sed -n 's/.*"audits": \([0-9]*\).*/\1/p' "$WORK/bench_open.json")
 [[ "$audits" -ge 38 && "$audits" -le 41 ]] ||
   fail "open loop at 20/s for 2 s made $audits audits, not ~40"
+
+step "watch (text) prints one line per result with the reason that fired"
+timeout 60 "$CLI" watch --addr "$ADDR" --count 1 --verdict DRIFT \
+  --duration 50s >"$WORK/watch.txt" 2>"$WORK/watch_text.err" &
+watch_pid=$!
+for _ in $(seq 1 40); do
+  kill -0 "$watch_pid" 2>/dev/null || break
+  timeout 60 "$CLI" audit "$WORK/drift.pb" --addr "$ADDR" >/dev/null || true
+done
+wait "$watch_pid" || fail "watch: $(cat "$WORK/watch_text.err")"
+[[ $(wc -l <"$WORK/watch.txt") == 1 ]] || fail "watch printed $(wc -l <"$WORK/watch.txt") lines"
+# e.g. "a... DONE DRIFT model=llama3-8b layer=0: E-R out: 37 of 8192 values
+# over the tolerance 5.3e-02, the largest 3.6e+00 at row 0, query 0, head 18
+# (kv head 4), dim 7; also fired: E-R lse, ..."
+grep -Eq '^[a-z0-9]+ DONE DRIFT model=llama3-8b layer=[0-9]+: E-R (out|lse|logprob): [0-9]+ of [0-9]+ (values|tokens) over the tolerance .* at row [0-9]+, query [0-9]+' \
+  "$WORK/watch.txt" || fail "watch line does not say what fired where: $(cat "$WORK/watch.txt")"
 
 step "metrics: drift histograms moved, promtool check metrics passes"
 scrape >"$WORK/metrics.txt" || fail "scrape"

@@ -177,7 +177,7 @@ AuditReport FullReport() {
   p.kv_fingerprint = std::string(64, 'b');
   p.prefix_fingerprint = std::string(64, 'c');
   p.rope_fingerprint = std::string(64, 'd');
-  p.fingerprint_version = "attnaudit-fp-v1";
+  p.fingerprint_version = "attnaudit.kv.v1";
   p.timings = StageTimings{0.001, 0.5, 0.25, 0.01, 0.8};
   return r;
 }

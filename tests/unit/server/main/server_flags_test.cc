@@ -22,7 +22,20 @@ TEST(ServerFlagsTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(f->data_dir, "./var/attnaudit");
   EXPECT_EQ(f->max_message_bytes, 256 * 1024 * 1024);
   EXPECT_EQ(f->drain_timeout, absl::Seconds(30));
+  EXPECT_EQ(f->devices, "cpu");
   EXPECT_FALSE(f->help);
+}
+
+// --devices is the GPU overlay's interface (deploy/k8s/overlays/gpu): "all"
+// is accepted today (and runs on the CPU workers), anything else is an error.
+TEST(ServerFlagsTest, DevicesIsCpuOrAll) {
+  absl::StatusOr<ServerFlags> f = ParseServerFlags({"--devices=all"});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->devices, "all");
+  f = ParseServerFlags({"--devices", "cuda:0"});
+  ASSERT_FALSE(f.ok());
+  EXPECT_TRUE(absl::StartsWith(f.status().message(), "--devices"))
+      << f.status();
 }
 
 TEST(ServerFlagsTest, ParsesBothSpellingsAndUnits) {
@@ -89,6 +102,8 @@ TEST(ServerFlagsTest, HelpListsEveryFlagWithItsDefault) {
                                "[./var/attnaudit]",
                                "--cpu-workers",
                                "--threads-per-job",
+                               "--devices",
+                               "[cpu]",
                                "--max-message-bytes",
                                "[256MiB]",
                                "--queue-interactive",

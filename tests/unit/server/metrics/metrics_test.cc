@@ -191,12 +191,12 @@ AuditReport DriftReport() {
   er.comparison = Comparison::kEngineVsReference;
   er.verdict = Verdict::kDrift;
   er.has_out = true;
-  er.out.max_abs = 2e-3;  // in (1e-3, 3e-3]
-  er.out.max_ulp = 3;     // in (2, 4]
+  er.out.max_abs = 2e-3;  // in (1e-3, 2e-3]
+  er.out.max_ulp = 3;     // in (2, 5]
   er.has_lse = true;
-  er.lse.max_abs = 5e-6;  // in (1e-6, 1e-5]
+  er.lse.max_abs = 4e-6;  // in (2e-6, 5e-6]
   er.has_logprob = true;
-  er.logprob.max_abs = 0.05;  // in (3e-2, 0.1]
+  er.logprob.max_abs = 3.2;  // in (2, 5]
   ComparisonResult pr;
   pr.comparison = Comparison::kReplayVsReference;
   pr.verdict = Verdict::kPass;
@@ -224,13 +224,15 @@ TEST(MetricsTest, ReportFeedsVerdictsAndDriftBuckets) {
                        {"model", "llama"},
                        {"layer", "5"}};
   EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_out_max_abs", er, 1e-3), 0u);
-  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_out_max_abs", er, 3e-3), 1u);
+  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_out_max_abs", er, 2e-3), 1u);
   EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_out_max_ulp", er, 2), 0u);
-  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_out_max_ulp", er, 4), 1u);
-  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_lse_max_abs", er, 1e-6), 0u);
-  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_lse_max_abs", er, 1e-5), 1u);
-  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_logprob_abs_diff", er, 3e-2), 0u);
-  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_logprob_abs_diff", er, 0.1), 1u);
+  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_out_max_ulp", er, 5), 1u);
+  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_lse_max_abs", er, 2e-6), 0u);
+  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_lse_max_abs", er, 5e-6), 1u);
+  // 3.2 nats lands in (2, 5]: a p99 read from these buckets is at most 5
+  // (the old 1-then-10 buckets put it anywhere up to 10).
+  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_logprob_abs_diff", er, 2), 0u);
+  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_logprob_abs_diff", er, 5), 1u);
   const LabelMap pr = {{"comparison", "replay_vs_reference"},
                        {"model", "llama"},
                        {"layer", "5"}};
@@ -251,7 +253,7 @@ TEST(MetricsTest, NonFiniteDriftLandsInTheInfBucket) {
   metrics->ObserveReport(r, JobLabels{"m", 0, ""});
   const LabelMap er = {
       {"comparison", "engine_vs_reference"}, {"model", "m"}, {"layer", "0"}};
-  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_out_max_abs", er, 10), 0u);
+  EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_out_max_abs", er, 5), 0u);
   EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_out_max_abs", er,
                    std::numeric_limits<double>::infinity()),
             1u);
@@ -260,6 +262,82 @@ TEST(MetricsTest, NonFiniteDriftLandsInTheInfBucket) {
   const auto* m = Find(families, "attnaudit_drift_lse_max_abs", er);
   ASSERT_NE(m, nullptr);
   EXPECT_TRUE(std::isfinite(m->histogram.sample_sum));
+}
+
+// The bounds a drift family's histogram really has (from the registry).
+std::vector<double> BoundsOf(const std::string& family) {
+  auto metrics = MakeMetrics();
+  metrics->ObserveReport(DriftReport(), JobLabels{"m", 1, ""});
+  const auto families = metrics->registry()->Collect();
+  const prometheus::ClientMetric* m = Find(
+      families, family,
+      {{"comparison", "engine_vs_reference"}, {"model", "m"}, {"layer", "1"}});
+  std::vector<double> bounds;
+  if (m == nullptr) {
+    ADD_FAILURE() << "no series " << family;
+    return bounds;
+  }
+  for (const auto& b : m->histogram.bucket) {
+    if (std::isfinite(b.upper_bound)) bounds.push_back(b.upper_bound);
+  }
+  return bounds;
+}
+
+// 1-2-5 steps: each bound is 1, 2 or 5 times a power of ten, and the
+// ratio of neighbours alternates 2, 2.5, 2 (no decade is skipped).
+void ExpectOneTwoFive(const std::vector<double>& bounds, double lo, double hi) {
+  ASSERT_GE(bounds.size(), 3u);
+  EXPECT_DOUBLE_EQ(bounds.front(), lo);
+  EXPECT_DOUBLE_EQ(bounds.back(), hi);
+  for (size_t i = 0; i < bounds.size(); ++i) {
+    const double mantissa =
+        bounds[i] / std::pow(10.0, std::floor(std::log10(bounds[i]) + 1e-9));
+    EXPECT_TRUE(std::abs(mantissa - 1) < 1e-9 ||
+                std::abs(mantissa - 2) < 1e-9 || std::abs(mantissa - 5) < 1e-9)
+        << bounds[i];
+    if (i == 0) continue;
+    const double ratio = bounds[i] / bounds[i - 1];
+    EXPECT_TRUE(std::abs(ratio - 2) < 1e-9 || std::abs(ratio - 2.5) < 1e-9)
+        << bounds[i - 1] << " -> " << bounds[i];
+  }
+}
+
+TEST(MetricsTest, DriftBucketsAreOneTwoFiveOverEachQuantitysRange) {
+  ExpectOneTwoFive(BoundsOf("attnaudit_drift_out_max_abs"), 1e-7, 5);
+  ExpectOneTwoFive(BoundsOf("attnaudit_drift_lse_max_abs"), 1e-7, 10);
+  ExpectOneTwoFive(BoundsOf("attnaudit_drift_logprob_abs_diff"), 1e-6, 20);
+  std::vector<double> ulp = BoundsOf("attnaudit_drift_out_max_ulp");
+  ASSERT_FALSE(ulp.empty());
+  EXPECT_EQ(ulp.front(), 0);  // bit-exact results
+  ulp.erase(ulp.begin());
+  ExpectOneTwoFive(ulp, 1, 1e6);
+}
+
+TEST(MetricsTest, InvalidInputIsCountedOnceWhereverItWasFound) {
+  auto metrics = MakeMetrics();
+  auto invalid_audits = [&] {
+    return Value(*metrics, "attnaudit_audits_total", {{"verdict", "INVALID"}});
+  };
+  auto invalid_rejections = [&] {
+    return Value(*metrics, "attnaudit_rejections_total",
+                 {{"reason", "invalid_argument"}});
+  };
+  // Refused before any audit (Audit/AuditStream/Submit): both counters.
+  metrics->CountInvalidInput(Metrics::InvalidInput::kAuditRequest);
+  EXPECT_EQ(invalid_audits(), 1);
+  EXPECT_EQ(invalid_rejections(), 1);
+  // The validate stage of an Audit job: the report counts the audit, the
+  // refusal counts the rejection; together once each.
+  AuditReport invalid;
+  invalid.verdict = Verdict::kInvalid;
+  metrics->ObserveReport(invalid, JobLabels{});
+  metrics->CountInvalidInput(Metrics::InvalidInput::kAuditVerdict);
+  EXPECT_EQ(invalid_audits(), 2);
+  EXPECT_EQ(invalid_rejections(), 2);
+  // A request that asked for no audit: a rejection only.
+  metrics->CountInvalidInput(Metrics::InvalidInput::kOtherRequest);
+  EXPECT_EQ(invalid_audits(), 2);
+  EXPECT_EQ(invalid_rejections(), 3);
 }
 
 TEST(MetricsTest, ModelAndLayerLabelsAreBounded) {

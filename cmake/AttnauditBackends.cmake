@@ -1,0 +1,40 @@
+# attnaudit_describe_backends(OUT_VAR)
+# Sets OUT_VAR to one line naming the backends this configuration builds and
+# why, e.g.
+#   backends: CPU on (always; -march=native); CUDA off (AUTO: nvcc not found)
+# Reads ATTNAUDIT_ENABLE_CUDA, ATTNAUDIT_CUDA (the decision) and
+# ATTNAUDIT_NATIVE_ARCH; runs `nvcc --version` for the version.
+function(attnaudit_describe_backends out_var)
+  if(ATTNAUDIT_NATIVE_ARCH)
+    set(arch "-march=native")
+  else()
+    set(arch "portable -march=x86-64-v2")
+  endif()
+  set(line "backends: CPU on (always; ${arch}, SIMD width picked at run time)")
+
+  set(nvcc "nvcc")
+  if(CMAKE_CUDA_COMPILER)
+    execute_process(COMMAND ${CMAKE_CUDA_COMPILER} --version
+                    OUTPUT_VARIABLE nvcc_out ERROR_QUIET
+                    RESULT_VARIABLE nvcc_rc TIMEOUT 30)
+    if(nvcc_rc EQUAL 0 AND nvcc_out MATCHES "release ([0-9]+\\.[0-9]+)")
+      set(nvcc "nvcc ${CMAKE_MATCH_1}")
+    endif()
+  endif()
+  if(ATTNAUDIT_ENABLE_CUDA STREQUAL "AUTO")
+    set(why "AUTO")
+  else()
+    set(why "ATTNAUDIT_ENABLE_CUDA=${ATTNAUDIT_ENABLE_CUDA}")
+  endif()
+
+  if(ATTNAUDIT_CUDA)
+    string(APPEND line ", CUDA on (${why}: ${nvcc} found; the toolchain is "
+           "only checked, there is no CUDA kernel yet, so audits run on the "
+           "CPU)")
+  elseif(ATTNAUDIT_ENABLE_CUDA STREQUAL "AUTO")
+    string(APPEND line ", CUDA off (AUTO: nvcc not found)")
+  else()
+    string(APPEND line ", CUDA off (${why})")
+  endif()
+  set(${out_var} "${line}" PARENT_SCOPE)
+endfunction()
