@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/cli/cp_table.h"
 #include "proto/codec/codec.h"
 
 namespace attnaudit::client {
@@ -138,6 +139,7 @@ std::string FormatReport(const AuditReport& r) {
   AppendComparisonTable(r, &out);
   out += "\n";
   AppendFindings(r, &out);
+  AppendCpSection(r, &out);
   const StageTimings& t = r.provenance.timings;
   absl::StrAppendFormat(
       &out,

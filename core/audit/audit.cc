@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/attention/attention.h"
 #include "core/attention/merge.h"
+#include "core/attention/unit_states.h"
+#include "core/audit/cp_stage.h"
 #include "core/common/parallel.h"
 #include "core/common/status_macros.h"
 #include "core/drift/drift.h"
@@ -55,8 +57,8 @@ std::vector<double> RoundedCopy(const std::vector<double>& v, DType dtype) {
 // own log-probs, when sent, are used as they are), in one pass over
 // lm_head, which also yields its row norms.
 absl::Status ComputeLogprobs(const Snapshot& s, std::vector<Side*> sides,
-                             const std::vector<int64_t>& out_shape,
-                             int threads, LmHeadNorms* norms) {
+                             const std::vector<int64_t>& out_shape, int threads,
+                             LmHeadNorms* norms) {
   const bool can = s.lm_head.present() && s.selected_token_ids.present();
   std::vector<Side*> todo;
   std::vector<DenseView> views;
@@ -203,6 +205,25 @@ absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
   run.threads = threads;
   run.record_merge_orders = options.include_merge_orders;
   run.cancelled = options.cancelled;
+  // CP snapshots: the ranks' reference partials come from R's unit states
+  // of this pass (no second read of the KV for them).
+  const bool cp = snapshot.cp.world_size > 1;
+  UnitStates single_states;
+  std::string cp_skipped;
+  if (cp) {
+    const bool with_reference =
+        audit_internal::CpNeedsReferenceStates(snapshot);
+    const int64_t bytes =
+        audit_internal::CpStateBytes(prepared, with_reference);
+    if (bytes > options.max_cp_state_bytes) {
+      cp_skipped = absl::StrCat("the CP replay's unit states need ", bytes,
+                                " bytes, over the limit of ",
+                                options.max_cp_state_bytes);
+    } else if (with_reference) {
+      single_states.has_reference = true;
+      run.unit_states = &single_states;
+    }
+  }
   ATTNAUDIT_ASSIGN_OR_RETURN(AttentionResults results,
                              ComputeAttention(prepared, run));
   if (results.kv_non_finite) {
@@ -291,6 +312,7 @@ absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
   ctx.tolerance_inputs.lm_head_max_row_l1 = norms.max_row_l1;
   ctx.tolerance_inputs.lm_head_max_row_l2 = norms.max_row_l2;
   ctx.tolerance_inputs.logprob_temperature = snapshot.logprob_temperature;
+  ctx.tolerance_inputs.cp_world_size = snapshot.cp.world_size;
 
   const bool have_engine = engine.has_out || engine.has_lse;
   if (options.engine_vs_reference && have_engine) {
@@ -314,6 +336,26 @@ absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
   report.verdict = CombineVerdicts(report.comparisons);
   report.provenance.timings.compare_seconds = SecondsSince(t);
   stage_done("compare", report.provenance.timings.compare_seconds);
+
+  if (cp) {
+    if (IsCancelled(options)) return absl::CancelledError("audit cancelled");
+    audit_internal::CpStageInputs in{snapshot,
+                                     prepared,
+                                     run.unit_states,
+                                     reference.out,
+                                     reference.lse,
+                                     replay.out,
+                                     replay.lse,
+                                     engine.has_out ? &engine.out : nullptr,
+                                     engine.has_lse ? &engine.lse : nullptr,
+                                     ctx.tolerance_inputs,
+                                     options,
+                                     threads,
+                                     cp_skipped};
+    ATTNAUDIT_RETURN_IF_ERROR(audit_internal::RunCpStage(in, &report));
+    report.verdict = audit_internal::WithCpVerdict(report.cp, report.verdict);
+    stage_done("cp", report.provenance.timings.cp_seconds);
+  }
 
   // provenance
   Provenance& prov = report.provenance;

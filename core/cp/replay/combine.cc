@@ -89,8 +89,8 @@ CpCombined CombineEngineOrder(const PreparedAttention& p,
       for (int64_t k = 0; k < W; ++k) {
         Acc& part = partials[static_cast<size_t>(k)];
         part.Reset(D);
-        for (int32_t i = shards.unit_begin[b][k]; i < shards.unit_begin[b][k + 1];
-             ++i) {
+        for (int32_t i = shards.unit_begin[b][k];
+             i < shards.unit_begin[b][k + 1]; ++i) {
           part.Fold(st, st.Index(b, shards.rank_units[b][i], sq, h), D);
         }
         outs[static_cast<size_t>(k)] = part.out.data();
@@ -107,9 +107,8 @@ CpCombined CombineEngineOrder(const PreparedAttention& p,
 }
 
 CpRankPartial ReferenceRankPartial(const PreparedAttention& p,
-                                   const CpShards& shards,
-                                   const UnitStates& st, int64_t rank,
-                                   int threads) {
+                                   const CpShards& shards, const UnitStates& st,
+                                   int64_t rank, int threads) {
   const SnapshotDims& d = p.dims;
   const int64_t D = d.head_dim;
   CpRankPartial r;
@@ -129,7 +128,8 @@ CpRankPartial ReferenceRankPartial(const PreparedAttention& p,
       ++merged;
     }
     const double vs = p.v_scale[h / d.group()];
-    for (int64_t j = 0; j < D; ++j) out[j] = lse == kNegInfD ? 0.0 : out[j] * vs;
+    for (int64_t j = 0; j < D; ++j)
+      out[j] = lse == kNegInfD ? 0.0 : out[j] * vs;
     r.lse[qi] = lse;
     units_merged[static_cast<size_t>(qi)] = merged;
   });
@@ -164,16 +164,15 @@ CpCombined MergeEnginePartials(const PreparedAttention& p,
     merged.resize(static_cast<size_t>(D));
     for (int64_t k = 0; k < W; ++k) {
       const int64_t at = k * queries + qi;
-      ConvertToFloat(raw + at * D * elem, rank_out.dtype(), D,
-                     &values[k * D]);
+      ConvertToFloat(raw + at * D * elem, rank_out.dtype(), D, &values[k * D]);
       const double lse = rank_lse.DoubleAt(at);
       lses[static_cast<size_t>(k)] =
           static_cast<float>(base == LseBase::k2 ? LseFromBase2(lse) : lse);
       outs[static_cast<size_t>(k)] = &values[k * D];
     }
     float lse = 0;
-    MergeStates(outs.data(), lses.data(), static_cast<int>(W), D,
-                merged.data(), &lse);
+    MergeStates(outs.data(), lses.data(), static_cast<int>(W), D, merged.data(),
+                &lse);
     const float lse_keys = lse;
     if (!p.sinks.empty()) {
       // The sink is one more logit in the denominator, with no value.

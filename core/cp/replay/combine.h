@@ -50,10 +50,10 @@ CpCombined CombineEngineOrder(const PreparedAttention& prepared,
                               const UnitStates& states, int threads);
 
 struct CpRankPartial {
-  std::vector<double> out;  // [B, Sq, Hq, D], fp64, V scale applied
-  std::vector<double> lse;  // [B, Sq, Hq], -inf where the rank has no key
-  int64_t max_units = 0;    // most units merged for one query
-  int64_t max_tokens = 0;   // the rank's longest shard (local length)
+  std::vector<double> out;    // [B, Sq, Hq, D], fp64, V scale applied
+  std::vector<double> lse;    // [B, Sq, Hq], -inf where the rank has no key
+  int64_t max_units = 0;      // most units merged for one query
+  int64_t max_tokens = 0;     // the rank's longest shard (local length)
   int64_t empty_queries = 0;  // (b, sq, h) with no visible key of the rank
 };
 

@@ -216,7 +216,8 @@ absl::Status Replay::ReadHeader(int64_t k, int64_t s, const CpStep& step) {
   const int64_t per_token = CpTokenBytes(p_);
   int64_t at = kHeaderBytes + 8 * rows;
   for (int64_t i = 0; i < rows; ++i) {
-    const CpChunk* chunk = shards_.Chunk(pass.row_begin + i, source, step.chunk);
+    const CpChunk* chunk =
+        shards_.Chunk(pass.row_begin + i, source, step.chunk);
     const int64_t want = chunk == nullptr ? 0 : chunk->tokens;
     if (counts[i] != want) {
       return absl::InternalError(absl::StrCat(
@@ -228,8 +229,8 @@ absl::Status Replay::ReadHeader(int64_t k, int64_t s, const CpStep& step) {
     at += Pad8(want * per_token);
   }
   if (at > held.bytes) {
-    return absl::InternalError(absl::StrCat("cp ring: rank ", k, " at step ",
-                                            s, " received ", held.bytes,
+    return absl::InternalError(absl::StrCat("cp ring: rank ", k, " at step ", s,
+                                            " received ", held.bytes,
                                             " bytes, the chunk needs ", at));
   }
   return absl::OkStatus();
@@ -309,8 +310,7 @@ absl::Status Replay::Finish(int64_t k, int64_t s) {
 
 // Ring: the KV heads of each row that rank k owns, in runs of consecutive
 // heads. Partials: every head of each row whose own chunk exists.
-void Replay::AppendTasks(int64_t k, int64_t s,
-                         std::vector<Task>* tasks) const {
+void Replay::AppendTasks(int64_t k, int64_t s, std::vector<Task>* tasks) const {
   const Held& held = held_[k];
   const CpPass& pass = sched_.passes()[sched_.StepAt(s).pass];
   const int64_t hkv = p_.dims.kv_heads;
@@ -341,8 +341,7 @@ absl::Status Replay::RunLockstep() {
   std::vector<Task> tasks;
   for (int64_t s = 0; s < sched_.steps(); ++s) {
     if (Cancelled()) return absl::CancelledError("audit cancelled");
-    ParallelFor(world_, threads,
-                [&](int64_t k) { error.Set(Acquire(k, s)); });
+    ParallelFor(world_, threads, [&](int64_t k) { error.Set(Acquire(k, s)); });
     if (absl::Status e = error.Get(); !e.ok()) return e;
     tasks.clear();
     for (int64_t k = 0; k < world_; ++k) AppendTasks(k, s, &tasks);
@@ -406,8 +405,7 @@ absl::Status Replay::Run(CpExecution execution, CpReplayRun* out) {
     out->rank_compute_seconds.push_back(compute_ns_[k].load() * 1e-9);
     out->rank_transport_seconds.push_back(transport_ns_[k].load() * 1e-9);
   }
-  out->seconds =
-      std::chrono::duration<double>(Clock::now() - start).count();
+  out->seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return absl::OkStatus();
 }
 

@@ -40,7 +40,8 @@ CpShards PlanShards(const std::vector<std::vector<KvUnit>>& units,
       CpChunk chunk;
       chunk.unit_begin = chunk.unit_end = begin[k];
       for (int32_t i = begin[k]; i < begin[k + 1]; ++i) {
-        const int32_t count = row[static_cast<size_t>(s.rank_units[b][i])].count;
+        const int32_t count =
+            row[static_cast<size_t>(s.rank_units[b][i])].count;
         if (chunk.tokens > 0 && chunk.tokens + count > s.page_size) {
           s.chunks[b].push_back(chunk);
           chunk.unit_begin = i;
@@ -68,7 +69,8 @@ CpSchedule::CpSchedule(const CpShards& shards, CpReplayStrategy strategy,
       kv_heads_(std::max<int64_t>(1, kv_heads)),
       rounds_(strategy == CpReplayStrategy::kRing ? shards.world : 1) {
   const int64_t rows = shards.batch();
-  const int64_t row_bytes = shards.page_size * std::max<int64_t>(1, token_bytes);
+  const int64_t row_bytes =
+      shards.page_size * std::max<int64_t>(1, token_bytes);
   pass_of_row_.assign(static_cast<size_t>(rows), 0);
   int64_t b = 0;
   while (b < rows) {
@@ -83,10 +85,11 @@ CpSchedule::CpSchedule(const CpShards& shards, CpReplayStrategy strategy,
       pass_of_row_[static_cast<size_t>(b)] =
           static_cast<int64_t>(passes_.size());
       ++b;
-    } while (b < rows && (b - pass.row_begin + 1) * row_bytes <= message_budget);
+    } while (b < rows &&
+             (b - pass.row_begin + 1) * row_bytes <= message_budget);
     pass.row_end = b;
-    max_message_bytes_ =
-        std::max(max_message_bytes_, (pass.row_end - pass.row_begin) * row_bytes);
+    max_message_bytes_ = std::max(max_message_bytes_,
+                                  (pass.row_end - pass.row_begin) * row_bytes);
     steps_ += pass.chunks * rounds_;
     passes_.push_back(pass);
   }
@@ -115,9 +118,7 @@ bool CpSchedule::Sends(int64_t step) const {
   return step >= 0 && step < steps_ && StepAt(step).round + 1 < rounds_;
 }
 
-bool CpSchedule::GrantsAfter(int64_t step) const {
-  return Receives(step + 2);
-}
+bool CpSchedule::GrantsAfter(int64_t step) const { return Receives(step + 2); }
 
 int64_t CpSchedule::ItemOwner(int64_t b, int64_t g) const {
   return (b * kv_heads_ + g) % world();

@@ -26,7 +26,8 @@ CpSlots::CpSlots(int64_t world, int64_t slot_bytes)
       slot_bytes_(slot_bytes),
       words_per_slot_(Words(slot_bytes)),
       // Zeroed: no slot ever holds bytes a previous audit left behind.
-      memory_(new uint64_t[static_cast<size_t>(2 * world * Words(slot_bytes))]()),
+      memory_(
+          new uint64_t[static_cast<size_t>(2 * world * Words(slot_bytes))]()),
       ranks_(static_cast<size_t>(world)) {}
 
 char* CpSlots::Slot(int64_t rank, int64_t slot) {
@@ -86,7 +87,8 @@ void CpSlots::Abort(const absl::Status& status) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (abort_.ok()) {
-      abort_ = status.ok() ? absl::AbortedError("cp transport aborted") : status;
+      abort_ =
+          status.ok() ? absl::AbortedError("cp transport aborted") : status;
     }
   }
   cv_.notify_all();
@@ -117,10 +119,9 @@ absl::StatusOr<std::unique_ptr<InProcessTransport>> InProcessTransport::Create(
 absl::Status InProcessTransport::Send(int64_t rank, int64_t step,
                                       int64_t bytes) {
   if (bytes < 0 || bytes > slots_.slot_bytes()) {
-    return absl::InternalError(absl::StrCat("cp transport: rank ", rank,
-                                            " sends ", bytes,
-                                            " bytes; a slot holds ",
-                                            slots_.slot_bytes()));
+    return absl::InternalError(
+        absl::StrCat("cp transport: rank ", rank, " sends ", bytes,
+                     " bytes; a slot holds ", slots_.slot_bytes()));
   }
   const int64_t next = (rank + 1) % slots_.world();
   if (absl::Status s = slots_.WaitGranted(next, step + 1); !s.ok()) return s;

@@ -26,7 +26,7 @@ struct CpLayout {
 };
 
 inline std::string Describe(const CpLayout& l) {
-  const char* name = l.sharding == CpSharding::kExplicitOwners   ? "owners"
+  const char* name = l.sharding == CpSharding::kExplicitOwners    ? "owners"
                      : l.sharding == CpSharding::kPageInterleaved ? "page"
                                                                   : "token";
   return absl::StrCat(name, " W=", l.world,

@@ -3,6 +3,8 @@
 // deterministic combine equals the single-rank replay P bit for bit, and
 // the engine-order combine is within P-R's tolerance of R. Unit states are
 // compared with the single pass's (the rank's buffer must not matter).
+#include "core/cp/replay/replay.h"
+
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -10,7 +12,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/cp/replay/combine.h"
-#include "core/cp/replay/replay.h"
 #include "core/cp/schedule/schedule.h"
 #include "core/verdict/verdict.h"
 #include "gtest/gtest.h"
@@ -67,12 +68,12 @@ void CheckReplay(const CpCase& c, const CpLayout& l, CpReplayStrategy strategy,
   const PreparedAttention& p = c.prepared;
   const std::string what =
       absl::StrCat(Describe(l), " ", CpReplayStrategyName(strategy), " ",
-                   CpExecutionName(execution), " kv=",
-                   DTypeName(c.snapshot.k_pages.dtype()));
+                   CpExecutionName(execution),
+                   " kv=", DTypeName(c.snapshot.k_pages.dtype()));
   const CpShards shards = PlanShards(p.units, l.world, p.dims.page_size);
   // A small budget: several passes for the larger cases.
-  const CpSchedule schedule(shards, strategy, p.dims.kv_heads,
-                            CpTokenBytes(p), 2 * 4 * CpTokenBytes(p));
+  const CpSchedule schedule(shards, strategy, p.dims.kv_heads, CpTokenBytes(p),
+                            2 * 4 * CpTokenBytes(p));
   CpReplayOptions o;
   o.threads = 3;
   o.execution = execution;
@@ -124,7 +125,8 @@ TEST_P(CpReplayMatrixTest, DeterministicIsPBitForBitAndEngineOrderNearR) {
     ASSERT_NE(c, nullptr);
     for (CpReplayStrategy s :
          {CpReplayStrategy::kRing, CpReplayStrategy::kPartials}) {
-      for (CpExecution e : {CpExecution::kLockstep, CpExecution::kThreadPerRank}) {
+      for (CpExecution e :
+           {CpExecution::kLockstep, CpExecution::kThreadPerRank}) {
         CheckReplay(*c, l, s, e);
       }
     }
@@ -141,12 +143,12 @@ std::vector<MatrixCase> Matrix() {
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Worlds, CpReplayMatrixTest, ::testing::ValuesIn(Matrix()),
-    [](const ::testing::TestParamInfo<MatrixCase>& info) {
-      return absl::StrCat("W", info.param.world, "_",
-                          DTypeName(info.param.kv));
-    });
+INSTANTIATE_TEST_SUITE_P(Worlds, CpReplayMatrixTest,
+                         ::testing::ValuesIn(Matrix()),
+                         [](const ::testing::TestParamInfo<MatrixCase>& info) {
+                           return absl::StrCat("W", info.param.world, "_",
+                                               DTypeName(info.param.kv));
+                         });
 
 // Contexts shorter than W everywhere: most ranks hold nothing, and a ring
 // still runs every rank through the same steps.

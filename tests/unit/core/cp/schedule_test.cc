@@ -5,6 +5,8 @@
 // once per rank, masks by the source rank's shard, and the slot protocol
 // simulated step by step (no slot is overwritten before its last read, for
 // odd W too).
+#include "core/cp/schedule/schedule.h"
+
 #include <algorithm>
 #include <array>
 #include <map>
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/cp/schedule/schedule.h"
 #include "gtest/gtest.h"
 
 namespace attnaudit {
@@ -172,7 +173,8 @@ TEST(CpScheduleTest, RingOrderVisitsEveryUnitOnceStartingWithTheOwnShard) {
     for (int64_t b = 0; b < static_cast<int64_t>(rows.size()); ++b) {
       for (int64_t g = 0; g < 3; ++g) {
         std::vector<int32_t> order;
-        ring.ForEachUnitInRingOrder(b, g, [&](int32_t u) { order.push_back(u); });
+        ring.ForEachUnitInRingOrder(b, g,
+                                    [&](int32_t u) { order.push_back(u); });
         std::vector<int32_t> sorted = order;
         std::sort(sorted.begin(), sorted.end());
         ASSERT_EQ(sorted.size(), rows[b].size());
