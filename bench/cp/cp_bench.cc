@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -66,69 +67,69 @@ Flags ParseFlags(int argc, char** argv) {
   return f;
 }
 
-template <typename Fn>
-double Median(int repeats, Fn&& fn) {
+// Seconds of every run of one measurement; runs of the measurements are
+// interleaved (one of each per repeat), so a change in the machine's load
+// hits them alike.
+struct Samples {
   std::vector<double> t;
-  for (int i = 0; i < repeats; ++i) {
-    const Clock::time_point s = Clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(Clock::now() - s).count());
+  double Median() const {
+    std::vector<double> v = t;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  double Min() const { return *std::min_element(t.begin(), t.end()); }
+};
+
+template <typename Fn>
+void Time(Samples* s, Fn&& fn) {
+  const Clock::time_point start = Clock::now();
+  fn();
+  s->t.push_back(std::chrono::duration<double>(Clock::now() - start).count());
 }
 
 double Sum(const std::vector<double>& v) {
   return std::accumulate(v.begin(), v.end(), 0.0);
 }
 
-struct AuditTime {
-  double total = 0;
-  double cp = 0;  // the CP stage of the last run
-  std::string execution;
-};
-
-AuditTime TimeAudit(const Snapshot& s, CpStrategy strategy, const Flags& f,
-                    int threads) {
+// One audit; returns the report's CP stage seconds.
+double Audit(const Snapshot& s, CpStrategy strategy, int threads) {
   AuditOptions o;
   o.threads = threads;
   o.cp_strategy = strategy;
   o.include_merge_orders = false;
-  AuditTime t;
-  t.total = Median(f.repeats, [&] {
-    absl::StatusOr<AuditReport> r = AuditSnapshot(s, o);
-    if (!r.ok()) Die(r.status());
-    t.cp = r->provenance.timings.cp_seconds;
-    t.execution = r->cp.execution;
-  });
-  return t;
+  absl::StatusOr<AuditReport> r = AuditSnapshot(s, o);
+  if (!r.ok()) Die(r.status());
+  return r->provenance.timings.cp_seconds;
 }
 
-struct ReplayTime {
-  double seconds = 0;
+struct Replay {
+  std::unique_ptr<CpShards> shards;
+  std::unique_ptr<CpSchedule> schedule;
   double compute = 0;    // all ranks, last run
   double transport = 0;  // all ranks, last run
   int64_t steps = 0;
   std::string execution;
 };
 
-ReplayTime TimeReplay(const PreparedAttention& p, CpReplayStrategy strategy,
-                      int64_t world, const Flags& f, int threads) {
-  const CpShards shards = PlanShards(p.units, world, p.dims.page_size);
-  const CpSchedule schedule(shards, strategy, p.dims.kv_heads, CpTokenBytes(p),
-                            int64_t{8} << 20);
+Replay MakeReplay(const PreparedAttention& p, CpReplayStrategy strategy,
+                  int64_t world) {
+  Replay r;
+  r.shards =
+      std::make_unique<CpShards>(PlanShards(p.units, world, p.dims.page_size));
+  r.schedule = std::make_unique<CpSchedule>(
+      *r.shards, strategy, p.dims.kv_heads, CpTokenBytes(p), int64_t{8} << 20);
+  return r;
+}
+
+void RunReplay(const PreparedAttention& p, Replay* r, int threads) {
   CpReplayOptions o;
   o.threads = threads;
-  ReplayTime t;
-  t.seconds = Median(f.repeats, [&] {
-    absl::StatusOr<CpReplayRun> run = RunCpReplay(p, schedule, o);
-    if (!run.ok()) Die(run.status());
-    t.compute = Sum(run->rank_compute_seconds);
-    t.transport = Sum(run->rank_transport_seconds);
-    t.steps = run->steps;
-    t.execution = CpExecutionName(run->execution);
-  });
-  return t;
+  absl::StatusOr<CpReplayRun> run = RunCpReplay(p, *r->schedule, o);
+  if (!run.ok()) Die(run.status());
+  r->compute = Sum(run->rank_compute_seconds);
+  r->transport = Sum(run->rank_transport_seconds);
+  r->steps = run->steps;
+  r->execution = CpExecutionName(run->execution);
 }
 
 int Main(int argc, char** argv) {
@@ -151,49 +152,65 @@ int Main(int argc, char** argv) {
   Snapshot single = *cp;  // the same call without its CP section
   single.cp = CpConfig();
 
-  const AuditTime base = TimeAudit(single, CpStrategy::kAuto, f, threads);
-  const AuditTime partials = TimeAudit(*cp, CpStrategy::kPartials, f, threads);
-  const AuditTime ring = TimeAudit(*cp, CpStrategy::kRing, f, threads);
-
   absl::StatusOr<ResolvedLayout> layout = ValidateSnapshot(*cp);
   if (!layout.ok()) Die(layout.status());
   absl::StatusOr<PreparedAttention> prepared =
       PrepareAttention(*cp, *layout, threads);
   if (!prepared.ok()) Die(prepared.status());
-  const ReplayTime rp =
-      TimeReplay(*prepared, CpReplayStrategy::kPartials, f.world, f, threads);
-  const ReplayTime rr =
-      TimeReplay(*prepared, CpReplayStrategy::kRing, f.world, f, threads);
+  Replay partials = MakeReplay(*prepared, CpReplayStrategy::kPartials, f.world);
+  Replay ring = MakeReplay(*prepared, CpReplayStrategy::kRing, f.world);
+
+  Samples base, audit_partials, audit_ring, stage_partials, stage_ring,
+      replay_partials, replay_ring;
+  Audit(single, CpStrategy::kAuto, threads);  // warm-up
+  for (int i = 0; i < f.repeats; ++i) {
+    Time(&base, [&] { Audit(single, CpStrategy::kAuto, threads); });
+    Time(&audit_partials, [&] {
+      stage_partials.t.push_back(Audit(*cp, CpStrategy::kPartials, threads));
+    });
+    Time(&audit_ring, [&] {
+      stage_ring.t.push_back(Audit(*cp, CpStrategy::kRing, threads));
+    });
+    Time(&replay_partials, [&] { RunReplay(*prepared, &partials, threads); });
+    Time(&replay_ring, [&] { RunReplay(*prepared, &ring, threads); });
+  }
 
   std::printf(
-      "CP bench: llama3-8b B=%lld context=%lld page 16 bf16, W=%lld "
-      "%s sharding, threads %d, median of %d\n",
+      "CP bench: llama3-8b B=%lld context=%lld page 16 bf16, W=%lld %s "
+      "sharding, threads %d, %d interleaved runs\n",
       (long long)f.batch, (long long)f.context, (long long)f.world,
       f.sharding.c_str(), threads, f.repeats);
+  const double b = base.Median();
   std::printf(
-      "| measurement | seconds | vs single-rank audit |\n|---|---|---|\n");
-  std::printf("| single-rank audit | %.3f | 1.00x |\n", base.total);
-  std::printf("| audit + CP partials (stage %.3f s) | %.3f | %.2fx |\n",
-              partials.cp, partials.total, partials.total / base.total);
-  std::printf("| audit + CP ring (stage %.3f s) | %.3f | %.2fx |\n", ring.cp,
-              ring.total, ring.total / base.total);
-  std::printf("| partials replay alone (%s, %lld steps) | %.3f | %.2fx |\n",
-              rp.execution.c_str(), (long long)rp.steps, rp.seconds,
-              rp.seconds / base.total);
-  std::printf("| ring replay alone (%s, %lld steps) | %.3f | %.2fx |\n",
-              rr.execution.c_str(), (long long)rr.steps, rr.seconds,
-              rr.seconds / base.total);
+      "| measurement | median s | min s | median vs single-rank audit |\n"
+      "|---|---|---|---|\n");
+  auto row = [&](const std::string& what, const Samples& s) {
+    std::printf("| %s | %.3f | %.3f | %.2fx |\n", what.c_str(), s.Median(),
+                s.Min(), s.Median() / b);
+  };
+  row("single-rank audit", base);
+  row("audit with CP partials", audit_partials);
+  row("  of which the CP stage", stage_partials);
+  row("audit with CP ring", audit_ring);
+  row("  of which the CP stage", stage_ring);
+  row("partials replay alone (" + partials.execution + ", " +
+          std::to_string(partials.steps) + " steps)",
+      replay_partials);
+  row("ring replay alone (" + ring.execution + ", " +
+          std::to_string(ring.steps) + " steps)",
+      replay_ring);
+  const double r = replay_ring.Median();
   std::printf(
       "ring: %.1f ms per round (W=%lld rounds), %.2f ms per step; ranks' "
       "time %.0f%% compute, %.0f%% transport (fills, copies, waits)\n",
-      rr.seconds / f.world * 1e3, (long long)f.world,
-      rr.seconds / std::max<int64_t>(1, rr.steps) * 1e3,
-      100 * rr.compute / (rr.compute + rr.transport),
-      100 * rr.transport / (rr.compute + rr.transport));
+      r / f.world * 1e3, (long long)f.world,
+      r / std::max<int64_t>(1, ring.steps) * 1e3,
+      100 * ring.compute / (ring.compute + ring.transport),
+      100 * ring.transport / (ring.compute + ring.transport));
   std::printf(
       "partials: ranks' time %.0f%% compute, %.0f%% transport (fills)\n",
-      100 * rp.compute / (rp.compute + rp.transport),
-      100 * rp.transport / (rp.compute + rp.transport));
+      100 * partials.compute / (partials.compute + partials.transport),
+      100 * partials.transport / (partials.compute + partials.transport));
   return 0;
 }
 

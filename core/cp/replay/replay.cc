@@ -118,6 +118,7 @@ class Replay {
   absl::Status SendIfDue(int64_t k, int64_t s);
   absl::Status Compute(const Task& task, int64_t s);
   absl::Status Finish(int64_t k, int64_t s);
+  absl::Status RankStep(int64_t k, int64_t s);
   void AppendTasks(int64_t k, int64_t s, std::vector<Task>* tasks) const;
   absl::Status RunLockstep();
   absl::Status RunThreadPerRank();
@@ -333,24 +334,33 @@ void Replay::AppendTasks(int64_t k, int64_t s, std::vector<Task>* tasks) const {
   }
 }
 
-// Ranks in turns: three phases per step, one barrier each.
+// One step of rank k: take the held chunk (fill or receive) and send it
+// on, compute its units for the rank's items, then let go of the slot.
+absl::Status Replay::RankStep(int64_t k, int64_t s) {
+  if (absl::Status st = Acquire(k, s); !st.ok()) return st;
+  thread_local std::vector<Task> tasks;
+  tasks.clear();
+  AppendTasks(k, s, &tasks);
+  for (const Task& task : tasks) {
+    if (absl::Status st = Compute(task, s); !st.ok()) return st;
+  }
+  return Finish(k, s);
+}
+
+// Ranks in turns: within a step the ranks depend on nothing the others do
+// in that step (a receive waits for the previous step's send, a send for
+// the previous step's grant), so every step is one parallel loop over the
+// ranks on a bounded pool, with one barrier per step.
 absl::Status Replay::RunLockstep() {
   const int threads = ResolveThreads(options_.threads);
   FirstError error;
   ParallelFor(world_, threads, [&](int64_t k) { error.Set(GrantInitial(k)); });
-  std::vector<Task> tasks;
   for (int64_t s = 0; s < sched_.steps(); ++s) {
     if (Cancelled()) return absl::CancelledError("audit cancelled");
-    ParallelFor(world_, threads, [&](int64_t k) { error.Set(Acquire(k, s)); });
-    if (absl::Status e = error.Get(); !e.ok()) return e;
-    tasks.clear();
-    for (int64_t k = 0; k < world_; ++k) AppendTasks(k, s, &tasks);
-    ParallelFor(static_cast<int64_t>(tasks.size()), threads,
-                [&](int64_t i) { error.Set(Compute(tasks[i], s)); });
-    ParallelFor(world_, threads, [&](int64_t k) { error.Set(Finish(k, s)); });
+    ParallelFor(world_, threads, [&](int64_t k) { error.Set(RankStep(k, s)); });
     if (absl::Status e = error.Get(); !e.ok()) return e;
   }
-  return absl::OkStatus();
+  return error.Get();
 }
 
 // One thread per rank, each as fast as the protocol lets it run.
@@ -358,21 +368,9 @@ absl::Status Replay::RunThreadPerRank() {
   FirstError error;
   auto rank_loop = [&](int64_t k) {
     absl::Status status = GrantInitial(k);
-    std::vector<Task> tasks;
     for (int64_t s = 0; status.ok() && s < sched_.steps(); ++s) {
-      if (Cancelled()) {
-        status = absl::CancelledError("audit cancelled");
-        break;
-      }
-      status = Acquire(k, s);
-      if (!status.ok()) break;
-      tasks.clear();
-      AppendTasks(k, s, &tasks);
-      for (const Task& task : tasks) {
-        status = Compute(task, s);
-        if (!status.ok()) break;
-      }
-      if (status.ok()) status = Finish(k, s);
+      status = Cancelled() ? absl::CancelledError("audit cancelled")
+                           : RankStep(k, s);
     }
     if (!status.ok()) {
       error.Set(status);

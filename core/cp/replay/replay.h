@@ -13,12 +13,12 @@
 //
 // Execution. kThreadPerRank: one thread per rank, each running its steps as
 // fast as its transport waits allow (the real asynchronous protocol, W
-// threads). kLockstep: ranks in turns -- every step runs in three phases
-// (acquire and send, compute, wait and grant) across a bounded pool of
-// threads, one barrier per phase, so W may exceed the threads (a gang
-// smaller than the world size). kAuto: thread per rank for a ring whose W
-// ranks all have a worker (W <= workers), lockstep otherwise (partials
-// never wait on each other; lockstep balances their uneven shards).
+// threads). kLockstep: ranks in turns -- every step is one parallel loop
+// over the ranks on a bounded pool of threads (a rank's step depends only
+// on the previous step's sends and grants), one barrier per step, so W may
+// exceed the threads (a gang smaller than the world size). kAuto: thread
+// per rank for a ring whose W ranks all have a worker (W <= workers),
+// lockstep otherwise (partials never wait on each other).
 //
 // Thread safety: RunCpReplay may be called concurrently on a const
 // PreparedAttention; a caller-supplied transport serves one call at a time.
