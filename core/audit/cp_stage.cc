@@ -29,6 +29,9 @@ using Clock = std::chrono::steady_clock;
 constexpr int64_t kMessageBudget = int64_t{8} << 20;
 // The ring's slots, all ranks together.
 constexpr int64_t kMaxRingBuffers = int64_t{1} << 30;
+// Rank-steps (steps x W) of one replay: the ring's grow with W^2, and a
+// hostile world size must not turn one audit into hours of empty steps.
+constexpr int64_t kMaxRankSteps = int64_t{1} << 26;
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
@@ -253,6 +256,13 @@ absl::Status RunCpStage(const CpStageInputs& in, AuditReport* report) {
       PlanShards(p.units, in.snapshot.cp.world_size, p.dims.page_size);
   const CpSchedule schedule(shards, strategy, p.dims.kv_heads, CpTokenBytes(p),
                             kMessageBudget);
+  if (SaturatingMul(schedule.steps(), schedule.world()) > kMaxRankSteps) {
+    cp.skipped = absl::StrCat(
+        "cp.world_size: the ", cp.strategy, " replay ", "would run ",
+        schedule.steps(), " steps on each of ", schedule.world(),
+        " ranks, over the limit of ", kMaxRankSteps, " rank-steps");
+    return absl::OkStatus();
+  }
   CpReplayOptions ro;
   ro.threads = in.threads;
   ro.workers = in.options.cp_workers;
