@@ -36,7 +36,7 @@ APT_PACKAGES := build-essential cmake pkg-config git python3 python3-venv \
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps configure build run test bench bench-check bench-env \
+.PHONY: all deps configure build run test bench bench-check bench-cp bench-env \
   bench-peers bench-sweeps bench-server demo clean py-venv bench-python
 
 all: build
@@ -103,6 +103,7 @@ test: build
 # snapshots go to $(BENCH_TMP) (up to 512 MiB at a time) and are deleted.
 # Run times on the 2-core dev VM:
 #   bench-check   C++ W1 stages vs the floor                       ~20 s
+#   bench-cp      W1 with W=4 CP ranks: strategies vs single rank  ~10 s
 #   bench-peers   attnaudit check vs numpy / torch                 ~30 s
 #                 (RLKERNEL=/path/to/checkout adds the RL-Kernel harness:
 #                 ~8 s per run, 5 runs); the first run builds bench-env
@@ -119,15 +120,18 @@ RLKERNEL ?=
 
 # The binaries the benchmark scripts run (the scripts share bench/common).
 BENCH_TARGETS := $(RUN_TARGETS) attnaudit_bench_floor attnaudit_bench_check \
-  attnaudit_bench_reference
+  attnaudit_bench_reference attnaudit_bench_cp
 BUILD_BENCH = cmake --build $(BUILD_DIR) -j $(JOBS) --target $(BENCH_TARGETS)
 
-bench: bench-check bench-peers bench-sweeps bench-server
+bench: bench-check bench-cp bench-peers bench-sweeps bench-server
 
 bench-check: configure
 	$(BUILD_BENCH)
 	$(BUILD_DIR)/bin/attnaudit_bench_floor --sweep
 	$(BUILD_DIR)/bin/attnaudit_bench_check --repeats 9 --markdown
+
+bench-cp: build
+	$(BUILD_DIR)/bin/attnaudit_bench_cp --repeats $(REPEATS)
 
 $(BENCH_VENV)/.installed: bench/peers/requirements.txt $(wildcard proto/attnaudit/v1/*.proto)
 	rm -rf $(BENCH_VENV)

@@ -28,6 +28,20 @@ void AddAuditFlags(CLI::App* app, AuditFlags* flags) {
       ->check(NonNegative());
   app->add_flag("--kv-fingerprint", flags->kv_fingerprint,
                 "also compute the KV-cache fingerprint");
+  AddCpStrategyFlag(app, &flags->cp_strategy);
+}
+
+void AddCpStrategyFlag(CLI::App* app, std::string* value) {
+  app->add_option("--cp-strategy", *value,
+                  "context-parallel snapshots: replay the ranks as a ring or "
+                  "merge per-rank partials (default: partials)")
+      ->check(CLI::IsMember({"ring", "partials"}));
+}
+
+CpStrategy CpStrategyOf(const std::string& value) {
+  if (value == "ring") return CpStrategy::kRing;
+  if (value == "partials") return CpStrategy::kPartials;
+  return CpStrategy::kAuto;
 }
 
 AuditOptions ToAuditOptions(const AuditFlags& flags) {
@@ -36,6 +50,7 @@ AuditOptions ToAuditOptions(const AuditFlags& flags) {
   options.tolerances.out_abs = flags.out_tol;
   options.tolerances.lse_abs = flags.lse_tol;
   options.tolerances.logprob_abs = flags.logprob_tol;
+  options.cp_strategy = CpStrategyOf(flags.cp_strategy);
   return options;
 }
 

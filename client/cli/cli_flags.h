@@ -14,17 +14,23 @@
 
 namespace attnaudit::client {
 
-// --out-tol X --lse-tol X --logprob-tol X (0: the policy's own) and
-// --kv-fingerprint.
+// --out-tol X --lse-tol X --logprob-tol X (0: the policy's own),
+// --kv-fingerprint and --cp-strategy ring|partials.
 struct AuditFlags {
   double out_tol = 0;
   double lse_tol = 0;
   double logprob_tol = 0;
   bool kv_fingerprint = false;
+  std::string cp_strategy;  // empty: the auditor chooses
 };
 void AddAuditFlags(CLI::App* app, AuditFlags* flags);
 // The core options these flags ask for (threads and limits left default).
 AuditOptions ToAuditOptions(const AuditFlags& flags);
+
+// --cp-strategy ring|partials on `app` into *value (empty when not given).
+void AddCpStrategyFlag(CLI::App* app, std::string* value);
+// The strategy a --cp-strategy value names (kAuto for empty).
+CpStrategy CpStrategyOf(const std::string& value);
 
 // A CLI11 check that the value is a number >= 0 ("'-1' is not a number
 // >= 0"; CLI11's own range check prints the double range).

@@ -84,6 +84,7 @@ struct SubmitCommand {
   std::string idempotency_key;
   std::string job_timeout;
   int64_t retries = 20;
+  std::string cp_strategy;
   ConnectionFlags connection;
 };
 
@@ -107,6 +108,11 @@ int RunSubmitCommand(const SubmitCommand& o) {
   SubmitOptions call;
   call.priority = PriorityOf(o.priority);
   call.idempotency_key = o.idempotency_key;
+  if (!o.cp_strategy.empty()) {
+    AuditOptions audit;
+    audit.cp_strategy = CpStrategyOf(o.cp_strategy);
+    AuditOptionsToProto(audit, &call.audit_options);
+  }
   if (!call.idempotency_key.empty() && o.files.size() != 1) {
     return FailLocal("submit", absl::InvalidArgumentError(
                                    "--idempotency-key: only with a single "
@@ -169,6 +175,7 @@ void AddSubmit(CLI::App* app, int* exit_code) {
                    "retries of a RESOURCE_EXHAUSTED answer per file")
       ->capture_default_str()
       ->check(NonNegative());
+  AddCpStrategyFlag(command, &o->cp_strategy);
   AddConnectionFlags(command, &o->connection);
 }
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "client/cli/findings.h"
 #include "core/fingerprint/fingerprint.h"
+#include "client/cli/cp_table.h"
 #include "proto/codec/codec.h"
 
 namespace attnaudit::client {
@@ -240,6 +241,7 @@ std::string FormatReport(const AuditReport& r) {
   AppendLogprobToleranceNote(r, &out);
   out += "\n";
   AppendFindings(r, &out);
+  AppendCpSection(r, &out);
   AppendLocalisation(r, &out);
   const StageTimings& t = r.provenance.timings;
   absl::StrAppendFormat(

@@ -19,6 +19,8 @@ struct SynthCommand {
   SynthOptions synth;
   std::string kv_dtype;  // empty: SynthOptions' default
   std::string fault;     // empty: none
+  std::string cp_sharding = "page";
+  std::string cp_fault;  // empty: none
   std::string output;
 };
 
@@ -47,6 +49,15 @@ absl::StatusOr<SynthOptions> ResolveOptions(const SynthCommand& o) {
     if (!fault.ok()) return fault.status();
     synth.fault = *fault;
   }
+  synth.cp_sharding = o.cp_sharding == "owners" ? CpSharding::kExplicitOwners
+                      : o.cp_sharding == "interleave"
+                          ? CpSharding::kTokenInterleaved
+                          : CpSharding::kPageInterleaved;
+  if (!o.cp_fault.empty()) {
+    absl::StatusOr<CpFault> fault = ParseCpFault(o.cp_fault);
+    if (!fault.ok()) return fault.status();
+    synth.cp_fault = *fault;
+  }
   return synth;
 }
 
@@ -61,8 +72,15 @@ void PrintSummary(const SynthOptions& synth, const SynthDetails& details,
             << " Hkv=" << d.kv_heads << " D=" << d.head_dim
             << " L0=" << snapshot.kv_seq_lens.IntAt(0)
             << " pages=" << d.num_pages << "x" << d.page_size
-            << " kv=" << DTypeName(snapshot.k_pages.dtype())
-            << " fault=" << details.fault << " -> " << path << " (" << bytes
+            << " kv=" << DTypeName(snapshot.k_pages.dtype());
+  if (synth.cp_world_size > 1) {
+    std::cerr << " cp=" << synth.cp_world_size << "x"
+              << (synth.cp_sharding == CpSharding::kExplicitOwners ? "owners"
+                  : synth.cp_sharding == CpSharding::kTokenInterleaved
+                      ? absl::StrCat("interleave", synth.cp_interleave)
+                      : "page");
+  }
+  std::cerr << " fault=" << details.fault << " -> " << path << " (" << bytes
             << " bytes)\n";
 }
 
@@ -126,6 +144,31 @@ void AddSynthCommand(CLI::App* app, int* exit_code) {
       ->add_option("--split-tokens", s.split_tokens,
                    "the simulated kernel's split-KV size")
       ->capture_default_str();
+  command
+      ->add_option("--cp-world-size", s.cp_world_size,
+                   "context-parallel ranks W: the engine runs sharded and "
+                   "writes cp.rank_out/rank_lse")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  command
+      ->add_option("--cp-sharding", o->cp_sharding,
+                   "owners (contiguous block ranges), interleave (tokens) or "
+                   "page")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"owners", "interleave", "page"}));
+  command
+      ->add_option("--cp-interleave", s.cp_interleave,
+                   "--cp-sharding interleave: consecutive tokens per rank")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  command->add_option("--cp-fault", o->cp_fault,
+                      absl::StrCat("inject a context-parallel engine bug: ",
+                                   absl::StrJoin(CpFaultNames(), ", ")));
+  command
+      ->add_option("--cp-fault-rank", s.cp_fault_rank,
+                   "the rank a per-rank CP fault hits (-1: from the seed)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{-1}, int64_t{1023}));
   command->add_option("-o,--output", o->output, "the snapshot file to write")
       ->required();
 }

@@ -94,4 +94,31 @@ void MergeInto(float* acc_out, float* acc_lse, const float* next_out,
   *acc_lse = m + std::log(total);
 }
 
+void MergeIntoReference(double* acc_out, double* acc_lse,
+                        const double* next_out, double next_lse, int64_t d) {
+  constexpr double kNegInfD = -std::numeric_limits<double>::infinity();
+  auto sanitize = [](double lse) {
+    return (std::isnan(lse) || lse == std::numeric_limits<double>::infinity())
+               ? kNegInfD
+               : lse;
+  };
+  const double a = sanitize(*acc_lse);
+  const double b = sanitize(next_lse);
+  const double m = std::fmax(a, b);
+  if (m == kNegInfD) {
+    for (int64_t j = 0; j < d; ++j) acc_out[j] = 0.0;
+    *acc_lse = kNegInfD;
+    return;
+  }
+  const double wa = a == kNegInfD ? 0.0 : std::exp(a - m);
+  const double wb = b == kNegInfD ? 0.0 : std::exp(b - m);
+  const double total = wa + wb;
+  for (int64_t j = 0; j < d; ++j) {
+    const double x = wa != 0.0 ? wa * acc_out[j] : 0.0;
+    const double y = wb != 0.0 ? wb * next_out[j] : 0.0;
+    acc_out[j] = (x + y) / total;
+  }
+  *acc_lse = m + std::log(total);
+}
+
 }  // namespace attnaudit

@@ -24,6 +24,14 @@ void MergeStates(const float* const* outs, const float* lses, int n, int64_t d,
 void MergeInto(float* acc_out, float* acc_lse, const float* next_out,
                float next_lse, int64_t d);
 
+// The REFERENCE side's merge, not the replay's routine: the same formulas
+// in fp64 for R's per-unit states (core/attention/unit_states.h), e.g. the
+// reference partial of one CP rank, folded over its units in ascending
+// order. Its rounding (~1e-16 relative per step) is far below every
+// tolerance; no replay result may go through it.
+void MergeIntoReference(double* acc_out, double* acc_lse,
+                        const double* next_out, double next_lse, int64_t d);
+
 // lse_e = lse_2 * ln 2.
 inline double LseFromBase2(double lse2) {
   return lse2 * 0.693147180559945309417232121458176568;

@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/attention/attention.h"
 #include "core/attention/merge.h"
+#include "core/attention/unit_states.h"
+#include "core/audit/cp_stage.h"
 #include "core/common/parallel.h"
 #include "core/common/status_macros.h"
 #include "core/drift/drift.h"
@@ -188,6 +190,11 @@ struct AuditRun {
   AttentionResults results;
   Side reference, replay, engine;
   LmHeadNorms norms;
+  // CP snapshots: the single pass's unit states (R's, for the ranks'
+  // reference partials) and why the CP replay is skipped, if it is.
+  UnitStates unit_states;
+  bool keep_unit_states = false;
+  std::string cp_skipped;
 
   void StageDone(const char* name, double seconds) const {
     if (options.on_stage) options.on_stage(name, seconds);
@@ -244,6 +251,24 @@ absl::Status CheckAttentionFinite(const AttentionResults& r) {
       "paged replay produced a non-finite output");
 }
 
+// CP snapshots: the ranks' reference partials come from R's unit states of
+// the single pass (no second read of the KV for them), when they fit.
+void PlanCpUnitStates(AuditRun* run) {
+  if (run->snapshot.cp.world_size <= 1) return;
+  const bool with_reference =
+      audit_internal::CpNeedsReferenceStates(run->snapshot);
+  const int64_t bytes =
+      audit_internal::CpStateBytes(run->prepared, with_reference);
+  if (bytes > run->options.max_cp_state_bytes) {
+    run->cp_skipped = absl::StrCat("the CP replay's unit states need ", bytes,
+                                   " bytes, over the limit of ",
+                                   run->options.max_cp_state_bytes);
+  } else if (with_reference) {
+    run->unit_states.has_reference = true;
+    run->keep_unit_states = true;
+  }
+}
+
 // reference + replay: RoPE and scales, then the fused pass (the audit's one
 // read of the cache).
 absl::Status AttentionStage(AuditRun* run) {
@@ -254,6 +279,8 @@ absl::Status AttentionStage(AuditRun* run) {
   options.threads = run->threads;
   options.record_merge_orders = run->options.include_merge_orders;
   options.cancelled = run->options.cancelled;
+  PlanCpUnitStates(run);
+  if (run->keep_unit_states) options.unit_states = &run->unit_states;
   ATTNAUDIT_ASSIGN_OR_RETURN(run->results,
                              ComputeAttention(run->prepared, options));
   if (run->results.kv_non_finite) {
@@ -316,6 +343,7 @@ CompareContext MakeCompareContext(const AuditRun& run) {
   ti.lm_head_max_row_l1 = run.norms.max_row_l1;
   ti.lm_head_max_row_l2 = run.norms.max_row_l2;
   ti.logprob_temperature = run.snapshot.logprob_temperature;
+  ti.cp_world_size = run.snapshot.cp.world_size;
   return ctx;
 }
 
@@ -351,6 +379,34 @@ absl::Status CompareStage(AuditRun* run) {
   return absl::OkStatus();
 }
 
+// CP snapshots: the replay on the ranks (the strategy's own work), its two
+// combines, and the per-rank and combine attributions.
+absl::Status CpStage(AuditRun* run) {
+  if (run->snapshot.cp.world_size <= 1) return absl::OkStatus();
+  if (IsCancelled(run->options)) return absl::CancelledError("audit cancelled");
+  const CompareContext ctx = MakeCompareContext(*run);
+  const Side& e = run->engine;
+  audit_internal::CpStageInputs in{run->snapshot,
+                                   run->prepared,
+                                   run->keep_unit_states ? &run->unit_states
+                                                         : nullptr,
+                                   run->reference.out,
+                                   run->reference.lse,
+                                   run->replay.out,
+                                   run->replay.lse,
+                                   e.has_out ? &e.out : nullptr,
+                                   e.has_lse ? &e.lse : nullptr,
+                                   ctx.tolerance_inputs,
+                                   run->options,
+                                   run->threads,
+                                   run->cp_skipped};
+  ATTNAUDIT_RETURN_IF_ERROR(audit_internal::RunCpStage(in, &run->report));
+  run->report.verdict =
+      audit_internal::WithCpVerdict(run->report.cp, run->report.verdict);
+  run->StageDone("cp", run->report.provenance.timings.cp_seconds);
+  return absl::OkStatus();
+}
+
 void FillProvenance(AuditRun* run) {
   Provenance& prov = run->report.provenance;
   prov.backend = "cpu";
@@ -379,6 +435,7 @@ absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
   ATTNAUDIT_RETURN_IF_ERROR(ValidateStage(&run));
   ATTNAUDIT_RETURN_IF_ERROR(AttentionStage(&run));
   ATTNAUDIT_RETURN_IF_ERROR(CompareStage(&run));
+  ATTNAUDIT_RETURN_IF_ERROR(CpStage(&run));
   FillProvenance(&run);
   return std::move(run.report);
 }

@@ -13,12 +13,11 @@
 
 namespace attnaudit {
 
-// How a context-parallel snapshot is replayed across workers
-// (docs/DESIGN.md §3). Carried from the wire
-// (AuditOptions.cp_strategy); the CPU backend replays every strategy the
-// same way until the ring workers exist.
+// How a context-parallel snapshot (cp.world_size > 1) is replayed across
+// ranks (docs/NUMERICS.md, "Context parallelism"; core/cp). Carried from
+// the wire (AuditOptions.cp_strategy).
 enum class CpStrategy : int {
-  kAuto = 0,      // the server chooses
+  kAuto = 0,      // the pipeline chooses: partials, the decode engines' own
   kRing = 1,      // KV shards rotate rank -> rank + 1
   kPartials = 2,  // per-rank partials gathered and merged (vLLM DCP)
 };
@@ -34,6 +33,13 @@ struct AuditOptions {
   bool compute_kv_fingerprint = false;  // costs one SHA-256 pass over the KV
   int worst_heads = 4;
   CpStrategy cp_strategy = CpStrategy::kAuto;
+  // Ranks of the CP replay that may run at once: the workers of a gang job
+  // (server/scheduler); 0 means `threads`. Fewer than W run in turns.
+  int cp_workers = 0;
+  // The CP replay keeps every unit's state (and, with cp.rank_out, R's
+  // unit states of the single pass); above this many bytes the CP section
+  // reports the replay as skipped instead of allocating them.
+  int64_t max_cp_state_bytes = int64_t{4} << 30;
   // Polled between stages and work items; a true value aborts the audit
   // with Cancelled. May be null.
   const std::atomic<bool>* cancelled = nullptr;

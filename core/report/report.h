@@ -117,6 +117,11 @@ struct StageTimings {
   double replay_seconds = 0;
   double compare_seconds = 0;
   double total_seconds = 0;
+  // Context-parallel snapshots: the CP replay's wall clock, and per rank
+  // the seconds it computed and spent on the transport (fills included).
+  double cp_seconds = 0;
+  std::vector<double> cp_rank_compute_seconds;    // [W]
+  std::vector<double> cp_rank_transport_seconds;  // [W]
 };
 
 struct Provenance {
@@ -137,6 +142,58 @@ struct Provenance {
   StageTimings timings;
 };
 
+// One context-parallel check: a candidate against a baseline over out and
+// lse, with its verdict and the reasons for a DRIFT.
+struct CpCheck {
+  Verdict verdict = Verdict::kUnspecified;
+  bool has_out = false;
+  DriftStats out;
+  bool has_lse = false;
+  DriftStats lse;
+  std::vector<std::string> reasons;
+};
+
+// One rank's engine partial against the reference partial over its shard.
+struct CpRankCheck {
+  int64_t rank = 0;
+  CpCheck check;
+  int64_t tokens = 0;         // the rank's keys, all rows
+  int64_t empty_queries = 0;  // (b, s, h) that see none of its keys
+};
+
+// The context-parallel section (docs/NUMERICS.md, "Context parallelism"):
+// present when the snapshot's CP world size is > 1.
+struct CpReport {
+  bool present = false;
+  std::string strategy;          // "ring" or "partials": what ran
+  bool strategy_chosen = false;  // the request said auto
+  int64_t world_size = 1;
+  CpSharding sharding = CpSharding::kNone;
+  int64_t interleave_size = 1;
+  // [B][W]: each rank's local length (keys it holds) per row.
+  std::vector<std::vector<int64_t>> shard_tokens;
+  int64_t rounds = 0;
+  int64_t steps = 0;
+  int64_t workers = 0;    // ranks that could run at once
+  std::string execution;  // "lockstep" / "thread_per_rank"
+  // Our CP replay, combined in the engine's order (ring rounds or rank
+  // order) and in ascending unit order, each against R.
+  CpCheck engine_order;
+  CpCheck deterministic;
+  // The deterministic combine equals the single-rank replay P bit for bit
+  // (out and lse). Always true unless something is broken.
+  bool deterministic_matches_replay = false;
+  // With cp.rank_out/rank_lse: every rank's partial against the reference
+  // partial over its shard, and the engine's final out/lse against our
+  // merge of the engine's own partials (the combine step alone).
+  std::vector<CpRankCheck> ranks;
+  bool has_combine = false;
+  CpCheck combine;
+  // Why the CP replay did not run (empty when it ran), e.g. its unit
+  // states would exceed AuditOptions::max_cp_state_bytes.
+  std::string skipped;
+};
+
 struct AuditReport {
   Verdict verdict = Verdict::kUnspecified;
   std::string invalid_reason;  // the validation error, when INVALID
@@ -144,6 +201,7 @@ struct AuditReport {
   Labels labels;
   std::vector<ComparisonResult> comparisons;
   Provenance provenance;
+  CpReport cp;
 
   const ComparisonResult* Find(Comparison c) const;
 };

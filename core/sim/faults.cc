@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/sim/random.h"
 #include "core/sim/synth_internal.h"
 
 namespace attnaudit {
@@ -186,9 +187,7 @@ absl::Status PlanHeaviestBlockFault(Fault fault, const SynthLayout& layout,
   const double share = 100.0 * Share(blocks[block], mass);
   if (fault == Fault::kStalePage) {
     GenerateStalePage(layout, model, rope, pool, page, stale_k, stale_v);
-    plan->stale_page = page;
-    plan->stale_k = stale_k;
-    plan->stale_v = stale_v;
+    plan->stale_reads.push_back({page, stale_k, stale_v, {}});
     *description = absl::StrFormat(
         "stale-page: pool page %d (row 0, logical block %d, %.1f%% of the "
         "row's attention mass) read with outdated K/V",
@@ -292,10 +291,69 @@ absl::Status PlanFault(Fault fault, const SynthLayout& layout,
   return absl::InvalidArgumentError("fault: unknown value");
 }
 
+namespace {
+
+// Row b's tokens before rank r's first key, so that a row of at most that
+// length leaves r without keys (page and token interleaving).
+int64_t TokensBeforeRank(const SynthOptions& o, int64_t b, int64_t r) {
+  const int64_t w = o.cp_world_size;
+  if (o.cp_sharding == CpSharding::kPageInterleaved) return r * o.page_size;
+  const int64_t i = std::max<int64_t>(1, o.cp_interleave);
+  const int64_t p0 = o.prefix == 0 && b % 2 == 1 ? 1000 * b + 3 : 0;
+  for (int64_t t = 0; t < w * i; ++t) {
+    if ((p0 + t) / i % w == r) return t;
+  }
+  return 0;
+}
+
+// empty-rank-garbage needs a rank that some row leaves without keys: picks
+// the rank (from the seed, when not given) and, unless a row already
+// leaves it empty, shortens the last row.
+void AdjustForEmptyRank(SynthOptions* o, std::vector<std::string>* notes) {
+  if (o->cp_fault != CpFault::kEmptyRankGarbage || o->cp_world_size < 2 ||
+      o->cp_world_size > 1024 || o->batch < 1 || o->batch > 4096 ||
+      o->page_size < 1 || o->cp_fault_rank >= o->cp_world_size) {
+    return;
+  }
+  const int64_t w = o->cp_world_size;
+  const int64_t last = o->batch - 1;
+  const int64_t shortest = std::max<int64_t>(o->queries, 1);
+  const bool owners = o->cp_sharding == CpSharding::kExplicitOwners;
+  auto empty_in = [&](int64_t b, int64_t r) {
+    return RowLength(*o, b) <= TokensBeforeRank(*o, b, r);
+  };
+  std::vector<int64_t> candidates;
+  for (int64_t r = 0; r < w; ++r) {
+    bool ok = owners || TokensBeforeRank(*o, last, r) >= shortest;
+    for (int64_t b = 0; b < o->batch && !ok; ++b) ok = empty_in(b, r);
+    if (ok) candidates.push_back(r);
+  }
+  if (o->cp_fault_rank < 0) {
+    if (candidates.empty()) return;  // PlanCpFault says why
+    NormalSource ns(DeriveSeed(o->seed, {kTagCpFault}));
+    o->cp_fault_rank = candidates[ns.Below(candidates.size())];
+    notes->push_back(absl::StrCat("empty-rank-garbage hits rank ",
+                                  o->cp_fault_rank, " (picked from the seed)"));
+  }
+  const int64_t r = o->cp_fault_rank;
+  if (owners) return;  // the last row's owners skip the rank
+  for (int64_t b = 0; b < o->batch; ++b) {
+    if (empty_in(b, r)) return;
+  }
+  const int64_t len = TokensBeforeRank(*o, last, r);
+  if (len < shortest) return;  // PlanCpFault says why
+  notes->push_back(
+      absl::StrCat("empty-rank-garbage needs a row without keys on rank ", r,
+                   ": row ", last, " shortened to ", len, " tokens"));
+  o->last_row_context = len;
+}
+
+}  // namespace
 }  // namespace sim_internal
 
 std::vector<std::string> AdjustForFault(SynthOptions* o) {
   std::vector<std::string> notes;
+  sim_internal::AdjustForEmptyRank(o, &notes);
   if (o->fault == Fault::kFp8Scale && o->kv_dtype != DType::kF8E4M3) {
     notes.push_back(
         absl::StrCat("fp8-scale needs an fp8 KV cache: kv-dtype switched from ",

@@ -129,6 +129,14 @@ class WorkItem {
     if (key_hi_ <= key_lo_) key_lo_ = key_hi_ = 0;
   }
 
+  // The stale content a plan reads for (page, slot), or null.
+  const EnginePlan::StaleRead* StaleFor(int32_t page, int64_t slot) const {
+    for (const EnginePlan::StaleRead& s : p_.stale_reads) {
+      if (s.page == page && (s.slots.empty() || s.slots[slot] != 0)) return &s;
+    }
+    return nullptr;
+  }
+
   // Loads keys [t, t + n) of one block (K/V of this KV head) into kt_/vt_.
   void LoadTile(int64_t block, int64_t t, int64_t n) {
     const int64_t d = p_.head_dim;
@@ -137,24 +145,24 @@ class WorkItem {
     const int64_t slot0 = t - block * ps;
     const DType dtype = p_.k_pages->dtype();
     const int elt = DTypeSize(dtype);
-    const char* kbase;
-    const char* vbase;
-    int64_t row0;  // element offset of (slot0, kvh) in the chosen buffers
-    if (page == p_.stale_page && p_.stale_k != nullptr) {
-      kbase = static_cast<const char*>(p_.stale_k->raw());
-      vbase = static_cast<const char*>(p_.stale_v->raw());
-      row0 = (slot0 * p_.kv_heads + kvh_) * d;
-    } else {
-      kbase = static_cast<const char*>(p_.k_pages->raw());
-      vbase = static_cast<const char*>(p_.v_pages->raw());
-      row0 =
-          ((static_cast<int64_t>(page) * ps + slot0) * p_.kv_heads + kvh_) * d;
-    }
-    const int64_t stride = p_.kv_heads * d;
     for (int64_t j = 0; j < n; ++j) {
-      const int64_t off = (row0 + j * stride) * elt;
-      LoadRow(kbase + off, dtype, d, p_.k_descale[kvh_], &kt_[j * d]);
-      LoadRow(vbase + off, dtype, d, p_.v_descale[kvh_], &vt_[j * d]);
+      const EnginePlan::StaleRead* stale = StaleFor(page, slot0 + j);
+      const char* kbase;
+      const char* vbase;
+      int64_t row;  // element offset of (slot0 + j, kvh) in the buffers
+      if (stale != nullptr) {
+        kbase = static_cast<const char*>(stale->k->raw());
+        vbase = static_cast<const char*>(stale->v->raw());
+        row = ((slot0 + j) * p_.kv_heads + kvh_) * d;
+      } else {
+        kbase = static_cast<const char*>(p_.k_pages->raw());
+        vbase = static_cast<const char*>(p_.v_pages->raw());
+        row = ((static_cast<int64_t>(page) * ps + slot0 + j) * p_.kv_heads +
+               kvh_) *
+              d;
+      }
+      LoadRow(kbase + row * elt, dtype, d, p_.k_descale[kvh_], &kt_[j * d]);
+      LoadRow(vbase + row * elt, dtype, d, p_.v_descale[kvh_], &vt_[j * d]);
     }
     if (p_.rotate_k_again) {
       const RopeTable& rope = *p_.rope;
@@ -167,6 +175,11 @@ class WorkItem {
     }
   }
 
+  // Whether this run attends logical key j of the row (CP: the rank's own).
+  bool Attends(int64_t j) const {
+    return p_.rank < 0 || (*p_.token_owner)[b_][j] == p_.rank;
+  }
+
   void RunSplit(int64_t begin, int64_t end, float* out, float* lse) {
     const int64_t d = p_.head_dim;
     const int64_t sq = p_.queries;
@@ -177,6 +190,7 @@ class WorkItem {
     const int64_t dropped =
         p_.dropped_block.empty() ? -1 : p_.dropped_block[b_];
     float score[kTileTokens];
+    int64_t key[kTileTokens];
     for (int64_t t = begin; t < end;) {
       const int64_t block = t / ps;
       const int64_t t1 = std::min({end, (block + 1) * ps, t + kTileTokens});
@@ -193,17 +207,21 @@ class WorkItem {
           const int64_t idx = s * g_ + gi;
           const float* qv = &qf_[idx * d];
           float tile_max = kNegInf;
+          int64_t cnt = 0;
           for (int64_t j = a; j < e; ++j) {
+            if (!Attends(j)) continue;
             float x = DotF32(qv, &kt_[(j - t) * d], d) * p_.scale;
             if (p_.softcap > 0.0f) x = p_.softcap * std::tanh(x / p_.softcap);
-            score[j - a] = x;
+            score[cnt] = x;
+            key[cnt++] = j;
             tile_max = std::max(tile_max, x);
           }
+          if (cnt == 0) continue;
           const float m_old = m_[idx];
           const float m_new = std::max(m_old, tile_max);
           const float alpha = m_old == kNegInf ? 0.0f : std::exp(m_old - m_new);
           float sum = 0.0f;
-          for (int64_t j = 0; j < e - a; ++j) {
+          for (int64_t j = 0; j < cnt; ++j) {
             score[j] = std::exp(score[j] - m_new);
             sum += score[j];
           }
@@ -211,9 +229,9 @@ class WorkItem {
           m_[idx] = m_new;
           float* acc = &acc_[idx * d];
           for (int64_t i = 0; i < d; ++i) acc[i] *= alpha;
-          for (int64_t j = 0; j < e - a; ++j) {
+          for (int64_t j = 0; j < cnt; ++j) {
             const float pj = score[j];
-            const float* v = &vt_[(j + a - t) * d];
+            const float* v = &vt_[(key[j] - t) * d];
             for (int64_t i = 0; i < d; ++i) acc[i] += pj * v[i];
           }
         }

@@ -76,10 +76,23 @@ struct EnginePlan {
   bool rotate_k_again = false;         // k-rope-twice
   bool gqa_modulo = false;             // gqa-mapping: KV head h % Hkv
   std::vector<int64_t> dropped_block;  // [B], -1: none (drop-block)
-  int32_t stale_page = -1;             // stale-page: this pool page reads
-  const Tensor* stale_k = nullptr;     // [P, Hkv, D] in the KV dtype
-  const Tensor* stale_v = nullptr;
+  // stale-page / stale-rank-page: pool pages (all slots, or the flagged
+  // ones) read with outdated content ([P, Hkv, D] in the KV dtype).
+  struct StaleRead {
+    int32_t page = -1;
+    const Tensor* k = nullptr;
+    const Tensor* v = nullptr;
+    std::vector<uint8_t> slots;  // [P] flags; empty: every slot
+  };
+  std::vector<StaleRead> stale_reads;
   bool lse_base2 = false;  // lse-base2: lse * log2(e), declared base e
+
+  // Context parallelism: when rank >= 0 the kernel attends only the keys
+  // whose owner (token_owner[b][logical index]) is `rank`, and returns
+  // that rank's partial: out normalised over its keys (no sinks), lse over
+  // them (-inf and out 0 for a query that sees none).
+  int32_t rank = -1;
+  const std::vector<std::vector<int32_t>>* token_owner = nullptr;
 };
 
 struct EngineResult {

@@ -46,16 +46,17 @@ inline uint64_t DeriveSeed(uint64_t seed,
 
 // Stream tags (arbitrary distinct constants).
 enum StreamTag : uint64_t {
-  kTagToken = 1,    // K/V content of a logical token
-  kTagShared = 2,   // ... of a token in the shared prefix (all rows)
-  kTagQuery = 3,    // q of one (row, query)
-  kTagHeads = 4,    // per-head structure (directions, strengths, sinks)
-  kTagHeavy = 5,    // which tokens are heavy keys
-  kTagGarbage = 6,  // content of inactive slots (previous occupant)
-  kTagStale = 7,    // the outdated content a stale page still holds
-  kTagPermute = 8,  // page permutation
-  kTagLmHead = 9,   // lm_head weights
-  kTagTokens = 10,  // selected token ids
+  kTagToken = 1,     // K/V content of a logical token
+  kTagShared = 2,    // ... of a token in the shared prefix (all rows)
+  kTagQuery = 3,     // q of one (row, query)
+  kTagHeads = 4,     // per-head structure (directions, strengths, sinks)
+  kTagHeavy = 5,     // which tokens are heavy keys
+  kTagGarbage = 6,   // content of inactive slots (previous occupant)
+  kTagStale = 7,     // the outdated content a stale page still holds
+  kTagPermute = 8,   // page permutation
+  kTagLmHead = 9,    // lm_head weights
+  kTagTokens = 10,   // selected token ids
+  kTagCpFault = 11,  // which rank a CP fault hits
 };
 
 class NormalSource {

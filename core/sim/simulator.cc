@@ -49,6 +49,22 @@ absl::Status CheckOptions(const SynthOptions& o, const ModelPreset& preset) {
         absl::StrCat("kv_dtype: must be bf16, f16, f32 or fp8_e4m3, got ",
                      DTypeName(o.kv_dtype)));
   }
+  ATTNAUDIT_RETURN_IF_ERROR(
+      Range("cp_world_size", o.cp_world_size, 1, limits.max_cp_world_size));
+  ATTNAUDIT_RETURN_IF_ERROR(
+      Range("cp_interleave", o.cp_interleave, 1, limits.max_context));
+  ATTNAUDIT_RETURN_IF_ERROR(
+      Range("cp_fault_rank", o.cp_fault_rank, -1, o.cp_world_size - 1));
+  if (o.cp_sharding != CpSharding::kExplicitOwners &&
+      o.cp_sharding != CpSharding::kTokenInterleaved &&
+      o.cp_sharding != CpSharding::kPageInterleaved) {
+    return absl::InvalidArgumentError(
+        "cp_sharding: must be explicit owners, token or page interleaved");
+  }
+  if (o.cp_fault != CpFault::kNone && o.cp_world_size < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cp_fault: ", CpFaultName(o.cp_fault), " needs cp_world_size >= 2"));
+  }
   const int64_t shortest = sim_internal::RowLength(o, o.batch - 1);
   if (o.prefix < 0 || o.prefix > shortest) {
     return absl::InvalidArgumentError(
@@ -64,8 +80,18 @@ absl::Status CheckOptions(const SynthOptions& o, const ModelPreset& preset) {
   const int64_t kv_bytes = pages * o.page_size * preset.kv_heads *
                            preset.head_dim * DTypeSize(o.kv_dtype);
   const int64_t lm_bytes = o.vocab * preset.q_heads * preset.head_dim * 4;
+  // CP partials: [W, B, Sq, Hq, D] in the output dtype (at most 4 bytes).
+  const int64_t out_elems =
+      o.batch * o.queries * preset.q_heads * preset.head_dim;
+  const int64_t rank_bytes =
+      o.cp_world_size > 1 ? o.cp_world_size * out_elems * 4 : 0;
+  if (rank_bytes > limits.max_tensor_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cp_world_size: ", o.cp_world_size, " ranks' partials need ",
+        rank_bytes, " bytes, over the limit of ", limits.max_tensor_bytes));
+  }
   if (kv_bytes > limits.max_tensor_bytes ||
-      2 * kv_bytes + lm_bytes > limits.max_total_bytes) {
+      2 * kv_bytes + lm_bytes + rank_bytes > limits.max_total_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "context: batch ", o.batch, " x context ", o.context,
         " needs KV pages of ", kv_bytes, " bytes each, over the limit of ",
@@ -275,6 +301,37 @@ void SetLabels(const SynthOptions& o, const ModelPreset& preset,
   }
 }
 
+// Context parallelism: the engine runs sharded (per-rank partials, then
+// the combine), with the CP fault; fills engine.*, cp.* and adds the CP
+// fault to the description.
+absl::Status RunShardedEngine(const SynthOptions& o,
+                              const sim_internal::SynthLayout& layout,
+                              const sim_internal::ContentModel& model,
+                              const RopeTable& rope,
+                              const sim_internal::KvPool& pool,
+                              const sim_internal::EnginePlan& plan, Snapshot* s,
+                              std::string* description, int64_t* fault_rank) {
+  const std::vector<std::vector<int32_t>> owners =
+      sim_internal::TokenOwners(o, layout);
+  sim_internal::CpFaultPlan fault;
+  ATTNAUDIT_RETURN_IF_ERROR(sim_internal::PlanCpFault(
+      o, layout, model, rope, pool, plan, owners, &fault));
+  sim_internal::CpEngineResult engine =
+      sim_internal::RunCpEngine(plan, o.cp_world_size, owners, fault);
+  s->engine.out = std::move(engine.out);
+  s->engine.lse = std::move(engine.lse);
+  s->cp.rank_out = std::move(engine.rank_out);
+  s->cp.rank_lse = std::move(engine.rank_lse);
+  sim_internal::SetCpConfig(o, layout, owners, s);
+  *fault_rank = fault.rank;
+  if (fault.fault != CpFault::kNone) {
+    *description = *description == "none"
+                       ? fault.description
+                       : absl::StrCat(*description, "; ", fault.description);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options) {
@@ -317,12 +374,19 @@ absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options,
       CleanPlan(o, preset, layout, pool, rope, s, std::move(sinks));
   Tensor stale_k, stale_v;
   std::string fault_description;
+  int64_t cp_fault_rank = -1;
   ATTNAUDIT_RETURN_IF_ERROR(
       sim_internal::PlanFault(o.fault, layout, model, rope, pool, scale, &plan,
                               &stale_k, &stale_v, &fault_description));
-  sim_internal::EngineResult engine = sim_internal::RunFlashDecode(plan);
-  s.engine.out = std::move(engine.out);
-  s.engine.lse = std::move(engine.lse);
+  if (o.cp_world_size > 1) {
+    ATTNAUDIT_RETURN_IF_ERROR(RunShardedEngine(o, layout, model, rope, pool,
+                                               plan, &s, &fault_description,
+                                               &cp_fault_rank));
+  } else {
+    sim_internal::EngineResult engine = sim_internal::RunFlashDecode(plan);
+    s.engine.out = std::move(engine.out);
+    s.engine.lse = std::move(engine.lse);
+  }
   s.engine.lse_base = LseBase::kE;  // as declared, even under lse-base2
 
   SetPagedCache(o, layout, std::move(pool), &s);
@@ -332,6 +396,7 @@ absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options,
   if (details != nullptr) {
     details->notes = std::move(notes);
     details->fault = std::move(fault_description);
+    details->cp_fault_rank = cp_fault_rank;
   }
   return s;
 }

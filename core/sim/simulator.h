@@ -51,6 +51,22 @@ absl::StatusOr<Fault> ParseFault(const std::string& name);  // "stale-page"
 std::string FaultName(Fault fault);
 std::vector<std::string> FaultNames();
 
+// Bugs of a context-parallel engine (docs/SIMULATOR.md, "Context
+// parallelism"). Per-rank faults hit one rank (SynthOptions::cp_fault_rank,
+// or one the simulator picks from the seed among the ranks the fault can
+// show on); combine faults hit the step that merges the partials.
+enum class CpFault {
+  kNone,
+  kDropShard,         // one rank's partial left out of the combine
+  kBf16Combine,       // the combine (LSEs, weights, sums) done in bf16
+  kLseBase2Rank,      // one rank returns its LSE in base 2 (declared e)
+  kEmptyRankGarbage,  // a rank without visible keys returns a finite lse
+  kStaleRankPage,     // one local page of one rank's shard read stale
+};
+absl::StatusOr<CpFault> ParseCpFault(const std::string& name);  // "drop-shard"
+std::string CpFaultName(CpFault fault);
+std::vector<std::string> CpFaultNames();
+
 struct SynthOptions {
   std::string preset = "llama3-8b";
   int64_t batch = 1;
@@ -67,6 +83,20 @@ struct SynthOptions {
   // Added by the simulator's owner:
   int64_t layer = 0;  // labels.layer; gemma2/gpt-oss slide on even layers
   int threads = 0;    // worker threads; 0: hardware concurrency
+  // Context parallelism: with cp_world_size > 1 the engine runs sharded --
+  // every rank attends its own keys (its partial in the output dtype and
+  // an fp32 LSE, written to cp.rank_out / cp.rank_lse), then an fp32
+  // LSE-weighted combine merges the partials (vLLM's decode CP).
+  int64_t cp_world_size = 1;
+  // kExplicitOwners (contiguous, balanced block ranges per row),
+  // kTokenInterleaved (cp_interleave tokens per rank) or kPageInterleaved.
+  CpSharding cp_sharding = CpSharding::kPageInterleaved;
+  int64_t cp_interleave = 1;
+  CpFault cp_fault = CpFault::kNone;
+  int64_t cp_fault_rank = -1;  // -1: picked from the seed
+  // > 0: row B-1 holds this many tokens instead of L - 7 (B - 1)
+  // (AdjustForFault shortens it so that a rank holds none of it).
+  int64_t last_row_context = 0;
 };
 
 // Makes `options` able to show the requested fault, and returns one
@@ -75,6 +105,9 @@ struct SynthOptions {
 // the context by half a page when Sq == 1 and no row has a partial last page
 // or a sliding-window edge (swapping two fully visible pages is harmless in
 // decode).
+// empty-rank-garbage picks its rank (when cp_fault_rank is -1) and, unless
+// some row already leaves that rank without keys, shortens the last row
+// (last_row_context) so that it does.
 // Synthesize applies it too (silently). Idempotent.
 std::vector<std::string> AdjustForFault(SynthOptions* options);
 
@@ -90,6 +123,7 @@ absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options);
 struct SynthDetails {
   std::vector<std::string> notes;  // AdjustForFault's changes
   std::string fault;               // what was injected where ("none")
+  int64_t cp_fault_rank = -1;      // the rank a per-rank CP fault hit
 };
 absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options,
                                     SynthDetails* details);

@@ -89,6 +89,9 @@ void StoreRows(const float* src, int64_t rows, int64_t heads, int64_t dim,
 }  // namespace
 
 int64_t RowLength(const SynthOptions& options, int64_t row) {
+  if (options.last_row_context > 0 && row == options.batch - 1) {
+    return std::max<int64_t>({options.last_row_context, options.queries, 1});
+  }
   return std::max<int64_t>({options.context - 7 * row, options.queries, 1});
 }
 

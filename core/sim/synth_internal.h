@@ -6,6 +6,7 @@
 #define ATTNAUDIT_CORE_SIM_SYNTH_INTERNAL_H_
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,54 @@ absl::Status PlanFault(Fault fault, const SynthLayout& layout,
                        const KvPool& pool, double model_scale, EnginePlan* plan,
                        Tensor* stale_k, Tensor* stale_v,
                        std::string* description);
+
+// ---- Context parallelism (cp_engine.cc) ----------------------------------
+
+// The CP rank owning every logical token, [B][L_b], under the options'
+// sharding (token interleaving goes by global position, as validation's
+// TokenOwner does). Explicit owners: contiguous, balanced block ranges per
+// row; with the empty-rank-garbage fault the last row skips the faulted
+// rank.
+std::vector<std::vector<int32_t>> TokenOwners(const SynthOptions& options,
+                                              const SynthLayout& layout);
+
+// Sets snapshot->cp (world size, sharding, interleave, block owners).
+void SetCpConfig(const SynthOptions& options, const SynthLayout& layout,
+                 const std::vector<std::vector<int32_t>>& owners,
+                 Snapshot* snapshot);
+
+// Where a CP fault hits: the rank, and for stale-rank-page the stale reads
+// (their content is owned here; the plan points at it).
+struct CpFaultPlan {
+  CpFault fault = CpFault::kNone;
+  int32_t rank = -1;
+  std::vector<EnginePlan::StaleRead> stale_reads;
+  std::deque<Tensor> stale_pages;  // stable addresses
+  std::string description;
+};
+
+// Chooses the faulted rank (options.cp_fault_rank, or one picked from the
+// seed among the ranks the fault can show on) and the stale local page.
+// InvalidArgument ("cp_fault_rank: ...") when the fault cannot show.
+absl::Status PlanCpFault(const SynthOptions& options, const SynthLayout& layout,
+                         const ContentModel& model, const RopeTable& rope,
+                         const KvPool& pool, const EnginePlan& plan,
+                         const std::vector<std::vector<int32_t>>& owners,
+                         CpFaultPlan* fault);
+
+struct CpEngineResult {
+  Tensor rank_out;  // [W, B, Sq, Hq, D] out dtype
+  Tensor rank_lse;  // [W, B, Sq, Hq] f32, natural log (or the fault's)
+  Tensor out;       // [B, Sq, Hq, D] the engine's combined output
+  Tensor lse;       // [B, Sq, Hq] f32
+};
+
+// The sharded engine: one partial per rank by the plan's kernel restricted
+// to the rank's keys, then the combine (fp32 LSE weights; sinks after the
+// combine; one cast of out), with the CP fault applied.
+CpEngineResult RunCpEngine(const EnginePlan& plan, int64_t world,
+                           const std::vector<std::vector<int32_t>>& owners,
+                           const CpFaultPlan& fault);
 
 }  // namespace attnaudit::sim_internal
 

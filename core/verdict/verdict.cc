@@ -114,15 +114,21 @@ Tolerances ComputeTolerances(const ToleranceInputs& inputs,
   const double l = std::max(
       1.0, NonNegativeOr(std::fabs(inputs.max_abs_lse_reference), 1.0));
   const int64_t context = std::max<int64_t>(1, inputs.max_context);
+  // A CP engine's combine merges W more partials (engine sides only).
+  const int64_t cp =
+      engine && inputs.cp_world_size > 1 ? inputs.cp_world_size : 0;
   const double n = static_cast<double>(
       std::max({int64_t{1}, inputs.max_merged_blocks,
-                (context + kEngineSplitKeys - 1) / kEngineSplitKeys}));
+                (context + kEngineSplitKeys - 1) / kEngineSplitKeys}) +
+      cp);
 
   Tolerances t;
   // Rounding of the final write(s), in ULPs of the output dtype at A, plus
   // the fp32 accumulation over n merges, plus the fp8 dequant rounding.
   double out_rel = engine ? std::max(2.0 * eps_out, eps_compute) : eps_out;
   out_rel += kFoldCoefficient * sides * n * kEpsF32;
+  // Its weights exp(lse_k - lse) are off by ~eps_f |lse| relative each.
+  if (cp > 0) out_rel += 2.0 * kEpsF32 * l;
   if (fp8) out_rel += kEpsBf16 * l / 4.0;
   t.out_abs = a * out_rel + 2.0 * DenormMin(inputs.output_dtype);
 
@@ -155,6 +161,22 @@ Tolerances ComputeTolerances(const ToleranceInputs& inputs,
   if (overrides.out_abs > 0) t.out_abs = overrides.out_abs;
   if (overrides.lse_abs > 0) t.lse_abs = overrides.lse_abs;
   if (overrides.logprob_abs > 0) t.logprob_abs = overrides.logprob_abs;
+  return t;
+}
+
+Tolerances ComputeCombineTolerances(const CombineToleranceInputs& inputs) {
+  const double eps_out = IsFloating(inputs.output_dtype)
+                             ? DTypeEpsilon(inputs.output_dtype)
+                             : kEpsF32;
+  const double w = static_cast<double>(std::max<int64_t>(1, inputs.world));
+  const double a = NonNegativeOr(inputs.max_abs_out, 0.0);
+  const double l =
+      std::max(1.0, NonNegativeOr(std::fabs(inputs.max_abs_lse), 1.0));
+  Tolerances t;
+  // An engine may weight by exp(lse_k - lse) directly: eps_f |lse| each.
+  t.out_abs = a * (eps_out + 4.0 * w * kEpsF32 + 2.0 * kEpsF32 * l) +
+              2.0 * DenormMin(inputs.output_dtype);
+  t.lse_abs = kEpsF32 * (4.0 * l + 2.0 * w * (0.5 * l + 2.0));
   return t;
 }
 

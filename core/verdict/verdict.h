@@ -47,10 +47,33 @@ struct ToleranceInputs {
   // worst case is ~sqrt(Hq*D) times looser and never fires).
   double lm_head_max_row_l2 = 0;
   double logprob_temperature = 1;  // logits are divided by it
+  // A context-parallel engine (W > 1) merges W per-rank partials with
+  // weights exp(lse_k - lse): W more merges, and weights whose exponent
+  // carries ~eps_f |lse| of rounding (docs/NUMERICS.md, "Tolerances").
+  int64_t cp_world_size = 1;
 };
 
 Tolerances ComputeTolerances(const ToleranceInputs& inputs,
                              const ToleranceOverrides& overrides);
+
+// The combine step of a context-parallel engine alone: its final out/lse
+// against our fp32 merge of the engine's own W per-rank partials
+// (docs/NUMERICS.md, "Context parallelism"). Both sides merge the same
+// values in fp32 and round once to the output dtype, so they may differ by
+// one rounding of the output plus the fp32 merge error over W states (an
+// engine weighting by exp(lse_k - lse) carries eps_f |lse| per weight):
+//   out_abs = A (eps_o + 4 W eps_f + 2 eps_f L) + 2 denorm_min(output)
+//   lse_abs = eps_f (4 L + 2 W (L / 2 + 2))
+// with A = max |merged out| and L = max(1, max |merged lse|). A combine in
+// a lower precision (bf16), or one missing or doubling a partial, is far
+// outside. Request overrides do not apply (they are for the final result).
+struct CombineToleranceInputs {
+  DType output_dtype = DType::kF32;
+  int64_t world = 1;
+  double max_abs_out = 0;
+  double max_abs_lse = 0;
+};
+Tolerances ComputeCombineTolerances(const CombineToleranceInputs& inputs);
 
 // Fills result->verdict and result->reasons from its stats (whose
 // `tolerance` and `over_tolerance` fields the caller set via ComputeDrift).

@@ -284,6 +284,13 @@ void EncodeProvenance(const Provenance& p, v1::Provenance* m) {
   t->set_replay_seconds(p.timings.replay_seconds);
   t->set_compare_seconds(p.timings.compare_seconds);
   t->set_total_seconds(p.timings.total_seconds);
+  t->set_cp_seconds(p.timings.cp_seconds);
+  t->mutable_cp_rank_compute_seconds()->Assign(
+      p.timings.cp_rank_compute_seconds.begin(),
+      p.timings.cp_rank_compute_seconds.end());
+  t->mutable_cp_rank_transport_seconds()->Assign(
+      p.timings.cp_rank_transport_seconds.begin(),
+      p.timings.cp_rank_transport_seconds.end());
 }
 
 absl::Status DecodeProvenance(const v1::Provenance& m, Provenance* p) {
@@ -319,6 +326,123 @@ absl::Status DecodeProvenance(const v1::Provenance& m, Provenance* p) {
   p->timings.replay_seconds = t.replay_seconds();
   p->timings.compare_seconds = t.compare_seconds();
   p->timings.total_seconds = t.total_seconds();
+  p->timings.cp_seconds = t.cp_seconds();
+  p->timings.cp_rank_compute_seconds.assign(t.cp_rank_compute_seconds().begin(),
+                                            t.cp_rank_compute_seconds().end());
+  p->timings.cp_rank_transport_seconds.assign(
+      t.cp_rank_transport_seconds().begin(),
+      t.cp_rank_transport_seconds().end());
+  return absl::OkStatus();
+}
+
+void EncodeCpCheck(const CpCheck& c, v1::CpCheck* m) {
+  m->set_verdict(EncodeVerdict(c.verdict));
+  if (c.has_out) EncodeDrift(c.out, m->mutable_out());
+  if (c.has_lse) EncodeDrift(c.lse, m->mutable_lse());
+  for (const std::string& reason : c.reasons) m->add_reasons(reason);
+}
+
+absl::Status DecodeCpCheck(const v1::CpCheck& m, const std::string& field,
+                           CpCheck* c) {
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      c->verdict, DecodeVerdict(m.verdict(), absl::StrCat(field, ".verdict")));
+  c->has_out = m.has_out();
+  if (c->has_out) {
+    ATTNAUDIT_RETURN_IF_ERROR(
+        DecodeDrift(m.out(), absl::StrCat(field, ".out"), &c->out));
+  }
+  c->has_lse = m.has_lse();
+  if (c->has_lse) {
+    ATTNAUDIT_RETURN_IF_ERROR(
+        DecodeDrift(m.lse(), absl::StrCat(field, ".lse"), &c->lse));
+  }
+  c->reasons.assign(m.reasons().begin(), m.reasons().end());
+  return absl::OkStatus();
+}
+
+CpStrategy CpStrategyOfName(const std::string& name) {
+  return name == "ring"       ? CpStrategy::kRing
+         : name == "partials" ? CpStrategy::kPartials
+                              : CpStrategy::kAuto;
+}
+
+void EncodeCp(const CpReport& cp, v1::CpReport* m) {
+  m->set_strategy(EncodeCpStrategy(CpStrategyOfName(cp.strategy)));
+  m->set_strategy_chosen(cp.strategy_chosen);
+  m->set_world_size(cp.world_size);
+  m->set_sharding(EncodeCpSharding(cp.sharding));
+  m->set_interleave_size(cp.interleave_size);
+  for (const auto& row : cp.shard_tokens) {
+    m->add_shards()->mutable_tokens()->Assign(row.begin(), row.end());
+  }
+  m->set_rounds(cp.rounds);
+  m->set_steps(cp.steps);
+  m->set_workers(cp.workers);
+  m->set_execution(cp.execution);
+  EncodeCpCheck(cp.engine_order, m->mutable_engine_order());
+  EncodeCpCheck(cp.deterministic, m->mutable_deterministic());
+  m->set_deterministic_matches_replay(cp.deterministic_matches_replay);
+  for (const CpRankCheck& r : cp.ranks) {
+    v1::CpRankCheck* rm = m->add_ranks();
+    rm->set_rank(r.rank);
+    rm->set_verdict(EncodeVerdict(r.check.verdict));
+    if (r.check.has_out) EncodeDrift(r.check.out, rm->mutable_out());
+    if (r.check.has_lse) EncodeDrift(r.check.lse, rm->mutable_lse());
+    for (const std::string& reason : r.check.reasons) rm->add_reasons(reason);
+    rm->set_tokens(r.tokens);
+    rm->set_empty_queries(r.empty_queries);
+  }
+  if (cp.has_combine) EncodeCpCheck(cp.combine, m->mutable_combine());
+  m->set_skipped(cp.skipped);
+}
+
+absl::Status DecodeCp(const v1::CpReport& m, CpReport* cp) {
+  cp->present = true;
+  ATTNAUDIT_ASSIGN_OR_RETURN(const CpStrategy strategy,
+                             DecodeCpStrategy(m.strategy(), "cp.strategy"));
+  cp->strategy = strategy == CpStrategy::kRing       ? "ring"
+                 : strategy == CpStrategy::kPartials ? "partials"
+                                                     : "";
+  cp->strategy_chosen = m.strategy_chosen();
+  cp->world_size = m.world_size();
+  ATTNAUDIT_ASSIGN_OR_RETURN(cp->sharding,
+                             DecodeCpSharding(m.sharding(), "cp.sharding"));
+  cp->interleave_size = m.interleave_size();
+  cp->shard_tokens.clear();
+  for (const v1::CpRowShards& row : m.shards()) {
+    cp->shard_tokens.emplace_back(row.tokens().begin(), row.tokens().end());
+  }
+  cp->rounds = m.rounds();
+  cp->steps = m.steps();
+  cp->workers = m.workers();
+  cp->execution = m.execution();
+  ATTNAUDIT_RETURN_IF_ERROR(
+      DecodeCpCheck(m.engine_order(), "cp.engine_order", &cp->engine_order));
+  ATTNAUDIT_RETURN_IF_ERROR(
+      DecodeCpCheck(m.deterministic(), "cp.deterministic", &cp->deterministic));
+  cp->deterministic_matches_replay = m.deterministic_matches_replay();
+  cp->ranks.clear();
+  for (int i = 0; i < m.ranks_size(); ++i) {
+    const v1::CpRankCheck& rm = m.ranks(i);
+    CpRankCheck r;
+    r.rank = rm.rank();
+    v1::CpCheck check;
+    check.set_verdict(rm.verdict());
+    if (rm.has_out()) *check.mutable_out() = rm.out();
+    if (rm.has_lse()) *check.mutable_lse() = rm.lse();
+    *check.mutable_reasons() = rm.reasons();
+    ATTNAUDIT_RETURN_IF_ERROR(
+        DecodeCpCheck(check, absl::StrCat("cp.ranks[", i, "]"), &r.check));
+    r.tokens = rm.tokens();
+    r.empty_queries = rm.empty_queries();
+    cp->ranks.push_back(std::move(r));
+  }
+  cp->has_combine = m.has_combine();
+  if (cp->has_combine) {
+    ATTNAUDIT_RETURN_IF_ERROR(
+        DecodeCpCheck(m.combine(), "cp.combine", &cp->combine));
+  }
+  cp->skipped = m.skipped();
   return absl::OkStatus();
 }
 
@@ -342,6 +466,7 @@ void ReportToProto(const AuditReport& report, v1::AuditReport* msg) {
     EncodeComparisonResult(r, msg->add_comparisons());
   }
   EncodeProvenance(report.provenance, msg->mutable_provenance());
+  if (report.cp.present) EncodeCp(report.cp, msg->mutable_cp());
 }
 
 absl::StatusOr<AuditReport> ReportFromProto(const v1::AuditReport& msg) {
@@ -367,6 +492,7 @@ absl::StatusOr<AuditReport> ReportFromProto(const v1::AuditReport& msg) {
   }
   ATTNAUDIT_RETURN_IF_ERROR(
       DecodeProvenance(msg.provenance(), &report.provenance));
+  if (msg.has_cp()) ATTNAUDIT_RETURN_IF_ERROR(DecodeCp(msg.cp(), &report.cp));
   return report;
 }
 

@@ -24,6 +24,29 @@ absl::StatusOr<AuditReport> CpuDevice::Run(const Snapshot& snapshot,
   return RunAudit(snapshot, own);
 }
 
+absl::StatusOr<AuditReport> CpuDevice::RunGang(absl::Span<Device* const> gang,
+                                               const Snapshot& snapshot,
+                                               const AuditOptions& options) {
+  if (gang.size() <= 1) return Run(snapshot, options);
+  if (options.cancelled != nullptr && options.cancelled->load()) {
+    return absl::CancelledError("cancelled before the audit started");
+  }
+  // Each worker of the gang brings its share of the machine.
+  int threads = 0;
+  for (Device* device : gang) {
+    const auto* cpu = dynamic_cast<const CpuDevice*>(device);
+    if (cpu == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gang: device ", device->name(), " is not a CPU device"));
+    }
+    threads += options.threads != 0 ? options.threads : cpu->threads_;
+  }
+  AuditOptions own = options;
+  own.threads = threads;
+  own.cp_workers = static_cast<int>(gang.size());
+  return RunAudit(snapshot, own);
+}
+
 std::vector<std::unique_ptr<Device>> MakeCpuDevices(int count,
                                                     int threads_each) {
   std::vector<std::unique_ptr<Device>> out;

@@ -9,6 +9,12 @@
 // (the unary Audit). Cancelled when options.cancelled is set; Internal for
 // internal errors.
 //
+// Gang jobs (a context-parallel snapshot, docs/ARCHITECTURE.md "CP
+// replay"): RunGang runs the audit with the threads of every worker of the
+// gang and tells the CP replay that gang.size() ranks may run at once; a
+// gang smaller than the CP world size runs the ranks in turns. Every device
+// of a gang must be a CpuDevice (InvalidArgument otherwise).
+//
 // Thread safety: kind()/name() from any thread; Run from one thread at a
 // time (the scheduler guarantees it).
 #ifndef ATTNAUDIT_SERVER_CPU_DEVICE_CPU_DEVICE_H_
@@ -32,6 +38,9 @@ class CpuDevice : public Device {
   std::string name() const override { return name_; }
   absl::StatusOr<AuditReport> Run(const Snapshot& snapshot,
                                   const AuditOptions& options) override;
+  absl::StatusOr<AuditReport> RunGang(absl::Span<Device* const> gang,
+                                      const Snapshot& snapshot,
+                                      const AuditOptions& options) override;
 
  private:
   std::string name_;

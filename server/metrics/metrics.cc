@@ -319,6 +319,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(
     impl->RegisterDrift(*impl->registry);
     impl->RegisterQueues(*impl->registry);
     impl->RegisterJobs(*impl->registry);
+    impl->RegisterCp(*impl->registry);
   } catch (const std::exception& e) {
     return absl::InternalError(
         absl::StrCat("metrics registration failed: ", e.what()));
@@ -330,6 +331,46 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(
   return metrics;
 }
 
+void Metrics::Impl::RegisterCp(prometheus::Registry& r) {
+  auto& family = CounterFamily(
+      r, "attnaudit_cp_checks_total",
+      "Checks of context-parallel audits, by check, rank and verdict.");
+  const std::string verdicts[2] = {std::string(VerdictName(Verdict::kPass)),
+                                   std::string(VerdictName(Verdict::kDrift))};
+  const int ranks = std::max(0, options.max_cp_ranks);
+  cp_rank_checks.resize(static_cast<size_t>(ranks) + 1);
+  for (int k = 0; k <= ranks; ++k) {
+    const std::string rank = k < ranks ? absl::StrCat(k) : "other";
+    for (int v = 0; v < 2; ++v) {
+      cp_rank_checks[k][v] = &family.Add(
+          {{"check", "rank"}, {"rank", rank}, {"verdict", verdicts[v]}});
+    }
+  }
+  const char* checks[3] = {"engine_order", "deterministic", "combine"};
+  for (int c = 0; c < 3; ++c) {
+    for (int v = 0; v < 2; ++v) {
+      cp_checks[c][v] = &family.Add(
+          {{"check", checks[c]}, {"rank", "all"}, {"verdict", verdicts[v]}});
+    }
+  }
+}
+
+void Metrics::Impl::ObserveCp(const CpReport& cp) {
+  if (!cp.present || !cp.skipped.empty()) return;
+  auto count = [](std::array<prometheus::Counter*, 2>& c, Verdict v) {
+    if (v == Verdict::kPass) c[0]->Increment();
+    if (v == Verdict::kDrift) c[1]->Increment();
+  };
+  count(cp_checks[0], cp.engine_order.verdict);
+  count(cp_checks[1], cp.deterministic.verdict);
+  if (cp.has_combine) count(cp_checks[2], cp.combine.verdict);
+  const int64_t other = static_cast<int64_t>(cp_rank_checks.size()) - 1;
+  for (const CpRankCheck& r : cp.ranks) {
+    const int64_t k = r.rank >= 0 && r.rank < other ? r.rank : other;
+    count(cp_rank_checks[k], r.check.verdict);
+  }
+}
+
 void Metrics::ObserveReport(const AuditReport& report,
                             const JobLabels& labels) {
   if (report.verdict == Verdict::kUnspecified) return;
@@ -337,6 +378,7 @@ void Metrics::ObserveReport(const AuditReport& report,
   const int v = static_cast<int>(report.verdict);
   if (v > 0 && v < kNumVerdicts && m.audits[v] != nullptr)
     m.audits[v]->Increment();
+  m.ObserveCp(report.cp);
 
   const std::string& raw_model =
       labels.model.empty() ? report.labels.model : labels.model;

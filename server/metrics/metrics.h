@@ -30,6 +30,10 @@
 // (metrics_internal::DriftBuckets).
 //   attnaudit_inflight_jobs                            gauge
 //   attnaudit_devices{kind,state}                      gauge; state: idle, busy
+//   attnaudit_cp_checks_total{check,rank,verdict}      counter: the checks of
+//       context-parallel reports; check: rank (one rank's partial), combine,
+//       engine_order, deterministic; rank: "0".."max_cp_ranks-1" or "other"
+//       for rank checks, "all" for the others; verdict: PASS, DRIFT
 // class: interactive, sampled. comparison: engine_vs_reference,
 // replay_vs_reference, engine_vs_replay. Drift histograms of a (model,
 // layer) pair appear when first observed.
@@ -83,6 +87,9 @@ struct MetricsOptions {
   std::string version = "unknown";
   int max_models = 4;
   int max_layers = 16;
+  // Rank label values of attnaudit_cp_checks_total: ranks below this keep
+  // their index, the rest count as "other".
+  int max_cp_ranks = 8;
   // Device kinds whose attnaudit_devices / duration series are created at
   // start-up ("cpu" always is).
   std::vector<std::string> device_kinds = {"cpu"};

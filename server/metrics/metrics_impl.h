@@ -86,6 +86,10 @@ struct Metrics::Impl {
   std::array<prometheus::Counter*, kNumRejectReasons> rejections{};
   prometheus::Gauge* inflight = nullptr;
   prometheus::Family<prometheus::Gauge>* devices = nullptr;
+  // attnaudit_cp_checks_total: [rank or "other"][PASS, DRIFT] and
+  // [engine_order, deterministic, combine][PASS, DRIFT].
+  std::vector<std::array<prometheus::Counter*, 2>> cp_rank_checks;
+  std::array<std::array<prometheus::Counter*, 2>, 3> cp_checks{};
 
   std::unique_ptr<LabelBounder> models;
   std::unique_ptr<LabelBounder> layers;
@@ -112,6 +116,9 @@ struct Metrics::Impl {
   void RegisterDrift(prometheus::Registry& r);
   void RegisterQueues(prometheus::Registry& r);
   void RegisterJobs(prometheus::Registry& r);
+  void RegisterCp(prometheus::Registry& r);
+  // Counts the checks of a report's CP section.
+  void ObserveCp(const CpReport& cp);
   // The /metrics endpoint on options.listen_address.
   absl::Status StartExposer();
 

@@ -258,6 +258,7 @@ absl::Status AdmitInteractive(AuditServiceImpl* svc, const std::string& job_id,
   job->snapshot = std::move(audit.snapshot);
   ApplyServerOptions(*svc, &audit.options);
   job->options = std::move(audit.options);
+  ApplyGang(*svc, job.get());
   const absl::Time submitted = absl::Now();
   // Written by on_start on the worker, read by on_done on the same worker.
   auto started = std::make_shared<absl::Time>(absl::InfinitePast());

@@ -2,6 +2,7 @@
 // RPC layer (rpc_internal.h).
 #include <google/protobuf/util/time_util.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -223,6 +224,17 @@ absl::StatusOr<DecodedAudit> DecodeAuditRequest(v1::SubmitRequest* request) {
 void ApplyServerOptions(const AuditServiceImpl& svc, AuditOptions* options) {
   options->threads = svc.options().threads_per_job;
   options->limits = svc.options().limits;
+}
+
+void ApplyGang(const AuditServiceImpl& svc, Job* job) {
+  const int64_t world = job->snapshot.cp.world_size;
+  if (world <= 1) return;
+  int64_t cpus = 0;
+  for (const DeviceInfo& d : svc.scheduler()->Devices())
+    cpus += d.kind == "cpu";
+  if (cpus == 0) return;
+  job->device_kind = "cpu";
+  job->gang_size = static_cast<int>(std::min(world, cpus));
 }
 
 }  // namespace attnaudit::server::rpc_internal

@@ -125,6 +125,7 @@ std::unique_ptr<Job> MakeDurableJob(AuditServiceImpl* svc,
   job->snapshot = std::move(audit.snapshot);
   ApplyServerOptions(*svc, &audit.options);
   job->options = std::move(audit.options);
+  ApplyGang(*svc, job.get());
   auto started = std::make_shared<absl::Time>(absl::InfinitePast());
   job->on_start = [svc, started](const Job& j, absl::string_view) {
     *started = absl::Now();

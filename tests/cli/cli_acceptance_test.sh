@@ -49,6 +49,36 @@ done
 expect_exit 0 "check --json" "$cli" check --json "$work/llama3-8b.pb"
 grep -q '"verdict": "VERDICT_PASS"' "$work/out.txt" || fail "check --json: no verdict field"
 
+# Context parallelism (issue 8): a clean sharded engine passes under both
+# strategies and the report shows the per-rank table; check --json carries
+# cp.ranks[*].rank and cp.ranks[*].verdict; a per-rank fault names its rank,
+# a combine fault the combine.
+expect_exit 0 "synth cp" "$cli" synth --preset llama3-8b --batch 2 --context 200 \
+  --cp-world-size 3 --cp-sharding interleave --cp-interleave 3 -o "$work/cp.pb"
+for strategy in ring partials; do
+  expect_exit 0 "check cp $strategy" "$cli" check --cp-strategy "$strategy" "$work/cp.pb"
+  grep -q "context parallelism: W=3 interleave I=3, strategy $strategy" "$work/out.txt" ||
+    fail "check cp $strategy: no CP line"
+  grep -Eq "^  2 +[0-9]+ +[0-9]+ PASS" "$work/out.txt" || fail "check cp $strategy: no row for rank 2"
+done
+expect_exit 0 "check --json cp" "$cli" check --json "$work/cp.pb"
+ranks=$(tr -d ' \n' <"$work/out.txt" | grep -o '"rank":"[0-9]*","verdict":"VERDICT_PASS"' | wc -l)
+[[ $ranks -eq 3 ]] || fail "check --json cp: $ranks of 3 cp.ranks entries with rank and verdict"
+expect_exit 0 "synth cp lse-base2-rank" "$cli" synth --preset qwen3-8b --batch 2 --context 200 \
+  --cp-world-size 4 --cp-sharding page --cp-fault lse-base2-rank --cp-fault-rank 1 -o "$work/cpf.pb"
+expect_exit 1 "check cp lse-base2-rank" "$cli" check "$work/cpf.pb"
+grep -Eq "^  1 +[0-9]+ +[0-9]+ DRIFT" "$work/out.txt" || fail "lse-base2-rank: rank 1 not DRIFT"
+grep -q "combine (engine vs merge of its partials): PASS" "$work/out.txt" ||
+  fail "lse-base2-rank: the combine is blamed"
+expect_exit 0 "synth cp drop-shard" "$cli" synth --preset qwen3-8b --batch 2 --context 200 \
+  --cp-world-size 4 --cp-sharding owners --cp-fault drop-shard -o "$work/cpd.pb"
+expect_exit 1 "check cp drop-shard" "$cli" check --json "$work/cpd.pb"
+tr -d ' \n' <"$work/out.txt" | grep -q '"combine":{"verdict":"VERDICT_DRIFT"' ||
+  fail "drop-shard: cp.combine is not DRIFT"
+expect_exit 2 "unknown cp fault" "$cli" synth --preset llama3-8b --cp-world-size 2 \
+  --cp-fault nope -o "$work/x.pb"
+expect_exit 2 "bad cp strategy" "$cli" check --cp-strategy spiral "$work/cp.pb"
+
 # inspect.
 expect_exit 0 "inspect" "$cli" inspect "$work/llama3-8b.pb"
 grep -q "k_pages" "$work/out.txt" || fail "inspect: no k_pages line"

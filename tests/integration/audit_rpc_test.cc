@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "core/audit/audit.h"
+#include "core/sim/simulator.h"
 #include "gtest/gtest.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/stream.h"
@@ -74,6 +75,68 @@ TEST_F(AuditRpcTest, StreamedAuditMatchesTheOfflinePipeline) {
   ExpectSameReport(*report, Offline(snapshot));
   // The injected stale page is engine drift the verdict must catch.
   EXPECT_EQ(report->verdict, Verdict::kDrift);
+}
+
+// Context-parallel snapshots run as a gang of CPU workers (2 here): W = 2
+// gets a worker per rank, W = 3 runs its ranks in turns on the two. The
+// report -- the CP section included -- is the offline pipeline's.
+TEST(AuditRpcCpTest, ContextParallelSnapshotsMatchTheOfflinePipeline) {
+  server::AuditServerOptions options = TestOptions(MakeTempDir("audit_cp"));
+  options.cpu_workers = 2;
+  std::unique_ptr<TestServer> t = StartServer(std::move(options));
+  ASSERT_NE(t, nullptr);
+  for (int64_t world : {2, 3}) {
+    SynthOptions o;
+    o.preset = "qwen3-8b";
+    o.batch = 2;
+    o.context = 90;
+    o.vocab = 16;
+    o.seed = static_cast<uint64_t>(world);
+    o.cp_world_size = world;
+    o.cp_sharding = CpSharding::kTokenInterleaved;
+    o.cp_interleave = 3;
+    o.cp_fault = world == 3 ? CpFault::kStaleRankPage : CpFault::kNone;
+    absl::StatusOr<Snapshot> snapshot = Synthesize(o);
+    ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+    for (CpStrategy strategy : {CpStrategy::kRing, CpStrategy::kPartials}) {
+      AuditOptions audit;
+      audit.cp_strategy = strategy;
+      client::CallOptions call;
+      AuditOptionsToProto(audit, &call.audit_options);
+      absl::StatusOr<AuditReport> got =
+          t->client->Audit(*snapshot, call, client::Transport::kUnary);
+      ASSERT_TRUE(got.ok()) << got.status();
+      audit.threads = 1;
+      absl::StatusOr<AuditReport> want = RunAudit(*snapshot, audit);
+      ASSERT_TRUE(want.ok()) << want.status();
+      ExpectSameReport(*got, *want);
+      const CpReport& g = got->cp;
+      const CpReport& w = want->cp;
+      ASSERT_TRUE(g.present);
+      EXPECT_EQ(g.strategy, w.strategy);
+      EXPECT_EQ(g.shard_tokens, w.shard_tokens);
+      EXPECT_EQ(g.steps, w.steps);
+      EXPECT_EQ(g.workers, 2);  // the gang
+      EXPECT_EQ(g.execution, strategy == CpStrategy::kRing && world == 2
+                                 ? "thread_per_rank"
+                                 : "lockstep");
+      EXPECT_TRUE(g.deterministic_matches_replay);
+      EXPECT_EQ(g.engine_order.out.max_abs, w.engine_order.out.max_abs);
+      EXPECT_EQ(g.deterministic.lse.max_abs, w.deterministic.lse.max_abs);
+      ASSERT_EQ(g.ranks.size(), w.ranks.size());
+      for (size_t k = 0; k < w.ranks.size(); ++k) {
+        EXPECT_EQ(g.ranks[k].rank, w.ranks[k].rank);
+        EXPECT_EQ(g.ranks[k].check.verdict, w.ranks[k].check.verdict);
+        EXPECT_EQ(g.ranks[k].check.out.max_abs, w.ranks[k].check.out.max_abs);
+        EXPECT_EQ(g.ranks[k].check.lse.max_abs, w.ranks[k].check.lse.max_abs);
+      }
+      EXPECT_EQ(g.combine.verdict, w.combine.verdict);
+      EXPECT_EQ(g.combine.out.max_abs, w.combine.out.max_abs);
+      EXPECT_EQ(got->provenance.timings.cp_rank_compute_seconds.size(),
+                static_cast<size_t>(world));
+      EXPECT_EQ(got->verdict, world == 3 ? Verdict::kDrift : Verdict::kPass);
+    }
+  }
 }
 
 TEST_F(AuditRpcTest, InvalidSnapshotIsInvalidArgumentNamingTheField) {

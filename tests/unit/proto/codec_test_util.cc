@@ -179,6 +179,47 @@ AuditReport FullReport() {
   p.rope_fingerprint = std::string(64, 'd');
   p.fingerprint_version = "attnaudit.kv.v1";
   p.timings = StageTimings{0.001, 0.5, 0.25, 0.01, 0.8};
+  p.timings.cp_seconds = 0.3;
+  p.timings.cp_rank_compute_seconds = {0.1, 0.2, 0.05};
+  p.timings.cp_rank_transport_seconds = {0.01, 0.02, 0.0};
+
+  CpReport& cp = r.cp;
+  cp.present = true;
+  cp.strategy = "ring";
+  cp.strategy_chosen = false;
+  cp.world_size = 3;
+  cp.sharding = CpSharding::kTokenInterleaved;
+  cp.interleave_size = 2;
+  cp.shard_tokens = {{4, 3, 3}, {1, 0, 0}};
+  cp.rounds = 3;
+  cp.steps = 6;
+  cp.workers = 2;
+  cp.execution = "lockstep";
+  cp.engine_order.verdict = Verdict::kPass;
+  cp.engine_order.has_out = true;
+  cp.engine_order.out = Drift(0.0001);
+  cp.engine_order.has_lse = true;
+  cp.engine_order.lse = Drift(0.00002);
+  cp.deterministic = cp.engine_order;
+  cp.deterministic_matches_replay = true;
+  for (int64_t k = 0; k < 3; ++k) {
+    CpRankCheck rank;
+    rank.rank = k;
+    rank.check.verdict = k == 1 ? Verdict::kDrift : Verdict::kPass;
+    rank.check.has_lse = true;
+    rank.check.lse = Drift(0.5 * static_cast<double>(k));
+    rank.check.has_out = k != 2;
+    if (rank.check.has_out) rank.check.out = Drift(0.01);
+    if (k == 1) rank.check.reasons = {"lse: 1 of 4 elements over tolerance"};
+    rank.tokens = 5 - k;
+    rank.empty_queries = k;
+    cp.ranks.push_back(rank);
+  }
+  cp.has_combine = true;
+  cp.combine.verdict = Verdict::kPass;
+  cp.combine.has_lse = true;
+  cp.combine.lse = Drift(0.0);
+  cp.skipped = "";
   return r;
 }
 
@@ -362,6 +403,49 @@ void ExpectReportEq(const AuditReport& a, const AuditReport& b) {
   EXPECT_EQ(p.timings.replay_seconds, q.timings.replay_seconds);
   EXPECT_EQ(p.timings.compare_seconds, q.timings.compare_seconds);
   EXPECT_EQ(p.timings.total_seconds, q.timings.total_seconds);
+  EXPECT_EQ(p.timings.cp_seconds, q.timings.cp_seconds);
+  EXPECT_EQ(p.timings.cp_rank_compute_seconds,
+            q.timings.cp_rank_compute_seconds);
+  EXPECT_EQ(p.timings.cp_rank_transport_seconds,
+            q.timings.cp_rank_transport_seconds);
+
+  const CpReport& c = a.cp;
+  const CpReport& d = b.cp;
+  EXPECT_EQ(c.present, d.present);
+  EXPECT_EQ(c.strategy, d.strategy);
+  EXPECT_EQ(c.strategy_chosen, d.strategy_chosen);
+  EXPECT_EQ(c.world_size, d.world_size);
+  EXPECT_EQ(c.sharding, d.sharding);
+  EXPECT_EQ(c.interleave_size, d.interleave_size);
+  EXPECT_EQ(c.shard_tokens, d.shard_tokens);
+  EXPECT_EQ(c.rounds, d.rounds);
+  EXPECT_EQ(c.steps, d.steps);
+  EXPECT_EQ(c.workers, d.workers);
+  EXPECT_EQ(c.execution, d.execution);
+  EXPECT_EQ(c.deterministic_matches_replay, d.deterministic_matches_replay);
+  EXPECT_EQ(c.has_combine, d.has_combine);
+  EXPECT_EQ(c.skipped, d.skipped);
+  auto check_eq = [](const CpCheck& x, const CpCheck& y, const char* what) {
+    SCOPED_TRACE(what);
+    EXPECT_EQ(x.verdict, y.verdict);
+    EXPECT_EQ(x.has_out, y.has_out);
+    EXPECT_EQ(x.has_lse, y.has_lse);
+    if (x.has_out && y.has_out) ExpectDriftEq(x.out, y.out, "out");
+    if (x.has_lse && y.has_lse) ExpectDriftEq(x.lse, y.lse, "lse");
+    EXPECT_EQ(x.reasons, y.reasons);
+  };
+  check_eq(c.engine_order, d.engine_order, "cp.engine_order");
+  check_eq(c.deterministic, d.deterministic, "cp.deterministic");
+  if (c.has_combine && d.has_combine) {
+    check_eq(c.combine, d.combine, "cp.combine");
+  }
+  ASSERT_EQ(c.ranks.size(), d.ranks.size());
+  for (size_t k = 0; k < c.ranks.size(); ++k) {
+    EXPECT_EQ(c.ranks[k].rank, d.ranks[k].rank);
+    EXPECT_EQ(c.ranks[k].tokens, d.ranks[k].tokens);
+    EXPECT_EQ(c.ranks[k].empty_queries, d.ranks[k].empty_queries);
+    check_eq(c.ranks[k].check, d.ranks[k].check, "cp.ranks[k]");
+  }
 }
 
 }  // namespace testing

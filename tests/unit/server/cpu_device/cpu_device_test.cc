@@ -6,6 +6,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "core/sim/simulator.h"
@@ -88,6 +89,86 @@ TEST(CpuDeviceTest, RunsJobsThroughTheScheduler) {
   EXPECT_EQ(outcome.report.verdict, Verdict::kPass);
   EXPECT_EQ(outcome.device_kind, "cpu");
   EXPECT_GT(outcome.report.provenance.timings.total_seconds, 0);
+}
+
+Snapshot SynthCp(int64_t world) {
+  SynthOptions options;
+  options.preset = "glm4-9b";
+  options.context = 70;
+  options.page_size = 8;
+  options.threads = 1;
+  options.cp_world_size = world;
+  options.cp_sharding = CpSharding::kPageInterleaved;
+  absl::StatusOr<Snapshot> s = Synthesize(options);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return *std::move(s);
+}
+
+// A gang brings every worker's threads and lets that many ranks run at once.
+TEST(CpuDeviceTest, AGangRunsTheCpReplayOnAllItsWorkers) {
+  auto devices = MakeCpuDevices(3, 1);
+  std::vector<Device*> gang = {devices[0].get(), devices[1].get(),
+                               devices[2].get()};
+  AuditOptions options;
+  options.cp_strategy = CpStrategy::kRing;
+  auto r = devices[0]->RunGang(gang, SynthCp(3), options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->verdict, Verdict::kPass);
+  EXPECT_EQ(r->provenance.threads, 3);
+  EXPECT_EQ(r->cp.workers, 3);
+  EXPECT_EQ(r->cp.execution, "thread_per_rank");
+  EXPECT_EQ(r->provenance.timings.cp_rank_compute_seconds.size(), 3u);
+  // Five ranks on the same three workers: in turns.
+  auto turns = devices[0]->RunGang(gang, SynthCp(5), options);
+  ASSERT_TRUE(turns.ok()) << turns.status();
+  EXPECT_EQ(turns->verdict, Verdict::kPass);
+  EXPECT_EQ(turns->cp.execution, "lockstep");
+  EXPECT_EQ(turns->provenance.timings.cp_rank_compute_seconds.size(), 5u);
+}
+
+// Gang jobs of every size up to the pool, mixed with single jobs, all
+// complete: the head waits for its gang, nothing deadlocks.
+TEST(CpuDeviceTest, GangAndSingleJobsShareThePool) {
+  SchedulerOptions so;
+  so.devices = MakeCpuDevices(2, 1);
+  auto scheduler = Scheduler::Create(std::move(so));
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  const int kJobs = 6;
+  std::atomic<int> done{0};
+  std::atomic<int> passed{0};
+  absl::Notification all;
+  for (int i = 0; i < kJobs; ++i) {
+    auto job = std::make_unique<Job>();
+    job->id = "job" + std::to_string(i);
+    job->priority = PriorityClass::kInteractive;
+    job->snapshot = i % 3 == 0 ? Synth(Fault::kNone) : SynthCp(2 + i % 3 * 2);
+    job->gang_size = i % 3 == 0 ? 1 : 2;
+    job->device_kind = "cpu";
+    job->on_done = [&](const JobOutcome& o) {
+      if (o.status.ok() && o.report.verdict == Verdict::kPass) ++passed;
+      if (++done == kJobs) all.Notify();
+    };
+    ASSERT_TRUE((*scheduler)->Submit(std::move(job)).ok());
+  }
+  ASSERT_TRUE(all.WaitForNotificationWithTimeout(absl::Seconds(120)));
+  EXPECT_EQ(passed.load(), kJobs);
+}
+
+TEST(CpuDeviceTest, AGangOfOtherDevicesIsRefused) {
+  class Other : public Device {
+   public:
+    std::string kind() const override { return "cpu"; }
+    std::string name() const override { return "other:0"; }
+    absl::StatusOr<AuditReport> Run(const Snapshot&,
+                                    const AuditOptions&) override {
+      return AuditReport();
+    }
+  };
+  CpuDevice device(0, 1);
+  Other other;
+  std::vector<Device*> gang = {&device, &other};
+  EXPECT_EQ(device.RunGang(gang, SynthCp(2), AuditOptions()).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

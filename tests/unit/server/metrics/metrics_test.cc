@@ -130,8 +130,49 @@ TEST(MetricsTest, ExactlyTheDocumentedFamilies) {
       {"attnaudit_rejections_total", T::Counter},
       {"attnaudit_inflight_jobs", T::Gauge},
       {"attnaudit_devices", T::Gauge},
+      {"attnaudit_cp_checks_total", T::Counter},
   };
   EXPECT_EQ(got, want);
+}
+
+// CP checks by check, rank and verdict; ranks past max_cp_ranks are "other".
+TEST(MetricsTest, CpChecksAreCountedByRankWithTheRestAsOther) {
+  MetricsOptions options;
+  options.max_cp_ranks = 2;
+  auto metrics = MakeMetrics(options);
+  const std::string family = "attnaudit_cp_checks_total";
+  EXPECT_EQ(Value(*metrics, family,
+                  {{"check", "rank"}, {"rank", "1"}, {"verdict", "DRIFT"}}),
+            0);
+  AuditReport r;
+  r.verdict = Verdict::kDrift;
+  r.cp.present = true;
+  r.cp.engine_order.verdict = Verdict::kPass;
+  r.cp.deterministic.verdict = Verdict::kPass;
+  r.cp.has_combine = true;
+  r.cp.combine.verdict = Verdict::kDrift;
+  for (int64_t k = 0; k < 4; ++k) {
+    CpRankCheck rank;
+    rank.rank = k;
+    rank.check.verdict = k == 1 || k == 3 ? Verdict::kDrift : Verdict::kPass;
+    r.cp.ranks.push_back(rank);
+  }
+  metrics->ObserveReport(r, JobLabels{"m", 0, ""});
+  auto value = [&](const std::string& check, const std::string& rank,
+                   const std::string& verdict) {
+    return Value(*metrics, family,
+                 {{"check", check}, {"rank", rank}, {"verdict", verdict}});
+  };
+  EXPECT_EQ(value("rank", "0", "PASS"), 1);
+  EXPECT_EQ(value("rank", "1", "DRIFT"), 1);
+  EXPECT_EQ(value("rank", "other", "PASS"), 1);
+  EXPECT_EQ(value("rank", "other", "DRIFT"), 1);
+  EXPECT_EQ(value("combine", "all", "DRIFT"), 1);
+  EXPECT_EQ(value("engine_order", "all", "PASS"), 1);
+  EXPECT_EQ(value("deterministic", "all", "PASS"), 1);
+  EXPECT_EQ(Find(metrics->registry()->Collect(), family,
+                 {{"check", "rank"}, {"rank", "2"}, {"verdict", "PASS"}}),
+            nullptr);
 }
 
 TEST(MetricsTest, KnownLabelSetsStartAtZero) {
