@@ -132,9 +132,8 @@ void RunReplay(const PreparedAttention& p, Replay* r, int threads) {
   r->execution = CpExecutionName(run->execution);
 }
 
-int Main(int argc, char** argv) {
-  const Flags f = ParseFlags(argc, argv);
-  const int threads = ResolveThreads(f.threads);
+// The W1-shaped CP snapshot the flags describe.
+Snapshot SynthesizeCp(const Flags& f, int threads) {
   SynthOptions so;
   so.preset = "llama3-8b";
   so.batch = f.batch;
@@ -149,6 +148,14 @@ int Main(int argc, char** argv) {
   so.cp_interleave = f.interleave;
   absl::StatusOr<Snapshot> cp = Synthesize(so);
   if (!cp.ok()) Die(cp.status());
+  return *std::move(cp);
+}
+
+int Main(int argc, char** argv) {
+  const Flags f = ParseFlags(argc, argv);
+  const int threads = ResolveThreads(f.threads);
+  const Snapshot cp_snapshot = SynthesizeCp(f, threads);
+  const Snapshot* cp = &cp_snapshot;
   Snapshot single = *cp;  // the same call without its CP section
   single.cp = CpConfig();
 
