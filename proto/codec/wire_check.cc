@@ -1,0 +1,292 @@
+#include "proto/codec/wire_check.h"
+
+#include <cstdint>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+
+namespace attnaudit {
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::FileDescriptor;
+
+constexpr int kMaxDepth = 100;  // protobuf's default recursion limit
+
+// The wire type a field of this type is written with (unpacked).
+int WireTypeOf(FieldDescriptor::Type t) {
+  switch (t) {
+    case FieldDescriptor::TYPE_DOUBLE:
+    case FieldDescriptor::TYPE_FIXED64:
+    case FieldDescriptor::TYPE_SFIXED64:
+      return 1;
+    case FieldDescriptor::TYPE_FLOAT:
+    case FieldDescriptor::TYPE_FIXED32:
+    case FieldDescriptor::TYPE_SFIXED32:
+      return 5;
+    case FieldDescriptor::TYPE_STRING:
+    case FieldDescriptor::TYPE_BYTES:
+    case FieldDescriptor::TYPE_MESSAGE:
+      return 2;
+    case FieldDescriptor::TYPE_GROUP:
+      return 3;
+    default:
+      return 0;  // the varint types
+  }
+}
+constexpr uint64_t kMaxFieldNumber = (uint64_t{1} << 29) - 1;
+
+class Walker {
+ public:
+  Walker(absl::string_view bytes, const Descriptor& root_type,
+         absl::string_view root)
+      : bytes_(bytes), type_name_(root_type.full_name()), root_(root) {}
+
+  // Checks the fields in [pos, end) of a message of type `d` (null: an
+  // unknown message, fields are only skipped). `end_group`: the field
+  // number whose end-group tag closes this range (0: none).
+  absl::Status Walk(const Descriptor* d, size_t pos, size_t end,
+                    const std::string& path, int depth, uint64_t end_group,
+                    size_t* stop);
+
+ private:
+  absl::Status Fail(const std::string& path, size_t at,
+                    absl::string_view what) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.empty() ? root_ : path, ": cannot decode: ", what,
+                     " (byte ", at, " of the ", type_name_, ")"));
+  }
+  bool Varint(size_t* pos, size_t end, uint64_t* v) const;
+  std::string FieldPath(const std::string& path, const FieldDescriptor* f,
+                        uint64_t number,
+                        absl::flat_hash_map<uint64_t, int>* seen) const;
+  absl::Status LengthDelimited(const FieldDescriptor* f,
+                               const std::string& fpath, size_t at,
+                               size_t body, size_t len, int depth);
+
+  const absl::string_view bytes_;
+  const std::string type_name_;
+  const std::string root_;
+};
+
+bool Walker::Varint(size_t* pos, size_t end, uint64_t* v) const {
+  *v = 0;
+  for (int i = 0; i < 10; ++i) {
+    if (*pos >= end) return false;
+    const uint8_t b = static_cast<uint8_t>(bytes_[(*pos)++]);
+    *v |= static_cast<uint64_t>(b & 0x7f) << (7 * i);
+    if ((b & 0x80) == 0) return true;
+  }
+  return false;  // more than 10 bytes
+}
+
+std::string Walker::FieldPath(const std::string& path,
+                              const FieldDescriptor* f, uint64_t number,
+                              absl::flat_hash_map<uint64_t, int>* seen) const {
+  std::string name =
+      f != nullptr ? f->name() : absl::StrCat("<", number, ">");
+  if (f != nullptr && f->is_repeated() &&
+      f->type() == FieldDescriptor::TYPE_MESSAGE) {
+    absl::StrAppend(&name, "[", (*seen)[number]++, "]");
+  }
+  return path.empty() ? name : absl::StrCat(path, ".", name);
+}
+
+absl::Status Walker::LengthDelimited(const FieldDescriptor* f,
+                                     const std::string& fpath, size_t at,
+                                     size_t body, size_t len, int depth) {
+  if (f == nullptr) return absl::OkStatus();
+  if (f->is_packable()) {
+    const int element = WireTypeOf(f->type());
+    if (element == 1 || element == 5) {
+      const size_t width = element == 1 ? 8 : 4;
+      if (len % width != 0) {
+        return Fail(fpath, at,
+                    absl::StrCat("packed ", width * 8, "-bit values in ", len,
+                                 " bytes"));
+      }
+      return absl::OkStatus();
+    }
+    size_t pos = body;
+    uint64_t v = 0;
+    while (pos < body + len) {
+      if (!Varint(&pos, body + len, &v)) {
+        return Fail(fpath, at, "a packed varint cut off or too long");
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (f->type() == FieldDescriptor::TYPE_MESSAGE) {
+    if (depth + 1 > kMaxDepth) {
+      return Fail(fpath, at, "messages nested deeper than 100 levels");
+    }
+    size_t stop = 0;
+    return Walk(f->message_type(), body, body + len, fpath, depth + 1, 0,
+                &stop);
+  }
+  if (f->type() == FieldDescriptor::TYPE_STRING &&
+      f->file()->syntax() == FileDescriptor::SYNTAX_PROTO3 &&
+      !IsValidUtf8(bytes_.substr(body, len))) {
+    return Fail(fpath, at, "a string field that is not valid UTF-8");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Walker::Walk(const Descriptor* d, size_t pos, size_t end,
+                          const std::string& path, int depth,
+                          uint64_t end_group, size_t* stop) {
+  absl::flat_hash_map<uint64_t, int> seen;
+  while (pos < end) {
+    const size_t at = pos;
+    uint64_t tag = 0;
+    if (!Varint(&pos, end, &tag)) {
+      return Fail(path, at, "a tag cut off or longer than 10 bytes");
+    }
+    const uint64_t number = tag >> 3;
+    const int wire_type = static_cast<int>(tag & 7);
+    if (number == 0 || number > kMaxFieldNumber) {
+      return Fail(path, at, absl::StrCat("invalid field number ", number));
+    }
+    const FieldDescriptor* f =
+        d != nullptr ? d->FindFieldByNumber(static_cast<int>(number)) : nullptr;
+    // A wire type other than the declared one makes it an unknown field
+    // (packable repeated scalars may come packed, as wire type 2).
+    if (f != nullptr && wire_type != WireTypeOf(f->type()) &&
+        !(f->is_packable() && wire_type == 2)) {
+      f = nullptr;
+    }
+    const std::string fpath = FieldPath(path, f, number, &seen);
+    uint64_t v = 0;
+    switch (wire_type) {
+      case 0:
+        if (!Varint(&pos, end, &v)) {
+          return Fail(fpath, at, "a varint cut off or longer than 10 bytes");
+        }
+        break;
+      case 1:
+      case 5: {
+        const size_t width = wire_type == 1 ? 8 : 4;
+        if (end - pos < width) {
+          return Fail(fpath, at,
+                      absl::StrCat("a ", width * 8, "-bit field with only ",
+                                   end - pos, " bytes left"));
+        }
+        pos += width;
+        break;
+      }
+      case 2: {
+        if (!Varint(&pos, end, &v)) {
+          return Fail(fpath, at, "a length cut off or longer than 10 bytes");
+        }
+        if (v > end - pos) {
+          // Cut off: the deepest field inside that breaks is the better
+          // answer ("snapshot.q.data" rather than "snapshot").
+          if (f != nullptr && f->type() == FieldDescriptor::TYPE_MESSAGE &&
+              depth + 1 <= kMaxDepth) {
+            size_t stop = 0;
+            absl::Status inner =
+                Walk(f->message_type(), pos, end, fpath, depth + 1, 0, &stop);
+            if (!inner.ok()) return inner;
+          }
+          return Fail(fpath, at,
+                      absl::StrCat("the field declares ", v, " bytes but ",
+                                   end - pos, " remain"));
+        }
+        const size_t len = static_cast<size_t>(v);
+        if (absl::Status s = LengthDelimited(f, fpath, at, pos, len, depth);
+            !s.ok()) {
+          return s;
+        }
+        pos += len;
+        break;
+      }
+      case 3: {  // a group: fields until the matching end-group tag
+        if (depth + 1 > kMaxDepth) {
+          return Fail(fpath, at, "groups nested deeper than 100 levels");
+        }
+        size_t group_end = 0;
+        if (absl::Status s =
+                Walk(nullptr, pos, end, fpath, depth + 1, number, &group_end);
+            !s.ok()) {
+          return s;
+        }
+        pos = group_end;
+        break;
+      }
+      case 4:
+        if (number != end_group) {
+          return Fail(path, at, "an end-group tag without its start");
+        }
+        *stop = pos;
+        return absl::OkStatus();
+      default:
+        return Fail(fpath, at, absl::StrCat("invalid wire type ", wire_type));
+    }
+  }
+  if (end_group != 0) {
+    return Fail(path, end, "a group without its end-group tag");
+  }
+  *stop = pos;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool IsValidUtf8(absl::string_view text) {
+  size_t i = 0;
+  const size_t n = text.size();
+  while (i < n) {
+    const uint8_t c = static_cast<uint8_t>(text[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len = 0;
+    uint32_t cp = 0;
+    if ((c & 0xe0) == 0xc0) {
+      len = 2;
+      cp = c & 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+      len = 3;
+      cp = c & 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (n - i < static_cast<size_t>(len)) return false;
+    for (int k = 1; k < len; ++k) {
+      const uint8_t cc = static_cast<uint8_t>(text[i + k]);
+      if ((cc & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+absl::Status CheckWireFormat(const Descriptor& type, absl::string_view bytes,
+                             absl::string_view root) {
+  Walker walker(bytes, type, root);
+  size_t stop = 0;
+  return walker.Walk(&type, 0, bytes.size(), "", 0, 0, &stop);
+}
+
+absl::Status DescribeParseFailure(const Descriptor& type,
+                                  absl::string_view bytes,
+                                  absl::string_view root) {
+  absl::Status s = CheckWireFormat(type, bytes, root);
+  if (!s.ok()) return s;
+  return absl::InvalidArgumentError(absl::StrCat(
+      root, ": cannot decode: not a valid ", type.full_name(), " (",
+      bytes.size(), " bytes; corrupt or too large protobuf)"));
+}
+
+}  // namespace attnaudit
