@@ -269,13 +269,23 @@ absl::optional<Principal> TenantTable::FindCertificate(
 
 absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(
     std::string token_file, TenantQuota default_quota) {
+  const bool enabled = !token_file.empty();
   std::unique_ptr<Authenticator> auth(
-      new Authenticator(std::move(token_file), default_quota));
-  if (!auth->enabled()) return auth;
+      new Authenticator(std::move(token_file), default_quota, enabled));
+  if (!enabled) return auth;
   absl::StatusOr<std::shared_ptr<const TenantTable>> table = auth->Load();
   if (!table.ok()) return table.status();
   absl::MutexLock lock(&auth->mu_);
   auth->table_ = *std::move(table);
+  return auth;
+}
+
+absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::CreateFromTable(
+    TenantTable table, TenantQuota default_quota) {
+  std::unique_ptr<Authenticator> auth(
+      new Authenticator("", default_quota, /*enabled=*/true));
+  absl::MutexLock lock(&auth->mu_);
+  auth->table_ = std::make_shared<const TenantTable>(std::move(table));
   return auth;
 }
 
@@ -297,7 +307,7 @@ absl::StatusOr<std::shared_ptr<const TenantTable>> Authenticator::Load()
 }
 
 absl::Status Authenticator::Reload() {
-  if (!enabled()) return absl::OkStatus();
+  if (token_file_.empty()) return absl::OkStatus();
   absl::StatusOr<std::shared_ptr<const TenantTable>> table = Load();
   if (!table.ok()) return table.status();
   absl::MutexLock lock(&mu_);

@@ -87,9 +87,12 @@ struct Principal {
   uint32_t permissions = 0;
   TenantQuota quota;
 
-  // Whether the principal holds `p` (admin holds every permission).
+  // Whether the principal holds `p` (admin holds every permission, and
+  // read_all includes read).
   bool Has(Permission p) const {
-    return (permissions & (p | kPermAdmin)) != 0;
+    const uint32_t enough =
+        p | kPermAdmin | (p == kPermRead ? kPermReadAll : 0u);
+    return (permissions & enough) != 0;
   }
   // May see every tenant's jobs (read_all or admin).
   bool ReadsAll() const { return Has(kPermReadAll); }
@@ -144,6 +147,9 @@ class Authenticator {
   // the path.
   static absl::StatusOr<std::unique_ptr<Authenticator>> Create(
       std::string token_file, TenantQuota default_quota);
+  // With a fixed table (embeddings and tests; Reload is a no-op).
+  static absl::StatusOr<std::unique_ptr<Authenticator>> CreateFromTable(
+      TenantTable table, TenantQuota default_quota);
 
   // Re-reads the token file. On error the current table stays in force and
   // the error is returned. OK and a no-op without a token file.
@@ -155,17 +161,21 @@ class Authenticator {
   // credentials".
   absl::StatusOr<Principal> Authenticate(const Credentials& credentials) const;
 
-  bool enabled() const { return !token_file_.empty(); }
+  bool enabled() const { return enabled_; }
   // Principals in the current table (tokens + certificate entries).
   size_t principals() const;
 
  private:
-  Authenticator(std::string token_file, TenantQuota default_quota)
-      : token_file_(std::move(token_file)), default_quota_(default_quota) {}
+  Authenticator(std::string token_file, TenantQuota default_quota,
+                bool enabled)
+      : token_file_(std::move(token_file)),
+        default_quota_(default_quota),
+        enabled_(enabled) {}
   absl::StatusOr<std::shared_ptr<const TenantTable>> Load() const;
 
   const std::string token_file_;
   const TenantQuota default_quota_;
+  const bool enabled_;
   mutable absl::Mutex mu_;
   std::shared_ptr<const TenantTable> table_ ABSL_GUARDED_BY(mu_);
 };

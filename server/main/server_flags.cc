@@ -41,6 +41,15 @@ ABSL_FLAG(int64_t, queue_sampled, 1024,
 ABSL_FLAG(ByteSize, memory_budget_bytes, ByteSize{int64_t{8} << 30},
           "snapshot bytes of queued jobs (and, separately, of stream uploads "
           "in progress)");
+ABSL_FLAG(double, interactive_reserve, 0.25,
+          "share of --memory-budget-bytes only INTERACTIVE calls may use "
+          "(SAMPLED work cannot take it)");
+ABSL_FLAG(int64_t, tenant_max_jobs, 0,
+          "queued + running jobs one tenant may hold (0: no limit; a token "
+          "file line may set its own)");
+ABSL_FLAG(ByteSize, tenant_max_bytes, ByteSize{0},
+          "snapshot bytes of one tenant's queued + running jobs (0: no "
+          "limit)");
 // Result store retention.
 ABSL_FLAG(FlagDuration, retention_age, FlagDuration{absl::Hours(24 * 7)},
           "drop stored results older than this (0: keep forever)");
@@ -62,8 +71,14 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle; clients must present a certificate it signed "
           "(mTLS)");
 ABSL_FLAG(std::string, auth_token_file, "",
-          "file holding a bearer token; calls must send metadata "
-          "\"authorization: Bearer TOKEN\" (health is exempt)");
+          "tenants and permissions: token:/cert: lines, or one bearer token "
+          "(docs/SECURITY.md); re-read on SIGHUP (health is exempt)");
+ABSL_FLAG(std::string, metrics_tls_cert, "",
+          "PEM certificate chain: serve /metrics over HTTPS");
+ABSL_FLAG(std::string, metrics_tls_key, "",
+          "PEM private key of --metrics-tls-cert");
+ABSL_FLAG(std::string, metrics_token_file, "",
+          "file holding a bearer token /metrics scrapes must send");
 // Connections.
 ABSL_FLAG(FlagDuration, keepalive_time, FlagDuration{absl::Minutes(2)},
           "server pings an idle connection this often");
@@ -104,6 +119,9 @@ const std::vector<absl::string_view>& FlagNames() {
       absl::GetFlagReflectionHandle(FLAGS_queue_interactive).Name(),
       absl::GetFlagReflectionHandle(FLAGS_queue_sampled).Name(),
       absl::GetFlagReflectionHandle(FLAGS_memory_budget_bytes).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_interactive_reserve).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_tenant_max_jobs).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_tenant_max_bytes).Name(),
       absl::GetFlagReflectionHandle(FLAGS_retention_age).Name(),
       absl::GetFlagReflectionHandle(FLAGS_retention_count).Name(),
       absl::GetFlagReflectionHandle(FLAGS_drain_delay).Name(),
@@ -113,6 +131,9 @@ const std::vector<absl::string_view>& FlagNames() {
       absl::GetFlagReflectionHandle(FLAGS_tls_key).Name(),
       absl::GetFlagReflectionHandle(FLAGS_tls_client_ca).Name(),
       absl::GetFlagReflectionHandle(FLAGS_auth_token_file).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_metrics_tls_cert).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_metrics_tls_key).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_metrics_token_file).Name(),
       absl::GetFlagReflectionHandle(FLAGS_keepalive_time).Name(),
       absl::GetFlagReflectionHandle(FLAGS_keepalive_timeout).Name(),
       absl::GetFlagReflectionHandle(FLAGS_keepalive_min_ping_interval).Name(),
@@ -213,6 +234,9 @@ ServerFlags ReadFlags() {
   f.queue_interactive = absl::GetFlag(FLAGS_queue_interactive);
   f.queue_sampled = absl::GetFlag(FLAGS_queue_sampled);
   f.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes).bytes;
+  f.interactive_reserve = absl::GetFlag(FLAGS_interactive_reserve);
+  f.tenant_max_jobs = absl::GetFlag(FLAGS_tenant_max_jobs);
+  f.tenant_max_bytes = absl::GetFlag(FLAGS_tenant_max_bytes).bytes;
   f.retention_age = absl::GetFlag(FLAGS_retention_age).value;
   f.retention_count = absl::GetFlag(FLAGS_retention_count);
   f.drain_delay = absl::GetFlag(FLAGS_drain_delay).value;
@@ -222,6 +246,9 @@ ServerFlags ReadFlags() {
   f.tls_key = absl::GetFlag(FLAGS_tls_key);
   f.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   f.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  f.metrics_tls_cert = absl::GetFlag(FLAGS_metrics_tls_cert);
+  f.metrics_tls_key = absl::GetFlag(FLAGS_metrics_tls_key);
+  f.metrics_token_file = absl::GetFlag(FLAGS_metrics_token_file);
   f.keepalive_time = absl::GetFlag(FLAGS_keepalive_time).value;
   f.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout).value;
   f.keepalive_min_ping_interval =
@@ -250,6 +277,8 @@ absl::Status CheckRanges(const ServerFlags& f) {
            Range{"memory-budget-bytes", f.memory_budget_bytes, 4096,
                  int64_t{1} << 50},
            Range{"retention-count", f.retention_count, 0, kMaxCount},
+           Range{"tenant-max-jobs", f.tenant_max_jobs, 0, kMaxCount},
+           Range{"tenant-max-bytes", f.tenant_max_bytes, 0, int64_t{1} << 50},
            Range{"metrics-max-models", f.metrics_max_models, 1, 1000},
            Range{"metrics-max-layers", f.metrics_max_layers, 1, 1000},
        }) {
@@ -262,6 +291,16 @@ absl::Status CheckRanges(const ServerFlags& f) {
 }
 
 absl::Status CheckCombinations(const ServerFlags& f) {
+  if (!(f.interactive_reserve >= 0 && f.interactive_reserve < 1)) {
+    return FlagError("interactive-reserve",
+                     absl::StrCat(f.interactive_reserve,
+                                  " is outside [0, 1)"));
+  }
+  if (f.metrics_tls_cert.empty() != f.metrics_tls_key.empty()) {
+    return FlagError(
+        f.metrics_tls_cert.empty() ? "metrics-tls-cert" : "metrics-tls-key",
+        "--metrics-tls-cert and --metrics-tls-key go together");
+  }
   if (f.tls_cert.empty() != f.tls_key.empty()) {
     return FlagError(f.tls_cert.empty() ? "tls-cert" : "tls-key",
                      "--tls-cert and --tls-key go together");

@@ -26,6 +26,8 @@
 //                                                      RejectReasonLabel)
 //   attnaudit_inflight_jobs                            gauge
 //   attnaudit_devices{kind,state}                      gauge; state: idle, busy
+//   attnaudit_labels_truncated_total{label}            counter; label: model,
+//       engine, backend, request_id (values cut at the RPC layer's bound)
 // class: interactive, sampled. comparison: engine_vs_reference,
 // replay_vs_reference, engine_vs_replay. Drift histograms of a (model,
 // layer) pair appear when first observed.
@@ -107,6 +109,9 @@ class Metrics {
   void CountJob(PriorityClass c, const absl::Status& status);
   void CountRejection(RejectReason reason);
   void AddBytesReceived(int64_t bytes);
+  // `n` values of `label` ("model", "engine", "backend", "request_id") were
+  // truncated; other names are ignored.
+  void CountTruncatedLabel(absl::string_view label, int64_t n = 1);
   void SetQueueDepth(PriorityClass c, int64_t depth);
   void SetQueuedBytes(int64_t bytes);
   void SetInFlight(int64_t jobs);

@@ -3,6 +3,8 @@
 #include <utility>
 #include <vector>
 
+#include <grpcpp/impl/codegen/proto_utils.h>
+
 #include "absl/strings/str_cat.h"
 
 namespace attnaudit::server {
@@ -33,8 +35,12 @@ bool MatchesFilter(const v1::ResultFilter& filter,
 }
 
 WatchReactor::WatchReactor(WatchHub* hub, v1::ResultFilter filter,
-                           size_t buffer)
-    : hub_(hub), filter_(std::move(filter)), buffer_(buffer < 1 ? 1 : buffer) {
+                           size_t buffer, std::string tenant, bool reads_all)
+    : hub_(hub),
+      filter_(std::move(filter)),
+      buffer_(buffer < 1 ? 1 : buffer),
+      tenant_(std::move(tenant)),
+      reads_all_(reads_all) {
   if (!hub_->Add(this)) {
     absl::MutexLock lock(&mu_);
     FinishLocked(
@@ -53,8 +59,9 @@ void WatchReactor::FinishLocked(const grpc::Status& status) {
   Finish(status);
 }
 
-void WatchReactor::Push(const std::shared_ptr<const v1::JobResult>& result) {
-  if (!MatchesFilter(filter_, *result)) return;
+void WatchReactor::Push(const std::shared_ptr<const PublishedResult>& result) {
+  if (!reads_all_ && result->tenant != tenant_) return;
+  if (!MatchesFilter(filter_, result->result)) return;
   absl::MutexLock lock(&mu_);
   if (finished_ || finishing_) return;
   if (queue_.size() >= buffer_) {
@@ -71,7 +78,7 @@ void WatchReactor::Push(const std::shared_ptr<const v1::JobResult>& result) {
   queue_.push_back(result);
   if (!writing_) {
     writing_ = true;
-    StartWrite(queue_.front().get());
+    StartWrite(&queue_.front()->wire);
   }
 }
 
@@ -104,7 +111,7 @@ void WatchReactor::OnWriteDone(bool ok) {
   if (finished_) return;
   if (!queue_.empty()) {
     writing_ = true;
-    StartWrite(queue_.front().get());
+    StartWrite(&queue_.front()->wire);
   }
 }
 
@@ -140,9 +147,19 @@ void WatchHub::Remove(WatchReactor* w) {
   watchers_.erase(w);
 }
 
-void WatchHub::Publish(std::shared_ptr<const v1::JobResult> result) {
+void WatchHub::Publish(v1::JobResult result, std::string tenant) {
+  auto published = std::make_shared<PublishedResult>();
+  bool own = false;
+  if (!grpc::SerializationTraits<v1::JobResult>::Serialize(
+           result, &published->wire, &own)
+           .ok()) {
+    return;  // cannot happen for a message we built
+  }
+  published->result = std::move(result);
+  published->tenant = std::move(tenant);
+  std::shared_ptr<const PublishedResult> shared = std::move(published);
   absl::MutexLock lock(&mu_);
-  for (WatchReactor* w : watchers_) w->Push(result);
+  for (WatchReactor* w : watchers_) w->Push(shared);
 }
 
 void WatchHub::Close(const grpc::Status& status) {

@@ -128,6 +128,7 @@ TEST(MetricsTest, ExactlyTheDocumentedFamilies) {
       {"attnaudit_jobs_completed_total", T::Counter},
       {"attnaudit_received_bytes_total", T::Counter},
       {"attnaudit_rejections_total", T::Counter},
+      {"attnaudit_labels_truncated_total", T::Counter},
       {"attnaudit_inflight_jobs", T::Gauge},
       {"attnaudit_devices", T::Gauge},
   };
