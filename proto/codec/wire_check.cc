@@ -221,8 +221,8 @@ absl::Status Walker::Walk(const Descriptor* d, size_t pos, size_t end,
         }
         *stop = pos;
         return absl::OkStatus();
-      default:
-        return Fail(fpath, at, absl::StrCat("invalid wire type ", wire_type));
+      default:  // no field has this wire type: name the message
+        return Fail(path, at, absl::StrCat("invalid wire type ", wire_type));
     }
   }
   if (end_group != 0) {
