@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl.h"
 #include "google/protobuf/util/json_util.h"
 #include "core/common/status_macros.h"
+#include "core/tensor/dtype.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/tensor_data.h"
 #include "proto/codec/tensor_paths.h"
@@ -128,6 +130,15 @@ absl::StatusOr<Snapshot> DecodeMappedSnapshot(
           absl::StrCat(range.path, ".dtype: must be set"));
     }
     *tensor = Tensor::View(tensor->dtype(), tensor->shape(), range.bytes, owner);
+    // The core reads elements through typed pointers, which must be
+    // naturally aligned; a payload's offset in the file is wherever the
+    // protobuf encoding put it. A misaligned one is copied (mutable_bytes
+    // turns the view into an owned, aligned buffer).
+    const int element = DTypeSize(tensor->dtype());
+    if (element > 1 &&
+        reinterpret_cast<uintptr_t>(range.bytes.data()) % element != 0) {
+      tensor->mutable_bytes();
+    }
   }
   return snapshot;
 }
