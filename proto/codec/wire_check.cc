@@ -36,7 +36,6 @@ int WireTypeOf(FieldDescriptor::Type t) {
       return 0;  // the varint types
   }
 }
-constexpr uint64_t kMaxFieldNumber = (uint64_t{1} << 29) - 1;
 
 class Walker {
  public:
@@ -59,6 +58,8 @@ class Walker {
                      " (byte ", at, " of the ", type_name_, ")"));
   }
   bool Varint(size_t* pos, size_t end, uint64_t* v) const;
+  // A tag as protobuf reads one: at most 5 bytes, the low 32 bits kept.
+  bool Tag(size_t* pos, size_t end, uint32_t* tag) const;
   std::string FieldPath(const std::string& path, const FieldDescriptor* f,
                         uint64_t number,
                         absl::flat_hash_map<uint64_t, int>* seen) const;
@@ -80,6 +81,20 @@ bool Walker::Varint(size_t* pos, size_t end, uint64_t* v) const {
     if ((b & 0x80) == 0) return true;
   }
   return false;  // more than 10 bytes
+}
+
+bool Walker::Tag(size_t* pos, size_t end, uint32_t* tag) const {
+  uint64_t v = 0;
+  for (int i = 0; i < 5; ++i) {
+    if (*pos >= end) return false;
+    const uint8_t b = static_cast<uint8_t>(bytes_[(*pos)++]);
+    v |= static_cast<uint64_t>(b & 0x7f) << (7 * i);
+    if ((b & 0x80) == 0) {
+      *tag = static_cast<uint32_t>(v);
+      return true;
+    }
+  }
+  return false;  // more than 5 bytes
 }
 
 std::string Walker::FieldPath(const std::string& path,
@@ -140,14 +155,14 @@ absl::Status Walker::Walk(const Descriptor* d, size_t pos, size_t end,
   absl::flat_hash_map<uint64_t, int> seen;
   while (pos < end) {
     const size_t at = pos;
-    uint64_t tag = 0;
-    if (!Varint(&pos, end, &tag)) {
-      return Fail(path, at, "a tag cut off or longer than 10 bytes");
+    uint32_t tag = 0;
+    if (!Tag(&pos, end, &tag)) {
+      return Fail(path, at, "a tag cut off or longer than 5 bytes");
     }
     const uint64_t number = tag >> 3;
     const int wire_type = static_cast<int>(tag & 7);
-    if (number == 0 || number > kMaxFieldNumber) {
-      return Fail(path, at, absl::StrCat("invalid field number ", number));
+    if (number == 0) {
+      return Fail(path, at, "invalid field number 0");
     }
     const FieldDescriptor* f =
         d != nullptr ? d->FindFieldByNumber(static_cast<int>(number)) : nullptr;

@@ -9,8 +9,9 @@
 //      1048576 bytes but 512 remain (byte 120 of the attnaudit.v1
 //      .AuditRequest)")
 //
-// It checks what makes protobuf refuse an encoding: tags (field number 0 or
-// above 2^29 - 1, wire types 6 and 7), varints cut off or longer than 10
+// It checks what makes protobuf refuse an encoding: tags (longer than 5
+// bytes, field number 0, wire types 6 and 7; like protobuf it keeps a
+// tag's low 32 bits), varints cut off or longer than 10
 // bytes, fixed-size and length-delimited fields longer than what remains,
 // unbalanced groups, nesting deeper than protobuf's limit of 100, and the
 // UTF-8 of proto3 string fields. Unknown fields are skipped by their wire

@@ -89,6 +89,22 @@ TEST(WireCheckTest, BadTagsWireTypesAndGroups) {
               HasSubstr("a 64-bit field with only 2 bytes left"));
 }
 
+// Found by snapshot_fuzz: protobuf reads a tag of up to 5 bytes and keeps
+// its low 32 bits, so a tag whose full value names a field above 2^29 - 1
+// is still accepted. The walk must not be stricter than protobuf.
+TEST(WireCheckTest, TagsAreRead32BitsWideAsProtobufDoes) {
+  const std::string bytes("\x08\x5d\x80\xff\x90\xaf\x3f\xe2\xca\x0a", 10);
+  v1::Snapshot msg;
+  ASSERT_TRUE(msg.ParseFromString(bytes));
+  EXPECT_TRUE(CheckWireFormat(*v1::Snapshot::descriptor(), bytes).ok())
+      << CheckWireFormat(*v1::Snapshot::descriptor(), bytes);
+  // Six bytes are too many for a tag, for protobuf too.
+  const std::string six("\x80\x80\x80\x80\x80\x01\x00", 7);
+  ASSERT_FALSE(msg.ParseFromString(six));
+  EXPECT_THAT(Msg(CheckWireFormat(*v1::Snapshot::descriptor(), six)),
+              HasSubstr("longer than 5 bytes"));
+}
+
 TEST(WireCheckTest, RepeatedMessagesAreIndexed) {
   v1::AuditStreamMessage m;
   v1::AuditStreamHeader* h = m.mutable_header();
