@@ -107,6 +107,20 @@ class Conn {
     } while (r < 0 && errno == EINTR);
     return r;
   }
+  // Ends the exchange without resetting the connection: unread request
+  // bytes at close() would make the kernel send a reset, which can discard
+  // the response before the client reads it. Bounded (64 KiB, the socket
+  // timeout).
+  void LingeringClose() {
+    if (ssl_ != nullptr) return;  // SSL_shutdown in the destructor
+    ::shutdown(fd_, SHUT_WR);
+    char buf[4096];
+    for (size_t drained = 0; drained < (64 << 10);) {
+      const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      drained += static_cast<size_t>(n);
+    }
+  }
   bool WriteAll(absl::string_view data) {
     while (!data.empty()) {
       ssize_t w;
@@ -298,7 +312,7 @@ void MetricsHttpServer::Serve(int fd) {
       }
     }
   }
-  conn.WriteAll(Respond(request));
+  if (conn.WriteAll(Respond(request))) conn.LingeringClose();
 }
 
 std::string MetricsHttpServer::Respond(const Request& r) const {
