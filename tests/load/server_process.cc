@@ -136,7 +136,8 @@ int ServerProcess::Wait(absl::Duration timeout) {
   return -1;
 }
 
-absl::StatusOr<std::string> ServerProcess::Scrape() const {
+absl::StatusOr<std::string> ServerProcess::Scrape(const std::string& token,
+                                                 bool with_head) const {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError("socket");
   sockaddr_in a;
@@ -148,8 +149,10 @@ absl::StatusOr<std::string> ServerProcess::Scrape() const {
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   std::string response;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
-    const std::string request =
-        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    const std::string request = absl::StrCat(
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n",
+        token.empty() ? "" : absl::StrCat("Authorization: Bearer ", token, "\r\n"),
+        "\r\n");
     if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
         static_cast<ssize_t>(request.size())) {
       char buf[65536];
@@ -162,7 +165,7 @@ absl::StatusOr<std::string> ServerProcess::Scrape() const {
   ::close(fd);
   const size_t body = response.find("\r\n\r\n");
   if (body == std::string::npos) return absl::UnavailableError("no response");
-  return response.substr(body + 4);
+  return with_head ? response : response.substr(body + 4);
 }
 
 std::string ServerProcess::Log() const { return ReadFile(log_path_); }

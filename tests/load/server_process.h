@@ -43,8 +43,11 @@ class ServerProcess {
   void Signal(int signal);
   int Wait(absl::Duration timeout = absl::Seconds(60));
 
-  // GET /metrics over plain HTTP (the test starts it without TLS).
-  absl::StatusOr<std::string> Scrape() const;
+  // GET /metrics over plain HTTP (the test starts it without TLS), with a
+  // bearer token when one is given. The body, or the whole response when
+  // `with_head`.
+  absl::StatusOr<std::string> Scrape(const std::string& token = "",
+                                     bool with_head = false) const;
 
   std::string Log() const;
 
