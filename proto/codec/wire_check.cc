@@ -247,7 +247,88 @@ absl::Status Walker::Walk(const Descriptor* d, size_t pos, size_t end,
   return absl::OkStatus();
 }
 
+// Sequential reads over a chunked encoding.
+class ChunkReader {
+ public:
+  explicit ChunkReader(absl::Span<const absl::string_view> chunks)
+      : chunks_(chunks) {}
+  bool Byte(uint8_t* b) {
+    while (chunk_ < chunks_.size() && offset_ >= chunks_[chunk_].size()) {
+      ++chunk_;
+      offset_ = 0;
+    }
+    if (chunk_ >= chunks_.size()) return false;
+    *b = static_cast<uint8_t>(chunks_[chunk_][offset_++]);
+    return true;
+  }
+  bool Varint(uint64_t* v, int max_bytes) {
+    *v = 0;
+    for (int i = 0; i < max_bytes; ++i) {
+      uint8_t b;
+      if (!Byte(&b)) return false;
+      *v |= static_cast<uint64_t>(b & 0x7f) << (7 * i);
+      if ((b & 0x80) == 0) return true;
+    }
+    return false;
+  }
+  bool Skip(uint64_t n) {
+    while (n > 0) {
+      if (chunk_ >= chunks_.size()) return false;
+      const uint64_t here = chunks_[chunk_].size() - offset_;
+      if (n < here) {
+        offset_ += n;
+        return true;
+      }
+      n -= here;
+      ++chunk_;
+      offset_ = 0;
+    }
+    return true;
+  }
+  bool AtEnd() {
+    while (chunk_ < chunks_.size() && offset_ >= chunks_[chunk_].size()) {
+      ++chunk_;
+      offset_ = 0;
+    }
+    return chunk_ >= chunks_.size();
+  }
+
+ private:
+  absl::Span<const absl::string_view> chunks_;
+  size_t chunk_ = 0;
+  size_t offset_ = 0;
+};
+
 }  // namespace
+
+absl::optional<uint64_t> PeekVarintField(
+    absl::Span<const absl::string_view> chunks, int number) {
+  ChunkReader r(chunks);
+  absl::optional<uint64_t> found;
+  while (!r.AtEnd()) {
+    uint64_t tag = 0, v = 0;
+    if (!r.Varint(&tag, 5)) return absl::nullopt;
+    const uint64_t field = (tag & 0xffffffffu) >> 3;
+    switch (tag & 7) {
+      case 0:
+        if (!r.Varint(&v, 10)) return absl::nullopt;
+        if (static_cast<int64_t>(field) == number) found = v;
+        break;
+      case 1:
+        if (!r.Skip(8)) return absl::nullopt;
+        break;
+      case 5:
+        if (!r.Skip(4)) return absl::nullopt;
+        break;
+      case 2:
+        if (!r.Varint(&v, 10) || !r.Skip(v)) return absl::nullopt;
+        break;
+      default:  // groups are not in our requests; give up
+        return absl::nullopt;
+    }
+  }
+  return found;
+}
 
 bool IsValidUtf8(absl::string_view text) {
   size_t i = 0;

@@ -27,8 +27,12 @@
 #ifndef ATTNAUDIT_PROTO_CODEC_WIRE_CHECK_H_
 #define ATTNAUDIT_PROTO_CODEC_WIRE_CHECK_H_
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/optional.h"
+#include "absl/types/span.h"
 #include "google/protobuf/descriptor.h"
 
 namespace attnaudit {
@@ -47,6 +51,15 @@ absl::Status DescribeParseFailure(const google::protobuf::Descriptor& type,
 absl::Status CheckWireFormat(const google::protobuf::Descriptor& type,
                              absl::string_view bytes,
                              absl::string_view root = "message");
+
+// The value of top-level varint field `number` (its last occurrence, as
+// protobuf keeps) in an encoding split into `chunks` (e.g. the slices of a
+// received gRPC message), read without copying: length-delimited fields
+// are skipped by their length. nullopt when the field is absent or the
+// encoding breaks first. For a cheap look at a small field (a request's
+// priority) before paying for a full parse.
+absl::optional<uint64_t> PeekVarintField(
+    absl::Span<const absl::string_view> chunks, int number);
 
 // Whether `text` is well-formed UTF-8 (no overlong forms, no surrogates,
 // nothing above U+10FFFF), as protobuf requires of proto3 strings.

@@ -94,6 +94,9 @@ ABSL_FLAG(FlagDuration, max_connection_age_grace,
           "time given to calls on an aged connection");
 ABSL_FLAG(FlagDuration, max_connection_idle, FlagDuration{absl::Minutes(15)},
           "close connections idle this long (0: never)");
+ABSL_FLAG(int64_t, max_concurrent_streams, 64,
+          "calls open at once per connection (bounds the memory of requests "
+          "being received: this x --max-message-bytes per connection)");
 // Metrics.
 ABSL_FLAG(int64_t, metrics_max_models, 4,
           "distinct model label values on drift metrics before \"other\"");
@@ -140,6 +143,7 @@ const std::vector<absl::string_view>& FlagNames() {
       absl::GetFlagReflectionHandle(FLAGS_max_connection_age).Name(),
       absl::GetFlagReflectionHandle(FLAGS_max_connection_age_grace).Name(),
       absl::GetFlagReflectionHandle(FLAGS_max_connection_idle).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_max_concurrent_streams).Name(),
       absl::GetFlagReflectionHandle(FLAGS_metrics_max_models).Name(),
       absl::GetFlagReflectionHandle(FLAGS_metrics_max_layers).Name(),
   };
@@ -257,6 +261,7 @@ ServerFlags ReadFlags() {
   f.max_connection_age_grace =
       absl::GetFlag(FLAGS_max_connection_age_grace).value;
   f.max_connection_idle = absl::GetFlag(FLAGS_max_connection_idle).value;
+  f.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   f.metrics_max_models = absl::GetFlag(FLAGS_metrics_max_models);
   f.metrics_max_layers = absl::GetFlag(FLAGS_metrics_max_layers);
   return f;
@@ -278,6 +283,8 @@ absl::Status CheckRanges(const ServerFlags& f) {
                  int64_t{1} << 50},
            Range{"retention-count", f.retention_count, 0, kMaxCount},
            Range{"tenant-max-jobs", f.tenant_max_jobs, 0, kMaxCount},
+           Range{"max-concurrent-streams", f.max_concurrent_streams, 1,
+                 1 << 20},
            Range{"tenant-max-bytes", f.tenant_max_bytes, 0, int64_t{1} << 50},
            Range{"metrics-max-models", f.metrics_max_models, 1, 1000},
            Range{"metrics-max-layers", f.metrics_max_layers, 1, 1000},

@@ -72,6 +72,7 @@ struct ServerFlags {
   absl::Duration max_connection_age;
   absl::Duration max_connection_age_grace;
   absl::Duration max_connection_idle;
+  int64_t max_concurrent_streams = 0;
 
   // Metrics: distinct label values kept before "other" is reported.
   int64_t metrics_max_models = 0;

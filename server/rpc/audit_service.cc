@@ -23,6 +23,7 @@ using rpc_internal::CountTruncatedLabels;
 using rpc_internal::DecodeAuditRequest;
 using rpc_internal::DecodedAudit;
 using rpc_internal::ParseRequest;
+using rpc_internal::PeekRequestField;
 using rpc_internal::PriorityFromProto;
 using rpc_internal::SerializeResponse;
 
@@ -45,6 +46,7 @@ class AuditCall final : public LoggedUnaryReactor {
     const int64_t bytes = static_cast<int64_t>(raw->Length());
     svc_->metrics()->AddBytesReceived(bytes);
     log().set_bytes(bytes);
+    if (!Precheck(*principal, *raw, bytes)) return;
     if (absl::Status s = ParseRequest(raw, &request_); !s.ok()) {
       return Reject(s);
     }
@@ -90,6 +92,33 @@ class AuditCall final : public LoggedUnaryReactor {
                                         ? RejectReason::kDraining
                                         : RejectReason::kInvalidArgument);
     Done(ToGrpcStatus(status));
+  }
+
+  // Admission checked before the request is parsed: under overload most
+  // refused calls would otherwise be parsed (a copy of every byte, on a
+  // gRPC thread) only to be refused. The priority is read from the raw
+  // bytes; AdmitInteractive checks again. False when the call is answered.
+  bool Precheck(const Principal& principal, const grpc::ByteBuffer& raw,
+                int64_t bytes) {
+    absl::StatusOr<PriorityClass> priority = PriorityFromProto(
+        static_cast<int>(PeekRequestField(raw, 3).value_or(0)),
+        PriorityClass::kInteractive);
+    if (!priority.ok()) return true;  // decoding will name the field
+    AdmissionQuery query;
+    query.priority = *priority;
+    query.bytes = bytes;
+    query.tenant = principal.tenant;
+    query.quota = principal.quota;
+    query.deadline = CallDeadline(*context_);
+    SubmitRejection why;
+    absl::Status s = svc_->scheduler()->CheckAdmission(query, &why);
+    if (s.ok()) return true;
+    svc_->metrics()->CountRejection(why.reason);
+    if (s.code() == absl::StatusCode::kResourceExhausted) {
+      AddRetryAfter(context_, why.retry_after);
+    }
+    Done(ToGrpcStatus(s));
+    return false;
   }
 
   // The job's answer: the report, serialised into the call's response.

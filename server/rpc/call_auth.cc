@@ -70,6 +70,18 @@ absl::Status ParseRequest(const grpc::ByteBuffer* request,
   return status;
 }
 
+absl::optional<uint64_t> PeekRequestField(const grpc::ByteBuffer& request,
+                                          int number) {
+  std::vector<grpc::Slice> slices;
+  if (!request.Valid() || !request.Dump(&slices).ok()) return absl::nullopt;
+  std::vector<absl::string_view> chunks;
+  chunks.reserve(slices.size());
+  for (const grpc::Slice& s : slices) {
+    chunks.emplace_back(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return PeekVarintField(chunks, number);
+}
+
 std::string TakeRequestBytes(const grpc::ByteBuffer* request) {
   std::string bytes = Flatten(*request);
   const_cast<grpc::ByteBuffer*>(request)->Clear();  // see ParseRequest

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/optional.h"
 #include "attnaudit/v1/service.pb.h"
 #include "core/audit/audit.h"
 #include "core/snapshot/snapshot.h"
@@ -41,6 +42,11 @@ namespace attnaudit::server::rpc_internal {
 // and byte where decoding stopped when the bytes are not a valid message.
 absl::Status ParseRequest(const grpc::ByteBuffer* request,
                           google::protobuf::Message* msg);
+// Top-level varint field `number` of a raw request, read without parsing
+// or copying it (proto/codec/wire_check.h PeekVarintField).
+absl::optional<uint64_t> PeekRequestField(const grpc::ByteBuffer& request,
+                                          int number);
+
 // The request's bytes in one piece, releasing the buffer (Submit spools
 // exactly what it received), and their parse.
 std::string TakeRequestBytes(const grpc::ByteBuffer* request);

@@ -134,6 +134,10 @@ void ApplyConnectionOptions(const ConnectionOptions& c,
     builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
                                 ClampMs(c.max_connection_idle));
   }
+  if (c.max_concurrent_streams > 0) {
+    builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                                c.max_concurrent_streams);
+  }
 }
 
 // Default pool shape: up to 16 cores one worker gets them all (one audit is

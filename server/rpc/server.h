@@ -69,6 +69,11 @@ struct ConnectionOptions {
   absl::Duration max_connection_age = absl::Minutes(30);
   absl::Duration max_connection_age_grace = absl::Minutes(5);
   absl::Duration max_connection_idle = absl::Minutes(15);
+  // Calls one connection may have open at once. A unary request is
+  // received whole before its handler can refuse it, so this bounds the
+  // memory of requests being received on a connection (streams x the
+  // message size) on top of the memory budget. 0: gRPC's default.
+  int max_concurrent_streams = 64;
 };
 
 struct AuditServerOptions {

@@ -6,7 +6,9 @@
 //   2. burst (kBurst): SAMPLED audits offered open-loop at 2x capacity,
 //      each with a client deadline of kSampledDeadline, while one
 //      INTERACTIVE caller keeps auditing;
-//   3. idle: the server hands its memory back.
+//   3. idle: the server hands its memory back;
+//   4. unloaded again (the baseline is the slower of 1 and 4, so that the
+//      machine's own noise at the time counts on both sides).
 //
 // Asserted (the fairness contract of server/scheduler/scheduler.h):
 //   - INTERACTIVE p99 under the burst stays within 3x its unloaded p99
@@ -14,9 +16,10 @@
 //     waits for at most the SAMPLED job running ahead of it);
 //   - no accepted SAMPLED call expires in the queue (admission refuses
 //     what could only expire; the server's deadline_exceeded count is 0);
-//   - the server's peak RSS stays under its memory budget plus its
-//     pre-burst size, and within a minute of idle it is back within 20% of
-//     the pre-burst size.
+//   - the server's peak RSS stays under its pre-burst size plus the memory
+//     budget plus what --max-concurrent-streams lets a connection have in
+//     receipt (kStreams requests), and within a minute of idle it is back
+//     within 20% of the pre-burst size.
 // The run's figures are printed as a table (docs/PERF.md quotes them).
 // Ratios with generous margins only: no absolute time is asserted.
 #include <algorithm>
@@ -46,7 +49,10 @@ namespace {
 constexpr absl::Duration kBurst = absl::Seconds(12);
 constexpr absl::Duration kSampledDeadline = absl::Seconds(2);
 constexpr int64_t kBudget = int64_t{96} << 20;
-constexpr int kUnloadedCalls = 60;
+constexpr int kUnloadedCalls = 80;
+// Calls a connection may have open (--max-concurrent-streams): what the
+// server holds of requests being received, on top of the budget.
+constexpr int kStreams = 16;
 constexpr int kSampledThreads = 96;
 
 double Percentile(std::vector<double> v, double p) {
@@ -183,7 +189,8 @@ TEST(OverloadTest, InteractiveStaysFastNothingExpiresMemoryComesBack) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
       {"--data-dir", dir + "/data", "--cpu-workers", "1", "--threads-per-job",
        "1", "--memory-budget-bytes", absl::StrCat(kBudget),
-       "--queue-sampled", "256"},
+       "--queue-sampled", "256", "--log-level",
+       std::getenv("ATTNAUDIT_OVERLOAD_DEBUG") != nullptr ? "debug" : "info"},
       dir + "/server.log");
   ASSERT_TRUE(server.ok()) << server.status();
   client::ClientOptions co;
@@ -196,14 +203,17 @@ TEST(OverloadTest, InteractiveStaysFastNothingExpiresMemoryComesBack) {
 
   // 1. Unloaded.
   ASSERT_TRUE((*c)->AuditUnary(interactive).ok());  // warm-up
+  auto unloaded_run = [&](ClassStats* stats) {
+    const absl::Time u0 = absl::Now();
+    for (int i = 0; i < kUnloadedCalls; ++i) {
+      const absl::Time t0 = absl::Now();
+      const absl::Status s = (*c)->AuditUnary(interactive).status();
+      stats->Record(s, absl::Now() - t0);
+    }
+    return kUnloadedCalls / absl::ToDoubleSeconds(absl::Now() - u0);
+  };
   ClassStats unloaded;
-  const absl::Time u0 = absl::Now();
-  for (int i = 0; i < kUnloadedCalls; ++i) {
-    const absl::Time t0 = absl::Now();
-    unloaded.Record((*c)->AuditUnary(interactive).status(), absl::Now() - t0);
-  }
-  const double capacity =
-      kUnloadedCalls / absl::ToDoubleSeconds(absl::Now() - u0);
+  const double capacity = unloaded_run(&unloaded);
   ASSERT_EQ(unloaded.accepted, kUnloadedCalls);
   absl::SleepFor(absl::Seconds(3));  // idle: the reclaimer runs
   const int64_t rss_before = (*server)->RssBytes();
@@ -226,14 +236,22 @@ TEST(OverloadTest, InteractiveStaysFastNothingExpiresMemoryComesBack) {
   }
   const double settle_s = absl::ToDoubleSeconds(absl::Now() - idle0);
 
+  // 4. Unloaded again.
+  ClassStats unloaded_after;
+  unloaded_run(&unloaded_after);
+
   auto delta = [&](const char* name, const std::string& labels) {
     return MetricValue(*after, name, labels) - MetricValue(*before, name, labels);
   };
   const double expired = delta("attnaudit_jobs_completed_total",
                                "class=\"sampled\",outcome=\"deadline_exceeded\"");
   const double seconds = absl::ToDoubleSeconds(kBurst);
-  const double u_p50 = Percentile(unloaded.latencies_ms, 0.5);
-  const double u_p99 = Percentile(unloaded.latencies_ms, 0.99);
+  const double u_p50 = std::max(Percentile(unloaded.latencies_ms, 0.5),
+                                Percentile(unloaded_after.latencies_ms, 0.5));
+  const double u_p99 = std::max(Percentile(unloaded.latencies_ms, 0.99),
+                                Percentile(unloaded_after.latencies_ms, 0.99));
+  const int64_t request_bytes = static_cast<int64_t>(sampled.ByteSizeLong());
+  const int64_t receiving = kStreams * request_bytes;
   const double i_p50 = Percentile(load.interactive.latencies_ms, 0.5);
   const double i_p99 = Percentile(load.interactive.latencies_ms, 0.99);
   const double s_p50 = Percentile(load.sampled.latencies_ms, 0.5);
@@ -259,16 +277,19 @@ TEST(OverloadTest, InteractiveStaysFastNothingExpiresMemoryComesBack) {
                       absl::StrCat("reason=\"", r, "\"")));
   }
   std::printf("\nsampled expired in queue: %.0f\n", expired);
-  std::printf("RSS: pre-burst %s, peak %s, budget %s, after %.1f s idle %s\n",
-              Mib(rss_before).c_str(), Mib(rss_peak).c_str(),
-              Mib(kBudget).c_str(), settle_s, Mib(rss_after).c_str());
+  std::printf(
+      "RSS: pre-burst %s, peak %s, budget %s + receiving %s, after %.1f s "
+      "idle %s\n",
+      Mib(rss_before).c_str(), Mib(rss_peak).c_str(), Mib(kBudget).c_str(),
+      Mib(receiving).c_str(), settle_s, Mib(rss_after).c_str());
 
   EXPECT_EQ(load.interactive.accepted, load.interactive.offered);
   EXPECT_GT(load.sampled.accepted, 0);
   EXPECT_LE(i_p99, 3 * u_p99) << "INTERACTIVE p99 under 2x SAMPLED load";
   EXPECT_EQ(expired, 0) << "accepted SAMPLED calls expired in the queue";
   EXPECT_EQ(load.sampled.codes["DEADLINE_EXCEEDED"], 0);
-  EXPECT_LE(rss_peak, rss_before + kBudget) << "peak RSS over the budget";
+  EXPECT_LE(rss_peak, rss_before + kBudget + receiving)
+      << "peak RSS over the budget";
   EXPECT_LE(rss_after, 1.2 * rss_before) << "RSS did not come back";
   (*server)->Signal(SIGTERM);
   EXPECT_EQ((*server)->Wait(), 0);
