@@ -64,8 +64,8 @@ class Walker {
                         uint64_t number,
                         absl::flat_hash_map<uint64_t, int>* seen) const;
   absl::Status LengthDelimited(const FieldDescriptor* f,
-                               const std::string& fpath, size_t at,
-                               size_t body, size_t len, int depth);
+                               const std::string& fpath, size_t at, size_t body,
+                               size_t len, int depth);
 
   const absl::string_view bytes_;
   const std::string type_name_;
@@ -97,11 +97,10 @@ bool Walker::Tag(size_t* pos, size_t end, uint32_t* tag) const {
   return false;  // more than 5 bytes
 }
 
-std::string Walker::FieldPath(const std::string& path,
-                              const FieldDescriptor* f, uint64_t number,
+std::string Walker::FieldPath(const std::string& path, const FieldDescriptor* f,
+                              uint64_t number,
                               absl::flat_hash_map<uint64_t, int>* seen) const {
-  std::string name =
-      f != nullptr ? f->name() : absl::StrCat("<", number, ">");
+  std::string name = f != nullptr ? f->name() : absl::StrCat("<", number, ">");
   if (f != nullptr && f->is_repeated() &&
       f->type() == FieldDescriptor::TYPE_MESSAGE) {
     absl::StrAppend(&name, "[", (*seen)[number]++, "]");

@@ -60,13 +60,12 @@ absl::StatusOr<uint32_t> ParsePermissions(int line, absl::string_view text) {
 bool ParseSize(absl::string_view text, int64_t* out) {
   std::string v = absl::AsciiStrToLower(text);
   int shift = 0;
-  for (const auto& [suffix, s] :
-       {std::pair<absl::string_view, int>{"kib", 10},
-        {"mib", 20},
-        {"gib", 30},
-        {"k", 10},
-        {"m", 20},
-        {"g", 30}}) {
+  for (const auto& [suffix, s] : {std::pair<absl::string_view, int>{"kib", 10},
+                                  {"mib", 20},
+                                  {"gib", 30},
+                                  {"k", 10},
+                                  {"m", 20},
+                                  {"g", 30}}) {
     if (absl::EndsWith(v, suffix)) {
       v.resize(v.size() - suffix.size());
       shift = s;
@@ -106,8 +105,9 @@ absl::Status ParseQuotas(int line, const std::vector<absl::string_view>& fields,
       }
       e->principal.quota.max_bytes = value;
     } else {
-      return LineError(line, "expected max_jobs=N or max_bytes=SIZE after "
-                             "the permissions");
+      return LineError(line,
+                       "expected max_jobs=N or max_bytes=SIZE after "
+                       "the permissions");
     }
     e->has_quota = true;
   }
@@ -161,16 +161,16 @@ absl::Status SettleQuotas(const TenantQuota& default_quota,
     const TenantQuota& q = it->second->principal.quota;
     if (!inserted && (q.max_jobs != e.principal.quota.max_jobs ||
                       q.max_bytes != e.principal.quota.max_bytes)) {
-      return LineError(e.line, absl::StrCat("tenant ", e.principal.tenant,
-                                            " has other quotas on line ",
-                                            it->second->line));
+      return LineError(
+          e.line, absl::StrCat("tenant ", e.principal.tenant,
+                               " has other quotas on line ", it->second->line));
     }
   }
   for (Entry& e : *entries) {
     if (e.has_quota) continue;
     auto it = explicit_quota.find(e.principal.tenant);
-    e.principal.quota =
-        it != explicit_quota.end() ? it->second->principal.quota : default_quota;
+    e.principal.quota = it != explicit_quota.end() ? it->second->principal.quota
+                                                   : default_quota;
   }
   return absl::OkStatus();
 }
@@ -208,8 +208,8 @@ absl::StatusOr<TenantTable> TenantTable::Parse(
     ++number;
     const absl::string_view line = absl::StripAsciiWhitespace(raw);
     if (line.empty() || line[0] == '#') continue;
-    lines.push_back(absl::StrSplit(line, absl::ByAnyChar(" \t"),
-                                   absl::SkipEmpty()));
+    lines.push_back(
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty()));
     numbers.push_back(number);
   }
   TenantTable table;
@@ -217,7 +217,8 @@ absl::StatusOr<TenantTable> TenantTable::Parse(
       !absl::StartsWith(lines[0][0], "token:") &&
       !absl::StartsWith(lines[0][0], "cert:")) {
     // The legacy single-token file.
-    table.by_token_digest_[Digest(lines[0][0])] = DefaultPrincipal(default_quota);
+    table.by_token_digest_[Digest(lines[0][0])] =
+        DefaultPrincipal(default_quota);
     return table;
   }
   std::vector<Entry> entries;
@@ -240,8 +241,9 @@ absl::StatusOr<TenantTable> TenantTable::Parse(
     }
     auto& map = e.token ? table.by_token_digest_ : table.by_cert_;
     if (!map.emplace(e.key, e.principal).second) {
-      return LineError(e.line, e.token ? "the same token is listed twice"
-                                       : "the same certificate is listed twice");
+      return LineError(e.line, e.token
+                                   ? "the same token is listed twice"
+                                   : "the same certificate is listed twice");
     }
   }
   return table;
@@ -289,8 +291,7 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::CreateFromTable(
   return auth;
 }
 
-absl::StatusOr<std::shared_ptr<const TenantTable>> Authenticator::Load()
-    const {
+absl::StatusOr<std::shared_ptr<const TenantTable>> Authenticator::Load() const {
   std::ifstream in(token_file_);
   if (!in) {
     return absl::InvalidArgumentError(

@@ -166,8 +166,7 @@ class Authenticator {
   size_t principals() const;
 
  private:
-  Authenticator(std::string token_file, TenantQuota default_quota,
-                bool enabled)
+  Authenticator(std::string token_file, TenantQuota default_quota, bool enabled)
       : token_file_(std::move(token_file)),
         default_quota_(default_quota),
         enabled_(enabled) {}

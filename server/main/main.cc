@@ -85,18 +85,18 @@ void WarnAboutPlaintextSecrets(const ServerFlags& flags) {
 // stderr, so any client could flood the log; the RPC layer answers those
 // requests itself, so protobuf's lines go to the debug level.
 void RouteProtobufLogs() {
-  google::protobuf::SetLogHandler(
-      +[](google::protobuf::LogLevel level, const char* file, int line,
-          const std::string& message) {
-        if (level == google::protobuf::LOGLEVEL_FATAL) {
-          ATTNAUDIT_LOG(err, "protobuf").Kv("message", message);
-          return;
-        }
-        ATTNAUDIT_LOG(debug, "protobuf")
-            .Kv("file", file)
-            .Kv("line", static_cast<int64_t>(line))
-            .Kv("message", message);
-      });
+  google::protobuf::SetLogHandler(+[](google::protobuf::LogLevel level,
+                                      const char* file, int line,
+                                      const std::string& message) {
+    if (level == google::protobuf::LOGLEVEL_FATAL) {
+      ATTNAUDIT_LOG(err, "protobuf").Kv("message", message);
+      return;
+    }
+    ATTNAUDIT_LOG(debug, "protobuf")
+        .Kv("file", file)
+        .Kv("line", static_cast<int64_t>(line))
+        .Kv("message", message);
+  });
 }
 
 // Process-wide settings made before any thread exists, so every thread
@@ -177,8 +177,7 @@ void ServeUntilSignalled(const sigset_t& stop_signals, const ServerFlags& flags,
     absl::Status s = server->ReloadCredentials();
     if (s.ok()) {
       ATTNAUDIT_LOG(info, "token file reloaded")
-          .Kv("principals",
-              static_cast<int64_t>(server->principals()));
+          .Kv("principals", static_cast<int64_t>(server->principals()));
     } else {
       ATTNAUDIT_LOG(err, "token file reload failed; previous tenants stay")
           .Kv("status", s);

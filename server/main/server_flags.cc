@@ -300,8 +300,7 @@ absl::Status CheckRanges(const ServerFlags& f) {
 absl::Status CheckCombinations(const ServerFlags& f) {
   if (!(f.interactive_reserve >= 0 && f.interactive_reserve < 1)) {
     return FlagError("interactive-reserve",
-                     absl::StrCat(f.interactive_reserve,
-                                  " is outside [0, 1)"));
+                     absl::StrCat(f.interactive_reserve, " is outside [0, 1)"));
   }
   if (f.metrics_tls_cert.empty() != f.metrics_tls_key.empty()) {
     return FlagError(

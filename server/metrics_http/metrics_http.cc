@@ -98,8 +98,8 @@ class Conn {
   ssize_t Read(char* buf, size_t n) {
     if (ssl_ != nullptr) {
       const int r = SSL_read(ssl_, buf, static_cast<int>(n));
-      return r > 0 ? r : (SSL_get_error(ssl_, r) == SSL_ERROR_ZERO_RETURN ? 0
-                                                                          : -1);
+      return r > 0 ? r
+                   : (SSL_get_error(ssl_, r) == SSL_ERROR_ZERO_RETURN ? 0 : -1);
     }
     ssize_t r;
     do {
@@ -125,8 +125,9 @@ class Conn {
     while (!data.empty()) {
       ssize_t w;
       if (ssl_ != nullptr) {
-        const int r = SSL_write(ssl_, data.data(), static_cast<int>(std::min<size_t>(
-                                                        data.size(), 1 << 30)));
+        const int r =
+            SSL_write(ssl_, data.data(),
+                      static_cast<int>(std::min<size_t>(data.size(), 1 << 30)));
         w = r > 0 ? r : -1;
       } else {
         do {
@@ -147,10 +148,10 @@ class Conn {
 std::string HttpResponse(absl::string_view status, absl::string_view type,
                          absl::string_view extra_headers,
                          absl::string_view body, bool head_only) {
-  std::string out = absl::StrCat(
-      "HTTP/1.1 ", status, "\r\nContent-Type: ", type,
-      "\r\nContent-Length: ", body.size(), "\r\n", extra_headers,
-      "Connection: close\r\n\r\n");
+  std::string out =
+      absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", type,
+                   "\r\nContent-Length: ", body.size(), "\r\n", extra_headers,
+                   "Connection: close\r\n\r\n");
   if (!head_only) out.append(body.data(), body.size());
   return out;
 }
@@ -182,7 +183,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
 
 absl::Status MetricsHttpServer::LoadTls() {
   const MetricsHttpOptions& o = options_;
-  if (o.tls_cert_file.empty() && o.tls_key_file.empty()) return absl::OkStatus();
+  if (o.tls_cert_file.empty() && o.tls_key_file.empty())
+    return absl::OkStatus();
   if (o.tls_cert_file.empty() || o.tls_key_file.empty()) {
     return absl::InvalidArgumentError(
         "--metrics-tls-cert: --metrics-tls-cert and --metrics-tls-key go "
@@ -193,16 +195,16 @@ absl::Status MetricsHttpServer::LoadTls() {
   ssl_ctx_ = ctx;  // freed by the destructor
   SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
   if (SSL_CTX_use_certificate_chain_file(ctx, o.tls_cert_file.c_str()) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--metrics-tls-cert: cannot use ", o.tls_cert_file, ": ",
-        OpenSslError()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-tls-cert: cannot use ", o.tls_cert_file, ": ",
+                     OpenSslError()));
   }
   if (SSL_CTX_use_PrivateKey_file(ctx, o.tls_key_file.c_str(),
                                   SSL_FILETYPE_PEM) != 1 ||
       SSL_CTX_check_private_key(ctx) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--metrics-tls-key: cannot use ", o.tls_key_file, ": ",
-        OpenSslError()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-tls-key: cannot use ", o.tls_key_file, ": ",
+                     OpenSslError()));
   }
   return absl::OkStatus();
 }
@@ -223,9 +225,9 @@ absl::Status MetricsHttpServer::Listen() {
   ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
       ::listen(listen_fd_, 64) != 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "--metrics-listen ", options_.listen_address,
-        ": cannot listen: ", std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("--metrics-listen ", options_.listen_address,
+                     ": cannot listen: ", std::strerror(errno)));
   }
   sockaddr_storage bound;
   socklen_t bound_len = sizeof(bound);

@@ -25,8 +25,7 @@ using rpc_internal::ParseRequest;
 using rpc_internal::PriorityFromProto;
 using rpc_internal::SerializeResponse;
 
-class AuditStreamCall final
-    : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   AuditStreamCall(AuditServiceImpl* svc, grpc::CallbackServerContext* context,
                   grpc::ByteBuffer* response)

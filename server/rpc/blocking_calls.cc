@@ -152,8 +152,7 @@ absl::StatusOr<DecodedAudit> DecodeAndAdmit(AuditServiceImpl* svc,
   query.quota = caller.quota;
   query.deadline = plan.deadline;
   SubmitRejection why;
-  if (absl::Status s = svc->scheduler()->CheckAdmission(query, &why);
-      !s.ok()) {
+  if (absl::Status s = svc->scheduler()->CheckAdmission(query, &why); !s.ok()) {
     svc->metrics()->CountRejection(why.reason);
     *retry_after = why.retry_after;
     return s;
@@ -197,10 +196,9 @@ absl::Status ScheduleSubmit(AuditServiceImpl* svc, const Principal& caller,
   const JobLabels labels = JobLabelsOf(audit.snapshot.labels);
   SubmitRejection why;
   if (absl::Status s = svc->scheduler()->Submit(
-          rpc_internal::MakeDurableJob(svc, plan.job_id, caller.tenant,
-                                       caller.quota, plan.priority,
-                                       plan.deadline, plan.created,
-                                       std::move(audit)),
+          rpc_internal::MakeDurableJob(
+              svc, plan.job_id, caller.tenant, caller.quota, plan.priority,
+              plan.deadline, plan.created, std::move(audit)),
           &why);
       !s.ok()) {
     svc->durable()->Forget(plan.job_id);
@@ -377,7 +375,8 @@ grpc::ServerUnaryReactor* PostJobCall(
   return rpc_internal::PostBlocking(
       svc, method, context, needed,
       [raw, request](const Principal&, CallLog* log) {
-        ATTNAUDIT_RETURN_IF_ERROR(rpc_internal::ParseRequest(raw, request.get()));
+        ATTNAUDIT_RETURN_IF_ERROR(
+            rpc_internal::ParseRequest(raw, request.get()));
         log->set_job_id(request->job_id());
         return ValidateJobId(request->job_id());
       },

@@ -1,8 +1,8 @@
 // Per-call plumbing shared by every RPC: authentication and permissions,
 // raw request parsing (see audit_service.h, "Raw messages") and the
 // client-facing form of storage errors.
-#include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/impl/codegen/proto_utils.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 
 #include <climits>
 #include <string>
@@ -114,10 +114,11 @@ absl::StatusOr<Principal> Authorize(AuditServiceImpl* svc,
     const Permission p = static_cast<Permission>(bit);
     if (!principal->Has(p)) {
       svc->metrics()->CountRejection(RejectReason::kPermissionDenied);
-      return absl::PermissionDeniedError(absl::StrCat(
-          method, " needs the ", PermissionName(p),
-          " permission, which tenant ", principal->tenant, "'s credential "
-          "lacks"));
+      return absl::PermissionDeniedError(
+          absl::StrCat(method, " needs the ", PermissionName(p),
+                       " permission, which tenant ", principal->tenant,
+                       "'s credential "
+                       "lacks"));
     }
   }
   return principal;
@@ -133,10 +134,10 @@ absl::Status StorageError(absl::string_view what, const absl::Status& status) {
     return absl::ResourceExhaustedError(
         absl::StrCat(what, ": the server's disk is full; retry later"));
   }
-  return absl::UnavailableError(absl::StrCat(
-      what, ": the server's storage failed (",
-      absl::StatusCodeToString(status.code()),
-      "); retry later or on another replica"));
+  return absl::UnavailableError(
+      absl::StrCat(what, ": the server's storage failed (",
+                   absl::StatusCodeToString(status.code()),
+                   "); retry later or on another replica"));
 }
 
 }  // namespace attnaudit::server::rpc_internal

@@ -32,12 +32,12 @@ namespace {
 void StoreResult(AuditServiceImpl* svc, ResultRecord rec,
                  std::function<v1::JobResult()> make_result) {
   const std::string tenant = rec.tenant;
-  svc->durable()->Finish(
-      std::move(rec), [svc, tenant, make_result = std::move(make_result)] {
-        if (svc->watch_hub()->HasWatchers()) {
-          PublishResult(svc, make_result(), tenant);
-        }
-      });
+  svc->durable()->Finish(std::move(rec),
+                         [svc, tenant, make_result = std::move(make_result)] {
+                           if (svc->watch_hub()->HasWatchers()) {
+                             PublishResult(svc, make_result(), tenant);
+                           }
+                         });
 }
 
 // The completion of a durable (Submit or resumed) job.

@@ -77,8 +77,8 @@ class DurableJobs {
 
  private:
   struct Entry {
-    ResultRecord live;            // QUEUED or RUNNING
-    bool finished = false;        // `result` waits to be stored
+    ResultRecord live;      // QUEUED or RUNNING
+    bool finished = false;  // `result` waits to be stored
     ResultRecord result;
     std::function<void()> on_stored;
     int attempts = 0;

@@ -32,13 +32,12 @@ absl::Status KeyError(absl::string_view what, int err) {
 absl::Status WriteSecret(const std::string& dir, const std::string& path,
                          const std::string& secret) {
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                        0600);
+  const int fd =
+      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return KeyError("create", errno);
-  const bool written =
-      ::write(fd, secret.data(), secret.size()) ==
-          static_cast<ssize_t>(secret.size()) &&
-      ::fsync(fd) == 0;
+  const bool written = ::write(fd, secret.data(), secret.size()) ==
+                           static_cast<ssize_t>(secret.size()) &&
+                       ::fsync(fd) == 0;
   const int err = errno;
   ::close(fd);
   if (!written) {
@@ -79,10 +78,12 @@ absl::StatusOr<JobIdKey> JobIdKey::LoadOrCreate(const std::string& data_dir) {
     std::string secret((std::istreambuf_iterator<char>(in)),
                        std::istreambuf_iterator<char>());
     if (secret.size() != kSecretBytes) {
-      return absl::DataLossError(absl::StrCat(
-          "job id key: job-id.key holds ", secret.size(), " bytes, not ",
-          kSecretBytes, " (restore it from a backup, or delete it to make "
-          "a new one: idempotency keys of unfinished jobs then map to new ids)"));
+      return absl::DataLossError(
+          absl::StrCat("job id key: job-id.key holds ", secret.size(),
+                       " bytes, not ", kSecretBytes,
+                       " (restore it from a backup, or delete it to make "
+                       "a new one: idempotency keys of unfinished jobs then "
+                       "map to new ids)"));
     }
     return JobIdKey(std::move(secret));
   }
@@ -99,8 +100,7 @@ std::string JobIdKey::IdempotentJobId(absl::string_view tenant,
                                       absl::string_view key) const {
   // The tenant is length-prefixed so that no (tenant, key) pair can collide
   // with another by moving bytes between the two.
-  const std::string message =
-      absl::StrCat(tenant.size(), ":", tenant, key);
+  const std::string message = absl::StrCat(tenant.size(), ":", tenant, key);
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int mac_len = 0;
   HMAC(EVP_sha256(), secret_.data(), static_cast<int>(secret_.size()),

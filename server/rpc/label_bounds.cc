@@ -16,7 +16,8 @@ bool BoundLabelValue(std::string* value) {
       c = '_';
     }
   }
-  if (truncate) value->append(kTruncationMarker.data(), kTruncationMarker.size());
+  if (truncate)
+    value->append(kTruncationMarker.data(), kTruncationMarker.size());
   return truncate;
 }
 

@@ -65,12 +65,11 @@ absl::Status ProbeDataDir(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   auto fail = [&dir](int err) {
-    const char* why = err == EROFS ? "the file system is read-only"
-                      : err == ENOSPC || err == EDQUOT
-                          ? "no space left on the file system"
-                      : err == EACCES || err == EPERM
-                          ? "not writable (permission denied)"
-                          : std::strerror(err);
+    const char* why =
+        err == EROFS                     ? "the file system is read-only"
+        : err == ENOSPC || err == EDQUOT ? "no space left on the file system"
+        : err == EACCES || err == EPERM  ? "not writable (permission denied)"
+                                         : std::strerror(err);
     return absl::FailedPreconditionError(
         absl::StrCat("--data-dir ", dir, ": ", why,
                      "; the spool and results.db need a writable directory "
@@ -232,8 +231,8 @@ absl::Status AuditServer::OpenAuth() {
       return absl::InvalidArgumentError(
           absl::StrCat("auth_tokens: ", table.status().message()));
     }
-    ATTNAUDIT_ASSIGN_OR_RETURN(
-        auth_, Authenticator::CreateFromTable(*std::move(table), o.tenant_quota));
+    ATTNAUDIT_ASSIGN_OR_RETURN(auth_, Authenticator::CreateFromTable(
+                                          *std::move(table), o.tenant_quota));
     return absl::OkStatus();
   }
   ATTNAUDIT_ASSIGN_OR_RETURN(
@@ -286,9 +285,9 @@ absl::Status AuditServer::OpenMetrics(
   ho.tls_key_file = o.metrics_tls_key;
   ho.token_file = o.metrics_token_file;
   Metrics* m = metrics_.get();
-  ATTNAUDIT_ASSIGN_OR_RETURN(
-      metrics_http_,
-      MetricsHttpServer::Start(ho, [m] { return m->RenderText(); }));
+  ATTNAUDIT_ASSIGN_OR_RETURN(metrics_http_, MetricsHttpServer::Start(ho, [m] {
+                               return m->RenderText();
+                             }));
   metrics_port_ = metrics_http_->port();
   return absl::OkStatus();
 }
@@ -390,8 +389,8 @@ void AuditServer::StartBackgroundThreads() {
 bool AuditServer::WaitForStop(absl::Duration d) {
   absl::MutexLock lock(&prune_mu_);
   prune_mu_.AwaitWithTimeout(
-      absl::Condition(+[](std::atomic<bool>* stop) { return stop->load(); },
-                      &stop_),
+      absl::Condition(
+          +[](std::atomic<bool>* stop) { return stop->load(); }, &stop_),
       d);
   return stop_.load();
 }

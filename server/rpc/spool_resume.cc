@@ -99,8 +99,8 @@ absl::Status ResumeOne(AuditServiceImpl* svc, const SpoolListing& listing,
     return absl::OkStatus();  // a concurrent resume of the same id
   }
   // Expired while the server was down, or refused for good.
-  FailSpooledJob(svc, TerminalRecord(id, meta.tenant, priority, labels,
-                                     meta.created, s));
+  FailSpooledJob(
+      svc, TerminalRecord(id, meta.tenant, priority, labels, meta.created, s));
   return absl::OkStatus();
 }
 

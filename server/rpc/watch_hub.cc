@@ -1,9 +1,9 @@
 #include "server/rpc/watch_hub.h"
 
+#include <grpcpp/impl/codegen/proto_utils.h>
+
 #include <utility>
 #include <vector>
-
-#include <grpcpp/impl/codegen/proto_utils.h>
 
 #include "absl/strings/str_cat.h"
 

@@ -9,9 +9,9 @@
 // only its own tenant's results unless it reads all.
 //
 // Ownership: results are shared immutable messages (shared_ptr), built and
-// serialised once however many watchers there are. The hub does not own reactors: a
-// reactor registers itself and unregisters in OnDone before it deletes
-// itself; the hub lock makes that safe against a concurrent Publish.
+// serialised once however many watchers there are. The hub does not own
+// reactors: a reactor registers itself and unregisters in OnDone before it
+// deletes itself; the hub lock makes that safe against a concurrent Publish.
 //
 // Thread safety: all methods are thread-safe. Publish never blocks on a
 // client: it only appends to buffers and starts writes.

@@ -45,15 +45,15 @@ absl::string_view PriorityClassLabel(PriorityClass c);
 // Why a job was not admitted (or, for kDeadline/kCancelled, why it ended
 // early). Label values for attnaudit_rejections_total{reason=...}.
 enum class RejectReason : int {
-  kQueueFull = 0,        // the class queue holds max_queued jobs
-  kMemoryBudget = 1,     // queued bytes would exceed the budget
-  kInvalidArgument = 2,  // bad job (counted by the RPC layer's validation)
-  kDeadline = 3,         // the deadline had passed at Submit
-  kCancelled = 4,        // cancelled before admission (RPC layer)
-  kDraining = 5,         // Drain() was called
-  kTooLarge = 6,         // bytes exceed the class budget: can never fit
-  kTenantQuota = 7,      // the tenant's job or byte quota is used up
-  kWouldExpire = 8,      // the queue ahead outlasts the job's deadline
+  kQueueFull = 0,         // the class queue holds max_queued jobs
+  kMemoryBudget = 1,      // queued bytes would exceed the budget
+  kInvalidArgument = 2,   // bad job (counted by the RPC layer's validation)
+  kDeadline = 3,          // the deadline had passed at Submit
+  kCancelled = 4,         // cancelled before admission (RPC layer)
+  kDraining = 5,          // Drain() was called
+  kTooLarge = 6,          // bytes exceed the class budget: can never fit
+  kTenantQuota = 7,       // the tenant's job or byte quota is used up
+  kWouldExpire = 8,       // the queue ahead outlasts the job's deadline
   kPermissionDenied = 9,  // the caller may not do this (RPC layer)
 };
 constexpr int kNumRejectReasons = 10;

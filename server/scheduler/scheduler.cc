@@ -252,16 +252,15 @@ absl::Status SchedulerImpl::CheckCapacityLocked(
   const int c = static_cast<int>(q.priority);
   if (static_cast<int64_t>(queues_[c].size()) >= max_queued_[c]) {
     // Room appears once the jobs above this class and one of its own left.
-    const absl::Duration retry =
-        HintLocked(static_cast<double>(AheadLocked(q.priority) -
-                                       static_cast<int64_t>(queues_[c].size()) +
-                                       1));
+    const absl::Duration retry = HintLocked(static_cast<double>(
+        AheadLocked(q.priority) - static_cast<int64_t>(queues_[c].size()) + 1));
     Reject(rejection, RejectReason::kQueueFull, retry);
     return absl::ResourceExhaustedError(absl::StrCat(
         "queue ", PriorityClassName(q.priority), " full (", max_queued_[c],
         " jobs); retry after ~", absl::ToInt64Milliseconds(retry), " ms"));
   }
-  const int64_t class_over = class_bytes_[c] + q.bytes - ClassBudget(q.priority);
+  const int64_t class_over =
+      class_bytes_[c] + q.bytes - ClassBudget(q.priority);
   const int64_t total_over = queued_bytes_ + q.bytes - max_queued_bytes_;
   if (class_over > 0 || total_over > 0) {
     const int64_t jobs = AheadLocked(q.priority);
@@ -271,13 +270,13 @@ absl::Status SchedulerImpl::CheckCapacityLocked(
         std::ceil(static_cast<double>(std::max(class_over, total_over)) /
                   std::max(per_job, 1.0)));
     Reject(rejection, RejectReason::kMemoryBudget, retry);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "memory budget for queued ", PriorityClassName(q.priority),
-        " jobs exhausted (", Mib(class_bytes_[c]), " of ",
-        Mib(ClassBudget(q.priority)), " queued in the class, ",
-        Mib(queued_bytes_), " of ", Mib(max_queued_bytes_),
-        " in all; job needs ", Mib(q.bytes), "); retry after ~",
-        absl::ToInt64Milliseconds(retry), " ms"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("memory budget for queued ", PriorityClassName(q.priority),
+                     " jobs exhausted (", Mib(class_bytes_[c]), " of ",
+                     Mib(ClassBudget(q.priority)), " queued in the class, ",
+                     Mib(queued_bytes_), " of ", Mib(max_queued_bytes_),
+                     " in all; job needs ", Mib(q.bytes), "); retry after ~",
+                     absl::ToInt64Milliseconds(retry), " ms"));
   }
   return absl::OkStatus();
 }
@@ -287,13 +286,14 @@ absl::Status SchedulerImpl::CheckWaitLocked(const AdmissionQuery& q,
   if (q.deadline == absl::InfiniteFuture()) return absl::OkStatus();
   const int64_t ahead = AheadLocked(q.priority);
   if (ahead == 0) return absl::OkStatus();  // nothing to wait for: try it
-  const double wait = wait_safety_ * static_cast<double>(ahead) /
-                      DrainRateLocked();
+  const double wait =
+      wait_safety_ * static_cast<double>(ahead) / DrainRateLocked();
   const double left = absl::ToDoubleSeconds(q.deadline - absl::Now());
   if (wait + run_estimate_seconds_ <= left) return absl::OkStatus();
   // Retrying helps once enough of the queue ahead has drained.
   const double excess = wait + run_estimate_seconds_ - left;
-  const absl::Duration retry = absl::Seconds(std::min(60.0, std::max(0.001, excess)));
+  const absl::Duration retry =
+      absl::Seconds(std::min(60.0, std::max(0.001, excess)));
   Reject(rejection, RejectReason::kWouldExpire, retry);
   return absl::ResourceExhaustedError(absl::StrCat(
       "queue ", PriorityClassName(q.priority), ": ", ahead,
@@ -302,8 +302,8 @@ absl::Status SchedulerImpl::CheckWaitLocked(const AdmissionQuery& q,
       " ms; retry after ~", absl::ToInt64Milliseconds(retry), " ms"));
 }
 
-absl::Status SchedulerImpl::AdmitLocked(const AdmissionQuery& q,
-                                        const Job* job, bool for_resume,
+absl::Status SchedulerImpl::AdmitLocked(const AdmissionQuery& q, const Job* job,
+                                        bool for_resume,
                                         SubmitRejection* rejection) const {
   if (draining_) {
     Reject(rejection, RejectReason::kDraining, absl::ZeroDuration());
@@ -469,10 +469,10 @@ absl::Status SchedulerImpl::CancelLocked(absl::string_view job_id, Entry* entry,
     StopRunningLocked(entry, absl::StatusCode::kCancelled);
     return absl::OkStatus();
   }
-  *done = RemoveQueuedLocked(
-      entry,
-      absl::CancelledError(absl::StrCat("job ", job_id, " cancelled while queued")),
-      absl::Now());
+  *done = RemoveQueuedLocked(entry,
+                             absl::CancelledError(absl::StrCat(
+                                 "job ", job_id, " cancelled while queued")),
+                             absl::Now());
   // The removed job may have been a head that could not be placed.
   DispatchLocked();
   return absl::OkStatus();

@@ -164,8 +164,8 @@ class SchedulerImpl : public Scheduler {
   DeadlineSet running_deadlines_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  std::array<int64_t, kNumPriorityClasses> class_bytes_ ABSL_GUARDED_BY(mu_) =
-      {0, 0};
+  std::array<int64_t, kNumPriorityClasses> class_bytes_ ABSL_GUARDED_BY(mu_) = {
+      0, 0};
   struct TenantUsage {
     int64_t jobs = 0;
     int64_t bytes = 0;

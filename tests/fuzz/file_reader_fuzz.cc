@@ -59,7 +59,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           layout.status().code() == absl::StatusCode::kInvalidArgument);
   // Touch every view while the mapping is alive.
   uint64_t sum = 0;
-  for (const Tensor* t : {&snapshot->q, &snapshot->k_pages, &snapshot->v_pages}) {
+  for (const Tensor* t :
+       {&snapshot->q, &snapshot->k_pages, &snapshot->v_pages}) {
     if (!t->present()) continue;
     for (char c : t->bytes()) sum += static_cast<unsigned char>(c);
   }

@@ -51,7 +51,8 @@ std::string StreamInput(const Snapshot& s) {
   out.push_back(static_cast<char>(h.size() >> 8));
   out += h;
   out.push_back(static_cast<char>(40));  // chunks of 41 * 61 bytes
-  for (const Tensor* t : streamed) out.append(t->bytes().data(), t->bytes().size());
+  for (const Tensor* t : streamed)
+    out.append(t->bytes().data(), t->bytes().size());
   return out;
 }
 

@@ -89,8 +89,9 @@ class ShimDisk : public SmallDisk {
     const char* preload = std::getenv("LD_PRELOAD");
     if (control == nullptr || preload == nullptr ||
         !absl::StrContains(preload, "fault_fs")) {
-      *why = "not running under the fault_fs shim (ctest sets LD_PRELOAD "
-             "and ATTNAUDIT_FAULT_FILE for the Shim variant)";
+      *why =
+          "not running under the fault_fs shim (ctest sets LD_PRELOAD "
+          "and ATTNAUDIT_FAULT_FILE for the Shim variant)";
       return nullptr;
     }
     return std::unique_ptr<ShimDisk>(
@@ -145,7 +146,8 @@ TEST_P(DiskFaultsTest, ResultsThatCannotBeStoredAreStoredWhenSpaceReturns) {
   ASSERT_NE(t, nullptr);
   std::vector<std::string> ids;
   for (int tag = 1; tag <= 3; ++tag) {
-    absl::StatusOr<v1::SubmitResponse> r = t->client->Submit(SmallSnapshot(tag));
+    absl::StatusOr<v1::SubmitResponse> r =
+        t->client->Submit(SmallSnapshot(tag));
     ASSERT_TRUE(r.ok()) << r.status();
     ids.push_back(r->job_id());
   }
@@ -179,7 +181,8 @@ TEST_P(DiskFaultsTest, ResultsThatCannotBeStoredAreStoredWhenSpaceReturns) {
   EXPECT_EQ(svc->durable()->pending(), 0);
   EXPECT_EQ(CountFiles(t->data_dir + "/spool", ".job"), 0);
   // New work is accepted again.
-  absl::StatusOr<v1::SubmitResponse> again = t->client->Submit(SmallSnapshot(10));
+  absl::StatusOr<v1::SubmitResponse> again =
+      t->client->Submit(SmallSnapshot(10));
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(WaitFinished(t->client.get(), again->job_id()).state(),
             v1::JOB_STATE_DONE);
@@ -207,8 +210,8 @@ TEST_P(DiskFaultsTest, AFullOrReadOnlyDataDirAtStartIsOneLineNamingTheFlag) {
       << s.status();
   EXPECT_FALSE(absl::StrContains(s.status().message(), "\n"));
   disk_->Heal();
-  EXPECT_TRUE(server::AuditServer::Start(TestOptions(disk_->dir() + "/data"))
-                  .ok());
+  EXPECT_TRUE(
+      server::AuditServer::Start(TestOptions(disk_->dir() + "/data")).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Disk, DiskFaultsTest, ::testing::Values(true, false),

@@ -88,18 +88,21 @@ class HostileInputTest : public ::testing::Test {
 
 TEST_F(HostileInputTest, UndecodableBytesAreInvalidArgumentOnEveryRpc) {
   // Wire type 7 does not exist.
-  for (const char* m : {"Audit", "Submit", "GetResult", "Cancel",
-                        "GetCapabilities"}) {
+  for (const char* m :
+       {"Audit", "Submit", "GetResult", "Cancel", "GetCapabilities"}) {
     ExpectUndecodable(RawUnaryCall(t_->channel, Method(m), "\x0f"),
                       "request: cannot decode: invalid wire type 7");
   }
-  ExpectUndecodable(RawStreamCall(t_->channel, Method("WatchResults"), {"\x0f"}),
-                    "request: cannot decode");
+  ExpectUndecodable(
+      RawStreamCall(t_->channel, Method("WatchResults"), {"\x0f"}),
+      "request: cannot decode");
   ExpectUndecodable(RawStreamCall(t_->channel, Method("AuditStream"), {"\x0f"}),
                     "request: cannot decode");
   // A job id that is not UTF-8.
   ExpectUndecodable(
-      RawUnaryCall(t_->channel, Method("GetResult"), "\x0a\x03" "ab\xff"),
+      RawUnaryCall(t_->channel, Method("GetResult"),
+                   "\x0a\x03"
+                   "ab\xff"),
       "job_id: cannot decode: a string field that is not valid UTF-8");
   // A Submit cut off in the middle of its snapshot.
   v1::SubmitRequest submit;
@@ -142,9 +145,9 @@ TEST_F(HostileInputTest, MutatedRequestsGetDocumentedCodesAndLeaveItHealthy) {
       {"Cancel", cancel.SerializeAsString()},
       {"GetCapabilities", ""}};
   const std::set<grpc::StatusCode> documented = {
-      grpc::StatusCode::OK, grpc::StatusCode::INVALID_ARGUMENT,
+      grpc::StatusCode::OK,        grpc::StatusCode::INVALID_ARGUMENT,
       grpc::StatusCode::NOT_FOUND, grpc::StatusCode::RESOURCE_EXHAUSTED,
-      grpc::StatusCode::ABORTED, grpc::StatusCode::FAILED_PRECONDITION};
+      grpc::StatusCode::ABORTED,   grpc::StatusCode::FAILED_PRECONDITION};
   std::mt19937 rng(2024);
   int undecodable = 0;
   const int kRequests = 1000;
@@ -159,7 +162,8 @@ TEST_F(HostileInputTest, MutatedRequestsGetDocumentedCodesAndLeaveItHealthy) {
         bytes[rng() % bytes.size()] = static_cast<char>(rng());
       }
     }
-    const grpc::Status s = RawUnaryCall(t_->channel, Method(method.c_str()), bytes);
+    const grpc::Status s =
+        RawUnaryCall(t_->channel, Method(method.c_str()), bytes);
     EXPECT_TRUE(documented.count(s.error_code()))
         << method << ": " << s.error_code() << " " << s.error_message();
     EXPECT_NE(s.error_code(), grpc::StatusCode::UNIMPLEMENTED);
@@ -180,7 +184,7 @@ TEST(HostileLabelsTest, LabelsAreBoundedBeforeReportsStoreAndMetrics) {
   auto t = StartServer(std::move(o));
   ASSERT_NE(t, nullptr);
   Snapshot s = SmallSnapshot(1);
-  s.labels.model = std::string(1 << 20, 'm');  // 1 MiB
+  s.labels.model = std::string(1 << 20, 'm');         // 1 MiB
   s.labels.engine = "vllm \"quoted\"\n\x01\xc3\xa9";  // UTF-8, not ASCII
   absl::StatusOr<AuditReport> report = t->client->Audit(s);
   ASSERT_TRUE(report.ok()) << report.status();
@@ -220,10 +224,15 @@ TEST(HostileLabelsTest, LabelsAreBoundedBeforeReportsStoreAndMetrics) {
   filter.set_model(s.labels.model);
   std::vector<std::string> seen;
   std::thread watch([&] {
-    t->client->Watch(filter, [&](const v1::JobResult& jr) {
-      seen.push_back(jr.job_id());
-      return false;
-    }, kWait).IgnoreError();
+    t->client
+        ->Watch(
+            filter,
+            [&](const v1::JobResult& jr) {
+              seen.push_back(jr.job_id());
+              return false;
+            },
+            kWait)
+        .IgnoreError();
   });
   ASSERT_TRUE(WaitFor(
       [&] { return t->server->service()->watch_hub()->watchers() == 1; }));

@@ -116,7 +116,8 @@ class TenantsRpcTest : public ::testing::Test {
                             int64_t tag) {
     client::SubmitOptions so;
     so.idempotency_key = key;
-    absl::StatusOr<v1::SubmitResponse> r = C(who)->Submit(SmallSnapshot(tag), so);
+    absl::StatusOr<v1::SubmitResponse> r =
+        C(who)->Submit(SmallSnapshot(tag), so);
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return "";
     EXPECT_EQ(WaitFinished(C(who), r->job_id()).state(), v1::JOB_STATE_DONE);
@@ -212,8 +213,9 @@ TEST_F(TenantsRpcTest, EveryRpcByOwnOtherTenantAndPermission) {
   // WatchResults needs `read`.
   const absl::Status denied =
       C("tok-a-audit")
-          ->Watch(v1::ResultFilter(), [](const v1::JobResult&) { return false; },
-                  absl::Seconds(10));
+          ->Watch(
+              v1::ResultFilter(), [](const v1::JobResult&) { return false; },
+              absl::Seconds(10));
   Record("WatchResults", "tok-a-audit", "-", StatusCode::PERMISSION_DENIED,
          Code(denied));
 }
@@ -221,7 +223,8 @@ TEST_F(TenantsRpcTest, EveryRpcByOwnOtherTenantAndPermission) {
 TEST_F(TenantsRpcTest, AnotherTenantsJobLooksExactlyLikeAnUnknownOne) {
   const std::string ja = SubmitAndWait("tok-a", "", 1);
   // Same length and alphabet as a real id, never issued.
-  const std::string unknown = std::string("s") + std::string(ja.size() - 1, '7');
+  const std::string unknown =
+      std::string("s") + std::string(ja.size() - 1, '7');
   for (const bool cancel : {false, true}) {
     const absl::Status other = cancel ? C("tok-b")->Cancel(ja).status()
                                       : C("tok-b")->GetResult(ja).status();
@@ -247,8 +250,7 @@ TEST_F(TenantsRpcTest, IdempotencyKeysAreScopedPerTenant) {
   EXPECT_NE(a1->job_id(), b1->job_id());
   EXPECT_TRUE(a2->deduplicated());
   EXPECT_EQ(a2->job_id(), a1->job_id());
-  EXPECT_EQ(WaitFinished(C("tok-b"), b1->job_id()).state(),
-            v1::JOB_STATE_DONE);
+  EXPECT_EQ(WaitFinished(C("tok-b"), b1->job_id()).state(), v1::JOB_STATE_DONE);
   // b cannot reach a's job through a's key: the id is b's own.
   EXPECT_EQ(C("tok-b")->GetResult(a1->job_id()).status().code(),
             absl::StatusCode::kNotFound);
@@ -314,8 +316,8 @@ bool MakeCertificates(const std::string& dir) {
       "-CAcreateserial -days 2 -extfile $who.ext -out $who.pem; done");
   const std::string file = dir + "/make_certs.sh";
   std::ofstream(file) << script << "\n";
-  return std::system(absl::StrCat("bash '", file, "' >/dev/null 2>&1").c_str()) ==
-         0;
+  return std::system(
+             absl::StrCat("bash '", file, "' >/dev/null 2>&1").c_str()) == 0;
 }
 
 TEST(TenantsMtlsTest, TheClientCertificateStandsForTheTenant) {

@@ -109,10 +109,11 @@ std::unique_ptr<client::Client> Connect(const ServerProcess& server) {
 
 TEST(CrashCyclesTest, SigkillUnderLoadLosesAndDuplicatesNothing) {
   const std::string dir = ::testing::TempDir() + "/attnaudit_crash_cycles";
-  std::system(absl::StrCat("rm -rf '", dir, "' && mkdir -p '", dir, "'").c_str());
-  const std::vector<std::string> flags = {
-      "--data-dir", dir + "/data", "--cpu-workers", "1", "--threads-per-job",
-      "1"};
+  std::system(
+      absl::StrCat("rm -rf '", dir, "' && mkdir -p '", dir, "'").c_str());
+  const std::vector<std::string> flags = {"--data-dir",        dir + "/data",
+                                          "--cpu-workers",     "1",
+                                          "--threads-per-job", "1"};
   std::vector<Snapshot> snapshots;
   for (int i = 0; i < 4; ++i) snapshots.push_back(Small(i));
   Ledger ledger;
@@ -199,7 +200,8 @@ TEST(CrashCyclesTest, SigkillUnderLoadLosesAndDuplicatesNothing) {
   }
   int lost = 0;
   for (const std::string& id : ids) lost += stored.count(id) == 0;
-  const int extra = static_cast<int>(stored.size()) - static_cast<int>(ids.size()) + lost;
+  const int extra =
+      static_cast<int>(stored.size()) - static_cast<int>(ids.size()) + lost;
   std::printf(
       "\ncrash cycles: %d SIGKILLs under load, %ld Submit answers for %zu "
       "acknowledged jobs (%zu keys), stored %zu rows, %d DONE, lost %d, "

@@ -58,8 +58,8 @@ constexpr int kSampledThreads = 96;
 double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1,
-                            static_cast<size_t>(p * static_cast<double>(v.size())));
+  const size_t i = std::min(
+      v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())));
   return v[i];
 }
 
@@ -156,7 +156,8 @@ class Load {
       client::CallOptions call;
       call.timeout = kSampledDeadline;
       const absl::Time t0 = absl::Now();
-      absl::StatusOr<v1::AuditResponse> r = client_->AuditUnary(*sampled_, call);
+      absl::StatusOr<v1::AuditResponse> r =
+          client_->AuditUnary(*sampled_, call);
       sampled.Record(r.status(), absl::Now() - t0);
     }
   }
@@ -185,11 +186,12 @@ std::string Mib(int64_t bytes) {
 
 TEST(OverloadTest, InteractiveStaysFastNothingExpiresMemoryComesBack) {
   const std::string dir = ::testing::TempDir() + "/attnaudit_overload";
-  std::system(absl::StrCat("rm -rf '", dir, "' && mkdir -p '", dir, "'").c_str());
+  std::system(
+      absl::StrCat("rm -rf '", dir, "' && mkdir -p '", dir, "'").c_str());
   absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
       {"--data-dir", dir + "/data", "--cpu-workers", "1", "--threads-per-job",
-       "1", "--memory-budget-bytes", absl::StrCat(kBudget),
-       "--queue-sampled", "256", "--log-level",
+       "1", "--memory-budget-bytes", absl::StrCat(kBudget), "--queue-sampled",
+       "256", "--log-level",
        std::getenv("ATTNAUDIT_OVERLOAD_DEBUG") != nullptr ? "debug" : "info"},
       dir + "/server.log");
   ASSERT_TRUE(server.ok()) << server.status();
@@ -230,7 +232,8 @@ TEST(OverloadTest, InteractiveStaysFastNothingExpiresMemoryComesBack) {
   // 3. Idle: memory back within 20% of the pre-burst size, within 60 s.
   const absl::Time idle0 = absl::Now();
   int64_t rss_after = (*server)->RssBytes();
-  while (rss_after > 1.2 * rss_before && absl::Now() - idle0 < absl::Seconds(60)) {
+  while (rss_after > 1.2 * rss_before &&
+         absl::Now() - idle0 < absl::Seconds(60)) {
     absl::SleepFor(absl::Milliseconds(250));
     rss_after = (*server)->RssBytes();
   }
@@ -241,10 +244,12 @@ TEST(OverloadTest, InteractiveStaysFastNothingExpiresMemoryComesBack) {
   unloaded_run(&unloaded_after);
 
   auto delta = [&](const char* name, const std::string& labels) {
-    return MetricValue(*after, name, labels) - MetricValue(*before, name, labels);
+    return MetricValue(*after, name, labels) -
+           MetricValue(*before, name, labels);
   };
-  const double expired = delta("attnaudit_jobs_completed_total",
-                               "class=\"sampled\",outcome=\"deadline_exceeded\"");
+  const double expired =
+      delta("attnaudit_jobs_completed_total",
+            "class=\"sampled\",outcome=\"deadline_exceeded\"");
   const double seconds = absl::ToDoubleSeconds(kBurst);
   const double u_p50 = std::max(Percentile(unloaded.latencies_ms, 0.5),
                                 Percentile(unloaded_after.latencies_ms, 0.5));
@@ -257,9 +262,12 @@ TEST(OverloadTest, InteractiveStaysFastNothingExpiresMemoryComesBack) {
   const double s_p50 = Percentile(load.sampled.latencies_ms, 0.5);
   const double s_p99 = Percentile(load.sampled.latencies_ms, 0.99);
 
-  std::printf("\noverload run: capacity %.1f audits/s (1 worker), burst %.0f s\n",
-              capacity, seconds);
-  std::printf("| class | offered/s | accepted/s | p50 ms | p99 ms | unloaded p50/p99 ms |\n");
+  std::printf(
+      "\noverload run: capacity %.1f audits/s (1 worker), burst %.0f s\n",
+      capacity, seconds);
+  std::printf(
+      "| class | offered/s | accepted/s | p50 ms | p99 ms | unloaded p50/p99 "
+      "ms |\n");
   std::printf("|---|---|---|---|---|---|\n");
   std::printf("| INTERACTIVE | %.1f | %.1f | %.1f | %.1f | %.1f / %.1f |\n",
               load.interactive.offered / seconds,
@@ -268,7 +276,8 @@ TEST(OverloadTest, InteractiveStaysFastNothingExpiresMemoryComesBack) {
               load.sampled.offered / seconds, load.sampled.accepted / seconds,
               s_p50, s_p99);
   std::printf("SAMPLED answers:");
-  for (const auto& [code, n] : load.sampled.codes) std::printf(" %s %ld", code.c_str(), static_cast<long>(n));
+  for (const auto& [code, n] : load.sampled.codes)
+    std::printf(" %s %ld", code.c_str(), static_cast<long>(n));
   std::printf("\nrejections by reason:");
   for (const char* r : {"queue_full", "memory_budget", "would_expire",
                         "tenant_quota", "too_large", "deadline"}) {

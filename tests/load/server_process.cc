@@ -30,8 +30,7 @@ int PortIn(const std::string& log, const std::string& what) {
   if (at == std::string::npos) return 0;
   int port = 0;
   const std::string rest = log.substr(at + key.size(), 6);
-  absl::SimpleAtoi(rest.substr(0, rest.find_first_not_of("0123456789")),
-                   &port);
+  absl::SimpleAtoi(rest.substr(0, rest.find_first_not_of("0123456789")), &port);
   return port;
 }
 
@@ -53,8 +52,8 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   }
   std::unique_ptr<ServerProcess> p(new ServerProcess());
   p->log_path_ = log_path;
-  flags.insert(flags.begin(), {"--listen", "127.0.0.1:0", "--metrics-listen",
-                               "127.0.0.1:0"});
+  flags.insert(flags.begin(),
+               {"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"});
   std::vector<std::string> args = {bin};
   args.insert(args.end(), flags.begin(), flags.end());
   const pid_t pid = ::fork();
@@ -127,8 +126,7 @@ int ServerProcess::Wait(absl::Duration timeout) {
     const pid_t r = ::waitpid(pid_, &status, WNOHANG);
     if (r == pid_) {
       reaped_ = true;
-      return WIFEXITED(status) ? WEXITSTATUS(status)
-                               : 128 + WTERMSIG(status);
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     }
     if (absl::Now() > until) return -1;
     absl::SleepFor(absl::Milliseconds(10));
@@ -137,7 +135,7 @@ int ServerProcess::Wait(absl::Duration timeout) {
 }
 
 absl::StatusOr<std::string> ServerProcess::Scrape(const std::string& token,
-                                                 bool with_head) const {
+                                                  bool with_head) const {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError("socket");
   sockaddr_in a;
@@ -151,7 +149,8 @@ absl::StatusOr<std::string> ServerProcess::Scrape(const std::string& token,
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
     const std::string request = absl::StrCat(
         "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n",
-        token.empty() ? "" : absl::StrCat("Authorization: Bearer ", token, "\r\n"),
+        token.empty() ? ""
+                      : absl::StrCat("Authorization: Bearer ", token, "\r\n"),
         "\r\n");
     if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
         static_cast<ssize_t>(request.size())) {
@@ -172,8 +171,9 @@ std::string ServerProcess::Log() const { return ReadFile(log_path_); }
 
 double MetricValue(const std::string& scrape, const std::string& name,
                    const std::string& labels) {
-  const std::string key =
-      labels.empty() ? absl::StrCat(name, " ") : absl::StrCat(name, "{", labels, "} ");
+  const std::string key = labels.empty()
+                              ? absl::StrCat(name, " ")
+                              : absl::StrCat(name, "{", labels, "} ");
   std::istringstream in(scrape);
   std::string line;
   while (std::getline(in, line)) {

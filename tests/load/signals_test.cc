@@ -44,7 +44,8 @@ bool LogShows(const ServerProcess& server, const std::string& text, int times) {
 
 TEST(SignalsTest, SighupReloadsTokensAndTheMetricsTokenGuardsScrapes) {
   const std::string dir = ::testing::TempDir() + "/attnaudit_signals";
-  std::system(absl::StrCat("rm -rf '", dir, "' && mkdir -p '", dir, "'").c_str());
+  std::system(
+      absl::StrCat("rm -rf '", dir, "' && mkdir -p '", dir, "'").c_str());
   std::ofstream(dir + "/tokens") << "token:old fleet-a audit,read\n";
   std::ofstream(dir + "/metrics.token") << "scrape-token\n";
   auto server = ServerProcess::Start(

@@ -46,9 +46,8 @@ int Fault(char* dir, size_t n) {
   if (now >= next_check_ns) {
     next_check_ns = now + 2000000;
     fault_errno = 0;
-    static auto* real_read =
-        reinterpret_cast<ssize_t (*)(int, void*, size_t)>(
-            dlsym(RTLD_NEXT, "read"));
+    static auto* real_read = reinterpret_cast<ssize_t (*)(int, void*, size_t)>(
+        dlsym(RTLD_NEXT, "read"));
     static auto* real_open = reinterpret_cast<int (*)(const char*, int, ...)>(
         dlsym(RTLD_NEXT, "open"));
     const int fd = real_open(file, O_RDONLY | O_CLOEXEC);
@@ -112,8 +111,8 @@ int OpenFault(const char* path, int flags) {
 
 }  // namespace
 
-#define REAL(name)                                 \
-  static auto* real_##name =                       \
+#define REAL(name)           \
+  static auto* real_##name = \
       reinterpret_cast<decltype(&name)>(dlsym(RTLD_NEXT, #name))
 
 extern "C" {
@@ -121,35 +120,50 @@ extern "C" {
 ssize_t write(int fd, const void* buf, size_t count) {
   REAL(write);
   const int e = FdFault(fd);
-  if (e != 0) { errno = e; return -1; }
+  if (e != 0) {
+    errno = e;
+    return -1;
+  }
   return real_write(fd, buf, count);
 }
 
 ssize_t pwrite(int fd, const void* buf, size_t count, off_t offset) {
   REAL(pwrite);
   const int e = FdFault(fd);
-  if (e != 0) { errno = e; return -1; }
+  if (e != 0) {
+    errno = e;
+    return -1;
+  }
   return real_pwrite(fd, buf, count, offset);
 }
 
 ssize_t pwrite64(int fd, const void* buf, size_t count, off64_t offset) {
   REAL(pwrite64);
   const int e = FdFault(fd);
-  if (e != 0) { errno = e; return -1; }
+  if (e != 0) {
+    errno = e;
+    return -1;
+  }
   return real_pwrite64(fd, buf, count, offset);
 }
 
 ssize_t writev(int fd, const struct iovec* iov, int iovcnt) {
   REAL(writev);
   const int e = FdFault(fd);
-  if (e != 0) { errno = e; return -1; }
+  if (e != 0) {
+    errno = e;
+    return -1;
+  }
   return real_writev(fd, iov, iovcnt);
 }
 
 int fallocate(int fd, int mode, off_t offset, off_t len) {
   REAL(fallocate);
   const int e = FdFault(fd);
-  if (e != 0) { errno = e; return -1; }
+  if (e != 0) {
+    errno = e;
+    return -1;
+  }
   return real_fallocate(fd, mode, offset, len);
 }
 
@@ -170,7 +184,10 @@ int open(const char* path, int flags, ...) {
     va_end(ap);
   }
   const int e = OpenFault(path, flags);
-  if (e != 0) { errno = e; return -1; }
+  if (e != 0) {
+    errno = e;
+    return -1;
+  }
   return real_open(path, flags, mode);
 }
 
@@ -184,7 +201,10 @@ int open64(const char* path, int flags, ...) {
     va_end(ap);
   }
   const int e = OpenFault(path, flags);
-  if (e != 0) { errno = e; return -1; }
+  if (e != 0) {
+    errno = e;
+    return -1;
+  }
   return real_open64(path, flags, mode);
 }
 
@@ -198,7 +218,10 @@ int openat(int dirfd, const char* path, int flags, ...) {
     va_end(ap);
   }
   const int e = dirfd == AT_FDCWD ? OpenFault(path, flags) : 0;
-  if (e != 0) { errno = e; return -1; }
+  if (e != 0) {
+    errno = e;
+    return -1;
+  }
   return real_openat(dirfd, path, flags, mode);
 }
 

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "core/tensor/dtype.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
-#include "core/tensor/dtype.h"
 #include "gtest/gtest.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/tensor_paths.h"
@@ -101,9 +101,9 @@ TEST_F(SnapshotFileTest, TensorsAreAlignedViewsOfTheMappedFile) {
   for (absl::string_view p : SnapshotTensorPaths()) {
     const Tensor* t = FindSnapshotTensor(*read, p);
     if (!t->present() || t->bytes().empty()) continue;
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(t->bytes().data()) %
-                  DTypeSize(t->dtype()),
-              0u)
+    EXPECT_EQ(
+        reinterpret_cast<uintptr_t>(t->bytes().data()) % DTypeSize(t->dtype()),
+        0u)
         << p;
     if (t->is_view()) {
       ++views;

@@ -46,7 +46,7 @@ TEST(WireCheckTest, CutOffTensorIsNamedAtTheDeepestField) {
   const absl::Status s = Describe(bytes.substr(0, 100));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Msg(s), StartsWith("snapshot.q.data: cannot decode: the "
-                                      "field declares 256 bytes but"));
+                                 "field declares 256 bytes but"));
   EXPECT_THAT(Msg(s), HasSubstr("of the attnaudit.v1.SubmitRequest"));
 }
 
@@ -57,9 +57,8 @@ TEST(WireCheckTest, InvalidUtf8InAStringFieldIsNamed) {
   bytes[3] = '\xff';
   v1::GetResultRequest probe;
   ASSERT_FALSE(probe.ParseFromString(bytes));
-  const absl::Status s =
-      DescribeParseFailure(*v1::GetResultRequest::descriptor(), bytes,
-                           "request");
+  const absl::Status s = DescribeParseFailure(
+      *v1::GetResultRequest::descriptor(), bytes, "request");
   EXPECT_THAT(Msg(s),
               StartsWith("job_id: cannot decode: a string field that is not "
                          "valid UTF-8 (byte 0"));

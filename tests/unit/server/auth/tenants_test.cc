@@ -42,7 +42,8 @@ TEST(TenantTableTest, ParsesPrincipalsPermissionsAndQuotas) {
   absl::StatusOr<TenantTable> t = TenantTable::Parse(
       "# comment\n"
       "\n"
-      "token:aaa   fleet-a  audit,submit,read,cancel  max_jobs=3 max_bytes=2MiB\n"
+      "token:aaa   fleet-a  audit,submit,read,cancel  max_jobs=3 "
+      "max_bytes=2MiB\n"
       "token:bbb\tfleet-a\tread\n"
       "token:ops   ops      admin\n"
       "cert:b.example  fleet-b  submit,read_all\n",

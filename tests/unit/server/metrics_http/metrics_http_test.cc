@@ -56,9 +56,10 @@ std::string Http(int port, const std::string& request) {
 }
 
 std::string Get(int port, const std::string& path, const std::string& auth) {
-  return Http(port, absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: x\r\n",
-                                 auth.empty() ? "" : "Authorization: " + auth + "\r\n",
-                                 "\r\n"));
+  return Http(
+      port, absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: x\r\n",
+                         auth.empty() ? "" : "Authorization: " + auth + "\r\n",
+                         "\r\n"));
 }
 
 TEST(MetricsHttpTest, TheTokenGuardsMetricsAndNothingElseIsServed) {
@@ -87,8 +88,8 @@ TEST(MetricsHttpTest, TheTokenGuardsMetricsAndNothingElseIsServed) {
   EXPECT_TRUE(absl::StrContains(ok, "text/plain; version=0.0.4"));
   EXPECT_TRUE(absl::StartsWith(Get(port, "/other", "Bearer scrape-s3cret"),
                                "HTTP/1.1 404"));
-  EXPECT_TRUE(absl::StartsWith(
-      Http(port, "POST /metrics HTTP/1.1\r\n\r\n"), "HTTP/1.1 405"));
+  EXPECT_TRUE(absl::StartsWith(Http(port, "POST /metrics HTTP/1.1\r\n\r\n"),
+                               "HTTP/1.1 405"));
   EXPECT_TRUE(absl::StartsWith(Http(port, "garbage\r\n\r\n"), "HTTP/1.1 400"));
   // A head that never ends is cut off at 8 KiB, not buffered forever.
   EXPECT_TRUE(absl::StartsWith(
@@ -108,9 +109,10 @@ TEST(MetricsHttpTest, ServesOverTlsWithTheGivenCertificate) {
       "openssl x509 -req -in s.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
       "-days 2 -extfile s.ext -out s.pem");
   std::ofstream(dir + "/certs.sh") << script << "\n";
-  ASSERT_EQ(std::system(absl::StrCat("bash '", dir, "/certs.sh' >/dev/null 2>&1")
-                            .c_str()),
-            0);
+  ASSERT_EQ(
+      std::system(
+          absl::StrCat("bash '", dir, "/certs.sh' >/dev/null 2>&1").c_str()),
+      0);
   MetricsHttpOptions o;
   o.listen_address = "127.0.0.1:0";
   o.tls_cert_file = dir + "/s.pem";
@@ -121,9 +123,9 @@ TEST(MetricsHttpTest, ServesOverTlsWithTheGivenCertificate) {
 
   // A client that verifies the server against the CA.
   SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
-  ASSERT_EQ(SSL_CTX_load_verify_locations(ctx, (dir + "/ca.pem").c_str(),
-                                          nullptr),
-            1);
+  ASSERT_EQ(
+      SSL_CTX_load_verify_locations(ctx, (dir + "/ca.pem").c_str(), nullptr),
+      1);
   SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
   const int fd = Connect((*server)->port());
   ASSERT_GE(fd, 0);
@@ -145,8 +147,8 @@ TEST(MetricsHttpTest, ServesOverTlsWithTheGivenCertificate) {
   EXPECT_TRUE(absl::StartsWith(out, "HTTP/1.1 200")) << out;
   EXPECT_TRUE(absl::EndsWith(out, "up 1\n"));
   // Plain HTTP to the TLS port gets nothing useful.
-  EXPECT_FALSE(absl::StartsWith(Get((*server)->port(), "/metrics", ""),
-                                "HTTP/1.1 200"));
+  EXPECT_FALSE(
+      absl::StartsWith(Get((*server)->port(), "/metrics", ""), "HTTP/1.1 200"));
 }
 
 TEST(MetricsHttpTest, BadOptionsNameTheirFlag) {

@@ -4,7 +4,6 @@
 
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-
 #include <sys/stat.h>
 
 #include <bitset>

@@ -21,7 +21,9 @@ TEST(LabelBoundsTest, ShortPlainValuesPassUnchanged) {
 }
 
 TEST(LabelBoundsTest, OtherCharactersBecomeUnderscores) {
-  std::string v = "a\"b\\c\nd\x01" "e\xc3\xa9{f}";
+  std::string v =
+      "a\"b\\c\nd\x01"
+      "e\xc3\xa9{f}";
   EXPECT_FALSE(BoundLabelValue(&v));
   EXPECT_EQ(v, "a_b_c_d_e___f_");
 }

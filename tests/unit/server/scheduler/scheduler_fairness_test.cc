@@ -91,9 +91,11 @@ TEST(SchedulerFairnessTest, TenantQuotaCapsJobsAndBytesInFlight) {
   Recorder rec;
   const TenantQuota quota{/*max_jobs=*/2, /*max_bytes=*/100};
   // Running jobs count too: "a1" holds the device.
-  ASSERT_TRUE(scheduler->Submit(TenantJob("a1", kS, &rec, "a", 10, quota)).ok());
+  ASSERT_TRUE(
+      scheduler->Submit(TenantJob("a1", kS, &rec, "a", 10, quota)).ok());
   gate.WaitStarted(1);
-  ASSERT_TRUE(scheduler->Submit(TenantJob("a2", kS, &rec, "a", 10, quota)).ok());
+  ASSERT_TRUE(
+      scheduler->Submit(TenantJob("a2", kS, &rec, "a", 10, quota)).ok());
   SubmitRejection why;
   absl::Status s =
       scheduler->Submit(TenantJob("a3", kS, &rec, "a", 10, quota), &why);
@@ -102,7 +104,8 @@ TEST(SchedulerFairnessTest, TenantQuotaCapsJobsAndBytesInFlight) {
   EXPECT_GT(why.retry_after, absl::ZeroDuration());
   EXPECT_THAT(s.message(), HasSubstr("2 of 2 jobs"));
   // Another tenant is not affected by a's quota.
-  ASSERT_TRUE(scheduler->Submit(TenantJob("b1", kS, &rec, "b", 10, quota)).ok());
+  ASSERT_TRUE(
+      scheduler->Submit(TenantJob("b1", kS, &rec, "b", 10, quota)).ok());
   // Bytes: b holds 10; 91 more would pass 100.
   s = scheduler->Submit(TenantJob("b2", kS, &rec, "b", 91, quota), &why);
   EXPECT_EQ(why.reason, RejectReason::kTenantQuota);
@@ -112,7 +115,8 @@ TEST(SchedulerFairnessTest, TenantQuotaCapsJobsAndBytesInFlight) {
 
   gate.Release(1);  // a1 finishes: a has room again
   EXPECT_TRUE(rec.Wait("a1").status.ok());
-  EXPECT_TRUE(scheduler->Submit(TenantJob("a3", kS, &rec, "a", 10, quota)).ok());
+  EXPECT_TRUE(
+      scheduler->Submit(TenantJob("a3", kS, &rec, "a", 10, quota)).ok());
   gate.Open();
   for (const char* id : {"a2", "a3", "b1"}) {
     EXPECT_TRUE(rec.Wait(id).status.ok()) << id;
@@ -223,7 +227,8 @@ TEST(SchedulerFairnessTest, DrainRateIsMeasuredFromSaturatedDispatches) {
   ASSERT_TRUE(scheduler->Submit(MakeJob("j0", kS, &rec)).ok());
   gate.WaitStarted(1);
   for (int i = 1; i < 8; ++i) {
-    ASSERT_TRUE(scheduler->Submit(MakeJob(absl::StrCat("j", i), kS, &rec)).ok());
+    ASSERT_TRUE(
+        scheduler->Submit(MakeJob(absl::StrCat("j", i), kS, &rec)).ok());
   }
   // Each release frees the device for a job that was waiting for it.
   for (int i = 0; i < 8; ++i) {
@@ -234,7 +239,8 @@ TEST(SchedulerFairnessTest, DrainRateIsMeasuredFromSaturatedDispatches) {
   // A full queue's hint follows the measured rate (bounded, positive).
   // k0 takes the idle device, k1..k8 fill the queue.
   for (int i = 0; i < 9; ++i) {
-    ASSERT_TRUE(scheduler->Submit(MakeJob(absl::StrCat("k", i), kS, &rec)).ok());
+    ASSERT_TRUE(
+        scheduler->Submit(MakeJob(absl::StrCat("k", i), kS, &rec)).ok());
   }
   SubmitRejection why;
   ASSERT_FALSE(scheduler->Submit(MakeJob("over", kS, &rec), &why).ok());

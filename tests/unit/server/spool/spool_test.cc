@@ -2,7 +2,6 @@
 // .job files), id validation, quotas, and CRC-32C against published vectors
 // and a bitwise reference.
 #include "server/spool/spool.h"
-#include "server/spool/spool_format.h"
 
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -17,6 +16,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/spool/spool_format.h"
 
 namespace attnaudit::server {
 namespace {
@@ -353,10 +353,10 @@ TEST(SpoolFormatTest, EntriesFromBeforeTenantsReadAsTheDefaultTenant) {
   SpoolMetadata bad;
   EXPECT_EQ(spool_internal::DecodeMetadata(meta + "x", &bad).code(),
             absl::StatusCode::kDataLoss);
-  EXPECT_EQ(spool_internal::DecodeMetadata(meta.substr(0, meta.size() - 1),
-                                           &bad)
-                .code(),
-            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(
+      spool_internal::DecodeMetadata(meta.substr(0, meta.size() - 1), &bad)
+          .code(),
+      absl::StatusCode::kDataLoss);
 }
 
 }  // namespace
