@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
 
 namespace attnaudit {
 namespace {
@@ -63,6 +64,10 @@ class Walker {
   std::string FieldPath(const std::string& path, const FieldDescriptor* f,
                         uint64_t number,
                         absl::flat_hash_map<uint64_t, int>* seen) const;
+  // A length-delimited field: its length, then its body (LengthDelimited);
+  // advances *pos past it.
+  absl::Status LengthField(const FieldDescriptor* f, const std::string& fpath,
+                           size_t at, size_t* pos, size_t end, int depth);
   absl::Status LengthDelimited(const FieldDescriptor* f,
                                const std::string& fpath, size_t at, size_t body,
                                size_t len, int depth);
@@ -148,6 +153,33 @@ absl::Status Walker::LengthDelimited(const FieldDescriptor* f,
   return absl::OkStatus();
 }
 
+absl::Status Walker::LengthField(const FieldDescriptor* f,
+                                 const std::string& fpath, size_t at,
+                                 size_t* pos, size_t end, int depth) {
+  uint64_t v = 0;
+  if (!Varint(pos, end, &v)) {
+    return Fail(fpath, at, "a length cut off or longer than 10 bytes");
+  }
+  if (v > end - *pos) {
+    // Cut off: the deepest field inside that breaks is the better answer
+    // ("snapshot.q.data" rather than "snapshot").
+    if (f != nullptr && f->type() == FieldDescriptor::TYPE_MESSAGE &&
+        depth + 1 <= kMaxDepth) {
+      size_t stop = 0;
+      absl::Status inner =
+          Walk(f->message_type(), *pos, end, fpath, depth + 1, 0, &stop);
+      if (!inner.ok()) return inner;
+    }
+    return Fail(fpath, at,
+                absl::StrCat("the field declares ", v, " bytes but ",
+                             end - *pos, " remain"));
+  }
+  const size_t len = static_cast<size_t>(v);
+  ATTNAUDIT_RETURN_IF_ERROR(LengthDelimited(f, fpath, at, *pos, len, depth));
+  *pos += len;
+  return absl::OkStatus();
+}
+
 absl::Status Walker::Walk(const Descriptor* d, size_t pos, size_t end,
                           const std::string& path, int depth,
                           uint64_t end_group, size_t* stop) {
@@ -190,32 +222,12 @@ absl::Status Walker::Walk(const Descriptor* d, size_t pos, size_t end,
         pos += width;
         break;
       }
-      case 2: {
-        if (!Varint(&pos, end, &v)) {
-          return Fail(fpath, at, "a length cut off or longer than 10 bytes");
-        }
-        if (v > end - pos) {
-          // Cut off: the deepest field inside that breaks is the better
-          // answer ("snapshot.q.data" rather than "snapshot").
-          if (f != nullptr && f->type() == FieldDescriptor::TYPE_MESSAGE &&
-              depth + 1 <= kMaxDepth) {
-            size_t stop = 0;
-            absl::Status inner =
-                Walk(f->message_type(), pos, end, fpath, depth + 1, 0, &stop);
-            if (!inner.ok()) return inner;
-          }
-          return Fail(fpath, at,
-                      absl::StrCat("the field declares ", v, " bytes but ",
-                                   end - pos, " remain"));
-        }
-        const size_t len = static_cast<size_t>(v);
-        if (absl::Status s = LengthDelimited(f, fpath, at, pos, len, depth);
+      case 2:
+        if (absl::Status s = LengthField(f, fpath, at, &pos, end, depth);
             !s.ok()) {
           return s;
         }
-        pos += len;
         break;
-      }
       case 3: {  // a group: fields until the matching end-group tag
         if (depth + 1 > kMaxDepth) {
           return Fail(fpath, at, "groups nested deeper than 100 levels");

@@ -50,9 +50,11 @@ constexpr absl::Duration kBurst = absl::Seconds(12);
 constexpr absl::Duration kSampledDeadline = absl::Seconds(2);
 constexpr int64_t kBudget = int64_t{96} << 20;
 constexpr int kUnloadedCalls = 80;
-// Calls a connection may have open (--max-concurrent-streams): what the
-// server holds of requests being received, on top of the budget.
+// Calls a connection may have open (--max-concurrent-streams), and the
+// fleet's connections: the server holds at most kStreams x kFleetChannels
+// requests in receipt, on top of the budget.
 constexpr int kStreams = 16;
+constexpr int kFleetChannels = 2;
 constexpr int kSampledThreads = 96;
 
 double Percentile(std::vector<double> v, double p) {
@@ -98,11 +100,18 @@ struct ClassStats {
   }
 };
 
+// The rollout fleet (SAMPLED, kFleetChannels connections) and the person
+// auditing (INTERACTIVE) are separate clients with their own connections,
+// as in production: calls on one connection share its
+// --max-concurrent-streams.
 class Load {
  public:
-  Load(client::Client* c, const v1::AuditRequest* sampled,
-       const v1::AuditRequest* interactive)
-      : client_(c), sampled_(sampled), interactive_(interactive) {}
+  Load(std::vector<client::Client*> fleet, client::Client* person,
+       const v1::AuditRequest* sampled, const v1::AuditRequest* interactive)
+      : fleet_(std::move(fleet)),
+        person_(person),
+        sampled_(sampled),
+        interactive_(interactive) {}
 
   // Offers SAMPLED calls at `rate` per second and runs one INTERACTIVE
   // caller until `duration` passes.
@@ -110,7 +119,8 @@ class Load {
     const absl::Time end = absl::Now() + duration;
     std::vector<std::thread> threads;
     for (int i = 0; i < kSampledThreads; ++i) {
-      threads.emplace_back([this] { SampledWorker(); });
+      client::Client* c = fleet_[i % fleet_.size()];
+      threads.emplace_back([this, c] { SampledWorker(c); });
     }
     threads.emplace_back([this, end] { InteractiveCaller(end); });
     // Open loop: a ticket every 1/rate seconds; a ticket no worker is free
@@ -138,7 +148,7 @@ class Load {
   ClassStats interactive;
 
  private:
-  void SampledWorker() {
+  void SampledWorker(client::Client* fleet) {
     while (true) {
       {
         absl::MutexLock lock(&mu_);
@@ -156,8 +166,7 @@ class Load {
       client::CallOptions call;
       call.timeout = kSampledDeadline;
       const absl::Time t0 = absl::Now();
-      absl::StatusOr<v1::AuditResponse> r =
-          client_->AuditUnary(*sampled_, call);
+      absl::StatusOr<v1::AuditResponse> r = fleet->AuditUnary(*sampled_, call);
       sampled.Record(r.status(), absl::Now() - t0);
     }
   }
@@ -165,13 +174,14 @@ class Load {
   void InteractiveCaller(absl::Time end) {
     while (absl::Now() < end) {
       const absl::Time t0 = absl::Now();
-      absl::StatusOr<v1::AuditResponse> r = client_->AuditUnary(*interactive_);
+      absl::StatusOr<v1::AuditResponse> r = person_->AuditUnary(*interactive_);
       interactive.Record(r.status(), absl::Now() - t0);
       absl::SleepFor(absl::Milliseconds(20));
     }
   }
 
-  client::Client* const client_;
+  const std::vector<client::Client*> fleet_;
+  client::Client* const person_;
   const v1::AuditRequest* const sampled_;
   const v1::AuditRequest* const interactive_;
   absl::Mutex mu_;
@@ -184,124 +194,172 @@ std::string Mib(int64_t bytes) {
   return absl::StrFormat("%.0f MiB", static_cast<double>(bytes) / 1048576.0);
 }
 
-TEST(OverloadTest, InteractiveStaysFastNothingExpiresMemoryComesBack) {
-  const std::string dir = ::testing::TempDir() + "/attnaudit_overload";
-  std::system(
-      absl::StrCat("rm -rf '", dir, "' && mkdir -p '", dir, "'").c_str());
-  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
-      {"--data-dir", dir + "/data", "--cpu-workers", "1", "--threads-per-job",
-       "1", "--memory-budget-bytes", absl::StrCat(kBudget), "--queue-sampled",
-       "256", "--log-level",
-       std::getenv("ATTNAUDIT_OVERLOAD_DEBUG") != nullptr ? "debug" : "info"},
-      dir + "/server.log");
-  ASSERT_TRUE(server.ok()) << server.status();
-  client::ClientOptions co;
-  co.address = (*server)->address();
-  co.timeout = absl::Seconds(60);
-  auto c = client::Client::Connect(co);
-  ASSERT_TRUE(c.ok());
-  const v1::AuditRequest sampled = MakeRequest(v1::PRIORITY_SAMPLED);
-  const v1::AuditRequest interactive = MakeRequest(v1::PRIORITY_INTERACTIVE);
+// The server and its client, and the steps of the run.
+class OverloadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/attnaudit_overload";
+    std::system(
+        absl::StrCat("rm -rf '", dir_, "' && mkdir -p '", dir_, "'").c_str());
+    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+        ServerProcess::Start(
+            {"--data-dir", dir_ + "/data", "--cpu-workers", "1",
+             "--threads-per-job", "1", "--memory-budget-bytes",
+             absl::StrCat(kBudget), "--queue-sampled", "256",
+             "--max-concurrent-streams", absl::StrCat(kStreams)},
+            dir_ + "/server.log");
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    client::ClientOptions co;
+    co.address = server_->address();
+    co.timeout = absl::Seconds(60);
+    auto c = client::Client::Connect(co);
+    ASSERT_TRUE(c.ok());
+    client_ = *std::move(c);
+    // Channels with equal arguments share gRPC's subchannels (one
+    // connection); a different argument gives each its own.
+    for (int i = 0; i < kFleetChannels; ++i) {
+      co.max_receive_message_bytes -= 1;
+      auto fleet = client::Client::Connect(co);
+      ASSERT_TRUE(fleet.ok());
+      fleet_.push_back(*std::move(fleet));
+    }
+    sampled_ = MakeRequest(v1::PRIORITY_SAMPLED);
+    interactive_ = MakeRequest(v1::PRIORITY_INTERACTIVE);
+  }
 
-  // 1. Unloaded.
-  ASSERT_TRUE((*c)->AuditUnary(interactive).ok());  // warm-up
-  auto unloaded_run = [&](ClassStats* stats) {
+  // INTERACTIVE audits one after another; returns audits per second.
+  double Unloaded(ClassStats* stats) {
     const absl::Time u0 = absl::Now();
     for (int i = 0; i < kUnloadedCalls; ++i) {
       const absl::Time t0 = absl::Now();
-      const absl::Status s = (*c)->AuditUnary(interactive).status();
+      const absl::Status s = client_->AuditUnary(interactive_).status();
       stats->Record(s, absl::Now() - t0);
     }
     return kUnloadedCalls / absl::ToDoubleSeconds(absl::Now() - u0);
-  };
+  }
+
+  // Waits (up to 60 s) until RSS is within 20% of `before`; the RSS then.
+  int64_t SettledRss(int64_t before, double* seconds) {
+    const absl::Time idle0 = absl::Now();
+    int64_t rss = server_->RssBytes();
+    while (rss > 1.2 * before && absl::Now() - idle0 < absl::Seconds(60)) {
+      absl::SleepFor(absl::Milliseconds(250));
+      rss = server_->RssBytes();
+    }
+    *seconds = absl::ToDoubleSeconds(absl::Now() - idle0);
+    return rss;
+  }
+
+  std::string dir_;
+  std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<client::Client> client_;              // INTERACTIVE calls
+  std::vector<std::unique_ptr<client::Client>> fleet_;  // SAMPLED calls
+  v1::AuditRequest sampled_;
+  v1::AuditRequest interactive_;
+};
+
+// What the run measured.
+struct Figures {
+  double capacity = 0;
+  double u_p50 = 0, u_p99 = 0;  // unloaded (the slower of before and after)
+  double i_p50 = 0, i_p99 = 0, s_p50 = 0, s_p99 = 0;
+  double expired = 0;
+  std::map<std::string, double> rejections;
+  int64_t rss_before = 0, rss_peak = 0, rss_after = 0, receiving = 0;
+  double settle_s = 0;
+};
+
+void Print(const Figures& f, Load& load) {
+  const double seconds = absl::ToDoubleSeconds(kBurst);
+  std::printf(
+      "\noverload run: capacity %.1f audits/s (1 worker), burst %.0f s\n"
+      "| class | offered/s | accepted/s | p50 ms | p99 ms | unloaded p50/p99 "
+      "ms |\n|---|---|---|---|---|---|\n",
+      f.capacity, seconds);
+  std::printf("| INTERACTIVE | %.1f | %.1f | %.1f | %.1f | %.1f / %.1f |\n",
+              load.interactive.offered / seconds,
+              load.interactive.accepted / seconds, f.i_p50, f.i_p99, f.u_p50,
+              f.u_p99);
+  std::printf("| SAMPLED | %.1f | %.1f | %.1f | %.1f | - |\nSAMPLED answers:",
+              load.sampled.offered / seconds, load.sampled.accepted / seconds,
+              f.s_p50, f.s_p99);
+  for (const auto& [code, n] : load.sampled.codes) {
+    std::printf(" %s %ld", code.c_str(), static_cast<long>(n));
+  }
+  std::printf("\nrejections by reason:");
+  for (const auto& [reason, n] : f.rejections) {
+    std::printf(" %s %.0f", reason.c_str(), n);
+  }
+  std::printf(
+      "\nsampled expired in queue: %.0f\nRSS: pre-burst %s, peak %s, budget "
+      "%s + receiving %s, after %.1f s idle %s\n",
+      f.expired, Mib(f.rss_before).c_str(), Mib(f.rss_peak).c_str(),
+      Mib(kBudget).c_str(), Mib(f.receiving).c_str(), f.settle_s,
+      Mib(f.rss_after).c_str());
+}
+
+TEST_F(OverloadTest, InteractiveStaysFastNothingExpiresMemoryComesBack) {
+  Figures f;
+  // 1. Unloaded. Every connection carries a call first, so that their
+  // buffers are part of the pre-burst size.
+  ASSERT_TRUE(client_->AuditUnary(interactive_).ok());
+  for (const auto& c : fleet_) ASSERT_TRUE(c->AuditUnary(sampled_).ok());
   ClassStats unloaded;
-  const double capacity = unloaded_run(&unloaded);
+  f.capacity = Unloaded(&unloaded);
   ASSERT_EQ(unloaded.accepted, kUnloadedCalls);
   absl::SleepFor(absl::Seconds(3));  // idle: the reclaimer runs
-  const int64_t rss_before = (*server)->RssBytes();
-  absl::StatusOr<std::string> before = (*server)->Scrape();
+  f.rss_before = server_->RssBytes();
+  absl::StatusOr<std::string> before = server_->Scrape();
   ASSERT_TRUE(before.ok());
 
   // 2. The burst: SAMPLED at twice the capacity.
-  Load load(c->get(), &sampled, &interactive);
-  load.Run(2 * capacity, kBurst);
-  const int64_t rss_peak = (*server)->PeakRssBytes();
-  absl::StatusOr<std::string> after = (*server)->Scrape();
+  std::vector<client::Client*> fleet;
+  for (const auto& c : fleet_) fleet.push_back(c.get());
+  Load load(std::move(fleet), client_.get(), &sampled_, &interactive_);
+  load.Run(2 * f.capacity, kBurst);
+  f.rss_peak = server_->PeakRssBytes();
+  absl::StatusOr<std::string> after = server_->Scrape();
   ASSERT_TRUE(after.ok());
 
-  // 3. Idle: memory back within 20% of the pre-burst size, within 60 s.
-  const absl::Time idle0 = absl::Now();
-  int64_t rss_after = (*server)->RssBytes();
-  while (rss_after > 1.2 * rss_before &&
-         absl::Now() - idle0 < absl::Seconds(60)) {
-    absl::SleepFor(absl::Milliseconds(250));
-    rss_after = (*server)->RssBytes();
-  }
-  const double settle_s = absl::ToDoubleSeconds(absl::Now() - idle0);
-
-  // 4. Unloaded again.
+  // 3. Idle, then 4. unloaded again.
+  f.rss_after = SettledRss(f.rss_before, &f.settle_s);
   ClassStats unloaded_after;
-  unloaded_run(&unloaded_after);
+  Unloaded(&unloaded_after);
 
   auto delta = [&](const char* name, const std::string& labels) {
     return MetricValue(*after, name, labels) -
            MetricValue(*before, name, labels);
   };
-  const double expired =
-      delta("attnaudit_jobs_completed_total",
-            "class=\"sampled\",outcome=\"deadline_exceeded\"");
-  const double seconds = absl::ToDoubleSeconds(kBurst);
-  const double u_p50 = std::max(Percentile(unloaded.latencies_ms, 0.5),
-                                Percentile(unloaded_after.latencies_ms, 0.5));
-  const double u_p99 = std::max(Percentile(unloaded.latencies_ms, 0.99),
-                                Percentile(unloaded_after.latencies_ms, 0.99));
-  const int64_t request_bytes = static_cast<int64_t>(sampled.ByteSizeLong());
-  const int64_t receiving = kStreams * request_bytes;
-  const double i_p50 = Percentile(load.interactive.latencies_ms, 0.5);
-  const double i_p99 = Percentile(load.interactive.latencies_ms, 0.99);
-  const double s_p50 = Percentile(load.sampled.latencies_ms, 0.5);
-  const double s_p99 = Percentile(load.sampled.latencies_ms, 0.99);
-
-  std::printf(
-      "\noverload run: capacity %.1f audits/s (1 worker), burst %.0f s\n",
-      capacity, seconds);
-  std::printf(
-      "| class | offered/s | accepted/s | p50 ms | p99 ms | unloaded p50/p99 "
-      "ms |\n");
-  std::printf("|---|---|---|---|---|---|\n");
-  std::printf("| INTERACTIVE | %.1f | %.1f | %.1f | %.1f | %.1f / %.1f |\n",
-              load.interactive.offered / seconds,
-              load.interactive.accepted / seconds, i_p50, i_p99, u_p50, u_p99);
-  std::printf("| SAMPLED | %.1f | %.1f | %.1f | %.1f | - |\n",
-              load.sampled.offered / seconds, load.sampled.accepted / seconds,
-              s_p50, s_p99);
-  std::printf("SAMPLED answers:");
-  for (const auto& [code, n] : load.sampled.codes)
-    std::printf(" %s %ld", code.c_str(), static_cast<long>(n));
-  std::printf("\nrejections by reason:");
+  f.expired = delta("attnaudit_jobs_completed_total",
+                    "class=\"sampled\",outcome=\"deadline_exceeded\"");
   for (const char* r : {"queue_full", "memory_budget", "would_expire",
                         "tenant_quota", "too_large", "deadline"}) {
-    std::printf(" %s %.0f", r,
-                delta("attnaudit_rejections_total",
-                      absl::StrCat("reason=\"", r, "\"")));
+    f.rejections[r] =
+        delta("attnaudit_rejections_total", absl::StrCat("reason=\"", r, "\""));
   }
-  std::printf("\nsampled expired in queue: %.0f\n", expired);
-  std::printf(
-      "RSS: pre-burst %s, peak %s, budget %s + receiving %s, after %.1f s "
-      "idle %s\n",
-      Mib(rss_before).c_str(), Mib(rss_peak).c_str(), Mib(kBudget).c_str(),
-      Mib(receiving).c_str(), settle_s, Mib(rss_after).c_str());
+  f.u_p50 = std::max(Percentile(unloaded.latencies_ms, 0.5),
+                     Percentile(unloaded_after.latencies_ms, 0.5));
+  f.u_p99 = std::max(Percentile(unloaded.latencies_ms, 0.99),
+                     Percentile(unloaded_after.latencies_ms, 0.99));
+  f.i_p50 = Percentile(load.interactive.latencies_ms, 0.5);
+  f.i_p99 = Percentile(load.interactive.latencies_ms, 0.99);
+  f.s_p50 = Percentile(load.sampled.latencies_ms, 0.5);
+  f.s_p99 = Percentile(load.sampled.latencies_ms, 0.99);
+  f.receiving = kStreams * (kFleetChannels + 1) *
+                static_cast<int64_t>(sampled_.ByteSizeLong());
+  Print(f, load);
 
   EXPECT_EQ(load.interactive.accepted, load.interactive.offered);
   EXPECT_GT(load.sampled.accepted, 0);
-  EXPECT_LE(i_p99, 3 * u_p99) << "INTERACTIVE p99 under 2x SAMPLED load";
-  EXPECT_EQ(expired, 0) << "accepted SAMPLED calls expired in the queue";
+  EXPECT_LE(f.i_p99, 3 * f.u_p99) << "INTERACTIVE p99 under 2x SAMPLED load";
+  EXPECT_EQ(f.expired, 0) << "accepted SAMPLED calls expired in the queue";
   EXPECT_EQ(load.sampled.codes["DEADLINE_EXCEEDED"], 0);
-  EXPECT_LE(rss_peak, rss_before + kBudget + receiving)
+  EXPECT_LE(f.rss_peak, f.rss_before + kBudget + f.receiving)
       << "peak RSS over the budget";
-  EXPECT_LE(rss_after, 1.2 * rss_before) << "RSS did not come back";
-  (*server)->Signal(SIGTERM);
-  EXPECT_EQ((*server)->Wait(), 0);
+  EXPECT_LE(f.rss_after, 1.2 * f.rss_before) << "RSS did not come back";
+  server_->Signal(SIGTERM);
+  EXPECT_EQ(server_->Wait(), 0);
 }
 
 }  // namespace
