@@ -15,6 +15,7 @@
 #   make bench-python  the Python client benchmark (build/py-bench-venv with
 #                      torch from PyPI, about 3 GB of downloads the first time)
 #   make bench  every benchmark of docs/PERF.md (see the bench targets below)
+#   make fuzz   each libFuzzer target (ASan + UBSan) for FUZZ_SECONDS
 #
 # One build folder serves all of them, configured once with tests and
 # benchmarks enabled: `run`, `demo` and the bench targets build only their
@@ -32,12 +33,12 @@ APT_PACKAGES := build-essential cmake pkg-config git python3 python3-venv \
   libabsl-dev libtbb-dev libhwy-dev prometheus-cpp-dev libsqlite3-dev libssl-dev \
   libcli11-dev libspdlog-dev \
   libgtest-dev libgmock-dev libbenchmark-dev prometheus curl openssl \
-  python3-yaml
+  python3-yaml clang-14 libclang-rt-14-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps configure build run test bench bench-check bench-cp bench-env \
-  bench-peers bench-sweeps bench-server demo clean py-venv bench-python
+.PHONY: all deps configure build run test fuzz bench bench-check bench-cp \
+  bench-env bench-peers bench-sweeps bench-server demo clean py-venv bench-python
 
 all: build
 
@@ -97,6 +98,18 @@ demo:
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+# Fuzzing (docs/SECURITY.md, "Fuzzing"): every libFuzzer target for
+# FUZZ_SECONDS on a scratch copy of its seeds and regressions (make test
+# runs each for 30 s). A crash stops it and keeps the input under /tmp.
+FUZZ_SECONDS ?= 300
+FUZZ_TARGETS := snapshot_fuzz stream_fuzz file_reader_fuzz
+
+fuzz: build
+	@for t in $(FUZZ_TARGETS); do \
+	  bash tests/fuzz/run_fuzz.sh $(BUILD_DIR)/fuzz/$$t $(FUZZ_SECONDS) \
+	    tests/fuzz/corpus/$$t tests/fuzz/regressions/$$t || exit 1; \
+	done
 
 # Benchmarks (docs/PERF.md has the method and figures of each). Results are
 # printed as markdown and written as JSON to $(BENCH_OUT); temporary

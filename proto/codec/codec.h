@@ -113,9 +113,11 @@ inline constexpr int64_t kMaxSnapshotFileBytes = (int64_t{1} << 31) - 1;
 // Reads and decodes a snapshot file without copying its tensor bytes: the
 // file is mapped read-only and every tensor of the returned Snapshot is a
 // view into the mapping (Tensor::is_view), which stays mapped as long as
-// any of them lives. The file must not be truncated or rewritten in place
-// meanwhile (WriteSnapshotFile replaces files by rename, which is safe).
-// Errors start with the path:
+// any of them lives. A tensor whose bytes do not start at a multiple of its
+// element size in the file (the protobuf encoding puts them anywhere) is
+// copied instead, so that every tensor is naturally aligned. The file must not
+// be truncated or rewritten in place meanwhile (WriteSnapshotFile replaces
+// files by rename, which is safe). Errors start with the path:
 //   NotFound / PermissionDenied ...   "<path>: cannot open: <reason>"
 //   InvalidArgument                   "<path>: empty file, not an
 //                                      attnaudit.v1.Snapshot"

@@ -7,15 +7,17 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+#include "core/tensor/dtype.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl.h"
 #include "google/protobuf/util/json_util.h"
-#include "core/common/status_macros.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/tensor_data.h"
 #include "proto/codec/tensor_paths.h"
@@ -94,12 +96,13 @@ absl::Status WriteAndSync(const v1::Snapshot& msg, const std::string& tmp) {
 // owner (and every tensor viewing it).
 absl::StatusOr<std::shared_ptr<const void>> MapFile(int fd, int64_t size,
                                                     const std::string& path) {
-  void* mapped = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ,
-                        MAP_PRIVATE, fd, 0);
+  void* mapped =
+      ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
   if (mapped == MAP_FAILED) return ErrnoError(errno, path, "cannot map");
   const size_t length = static_cast<size_t>(size);
-  return std::shared_ptr<const void>(
-      mapped, [length](const void* p) { ::munmap(const_cast<void*>(p), length); });
+  return std::shared_ptr<const void>(mapped, [length](const void* p) {
+    ::munmap(const_cast<void*>(p), length);
+  });
 }
 
 // Parses the skeleton (everything but the tensor payloads) and points each
@@ -117,8 +120,8 @@ absl::StatusOr<Snapshot> DecodeMappedSnapshot(
   for (const TensorDataRange& range : ranges) {
     Tensor* tensor = MutableSnapshotTensor(&snapshot, range.path);
     if (tensor == nullptr) {
-      return absl::InternalError(absl::StrCat(
-          range.path, ": a Tensor field the codec does not know"));
+      return absl::InternalError(
+          absl::StrCat(range.path, ": a Tensor field the codec does not know"));
     }
     if (!tensor->present()) {
       // As TensorFromProto: data without a dtype is an error, and an empty
@@ -127,13 +130,22 @@ absl::StatusOr<Snapshot> DecodeMappedSnapshot(
       return absl::InvalidArgumentError(
           absl::StrCat(range.path, ".dtype: must be set"));
     }
-    *tensor = Tensor::View(tensor->dtype(), tensor->shape(), range.bytes, owner);
+    *tensor =
+        Tensor::View(tensor->dtype(), tensor->shape(), range.bytes, owner);
+    // The core reads elements through typed pointers, which must be
+    // naturally aligned; a payload's offset in the file is wherever the
+    // protobuf encoding put it. A misaligned one is copied (mutable_bytes
+    // turns the view into an owned, aligned buffer).
+    const int element = DTypeSize(tensor->dtype());
+    if (element > 1 &&
+        reinterpret_cast<uintptr_t>(range.bytes.data()) % element != 0) {
+      tensor->mutable_bytes();
+    }
   }
   return snapshot;
 }
 
 }  // namespace
-
 
 absl::StatusOr<Snapshot> ReadSnapshotFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

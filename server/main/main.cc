@@ -1,11 +1,12 @@
 // attnaudit-server: the audit service. Flags: `attnaudit-server --help`
 // (server_flags.h); operations: docs/OPERATIONS.md.
 //
-// Signals: SIGTERM and SIGINT are blocked in every thread and taken by
-// sigwait here, so the shutdown sequence runs on the main thread, outside
-// any signal handler. The first one starts the graceful drain
-// (AuditServer::Shutdown); a second one during the drain exits at once
-// (exit code 1; spooled jobs are resumed on the next start).
+// Signals: SIGTERM, SIGINT and SIGHUP are blocked in every thread and taken
+// by sigwait here, so everything runs on the main thread, outside any
+// signal handler. SIGHUP re-reads the token file (a bad file keeps the
+// tenants in force and is logged). The first SIGTERM/SIGINT starts the
+// graceful drain (AuditServer::Shutdown); a second one during the drain
+// exits at once (exit code 1; spooled jobs are resumed on the next start).
 #include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
@@ -20,7 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "proto/credentials/credential_files.h"
+#include "google/protobuf/stubs/logging.h"
 #include "server/common/log.h"
 #include "server/main/server_flags.h"
 #include "server/rpc/server.h"
@@ -40,6 +41,8 @@ AuditServerOptions ToOptions(const ServerFlags& f) {
   o.max_message_bytes = f.max_message_bytes;
   o.queue_capacity = {f.queue_interactive, f.queue_sampled};
   o.memory_budget_bytes = f.memory_budget_bytes;
+  o.interactive_reserve = f.interactive_reserve;
+  o.tenant_quota = TenantQuota{f.tenant_max_jobs, f.tenant_max_bytes};
   o.retention_age = f.retention_age;
   o.retention_count = f.retention_count;
   o.drain_delay = f.drain_delay;
@@ -47,32 +50,53 @@ AuditServerOptions ToOptions(const ServerFlags& f) {
   o.tls.cert = f.tls_cert;
   o.tls.key = f.tls_key;
   o.tls.client_ca = f.tls_client_ca;
+  o.auth_token_file = f.auth_token_file;
+  o.metrics_tls_cert = f.metrics_tls_cert;
+  o.metrics_tls_key = f.metrics_tls_key;
+  o.metrics_token_file = f.metrics_token_file;
   o.connection.keepalive_time = f.keepalive_time;
   o.connection.keepalive_timeout = f.keepalive_timeout;
   o.connection.keepalive_min_ping_interval = f.keepalive_min_ping_interval;
   o.connection.max_connection_age = f.max_connection_age;
   o.connection.max_connection_age_grace = f.max_connection_age_grace;
   o.connection.max_connection_idle = f.max_connection_idle;
+  o.connection.max_concurrent_streams =
+      static_cast<int>(f.max_concurrent_streams);
   o.metrics_max_models = static_cast<int>(f.metrics_max_models);
   o.metrics_max_layers = static_cast<int>(f.metrics_max_layers);
   return o;
 }
 
-// The options with the bearer token read from its file (never logged).
-absl::StatusOr<AuditServerOptions> BuildOptions(const ServerFlags& flags) {
-  AuditServerOptions options = ToOptions(flags);
-  if (flags.auth_token_file.empty()) return options;
-  absl::StatusOr<std::string> token =
-      ReadTokenFile("auth-token-file", flags.auth_token_file);
-  if (!token.ok()) return token.status();
-  options.auth_token = *std::move(token);
-  if (flags.tls_cert.empty()) {
+// Warnings about secrets that would cross the network in clear text.
+void WarnAboutPlaintextSecrets(const ServerFlags& flags) {
+  if (!flags.auth_token_file.empty() && flags.tls_cert.empty()) {
     ATTNAUDIT_LOG(warn,
-                  "bearer token auth without TLS: the token crosses the "
-                  "network in plaintext; use --tls-cert outside a trusted "
-                  "network");
+                  "bearer token auth without TLS: tokens cross the network "
+                  "in plaintext; use --tls-cert outside a trusted network");
   }
-  return options;
+  if (!flags.metrics_token_file.empty() && flags.metrics_tls_cert.empty()) {
+    ATTNAUDIT_LOG(warn,
+                  "/metrics token without TLS: the scrape token crosses the "
+                  "network in plaintext; add --metrics-tls-cert");
+  }
+}
+
+// protobuf logs a request it cannot parse (e.g. invalid UTF-8) at ERROR on
+// stderr, so any client could flood the log; the RPC layer answers those
+// requests itself, so protobuf's lines go to the debug level.
+void RouteProtobufLogs() {
+  google::protobuf::SetLogHandler(+[](google::protobuf::LogLevel level,
+                                      const char* file, int line,
+                                      const std::string& message) {
+    if (level == google::protobuf::LOGLEVEL_FATAL) {
+      ATTNAUDIT_LOG(err, "protobuf").Kv("message", message);
+      return;
+    }
+    ATTNAUDIT_LOG(debug, "protobuf")
+        .Kv("file", file)
+        .Kv("line", static_cast<int64_t>(line))
+        .Kv("message", message);
+  });
 }
 
 // Process-wide settings made before any thread exists, so every thread
@@ -82,15 +106,27 @@ sigset_t PrepareProcess() {
   // By default glibc serves each from a fresh mmap and unmaps it on free,
   // so every request pays a page fault per 4 KiB of the snapshot again;
   // keeping them in the heap for reuse measured about 1.7x faster ingest
-  // over loopback (docs/PERF.md). Freed memory is retained up to the trim
-  // threshold, so RSS stays near its peak (bounded by the memory budget).
+  // over loopback (docs/PERF.md). Freed memory is retained while the server
+  // is busy and handed back by AuditServer's reclaimer (malloc_trim) once
+  // it is idle.
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // One heap for every thread. malloc_trim returns the free pages inside
+  // every arena but not the free top of a thread arena (glibc shrinks that
+  // only on a free() past M_TRIM_THRESHOLD, which is high for the reason
+  // above), and freed snapshot buffers end up exactly there: with the
+  // default arenas, ~130 MiB of a 340 MiB burst stayed resident after the
+  // trim; with one, RSS went back to its pre-burst size (docs/PERF.md,
+  // "Overload"). Small allocations are served from per-thread caches, so
+  // one arena costs no measurable contention here.
+  mallopt(M_ARENA_MAX, 1);
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  sigset_t blocked = stop_signals;
+  sigaddset(&blocked, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &blocked, nullptr);
   signal(SIGPIPE, SIG_IGN);
   return stop_signals;
 }
@@ -123,7 +159,9 @@ void LogEndpoints(const ServerFlags& flags, const AuditServer& server) {
     ATTNAUDIT_LOG(info, "metrics listening")
         .Kv("addr", absl::StrCat(Host(flags.metrics_listen), ":",
                                  server.metrics_port()))
-        .Kv("path", "/metrics");
+        .Kv("path", "/metrics")
+        .Kv("tls", flags.metrics_tls_cert.empty() ? "off" : "on")
+        .Kv("auth", flags.metrics_token_file.empty() ? "off" : "bearer");
   }
   std::error_code ec;
   const std::filesystem::path data =
@@ -134,12 +172,23 @@ void LogEndpoints(const ServerFlags& flags, const AuditServer& server) {
       .Kv("store", (data / "results.db").string());
 }
 
-// Waits for SIGTERM/SIGINT, then runs the drain; a second signal during
-// the drain exits at once.
+// Waits for SIGTERM/SIGINT (re-reading the token file on each SIGHUP),
+// then runs the drain; a second signal during the drain exits at once.
 void ServeUntilSignalled(const sigset_t& stop_signals, const ServerFlags& flags,
                          std::unique_ptr<AuditServer> server) {
+  sigset_t waited = stop_signals;
+  sigaddset(&waited, SIGHUP);
   int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  while (sigwait(&waited, &signal_number) == 0 && signal_number == SIGHUP) {
+    absl::Status s = server->ReloadCredentials();
+    if (s.ok()) {
+      ATTNAUDIT_LOG(info, "token file reloaded")
+          .Kv("principals", static_cast<int64_t>(server->principals()));
+    } else {
+      ATTNAUDIT_LOG(err, "token file reload failed; previous tenants stay")
+          .Kv("status", s);
+    }
+  }
   ATTNAUDIT_LOG(info, "signal received; draining")
       .Kv("signal", signal_number == SIGTERM ? "SIGTERM" : "SIGINT")
       .Kv("drain_timeout_s", absl::ToDoubleSeconds(flags.drain_timeout));
@@ -174,14 +223,14 @@ int Main(const std::vector<std::string>& args) {
   if (!level.ok()) return UsageError(level.status());
   ConfigureLogging(*level);
   const sigset_t stop_signals = PrepareProcess();
-  absl::StatusOr<AuditServerOptions> options = BuildOptions(*flags);
-  if (!options.ok()) return UsageError(options.status());
+  RouteProtobufLogs();
+  WarnAboutPlaintextSecrets(*flags);
 
   ATTNAUDIT_LOG(info, "attnaudit-server starting")
       .Kv("version", ServerVersion())
       .Kv("pid", static_cast<int64_t>(getpid()));
   absl::StatusOr<std::unique_ptr<AuditServer>> server =
-      AuditServer::Start(*std::move(options));
+      AuditServer::Start(ToOptions(*flags));
   if (!server.ok()) {
     ATTNAUDIT_LOG(err, "start-up failed").Kv("status", server.status());
     return 1;

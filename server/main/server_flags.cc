@@ -44,6 +44,15 @@ ABSL_FLAG(int64_t, queue_sampled, 1024,
 ABSL_FLAG(ByteSize, memory_budget_bytes, ByteSize{int64_t{8} << 30},
           "snapshot bytes of queued jobs (and, separately, of stream uploads "
           "in progress)");
+ABSL_FLAG(double, interactive_reserve, 0.25,
+          "share of --memory-budget-bytes only INTERACTIVE calls may use "
+          "(SAMPLED work cannot take it)");
+ABSL_FLAG(int64_t, tenant_max_jobs, 0,
+          "queued + running jobs one tenant may hold (0: no limit; a token "
+          "file line may set its own)");
+ABSL_FLAG(ByteSize, tenant_max_bytes, ByteSize{0},
+          "snapshot bytes of one tenant's queued + running jobs (0: no "
+          "limit)");
 // Result store retention.
 ABSL_FLAG(FlagDuration, retention_age, FlagDuration{absl::Hours(24 * 7)},
           "drop stored results older than this (0: keep forever)");
@@ -65,8 +74,14 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle; clients must present a certificate it signed "
           "(mTLS)");
 ABSL_FLAG(std::string, auth_token_file, "",
-          "file holding a bearer token; calls must send metadata "
-          "\"authorization: Bearer TOKEN\" (health is exempt)");
+          "tenants and permissions: token:/cert: lines, or one bearer token "
+          "(docs/SECURITY.md); re-read on SIGHUP (health is exempt)");
+ABSL_FLAG(std::string, metrics_tls_cert, "",
+          "PEM certificate chain: serve /metrics over HTTPS");
+ABSL_FLAG(std::string, metrics_tls_key, "",
+          "PEM private key of --metrics-tls-cert");
+ABSL_FLAG(std::string, metrics_token_file, "",
+          "file holding a bearer token /metrics scrapes must send");
 // Connections.
 ABSL_FLAG(FlagDuration, keepalive_time, FlagDuration{absl::Minutes(2)},
           "server pings an idle connection this often");
@@ -82,6 +97,9 @@ ABSL_FLAG(FlagDuration, max_connection_age_grace,
           "time given to calls on an aged connection");
 ABSL_FLAG(FlagDuration, max_connection_idle, FlagDuration{absl::Minutes(15)},
           "close connections idle this long (0: never)");
+ABSL_FLAG(int64_t, max_concurrent_streams, 64,
+          "calls open at once per connection (bounds the memory of requests "
+          "being received: this x --max-message-bytes per connection)");
 // Metrics.
 ABSL_FLAG(int64_t, metrics_max_models, 4,
           "distinct model label values on drift metrics before \"other\"");
@@ -108,6 +126,9 @@ const std::vector<absl::string_view>& FlagNames() {
       absl::GetFlagReflectionHandle(FLAGS_queue_interactive).Name(),
       absl::GetFlagReflectionHandle(FLAGS_queue_sampled).Name(),
       absl::GetFlagReflectionHandle(FLAGS_memory_budget_bytes).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_interactive_reserve).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_tenant_max_jobs).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_tenant_max_bytes).Name(),
       absl::GetFlagReflectionHandle(FLAGS_retention_age).Name(),
       absl::GetFlagReflectionHandle(FLAGS_retention_count).Name(),
       absl::GetFlagReflectionHandle(FLAGS_drain_delay).Name(),
@@ -117,12 +138,16 @@ const std::vector<absl::string_view>& FlagNames() {
       absl::GetFlagReflectionHandle(FLAGS_tls_key).Name(),
       absl::GetFlagReflectionHandle(FLAGS_tls_client_ca).Name(),
       absl::GetFlagReflectionHandle(FLAGS_auth_token_file).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_metrics_tls_cert).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_metrics_tls_key).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_metrics_token_file).Name(),
       absl::GetFlagReflectionHandle(FLAGS_keepalive_time).Name(),
       absl::GetFlagReflectionHandle(FLAGS_keepalive_timeout).Name(),
       absl::GetFlagReflectionHandle(FLAGS_keepalive_min_ping_interval).Name(),
       absl::GetFlagReflectionHandle(FLAGS_max_connection_age).Name(),
       absl::GetFlagReflectionHandle(FLAGS_max_connection_age_grace).Name(),
       absl::GetFlagReflectionHandle(FLAGS_max_connection_idle).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_max_concurrent_streams).Name(),
       absl::GetFlagReflectionHandle(FLAGS_metrics_max_models).Name(),
       absl::GetFlagReflectionHandle(FLAGS_metrics_max_layers).Name(),
   };
@@ -218,6 +243,9 @@ ServerFlags ReadFlags() {
   f.queue_interactive = absl::GetFlag(FLAGS_queue_interactive);
   f.queue_sampled = absl::GetFlag(FLAGS_queue_sampled);
   f.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes).bytes;
+  f.interactive_reserve = absl::GetFlag(FLAGS_interactive_reserve);
+  f.tenant_max_jobs = absl::GetFlag(FLAGS_tenant_max_jobs);
+  f.tenant_max_bytes = absl::GetFlag(FLAGS_tenant_max_bytes).bytes;
   f.retention_age = absl::GetFlag(FLAGS_retention_age).value;
   f.retention_count = absl::GetFlag(FLAGS_retention_count);
   f.drain_delay = absl::GetFlag(FLAGS_drain_delay).value;
@@ -227,6 +255,9 @@ ServerFlags ReadFlags() {
   f.tls_key = absl::GetFlag(FLAGS_tls_key);
   f.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   f.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  f.metrics_tls_cert = absl::GetFlag(FLAGS_metrics_tls_cert);
+  f.metrics_tls_key = absl::GetFlag(FLAGS_metrics_tls_key);
+  f.metrics_token_file = absl::GetFlag(FLAGS_metrics_token_file);
   f.keepalive_time = absl::GetFlag(FLAGS_keepalive_time).value;
   f.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout).value;
   f.keepalive_min_ping_interval =
@@ -235,6 +266,7 @@ ServerFlags ReadFlags() {
   f.max_connection_age_grace =
       absl::GetFlag(FLAGS_max_connection_age_grace).value;
   f.max_connection_idle = absl::GetFlag(FLAGS_max_connection_idle).value;
+  f.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   f.metrics_max_models = absl::GetFlag(FLAGS_metrics_max_models);
   f.metrics_max_layers = absl::GetFlag(FLAGS_metrics_max_layers);
   return f;
@@ -255,6 +287,10 @@ absl::Status CheckRanges(const ServerFlags& f) {
            Range{"memory-budget-bytes", f.memory_budget_bytes, 4096,
                  int64_t{1} << 50},
            Range{"retention-count", f.retention_count, 0, kMaxCount},
+           Range{"tenant-max-jobs", f.tenant_max_jobs, 0, kMaxCount},
+           Range{"max-concurrent-streams", f.max_concurrent_streams, 1,
+                 1 << 20},
+           Range{"tenant-max-bytes", f.tenant_max_bytes, 0, int64_t{1} << 50},
            Range{"metrics-max-models", f.metrics_max_models, 1, 1000},
            Range{"metrics-max-layers", f.metrics_max_layers, 1, 1000},
        }) {
@@ -267,6 +303,15 @@ absl::Status CheckRanges(const ServerFlags& f) {
 }
 
 absl::Status CheckCombinations(const ServerFlags& f) {
+  if (!(f.interactive_reserve >= 0 && f.interactive_reserve < 1)) {
+    return FlagError("interactive-reserve",
+                     absl::StrCat(f.interactive_reserve, " is outside [0, 1)"));
+  }
+  if (f.metrics_tls_cert.empty() != f.metrics_tls_key.empty()) {
+    return FlagError(
+        f.metrics_tls_cert.empty() ? "metrics-tls-cert" : "metrics-tls-key",
+        "--metrics-tls-cert and --metrics-tls-key go together");
+  }
   if (f.tls_cert.empty() != f.tls_key.empty()) {
     return FlagError(f.tls_cert.empty() ? "tls-cert" : "tls-key",
                      "--tls-cert and --tls-key go together");

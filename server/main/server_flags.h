@@ -45,6 +45,9 @@ struct ServerFlags {
   int64_t queue_interactive = 0;
   int64_t queue_sampled = 0;
   int64_t memory_budget_bytes = 0;
+  double interactive_reserve = 0;
+  int64_t tenant_max_jobs = 0;
+  int64_t tenant_max_bytes = 0;
 
   // Result store retention.
   absl::Duration retention_age;
@@ -60,6 +63,9 @@ struct ServerFlags {
   std::string tls_key;
   std::string tls_client_ca;
   std::string auth_token_file;
+  std::string metrics_tls_cert;
+  std::string metrics_tls_key;
+  std::string metrics_token_file;
 
   // Connections (Kubernetes: a finite connection age rebalances clients
   // behind an L4 Service).
@@ -69,6 +75,7 @@ struct ServerFlags {
   absl::Duration max_connection_age;
   absl::Duration max_connection_age_grace;
   absl::Duration max_connection_idle;
+  int64_t max_concurrent_streams = 0;
 
   // Metrics: distinct label values kept before "other" is reported.
   int64_t metrics_max_models = 0;
@@ -80,7 +87,8 @@ struct ServerFlags {
 // Parses argv (without the program name), starting from every flag's
 // default, so the result depends on `argv` alone. Checks ranges: positive
 // queue sizes, 4 KiB <= max-message-bytes <= 2 GiB - 1 (gRPC's int limit;
-// never unlimited), TLS cert and key together, a client CA only with TLS.
+// never unlimited), 0 <= interactive-reserve < 1, TLS cert and key
+// together (also for /metrics), a client CA only with TLS.
 absl::StatusOr<ServerFlags> ParseServerFlags(
     const std::vector<std::string>& argv);
 

@@ -78,6 +78,8 @@ constexpr const char* kOutcomeNames[kNumOutcomes] = {
     "ok", "failed", "cancelled", "deadline_exceeded", "unavailable"};
 constexpr Verdict kVerdicts[] = {Verdict::kPass, Verdict::kDrift,
                                  Verdict::kInvalid};
+constexpr const char* kTruncatedLabelNames[] = {"model", "engine", "backend",
+                                                "request_id"};
 
 const Histogram::BucketBoundaries& SecondsBuckets() {
   static const auto* b = new Histogram::BucketBoundaries{
@@ -270,6 +272,12 @@ void Metrics::Impl::RegisterJobs(prometheus::Registry& r) {
   received_bytes = &CounterFamily(r, "attnaudit_received_bytes_total",
                                   "Snapshot bytes received over RPC.")
                         .Add({});
+  auto& truncated =
+      CounterFamily(r, "attnaudit_labels_truncated_total",
+                    "Label values cut to the length bound, by label.");
+  for (size_t i = 0; i < labels_truncated.size(); ++i) {
+    labels_truncated[i] = &truncated.Add({{"label", kTruncatedLabelNames[i]}});
+  }
   auto& rejection_family = CounterFamily(r, "attnaudit_rejections_total",
                                          "Requests refused, by reason.");
   for (int i = 0; i < kNumRejectReasons; ++i) {
@@ -450,6 +458,15 @@ void Metrics::CountInvalidInput(InvalidInput where) {
 
 void Metrics::AddBytesReceived(int64_t bytes) {
   if (bytes > 0) impl_->received_bytes->Increment(static_cast<double>(bytes));
+}
+
+void Metrics::CountTruncatedLabel(absl::string_view label, int64_t n) {
+  if (n <= 0) return;
+  for (size_t i = 0; i < impl_->labels_truncated.size(); ++i) {
+    if (label == kTruncatedLabelNames[i]) {
+      impl_->labels_truncated[i]->Increment(static_cast<double>(n));
+    }
+  }
 }
 
 void Metrics::SetQueueDepth(PriorityClass c, int64_t depth) {

@@ -34,6 +34,8 @@
 //       context-parallel reports; check: rank (one rank's partial), combine,
 //       engine_order, deterministic; rank: "0".."max_cp_ranks-1" or "other"
 //       for rank checks, "all" for the others; verdict: PASS, DRIFT
+//   attnaudit_labels_truncated_total{label}            counter; label: model,
+//       engine, backend, request_id (values cut at the RPC layer's bound)
 // class: interactive, sampled. comparison: engine_vs_reference,
 // replay_vs_reference, engine_vs_replay. Drift histograms of a (model,
 // layer) pair appear when first observed.
@@ -138,6 +140,9 @@ class Metrics {
   // counts alike sent to Audit, AuditStream or Submit.
   void CountInvalidInput(InvalidInput where);
   void AddBytesReceived(int64_t bytes);
+  // `n` values of `label` ("model", "engine", "backend", "request_id") were
+  // truncated; other names are ignored.
+  void CountTruncatedLabel(absl::string_view label, int64_t n = 1);
   void SetQueueDepth(PriorityClass c, int64_t depth);
   void SetQueuedBytes(int64_t bytes);
   void SetInFlight(int64_t jobs);

@@ -83,6 +83,8 @@ struct Metrics::Impl {
              kNumPriorityClasses>
       jobs_completed{};
   prometheus::Counter* received_bytes = nullptr;
+  // attnaudit_labels_truncated_total, in kTruncatedLabelNames order.
+  std::array<prometheus::Counter*, 4> labels_truncated{};
   std::array<prometheus::Counter*, kNumRejectReasons> rejections{};
   prometheus::Gauge* inflight = nullptr;
   prometheus::Family<prometheus::Gauge>* devices = nullptr;

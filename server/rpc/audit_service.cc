@@ -18,69 +18,55 @@ namespace attnaudit::server {
 namespace {
 
 using rpc_internal::AdmitInteractive;
+using rpc_internal::Authorize;
 using rpc_internal::CallDeadline;
+using rpc_internal::CountTruncatedLabels;
 using rpc_internal::DecodeAuditRequest;
 using rpc_internal::DecodedAudit;
+using rpc_internal::ParseRequest;
+using rpc_internal::PeekRequestField;
 using rpc_internal::PriorityFromProto;
-
-// Holds one call's request and response. The service registers these for
-// Audit and Submit so that the request object is its own, non-const
-// allocation: the handler may then move the tensor bytes out of it
-// (const_cast on an object that was not created const is well defined),
-// which saves a copy of every snapshot.
-template <typename Req, typename Resp>
-class OwnedMessageAllocator : public grpc::MessageAllocator<Req, Resp> {
- public:
-  grpc::MessageHolder<Req, Resp>* AllocateMessages() override {
-    return new Holder();
-  }
-
- private:
-  class Holder : public grpc::MessageHolder<Req, Resp> {
-   public:
-    Holder() {
-      this->set_request(&request_);
-      this->set_response(&response_);
-    }
-    void Release() override { delete this; }
-
-   private:
-    Req request_;
-    Resp response_;
-  };
-};
+using rpc_internal::SerializeResponse;
 
 // ---- Audit -----------------------------------------------------------------
 
 class AuditCall final : public LoggedUnaryReactor {
  public:
   AuditCall(AuditServiceImpl* svc, grpc::CallbackServerContext* context,
-            v1::AuditResponse* response)
+            grpc::ByteBuffer* response)
       : LoggedUnaryReactor("Audit", context),
         svc_(svc),
         context_(context),
         response_(response) {}
 
-  void Start(v1::AuditRequest* request) {
-    if (grpc::Status auth = svc_->auth().Check(*context_); !auth.ok()) {
-      Done(auth);
-      return;
-    }
-    const int64_t bytes = static_cast<int64_t>(request->ByteSizeLong());
+  void Start(const grpc::ByteBuffer* raw) {
+    svc_->CountRequest();
+    absl::StatusOr<Principal> principal =
+        Authorize(svc_, *context_, kPermAudit, "Audit");
+    if (!principal.ok()) return Done(ToGrpcStatus(principal.status()));
+    const int64_t bytes = static_cast<int64_t>(raw->Length());
     svc_->metrics()->AddBytesReceived(bytes);
     log().set_bytes(bytes);
+    if (!Precheck(*principal, *raw, bytes)) return;
+    if (absl::Status s = ParseRequest(raw, &request_); !s.ok()) {
+      return Reject(s);
+    }
     absl::StatusOr<PriorityClass> priority =
-        PriorityFromProto(request->priority(), PriorityClass::kInteractive);
+        PriorityFromProto(request_.priority(), PriorityClass::kInteractive);
     if (!priority.ok()) return Reject(priority.status());
-    absl::StatusOr<DecodedAudit> audit = DecodeAuditRequest(request);
+    absl::StatusOr<DecodedAudit> audit = DecodeAuditRequest(&request_);
     if (!audit.ok()) return Reject(audit.status());
-    job_id_ = NewJobId('a');
+    request_.Clear();  // its tensor bytes moved into the snapshot
+    CountTruncatedLabels(svc_, audit->truncated);
+    absl::StatusOr<std::string> id = NewJobId('a');
+    if (!id.ok()) return Done(ToGrpcStatus(id.status()));
+    job_id_ = *std::move(id);
     log().set_job_id(job_id_);
     absl::Duration retry_after;
     absl::Status admitted = AdmitInteractive(
-        svc_, job_id_, *std::move(audit), *priority, bytes,
-        CallDeadline(*context_), response_,
-        [this](const grpc::Status& status) { Done(status); }, &retry_after);
+        svc_, *principal, job_id_, *std::move(audit), *priority, bytes,
+        CallDeadline(*context_), &response_msg_,
+        [this](const grpc::Status& status) { Answer(status); }, &retry_after);
     if (!admitted.ok()) {
       if (admitted.code() == absl::StatusCode::kResourceExhausted) {
         AddRetryAfter(context_, retry_after);
@@ -109,16 +95,52 @@ class AuditCall final : public LoggedUnaryReactor {
     Done(ToGrpcStatus(status));
   }
 
+  // Admission checked before the request is parsed: under overload most
+  // refused calls would otherwise be parsed (a copy of every byte, on a
+  // gRPC thread) only to be refused. The priority is read from the raw
+  // bytes; AdmitInteractive checks again. False when the call is answered.
+  bool Precheck(const Principal& principal, const grpc::ByteBuffer& raw,
+                int64_t bytes) {
+    absl::StatusOr<PriorityClass> priority = PriorityFromProto(
+        static_cast<int>(PeekRequestField(raw, 3).value_or(0)),
+        PriorityClass::kInteractive);
+    if (!priority.ok()) return true;  // decoding will name the field
+    AdmissionQuery query;
+    query.priority = *priority;
+    query.bytes = bytes;
+    query.tenant = principal.tenant;
+    query.quota = principal.quota;
+    query.deadline = CallDeadline(*context_);
+    SubmitRejection why;
+    absl::Status s = svc_->scheduler()->CheckAdmission(query, &why);
+    if (s.ok()) return true;
+    svc_->metrics()->CountRejection(why.reason);
+    if (s.code() == absl::StatusCode::kResourceExhausted) {
+      AddRetryAfter(context_, why.retry_after);
+    }
+    Done(ToGrpcStatus(s));
+    return false;
+  }
+
+  // The job's answer: the report, serialised into the call's response.
+  void Answer(const grpc::Status& status) {
+    if (!status.ok()) return Done(status);
+    grpc::Status serialized = SerializeResponse(response_msg_, response_);
+    Done(serialized.ok() ? status : serialized);
+  }
+
   AuditServiceImpl* const svc_;
   grpc::CallbackServerContext* const context_;
-  v1::AuditResponse* const response_;
+  grpc::ByteBuffer* const response_;
+  v1::AuditRequest request_;
+  v1::AuditResponse response_msg_;
   std::string job_id_;
   std::atomic<bool> submitted_{false};
   std::atomic<bool> cancelled_{false};
 };
 
 // A WatchResults call refused before it starts.
-class RejectedWatch final : public grpc::ServerWriteReactor<v1::JobResult> {
+class RejectedWatch final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   explicit RejectedWatch(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
@@ -214,7 +236,7 @@ grpc::Status FinishInteractive(AuditServiceImpl* svc, const JobOutcome& outcome,
     } else if (outcome.status.ok()) {
       ReportToProto(outcome.report, result.mutable_report());
     }
-    PublishResult(svc, std::move(result));
+    PublishResult(svc, std::move(result), outcome.tenant);
   }
   return status;
 }
@@ -238,11 +260,11 @@ void CountRefusal(AuditServiceImpl* svc, const absl::Status& status,
   }
 }
 
-absl::Status AdmitInteractive(AuditServiceImpl* svc, const std::string& job_id,
-                              DecodedAudit audit, PriorityClass priority,
-                              int64_t bytes, absl::Time deadline,
-                              v1::AuditResponse* response, Finisher finish,
-                              absl::Duration* retry_after) {
+absl::Status AdmitInteractive(AuditServiceImpl* svc, const Principal& principal,
+                              const std::string& job_id, DecodedAudit audit,
+                              PriorityClass priority, int64_t bytes,
+                              absl::Time deadline, v1::AuditResponse* response,
+                              Finisher finish, absl::Duration* retry_after) {
   *retry_after = absl::ZeroDuration();
   if (svc->draining()) {
     svc->metrics()->CountRejection(RejectReason::kDraining);
@@ -254,6 +276,8 @@ absl::Status AdmitInteractive(AuditServiceImpl* svc, const std::string& job_id,
   job->deadline = deadline;
   job->labels = JobLabelsOf(audit.snapshot.labels);
   job->bytes = bytes;
+  job->tenant = principal.tenant;
+  job->quota = principal.quota;
   Labels labels = audit.snapshot.labels;
   job->snapshot = std::move(audit.snapshot);
   ApplyServerOptions(*svc, &audit.options);
@@ -277,9 +301,9 @@ absl::Status AdmitInteractive(AuditServiceImpl* svc, const std::string& job_id,
   return s;
 }
 
-void PublishResult(AuditServiceImpl* svc, v1::JobResult result) {
-  svc->watch_hub()->Publish(
-      std::make_shared<const v1::JobResult>(std::move(result)));
+void PublishResult(AuditServiceImpl* svc, v1::JobResult result,
+                   const std::string& tenant) {
+  svc->watch_hub()->Publish(std::move(result), tenant);
 }
 
 }  // namespace rpc_internal
@@ -287,25 +311,24 @@ void PublishResult(AuditServiceImpl* svc, v1::JobResult result) {
 // ---- The service
 // ----------------------------------------------------------------
 
-struct AuditServiceImpl::Allocators {
-  OwnedMessageAllocator<v1::AuditRequest, v1::AuditResponse> audit;
-  OwnedMessageAllocator<v1::SubmitRequest, v1::SubmitResponse> submit;
-};
-
 AuditServiceImpl::AuditServiceImpl(ServiceOptions options, Scheduler* scheduler,
                                    Spool* spool, ResultStore* store,
-                                   Metrics* metrics, BlockingExecutor* executor)
+                                   Metrics* metrics, BlockingExecutor* executor,
+                                   const Authenticator* auth,
+                                   JobIdKey job_id_key)
     : options_(std::move(options)),
       scheduler_(scheduler),
       spool_(spool),
       store_(store),
       metrics_(metrics),
       executor_(executor),
-      auth_(options_.auth_token),
-      allocators_(std::make_unique<Allocators>()) {
-  SetMessageAllocatorFor_Audit(&allocators_->audit);
-  SetMessageAllocatorFor_Submit(&allocators_->submit);
-}
+      auth_(auth),
+      job_id_key_(std::move(job_id_key)),
+      durable_(
+          [this](const ResultRecord& rec) {
+            return rpc_internal::CommitResult(this, rec);
+          },
+          DurableJobs::Options{}) {}
 
 AuditServiceImpl::~AuditServiceImpl() = default;
 
@@ -340,21 +363,26 @@ void AuditServiceImpl::EndIdempotentSubmit(const std::string& job_id) {
 }
 
 grpc::ServerUnaryReactor* AuditServiceImpl::Audit(
-    grpc::CallbackServerContext* context, const v1::AuditRequest* request,
-    v1::AuditResponse* response) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
   auto* call = new AuditCall(this, context, response);
-  // The request comes from OwnedMessageAllocator (see above).
-  call->Start(const_cast<v1::AuditRequest*>(request));
+  call->Start(request);
   return call;
 }
 
-grpc::ServerWriteReactor<v1::JobResult>* AuditServiceImpl::WatchResults(
-    grpc::CallbackServerContext* context,
-    const v1::WatchResultsRequest* request) {
-  if (grpc::Status auth = auth_.Check(*context); !auth.ok()) {
-    return new RejectedWatch(auth);
+grpc::ServerWriteReactor<grpc::ByteBuffer>* AuditServiceImpl::WatchResults(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  CountRequest();
+  absl::StatusOr<Principal> principal =
+      Authorize(this, *context, kPermRead, "WatchResults");
+  if (!principal.ok()) {
+    return new RejectedWatch(ToGrpcStatus(principal.status()));
   }
-  for (int v : request->filter().verdicts()) {
+  v1::WatchResultsRequest req;
+  if (absl::Status s = ParseRequest(request, &req); !s.ok()) {
+    return new RejectedWatch(ToGrpcStatus(s));
+  }
+  for (int v : req.filter().verdicts()) {
     if (!v1::Verdict_IsValid(v) || v == v1::VERDICT_UNSPECIFIED) {
       const absl::Status invalid = absl::InvalidArgumentError(
           absl::StrCat("filter.verdicts: unknown value ", v));
@@ -363,26 +391,43 @@ grpc::ServerWriteReactor<v1::JobResult>* AuditServiceImpl::WatchResults(
       return new RejectedWatch(ToGrpcStatus(invalid));
     }
   }
+  // Results carry bounded labels; a filter value is bounded the same way,
+  // so a long name still matches its own jobs.
+  v1::ResultFilter filter = req.filter();
+  BoundLabelValue(filter.mutable_model());
+  BoundLabelValue(filter.mutable_engine());
+  BoundLabelValue(filter.mutable_backend());
   ATTNAUDIT_LOG(debug, "rpc")
       .Kv("method", "WatchResults")
-      .Kv("peer", context->peer());
-  return new WatchReactor(&hub_, request->filter(), options_.watcher_buffer);
+      .Kv("peer", context->peer())
+      .Kv("tenant", principal->tenant);
+  return new WatchReactor(&hub_, std::move(filter), options_.watcher_buffer,
+                          principal->tenant, principal->ReadsAll());
 }
 
 grpc::ServerUnaryReactor* AuditServiceImpl::GetCapabilities(
-    grpc::CallbackServerContext* context,
-    const v1::GetCapabilitiesRequest* request, v1::Capabilities* response) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
   auto* call = new LoggedUnaryReactor("GetCapabilities", context);
-  if (grpc::Status auth = auth_.Check(*context); !auth.ok()) {
-    call->Done(auth);
+  CountRequest();
+  absl::StatusOr<Principal> principal =
+      Authorize(this, *context, 0, "GetCapabilities");
+  if (!principal.ok()) {
+    call->Done(ToGrpcStatus(principal.status()));
     return call;
   }
-  response->set_version(options_.version);
-  response->set_api_version("attnaudit.v1");
-  response->set_fingerprint_version(kFingerprintVersion);
-  DescribeDevices(scheduler_->Devices(), options_.cuda_built, response);
-  DescribeLimits(options_, response->mutable_limits());
-  call->Done(grpc::Status::OK);
+  v1::GetCapabilitiesRequest req;
+  if (absl::Status s = ParseRequest(request, &req); !s.ok()) {
+    call->Done(ToGrpcStatus(s));
+    return call;
+  }
+  v1::Capabilities caps;
+  caps.set_version(options_.version);
+  caps.set_api_version("attnaudit.v1");
+  caps.set_fingerprint_version(kFingerprintVersion);
+  DescribeDevices(scheduler_->Devices(), options_.cuda_built, &caps);
+  DescribeLimits(options_, caps.mutable_limits());
+  call->Done(SerializeResponse(caps, response));
   return call;
 }
 

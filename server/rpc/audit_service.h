@@ -1,10 +1,21 @@
 // AuditServiceImpl: attnaudit.v1.AuditService on gRPC's callback API.
 //
+// Raw messages. Every method is registered raw (WithRawCallbackMethod_*):
+// requests arrive as grpc::ByteBuffer and the service parses them itself.
+// gRPC 1.51's callback handlers answer a request they cannot deserialize
+// with UNIMPLEMENTED and an empty message (server_callback_handlers.h: a
+// failed Deserialize leaves no reactor, and the fallback reactor is
+// UnimplementedUnaryReactor / UnimplementedWriteReactor with status
+// UNIMPLEMENTED ""; the same holds for a failed read of a client stream,
+// which looks like its end). Parsing here answers INVALID_ARGUMENT naming
+// the field and byte where decoding stopped (proto/codec/wire_check.h).
+//
 // Request path (no reaction ever blocks):
-//   Audit        decode (moving the tensor bytes out of the request, which
-//                this service allocates itself, so nothing is copied) ->
-//                Scheduler::Submit as INTERACTIVE with the call's deadline ->
-//                the job's on_done fills the response and calls Finish.
+//   Audit        authenticate, parse, decode (moving the tensor bytes out of
+//                the parsed request, so nothing is copied), bound the
+//                labels -> Scheduler::Submit as INTERACTIVE with the call's
+//                deadline -> the job's on_done fills the response and calls
+//                Finish.
 //   AuditStream  header checked against the limits and the admission
 //                budget before any chunk is read; chunks appended straight
 //                into the tensor buffers (proto/codec/stream.h
@@ -12,19 +23,28 @@
 //   Submit       handed to the BlockingExecutor: validate, serialise, spool
 //                (fsync), schedule as SAMPLED, record QUEUED, THEN answer
 //                the job id. The job's result is committed to the store
-//                before its spool entry is removed (exactly one result).
+//                before its spool entry is removed (exactly one result); a
+//                commit that fails is retried (DurableJobs).
 //   GetResult, Cancel   on the executor (SQLite).
 //   WatchResults a WatchHub subscription.
 //   GetCapabilities     answered in the reaction (no I/O).
 //
+// Tenants: every call is authenticated to a Principal (server/auth) and
+// needs its permission (audit, submit, read, cancel). Jobs belong to the
+// caller's tenant; GetResult, WatchResults and Cancel see only the
+// tenant's jobs unless it may read (cancel) all, and another tenant's job
+// is NOT_FOUND exactly as an unknown one. A missing permission is
+// PERMISSION_DENIED before any job is looked up.
+//
 // Errors: absl codes map 1:1 to gRPC (status_util.h); bad input is
 // INVALID_ARGUMENT with the field path ("snapshot.q: ..."), a full queue or
-// budget RESOURCE_EXHAUSTED with a "retry-after-ms" trailer, draining
-// UNAVAILABLE, a missing/invalid bearer token UNAUTHENTICATED.
+// budget RESOURCE_EXHAUSTED with a "retry-after-ms" trailer, draining or
+// unusable storage UNAVAILABLE, a missing/invalid credential
+// UNAUTHENTICATED. No message names a server path.
 //
-// Ownership: the scheduler, spool, store, metrics and executor are not
-// owned and must outlive every call (AuditServer orders the shutdown).
-// Thread safety: all methods are thread-safe.
+// Ownership: the scheduler, spool, store, metrics, executor and
+// authenticator are not owned and must outlive every call (AuditServer
+// orders the shutdown). Thread safety: all methods are thread-safe.
 #ifndef ATTNAUDIT_SERVER_RPC_AUDIT_SERVICE_H_
 #define ATTNAUDIT_SERVER_RPC_AUDIT_SERVICE_H_
 
@@ -45,8 +65,10 @@
 #include "attnaudit/v1/service.grpc.pb.h"
 #include "core/audit/options.h"
 #include "core/validate/validate.h"
+#include "server/auth/tenants.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/blocking_executor.h"
+#include "server/rpc/durable_registry.h"
 #include "server/rpc/job_ids.h"
 #include "server/rpc/watch_hub.h"
 #include "server/scheduler/scheduler.h"
@@ -74,8 +96,6 @@ struct ServiceOptions {
   // Capacities reported in Capabilities (the scheduler enforces them).
   std::array<int64_t, kNumPriorityClasses> queue_capacity = {64, 1024};
   int64_t queued_bytes_budget = int64_t{4} << 30;
-  // Empty: no authentication.
-  std::string auth_token;
   // Results buffered per WatchResults call before it is dropped.
   size_t watcher_buffer = 256;
   // A Submit without a timeout gets this one (InfiniteDuration: none).
@@ -85,36 +105,47 @@ struct ServiceOptions {
   std::string version = "unknown";
 };
 
-class AuditServiceImpl final : public v1::AuditService::CallbackService {
+// The generated service with every method raw (see the file comment).
+using RawAuditService = v1::AuditService::WithRawCallbackMethod_Audit<
+    v1::AuditService::WithRawCallbackMethod_AuditStream<
+        v1::AuditService::WithRawCallbackMethod_Submit<
+            v1::AuditService::WithRawCallbackMethod_GetResult<
+                v1::AuditService::WithRawCallbackMethod_WatchResults<
+                    v1::AuditService::WithRawCallbackMethod_Cancel<
+                        v1::AuditService::WithRawCallbackMethod_GetCapabilities<
+                            v1::AuditService::Service>>>>>>>;
+
+class AuditServiceImpl final : public RawAuditService {
  public:
   AuditServiceImpl(ServiceOptions options, Scheduler* scheduler, Spool* spool,
                    ResultStore* store, Metrics* metrics,
-                   BlockingExecutor* executor);
+                   BlockingExecutor* executor, const Authenticator* auth,
+                   JobIdKey job_id_key);
   ~AuditServiceImpl() override;
 
-  // --- RPCs (see service.proto).
+  // --- RPCs (see service.proto); messages in and out are the serialised
+  // request and response of each.
   grpc::ServerUnaryReactor* Audit(grpc::CallbackServerContext* context,
-                                  const v1::AuditRequest* request,
-                                  v1::AuditResponse* response) override;
-  grpc::ServerReadReactor<v1::AuditStreamMessage>* AuditStream(
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* AuditStream(
       grpc::CallbackServerContext* context,
-      v1::AuditResponse* response) override;
+      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* context,
-                                   const v1::SubmitRequest* request,
-                                   v1::SubmitResponse* response) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetResult(grpc::CallbackServerContext* context,
-                                      const v1::GetResultRequest* request,
-                                      v1::JobResult* response) override;
-  grpc::ServerWriteReactor<v1::JobResult>* WatchResults(
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchResults(
       grpc::CallbackServerContext* context,
-      const v1::WatchResultsRequest* request) override;
+      const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* context,
-                                   const v1::CancelRequest* request,
-                                   v1::CancelResponse* response) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetCapabilities(
-      grpc::CallbackServerContext* context,
-      const v1::GetCapabilitiesRequest* request,
-      v1::Capabilities* response) override;
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+      grpc::ByteBuffer* response) override;
 
   // --- Lifecycle.
   // From now on, calls that would admit work answer UNAVAILABLE.
@@ -122,10 +153,20 @@ class AuditServiceImpl final : public v1::AuditService::CallbackService {
   bool draining() const { return draining_.load(); }
   // Ends every WatchResults call (UNAVAILABLE) and refuses new ones.
   void CloseWatchers();
-  // Re-enqueues every spooled job without a terminal result (start-up;
-  // blocking: run it on a background thread). Stops early when `stop` is
-  // set or the scheduler drains. Returns the number of jobs resumed.
-  int64_t ResumeSpool(const std::atomic<bool>& stop);
+  // Re-enqueues every spooled job without a terminal result that was
+  // accepted before `accepted_before` (this server's start: what it
+  // accepted itself is scheduled already). Start-up; blocking: run it on a
+  // background thread. Stops early when `stop` is set or the scheduler
+  // drains. Returns the number of jobs resumed.
+  int64_t ResumeSpool(const std::atomic<bool>& stop,
+                      absl::Time accepted_before);
+  // Stops retrying results the store refused (shutdown); their jobs stay
+  // spooled and run again on the next start.
+  void StopRetries() { durable_.Shutdown(); }
+  // Requests received so far (the memory reclaimer watches it for
+  // activity), and bytes of stream uploads in progress.
+  int64_t requests_received() const { return requests_.load(); }
+  int64_t uploading_bytes() const { return uploading_bytes_.load(); }
 
   // --- Used by the reactors and job callbacks (audit_service.cc,
   // durable_jobs.cc); not for other callers.
@@ -135,8 +176,11 @@ class AuditServiceImpl final : public v1::AuditService::CallbackService {
   ResultStore* store() const { return store_; }
   Metrics* metrics() const { return metrics_; }
   BlockingExecutor* executor() const { return executor_; }
-  const TokenAuth& auth() const { return auth_; }
+  const Authenticator& auth() const { return *auth_; }
+  const JobIdKey& job_id_key() const { return job_id_key_; }
   WatchHub* watch_hub() { return &hub_; }
+  DurableJobs* durable() { return &durable_; }
+  void CountRequest() { requests_.fetch_add(1, std::memory_order_relaxed); }
   // Reserves `bytes` of the upload budget; false when it would overflow.
   bool ReserveUpload(int64_t bytes);
   void ReleaseUpload(int64_t bytes);
@@ -152,20 +196,18 @@ class AuditServiceImpl final : public v1::AuditService::CallbackService {
   ResultStore* const store_;
   Metrics* const metrics_;
   BlockingExecutor* const executor_;
-  TokenAuth auth_;
+  const Authenticator* const auth_;
+  const JobIdKey job_id_key_;
   WatchHub hub_;
+  DurableJobs durable_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> uploading_bytes_{0};
+  std::atomic<int64_t> requests_{0};
 
   // Idempotency ids whose Submit is between "not found" and "spooled", so
   // a concurrent retry answers ABORTED instead of racing.
   absl::Mutex submit_mu_;
   absl::flat_hash_set<std::string> submitting_ ABSL_GUARDED_BY(submit_mu_);
-
-  // Request/response holders this service allocates for the unary calls
-  // whose request bytes it moves out (see audit_service.cc).
-  struct Allocators;
-  std::unique_ptr<Allocators> allocators_;
 };
 
 }  // namespace attnaudit::server

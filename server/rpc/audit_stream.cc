@@ -17,15 +17,18 @@ namespace attnaudit::server {
 namespace {
 
 using rpc_internal::AdmitInteractive;
+using rpc_internal::Authorize;
 using rpc_internal::CallDeadline;
+using rpc_internal::CountTruncatedLabels;
 using rpc_internal::DecodedAudit;
+using rpc_internal::ParseRequest;
 using rpc_internal::PriorityFromProto;
+using rpc_internal::SerializeResponse;
 
-class AuditStreamCall final
-    : public grpc::ServerReadReactor<v1::AuditStreamMessage> {
+class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   AuditStreamCall(AuditServiceImpl* svc, grpc::CallbackServerContext* context,
-                  v1::AuditResponse* response)
+                  grpc::ByteBuffer* response)
       : svc_(svc),
         context_(context),
         response_(response),
@@ -33,19 +36,26 @@ class AuditStreamCall final
         assembler_(svc->options().max_stream_bytes) {}
 
   void Begin() {
-    if (grpc::Status auth = svc_->auth().Check(*context_); !auth.ok()) {
-      return FinishOnce(auth);
-    }
+    svc_->CountRequest();
+    absl::StatusOr<Principal> principal =
+        Authorize(svc_, *context_, kPermAudit, "AuditStream");
+    if (!principal.ok()) return FinishOnce(ToGrpcStatus(principal.status()));
+    principal_ = *std::move(principal);
     if (svc_->draining()) {
       svc_->metrics()->CountRejection(RejectReason::kDraining);
       return FinishOnce(
           grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is draining"));
     }
-    StartRead(&message_);
+    StartRead(&raw_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) return EndOfStream();
+    // Paths of a message that does not decode start at the message
+    // ("header.manifest[1].field_path: ..."), as the header's do.
+    if (absl::Status s = ParseRequest(&raw_, &message_); !s.ok()) {
+      return Fail(s);
+    }
     if (message_.has_header()) return OnHeader();
     if (message_.has_chunk()) return OnChunk();
     Fail(absl::InvalidArgumentError(
@@ -93,8 +103,13 @@ class AuditStreamCall final
     // Admission before a single chunk is read: the queue and budget
     // (advisory; Submit re-checks) and the budget of uploads in progress.
     SubmitRejection why;
-    if (absl::Status s =
-            svc_->scheduler()->CheckAdmission(priority_, total, &why);
+    AdmissionQuery query;
+    query.priority = priority_;
+    query.bytes = total;
+    query.tenant = principal_.tenant;
+    query.quota = principal_.quota;
+    query.deadline = CallDeadline(*context_);
+    if (absl::Status s = svc_->scheduler()->CheckAdmission(query, &why);
         !s.ok()) {
       svc_->metrics()->CountRejection(why.reason);
       if (s.code() == absl::StatusCode::kResourceExhausted) {
@@ -114,7 +129,7 @@ class AuditStreamCall final
     }
     reserved_ = total;
     message_.Clear();
-    StartRead(&message_);
+    StartRead(&raw_);
   }
 
   void OnChunk() {
@@ -122,7 +137,7 @@ class AuditStreamCall final
     svc_->metrics()->AddBytesReceived(static_cast<int64_t>(data.size()));
     if (absl::Status s = assembler_.Append(data); !s.ok()) return Fail(s);
     message_.Clear();
-    StartRead(&message_);
+    StartRead(&raw_);
   }
 
   void EndOfStream() {
@@ -138,14 +153,18 @@ class AuditStreamCall final
     if (!snapshot.ok()) {
       return Fail(PrefixStatus("header.snapshot.", snapshot.status()));
     }
-    job_id_ = NewJobId('a');
+    DecodedAudit audit{*std::move(snapshot), std::move(options_), {}};
+    audit.truncated = BoundLabels(&audit.snapshot.labels);
+    CountTruncatedLabels(svc_, audit.truncated);
+    absl::StatusOr<std::string> id = NewJobId('a');
+    if (!id.ok()) return FinishOnce(ToGrpcStatus(id.status()));
+    job_id_ = *std::move(id);
     log_.set_job_id(job_id_);
     absl::Duration retry_after;
     absl::Status admitted = AdmitInteractive(
-        svc_, job_id_, DecodedAudit{*std::move(snapshot), std::move(options_)},
-        priority_, reserved_, CallDeadline(*context_), response_,
-        [this](const grpc::Status& status) { FinishOnce(status); },
-        &retry_after);
+        svc_, principal_, job_id_, std::move(audit), priority_, reserved_,
+        CallDeadline(*context_), &response_msg_,
+        [this](const grpc::Status& status) { Answer(status); }, &retry_after);
     // Queued (or refused): the scheduler's budget accounts for the bytes
     // from here on.
     svc_->ReleaseUpload(reserved_);
@@ -162,6 +181,13 @@ class AuditStreamCall final
     if (cancelled_.load()) svc_->scheduler()->Cancel(job_id_).IgnoreError();
   }
 
+  // The job's answer: the report, serialised into the call's response.
+  void Answer(const grpc::Status& status) {
+    if (!status.ok()) return FinishOnce(status);
+    grpc::Status serialized = SerializeResponse(response_msg_, response_);
+    FinishOnce(serialized.ok() ? status : serialized);
+  }
+
   void Fail(const absl::Status& status) {
     rpc_internal::CountRefusal(svc_, status,
                                Metrics::InvalidInput::kAuditRequest);
@@ -176,8 +202,11 @@ class AuditStreamCall final
 
   AuditServiceImpl* const svc_;
   grpc::CallbackServerContext* const context_;
-  v1::AuditResponse* const response_;
+  grpc::ByteBuffer* const response_;
+  v1::AuditResponse response_msg_;
   CallLog log_;
+  Principal principal_;
+  grpc::ByteBuffer raw_;
   v1::AuditStreamMessage message_;
   AuditStreamAssembler assembler_;
   PriorityClass priority_ = PriorityClass::kInteractive;
@@ -191,8 +220,8 @@ class AuditStreamCall final
 
 }  // namespace
 
-grpc::ServerReadReactor<v1::AuditStreamMessage>* AuditServiceImpl::AuditStream(
-    grpc::CallbackServerContext* context, v1::AuditResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* AuditServiceImpl::AuditStream(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   auto* call = new AuditStreamCall(this, context, response);
   call->Begin();
   return call;

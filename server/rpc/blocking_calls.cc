@@ -2,6 +2,11 @@
 // fsync, SQLite) and so runs on the BlockingExecutor (PostBlocking), never
 // on a gRPC reaction thread. A Submit is acknowledged only once its spool
 // entry is durable (durable_jobs.cc explains the exactly-once rule).
+//
+// Tenants: a Submit's job belongs to the caller's tenant and its
+// idempotency key is scoped to it. GetResult and Cancel answer NOT_FOUND,
+// word for word as for an unknown id, for a job the caller may not see;
+// a caller that may see a job but not cancel it gets PERMISSION_DENIED.
 #include <memory>
 #include <string>
 #include <utility>
@@ -21,28 +26,34 @@
 namespace attnaudit::server {
 namespace rpc_internal {
 
-grpc::ServerUnaryReactor* PostBlocking(AuditServiceImpl* svc,
-                                       const char* method,
-                                       grpc::CallbackServerContext* context,
-                                       const Precheck& precheck,
-                                       BlockingWork work) {
+grpc::ServerUnaryReactor* PostBlocking(
+    AuditServiceImpl* svc, const char* method,
+    grpc::CallbackServerContext* context, uint32_t needed,
+    const Precheck& precheck, BlockingWork work,
+    std::shared_ptr<google::protobuf::Message> response,
+    grpc::ByteBuffer* response_buffer) {
   auto* call = new LoggedUnaryReactor(method, context);
-  if (grpc::Status auth = svc->auth().Check(*context); !auth.ok()) {
-    call->Done(auth);
+  svc->CountRequest();
+  absl::StatusOr<Principal> principal =
+      Authorize(svc, *context, needed, method);
+  if (!principal.ok()) {
+    call->Done(ToGrpcStatus(principal.status()));
     return call;
   }
-  if (absl::Status s = precheck(&call->log()); !s.ok()) {
+  if (absl::Status s = precheck(*principal, &call->log()); !s.ok()) {
     call->Done(ToGrpcStatus(s));
     return call;
   }
-  const bool posted =
-      svc->executor()->Post([call, context, work = std::move(work)] {
+  const bool posted = svc->executor()->Post(
+      [call, context, work = std::move(work), caller = *std::move(principal),
+       response = std::move(response), response_buffer] {
         absl::Duration retry_after = absl::ZeroDuration();
-        absl::Status s = work(&call->log(), &retry_after);
+        absl::Status s = work(caller, &call->log(), &retry_after);
         if (s.code() == absl::StatusCode::kResourceExhausted) {
           AddRetryAfter(context, retry_after);
         }
-        call->Done(ToGrpcStatus(s));
+        if (!s.ok()) return call->Done(ToGrpcStatus(s));
+        call->Done(SerializeResponse(*response, response_buffer));
       });
   if (!posted) {
     AddRetryAfter(context, absl::Milliseconds(100));
@@ -60,6 +71,8 @@ namespace {
 using rpc_internal::DecodeAuditRequest;
 using rpc_internal::DecodedAudit;
 using rpc_internal::JobLabelsOf;
+using rpc_internal::MaySee;
+using rpc_internal::StorageError;
 
 constexpr size_t kMaxIdempotencyKey = 128;
 
@@ -82,8 +95,9 @@ absl::Status CountInvalid(AuditServiceImpl* svc, absl::Status s) {
 }
 
 // Step 1: the request's own fields (priority, key, timeout, presence of
-// the snapshot) and the job id.
+// the snapshot) and the job id (an idempotent one is the caller tenant's).
 absl::StatusOr<SubmitPlan> PlanSubmit(const AuditServiceImpl& svc,
+                                      const Principal& caller,
                                       const v1::SubmitRequest& request) {
   SubmitPlan plan;
   ATTNAUDIT_ASSIGN_OR_RETURN(
@@ -110,21 +124,21 @@ absl::StatusOr<SubmitPlan> PlanSubmit(const AuditServiceImpl& svc,
   if (!request.has_snapshot()) {
     return absl::InvalidArgumentError("snapshot: missing");
   }
-  plan.job_id = plan.key.empty() ? NewJobId('s') : IdempotentJobId(plan.key);
+  if (plan.key.empty()) {
+    ATTNAUDIT_ASSIGN_OR_RETURN(plan.job_id, NewJobId('s'));
+  } else {
+    plan.job_id = svc.job_id_key().IdempotentJobId(caller.tenant, plan.key);
+  }
   return plan;
 }
 
-// Step 2: serialises the request as received into *payload (the durable
-// copy, before its bytes move), then decodes and validates it (bad input
-// creates no job) and checks admission (advisory; Submit re-checks).
+// Step 2: decodes and validates the request (bad input creates no job) and
+// checks admission (advisory; Submit re-checks).
 absl::StatusOr<DecodedAudit> DecodeAndAdmit(AuditServiceImpl* svc,
+                                            const Principal& caller,
                                             const SubmitPlan& plan,
                                             v1::SubmitRequest* request,
-                                            std::string* payload,
                                             absl::Duration* retry_after) {
-  if (!request->SerializeToString(payload)) {
-    return absl::InternalError("could not serialise the request");
-  }
   absl::StatusOr<DecodedAudit> audit = DecodeAuditRequest(request);
   if (!audit.ok()) return CountInvalid(svc, audit.status());
   if (absl::StatusOr<ResolvedLayout> layout =
@@ -132,11 +146,14 @@ absl::StatusOr<DecodedAudit> DecodeAndAdmit(AuditServiceImpl* svc,
       !layout.ok()) {
     return CountInvalid(svc, PrefixStatus("snapshot.", layout.status()));
   }
+  AdmissionQuery query;
+  query.priority = plan.priority;
+  query.bytes = rpc_internal::SnapshotTensorBytes(audit->snapshot);
+  query.tenant = caller.tenant;
+  query.quota = caller.quota;
+  query.deadline = plan.deadline;
   SubmitRejection why;
-  if (absl::Status s = svc->scheduler()->CheckAdmission(
-          plan.priority, rpc_internal::SnapshotTensorBytes(audit->snapshot),
-          &why);
-      !s.ok()) {
+  if (absl::Status s = svc->scheduler()->CheckAdmission(query, &why); !s.ok()) {
     svc->metrics()->CountRejection(why.reason);
     *retry_after = why.retry_after;
     return s;
@@ -146,9 +163,10 @@ absl::StatusOr<DecodedAudit> DecodeAndAdmit(AuditServiceImpl* svc,
 
 // Step 3: writes the spool entry (fsync). *deduplicated when an idempotent
 // Submit with the same key already spooled it.
-absl::Status SpoolSubmit(AuditServiceImpl* svc, const SubmitPlan& plan,
-                         const Labels& labels, const std::string& payload,
-                         bool* deduplicated, absl::Duration* retry_after) {
+absl::Status SpoolSubmit(AuditServiceImpl* svc, const Principal& caller,
+                         const SubmitPlan& plan, const Labels& labels,
+                         const std::string& payload, bool* deduplicated,
+                         absl::Duration* retry_after) {
   SpoolMetadata meta;
   meta.priority = static_cast<int32_t>(plan.priority);
   meta.created = plan.created;
@@ -156,34 +174,35 @@ absl::Status SpoolSubmit(AuditServiceImpl* svc, const SubmitPlan& plan,
   meta.model = labels.model;
   meta.layer = labels.layer;
   meta.engine = labels.engine;
+  meta.tenant = caller.tenant;
   absl::Status s = svc->spool()->Put(plan.job_id, meta, payload);
   if (s.code() == absl::StatusCode::kAlreadyExists && !plan.key.empty()) {
     *deduplicated = true;
     return absl::OkStatus();
   }
+  if (s.ok()) return s;
   if (s.code() == absl::StatusCode::kResourceExhausted) {
     *retry_after = absl::Seconds(1);
   }
-  if (!s.ok()) {
-    ATTNAUDIT_LOG(err, "spool write failed")
-        .Kv("job_id", plan.job_id)
-        .Kv("status", s);
-  }
-  return s;
+  return StorageError("could not store the job", s);
 }
 
 // Step 4: hands the spooled job to the scheduler (dropping the entry if it
-// is refused) and records it QUEUED in the store.
-absl::Status ScheduleSubmit(AuditServiceImpl* svc, const SubmitPlan& plan,
-                            DecodedAudit audit, absl::Duration* retry_after) {
+// is refused) and records it QUEUED in the store. The job is registered
+// with DurableJobs first, so it is visible even when the store cannot take
+// the QUEUED row (a full disk).
+absl::Status ScheduleSubmit(AuditServiceImpl* svc, const Principal& caller,
+                            const SubmitPlan& plan, DecodedAudit audit,
+                            absl::Duration* retry_after) {
   const JobLabels labels = JobLabelsOf(audit.snapshot.labels);
   SubmitRejection why;
   if (absl::Status s = svc->scheduler()->Submit(
-          rpc_internal::MakeDurableJob(svc, plan.job_id, plan.priority,
-                                       plan.deadline, plan.created,
-                                       std::move(audit)),
+          rpc_internal::MakeDurableJob(
+              svc, plan.job_id, caller.tenant, caller.quota, plan.priority,
+              plan.deadline, plan.created, std::move(audit)),
           &why);
       !s.ok()) {
+    svc->durable()->Forget(plan.job_id);
     if (absl::Status r = svc->spool()->Remove(plan.job_id); !r.ok()) {
       ATTNAUDIT_LOG(warn, "spool remove failed")
           .Kv("job_id", plan.job_id)
@@ -195,23 +214,33 @@ absl::Status ScheduleSubmit(AuditServiceImpl* svc, const SubmitPlan& plan,
   // Insert-or-ignore: harmless if the job already finished.
   absl::StatusOr<bool> recorded =
       svc->store()->RecordQueued(rpc_internal::QueuedRecord(
-          plan.job_id, plan.priority, labels, plan.created));
+          plan.job_id, caller.tenant, plan.priority, labels, plan.created));
   if (!recorded.ok()) {
-    ATTNAUDIT_LOG(warn, "result store RecordQueued failed")
+    ATTNAUDIT_LOG(warn, "result store RecordQueued failed; job stays visible")
         .Kv("job_id", plan.job_id)
         .Kv("status", recorded.status());
   }
   return absl::OkStatus();
 }
 
+// Whether the idempotent job `job_id` is known already.
+bool KnownJob(AuditServiceImpl* svc, const std::string& job_id) {
+  return svc->durable()->Get(job_id).has_value() ||
+         svc->store()->Get(job_id).ok() || svc->spool()->Contains(job_id);
+}
+
 // The body of Submit, on the executor. Fills *response on OK.
-absl::Status DoSubmit(AuditServiceImpl* svc, v1::SubmitRequest* request,
-                      v1::SubmitResponse* response, CallLog* log,
-                      absl::Duration* retry_after) {
-  const int64_t wire_bytes = static_cast<int64_t>(request->ByteSizeLong());
-  svc->metrics()->AddBytesReceived(wire_bytes);
-  log->set_bytes(wire_bytes);
-  absl::StatusOr<SubmitPlan> plan = PlanSubmit(*svc, *request);
+absl::Status DoSubmit(AuditServiceImpl* svc, const Principal& caller,
+                      const grpc::ByteBuffer* raw, v1::SubmitResponse* response,
+                      CallLog* log, absl::Duration* retry_after) {
+  // The bytes as received are both the durable copy and what is parsed.
+  std::string payload = rpc_internal::TakeRequestBytes(raw);
+  svc->metrics()->AddBytesReceived(static_cast<int64_t>(payload.size()));
+  log->set_bytes(static_cast<int64_t>(payload.size()));
+  v1::SubmitRequest request;
+  ATTNAUDIT_RETURN_IF_ERROR(
+      CountInvalid(svc, rpc_internal::ParseRequestBytes(payload, &request)));
+  absl::StatusOr<SubmitPlan> plan = PlanSubmit(*svc, caller, request);
   if (!plan.ok()) return CountInvalid(svc, plan.status());
   log->set_job_id(plan->job_id);
   response->set_job_id(plan->job_id);
@@ -223,51 +252,77 @@ absl::Status DoSubmit(AuditServiceImpl* svc, v1::SubmitRequest* request,
   auto end_submit = absl::MakeCleanup([svc, idempotent, &plan] {
     if (idempotent) svc->EndIdempotentSubmit(plan->job_id);
   });
-  if (idempotent && (svc->store()->Get(plan->job_id).ok() ||
-                     svc->spool()->Contains(plan->job_id))) {
+  if (idempotent && KnownJob(svc, plan->job_id)) {
     response->set_deduplicated(true);
     return absl::OkStatus();
   }
-  std::string payload;
   ATTNAUDIT_ASSIGN_OR_RETURN(
       DecodedAudit audit,
-      DecodeAndAdmit(svc, *plan, request, &payload, retry_after));
+      DecodeAndAdmit(svc, caller, *plan, &request, retry_after));
+  rpc_internal::CountTruncatedLabels(svc, audit.truncated);
   bool deduplicated = false;
-  ATTNAUDIT_RETURN_IF_ERROR(SpoolSubmit(svc, *plan, audit.snapshot.labels,
-                                        payload, &deduplicated, retry_after));
+  ATTNAUDIT_RETURN_IF_ERROR(SpoolSubmit(svc, caller, *plan,
+                                        audit.snapshot.labels, payload,
+                                        &deduplicated, retry_after));
   response->set_deduplicated(deduplicated);
   if (deduplicated) return absl::OkStatus();
   std::string().swap(payload);  // on disk now; free the copy
-  return ScheduleSubmit(svc, *plan, std::move(audit), retry_after);
+  return ScheduleSubmit(svc, caller, *plan, std::move(audit), retry_after);
 }
 
-absl::Status DoGetResult(AuditServiceImpl* svc, const std::string& job_id,
-                         v1::JobResult* response) {
-  absl::StatusOr<ResultRecord> rec = svc->store()->Get(job_id);
-  if (rec.status().code() == absl::StatusCode::kNotFound) {
-    return absl::NotFoundError(
-        absl::StrCat("job_id: no stored job '", job_id,
-                     "' (unknown, pruned, or an Audit call's job)"));
+absl::Status UnknownJob(const std::string& job_id) {
+  return absl::NotFoundError(
+      absl::StrCat("job_id: no stored job '", job_id,
+                   "' (unknown, pruned, or an Audit call's job)"));
+}
+
+absl::Status DoGetResult(AuditServiceImpl* svc, const Principal& caller,
+                         const std::string& job_id, v1::JobResult* response) {
+  // A job between acknowledgement and the commit of its result.
+  if (absl::optional<ResultRecord> live = svc->durable()->Get(job_id);
+      live.has_value()) {
+    if (!MaySee(caller, live->tenant)) return UnknownJob(job_id);
+    *response = rpc_internal::RecordToJobResult(*live);
+    return absl::OkStatus();
   }
-  ATTNAUDIT_RETURN_IF_ERROR(rec.status());
+  absl::StatusOr<ResultRecord> rec = svc->store()->Get(job_id);
+  if (rec.status().code() == absl::StatusCode::kNotFound ||
+      (rec.ok() && !MaySee(caller, rec->tenant))) {
+    return UnknownJob(job_id);
+  }
+  if (!rec.ok()) return StorageError("result store", rec.status());
   *response = rpc_internal::RecordToJobResult(*rec);
   return absl::OkStatus();
 }
 
-absl::Status DoCancel(AuditServiceImpl* svc, const std::string& job_id,
-                      v1::CancelResponse* response) {
-  absl::Status cancelled = svc->scheduler()->Cancel(job_id);
-  if (cancelled.ok()) {
-    response->set_state(v1::JOB_STATE_CANCELLED);
+// The owner of a queued, running, finishing or stored job; NotFound when
+// there is none.
+absl::StatusOr<std::string> OwnerOf(AuditServiceImpl* svc,
+                                    const std::string& job_id) {
+  if (absl::StatusOr<std::string> o = svc->scheduler()->OwnerOf(job_id);
+      o.ok()) {
+    return o;
+  }
+  if (absl::optional<ResultRecord> live = svc->durable()->Get(job_id);
+      live.has_value()) {
+    return live->tenant;
+  }
+  absl::StatusOr<ResultRecord> rec = svc->store()->Get(job_id);
+  if (!rec.ok()) return rec.status();
+  return rec->tenant;
+}
+
+// Cancel of a job the scheduler no longer holds: a finishing job keeps
+// running to its result; a stored one keeps its state; one that is
+// spooled but not yet resumed is recorded cancelled.
+absl::Status CancelUnscheduled(AuditServiceImpl* svc, const std::string& job_id,
+                               v1::CancelResponse* response) {
+  if (svc->durable()->Get(job_id).has_value()) {
+    response->set_state(v1::JOB_STATE_RUNNING);  // its result is being stored
     return absl::OkStatus();
   }
-  if (cancelled.code() != absl::StatusCode::kNotFound) return cancelled;
   absl::StatusOr<ResultRecord> rec = svc->store()->Get(job_id);
-  if (rec.status().code() == absl::StatusCode::kNotFound) {
-    return absl::NotFoundError(absl::StrCat(
-        "job_id: no queued, running or stored job '", job_id, "'"));
-  }
-  ATTNAUDIT_RETURN_IF_ERROR(rec.status());
+  if (!rec.ok()) return StorageError("result store", rec.status());
   if (IsTerminal(rec->state)) {
     response->set_state(rpc_internal::JobStateToProto(rec->state));
     return absl::OkStatus();
@@ -279,71 +334,99 @@ absl::Status DoCancel(AuditServiceImpl* svc, const std::string& job_id,
       svc, rpc_internal::TerminalRecord(
                *rec, absl::CancelledError("cancelled before it was "
                                           "scheduled")));
-  absl::StatusOr<ResultRecord> now = svc->store()->Get(job_id);
-  response->set_state(now.ok() ? rpc_internal::JobStateToProto(now->state)
-                               : v1::JOB_STATE_CANCELLED);
+  response->set_state(v1::JOB_STATE_CANCELLED);
   return absl::OkStatus();
 }
 
-// A call about one job (GetResult, Cancel): the id goes into the call's log
-// line and must be valid, then `body` runs on the executor. `job_id` is a
-// field of the request, which gRPC keeps alive until the call finishes.
-template <typename Response>
+absl::Status DoCancel(AuditServiceImpl* svc, const Principal& caller,
+                      const std::string& job_id, v1::CancelResponse* response) {
+  absl::StatusOr<std::string> owner = OwnerOf(svc, job_id);
+  if (owner.status().code() == absl::StatusCode::kNotFound ||
+      (owner.ok() && !MaySee(caller, *owner))) {
+    return absl::NotFoundError(absl::StrCat(
+        "job_id: no queued, running or stored job '", job_id, "'"));
+  }
+  if (!owner.ok()) return StorageError("result store", owner.status());
+  if (*owner != caller.tenant && !caller.CancelsAll()) {
+    svc->metrics()->CountRejection(RejectReason::kPermissionDenied);
+    return absl::PermissionDeniedError(
+        "Cancel of another tenant's job needs the admin permission");
+  }
+  absl::Status cancelled = svc->scheduler()->Cancel(job_id);
+  if (cancelled.ok()) {
+    response->set_state(v1::JOB_STATE_CANCELLED);
+    return absl::OkStatus();
+  }
+  if (cancelled.code() != absl::StatusCode::kNotFound) return cancelled;
+  return CancelUnscheduled(svc, job_id, response);
+}
+
+// A call about one job (GetResult, Cancel): the request is parsed and the
+// id, which goes into the call's log line, must be valid; then `body`
+// runs on the executor.
+template <typename Request, typename Response>
 grpc::ServerUnaryReactor* PostJobCall(
-    AuditServiceImpl* svc, const char* method,
-    grpc::CallbackServerContext* context, const std::string& job_id,
-    Response* response,
-    absl::Status (*body)(AuditServiceImpl*, const std::string&, Response*)) {
+    AuditServiceImpl* svc, const char* method, uint32_t needed,
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* raw_response,
+    absl::Status (*body)(AuditServiceImpl*, const Principal&,
+                         const std::string&, Response*)) {
+  auto request = std::make_shared<Request>();
+  auto response = std::make_shared<Response>();
   return rpc_internal::PostBlocking(
-      svc, method, context,
-      [svc, &job_id](CallLog* log) {
-        log->set_job_id(job_id);
-        absl::Status valid = ValidateJobId(job_id);
+      svc, method, context, needed,
+      [svc, raw, request](const Principal&, CallLog* log) {
+        absl::Status valid = rpc_internal::ParseRequest(raw, request.get());
+        if (valid.ok()) {
+          log->set_job_id(request->job_id());
+          valid = ValidateJobId(request->job_id());
+        }
         rpc_internal::CountRefusal(svc, valid,
                                    Metrics::InvalidInput::kOtherRequest);
         return valid;
       },
-      [svc, &job_id, response, body](CallLog*, absl::Duration*) {
-        return body(svc, job_id, response);
-      });
+      [svc, request, response, body](const Principal& caller, CallLog*,
+                                     absl::Duration*) {
+        return body(svc, caller, request->job_id(), response.get());
+      },
+      response, raw_response);
 }
 
 }  // namespace
 
 grpc::ServerUnaryReactor* AuditServiceImpl::Submit(
-    grpc::CallbackServerContext* context, const v1::SubmitRequest* request,
-    v1::SubmitResponse* response) {
-  // The request comes from this service's allocator (audit_service.cc), so
-  // its bytes may be moved out.
-  auto* mutable_request = const_cast<v1::SubmitRequest*>(request);
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  auto msg = std::make_shared<v1::SubmitResponse>();
   return rpc_internal::PostBlocking(
-      this, "Submit", context,
-      [this](CallLog*) {
+      this, "Submit", context, kPermSubmit,
+      [this](const Principal&, CallLog*) {
         if (!draining()) return absl::OkStatus();
         metrics_->CountRejection(RejectReason::kDraining);
         return absl::UnavailableError("server is draining; retry elsewhere");
       },
-      [this, mutable_request, response](CallLog* log,
-                                        absl::Duration* retry_after) {
+      [this, request, msg](const Principal& caller, CallLog* log,
+                           absl::Duration* retry_after) {
         absl::Status s =
-            DoSubmit(this, mutable_request, response, log, retry_after);
-        if (!s.ok()) response->Clear();
+            DoSubmit(this, caller, request, msg.get(), log, retry_after);
+        if (!s.ok()) msg->Clear();
         return s;
-      });
+      },
+      msg, response);
 }
 
 grpc::ServerUnaryReactor* AuditServiceImpl::GetResult(
-    grpc::CallbackServerContext* context, const v1::GetResultRequest* request,
-    v1::JobResult* response) {
-  return PostJobCall(this, "GetResult", context, request->job_id(), response,
-                     &DoGetResult);
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return PostJobCall<v1::GetResultRequest, v1::JobResult>(
+      this, "GetResult", kPermRead, context, request, response, &DoGetResult);
 }
 
 grpc::ServerUnaryReactor* AuditServiceImpl::Cancel(
-    grpc::CallbackServerContext* context, const v1::CancelRequest* request,
-    v1::CancelResponse* response) {
-  return PostJobCall(this, "Cancel", context, request->job_id(), response,
-                     &DoCancel);
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return PostJobCall<v1::CancelRequest, v1::CancelResponse>(
+      this, "Cancel", kPermCancel, context, request, response, &DoCancel);
 }
 
 }  // namespace attnaudit::server

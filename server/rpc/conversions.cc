@@ -28,7 +28,9 @@ absl::StatusOr<DecodedAudit> DecodeAudit(bool has_snapshot,
   if (!audit_options.ok()) {
     return PrefixStatus("options.", audit_options.status());
   }
-  return DecodedAudit{*std::move(decoded), *std::move(audit_options)};
+  DecodedAudit audit{*std::move(decoded), *std::move(audit_options), {}};
+  audit.truncated = BoundLabels(&audit.snapshot.labels);
+  return audit;
 }
 
 }  // namespace
@@ -219,6 +221,15 @@ absl::StatusOr<DecodedAudit> DecodeAuditRequest(v1::SubmitRequest* request) {
   const bool has_snapshot = request->has_snapshot();
   return DecodeAudit(has_snapshot, request->mutable_snapshot(),
                      request->options());
+}
+
+void CountTruncatedLabels(AuditServiceImpl* svc, const LabelTruncations& t) {
+  if (t.total() == 0) return;
+  Metrics* m = svc->metrics();
+  m->CountTruncatedLabel("model", t.model);
+  m->CountTruncatedLabel("engine", t.engine);
+  m->CountTruncatedLabel("backend", t.backend);
+  m->CountTruncatedLabel("request_id", t.request_ids);
 }
 
 void ApplyServerOptions(const AuditServiceImpl& svc, AuditOptions* options) {

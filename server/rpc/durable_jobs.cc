@@ -8,7 +8,10 @@
 // committed to the store BEFORE its spool entry is removed; PutResult never
 // overwrites a terminal row. So a crash anywhere leaves either the spool
 // entry (the job is re-run on the next start) or the result (the entry is
-// dropped on the next start), and a job never gets two results.
+// dropped on the next start), and a job never gets two results. A commit
+// the store refuses (a full disk) is retried by DurableJobs with backoff
+// until it succeeds, while the job stays visible as RUNNING
+// (durable_registry.h).
 #include <functional>
 #include <memory>
 #include <string>
@@ -23,27 +26,18 @@
 namespace attnaudit::server::rpc_internal {
 namespace {
 
-// Commits `rec` (a terminal result) to the store, then removes the spool
-// entry and, when the row is new and someone watches, publishes
-// `make_result()`. On a store error the entry stays: the job runs again
-// after a restart and PutResult keeps it to one result.
-void CommitResult(AuditServiceImpl* svc, const ResultRecord& rec,
-                  const std::function<v1::JobResult()>& make_result) {
-  absl::StatusOr<bool> put = svc->store()->PutResult(rec);
-  if (!put.ok()) {
-    ATTNAUDIT_LOG(err, "result store write failed; job stays spooled")
-        .Kv("job_id", rec.job_id)
-        .Kv("status", put.status());
-    return;
-  }
-  if (absl::Status s = svc->spool()->Remove(rec.job_id); !s.ok()) {
-    ATTNAUDIT_LOG(warn, "spool remove failed")
-        .Kv("job_id", rec.job_id)
-        .Kv("status", s);
-  }
-  if (*put && svc->watch_hub()->HasWatchers()) {
-    PublishResult(svc, make_result());
-  }
+// Hands a terminal result to DurableJobs, which commits it now (store,
+// then spool entry) and keeps retrying when the store refuses; once the
+// row is new, it is published to the watchers.
+void StoreResult(AuditServiceImpl* svc, ResultRecord rec,
+                 std::function<v1::JobResult()> make_result) {
+  const std::string tenant = rec.tenant;
+  svc->durable()->Finish(std::move(rec),
+                         [svc, tenant, make_result = std::move(make_result)] {
+                           if (svc->watch_hub()->HasWatchers()) {
+                             PublishResult(svc, make_result(), tenant);
+                           }
+                         });
 }
 
 // The completion of a durable (Submit or resumed) job.
@@ -53,33 +47,49 @@ void CompleteDurable(AuditServiceImpl* svc, const JobOutcome& outcome,
   if (outcome.status.code() == absl::StatusCode::kUnavailable) {
     // Drain or shutdown: not a result. The spool entry stays and the next
     // start resumes the job.
+    svc->durable()->Forget(outcome.job_id);
     ATTNAUDIT_LOG(info, "job left spooled for the next start")
         .Kv("job_id", outcome.job_id);
     return;
   }
-  ResultRecord rec = TerminalRecord(outcome.job_id, outcome.priority,
-                                    outcome.labels, created, outcome.status);
+  ResultRecord rec =
+      TerminalRecord(outcome.job_id, outcome.tenant, outcome.priority,
+                     outcome.labels, created, outcome.status);
   if (outcome.ran && started != absl::InfinitePast()) rec.started = started;
-  v1::AuditReport report;
+  auto report = std::make_shared<v1::AuditReport>();
   if (outcome.status.ok()) {
     rec.verdict = static_cast<int>(outcome.report.verdict);
-    ReportToProto(outcome.report, &report);
-    report.SerializeToString(&rec.report);
+    ReportToProto(outcome.report, report.get());
+    report->SerializeToString(&rec.report);
   }
-  CommitResult(svc, rec, [&] {
+  StoreResult(svc, std::move(rec), [outcome, labels, created, started, report] {
     v1::JobResult result =
         OutcomeToJobResult(outcome, labels, created, started);
-    if (outcome.status.ok()) *result.mutable_report() = std::move(report);
+    if (outcome.status.ok()) *result.mutable_report() = *report;
     return result;
   });
 }
 
 }  // namespace
 
-ResultRecord TerminalRecord(const std::string& job_id, PriorityClass priority,
+absl::StatusOr<bool> CommitResult(AuditServiceImpl* svc,
+                                  const ResultRecord& rec) {
+  absl::StatusOr<bool> put = svc->store()->PutResult(rec);
+  if (!put.ok()) return put.status();
+  if (absl::Status s = svc->spool()->Remove(rec.job_id); !s.ok()) {
+    // The result is stored: the next start drops the entry unrun.
+    ATTNAUDIT_LOG(warn, "spool remove failed")
+        .Kv("job_id", rec.job_id)
+        .Kv("status", s);
+  }
+  return put;
+}
+
+ResultRecord TerminalRecord(const std::string& job_id,
+                            const std::string& tenant, PriorityClass priority,
                             const JobLabels& labels, absl::Time created,
                             const absl::Status& status) {
-  ResultRecord rec = QueuedRecord(job_id, priority, labels, created);
+  ResultRecord rec = QueuedRecord(job_id, tenant, priority, labels, created);
   rec.state = TerminalStateOf(status);
   rec.finished = absl::Now();
   rec.error_code = static_cast<int>(status.code());
@@ -89,15 +99,17 @@ ResultRecord TerminalRecord(const std::string& job_id, PriorityClass priority,
 
 ResultRecord TerminalRecord(const ResultRecord& known,
                             const absl::Status& status) {
-  return TerminalRecord(known.job_id,
+  return TerminalRecord(known.job_id, known.tenant,
                         static_cast<PriorityClass>(known.priority),
                         JobLabelsOf(known), known.created, status);
 }
 
-ResultRecord QueuedRecord(const std::string& job_id, PriorityClass priority,
-                          const JobLabels& labels, absl::Time created) {
+ResultRecord QueuedRecord(const std::string& job_id, const std::string& tenant,
+                          PriorityClass priority, const JobLabels& labels,
+                          absl::Time created) {
   ResultRecord rec;
   rec.job_id = job_id;
+  rec.tenant = tenant;
   rec.state = JobState::kQueued;
   rec.priority = static_cast<int32_t>(priority);
   rec.model = labels.model;
@@ -108,19 +120,25 @@ ResultRecord QueuedRecord(const std::string& job_id, PriorityClass priority,
 }
 
 void FailSpooledJob(AuditServiceImpl* svc, const ResultRecord& rec) {
-  CommitResult(svc, rec, [&rec] { return RecordToJobResult(rec); });
+  StoreResult(svc, rec, [rec] { return RecordToJobResult(rec); });
 }
 
 std::unique_ptr<Job> MakeDurableJob(AuditServiceImpl* svc,
                                     const std::string& job_id,
+                                    const std::string& tenant,
+                                    const TenantQuota& quota,
                                     PriorityClass priority, absl::Time deadline,
                                     absl::Time created, DecodedAudit audit) {
   auto job = std::make_unique<Job>();
   job->id = job_id;
   job->priority = priority;
   job->deadline = deadline;
+  job->tenant = tenant;
+  job->quota = quota;
   job->labels = JobLabelsOf(audit.snapshot.labels);
   job->bytes = SnapshotTensorBytes(audit.snapshot);
+  svc->durable()->Add(
+      QueuedRecord(job_id, tenant, priority, job->labels, created));
   Labels labels = audit.snapshot.labels;
   job->snapshot = std::move(audit.snapshot);
   ApplyServerOptions(*svc, &audit.options);
@@ -129,6 +147,7 @@ std::unique_ptr<Job> MakeDurableJob(AuditServiceImpl* svc,
   auto started = std::make_shared<absl::Time>(absl::InfinitePast());
   job->on_start = [svc, started](const Job& j, absl::string_view) {
     *started = absl::Now();
+    svc->durable()->MarkRunning(j.id, *started);
     absl::StatusOr<bool> marked = svc->store()->MarkRunning(j.id, *started);
     if (!marked.ok()) {
       ATTNAUDIT_LOG(warn, "result store MarkRunning failed")

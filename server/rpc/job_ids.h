@@ -1,38 +1,52 @@
-// Job ids and bearer-token checks for the RPC layer.
+// Job ids for the RPC layer.
 //
-// Ids are spool file names (server/spool ValidateJobId: [A-Za-z0-9_.-]):
-//   NewJobId('s') -> "s0190a3c4e2f1000001a1b2c3d4"  (kind, ms, counter, random)
-// unique across restarts (time + process-random) and sortable by creation.
+// Ids are spool file names (server/spool ValidateJobId: [A-Za-z0-9_.-]) and
+// must not be guessable: knowing one id must not help to find another
+// tenant's job. So every fresh id carries 128 random bits from OpenSSL's
+// CSPRNG (RAND_bytes), after the creation time in milliseconds (which
+// keeps a directory listing roughly in creation order, and is no secret):
+//   NewJobId('s') -> "s0190a3c4e2f" + 32 hex digits   (44 characters)
+//
 // An idempotent Submit's id is derived from its key, so a retry after a
-// crash maps onto the same job without any extra state:
-//   IdempotentJobId("k1") -> "k" + 32 hex digits of SHA-256("k1")
+// crash maps onto the same job without any extra state. It is a keyed hash
+// (HMAC-SHA256) of the caller's tenant and key under a secret of this data
+// directory, so ids of other tenants' keys cannot be computed, and the same
+// key of two tenants names two jobs:
+//   JobIdKey::IdempotentJobId("fleet-a", "k1") -> "k" + 32 hex digits
+// The secret is 32 random bytes in <data_dir>/job-id.key (mode 0600),
+// created on first start; moving a data directory moves it along.
+//
 // Thread-safe.
 #ifndef ATTNAUDIT_SERVER_RPC_JOB_IDS_H_
 #define ATTNAUDIT_SERVER_RPC_JOB_IDS_H_
 
-#include <grpcpp/grpcpp.h>
-
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace attnaudit::server {
 
-// `kind`: 'a' Audit/AuditStream, 's' Submit.
-std::string NewJobId(char kind);
-std::string IdempotentJobId(absl::string_view key);
+// `kind`: 'a' Audit/AuditStream, 's' Submit. Internal when the CSPRNG
+// fails (no id is better than a guessable one).
+absl::StatusOr<std::string> NewJobId(char kind);
 
-// Checks the "authorization: Bearer <token>" metadata of a call in
-// constant time. An empty token disables the check. The token is never
-// logged or echoed in errors.
-class TokenAuth {
+class JobIdKey {
  public:
-  explicit TokenAuth(std::string token) : token_(std::move(token)) {}
-  // OK, or UNAUTHENTICATED.
-  grpc::Status Check(const grpc::CallbackServerContext& context) const;
+  // Reads <data_dir>/job-id.key, creating it (write, fsync, rename) when
+  // missing. Errors name the file's role, not its path ("job id key: ...").
+  static absl::StatusOr<JobIdKey> LoadOrCreate(const std::string& data_dir);
+  // A key from the given secret (tests).
+  static JobIdKey FromSecret(std::string secret) {
+    return JobIdKey(std::move(secret));
+  }
+
+  std::string IdempotentJobId(absl::string_view tenant,
+                              absl::string_view key) const;
 
  private:
-  std::string token_;
+  explicit JobIdKey(std::string secret) : secret_(std::move(secret)) {}
+  std::string secret_;
 };
 
 }  // namespace attnaudit::server

@@ -1,9 +1,15 @@
 #include "server/rpc/server.h"
 
+#include <fcntl.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <malloc.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <utility>
 
@@ -52,6 +58,49 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
   return grpc::SslServerCredentials(ssl);
 }
 
+// Checks that the data directory can be created, written and synced, so
+// that a read-only or full file system is found at start, in one line
+// naming the flag, rather than by the first Submit.
+absl::Status ProbeDataDir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  auto fail = [&dir](int err) {
+    const char* why =
+        err == EROFS                     ? "the file system is read-only"
+        : err == ENOSPC || err == EDQUOT ? "no space left on the file system"
+        : err == EACCES || err == EPERM  ? "not writable (permission denied)"
+                                         : std::strerror(err);
+    return absl::FailedPreconditionError(
+        absl::StrCat("--data-dir ", dir, ": ", why,
+                     "; the spool and results.db need a writable directory "
+                     "with free space"));
+  };
+  if (ec) return fail(ec.value());
+  // 1 MiB: a disk with less than that free is full for our purposes.
+  const std::string probe = dir + "/.write-probe";
+  const int fd =
+      ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return fail(errno);
+  const std::string block(64 << 10, '\0');
+  int err = 0;
+  for (int i = 0; i < 16 && err == 0; ++i) {
+    if (::write(fd, block.data(), block.size()) !=
+        static_cast<ssize_t>(block.size())) {
+      err = errno != 0 ? errno : ENOSPC;
+    }
+  }
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return err == 0 ? absl::OkStatus() : fail(err);
+}
+
+// "--data-dir DIR: <what failed>" for errors of the store and spool.
+absl::Status DataDirError(const std::string& dir, const absl::Status& s) {
+  return absl::Status(s.code(),
+                      absl::StrCat("--data-dir ", dir, ": ", s.message()));
+}
+
 int ClampMs(absl::Duration d) {
   const int64_t ms = absl::ToInt64Milliseconds(d);
   return static_cast<int>(std::min<int64_t>(ms, INT32_MAX));
@@ -83,6 +132,10 @@ void ApplyConnectionOptions(const ConnectionOptions& c,
   if (c.max_connection_idle > absl::ZeroDuration()) {
     builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
                                 ClampMs(c.max_connection_idle));
+  }
+  if (c.max_concurrent_streams > 0) {
+    builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                                c.max_concurrent_streams);
   }
 }
 
@@ -129,6 +182,12 @@ absl::Status AuditServer::Init() {
     return absl::InvalidArgumentError(
         "--max-message-bytes: must be in [4096, 2147483647]");
   }
+  if (!(o.interactive_reserve >= 0 && o.interactive_reserve < 1)) {
+    return absl::InvalidArgumentError(
+        "--interactive-reserve: must be in [0, 1)");
+  }
+  started_ = absl::Now();
+  ATTNAUDIT_RETURN_IF_ERROR(OpenAuth());
   std::vector<std::unique_ptr<Device>> devices = MakeDevices();
   ATTNAUDIT_RETURN_IF_ERROR(OpenMetrics(devices));
   ATTNAUDIT_RETURN_IF_ERROR(OpenStorage());
@@ -136,13 +195,15 @@ absl::Status AuditServer::Init() {
   sched.devices = std::move(devices);
   sched.max_queued = o.queue_capacity;
   sched.max_queued_bytes = o.memory_budget_bytes;
+  sched.interactive_reserved_bytes = static_cast<int64_t>(
+      o.interactive_reserve * static_cast<double>(o.memory_budget_bytes));
   sched.listener = metrics_->scheduler_listener();
   ATTNAUDIT_ASSIGN_OR_RETURN(scheduler_, Scheduler::Create(std::move(sched)));
   executor_ =
       std::make_unique<BlockingExecutor>(o.blocking_threads, o.blocking_queue);
   service_ = std::make_unique<AuditServiceImpl>(
       MakeServiceOptions(), scheduler_.get(), spool_.get(), store_.get(),
-      metrics_.get(), executor_.get());
+      metrics_.get(), executor_.get(), auth_.get(), *job_id_key_);
   ATTNAUDIT_RETURN_IF_ERROR(StartGrpc());
   StartBackgroundThreads();
   return absl::OkStatus();
@@ -156,11 +217,44 @@ std::vector<std::unique_ptr<Device>> AuditServer::MakeDevices() {
   return MakeCpuDevices(workers, threads);
 }
 
+absl::Status AuditServer::OpenAuth() {
+  const AuditServerOptions& o = options_;
+  if (!o.auth_token_file.empty() && !o.auth_tokens.empty()) {
+    return absl::InvalidArgumentError(
+        "--auth-token-file: give the token file or the tokens, not both");
+  }
+  if (!o.auth_tokens.empty()) {
+    // The embedded form: the same text, without a file to reload.
+    absl::StatusOr<TenantTable> table =
+        TenantTable::Parse(o.auth_tokens, o.tenant_quota);
+    if (!table.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("auth_tokens: ", table.status().message()));
+    }
+    ATTNAUDIT_ASSIGN_OR_RETURN(auth_, Authenticator::CreateFromTable(
+                                          *std::move(table), o.tenant_quota));
+    return absl::OkStatus();
+  }
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      auth_, Authenticator::Create(o.auth_token_file, o.tenant_quota));
+  return absl::OkStatus();
+}
+
+absl::Status AuditServer::ReloadCredentials() {
+  if (auth_ == nullptr) return absl::FailedPreconditionError("not started");
+  return auth_->Reload();
+}
+
 absl::Status AuditServer::OpenMetrics(
     const std::vector<std::unique_ptr<Device>>& devices) {
   const AuditServerOptions& o = options_;
+  // TLS or a token: /metrics is served by metrics_http instead of the
+  // exposer (metrics_http.h says why).
+  const bool secure = !o.metrics_tls_cert.empty() ||
+                      !o.metrics_tls_key.empty() ||
+                      !o.metrics_token_file.empty();
   MetricsOptions mo;
-  mo.listen_address = o.metrics_listen;
+  mo.listen_address = secure ? "" : o.metrics_listen;
   mo.version = ServerVersion();
   mo.max_models = o.metrics_max_models;
   mo.max_layers = o.metrics_max_layers;
@@ -179,26 +273,47 @@ absl::Status AuditServer::OpenMetrics(
                                      ": ", metrics.status().message()));
   }
   metrics_ = *std::move(metrics);
-  if (!o.metrics_listen.empty()) {
+  if (o.metrics_listen.empty()) return absl::OkStatus();
+  if (!secure) {
     std::vector<int> ports = metrics_->listening_ports();
     metrics_port_ = ports.empty() ? 0 : ports.front();
+    return absl::OkStatus();
   }
+  MetricsHttpOptions ho;
+  ho.listen_address = o.metrics_listen;
+  ho.tls_cert_file = o.metrics_tls_cert;
+  ho.tls_key_file = o.metrics_tls_key;
+  ho.token_file = o.metrics_token_file;
+  Metrics* m = metrics_.get();
+  ATTNAUDIT_ASSIGN_OR_RETURN(metrics_http_, MetricsHttpServer::Start(ho, [m] {
+                               return m->RenderText();
+                             }));
+  metrics_port_ = metrics_http_->port();
   return absl::OkStatus();
 }
 
 absl::Status AuditServer::OpenStorage() {
   const AuditServerOptions& o = options_;
+  ATTNAUDIT_RETURN_IF_ERROR(ProbeDataDir(o.data_dir));
+  absl::StatusOr<JobIdKey> key = JobIdKey::LoadOrCreate(o.data_dir);
+  if (!key.ok()) return DataDirError(o.data_dir, key.status());
+  job_id_key_ = *std::move(key);
   StoreOptions so;
   so.max_age = o.retention_age > absl::ZeroDuration()
                    ? o.retention_age
                    : absl::InfiniteDuration();
   so.max_results = o.retention_count;
   so.sync = o.sync_storage;
-  ATTNAUDIT_ASSIGN_OR_RETURN(store_, ResultStore::Open(o.data_dir, so));
+  absl::StatusOr<std::unique_ptr<ResultStore>> store =
+      ResultStore::Open(o.data_dir, so);
+  if (!store.ok()) return DataDirError(o.data_dir, store.status());
+  store_ = *std::move(store);
   SpoolOptions spo;
   spo.sync = o.sync_storage;
   spo.max_payload_bytes = std::max<int64_t>(o.max_message_bytes, 1 << 20) * 2;
-  ATTNAUDIT_ASSIGN_OR_RETURN(spool_, Spool::Open(o.data_dir, spo));
+  absl::StatusOr<std::unique_ptr<Spool>> spool = Spool::Open(o.data_dir, spo);
+  if (!spool.ok()) return DataDirError(o.data_dir, spool.status());
+  spool_ = *std::move(spool);
   return absl::OkStatus();
 }
 
@@ -213,7 +328,6 @@ ServiceOptions AuditServer::MakeServiceOptions() const {
   svc.threads_per_job = 0;  // each device's own default (MakeDevices)
   svc.queue_capacity = o.queue_capacity;
   svc.queued_bytes_budget = o.memory_budget_bytes;
-  svc.auth_token = o.auth_token;
   svc.watcher_buffer = o.watcher_buffer;
   svc.version = ServerVersion();
 #ifdef ATTNAUDIT_HAVE_CUDA
@@ -260,25 +374,58 @@ absl::Status AuditServer::StartGrpc() {
 void AuditServer::StartBackgroundThreads() {
   if (options_.resume_spool) {
     resume_thread_ = std::thread([this] {
-      resumed_.store(service_->ResumeSpool(stop_));
+      resumed_.store(service_->ResumeSpool(stop_, started_));
       resume_done_.Notify();
     });
   } else {
     resume_done_.Notify();
   }
   prune_thread_ = std::thread([this] { PruneLoop(); });
+  if (options_.reclaim_after_idle > absl::ZeroDuration()) {
+    reclaim_thread_ = std::thread([this] { ReclaimLoop(); });
+  }
+}
+
+bool AuditServer::WaitForStop(absl::Duration d) {
+  absl::MutexLock lock(&prune_mu_);
+  prune_mu_.AwaitWithTimeout(
+      absl::Condition(
+          +[](std::atomic<bool>* stop) { return stop->load(); }, &stop_),
+      d);
+  return stop_.load();
+}
+
+// Snapshot buffers are kept in the heap for reuse while the server is
+// busy (main.cc: mallopt), which makes ingest faster but would keep the
+// process at its peak size forever. Once nothing has arrived and nothing
+// is queued, running or uploading for reclaim_after_idle, freed memory is
+// handed back (malloc_trim releases the free pages of every arena).
+void AuditServer::ReclaimLoop() {
+  int64_t seen = -1;
+  absl::Time last_active = absl::Now();
+  bool dirty = false;
+  while (!WaitForStop(absl::Milliseconds(250))) {
+    const SchedulerStats st = scheduler_->Stats();
+    const int64_t requests = service_->requests_received();
+    const bool busy = st.in_flight > 0 || st.queued[0] > 0 ||
+                      st.queued[1] > 0 || service_->uploading_bytes() > 0;
+    if (busy || requests != seen) {
+      seen = requests;
+      last_active = absl::Now();
+      dirty = true;
+      continue;
+    }
+    if (dirty && absl::Now() - last_active >= options_.reclaim_after_idle) {
+      malloc_trim(0);
+      dirty = false;
+      ATTNAUDIT_LOG(debug, "idle: freed memory handed back");
+    }
+  }
 }
 
 void AuditServer::PruneLoop() {
   for (;;) {
-    {
-      absl::MutexLock lock(&prune_mu_);
-      prune_mu_.AwaitWithTimeout(
-          absl::Condition(
-              +[](std::atomic<bool>* stop) { return stop->load(); }, &stop_),
-          options_.prune_interval);
-    }
-    if (stop_.load()) return;
+    if (WaitForStop(options_.prune_interval)) return;
     absl::StatusOr<int64_t> pruned = store_->Prune(absl::Now());
     if (!pruned.ok()) {
       ATTNAUDIT_LOG(warn, "result store prune failed")
@@ -331,14 +478,18 @@ void AuditServer::Shutdown() {
   }
   if (resume_thread_.joinable()) resume_thread_.join();
   if (prune_thread_.joinable()) prune_thread_.join();
+  if (reclaim_thread_.joinable()) reclaim_thread_.join();
   if (executor_ != nullptr) executor_->Shutdown();
   server_.reset();
   scheduler_.reset();  // joins the workers
+  // Results the store still refuses stay spooled for the next start.
+  if (service_ != nullptr) service_->StopRetries();
   service_.reset();
   executor_.reset();
   spool_.reset();
   store_.reset();
   // 5. Metrics last: the final counts were scrapeable until now.
+  metrics_http_.reset();
   metrics_.reset();
 }
 

@@ -1,9 +1,12 @@
 // AuditServer: the whole service in one object, as attnaudit-server runs it
-// and as the integration tests embed it: metrics (own HTTP port), result
-// store, spool, scheduler with its device pool, the blocking executor, the
-// AuditService on gRPC's callback API, grpc.health.v1 with real service
-// names ("" and "attnaudit.v1.AuditService"), reflection, TLS/mTLS, bearer
-// token auth, keepalive and connection age, and a bounded receive size.
+// and as the integration tests embed it: metrics (own HTTP port, optionally
+// TLS and a bearer token), result store, spool, scheduler with its device
+// pool, the blocking executor, the AuditService on gRPC's callback API,
+// grpc.health.v1 with real service names ("" and
+// "attnaudit.v1.AuditService"), reflection, TLS/mTLS, tenants and
+// permissions (server/auth), keepalive and connection age, a bounded
+// receive size, and a reclaimer that hands freed memory back to the system
+// once the server has been idle for a moment after a burst.
 //
 //   AuditServerOptions options;  options.listen = "127.0.0.1:0"; ...
 //   ATTNAUDIT_ASSIGN_OR_RETURN(auto server,
@@ -37,10 +40,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "absl/types/optional.h"
 #include "core/validate/validate.h"
+#include "server/auth/tenants.h"
 #include "server/metrics/metrics.h"
+#include "server/metrics_http/metrics_http.h"
 #include "server/rpc/audit_service.h"
 #include "server/rpc/blocking_executor.h"
+#include "server/rpc/job_ids.h"
 #include "server/scheduler/device.h"
 #include "server/scheduler/scheduler.h"
 #include "server/spool/spool.h"
@@ -62,6 +69,11 @@ struct ConnectionOptions {
   absl::Duration max_connection_age = absl::Minutes(30);
   absl::Duration max_connection_age_grace = absl::Minutes(5);
   absl::Duration max_connection_idle = absl::Minutes(15);
+  // Calls one connection may have open at once. A unary request is
+  // received whole before its handler can refuse it, so this bounds the
+  // memory of requests being received on a connection (streams x the
+  // message size) on top of the memory budget. 0: gRPC's default.
+  int max_concurrent_streams = 64;
 };
 
 struct AuditServerOptions {
@@ -89,9 +101,32 @@ struct AuditServerOptions {
   absl::Duration drain_delay = absl::ZeroDuration();
   absl::Duration drain_timeout = absl::Seconds(30);
 
+  // Interactive calls keep this share of memory_budget_bytes that SAMPLED
+  // work cannot take (scheduler.h, Budgets). In [0, 1).
+  double interactive_reserve = 0.25;
+  // What one tenant may hold queued or running, unless its token-file line
+  // says otherwise (zero fields: unlimited).
+  TenantQuota tenant_quota;
+
   TlsFiles tls;
-  std::string auth_token;  // empty: no auth
+  // Tenants and permissions (server/auth/tenants.h): a token file, or for
+  // embeddings and tests the text of one; both empty: no authentication
+  // (everyone is tenant "default" with every permission). At most one.
+  std::string auth_token_file;
+  std::string auth_tokens;
   ConnectionOptions connection;
+
+  // /metrics over TLS (cert and key together) and/or behind a bearer token
+  // (the first line of the file); any of them set serves /metrics from
+  // server/metrics_http instead of prometheus-cpp's exposer.
+  std::string metrics_tls_cert;
+  std::string metrics_tls_key;
+  std::string metrics_token_file;
+
+  // After a burst, once no call has arrived and nothing has been queued or
+  // running for this long, freed memory is handed back to the system
+  // (malloc_trim). 0: never.
+  absl::Duration reclaim_after_idle = absl::Seconds(1);
 
   int metrics_max_models = 4;
   int metrics_max_layers = 16;
@@ -106,8 +141,9 @@ struct AuditServerOptions {
 class AuditServer {
  public:
   // Opens everything and starts serving. Errors name the failing part
-  // ("--listen: cannot bind localhost:50051", "--tls-cert: ...", the data
-  // dir, the metrics port).
+  // ("--listen: cannot bind localhost:50051", "--tls-cert: ...",
+  // "--data-dir DIR: the file system is read-only", the metrics port), in
+  // one line.
   static absl::StatusOr<std::unique_ptr<AuditServer>> Start(
       AuditServerOptions options);
   ~AuditServer();
@@ -120,6 +156,13 @@ class AuditServer {
 
   // The SIGTERM sequence (see the file comment). Idempotent.
   void Shutdown();
+  // SIGHUP: re-reads the token file. On error the current tenants stay in
+  // force and the error (naming the line, never a token) is returned.
+  absl::Status ReloadCredentials();
+  // Principals of the token file now in force (0 without one).
+  size_t principals() const {
+    return auth_ == nullptr ? 0 : auth_->principals();
+  }
   // Blocks until the start-up spool resume has finished (tests). False on
   // timeout.
   bool WaitForResume(absl::Duration timeout);
@@ -135,14 +178,22 @@ class AuditServer {
   absl::Status Init();
   std::vector<std::unique_ptr<Device>> MakeDevices();
   absl::Status OpenMetrics(const std::vector<std::unique_ptr<Device>>& devices);
+  absl::Status OpenAuth();
   absl::Status OpenStorage();
   ServiceOptions MakeServiceOptions() const;
   absl::Status StartGrpc();
   void StartBackgroundThreads();
   void PruneLoop();
+  void ReclaimLoop();
+  // Waits up to `d` for stop_; true when stopping.
+  bool WaitForStop(absl::Duration d);
 
   AuditServerOptions options_;
   std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<MetricsHttpServer> metrics_http_;
+  std::unique_ptr<Authenticator> auth_;
+  absl::optional<JobIdKey> job_id_key_;
+  absl::Time started_ = absl::Now();
   std::unique_ptr<ResultStore> store_;
   std::unique_ptr<Spool> spool_;
   std::unique_ptr<Scheduler> scheduler_;
@@ -157,6 +208,7 @@ class AuditServer {
   absl::Notification resume_done_;
   std::atomic<int64_t> resumed_{0};
   std::thread prune_thread_;
+  std::thread reclaim_thread_;
   absl::Mutex prune_mu_;
   absl::Mutex shutdown_mu_;
   bool shut_down_ = false;

@@ -20,11 +20,25 @@ using rpc_internal::FailSpooledJob;
 using rpc_internal::TerminalRecord;
 
 // Reads and decodes one spooled Submit. A failure is the job's terminal
-// status (the entry is corrupt or no longer decodes).
+// status (the entry is corrupt or no longer decodes), which its owner
+// reads: the spool's own error, naming files, goes to the log only.
 absl::StatusOr<DecodedAudit> ReadSpooledJob(AuditServiceImpl* svc,
                                             const std::string& id) {
   absl::StatusOr<SpoolEntry> entry = svc->spool()->Read(id);
-  if (!entry.ok()) return entry.status();
+  if (entry.status().code() == absl::StatusCode::kNotFound) {
+    return entry.status();
+  }
+  if (!entry.ok()) {
+    ATTNAUDIT_LOG(err, "spool entry unreadable")
+        .Kv("job_id", id)
+        .Kv("status", entry.status());
+    return absl::Status(
+        entry.status().code() == absl::StatusCode::kDataLoss
+            ? absl::StatusCode::kDataLoss
+            : absl::StatusCode::kInternal,
+        "the job's spool entry could not be read back after a restart "
+        "(corrupt or unreadable; kept on the server for inspection)");
+  }
   v1::SubmitRequest request;
   if (!request.ParseFromString(entry->payload)) {
     return absl::DataLossError("spool entry does not hold a SubmitRequest");
@@ -56,34 +70,44 @@ absl::Status ResumeOne(AuditServiceImpl* svc, const SpoolListing& listing,
     return absl::OkStatus();  // removed meanwhile
   }
   if (!audit.ok()) {
-    FailSpooledJob(svc, TerminalRecord(id, priority, labels, meta.created,
-                                       audit.status()));
+    FailSpooledJob(svc, TerminalRecord(id, meta.tenant, priority, labels,
+                                       meta.created, audit.status()));
     return absl::OkStatus();
   }
-  absl::StatusOr<bool> recorded = svc->store()->RecordQueued(
-      rpc_internal::QueuedRecord(id, priority, labels, meta.created));
+  absl::StatusOr<bool> recorded =
+      svc->store()->RecordQueued(rpc_internal::QueuedRecord(
+          id, meta.tenant, priority, labels, meta.created));
   if (!recorded.ok()) {
     ATTNAUDIT_LOG(warn, "result store RecordQueued failed")
         .Kv("job_id", id)
         .Kv("status", recorded.status());
   }
+  // Accepted before: no quota applies again (it still counts against its
+  // tenant while it runs).
   absl::Status s = svc->scheduler()->SubmitWhenAdmitted(
-      rpc_internal::MakeDurableJob(svc, id, priority, meta.deadline,
-                                   meta.created, *std::move(audit)),
+      rpc_internal::MakeDurableJob(svc, id, meta.tenant, TenantQuota{},
+                                   priority, meta.deadline, meta.created,
+                                   *std::move(audit)),
       absl::InfiniteFuture());
   *requeued = s.ok();
-  if (s.ok() || s.code() == absl::StatusCode::kUnavailable) return s;
+  if (s.ok()) return s;
+  if (s.code() == absl::StatusCode::kUnavailable) {
+    svc->durable()->Forget(id);
+    return s;
+  }
   if (s.code() == absl::StatusCode::kAlreadyExists) {
     return absl::OkStatus();  // a concurrent resume of the same id
   }
   // Expired while the server was down, or refused for good.
-  FailSpooledJob(svc, TerminalRecord(id, priority, labels, meta.created, s));
+  FailSpooledJob(
+      svc, TerminalRecord(id, meta.tenant, priority, labels, meta.created, s));
   return absl::OkStatus();
 }
 
 }  // namespace
 
-int64_t AuditServiceImpl::ResumeSpool(const std::atomic<bool>& stop) {
+int64_t AuditServiceImpl::ResumeSpool(const std::atomic<bool>& stop,
+                                      absl::Time accepted_before) {
   // Rows the store thinks are unfinished but whose spool entry is gone can
   // never finish: close them so GetResult does not say QUEUED forever.
   if (absl::StatusOr<std::vector<std::string>> unfinished =
@@ -94,6 +118,7 @@ int64_t AuditServiceImpl::ResumeSpool(const std::atomic<bool>& stop) {
       if (spool_->Contains(id)) continue;
       absl::StatusOr<ResultRecord> rec = store_->Get(id);
       if (!rec.ok() || IsTerminal(rec->state)) continue;
+      if (rec->created >= accepted_before) continue;  // this run's own job
       FailSpooledJob(
           this, TerminalRecord(*rec, absl::InternalError("job lost: its spool "
                                                          "entry is missing")));
@@ -108,6 +133,8 @@ int64_t AuditServiceImpl::ResumeSpool(const std::atomic<bool>& stop) {
   int64_t resumed = 0;
   for (const SpoolListing& l : *listing) {
     if (stop.load() || draining()) break;
+    // Submits this server accepted itself are already scheduled.
+    if (l.metadata.created >= accepted_before) continue;
     bool requeued = false;
     absl::Status s = ResumeOne(this, l, &requeued);
     if (s.code() == absl::StatusCode::kUnavailable) break;

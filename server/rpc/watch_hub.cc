@@ -1,5 +1,7 @@
 #include "server/rpc/watch_hub.h"
 
+#include <grpcpp/impl/codegen/proto_utils.h>
+
 #include <utility>
 #include <vector>
 
@@ -33,8 +35,12 @@ bool MatchesFilter(const v1::ResultFilter& filter,
 }
 
 WatchReactor::WatchReactor(WatchHub* hub, v1::ResultFilter filter,
-                           size_t buffer)
-    : hub_(hub), filter_(std::move(filter)), buffer_(buffer < 1 ? 1 : buffer) {
+                           size_t buffer, std::string tenant, bool reads_all)
+    : hub_(hub),
+      filter_(std::move(filter)),
+      buffer_(buffer < 1 ? 1 : buffer),
+      tenant_(std::move(tenant)),
+      reads_all_(reads_all) {
   const bool added = hub_->Add(this);
   absl::MutexLock lock(&mu_);
   if (!added) {
@@ -50,7 +56,7 @@ WatchReactor::WatchReactor(WatchHub* hub, v1::ResultFilter filter,
   metadata_started_ = true;
   if (!queue_.empty() && !writing_) {
     writing_ = true;
-    StartWrite(queue_.front().get());
+    StartWrite(&queue_.front()->wire);
   }
 }
 
@@ -65,8 +71,9 @@ void WatchReactor::FinishLocked(const grpc::Status& status) {
   Finish(status);
 }
 
-void WatchReactor::Push(const std::shared_ptr<const v1::JobResult>& result) {
-  if (!MatchesFilter(filter_, *result)) return;
+void WatchReactor::Push(const std::shared_ptr<const PublishedResult>& result) {
+  if (!reads_all_ && result->tenant != tenant_) return;
+  if (!MatchesFilter(filter_, result->result)) return;
   absl::MutexLock lock(&mu_);
   if (finished_ || finishing_) return;
   if (queue_.size() >= buffer_) {
@@ -83,7 +90,7 @@ void WatchReactor::Push(const std::shared_ptr<const v1::JobResult>& result) {
   queue_.push_back(result);
   if (metadata_started_ && !writing_) {
     writing_ = true;
-    StartWrite(queue_.front().get());
+    StartWrite(&queue_.front()->wire);
   }
 }
 
@@ -116,7 +123,7 @@ void WatchReactor::OnWriteDone(bool ok) {
   if (finished_) return;
   if (!queue_.empty()) {
     writing_ = true;
-    StartWrite(queue_.front().get());
+    StartWrite(&queue_.front()->wire);
   }
 }
 
@@ -152,9 +159,19 @@ void WatchHub::Remove(WatchReactor* w) {
   watchers_.erase(w);
 }
 
-void WatchHub::Publish(std::shared_ptr<const v1::JobResult> result) {
+void WatchHub::Publish(v1::JobResult result, std::string tenant) {
+  auto published = std::make_shared<PublishedResult>();
+  bool own = false;
+  if (!grpc::SerializationTraits<v1::JobResult>::Serialize(
+           result, &published->wire, &own)
+           .ok()) {
+    return;  // cannot happen for a message we built
+  }
+  published->result = std::move(result);
+  published->tenant = std::move(tenant);
+  std::shared_ptr<const PublishedResult> shared = std::move(published);
   absl::MutexLock lock(&mu_);
-  for (WatchReactor* w : watchers_) w->Push(result);
+  for (WatchReactor* w : watchers_) w->Push(shared);
 }
 
 void WatchHub::Close(const grpc::Status& status) {

@@ -5,10 +5,13 @@
 // dropped with RESOURCE_EXHAUSTED (so one slow dashboard can never hold
 // memory or slow the workers); Close ends every call (server shutdown).
 //
-// Ownership: results are shared immutable messages (shared_ptr), built once
-// however many watchers there are. The hub does not own reactors: a
-// reactor registers itself and unregisters in OnDone before it deletes
-// itself; the hub lock makes that safe against a concurrent Publish.
+// Tenants: a published result carries its owner's tenant; a watcher sees
+// only its own tenant's results unless it reads all.
+//
+// Ownership: results are shared immutable messages (shared_ptr), built and
+// serialised once however many watchers there are. The hub does not own
+// reactors: a reactor registers itself and unregisters in OnDone before it
+// deletes itself; the hub lock makes that safe against a concurrent Publish.
 //
 // Thread safety: all methods are thread-safe. Publish never blocks on a
 // client: it only appends to buffers and starts writes.
@@ -20,6 +23,7 @@
 #include <cstddef>
 #include <deque>
 #include <memory>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
@@ -31,20 +35,30 @@ namespace attnaudit::server {
 // Whether `result` passes `filter` (service.proto, ResultFilter).
 bool MatchesFilter(const v1::ResultFilter& filter, const v1::JobResult& result);
 
+// One finished job as the hub hands it out: the message (for filtering),
+// its owner, and its wire bytes (written to every matching watcher).
+struct PublishedResult {
+  v1::JobResult result;
+  std::string tenant;
+  grpc::ByteBuffer wire;
+};
+
 class WatchHub;
 
 // The reactor of one WatchResults call.
-class WatchReactor : public grpc::ServerWriteReactor<v1::JobResult> {
+class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   // Registers with `hub` unless it is closed (then finishes UNAVAILABLE),
   // then sends the initial metadata: a client that has received it knows
   // the watch is live (every result published from then on reaches it),
-  // without waiting for the first result.
-  WatchReactor(WatchHub* hub, v1::ResultFilter filter, size_t buffer);
+  // without waiting for the first result. The watcher sees results of
+  // `tenant`, or every tenant's when `reads_all`.
+  WatchReactor(WatchHub* hub, v1::ResultFilter filter, size_t buffer,
+               std::string tenant, bool reads_all);
 
   // Queues `result` if it matches; drops the watcher when the buffer is
   // full.
-  void Push(const std::shared_ptr<const v1::JobResult>& result);
+  void Push(const std::shared_ptr<const PublishedResult>& result);
   // Ends the call with `status` after the write in flight, if any.
   void Close(const grpc::Status& status);
 
@@ -64,8 +78,11 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobResult> {
   WatchHub* const hub_;
   const v1::ResultFilter filter_;
   const size_t buffer_;
+  const std::string tenant_;
+  const bool reads_all_;
   absl::Mutex mu_;
-  std::deque<std::shared_ptr<const v1::JobResult>> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<const PublishedResult>> queue_
+      ABSL_GUARDED_BY(mu_);
   // Writes wait until the initial metadata has been started (gRPC allows
   // no StartSendInitialMetadata after a write).
   bool metadata_started_ ABSL_GUARDED_BY(mu_) = false;
@@ -83,7 +100,8 @@ class WatchHub {
 
   // Cheap check, so publishers skip building a JobResult nobody watches.
   bool HasWatchers() const;
-  void Publish(std::shared_ptr<const v1::JobResult> result);
+  // Serialises `result` once and offers it to every watcher.
+  void Publish(v1::JobResult result, std::string tenant);
   // Finishes every open call with `status` and refuses new ones.
   void Close(const grpc::Status& status);
   size_t watchers() const;

@@ -1,6 +1,10 @@
 // Scheduler: dispatch to the device pool, the worker threads (one per
 // device), the deadline timer thread, and delivery of completions.
+#include <algorithm>
+#include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "server/scheduler/scheduler_impl.h"
@@ -22,7 +26,7 @@ Entry* SchedulerImpl::NextHeadLocked(absl::Time now) {
   return i != nullptr ? i : s;
 }
 
-void SchedulerImpl::DispatchLocked() {
+void SchedulerImpl::DispatchLocked(bool freed_device) {
   if (stopping_) return;
   const absl::Time now = absl::Now();
   bool changed = false;
@@ -51,6 +55,14 @@ void SchedulerImpl::DispatchLocked() {
     const PriorityClass c = job.priority;
     queues_[static_cast<int>(c)].erase(head->seq);
     queued_bytes_ -= job.bytes;
+    class_bytes_[static_cast<int>(c)] -= job.bytes;
+    if (job.deadline != absl::InfiniteFuture()) {
+      const auto key = std::make_tuple(job.deadline, head->seq, head);
+      queued_deadlines_.erase(key);
+      running_deadlines_.insert(key);
+    }
+    // Only the first job placed on the freed device waited for it.
+    RecordDispatchLocked(now, freed_device && !changed && head->enqueued < now);
     head->running = true;
     head->gang = gang;
     for (int g : gang) slots_[g]->busy = true;
@@ -132,21 +144,20 @@ void SchedulerImpl::WorkerLoop(int index) {
     } else {
       out.report = *std::move(result);
     }
+    out.tenant = job->tenant;
     if (ran) {
-      // Exponential moving average for retry hints.
+      // Exponential moving average for retry hints and deadline checks;
+      // the timer's next wake-up depends on it.
       run_estimate_seconds_ =
           0.8 * run_estimate_seconds_ + 0.2 * absl::ToDoubleSeconds(run);
+      timer_cv_.Signal();
     }
     for (int g : e->gang) slots_[g]->busy = false;
     --in_flight_;
-    EraseDeadlineLocked(e);
-    done.job = std::move(e->job);
-    entries_.erase(done.job->id);  // destroys *e
-    ++pending_deliveries_;
-    idle_cv_.SignalAll();
+    done.job = ReleaseEntryLocked(e);
     if (listener_ != nullptr) listener_->OnInFlightChanged(in_flight_);
     NotifyDevicesLocked();
-    DispatchLocked();
+    DispatchLocked(/*freed_device=*/true);
     mu_.Unlock();
     Deliver(std::move(done));
     mu_.Lock();
@@ -154,27 +165,54 @@ void SchedulerImpl::WorkerLoop(int index) {
   mu_.Unlock();
 }
 
+absl::Time SchedulerImpl::ExpireLocked(absl::Time now,
+                                       std::vector<Completion>* expired) {
+  // A queued job leaves once it could not finish even if started now.
+  const absl::Duration lead =
+      absl::Seconds(expiry_lead_ * run_estimate_seconds_);
+  while (!queued_deadlines_.empty() &&
+         std::get<0>(*queued_deadlines_.begin()) - lead <= now) {
+    Entry* e = std::get<2>(*queued_deadlines_.begin());
+    const absl::Duration waited = now - e->enqueued;
+    const absl::Duration left = e->job->deadline - now;
+    ++expired_in_queue_;
+    expired->push_back(RemoveQueuedLocked(
+        e,
+        absl::DeadlineExceededError(absl::StrCat(
+            "job ", e->job->id, ": deadline ",
+            left > absl::ZeroDuration()
+                ? absl::StrCat("could no longer be met (",
+                               absl::ToInt64Milliseconds(left),
+                               " ms left, a run takes ~",
+                               absl::ToInt64Milliseconds(
+                                   absl::Seconds(run_estimate_seconds_)),
+                               " ms)")
+                : std::string("expired"),
+            " after ", absl::ToInt64Milliseconds(waited), " ms in queue ",
+            PriorityClassName(e->job->priority), "; it never ran")),
+        now));
+  }
+  while (!running_deadlines_.empty() &&
+         std::get<0>(*running_deadlines_.begin()) <= now) {
+    Entry* e = std::get<2>(*running_deadlines_.begin());
+    running_deadlines_.erase(running_deadlines_.begin());
+    StopRunningLocked(e, absl::StatusCode::kDeadlineExceeded);
+  }
+  absl::Time next = absl::InfiniteFuture();
+  if (!queued_deadlines_.empty()) {
+    next = std::get<0>(*queued_deadlines_.begin()) - lead;
+  }
+  if (!running_deadlines_.empty()) {
+    next = std::min(next, std::get<0>(*running_deadlines_.begin()));
+  }
+  return next;
+}
+
 void SchedulerImpl::TimerLoop() {
   mu_.Lock();
   while (!stopping_) {
-    const absl::Time now = absl::Now();
     std::vector<Completion> expired;
-    while (!deadlines_.empty() && std::get<0>(*deadlines_.begin()) <= now) {
-      Entry* e = std::get<2>(*deadlines_.begin());
-      if (e->running) {
-        deadlines_.erase(deadlines_.begin());
-        StopRunningLocked(e, absl::StatusCode::kDeadlineExceeded);
-        continue;
-      }
-      const absl::Duration waited = now - e->enqueued;
-      expired.push_back(RemoveQueuedLocked(
-          e,
-          absl::DeadlineExceededError(absl::StrCat(
-              "job ", e->job->id, ": deadline expired after ",
-              absl::ToInt64Milliseconds(waited), " ms in queue ",
-              PriorityClassName(e->job->priority), "; it never ran")),
-          now));
-    }
+    const absl::Time next = ExpireLocked(absl::Now(), &expired);
     if (!expired.empty()) {
       DispatchLocked();  // an expired head may have blocked others
       mu_.Unlock();
@@ -182,9 +220,6 @@ void SchedulerImpl::TimerLoop() {
       mu_.Lock();
       continue;
     }
-    const absl::Time next = deadlines_.empty()
-                                ? absl::InfiniteFuture()
-                                : std::get<0>(*deadlines_.begin());
     timer_cv_.WaitWithDeadline(&mu_, next);
   }
   mu_.Unlock();

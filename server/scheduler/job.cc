@@ -26,6 +26,12 @@ absl::string_view RejectReasonLabel(RejectReason r) {
       return "draining";
     case RejectReason::kTooLarge:
       return "too_large";
+    case RejectReason::kTenantQuota:
+      return "tenant_quota";
+    case RejectReason::kWouldExpire:
+      return "would_expire";
+    case RejectReason::kPermissionDenied:
+      return "permission_denied";
   }
   return "unknown";
 }

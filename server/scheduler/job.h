@@ -45,21 +45,33 @@ absl::string_view PriorityClassLabel(PriorityClass c);
 // Why a job was not admitted (or, for kDeadline/kCancelled, why it ended
 // early). Label values for attnaudit_rejections_total{reason=...}.
 enum class RejectReason : int {
-  kQueueFull = 0,        // the class queue holds max_queued jobs
-  kMemoryBudget = 1,     // queued bytes would exceed the budget
-  kInvalidArgument = 2,  // bad job (counted by the RPC layer's validation)
-  kDeadline = 3,         // the deadline had passed at Submit
-  kCancelled = 4,        // cancelled before admission (RPC layer)
-  kDraining = 5,         // Drain() was called
-  kTooLarge = 6,         // bytes exceed the whole budget: can never fit
+  kQueueFull = 0,         // the class queue holds max_queued jobs
+  kMemoryBudget = 1,      // queued bytes would exceed the budget
+  kInvalidArgument = 2,   // bad job (counted by the RPC layer's validation)
+  kDeadline = 3,          // the deadline had passed at Submit
+  kCancelled = 4,         // cancelled before admission (RPC layer)
+  kDraining = 5,          // Drain() was called
+  kTooLarge = 6,          // bytes exceed the class budget: can never fit
+  kTenantQuota = 7,       // the tenant's job or byte quota is used up
+  kWouldExpire = 8,       // the queue ahead outlasts the job's deadline
+  kPermissionDenied = 9,  // the caller may not do this (RPC layer)
 };
-constexpr int kNumRejectReasons = 7;
+constexpr int kNumRejectReasons = 10;
 // "queue_full", "memory_budget", "invalid_argument", "deadline",
-// "cancelled", "draining", "too_large".
+// "cancelled", "draining", "too_large", "tenant_quota", "would_expire",
+// "permission_denied".
 absl::string_view RejectReasonLabel(RejectReason r);
 
-// Labels a job carries for metrics and the store. Bounded on the metrics
-// side (server/metrics caps the number of distinct model/layer values).
+// What one tenant may hold in the scheduler at once (queued + running).
+// Zero means unlimited.
+struct TenantQuota {
+  int64_t max_jobs = 0;
+  int64_t max_bytes = 0;
+};
+
+// Labels a job carries for metrics and the store. Bounded in length and
+// charset by the RPC layer before they get here (server/rpc/label_bounds.h);
+// server/metrics also caps the number of distinct model/layer values.
 struct JobLabels {
   std::string model;
   int64_t layer = -1;
@@ -77,7 +89,8 @@ struct JobOutcome {
   // OK: `report` holds the audit (its verdict may be INVALID: CpuDevice uses
   // RunAudit). Otherwise one of:
   //   Cancelled         Scheduler::Cancel (queued or running job)
-  //   DeadlineExceeded  the deadline passed while queued (never ran) or
+  //   DeadlineExceeded  the deadline could no longer be met while queued
+  //                     (never ran; see scheduler.h, Deadlines) or passed
   //                     while running (the device was asked to stop)
   //   Unavailable       the scheduler drained or was destroyed before the
   //                     job finished. NOT a result: a spooled job that ends
@@ -91,6 +104,7 @@ struct JobOutcome {
   std::string device_kind;  // "cpu", "cuda"; empty when it never ran
   std::string device_name;  // "cpu:0"; the gang leader for gang jobs
   JobLabels labels;         // copied from the Job
+  std::string tenant;       // copied from the Job
 };
 
 struct Job {
@@ -112,6 +126,10 @@ struct Job {
   int64_t bytes = 0;
   // Device kind required ("cpu", "cuda"); empty: any device.
   std::string device_kind;
+  // Owner of the job (the caller's tenant; "" is a tenant like any other).
+  // Counts against `quota` while queued or running.
+  std::string tenant;
+  TenantQuota quota;
   // Devices held together for this job (a ring job across P ranks). 1 for
   // ordinary jobs. Submit fails FailedPrecondition when the pool has fewer
   // devices of the kind.

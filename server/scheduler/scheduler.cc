@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/common/status_macros.h"
 #include "server/scheduler/scheduler_impl.h"
 
 namespace attnaudit::server {
@@ -41,8 +42,20 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "max_queued_bytes: must be >= 1, got ", options.max_queued_bytes));
   }
+  if (options.interactive_reserved_bytes < 0 ||
+      options.interactive_reserved_bytes >= options.max_queued_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "interactive_reserved_bytes: must be in [0, max_queued_bytes), got ",
+        options.interactive_reserved_bytes));
+  }
   if (options.initial_run_estimate <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("initial_run_estimate: must be positive");
+  }
+  if (!(options.expiry_lead >= 0 && options.expiry_lead <= 1)) {
+    return absl::InvalidArgumentError("expiry_lead: must be in [0, 1]");
+  }
+  if (!(options.wait_safety >= 1 && options.wait_safety <= 100)) {
+    return absl::InvalidArgumentError("wait_safety: must be in [1, 100]");
   }
   auto impl =
       std::make_unique<scheduler_internal::SchedulerImpl>(std::move(options));
@@ -55,6 +68,9 @@ namespace scheduler_internal {
 SchedulerImpl::SchedulerImpl(SchedulerOptions options)
     : max_queued_(options.max_queued),
       max_queued_bytes_(options.max_queued_bytes),
+      interactive_reserved_bytes_(options.interactive_reserved_bytes),
+      expiry_lead_(options.expiry_lead),
+      wait_safety_(options.wait_safety),
       sampled_promote_after_(options.sampled_promote_after),
       listener_(options.listener),
       devices_(std::move(options.devices)),
@@ -116,108 +132,225 @@ int SchedulerImpl::GangCapacityLocked(const std::string& kind) const {
   return best;
 }
 
-absl::Duration SchedulerImpl::RetryAfterLocked(PriorityClass priority) const {
-  // A slot in this class frees up once everything ahead of its tail (all
-  // queued jobs of this and higher classes) has been dispatched; the pool
-  // drains about devices / run_estimate jobs per second.
+int64_t SchedulerImpl::ClassBudget(PriorityClass c) const {
+  return c == PriorityClass::kInteractive
+             ? max_queued_bytes_
+             : max_queued_bytes_ - interactive_reserved_bytes_;
+}
+
+int64_t SchedulerImpl::AheadLocked(PriorityClass c) const {
   int64_t ahead = 0;
-  for (int c = 0; c <= static_cast<int>(priority); ++c) {
-    ahead += static_cast<int64_t>(queues_[c].size());
+  for (int k = 0; k <= static_cast<int>(c); ++k) {
+    ahead += static_cast<int64_t>(queues_[k].size());
   }
-  const double waves =
-      std::ceil(static_cast<double>(std::max<int64_t>(ahead, 1)) /
-                static_cast<double>(slots_.size()));
-  const double seconds =
-      std::min(60.0, std::max(0.001, waves * run_estimate_seconds_));
-  return absl::Seconds(seconds);
+  return ahead;
+}
+
+double SchedulerImpl::DrainRateLocked() const {
+  // A few gaps are noise; until then the pool's nominal rate.
+  if (drain_gaps_.size() >= 3 && drain_gap_sum_ > 0) {
+    return static_cast<double>(drain_gaps_.size()) / drain_gap_sum_;
+  }
+  return static_cast<double>(slots_.size()) / run_estimate_seconds_;
+}
+
+absl::Duration SchedulerImpl::HintLocked(double jobs) const {
+  const double seconds = std::max(jobs, 1.0) / DrainRateLocked();
+  return absl::Seconds(std::min(60.0, std::max(0.001, seconds)));
+}
+
+void SchedulerImpl::RecordDispatchLocked(absl::Time now, bool saturated) {
+  // The gap since the previous dispatch is one service interval of the
+  // pool only when this job was waiting for the device that just freed up.
+  if (saturated && last_dispatch_ != absl::InfinitePast()) {
+    const double gap = absl::ToDoubleSeconds(now - last_dispatch_);
+    drain_gaps_.push_back(gap);
+    drain_gap_sum_ += gap;
+    if (static_cast<int>(drain_gaps_.size()) > kDrainWindow) {
+      drain_gap_sum_ -= drain_gaps_.front();
+      drain_gaps_.pop_front();
+    }
+  }
+  last_dispatch_ = now;
 }
 
 static std::string Mib(int64_t bytes) {
   return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / 1048576.0);
 }
 
-absl::Status SchedulerImpl::AdmitLocked(PriorityClass priority, int64_t bytes,
-                                        const Job* job,
-                                        SubmitRejection* rejection) const {
-  auto reject = [&](RejectReason reason, absl::Duration retry_after) {
-    if (rejection != nullptr) {
-      rejection->reason = reason;
-      rejection->retry_after = retry_after;
-    }
-  };
-  if (draining_) {
-    reject(RejectReason::kDraining, absl::ZeroDuration());
-    return absl::UnavailableError("scheduler is draining; not accepting jobs");
+static void Reject(SubmitRejection* rejection, RejectReason reason,
+                   absl::Duration retry_after) {
+  if (rejection != nullptr) {
+    rejection->reason = reason;
+    rejection->retry_after = retry_after;
   }
-  const int c = static_cast<int>(priority);
-  if (c < 0 || c >= kNumPriorityClasses) {
-    reject(RejectReason::kInvalidArgument, absl::ZeroDuration());
+}
+
+absl::Status SchedulerImpl::CheckJobLocked(const Job& job,
+                                           SubmitRejection* rejection) const {
+  if (job.id.empty()) {
+    Reject(rejection, RejectReason::kInvalidArgument, absl::ZeroDuration());
+    return absl::InvalidArgumentError("id: empty job id");
+  }
+  if (job.gang_size < 1) {
+    Reject(rejection, RejectReason::kInvalidArgument, absl::ZeroDuration());
     return absl::InvalidArgumentError(
-        absl::StrCat("priority: unknown class ", c));
+        absl::StrCat("gang_size: must be >= 1, got ", job.gang_size));
   }
-  if (bytes < 0) {
-    reject(RejectReason::kInvalidArgument, absl::ZeroDuration());
-    return absl::InvalidArgumentError(
-        absl::StrCat("bytes: must be >= 0, got ", bytes));
+  const int available = GangCapacityLocked(job.device_kind);
+  if (available < job.gang_size) {
+    Reject(rejection, RejectReason::kInvalidArgument, absl::ZeroDuration());
+    return absl::FailedPreconditionError(absl::StrCat(
+        "gang_size: job needs ", job.gang_size, " device(s) of kind \"",
+        job.device_kind.empty() ? "any" : job.device_kind,
+        "\" but the pool has ", available));
   }
-  if (job != nullptr) {
-    if (job->id.empty()) {
-      reject(RejectReason::kInvalidArgument, absl::ZeroDuration());
-      return absl::InvalidArgumentError("id: empty job id");
-    }
-    if (job->gang_size < 1) {
-      reject(RejectReason::kInvalidArgument, absl::ZeroDuration());
-      return absl::InvalidArgumentError(
-          absl::StrCat("gang_size: must be >= 1, got ", job->gang_size));
-    }
-    const int available = GangCapacityLocked(job->device_kind);
-    if (available < job->gang_size) {
-      reject(RejectReason::kInvalidArgument, absl::ZeroDuration());
-      return absl::FailedPreconditionError(absl::StrCat(
-          "gang_size: job needs ", job->gang_size, " device(s) of kind \"",
-          job->device_kind.empty() ? "any" : job->device_kind,
-          "\" but the pool has ", available));
-    }
-    if (entries_.contains(job->id)) {
-      reject(RejectReason::kInvalidArgument, absl::ZeroDuration());
-      return absl::AlreadyExistsError(
-          absl::StrCat("id: job ", job->id, " is already queued or running"));
-    }
-    if (job->deadline <= absl::Now()) {
-      reject(RejectReason::kDeadline, absl::ZeroDuration());
-      return absl::DeadlineExceededError(
-          absl::StrCat("deadline: job ", job->id, " expired before admission"));
-    }
+  if (entries_.contains(job.id)) {
+    Reject(rejection, RejectReason::kInvalidArgument, absl::ZeroDuration());
+    return absl::AlreadyExistsError(
+        absl::StrCat("id: job ", job.id, " is already queued or running"));
   }
-  if (bytes > max_queued_bytes_) {
-    reject(RejectReason::kTooLarge, absl::ZeroDuration());
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "job of ", bytes, " bytes exceeds the queued-memory budget of ",
-        max_queued_bytes_, " bytes"));
-  }
-  if (static_cast<int64_t>(queues_[c].size()) >= max_queued_[c]) {
-    const absl::Duration retry = RetryAfterLocked(priority);
-    reject(RejectReason::kQueueFull, retry);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "queue ", PriorityClassName(priority), " full (", max_queued_[c],
-        " jobs); retry after ~", absl::ToInt64Milliseconds(retry), " ms"));
-  }
-  if (queued_bytes_ + bytes > max_queued_bytes_) {
-    const absl::Duration retry = RetryAfterLocked(priority);
-    reject(RejectReason::kMemoryBudget, retry);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "memory budget for queued jobs exhausted (", Mib(queued_bytes_), " of ",
-        Mib(max_queued_bytes_), " queued, job needs ", Mib(bytes),
-        "); retry after ~", absl::ToInt64Milliseconds(retry), " ms"));
+  if (job.deadline <= absl::Now()) {
+    Reject(rejection, RejectReason::kDeadline, absl::ZeroDuration());
+    return absl::DeadlineExceededError(
+        absl::StrCat("deadline: job ", job.id, " expired before admission"));
   }
   return absl::OkStatus();
 }
 
-absl::Status SchedulerImpl::CheckAdmission(PriorityClass priority,
-                                           int64_t bytes,
+absl::Status SchedulerImpl::CheckTenantLocked(
+    const AdmissionQuery& q, SubmitRejection* rejection) const {
+  if (q.quota.max_jobs <= 0 && q.quota.max_bytes <= 0) {
+    return absl::OkStatus();
+  }
+  TenantUsage use;
+  if (auto it = tenants_.find(q.tenant); it != tenants_.end()) {
+    use = it->second;
+  }
+  const bool jobs_full = q.quota.max_jobs > 0 && use.jobs >= q.quota.max_jobs;
+  const bool bytes_full =
+      q.quota.max_bytes > 0 && use.bytes + q.bytes > q.quota.max_bytes;
+  if (!jobs_full && !bytes_full) return absl::OkStatus();
+  if (bytes_full && q.bytes > q.quota.max_bytes) {
+    Reject(rejection, RejectReason::kTooLarge, absl::ZeroDuration());
+    return absl::ResourceExhaustedError(
+        absl::StrCat("job of ", Mib(q.bytes), " exceeds the tenant's quota of ",
+                     Mib(q.quota.max_bytes), " in flight"));
+  }
+  // One of the tenant's jobs must finish first.
+  const absl::Duration retry = HintLocked(1);
+  Reject(rejection, RejectReason::kTenantQuota, retry);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "tenant quota: ",
+      jobs_full ? absl::StrCat(use.jobs, " of ", q.quota.max_jobs, " jobs")
+                : absl::StrCat(Mib(use.bytes), " of ", Mib(q.quota.max_bytes)),
+      " in flight; retry after ~", absl::ToInt64Milliseconds(retry), " ms"));
+}
+
+absl::Status SchedulerImpl::CheckCapacityLocked(
+    const AdmissionQuery& q, SubmitRejection* rejection) const {
+  const int c = static_cast<int>(q.priority);
+  if (static_cast<int64_t>(queues_[c].size()) >= max_queued_[c]) {
+    // Room appears once the jobs above this class and one of its own left.
+    const absl::Duration retry = HintLocked(static_cast<double>(
+        AheadLocked(q.priority) - static_cast<int64_t>(queues_[c].size()) + 1));
+    Reject(rejection, RejectReason::kQueueFull, retry);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "queue ", PriorityClassName(q.priority), " full (", max_queued_[c],
+        " jobs); retry after ~", absl::ToInt64Milliseconds(retry), " ms"));
+  }
+  const int64_t class_over =
+      class_bytes_[c] + q.bytes - ClassBudget(q.priority);
+  const int64_t total_over = queued_bytes_ + q.bytes - max_queued_bytes_;
+  if (class_over > 0 || total_over > 0) {
+    const int64_t jobs = AheadLocked(q.priority);
+    const double per_job =
+        jobs > 0 ? static_cast<double>(queued_bytes_) / jobs : 1.0;
+    const absl::Duration retry = HintLocked(
+        std::ceil(static_cast<double>(std::max(class_over, total_over)) /
+                  std::max(per_job, 1.0)));
+    Reject(rejection, RejectReason::kMemoryBudget, retry);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("memory budget for queued ", PriorityClassName(q.priority),
+                     " jobs exhausted (", Mib(class_bytes_[c]), " of ",
+                     Mib(ClassBudget(q.priority)), " queued in the class, ",
+                     Mib(queued_bytes_), " of ", Mib(max_queued_bytes_),
+                     " in all; job needs ", Mib(q.bytes), "); retry after ~",
+                     absl::ToInt64Milliseconds(retry), " ms"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SchedulerImpl::CheckWaitLocked(const AdmissionQuery& q,
+                                            SubmitRejection* rejection) const {
+  if (q.deadline == absl::InfiniteFuture()) return absl::OkStatus();
+  const int64_t ahead = AheadLocked(q.priority);
+  if (ahead == 0) return absl::OkStatus();  // nothing to wait for: try it
+  const double wait =
+      wait_safety_ * static_cast<double>(ahead) / DrainRateLocked();
+  const double left = absl::ToDoubleSeconds(q.deadline - absl::Now());
+  if (wait + run_estimate_seconds_ <= left) return absl::OkStatus();
+  // Retrying helps once enough of the queue ahead has drained.
+  const double excess = wait + run_estimate_seconds_ - left;
+  const absl::Duration retry =
+      absl::Seconds(std::min(60.0, std::max(0.001, excess)));
+  Reject(rejection, RejectReason::kWouldExpire, retry);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "queue ", PriorityClassName(q.priority), ": ", ahead,
+      " job(s) ahead need ~", static_cast<int64_t>(wait * 1000),
+      " ms, past the deadline in ", static_cast<int64_t>(left * 1000),
+      " ms; retry after ~", absl::ToInt64Milliseconds(retry), " ms"));
+}
+
+absl::Status SchedulerImpl::AdmitLocked(const AdmissionQuery& q, const Job* job,
+                                        bool for_resume,
+                                        SubmitRejection* rejection) const {
+  if (draining_) {
+    Reject(rejection, RejectReason::kDraining, absl::ZeroDuration());
+    return absl::UnavailableError("scheduler is draining; not accepting jobs");
+  }
+  const int c = static_cast<int>(q.priority);
+  if (c < 0 || c >= kNumPriorityClasses) {
+    Reject(rejection, RejectReason::kInvalidArgument, absl::ZeroDuration());
+    return absl::InvalidArgumentError(
+        absl::StrCat("priority: unknown class ", c));
+  }
+  if (q.bytes < 0 || q.quota.max_jobs < 0 || q.quota.max_bytes < 0) {
+    Reject(rejection, RejectReason::kInvalidArgument, absl::ZeroDuration());
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bytes/quota: must be >= 0, got bytes ", q.bytes, ", max_jobs ",
+        q.quota.max_jobs, ", max_bytes ", q.quota.max_bytes));
+  }
+  if (job != nullptr) {
+    ATTNAUDIT_RETURN_IF_ERROR(CheckJobLocked(*job, rejection));
+  }
+  if (q.bytes > ClassBudget(q.priority)) {
+    Reject(rejection, RejectReason::kTooLarge, absl::ZeroDuration());
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job of ", q.bytes, " bytes exceeds the queued-memory budget of ",
+        ClassBudget(q.priority), " bytes for ", PriorityClassName(q.priority),
+        " jobs"));
+  }
+  ATTNAUDIT_RETURN_IF_ERROR(CheckTenantLocked(q, rejection));
+  ATTNAUDIT_RETURN_IF_ERROR(CheckCapacityLocked(q, rejection));
+  if (!for_resume) ATTNAUDIT_RETURN_IF_ERROR(CheckWaitLocked(q, rejection));
+  return absl::OkStatus();
+}
+
+static AdmissionQuery QueryOf(const Job& job) {
+  AdmissionQuery q;
+  q.priority = job.priority;
+  q.bytes = job.bytes;
+  q.tenant = job.tenant;
+  q.quota = job.quota;
+  q.deadline = job.deadline;
+  return q;
+}
+
+absl::Status SchedulerImpl::CheckAdmission(const AdmissionQuery& query,
                                            SubmitRejection* rejection) const {
   absl::ReaderMutexLock lock(&mu_);
-  return AdmitLocked(priority, bytes, nullptr, rejection);
+  return AdmitLocked(query, nullptr, /*for_resume=*/false, rejection);
 }
 
 absl::Status SchedulerImpl::Submit(std::unique_ptr<Job> job,
@@ -225,7 +358,7 @@ absl::Status SchedulerImpl::Submit(std::unique_ptr<Job> job,
   if (job == nullptr) return absl::InvalidArgumentError("job: null");
   SubmitRejection why;
   absl::MutexLock lock(&mu_);
-  absl::Status s = AdmitLocked(job->priority, job->bytes, job.get(), &why);
+  absl::Status s = AdmitLocked(QueryOf(*job), job.get(), false, &why);
   if (!s.ok()) {
     if (rejection != nullptr) *rejection = why;
     if (listener_ != nullptr) listener_->OnRejected(why.reason);
@@ -241,10 +374,11 @@ absl::Status SchedulerImpl::SubmitWhenAdmitted(std::unique_ptr<Job> job,
   SubmitRejection why;
   absl::MutexLock lock(&mu_);
   while (true) {
-    absl::Status s = AdmitLocked(job->priority, job->bytes, job.get(), &why);
+    absl::Status s = AdmitLocked(QueryOf(*job), job.get(), true, &why);
     if (s.ok()) break;
     const bool waitable = why.reason == RejectReason::kQueueFull ||
-                          why.reason == RejectReason::kMemoryBudget;
+                          why.reason == RejectReason::kMemoryBudget ||
+                          why.reason == RejectReason::kTenantQuota;
     if (!waitable || absl::Now() >= wait_until) {
       if (listener_ != nullptr) listener_->OnRejected(why.reason);
       return s;
@@ -264,23 +398,41 @@ void SchedulerImpl::EnqueueLocked(std::unique_ptr<Job> job) {
   const PriorityClass c = job->priority;
   const absl::Time deadline = job->deadline;
   queued_bytes_ += job->bytes;
+  class_bytes_[static_cast<int>(c)] += job->bytes;
+  TenantUsage& use = tenants_[job->tenant];
+  ++use.jobs;
+  use.bytes += job->bytes;
   e->job = std::move(job);
   entries_[e->job->id] = std::move(entry);
   queues_[static_cast<int>(c)][e->seq] = e;
   if (deadline != absl::InfiniteFuture()) {
-    const bool earliest =
-        deadlines_.empty() || deadline < std::get<0>(*deadlines_.begin());
-    deadlines_.emplace(deadline, e->seq, e);
-    if (earliest) timer_cv_.Signal();
+    queued_deadlines_.emplace(deadline, e->seq, e);
+    timer_cv_.Signal();  // it may be due before the timer's next wake-up
   }
   NotifyQueueLocked(c);
   DispatchLocked();
 }
 
 void SchedulerImpl::EraseDeadlineLocked(Entry* e) {
-  if (e->job->deadline != absl::InfiniteFuture()) {
-    deadlines_.erase(std::make_tuple(e->job->deadline, e->seq, e));
+  if (e->job->deadline == absl::InfiniteFuture()) return;
+  const auto key = std::make_tuple(e->job->deadline, e->seq, e);
+  queued_deadlines_.erase(key);
+  running_deadlines_.erase(key);
+}
+
+std::unique_ptr<Job> SchedulerImpl::ReleaseEntryLocked(Entry* e) {
+  EraseDeadlineLocked(e);
+  std::unique_ptr<Job> job = std::move(e->job);
+  auto it = tenants_.find(job->tenant);
+  if (it != tenants_.end()) {
+    it->second.bytes -= job->bytes;
+    if (--it->second.jobs <= 0) tenants_.erase(it);
   }
+  entries_.erase(job->id);  // destroys *e
+  ++pending_deliveries_;
+  idle_cv_.SignalAll();
+  space_cv_.SignalAll();  // tenant room for SubmitWhenAdmitted
+  return job;
 }
 
 Completion SchedulerImpl::RemoveQueuedLocked(Entry* e, absl::Status status,
@@ -288,18 +440,15 @@ Completion SchedulerImpl::RemoveQueuedLocked(Entry* e, absl::Status status,
   const PriorityClass c = e->job->priority;
   queues_[static_cast<int>(c)].erase(e->seq);
   queued_bytes_ -= e->job->bytes;
+  class_bytes_[static_cast<int>(c)] -= e->job->bytes;
   Completion done;
   done.outcome.job_id = e->job->id;
   done.outcome.priority = c;
   done.outcome.status = std::move(status);
   done.outcome.timings.queue_wait = now - e->enqueued;
   done.outcome.labels = e->job->labels;
-  EraseDeadlineLocked(e);
-  done.job = std::move(e->job);
-  entries_.erase(done.job->id);  // destroys *e
-  ++pending_deliveries_;
-  idle_cv_.SignalAll();
-  space_cv_.SignalAll();
+  done.outcome.tenant = e->job->tenant;
+  done.job = ReleaseEntryLocked(e);
   NotifyQueueLocked(c);
   return done;
 }
@@ -309,29 +458,59 @@ void SchedulerImpl::StopRunningLocked(Entry* e, absl::StatusCode code) {
   e->job->cancelled.store(true, std::memory_order_relaxed);
 }
 
+static absl::Status NotQueuedOrRunning(absl::string_view job_id) {
+  return absl::NotFoundError(
+      absl::StrCat("job ", job_id, " is not queued or running"));
+}
+
+absl::Status SchedulerImpl::CancelLocked(absl::string_view job_id, Entry* entry,
+                                         Completion* done) {
+  if (entry->running) {
+    StopRunningLocked(entry, absl::StatusCode::kCancelled);
+    return absl::OkStatus();
+  }
+  *done = RemoveQueuedLocked(entry,
+                             absl::CancelledError(absl::StrCat(
+                                 "job ", job_id, " cancelled while queued")),
+                             absl::Now());
+  // The removed job may have been a head that could not be placed.
+  DispatchLocked();
+  return absl::OkStatus();
+}
+
 absl::Status SchedulerImpl::Cancel(absl::string_view job_id) {
   Completion done;
   {
     absl::MutexLock lock(&mu_);
     auto it = entries_.find(job_id);
-    if (it == entries_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("job ", job_id, " is not queued or running"));
-    }
-    Entry* e = it->second.get();
-    if (e->running) {
-      StopRunningLocked(e, absl::StatusCode::kCancelled);
-      return absl::OkStatus();
-    }
-    done = RemoveQueuedLocked(e,
-                              absl::CancelledError(absl::StrCat(
-                                  "job ", job_id, " cancelled while queued")),
-                              absl::Now());
-    // The removed job may have been a head that could not be placed.
-    DispatchLocked();
+    if (it == entries_.end()) return NotQueuedOrRunning(job_id);
+    ATTNAUDIT_RETURN_IF_ERROR(CancelLocked(job_id, it->second.get(), &done));
   }
-  Deliver(std::move(done));
+  if (done.job != nullptr) Deliver(std::move(done));
   return absl::OkStatus();
+}
+
+absl::Status SchedulerImpl::CancelOwned(absl::string_view job_id,
+                                        absl::string_view tenant) {
+  Completion done;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(job_id);
+    if (it == entries_.end() || it->second->job->tenant != tenant) {
+      return NotQueuedOrRunning(job_id);
+    }
+    ATTNAUDIT_RETURN_IF_ERROR(CancelLocked(job_id, it->second.get(), &done));
+  }
+  if (done.job != nullptr) Deliver(std::move(done));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> SchedulerImpl::OwnerOf(
+    absl::string_view job_id) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = entries_.find(job_id);
+  if (it == entries_.end()) return NotQueuedOrRunning(job_id);
+  return it->second->job->tenant;
 }
 
 absl::Status SchedulerImpl::Drain(absl::Duration timeout) {
@@ -377,9 +556,15 @@ SchedulerStats SchedulerImpl::Stats() const {
     s.queued[c] = static_cast<int64_t>(queues_[c].size());
   }
   s.max_queued = max_queued_;
+  s.class_queued_bytes = class_bytes_;
   s.queued_bytes = queued_bytes_;
   s.max_queued_bytes = max_queued_bytes_;
+  s.interactive_reserved_bytes = interactive_reserved_bytes_;
   s.in_flight = in_flight_;
+  s.expired_in_queue = expired_in_queue_;
+  s.drain_rate = drain_gaps_.size() >= 3 && drain_gap_sum_ > 0
+                     ? static_cast<double>(drain_gaps_.size()) / drain_gap_sum_
+                     : 0;
   s.devices_total = static_cast<int>(slots_.size());
   for (const auto& slot : slots_) s.devices_busy += slot->busy;
   s.draining = draining_;

@@ -1,30 +1,67 @@
 // Scheduler: admission control, per-class bounded queues with strict
-// priority, deadlines on their own timer, cancellation, and a device pool
-// with one worker thread per device (the request path of an inference
-// server such as Triton: admit, queue by priority, dispatch to a free
-// device, complete through a callback).
+// priority, per-class byte budgets with a share reserved for INTERACTIVE
+// work, per-tenant quotas, deadlines on their own timer (a queued job whose
+// deadline can no longer be met is dropped before it runs), cancellation,
+// and a device pool with one worker thread per device (the request path of
+// an inference server such as Triton: admit, queue by priority, dispatch to
+// a free device, complete through a callback).
 //
 //   SchedulerOptions opts;
 //   opts.devices = MakeCpuDevices(4, /*threads_each=*/2);  // server/cpu_device
 //   ATTNAUDIT_ASSIGN_OR_RETURN(auto scheduler,
 //   Scheduler::Create(std::move(opts))); auto job = std::make_unique<Job>();
-//   ... job->on_done = ...; SubmitRejection why; absl::Status s =
-//   scheduler->Submit(std::move(job), &why);
+//   ... job->tenant = "fleet-a"; job->on_done = ...; SubmitRejection why;
+//   absl::Status s = scheduler->Submit(std::move(job), &why);
 //   // !s.ok(): not admitted; on_done will never run; why.retry_after hints.
 //
 // Admission (Submit), in this order:
 //   Unavailable        after Drain() (reason kDraining)
-//   InvalidArgument    empty id, gang_size < 1, bytes < 0 (kInvalidArgument)
+//   InvalidArgument    empty id, gang_size < 1, bytes < 0, a negative quota
+//                      (kInvalidArgument)
 //   FailedPrecondition fewer than gang_size devices of the job's kind
 //                      (kInvalidArgument)
 //   AlreadyExists      a queued or running job has this id (kInvalidArgument)
 //   DeadlineExceeded   the deadline is not in the future (kDeadline)
-//   ResourceExhausted  bytes > max_queued_bytes (kTooLarge; retrying cannot
-//                      help, retry_after is zero); the class queue is full
-//                      (kQueueFull); queued bytes + bytes > max_queued_bytes
-//                      (kMemoryBudget). Message e.g.
+//   ResourceExhausted  bytes > the job's class budget (kTooLarge; retrying
+//                      cannot help, retry_after is zero);
+//                      the tenant already holds quota.max_jobs queued or
+//                      running jobs, or quota.max_bytes would be passed
+//                      (kTenantQuota);
+//                      the class queue is full (kQueueFull);
+//                      the class budget or the total budget would be passed
+//                      (kMemoryBudget);
+//                      jobs are queued ahead and the estimated wait plus run
+//                      time ends after the job's deadline (kWouldExpire: it
+//                      would only expire in the queue).
+//                      Message e.g.
 //                      "queue INTERACTIVE full (64 jobs); retry after ~120 ms"
 // Every rejection is reported to SchedulerListener::OnRejected.
+//
+// Budgets. Queued bytes are bounded twice: all classes together by
+// max_queued_bytes, and SAMPLED alone by max_queued_bytes -
+// interactive_reserved_bytes. So SAMPLED traffic can never take the share
+// reserved for INTERACTIVE calls, while INTERACTIVE calls may use the whole
+// budget. `bytes` counts while the job is queued; it is released when the
+// job is dispatched, cancelled or expires (running jobs are bounded by the
+// device count instead).
+//
+// Tenants. Job::tenant names the job's owner (any string; "" is a tenant
+// too). While a job is queued or running it counts one job and `bytes`
+// against its tenant; Job::quota (zero fields: unlimited) caps both, so one
+// tenant cannot occupy the queues or the devices' memory alone.
+//
+// Deadlines. A queued job is dropped DeadlineExceeded ("... never ran"), on
+// the timer thread, once less than expiry_lead x the estimated run time is
+// left before its deadline: it could not finish in time, so running it
+// would only waste a device. A running job past its deadline has its
+// cancelled flag set. Admission refuses (kWouldExpire) a job that would
+// wait behind other queued jobs longer than its deadline allows, so under
+// overload accepted jobs run instead of expiring in the queue.
+//
+// Retry hints (SubmitRejection::retry_after, also in the messages) come from
+// the measured drain rate: dispatches per second over the last
+// kDrainWindow dispatches (until there are enough, devices / run
+// estimate), times the jobs that must leave the queue first.
 //
 // Dispatch: whenever a job is queued or a device frees up, the scheduler
 // takes the head of the highest non-empty class queue (FIFO within a class)
@@ -34,10 +71,6 @@
 // Starvation: under sustained INTERACTIVE load SAMPLED jobs wait (bounded by
 // their deadlines). sampled_promote_after (default infinite: strict) lets a
 // SAMPLED head that has waited that long go before INTERACTIVE jobs.
-//
-// Memory: `bytes` counts against max_queued_bytes while the job is queued;
-// it is released when the job is dispatched, cancelled or expires. Running
-// jobs are bounded by the device count instead.
 //
 // Thread safety: all methods are thread-safe. on_done/on_start run without
 // the internal lock held and may call back into the Scheduler, except Drain
@@ -97,13 +130,33 @@ struct SchedulerOptions {
   std::array<int64_t, kNumPriorityClasses> max_queued = {64, 1024};
   // Budget for the bytes of all queued jobs (all classes). >= 1.
   int64_t max_queued_bytes = int64_t{4} << 30;  // 4 GiB
+  // Part of max_queued_bytes that SAMPLED jobs may not use (see Budgets in
+  // the file comment). In [0, max_queued_bytes). attnaudit-server
+  // reserves a quarter by default (--interactive-reserve).
+  int64_t interactive_reserved_bytes = 0;
   // See the file comment; InfiniteDuration() keeps strict priority.
   absl::Duration sampled_promote_after = absl::InfiniteDuration();
-  // First guess of one job's run time, for retry hints until real runs
-  // have been measured (an exponential moving average after that).
+  // First guess of one job's run time, for retry hints and deadline
+  // checks until real runs have been measured (an exponential moving
+  // average after that).
   absl::Duration initial_run_estimate = absl::Milliseconds(100);
+  // A queued job is dropped once less than expiry_lead x the run estimate
+  // is left before its deadline. In [0, 1]; 0 drops only at the deadline.
+  double expiry_lead = 0.5;
+  // Admission (kWouldExpire) assumes the queue ahead drains this much
+  // slower than measured, so that what it admits does not expire. >= 1.
+  double wait_safety = 1.5;
   // May be null. Not owned.
   SchedulerListener* listener = nullptr;
+};
+
+// What CheckAdmission asks about: the admission-relevant fields of a Job.
+struct AdmissionQuery {
+  PriorityClass priority = PriorityClass::kSampled;
+  int64_t bytes = 0;
+  std::string tenant;
+  TenantQuota quota;
+  absl::Time deadline = absl::InfiniteFuture();
 };
 
 // Filled by Submit when it refuses a job.
@@ -114,6 +167,9 @@ struct SubmitRejection {
   absl::Duration retry_after = absl::ZeroDuration();
 };
 
+// Dispatches over which the drain rate is measured for retry hints.
+inline constexpr int kDrainWindow = 32;
+
 struct DeviceInfo {
   std::string name;
   std::string kind;
@@ -123,9 +179,18 @@ struct DeviceInfo {
 struct SchedulerStats {
   std::array<int64_t, kNumPriorityClasses> queued = {0, 0};
   std::array<int64_t, kNumPriorityClasses> max_queued = {0, 0};
+  // Queued bytes per class and in total, and the budgets.
+  std::array<int64_t, kNumPriorityClasses> class_queued_bytes = {0, 0};
   int64_t queued_bytes = 0;
   int64_t max_queued_bytes = 0;
+  int64_t interactive_reserved_bytes = 0;
   int64_t in_flight = 0;  // running jobs
+  // Queued jobs dropped because their deadline could no longer be met
+  // (since Create).
+  int64_t expired_in_queue = 0;
+  // Dispatches per second over the last kDrainWindow dispatches; 0 until
+  // two have been seen.
+  double drain_rate = 0;
   int devices_total = 0;
   int devices_busy = 0;
   bool draining = false;
@@ -150,18 +215,20 @@ class Scheduler {
   virtual absl::Status Submit(std::unique_ptr<Job> job,
                               SubmitRejection* rejection = nullptr) = 0;
 
-  // As Submit, but while the refusal is kQueueFull or kMemoryBudget it
-  // waits (until `wait_until`) for room instead of failing. For resuming a
-  // spool at start-up from a background thread. Fails as Submit does for
-  // the other reasons and with ResourceExhausted at `wait_until`.
+  // As Submit, but while the refusal is kQueueFull, kMemoryBudget or
+  // kTenantQuota it waits (until `wait_until`) for room instead of failing,
+  // and it never refuses kWouldExpire (the job was accepted before; its
+  // deadline is left to the timer). For resuming a spool at start-up from a
+  // background thread. Fails as Submit does for the other reasons and with
+  // ResourceExhausted at `wait_until`.
   virtual absl::Status SubmitWhenAdmitted(std::unique_ptr<Job> job,
                                           absl::Time wait_until) = 0;
 
   // A cheap, advisory pre-check of Submit's admission rules for a job of
-  // this class and size (e.g. before spooling a large upload). OK does not
-  // reserve room.
+  // this class, size, tenant, quota and deadline (e.g. before spooling a
+  // large upload). OK does not reserve room.
   virtual absl::Status CheckAdmission(
-      PriorityClass priority, int64_t bytes,
+      const AdmissionQuery& query,
       SubmitRejection* rejection = nullptr) const = 0;
 
   // Cancels a queued or running job.
@@ -172,6 +239,14 @@ class Scheduler {
   // NotFound when no queued or running job has this id (unknown or already
   // finished).
   virtual absl::Status Cancel(absl::string_view job_id) = 0;
+  // As Cancel, but only a job of `tenant`: another tenant's job is NotFound
+  // with the same message as an unknown id (callers must not learn that it
+  // exists).
+  virtual absl::Status CancelOwned(absl::string_view job_id,
+                                   absl::string_view tenant) = 0;
+  // The tenant of a queued or running job; NotFound otherwise.
+  virtual absl::StatusOr<std::string> OwnerOf(
+      absl::string_view job_id) const = 0;
 
   // Shutdown: stops admitting (Submit -> Unavailable "draining") at once,
   // keeps dispatching queued jobs and waits for all jobs to finish until

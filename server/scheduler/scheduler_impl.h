@@ -4,10 +4,14 @@
 // Every job Submit accepted has one Entry in entries_ until its completion
 // is delivered. A queued entry is also in queues_[class] (FIFO by seq); a
 // running one is assigned to the slot of its gang leader. Entries with a
-// finite deadline are in deadlines_ while queued or running.
+// finite deadline are in queued_deadlines_ while queued and in
+// running_deadlines_ while running. Every entry counts against its tenant's
+// usage (tenants_) from EnqueueLocked until it is taken out of entries_.
 #ifndef ATTNAUDIT_SERVER_SCHEDULER_SCHEDULER_IMPL_H_
 #define ATTNAUDIT_SERVER_SCHEDULER_SCHEDULER_IMPL_H_
 
+#include <array>
+#include <deque>
 #include <map>
 #include <memory>
 #include <set>
@@ -53,9 +57,12 @@ class SchedulerImpl : public Scheduler {
                       SubmitRejection* rejection) override;
   absl::Status SubmitWhenAdmitted(std::unique_ptr<Job> job,
                                   absl::Time wait_until) override;
-  absl::Status CheckAdmission(PriorityClass priority, int64_t bytes,
+  absl::Status CheckAdmission(const AdmissionQuery& query,
                               SubmitRejection* rejection) const override;
   absl::Status Cancel(absl::string_view job_id) override;
+  absl::Status CancelOwned(absl::string_view job_id,
+                           absl::string_view tenant) override;
+  absl::StatusOr<std::string> OwnerOf(absl::string_view job_id) const override;
   absl::Status Drain(absl::Duration timeout) override;
   SchedulerStats Stats() const override;
   std::vector<DeviceInfo> Devices() const override;
@@ -71,12 +78,37 @@ class SchedulerImpl : public Scheduler {
     std::thread thread;
   };
 
-  // Admission rules without side effects. `job` may be null (CheckAdmission).
-  absl::Status AdmitLocked(PriorityClass priority, int64_t bytes,
-                           const Job* job, SubmitRejection* rejection) const
+  // Admission rules without side effects. `job` may be null
+  // (CheckAdmission). `for_resume`: SubmitWhenAdmitted (no kWouldExpire).
+  absl::Status AdmitLocked(const AdmissionQuery& q, const Job* job,
+                           bool for_resume, SubmitRejection* rejection) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  absl::Duration RetryAfterLocked(PriorityClass priority) const
+  // The steps of AdmitLocked, in its order; OK or the refusal.
+  absl::Status CheckJobLocked(const Job& job, SubmitRejection* rejection) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status CheckTenantLocked(const AdmissionQuery& q,
+                                 SubmitRejection* rejection) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status CheckCapacityLocked(const AdmissionQuery& q,
+                                   SubmitRejection* rejection) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status CheckWaitLocked(const AdmissionQuery& q,
+                               SubmitRejection* rejection) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Bytes class `c` may have queued (its budget).
+  int64_t ClassBudget(PriorityClass c) const;
+  // Queued jobs that go before a new job of class `c` (its class and the
+  // ones above it).
+  int64_t AheadLocked(PriorityClass c) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Jobs dispatched per second: the measured drain rate (see scheduler.h,
+  // Retry hints), or devices / run estimate until enough was measured.
+  double DrainRateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // How long until `jobs` more jobs have left the queue (1 ms .. 60 s).
+  absl::Duration HintLocked(double jobs) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Records a dispatch for the drain rate; `saturated` when it took a job
+  // that had waited for a device that just freed up.
+  void RecordDispatchLocked(absl::Time now, bool saturated)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Most devices a gang of this kind ("" = any single kind) can get.
   int GangCapacityLocked(const std::string& kind) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -88,11 +120,23 @@ class SchedulerImpl : public Scheduler {
   // Removes a queued entry; returns its completion with `status`.
   Completion RemoveQueuedLocked(Entry* e, absl::Status status, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DispatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `freed_device`: called because a device just became idle.
+  void DispatchLocked(bool freed_device = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Entry* NextHeadLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StopRunningLocked(Entry* e, absl::StatusCode code)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseDeadlineLocked(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `e`'s job out of entries_ (and its tenant's usage); destroys *e.
+  std::unique_ptr<Job> ReleaseEntryLocked(Entry* e)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The timer's steps: drops queued jobs that can no longer make their
+  // deadline, stops running ones past it; returns the next wake-up time.
+  absl::Time ExpireLocked(absl::Time now, std::vector<Completion>* expired)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CancelLocked(absl::string_view job_id, Entry* e,
+                            Completion* done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyQueueLocked(PriorityClass c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyDevicesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -102,6 +146,9 @@ class SchedulerImpl : public Scheduler {
 
   const std::array<int64_t, kNumPriorityClasses> max_queued_;
   const int64_t max_queued_bytes_;
+  const int64_t interactive_reserved_bytes_;
+  const double expiry_lead_;
+  const double wait_safety_;
   const absl::Duration sampled_promote_after_;
   SchedulerListener* const listener_;
   std::vector<std::unique_ptr<Device>> devices_;
@@ -112,17 +159,30 @@ class SchedulerImpl : public Scheduler {
   absl::flat_hash_map<std::string, std::unique_ptr<Entry>> entries_
       ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Entry*> queues_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_);
-  std::set<std::tuple<absl::Time, uint64_t, Entry*>> deadlines_
-      ABSL_GUARDED_BY(mu_);
+  using DeadlineSet = std::set<std::tuple<absl::Time, uint64_t, Entry*>>;
+  DeadlineSet queued_deadlines_ ABSL_GUARDED_BY(mu_);
+  DeadlineSet running_deadlines_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::array<int64_t, kNumPriorityClasses> class_bytes_ ABSL_GUARDED_BY(mu_) = {
+      0, 0};
+  struct TenantUsage {
+    int64_t jobs = 0;
+    int64_t bytes = 0;
+  };
+  absl::flat_hash_map<std::string, TenantUsage> tenants_ ABSL_GUARDED_BY(mu_);
+  int64_t expired_in_queue_ ABSL_GUARDED_BY(mu_) = 0;
+  // Drain rate: gaps between saturated dispatches (seconds), newest last.
+  std::deque<double> drain_gaps_ ABSL_GUARDED_BY(mu_);
+  double drain_gap_sum_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_dispatch_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // Completions taken out of entries_ whose on_done has not returned yet.
   int64_t pending_deliveries_ ABSL_GUARDED_BY(mu_) = 0;
   double run_estimate_seconds_ ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  absl::CondVar timer_cv_;  // deadlines_ changed or stopping_
+  absl::CondVar timer_cv_;  // deadlines or the run estimate changed, stopping_
   absl::CondVar space_cv_;  // a queue entry left (SubmitWhenAdmitted)
   absl::CondVar idle_cv_;   // entries_ or pending_deliveries_ shrank
   std::thread timer_;

@@ -34,6 +34,7 @@ absl::Status ErrnoStatus(int err, absl::string_view op,
       return absl::PermissionDeniedError(msg);
     case ENOSPC:
     case EDQUOT:
+    case EFBIG:
       return absl::ResourceExhaustedError(msg);
     default:
       return absl::InternalError(msg);

@@ -13,6 +13,8 @@
 //   "AASPOOL1" (8 bytes) | u32 format version (1) | u32 metadata length m |
 //   u64 payload length n | metadata (m bytes) | payload (n bytes) |
 //   u32 CRC-32C of everything before it
+// The metadata is a sequence of fields; newer fields (the tenant) come
+// last, so an older entry without them still reads, with their defaults.
 // A file whose size, magic, version or CRC does not match is corrupt: List
 // renames it to <id>.corrupt (kept for inspection, never listed again) and
 // skips it; Read does the same and returns DataLoss.
@@ -52,6 +54,9 @@ struct SpoolMetadata {
   int64_t layer = -1;
   std::string engine;
   std::string attributes;  // opaque to the spool (e.g. serialised options)
+  // Owner of the job. Written after the fields above; entries spooled
+  // before tenants existed read as "default".
+  std::string tenant = "default";
 };
 
 struct SpoolEntry {

@@ -75,6 +75,7 @@ absl::Status EncodePrefix(const SpoolMetadata& metadata, uint64_t payload_bytes,
   PutString(&meta, metadata.model);
   PutString(&meta, metadata.engine);
   PutString(&meta, metadata.attributes);
+  PutString(&meta, metadata.tenant);
   if (meta.size() > kMaxMetadataBytes) {
     return absl::InvalidArgumentError(absl::StrCat("metadata: ", meta.size(),
                                                    " bytes encoded, limit ",
@@ -124,8 +125,11 @@ absl::Status DecodeMetadata(absl::string_view bytes, SpoolMetadata* metadata) {
   uint64_t created, deadline, layer;
   if (!r.U32(&priority) || !r.U64(&created) || !r.U64(&deadline) ||
       !r.U64(&layer) || !r.String(&metadata->model) ||
-      !r.String(&metadata->engine) || !r.String(&metadata->attributes) ||
-      !r.done()) {
+      !r.String(&metadata->engine) || !r.String(&metadata->attributes)) {
+    return absl::DataLossError("metadata: malformed");
+  }
+  // Entries written before tenants existed end here.
+  if (!r.done() && (!r.String(&metadata->tenant) || !r.done())) {
     return absl::DataLossError("metadata: malformed");
   }
   metadata->priority = static_cast<int32_t>(priority);

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
 #include "server/store/sqlite_util.h"
 
 namespace attnaudit::server {
@@ -14,11 +15,13 @@ namespace {
 
 using store_internal::Stmt;
 
-// Schema version 1. auto_vacuum must be set before the first table exists
-// so that Prune can hand freed pages back to the file system.
+// Schema version 2 (1 + the tenant column). auto_vacuum must be set before
+// the first table exists so that Prune can hand freed pages back to the
+// file system.
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS results (
   job_id        TEXT PRIMARY KEY NOT NULL,
+  tenant        TEXT NOT NULL DEFAULT 'default',
   state         TEXT NOT NULL,
   verdict       INTEGER NOT NULL DEFAULT 0,
   priority      INTEGER NOT NULL DEFAULT 1,
@@ -35,12 +38,16 @@ CREATE TABLE IF NOT EXISTS results (
 CREATE INDEX IF NOT EXISTS results_by_finished ON results(finished_us, job_id);
 CREATE INDEX IF NOT EXISTS results_by_created ON results(created_us, job_id);
 CREATE INDEX IF NOT EXISTS results_by_state ON results(state);
-PRAGMA user_version = 1;
 )sql";
+
+// Version 1 had no tenant: its rows belonged to the one token holder, now
+// tenant "default".
+constexpr const char* kMigrateV1 =
+    "ALTER TABLE results ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default'";
 
 constexpr const char* kColumns =
     "job_id, state, verdict, priority, model, layer, engine, created_us, "
-    "started_us, finished_us, error_code, error_message";
+    "started_us, finished_us, error_code, error_message, tenant";
 
 constexpr const char* kTerminal = "('DONE','FAILED','CANCELLED')";
 
@@ -76,7 +83,8 @@ ResultRecord ReadRow(const Stmt& st, bool with_report) {
   r.finished = absl::FromUnixMicros(st.Int(9));
   r.error_code = static_cast<int>(st.Int(10));
   r.error_message = st.Text(11);
-  if (with_report) r.report = st.Blob(12);
+  r.tenant = st.Text(12);
+  if (with_report) r.report = st.Blob(13);
   return r;
 }
 
@@ -164,9 +172,33 @@ absl::StatusOr<std::unique_ptr<ResultStore>> ResultStore::Open(
   }
   s = store->Exec(options.sync ? "PRAGMA synchronous=FULL"
                                : "PRAGMA synchronous=OFF");
-  if (s.ok()) s = store->Exec(kSchema);
+  if (s.ok()) s = store->MigrateLocked();
   if (!s.ok()) return s;
   return store;
+}
+
+absl::Status ResultStore::MigrateLocked() {
+  int64_t version = 0;
+  {
+    Stmt st(db_, "PRAGMA user_version");
+    absl::StatusOr<bool> row = st.Step();
+    if (!row.ok()) return row.status();
+    version = *row ? st.Int(0) : 0;
+  }
+  if (version > 2) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("results.db: schema version ", version,
+                     " is newer than this server (2)"));
+  }
+  ATTNAUDIT_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  absl::Status s = Exec(kSchema);
+  if (s.ok() && version == 1) s = Exec(kMigrateV1);
+  if (s.ok()) s = Exec("PRAGMA user_version = 2");
+  if (!s.ok()) {
+    Exec("ROLLBACK").IgnoreError();
+    return s;
+  }
+  return Exec("COMMIT");
 }
 
 absl::StatusOr<bool> ResultStore::RecordQueued(const ResultRecord& r) {
@@ -174,10 +206,11 @@ absl::StatusOr<bool> ResultStore::RecordQueued(const ResultRecord& r) {
   absl::MutexLock lock(&mu_);
   Stmt st(db_,
           "INSERT INTO results(job_id, state, priority, model, layer, engine, "
-          "created_us) VALUES(?1, 'QUEUED', ?2, ?3, ?4, ?5, ?6) "
+          "created_us, tenant) VALUES(?1, 'QUEUED', ?2, ?3, ?4, ?5, ?6, ?7) "
           "ON CONFLICT(job_id) DO NOTHING");
   st.Bind(1, r.job_id).Bind(2, int64_t{r.priority}).Bind(3, r.model);
   st.Bind(4, r.layer).Bind(5, r.engine).Bind(6, Micros(r.created));
+  st.Bind(7, r.tenant);
   absl::StatusOr<bool> done = st.Step();
   if (!done.ok()) return done.status();
   return sqlite3_changes(db_) == 1;
@@ -209,8 +242,8 @@ absl::StatusOr<bool> ResultStore::PutResult(const ResultRecord& r) {
   Stmt st(db_,
           "INSERT INTO results(job_id, state, verdict, priority, model, layer, "
           "engine, created_us, started_us, finished_us, error_code, "
-          "error_message, report) "
-          "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) "
+          "error_message, report, tenant) "
+          "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) "
           "ON CONFLICT(job_id) DO UPDATE SET state = excluded.state, "
           "verdict = excluded.verdict, model = excluded.model, "
           "layer = excluded.layer, engine = excluded.engine, "
@@ -225,7 +258,7 @@ absl::StatusOr<bool> ResultStore::PutResult(const ResultRecord& r) {
   st.Bind(5, r.model).Bind(6, r.layer).Bind(7, r.engine);
   st.Bind(8, Micros(r.created)).Bind(9, Micros(r.started));
   st.Bind(10, Micros(r.finished)).Bind(11, int64_t{r.error_code});
-  st.Bind(12, r.error_message).BindBlob(13, r.report);
+  st.Bind(12, r.error_message).BindBlob(13, r.report).Bind(14, r.tenant);
   absl::StatusOr<bool> done = st.Step();
   if (!done.ok()) return done.status();
   return sqlite3_changes(db_) == 1;

@@ -57,6 +57,9 @@ bool IsTerminal(JobState s);
 
 struct ResultRecord {
   std::string job_id;
+  // Owner (server/auth tenant). Rows stored before tenants existed belong
+  // to "default".
+  std::string tenant = "default";
   JobState state = JobState::kQueued;
   // attnaudit::Verdict value (0 unspecified, 1 PASS, 2 DRIFT, 3 INVALID);
   // 0 unless DONE.
@@ -141,6 +144,8 @@ class ResultStore {
  private:
   ResultStore(std::string path, const StoreOptions& options, sqlite3* db);
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Creates the schema or brings an older one to the current version.
+  absl::Status MigrateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
   const StoreOptions options_;

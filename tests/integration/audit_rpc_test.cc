@@ -333,7 +333,7 @@ TEST_F(AuditRpcTest, ReflectionListsTheService) {
 
 TEST(AuditRpcAuthTest, BearerTokenIsRequiredExceptForHealth) {
   server::AuditServerOptions options = TestOptions(MakeTempDir("auth"));
-  options.auth_token = "s3cret-token";
+  options.auth_tokens = "s3cret-token";
   std::unique_ptr<TestServer> t = StartServer(std::move(options));
   ASSERT_NE(t, nullptr);
   const Snapshot snapshot = SmallSnapshot(14);
@@ -371,7 +371,7 @@ TEST(AuditRpcAuthTest, BearerTokenIsRequiredExceptForHealth) {
 // one line per call (debug).
 TEST(AuditRpcAuthTest, TokensNeverReachTheLog) {
   server::AuditServerOptions options = TestOptions(MakeTempDir("authlog"));
-  options.auth_token = "s3cret-token";
+  options.auth_tokens = "s3cret-token";
   std::unique_ptr<TestServer> t = StartServer(std::move(options));
   ASSERT_NE(t, nullptr);
   auto lines = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(1000);

@@ -149,8 +149,7 @@ TEST_F(JobsRpcTest, SlowWatcherIsDroppedWithResourceExhausted) {
   big.mutable_labels()->set_engine(std::string(256 << 10, 'x'));
   for (int i = 0; i < 400 && t_->server->service()->watch_hub()->watchers() > 0;
        ++i) {
-    t_->server->service()->watch_hub()->Publish(
-        std::make_shared<const v1::JobResult>(big));
+    t_->server->service()->watch_hub()->Publish(big, "default");
   }
   v1::JobResult r;
   int read = 0;

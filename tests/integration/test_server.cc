@@ -243,6 +243,30 @@ int HealthCheck(const std::shared_ptr<grpc::Channel>& channel,
   return 0;
 }
 
+grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel,
+                          const std::string& method, const std::string& request,
+                          std::string* response,
+                          const std::string& bearer_token) {
+  grpc::GenericStub stub(channel);
+  grpc::Slice slice(request);
+  grpc::ByteBuffer in(&slice, 1);
+  grpc::ByteBuffer out;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
+  if (!bearer_token.empty()) {
+    context.AddMetadata("authorization", "Bearer " + bearer_token);
+  }
+  grpc::CompletionQueue cq;
+  grpc::Status status;
+  auto call = stub.PrepareUnaryCall(&context, method, in, &cq);
+  call->StartCall();
+  call->Finish(&out, &status, reinterpret_cast<void*>(1));
+  Next(&cq);
+  DrainQueue(&cq);
+  if (response != nullptr && status.ok()) *response = Flatten(out);
+  return status;
+}
+
 std::string ReflectionListServices(
     const std::shared_ptr<grpc::Channel>& channel, grpc::Status* status) {
   grpc::GenericStub stub(channel);

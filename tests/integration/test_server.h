@@ -103,6 +103,14 @@ std::unique_ptr<TestServer> StartServer(
 int HealthCheck(const std::shared_ptr<grpc::Channel>& channel,
                 const std::string& service, grpc::Status* status);
 
+// A unary call of `method` ("/attnaudit.v1.AuditService/GetResult") with
+// raw request bytes, through gRPC's generic stub (bytes no generated stub
+// would send); *response gets the raw response bytes.
+grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel,
+                          const std::string& method, const std::string& request,
+                          std::string* response = nullptr,
+                          const std::string& bearer_token = "");
+
 // grpc.reflection.v1alpha list_services: the raw response bytes.
 std::string ReflectionListServices(
     const std::shared_ptr<grpc::Channel>& channel, grpc::Status* status);

@@ -79,6 +79,13 @@ TEST(ServerFlagsTest, ErrorsNameTheFlag) {
       {{"--metrics_max_layers=x"}, "--metrics-max-layers"},
       {{"--retention-age", "3 days"}, "--retention-age"},
       {{"listen"}, "unexpected argument 'listen'"},
+      {{"--interactive-reserve", "1"}, "--interactive-reserve"},
+      {{"--interactive-reserve", "-0.1"}, "--interactive-reserve"},
+      {{"--interactive-reserve", "half"}, "--interactive-reserve"},
+      {{"--tenant-max-jobs", "-1"}, "--tenant-max-jobs"},
+      {{"--tenant-max-bytes", "lots"}, "--tenant-max-bytes"},
+      {{"--metrics-tls-cert", "c.pem"}, "--metrics-tls-key"},
+      {{"--metrics-tls-key", "k.pem"}, "--metrics-tls-cert"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<ServerFlags> f = ParseServerFlags(c.argv);
@@ -123,6 +130,13 @@ TEST(ServerFlagsTest, HelpListsEveryFlagWithItsDefault) {
                                "--tls-key",
                                "--tls-client-ca",
                                "--auth-token-file",
+                               "--interactive-reserve",
+                               "[0.25]",
+                               "--tenant-max-jobs",
+                               "--tenant-max-bytes",
+                               "--metrics-tls-cert",
+                               "--metrics-tls-key",
+                               "--metrics-token-file",
                                "--keepalive-time",
                                "--max-connection-age",
                                "[30m]",
@@ -159,6 +173,26 @@ TEST(ServerFlagsTest, DashesAndUnderscoresNameTheSameFlag) {
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->data_dir, "-my-dir");
   EXPECT_EQ(f->listen, "a-b:1");
+}
+
+TEST(ServerFlagsTest, FairnessTenantAndMetricsSecurityFlags) {
+  absl::StatusOr<ServerFlags> d = ParseServerFlags({});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->interactive_reserve, 0.25);
+  EXPECT_EQ(d->tenant_max_jobs, 0);
+  EXPECT_EQ(d->tenant_max_bytes, 0);
+  EXPECT_TRUE(d->metrics_token_file.empty());
+  absl::StatusOr<ServerFlags> f = ParseServerFlags(
+      {"--interactive-reserve", "0.5", "--tenant-max-jobs", "32",
+       "--tenant-max-bytes", "1GiB", "--metrics-tls-cert", "m.pem",
+       "--metrics-tls-key", "m.key", "--metrics-token-file", "m.token"});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->interactive_reserve, 0.5);
+  EXPECT_EQ(f->tenant_max_jobs, 32);
+  EXPECT_EQ(f->tenant_max_bytes, int64_t{1} << 30);
+  EXPECT_EQ(f->metrics_tls_cert, "m.pem");
+  EXPECT_EQ(f->metrics_tls_key, "m.key");
+  EXPECT_EQ(f->metrics_token_file, "m.token");
 }
 
 // Each parse starts from the defaults: a flag set by an earlier parse does

@@ -30,6 +30,17 @@
 namespace attnaudit::server {
 namespace {
 
+StageTimings Timings(double validate, double reference, double replay,
+                     double compare, double total) {
+  StageTimings t;
+  t.validate_seconds = validate;
+  t.reference_seconds = reference;
+  t.replay_seconds = replay;
+  t.compare_seconds = compare;
+  t.total_seconds = total;
+  return t;
+}
+
 using ::testing::HasSubstr;
 using ::testing::Not;
 using LabelMap = std::map<std::string, std::string>;
@@ -128,6 +139,7 @@ TEST(MetricsTest, ExactlyTheDocumentedFamilies) {
       {"attnaudit_jobs_completed_total", T::Counter},
       {"attnaudit_received_bytes_total", T::Counter},
       {"attnaudit_rejections_total", T::Counter},
+      {"attnaudit_labels_truncated_total", T::Counter},
       {"attnaudit_inflight_jobs", T::Gauge},
       {"attnaudit_devices", T::Gauge},
       {"attnaudit_cp_checks_total", T::Counter},
@@ -477,8 +489,8 @@ TEST(MetricsTest, SchedulerListenerDrivesQueueJobAndDeviceMetrics) {
 
 TEST(MetricsTest, StagesThatDidNotRunAreNotObserved) {
   auto metrics = MakeMetrics();
-  metrics->ObserveStages(StageTimings{0.002, 0, 0, 0, 0.002}, "cuda");
-  metrics->ObserveStages(StageTimings{0.001, 0.02, 0.03, 0.004, 0.055}, "cuda");
+  metrics->ObserveStages(Timings(0.002, 0, 0, 0, 0.002), "cuda");
+  metrics->ObserveStages(Timings(0.001, 0.02, 0.03, 0.004, 0.055), "cuda");
   const LabelMap validate = {{"stage", "validate"}, {"device_kind", "cuda"}};
   const LabelMap replay = {{"stage", "replay"}, {"device_kind", "cuda"}};
   EXPECT_EQ(Value(*metrics, "attnaudit_job_stage_duration_seconds", validate),
@@ -528,7 +540,7 @@ TEST(MetricsPromtoolTest, RegistryPassesPromtoolCheckMetrics) {
   options.device_kinds = {"cpu", "cuda"};
   auto metrics = MakeMetrics(options);
   metrics->ObserveReport(DriftReport(), JobLabels{"llama", 5, "vllm"});
-  metrics->ObserveStages(StageTimings{0.001, 0.01, 0.01, 0.002, 0.023}, "cpu");
+  metrics->ObserveStages(Timings(0.001, 0.01, 0.01, 0.002, 0.023), "cpu");
   std::string out;
   const int rc = Promtool(metrics->RenderText(), &out);
   if (rc == -1) GTEST_SKIP() << "promtool not found on PATH; lint skipped";

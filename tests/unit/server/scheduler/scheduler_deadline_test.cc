@@ -69,7 +69,8 @@ TEST(SchedulerDeadlineTest, EarlierDeadlineSubmittedLaterWakesTheTimer) {
   auto far = MakeJob("far", kS, &rec);
   far->deadline = absl::Now() + absl::Hours(1);
   ASSERT_TRUE(scheduler->Submit(std::move(far)).ok());
-  auto near = MakeJob("near", kS, &rec);
+  // INTERACTIVE, so "far" is not ahead of it and admission takes it.
+  auto near = MakeJob("near", kI, &rec);
   near->deadline = absl::Now() + absl::Milliseconds(10);
   ASSERT_TRUE(scheduler->Submit(std::move(near)).ok());
   // If the timer still slept until the 1 h deadline this would hang.

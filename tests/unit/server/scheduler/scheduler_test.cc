@@ -30,6 +30,13 @@ std::unique_ptr<Scheduler> MakeScheduler(SchedulerOptions options) {
   return *std::move(s);
 }
 
+AdmissionQuery Query(PriorityClass c, int64_t bytes) {
+  AdmissionQuery q;
+  q.priority = c;
+  q.bytes = bytes;
+  return q;
+}
+
 SchedulerOptions OneDevice(Gate* gate) {
   SchedulerOptions o;
   o.devices = GateDevices(1, gate);
@@ -99,7 +106,7 @@ TEST(SchedulerTest, FullQueueRejectsWithRetryHintThenAcceptsAfterItDrains) {
                                      "retry after ~"));
   EXPECT_EQ(why.reason, RejectReason::kQueueFull);
   EXPECT_GT(why.retry_after, absl::ZeroDuration());
-  EXPECT_EQ(scheduler->CheckAdmission(kI, 0).code(),
+  EXPECT_EQ(scheduler->CheckAdmission(Query(kI, 0)).code(),
             absl::StatusCode::kResourceExhausted);
   // The other class has its own bound.
   EXPECT_TRUE(scheduler->Submit(MakeJob("s1", kS, &rec)).ok());
@@ -110,7 +117,7 @@ TEST(SchedulerTest, FullQueueRejectsWithRetryHintThenAcceptsAfterItDrains) {
   }
   EXPECT_FALSE(rec.Has("over"));  // a refused job never completes
   EXPECT_EQ(scheduler->Stats().queued[0], 0);
-  EXPECT_TRUE(scheduler->CheckAdmission(kI, 0).ok());
+  EXPECT_TRUE(scheduler->CheckAdmission(Query(kI, 0)).ok());
   ASSERT_TRUE(scheduler->Submit(MakeJob("over", kI, &rec)).ok());
   gate.Open();
   EXPECT_TRUE(rec.Wait("over").status.ok());

@@ -16,6 +16,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/spool/spool_format.h"
 
 namespace attnaudit::server {
 namespace {
@@ -131,12 +132,15 @@ TEST(SpoolTest, PutThenReadRoundTripsEverything) {
   EXPECT_EQ(e->metadata.layer, 17);
   EXPECT_EQ(e->metadata.engine, "vllm");
   EXPECT_EQ(e->metadata.attributes, m.attributes);
+  EXPECT_EQ(e->metadata.tenant, "default");
 
   m.deadline = absl::FromUnixMicros(1700000009000000);
+  m.tenant = "fleet-a";
   ASSERT_TRUE(spool->Put("job-2", m, "").ok());
   auto e2 = spool->Read("job-2");
   ASSERT_TRUE(e2.ok()) << e2.status();
   EXPECT_EQ(e2->metadata.deadline, m.deadline);
+  EXPECT_EQ(e2->metadata.tenant, "fleet-a");
   EXPECT_EQ(e2->payload, "");
 }
 
@@ -326,6 +330,33 @@ TEST(SpoolTest, OpenFailsCleanlyOnAnUnusableDirectory) {
   auto s = Spool::Open(file);
   EXPECT_FALSE(s.ok());
   EXPECT_THAT(s.status().message(), HasSubstr("not_a_dir"));
+}
+
+TEST(SpoolFormatTest, EntriesFromBeforeTenantsReadAsTheDefaultTenant) {
+  SpoolMetadata m;
+  m.model = "llama";
+  m.tenant = "fleet-a";
+  std::string prefix;
+  ASSERT_TRUE(spool_internal::EncodePrefix(m, 0, &prefix).ok());
+  std::string meta = prefix.substr(spool_internal::kHeaderBytes);
+  SpoolMetadata back;
+  ASSERT_TRUE(spool_internal::DecodeMetadata(meta, &back).ok());
+  EXPECT_EQ(back.tenant, "fleet-a");
+  // The old metadata ended after `attributes`: drop the tenant field
+  // (a u32 length and the bytes).
+  const std::string old = meta.substr(0, meta.size() - 4 - m.tenant.size());
+  SpoolMetadata legacy;
+  ASSERT_TRUE(spool_internal::DecodeMetadata(old, &legacy).ok());
+  EXPECT_EQ(legacy.tenant, "default");
+  EXPECT_EQ(legacy.model, "llama");
+  // Anything after the tenant, or a cut tenant, is corruption.
+  SpoolMetadata bad;
+  EXPECT_EQ(spool_internal::DecodeMetadata(meta + "x", &bad).code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(
+      spool_internal::DecodeMetadata(meta.substr(0, meta.size() - 1), &bad)
+          .code(),
+      absl::StatusCode::kDataLoss);
 }
 
 }  // namespace

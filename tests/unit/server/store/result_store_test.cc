@@ -293,5 +293,62 @@ TEST(ResultStoreTest, NamesOfStates) {
   EXPECT_TRUE(IsTerminal(JobState::kFailed));
 }
 
+TEST(ResultStoreTest, RowsKeepTheirTenant) {
+  TempDir dir;
+  auto store = OpenStore(dir.path());
+  ResultRecord q = Queued("j1", kT0);
+  q.tenant = "fleet-a";
+  ASSERT_TRUE(*store->RecordQueued(q));
+  EXPECT_EQ(store->Get("j1")->tenant, "fleet-a");
+  ResultRecord done = q;
+  done.state = JobState::kDone;
+  done.tenant = "someone-else";  // a terminal write never moves the owner
+  ASSERT_TRUE(*store->PutResult(done));
+  EXPECT_EQ(store->Get("j1")->tenant, "fleet-a");
+  ResultRecord fresh = Queued("j2", kT0);
+  fresh.state = JobState::kFailed;
+  fresh.tenant = "fleet-b";
+  ASSERT_TRUE(*store->PutResult(fresh));
+  EXPECT_EQ(store->Get("j2")->tenant, "fleet-b");
+}
+
+TEST(ResultStoreTest, SchemaVersion1RowsBelongToTheDefaultTenant) {
+  TempDir dir;
+  {
+    // A results.db as the server before tenants wrote it.
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((dir.path() + "/results.db").c_str(), &db),
+              SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db,
+                           "CREATE TABLE results (job_id TEXT PRIMARY KEY NOT "
+                           "NULL, state TEXT NOT NULL, verdict INTEGER NOT "
+                           "NULL DEFAULT 0, priority INTEGER NOT NULL DEFAULT "
+                           "1, model TEXT NOT NULL DEFAULT '', layer INTEGER "
+                           "NOT NULL DEFAULT -1, engine TEXT NOT NULL DEFAULT "
+                           "'', created_us INTEGER NOT NULL DEFAULT 0, "
+                           "started_us INTEGER NOT NULL DEFAULT 0, finished_us "
+                           "INTEGER NOT NULL DEFAULT 0, error_code INTEGER NOT "
+                           "NULL DEFAULT 0, error_message TEXT NOT NULL "
+                           "DEFAULT '', report BLOB);"
+                           "INSERT INTO results(job_id, state) "
+                           "VALUES('old', 'DONE');"
+                           "PRAGMA user_version = 1;",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  auto store = OpenStore(dir.path());
+  absl::StatusOr<ResultRecord> old = store->Get("old");
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->tenant, "default");
+  EXPECT_EQ(old->state, JobState::kDone);
+  ResultRecord q = Queued("new", kT0);
+  q.tenant = "fleet-a";
+  ASSERT_TRUE(*store->RecordQueued(q));
+  store.reset();
+  store = OpenStore(dir.path());  // already version 2: opens as is
+  EXPECT_EQ(store->Get("new")->tenant, "fleet-a");
+}
+
 }  // namespace
 }  // namespace attnaudit::server

@@ -1,0 +1,179 @@
+// MetricsHttpServer: /metrics behind a bearer token (401 without or with a
+// wrong one, 200 with it), only GET/HEAD /metrics, HTTPS with the given
+// certificate (checked by an OpenSSL client against the CA), and bad
+// options named by their flag.
+#include "server/metrics_http/metrics_http.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <openssl/ssl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace attnaudit::server {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  std::string dir = ::testing::TempDir() + "/metrics_http_" + name;
+  std::system(absl::StrCat("rm -rf '", dir, "'; mkdir -p '", dir, "'").c_str());
+  return dir;
+}
+
+int Connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// One plain HTTP exchange; the whole response.
+std::string Http(int port, const std::string& request) {
+  const int fd = Connect(port);
+  if (fd < 0) return "";
+  ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, n);
+  ::close(fd);
+  return out;
+}
+
+std::string Get(int port, const std::string& path, const std::string& auth) {
+  return Http(
+      port, absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: x\r\n",
+                         auth.empty() ? "" : "Authorization: " + auth + "\r\n",
+                         "\r\n"));
+}
+
+TEST(MetricsHttpTest, TheTokenGuardsMetricsAndNothingElseIsServed) {
+  const std::string dir = TempDir("token");
+  std::ofstream(dir + "/token") << "scrape-s3cret\n";
+  MetricsHttpOptions o;
+  o.listen_address = "127.0.0.1:0";
+  o.token_file = dir + "/token";
+  auto server = MetricsHttpServer::Start(o, [] { return "up 1\n"; });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  ASSERT_GT(port, 0);
+  EXPECT_FALSE((*server)->tls());
+
+  const std::string none = Get(port, "/metrics", "");
+  EXPECT_TRUE(absl::StartsWith(none, "HTTP/1.1 401")) << none;
+  EXPECT_TRUE(absl::StrContains(none, "WWW-Authenticate: Bearer")) << none;
+  EXPECT_FALSE(absl::StrContains(none, "up 1"));
+  const std::string wrong = Get(port, "/metrics", "Bearer scrape-s3creX");
+  EXPECT_TRUE(absl::StartsWith(wrong, "HTTP/1.1 401")) << wrong;
+  EXPECT_TRUE(absl::StartsWith(Get(port, "/metrics", "Basic c2NyYXBl"),
+                               "HTTP/1.1 401"));
+  const std::string ok = Get(port, "/metrics", "Bearer scrape-s3cret");
+  EXPECT_TRUE(absl::StartsWith(ok, "HTTP/1.1 200")) << ok;
+  EXPECT_TRUE(absl::EndsWith(ok, "\r\n\r\nup 1\n")) << ok;
+  EXPECT_TRUE(absl::StrContains(ok, "text/plain; version=0.0.4"));
+  EXPECT_TRUE(absl::StartsWith(Get(port, "/other", "Bearer scrape-s3cret"),
+                               "HTTP/1.1 404"));
+  EXPECT_TRUE(absl::StartsWith(Http(port, "POST /metrics HTTP/1.1\r\n\r\n"),
+                               "HTTP/1.1 405"));
+  EXPECT_TRUE(absl::StartsWith(Http(port, "garbage\r\n\r\n"), "HTTP/1.1 400"));
+  // A head that never ends is cut off at 8 KiB, not buffered forever.
+  EXPECT_TRUE(absl::StartsWith(
+      Http(port, "GET /metrics HTTP/1.1\r\nX: " + std::string(20000, 'a')),
+      "HTTP/1.1 400"));
+}
+
+TEST(MetricsHttpTest, ServesOverTlsWithTheGivenCertificate) {
+  const std::string dir = TempDir("tls");
+  const std::string script = absl::StrCat(
+      "set -e; cd '", dir,
+      "'; openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+      "-nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=ca; "
+      "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+      "-keyout s.key -out s.csr -subj /CN=localhost; "
+      "echo subjectAltName=DNS:localhost,IP:127.0.0.1 > s.ext; "
+      "openssl x509 -req -in s.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+      "-days 2 -extfile s.ext -out s.pem");
+  std::ofstream(dir + "/certs.sh") << script << "\n";
+  ASSERT_EQ(
+      std::system(
+          absl::StrCat("bash '", dir, "/certs.sh' >/dev/null 2>&1").c_str()),
+      0);
+  MetricsHttpOptions o;
+  o.listen_address = "127.0.0.1:0";
+  o.tls_cert_file = dir + "/s.pem";
+  o.tls_key_file = dir + "/s.key";
+  auto server = MetricsHttpServer::Start(o, [] { return "up 1\n"; });
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_TRUE((*server)->tls());
+
+  // A client that verifies the server against the CA.
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  ASSERT_EQ(
+      SSL_CTX_load_verify_locations(ctx, (dir + "/ca.pem").c_str(), nullptr),
+      1);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+  const int fd = Connect((*server)->port());
+  ASSERT_GE(fd, 0);
+  SSL* ssl = SSL_new(ctx);
+  SSL_set_fd(ssl, fd);
+  SSL_set_tlsext_host_name(ssl, "localhost");
+  ASSERT_EQ(SSL_connect(ssl), 1);
+  EXPECT_EQ(SSL_get_verify_result(ssl), X509_V_OK);
+  const std::string req = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  ASSERT_EQ(SSL_write(ssl, req.data(), static_cast<int>(req.size())),
+            static_cast<int>(req.size()));
+  std::string out;
+  char buf[4096];
+  int n;
+  while ((n = SSL_read(ssl, buf, sizeof(buf))) > 0) out.append(buf, n);
+  SSL_free(ssl);
+  ::close(fd);
+  SSL_CTX_free(ctx);
+  EXPECT_TRUE(absl::StartsWith(out, "HTTP/1.1 200")) << out;
+  EXPECT_TRUE(absl::EndsWith(out, "up 1\n"));
+  // Plain HTTP to the TLS port gets nothing useful.
+  EXPECT_FALSE(
+      absl::StartsWith(Get((*server)->port(), "/metrics", ""), "HTTP/1.1 200"));
+}
+
+TEST(MetricsHttpTest, BadOptionsNameTheirFlag) {
+  MetricsHttpOptions o;
+  o.listen_address = "127.0.0.1:0";
+  o.tls_cert_file = "/nonexistent.pem";
+  EXPECT_TRUE(absl::StrContains(
+      MetricsHttpServer::Start(o, [] { return ""; }).status().message(),
+      "--metrics-tls-cert"));
+  o.tls_key_file = "/nonexistent.key";
+  EXPECT_TRUE(absl::StrContains(
+      MetricsHttpServer::Start(o, [] { return ""; }).status().message(),
+      "--metrics-tls-cert"));
+  MetricsHttpOptions t;
+  t.listen_address = "127.0.0.1:0";
+  t.token_file = "/nonexistent.token";
+  EXPECT_TRUE(absl::StrContains(
+      MetricsHttpServer::Start(t, [] { return ""; }).status().message(),
+      "--metrics-token-file"));
+  MetricsHttpOptions a;
+  a.listen_address = "no-port";
+  EXPECT_TRUE(absl::StrContains(
+      MetricsHttpServer::Start(a, [] { return ""; }).status().message(),
+      "--metrics-listen"));
+}
+
+}  // namespace
+}  // namespace attnaudit::server

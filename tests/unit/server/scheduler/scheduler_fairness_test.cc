@@ -1,0 +1,254 @@
+// Scheduler fairness under overload: the INTERACTIVE byte reserve, tenant
+// quotas, tenant-scoped cancellation, jobs that could only expire in the
+// queue (refused at admission, dropped before they run) and the measured
+// drain rate behind retry hints.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/scheduler/scheduler.h"
+#include "tests/unit/server/scheduler/test_devices.h"
+
+namespace attnaudit::server {
+namespace {
+
+using testing::Gate;
+using testing::GateDevices;
+using ::testing::HasSubstr;
+using testing::MakeJob;
+using testing::Recorder;
+
+constexpr PriorityClass kI = PriorityClass::kInteractive;
+constexpr PriorityClass kS = PriorityClass::kSampled;
+
+std::unique_ptr<Scheduler> MakeScheduler(SchedulerOptions options) {
+  auto s = Scheduler::Create(std::move(options));
+  EXPECT_TRUE(s.ok()) << s.status();
+  return *std::move(s);
+}
+
+std::unique_ptr<Job> TenantJob(const std::string& id, PriorityClass c,
+                               Recorder* rec, const std::string& tenant,
+                               int64_t bytes = 0, TenantQuota quota = {}) {
+  auto job = MakeJob(id, c, rec, bytes);
+  job->tenant = tenant;
+  job->quota = quota;
+  return job;
+}
+
+TEST(SchedulerFairnessTest, SampledCannotTakeTheInteractiveReserve) {
+  Gate gate;
+  SchedulerOptions options;
+  options.devices = GateDevices(1, &gate);
+  options.max_queued_bytes = 100;
+  options.interactive_reserved_bytes = 30;  // SAMPLED may queue 70
+  auto scheduler = MakeScheduler(std::move(options));
+  Recorder rec;
+  ASSERT_TRUE(scheduler->Submit(MakeJob("run", kI, &rec)).ok());
+  gate.WaitStarted(1);
+
+  ASSERT_TRUE(scheduler->Submit(MakeJob("s1", kS, &rec, 40)).ok());
+  ASSERT_TRUE(scheduler->Submit(MakeJob("s2", kS, &rec, 30)).ok());  // = 70
+  SubmitRejection why;
+  absl::Status s = scheduler->Submit(MakeJob("s3", kS, &rec, 1), &why);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(why.reason, RejectReason::kMemoryBudget);
+  EXPECT_THAT(s.message(), HasSubstr("SAMPLED"));
+  // The reserve is there for INTERACTIVE calls, which may use all of it.
+  ASSERT_TRUE(scheduler->Submit(MakeJob("i1", kI, &rec, 30)).ok());
+  EXPECT_EQ(scheduler->Stats().queued_bytes, 100);
+  EXPECT_EQ(scheduler->Stats().class_queued_bytes[1], 70);
+  // A SAMPLED job bigger than its class budget can never fit.
+  s = scheduler->Submit(MakeJob("s4", kS, &rec, 71), &why);
+  EXPECT_EQ(why.reason, RejectReason::kTooLarge);
+  EXPECT_EQ(why.retry_after, absl::ZeroDuration());
+
+  gate.Open();
+  for (const char* id : {"run", "s1", "s2", "i1"}) {
+    EXPECT_TRUE(rec.Wait(id).status.ok()) << id;
+  }
+  EXPECT_FALSE(rec.Has("s3"));
+}
+
+TEST(SchedulerFairnessTest, ReserveMustLeaveRoomForSampled) {
+  Gate gate;
+  SchedulerOptions options;
+  options.devices = GateDevices(1, &gate);
+  options.max_queued_bytes = 100;
+  options.interactive_reserved_bytes = 100;
+  EXPECT_THAT(Scheduler::Create(std::move(options)).status().message(),
+              HasSubstr("interactive_reserved_bytes"));
+}
+
+TEST(SchedulerFairnessTest, TenantQuotaCapsJobsAndBytesInFlight) {
+  Gate gate;
+  SchedulerOptions options;
+  options.devices = GateDevices(1, &gate);
+  auto scheduler = MakeScheduler(std::move(options));
+  Recorder rec;
+  const TenantQuota quota{/*max_jobs=*/2, /*max_bytes=*/100};
+  // Running jobs count too: "a1" holds the device.
+  ASSERT_TRUE(
+      scheduler->Submit(TenantJob("a1", kS, &rec, "a", 10, quota)).ok());
+  gate.WaitStarted(1);
+  ASSERT_TRUE(
+      scheduler->Submit(TenantJob("a2", kS, &rec, "a", 10, quota)).ok());
+  SubmitRejection why;
+  absl::Status s =
+      scheduler->Submit(TenantJob("a3", kS, &rec, "a", 10, quota), &why);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(why.reason, RejectReason::kTenantQuota);
+  EXPECT_GT(why.retry_after, absl::ZeroDuration());
+  EXPECT_THAT(s.message(), HasSubstr("2 of 2 jobs"));
+  // Another tenant is not affected by a's quota.
+  ASSERT_TRUE(
+      scheduler->Submit(TenantJob("b1", kS, &rec, "b", 10, quota)).ok());
+  // Bytes: b holds 10; 91 more would pass 100.
+  s = scheduler->Submit(TenantJob("b2", kS, &rec, "b", 91, quota), &why);
+  EXPECT_EQ(why.reason, RejectReason::kTenantQuota);
+  // Larger than the whole quota: never fits.
+  s = scheduler->Submit(TenantJob("b3", kS, &rec, "b", 101, quota), &why);
+  EXPECT_EQ(why.reason, RejectReason::kTooLarge);
+
+  gate.Release(1);  // a1 finishes: a has room again
+  EXPECT_TRUE(rec.Wait("a1").status.ok());
+  EXPECT_TRUE(
+      scheduler->Submit(TenantJob("a3", kS, &rec, "a", 10, quota)).ok());
+  gate.Open();
+  for (const char* id : {"a2", "a3", "b1"}) {
+    EXPECT_TRUE(rec.Wait(id).status.ok()) << id;
+  }
+}
+
+TEST(SchedulerFairnessTest, CancelOwnedSeesOnlyTheTenantsJobs) {
+  Gate gate;
+  SchedulerOptions options;
+  options.devices = GateDevices(1, &gate);
+  auto scheduler = MakeScheduler(std::move(options));
+  Recorder rec;
+  ASSERT_TRUE(scheduler->Submit(TenantJob("run", kS, &rec, "a")).ok());
+  gate.WaitStarted(1);
+  ASSERT_TRUE(scheduler->Submit(TenantJob("queued", kS, &rec, "a")).ok());
+
+  EXPECT_EQ(*scheduler->OwnerOf("queued"), "a");
+  const absl::Status other = scheduler->CancelOwned("queued", "b");
+  const absl::Status unknown = scheduler->CancelOwned("nosuch", "b");
+  EXPECT_EQ(other.code(), absl::StatusCode::kNotFound);
+  // Word for word what an unknown id gets, but for the id itself.
+  EXPECT_EQ(absl::StrCat(other.message()),
+            absl::StrCat("job queued is not queued or running"));
+  EXPECT_EQ(absl::StrCat(unknown.message()),
+            absl::StrCat("job nosuch is not queued or running"));
+  EXPECT_FALSE(rec.Has("queued"));
+
+  ASSERT_TRUE(scheduler->CancelOwned("queued", "a").ok());
+  EXPECT_EQ(rec.Wait("queued").status.code(), absl::StatusCode::kCancelled);
+  ASSERT_TRUE(scheduler->CancelOwned("run", "a").ok());
+  EXPECT_EQ(rec.Wait("run").status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(scheduler->OwnerOf("run").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(SchedulerFairnessTest, JobThatWouldOnlyExpireInTheQueueIsRefused) {
+  Gate gate;
+  SchedulerOptions options;
+  options.devices = GateDevices(1, &gate);
+  options.initial_run_estimate = absl::Seconds(1);
+  auto scheduler = MakeScheduler(std::move(options));
+  Recorder rec;
+  ASSERT_TRUE(scheduler->Submit(MakeJob("run", kS, &rec)).ok());
+  gate.WaitStarted(1);
+  ASSERT_TRUE(scheduler->Submit(MakeJob("ahead", kS, &rec)).ok());
+
+  // One job ahead (~1 s x 1.5) and a ~1 s run: 2 s left is not enough.
+  auto late = MakeJob("late", kS, &rec);
+  late->deadline = absl::Now() + absl::Seconds(2);
+  SubmitRejection why;
+  absl::Status s = scheduler->Submit(std::move(late), &why);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(why.reason, RejectReason::kWouldExpire);
+  EXPECT_GT(why.retry_after, absl::ZeroDuration());
+  EXPECT_THAT(s.message(), HasSubstr("1 job(s) ahead"));
+  // With time enough it is admitted; INTERACTIVE has nothing ahead.
+  auto fine = MakeJob("fine", kS, &rec);
+  fine->deadline = absl::Now() + absl::Seconds(60);
+  EXPECT_TRUE(scheduler->Submit(std::move(fine)).ok());
+  auto urgent = MakeJob("urgent", kI, &rec);
+  urgent->deadline = absl::Now() + absl::Seconds(2);
+  EXPECT_TRUE(scheduler->Submit(std::move(urgent)).ok());
+  // A resumed job is never refused for its deadline (the timer decides).
+  auto resumed = MakeJob("resumed", kS, &rec);
+  resumed->deadline = absl::Now() + absl::Seconds(30);
+  EXPECT_TRUE(scheduler
+                  ->SubmitWhenAdmitted(std::move(resumed),
+                                       absl::Now() + absl::Seconds(5))
+                  .ok());
+  EXPECT_EQ(scheduler->Stats().expired_in_queue, 0);
+  gate.Open();
+  for (const char* id : {"run", "ahead", "fine", "urgent", "resumed"}) {
+    EXPECT_TRUE(rec.Wait(id).status.ok()) << id;
+  }
+}
+
+TEST(SchedulerFairnessTest, QueuedJobIsDroppedOnceItsDeadlineCannotBeMet) {
+  Gate gate;
+  SchedulerOptions options;
+  options.devices = GateDevices(1, &gate);
+  options.initial_run_estimate = absl::Seconds(10);  // drop 5 s early
+  auto scheduler = MakeScheduler(std::move(options));
+  Recorder rec;
+  ASSERT_TRUE(scheduler->Submit(MakeJob("run", kI, &rec)).ok());
+  gate.WaitStarted(1);
+  auto doomed = MakeJob("doomed", kI, &rec);
+  doomed->deadline = absl::Now() + absl::Seconds(4);
+  ASSERT_TRUE(scheduler->Submit(std::move(doomed)).ok());
+  // Well before its deadline: 4 s left < 0.5 x 10 s.
+  const JobOutcome o = rec.Wait("doomed");
+  EXPECT_EQ(o.status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(o.status.message(), HasSubstr("could no longer be met"));
+  EXPECT_THAT(o.status.message(), HasSubstr("never ran"));
+  EXPECT_FALSE(o.ran);
+  EXPECT_EQ(scheduler->Stats().expired_in_queue, 1);
+  gate.Open();
+  EXPECT_TRUE(rec.Wait("run").status.ok());
+}
+
+TEST(SchedulerFairnessTest, DrainRateIsMeasuredFromSaturatedDispatches) {
+  Gate gate;
+  SchedulerOptions options;
+  options.devices = GateDevices(1, &gate);
+  options.max_queued = {8, 8};
+  auto scheduler = MakeScheduler(std::move(options));
+  Recorder rec;
+  EXPECT_EQ(scheduler->Stats().drain_rate, 0);  // nothing measured yet
+  ASSERT_TRUE(scheduler->Submit(MakeJob("j0", kS, &rec)).ok());
+  gate.WaitStarted(1);
+  for (int i = 1; i < 8; ++i) {
+    ASSERT_TRUE(
+        scheduler->Submit(MakeJob(absl::StrCat("j", i), kS, &rec)).ok());
+  }
+  // Each release frees the device for a job that was waiting for it.
+  for (int i = 0; i < 8; ++i) {
+    gate.Release(1);
+    rec.Wait(absl::StrCat("j", i));
+  }
+  EXPECT_GT(scheduler->Stats().drain_rate, 0);
+  // A full queue's hint follows the measured rate (bounded, positive).
+  // k0 takes the idle device, k1..k8 fill the queue.
+  for (int i = 0; i < 9; ++i) {
+    ASSERT_TRUE(
+        scheduler->Submit(MakeJob(absl::StrCat("k", i), kS, &rec)).ok());
+  }
+  SubmitRejection why;
+  ASSERT_FALSE(scheduler->Submit(MakeJob("over", kS, &rec), &why).ok());
+  EXPECT_GT(why.retry_after, absl::ZeroDuration());
+  EXPECT_LE(why.retry_after, absl::Seconds(60));
+  gate.Open();
+  for (int i = 0; i < 9; ++i) rec.Wait(absl::StrCat("k", i));
+}
+
+}  // namespace
+}  // namespace attnaudit::server
