@@ -11,8 +11,10 @@
 #include "core/attention/merge.h"
 #include "core/common/parallel.h"
 #include "core/common/status_macros.h"
+#include "core/diagnosis/diagnosis.h"
 #include "core/drift/drift.h"
 #include "core/fingerprint/fingerprint.h"
+#include "core/verdict/statistical.h"
 
 namespace attnaudit {
 namespace {
@@ -84,7 +86,30 @@ struct CompareContext {
   DType output_dtype;
   ToleranceInputs tolerance_inputs;
   const AuditOptions& options;
+  const std::vector<double>* reference_out;  // R, for the noise units
 };
+
+// The statistical detector on out (core/verdict/statistical.h).
+void StatisticalStep(const CompareContext& ctx, Comparison which,
+                     const Side& candidate, const Side& baseline,
+                     ComparisonResult* result) {
+  if (!ctx.options.statistical_test || !candidate.has_out ||
+      !baseline.has_out) {
+    return;
+  }
+  StatisticalInputs si;
+  si.comparison = which;
+  si.output_dtype = ctx.output_dtype;
+  si.kv_dtype = ctx.tolerance_inputs.kv_dtype;
+  si.max_context = ctx.tolerance_inputs.max_context;
+  si.max_merged_blocks = ctx.tolerance_inputs.max_merged_blocks;
+  si.max_abs_lse_reference = ctx.tolerance_inputs.max_abs_lse_reference;
+  const SnapshotDims& d = ctx.dims;
+  result->statistical = RunStatisticalTest(
+      candidate.out.data(), baseline.out.data(), ctx.reference_out->data(),
+      d.batch, d.queries, d.q_heads, d.head_dim, si);
+  result->has_statistical = result->statistical.computed;
+}
 
 absl::StatusOr<ComparisonResult> Compare(const CompareContext& ctx,
                                          Comparison which,
@@ -137,6 +162,7 @@ absl::StatusOr<ComparisonResult> Compare(const CompareContext& ctx,
         CompareLogprobs({candidate.logprobs.data(), lp_shape},
                         {baseline.logprobs.data(), lp_shape}, mask);
   }
+  StatisticalStep(ctx, which, candidate, baseline, &result);
   DecideComparison(&result);
   return result;
 }
@@ -166,6 +192,42 @@ Side EngineSide(const Snapshot& s) {
     e.has_logprobs = true;
   }
   return e;
+}
+
+// On DRIFT: which known bug explains E, and where (docs/DIAGNOSIS.md).
+absl::Status DiagnosisStep(const Snapshot& s, const ResolvedLayout& layout,
+                           const PreparedAttention& prepared,
+                           const Side& reference, const Side& engine,
+                           const CompareContext& ctx, int threads,
+                           AuditReport* report) {
+  if (report->verdict != Verdict::kDrift || !ctx.options.diagnose) {
+    return absl::OkStatus();
+  }
+  const Clock::time_point t = Clock::now();
+  const std::vector<double> none;
+  DiagnosisInputs in;
+  in.snapshot = &s;
+  in.layout = &layout;
+  in.prepared = &prepared;
+  in.reference_out = &reference.out;
+  in.reference_lse = &reference.lse;
+  in.engine_out = engine.has_out ? &engine.out : &none;
+  in.engine_lse = engine.has_lse ? &engine.lse : &none;
+  in.tolerance_inputs = ctx.tolerance_inputs;
+  in.tolerance_overrides = ctx.options.tolerances;
+  DiagnosisOptions o;
+  o.max_seconds = ctx.options.diagnosis_max_seconds;
+  o.threads = threads;
+  o.cancelled = ctx.options.cancelled;
+  ATTNAUDIT_ASSIGN_OR_RETURN(DiagnosisResult result, Diagnose(in, o));
+  report->diagnoses = std::move(result.diagnoses);
+  report->diagnosis_run = std::move(result.run);
+  report->provenance.timings.diagnosis_seconds = SecondsSince(t);
+  if (ctx.options.on_stage) {
+    ctx.options.on_stage("diagnosis",
+                         report->provenance.timings.diagnosis_seconds);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -279,7 +341,7 @@ absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
     reference.has_logprobs = rounded_reference.has_logprobs;
   }
 
-  CompareContext ctx{snapshot, d, out_dtype, {}, options};
+  CompareContext ctx{snapshot, d, out_dtype, {}, options, &reference.out};
   ctx.tolerance_inputs.output_dtype = out_dtype;
   ctx.tolerance_inputs.kv_dtype = snapshot.k_pages.dtype();
   ctx.tolerance_inputs.max_merged_blocks =
@@ -314,6 +376,9 @@ absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
   report.verdict = CombineVerdicts(report.comparisons);
   report.provenance.timings.compare_seconds = SecondsSince(t);
   stage_done("compare", report.provenance.timings.compare_seconds);
+  ATTNAUDIT_RETURN_IF_ERROR(DiagnosisStep(snapshot, layout, prepared,
+                                          reference, engine, ctx, threads,
+                                          &report));
 
   // provenance
   Provenance& prov = report.provenance;

@@ -34,6 +34,13 @@ struct AuditOptions {
   bool compute_kv_fingerprint = false;  // costs one SHA-256 pass over the KV
   int worst_heads = 4;
   CpStrategy cp_strategy = CpStrategy::kAuto;
+  // The statistical detector on out (docs/NUMERICS.md, "Statistical
+  // detector"), part of every comparison's verdict.
+  bool statistical_test = true;
+  // The diagnosis (docs/DIAGNOSIS.md): on DRIFT, which known bug explains
+  // the engine's output, within this many seconds (<= 0: no limit).
+  bool diagnose = true;
+  double diagnosis_max_seconds = 10.0;
   // Polled between stages and work items; a true value aborts the audit
   // with Cancelled. May be null.
   const std::atomic<bool>* cancelled = nullptr;

@@ -95,6 +95,41 @@ void AddReasons(Quantity quantity, const DriftStats& stats,
   }
 }
 
+std::string GroupName(const StatisticalGroup& g) {
+  if (g.scope == "row") {
+    return absl::StrCat("row b=", g.where.batch, " s=", g.where.query);
+  }
+  if (g.scope == "head") return absl::StrCat("head ", g.where.head);
+  return "all elements";
+}
+
+// "statistical: out rms 1.21 noise units (limit 0.52, clean ~0.40) over
+// 4096 elements of row b=0 s=0; 3 of 41 groups fired"
+void AddStatisticalReason(const StatisticalResult& st,
+                          std::vector<std::string>* reasons) {
+  if (!st.computed || st.fired_groups == 0) return;
+  const StatisticalGroup* worst = nullptr;
+  for (const StatisticalGroup& g : st.worst) {
+    if (g.fired && (worst == nullptr || g.count > worst->count)) worst = &g;
+  }
+  if (worst == nullptr) return;
+  std::string what;
+  if (worst->rms > worst->rms_limit) {
+    what = absl::StrFormat("rms %.3g noise units (limit %.3g, clean ~%.2f)",
+                           worst->rms, worst->rms_limit, st.clean_rms);
+  } else if (std::fabs(worst->mean) > worst->mean_limit) {
+    what = absl::StrFormat("mean signed error %.3g noise units (limit %.3g)",
+                           worst->mean, worst->mean_limit);
+  } else {
+    what = absl::StrFormat(
+        "bias towards zero %.3g noise units (limit %.3g)", worst->bias,
+        worst->mean_limit);
+  }
+  reasons->push_back(absl::StrFormat(
+      "statistical: out %s over %d elements of %s; %d of %d groups fired",
+      what, worst->count, GroupName(*worst), st.fired_groups, st.groups));
+}
+
 }  // namespace
 
 Tolerances ComputeTolerances(const ToleranceInputs& inputs,
@@ -166,6 +201,9 @@ void DecideComparison(ComparisonResult* result) {
     AddReasons(Quantity::kLse, result->lse, &result->reasons);
   if (result->has_logprob) {
     AddReasons(Quantity::kLogprob, result->logprob, &result->reasons);
+  }
+  if (result->has_statistical) {
+    AddStatisticalReason(result->statistical, &result->reasons);
   }
   result->verdict = result->reasons.empty() ? Verdict::kPass : Verdict::kDrift;
 }
