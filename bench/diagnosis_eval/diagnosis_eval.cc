@@ -40,6 +40,7 @@ struct Flags {
   int repeats = 5;
   bool verbose = false;
   bool calibrate = false;
+  bool small = false;  // cut heads (CutHeads) for speed
   std::string kinds;  // substring filter on engine kind names
   std::string faults;  // substring filter on fault names
   bool dump = false;   // print every diagnosis of a wrong top-1
@@ -59,6 +60,7 @@ Flags ParseFlags(int argc, char** argv) {
   app.add_flag("--calibrate", f.calibrate,
                "one line of detector statistics per clean audit");
   app.add_option("--kinds", f.kinds, "only engine kinds containing this");
+  app.add_flag("--small", f.small, "at most 8 query heads (faster)");
   app.add_option("--faults", f.faults, "only faults containing this");
   app.add_flag("--dump", f.dump, "all diagnoses of a wrong top-1");
   app.add_option("--case", f.replay, "run only this snapshot (see --dump)");
@@ -111,16 +113,23 @@ const std::vector<EngineKind>& Kinds() {
   return kinds;
 }
 
-// A random small snapshot of a random preset (heads cut to at most 8 query
-// heads, keeping the head dim and the GQA group where it fits).
-SynthOptions RandomOptions(Rng& rng, const EngineKind& kind) {
+// At most 8 query heads and 2 KV heads, keeping the head dim and the GQA
+// group where it fits (small, fast snapshots).
+void CutHeads(SynthOptions* o) {
+  const ModelPreset preset = FindPreset(o->preset).value();
+  o->kv_heads = std::min<int64_t>(2, preset.kv_heads);
+  const int64_t group = preset.q_heads / preset.kv_heads;
+  o->q_heads = o->kv_heads * std::min<int64_t>(group, 8 / o->kv_heads);
+}
+
+// A random snapshot of a random preset: the preset's heads, or with
+// `small` cut by CutHeads.
+SynthOptions RandomOptions(Rng& rng, const EngineKind& kind, bool small) {
   SynthOptions o;
   o.preset = rng.Pick(PresetNames());
   const ModelPreset preset = FindPreset(o.preset).value();
-  o.kv_heads = std::min<int64_t>(2, preset.kv_heads);
-  const int64_t group = preset.q_heads / preset.kv_heads;
-  o.q_heads = o.kv_heads * std::min<int64_t>(group, 8 / o.kv_heads);
-  o.batch = rng.Int(1, 3);
+  if (small) CutHeads(&o);
+  o.batch = rng.Int(1, small ? 3 : 2);
   // Log-uniform context in [32, 4096].
   o.context = static_cast<int64_t>(
       std::exp(std::log(32.0) + (std::log(4096.0) - std::log(32.0)) *
@@ -203,7 +212,7 @@ int RunClean(const Flags& f) {
   int64_t made = 0;
   for (int i = 0; i < f.clean; ++i) {
     const EngineKind& kind = Kinds()[static_cast<size_t>(i) % Kinds().size()];
-    const SynthOptions o = RandomOptions(rng, kind);
+    const SynthOptions o = RandomOptions(rng, kind, f.small);
     if (std::string(kind.name).find(f.kinds) == std::string::npos) continue;
     absl::StatusOr<Snapshot> s = Synthesize(o);
     if (!s.ok()) {
@@ -273,7 +282,7 @@ bool HasPlace(Fault f) {
 }
 
 // Options a fault can show with (the preset, the cache dtype, the place).
-void FitFault(Fault fault, Rng& rng, SynthOptions* o) {
+void FitFault(Fault fault, Rng& rng, bool small, SynthOptions* o) {
   o->fault = fault;
   o->kv_dtype = DType::kBF16;
   o->engine_p_dtype = rng.Int(0, 1) ? DType::kBF16 : DType::kF32;
@@ -297,7 +306,7 @@ void FitFault(Fault fault, Rng& rng, SynthOptions* o) {
       o->context = std::max<int64_t>(o->context, 160);
       break;
     case Fault::kGqaMapping:
-      if (o->kv_heads < 2 || o->q_heads == o->kv_heads) o->preset = "llama3-8b";
+      if (o->preset == "glm4-9b" && small) o->preset = "llama3-8b";
       break;
     case Fault::kRopeOffset:
       o->fault_magnitude = rng.Int(1, 4) * (rng.Int(0, 1) ? 1 : -1);
@@ -311,13 +320,8 @@ void FitFault(Fault fault, Rng& rng, SynthOptions* o) {
     default:
       break;
   }
-  if (o->preset == "gemma2-9b" || o->preset == "gpt-oss-20b" ||
-      o->preset == "llama3-8b") {
-    const ModelPreset p = FindPreset(o->preset).value();
-    o->kv_heads = std::min<int64_t>(2, p.kv_heads);
-    const int64_t group = p.q_heads / p.kv_heads;
-    o->q_heads = o->kv_heads * std::min<int64_t>(group, 8 / o->kv_heads);
-  }
+  o->q_heads = o->kv_heads = 0;
+  if (small) CutHeads(o);
   o->fault_row = rng.Int(0, o->batch - 1);
   o->fault_block = -1;
   o->fault_block_rank = 0;
@@ -413,8 +417,8 @@ SynthOptions ParseCase(const std::string& text) {
 
 void RunOneFaulty(const Flags& f, Fault fault, Rng& rng, ClassStats* s) {
   for (int attempt = 0; attempt < 20; ++attempt) {
-    SynthOptions o = RandomOptions(rng, Kinds()[0]);
-    FitFault(fault, rng, &o);
+    SynthOptions o = RandomOptions(rng, Kinds()[0], f.small);
+    FitFault(fault, rng, f.small, &o);
     if (!f.replay.empty()) o = ParseCase(f.replay);
     SynthDetails site;
     absl::StatusOr<Snapshot> faulty = Synthesize(o, &site);
@@ -435,6 +439,18 @@ void RunOneFaulty(const Flags& f, Fault fault, Rng& rng, ClassStats* s) {
       if (visible || f.verbose) {
         std::printf("%s %s: visible=%d detected=%d (%s)\n", FaultName(fault).c_str(),
                     o.preset.c_str(), visible, detected, site.fault.c_str());
+        if (f.dump) {
+          std::printf("    --case %s\n", CaseString(o).c_str());
+          for (const ComparisonResult& c : r->comparisons) {
+            for (const StatisticalGroup& g : c.statistical.worst) {
+              std::printf("    %s %s n=%lld rms %.3f (limit %.3f) mean %.3f "
+                          "bias %.3f (limit %.3f)\n",
+                          std::string(ComparisonShortName(c.comparison)).c_str(),
+                          g.scope.c_str(), static_cast<long long>(g.count), g.rms,
+                          g.rms_limit, g.mean, g.bias, g.mean_limit);
+            }
+          }
+        }
       }
       return;
     }

@@ -4,6 +4,7 @@
 #include <iostream>
 #include <vector>
 
+#include "client/cli/diagnosis_printer.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -138,6 +139,7 @@ std::string FormatReport(const AuditReport& r) {
   AppendComparisonTable(r, &out);
   out += "\n";
   AppendFindings(r, &out);
+  out += FormatDiagnosis(r);
   const StageTimings& t = r.provenance.timings;
   absl::StrAppendFormat(
       &out,
@@ -146,6 +148,10 @@ std::string FormatReport(const AuditReport& r) {
       t.validate_seconds * 1e3, t.reference_seconds * 1e3,
       t.replay_seconds * 1e3, t.compare_seconds * 1e3, t.total_seconds * 1e3,
       r.provenance.backend, r.provenance.threads);
+  if (t.diagnosis_seconds > 0) {
+    absl::StrAppendFormat(&out, "timings: diagnosis %.1f ms\n",
+                          t.diagnosis_seconds * 1e3);
+  }
   if (!r.provenance.prefix_fingerprint.empty()) {
     absl::StrAppend(&out,
                     "prefix fingerprint: ", r.provenance.prefix_fingerprint,

@@ -4,8 +4,6 @@
 // soft-cap, window, fp8 scales) and, for the K RoPE hypotheses, re-rotated
 // keys; the unit states are folded in fp64.
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -400,12 +398,7 @@ absl::Status ComputeAlternatives(const Context& ctx,
   for (size_t i = 0; i < specs.size(); ++i) passes[KeyOf(*specs[i])].push_back(i);
   for (const auto& [key, which] : passes) {
     if (ctx.Cancelled()) return absl::CancelledError("audit cancelled");
-    const auto t0 = Clock::now();  // DEBUG-REMOVE
     ATTNAUDIT_RETURN_IF_ERROR(RunPass(ctx, specs, which, b, kv_heads, results));
-    if (std::getenv("ATTNAUDIT_DIAGNOSIS_TIME") != nullptr) {  // DEBUG-REMOVE
-      std::fprintf(stderr, "  pass keys=%d gqa=%d V=%zu heads=%zu: %.1f ms\n", key.keys, key.gqa, which.size(), kv_heads.size(),
-                   1e3 * std::chrono::duration<double>(Clock::now() - t0).count());
-    }
   }
   return absl::OkStatus();
 }

@@ -7,8 +7,6 @@
 // once per pair).
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <map>
 #include <string>
@@ -450,13 +448,6 @@ absl::Status BlockHypotheses(const Context& ctx, const Row& row,
   ctx.evaluated += nb;
   std::vector<int64_t> top = TopBlocks(loo.energy, kTopBlocks, -1);
   const int64_t stale_block = StaleBlock(loo);
-  if (std::getenv("ATTNAUDIT_DIAGNOSIS_DEBUG") != nullptr) {  // DEBUG-REMOVE
-    for (int64_t j = 0; j < nb; ++j) {
-      std::fprintf(stderr, "loo row %lld blk %lld stale %.4g energy %.4f out %.3g lse %.3g cons %.0f/%lld share %.3g mass %.3g\n",
-                   (long long)row.b, (long long)j, loo.stale_out[j], loo.energy[j], loo.out[j], loo.lse[j],
-                   loo.consistent[j], (long long)loo.drifting, loo.share[j], loo.mass_units[j]);
-    }
-  }
   if (stale_block >= 0 &&
       std::find(top.begin(), top.end(), stale_block) == top.end()) {
     top.push_back(stale_block);

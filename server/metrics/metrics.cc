@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/diagnosis/diagnosis.h"
 #include "server/metrics/metrics_impl.h"
 
 namespace attnaudit::server {
@@ -178,6 +179,12 @@ void Metrics::Impl::RegisterVerdicts(prometheus::Registry& r) {
                                      "Audits completed, by overall verdict.");
   auto& cmp = CounterFamily(r, "attnaudit_comparison_verdicts_total",
                             "Comparison results, by comparison and verdict.");
+  auto& diagnosis_family = CounterFamily(
+      r, "attnaudit_diagnoses_total",
+      "Drifting audits, by the hypothesis their diagnosis ranked first.");
+  for (const std::string& h : HypothesisNames()) {
+    diagnoses[h] = &diagnosis_family.Add({{"hypothesis", h}});
+  }
   for (Verdict v : kVerdicts) {
     const std::string name(VerdictName(v));
     audits[static_cast<int>(v)] = &audit_family.Add({{"verdict", name}});
@@ -308,6 +315,10 @@ void Metrics::ObserveReport(const AuditReport& report,
   const int v = static_cast<int>(report.verdict);
   if (v > 0 && v < kNumVerdicts && m.audits[v] != nullptr)
     m.audits[v]->Increment();
+  if (!report.diagnoses.empty()) {
+    auto it = m.diagnoses.find(report.diagnoses[0].hypothesis);
+    if (it != m.diagnoses.end()) it->second->Increment();
+  }
 
   const std::string& raw_model =
       labels.model.empty() ? report.labels.model : labels.model;
