@@ -29,7 +29,7 @@ APT_PACKAGES := build-essential cmake pkg-config git python3 python3-venv \
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps build run test bench bench-check bench-env bench-peers \
-  bench-sweeps bench-server demo clean py-venv bench-python
+  bench-sweeps bench-server bench-diagnosis demo clean py-venv bench-python
 
 all: build
 
@@ -79,6 +79,10 @@ test: build
 #                 ~8 s per run, 5 runs); the first run builds bench-env
 #   bench-sweeps  context / tokens / batch sweeps, up to 128k      ~1 min
 #   bench-server  small-snapshot audits/s through the server       ~1.5 min
+#   bench-diagnosis  the statistical detector and the diagnosis:
+#                 200 faulty snapshots per fault class, 2,000 clean ones
+#                 across engine kinds, the W1 cost, then 10,000 small clean
+#                 audits for the false-alarm rate                 ~30 min
 #   bench-env     the peers' venv, pinned PyPI packages: ~6 min and 5.4 GiB
 #                 the first time (PyPI's torch wheel brings CUDA libraries)
 # REPEATS sets the timed runs per measurement.
@@ -88,7 +92,11 @@ BENCH_TMP := $(BUILD_DIR)/bench-tmp
 REPEATS ?= 5
 RLKERNEL ?=
 
-bench: bench-check bench-peers bench-sweeps bench-server
+bench: bench-check bench-peers bench-sweeps bench-server bench-diagnosis
+
+bench-diagnosis: build
+	$(BUILD_DIR)/bin/attnaudit_bench_diagnosis --clean 2000 --faulty 200 --w1 --threads 2
+	$(BUILD_DIR)/bin/attnaudit_bench_diagnosis --clean 10000 --faulty 0 --small --seed 77
 
 bench-check: build
 	$(BUILD_DIR)/bin/attnaudit_bench_floor --sweep

@@ -41,7 +41,7 @@ struct Flags {
   bool verbose = false;
   bool calibrate = false;
   bool small = false;  // cut heads (CutHeads) for speed
-  std::string kinds;  // substring filter on engine kind names
+  std::string kinds;   // substring filter on engine kind names
   std::string faults;  // substring filter on fault names
   bool dump = false;   // print every diagnosis of a wrong top-1
   std::string replay;  // --case: one snapshot's options (printed by --dump)
@@ -49,7 +49,8 @@ struct Flags {
 
 Flags ParseFlags(int argc, char** argv) {
   Flags f;
-  CLI::App app("detector and diagnosis evaluation", "attnaudit_bench_diagnosis");
+  CLI::App app("detector and diagnosis evaluation",
+               "attnaudit_bench_diagnosis");
   app.add_option("--clean", f.clean, "clean snapshots across engine kinds");
   app.add_option("--faulty", f.faulty, "faulty snapshots per fault class");
   app.add_flag("--w1", f.w1, "time the diagnosis on W1 against the audit");
@@ -83,7 +84,8 @@ class Rng {
     return z ^ (z >> 31);
   }
   int64_t Int(int64_t lo, int64_t hi) {  // [lo, hi]
-    return lo + static_cast<int64_t>(Next() % static_cast<uint64_t>(hi - lo + 1));
+    return lo +
+           static_cast<int64_t>(Next() % static_cast<uint64_t>(hi - lo + 1));
   }
   template <typename T>
   const T& Pick(const std::vector<T>& v) {
@@ -131,10 +133,9 @@ SynthOptions RandomOptions(Rng& rng, const EngineKind& kind, bool small) {
   if (small) CutHeads(&o);
   o.batch = rng.Int(1, small ? 3 : 2);
   // Log-uniform context in [32, 4096].
-  o.context = static_cast<int64_t>(
-      std::exp(std::log(32.0) + (std::log(4096.0) - std::log(32.0)) *
-                                    static_cast<double>(rng.Int(0, 1000)) /
-                                    1000.0));
+  o.context = static_cast<int64_t>(std::exp(
+      std::log(32.0) + (std::log(4096.0) - std::log(32.0)) *
+                           static_cast<double>(rng.Int(0, 1000)) / 1000.0));
   o.queries = rng.Int(0, 3) == 0 ? rng.Int(2, 4) : 1;
   o.context = std::max(o.context, o.queries + 8 * (o.batch - 1));
   o.page_size = rng.Pick(std::vector<int64_t>{16, 16, 16, 32, 8});
@@ -173,11 +174,10 @@ void ObserveClean(const AuditReport& r, CleanStats* s) {
     if (!c.has_statistical) continue;
     if (c.statistical.fired_groups > 0) ++s->statistical;
     for (const StatisticalGroup& g : c.statistical.worst) {
-      s->worst_ratio = std::max(s->worst_ratio,
-                                g.rms * g.rms / (g.rms_limit * g.rms_limit));
-      s->worst_mean = std::max(
-          {s->worst_mean, std::fabs(g.mean) / g.mean_limit,
-           std::fabs(g.bias) / g.mean_limit});
+      s->worst_ratio =
+          std::max(s->worst_ratio, g.rms * g.rms / (g.rms_limit * g.rms_limit));
+      s->worst_mean = std::max({s->worst_mean, std::fabs(g.mean) / g.mean_limit,
+                                std::fabs(g.bias) / g.mean_limit});
       if (g.scope == "all" && c.comparison == Comparison::kEngineVsReference) {
         s->sum_ms += g.rms * g.rms;
       }
@@ -231,23 +231,29 @@ int RunClean(const Flags& f) {
       std::string reasons;
       for (const ComparisonResult& c : r->comparisons) {
         for (const std::string& x : c.reasons) {
-          reasons += absl::StrCat(" [", ComparisonShortName(c.comparison), "] ", x);
+          reasons +=
+              absl::StrCat(" [", ComparisonShortName(c.comparison), "] ", x);
         }
       }
       std::printf("clean %s %s B=%lld L=%lld split=%lld: %s%s\n", kind.name,
                   o.preset.c_str(), static_cast<long long>(o.batch),
                   static_cast<long long>(o.context),
                   static_cast<long long>(o.split_tokens),
-                  std::string(VerdictName(r->verdict)).c_str(), reasons.c_str());
+                  std::string(VerdictName(r->verdict)).c_str(),
+                  reasons.c_str());
     }
   }
-  std::printf("\n## Clean engines (%lld snapshots)\n\n", static_cast<long long>(made));
-  std::printf("| engine kind | audits | false alarms | statistical | mean z^2 (E-R) | "
-              "worst rms^2/limit | worst |mean|/limit |\n|---|---|---|---|---|---|---|\n");
+  std::printf("\n## Clean engines (%lld snapshots)\n\n",
+              static_cast<long long>(made));
+  std::printf(
+      "| engine kind | audits | false alarms | statistical | mean z^2 (E-R) | "
+      "worst rms^2/limit | worst |mean|/limit "
+      "|\n|---|---|---|---|---|---|---|\n");
   CleanStats total;
   for (const auto& [name, s] : by_kind) {
-    std::printf("| %s | %lld | %lld | %lld | %.3f | %.2f | %.2f |\n", name.c_str(),
-                static_cast<long long>(s.n), static_cast<long long>(s.drift),
+    std::printf("| %s | %lld | %lld | %lld | %.3f | %.2f | %.2f |\n",
+                name.c_str(), static_cast<long long>(s.n),
+                static_cast<long long>(s.drift),
                 static_cast<long long>(s.statistical),
                 s.n ? s.sum_ms / s.n : 0.0, s.worst_ratio, s.worst_mean);
     total.n += s.n;
@@ -255,7 +261,8 @@ int RunClean(const Flags& f) {
     total.statistical += s.statistical;
   }
   std::printf("\nfalse alarms: %lld of %lld clean audits\n",
-              static_cast<long long>(total.drift), static_cast<long long>(total.n));
+              static_cast<long long>(total.drift),
+              static_cast<long long>(total.n));
   return total.drift == 0 ? 0 : 1;
 }
 
@@ -348,7 +355,8 @@ bool Visible(const Snapshot& clean, const Snapshot& faulty) {
   }
   if (sum >= 0.25 * static_cast<double>(a.num_elements())) return true;
   for (int64_t i = 0; i < clean.engine.lse.num_elements(); ++i) {
-    const double x = clean.engine.lse.DoubleAt(i), y = faulty.engine.lse.DoubleAt(i);
+    const double x = clean.engine.lse.DoubleAt(i),
+                 y = faulty.engine.lse.DoubleAt(i);
     if (std::fabs(x - y) > 1e-5 * std::max(1.0, std::fabs(x))) return true;
   }
   return false;
@@ -364,7 +372,8 @@ struct ClassStats {
 bool Located(const Diagnosis& d, const SynthDetails& site) {
   const DiagnosisLocation& l = d.location;
   if (l.row != site.fault_row) return false;
-  if (l.logical_block == site.fault_block && l.page == site.fault_page) return true;
+  if (l.logical_block == site.fault_block && l.page == site.fault_page)
+    return true;
   // A swap names either of its two blocks first.
   return l.logical_block == site.fault_other_block &&
          l.other_logical_block == site.fault_block;
@@ -372,12 +381,13 @@ bool Located(const Diagnosis& d, const SynthDetails& site) {
 
 // The options of one snapshot as a --case string, and back.
 std::string CaseString(const SynthOptions& o) {
-  return absl::StrFormat(
-      "%s,%d,%d,%d,%d,%d,%d,%d,%u,%s,%s,%s,%d,%d,%d,%d,%d", o.preset, o.batch,
-      o.context, o.queries, o.page_size, o.split_tokens, o.permute_pages,
-      o.layer, o.seed, DTypeName(o.kv_dtype), DTypeName(o.engine_p_dtype),
-      FaultName(o.fault), o.fault_row, o.fault_block, o.fault_magnitude,
-      o.q_heads, o.kv_heads) + (o.dequant_to_bf16 ? ",dq" : "");
+  return absl::StrFormat("%s,%d,%d,%d,%d,%d,%d,%d,%u,%s,%s,%s,%d,%d,%d,%d,%d",
+                         o.preset, o.batch, o.context, o.queries, o.page_size,
+                         o.split_tokens, o.permute_pages, o.layer, o.seed,
+                         DTypeName(o.kv_dtype), DTypeName(o.engine_p_dtype),
+                         FaultName(o.fault), o.fault_row, o.fault_block,
+                         o.fault_magnitude, o.q_heads, o.kv_heads) +
+         (o.dequant_to_bf16 ? ",dq" : "");
 }
 
 SynthOptions ParseCase(const std::string& text) {
@@ -385,8 +395,8 @@ SynthOptions ParseCase(const std::string& text) {
   size_t start = 0;
   while (start <= text.size()) {
     const size_t comma = text.find(',', start);
-    f.push_back(text.substr(start, comma == std::string::npos ? std::string::npos
-                                                              : comma - start));
+    f.push_back(text.substr(
+        start, comma == std::string::npos ? std::string::npos : comma - start));
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
@@ -437,17 +447,19 @@ void RunOneFaulty(const Flags& f, Fault fault, Rng& rng, ClassStats* s) {
     s->detected_all += detected;
     if (!visible || !detected) {
       if (visible || f.verbose) {
-        std::printf("%s %s: visible=%d detected=%d (%s)\n", FaultName(fault).c_str(),
-                    o.preset.c_str(), visible, detected, site.fault.c_str());
+        std::printf("%s %s: visible=%d detected=%d (%s)\n",
+                    FaultName(fault).c_str(), o.preset.c_str(), visible,
+                    detected, site.fault.c_str());
         if (f.dump) {
           std::printf("    --case %s\n", CaseString(o).c_str());
           for (const ComparisonResult& c : r->comparisons) {
             for (const StatisticalGroup& g : c.statistical.worst) {
-              std::printf("    %s %s n=%lld rms %.3f (limit %.3f) mean %.3f "
-                          "bias %.3f (limit %.3f)\n",
-                          std::string(ComparisonShortName(c.comparison)).c_str(),
-                          g.scope.c_str(), static_cast<long long>(g.count), g.rms,
-                          g.rms_limit, g.mean, g.bias, g.mean_limit);
+              std::printf(
+                  "    %s %s n=%lld rms %.3f (limit %.3f) mean %.3f "
+                  "bias %.3f (limit %.3f)\n",
+                  std::string(ComparisonShortName(c.comparison)).c_str(),
+                  g.scope.c_str(), static_cast<long long>(g.count), g.rms,
+                  g.rms_limit, g.mean, g.bias, g.mean_limit);
             }
           }
         }
@@ -470,13 +482,14 @@ void RunOneFaulty(const Flags& f, Fault fault, Rng& rng, ClassStats* s) {
       if (located) ++s->located;
     }
     if (f.verbose || !right || !located) {
-      std::printf("%s %s B=%lld L=%lld Sq=%lld P=%lld: top %s%s [%s]\n",
-                  FaultName(fault).c_str(), o.preset.c_str(),
-                  static_cast<long long>(o.batch), static_cast<long long>(o.context),
-                  static_cast<long long>(o.queries),
-                  static_cast<long long>(o.page_size), top.c_str(),
-                  r->diagnoses.empty() ? "" : (": " + r->diagnoses[0].summary).c_str(),
-                  site.fault.c_str());
+      std::printf(
+          "%s %s B=%lld L=%lld Sq=%lld P=%lld: top %s%s [%s]\n",
+          FaultName(fault).c_str(), o.preset.c_str(),
+          static_cast<long long>(o.batch), static_cast<long long>(o.context),
+          static_cast<long long>(o.queries),
+          static_cast<long long>(o.page_size), top.c_str(),
+          r->diagnoses.empty() ? "" : (": " + r->diagnoses[0].summary).c_str(),
+          site.fault.c_str());
       if (f.dump) {
         std::printf("    --case %s\n", CaseString(o).c_str());
         for (const Diagnosis& d : r->diagnoses) {
@@ -506,26 +519,30 @@ int RunFaulty(const Flags& f) {
     for (int i = 0; i < f.faulty; ++i) RunOneFaulty(f, fault, rng, &s);
   }
   std::printf("\n## Faulty snapshots (%d per class)\n\n", f.faulty);
-  std::printf("| fault | snapshots | visible | detected (of visible) | top-1 | "
-              "located | diagnosis / audit |\n|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| fault | snapshots | visible | detected (of visible) | top-1 | "
+      "located | diagnosis / audit |\n|---|---|---|---|---|---|---|\n");
   int64_t det = 0, vis = 0, top = 0, placed = 0, located = 0;
   for (const auto& [name, s] : stats) {
-    std::printf("| %s | %lld | %lld | %lld (%.1f%%) | %.1f%% | %s | %.2f |\n",
-                name.c_str(), static_cast<long long>(s.n),
-                static_cast<long long>(s.visible), static_cast<long long>(s.detected),
-                s.visible ? 100.0 * s.detected / s.visible : 100.0,
-                s.detected ? 100.0 * s.top1 / s.detected : 0.0,
-                s.placed ? absl::StrFormat("%.1f%%", 100.0 * s.located / s.placed).c_str()
-                         : "-",
-                s.audit_seconds > 0 ? s.diagnosis_seconds / s.audit_seconds : 0.0);
+    std::printf(
+        "| %s | %lld | %lld | %lld (%.1f%%) | %.1f%% | %s | %.2f |\n",
+        name.c_str(), static_cast<long long>(s.n),
+        static_cast<long long>(s.visible), static_cast<long long>(s.detected),
+        s.visible ? 100.0 * s.detected / s.visible : 100.0,
+        s.detected ? 100.0 * s.top1 / s.detected : 0.0,
+        s.placed
+            ? absl::StrFormat("%.1f%%", 100.0 * s.located / s.placed).c_str()
+            : "-",
+        s.audit_seconds > 0 ? s.diagnosis_seconds / s.audit_seconds : 0.0);
     det += s.detected;
     vis += s.visible;
     top += s.top1;
     placed += s.placed;
     located += s.located;
   }
-  std::printf("\n### Confusion matrix (rows: injected fault; columns: top-1 "
-              "diagnosis; detected snapshots)\n\n");
+  std::printf(
+      "\n### Confusion matrix (rows: injected fault; columns: top-1 "
+      "diagnosis; detected snapshots)\n\n");
   std::vector<std::string> columns;
   for (const auto& [name, s] : stats) {
     for (const auto& [h, n] : s.confusion) {
@@ -544,15 +561,17 @@ int RunFaulty(const Flags& f) {
     std::printf("| %s |", name.c_str());
     for (const std::string& c : columns) {
       auto it = s.confusion.find(c);
-      std::printf(" %lld |", static_cast<long long>(it == s.confusion.end() ? 0 : it->second));
+      std::printf(" %lld |", static_cast<long long>(
+                                 it == s.confusion.end() ? 0 : it->second));
     }
     std::printf("\n");
   }
-  std::printf("\ndetection %lld of %lld visible (%.2f%%); top-1 %.2f%%; "
-              "localisation %.2f%%\n",
-              static_cast<long long>(det), static_cast<long long>(vis),
-              vis ? 100.0 * det / vis : 100.0, det ? 100.0 * top / det : 0.0,
-              placed ? 100.0 * located / placed : 100.0);
+  std::printf(
+      "\ndetection %lld of %lld visible (%.2f%%); top-1 %.2f%%; "
+      "localisation %.2f%%\n",
+      static_cast<long long>(det), static_cast<long long>(vis),
+      vis ? 100.0 * det / vis : 100.0, det ? 100.0 * top / det : 0.0,
+      placed ? 100.0 * located / placed : 100.0);
   return 0;
 }
 
@@ -564,10 +583,11 @@ double Median(std::vector<double> v) {
 }
 
 int RunW1(const Flags& f) {
-  std::printf("\n## W1: diagnosis cost (llama3-8b, B=8, 4096, page 16, bf16, "
-              "threads %d)\n\n| fault | audit ms | diagnosis ms | ratio | top-1 |\n"
-              "|---|---|---|---|---|\n",
-              f.threads);
+  std::printf(
+      "\n## W1: diagnosis cost (llama3-8b, B=8, 4096, page 16, bf16, "
+      "threads %d)\n\n| fault | audit ms | diagnosis ms | ratio | top-1 |\n"
+      "|---|---|---|---|---|\n",
+      f.threads);
   for (Fault fault : {Fault::kStalePage, Fault::kRopeOffset, Fault::kGqaMapping,
                       Fault::kBf16RunningOut, Fault::kLseBase2}) {
     SynthOptions o;

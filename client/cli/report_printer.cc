@@ -4,10 +4,10 @@
 #include <iostream>
 #include <vector>
 
-#include "client/cli/diagnosis_printer.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/cli/diagnosis_printer.h"
 #include "proto/codec/codec.h"
 
 namespace attnaudit::client {

@@ -57,8 +57,8 @@ std::vector<double> RoundedCopy(const std::vector<double>& v, DType dtype) {
 // own log-probs, when sent, are used as they are), in one pass over
 // lm_head, which also yields its row norms.
 absl::Status ComputeLogprobs(const Snapshot& s, std::vector<Side*> sides,
-                             const std::vector<int64_t>& out_shape,
-                             int threads, LmHeadNorms* norms) {
+                             const std::vector<int64_t>& out_shape, int threads,
+                             LmHeadNorms* norms) {
   const bool can = s.lm_head.present() && s.selected_token_ids.present();
   std::vector<Side*> todo;
   std::vector<DenseView> views;
@@ -376,9 +376,8 @@ absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
   report.verdict = CombineVerdicts(report.comparisons);
   report.provenance.timings.compare_seconds = SecondsSince(t);
   stage_done("compare", report.provenance.timings.compare_seconds);
-  ATTNAUDIT_RETURN_IF_ERROR(DiagnosisStep(snapshot, layout, prepared,
-                                          reference, engine, ctx, threads,
-                                          &report));
+  ATTNAUDIT_RETURN_IF_ERROR(DiagnosisStep(snapshot, layout, prepared, reference,
+                                          engine, ctx, threads, &report));
 
   // provenance
   Provenance& prov = report.provenance;

@@ -89,8 +89,8 @@ int64_t RopePosition(const Snapshot& s, int64_t flat) {
 }
 
 // The KV head ranges [g0, g1) covering `kv_heads` (all when empty).
-std::vector<std::pair<int64_t, int64_t>> Ranges(
-    const SnapshotDims& d, std::vector<int64_t> kv_heads) {
+std::vector<std::pair<int64_t, int64_t>> Ranges(const SnapshotDims& d,
+                                                std::vector<int64_t> kv_heads) {
   std::vector<std::pair<int64_t, int64_t>> out;
   if (kv_heads.empty()) {
     out.emplace_back(0, d.kv_heads);
@@ -142,7 +142,8 @@ class KeyRotator {
     sin_.resize(t.inv_freq().size());
     const float undo = 1.0f / (t.magnitude() * t.magnitude());
     for (int64_t slot = 0; slot < n; ++slot) {
-      const int64_t pos = RopePosition(*ctx_.in->snapshot, page * d.page_size + slot);
+      const int64_t pos =
+          RopePosition(*ctx_.in->snapshot, page * d.page_size + slot);
       for (int64_t g = 0; g < d.kv_heads; ++g) {
         float* k = &buffer_[(slot * d.kv_heads + g) * D];
         const float ks = static_cast<float>(p.k_scale[g]);
@@ -246,16 +247,17 @@ struct PassKey {
 };
 
 PassKey KeyOf(const AltSpec& s) {
-  return {static_cast<int>(s.keys), s.set_softcap, s.set_softcap ? s.softcap : 0,
-          s.set_window, s.set_window ? s.window : 0, !s.kv_of.empty()};
+  return {static_cast<int>(s.keys),      s.set_softcap,
+          s.set_softcap ? s.softcap : 0, s.set_window,
+          s.set_window ? s.window : 0,   !s.kv_of.empty()};
 }
 
 // q of one spec as the pass computes it: the spec's q (or the prepared
 // one), a changed softmax scale or K scale folded into it (both multiply
 // the score before any soft-cap), moved to the slot whose KV head the
 // spec's head reads.
-void StackQueries(const Context& ctx, const AltSpec& spec, int64_t b,
-                  int64_t v, int64_t variants, std::vector<double>* q,
+void StackQueries(const Context& ctx, const AltSpec& spec, int64_t b, int64_t v,
+                  int64_t variants, std::vector<double>* q,
                   std::vector<int64_t>* slot) {
   const PreparedAttention& p = *ctx.p;
   const SnapshotDims& d = ctx.d;
@@ -270,10 +272,10 @@ void StackQueries(const Context& ctx, const AltSpec& spec, int64_t b,
       double factor = spec.set_scale ? spec.scale / p.softmax_scale : 1.0;
       if (!spec.k_scale.empty()) factor *= spec.k_scale[g] / p.k_scale[g];
       const double* from = &src[((b * d.queries + s) * d.q_heads + h) * D];
-      double* to = &(*q)[((b * d.queries * variants + v * d.queries + s) *
-                              d.q_heads +
-                          (*slot)[h]) *
-                         D];
+      double* to =
+          &(*q)[((b * d.queries * variants + v * d.queries + s) * d.q_heads +
+                 (*slot)[h]) *
+                D];
       for (int64_t i = 0; i < D; ++i) to[i] = from[i] * factor;
     }
   }
@@ -391,11 +393,13 @@ absl::Status RunPass(const Context& ctx,
 
 absl::Status ComputeAlternatives(const Context& ctx,
                                  const std::vector<const AltSpec*>& specs,
-                                 int64_t b, const std::vector<int64_t>& kv_heads,
+                                 int64_t b,
+                                 const std::vector<int64_t>& kv_heads,
                                  std::vector<RowResult>* results) {
   results->assign(specs.size(), RowResult());
   std::map<PassKey, std::vector<size_t>> passes;
-  for (size_t i = 0; i < specs.size(); ++i) passes[KeyOf(*specs[i])].push_back(i);
+  for (size_t i = 0; i < specs.size(); ++i)
+    passes[KeyOf(*specs[i])].push_back(i);
   for (const auto& [key, which] : passes) {
     if (ctx.Cancelled()) return absl::CancelledError("audit cancelled");
     ATTNAUDIT_RETURN_IF_ERROR(RunPass(ctx, specs, which, b, kv_heads, results));
@@ -412,8 +416,8 @@ absl::StatusOr<std::vector<double>> AlternativeQueries(const Context& ctx,
   ATTNAUDIT_ASSIGN_OR_RETURN(RopeTable table, RopeTable::Create(s.rope, D));
   RopeConfig other_config = s.rope;
   if (restyle) {
-    other_config.style = s.rope.style == RopeStyle::kNeox ? RopeStyle::kGptj
-                                                          : RopeStyle::kNeox;
+    other_config.style =
+        s.rope.style == RopeStyle::kNeox ? RopeStyle::kGptj : RopeStyle::kNeox;
   }
   ATTNAUDIT_ASSIGN_OR_RETURN(RopeTable target,
                              RopeTable::Create(other_config, D));
@@ -439,7 +443,8 @@ absl::StatusOr<std::vector<double>> AlternativeQueries(const Context& ctx,
         for (int64_t i = 0; i < table.rotary_dim(); ++i) row[i] *= undo;
       }
       target.Rotate(row.data(), pos + delta);
-      for (int64_t i = 0; i < D; ++i) q[base + i] = RoundToDType(row[i], q_dtype);
+      for (int64_t i = 0; i < D; ++i)
+        q[base + i] = RoundToDType(row[i], q_dtype);
     }
   }
   return q;
@@ -513,7 +518,8 @@ std::vector<double> RowValueMax(const Context& ctx, int64_t b) {
         ConvertToFloat(static_cast<const char*>(base) +
                            (t * row + g * head) * DTypeSize(p.v_dtype),
                        p.v_dtype, d.head_dim, values.data());
-        for (float v : values) vmax[g] = std::max(vmax[g], double{std::fabs(v)});
+        for (float v : values)
+          vmax[g] = std::max(vmax[g], double{std::fabs(v)});
       }
     }
   }
@@ -534,8 +540,8 @@ absl::Status ComputeSubstituteStates(const Context& ctx, int64_t b,
   std::vector<int64_t> positions;
   SlotPositions(*ctx.in->snapshot, own_page, n, P, &positions);
   std::vector<std::vector<KvUnit>> plan(static_cast<size_t>(d.batch));
-  plan[b].push_back(KvUnit{static_cast<int32_t>(as_block), 0,
-                           static_cast<int32_t>(n), 0});
+  plan[b].push_back(
+      KvUnit{static_cast<int32_t>(as_block), 0, static_cast<int32_t>(n), 0});
   UnitStates st;
   st.Reset(plan, d, false);
   TokenRun run = PageRun(p, page, page, n, positions.data());

@@ -9,8 +9,8 @@
 #include <cmath>
 #include <limits>
 #include <map>
-#include <string>
 #include <numeric>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -23,8 +23,8 @@ namespace attnaudit {
 namespace diagnosis_internal {
 namespace {
 
-constexpr int kTopBlocks = 8;     // blocks tried as dropped/stale/duplicated
-constexpr int kSwapPartners = 16; // partners tried for a swap
+constexpr int kTopBlocks = 8;      // blocks tried as dropped/stale/duplicated
+constexpr int kSwapPartners = 16;  // partners tried for a swap
 // A stale page adds mass the dropped block does not: its lse excess must
 // stand out of the LSE noise by this many units on average.
 constexpr double kStaleMassUnits = 3.0;
@@ -137,6 +137,7 @@ struct LeaveOneOut {
   // its mass kept at the engine's LSE with values of zero).
   std::vector<double> stale_out;
   int64_t drifting = 0;
+  double drifting_before = 0;  // the drifting cells' energy against R
 };
 
 // The leave-one-out sums of cells [c0, c1) into *loo (sized by the
@@ -160,6 +161,7 @@ void ScanCells(const Context& ctx, const Row& row, const RowStates& rs,
     const bool drifting =
         stale_possible && row.before[c] > 4.0 * ctx.clean_cell;
     loo->drifting += drifting;
+    if (drifting) loo->drifting_before += row.before[c];
     for (int64_t j = 0; j < nb; ++j) {
       rest = cb.Without(j);
       double share = 0, lse = 0;
@@ -217,6 +219,7 @@ LeaveOneOut ScanLeaveOneOut(const Context& ctx, const Row& row,
     loo.out_total += part[k].out_total;
     loo.lse_total += part[k].lse_total;
     loo.drifting += part[k].drifting;
+    loo.drifting_before += part[k].drifting_before;
   }
   for (int64_t j = 0; j < nb; ++j) {
     loo.energy[j] =
@@ -233,13 +236,17 @@ LeaveOneOut ScanLeaveOneOut(const Context& ctx, const Row& row,
 }
 
 // The block a stale page most likely is: of the blocks where every
-// drifting cell is E with some valid state in the block's place, the one
-// the stale model leaves least drift with. -1: none is.
+// drifting cell is E with some valid state in the block's place and the
+// stale model removes at least half of the drift, the one it leaves least
+// drift with. -1: none is.
 int64_t StaleBlock(const LeaveOneOut& loo) {
   int64_t best = -1;
   for (int64_t j = 0; j < static_cast<int64_t>(loo.consistent.size()); ++j) {
+    // Every drifting cell consistent, and the model removing at least half
+    // of their drift.
     if (loo.drifting == 0 ||
-        loo.consistent[j] < static_cast<double>(loo.drifting)) {
+        loo.consistent[j] < static_cast<double>(loo.drifting) ||
+        !(loo.stale_out[j] < 0.5 * loo.drifting_before)) {
       continue;
     }
     if (best < 0 || loo.stale_out[j] < loo.stale_out[best]) best = j;
@@ -267,8 +274,8 @@ struct Substitute {
   bool stored = false;
 };
 
-absl::Status MakeSubstitute(const Context& ctx, const RowStates& rs,
-                            int64_t as, int64_t from, Substitute* sub) {
+absl::Status MakeSubstitute(const Context& ctx, const RowStates& rs, int64_t as,
+                            int64_t from, Substitute* sub) {
   sub->as = as;
   sub->from = from;
   sub->stored = rs.full[as] && rs.full[from];
@@ -439,8 +446,7 @@ void PickFinalists(const Context& ctx, const Row& row,
 }  // namespace
 
 absl::Status BlockHypotheses(const Context& ctx, const Row& row,
-                             const RowStates& rs,
-                             std::vector<Candidate>* out) {
+                             const RowStates& rs, std::vector<Candidate>* out) {
   const int64_t nb = static_cast<int64_t>(rs.pages.size());
   if (nb < 1) return absl::OkStatus();
   const std::vector<double> vmax = RowValueMax(ctx, row.b);
@@ -493,8 +499,8 @@ absl::Status BlockHypotheses(const Context& ctx, const Row& row,
       if (ctx.TimeUp() || ctx.Cancelled()) break;
       subs.emplace_back();
       ATTNAUDIT_RETURN_IF_ERROR(MakeSubstitute(ctx, rs, j, i, &subs.back()));
-      trials.push_back({kDuplicatePage, j, i, 1, {&subs.back()}, false,
-                        Scorer(ctx)});
+      trials.push_back(
+          {kDuplicatePage, j, i, 1, {&subs.back()}, false, Scorer(ctx)});
     }
   }
   // Off-by-one block tables: every block reading its neighbour's page.
@@ -504,8 +510,8 @@ absl::Status BlockHypotheses(const Context& ctx, const Row& row,
       if (i < 0 || i >= nb || ctx.TimeUp() || ctx.Cancelled()) continue;
       subs.emplace_back();
       ATTNAUDIT_RETURN_IF_ERROR(MakeSubstitute(ctx, rs, j, i, &subs.back()));
-      trials.push_back({kDuplicatePage, j, i, 1, {&subs.back()}, false,
-                        Scorer(ctx)});
+      trials.push_back(
+          {kDuplicatePage, j, i, 1, {&subs.back()}, false, Scorer(ctx)});
     }
   }
   for (int64_t a : partial) {
@@ -516,8 +522,8 @@ absl::Status BlockHypotheses(const Context& ctx, const Row& row,
       const Substitute* ab = &subs.back();
       subs.emplace_back();
       ATTNAUDIT_RETURN_IF_ERROR(MakeSubstitute(ctx, rs, b, a, &subs.back()));
-      trials.push_back({kSwappedPages, a, b, 1, {ab, &subs.back()}, false,
-                        Scorer(ctx)});
+      trials.push_back(
+          {kSwappedPages, a, b, 1, {ab, &subs.back()}, false, Scorer(ctx)});
     }
   }
   ScoreTrials(ctx, row, rs, false, &trials);
@@ -529,9 +535,9 @@ absl::Status BlockHypotheses(const Context& ctx, const Row& row,
   std::vector<Candidate> best;
   for (const Trial& t : trials) {
     if (!t.finalist) continue;
-    Candidate c = BlockCandidate(ctx, rs, t.hypothesis, t.j,
-                                 t.subs.empty() ? -1 : t.other, t.scorer,
-                                 t.bias);
+    Candidate c =
+        BlockCandidate(ctx, rs, t.hypothesis, t.j,
+                       t.subs.empty() ? -1 : t.other, t.scorer, t.bias);
     // A substitution names the content read in the block's place: unless it
     // reproduces the engine, the page only resembles what was read (a
     // stale page, whose content is unknown, is the better account).

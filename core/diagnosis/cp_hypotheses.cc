@@ -66,7 +66,8 @@ void Bf16Combine(const std::vector<Acc>& ranks, double* out, double* lse) {
     wsum += w;
     r.Out(o.data(), 1.0);
     for (size_t i = 0; i < D; ++i) {
-      const float part = RoundToDType(static_cast<float>(w * o[i]), DType::kBF16);
+      const float part =
+          RoundToDType(static_cast<float>(w * o[i]), DType::kBF16);
       acc[i] = RoundToDType(static_cast<float>(acc[i] + part), DType::kBF16);
     }
   }
@@ -86,8 +87,8 @@ absl::Status CpHypotheses(const Context& ctx, const Row& row,
   std::vector<CpTrial> trials;
   for (int32_t r = 0; r < world; ++r) {
     if (!has[r]) continue;
-    for (CpKind k : {CpKind::kMissing, CpKind::kDoubled, CpKind::kBase2,
-                     CpKind::kBaseE}) {
+    for (CpKind k :
+         {CpKind::kMissing, CpKind::kDoubled, CpKind::kBase2, CpKind::kBaseE}) {
       trials.push_back({k, r, Scorer(ctx)});
     }
   }
@@ -100,8 +101,7 @@ absl::Status CpHypotheses(const Context& ctx, const Row& row,
     for (Acc& a : ranks) a.Clear();
     for (size_t u = 0; u < rs.units.size(); ++u) {
       const int64_t i = rs.states.Index(rs.b, static_cast<int64_t>(u), s, h);
-      ranks[rs.units[u].rank].Add(&rs.states.r_out[i * D],
-                                  rs.states.r_lse[i]);
+      ranks[rs.units[u].rank].Add(&rs.states.r_out[i * D], rs.states.r_lse[i]);
     }
     for (CpTrial& t : trials) {
       Acc a(D);
@@ -112,7 +112,8 @@ absl::Status CpHypotheses(const Context& ctx, const Row& row,
       if (t.kind == CpKind::kDoubled) a.Merge(mine);
       if (t.kind == CpKind::kBase2 || t.kind == CpKind::kBaseE) {
         mine.Out(o.data(), 1.0);
-        a.Add(o.data(), mine.Lse() * (t.kind == CpKind::kBase2 ? kLog2E : kLn2));
+        a.Add(o.data(),
+              mine.Lse() * (t.kind == CpKind::kBase2 ? kLog2E : kLn2));
       }
       double lse = a.Lse();
       a.Out(o.data(), 1.0);

@@ -98,7 +98,8 @@ Row BuildRow(const Context& ctx, int64_t b) {
   row.before_lse.assign(static_cast<size_t>(cells), 0.0);
   for (int64_t c = 0; c < cells; ++c) {
     double ss = 0;
-    for (int64_t i = 0; i < D; ++i) ss += row.r_out[c * D + i] * row.r_out[c * D + i];
+    for (int64_t i = 0; i < D; ++i)
+      ss += row.r_out[c * D + i] * row.r_out[c * D + i];
     const double rms = std::sqrt(ss / static_cast<double>(D));
     for (int64_t i = 0; i < D; ++i) {
       row.unit[c * D + i] = NoiseUnit(row.r_out[c * D + i], rms,
@@ -132,8 +133,9 @@ std::vector<Row> PickRows(const Context& ctx) {
     for (double e : row.before) x += std::max(0.0, e - ctx.clean_cell);
     if (x > 0) excess.emplace_back(x, b);
   }
-  std::stable_sort(excess.begin(), excess.end(),
-                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::stable_sort(
+      excess.begin(), excess.end(),
+      [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<Row> rows;
   for (const auto& [x, b] : excess) {
     if (static_cast<int>(rows.size()) >= ctx.opt->max_rows) break;
@@ -143,27 +145,30 @@ std::vector<Row> PickRows(const Context& ctx) {
 }
 
 std::string Drift(const Evaluation& e) {
-  return absl::StrFormat("max |diff| %.2g -> %.2g, rms %.2g -> %.2g noise units",
-                         e.before.out_max_abs, e.after.out_max_abs,
-                         e.before.out_rms_noise, e.after.out_rms_noise);
+  return absl::StrFormat(
+      "max |diff| %.2g -> %.2g, rms %.2g -> %.2g noise units",
+      e.before.out_max_abs, e.after.out_max_abs, e.before.out_rms_noise,
+      e.after.out_rms_noise);
 }
 
 std::string Tail(const Candidate& c) {
   if (c.eval.explains) {
-    return absl::StrCat(": with it, engine and reference agree within the "
-                        "engine's rounding (",
-                        Drift(c.eval), ")");
+    return absl::StrCat(
+        ": with it, engine and reference agree within the "
+        "engine's rounding (",
+        Drift(c.eval), ")");
   }
   return absl::StrFormat(": it accounts for %.0f%% of the drift (%s)",
                          100.0 * c.eval.score, Drift(c.eval));
 }
 
 std::string Heads(const Context& ctx, const DiagnosisLocation& l) {
-  if (l.heads.empty() || static_cast<int64_t>(l.heads.size()) == ctx.d.q_heads) {
+  if (l.heads.empty() ||
+      static_cast<int64_t>(l.heads.size()) == ctx.d.q_heads) {
     return "";
   }
-  std::vector<int64_t> shown(l.heads.begin(),
-                             l.heads.begin() + std::min<size_t>(8, l.heads.size()));
+  std::vector<int64_t> shown(
+      l.heads.begin(), l.heads.begin() + std::min<size_t>(8, l.heads.size()));
   return absl::StrCat(" (heads ", absl::StrJoin(shown, ", "),
                       l.heads.size() > shown.size() ? ", ..." : "", ")");
 }
@@ -271,8 +276,9 @@ std::vector<Diagnosis> Rank(const Context& ctx, const std::vector<Row>& rows,
     u.eval.score = 0;
     u.eval.after = u.eval.before;
     if (best != nullptr) {
-      u.detail = absl::StrFormat(" (the best candidate, %s, accounts for %.0f%%)",
-                                 best->hypothesis, 100.0 * best->eval.score);
+      u.detail =
+          absl::StrFormat(" (the best candidate, %s, accounts for %.0f%%)",
+                          best->hypothesis, 100.0 * best->eval.score);
     }
     out.push_back(ToDiagnosis(ctx, u));
   }
@@ -371,13 +377,13 @@ absl::StatusOr<DiagnosisResult> Diagnose(const DiagnosisInputs& inputs,
 const std::vector<std::string>& HypothesisNames() {
   namespace di = diagnosis_internal;
   static const std::vector<std::string>* names = new std::vector<std::string>{
-      di::kLseBase,         di::kSinksInLse,      di::kRopeOffset,
-      di::kKRopeTwice,      di::kKRopeMissing,    di::kRopeStyle,
-      di::kWrongScale,      di::kSoftcapMissing,  di::kGqaMapping,
-      di::kWindowOffByOne,  di::kSinksMissing,    di::kFp8Scale,
-      di::kDropBlock,       di::kStalePage,       di::kDuplicatePage,
-      di::kSwappedPages,    di::kCpMissingShard,  di::kCpDoubledShard,
-      di::kCpLseBase,       di::kCpBf16Combine,   di::kLowPrecision,
+      di::kLseBase,        di::kSinksInLse,     di::kRopeOffset,
+      di::kKRopeTwice,     di::kKRopeMissing,   di::kRopeStyle,
+      di::kWrongScale,     di::kSoftcapMissing, di::kGqaMapping,
+      di::kWindowOffByOne, di::kSinksMissing,   di::kFp8Scale,
+      di::kDropBlock,      di::kStalePage,      di::kDuplicatePage,
+      di::kSwappedPages,   di::kCpMissingShard, di::kCpDoubledShard,
+      di::kCpLseBase,      di::kCpBf16Combine,  di::kLowPrecision,
       di::kUnexplained};
   return *names;
 }

@@ -50,10 +50,10 @@ struct Context {
   const DiagnosisOptions* opt = nullptr;
   const PreparedAttention* p = nullptr;
   SnapshotDims d;
-  Tolerances tol;        // E-R
-  NoiseModel noise;      // the statistical detector's, E-R
-  double lse_unit = 1;   // noise unit of an LSE difference
-  double clean_cell = 0; // energy of a clean cell
+  Tolerances tol;         // E-R
+  NoiseModel noise;       // the statistical detector's, E-R
+  double lse_unit = 1;    // noise unit of an LSE difference
+  double clean_cell = 0;  // energy of a clean cell
   Clock::time_point start;
   mutable int64_t evaluated = 0;  // hypothesis variants evaluated
 
@@ -70,7 +70,7 @@ struct Row {
   std::vector<double> e_out, r_out, unit;
   std::vector<double> e_lse, r_lse;
   std::vector<double> before;  // per cell
-  double lse_drift = 0;  // mean |E.lse - R.lse| in LSE noise units
+  double lse_drift = 0;        // mean |E.lse - R.lse| in LSE noise units
   // E against R per cell, for the evidence: max |diff| of out, sum of
   // z^2 of out, |diff| of the LSE.
   std::vector<double> before_max, before_z2, before_lse;
@@ -152,7 +152,8 @@ struct AltSpec {
 // q-side variants costs about one read of the row's K/V.
 absl::Status ComputeAlternatives(const Context& ctx,
                                  const std::vector<const AltSpec*>& specs,
-                                 int64_t b, const std::vector<int64_t>& kv_heads,
+                                 int64_t b,
+                                 const std::vector<int64_t>& kv_heads,
                                  std::vector<RowResult>* results);
 
 // q recomputed with RoPE at query position + delta, and/or with the other
@@ -206,7 +207,8 @@ struct Variant {
 };
 struct GlobalScreen {
   std::vector<Variant> variants;
-  std::vector<std::pair<double, size_t>> screened;  // (score, variant), best first
+  std::vector<std::pair<double, size_t>>
+      screened;  // (score, variant), best first
 };
 absl::Status ScreenGlobal(const Context& ctx, const std::vector<Row>& rows,
                           GlobalScreen* screen);

@@ -24,9 +24,12 @@ constexpr double kScreenFloor = 0.2;
 
 void AddRopeVariants(const Context& ctx, std::vector<Variant>* out) {
   for (int64_t delta : {1, -1, 2, -2, 3, -3, 4, -4}) {
-    absl::StatusOr<std::vector<double>> q = AlternativeQueries(ctx, delta, false);
+    absl::StatusOr<std::vector<double>> q =
+        AlternativeQueries(ctx, delta, false);
     if (!q.ok()) return;  // no usable RoPE configuration
-    Variant v{kRopeOffset, absl::StrFormat("%+d", delta), {},
+    Variant v{kRopeOffset,
+              absl::StrFormat("%+d", delta),
+              {},
               static_cast<int>(std::abs(delta))};
     v.spec.q = *std::move(q);
     out->push_back(std::move(v));
@@ -68,9 +71,10 @@ void AddScaleVariants(const Context& ctx, std::vector<Variant>* out) {
     for (double x : seen) dup |= std::fabs(x - value) <= 1e-6 * std::fabs(x);
     if (dup) continue;
     seen.push_back(value);
-    Variant v{kWrongScale, absl::StrFormat("scale %.6g instead of %.6g (%s)",
-                                           value, s, why),
-              {}, 1};
+    Variant v{kWrongScale,
+              absl::StrFormat("scale %.6g instead of %.6g (%s)", value, s, why),
+              {},
+              1};
     v.spec.set_scale = true;
     v.spec.scale = value;
     out->push_back(std::move(v));
@@ -98,7 +102,8 @@ void AddVariantVariants(const Context& ctx, std::vector<Variant>* out) {
       Variant v{kWindowOffByOne,
                 absl::StrFormat("window %d instead of %d", p.window + delta,
                                 p.window),
-                {}, 1};
+                {},
+                1};
       v.spec.set_window = true;
       v.spec.window = p.window + delta;
       out->push_back(std::move(v));
@@ -204,8 +209,9 @@ absl::Status ScreenGlobal(const Context& ctx, const std::vector<Row>& rows,
     const Evaluation e = scorer.Finish();
     if (e.score >= kScreenFloor) screened.emplace_back(e.score, i);
   }
-  std::stable_sort(screened.begin(), screened.end(),
-                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::stable_sort(
+      screened.begin(), screened.end(),
+      [](const auto& a, const auto& b) { return a.first > b.first; });
   if (screened.size() > static_cast<size_t>(ctx.opt->confirm)) {
     screened.resize(static_cast<size_t>(ctx.opt->confirm));
   }
@@ -232,7 +238,8 @@ absl::Status ConfirmGlobal(const Context& ctx, const std::vector<Row>& rows,
   std::vector<Scorer> scorers(specs.size(), Scorer(ctx));
   std::vector<RowResult> results;
   for (const Row& row : rows) {
-    ATTNAUDIT_RETURN_IF_ERROR(ComputeAlternatives(ctx, specs, row.b, {}, &results));
+    ATTNAUDIT_RETURN_IF_ERROR(
+        ComputeAlternatives(ctx, specs, row.b, {}, &results));
     for (size_t k = 0; k < specs.size(); ++k) scorers[k].Add(row, results[k]);
   }
   for (size_t k = 0; k < specs.size(); ++k) {

@@ -67,7 +67,8 @@ void Scorer::AddCell(const Row& row, int64_t c, const double* a_out,
       ev_after_.out_max_abs = std::max(ev_after_.out_max_abs, diff);
       if (!(diff <= ctx_.tol.out_abs)) ++over_after_;
     }
-    ev_before_.out_max_abs = std::max(ev_before_.out_max_abs, row.before_max[c]);
+    ev_before_.out_max_abs =
+        std::max(ev_before_.out_max_abs, row.before_max[c]);
     z2_before_ += row.before_z2[c];
     z2_after_ += z2;
     elements_ += D;
@@ -77,7 +78,8 @@ void Scorer::AddCell(const Row& row, int64_t c, const double* a_out,
     const double z = diff / ctx_.lse_unit;
     lz2 = std::isfinite(z) ? z * z : 1e30;
     ev_after_.lse_max_abs = std::max(ev_after_.lse_max_abs, diff);
-    ev_before_.lse_max_abs = std::max(ev_before_.lse_max_abs, row.before_lse[c]);
+    ev_before_.lse_max_abs =
+        std::max(ev_before_.lse_max_abs, row.before_lse[c]);
     if (!(diff <= ctx_.tol.lse_abs)) ++over_after_;
   }
   const double eb = row.before[c];
@@ -129,8 +131,9 @@ Evaluation Scorer::Finish() const {
   e.score = before_ > 0 ? std::clamp(1.0 - after_ / before_, 0.0, 1.0) : 0.0;
   const double significant =
       4.0 * ctx_.clean_cell * static_cast<double>(std::max<int64_t>(1, cells_));
-  for (const auto& [b, a] : {std::pair<double, double>{out_before_, out_after_},
-                             std::pair<double, double>{lse_before_, lse_after_}}) {
+  for (const auto& [b, a] :
+       {std::pair<double, double>{out_before_, out_after_},
+        std::pair<double, double>{lse_before_, lse_after_}}) {
     if (b > significant) {
       e.score = std::min(e.score, std::clamp(1.0 - a / b, 0.0, 1.0));
     } else if (a > significant) {
@@ -148,10 +151,10 @@ Evaluation Scorer::Finish() const {
   // level of a correct engine over the elements examined (a recomputation
   // does not round the way the engine did, so twice its rms is allowed).
   const double limit =
-      elements_ > 0 ? BernsteinLimit(4.0 * ctx_.noise.mean_square,
-                                     ctx_.noise.sd_square, ctx_.noise.bound,
-                                     elements_ / 16 + 1, 1e-9)
-                    : 0.0;
+      elements_ > 0
+          ? BernsteinLimit(4.0 * ctx_.noise.mean_square, ctx_.noise.sd_square,
+                           ctx_.noise.bound, elements_ / 16 + 1, 1e-9)
+          : 0.0;
   const bool at_noise =
       elements_ == 0 || z2_after_ / static_cast<double>(elements_) <= limit;
   e.within_tolerance = over_after_ == 0;
@@ -242,9 +245,8 @@ void FinishState(const Context& ctx, const AltSpec* spec, int64_t h,
     for (int64_t i = 0; i < D; ++i) out[i] *= keep;
     with = keys + std::log1p(std::exp(x));
   }
-  const int64_t g = spec != nullptr && !spec->kv_of.empty()
-                        ? spec->kv_of[h]
-                        : h / ctx.d.group();
+  const int64_t g = spec != nullptr && !spec->kv_of.empty() ? spec->kv_of[h]
+                                                            : h / ctx.d.group();
   const std::vector<double>& vs =
       spec != nullptr && !spec->v_scale.empty() ? spec->v_scale : p.v_scale;
   for (int64_t i = 0; i < D; ++i) out[i] *= vs[g];

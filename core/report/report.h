@@ -140,7 +140,7 @@ struct ComparisonResult {
   // that starts "statistical:".
   bool has_statistical = false;
   StatisticalResult statistical;
-  std::vector<std::string> reasons;      // why DRIFT, one line each
+  std::vector<std::string> reasons;  // why DRIFT, one line each
 };
 
 struct StageTimings {
@@ -194,7 +194,7 @@ struct Diagnosis {
 // How the diagnosis went (it runs only when an audit DRIFTs).
 struct DiagnosisRun {
   bool ran = false;
-  bool complete = false;  // false: stopped at its time limit
+  bool complete = false;   // false: stopped at its time limit
   int64_t hypotheses = 0;  // variants evaluated
   int64_t rows = 0;        // batch rows examined
   std::string note;        // why it did not run or stopped, if so

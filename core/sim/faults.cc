@@ -179,8 +179,8 @@ namespace {
 // The logical block a one-place fault hits: options.fault_block, or the
 // fault_block_rank-th heaviest block of the row (by the clean engine's
 // attention mass, so that rank 0 is always visible).
-absl::StatusOr<int64_t> PickBlock(const SynthOptions& o, const EnginePlan& clean,
-                                  double* share) {
+absl::StatusOr<int64_t> PickBlock(const SynthOptions& o,
+                                  const EnginePlan& clean, double* share) {
   const int64_t row = o.fault_row;
   if (row < 0 || row >= clean.batch) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -192,9 +192,9 @@ absl::StatusOr<int64_t> PickBlock(const SynthOptions& o, const EnginePlan& clean
   int64_t block = o.fault_block;
   if (block < 0) {
     if (o.fault_block_rank < 0 || o.fault_block_rank >= nb) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "fault_block_rank: must be in [0, ", nb, "), got ",
-          o.fault_block_rank));
+      return absl::InvalidArgumentError(
+          absl::StrCat("fault_block_rank: must be in [0, ", nb, "), got ",
+                       o.fault_block_rank));
     }
     std::vector<int64_t> order(static_cast<size_t>(nb));
     for (int64_t i = 0; i < nb; ++i) order[i] = i;
@@ -293,9 +293,9 @@ absl::Status PlanGqaMapping(EnginePlan* plan, std::string* description) {
 absl::Status PlanFp8Scale(Fault fault, const KvPool& pool, EnginePlan* plan,
                           std::string* description) {
   if (!pool.k_scale.present()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "fault: ", FaultName(fault),
-        " needs an fp8 KV cache (kv_dtype fp8_e4m3)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("fault: ", FaultName(fault),
+                     " needs an fp8 KV cache (kv_dtype fp8_e4m3)"));
   }
   bool differs = false;
   for (int64_t h = 0; h < plan->kv_heads; ++h) {
@@ -362,25 +362,26 @@ absl::Status PlanRopeStyle(const RopeConfig& config, int64_t head_dim,
                            EnginePlan* plan, FaultStorage* storage,
                            std::string* description) {
   RopeConfig other = config;
-  other.style = config.style == RopeStyle::kNeox ? RopeStyle::kGptj
-                                                 : RopeStyle::kNeox;
+  other.style =
+      config.style == RopeStyle::kNeox ? RopeStyle::kGptj : RopeStyle::kNeox;
   ATTNAUDIT_ASSIGN_OR_RETURN(RopeTable table,
                              RopeTable::Create(other, head_dim));
   storage->q_rope.clear();
   storage->q_rope.push_back(std::move(table));
   plan->q_rope = &storage->q_rope[0];
-  *description = absl::StrCat(
-      "rope-style: q rotated with ",
-      other.style == RopeStyle::kNeox ? "NeoX" : "GPT-J", " pairing instead of ",
-      config.style == RopeStyle::kNeox ? "NeoX" : "GPT-J");
+  *description =
+      absl::StrCat("rope-style: q rotated with ",
+                   other.style == RopeStyle::kNeox ? "NeoX" : "GPT-J",
+                   " pairing instead of ",
+                   config.style == RopeStyle::kNeox ? "NeoX" : "GPT-J");
   return absl::OkStatus();
 }
 
 // Faults that change the whole computation, not one place.
-absl::Status PlanGlobalFault(const SynthOptions& o, const RopeConfig& rope_config,
-                             const KvPool& pool, double model_scale,
-                             EnginePlan* plan, FaultStorage* storage,
-                             std::string* description) {
+absl::Status PlanGlobalFault(const SynthOptions& o,
+                             const RopeConfig& rope_config, const KvPool& pool,
+                             double model_scale, EnginePlan* plan,
+                             FaultStorage* storage, std::string* description) {
   switch (o.fault) {
     case Fault::kRopeOffset:
       if (o.fault_magnitude == 0) {
@@ -446,8 +447,8 @@ absl::Status PlanFault(const SynthOptions& o, const SynthLayout& layout,
       return PlanSwap(clean, plan, details);
     }
     default:
-      return PlanGlobalFault(o, rope_config, pool, model_scale, plan,
-                             storage, &details->fault);
+      return PlanGlobalFault(o, rope_config, pool, model_scale, plan, storage,
+                             &details->fault);
   }
 }
 

@@ -325,8 +325,8 @@ class WorkItem {
       const float wa = std::exp(lse - m), wb = std::exp(lk - m);
       const float inv = 1.0f / (wa + wb);
       for (int64_t i = 0; i < d; ++i) {
-        o[i] = RoundToDType((wa * o[i] + wb * ok[i]) * inv,
-                            p_.running_out_dtype);
+        o[i] =
+            RoundToDType((wa * o[i] + wb * ok[i]) * inv, p_.running_out_dtype);
       }
       lse = m + std::log(wa + wb);
     }

@@ -296,9 +296,8 @@ absl::StatusOr<ModelPreset> ShapedPreset(const SynthOptions& o) {
     p.kv_heads = o.kv_heads;
   }
   if (p.q_heads % p.kv_heads != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("kv_heads: ", p.kv_heads, " must divide q_heads ",
-                     p.q_heads));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_heads: ", p.kv_heads, " must divide q_heads ", p.q_heads));
   }
   if (o.head_dim != 0) {
     ATTNAUDIT_RETURN_IF_ERROR(
@@ -309,7 +308,8 @@ absl::StatusOr<ModelPreset> ShapedPreset(const SynthOptions& o) {
     // A partial rotary dim keeps its share of the head, rounded down to
     // an even count (at least 2).
     const int64_t rot = p.rope.rotary_dim == 0 ? p.head_dim : p.rope.rotary_dim;
-    p.rope.rotary_dim = std::max<int64_t>(2, (rot * o.head_dim / p.head_dim) & ~1);
+    p.rope.rotary_dim =
+        std::max<int64_t>(2, (rot * o.head_dim / p.head_dim) & ~1);
     p.head_dim = o.head_dim;
   }
   return p;

@@ -47,15 +47,15 @@ enum class Fault {
   kDropBlock,     // one visible logical block skipped by the split-KV loop
   kFp8Scale,      // fp8 K dequantised with v_scale (scales swapped)
   // Added for the diagnosis (issue 9):
-  kBf16RunningOut,  // the split combine keeps its running output in bf16
-  kKRopeMissing,    // the kernel reads K without its rotation
-  kRopeStyle,       // q rotated with the other pairing (NeoX <-> GPT-J)
-  kSoftcapMissing,  // the logit soft-cap is not applied
-  kWindowOffByOne,  // the sliding window admits one key too many
-  kSinksMissing,    // the per-head sinks are left out of the softmax
-  kFp8ScaleTwice,   // fp8 K and V dequantised with scale^2
-  kFp8ScaleMissing, // fp8 K and V used without their scales
-  kDuplicatePage,   // one block-table entry names another block's page
+  kBf16RunningOut,   // the split combine keeps its running output in bf16
+  kKRopeMissing,     // the kernel reads K without its rotation
+  kRopeStyle,        // q rotated with the other pairing (NeoX <-> GPT-J)
+  kSoftcapMissing,   // the logit soft-cap is not applied
+  kWindowOffByOne,   // the sliding window admits one key too many
+  kSinksMissing,     // the per-head sinks are left out of the softmax
+  kFp8ScaleTwice,    // fp8 K and V dequantised with scale^2
+  kFp8ScaleMissing,  // fp8 K and V used without their scales
+  kDuplicatePage,    // one block-table entry names another block's page
 };
 absl::StatusOr<Fault> ParseFault(const std::string& name);  // "stale-page"
 std::string FaultName(Fault fault);

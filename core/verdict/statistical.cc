@@ -104,9 +104,8 @@ double Judge(const Sums& s, const Limits& lim, StatisticalGroup* g) {
   // the same values; a cell's elements share its keys): the rms test
   // counts kDesignEffect elements as one, and adds a margin.
   const int64_t n_eff = std::max<int64_t>(1, s.n / kDesignEffect);
-  const double ms_limit =
-      BernsteinLimit(m.mean_square + kRmsMargin, m.sd_square, m.bound, n_eff,
-                     lim.delta);
+  const double ms_limit = BernsteinLimit(
+      m.mean_square + kRmsMargin, m.sd_square, m.bound, n_eff, lim.delta);
   g->rms_limit = std::sqrt(ms_limit);
   // The mean tests take each cell's mean as one sample, with the spread of
   // a single element (a cell mean spreads far less unless its elements
@@ -150,9 +149,8 @@ double BernsteinLimit(double mu, double sd, double bound, int64_t n,
 
 NoiseModel StatisticalNoise(const StatisticalInputs& in) {
   NoiseModel m;
-  const double eps_out = IsFloating(in.output_dtype)
-                             ? DTypeEpsilon(in.output_dtype)
-                             : kEpsF32;
+  const double eps_out =
+      IsFloating(in.output_dtype) ? DTypeEpsilon(in.output_dtype) : kEpsF32;
   // fp32 accumulation: ~sqrt(L) for sums over L keys, ~n for a fold of n
   // blocks (both far below a 16-bit output's epsilon), with a row-wide
   // relative error of a few eps_f (the normalisation) on top.
@@ -170,11 +168,10 @@ NoiseModel StatisticalNoise(const StatisticalInputs& in) {
                               : 1.0;
     m.epsilon = std::max(m.epsilon, kEpsBf16 * lambda / kFp8Lambda);
   }
-  const Level level = in.comparison == Comparison::kEngineVsReference
-                          ? kEngineLevel
-                      : in.comparison == Comparison::kReplayVsReference
-                          ? kReplayLevel
-                          : kEngineReplayLevel;
+  const Level level =
+      in.comparison == Comparison::kEngineVsReference   ? kEngineLevel
+      : in.comparison == Comparison::kReplayVsReference ? kReplayLevel
+                                                        : kEngineReplayLevel;
   m.mean_square = level.mean_square;
   m.sd_square = level.sd_square;
   m.bound = kBound;
@@ -224,9 +221,9 @@ StatisticalResult RunStatisticalTest(const double* candidate,
         const int64_t i = base + d;
         const double diff = candidate[i] - baseline[i];
         if (!std::isfinite(diff) || !std::isfinite(reference[i])) continue;
-        const double z = diff / NoiseUnit(reference[i], row_rms,
-                                          lim.noise.epsilon,
-                                          inputs.output_dtype);
+        const double z =
+            diff / NoiseUnit(reference[i], row_rms, lim.noise.epsilon,
+                             inputs.output_dtype);
         cell.Add(z, reference[i] < 0 ? -1.0 : 1.0);
       }
       all.AddCell(cell);

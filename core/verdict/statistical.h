@@ -28,8 +28,8 @@ struct StatisticalInputs {
   Comparison comparison = Comparison::kEngineVsReference;
   DType output_dtype = DType::kF32;
   DType kv_dtype = DType::kF32;
-  int64_t max_context = 1;        // largest visible key count of a query
-  int64_t max_merged_blocks = 1;  // largest number of merged blocks
+  int64_t max_context = 1;           // largest visible key count of a query
+  int64_t max_merged_blocks = 1;     // largest number of merged blocks
   double max_abs_lse_reference = 1;  // Lambda: max |R.lse| (fp8 KV noise)
   // Family-wise false-alarm probability per comparison under the noise
   // model (the measured rate is in docs/NUMERICS.md).
@@ -67,7 +67,8 @@ StatisticalResult RunStatisticalTest(const double* candidate,
 
 // The Bernstein limit on a mean of n values with mean <= mu, standard
 // deviation <= sd and values <= bound above the mean, at one-sided level
-// delta: mu + (b l / 3 + sqrt((b l / 3)^2 + 2 sd^2 l n)) / n, l = ln(1 / delta).
+// delta: mu + (b l / 3 + sqrt((b l / 3)^2 + 2 sd^2 l n)) / n, l = ln(1 /
+// delta).
 double BernsteinLimit(double mu, double sd, double bound, int64_t n,
                       double delta);
 

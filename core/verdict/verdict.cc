@@ -124,13 +124,12 @@ void AddStatisticalReason(const StatisticalResult& st,
     what = absl::StrFormat("mean signed error %.3g noise units (limit %.3g)",
                            worst->mean, worst->mean_limit);
   } else {
-    what = absl::StrFormat(
-        "bias towards zero %.3g noise units (limit %.3g)", worst->bias,
-        worst->mean_limit);
+    what = absl::StrFormat("bias towards zero %.3g noise units (limit %.3g)",
+                           worst->bias, worst->mean_limit);
   }
   reasons->push_back(absl::StrFormat(
-      "statistical: out %s over %d elements of %s; %d of %d groups fired",
-      what, worst->count, GroupName(*worst), st.fired_groups, st.groups));
+      "statistical: out %s over %d elements of %s; %d of %d groups fired", what,
+      worst->count, GroupName(*worst), st.fired_groups, st.groups));
 }
 
 }  // namespace

@@ -224,8 +224,7 @@ void EncodeLocation(const Location& l, v1::Location* m) {
   m->set_dim(l.dim);
 }
 
-void EncodeStatistical(const StatisticalResult& st,
-                       v1::StatisticalResult* m) {
+void EncodeStatistical(const StatisticalResult& st, v1::StatisticalResult* m) {
   m->set_noise_epsilon(st.noise_epsilon);
   m->set_clean_rms(st.clean_rms);
   m->set_groups(st.groups);

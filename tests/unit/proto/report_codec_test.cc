@@ -33,7 +33,8 @@ TEST(AuditOptionsCodecTest, EmptyMessageMeansDefaults) {
   EXPECT_EQ(options.threads, 3);
   EXPECT_TRUE(options.statistical_test);
   EXPECT_TRUE(options.diagnose);
-  EXPECT_EQ(options.diagnosis_max_seconds, AuditOptions().diagnosis_max_seconds);
+  EXPECT_EQ(options.diagnosis_max_seconds,
+            AuditOptions().diagnosis_max_seconds);
 }
 
 TEST(AuditOptionsCodecTest, RoundTrip) {

@@ -149,8 +149,7 @@ INSTANTIATE_TEST_SUITE_P(
         FaultCase{"bf16-running-out", "llama3-8b", "low-precision", "noise"}),
     [](const ::testing::TestParamInfo<FaultCase>& info) {
       std::string name = std::string(info.param.fault) + "_" +
-                         info.param.preset + "_" +
-                         std::to_string(info.index);
+                         info.param.preset + "_" + std::to_string(info.index);
       for (char& ch : name) {
         if (ch == '-') ch = '_';
       }
@@ -182,9 +181,9 @@ TEST(SimFaultTest, HypothesesThatDoNotApplyAreNotReported) {
   FaultCase c{"rope-offset", "llama3-8b", "", ""};
   const AuditReport r = Audit(Synthesize(Options(c)).value());
   for (const Diagnosis& d : r.diagnoses) {
-    for (const char* name : {"softcap-missing", "window-off-by-one",
-                             "sinks-missing", "sinks-in-lse", "fp8-scale",
-                             "cp-missing-shard"}) {
+    for (const char* name :
+         {"softcap-missing", "window-off-by-one", "sinks-missing",
+          "sinks-in-lse", "fp8-scale", "cp-missing-shard"}) {
       EXPECT_NE(d.hypothesis, name);
     }
   }
@@ -201,9 +200,8 @@ void SetEngine(const testing::OracleResult& o, DType out_dtype,
   s->engine.out = testing::MakeFloatTensor(out_dtype, shape, out);
   const std::vector<long double>& l = lse ? *lse : o.lse_declared;
   shape.pop_back();
-  s->engine.lse =
-      testing::MakeFloatTensor(DType::kF32, shape,
-                               std::vector<double>(l.begin(), l.end()));
+  s->engine.lse = testing::MakeFloatTensor(
+      DType::kF32, shape, std::vector<double>(l.begin(), l.end()));
 }
 
 testing::LogicalCase BaseCase(uint64_t seed) {
@@ -296,9 +294,11 @@ TEST(DiagnosisCaseTest, DroppedBlockIsNamedByTheEnginesPageId) {
   EXPECT_EQ(top.location.row, 1);
   EXPECT_EQ(top.location.logical_block, 2);
   // The id the block table holds for row 1, block 2.
-  EXPECT_EQ(top.location.page, s.block_table.IntAt(1 * s.block_table.shape()[1] + 2));
+  EXPECT_EQ(top.location.page,
+            s.block_table.IntAt(1 * s.block_table.shape()[1] + 2));
   EXPECT_GE(top.location.page, 1000);
-  EXPECT_TRUE(absl::StrContains(top.summary, std::to_string(top.location.page)));
+  EXPECT_TRUE(
+      absl::StrContains(top.summary, std::to_string(top.location.page)));
 }
 
 // Context parallelism: pages interleaved over 3 ranks (block j on rank
@@ -365,8 +365,8 @@ TEST(DiagnosisCaseTest, CpDoubledShardNamesTheRank) {
   const testing::OracleResult all = testing::OracleAttention(cp.c);
   const testing::OracleResult mine =
       testing::OracleAttention(RankOnly(cp.c, 1, true));
-  SetEngine(Merge(all, mine, 1.0L, cp.c.head_dim), DType::kBF16,
-            OutShape(cp.c), &cp.s);
+  SetEngine(Merge(all, mine, 1.0L, cp.c.head_dim), DType::kBF16, OutShape(cp.c),
+            &cp.s);
   const AuditReport r = Audit(cp.s);
   ASSERT_FALSE(r.diagnoses.empty());
   EXPECT_EQ(r.diagnoses[0].hypothesis, "cp-doubled-shard")

@@ -79,7 +79,7 @@ double WorstRatio(const AuditReport& r) {
 
 TEST(DetectorCalibrationTest, CleanEnginesOfEveryKindPassWithRoom) {
   const char* presets[] = {"llama3-8b", "gemma2-9b", "gpt-oss-20b",
-                           "glm4-9b", "phi4-mini", "qwen3-8b"};
+                           "glm4-9b",   "phi4-mini", "qwen3-8b"};
   int i = 0;
   for (const Kind& kind : kKinds) {
     for (int64_t split : {16, 512}) {

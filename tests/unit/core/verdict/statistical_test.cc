@@ -30,8 +30,8 @@ Data CleanBf16(uint64_t seed) {
   TestRng rng(seed);
   for (int64_t i = 0; i < d.size(); ++i) {
     d.reference.push_back(rng.Normal());
-    d.engine.push_back(RoundToDType(static_cast<float>(d.reference.back()),
-                                    DType::kBF16));
+    d.engine.push_back(
+        RoundToDType(static_cast<float>(d.reference.back()), DType::kBF16));
   }
   return d;
 }
@@ -73,8 +73,7 @@ TEST(BernsteinLimitTest, ShrinksWithTheSampleAndGrowsWithConfidence) {
   EXPECT_GT(c, b);
   EXPECT_GT(b, 0.1);
   // n -> infinity: the mean itself.
-  EXPECT_NEAR(BernsteinLimit(0.1, 0.1, 1.0, int64_t{1} << 40, 1e-6), 0.1,
-              1e-4);
+  EXPECT_NEAR(BernsteinLimit(0.1, 0.1, 1.0, int64_t{1} << 40, 1e-6), 0.1, 1e-4);
 }
 
 TEST(StatisticalTest, PlainRoundingIsClean) {
@@ -137,8 +136,8 @@ TEST(StatisticalTest, ADriftConfinedToOneRowFiresThatRow) {
   TestRng rng(12);
   const int64_t per_row = d.heads * d.dim;
   for (int64_t i = 2 * per_row; i < 3 * per_row; ++i) {
-    const double u = NoiseUnit(d.reference[i], 0.0, std::ldexp(1.0, -7),
-                               DType::kBF16);
+    const double u =
+        NoiseUnit(d.reference[i], 0.0, std::ldexp(1.0, -7), DType::kBF16);
     d.engine[i] = d.reference[i] + 3.0 * u * rng.Normal();
   }
   const StatisticalResult r = Detect(d);
