@@ -7,6 +7,7 @@
 // once per pair).
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -25,6 +26,8 @@ namespace {
 
 constexpr int kTopBlocks = 8;      // blocks tried as dropped/stale/duplicated
 constexpr int kSwapPartners = 16;  // partners tried for a swap
+// Up to this many (partial block, partner) pairs, all are tried.
+constexpr int64_t kExhaustiveSwaps = 512;
 // A stale page adds mass the dropped block does not: its lse excess must
 // stand out of the LSE noise by this many units on average.
 constexpr double kStaleMassUnits = 3.0;
@@ -137,7 +140,7 @@ struct LeaveOneOut {
   // its mass kept at the engine's LSE with values of zero).
   std::vector<double> stale_out;
   int64_t drifting = 0;
-  double drifting_before = 0;  // the drifting cells' energy against R
+  double drifting_before = 0;  // every cell's energy against R (stale case)
 };
 
 // The leave-one-out sums of cells [c0, c1) into *loo (sized by the
@@ -161,7 +164,7 @@ void ScanCells(const Context& ctx, const Row& row, const RowStates& rs,
     const bool drifting =
         stale_possible && row.before[c] > 4.0 * ctx.clean_cell;
     loo->drifting += drifting;
-    if (drifting) loo->drifting_before += row.before[c];
+    loo->drifting_before += stale_possible ? row.before[c] : 0.0;
     for (int64_t j = 0; j < nb; ++j) {
       rest = cb.Without(j);
       double share = 0, lse = 0;
@@ -169,10 +172,16 @@ void ScanCells(const Context& ctx, const Row& row, const RowStates& rs,
           ConsistentStale(ctx, row, rest, vmax[h / ctx.d.group()], c, &share)) {
         loo->consistent[j] += 1.0;
         loo->share[j] += share;
+      }
+      if (stale_possible) {
+        // The stale model in every cell, drifting or not: the block left
+        // out, its mass kept at the engine's LSE with values of zero (a
+        // heavy block that drifts nowhere is no stale page).
         with = rest;
-        with.Add(zero.data(), EngineKeysLse(ctx, row, c) + std::log(share));
+        const double ek = EngineKeysLse(ctx, row, c), rl = rest.Lse();
+        if (ek > rl) with.Add(zero.data(), ek + std::log(-std::expm1(rl - ek)));
         Final(ctx, with, h, out.data(), &lse);
-        loo->stale_out[j] += CellEnergy(ctx, row, out.data(), row.e_lse[c], c);
+        loo->stale_out[j] += CellEnergy(ctx, row, out.data(), lse, c);
       }
       Final(ctx, rest, h, out.data(), &lse);
       const double e = CellEnergy(ctx, row, out.data(), lse, c);
@@ -445,93 +454,113 @@ void PickFinalists(const Context& ctx, const Row& row,
 
 }  // namespace
 
-absl::Status BlockHypotheses(const Context& ctx, const Row& row,
-                             const RowStates& rs, std::vector<Candidate>* out) {
-  const int64_t nb = static_cast<int64_t>(rs.pages.size());
-  if (nb < 1) return absl::OkStatus();
-  const std::vector<double> vmax = RowValueMax(ctx, row.b);
-  const LeaveOneOut loo = ScanLeaveOneOut(ctx, row, rs, vmax);
-  ctx.evaluated += nb;
-  std::vector<int64_t> top = TopBlocks(loo.energy, kTopBlocks, -1);
-  const int64_t stale_block = StaleBlock(loo);
-  if (stale_block >= 0 &&
-      std::find(top.begin(), top.end(), stale_block) == top.end()) {
-    top.push_back(stale_block);
-  }
+namespace {
 
-  std::vector<Substitute> subs;  // stable addresses: reserve
-  std::vector<int64_t> partial;
+// Which blocks the trials try.
+struct TrialPlan {
+  std::vector<int64_t> top;       // dropped / stale / duplicated candidates
+  std::vector<int64_t> partial;   // not fully visible: one side of a swap
+  std::vector<int64_t> partners;  // the other side
+  int64_t stale_block = -1;       // StaleBlock
+};
+
+TrialPlan PlanTrials(const RowStates& rs, const LeaveOneOut& loo) {
+  TrialPlan plan;
+  const int64_t nb = static_cast<int64_t>(rs.pages.size());
+  plan.top = TopBlocks(loo.energy, kTopBlocks, -1);
+  plan.stale_block = StaleBlock(loo);
+  if (plan.stale_block >= 0 && std::find(plan.top.begin(), plan.top.end(),
+                                         plan.stale_block) == plan.top.end()) {
+    plan.top.push_back(plan.stale_block);
+  }
   for (int64_t j = 0; j < nb; ++j) {
-    if (!rs.full[j]) partial.push_back(j);
+    if (!rs.full[j]) plan.partial.push_back(j);
   }
   // A swap partner is a block whose content matters: the largest change
-  // when left out, either way (a swap may add mass as well as lose it).
+  // when left out, either way (a swap may add mass as well as lose it),
+  // the best leave-one-out blocks and the candidates above.
   std::vector<double> change(loo.energy.size());
   const double unchanged = loo.out_total + loo.lse_total;
   for (size_t j = 0; j < change.size(); ++j) {
     change[j] = -std::fabs(loo.energy[j] - unchanged);
   }
-  std::vector<int64_t> partners = TopBlocks(change, kSwapPartners, -1);
+  plan.partners = TopBlocks(change, kSwapPartners, -1);
+  // Few enough pairs: every block is a partner (the signals above mislead
+  // when a swap moves keys between queries of the row).
+  if (static_cast<int64_t>(plan.partial.size()) * nb <= kExhaustiveSwaps) {
+    plan.partners.clear();
+    for (int64_t j = 0; j < nb; ++j) plan.partners.push_back(j);
+    return plan;
+  }
   std::vector<int64_t> more = TopBlocks(loo.energy, kSwapPartners, -1);
-  more.insert(more.end(), top.begin(), top.end());
+  more.insert(more.end(), plan.top.begin(), plan.top.end());
   for (int64_t j : more) {
-    if (std::find(partners.begin(), partners.end(), j) == partners.end()) {
-      partners.push_back(j);
+    if (std::find(plan.partners.begin(), plan.partners.end(), j) ==
+        plan.partners.end()) {
+      plan.partners.push_back(j);
     }
   }
+  return plan;
+}
 
-  subs.reserve((top.size() + 2) * static_cast<size_t>(nb) +
-               2 * partial.size() * partners.size());
-  std::vector<Trial> trials;
-  for (int64_t j : top) {
+// The trials of the plan; the states of pages read in another block's
+// place go to *subs (a deque: the trials point into it).
+absl::Status BuildTrials(const Context& ctx, const Row& row,
+                         const RowStates& rs, const LeaveOneOut& loo,
+                         const TrialPlan& plan, std::deque<Substitute>* subs,
+                         std::vector<Trial>* trials) {
+  const int64_t nb = static_cast<int64_t>(rs.pages.size());
+  auto substitute = [&](int64_t as,
+                        int64_t from) -> absl::StatusOr<const Substitute*> {
+    subs->emplace_back();
+    ATTNAUDIT_RETURN_IF_ERROR(MakeSubstitute(ctx, rs, as, from, &subs->back()));
+    return &subs->back();
+  };
+  auto duplicate = [&](int64_t j, int64_t i) -> absl::Status {
+    ATTNAUDIT_ASSIGN_OR_RETURN(const Substitute* sub, substitute(j, i));
+    trials->push_back({kDuplicatePage, j, i, 1, {sub}, false, Scorer(ctx)});
+    return absl::OkStatus();
+  };
+  for (int64_t j : plan.top) {
     // The engine's LSE tells the two apart: a dropped block leaves no mass
     // in its place, a stale page leaves its content's.
     const bool extra_mass = loo.mass_units[j] >= kStaleMassUnits;
     if (!row.has_lse || !extra_mass) {
-      trials.push_back({kDropBlock, j, -1, 0, {}, false, Scorer(ctx)});
+      trials->push_back({kDropBlock, j, -1, 0, {}, false, Scorer(ctx)});
     }
     if (!row.has_lse || extra_mass) {
-      trials.push_back({kStalePage, j, -1, 2, {}, true, Scorer(ctx)});
+      trials->push_back({kStalePage, j, -1, 2, {}, true, Scorer(ctx)});
     }
-    if (nb < 2) continue;
-    for (int64_t i = 0; i < nb; ++i) {
-      if (i == j) continue;
-      if (ctx.TimeUp() || ctx.Cancelled()) break;
-      subs.emplace_back();
-      ATTNAUDIT_RETURN_IF_ERROR(MakeSubstitute(ctx, rs, j, i, &subs.back()));
-      trials.push_back(
-          {kDuplicatePage, j, i, 1, {&subs.back()}, false, Scorer(ctx)});
+    for (int64_t i = 0; i < nb && !ctx.TimeUp() && !ctx.Cancelled(); ++i) {
+      if (i != j) ATTNAUDIT_RETURN_IF_ERROR(duplicate(j, i));
     }
   }
   // Off-by-one block tables: every block reading its neighbour's page.
   for (int64_t j = 0; j < nb && nb >= 2; ++j) {
-    if (std::find(top.begin(), top.end(), j) != top.end()) continue;
+    if (std::find(plan.top.begin(), plan.top.end(), j) != plan.top.end()) {
+      continue;
+    }
     for (int64_t i : {j - 1, j + 1}) {
       if (i < 0 || i >= nb || ctx.TimeUp() || ctx.Cancelled()) continue;
-      subs.emplace_back();
-      ATTNAUDIT_RETURN_IF_ERROR(MakeSubstitute(ctx, rs, j, i, &subs.back()));
-      trials.push_back(
-          {kDuplicatePage, j, i, 1, {&subs.back()}, false, Scorer(ctx)});
+      ATTNAUDIT_RETURN_IF_ERROR(duplicate(j, i));
     }
   }
-  for (int64_t a : partial) {
-    for (int64_t b : partners) {
+  for (int64_t a : plan.partial) {
+    for (int64_t b : plan.partners) {
       if (b == a || ctx.TimeUp() || ctx.Cancelled()) continue;
-      subs.emplace_back();
-      ATTNAUDIT_RETURN_IF_ERROR(MakeSubstitute(ctx, rs, a, b, &subs.back()));
-      const Substitute* ab = &subs.back();
-      subs.emplace_back();
-      ATTNAUDIT_RETURN_IF_ERROR(MakeSubstitute(ctx, rs, b, a, &subs.back()));
-      trials.push_back(
-          {kSwappedPages, a, b, 1, {ab, &subs.back()}, false, Scorer(ctx)});
+      ATTNAUDIT_ASSIGN_OR_RETURN(const Substitute* ab, substitute(a, b));
+      ATTNAUDIT_ASSIGN_OR_RETURN(const Substitute* ba, substitute(b, a));
+      trials->push_back({kSwappedPages, a, b, 1, {ab, ba}, false, Scorer(ctx)});
     }
   }
-  ScoreTrials(ctx, row, rs, false, &trials);
-  PickFinalists(ctx, row, &trials);
-  ScoreTrials(ctx, row, rs, true, &trials);
-  ctx.evaluated += static_cast<int64_t>(trials.size());
-  // Keep the best trial per hypothesis and block (duplicates: per block,
-  // the best source page).
+  return absl::OkStatus();
+}
+
+// The finalists as candidates: the best per hypothesis and block
+// (duplicates: per block, the best source page).
+void CollectCandidates(const Context& ctx, const RowStates& rs,
+                       const std::vector<Trial>& trials, int64_t stale_block,
+                       std::vector<Candidate>* out) {
   std::vector<Candidate> best;
   for (const Trial& t : trials) {
     if (!t.finalist) continue;
@@ -542,11 +571,9 @@ absl::Status BlockHypotheses(const Context& ctx, const Row& row,
     // reproduces the engine, the page only resembles what was read (a
     // stale page, whose content is unknown, is the better account).
     if (!t.subs.empty() && !c.eval.within_tolerance) c.eval.score *= 0.5;
-    // A stale page's content is unknown: beyond what leaving it out
-    // removes, the block that leaves-one-out best, when the LSE moved and
-    // every drifting cell is E with some valid state in its place, is
-    // located (at most kStaleScore: a located, not a reconstructed,
-    // account).
+    // A stale page's content is unknown: the located block (StaleBlock)
+    // scores at least kStaleScore -- a located, not a reconstructed,
+    // account.
     if (t.stale && t.j == stale_block) {
       c.eval.score = std::max(c.eval.score, kStaleScore);
     }
@@ -561,6 +588,27 @@ absl::Status BlockHypotheses(const Context& ctx, const Row& row,
     if (!replaced) best.push_back(std::move(c));
   }
   for (Candidate& c : best) out->push_back(std::move(c));
+}
+
+}  // namespace
+
+absl::Status BlockHypotheses(const Context& ctx, const Row& row,
+                             const RowStates& rs, std::vector<Candidate>* out) {
+  const int64_t nb = static_cast<int64_t>(rs.pages.size());
+  if (nb < 1) return absl::OkStatus();
+  const std::vector<double> vmax = RowValueMax(ctx, row.b);
+  const LeaveOneOut loo = ScanLeaveOneOut(ctx, row, rs, vmax);
+  ctx.evaluated += nb;
+  const TrialPlan plan = PlanTrials(rs, loo);
+  std::deque<Substitute> subs;
+  std::vector<Trial> trials;
+  ATTNAUDIT_RETURN_IF_ERROR(
+      BuildTrials(ctx, row, rs, loo, plan, &subs, &trials));
+  ScoreTrials(ctx, row, rs, false, &trials);
+  PickFinalists(ctx, row, &trials);
+  ScoreTrials(ctx, row, rs, true, &trials);
+  ctx.evaluated += static_cast<int64_t>(trials.size());
+  CollectCandidates(ctx, rs, trials, plan.stale_block, out);
   return absl::OkStatus();
 }
 

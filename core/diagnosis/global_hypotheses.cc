@@ -301,8 +301,8 @@ absl::Status LseHypotheses(const Context& ctx, const std::vector<Row>& rows,
 void PrecisionHypothesis(const Context& ctx, const std::vector<Row>& rows,
                          std::vector<Candidate>* out) {
   // A reduced-precision intermediate shows as noise above a correct
-  // engine's spread over (nearly) every cell, with no element far over
-  // the tolerance and no structure a recomputation could explain.
+  // engine's spread over (nearly) every cell, no element far over the
+  // tolerance (16x) and no structure a recomputation could explain.
   int64_t cells = 0, noisy = 0;
   double total = 0, worst = 0, max_abs = 0;
   for (const Row& row : rows) {
@@ -323,7 +323,7 @@ void PrecisionHypothesis(const Context& ctx, const std::vector<Row>& rows,
   if (cells == 0) return;
   const double mean = total / static_cast<double>(cells);
   const bool spread = 2 * noisy >= cells && worst <= 20.0 * mean;
-  const bool small = max_abs <= 4.0 * ctx.tol.out_abs;
+  const bool small = max_abs <= 16.0 * ctx.tol.out_abs;
   if (!spread || !small || mean <= 2.0 * ctx.clean_cell) return;
   Candidate c;
   c.hypothesis = kLowPrecision;
