@@ -38,7 +38,8 @@ APT_PACKAGES := build-essential cmake pkg-config git python3 python3-venv \
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps configure build run test fuzz bench bench-check bench-cp \
-  bench-env bench-peers bench-sweeps bench-server demo clean py-venv bench-python
+  bench-env bench-peers bench-sweeps bench-server bench-diagnosis demo clean \
+  py-venv bench-python
 
 all: build
 
@@ -122,6 +123,10 @@ fuzz: build
 #                 ~8 s per run, 5 runs); the first run builds bench-env
 #   bench-sweeps  context / tokens / batch sweeps, up to 128k      ~1 min
 #   bench-server  small-snapshot audits/s through the server       ~1.5 min
+#   bench-diagnosis  the statistical detector and the diagnosis:
+#                 200 faulty snapshots per fault class, 2,000 clean ones
+#                 across engine kinds, the W1 cost, then 10,000 small clean
+#                 audits for the false-alarm rate                 ~30 min
 #   bench-env     the peers' venv, pinned PyPI packages: ~6 min and 5.4 GiB
 #                 the first time (PyPI's torch wheel brings CUDA libraries)
 # REPEATS sets the timed runs per measurement.
@@ -133,10 +138,11 @@ RLKERNEL ?=
 
 # The binaries the benchmark scripts run (the scripts share bench/common).
 BENCH_TARGETS := $(RUN_TARGETS) attnaudit_bench_floor attnaudit_bench_check \
-  attnaudit_bench_reference attnaudit_bench_cp
+  attnaudit_bench_reference attnaudit_bench_cp attnaudit_bench_diagnosis
 BUILD_BENCH = cmake --build $(BUILD_DIR) -j $(JOBS) --target $(BENCH_TARGETS)
 
-bench: bench-check bench-cp bench-peers bench-sweeps bench-server
+bench: bench-check bench-cp bench-peers bench-sweeps bench-server \
+  bench-diagnosis
 
 bench-check: configure
 	$(BUILD_BENCH)
@@ -145,6 +151,13 @@ bench-check: configure
 
 bench-cp: build
 	$(BUILD_DIR)/bin/attnaudit_bench_cp --repeats $(REPEATS)
+
+# The detector's false alarms on clean engines and the diagnosis's
+# identification of every simulated fault (docs/DIAGNOSIS.md).
+bench-diagnosis: configure
+	$(BUILD_BENCH)
+	$(BUILD_DIR)/bin/attnaudit_bench_diagnosis --clean 2000 --faulty 200 --w1 --threads 2
+	$(BUILD_DIR)/bin/attnaudit_bench_diagnosis --clean 10000 --faulty 0 --small --seed 77
 
 $(BENCH_VENV)/.installed: bench/peers/requirements.txt $(wildcard proto/attnaudit/v1/*.proto)
 	rm -rf $(BENCH_VENV)

@@ -7,9 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/cli/cp_table.h"
+#include "client/cli/diagnosis_printer.h"
 #include "client/cli/findings.h"
 #include "core/fingerprint/fingerprint.h"
-#include "client/cli/cp_table.h"
 #include "proto/codec/codec.h"
 
 namespace attnaudit::client {
@@ -242,7 +243,8 @@ std::string FormatReport(const AuditReport& r) {
   out += "\n";
   AppendFindings(r, &out);
   AppendCpSection(r, &out);
-  AppendLocalisation(r, &out);
+  out += FormatDiagnosis(r);
+  if (r.diagnoses.empty()) AppendLocalisation(r, &out);
   const StageTimings& t = r.provenance.timings;
   absl::StrAppendFormat(
       &out,
@@ -251,6 +253,10 @@ std::string FormatReport(const AuditReport& r) {
       t.validate_seconds * 1e3, t.reference_seconds * 1e3,
       t.replay_seconds * 1e3, t.compare_seconds * 1e3, t.total_seconds * 1e3,
       r.provenance.backend, r.provenance.threads);
+  if (t.diagnosis_seconds > 0) {
+    absl::StrAppendFormat(&out, "timings: diagnosis %.1f ms\n",
+                          t.diagnosis_seconds * 1e3);
+  }
   AppendFingerprints(r.provenance, &out);
   return out;
 }

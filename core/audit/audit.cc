@@ -13,8 +13,10 @@
 #include "core/audit/cp_stage.h"
 #include "core/common/parallel.h"
 #include "core/common/status_macros.h"
+#include "core/diagnosis/diagnosis.h"
 #include "core/drift/drift.h"
 #include "core/fingerprint/fingerprint.h"
+#include "core/verdict/statistical.h"
 
 namespace attnaudit {
 namespace {
@@ -57,8 +59,8 @@ std::vector<double> RoundedCopy(const std::vector<double>& v, DType dtype) {
 // own log-probs, when sent, are used as they are), in one pass over
 // lm_head, which also yields its row norms.
 absl::Status ComputeLogprobs(const Snapshot& s, std::vector<Side*> sides,
-                             const std::vector<int64_t>& out_shape,
-                             int threads, LmHeadNorms* norms) {
+                             const std::vector<int64_t>& out_shape, int threads,
+                             LmHeadNorms* norms) {
   const bool can = s.lm_head.present() && s.selected_token_ids.present();
   std::vector<Side*> todo;
   std::vector<DenseView> views;
@@ -86,7 +88,30 @@ struct CompareContext {
   DType output_dtype;
   ToleranceInputs tolerance_inputs;
   const AuditOptions& options;
+  const std::vector<double>* reference_out;  // R, for the noise units
 };
+
+// The statistical detector on out (core/verdict/statistical.h).
+void StatisticalStep(const CompareContext& ctx, Comparison which,
+                     const Side& candidate, const Side& baseline,
+                     ComparisonResult* result) {
+  if (!ctx.options.statistical_test || !candidate.has_out ||
+      !baseline.has_out) {
+    return;
+  }
+  StatisticalInputs si;
+  si.comparison = which;
+  si.output_dtype = ctx.output_dtype;
+  si.kv_dtype = ctx.tolerance_inputs.kv_dtype;
+  si.max_context = ctx.tolerance_inputs.max_context;
+  si.max_merged_blocks = ctx.tolerance_inputs.max_merged_blocks;
+  si.max_abs_lse_reference = ctx.tolerance_inputs.max_abs_lse_reference;
+  const SnapshotDims& d = ctx.dims;
+  result->statistical = RunStatisticalTest(
+      candidate.out.data(), baseline.out.data(), ctx.reference_out->data(),
+      d.batch, d.queries, d.q_heads, d.head_dim, si);
+  result->has_statistical = result->statistical.computed;
+}
 
 absl::StatusOr<ComparisonResult> Compare(const CompareContext& ctx,
                                          Comparison which,
@@ -139,6 +164,7 @@ absl::StatusOr<ComparisonResult> Compare(const CompareContext& ctx,
         CompareLogprobs({candidate.logprobs.data(), lp_shape},
                         {baseline.logprobs.data(), lp_shape}, mask);
   }
+  StatisticalStep(ctx, which, candidate, baseline, &result);
   DecideComparison(&result);
   return result;
 }
@@ -168,6 +194,42 @@ Side EngineSide(const Snapshot& s) {
     e.has_logprobs = true;
   }
   return e;
+}
+
+// On DRIFT: which known bug explains E, and where (docs/DIAGNOSIS.md).
+absl::Status DiagnosisStep(const Snapshot& s, const ResolvedLayout& layout,
+                           const PreparedAttention& prepared,
+                           const Side& reference, const Side& engine,
+                           const CompareContext& ctx, int threads,
+                           AuditReport* report) {
+  if (report->verdict != Verdict::kDrift || !ctx.options.diagnose) {
+    return absl::OkStatus();
+  }
+  const Clock::time_point t = Clock::now();
+  const std::vector<double> none;
+  DiagnosisInputs in;
+  in.snapshot = &s;
+  in.layout = &layout;
+  in.prepared = &prepared;
+  in.reference_out = &reference.out;
+  in.reference_lse = &reference.lse;
+  in.engine_out = engine.has_out ? &engine.out : &none;
+  in.engine_lse = engine.has_lse ? &engine.lse : &none;
+  in.tolerance_inputs = ctx.tolerance_inputs;
+  in.tolerance_overrides = ctx.options.tolerances;
+  DiagnosisOptions o;
+  o.max_seconds = ctx.options.diagnosis_max_seconds;
+  o.threads = threads;
+  o.cancelled = ctx.options.cancelled;
+  ATTNAUDIT_ASSIGN_OR_RETURN(DiagnosisResult result, Diagnose(in, o));
+  report->diagnoses = std::move(result.diagnoses);
+  report->diagnosis_run = std::move(result.run);
+  report->provenance.timings.diagnosis_seconds = SecondsSince(t);
+  if (ctx.options.on_stage) {
+    ctx.options.on_stage("diagnosis",
+                         report->provenance.timings.diagnosis_seconds);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -274,7 +336,8 @@ void PlanCpUnitStates(AuditRun* run) {
 absl::Status AttentionStage(AuditRun* run) {
   const Clock::time_point t = Clock::now();
   ATTNAUDIT_ASSIGN_OR_RETURN(
-      run->prepared, PrepareAttention(run->snapshot, run->layout, run->threads));
+      run->prepared,
+      PrepareAttention(run->snapshot, run->layout, run->threads));
   AttentionRunOptions options;
   options.threads = run->threads;
   options.record_merge_orders = run->options.include_merge_orders;
@@ -322,9 +385,9 @@ absl::Status LogprobStage(AuditRun* run) {
       RoundedCopy(run->reference.out, run->prepared.output_dtype);
   rounded_reference.has_out = true;
   Side* engine = run->engine.has_logprobs ? nullptr : &run->engine;
-  ATTNAUDIT_RETURN_IF_ERROR(ComputeLogprobs(
-      run->snapshot, {&rounded_reference, &run->replay, engine},
-      OutShape(run->layout.dims), run->threads, &run->norms));
+  ATTNAUDIT_RETURN_IF_ERROR(
+      ComputeLogprobs(run->snapshot, {&rounded_reference, &run->replay, engine},
+                      OutShape(run->layout.dims), run->threads, &run->norms));
   run->reference.logprobs = std::move(rounded_reference.logprobs);
   run->reference.has_logprobs = rounded_reference.has_logprobs;
   return absl::OkStatus();
@@ -332,7 +395,8 @@ absl::Status LogprobStage(AuditRun* run) {
 
 CompareContext MakeCompareContext(const AuditRun& run) {
   const DType out_dtype = run.prepared.output_dtype;
-  CompareContext ctx{run.snapshot, run.layout.dims, out_dtype, {}, run.options};
+  CompareContext ctx{run.snapshot, run.layout.dims, out_dtype,
+                     {},           run.options,     &run.reference.out};
   ToleranceInputs& ti = ctx.tolerance_inputs;
   ti.output_dtype = out_dtype;
   ti.kv_dtype = run.snapshot.k_pages.dtype();
@@ -386,25 +450,33 @@ absl::Status CpStage(AuditRun* run) {
   if (IsCancelled(run->options)) return absl::CancelledError("audit cancelled");
   const CompareContext ctx = MakeCompareContext(*run);
   const Side& e = run->engine;
-  audit_internal::CpStageInputs in{run->snapshot,
-                                   run->prepared,
-                                   run->keep_unit_states ? &run->unit_states
-                                                         : nullptr,
-                                   run->reference.out,
-                                   run->reference.lse,
-                                   run->replay.out,
-                                   run->replay.lse,
-                                   e.has_out ? &e.out : nullptr,
-                                   e.has_lse ? &e.lse : nullptr,
-                                   ctx.tolerance_inputs,
-                                   run->options,
-                                   run->threads,
-                                   run->cp_skipped};
+  audit_internal::CpStageInputs in{
+      run->snapshot,
+      run->prepared,
+      run->keep_unit_states ? &run->unit_states : nullptr,
+      run->reference.out,
+      run->reference.lse,
+      run->replay.out,
+      run->replay.lse,
+      e.has_out ? &e.out : nullptr,
+      e.has_lse ? &e.lse : nullptr,
+      ctx.tolerance_inputs,
+      run->options,
+      run->threads,
+      run->cp_skipped};
   ATTNAUDIT_RETURN_IF_ERROR(audit_internal::RunCpStage(in, &run->report));
   run->report.verdict =
       audit_internal::WithCpVerdict(run->report.cp, run->report.verdict);
   run->StageDone("cp", run->report.provenance.timings.cp_seconds);
   return absl::OkStatus();
+}
+
+// On DRIFT (of any check, CP included): which known bug explains E.
+absl::Status DiagnosisStage(AuditRun* run) {
+  const CompareContext ctx = MakeCompareContext(*run);
+  return DiagnosisStep(run->snapshot, run->layout, run->prepared,
+                       run->reference, run->engine, ctx, run->threads,
+                       &run->report);
 }
 
 void FillProvenance(AuditRun* run) {
@@ -436,6 +508,7 @@ absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
   ATTNAUDIT_RETURN_IF_ERROR(AttentionStage(&run));
   ATTNAUDIT_RETURN_IF_ERROR(CompareStage(&run));
   ATTNAUDIT_RETURN_IF_ERROR(CpStage(&run));
+  ATTNAUDIT_RETURN_IF_ERROR(DiagnosisStage(&run));
   FillProvenance(&run);
   return std::move(run.report);
 }

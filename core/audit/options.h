@@ -40,6 +40,13 @@ struct AuditOptions {
   // unit states of the single pass); above this many bytes the CP section
   // reports the replay as skipped instead of allocating them.
   int64_t max_cp_state_bytes = int64_t{4} << 30;
+  // The statistical detector on out (docs/NUMERICS.md, "Statistical
+  // detector"), part of every comparison's verdict.
+  bool statistical_test = true;
+  // The diagnosis (docs/DIAGNOSIS.md): on DRIFT, which known bug explains
+  // the engine's output, within this many seconds (<= 0: no limit).
+  bool diagnose = true;
+  double diagnosis_max_seconds = 10.0;
   // Polled between stages and work items; a true value aborts the audit
   // with Cancelled. May be null.
   const std::atomic<bool>* cancelled = nullptr;

@@ -97,6 +97,33 @@ struct HeadSummary {
   double max_ulp = 0;
 };
 
+// One group of elements the statistical detector tested (docs/NUMERICS.md,
+// "Statistical detector"): every out element of the snapshot, of one row
+// (b, s), or of one query head. z = diff / (the element's noise unit).
+struct StatisticalGroup {
+  std::string scope;  // "all", "row" or "head"
+  Location where;     // row: batch and query; head: head; all: all -1
+  int64_t count = 0;  // elements
+  double rms = 0;     // sqrt(mean z^2)
+  double mean = 0;    // mean z
+  // mean z * sign(reference): below 0 the candidate is smaller in
+  // magnitude than the baseline (e.g. truncation instead of rounding).
+  double bias = 0;
+  double rms_limit = 0;   // the group fires above it ...
+  double mean_limit = 0;  // ... or when |mean| or |bias| exceeds this
+  bool fired = false;
+};
+
+struct StatisticalResult {
+  bool computed = false;
+  double noise_epsilon = 0;  // epsilon of the noise unit (NUMERICS.md)
+  double clean_rms = 0;      // rms a correct engine stays under on average
+  int64_t groups = 0;        // groups tested
+  int64_t fired_groups = 0;
+  // Per scope, the group closest to (or furthest over) its limits.
+  std::vector<StatisticalGroup> worst;
+};
+
 struct ComparisonResult {
   Comparison comparison = Comparison::kEngineVsReference;
   Verdict verdict = Verdict::kUnspecified;
@@ -108,7 +135,12 @@ struct ComparisonResult {
   DriftStats logprob;
   LogprobAgreement logprob_agreement;
   std::vector<HeadSummary> worst_heads;  // by out max_abs, descending
-  std::vector<std::string> reasons;      // why DRIFT, one line each
+  // The statistical detector on out (absent when out was not compared or
+  // the test is off); when it fires, the comparison DRIFTs with a reason
+  // that starts "statistical:".
+  bool has_statistical = false;
+  StatisticalResult statistical;
+  std::vector<std::string> reasons;  // why DRIFT, one line each
 };
 
 struct StageTimings {
@@ -122,6 +154,55 @@ struct StageTimings {
   double cp_seconds = 0;
   std::vector<double> cp_rank_compute_seconds;    // [W]
   std::vector<double> cp_rank_transport_seconds;  // [W]
+  double diagnosis_seconds = 0;  // 0 unless the diagnosis ran (on DRIFT)
+};
+
+// Where a diagnosis places a fault; fields that do not apply are -1 or
+// empty.
+struct DiagnosisLocation {
+  int64_t row = -1;    // batch row b
+  int64_t query = -1;  // query s; -1: every query of the row
+  // Query heads the hypothesis explains; empty: every head examined.
+  std::vector<int64_t> heads;
+  int64_t logical_block = -1;
+  // The page as the engine numbers it: its page id when the snapshot sent
+  // page_ids, else its index in k_pages.
+  int64_t page = -1;
+  // The block (and page) read in its place: duplicate and swapped pages.
+  int64_t other_logical_block = -1;
+  int64_t other_page = -1;
+  int32_t cp_rank = -1;
+};
+
+// E against R (before) and against the attention recomputed under the
+// hypothesis (after), over the cells the diagnosis examined. rms is in the
+// statistical detector's noise units.
+struct DiagnosisEvidence {
+  double out_max_abs = 0;
+  double out_rms_noise = 0;
+  double lse_max_abs = 0;
+};
+
+// One hypothesis that explains (part of) a drift. docs/DIAGNOSIS.md lists
+// the hypotheses and how each is scored.
+struct Diagnosis {
+  std::string hypothesis;  // bounded name, e.g. "stale-page", "unexplained"
+  std::string detail;      // the variant, e.g. "-1" (a RoPE shift)
+  double score = 0;        // [0, 1]: share of the excess drift removed
+  bool explains = false;   // what is left is within the engine's noise
+  DiagnosisEvidence before;
+  DiagnosisEvidence after;
+  DiagnosisLocation location;
+  std::string summary;  // one sentence in plain words
+};
+
+// How the diagnosis went (it runs only when an audit DRIFTs).
+struct DiagnosisRun {
+  bool ran = false;
+  bool complete = false;   // false: stopped at its time limit
+  int64_t hypotheses = 0;  // variants evaluated
+  int64_t rows = 0;        // batch rows examined
+  std::string note;        // why it did not run or stopped, if so
 };
 
 struct Provenance {
@@ -202,6 +283,9 @@ struct AuditReport {
   std::vector<ComparisonResult> comparisons;
   Provenance provenance;
   CpReport cp;
+  // Ranked, best first (docs/DIAGNOSIS.md); empty unless DRIFT.
+  std::vector<Diagnosis> diagnoses;
+  DiagnosisRun diagnosis_run;
 
   const ComparisonResult* Find(Comparison c) const;
 };

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/sim/random.h"
+#include "core/common/status_macros.h"
 #include "core/sim/synth_internal.h"
 
 namespace attnaudit {
@@ -52,7 +53,7 @@ double Share(double part, const std::vector<std::vector<double>>& mass) {
 }
 
 absl::Status PlanSwap(const EnginePlan& clean, EnginePlan* plan,
-                      std::string* description) {
+                      SynthDetails* details) {
   const int64_t ps = plan->page_size;
   double best = 0, best_share = 0;
   int64_t best_row = -1, best_a = -1, best_b = -1;
@@ -111,7 +112,12 @@ absl::Status PlanSwap(const EnginePlan& clean, EnginePlan* plan,
   }
   std::swap(plan->block_pages[best_row][best_a],
             plan->block_pages[best_row][best_b]);
-  *description = absl::StrFormat(
+  details->fault_row = best_row;
+  details->fault_block = best_a;
+  details->fault_page = clean.block_pages[best_row][best_a];
+  details->fault_other_block = best_b;
+  details->fault_other_page = clean.block_pages[best_row][best_b];
+  details->fault = absl::StrFormat(
       "swapped-pages: row %d, logical blocks %d and %d (pages %d and %d) "
       "swapped in the engine's block table; %.1f%% of the row's attention "
       "mass is no longer read",
@@ -171,34 +177,86 @@ std::vector<std::vector<double>> KeyMass(const EnginePlan& plan, int64_t row) {
 
 namespace {
 
-// stale-page / drop-block: the fault hits row 0's logical block with the
-// largest share of the attention mass, so that it is always visible.
-absl::Status PlanHeaviestBlockFault(Fault fault, const SynthLayout& layout,
-                                    const ContentModel& model,
-                                    const RopeTable& rope, const KvPool& pool,
-                                    EnginePlan* plan, Tensor* stale_k,
-                                    Tensor* stale_v, std::string* description) {
+// The logical block a one-place fault hits: options.fault_block, or the
+// fault_block_rank-th heaviest block of the row (by the clean engine's
+// attention mass, so that rank 0 is always visible).
+absl::StatusOr<int64_t> PickBlock(const SynthOptions& o,
+                                  const EnginePlan& clean, double* share) {
+  const int64_t row = o.fault_row;
+  if (row < 0 || row >= clean.batch) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fault_row: must be in [0, ", clean.batch, "), got ", row));
+  }
+  const auto mass = KeyMass(clean, row);
+  const std::vector<double> blocks = BlockMass(clean, row, mass);
+  const int64_t nb = static_cast<int64_t>(blocks.size());
+  int64_t block = o.fault_block;
+  if (block < 0) {
+    if (o.fault_block_rank < 0 || o.fault_block_rank >= nb) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("fault_block_rank: must be in [0, ", nb, "), got ",
+                       o.fault_block_rank));
+    }
+    std::vector<int64_t> order(static_cast<size_t>(nb));
+    for (int64_t i = 0; i < nb; ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return blocks[a] > blocks[b];
+    });
+    block = order[o.fault_block_rank];
+  } else if (block >= nb) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fault_block: row ", row, " has ", nb, " blocks, got ", block));
+  }
+  *share = 100.0 * Share(blocks[block], mass);
+  return block;
+}
+
+// stale-page / drop-block / duplicate-page at the picked block.
+absl::Status PlanBlockFault(const SynthOptions& o, const SynthLayout& layout,
+                            const ContentModel& model, const RopeTable& rope,
+                            const KvPool& pool, EnginePlan* plan,
+                            FaultStorage* storage, SynthDetails* details) {
   const EnginePlan clean = *plan;
-  const auto mass = KeyMass(clean, 0);
-  const std::vector<double> blocks = BlockMass(clean, 0, mass);
-  const int64_t block =
-      std::max_element(blocks.begin(), blocks.end()) - blocks.begin();
-  const int32_t page = clean.block_pages[0][block];
-  const double share = 100.0 * Share(blocks[block], mass);
-  if (fault == Fault::kStalePage) {
-    GenerateStalePage(layout, model, rope, pool, page, stale_k, stale_v);
-    plan->stale_reads.push_back({page, stale_k, stale_v, {}});
-    *description = absl::StrFormat(
-        "stale-page: pool page %d (row 0, logical block %d, %.1f%% of the "
+  double share = 0;
+  ATTNAUDIT_ASSIGN_OR_RETURN(const int64_t block, PickBlock(o, clean, &share));
+  const int64_t row = o.fault_row;
+  const int32_t page = clean.block_pages[row][block];
+  details->fault_row = row;
+  details->fault_block = block;
+  details->fault_page = page;
+  if (o.fault == Fault::kStalePage) {
+    GenerateStalePage(layout, model, rope, pool, page, &storage->stale_k,
+                      &storage->stale_v);
+    plan->stale_reads.push_back(
+        {page, &storage->stale_k, &storage->stale_v, {}});
+    details->fault = absl::StrFormat(
+        "stale-page: pool page %d (row %d, logical block %d, %.1f%% of the "
         "row's attention mass) read with outdated K/V",
-        page, block, share);
-  } else {
+        page, row, block, share);
+  } else if (o.fault == Fault::kDropBlock) {
     plan->dropped_block.assign(static_cast<size_t>(plan->batch), -1);
-    plan->dropped_block[0] = block;
-    *description = absl::StrFormat(
-        "drop-block: the split loop of row 0 skips logical block %d (page "
+    plan->dropped_block[row] = block;
+    details->fault = absl::StrFormat(
+        "drop-block: the split loop of row %d skips logical block %d (page "
         "%d, %.1f%% of the row's attention mass)",
-        block, page, share);
+        row, block, page, share);
+  } else {
+    // An off-by-one in the block table: the entry names the previous
+    // block's page (the next one for block 0).
+    const int64_t nb = static_cast<int64_t>(clean.block_pages[row].size());
+    if (nb < 2) {
+      return absl::InvalidArgumentError(
+          "fault: duplicate-page needs a row with two blocks");
+    }
+    const int64_t other = block > 0 ? block - 1 : 1;
+    const int32_t other_page = clean.block_pages[row][other];
+    plan->block_pages[row][block] = other_page;
+    details->fault_other_block = other;
+    details->fault_other_page = other_page;
+    details->fault = absl::StrFormat(
+        "duplicate-page: row %d, logical block %d (page %d, %.1f%% of the "
+        "row's attention mass) reads page %d of logical block %d",
+        row, block, page, share, other_page, other);
   }
   return absl::OkStatus();
 }
@@ -230,65 +288,168 @@ absl::Status PlanGqaMapping(EnginePlan* plan, std::string* description) {
   return absl::OkStatus();
 }
 
-absl::Status PlanFp8Scale(const KvPool& pool, EnginePlan* plan,
+// fp8-scale (K dequantised with v_scale), fp8-scale-twice (K and V with
+// scale^2) and fp8-scale-missing (K and V used as raw fp8 codes).
+absl::Status PlanFp8Scale(Fault fault, const KvPool& pool, EnginePlan* plan,
                           std::string* description) {
   if (!pool.k_scale.present()) {
     return absl::InvalidArgumentError(
-        "fault: fp8-scale needs an fp8 KV cache (kv_dtype fp8_e4m3)");
+        absl::StrCat("fault: ", FaultName(fault),
+                     " needs an fp8 KV cache (kv_dtype fp8_e4m3)"));
   }
   bool differs = false;
   for (int64_t h = 0; h < plan->kv_heads; ++h) {
-    const float k_descale = plan->k_descale[h];
-    plan->k_descale[h] = pool.v_scale.data<float>()[h];
-    differs |= plan->k_descale[h] != k_descale;
+    const float k = plan->k_descale[h], v = plan->v_descale[h];
+    if (fault == Fault::kFp8Scale) {
+      plan->k_descale[h] = pool.v_scale.data<float>()[h];
+    } else if (fault == Fault::kFp8ScaleTwice) {
+      plan->k_descale[h] = k * k;
+      plan->v_descale[h] = v * v;
+    } else {
+      plan->k_descale[h] = plan->v_descale[h] = 1.0f;
+    }
+    differs |= plan->k_descale[h] != k || plan->v_descale[h] != v;
   }
   if (!differs) {
-    return absl::InvalidArgumentError(
-        "fault: fp8-scale is invisible: k_scale equals v_scale");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fault: ", FaultName(fault), " is invisible with these scales"));
   }
-  *description = "fp8-scale: K dequantised with v_scale";
+  *description =
+      fault == Fault::kFp8Scale ? "fp8-scale: K dequantised with v_scale"
+      : fault == Fault::kFp8ScaleTwice
+          ? "fp8-scale-twice: K and V dequantised with their scale squared"
+          : "fp8-scale-missing: K and V used without their scales";
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status PlanFault(Fault fault, const SynthLayout& layout,
-                       const ContentModel& model, const RopeTable& rope,
-                       const KvPool& pool, double model_scale, EnginePlan* plan,
-                       Tensor* stale_k, Tensor* stale_v,
-                       std::string* description) {
+// Faults that need an attention variant the preset has (soft-cap, window,
+// sinks) and otherwise cannot show.
+absl::Status PlanVariantFault(Fault fault, EnginePlan* plan,
+                              std::string* description) {
   switch (fault) {
-    case Fault::kNone:
-      *description = "none";
+    case Fault::kSoftcapMissing:
+      if (plan->softcap <= 0.0f) {
+        return absl::InvalidArgumentError(
+            "fault: softcap-missing needs a soft-capped preset (gemma2-9b)");
+      }
+      plan->softcap = 0.0f;
+      *description = "softcap-missing: the logit soft-cap is not applied";
       return absl::OkStatus();
-    case Fault::kStalePage:
-    case Fault::kDropBlock:
-      return PlanHeaviestBlockFault(fault, layout, model, rope, pool, plan,
-                                    stale_k, stale_v, description);
-    case Fault::kSwappedPages: {
-      const EnginePlan clean = *plan;
-      return PlanSwap(clean, plan, description);
-    }
+    case Fault::kWindowOffByOne:
+      if (plan->window <= 0) {
+        return absl::InvalidArgumentError(
+            "fault: window-off-by-one needs a sliding window (gemma2-9b or "
+            "gpt-oss-20b on an even layer)");
+      }
+      ++plan->window;
+      *description =
+          "window-off-by-one: the sliding window admits one key too many";
+      return absl::OkStatus();
+    default:  // kSinksMissing
+      if (plan->sinks.empty()) {
+        return absl::InvalidArgumentError(
+            "fault: sinks-missing needs a preset with sinks (gpt-oss-20b)");
+      }
+      plan->sinks.clear();
+      *description = "sinks-missing: the sinks are left out of the softmax";
+      return absl::OkStatus();
+  }
+}
+
+// rope-style: q rotated with the other pairing (NeoX <-> GPT-J) while the
+// cache holds correctly rotated keys.
+absl::Status PlanRopeStyle(const RopeConfig& config, int64_t head_dim,
+                           EnginePlan* plan, FaultStorage* storage,
+                           std::string* description) {
+  RopeConfig other = config;
+  other.style =
+      config.style == RopeStyle::kNeox ? RopeStyle::kGptj : RopeStyle::kNeox;
+  ATTNAUDIT_ASSIGN_OR_RETURN(RopeTable table,
+                             RopeTable::Create(other, head_dim));
+  storage->q_rope.clear();
+  storage->q_rope.push_back(std::move(table));
+  plan->q_rope = &storage->q_rope[0];
+  *description =
+      absl::StrCat("rope-style: q rotated with ",
+                   other.style == RopeStyle::kNeox ? "NeoX" : "GPT-J",
+                   " pairing instead of ",
+                   config.style == RopeStyle::kNeox ? "NeoX" : "GPT-J");
+  return absl::OkStatus();
+}
+
+// Faults that change the whole computation, not one place.
+absl::Status PlanGlobalFault(const SynthOptions& o,
+                             const RopeConfig& rope_config, const KvPool& pool,
+                             double model_scale, EnginePlan* plan,
+                             FaultStorage* storage, std::string* description) {
+  switch (o.fault) {
     case Fault::kRopeOffset:
-      plan->q_position_delta = 1;
-      *description = "rope-offset: q rotated at position + 1";
+      if (o.fault_magnitude == 0) {
+        return absl::InvalidArgumentError(
+            "fault_magnitude: rope-offset needs a nonzero shift");
+      }
+      plan->q_position_delta = o.fault_magnitude;
+      *description = absl::StrFormat("rope-offset: q rotated at position %+d",
+                                     o.fault_magnitude);
       return absl::OkStatus();
     case Fault::kKRopeTwice:
       plan->rotate_k_again = true;
       *description = "k-rope-twice: the post-RoPE cached K is rotated again";
       return absl::OkStatus();
+    case Fault::kKRopeMissing:
+      plan->unrotate_k = true;
+      *description = "k-rope-missing: the kernel reads K without its rotation";
+      return absl::OkStatus();
+    case Fault::kRopeStyle:
+      return PlanRopeStyle(rope_config, plan->head_dim, plan, storage,
+                           description);
     case Fault::kLseBase2:
       plan->lse_base2 = true;
       *description = "lse-base2: LSE returned as log2 while declared base e";
+      return absl::OkStatus();
+    case Fault::kBf16RunningOut:
+      plan->running_out_dtype = DType::kBF16;
+      *description =
+          "bf16-running-out: the split combine keeps its running output in "
+          "bf16";
       return absl::OkStatus();
     case Fault::kWrongScale:
       return PlanWrongScale(model_scale, plan, description);
     case Fault::kGqaMapping:
       return PlanGqaMapping(plan, description);
     case Fault::kFp8Scale:
-      return PlanFp8Scale(pool, plan, description);
+    case Fault::kFp8ScaleTwice:
+    case Fault::kFp8ScaleMissing:
+      return PlanFp8Scale(o.fault, pool, plan, description);
+    default:
+      return PlanVariantFault(o.fault, plan, description);
   }
-  return absl::InvalidArgumentError("fault: unknown value");
+}
+
+}  // namespace
+
+absl::Status PlanFault(const SynthOptions& o, const SynthLayout& layout,
+                       const ContentModel& model, const RopeConfig& rope_config,
+                       const RopeTable& rope, const KvPool& pool,
+                       double model_scale, EnginePlan* plan,
+                       FaultStorage* storage, SynthDetails* details) {
+  switch (o.fault) {
+    case Fault::kNone:
+      details->fault = "none";
+      return absl::OkStatus();
+    case Fault::kStalePage:
+    case Fault::kDropBlock:
+    case Fault::kDuplicatePage:
+      return PlanBlockFault(o, layout, model, rope, pool, plan, storage,
+                            details);
+    case Fault::kSwappedPages: {
+      const EnginePlan clean = *plan;
+      return PlanSwap(clean, plan, details);
+    }
+    default:
+      return PlanGlobalFault(o, rope_config, pool, model_scale, plan, storage,
+                             &details->fault);
+  }
 }
 
 namespace {
@@ -354,10 +515,14 @@ void AdjustForEmptyRank(SynthOptions* o, std::vector<std::string>* notes) {
 std::vector<std::string> AdjustForFault(SynthOptions* o) {
   std::vector<std::string> notes;
   sim_internal::AdjustForEmptyRank(o, &notes);
-  if (o->fault == Fault::kFp8Scale && o->kv_dtype != DType::kF8E4M3) {
-    notes.push_back(
-        absl::StrCat("fp8-scale needs an fp8 KV cache: kv-dtype switched from ",
-                     DTypeName(o->kv_dtype), " to fp8_e4m3"));
+  const bool needs_fp8 = o->fault == Fault::kFp8Scale ||
+                         o->fault == Fault::kFp8ScaleTwice ||
+                         o->fault == Fault::kFp8ScaleMissing;
+  if (needs_fp8 && o->kv_dtype != DType::kF8E4M3) {
+    notes.push_back(absl::StrCat(FaultName(o->fault),
+                                 " needs an fp8 KV cache: kv-dtype switched "
+                                 "from ",
+                                 DTypeName(o->kv_dtype), " to fp8_e4m3"));
     o->kv_dtype = DType::kF8E4M3;
   }
   if (o->fault == Fault::kSwappedPages && o->queries == 1 && o->page_size > 1 &&

@@ -98,7 +98,7 @@ class WorkItem {
   void PrepareQueries() {
     const int64_t d = p_.head_dim;
     const int64_t sq = p_.queries;
-    const RopeTable& rope = *p_.rope;
+    const RopeTable& rope = p_.q_rope != nullptr ? *p_.q_rope : *p_.rope;
     std::vector<float> cos_half(rope.inv_freq().size());
     std::vector<float> sin_half(rope.inv_freq().size());
     qf_.resize(static_cast<size_t>(sq * g_ * d));
@@ -164,13 +164,31 @@ class WorkItem {
       LoadRow(kbase + row * elt, dtype, d, p_.k_descale[kvh_], &kt_[j * d]);
       LoadRow(vbase + row * elt, dtype, d, p_.v_descale[kvh_], &vt_[j * d]);
     }
-    if (p_.rotate_k_again) {
-      const RopeTable& rope = *p_.rope;
-      cos_.resize(rope.inv_freq().size());
-      sin_.resize(rope.inv_freq().size());
-      for (int64_t j = 0; j < n; ++j) {
-        rope.Angles(p_.first_positions[b_] + t + j, cos_.data(), sin_.data());
-        rope.RotateWith(&kt_[j * d], cos_.data(), sin_.data());
+    if (p_.dequant_bf16) {
+      for (int64_t i = 0; i < n * d; ++i) {
+        kt_[i] = RoundToDType(kt_[i], DType::kBF16);
+        vt_[i] = RoundToDType(vt_[i], DType::kBF16);
+      }
+    }
+    if (p_.rotate_k_again || p_.unrotate_k) RotateTileKeys(t, n);
+  }
+
+  // k-rope-twice rotates the cached (post-RoPE) keys again at their
+  // positions; k-rope-missing rotates them back (by -position, undoing the
+  // table's magnitude), as if the cache held unrotated keys.
+  void RotateTileKeys(int64_t t, int64_t n) {
+    const int64_t d = p_.head_dim;
+    const RopeTable& rope = *p_.rope;
+    cos_.resize(rope.inv_freq().size());
+    sin_.resize(rope.inv_freq().size());
+    const float undo = 1.0f / (rope.magnitude() * rope.magnitude());
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t pos = p_.first_positions[b_] + t + j;
+      rope.Angles(p_.unrotate_k ? -pos : pos, cos_.data(), sin_.data());
+      float* k = &kt_[j * d];
+      rope.RotateWith(k, cos_.data(), sin_.data());
+      if (p_.unrotate_k && undo != 1.0f) {
+        for (int64_t i = 0; i < rope.rotary_dim(); ++i) k[i] *= undo;
       }
     }
   }
@@ -224,6 +242,10 @@ class WorkItem {
           for (int64_t j = 0; j < cnt; ++j) {
             score[j] = std::exp(score[j] - m_new);
             sum += score[j];
+            // Tensor cores multiply P in bf16/f16; the sum stays fp32.
+            if (p_.p_dtype != DType::kF32) {
+              score[j] = RoundToDType(score[j], p_.p_dtype);
+            }
           }
           l_[idx] = l_[idx] * alpha + sum;
           m_[idx] = m_new;
@@ -264,7 +286,10 @@ class WorkItem {
         }
         std::fill(o.begin(), o.end(), 0.0f);
         float lse = kNegInf;
-        if (m != kNegInf) {
+        if (p_.running_out_dtype != DType::kF32) {
+          lse = FoldRounded(n_splits, idx, o.data());
+          if (lse != kNegInf) ApplySink(h, lse, o.data());
+        } else if (m != kNegInf) {
           float wsum = 0.0f;
           for (int64_t k = 0; k < n_splits; ++k) {
             const float lk = part_lse_[k * states + idx];
@@ -277,10 +302,7 @@ class WorkItem {
           const float inv = 1.0f / wsum;
           for (int64_t i = 0; i < d; ++i) o[i] *= inv;
           lse = m + std::log(wsum);
-          if (!p_.sinks.empty()) {
-            const float keep = 1.0f / (1.0f + std::exp(p_.sinks[h] - lse));
-            for (int64_t i = 0; i < d; ++i) o[i] *= keep;
-          }
+          ApplySink(h, lse, o.data());
         }
         const int64_t row = (b_ * sq + s) * p_.q_heads + h;
         void* out = result_->out.mutable_raw();
@@ -291,6 +313,42 @@ class WorkItem {
             p_.lse_base2 ? lse * kLog2E : lse;
       }
     }
+  }
+
+  void ApplySink(int64_t h, float lse, float* o) const {
+    if (p_.sinks.empty()) return;
+    const float keep = 1.0f / (1.0f + std::exp(p_.sinks[h] - lse));
+    for (int64_t i = 0; i < p_.head_dim; ++i) o[i] *= keep;
+  }
+
+  // bf16-running-out: the splits folded one by one into a running output
+  // that is rounded to running_out_dtype after every step (a combine that
+  // merges in place into a low-precision buffer). Returns the lse.
+  float FoldRounded(int64_t n_splits, int64_t idx, float* o) const {
+    const int64_t d = p_.head_dim;
+    const int64_t states = p_.queries * g_;
+    float lse = kNegInf;
+    for (int64_t k = 0; k < n_splits; ++k) {
+      const float lk = part_lse_[k * states + idx];
+      if (lk == kNegInf) continue;
+      const float* ok = &part_out_[(k * states + idx) * d];
+      if (lse == kNegInf) {
+        for (int64_t i = 0; i < d; ++i) {
+          o[i] = RoundToDType(ok[i], p_.running_out_dtype);
+        }
+        lse = lk;
+        continue;
+      }
+      const float m = std::max(lse, lk);
+      const float wa = std::exp(lse - m), wb = std::exp(lk - m);
+      const float inv = 1.0f / (wa + wb);
+      for (int64_t i = 0; i < d; ++i) {
+        o[i] =
+            RoundToDType((wa * o[i] + wb * ok[i]) * inv, p_.running_out_dtype);
+      }
+      lse = m + std::log(wa + wb);
+    }
+    return lse;
   }
 
   const EnginePlan& p_;

@@ -70,6 +70,11 @@ struct EnginePlan {
   DType out_dtype = DType::kBF16;
   int64_t split_tokens = 256;
   int threads = 0;
+  // Engine kind: P rounded to p_dtype before P.V (the row sum stays fp32,
+  // as tensor-core kernels keep it), and for fp8 caches the dequantised K
+  // and V rounded to bf16 before use.
+  DType p_dtype = DType::kF32;
+  bool dequant_bf16 = false;
 
   // Fault knobs (all off by default).
   int64_t q_position_delta = 0;        // rope-offset: q rotated at position + 1
@@ -86,6 +91,11 @@ struct EnginePlan {
   };
   std::vector<StaleRead> stale_reads;
   bool lse_base2 = false;  // lse-base2: lse * log2(e), declared base e
+  const RopeTable* q_rope = nullptr;  // rope-style: q's table (null: rope)
+  bool unrotate_k = false;            // k-rope-missing: K rotated back
+  // bf16-running-out: the combine folds the splits one by one and rounds
+  // its running output to this dtype after each (f32: the plain combine).
+  DType running_out_dtype = DType::kF32;
 
   // Context parallelism: when rank >= 0 the kernel attends only the keys
   // whose owner (token_owner[b][logical index]) is `rank`, and returns

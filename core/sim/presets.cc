@@ -94,6 +94,15 @@ constexpr FaultEntry kFaults[] = {
     {Fault::kGqaMapping, "gqa-mapping"},
     {Fault::kDropBlock, "drop-block"},
     {Fault::kFp8Scale, "fp8-scale"},
+    {Fault::kBf16RunningOut, "bf16-running-out"},
+    {Fault::kKRopeMissing, "k-rope-missing"},
+    {Fault::kRopeStyle, "rope-style"},
+    {Fault::kSoftcapMissing, "softcap-missing"},
+    {Fault::kWindowOffByOne, "window-off-by-one"},
+    {Fault::kSinksMissing, "sinks-missing"},
+    {Fault::kFp8ScaleTwice, "fp8-scale-twice"},
+    {Fault::kFp8ScaleMissing, "fp8-scale-missing"},
+    {Fault::kDuplicatePage, "duplicate-page"},
 };
 
 }  // namespace

@@ -43,6 +43,12 @@ absl::Status CheckOptions(const SynthOptions& o, const ModelPreset& preset) {
   ATTNAUDIT_RETURN_IF_ERROR(Range("vocab", o.vocab, 1, limits.max_vocab));
   ATTNAUDIT_RETURN_IF_ERROR(
       Range("layer", o.layer, 0, std::numeric_limits<int32_t>::max()));
+  if (o.engine_p_dtype != DType::kF32 && o.engine_p_dtype != DType::kBF16 &&
+      o.engine_p_dtype != DType::kF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("engine_p_dtype: must be f32, bf16 or f16, got ",
+                     DTypeName(o.engine_p_dtype)));
+  }
   if (o.kv_dtype != DType::kBF16 && o.kv_dtype != DType::kF16 &&
       o.kv_dtype != DType::kF32 && o.kv_dtype != DType::kF8E4M3) {
     return absl::InvalidArgumentError(
@@ -332,6 +338,40 @@ absl::Status RunShardedEngine(const SynthOptions& o,
   return absl::OkStatus();
 }
 
+// The preset with the options' head shape overrides applied.
+absl::StatusOr<ModelPreset> ShapedPreset(const SynthOptions& o) {
+  absl::StatusOr<ModelPreset> found = FindPreset(o.preset);
+  if (!found.ok()) return absl::InvalidArgumentError(found.status().message());
+  ModelPreset p = *std::move(found);
+  const ValidationLimits limits;
+  if (o.q_heads != 0) {
+    ATTNAUDIT_RETURN_IF_ERROR(Range("q_heads", o.q_heads, 1, limits.max_heads));
+    p.q_heads = o.q_heads;
+  }
+  if (o.kv_heads != 0) {
+    ATTNAUDIT_RETURN_IF_ERROR(Range("kv_heads", o.kv_heads, 1, p.q_heads));
+    p.kv_heads = o.kv_heads;
+  }
+  if (p.q_heads % p.kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_heads: ", p.kv_heads, " must divide q_heads ", p.q_heads));
+  }
+  if (o.head_dim != 0) {
+    ATTNAUDIT_RETURN_IF_ERROR(
+        Range("head_dim", o.head_dim, 2, limits.max_head_dim));
+    if (o.head_dim % 2 != 0) {
+      return absl::InvalidArgumentError("head_dim: must be even");
+    }
+    // A partial rotary dim keeps its share of the head, rounded down to
+    // an even count (at least 2).
+    const int64_t rot = p.rope.rotary_dim == 0 ? p.head_dim : p.rope.rotary_dim;
+    p.rope.rotary_dim =
+        std::max<int64_t>(2, (rot * o.head_dim / p.head_dim) & ~1);
+    p.head_dim = o.head_dim;
+  }
+  return p;
+}
+
 }  // namespace
 
 absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options) {
@@ -342,11 +382,7 @@ absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options,
                                     SynthDetails* details) {
   SynthOptions o = options;
   std::vector<std::string> notes = AdjustForFault(&o);
-  absl::StatusOr<ModelPreset> preset_or = FindPreset(o.preset);
-  if (!preset_or.ok()) {
-    return absl::InvalidArgumentError(preset_or.status().message());
-  }
-  const ModelPreset& preset = *preset_or;
+  ATTNAUDIT_ASSIGN_OR_RETURN(const ModelPreset preset, ShapedPreset(o));
   ATTNAUDIT_RETURN_IF_ERROR(CheckOptions(o, preset));
 
   const double scale =
@@ -372,16 +408,16 @@ absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options,
 
   sim_internal::EnginePlan plan =
       CleanPlan(o, preset, layout, pool, rope, s, std::move(sinks));
-  Tensor stale_k, stale_v;
-  std::string fault_description;
-  int64_t cp_fault_rank = -1;
-  ATTNAUDIT_RETURN_IF_ERROR(
-      sim_internal::PlanFault(o.fault, layout, model, rope, pool, scale, &plan,
-                              &stale_k, &stale_v, &fault_description));
+  plan.p_dtype = o.engine_p_dtype;
+  plan.dequant_bf16 = o.dequant_to_bf16 && pool.k_scale.present();
+  sim_internal::FaultStorage storage;
+  SynthDetails site;
+  ATTNAUDIT_RETURN_IF_ERROR(sim_internal::PlanFault(
+      o, layout, model, s.rope, rope, pool, scale, &plan, &storage, &site));
   if (o.cp_world_size > 1) {
     ATTNAUDIT_RETURN_IF_ERROR(RunShardedEngine(o, layout, model, rope, pool,
-                                               plan, &s, &fault_description,
-                                               &cp_fault_rank));
+                                               plan, &s, &site.fault,
+                                               &site.cp_fault_rank));
   } else {
     sim_internal::EngineResult engine = sim_internal::RunFlashDecode(plan);
     s.engine.out = std::move(engine.out);
@@ -394,9 +430,8 @@ absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options,
   if (o.prefix > 0) ATTNAUDIT_RETURN_IF_ERROR(AddPrefix(o, preset, layout, &s));
   SetLabels(o, preset, layout, &s);
   if (details != nullptr) {
+    *details = std::move(site);
     details->notes = std::move(notes);
-    details->fault = std::move(fault_description);
-    details->cp_fault_rank = cp_fault_rank;
   }
   return s;
 }

@@ -46,6 +46,16 @@ enum class Fault {
   kGqaMapping,    // query head h reads KV head h % Hkv, not h / group
   kDropBlock,     // one visible logical block skipped by the split-KV loop
   kFp8Scale,      // fp8 K dequantised with v_scale (scales swapped)
+  // Added for the diagnosis (issue 9):
+  kBf16RunningOut,   // the split combine keeps its running output in bf16
+  kKRopeMissing,     // the kernel reads K without its rotation
+  kRopeStyle,        // q rotated with the other pairing (NeoX <-> GPT-J)
+  kSoftcapMissing,   // the logit soft-cap is not applied
+  kWindowOffByOne,   // the sliding window admits one key too many
+  kSinksMissing,     // the per-head sinks are left out of the softmax
+  kFp8ScaleTwice,    // fp8 K and V dequantised with scale^2
+  kFp8ScaleMissing,  // fp8 K and V used without their scales
+  kDuplicatePage,    // one block-table entry names another block's page
 };
 absl::StatusOr<Fault> ParseFault(const std::string& name);  // "stale-page"
 std::string FaultName(Fault fault);
@@ -97,6 +107,26 @@ struct SynthOptions {
   // > 0: row B-1 holds this many tokens instead of L - 7 (B - 1)
   // (AdjustForFault shortens it so that a rank holds none of it).
   int64_t last_row_context = 0;
+  // Added for the diagnosis (issue 9; docs/SIMULATOR.md, "Engine kinds"):
+  // the dtype P is rounded to before P.V (bf16/f16 as tensor cores do;
+  // f32: not rounded) and, for fp8 caches, whether the kernel rounds the
+  // dequantised K and V to bf16 before using them (a Triton-style path).
+  DType engine_p_dtype = DType::kF32;
+  bool dequant_to_bf16 = false;
+  // Head shape overrides (0: the preset's), for small, fast snapshots;
+  // q_heads must be a multiple of kv_heads, head_dim even. A partial rotary
+  // dim is scaled with head_dim.
+  int64_t q_heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  // Where a one-place fault (stale-page, drop-block, duplicate-page) hits:
+  // logical block fault_block of row fault_row, or, when fault_block is -1,
+  // the fault_block_rank-th heaviest block of that row (0: the heaviest).
+  int64_t fault_row = 0;
+  int64_t fault_block = -1;
+  int64_t fault_block_rank = 0;
+  // rope-offset: the positions' shift (nonzero; default +1).
+  int64_t fault_magnitude = 1;
 };
 
 // Makes `options` able to show the requested fault, and returns one
@@ -124,6 +154,14 @@ struct SynthDetails {
   std::vector<std::string> notes;  // AdjustForFault's changes
   std::string fault;               // what was injected where ("none")
   int64_t cp_fault_rank = -1;      // the rank a per-rank CP fault hit
+  // The same, machine-readable (-1: does not apply): the row, logical block
+  // and pool page a one-place fault hit, and the other block / page of a
+  // swap or duplicate (the page that is read in the block's place).
+  int64_t fault_row = -1;
+  int64_t fault_block = -1;
+  int64_t fault_page = -1;
+  int64_t fault_other_block = -1;
+  int64_t fault_other_page = -1;
 };
 absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options,
                                     SynthDetails* details);

@@ -99,15 +99,23 @@ Tensor GenerateQueries(const SynthLayout& layout, const ContentModel& model,
 // (fp32 scores of the plan's q and K, masks as the plan's; sinks ignored).
 std::vector<std::vector<double>> KeyMass(const EnginePlan& plan, int64_t row);
 
-// Turns the clean plan into the faulty engine's plan. `stale_k/v` receive
-// the stale page's content (the plan points at them). *description says
-// what was injected where. InvalidArgument ("fault: ...") when the fault
-// cannot change anything for these options.
-absl::Status PlanFault(Fault fault, const SynthLayout& layout,
-                       const ContentModel& model, const RopeTable& rope,
-                       const KvPool& pool, double model_scale, EnginePlan* plan,
-                       Tensor* stale_k, Tensor* stale_v,
-                       std::string* description);
+// What a faulty plan points at (owned by the caller, kept until the plan
+// has run): the stale page's content and rope-style's q table.
+struct FaultStorage {
+  Tensor stale_k, stale_v;
+  std::vector<RopeTable> q_rope;  // empty, or the one table
+};
+
+// Turns the clean plan into the faulty engine's plan (one-place faults hit
+// where options.fault_row / fault_block / fault_block_rank say). *details
+// gets what was injected where, in words (details->fault) and as a site.
+// InvalidArgument ("fault: ...") when the fault cannot change anything for
+// these options.
+absl::Status PlanFault(const SynthOptions& options, const SynthLayout& layout,
+                       const ContentModel& model, const RopeConfig& rope_config,
+                       const RopeTable& rope, const KvPool& pool,
+                       double model_scale, EnginePlan* plan,
+                       FaultStorage* storage, SynthDetails* details);
 
 // ---- Context parallelism (cp_engine.cc) ----------------------------------
 

@@ -76,7 +76,9 @@ struct CombineToleranceInputs {
 Tolerances ComputeCombineTolerances(const CombineToleranceInputs& inputs);
 
 // Fills result->verdict and result->reasons from its stats (whose
-// `tolerance` and `over_tolerance` fields the caller set via ComputeDrift).
+// `tolerance` and `over_tolerance` fields the caller set via ComputeDrift)
+// and, when has_statistical, from the statistical detector (statistical.h):
+// a group that fired adds a reason starting "statistical:".
 void DecideComparison(ComparisonResult* result);
 
 // PASS when every comparison passes, else DRIFT.

@@ -35,6 +35,12 @@ absl::Status AuditOptionsFromProto(const v1::AuditOptions& msg,
     return absl::InvalidArgumentError(
         absl::StrCat("worst_heads: must be >= 0, got ", msg.worst_heads()));
   }
+  if (!(msg.diagnosis_max_seconds() >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("diagnosis_max_seconds: must be >= 0 (0: the default), "
+                     "got ",
+                     msg.diagnosis_max_seconds()));
+  }
   const v1::ToleranceOverrides& t = msg.tolerances();
   if (t.out_abs() < 0 || t.lse_abs() < 0 || t.logprob_abs() < 0) {
     return absl::InvalidArgumentError(
@@ -55,6 +61,12 @@ absl::Status AuditOptionsFromProto(const v1::AuditOptions& msg,
       msg.has_include_merge_orders() ? msg.include_merge_orders() : true;
   options->compute_kv_fingerprint = msg.compute_kv_fingerprint();
   options->worst_heads = msg.has_worst_heads() ? msg.worst_heads() : 4;
+  options->statistical_test =
+      msg.has_statistical_test() ? msg.statistical_test() : true;
+  options->diagnose = msg.has_diagnose() ? msg.diagnose() : true;
+  options->diagnosis_max_seconds = msg.diagnosis_max_seconds() > 0
+                                       ? msg.diagnosis_max_seconds()
+                                       : AuditOptions().diagnosis_max_seconds;
   return absl::OkStatus();
 }
 
@@ -84,6 +96,11 @@ void AuditOptionsToProto(const AuditOptions& options, v1::AuditOptions* msg) {
   msg->set_include_merge_orders(options.include_merge_orders);
   msg->set_compute_kv_fingerprint(options.compute_kv_fingerprint);
   msg->set_worst_heads(options.worst_heads);
+  msg->set_statistical_test(options.statistical_test);
+  msg->set_diagnose(options.diagnose);
+  if (options.diagnosis_max_seconds > 0) {
+    msg->set_diagnosis_max_seconds(options.diagnosis_max_seconds);
+  }
 }
 
 void ValidationLimitsToProto(const ValidationLimits& limits, v1::Limits* msg) {
@@ -200,6 +217,57 @@ void DecodeAgreement(const v1::LogprobAgreement& m, LogprobAgreement* a) {
   a->ratio_std = m.ratio_std();
 }
 
+void EncodeLocation(const Location& l, v1::Location* m) {
+  m->set_batch(l.batch);
+  m->set_query(l.query);
+  m->set_head(l.head);
+  m->set_dim(l.dim);
+}
+
+void EncodeStatistical(const StatisticalResult& st, v1::StatisticalResult* m) {
+  m->set_noise_epsilon(st.noise_epsilon);
+  m->set_clean_rms(st.clean_rms);
+  m->set_groups(st.groups);
+  m->set_fired_groups(st.fired_groups);
+  for (const StatisticalGroup& g : st.worst) {
+    v1::StatisticalGroup* gm = m->add_worst();
+    gm->set_scope(g.scope);
+    EncodeLocation(g.where, gm->mutable_where());
+    gm->set_count(g.count);
+    gm->set_rms(g.rms);
+    gm->set_mean(g.mean);
+    gm->set_bias(g.bias);
+    gm->set_rms_limit(g.rms_limit);
+    gm->set_mean_limit(g.mean_limit);
+    gm->set_fired(g.fired);
+  }
+}
+
+void DecodeStatistical(const v1::StatisticalResult& m, StatisticalResult* st) {
+  st->computed = true;
+  st->noise_epsilon = m.noise_epsilon();
+  st->clean_rms = m.clean_rms();
+  st->groups = m.groups();
+  st->fired_groups = m.fired_groups();
+  st->worst.clear();
+  for (const v1::StatisticalGroup& gm : m.worst()) {
+    StatisticalGroup g;
+    g.scope = gm.scope();
+    if (gm.has_where()) {
+      g.where = {gm.where().batch(), gm.where().query(), gm.where().head(),
+                 gm.where().dim()};
+    }
+    g.count = gm.count();
+    g.rms = gm.rms();
+    g.mean = gm.mean();
+    g.bias = gm.bias();
+    g.rms_limit = gm.rms_limit();
+    g.mean_limit = gm.mean_limit();
+    g.fired = gm.fired();
+    st->worst.push_back(std::move(g));
+  }
+}
+
 void EncodeComparisonResult(const ComparisonResult& r,
                             v1::ComparisonResult* m) {
   m->set_comparison(codec_internal::EncodeComparison(r.comparison));
@@ -218,6 +286,9 @@ void EncodeComparisonResult(const ComparisonResult& r,
     hm->set_max_ulp(h.max_ulp);
   }
   for (const std::string& reason : r.reasons) m->add_reasons(reason);
+  if (r.has_statistical) {
+    EncodeStatistical(r.statistical, m->mutable_statistical());
+  }
 }
 
 absl::Status DecodeComparisonResult(const v1::ComparisonResult& m,
@@ -254,7 +325,81 @@ absl::Status DecodeComparisonResult(const v1::ComparisonResult& m,
     r->worst_heads.push_back(h);
   }
   r->reasons.assign(m.reasons().begin(), m.reasons().end());
+  r->has_statistical = m.has_statistical();
+  if (r->has_statistical) DecodeStatistical(m.statistical(), &r->statistical);
   return absl::OkStatus();
+}
+
+void EncodeEvidence(const DiagnosisEvidence& e, v1::DiagnosisEvidence* m) {
+  m->set_out_max_abs(e.out_max_abs);
+  m->set_out_rms_noise(e.out_rms_noise);
+  m->set_lse_max_abs(e.lse_max_abs);
+}
+
+DiagnosisEvidence DecodeEvidence(const v1::DiagnosisEvidence& m) {
+  return {m.out_max_abs(), m.out_rms_noise(), m.lse_max_abs()};
+}
+
+void EncodeDiagnoses(const AuditReport& r, v1::AuditReport* msg) {
+  for (const Diagnosis& d : r.diagnoses) {
+    v1::Diagnosis* m = msg->add_diagnoses();
+    m->set_hypothesis(d.hypothesis);
+    m->set_detail(d.detail);
+    m->set_score(d.score);
+    m->set_explains(d.explains);
+    EncodeEvidence(d.before, m->mutable_before());
+    EncodeEvidence(d.after, m->mutable_after());
+    v1::DiagnosisLocation* l = m->mutable_location();
+    l->set_row(d.location.row);
+    l->set_query(d.location.query);
+    l->mutable_heads()->Assign(d.location.heads.begin(),
+                               d.location.heads.end());
+    l->set_logical_block(d.location.logical_block);
+    l->set_page(d.location.page);
+    l->set_other_logical_block(d.location.other_logical_block);
+    l->set_other_page(d.location.other_page);
+    l->set_cp_rank(d.location.cp_rank);
+    m->set_summary(d.summary);
+  }
+  if (r.diagnosis_run.ran || !r.diagnosis_run.note.empty()) {
+    v1::DiagnosisRun* run = msg->mutable_diagnosis_run();
+    run->set_ran(r.diagnosis_run.ran);
+    run->set_complete(r.diagnosis_run.complete);
+    run->set_hypotheses(r.diagnosis_run.hypotheses);
+    run->set_rows(r.diagnosis_run.rows);
+    run->set_note(r.diagnosis_run.note);
+  }
+}
+
+void DecodeDiagnoses(const v1::AuditReport& msg, AuditReport* r) {
+  for (const v1::Diagnosis& m : msg.diagnoses()) {
+    Diagnosis d;
+    d.hypothesis = m.hypothesis();
+    d.detail = m.detail();
+    d.score = m.score();
+    d.explains = m.explains();
+    d.before = DecodeEvidence(m.before());
+    d.after = DecodeEvidence(m.after());
+    if (m.has_location()) {
+      const v1::DiagnosisLocation& l = m.location();
+      d.location.row = l.row();
+      d.location.query = l.query();
+      d.location.heads.assign(l.heads().begin(), l.heads().end());
+      d.location.logical_block = l.logical_block();
+      d.location.page = l.page();
+      d.location.other_logical_block = l.other_logical_block();
+      d.location.other_page = l.other_page();
+      d.location.cp_rank = l.cp_rank();
+    }
+    d.summary = m.summary();
+    r->diagnoses.push_back(std::move(d));
+  }
+  const v1::DiagnosisRun& run = msg.diagnosis_run();
+  r->diagnosis_run.ran = run.ran();
+  r->diagnosis_run.complete = run.complete();
+  r->diagnosis_run.hypotheses = run.hypotheses();
+  r->diagnosis_run.rows = run.rows();
+  r->diagnosis_run.note = run.note();
 }
 
 void EncodeProvenance(const Provenance& p, v1::Provenance* m) {
@@ -291,6 +436,7 @@ void EncodeProvenance(const Provenance& p, v1::Provenance* m) {
   t->mutable_cp_rank_transport_seconds()->Assign(
       p.timings.cp_rank_transport_seconds.begin(),
       p.timings.cp_rank_transport_seconds.end());
+  t->set_diagnosis_seconds(p.timings.diagnosis_seconds);
 }
 
 absl::Status DecodeProvenance(const v1::Provenance& m, Provenance* p) {
@@ -332,6 +478,7 @@ absl::Status DecodeProvenance(const v1::Provenance& m, Provenance* p) {
   p->timings.cp_rank_transport_seconds.assign(
       t.cp_rank_transport_seconds().begin(),
       t.cp_rank_transport_seconds().end());
+  p->timings.diagnosis_seconds = t.diagnosis_seconds();
   return absl::OkStatus();
 }
 
@@ -467,6 +614,7 @@ void ReportToProto(const AuditReport& report, v1::AuditReport* msg) {
   }
   EncodeProvenance(report.provenance, msg->mutable_provenance());
   if (report.cp.present) EncodeCp(report.cp, msg->mutable_cp());
+  EncodeDiagnoses(report, msg);
 }
 
 absl::StatusOr<AuditReport> ReportFromProto(const v1::AuditReport& msg) {
@@ -493,6 +641,7 @@ absl::StatusOr<AuditReport> ReportFromProto(const v1::AuditReport& msg) {
   ATTNAUDIT_RETURN_IF_ERROR(
       DecodeProvenance(msg.provenance(), &report.provenance));
   if (msg.has_cp()) ATTNAUDIT_RETURN_IF_ERROR(DecodeCp(msg.cp(), &report.cp));
+  DecodeDiagnoses(msg, &report);
   return report;
 }
 

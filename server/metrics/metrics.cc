@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/diagnosis/diagnosis.h"
 #include "server/metrics/metrics_impl.h"
 
 namespace attnaudit::server {
@@ -209,6 +210,12 @@ void Metrics::Impl::RegisterVerdicts(prometheus::Registry& r) {
                                      "Audits completed, by overall verdict.");
   auto& cmp = CounterFamily(r, "attnaudit_comparison_verdicts_total",
                             "Comparison results, by comparison and verdict.");
+  auto& diagnosis_family = CounterFamily(
+      r, "attnaudit_diagnoses_total",
+      "Drifting audits, by the hypothesis their diagnosis ranked first.");
+  for (const std::string& h : HypothesisNames()) {
+    diagnoses[h] = &diagnosis_family.Add({{"hypothesis", h}});
+  }
   for (Verdict v : kVerdicts) {
     const std::string name(VerdictName(v));
     audits[static_cast<int>(v)] = &audit_family.Add({{"verdict", name}});
@@ -387,6 +394,10 @@ void Metrics::ObserveReport(const AuditReport& report,
   if (v > 0 && v < kNumVerdicts && m.audits[v] != nullptr)
     m.audits[v]->Increment();
   m.ObserveCp(report.cp);
+  if (!report.diagnoses.empty()) {
+    auto it = m.diagnoses.find(report.diagnoses[0].hypothesis);
+    if (it != m.diagnoses.end()) it->second->Increment();
+  }
 
   const std::string& raw_model =
       labels.model.empty() ? report.labels.model : labels.model;

@@ -7,6 +7,8 @@
 //   attnaudit_audits_total{verdict}                    counter (PASS, DRIFT,
 //                                                      INVALID)
 //   attnaudit_comparison_verdicts_total{comparison,verdict}   counter
+//   attnaudit_diagnoses_total{hypothesis}              counter: the top
+//       diagnosis of each drifting audit (core/diagnosis HypothesisNames())
 //   attnaudit_drift_out_max_abs{comparison,model,layer}       histogram
 //   attnaudit_drift_out_max_ulp{comparison,model,layer}       histogram
 //   attnaudit_drift_lse_max_abs{comparison,model,layer}       histogram

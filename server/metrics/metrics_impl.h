@@ -67,6 +67,9 @@ struct Metrics::Impl {
   std::unique_ptr<prometheus::Exposer> exposer;
 
   std::array<prometheus::Counter*, metrics_internal::kNumVerdicts> audits{};
+  // attnaudit_diagnoses_total by hypothesis: every name of the catalogue
+  // (core/diagnosis), registered at start-up.
+  absl::flat_hash_map<std::string, prometheus::Counter*> diagnoses;
   std::array<std::array<prometheus::Counter*, metrics_internal::kNumVerdicts>,
              kNumComparisons>
       comparison_verdicts{};

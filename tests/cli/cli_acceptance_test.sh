@@ -171,10 +171,13 @@ grep -q "^      at row [0-9]*, query 0, head [0-9]* (kv head [0-9]*): engine .*,
 grep -q "^    out: within the tolerance" "$report" || fail "out not reported within tolerance"
 grep -q "logprob tolerance (E-R .* nats): the most a selected-token" "$report" ||
   fail "no line saying what the log-prob tolerance bounds"
-grep -q "^localisation: .*block_table" "$report" || fail "no localisation section"
-grep -q "not localised in this report" "$report" || fail "block/page not said to be unknown"
-expect_exit 0 "check PASS has no localisation" "$cli" check "$pb"
-grep -q "^localisation:" "$work/out.txt" && fail "a PASS report has a localisation section"
+# The diagnosis names the bug; the generic "not localised" note is only for
+# a DRIFT the diagnosis did not examine.
+grep -q "^diagnosis: lse-base: engine LSE in base 2" "$report" ||
+  fail "the diagnosis does not name lse-base: $(grep '^diagnosis' "$report")"
+grep -q "^localisation:" "$report" && fail "a diagnosed DRIFT still says it is not localised"
+expect_exit 0 "check PASS has no diagnosis" "$cli" check "$pb"
+grep -q "^diagnosis:\|^localisation:" "$work/out.txt" && fail "a PASS report has a diagnosis or localisation section"
 
 # One fingerprint name: the report names the definition the server's caps
 # name (core/fingerprint/fingerprint.h kFingerprintVersion).

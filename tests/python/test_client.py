@@ -123,6 +123,12 @@ def test_cancel(make_server, files):
             last = c.submit(small).job_id
             state = c.cancel(last)
             result = c.wait(last, timeout=120)
+            if state == attnaudit.JobState.RUNNING:
+                # Cancel flags a running job; the device stops between work
+                # items, so a job with one item may still finish.
+                assert result.state in (attnaudit.JobState.CANCELLED,
+                                        attnaudit.JobState.DONE), result
+                state = result.state
             assert result.state == state, (state, result)
             if state == attnaudit.JobState.CANCELLED:
                 cancelled = result

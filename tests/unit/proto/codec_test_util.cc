@@ -149,6 +149,23 @@ AuditReport FullReport() {
   er.worst_heads = {HeadSummary{3, 0.01, 0.002, 12},
                     HeadSummary{1, 0.005, 0.001, 6}};
   er.reasons = {"out: 3 elements over 1e-3", "lse: NaN in candidate"};
+  er.has_statistical = true;
+  er.statistical.computed = true;
+  er.statistical.noise_epsilon = 0.0078125;
+  er.statistical.clean_rms = 0.4;
+  er.statistical.groups = 41;
+  er.statistical.fired_groups = 2;
+  StatisticalGroup g;
+  g.scope = "row";
+  g.where = Location{1, 0, -1, -1};
+  g.count = 4096;
+  g.rms = 1.5;
+  g.mean = -0.1;
+  g.bias = -0.2;
+  g.rms_limit = 0.6;
+  g.mean_limit = 0.15;
+  g.fired = true;
+  er.statistical.worst = {g};
 
   ComparisonResult pr;
   pr.comparison = Comparison::kReplayVsReference;
@@ -178,7 +195,11 @@ AuditReport FullReport() {
   p.prefix_fingerprint = std::string(64, 'c');
   p.rope_fingerprint = std::string(64, 'd');
   p.fingerprint_version = "attnaudit.kv.v1";
-  p.timings = StageTimings{0.001, 0.5, 0.25, 0.01, 0.8};
+  p.timings.validate_seconds = 0.001;
+  p.timings.reference_seconds = 0.5;
+  p.timings.replay_seconds = 0.25;
+  p.timings.compare_seconds = 0.01;
+  p.timings.total_seconds = 0.8;
   p.timings.cp_seconds = 0.3;
   p.timings.cp_rank_compute_seconds = {0.1, 0.2, 0.05};
   p.timings.cp_rank_transport_seconds = {0.01, 0.02, 0.0};
@@ -220,6 +241,25 @@ AuditReport FullReport() {
   cp.combine.has_lse = true;
   cp.combine.lse = Drift(0.0);
   cp.skipped = "";
+  p.timings.diagnosis_seconds = 0.4;
+  Diagnosis d;
+  d.hypothesis = "stale-page";
+  d.detail = "block 12";
+  d.score = 0.9;
+  d.explains = true;
+  d.before = DiagnosisEvidence{0.1, 30, 0.01};
+  d.after = DiagnosisEvidence{0.002, 0.4, 1e-6};
+  d.location.row = 1;
+  d.location.query = 0;
+  d.location.heads = {3, 5};
+  d.location.logical_block = 12;
+  d.location.page = 1873;
+  d.location.other_logical_block = 11;
+  d.location.other_page = 7;
+  d.location.cp_rank = 2;
+  d.summary = "page 1873 holds stale data";
+  r.diagnoses = {d};
+  r.diagnosis_run = DiagnosisRun{true, false, 42, 2, "stopped"};
   return r;
 }
 
@@ -383,7 +423,57 @@ void ExpectReportEq(const AuditReport& a, const AuditReport& b) {
       EXPECT_EQ(x.worst_heads[h].max_ulp, y.worst_heads[h].max_ulp);
     }
     EXPECT_EQ(x.reasons, y.reasons);
+    ASSERT_EQ(x.has_statistical, y.has_statistical);
+    ASSERT_EQ(x.statistical.worst.size(), y.statistical.worst.size());
+    EXPECT_EQ(x.statistical.noise_epsilon, y.statistical.noise_epsilon);
+    EXPECT_EQ(x.statistical.clean_rms, y.statistical.clean_rms);
+    EXPECT_EQ(x.statistical.groups, y.statistical.groups);
+    EXPECT_EQ(x.statistical.fired_groups, y.statistical.fired_groups);
+    for (size_t k = 0; k < x.statistical.worst.size(); ++k) {
+      const StatisticalGroup& gx = x.statistical.worst[k];
+      const StatisticalGroup& gy = y.statistical.worst[k];
+      EXPECT_EQ(gx.scope, gy.scope);
+      EXPECT_EQ(gx.where.batch, gy.where.batch);
+      EXPECT_EQ(gx.where.query, gy.where.query);
+      EXPECT_EQ(gx.where.head, gy.where.head);
+      EXPECT_EQ(gx.count, gy.count);
+      EXPECT_EQ(gx.rms, gy.rms);
+      EXPECT_EQ(gx.mean, gy.mean);
+      EXPECT_EQ(gx.bias, gy.bias);
+      EXPECT_EQ(gx.rms_limit, gy.rms_limit);
+      EXPECT_EQ(gx.mean_limit, gy.mean_limit);
+      EXPECT_EQ(gx.fired, gy.fired);
+    }
   }
+  ASSERT_EQ(a.diagnoses.size(), b.diagnoses.size());
+  for (size_t k = 0; k < a.diagnoses.size(); ++k) {
+    const Diagnosis& x = a.diagnoses[k];
+    const Diagnosis& y = b.diagnoses[k];
+    EXPECT_EQ(x.hypothesis, y.hypothesis);
+    EXPECT_EQ(x.detail, y.detail);
+    EXPECT_EQ(x.score, y.score);
+    EXPECT_EQ(x.explains, y.explains);
+    EXPECT_EQ(x.before.out_max_abs, y.before.out_max_abs);
+    EXPECT_EQ(x.before.out_rms_noise, y.before.out_rms_noise);
+    EXPECT_EQ(x.before.lse_max_abs, y.before.lse_max_abs);
+    EXPECT_EQ(x.after.out_max_abs, y.after.out_max_abs);
+    EXPECT_EQ(x.after.out_rms_noise, y.after.out_rms_noise);
+    EXPECT_EQ(x.after.lse_max_abs, y.after.lse_max_abs);
+    EXPECT_EQ(x.location.row, y.location.row);
+    EXPECT_EQ(x.location.query, y.location.query);
+    EXPECT_EQ(x.location.heads, y.location.heads);
+    EXPECT_EQ(x.location.logical_block, y.location.logical_block);
+    EXPECT_EQ(x.location.page, y.location.page);
+    EXPECT_EQ(x.location.other_logical_block, y.location.other_logical_block);
+    EXPECT_EQ(x.location.other_page, y.location.other_page);
+    EXPECT_EQ(x.location.cp_rank, y.location.cp_rank);
+    EXPECT_EQ(x.summary, y.summary);
+  }
+  EXPECT_EQ(a.diagnosis_run.ran, b.diagnosis_run.ran);
+  EXPECT_EQ(a.diagnosis_run.complete, b.diagnosis_run.complete);
+  EXPECT_EQ(a.diagnosis_run.hypotheses, b.diagnosis_run.hypotheses);
+  EXPECT_EQ(a.diagnosis_run.rows, b.diagnosis_run.rows);
+  EXPECT_EQ(a.diagnosis_run.note, b.diagnosis_run.note);
 
   const Provenance& p = a.provenance;
   const Provenance& q = b.provenance;
@@ -446,6 +536,7 @@ void ExpectReportEq(const AuditReport& a, const AuditReport& b) {
     EXPECT_EQ(c.ranks[k].empty_queries, d.ranks[k].empty_queries);
     check_eq(c.ranks[k].check, d.ranks[k].check, "cp.ranks[k]");
   }
+  EXPECT_EQ(p.timings.diagnosis_seconds, q.timings.diagnosis_seconds);
 }
 
 }  // namespace testing

@@ -31,6 +31,10 @@ TEST(AuditOptionsCodecTest, EmptyMessageMeansDefaults) {
   EXPECT_EQ(options.cp_strategy, CpStrategy::kAuto);
   EXPECT_EQ(options.tolerances.out_abs, 0);
   EXPECT_EQ(options.threads, 3);
+  EXPECT_TRUE(options.statistical_test);
+  EXPECT_TRUE(options.diagnose);
+  EXPECT_EQ(options.diagnosis_max_seconds,
+            AuditOptions().diagnosis_max_seconds);
 }
 
 TEST(AuditOptionsCodecTest, RoundTrip) {
@@ -43,6 +47,9 @@ TEST(AuditOptionsCodecTest, RoundTrip) {
   options.include_merge_orders = false;
   options.compute_kv_fingerprint = true;
   options.worst_heads = 0;
+  options.statistical_test = false;
+  options.diagnose = false;
+  options.diagnosis_max_seconds = 2.5;
 
   v1::AuditOptions msg;
   AuditOptionsToProto(options, &msg);
@@ -62,6 +69,9 @@ TEST(AuditOptionsCodecTest, RoundTrip) {
   EXPECT_FALSE(decoded->include_merge_orders);
   EXPECT_TRUE(decoded->compute_kv_fingerprint);
   EXPECT_EQ(decoded->worst_heads, 0);  // explicit 0 is "none", not default
+  EXPECT_FALSE(decoded->statistical_test);
+  EXPECT_FALSE(decoded->diagnose);
+  EXPECT_EQ(decoded->diagnosis_max_seconds, 2.5);
 }
 
 TEST(AuditOptionsCodecTest, RejectsBadValuesAndLeavesOptionsUntouched) {
@@ -85,6 +95,8 @@ TEST(AuditOptionsCodecTest, RejectsBadValuesAndLeavesOptionsUntouched) {
        }},
       {"worst_heads: must be >= 0",
        [](v1::AuditOptions* m) { m->set_worst_heads(-1); }},
+      {"diagnosis_max_seconds: must be >= 0",
+       [](v1::AuditOptions* m) { m->set_diagnosis_max_seconds(-1); }},
       {"tolerances:",
        [](v1::AuditOptions* m) {
          m->mutable_tolerances()->set_lse_abs(-1e-3);

@@ -126,6 +126,7 @@ TEST(MetricsTest, ExactlyTheDocumentedFamilies) {
       {"attnaudit_build_info", T::Gauge},
       {"attnaudit_audits_total", T::Counter},
       {"attnaudit_comparison_verdicts_total", T::Counter},
+      {"attnaudit_diagnoses_total", T::Counter},
       {"attnaudit_drift_out_max_abs", T::Histogram},
       {"attnaudit_drift_out_max_ulp", T::Histogram},
       {"attnaudit_drift_lse_max_abs", T::Histogram},

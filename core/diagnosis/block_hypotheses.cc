@@ -1,0 +1,616 @@
+// Page hypotheses from one row's per-unit R states: a dropped block
+// (leave one block out), a stale page (left out, its mass kept at the
+// engine's LSE), a duplicated page (one block's state replaced by another
+// page read in its place) and two swapped pages. Only merges of states per
+// candidate; the states themselves are computed once per row (the pages
+// read in another block's place, when that block is not fully visible,
+// once per pair).
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "core/common/parallel.h"
+#include "core/common/status_macros.h"
+#include "core/diagnosis/diagnosis_internal.h"
+
+namespace attnaudit {
+namespace diagnosis_internal {
+namespace {
+
+constexpr int kTopBlocks = 8;      // blocks tried as dropped/stale/duplicated
+constexpr int kSwapPartners = 16;  // partners tried for a swap
+// Up to this many (partial block, partner) pairs, all are tried.
+constexpr int64_t kExhaustiveSwaps = 512;
+// A stale page adds mass the dropped block does not: its lse excess must
+// stand out of the LSE noise by this many units on average.
+constexpr double kStaleMassUnits = 3.0;
+constexpr double kStaleScore = 0.9;
+
+// Per cell (s, h): the state of every block, and prefix / suffix merges.
+class CellBlocks {
+ public:
+  CellBlocks(const Context& ctx, const RowStates& rs)
+      : ctx_(ctx), rs_(rs), nb_(static_cast<int64_t>(rs.pages.size())) {
+    const int64_t D = ctx.d.head_dim;
+    blocks_.assign(static_cast<size_t>(nb_), Acc(D));
+    prefix_.assign(static_cast<size_t>(nb_ + 1), Acc(D));
+    suffix_.assign(static_cast<size_t>(nb_ + 1), Acc(D));
+  }
+
+  void Load(int64_t s, int64_t h) {
+    const UnitStates& st = rs_.states;
+    const int64_t D = ctx_.d.head_dim;
+    for (int64_t j = 0; j < nb_; ++j) {
+      Acc& a = blocks_[j];
+      a.Clear();
+      for (int32_t u = rs_.block_begin[j]; u < rs_.block_begin[j + 1]; ++u) {
+        const int64_t i = st.Index(rs_.b, u, s, h);
+        a.Add(&st.r_out[i * D], st.r_lse[i]);
+      }
+    }
+    prefix_[0].Clear();
+    for (int64_t j = 0; j < nb_; ++j) {
+      prefix_[j + 1] = prefix_[j];
+      prefix_[j + 1].Merge(blocks_[j]);
+    }
+    suffix_[nb_].Clear();
+    for (int64_t j = nb_ - 1; j >= 0; --j) {
+      suffix_[j] = suffix_[j + 1];
+      suffix_[j].Merge(blocks_[j]);
+    }
+  }
+
+  // Every block but j.
+  Acc Without(int64_t j) const {
+    Acc a = prefix_[j];
+    a.Merge(suffix_[j + 1]);
+    return a;
+  }
+  const Acc& Block(int64_t j) const { return blocks_[j]; }
+  int64_t blocks() const { return nb_; }
+
+ private:
+  const Context& ctx_;
+  const RowStates& rs_;
+  int64_t nb_;
+  std::vector<Acc> blocks_, prefix_, suffix_;
+};
+
+// The final (out, lse) of a key-only state for query head h.
+void Final(const Context& ctx, const Acc& a, int64_t h, double* out,
+           double* lse) {
+  *lse = a.Lse();
+  a.Out(out, 1.0);
+  FinishState(ctx, nullptr, h, out, lse);
+}
+
+// The engine's key-only LSE of cell c (its declared LSE less the sink).
+double EngineKeysLse(const Context& ctx, const Row& row, int64_t c) {
+  const double e = row.e_lse[c];
+  const PreparedAttention& p = *ctx.p;
+  if (!p.lse_includes_sinks || p.sinks.empty()) return e;
+  const double sink = p.sinks[c % ctx.d.q_heads];
+  return sink < e ? e + std::log(-std::expm1(sink - e))
+                  : -std::numeric_limits<double>::infinity();
+}
+
+// Whether E of cell c is the rest merged with one valid attention state:
+// the engine's key LSE exceeds the rest's, and the state's values, solved
+// from E, stay within |V| <= vmax (up to E's noise).
+bool ConsistentStale(const Context& ctx, const Row& row, const Acc& rest,
+                     double vmax, int64_t c, double* share_out) {
+  const PreparedAttention& p = *ctx.p;
+  const int64_t D = ctx.d.head_dim, h = c % ctx.d.q_heads;
+  const double ek = EngineKeysLse(ctx, row, c);
+  const double rl = rest.Lse();
+  if (!(ek > rl + 3.0 * ctx.lse_unit)) return false;
+  const double share = -std::expm1(rl - ek);  // the state's share of E
+  *share_out = share;
+  double keep = 1.0;
+  if (!p.sinks.empty()) keep = 1.0 / (1.0 + std::exp(p.sinks[h] - ek));
+  const double vs = p.v_scale[h / ctx.d.group()] * keep;
+  for (int64_t i = 0; i < D; ++i) {
+    const int64_t k = c * D + i;
+    const double e = row.e_out[k] / vs;
+    const double r = rest.l > 0 ? rest.acc[i] / rest.l : 0.0;
+    const double x = (e - (1.0 - share) * r) / share;
+    if (std::fabs(x) > vmax + 4.0 * row.unit[k] / (vs * share)) return false;
+  }
+  return true;
+}
+
+// Pass 1: per block, the energy left after leaving it out, and the LSE
+// excess of the engine over the rest (a stale page's extra mass).
+struct LeaveOneOut {
+  // Per block: what is left of out's and the LSE's energy, and the
+  // candidate order's key (both, each relative to its total before).
+  std::vector<double> out, lse, energy, mass_units;
+  double out_total = 0, lse_total = 0;  // energy when nothing is left out
+  // Per block: drifting cells that are E with some valid state in its
+  // place (ConsistentStale), and the mean share that state needs.
+  std::vector<double> consistent, share;
+  // Per block: out's energy left by the stale model (the block left out,
+  // its mass kept at the engine's LSE with values of zero).
+  std::vector<double> stale_out;
+  int64_t drifting = 0;
+  double drifting_before = 0;  // every cell's energy against R (stale case)
+};
+
+// The leave-one-out sums of cells [c0, c1) into *loo (sized by the
+// caller), with its own block states.
+void ScanCells(const Context& ctx, const Row& row, const RowStates& rs,
+               const std::vector<double>& vmax, int64_t c0, int64_t c1,
+               LeaveOneOut* loo) {
+  CellBlocks cb(ctx, rs);
+  const int64_t nb = cb.blocks(), D = ctx.d.head_dim;
+  const bool stale_possible =
+      row.has_out && row.has_lse && row.lse_drift >= kStaleMassUnits;
+  std::vector<double> out(static_cast<size_t>(D)), zero(out.size(), 0.0);
+  Acc rest(D), with(D);
+  for (int64_t c = c0; c < c1; ++c) {
+    const int64_t s = c / ctx.d.q_heads, h = c % ctx.d.q_heads;
+    cb.Load(s, h);
+    const double lse_z2 =
+        row.has_lse ? std::pow(row.before_lse[c] / ctx.lse_unit, 2) : 0.0;
+    loo->lse_total += lse_z2;
+    loo->out_total += row.before[c] - lse_z2;
+    const bool drifting =
+        stale_possible && row.before[c] > 4.0 * ctx.clean_cell;
+    loo->drifting += drifting;
+    loo->drifting_before += stale_possible ? row.before[c] : 0.0;
+    for (int64_t j = 0; j < nb; ++j) {
+      rest = cb.Without(j);
+      double share = 0, lse = 0;
+      if (drifting &&
+          ConsistentStale(ctx, row, rest, vmax[h / ctx.d.group()], c, &share)) {
+        loo->consistent[j] += 1.0;
+        loo->share[j] += share;
+      }
+      if (stale_possible) {
+        // The stale model in every cell, drifting or not: the block left
+        // out, its mass kept at the engine's LSE with values of zero (a
+        // heavy block that drifts nowhere is no stale page).
+        with = rest;
+        const double ek = EngineKeysLse(ctx, row, c), rl = rest.Lse();
+        if (ek > rl) with.Add(zero.data(), ek + std::log(-std::expm1(rl - ek)));
+        Final(ctx, with, h, out.data(), &lse);
+        loo->stale_out[j] += CellEnergy(ctx, row, out.data(), lse, c);
+      }
+      Final(ctx, rest, h, out.data(), &lse);
+      const double e = CellEnergy(ctx, row, out.data(), lse, c);
+      if (row.has_lse) {
+        const double z = Diff(row.e_lse[c], lse) / ctx.lse_unit;
+        loo->lse[j] += z * z;
+        loo->out[j] += e - z * z;
+        loo->mass_units[j] +=
+            (EngineKeysLse(ctx, row, c) - rest.Lse()) / ctx.lse_unit;
+      } else {
+        loo->out[j] += e;
+      }
+    }
+  }
+}
+
+LeaveOneOut ScanLeaveOneOut(const Context& ctx, const Row& row,
+                            const RowStates& rs,
+                            const std::vector<double>& vmax) {
+  const int64_t nb = static_cast<int64_t>(rs.pages.size());
+  const int64_t cells = ctx.Cells();
+  const int64_t chunks = std::min<int64_t>(cells, ctx.opt->threads);
+  std::vector<LeaveOneOut> part(static_cast<size_t>(chunks));
+  for (LeaveOneOut& l : part) {
+    for (auto* v : {&l.out, &l.lse, &l.energy, &l.mass_units, &l.consistent,
+                    &l.share, &l.stale_out}) {
+      v->assign(static_cast<size_t>(nb), 0.0);
+    }
+  }
+  ParallelFor(chunks, ctx.opt->threads, [&](int64_t k) {
+    ScanCells(ctx, row, rs, vmax, cells * k / chunks, cells * (k + 1) / chunks,
+              &part[k]);
+  });
+  LeaveOneOut loo = std::move(part[0]);
+  for (size_t k = 1; k < part.size(); ++k) {
+    for (int64_t j = 0; j < nb; ++j) {
+      loo.out[j] += part[k].out[j];
+      loo.lse[j] += part[k].lse[j];
+      loo.mass_units[j] += part[k].mass_units[j];
+      loo.consistent[j] += part[k].consistent[j];
+      loo.share[j] += part[k].share[j];
+      loo.stale_out[j] += part[k].stale_out[j];
+    }
+    loo.out_total += part[k].out_total;
+    loo.lse_total += part[k].lse_total;
+    loo.drifting += part[k].drifting;
+    loo.drifting_before += part[k].drifting_before;
+  }
+  for (int64_t j = 0; j < nb; ++j) {
+    loo.energy[j] =
+        loo.out[j] / std::max(loo.out_total, 1e-300) +
+        (row.has_lse ? loo.lse[j] / std::max(loo.lse_total, 1e-300) : 0.0);
+    loo.mass_units[j] /= static_cast<double>(cells);
+    if (loo.consistent[j] > 0) loo.share[j] /= loo.consistent[j];
+  }
+  // Leaving nothing out scores 1 per quantity (the swap partners' change
+  // is measured from it).
+  loo.out_total = 1.0;
+  loo.lse_total = row.has_lse ? 1.0 : 0.0;
+  return loo;
+}
+
+// The block a stale page most likely is: of the blocks where every
+// drifting cell is E with some valid state in the block's place and the
+// stale model removes at least half of the drift, the one it leaves least
+// drift with. -1: none is.
+int64_t StaleBlock(const LeaveOneOut& loo) {
+  int64_t best = -1;
+  for (int64_t j = 0; j < static_cast<int64_t>(loo.consistent.size()); ++j) {
+    // Every drifting cell consistent, and the model removing at least half
+    // of their drift.
+    if (loo.drifting == 0 ||
+        loo.consistent[j] < static_cast<double>(loo.drifting) ||
+        !(loo.stale_out[j] < 0.5 * loo.drifting_before)) {
+      continue;
+    }
+    if (best < 0 || loo.stale_out[j] < loo.stale_out[best]) best = j;
+  }
+  return best;
+}
+
+std::vector<int64_t> TopBlocks(const std::vector<double>& energy, int n,
+                               int64_t skip) {
+  std::vector<int64_t> order(energy.size());
+  std::iota(order.begin(), order.end(), 0);
+  order.erase(std::remove(order.begin(), order.end(), skip), order.end());
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return energy[a] < energy[b]; });
+  order.resize(std::min(order.size(), static_cast<size_t>(n)));
+  return order;
+}
+
+// The state read for block `as` when the engine's table names block
+// `from`'s page there: the stored block state when both are fully visible
+// (post-RoPE keys do not depend on where they are read), else computed.
+struct Substitute {
+  int64_t as = 0, from = 0;
+  std::vector<double> out, lse;  // computed: [cells * D], [cells]
+  bool stored = false;
+};
+
+absl::Status MakeSubstitute(const Context& ctx, const RowStates& rs, int64_t as,
+                            int64_t from, Substitute* sub) {
+  sub->as = as;
+  sub->from = from;
+  sub->stored = rs.full[as] && rs.full[from];
+  if (sub->stored) return absl::OkStatus();
+  return ComputeSubstituteStates(ctx, rs.b, rs.pages[from], as, &sub->out,
+                                 &sub->lse);
+}
+
+void AddSubstitute(const CellBlocks& cb, const Substitute& sub, int64_t c,
+                   int64_t D, Acc* a) {
+  if (sub.stored) {
+    a->Merge(cb.Block(sub.from));
+  } else {
+    a->Add(&sub.out[c * D], sub.lse[c]);
+  }
+}
+
+Candidate BlockCandidate(const Context& ctx, const RowStates& rs,
+                         const char* hypothesis, int64_t j, int64_t other,
+                         const Scorer& scorer, int bias) {
+  Candidate c;
+  c.hypothesis = hypothesis;
+  c.eval = scorer.Finish();
+  c.location.row = rs.b;
+  c.location.query = c.eval.query;
+  c.location.heads = c.eval.heads;
+  c.location.logical_block = j;
+  c.location.page = EnginePageId(ctx, rs.pages[j]);
+  if (other >= 0) {
+    c.location.other_logical_block = other;
+    c.location.other_page = EnginePageId(ctx, rs.pages[other]);
+  }
+  c.rank_bias = bias;
+  return c;
+}
+
+// One scorer per candidate of pass 2.
+struct Trial {
+  const char* hypothesis;
+  int64_t j, other;
+  int bias;
+  std::vector<const Substitute*> subs;  // merged after the rest
+  bool stale = false;
+  Scorer scorer;
+  // Stage one: out's and the LSE's energy left, summed over the cells.
+  double out_left = 0, lse_left = 0;
+  bool finalist = false;
+};
+
+// The rest of the row for a trial into *a: every block but j (and `other`
+// for a swap). `without_j` caches every block but j for the cell.
+void Rest(const CellBlocks& cb, const Trial& t, const Acc& without_j, Acc* a) {
+  if (t.other < 0 || t.subs.size() < 2) {
+    *a = without_j;
+    return;
+  }
+  a->Clear();
+  for (int64_t k = 0; k < cb.blocks(); ++k) {
+    if (k != t.j && k != t.other) a->Merge(cb.Block(k));
+  }
+}
+
+// The trial's attention for cell c: (out, lse) into out / *lse.
+void TrialCell(const Context& ctx, const Row& row, const CellBlocks& cb,
+               const Trial& t, const Acc& without_j, int64_t c, Acc* a,
+               const std::vector<double>& zero, double* out, double* lse) {
+  const int64_t D = ctx.d.head_dim, h = c % ctx.d.q_heads;
+  Rest(cb, t, without_j, a);
+  for (const Substitute* sub : t.subs) AddSubstitute(cb, *sub, c, D, a);
+  if (t.stale && row.has_lse) {
+    // The stale content's mass, fitted to the engine's LSE (its values are
+    // unknown: zero, their expectation).
+    const double ek = EngineKeysLse(ctx, row, c);
+    const double rest = a->Lse();
+    if (ek > rest) a->Add(zero.data(), ek + std::log(-std::expm1(rest - ek)));
+  }
+  Final(ctx, *a, h, out, lse);
+}
+
+// Stage one scores every trial by energy alone; stage two runs the full
+// scorer for the finalists only (trials are grouped by j, which shares
+// the rest of the row).
+void ScoreTrialCells(const Context& ctx, const Row& row, CellBlocks& cb,
+                     bool finalists, int64_t c0, int64_t c1,
+                     std::vector<Trial>* trials, double* left) {
+  const int64_t D = ctx.d.head_dim;
+  std::vector<double> out(static_cast<size_t>(D)), zero(out.size(), 0.0);
+  Acc a(D), without(D);
+  for (int64_t c = c0; c < c1; ++c) {
+    const int64_t s = c / ctx.d.q_heads, h = c % ctx.d.q_heads;
+    cb.Load(s, h);
+    int64_t cached = -1;
+    for (size_t i = 0; i < trials->size(); ++i) {
+      Trial& t = (*trials)[i];
+      if (finalists && !t.finalist) continue;
+      if (t.j != cached) {
+        without = cb.Without(t.j);
+        cached = t.j;
+      }
+      double lse = 0;
+      TrialCell(ctx, row, cb, t, without, c, &a, zero, out.data(), &lse);
+      if (finalists) {
+        t.scorer.AddCell(row, c, out.data(), lse);
+        continue;
+      }
+      const double e = CellEnergy(ctx, row, out.data(), lse, c);
+      double lz2 = 0;
+      if (row.has_lse) {
+        const double z = Diff(row.e_lse[c], lse) / ctx.lse_unit;
+        lz2 = std::isfinite(z) ? z * z : 1e30;
+      }
+      left[2 * i] += e - lz2;
+      left[2 * i + 1] += lz2;
+    }
+  }
+}
+
+// Stage one runs in parallel over cells (each chunk sums into its own
+// row of `left`), stage two in order.
+void ScoreTrials(const Context& ctx, const Row& row, const RowStates& rs,
+                 bool finalists, std::vector<Trial>* trials) {
+  const int64_t cells = ctx.Cells();
+  const int64_t chunks =
+      finalists ? 1 : std::min<int64_t>(cells, ctx.opt->threads);
+  const size_t n = trials->size();
+  std::vector<std::vector<double>> left(static_cast<size_t>(chunks),
+                                        std::vector<double>(2 * n, 0.0));
+  ParallelFor(chunks, finalists ? 1 : ctx.opt->threads, [&](int64_t k) {
+    CellBlocks cb(ctx, rs);
+    ScoreTrialCells(ctx, row, cb, finalists, cells * k / chunks,
+                    cells * (k + 1) / chunks, trials, left[k].data());
+  });
+  if (finalists) return;
+  for (size_t i = 0; i < n; ++i) {
+    for (const std::vector<double>& l : left) {
+      (*trials)[i].out_left += l[2 * i];
+      (*trials)[i].lse_left += l[2 * i + 1];
+    }
+  }
+}
+
+// Marks the finalists: every drop and stale trial, and per hypothesis and
+// block the substitution leaving the least energy (out's and the LSE's,
+// each relative to its total before).
+void PickFinalists(const Context& ctx, const Row& row,
+                   std::vector<Trial>* trials) {
+  double out_before = 0, lse_before = 0;
+  for (int64_t c = 0; c < ctx.Cells(); ++c) {
+    const double z = row.has_lse ? row.before_lse[c] / ctx.lse_unit : 0.0;
+    lse_before += z * z;
+    out_before += row.before[c] - z * z;
+  }
+  auto key = [&](const Trial& t) {
+    return t.out_left / std::max(out_before, 1e-300) +
+           (row.has_lse ? t.lse_left / std::max(lse_before, 1e-300) : 0.0);
+  };
+  std::map<std::pair<std::string, int64_t>, size_t> best;
+  for (size_t i = 0; i < trials->size(); ++i) {
+    Trial& t = (*trials)[i];
+    t.finalist = t.subs.empty();
+    if (t.finalist) continue;
+    auto [it, fresh] = best.try_emplace({t.hypothesis, t.j}, i);
+    if (!fresh && key(t) < key((*trials)[it->second])) it->second = i;
+  }
+  for (const auto& [k, i] : best) (*trials)[i].finalist = true;
+}
+
+}  // namespace
+
+namespace {
+
+// Which blocks the trials try.
+struct TrialPlan {
+  std::vector<int64_t> top;       // dropped / stale / duplicated candidates
+  std::vector<int64_t> partial;   // not fully visible: one side of a swap
+  std::vector<int64_t> partners;  // the other side
+  int64_t stale_block = -1;       // StaleBlock
+};
+
+TrialPlan PlanTrials(const RowStates& rs, const LeaveOneOut& loo) {
+  TrialPlan plan;
+  const int64_t nb = static_cast<int64_t>(rs.pages.size());
+  plan.top = TopBlocks(loo.energy, kTopBlocks, -1);
+  plan.stale_block = StaleBlock(loo);
+  if (plan.stale_block >= 0 && std::find(plan.top.begin(), plan.top.end(),
+                                         plan.stale_block) == plan.top.end()) {
+    plan.top.push_back(plan.stale_block);
+  }
+  for (int64_t j = 0; j < nb; ++j) {
+    if (!rs.full[j]) plan.partial.push_back(j);
+  }
+  // A swap partner is a block whose content matters: the largest change
+  // when left out, either way (a swap may add mass as well as lose it),
+  // the best leave-one-out blocks and the candidates above.
+  std::vector<double> change(loo.energy.size());
+  const double unchanged = loo.out_total + loo.lse_total;
+  for (size_t j = 0; j < change.size(); ++j) {
+    change[j] = -std::fabs(loo.energy[j] - unchanged);
+  }
+  plan.partners = TopBlocks(change, kSwapPartners, -1);
+  // Few enough pairs: every block is a partner (the signals above mislead
+  // when a swap moves keys between queries of the row).
+  if (static_cast<int64_t>(plan.partial.size()) * nb <= kExhaustiveSwaps) {
+    plan.partners.clear();
+    for (int64_t j = 0; j < nb; ++j) plan.partners.push_back(j);
+    return plan;
+  }
+  std::vector<int64_t> more = TopBlocks(loo.energy, kSwapPartners, -1);
+  more.insert(more.end(), plan.top.begin(), plan.top.end());
+  for (int64_t j : more) {
+    if (std::find(plan.partners.begin(), plan.partners.end(), j) ==
+        plan.partners.end()) {
+      plan.partners.push_back(j);
+    }
+  }
+  return plan;
+}
+
+// The trials of the plan; the states of pages read in another block's
+// place go to *subs (a deque: the trials point into it).
+absl::Status BuildTrials(const Context& ctx, const Row& row,
+                         const RowStates& rs, const LeaveOneOut& loo,
+                         const TrialPlan& plan, std::deque<Substitute>* subs,
+                         std::vector<Trial>* trials) {
+  const int64_t nb = static_cast<int64_t>(rs.pages.size());
+  auto substitute = [&](int64_t as,
+                        int64_t from) -> absl::StatusOr<const Substitute*> {
+    subs->emplace_back();
+    ATTNAUDIT_RETURN_IF_ERROR(MakeSubstitute(ctx, rs, as, from, &subs->back()));
+    return &subs->back();
+  };
+  auto duplicate = [&](int64_t j, int64_t i) -> absl::Status {
+    ATTNAUDIT_ASSIGN_OR_RETURN(const Substitute* sub, substitute(j, i));
+    trials->push_back({kDuplicatePage, j, i, 1, {sub}, false, Scorer(ctx)});
+    return absl::OkStatus();
+  };
+  for (int64_t j : plan.top) {
+    // The engine's LSE tells the two apart: a dropped block leaves no mass
+    // in its place, a stale page leaves its content's.
+    const bool extra_mass = loo.mass_units[j] >= kStaleMassUnits;
+    if (!row.has_lse || !extra_mass) {
+      trials->push_back({kDropBlock, j, -1, 0, {}, false, Scorer(ctx)});
+    }
+    if (!row.has_lse || extra_mass) {
+      trials->push_back({kStalePage, j, -1, 2, {}, true, Scorer(ctx)});
+    }
+    for (int64_t i = 0; i < nb && !ctx.TimeUp() && !ctx.Cancelled(); ++i) {
+      if (i != j) ATTNAUDIT_RETURN_IF_ERROR(duplicate(j, i));
+    }
+  }
+  // Off-by-one block tables: every block reading its neighbour's page.
+  for (int64_t j = 0; j < nb && nb >= 2; ++j) {
+    if (std::find(plan.top.begin(), plan.top.end(), j) != plan.top.end()) {
+      continue;
+    }
+    for (int64_t i : {j - 1, j + 1}) {
+      if (i < 0 || i >= nb || ctx.TimeUp() || ctx.Cancelled()) continue;
+      ATTNAUDIT_RETURN_IF_ERROR(duplicate(j, i));
+    }
+  }
+  for (int64_t a : plan.partial) {
+    for (int64_t b : plan.partners) {
+      if (b == a || ctx.TimeUp() || ctx.Cancelled()) continue;
+      ATTNAUDIT_ASSIGN_OR_RETURN(const Substitute* ab, substitute(a, b));
+      ATTNAUDIT_ASSIGN_OR_RETURN(const Substitute* ba, substitute(b, a));
+      trials->push_back({kSwappedPages, a, b, 1, {ab, ba}, false, Scorer(ctx)});
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The finalists as candidates: the best per hypothesis and block
+// (duplicates: per block, the best source page).
+void CollectCandidates(const Context& ctx, const RowStates& rs,
+                       const std::vector<Trial>& trials, int64_t stale_block,
+                       std::vector<Candidate>* out) {
+  std::vector<Candidate> best;
+  for (const Trial& t : trials) {
+    if (!t.finalist) continue;
+    Candidate c =
+        BlockCandidate(ctx, rs, t.hypothesis, t.j,
+                       t.subs.empty() ? -1 : t.other, t.scorer, t.bias);
+    // A substitution names the content read in the block's place: unless it
+    // reproduces the engine, the page only resembles what was read (a
+    // stale page, whose content is unknown, is the better account).
+    if (!t.subs.empty() && !c.eval.within_tolerance) c.eval.score *= 0.5;
+    // A stale page's content is unknown: the located block (StaleBlock)
+    // scores at least kStaleScore -- a located, not a reconstructed,
+    // account.
+    if (t.stale && t.j == stale_block) {
+      c.eval.score = std::max(c.eval.score, kStaleScore);
+    }
+    bool replaced = false;
+    for (Candidate& b : best) {
+      if (b.hypothesis == c.hypothesis &&
+          b.location.logical_block == c.location.logical_block) {
+        if (c.eval.score > b.eval.score) b = c;
+        replaced = true;
+      }
+    }
+    if (!replaced) best.push_back(std::move(c));
+  }
+  for (Candidate& c : best) out->push_back(std::move(c));
+}
+
+}  // namespace
+
+absl::Status BlockHypotheses(const Context& ctx, const Row& row,
+                             const RowStates& rs, std::vector<Candidate>* out) {
+  const int64_t nb = static_cast<int64_t>(rs.pages.size());
+  if (nb < 1) return absl::OkStatus();
+  const std::vector<double> vmax = RowValueMax(ctx, row.b);
+  const LeaveOneOut loo = ScanLeaveOneOut(ctx, row, rs, vmax);
+  ctx.evaluated += nb;
+  const TrialPlan plan = PlanTrials(rs, loo);
+  std::deque<Substitute> subs;
+  std::vector<Trial> trials;
+  ATTNAUDIT_RETURN_IF_ERROR(
+      BuildTrials(ctx, row, rs, loo, plan, &subs, &trials));
+  ScoreTrials(ctx, row, rs, false, &trials);
+  PickFinalists(ctx, row, &trials);
+  ScoreTrials(ctx, row, rs, true, &trials);
+  ctx.evaluated += static_cast<int64_t>(trials.size());
+  CollectCandidates(ctx, rs, trials, plan.stale_block, out);
+  return absl::OkStatus();
+}
+
+}  // namespace diagnosis_internal
+}  // namespace attnaudit

@@ -1,0 +1,391 @@
+// Diagnose: picks the rows to examine, runs the hypothesis families within
+// the time limit, ranks what they found and words it.
+#include "core/diagnosis/diagnosis.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/common/status_macros.h"
+#include "core/diagnosis/diagnosis_internal.h"
+
+namespace attnaudit {
+namespace diagnosis_internal {
+namespace {
+
+// Candidates below this share of the drift are not reported, and with no
+// candidate above kExplainedFloor the answer is "unexplained".
+constexpr double kReportFloor = 0.25;
+constexpr double kExplainedFloor = 0.5;
+
+absl::Status CheckInputs(const DiagnosisInputs& in) {
+  if (in.snapshot == nullptr || in.layout == nullptr ||
+      in.prepared == nullptr || in.reference_out == nullptr ||
+      in.reference_lse == nullptr || in.engine_out == nullptr ||
+      in.engine_lse == nullptr) {
+    return absl::InvalidArgumentError("diagnosis: an input is missing");
+  }
+  const SnapshotDims& d = in.prepared->dims;
+  const size_t cells = static_cast<size_t>(d.batch * d.queries * d.q_heads);
+  const size_t elements = cells * static_cast<size_t>(d.head_dim);
+  if (in.reference_out->size() != elements ||
+      in.reference_lse->size() != cells ||
+      (!in.engine_out->empty() && in.engine_out->size() != elements) ||
+      (!in.engine_lse->empty() && in.engine_lse->size() != cells)) {
+    return absl::InvalidArgumentError(
+        "diagnosis: result sizes do not match the snapshot's dims");
+  }
+  return absl::OkStatus();
+}
+
+Context MakeContext(const DiagnosisInputs& in, const DiagnosisOptions& opt) {
+  Context ctx;
+  ctx.in = &in;
+  ctx.opt = &opt;
+  ctx.p = in.prepared;
+  ctx.d = in.prepared->dims;
+  ctx.start = Clock::now();
+  ToleranceInputs ti = in.tolerance_inputs;
+  ti.comparison = Comparison::kEngineVsReference;
+  ctx.tol = ComputeTolerances(ti, in.tolerance_overrides);
+  StatisticalInputs si;
+  si.comparison = Comparison::kEngineVsReference;
+  si.output_dtype = ti.output_dtype;
+  si.kv_dtype = ti.kv_dtype;
+  si.max_context = ti.max_context;
+  si.max_merged_blocks = ti.max_merged_blocks;
+  si.max_abs_lse_reference = ti.max_abs_lse_reference;
+  ctx.noise = StatisticalNoise(si);
+  // An eighth of the worst-case LSE tolerance: a correct engine's LSE
+  // noise is far below it (docs/DIAGNOSIS.md, "Scores").
+  ctx.lse_unit = std::max(ctx.tol.lse_abs / 8.0, 1e-30);
+  ctx.clean_cell =
+      ctx.noise.mean_square + (in.engine_lse->empty() ? 0.0 : 1.0 / 16.0);
+  return ctx;
+}
+
+Row BuildRow(const Context& ctx, int64_t b) {
+  const SnapshotDims& d = ctx.d;
+  const int64_t D = d.head_dim, cells = ctx.Cells();
+  const DiagnosisInputs& in = *ctx.in;
+  Row row;
+  row.b = b;
+  row.has_out = !in.engine_out->empty();
+  row.has_lse = !in.engine_lse->empty();
+  const int64_t o0 = b * cells * D, l0 = b * cells;
+  row.r_out.assign(in.reference_out->begin() + o0,
+                   in.reference_out->begin() + o0 + cells * D);
+  row.r_lse.assign(in.reference_lse->begin() + l0,
+                   in.reference_lse->begin() + l0 + cells);
+  if (row.has_out) {
+    row.e_out.assign(in.engine_out->begin() + o0,
+                     in.engine_out->begin() + o0 + cells * D);
+  }
+  if (row.has_lse) {
+    row.e_lse.assign(in.engine_lse->begin() + l0,
+                     in.engine_lse->begin() + l0 + cells);
+  }
+  row.unit.resize(static_cast<size_t>(cells * D));
+  row.before.resize(static_cast<size_t>(cells));
+  row.before_max.assign(static_cast<size_t>(cells), 0.0);
+  row.before_z2.assign(static_cast<size_t>(cells), 0.0);
+  row.before_lse.assign(static_cast<size_t>(cells), 0.0);
+  for (int64_t c = 0; c < cells; ++c) {
+    double ss = 0;
+    for (int64_t i = 0; i < D; ++i)
+      ss += row.r_out[c * D + i] * row.r_out[c * D + i];
+    const double rms = std::sqrt(ss / static_cast<double>(D));
+    for (int64_t i = 0; i < D; ++i) {
+      row.unit[c * D + i] = NoiseUnit(row.r_out[c * D + i], rms,
+                                      ctx.noise.epsilon, ctx.p->output_dtype);
+    }
+    row.before[c] = CellEnergy(ctx, row, &row.r_out[c * D], row.r_lse[c], c);
+    for (int64_t i = 0; row.has_out && i < D; ++i) {
+      const int64_t k = c * D + i;
+      const double diff = std::fabs(Diff(row.e_out[k], row.r_out[k]));
+      const double z = diff / row.unit[k];
+      row.before_max[c] = std::max(row.before_max[c], diff);
+      row.before_z2[c] += std::isfinite(z) ? z * z : 1e30;
+    }
+    if (row.has_lse) {
+      row.before_lse[c] = std::fabs(Diff(row.e_lse[c], row.r_lse[c]));
+      row.lse_drift +=
+          std::fabs(Diff(row.e_lse[c], row.r_lse[c])) / ctx.lse_unit;
+    }
+  }
+  row.lse_drift /= static_cast<double>(cells);
+  return row;
+}
+
+// The rows that drift most (those with any excess energy), at most
+// opt.max_rows of them.
+std::vector<Row> PickRows(const Context& ctx) {
+  std::vector<std::pair<double, int64_t>> excess;
+  for (int64_t b = 0; b < ctx.d.batch; ++b) {
+    const Row row = BuildRow(ctx, b);
+    double x = 0;
+    for (double e : row.before) x += std::max(0.0, e - ctx.clean_cell);
+    if (x > 0) excess.emplace_back(x, b);
+  }
+  std::stable_sort(
+      excess.begin(), excess.end(),
+      [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<Row> rows;
+  for (const auto& [x, b] : excess) {
+    if (static_cast<int>(rows.size()) >= ctx.opt->max_rows) break;
+    rows.push_back(BuildRow(ctx, b));
+  }
+  return rows;
+}
+
+std::string Drift(const Evaluation& e) {
+  return absl::StrFormat(
+      "max |diff| %.2g -> %.2g, rms %.2g -> %.2g noise units",
+      e.before.out_max_abs, e.after.out_max_abs, e.before.out_rms_noise,
+      e.after.out_rms_noise);
+}
+
+std::string Tail(const Candidate& c) {
+  if (c.eval.explains) {
+    return absl::StrCat(
+        ": with it, engine and reference agree within the "
+        "engine's rounding (",
+        Drift(c.eval), ")");
+  }
+  return absl::StrFormat(": it accounts for %.0f%% of the drift (%s)",
+                         100.0 * c.eval.score, Drift(c.eval));
+}
+
+std::string Heads(const Context& ctx, const DiagnosisLocation& l) {
+  if (l.heads.empty() ||
+      static_cast<int64_t>(l.heads.size()) == ctx.d.q_heads) {
+    return "";
+  }
+  std::vector<int64_t> shown(
+      l.heads.begin(), l.heads.begin() + std::min<size_t>(8, l.heads.size()));
+  return absl::StrCat(" (heads ", absl::StrJoin(shown, ", "),
+                      l.heads.size() > shown.size() ? ", ..." : "", ")");
+}
+
+std::string Summarize(const Context& ctx, const Candidate& c) {
+  const DiagnosisLocation& l = c.location;
+  const std::string& h = c.hypothesis;
+  if (h == kStalePage) {
+    // Its content is unknown: the evidence is what is left without it.
+    const bool agree = c.eval.after.out_rms_noise <= 2.0;
+    return absl::StrFormat(
+        "page %d (logical block %d of row %d) holds stale data: %s (%s)",
+        l.page, l.logical_block, l.row,
+        agree ? "without it, engine and reference agree to about an output "
+                "ulp"
+              : "the drift is what another state in its place gives, and "
+                "no other block fits as well",
+        Drift(c.eval));
+  }
+  if (h == kDropBlock) {
+    return absl::StrCat(absl::StrFormat("the engine skipped logical block %d "
+                                        "(page %d) of row %d",
+                                        l.logical_block, l.page, l.row),
+                        Tail(c));
+  }
+  if (h == kDuplicatePage) {
+    return absl::StrCat(
+        absl::StrFormat("logical block %d of row %d read page %d (logical "
+                        "block %d's) instead of its own page %d",
+                        l.logical_block, l.row, l.other_page,
+                        l.other_logical_block, l.page),
+        Tail(c));
+  }
+  if (h == kSwappedPages) {
+    return absl::StrCat(
+        absl::StrFormat("logical blocks %d and %d of row %d (pages %d and %d) "
+                        "are swapped in the engine's block table",
+                        l.logical_block, l.other_logical_block, l.row, l.page,
+                        l.other_page),
+        Tail(c));
+  }
+  if (h == kRopeOffset) {
+    return absl::StrCat("RoPE position off by ", c.detail,
+                        ": q rotated at its position ", c.detail,
+                        " (or every key at the opposite shift)", Heads(ctx, l),
+                        Tail(c));
+  }
+  if (h == kUnexplained) {
+    return absl::StrCat("no known failure explains the drift", c.detail);
+  }
+  if (h == kLowPrecision) {
+    return absl::StrCat(
+        "a reduced-precision intermediate (e.g. a bf16 running output or "
+        "partials): ",
+        c.detail);
+  }
+  if (h == kCpBf16Combine) {
+    return absl::StrCat("the CP combine runs in bf16: ", c.detail);
+  }
+  std::string where = Heads(ctx, l);
+  if (l.cp_rank >= 0) absl::StrAppend(&where, " (row ", l.row, ")");
+  return absl::StrCat(h, ": ", c.detail, where, Tail(c));
+}
+
+bool Better(const Candidate& a, const Candidate& b) {
+  if (a.eval.explains != b.eval.explains) return a.eval.explains;
+  const double sa = std::round(a.eval.score * 100.0);
+  const double sb = std::round(b.eval.score * 100.0);
+  if (sa != sb) return sa > sb;
+  if (a.rank_bias != b.rank_bias) return a.rank_bias < b.rank_bias;
+  return a.eval.score > b.eval.score;
+}
+
+Diagnosis ToDiagnosis(const Context& ctx, const Candidate& c) {
+  Diagnosis d;
+  d.hypothesis = c.hypothesis;
+  d.detail = c.detail;
+  d.score = c.eval.score;
+  d.explains = c.eval.explains;
+  d.before = c.eval.before;
+  d.after = c.eval.after;
+  d.location = c.location;
+  d.summary = Summarize(ctx, c);
+  return d;
+}
+
+// Best first, one per hypothesis, "unexplained" first when nothing
+// explains at least half of the drift.
+std::vector<Diagnosis> Rank(const Context& ctx, const std::vector<Row>& rows,
+                            std::vector<Candidate> all) {
+  std::stable_sort(all.begin(), all.end(), Better);
+  std::vector<Diagnosis> out;
+  std::vector<std::string> seen;
+  const Candidate* best = all.empty() ? nullptr : &all[0];
+  if (best == nullptr || best->eval.score < kExplainedFloor) {
+    Candidate u;
+    u.hypothesis = kUnexplained;
+    Scorer scorer(ctx);
+    for (const Row& row : rows) {
+      for (int64_t c = 0; c < ctx.Cells(); ++c) {
+        scorer.AddCell(row, c, &row.r_out[c * ctx.d.head_dim], row.r_lse[c]);
+      }
+    }
+    u.eval = scorer.Finish();
+    u.eval.score = 0;
+    u.eval.after = u.eval.before;
+    if (best != nullptr) {
+      u.detail =
+          absl::StrFormat(" (the best candidate, %s, accounts for %.0f%%)",
+                          best->hypothesis, 100.0 * best->eval.score);
+    }
+    out.push_back(ToDiagnosis(ctx, u));
+  }
+  for (const Candidate& c : all) {
+    if (static_cast<int>(out.size()) >= ctx.opt->max_diagnoses) break;
+    if (c.eval.score < kReportFloor) continue;
+    if (std::find(seen.begin(), seen.end(), c.hypothesis) != seen.end()) {
+      continue;
+    }
+    seen.push_back(c.hypothesis);
+    out.push_back(ToDiagnosis(ctx, c));
+  }
+  return out;
+}
+
+// Whether some candidate already explains E exactly: the costlier
+// recomputations would only rank below it.
+bool Explained(const std::vector<Candidate>& all) {
+  for (const Candidate& c : all) {
+    if (c.eval.explains && c.eval.score >= 0.98) return true;
+  }
+  return false;
+}
+
+absl::Status RunFamilies(const Context& ctx, const std::vector<Row>& rows,
+                         std::vector<Candidate>* all) {
+  ATTNAUDIT_RETURN_IF_ERROR(LseHypotheses(ctx, rows, all));
+  if (Explained(*all)) return absl::OkStatus();
+  // Global variants are screened first: when one explains the screening
+  // row, it is confirmed before any per-row page work.
+  GlobalScreen screen;
+  ATTNAUDIT_RETURN_IF_ERROR(ScreenGlobal(ctx, rows, &screen));
+  bool confirmed = false;
+  if (BestScreened(screen) >= 0.95) {
+    ATTNAUDIT_RETURN_IF_ERROR(ConfirmGlobal(ctx, rows, screen, all));
+    confirmed = true;
+  }
+  for (const Row& row : rows) {
+    if (ctx.TimeUp() || ctx.Cancelled() || Explained(*all)) break;
+    // A page that was dropped, stale, duplicated or swapped changes the
+    // keys, and so the LSE: with the engine's LSE at the reference's (within
+    // one LSE noise unit on average), the row has no page fault to find.
+    if (row.has_lse && row.lse_drift < 1.0 &&
+        ctx.in->snapshot->cp.world_size <= 1) {
+      continue;
+    }
+    RowStates rs;
+    ATTNAUDIT_RETURN_IF_ERROR(ComputeRowStates(ctx, row.b, &rs));
+    ATTNAUDIT_RETURN_IF_ERROR(BlockHypotheses(ctx, row, rs, all));
+    ATTNAUDIT_RETURN_IF_ERROR(CpHypotheses(ctx, row, rs, all));
+  }
+  if (!confirmed && !ctx.TimeUp() && !ctx.Cancelled() && !Explained(*all)) {
+    ATTNAUDIT_RETURN_IF_ERROR(ConfirmGlobal(ctx, rows, screen, all));
+  }
+  PrecisionHypothesis(ctx, rows, all);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace diagnosis_internal
+
+absl::StatusOr<DiagnosisResult> Diagnose(const DiagnosisInputs& inputs,
+                                         const DiagnosisOptions& options) {
+  namespace di = diagnosis_internal;
+  ATTNAUDIT_RETURN_IF_ERROR(di::CheckInputs(inputs));
+  DiagnosisResult result;
+  if (inputs.engine_out->empty() && inputs.engine_lse->empty()) {
+    result.run.note = "the snapshot has no engine out or LSE to explain";
+    return result;
+  }
+  const di::Context ctx = di::MakeContext(inputs, options);
+  const std::vector<di::Row> rows = di::PickRows(ctx);
+  result.run.ran = true;
+  result.run.rows = static_cast<int64_t>(rows.size());
+  if (rows.empty()) {
+    result.run.complete = true;
+    result.run.note =
+        "out and LSE are within the engine's noise: the drift is elsewhere "
+        "(log-probs)";
+    return result;
+  }
+  std::vector<di::Candidate> all;
+  ATTNAUDIT_RETURN_IF_ERROR(di::RunFamilies(ctx, rows, &all));
+  if (ctx.Cancelled()) return absl::CancelledError("audit cancelled");
+  result.run.complete = !ctx.TimeUp();
+  if (!result.run.complete) {
+    result.run.note = absl::StrFormat(
+        "stopped at the time limit of %.3g s; later hypotheses were not tried",
+        options.max_seconds);
+  }
+  result.run.hypotheses = ctx.evaluated;
+  result.diagnoses = di::Rank(ctx, rows, std::move(all));
+  return result;
+}
+
+const std::vector<std::string>& HypothesisNames() {
+  namespace di = diagnosis_internal;
+  static const std::vector<std::string>* names = new std::vector<std::string>{
+      di::kLseBase,        di::kSinksInLse,     di::kRopeOffset,
+      di::kKRopeTwice,     di::kKRopeMissing,   di::kRopeStyle,
+      di::kWrongScale,     di::kSoftcapMissing, di::kGqaMapping,
+      di::kWindowOffByOne, di::kSinksMissing,   di::kFp8Scale,
+      di::kDropBlock,      di::kStalePage,      di::kDuplicatePage,
+      di::kSwappedPages,   di::kCpMissingShard, di::kCpDoubledShard,
+      di::kCpLseBase,      di::kCpBf16Combine,  di::kLowPrecision,
+      di::kUnexplained};
+  return *names;
+}
+
+}  // namespace attnaudit

@@ -1,0 +1,254 @@
+// Between the diagnosis' files (not a public API): the examined rows, the
+// scoring of a recomputed attention against E, the recomputation under an
+// alternative configuration, and the hypothesis families.
+#ifndef ATTNAUDIT_CORE_DIAGNOSIS_DIAGNOSIS_INTERNAL_H_
+#define ATTNAUDIT_CORE_DIAGNOSIS_DIAGNOSIS_INTERNAL_H_
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/attention/unit_states.h"
+#include "core/diagnosis/diagnosis.h"
+#include "core/verdict/statistical.h"
+
+namespace attnaudit {
+namespace diagnosis_internal {
+
+// Hypothesis names (HypothesisNames() lists them all).
+inline constexpr char kLseBase[] = "lse-base";
+inline constexpr char kSinksInLse[] = "sinks-in-lse";
+inline constexpr char kRopeOffset[] = "rope-offset";
+inline constexpr char kKRopeTwice[] = "k-rope-twice";
+inline constexpr char kKRopeMissing[] = "k-rope-missing";
+inline constexpr char kRopeStyle[] = "rope-style";
+inline constexpr char kWrongScale[] = "wrong-scale";
+inline constexpr char kSoftcapMissing[] = "softcap-missing";
+inline constexpr char kGqaMapping[] = "gqa-mapping";
+inline constexpr char kWindowOffByOne[] = "window-off-by-one";
+inline constexpr char kSinksMissing[] = "sinks-missing";
+inline constexpr char kFp8Scale[] = "fp8-scale";
+inline constexpr char kDropBlock[] = "drop-block";
+inline constexpr char kStalePage[] = "stale-page";
+inline constexpr char kDuplicatePage[] = "duplicate-page";
+inline constexpr char kSwappedPages[] = "swapped-pages";
+inline constexpr char kCpMissingShard[] = "cp-missing-shard";
+inline constexpr char kCpDoubledShard[] = "cp-doubled-shard";
+inline constexpr char kCpLseBase[] = "cp-lse-base";
+inline constexpr char kCpBf16Combine[] = "cp-bf16-combine";
+inline constexpr char kLowPrecision[] = "low-precision";
+inline constexpr char kUnexplained[] = "unexplained";
+
+using Clock = std::chrono::steady_clock;
+
+// What every stage reads.
+struct Context {
+  const DiagnosisInputs* in = nullptr;
+  const DiagnosisOptions* opt = nullptr;
+  const PreparedAttention* p = nullptr;
+  SnapshotDims d;
+  Tolerances tol;         // E-R
+  NoiseModel noise;       // the statistical detector's, E-R
+  double lse_unit = 1;    // noise unit of an LSE difference
+  double clean_cell = 0;  // energy of a clean cell
+  Clock::time_point start;
+  mutable int64_t evaluated = 0;  // hypothesis variants evaluated
+
+  bool TimeUp() const;
+  bool Cancelled() const;
+  int64_t Cells() const { return d.queries * d.q_heads; }
+};
+
+// One examined batch row: E and R over its cells (s, h), [Sq*Hq(*D)], the
+// noise unit of each out element, and E's energy against R per cell.
+struct Row {
+  int64_t b = 0;
+  bool has_out = false, has_lse = false;
+  std::vector<double> e_out, r_out, unit;
+  std::vector<double> e_lse, r_lse;
+  std::vector<double> before;  // per cell
+  double lse_drift = 0;        // mean |E.lse - R.lse| in LSE noise units
+  // E against R per cell, for the evidence: max |diff| of out, sum of
+  // z^2 of out, |diff| of the LSE.
+  std::vector<double> before_max, before_z2, before_lse;
+};
+
+// An attention result over a row's cells; `have` marks computed cells.
+struct RowResult {
+  std::vector<double> out;  // [Sq*Hq*D]
+  std::vector<double> lse;  // [Sq*Hq]
+  std::vector<uint8_t> have;
+  void Reset(const SnapshotDims& d);
+};
+
+// e - a, with equal values (equal infinities included) 0 apart.
+inline double Diff(double e, double a) { return e == a ? 0.0 : e - a; }
+
+// Energy of cell c of E against `a`: mean over D of z^2 (out) plus z^2 of
+// the LSE, in noise units; a clean cell has about ctx.clean_cell.
+double CellEnergy(const Context& ctx, const Row& row, const double* a_out,
+                  double a_lse, int64_t c);
+
+// How well one hypothesis explains E over the cells it was computed for.
+struct Evaluation {
+  double score = 0;  // share of the excess energy removed, [0, 1]
+  bool explains = false;
+  bool within_tolerance = false;  // nothing left over the E-R tolerance
+  double excess_before = 0, excess_after = 0;
+  DiagnosisEvidence before, after;
+  std::vector<int64_t> heads;  // query heads whose cells it explains
+  int64_t query = -1;          // the one query explained, when Sq > 1
+};
+
+// Accumulates an Evaluation over (row, result) pairs.
+class Scorer {
+ public:
+  explicit Scorer(const Context& ctx) : ctx_(ctx) {}
+  void Add(const Row& row, const RowResult& result);
+  // A cell with a given energy after (for hypotheses scored on energies).
+  void AddCell(const Row& row, int64_t c, const double* a_out, double a_lse);
+  Evaluation Finish() const;
+
+ private:
+  const Context& ctx_;
+  double before_ = 0, after_ = 0;
+  // The same per quantity: the score is the worse of the two.
+  double out_before_ = 0, out_after_ = 0, lse_before_ = 0, lse_after_ = 0;
+  int64_t cells_ = 0;
+  double z2_before_ = 0, z2_after_ = 0;
+  int64_t elements_ = 0;
+  int64_t over_after_ = 0;
+  DiagnosisEvidence ev_before_, ev_after_;
+  std::vector<int64_t> head_explained_, head_drifting_;
+  std::vector<int64_t> query_explained_;
+};
+
+// --- Recomputation under an alternative configuration. ---
+
+enum class KeyTransform { kNone, kRotateAgain, kUnrotate, kRestyle };
+
+struct AltSpec {
+  std::vector<double> q;  // [B,Sq,Hq,D] post-RoPE; empty: prepared's
+  // GQA: query head h reads KV head kv_of[h]; empty: h / group.
+  std::vector<int64_t> kv_of;
+  bool set_scale = false;
+  double scale = 0;
+  bool set_softcap = false;
+  double softcap = 0;
+  bool set_window = false;
+  int64_t window = 0;
+  bool drop_sinks = false;
+  std::vector<double> k_scale, v_scale;  // [Hkv]; empty: prepared's
+  KeyTransform keys = KeyTransform::kNone;
+};
+
+// Attention of row b under each spec for the query heads of KV heads
+// `kv_heads` (all when empty), folded in fp64 from fp32 unit states, into
+// (*results)[i]. Specs that share their keys, soft-cap and window share one
+// pass over the row's pages (their queries are stacked), so a catalogue of
+// q-side variants costs about one read of the row's K/V.
+absl::Status ComputeAlternatives(const Context& ctx,
+                                 const std::vector<const AltSpec*>& specs,
+                                 int64_t b,
+                                 const std::vector<int64_t>& kv_heads,
+                                 std::vector<RowResult>* results);
+
+// q recomputed with RoPE at query position + delta, and/or with the other
+// pairing style (restyle).
+absl::StatusOr<std::vector<double>> AlternativeQueries(const Context& ctx,
+                                                       int64_t delta,
+                                                       bool restyle);
+
+// --- Per-row unit states (R, fp64) for the page and CP hypotheses. ---
+
+struct RowStates {
+  int64_t b = 0;
+  std::vector<KvUnit> units;
+  UnitStates states;  // R states of the row's units (row 0 of its plan)
+  std::vector<int32_t> block_begin;  // units of block j: [begin[j], begin[j+1])
+  std::vector<int32_t> pages;        // k_pages index of each block
+  std::vector<uint8_t> full;         // every slot visible to every query
+};
+absl::Status ComputeRowStates(const Context& ctx, int64_t b, RowStates* rs);
+
+// max |V| per KV head over the row's cached tokens (as stored, before the
+// V scale): what any attention output of that head is bounded by.
+std::vector<double> RowValueMax(const Context& ctx, int64_t b);
+
+// States of a page read as another block (the engine's block table names
+// page `page` for logical block `as_block`): fp32 states, per cell.
+absl::Status ComputeSubstituteStates(const Context& ctx, int64_t b,
+                                     int64_t page, int64_t as_block,
+                                     std::vector<double>* out,
+                                     std::vector<double>* lse);
+
+// --- Hypothesis families; each appends what it evaluated. ---
+
+struct Candidate {
+  std::string hypothesis;
+  std::string detail;
+  DiagnosisLocation location;
+  Evaluation eval;
+  int rank_bias = 0;  // ties: fewer free parameters first
+};
+
+absl::Status LseHypotheses(const Context& ctx, const std::vector<Row>& rows,
+                           std::vector<Candidate>* out);
+// Global hypotheses, in two steps: every variant screened on the row and
+// KV heads that drift most, then the best recomputed on every examined row.
+struct Variant {
+  const char* hypothesis;
+  std::string detail;
+  AltSpec spec;
+  int rank_bias = 0;
+};
+struct GlobalScreen {
+  std::vector<Variant> variants;
+  std::vector<std::pair<double, size_t>>
+      screened;  // (score, variant), best first
+};
+absl::Status ScreenGlobal(const Context& ctx, const std::vector<Row>& rows,
+                          GlobalScreen* screen);
+double BestScreened(const GlobalScreen& screen);
+absl::Status ConfirmGlobal(const Context& ctx, const std::vector<Row>& rows,
+                           const GlobalScreen& screen,
+                           std::vector<Candidate>* out);
+absl::Status BlockHypotheses(const Context& ctx, const Row& row,
+                             const RowStates& rs, std::vector<Candidate>* out);
+absl::Status CpHypotheses(const Context& ctx, const Row& row,
+                          const RowStates& rs, std::vector<Candidate>* out);
+void PrecisionHypothesis(const Context& ctx, const std::vector<Row>& rows,
+                         std::vector<Candidate>* out);
+
+// The engine's number for pool page `page` (its page id, or the index).
+int64_t EnginePageId(const Context& ctx, int64_t page);
+
+// fp64 merge of partial states: (m, l, acc[D]) with out = acc / l,
+// lse = m + ln l.
+struct Acc {
+  double m = -1.0 / 0.0;
+  double l = 0;
+  std::vector<double> acc;
+  explicit Acc(int64_t dim = 0) : acc(static_cast<size_t>(dim), 0.0) {}
+  void Clear();
+  void Add(const double* out, double lse, double weight = 1.0);
+  void Add(const float* out, double lse);
+  void Merge(const Acc& other);
+  double Lse() const;
+  // out (normalised) into dst, multiplied by `scale`.
+  void Out(double* dst, double scale) const;
+};
+
+// The final write of a key-only state as the engine declared it: the sink
+// of query head h (if any) in the denominator, v_scale, and the LSE with or
+// without the sink. out is normalised in place.
+void FinishState(const Context& ctx, const AltSpec* spec, int64_t h,
+                 double* out, double* lse);
+
+}  // namespace diagnosis_internal
+}  // namespace attnaudit
+
+#endif  // ATTNAUDIT_CORE_DIAGNOSIS_DIAGNOSIS_INTERNAL_H_

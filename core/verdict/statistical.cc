@@ -1,0 +1,257 @@
+// The statistical detector; docs/NUMERICS.md ("Statistical detector") has
+// the derivation of the noise model and its calibration. Keep the two in
+// step.
+#include "core/verdict/statistical.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace attnaudit {
+namespace {
+
+const double kEpsF32 = std::ldexp(1.0, -23);
+const double kEpsBf16 = std::ldexp(1.0, -7);
+
+// The calibrated noise level of one comparison (NUMERICS.md): E[z^2] of a
+// pure rounding is 1/12; the engines' bf16 P, fp8 dequantisation and split
+// merges add to it, and E-P carries the noise of both of its sides.
+struct Level {
+  double mean_square;
+  double sd_square;
+};
+constexpr Level kEngineLevel = {0.16, 0.20};
+constexpr Level kReplayLevel = {0.10, 0.10};
+constexpr Level kEngineReplayLevel = {0.30, 0.45};
+constexpr double kBound = 1.0;
+// Elements counted as one independent sample, and the margin on the mean
+// z^2, of the rms test (NUMERICS.md: calibrated on the clean engines).
+constexpr int64_t kDesignEffect = 16;
+constexpr double kRmsMargin = 0.1;
+// Multiplier of the fp32 accumulation depth in the noise epsilon, and the
+// score magnitude per bf16 epsilon of fp8 noise (NUMERICS.md).
+constexpr double kFp32Depth = 4.0;
+constexpr double kFp8Lambda = 2.5;
+// u is floored at this fraction of the head row's rms (near-zero elements
+// carry the row's absolute noise, not their own ULP's).
+constexpr double kRowFloor = 0.5;
+
+double ComputeEpsilon(DType kv_dtype) {
+  switch (kv_dtype) {
+    case DType::kBF16:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+      return kEpsBf16;
+    case DType::kF16:
+      return DTypeEpsilon(DType::kF16);
+    default:
+      return kEpsF32;
+  }
+}
+
+double SmallestNormal(DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return std::ldexp(1.0, -14);
+    case DType::kF64:
+      return std::numeric_limits<double>::min();
+    default:  // f32, bf16
+      return std::ldexp(1.0, -126);
+  }
+}
+
+// Running sums of one group: z^2 per element; the mean z and the mean
+// z * sign(R) per cell (one head of one query: the D elements that share
+// the cell's normalisation and keys, whose errors are correlated).
+struct Sums {
+  int64_t n = 0, cells = 0;
+  double z2 = 0, z = 0, zs = 0;
+  void AddCell(const Sums& cell) {
+    if (cell.n == 0) return;
+    n += cell.n;
+    z2 += cell.z2;
+    ++cells;
+    z += cell.z / static_cast<double>(cell.n);
+    zs += cell.zs / static_cast<double>(cell.n);
+  }
+  void Add(double zi, double sign) {
+    ++n;
+    z2 += zi * zi;
+    z += zi;
+    zs += zi * sign;
+  }
+};
+
+struct Limits {
+  NoiseModel noise;
+  double delta = 0;  // one-sided level per test
+};
+
+// Fills the group's statistics and limits; returns its excess ratio (the
+// largest statistic over its limit, > 1 when it fires).
+double Judge(const Sums& s, const Limits& lim, StatisticalGroup* g) {
+  g->count = s.n;
+  if (s.n == 0 || s.cells == 0) return 0.0;
+  const double n = static_cast<double>(s.n);
+  const double cells = static_cast<double>(s.cells);
+  g->rms = std::sqrt(s.z2 / n);
+  g->mean = s.z / cells;
+  g->bias = s.zs / cells;
+  const NoiseModel& m = lim.noise;
+  // Elements are not independent (rows attending to the same sink repeat
+  // the same values; a cell's elements share its keys): the rms test
+  // counts kDesignEffect elements as one, and adds a margin.
+  const int64_t n_eff = std::max<int64_t>(1, s.n / kDesignEffect);
+  const double ms_limit = BernsteinLimit(
+      m.mean_square + kRmsMargin, m.sd_square, m.bound, n_eff, lim.delta);
+  g->rms_limit = std::sqrt(ms_limit);
+  // The mean tests take each cell's mean as one sample, with the spread of
+  // a single element (a cell mean spreads far less unless its elements
+  // move together).
+  g->mean_limit = BernsteinLimit(0.0, std::sqrt(m.mean_square), m.bound,
+                                 s.cells, lim.delta / 2.0);
+  const double ratio =
+      std::max({(s.z2 / n) / ms_limit, std::fabs(g->mean) / g->mean_limit,
+                std::fabs(g->bias) / g->mean_limit});
+  g->fired = ratio > 1.0;
+  return ratio;
+}
+
+// Keeps the worst group of one scope and counts the fired ones.
+struct ScopeResult {
+  StatisticalGroup worst;
+  double worst_ratio = -1;
+};
+
+void Consider(const Sums& s, const Limits& lim, StatisticalGroup g,
+              ScopeResult* scope, StatisticalResult* result) {
+  if (s.n == 0) return;
+  const double ratio = Judge(s, lim, &g);
+  ++result->groups;
+  if (g.fired) ++result->fired_groups;
+  if (ratio > scope->worst_ratio) {
+    scope->worst_ratio = ratio;
+    scope->worst = std::move(g);
+  }
+}
+
+}  // namespace
+
+double BernsteinLimit(double mu, double sd, double bound, int64_t n,
+                      double delta) {
+  const double l = std::log(1.0 / delta);
+  const double nn = static_cast<double>(std::max<int64_t>(1, n));
+  const double c = bound * l / 3.0;
+  return mu + (c + std::sqrt(c * c + 2.0 * sd * sd * l * nn)) / nn;
+}
+
+NoiseModel StatisticalNoise(const StatisticalInputs& in) {
+  NoiseModel m;
+  const double eps_out =
+      IsFloating(in.output_dtype) ? DTypeEpsilon(in.output_dtype) : kEpsF32;
+  // fp32 accumulation: ~sqrt(L) for sums over L keys, ~n for a fold of n
+  // blocks (both far below a 16-bit output's epsilon), with a row-wide
+  // relative error of a few eps_f (the normalisation) on top.
+  const double depth = std::max(
+      std::sqrt(static_cast<double>(std::max<int64_t>(1, in.max_context))),
+      static_cast<double>(std::max<int64_t>(1, in.max_merged_blocks)));
+  m.epsilon = std::max(
+      {eps_out, ComputeEpsilon(in.kv_dtype), kFp32Depth * kEpsF32 * depth});
+  // fp8 K dequantised and rounded to bf16 moves every score by up to
+  // eps_bf16 / 2 of its terms: noise that grows with the score magnitude,
+  // for which Lambda stands.
+  if (in.kv_dtype == DType::kF8E4M3 || in.kv_dtype == DType::kF8E5M2) {
+    const double lambda = std::isfinite(in.max_abs_lse_reference)
+                              ? std::fabs(in.max_abs_lse_reference)
+                              : 1.0;
+    m.epsilon = std::max(m.epsilon, kEpsBf16 * lambda / kFp8Lambda);
+  }
+  const Level level =
+      in.comparison == Comparison::kEngineVsReference   ? kEngineLevel
+      : in.comparison == Comparison::kReplayVsReference ? kReplayLevel
+                                                        : kEngineReplayLevel;
+  m.mean_square = level.mean_square;
+  m.sd_square = level.sd_square;
+  m.bound = kBound;
+  return m;
+}
+
+double NoiseUnit(double reference, double row_rms, double epsilon,
+                 DType output_dtype) {
+  const double m = std::max({std::fabs(reference), kRowFloor * row_rms,
+                             SmallestNormal(output_dtype)});
+  int e = 0;
+  std::frexp(m, &e);  // m = f 2^e, f in [0.5, 1): the binade starts at 2^(e-1)
+  return std::ldexp(epsilon, e - 1);
+}
+
+StatisticalResult RunStatisticalTest(const double* candidate,
+                                     const double* baseline,
+                                     const double* reference, int64_t batch,
+                                     int64_t queries, int64_t heads,
+                                     int64_t dim,
+                                     const StatisticalInputs& inputs) {
+  StatisticalResult result;
+  const int64_t rows = batch * queries;
+  Limits lim;
+  lim.noise = StatisticalNoise(inputs);
+  // Three tests (rms, mean, bias) per group, the last two two-sided.
+  const double groups = static_cast<double>(1 + rows + heads);
+  lim.delta = inputs.alpha / (5.0 * groups);
+  result.noise_epsilon = lim.noise.epsilon;
+  result.clean_rms = std::sqrt(lim.noise.mean_square);
+
+  Sums all;
+  std::vector<Sums> per_head(static_cast<size_t>(heads));
+  ScopeResult row_scope;
+  for (int64_t r = 0; r < rows; ++r) {
+    Sums row;
+    for (int64_t h = 0; h < heads; ++h) {
+      Sums cell;
+      const int64_t base = (r * heads + h) * dim;
+      double ss = 0;
+      for (int64_t d = 0; d < dim; ++d) {
+        const double x = reference[base + d];
+        if (std::isfinite(x)) ss += x * x;
+      }
+      const double row_rms = std::sqrt(ss / static_cast<double>(dim));
+      for (int64_t d = 0; d < dim; ++d) {
+        const int64_t i = base + d;
+        const double diff = candidate[i] - baseline[i];
+        if (!std::isfinite(diff) || !std::isfinite(reference[i])) continue;
+        const double z =
+            diff / NoiseUnit(reference[i], row_rms, lim.noise.epsilon,
+                             inputs.output_dtype);
+        cell.Add(z, reference[i] < 0 ? -1.0 : 1.0);
+      }
+      all.AddCell(cell);
+      row.AddCell(cell);
+      per_head[h].AddCell(cell);
+    }
+    StatisticalGroup g;
+    g.scope = "row";
+    g.where.batch = r / queries;
+    g.where.query = r % queries;
+    Consider(row, lim, g, &row_scope, &result);
+  }
+  if (all.n == 0) return result;
+  ScopeResult all_scope, head_scope;
+  StatisticalGroup g;
+  g.scope = "all";
+  Consider(all, lim, g, &all_scope, &result);
+  for (int64_t h = 0; h < heads; ++h) {
+    StatisticalGroup gh;
+    gh.scope = "head";
+    gh.where.head = h;
+    Consider(per_head[h], lim, gh, &head_scope, &result);
+  }
+  result.computed = true;
+  for (ScopeResult* s : {&all_scope, &row_scope, &head_scope}) {
+    if (s->worst_ratio >= 0) result.worst.push_back(s->worst);
+  }
+  return result;
+}
+
+}  // namespace attnaudit
