@@ -86,33 +86,10 @@ void FinishRows(const PassContext& item, Scratch& sc, int64_t b, int64_t g0,
   for (int64_t r = 0; r < d.queries * per_query; ++r) {
     const int64_t sq = r / per_query;
     const int64_t h = g0 * group + r % per_query;
-    const int64_t g = h / group;
     const int64_t qi = (b * d.queries + sq) * d.q_heads + h;
     if (item.reference) {
-      double l = sc.ref_l[r];
-      double m = sc.ref_m[r];
-      double acc_scale = 1.0;
-      double lse_ref = m + std::log(l);
-      if (!p.sinks.empty()) {
-        // The sink is one more logit in the denominator, with no value.
-        // Work relative to max(m, sink): a (finite, valid) sink far above
-        // every score must not overflow exp().
-        const double sink = p.sinks[h];
-        if (sink > m) {
-          acc_scale = std::exp(m - sink);
-          l = l * acc_scale + 1.0;
-          m = sink;
-        } else {
-          l += std::exp(sink - m);
-        }
-        if (p.lse_includes_sinks) lse_ref = m + std::log(l);
-      }
-      const double vs = p.v_scale[g];
-      for (int64_t i = 0; i < D; ++i) {
-        res.reference_out[qi * D + i] =
-            sc.ref_acc[r * D + i] * acc_scale / l * vs;
-      }
-      res.reference_lse[qi] = lse_ref;
+      FinishReferenceState(p, h, &sc.ref_acc[r * D], sc.ref_m[r], sc.ref_l[r],
+                           &res.reference_out[qi * D], &res.reference_lse[qi]);
     }
     if (item.replay) {
       FinishReplayState(p, h, &sc.rep_out[r * D], sc.rep_lse[r],
@@ -129,6 +106,8 @@ namespace {
 // The most units any query merged, and the most keys any query sees
 // (positions <= the query's, in the window): they size the tolerances.
 void SummariseMerges(const PreparedAttention& p, AttentionResults* res) {
+  res->max_merged_blocks = 0;
+  res->max_visible_keys = 0;
   const SnapshotDims& d = p.dims;
   for (int64_t b = 0; b < d.batch; ++b) {
     const int64_t L = p.layout->seq_lens[b];
@@ -150,6 +129,32 @@ void SummariseMerges(const PreparedAttention& p, AttentionResults* res) {
 }
 
 }  // namespace
+
+void SummariseUnits(const PreparedAttention& p, bool record_merge_orders,
+                    AttentionResults* res) {
+  const SnapshotDims& d = p.dims;
+  const int64_t P = d.page_size;
+  res->merge_orders.assign(
+      static_cast<size_t>(d.batch),
+      std::vector<std::vector<int32_t>>(static_cast<size_t>(d.queries)));
+  for (int64_t b = 0; b < d.batch; ++b) {
+    for (const KvUnit& u : p.units[b]) {
+      const int64_t page = p.layout->block_pages[b][u.block];
+      for (int64_t sq = 0; sq < d.queries; ++sq) {
+        const int64_t qpos = p.query_positions[b * d.queries + sq];
+        for (int64_t t = u.first; t < u.first + u.count; ++t) {
+          if (attention_internal::Visible(
+                  p, p.snapshot->slot_positions.IntAt(page * P + t), qpos)) {
+            res->merge_orders[b][sq].push_back(u.block);
+            break;
+          }
+        }
+      }
+    }
+  }
+  SummariseMerges(p, res);
+  if (!record_merge_orders) res->merge_orders.clear();
+}
 
 absl::StatusOr<AttentionResults> ComputeAttention(
     const PreparedAttention& p, const AttentionRunOptions& options) {
@@ -252,6 +257,31 @@ absl::Status ComputeRunStates(const PreparedAttention& p, const TokenRun& run,
     return absl::InvalidArgumentError("run: a K/V value is not finite");
   }
   return absl::OkStatus();
+}
+
+void FinishReferenceState(const PreparedAttention& p, int64_t h,
+                          const double* acc, double m, double l,
+                          double* out_final, double* lse_out) {
+  const int64_t D = p.dims.head_dim;
+  double acc_scale = 1.0;
+  double lse_ref = m + std::log(l);
+  if (!p.sinks.empty()) {
+    // The sink is one more logit in the denominator, with no value. Work
+    // relative to max(m, sink): a (finite, valid) sink far above every
+    // score must not overflow exp().
+    const double sink = p.sinks[h];
+    if (sink > m) {
+      acc_scale = std::exp(m - sink);
+      l = l * acc_scale + 1.0;
+      m = sink;
+    } else {
+      l += std::exp(sink - m);
+    }
+    if (p.lse_includes_sinks) lse_ref = m + std::log(l);
+  }
+  const double vs = p.v_scale[h / p.dims.group()];
+  for (int64_t i = 0; i < D; ++i) out_final[i] = acc[i] * acc_scale / l * vs;
+  *lse_out = lse_ref;
 }
 
 void FinishReplayState(const PreparedAttention& p, int64_t h, float* out,

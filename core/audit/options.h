@@ -13,6 +13,8 @@
 
 namespace attnaudit {
 
+class Backend;  // core/backend/backend.h
+
 // How a context-parallel snapshot (cp.world_size > 1) is replayed across
 // ranks (docs/NUMERICS.md, "Context parallelism"; core/cp). Carried from
 // the wire (AuditOptions.cp_strategy).
@@ -40,6 +42,12 @@ struct AuditOptions {
   // unit states of the single pass); above this many bytes the CP section
   // reports the replay as skipped instead of allocating them.
   int64_t max_cp_state_bytes = int64_t{4} << 30;
+  // Where R, P, the CP replay and the drift statistics run (not owned; it
+  // must outlive the audit). Null: the process's CPU backend. A backend
+  // that cannot take the snapshot (ResourceExhausted, Unimplemented) hands
+  // the attention pass to the CPU backend; the report names the one that
+  // ran (provenance.backend).
+  Backend* backend = nullptr;
   // Polled between stages and work items; a true value aborts the audit
   // with Cancelled. May be null.
   const std::atomic<bool>* cancelled = nullptr;
