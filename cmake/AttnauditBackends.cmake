@@ -14,8 +14,12 @@ function(attnaudit_describe_backends out_var)
   set(line "backends: CPU on (always; ${arch}, SIMD width picked at run time)")
 
   set(nvcc "nvcc")
-  if(CMAKE_CUDA_COMPILER)
-    execute_process(COMMAND ${CMAKE_CUDA_COMPILER} --version
+  set(nvcc_path "${CMAKE_CUDA_COMPILER}")
+  if(NOT nvcc_path AND CUDAToolkit_NVCC_EXECUTABLE)
+    set(nvcc_path "${CUDAToolkit_NVCC_EXECUTABLE}")
+  endif()
+  if(nvcc_path)
+    execute_process(COMMAND ${nvcc_path} --version
                     OUTPUT_VARIABLE nvcc_out ERROR_QUIET
                     RESULT_VARIABLE nvcc_rc TIMEOUT 30)
     if(nvcc_rc EQUAL 0 AND nvcc_out MATCHES "release ([0-9]+\\.[0-9]+)")

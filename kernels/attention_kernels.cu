@@ -136,13 +136,12 @@ __device__ void LoadRun(const PassParams& p, const Item& it, const Shared& sh,
     int64_t row_stride_bytes;
     int64_t row_bytes;
   };
-  const Part parts[2] = {
-      {p.k_base + run.k_offset + it.g * p.k_head_stride * ke,
-       sh.base + sh.l.stage_k + stage * sh.l.stage_k_bytes,
-       p.k_row_stride * ke, it.D * ke},
-      {p.v_base + run.v_offset + it.g * p.v_head_stride * ve,
-       sh.base + sh.l.stage_v + stage * sh.l.stage_v_bytes,
-       p.v_row_stride * ve, it.D * ve}};
+  const Part parts[2] = {{p.k_base + run.k_offset + it.g * p.k_head_stride * ke,
+                          sh.base + sh.l.stage_k + stage * sh.l.stage_k_bytes,
+                          p.k_row_stride * ke, it.D * ke},
+                         {p.v_base + run.v_offset + it.g * p.v_head_stride * ve,
+                          sh.base + sh.l.stage_v + stage * sh.l.stage_v_bytes,
+                          p.v_row_stride * ve, it.D * ve}};
   const int w = p.copy_width;
   for (const Part& part : parts) {
     const int64_t per_row = part.row_bytes / w;
@@ -237,9 +236,9 @@ __device__ void Scores(const Item& it, const T* q, const K* k_rows, int n,
     const bool active = pair < pairs;
     const int64_t r = active ? pair / n : 0;
     const int64_t t = active ? pair % n : 0;
-    T part = active ? kmath::LanePartial(q + r * it.D, k_rows + t * it.D,
-                                         it.D, lane)
-                    : T(0);
+    T part =
+        active ? kmath::LanePartial(q + r * it.D, k_rows + t * it.D, it.D, lane)
+               : T(0);
     for (int m = V / 2; m >= 1; m /= 2) {
       part = kmath::Ops<T>::Add(part, __shfl_xor_sync(0xffffffffu, part, m));
     }
@@ -251,8 +250,7 @@ __device__ void Scores(const Item& it, const T* q, const K* k_rows, int n,
 }
 
 // R's online-softmax update for the run (a logical block).
-__device__ void UpdateReference(const Item& it, const Shared& sh,
-                                bool v_f64) {
+__device__ void UpdateReference(const Item& it, const Shared& sh, bool v_f64) {
   const int32_t* vis = sh.at<int32_t>(sh.l.vis);
   const int32_t* vcount = sh.at<int32_t>(sh.l.vcount);
   const double* s = sh.at<double>(sh.l.s64);
@@ -383,8 +381,7 @@ __device__ void UnitStates(const PassParams& p, const Item& it,
     out[i] = kmath::Ops<T>::Div(acc, usum[r]);
     if (target.store) {
       const int64_t h = it.g * it.group + r % it.group;
-      const int64_t state =
-          (target.state_row + it.sq0 + q) * p.q_heads + h;
+      const int64_t state = (target.state_row + it.sq0 + q) * p.q_heads + h;
       state_out[state * it.D + d] = out[i];
       if (d == 0) state_lse[state] = ulse[r];
     }
@@ -407,7 +404,8 @@ __device__ void FoldUnit(const Item& it, const Shared& sh) {
     if (!started[r]) {
       acc[i] = out[i];
     } else {
-      const merge_step::PairWeights w = merge_step::Weights(acc_lse[r], ulse[r]);
+      const merge_step::PairWeights w =
+          merge_step::Weights(acc_lse[r], ulse[r]);
       acc[i] = merge_step::Element(w, acc[i], out[i]);
     }
   }
@@ -423,16 +421,16 @@ __device__ void FoldUnit(const Item& it, const Shared& sh) {
 }
 
 // Every unit of the run: P (folded and/or stored) and R's unit states.
-__device__ void RunUnits(const PassParams& p, const Item& it,
-                         const Shared& sh, const PassRun& run) {
+__device__ void RunUnits(const PassParams& p, const Item& it, const Shared& sh,
+                         const PassRun& run) {
   const bool v_f64 = p.v_dtype == kmath::kElemF64;
   for (int32_t u = run.unit_begin; u < run.unit_end; ++u) {
     const PassUnit unit = p.units[u];
     UnitRange(it, sh, unit);
     __syncthreads();
-    const int64_t state_row =
-        p.unit_base != nullptr ? (p.unit_base[it.b] + unit.index) * p.queries
-                               : 0;
+    const int64_t state_row = p.unit_base != nullptr
+                                  ? (p.unit_base[it.b] + unit.index) * p.queries
+                                  : 0;
     if (p.replay_fold || p.store_p_states) {
       UnitStates<float>(p, it, sh, sh.at<float>(sh.l.s32),
                         sh.at<float>(sh.l.e32), sh.at<float>(sh.l.u_out),
@@ -443,12 +441,12 @@ __device__ void RunUnits(const PassParams& p, const Item& it,
       if (p.replay_fold) FoldUnit(it, sh);
     }
     if (p.store_r_states) {
-      UnitStates<double>(p, it, sh, sh.at<double>(sh.l.s64),
-                         sh.at<double>(sh.l.e64), sh.at<double>(sh.l.ru_out),
-                         sh.at<double>(sh.l.ru_max), sh.at<double>(sh.l.ru_sum),
-                         sh.at<double>(sh.l.ru_lse), sh.at<float>(sh.l.v32),
-                         v_f64 ? sh.at<double>(sh.l.v64) : nullptr,
-                         p.r_state_out, p.r_state_lse, {state_row, true, false});
+      UnitStates<double>(
+          p, it, sh, sh.at<double>(sh.l.s64), sh.at<double>(sh.l.e64),
+          sh.at<double>(sh.l.ru_out), sh.at<double>(sh.l.ru_max),
+          sh.at<double>(sh.l.ru_sum), sh.at<double>(sh.l.ru_lse),
+          sh.at<float>(sh.l.v32), v_f64 ? sh.at<double>(sh.l.v64) : nullptr,
+          p.r_state_out, p.r_state_lse, {state_row, true, false});
     }
   }
 }
@@ -464,7 +462,8 @@ __device__ void InitItem(const PassParams& p, const Item& it,
   for (int64_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
     const int64_t r = i / it.D;
     const int64_t h = it.g * it.group + r % it.group;
-    const int64_t qi = (it.b * p.queries + it.sq0 + r / it.group) * p.q_heads + h;
+    const int64_t qi =
+        (it.b * p.queries + it.sq0 + r / it.group) * p.q_heads + h;
     const double x = p.q[qi * it.D + i % it.D];
     if (r64) q64[i] = x;
     if (p32) q32[i] = static_cast<float>(x);
@@ -490,7 +489,8 @@ __device__ void StoreItem(const PassParams& p, const Item& it,
   for (int64_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
     const int64_t r = i / it.D;
     const int64_t h = it.g * it.group + r % it.group;
-    const int64_t qi = (it.b * p.queries + it.sq0 + r / it.group) * p.q_heads + h;
+    const int64_t qi =
+        (it.b * p.queries + it.sq0 + r / it.group) * p.q_heads + h;
     const int64_t d = i % it.D;
     if (p.replay_fold) p.p_out[qi * it.D + d] = sh.at<float>(sh.l.p_acc)[i];
     if (p.reference) p.r_acc[qi * it.D + d] = sh.at<double>(sh.l.r_acc)[i];
@@ -516,13 +516,14 @@ __device__ void ComputeRun(const PassParams& p, const Item& it,
       Scores<double>(it, sh.at<double>(sh.l.q64), sh.at<double>(sh.l.k64),
                      run.n, scale, p.softcap, sh.at<double>(sh.l.s64));
     } else {
-      Scores<double>(it, sh.at<double>(sh.l.q64), k32, run.n, scale,
-                     p.softcap, sh.at<double>(sh.l.s64));
+      Scores<double>(it, sh.at<double>(sh.l.q64), k32, run.n, scale, p.softcap,
+                     sh.at<double>(sh.l.s64));
     }
   }
   if (p.replay_fold || p.store_p_states) {
-    const float scale = kmath::Ops<float>::Mul(
-        static_cast<float>(p.softmax_scale), static_cast<float>(p.k_scale[it.g]));
+    const float scale =
+        kmath::Ops<float>::Mul(static_cast<float>(p.softmax_scale),
+                               static_cast<float>(p.k_scale[it.g]));
     Scores<float>(it, sh.at<float>(sh.l.q32), k32, run.n, scale, cap32,
                   sh.at<float>(sh.l.s32));
   }
@@ -543,7 +544,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   it.sq0 = static_cast<int64_t>(blockIdx.z) * p.queries_per_block;
   it.qn = p.queries - it.sq0 < p.queries_per_block ? p.queries - it.sq0
-                                                  : p.queries_per_block;
+                                                   : p.queries_per_block;
   it.group = p.q_heads / p.kv_heads;
   it.rows = it.group * it.qn;
   it.D = p.head_dim;
@@ -578,7 +579,8 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void GatherKernel(const GatherParams p) {
   const GatherToken tok = p.tokens[blockIdx.x];
   if (threadIdx.x == 0) {
-    *reinterpret_cast<int64_t*>(p.slot + tok.pos_dst) = p.positions[tok.pos_src];
+    *reinterpret_cast<int64_t*>(p.slot + tok.pos_dst) =
+        p.positions[tok.pos_src];
   }
   const int64_t k_bytes = p.kv_heads * p.k_row_bytes;
   for (int64_t i = threadIdx.x; i < k_bytes; i += blockDim.x) {
@@ -622,8 +624,8 @@ absl::Status LaunchFusedPass(const PassParams& params, cudaStream_t stream) {
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
       FusedPassKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
       static_cast<int>(shared)));
-  const int64_t chunks =
-      (params.queries + params.queries_per_block - 1) / params.queries_per_block;
+  const int64_t chunks = (params.queries + params.queries_per_block - 1) /
+                         params.queries_per_block;
   const dim3 grid(static_cast<unsigned>(params.rows),
                   static_cast<unsigned>(params.kv_heads),
                   static_cast<unsigned>(chunks));

@@ -59,12 +59,12 @@ struct PassParams {
   const char* v_base = nullptr;
   int k_dtype = 0;  // core DType numbers (kernels/math/widen.h)
   int v_dtype = 0;
-  int64_t k_row_stride = 0;  // elements between tokens of a run
+  int64_t k_row_stride = 0;   // elements between tokens of a run
   int64_t k_head_stride = 0;  // elements between KV heads
   int64_t v_row_stride = 0;
   int64_t v_head_stride = 0;
   const int64_t* positions = nullptr;
-  const double* q = nullptr;                // [B,Sq,Hq,D] post-RoPE
+  const double* q = nullptr;                 // [B,Sq,Hq,D] post-RoPE
   const int64_t* query_positions = nullptr;  // [B,Sq]
   const double* k_scale = nullptr;           // [Hkv]
   int64_t queries = 0;
@@ -98,8 +98,8 @@ struct PassParams {
   double* r_acc = nullptr;  // [B,Sq,Hq,D]
   double* r_m = nullptr;    // [B,Sq,Hq]
   double* r_l = nullptr;
-  float* p_out = nullptr;  // [B,Sq,Hq,D]
-  float* p_lse = nullptr;  // [B,Sq,Hq]
+  float* p_out = nullptr;              // [B,Sq,Hq,D]
+  float* p_lse = nullptr;              // [B,Sq,Hq]
   const int64_t* unit_base = nullptr;  // [B + 1]
   float* p_state_out = nullptr;
   float* p_state_lse = nullptr;

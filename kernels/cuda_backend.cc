@@ -49,7 +49,8 @@ PoolRuns PlanPoolRuns(const PreparedAttention& p) {
       run.k_offset = page * page_elems * DTypeSize(p.k_dtype);
       run.v_offset = page * page_elems * DTypeSize(p.v_dtype);
       run.pos_offset = page * d.page_size;
-      run.n = static_cast<int32_t>(std::min(d.page_size, L - blk * d.page_size));
+      run.n =
+          static_cast<int32_t>(std::min(d.page_size, L - blk * d.page_size));
       run.unit_begin = static_cast<int32_t>(out.units.size());
       for (int32_t u = p.block_unit_begin[b][blk];
            u < p.block_unit_begin[b][blk + 1]; ++u) {
@@ -93,15 +94,18 @@ absl::StatusOr<PassOutputs> AllocateOutputs(const PreparedAttention& p,
   const int64_t states = TotalUnits(p) * d.queries * d.q_heads;
   PassOutputs o;
   if (params.reference) {
-    ATTNAUDIT_ASSIGN_OR_RETURN(o.r_acc, arena.AllocateArray<double>(
-                                            queries * d.head_dim, "R"));
-    ATTNAUDIT_ASSIGN_OR_RETURN(o.r_m, arena.AllocateArray<double>(queries, "R"));
-    ATTNAUDIT_ASSIGN_OR_RETURN(o.r_l, arena.AllocateArray<double>(queries, "R"));
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        o.r_acc, arena.AllocateArray<double>(queries * d.head_dim, "R"));
+    ATTNAUDIT_ASSIGN_OR_RETURN(o.r_m,
+                               arena.AllocateArray<double>(queries, "R"));
+    ATTNAUDIT_ASSIGN_OR_RETURN(o.r_l,
+                               arena.AllocateArray<double>(queries, "R"));
   }
   if (params.replay_fold) {
-    ATTNAUDIT_ASSIGN_OR_RETURN(o.p_out, arena.AllocateArray<float>(
-                                            queries * d.head_dim, "P"));
-    ATTNAUDIT_ASSIGN_OR_RETURN(o.p_lse, arena.AllocateArray<float>(queries, "P"));
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        o.p_out, arena.AllocateArray<float>(queries * d.head_dim, "P"));
+    ATTNAUDIT_ASSIGN_OR_RETURN(o.p_lse,
+                               arena.AllocateArray<float>(queries, "P"));
   }
   if (params.store_p_states) {
     ATTNAUDIT_ASSIGN_OR_RETURN(
@@ -165,12 +169,14 @@ absl::Status FinishOutputs(const PreparedAttention& p, const PassParams& params,
   std::vector<double> r_acc, r_m, r_l;
   std::vector<float> p_out, p_lse;
   if (params.reference) {
-    ATTNAUDIT_RETURN_IF_ERROR(Fetch(&r_acc, o.r_acc, queries * D, staging, stream));
+    ATTNAUDIT_RETURN_IF_ERROR(
+        Fetch(&r_acc, o.r_acc, queries * D, staging, stream));
     ATTNAUDIT_RETURN_IF_ERROR(Fetch(&r_m, o.r_m, queries, staging, stream));
     ATTNAUDIT_RETURN_IF_ERROR(Fetch(&r_l, o.r_l, queries, staging, stream));
   }
   if (params.replay_fold) {
-    ATTNAUDIT_RETURN_IF_ERROR(Fetch(&p_out, o.p_out, queries * D, staging, stream));
+    ATTNAUDIT_RETURN_IF_ERROR(
+        Fetch(&p_out, o.p_out, queries * D, staging, stream));
     ATTNAUDIT_RETURN_IF_ERROR(Fetch(&p_lse, o.p_lse, queries, staging, stream));
   }
   for (int64_t qi = 0; qi < queries; ++qi) {
@@ -218,7 +224,8 @@ double ElapsedSeconds(cudaEvent_t a, cudaEvent_t b) {
 struct PhaseEvents {
   cudaEvent_t e[4] = {nullptr, nullptr, nullptr, nullptr};
   absl::Status Create() {
-    for (cudaEvent_t& x : e) ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventCreate(&x));
+    for (cudaEvent_t& x : e)
+      ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventCreate(&x));
     return absl::OkStatus();
   }
   ~PhaseEvents() {
@@ -259,7 +266,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     const CudaBackendOptions& options) {
   ATTNAUDIT_ASSIGN_OR_RETURN(std::vector<CudaDeviceInfo> devices,
                              ListCudaDevices());
-  if (options.device < 0 || options.device >= static_cast<int>(devices.size())) {
+  if (options.device < 0 ||
+      options.device >= static_cast<int>(devices.size())) {
     return absl::UnavailableError(
         absl::StrCat("cuda:", options.device, " does not exist (",
                      devices.size(), " GPUs visible)"));
@@ -345,7 +353,8 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
         " bytes)"));
   }
   ATTNAUDIT_ASSIGN_OR_RETURN(
-      params.runs, UploadVector(plan.runs, "runs", *arena_, *staging_, stream_));
+      params.runs,
+      UploadVector(plan.runs, "runs", *arena_, *staging_, stream_));
   ATTNAUDIT_ASSIGN_OR_RETURN(
       params.units,
       UploadVector(plan.units, "units", *arena_, *staging_, stream_));
@@ -373,7 +382,8 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.e[2], stream_));
 
   AttentionResults res;
-  const size_t n_out = static_cast<size_t>(d.batch * d.queries * d.q_heads * d.head_dim);
+  const size_t n_out =
+      static_cast<size_t>(d.batch * d.queries * d.q_heads * d.head_dim);
   const size_t n_lse = static_cast<size_t>(d.batch * d.queries * d.q_heads);
   res.reference_out.assign(n_out, 0.0);
   res.replay_out.assign(n_out, 0.0);

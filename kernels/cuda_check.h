@@ -28,11 +28,11 @@ absl::Status LaunchStatus(const char* kernel);
 }  // namespace cuda_internal
 }  // namespace attnaudit
 
-#define ATTNAUDIT_CUDA_RETURN_IF_ERROR(expr)                          \
-  do {                                                                \
-    const ::absl::Status _attnaudit_cuda_status =                     \
-        ::attnaudit::cuda_internal::CudaStatus((expr), #expr);        \
-    if (!_attnaudit_cuda_status.ok()) return _attnaudit_cuda_status;  \
+#define ATTNAUDIT_CUDA_RETURN_IF_ERROR(expr)                         \
+  do {                                                               \
+    const ::absl::Status _attnaudit_cuda_status =                    \
+        ::attnaudit::cuda_internal::CudaStatus((expr), #expr);       \
+    if (!_attnaudit_cuda_status.ok()) return _attnaudit_cuda_status; \
   } while (0)
 
 #endif  // ATTNAUDIT_KERNELS_CUDA_CHECK_H_

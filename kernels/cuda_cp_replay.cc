@@ -158,8 +158,9 @@ absl::Status SetUpGpu(const PreparedAttention& p, const Plans& plans,
       g->snap, cuda_internal::UploadSnapshot(p, b.arena(), b.staging(), st));
   ATTNAUDIT_ASSIGN_OR_RETURN(
       g->runs, UploadVector(plans.runs, "cp runs", b.arena(), b.staging(), st));
-  ATTNAUDIT_ASSIGN_OR_RETURN(g->units, UploadVector(plans.units, "cp units",
-                                                    b.arena(), b.staging(), st));
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      g->units,
+      UploadVector(plans.units, "cp units", b.arena(), b.staging(), st));
   ATTNAUDIT_ASSIGN_OR_RETURN(
       g->row_runs,
       UploadVector(plans.row_runs, "cp row runs", b.arena(), b.staging(), st));
@@ -255,22 +256,22 @@ absl::Status GpuReplay::SetUpRanks(CudaGang* gang) {
     place.device = b.device();
     place.stream = r.stream;
     for (char*& slot : place.slots) {
-      ATTNAUDIT_ASSIGN_OR_RETURN(slot,
-                                 b.arena().Allocate(plans_.max_bytes, "cp slots"));
+      ATTNAUDIT_ASSIGN_OR_RETURN(
+          slot, b.arena().Allocate(plans_.max_bytes, "cp slots"));
     }
     places.push_back(place);
     ranks_.push_back(std::move(r));
   }
   if (gang == nullptr || gang->size() == 1) {
-    ATTNAUDIT_ASSIGN_OR_RETURN(
-        transport_, cuda_internal::CudaLocalTransport::Create(std::move(places),
-                                                              plans_.max_bytes));
+    ATTNAUDIT_ASSIGN_OR_RETURN(transport_,
+                               cuda_internal::CudaLocalTransport::Create(
+                                   std::move(places), plans_.max_bytes));
     return absl::OkStatus();
   }
 #ifdef ATTNAUDIT_HAVE_NCCL
   ATTNAUDIT_ASSIGN_OR_RETURN(
-      transport_, cuda_internal::NcclTransport::Create(
-                      std::move(places), plans_.max_bytes, gang));
+      transport_, cuda_internal::NcclTransport::Create(std::move(places),
+                                                       plans_.max_bytes, gang));
   return absl::OkStatus();
 #else
   return absl::FailedPreconditionError(
@@ -306,9 +307,9 @@ absl::Status GpuReplay::StepA(int64_t k, int64_t step) {
     absl::StatusOr<int64_t> bytes = transport_->Receive(k, step);
     if (!bytes.ok()) return bytes.status();
     if (*bytes != plan.bytes) {
-      return absl::InternalError(absl::StrCat(
-          "cp ring: rank ", k, " at step ", step, " received ", *bytes,
-          " bytes; the chunk it holds has ", plan.bytes));
+      return absl::InternalError(
+          absl::StrCat("cp ring: rank ", k, " at step ", step, " received ",
+                       *bytes, " bytes; the chunk it holds has ", plan.bytes));
     }
   }
   if (s_.Sends(step)) return transport_->Send(k, step, plan.bytes);
@@ -324,7 +325,8 @@ absl::Status GpuReplay::Compute(int64_t k, int64_t step,
   params.k_base = slot;
   params.v_base = slot;
   params.positions = reinterpret_cast<const int64_t*>(slot);
-  params.k_row_stride = params.v_row_stride = p_.dims.kv_heads * p_.dims.head_dim;
+  params.k_row_stride = params.v_row_stride =
+      p_.dims.kv_heads * p_.dims.head_dim;
   params.k_head_stride = params.v_head_stride = p_.dims.head_dim;
   params.row_begin = pass.row_begin;
   params.rows = pass.row_end - pass.row_begin;
@@ -357,7 +359,8 @@ absl::Status GpuReplay::StepB(int64_t k, int64_t step) {
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.gpu->backend->device()));
   const bool timed = !r.marks.empty();
   if (timed) {
-    ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.marks[2 * step], r.stream));
+    ATTNAUDIT_CUDA_RETURN_IF_ERROR(
+        cudaEventRecord(r.marks[2 * step], r.stream));
   }
   const ChunkPlan& plan = Held(k, step);
   if (plan.bytes > 0) ATTNAUDIT_RETURN_IF_ERROR(Compute(k, step, plan));
@@ -384,8 +387,10 @@ absl::Status GpuReplay::Run(CudaGang* gang, CpReplayRun* out) {
   ATTNAUDIT_RETURN_IF_ERROR(SetUpRanks(gang));
   const int64_t world = s_.world();
   for (int64_t k = 0; k < world; ++k) {
-    ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(ranks_[k].gpu->backend->device()));
-    ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(ranks_[k].begin, ranks_[k].stream));
+    ATTNAUDIT_CUDA_RETURN_IF_ERROR(
+        cudaSetDevice(ranks_[k].gpu->backend->device()));
+    ATTNAUDIT_CUDA_RETURN_IF_ERROR(
+        cudaEventRecord(ranks_[k].begin, ranks_[k].stream));
     for (int64_t t = 0; t < 2; ++t) {
       if (s_.Receives(t)) ATTNAUDIT_RETURN_IF_ERROR(transport_->Release(k, t));
     }

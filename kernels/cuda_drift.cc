@@ -90,15 +90,17 @@ absl::StatusOr<DriftStats> CudaBackend::ComputeDrift(
                              arena_->AllocateArray<double>(n, "drift input"));
   ATTNAUDIT_ASSIGN_OR_RETURN(double* r,
                              arena_->AllocateArray<double>(n, "drift input"));
-  ATTNAUDIT_RETURN_IF_ERROR(staging_->Upload(c, candidate.values, n * 8, stream_));
-  ATTNAUDIT_RETURN_IF_ERROR(staging_->Upload(r, baseline.values, n * 8, stream_));
+  ATTNAUDIT_RETURN_IF_ERROR(
+      staging_->Upload(c, candidate.values, n * 8, stream_));
+  ATTNAUDIT_RETURN_IF_ERROR(
+      staging_->Upload(r, baseline.values, n * 8, stream_));
   args.candidate = c;
   args.baseline = r;
   if (options.active_mask != nullptr && !shape.empty()) {
     const int64_t groups = shape[0] * (shape.size() >= 2 ? shape[1] : 1);
     args.inner = groups > 0 ? n / groups : 1;
     ATTNAUDIT_ASSIGN_OR_RETURN(
-        uint8_t* mask, arena_->AllocateArray<uint8_t>(groups, "drift mask"));
+        uint8_t * mask, arena_->AllocateArray<uint8_t>(groups, "drift mask"));
     ATTNAUDIT_RETURN_IF_ERROR(
         staging_->Upload(mask, options.active_mask, groups, stream_));
     args.mask = mask;

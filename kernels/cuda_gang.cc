@@ -76,9 +76,8 @@ absl::Status CudaGang::WarmUp() {
   }
   ATTNAUDIT_NCCL_RETURN_IF_ERROR(ncclGroupStart());
   for (int i = 0; i < g; ++i) {
-    ATTNAUDIT_NCCL_RETURN_IF_ERROR(ncclSend(buffers[i], 8, ncclUint8,
-                                            (i + 1) % g, comms_[i],
-                                            comm_streams_[i]));
+    ATTNAUDIT_NCCL_RETURN_IF_ERROR(ncclSend(
+        buffers[i], 8, ncclUint8, (i + 1) % g, comms_[i], comm_streams_[i]));
     ATTNAUDIT_NCCL_RETURN_IF_ERROR(ncclRecv(buffers[i] + 8, 8, ncclUint8,
                                             (i + g - 1) % g, comms_[i],
                                             comm_streams_[i]));

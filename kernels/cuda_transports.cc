@@ -48,10 +48,9 @@ absl::Status DeviceRingTransport::CreateEvents() {
 absl::Status DeviceRingTransport::BeginSend(int64_t rank, int64_t step,
                                             int64_t bytes) {
   if (bytes < 0 || bytes > slot_bytes_) {
-    return absl::InternalError(absl::StrCat("cp transport: rank ", rank,
-                                            " sends ", bytes,
-                                            " bytes; a slot holds ",
-                                            slot_bytes_));
+    return absl::InternalError(
+        absl::StrCat("cp transport: rank ", rank, " sends ", bytes,
+                     " bytes; a slot holds ", slot_bytes_));
   }
   const int64_t next = (rank + 1) % world();
   if (absl::Status s = book_.WaitGranted(next, step + 1); !s.ok()) return s;
@@ -165,8 +164,8 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
   }
   for (const RankPlacement& r : ranks) {
     if (gang->IndexOfDevice(r.device) < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cp transport: cuda:", r.device, " is not in the gang"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cp transport: cuda:", r.device, " is not in the gang"));
     }
   }
   std::unique_ptr<NcclTransport> t(
@@ -180,9 +179,9 @@ absl::Status NcclTransport::Send(int64_t rank, int64_t step, int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   if (pending_step_ != step) {
     if (!pending_.empty()) {
-      return absl::InternalError(absl::StrCat(
-          "cp transport: step ", step, " sends before step ", pending_step_,
-          " was issued"));
+      return absl::InternalError(absl::StrCat("cp transport: step ", step,
+                                              " sends before step ",
+                                              pending_step_, " was issued"));
     }
     pending_step_ = step;
   }
@@ -226,12 +225,10 @@ absl::Status NcclTransport::IssueStep(int64_t step) {
           to, from, n, cudaMemcpyDeviceToDevice, gang_->comm_stream(src)));
       continue;
     }
-    ATTNAUDIT_NCCL_RETURN_IF_ERROR(ncclSend(from, n, ncclUint8, dst,
-                                            gang_->comm(src),
-                                            gang_->comm_stream(src)));
-    ATTNAUDIT_NCCL_RETURN_IF_ERROR(ncclRecv(to, n, ncclUint8, src,
-                                            gang_->comm(dst),
-                                            gang_->comm_stream(dst)));
+    ATTNAUDIT_NCCL_RETURN_IF_ERROR(ncclSend(
+        from, n, ncclUint8, dst, gang_->comm(src), gang_->comm_stream(src)));
+    ATTNAUDIT_NCCL_RETURN_IF_ERROR(ncclRecv(
+        to, n, ncclUint8, src, gang_->comm(dst), gang_->comm_stream(dst)));
   }
   ATTNAUDIT_NCCL_RETURN_IF_ERROR(ncclGroupEnd());
   for (const Pending& p : sends) {

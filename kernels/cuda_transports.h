@@ -67,9 +67,7 @@ class DeviceRingTransport : public CpTransport {
  public:
   ~DeviceRingTransport() override;
 
-  int64_t world() const override {
-    return static_cast<int64_t>(ranks_.size());
-  }
+  int64_t world() const override { return static_cast<int64_t>(ranks_.size()); }
   int64_t slot_bytes() const override { return slot_bytes_; }
   char* Slot(int64_t rank, int64_t slot) override {
     return ranks_[rank].place.slots[slot];

@@ -30,10 +30,10 @@ absl::StatusOr<char*> DeviceArena::Allocate(int64_t bytes,
   const int64_t aligned = (std::max<int64_t>(bytes, 0) + 255) / 256 * 256;
   const int64_t used = used_.load(std::memory_order_relaxed);
   if (aligned > capacity_ - used) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "gpu memory pool: ", what, " needs ", bytes, " bytes; ",
-        capacity_ - used, " of ", capacity_,
-        " are free (--gpu-memory-pool-bytes)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("gpu memory pool: ", what, " needs ", bytes, " bytes; ",
+                     capacity_ - used, " of ", capacity_,
+                     " are free (--gpu-memory-pool-bytes)"));
   }
   used_.store(used + aligned, std::memory_order_relaxed);
   return base_ + used;

@@ -39,7 +39,8 @@ class DeviceArena {
   absl::StatusOr<char*> Allocate(int64_t bytes, absl::string_view what);
   template <typename T>
   absl::StatusOr<T*> AllocateArray(int64_t count, absl::string_view what) {
-    absl::StatusOr<char*> p = Allocate(count * static_cast<int64_t>(sizeof(T)), what);
+    absl::StatusOr<char*> p =
+        Allocate(count * static_cast<int64_t>(sizeof(T)), what);
     if (!p.ok()) return p.status();
     return reinterpret_cast<T*>(*p);
   }
@@ -49,7 +50,8 @@ class DeviceArena {
   int64_t used() const { return used_.load(std::memory_order_relaxed); }
 
  private:
-  DeviceArena(char* base, int64_t capacity) : base_(base), capacity_(capacity) {}
+  DeviceArena(char* base, int64_t capacity)
+      : base_(base), capacity_(capacity) {}
   char* base_;
   int64_t capacity_;
   std::atomic<int64_t> used_{0};

@@ -34,25 +34,26 @@ absl::StatusOr<DeviceSnapshot> UploadSnapshot(const PreparedAttention& p,
   ATTNAUDIT_RETURN_IF_ERROR(staging.Upload(v, p.v_data, v_bytes, stream));
   s.k = k;
   s.v = v;
-  std::vector<int64_t> positions(static_cast<size_t>(d.num_pages * d.page_size));
+  std::vector<int64_t> positions(
+      static_cast<size_t>(d.num_pages * d.page_size));
   for (size_t i = 0; i < positions.size(); ++i) {
     positions[i] = p.snapshot->slot_positions.IntAt(static_cast<int64_t>(i));
   }
-  ATTNAUDIT_ASSIGN_OR_RETURN(
-      s.positions, UploadVector(positions, "positions", arena, staging, stream));
+  ATTNAUDIT_ASSIGN_OR_RETURN(s.positions, UploadVector(positions, "positions",
+                                                       arena, staging, stream));
   ATTNAUDIT_ASSIGN_OR_RETURN(s.q,
                              UploadVector(p.q, "q", arena, staging, stream));
-  ATTNAUDIT_ASSIGN_OR_RETURN(
-      s.query_positions,
-      UploadVector(p.query_positions, "query positions", arena, staging, stream));
+  ATTNAUDIT_ASSIGN_OR_RETURN(s.query_positions,
+                             UploadVector(p.query_positions, "query positions",
+                                          arena, staging, stream));
   ATTNAUDIT_ASSIGN_OR_RETURN(
       s.k_scale, UploadVector(p.k_scale, "k scales", arena, staging, stream));
   std::vector<int64_t> unit_base(p.units.size() + 1, 0);
   for (size_t b = 0; b < p.units.size(); ++b) {
     unit_base[b + 1] = unit_base[b] + static_cast<int64_t>(p.units[b].size());
   }
-  ATTNAUDIT_ASSIGN_OR_RETURN(
-      s.unit_base, UploadVector(unit_base, "unit bases", arena, staging, stream));
+  ATTNAUDIT_ASSIGN_OR_RETURN(s.unit_base, UploadVector(unit_base, "unit bases",
+                                                       arena, staging, stream));
   s.bytes = k_bytes + v_bytes +
             static_cast<int64_t>(positions.size() * 8 + p.q.size() * 8);
   return s;

@@ -53,12 +53,11 @@ template <typename T>
 absl::StatusOr<T*> UploadVector(const std::vector<T>& v, const char* what,
                                 DeviceArena& arena, PinnedStaging& staging,
                                 cudaStream_t stream) {
-  absl::StatusOr<T*> d = arena.AllocateArray<T>(
-      static_cast<int64_t>(v.size()), what);
+  absl::StatusOr<T*> d =
+      arena.AllocateArray<T>(static_cast<int64_t>(v.size()), what);
   if (!d.ok() || v.empty()) return d;
-  absl::Status s = staging.Upload(*d, v.data(),
-                                  static_cast<int64_t>(v.size() * sizeof(T)),
-                                  stream);
+  absl::Status s = staging.Upload(
+      *d, v.data(), static_cast<int64_t>(v.size() * sizeof(T)), stream);
   if (!s.ok()) return s;
   return d;
 }

@@ -95,19 +95,23 @@ __global__ void __launch_bounds__(kThreads)
     DriftBlocksKernel(const DriftArgs args, DriftTotals* partials,
                       unsigned long long* keys) {
   // Raw storage: a __shared__ array may not have a constructor.
-  __shared__ __align__(16) unsigned char tree_bytes[kThreads * sizeof(DriftTotals)];
+  __shared__ __align__(
+      16) unsigned char tree_bytes[kThreads * sizeof(DriftTotals)];
   DriftTotals* tree = reinterpret_cast<DriftTotals*>(tree_bytes);
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t slice = (args.n + threads - 1) / threads;
-  const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t id =
+      static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const double tiny = kmath::SmallestNormal(args.ulp_dtype);
   DriftTotals t;
   const int64_t end = (id + 1) * slice < args.n ? (id + 1) * slice : args.n;
-  for (int64_t i = id * slice; i < end; ++i) AddElement(args, i, tiny, &t, keys);
+  for (int64_t i = id * slice; i < end; ++i)
+    AddElement(args, i, tiny, &t, keys);
   tree[threadIdx.x] = t;
   __syncthreads();
   for (int half = kThreads / 2; half >= 1; half /= 2) {
-    if (threadIdx.x < half) Combine(&tree[threadIdx.x], tree[threadIdx.x + half]);
+    if (threadIdx.x < half)
+      Combine(&tree[threadIdx.x], tree[threadIdx.x + half]);
     __syncthreads();
   }
   if (threadIdx.x == 0) partials[blockIdx.x] = tree[0];
@@ -143,8 +147,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
   __syncthreads();
   const int shift = 56 - 8 * pass;
-  const unsigned long long high_mask =
-      pass == 0 ? 0ull : ~0ull << (shift + 8);
+  const unsigned long long high_mask = pass == 0 ? 0ull : ~0ull << (shift + 8);
   const unsigned long long prefix = s->prefix;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -179,8 +182,7 @@ __global__ void SelectDigitKernel(int pass, SelectState* s) {
 
 __global__ void SelectStoreKernel(const SelectState* s, DriftTotals* totals) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  totals->p99_abs =
-      totals->count > 0 ? kmath::BitsAsDouble(s->prefix) : 0.0;
+  totals->p99_abs = totals->count > 0 ? kmath::BitsAsDouble(s->prefix) : 0.0;
 }
 
 int64_t Align(int64_t x) { return (x + 255) / 256 * 256; }

@@ -66,7 +66,8 @@ void RingBook::Abort(const absl::Status& status) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (abort_.ok()) {
-      abort_ = status.ok() ? absl::AbortedError("cp transport aborted") : status;
+      abort_ =
+          status.ok() ? absl::AbortedError("cp transport aborted") : status;
     }
   }
   cv_.notify_all();

@@ -9,8 +9,8 @@
 #include <limits>
 
 #include "core/attention/attention_internal.h"
-#include "core/attention/unit_states.h"
 #include "core/attention/merge.h"
+#include "core/attention/unit_states.h"
 #include "core/common/parallel.h"
 
 namespace attnaudit {
@@ -39,7 +39,8 @@ void PrepareItem(const PreparedAttention& p, int64_t b, int64_t g0, int64_t g1,
   constexpr int64_t kSweepBytes = int64_t{512} << 10;
   const int64_t head_bytes = 2 * P * D * static_cast<int64_t>(sizeof(float));
   sc.sweep_heads = std::clamp<int64_t>(kSweepBytes / head_bytes, 1, g1 - g0);
-  for (auto* v : {&sc.sweep_k32, &sc.sweep_v32}) Grow(*v, sc.sweep_heads * P * D);
+  for (auto* v : {&sc.sweep_k32, &sc.sweep_v32})
+    Grow(*v, sc.sweep_heads * P * D);
   if (p.k_dtype == DType::kF64) Grow(sc.sweep_k64, sc.sweep_heads * P * D);
   if (p.v_dtype == DType::kF64) Grow(sc.sweep_v64, sc.sweep_heads * P * D);
   Grow(sc.positions, P);
@@ -181,8 +182,12 @@ absl::StatusOr<AttentionResults> ComputeAttention(
     options.unit_states->Reset(p.units, d, options.unit_states->has_reference);
   }
   const attention_internal::PassContext ctx{
-      p,      &res,   options.passes != AttentionPasses::kReplayOnly,
-      replay, replay, options.unit_states,
+      p,
+      &res,
+      options.passes != AttentionPasses::kReplayOnly,
+      replay,
+      replay,
+      options.unit_states,
       &kv_non_finite};
   // Work items: (row, range of KV heads). Whole rows keep each page read
   // contiguously; rows are split by heads only when there are too few rows
@@ -248,8 +253,8 @@ absl::Status ComputeRunStates(const PreparedAttention& p, const TokenRun& run,
         "run: more tokens than a page holds (split it)");
   }
   std::atomic<bool> kv_non_finite{false};
-  const attention_internal::PassContext ctx{p,    nullptr, false,  true,
-                                            false, states, &kv_non_finite};
+  const attention_internal::PassContext ctx{p,     nullptr, false,         true,
+                                            false, states,  &kv_non_finite};
   thread_local attention_internal::Scratch scratch;
   attention_internal::PrepareItem(p, b, g0, g1, scratch);
   attention_internal::RunStates(ctx, run, b, g0, g1, scratch);

@@ -104,8 +104,8 @@ absl::StatusOr<AttentionResults> ComputeAttention(
 // read): merge_orders (kept only when record_merge_orders),
 // max_merged_blocks and max_visible_keys, exactly as ComputeAttention
 // reports them. For backends whose pass runs elsewhere (kernels/).
-void SummariseUnits(const PreparedAttention& prepared,
-                    bool record_merge_orders, AttentionResults* results);
+void SummariseUnits(const PreparedAttention& prepared, bool record_merge_orders,
+                    AttentionResults* results);
 
 }  // namespace attnaudit
 

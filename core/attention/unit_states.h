@@ -87,9 +87,8 @@ void FinishReferenceState(const PreparedAttention& prepared, int64_t h,
 // over keys, in place): merges the head's sink when there is one, applies
 // the V scale and rounds to the output dtype, as the fused pass does.
 // *lse_out is the LSE the engine declared (with or without the sink).
-void FinishReplayState(const PreparedAttention& prepared, int64_t h,
-                       float* out, float lse, double* out_final,
-                       double* lse_out);
+void FinishReplayState(const PreparedAttention& prepared, int64_t h, float* out,
+                       float lse, double* out_final, double* lse_out);
 
 }  // namespace attnaudit
 

@@ -58,8 +58,8 @@ std::vector<double> RoundedCopy(const std::vector<double>& v, DType dtype) {
 // own log-probs, when sent, are used as they are), in one pass over
 // lm_head, which also yields its row norms.
 absl::Status ComputeLogprobs(const Snapshot& s, std::vector<Side*> sides,
-                             const std::vector<int64_t>& out_shape,
-                             int threads, LmHeadNorms* norms) {
+                             const std::vector<int64_t>& out_shape, int threads,
+                             LmHeadNorms* norms) {
   const bool can = s.lm_head.present() && s.selected_token_ids.present();
   std::vector<Side*> todo;
   std::vector<DenseView> views;
@@ -303,7 +303,8 @@ absl::StatusOr<AttentionResults> RunAttentionPass(
 absl::Status AttentionStage(AuditRun* run) {
   const Clock::time_point t = Clock::now();
   ATTNAUDIT_ASSIGN_OR_RETURN(
-      run->prepared, PrepareAttention(run->snapshot, run->layout, run->threads));
+      run->prepared,
+      PrepareAttention(run->snapshot, run->layout, run->threads));
   AttentionRunOptions options;
   options.threads = run->threads;
   options.record_merge_orders = run->options.include_merge_orders;
@@ -350,9 +351,9 @@ absl::Status LogprobStage(AuditRun* run) {
       RoundedCopy(run->reference.out, run->prepared.output_dtype);
   rounded_reference.has_out = true;
   Side* engine = run->engine.has_logprobs ? nullptr : &run->engine;
-  ATTNAUDIT_RETURN_IF_ERROR(ComputeLogprobs(
-      run->snapshot, {&rounded_reference, &run->replay, engine},
-      OutShape(run->layout.dims), run->threads, &run->norms));
+  ATTNAUDIT_RETURN_IF_ERROR(
+      ComputeLogprobs(run->snapshot, {&rounded_reference, &run->replay, engine},
+                      OutShape(run->layout.dims), run->threads, &run->norms));
   run->reference.logprobs = std::move(rounded_reference.logprobs);
   run->reference.has_logprobs = rounded_reference.has_logprobs;
   return absl::OkStatus();
@@ -360,8 +361,8 @@ absl::Status LogprobStage(AuditRun* run) {
 
 CompareContext MakeCompareContext(const AuditRun& run) {
   const DType out_dtype = run.prepared.output_dtype;
-  CompareContext ctx{*run.backend, run.snapshot, run.layout.dims, out_dtype,
-                     {},           run.options};
+  CompareContext ctx{*run.backend, run.snapshot, run.layout.dims,
+                     out_dtype,    {},           run.options};
   ToleranceInputs& ti = ctx.tolerance_inputs;
   ti.output_dtype = out_dtype;
   ti.kv_dtype = run.snapshot.k_pages.dtype();
@@ -415,21 +416,21 @@ absl::Status CpStage(AuditRun* run) {
   if (IsCancelled(run->options)) return absl::CancelledError("audit cancelled");
   const CompareContext ctx = MakeCompareContext(*run);
   const Side& e = run->engine;
-  audit_internal::CpStageInputs in{*run->backend,
-                                   run->snapshot,
-                                   run->prepared,
-                                   run->keep_unit_states ? &run->unit_states
-                                                         : nullptr,
-                                   run->reference.out,
-                                   run->reference.lse,
-                                   run->replay.out,
-                                   run->replay.lse,
-                                   e.has_out ? &e.out : nullptr,
-                                   e.has_lse ? &e.lse : nullptr,
-                                   ctx.tolerance_inputs,
-                                   run->options,
-                                   run->threads,
-                                   run->cp_skipped};
+  audit_internal::CpStageInputs in{
+      *run->backend,
+      run->snapshot,
+      run->prepared,
+      run->keep_unit_states ? &run->unit_states : nullptr,
+      run->reference.out,
+      run->reference.lse,
+      run->replay.out,
+      run->replay.lse,
+      e.has_out ? &e.out : nullptr,
+      e.has_lse ? &e.lse : nullptr,
+      ctx.tolerance_inputs,
+      run->options,
+      run->threads,
+      run->cp_skipped};
   ATTNAUDIT_RETURN_IF_ERROR(audit_internal::RunCpStage(in, &run->report));
   run->report.verdict =
       audit_internal::WithCpVerdict(run->report.cp, run->report.verdict);

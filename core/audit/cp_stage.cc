@@ -56,9 +56,8 @@ struct Candidate {
 
 // candidate vs baseline over out and lse with these tolerances.
 absl::StatusOr<CpCheck> Check(Backend& backend, const SnapshotDims& d,
-                              DType out_dtype,
-                              const Candidate& cand, const Candidate& base,
-                              const Tolerances& tol) {
+                              DType out_dtype, const Candidate& cand,
+                              const Candidate& base, const Tolerances& tol) {
   const std::vector<int64_t> out_shape{d.batch, d.queries, d.q_heads,
                                        d.head_dim};
   const std::vector<int64_t> lse_shape{d.batch, d.queries, d.q_heads};
@@ -158,8 +157,8 @@ absl::StatusOr<CpRankCheck> CheckRank(const CpStageInputs& in,
   CpRankCheck r;
   r.rank = k;
   ATTNAUDIT_ASSIGN_OR_RETURN(
-      r.check, Check(in.backend, d, rank_out.dtype(), {&out, &lse}, {&ref.out, &ref.lse},
-                     ComputeTolerances(ti, {})));
+      r.check, Check(in.backend, d, rank_out.dtype(), {&out, &lse},
+                     {&ref.out, &ref.lse}, ComputeTolerances(ti, {})));
   for (int64_t b = 0; b < d.batch; ++b) r.tokens += shards.tokens[b][k];
   r.empty_queries = ref.empty_queries;
   return r;
@@ -178,8 +177,8 @@ absl::StatusOr<CpCheck> CheckCombine(const CpStageInputs& in) {
   ci.max_abs_out = MaxAbsFinite(merged.out);
   ci.max_abs_lse = MaxAbsFinite(merged.lse);
   return Check(in.backend, p.dims, p.output_dtype,
-               {in.engine_out, in.engine_lse},
-               {&merged.out, &merged.lse}, ComputeCombineTolerances(ci));
+               {in.engine_out, in.engine_lse}, {&merged.out, &merged.lse},
+               ComputeCombineTolerances(ci));
 }
 
 // Our replay's two combines against R, and the deterministic one against P.
@@ -193,18 +192,17 @@ absl::Status CheckReplay(const CpStageInputs& in, const CpSchedule& schedule,
   const CpCombined det = CombineDeterministic(p, run.states, in.threads);
   cp->deterministic_matches_replay =
       SameBits(det.out, in.replay_out) && SameBits(det.lse, in.replay_lse);
-  ATTNAUDIT_ASSIGN_OR_RETURN(
-      cp->deterministic,
-      Check(in.backend, p.dims, p.output_dtype, {&det.out, &det.lse},
-            reference, tol));
+  ATTNAUDIT_ASSIGN_OR_RETURN(cp->deterministic,
+                             Check(in.backend, p.dims, p.output_dtype,
+                                   {&det.out, &det.lse}, reference, tol));
   // The engine's order merges the W rank partials on top of the fold.
   ti.max_merged_blocks += schedule.world();
   const CpCombined eng =
       CombineEngineOrder(p, schedule, run.states, in.threads);
-  ATTNAUDIT_ASSIGN_OR_RETURN(cp->engine_order,
-                             Check(in.backend, p.dims, p.output_dtype,
-                                   {&eng.out, &eng.lse},
-                                   reference, ComputeTolerances(ti, {})));
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      cp->engine_order,
+      Check(in.backend, p.dims, p.output_dtype, {&eng.out, &eng.lse}, reference,
+            ComputeTolerances(ti, {})));
   return absl::OkStatus();
 }
 

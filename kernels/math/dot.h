@@ -43,7 +43,8 @@ template <typename T>
 ATTNAUDIT_HOST_DEVICE inline T LaneTree(T* lanes) {
   constexpr int V = VirtualLanes<T>::kCount;
   for (int half = V / 2; half >= 1; half /= 2) {
-    for (int i = 0; i < half; ++i) lanes[i] = Ops<T>::Add(lanes[i], lanes[i + half]);
+    for (int i = 0; i < half; ++i)
+      lanes[i] = Ops<T>::Add(lanes[i], lanes[i + half]);
   }
   return lanes[0];
 }

@@ -80,13 +80,14 @@ ATTNAUDIT_HOST_DEVICE inline uint32_t EncodeSmall(double f,
   const uint32_t sign = (DoubleBits(f) >> 63) != 0 ? sign_bit : 0u;
   const uint32_t exp_all = (1u << fmt.ebits) - 1;
   const uint32_t mant_all = (1u << fmt.mbits) - 1;
-  const uint32_t max_code = fmt.has_inf
-                                ? (((1u << fmt.ebits) - 2) << fmt.mbits) | mant_all
-                                : (exp_all << fmt.mbits) | (mant_all - 1);
+  const uint32_t max_code =
+      fmt.has_inf ? (((1u << fmt.ebits) - 2) << fmt.mbits) | mant_all
+                  : (exp_all << fmt.mbits) | (mant_all - 1);
   if (IsNan(f)) return sign | (exp_all << fmt.mbits) | mant_all;
   const double a = Abs(f);
   const uint32_t inf_code = fmt.has_inf ? (exp_all << fmt.mbits) : 0u;
-  if (IsInf(a)) return sign | (fmt.has_inf && !fmt.saturate ? inf_code : max_code);
+  if (IsInf(a))
+    return sign | (fmt.has_inf && !fmt.saturate ? inf_code : max_code);
   if (a == 0.0) return sign;
   int e2 = 0;
 #ifdef ATTNAUDIT_DEVICE_CODE
@@ -126,8 +127,7 @@ ATTNAUDIT_HOST_DEVICE inline uint32_t Bf16Code(float f) {
   return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
 }
 
-ATTNAUDIT_HOST_DEVICE inline int64_t OrderedCode(uint64_t code,
-                                                 int sign_bit) {
+ATTNAUDIT_HOST_DEVICE inline int64_t OrderedCode(uint64_t code, int sign_bit) {
   const uint64_t sign = uint64_t{1} << sign_bit;
   const int64_t magnitude = static_cast<int64_t>(code & (sign - 1));
   return (code & sign) ? -magnitude : magnitude;

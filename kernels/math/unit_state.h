@@ -59,8 +59,7 @@ ATTNAUDIT_HOST_DEVICE inline T UnitLse(T max, T total) {
 // acc + sum over c of e[c] * v(vis[c]) as one FMA per key, in key order.
 // v(t) returns element i of token t's V row, widened to T.
 template <typename T, typename VElem>
-ATTNAUDIT_HOST_DEVICE inline T AccumulateElement(const T* e,
-                                                 const int32_t* vis,
+ATTNAUDIT_HOST_DEVICE inline T AccumulateElement(const T* e, const int32_t* vis,
                                                  int64_t count, VElem v,
                                                  T acc) {
   for (int64_t c = 0; c < count; ++c) acc = Ops<T>::Fma(e[c], v(vis[c]), acc);
@@ -81,8 +80,7 @@ ATTNAUDIT_HOST_DEVICE inline T RescaleFactor(T m, T m_new) {
 template <typename T, typename V, typename VRow>
 ATTNAUDIT_HOST_DEVICE inline void UnitState(const T* s, const int32_t* vis,
                                             int64_t count, VRow v_row,
-                                            int64_t dim, T* e, T* out,
-                                            T* lse) {
+                                            int64_t dim, T* e, T* out, T* lse) {
   const T max = VisibleMax(s, vis, count);
   for (int64_t c = 0; c < count; ++c) e[c] = Weight(s[vis[c]], max);
   const T total = SumInOrder(e, count, T(0));
@@ -90,7 +88,9 @@ ATTNAUDIT_HOST_DEVICE inline void UnitState(const T* s, const int32_t* vis,
   for (int64_t i = 0; i < dim; ++i) {
     const T acc = AccumulateElement(
         e, vis, count,
-        [&](int32_t t) { return static_cast<T>(static_cast<const V*>(v_row(t))[i]); },
+        [&](int32_t t) {
+          return static_cast<T>(static_cast<const V*>(v_row(t))[i]);
+        },
         T(0));
     out[i] = Ops<T>::Div(acc, total);
   }
@@ -102,8 +102,8 @@ template <typename T, typename V, typename VRow>
 ATTNAUDIT_HOST_DEVICE inline void ReferenceUpdate(const T* s,
                                                   const int32_t* vis,
                                                   int64_t count, VRow v_row,
-                                                  int64_t dim, T* e, T* m,
-                                                  T* l, T* acc) {
+                                                  int64_t dim, T* e, T* m, T* l,
+                                                  T* acc) {
   const T m_new = MaxStep(*m, VisibleMax(s, vis, count));
   const T alpha = RescaleFactor(*m, m_new);
   *l = Ops<T>::Mul(*l, alpha);
@@ -114,7 +114,9 @@ ATTNAUDIT_HOST_DEVICE inline void ReferenceUpdate(const T* s,
   for (int64_t i = 0; i < dim; ++i) {
     acc[i] = AccumulateElement(
         e, vis, count,
-        [&](int32_t t) { return static_cast<T>(static_cast<const V*>(v_row(t))[i]); },
+        [&](int32_t t) {
+          return static_cast<T>(static_cast<const V*>(v_row(t))[i]);
+        },
         acc[i]);
   }
 }

@@ -51,7 +51,8 @@ ATTNAUDIT_HOST_DEVICE inline float F16Bits(uint16_t h) {
   const uint32_t exp = (h >> 10) & 0x1fu;
   const uint32_t man = h & 0x3ffu;
   if (exp == 0) {  // zero or subnormal: man * 2^-24, exact in float
-    const float v = Ops<float>::Mul(static_cast<float>(man), 5.9604644775390625e-8f);
+    const float v =
+        Ops<float>::Mul(static_cast<float>(man), 5.9604644775390625e-8f);
     return sign != 0 ? -v : v;
   }
   if (exp == 31) return BitsAsFloat(sign | 0x7f800000u | (man << 13));

@@ -17,7 +17,8 @@ namespace {
 
 void AddCpuWorkers(const DevicePoolOptions& o, DevicePool* pool) {
   pool->devices = MakeCpuDevices(o.cpu_workers, o.cpu_threads);
-  for (const auto& d : pool->devices) pool->descriptions.push_back(d->Describe());
+  for (const auto& d : pool->devices)
+    pool->descriptions.push_back(d->Describe());
 }
 
 std::string Workers(int n) {
@@ -31,10 +32,11 @@ absl::Status AddGpuWorkers(const DevicePoolOptions& o,
   const int host_threads =
       o.gpu_host_threads > 0
           ? o.gpu_host_threads
-          : std::max(1, hw / std::max<int>(1, static_cast<int>(ordinals.size())));
+          : std::max(1,
+                     hw / std::max<int>(1, static_cast<int>(ordinals.size())));
   for (int ordinal : ordinals) {
-    absl::StatusOr<std::unique_ptr<CudaDevice>> gpu = CudaDevice::Create(
-        ordinal, o.gpu_memory_pool_bytes, host_threads);
+    absl::StatusOr<std::unique_ptr<CudaDevice>> gpu =
+        CudaDevice::Create(ordinal, o.gpu_memory_pool_bytes, host_threads);
     if (!gpu.ok()) {
       return absl::Status(gpu.status().code(),
                           absl::StrCat("--devices: cuda:", ordinal, ": ",
@@ -44,9 +46,9 @@ absl::Status AddGpuWorkers(const DevicePoolOptions& o,
     pool->devices.push_back(*std::move(gpu));
   }
   pool->on_gpus = true;
-  pool->note = absl::StrCat("--devices ", DeviceSelectionText(o.selection),
-                            ": ", ordinals.size(),
-                            ordinals.size() == 1 ? " GPU worker" : " GPU workers");
+  pool->note = absl::StrCat(
+      "--devices ", DeviceSelectionText(o.selection), ": ", ordinals.size(),
+      ordinals.size() == 1 ? " GPU worker" : " GPU workers");
   return absl::OkStatus();
 }
 #endif
@@ -69,11 +71,11 @@ absl::StatusOr<DevicePool> MakeDevicePool(const DevicePoolOptions& o) {
     const int visible = gpus.ok() ? static_cast<int>(gpus->size()) : 0;
     for (int ordinal : sel.gpus) {
       if (ordinal >= visible) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "--devices: cuda:", ordinal, " is not visible (",
-            gpus.ok() ? absl::StrCat(visible, " GPUs")
-                      : std::string(gpus.status().message()),
-            ")"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("--devices: cuda:", ordinal, " is not visible (",
+                         gpus.ok() ? absl::StrCat(visible, " GPUs")
+                                   : std::string(gpus.status().message()),
+                         ")"));
       }
     }
     if (absl::Status s = AddGpuWorkers(o, sel.gpus, &pool); !s.ok()) return s;
@@ -91,14 +93,14 @@ absl::StatusOr<DevicePool> MakeDevicePool(const DevicePoolOptions& o) {
   return pool;
 #else
   if (sel.mode == DeviceSelection::Mode::kList) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--devices ", DeviceSelectionText(sel),
-                     ": this build has no CUDA backend (ATTNAUDIT_ENABLE_CUDA)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--devices ", DeviceSelectionText(sel),
+        ": this build has no CUDA backend (ATTNAUDIT_ENABLE_CUDA)"));
   }
   AddCpuWorkers(o, &pool);
-  pool.note = absl::StrCat(
-      "--devices all: this build has no CUDA backend; running on ",
-      Workers(o.cpu_workers));
+  pool.note =
+      absl::StrCat("--devices all: this build has no CUDA backend; running on ",
+                   Workers(o.cpu_workers));
   return pool;
 #endif
 }

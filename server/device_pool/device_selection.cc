@@ -40,7 +40,8 @@ absl::StatusOr<DeviceSelection> ParseDeviceSelection(absl::string_view text) {
         ordinal > kMaxOrdinal) {
       return Bad(text);
     }
-    if (std::find(out.gpus.begin(), out.gpus.end(), ordinal) != out.gpus.end()) {
+    if (std::find(out.gpus.begin(), out.gpus.end(), ordinal) !=
+        out.gpus.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("'", text, "' names cuda:", ordinal, " twice"));
     }

@@ -40,7 +40,8 @@ AuditServerOptions ToOptions(const ServerFlags& f) {
   o.cpu_workers = static_cast<int>(f.cpu_workers);
   o.threads_per_job = static_cast<int>(f.threads_per_job);
   // ParseServerFlags has checked the syntax.
-  o.device_selection = ParseDeviceSelection(f.devices).value_or(DeviceSelection{});
+  o.device_selection =
+      ParseDeviceSelection(f.devices).value_or(DeviceSelection{});
   o.gpu_memory_pool_bytes = f.gpu_memory_pool_bytes;
   o.max_message_bytes = f.max_message_bytes;
   o.queue_capacity = {f.queue_interactive, f.queue_sampled};

@@ -64,8 +64,8 @@
 #define ATTNAUDIT_SERVER_METRICS_METRICS_H_
 
 #include <array>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>

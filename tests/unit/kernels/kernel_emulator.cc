@@ -19,11 +19,11 @@ using kmath::Ops;
 // One (row, KV head) work item as a thread block holds it.
 struct Block {
   int64_t n = 0;
-  std::vector<float> k32, v32;     // [t][D]
-  std::vector<double> k64, v64;    // f64 pages only
-  std::vector<int32_t> vis;        // [sq][P]
-  std::vector<int32_t> vcount;     // [sq]
-  std::vector<float> s32;          // [row][P]
+  std::vector<float> k32, v32;   // [t][D]
+  std::vector<double> k64, v64;  // f64 pages only
+  std::vector<int32_t> vis;      // [sq][P]
+  std::vector<int32_t> vcount;   // [sq]
+  std::vector<float> s32;        // [row][P]
   std::vector<double> s64;
 };
 
@@ -45,9 +45,10 @@ void Widen(const PreparedAttention& p, int64_t page, int64_t g, Block* blk) {
     f64->assign(static_cast<size_t>(blk->n * D), 0.0);
     for (int64_t t = 0; t < blk->n; ++t) {
       for (int64_t i = 0; i < D; ++i) {
-        const int64_t at = page * d.page_size * d.kv_heads * D + t * row +
-                           g * head + i;
-        (*f)[t * D + i] = kmath::WidenToFloat(data, static_cast<int>(dtype), at);
+        const int64_t at =
+            page * d.page_size * d.kv_heads * D + t * row + g * head + i;
+        (*f)[t * D + i] =
+            kmath::WidenToFloat(data, static_cast<int>(dtype), at);
         (*f64)[t * D + i] =
             kmath::WidenToDouble(data, static_cast<int>(dtype), at);
       }
@@ -75,8 +76,8 @@ void Scores(const PreparedAttention& p, int64_t b, int64_t g, Block* blk) {
     std::vector<float> q32(q64.begin(), q64.end());
     for (int64_t t = 0; t < blk->n; ++t) {
       const float dot32 = kmath::VirtualDot(q32.data(), &blk->k32[t * D], D);
-      blk->s32[r * P + t] = kmath::Score(dot32, scale32,
-                                         static_cast<float>(p.softcap));
+      blk->s32[r * P + t] =
+          kmath::Score(dot32, scale32, static_cast<float>(p.softcap));
       const double dot64 =
           f64k ? kmath::VirtualDot(q64.data(), &blk->k64[t * D], D)
                : kmath::VirtualDot(q64.data(), &blk->k32[t * D], D);
@@ -104,8 +105,7 @@ void UnitOf(const Block& blk, const T* s, const int32_t* vis, int64_t count,
       return;
     }
   }
-  kmath::UnitState<T, float>(s, vis, count, row, D, e.data(), out->data(),
-                             lse);
+  kmath::UnitState<T, float>(s, vis, count, row, D, e.data(), out->data(), lse);
 }
 
 struct RowState {
@@ -166,7 +166,8 @@ void Item(const PreparedAttention& p, int64_t b, int64_t g,
       for (int64_t r = 0; r < d.queries * group; ++r) {
         const int64_t q = r / group;
         const int32_t* all = &blk.vis[q * P];
-        const int32_t* lo = std::lower_bound(all, all + blk.vcount[q], unit.first);
+        const int32_t* lo =
+            std::lower_bound(all, all + blk.vcount[q], unit.first);
         const int32_t* hi =
             std::lower_bound(lo, all + blk.vcount[q], unit.first + unit.count);
         if (hi == lo) continue;
@@ -192,7 +193,8 @@ void Item(const PreparedAttention& p, int64_t b, int64_t g,
         states->p_lse[si] = lse;
         std::vector<double> rout;
         double rlse = 0;
-        UnitOf<double>(blk, &blk.s64[r * P], lo, hi - lo, D, f64v, &rout, &rlse);
+        UnitOf<double>(blk, &blk.s64[r * P], lo, hi - lo, D, f64v, &rout,
+                       &rlse);
         std::copy(rout.begin(), rout.end(), &states->r_out[si * D]);
         states->r_lse[si] = rlse;
       }

@@ -41,10 +41,15 @@ TEST(KernelMathExp, ScalarExpIsTheVectorExpOnEveryTarget) {
   std::mt19937_64 rng(7);
   std::uniform_real_distribution<double> wide(-800.0, 0.0);
   std::uniform_real_distribution<double> narrow(-2.0, 0.0);
-  std::vector<double> x64 = {0.0, -0.0, -1e-300, -745.1, -745.3,
+  std::vector<double> x64 = {0.0,
+                             -0.0,
+                             -1e-300,
+                             -745.1,
+                             -745.3,
                              -std::numeric_limits<double>::infinity(),
                              std::numeric_limits<double>::quiet_NaN()};
-  for (int i = 0; i < 20000; ++i) x64.push_back(i % 2 ? wide(rng) : narrow(rng));
+  for (int i = 0; i < 20000; ++i)
+    x64.push_back(i % 2 ? wide(rng) : narrow(rng));
   std::vector<float> x32;
   for (double x : x64) x32.push_back(static_cast<float>(x / 8.0));
   x32.push_back(-103.97f);
@@ -112,8 +117,8 @@ TEST(KernelMathDrift, UlpDistanceIsTheCore) {
 
 // ComputeDrift's pass in element order with the kernels' element rule.
 DriftStats SequentialDrift(const std::vector<double>& c,
-                           const std::vector<double>& r,
-                           const DriftOptions& o, int64_t inner) {
+                           const std::vector<double>& r, const DriftOptions& o,
+                           int64_t inner) {
   DriftStats s;
   std::vector<double> diffs;
   double sum_abs = 0, sum_sq = 0, sum_ulp = 0;
@@ -185,7 +190,8 @@ TEST(KernelMathDrift, ElementRuleReproducesComputeDrift) {
           ComputeDrift({c.data(), {4, 3, 50}}, {r.data(), {4, 3, 50}}, o);
       ASSERT_TRUE(core.ok()) << core.status();
       const DriftStats mine = SequentialDrift(c, r, o, masked ? 50 : 1);
-      const std::string what = absl::StrCat(DTypeName(dt), masked ? " masked" : "");
+      const std::string what =
+          absl::StrCat(DTypeName(dt), masked ? " masked" : "");
       EXPECT_EQ(mine.count, core->count) << what;
       EXPECT_EQ(mine.over_tolerance, core->over_tolerance) << what;
       EXPECT_EQ(mine.max_abs, core->max_abs) << what;
