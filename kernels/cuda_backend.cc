@@ -220,7 +220,21 @@ double ElapsedSeconds(cudaEvent_t a, cudaEvent_t b) {
   return cudaEventElapsedTime(&ms, a, b) == cudaSuccess ? ms * 1e-3 : 0.0;
 }
 
-// Three timing events on a stream, destroyed with the object.
+// Points the kernel's output arguments at the buffers AllocateOutputs made.
+void BindOutputs(const PassOutputs& out, PassParams* params) {
+  params->r_acc = out.r_acc;
+  params->r_m = out.r_m;
+  params->r_l = out.r_l;
+  params->p_out = out.p_out;
+  params->p_lse = out.p_lse;
+  params->p_state_out = out.p_state_out;
+  params->p_state_lse = out.p_state_lse;
+  params->r_state_out = out.r_state_out;
+  params->r_state_lse = out.r_state_lse;
+  params->kv_non_finite = out.kv_non_finite;
+}
+
+// Four timing events on a stream, destroyed with the object.
 struct PhaseEvents {
   cudaEvent_t e[4] = {nullptr, nullptr, nullptr, nullptr};
   absl::Status Create() {
@@ -367,16 +381,7 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
     states->Reset(p.units, d, states->has_reference);
     ATTNAUDIT_RETURN_IF_ERROR(ResetStates(*states, out, *staging_, stream_));
   }
-  params.r_acc = out.r_acc;
-  params.r_m = out.r_m;
-  params.r_l = out.r_l;
-  params.p_out = out.p_out;
-  params.p_lse = out.p_lse;
-  params.p_state_out = out.p_state_out;
-  params.p_state_lse = out.p_state_lse;
-  params.r_state_out = out.r_state_out;
-  params.r_state_lse = out.r_state_lse;
-  params.kv_non_finite = out.kv_non_finite;
+  BindOutputs(out, &params);
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.e[1], stream_));
   ATTNAUDIT_RETURN_IF_ERROR(cuda_internal::LaunchFusedPass(params, stream_));
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.e[2], stream_));

@@ -56,7 +56,7 @@ else
     fail "caps does not say why there is no GPU worker"
 fi
 
-timeout 60 "$CLI" synth --batch 1 --context 64 -o "$WORK/s.pb" 2>/dev/null ||
+timeout 60 "$CLI" synth --preset llama3-8b --batch 1 --context 64 -o "$WORK/s.pb" 2>/dev/null ||
   fail "synth failed"
 out=$(timeout 60 "$CLI" audit "$WORK/s.pb" --addr "$ADDR") || fail "audit failed: $out"
 [[ "$out" == *"verdict: PASS"* ]] || fail "audit did not pass: $out"

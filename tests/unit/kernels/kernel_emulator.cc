@@ -116,6 +116,24 @@ struct RowState {
   bool started = false;
 };
 
+// Each query's visible tokens of the page, in token order (the kernel's
+// per-page visibility list).
+void Visibility(const PreparedAttention& p, int64_t b, int64_t page,
+                Block* blk) {
+  const SnapshotDims& d = p.dims;
+  const int64_t P = d.page_size;
+  blk->vis.assign(static_cast<size_t>(d.queries * P), 0);
+  blk->vcount.assign(static_cast<size_t>(d.queries), 0);
+  for (int64_t q = 0; q < d.queries; ++q) {
+    const int64_t qpos = p.query_positions[b * d.queries + q];
+    for (int64_t t = 0; t < blk->n; ++t) {
+      if (Visible(p, p.snapshot->slot_positions.IntAt(page * P + t), qpos)) {
+        blk->vis[q * P + blk->vcount[q]++] = static_cast<int32_t>(t);
+      }
+    }
+  }
+}
+
 void Item(const PreparedAttention& p, int64_t b, int64_t g,
           std::vector<RowState>& rows, UnitStates* states) {
   const SnapshotDims& d = p.dims;
@@ -129,16 +147,7 @@ void Item(const PreparedAttention& p, int64_t b, int64_t g,
     Block blk;
     blk.n = std::min(P, L - blk_i * P);
     Widen(p, page, g, &blk);
-    blk.vis.assign(static_cast<size_t>(d.queries * P), 0);
-    blk.vcount.assign(static_cast<size_t>(d.queries), 0);
-    for (int64_t q = 0; q < d.queries; ++q) {
-      const int64_t qpos = p.query_positions[b * d.queries + q];
-      for (int64_t t = 0; t < blk.n; ++t) {
-        if (Visible(p, p.snapshot->slot_positions.IntAt(page * P + t), qpos)) {
-          blk.vis[q * P + blk.vcount[q]++] = static_cast<int32_t>(t);
-        }
-      }
-    }
+    Visibility(p, b, page, &blk);
     Scores(p, b, g, &blk);
     for (int64_t r = 0; r < d.queries * group; ++r) {
       const int64_t q = r / group;

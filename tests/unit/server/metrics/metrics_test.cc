@@ -130,6 +130,9 @@ TEST(MetricsTest, ExactlyTheDocumentedFamilies) {
       {"attnaudit_rejections_total", T::Counter},
       {"attnaudit_inflight_jobs", T::Gauge},
       {"attnaudit_devices", T::Gauge},
+      {"attnaudit_device_jobs_total", T::Counter},
+      {"attnaudit_device_busy_seconds_total", T::Counter},
+      {"attnaudit_device_memory_bytes", T::Gauge},
       {"attnaudit_cp_checks_total", T::Counter},
   };
   EXPECT_EQ(got, want);
