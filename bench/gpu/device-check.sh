@@ -80,9 +80,11 @@ if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
 fi
 
 phase tests 150 "$OUT/tests.log" \
-  bash -c "cd '$BUILD' && ctest --output-on-failure \
+  bash -c "cd '$BUILD' && ctest -V \
     -R '^(cuda_backend_test|kernel_math_test|device_pool_test)$'"
-grep -E 'tests passed|Failed|SKIPPED|Skipped' "$OUT/tests.log" | tee -a "$OUT/summary.txt"
+# The verdict line, and how many GPU tests skipped (none should, on a GPU).
+grep -E 'tests passed|Failed|SKIPPED \] [0-9]+ tests?,' "$OUT/tests.log" |
+  tee -a "$OUT/summary.txt"
 phase devices-all 60 "$OUT/e2e.log" \
   bash "$ROOT/tests/e2e/devices_all_e2e.sh" "$BUILD/bin/attnaudit-server" \
     "$BUILD/bin/attnaudit"
