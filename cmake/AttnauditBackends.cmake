@@ -2,8 +2,9 @@
 # Sets OUT_VAR to one line naming the backends this configuration builds and
 # why, e.g.
 #   backends: CPU on (always; -march=native); CUDA off (AUTO: nvcc not found)
-# Reads ATTNAUDIT_ENABLE_CUDA, ATTNAUDIT_CUDA (the decision) and
-# ATTNAUDIT_NATIVE_ARCH; runs `nvcc --version` for the version.
+# Reads ATTNAUDIT_ENABLE_CUDA, ATTNAUDIT_CUDA (the decision),
+# CMAKE_CUDA_ARCHITECTURES, ATTNAUDIT_NCCL and ATTNAUDIT_NATIVE_ARCH; runs
+# `nvcc --version` for the version.
 function(attnaudit_describe_backends out_var)
   if(ATTNAUDIT_NATIVE_ARCH)
     set(arch "-march=native")
@@ -13,8 +14,12 @@ function(attnaudit_describe_backends out_var)
   set(line "backends: CPU on (always; ${arch}, SIMD width picked at run time)")
 
   set(nvcc "nvcc")
-  if(CMAKE_CUDA_COMPILER)
-    execute_process(COMMAND ${CMAKE_CUDA_COMPILER} --version
+  set(nvcc_path "${CMAKE_CUDA_COMPILER}")
+  if(NOT nvcc_path AND CUDAToolkit_NVCC_EXECUTABLE)
+    set(nvcc_path "${CUDAToolkit_NVCC_EXECUTABLE}")
+  endif()
+  if(nvcc_path)
+    execute_process(COMMAND ${nvcc_path} --version
                     OUTPUT_VARIABLE nvcc_out ERROR_QUIET
                     RESULT_VARIABLE nvcc_rc TIMEOUT 30)
     if(nvcc_rc EQUAL 0 AND nvcc_out MATCHES "release ([0-9]+\\.[0-9]+)")
@@ -28,9 +33,14 @@ function(attnaudit_describe_backends out_var)
   endif()
 
   if(ATTNAUDIT_CUDA)
-    string(APPEND line ", CUDA on (${why}: ${nvcc} found; the toolchain is "
-           "only checked, there is no CUDA kernel yet, so audits run on the "
-           "CPU)")
+    if(ATTNAUDIT_NCCL)
+      set(nccl "NCCL found: the ring spans GPUs")
+    else()
+      set(nccl "NCCL not found: one GPU per ring")
+    endif()
+    string(APPEND line ", CUDA on (${why}: ${nvcc} found; kernels for "
+           "CUDA architectures ${CMAKE_CUDA_ARCHITECTURES}; ${nccl}; the "
+           "server uses the GPUs it sees and the CPU workers without one)")
   elseif(ATTNAUDIT_ENABLE_CUDA STREQUAL "AUTO")
     string(APPEND line ", CUDA off (AUTO: nvcc not found)")
   else()

@@ -9,8 +9,8 @@
 #include <limits>
 
 #include "core/attention/attention_internal.h"
-#include "core/attention/unit_states.h"
 #include "core/attention/merge.h"
+#include "core/attention/unit_states.h"
 #include "core/common/parallel.h"
 
 namespace attnaudit {
@@ -39,7 +39,8 @@ void PrepareItem(const PreparedAttention& p, int64_t b, int64_t g0, int64_t g1,
   constexpr int64_t kSweepBytes = int64_t{512} << 10;
   const int64_t head_bytes = 2 * P * D * static_cast<int64_t>(sizeof(float));
   sc.sweep_heads = std::clamp<int64_t>(kSweepBytes / head_bytes, 1, g1 - g0);
-  for (auto* v : {&sc.sweep_k32, &sc.sweep_v32}) Grow(*v, sc.sweep_heads * P * D);
+  for (auto* v : {&sc.sweep_k32, &sc.sweep_v32})
+    Grow(*v, sc.sweep_heads * P * D);
   if (p.k_dtype == DType::kF64) Grow(sc.sweep_k64, sc.sweep_heads * P * D);
   if (p.v_dtype == DType::kF64) Grow(sc.sweep_v64, sc.sweep_heads * P * D);
   Grow(sc.positions, P);
@@ -86,33 +87,10 @@ void FinishRows(const PassContext& item, Scratch& sc, int64_t b, int64_t g0,
   for (int64_t r = 0; r < d.queries * per_query; ++r) {
     const int64_t sq = r / per_query;
     const int64_t h = g0 * group + r % per_query;
-    const int64_t g = h / group;
     const int64_t qi = (b * d.queries + sq) * d.q_heads + h;
     if (item.reference) {
-      double l = sc.ref_l[r];
-      double m = sc.ref_m[r];
-      double acc_scale = 1.0;
-      double lse_ref = m + std::log(l);
-      if (!p.sinks.empty()) {
-        // The sink is one more logit in the denominator, with no value.
-        // Work relative to max(m, sink): a (finite, valid) sink far above
-        // every score must not overflow exp().
-        const double sink = p.sinks[h];
-        if (sink > m) {
-          acc_scale = std::exp(m - sink);
-          l = l * acc_scale + 1.0;
-          m = sink;
-        } else {
-          l += std::exp(sink - m);
-        }
-        if (p.lse_includes_sinks) lse_ref = m + std::log(l);
-      }
-      const double vs = p.v_scale[g];
-      for (int64_t i = 0; i < D; ++i) {
-        res.reference_out[qi * D + i] =
-            sc.ref_acc[r * D + i] * acc_scale / l * vs;
-      }
-      res.reference_lse[qi] = lse_ref;
+      FinishReferenceState(p, h, &sc.ref_acc[r * D], sc.ref_m[r], sc.ref_l[r],
+                           &res.reference_out[qi * D], &res.reference_lse[qi]);
     }
     if (item.replay) {
       FinishReplayState(p, h, &sc.rep_out[r * D], sc.rep_lse[r],
@@ -129,6 +107,8 @@ namespace {
 // The most units any query merged, and the most keys any query sees
 // (positions <= the query's, in the window): they size the tolerances.
 void SummariseMerges(const PreparedAttention& p, AttentionResults* res) {
+  res->max_merged_blocks = 0;
+  res->max_visible_keys = 0;
   const SnapshotDims& d = p.dims;
   for (int64_t b = 0; b < d.batch; ++b) {
     const int64_t L = p.layout->seq_lens[b];
@@ -150,6 +130,32 @@ void SummariseMerges(const PreparedAttention& p, AttentionResults* res) {
 }
 
 }  // namespace
+
+void SummariseUnits(const PreparedAttention& p, bool record_merge_orders,
+                    AttentionResults* res) {
+  const SnapshotDims& d = p.dims;
+  const int64_t P = d.page_size;
+  res->merge_orders.assign(
+      static_cast<size_t>(d.batch),
+      std::vector<std::vector<int32_t>>(static_cast<size_t>(d.queries)));
+  for (int64_t b = 0; b < d.batch; ++b) {
+    for (const KvUnit& u : p.units[b]) {
+      const int64_t page = p.layout->block_pages[b][u.block];
+      for (int64_t sq = 0; sq < d.queries; ++sq) {
+        const int64_t qpos = p.query_positions[b * d.queries + sq];
+        for (int64_t t = u.first; t < u.first + u.count; ++t) {
+          if (attention_internal::Visible(
+                  p, p.snapshot->slot_positions.IntAt(page * P + t), qpos)) {
+            res->merge_orders[b][sq].push_back(u.block);
+            break;
+          }
+        }
+      }
+    }
+  }
+  SummariseMerges(p, res);
+  if (!record_merge_orders) res->merge_orders.clear();
+}
 
 absl::StatusOr<AttentionResults> ComputeAttention(
     const PreparedAttention& p, const AttentionRunOptions& options) {
@@ -176,8 +182,12 @@ absl::StatusOr<AttentionResults> ComputeAttention(
     options.unit_states->Reset(p.units, d, options.unit_states->has_reference);
   }
   const attention_internal::PassContext ctx{
-      p,      &res,   options.passes != AttentionPasses::kReplayOnly,
-      replay, replay, options.unit_states,
+      p,
+      &res,
+      options.passes != AttentionPasses::kReplayOnly,
+      replay,
+      replay,
+      options.unit_states,
       &kv_non_finite};
   // Work items: (row, range of KV heads). Whole rows keep each page read
   // contiguously; rows are split by heads only when there are too few rows
@@ -243,8 +253,8 @@ absl::Status ComputeRunStates(const PreparedAttention& p, const TokenRun& run,
         "run: more tokens than a page holds (split it)");
   }
   std::atomic<bool> kv_non_finite{false};
-  const attention_internal::PassContext ctx{p,    nullptr, false,  true,
-                                            false, states, &kv_non_finite};
+  const attention_internal::PassContext ctx{p,     nullptr, false,         true,
+                                            false, states,  &kv_non_finite};
   thread_local attention_internal::Scratch scratch;
   attention_internal::PrepareItem(p, b, g0, g1, scratch);
   attention_internal::RunStates(ctx, run, b, g0, g1, scratch);
@@ -252,6 +262,31 @@ absl::Status ComputeRunStates(const PreparedAttention& p, const TokenRun& run,
     return absl::InvalidArgumentError("run: a K/V value is not finite");
   }
   return absl::OkStatus();
+}
+
+void FinishReferenceState(const PreparedAttention& p, int64_t h,
+                          const double* acc, double m, double l,
+                          double* out_final, double* lse_out) {
+  const int64_t D = p.dims.head_dim;
+  double acc_scale = 1.0;
+  double lse_ref = m + std::log(l);
+  if (!p.sinks.empty()) {
+    // The sink is one more logit in the denominator, with no value. Work
+    // relative to max(m, sink): a (finite, valid) sink far above every
+    // score must not overflow exp().
+    const double sink = p.sinks[h];
+    if (sink > m) {
+      acc_scale = std::exp(m - sink);
+      l = l * acc_scale + 1.0;
+      m = sink;
+    } else {
+      l += std::exp(sink - m);
+    }
+    if (p.lse_includes_sinks) lse_ref = m + std::log(l);
+  }
+  const double vs = p.v_scale[h / p.dims.group()];
+  for (int64_t i = 0; i < D; ++i) out_final[i] = acc[i] * acc_scale / l * vs;
+  *lse_out = lse_ref;
 }
 
 void FinishReplayState(const PreparedAttention& p, int64_t h, float* out,

@@ -100,6 +100,13 @@ struct AttentionRunOptions {
 absl::StatusOr<AttentionResults> ComputeAttention(
     const PreparedAttention& prepared, const AttentionRunOptions& options);
 
+// The fields of AttentionResults that follow from the layout alone (no KV
+// read): merge_orders (kept only when record_merge_orders),
+// max_merged_blocks and max_visible_keys, exactly as ComputeAttention
+// reports them. For backends whose pass runs elsewhere (kernels/).
+void SummariseUnits(const PreparedAttention& prepared, bool record_merge_orders,
+                    AttentionResults* results);
+
 }  // namespace attnaudit
 
 #endif  // ATTNAUDIT_CORE_ATTENTION_ATTENTION_H_

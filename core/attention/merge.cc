@@ -4,26 +4,20 @@
 #include <limits>
 #include <memory>
 
+#include "core/attention/merge_step.h"
+
 namespace attnaudit {
-namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-inline float Sanitize(float lse) {
-  return (std::isnan(lse) || lse == std::numeric_limits<float>::infinity())
-             ? kNegInf
-             : lse;
-}
-
-}  // namespace
-
+// The arithmetic is merge_step.h's, shared with the CUDA kernels; these
+// are its CPU loops.
 void MergeStates(const float* const* outs, const float* lses, int n, int64_t d,
                  float* out, float* lse) {
-  float m = kNegInf;
-  for (int i = 0; i < n; ++i) m = std::fmax(m, Sanitize(lses[i]));
-  if (m == kNegInf) {
+  using namespace merge_step;  // NOLINT(build/namespaces): the step's ops
+  float m = NegInf();
+  for (int i = 0; i < n; ++i) m = Fmax(m, SanitizeLse(lses[i]));
+  if (m == NegInf()) {
     for (int64_t j = 0; j < d; ++j) out[j] = 0.0f;
-    *lse = kNegInf;
+    *lse = NegInf();
     return;
   }
   // Only states with a non-zero weight take part: an empty state (lse -inf,
@@ -46,52 +40,28 @@ void MergeStates(const float* const* outs, const float* lses, int n, int64_t d,
   float total = 0.0f;
   int live = 0;
   for (int i = 0; i < n; ++i) {
-    const float li = Sanitize(lses[i]);
-    if (li == kNegInf) continue;
-    const float wi = std::exp(li - m);
+    const float li = SanitizeLse(lses[i]);
+    if (li == NegInf()) continue;
+    const float wi = Exp(Sub(li, m));
     if (wi == 0.0f) continue;
-    total += wi;
+    total = Add(total, wi);
     w[live] = wi;
     src[live] = outs[i];
     ++live;
   }
   for (int64_t j = 0; j < d; ++j) {
     float acc = 0.0f;
-    for (int i = 0; i < live; ++i) acc += w[i] * src[i][j];
-    out[j] = acc / total;
+    for (int i = 0; i < live; ++i) acc = Add(acc, Mul(w[i], src[i][j]));
+    out[j] = Div(acc, total);
   }
-  *lse = m + std::log(total);
+  *lse = Add(m, Log(total));
 }
 
 // Exactly MergeStates' arithmetic for n = 2 (accumulator starting at +0,
-// zero-weight states skipped), with the branch hoisted out of the loop.
+// zero-weight states skipped).
 void MergeInto(float* acc_out, float* acc_lse, const float* next_out,
                float next_lse, int64_t d) {
-  const float a = Sanitize(*acc_lse);
-  const float b = Sanitize(next_lse);
-  const float m = std::fmax(a, b);
-  if (m == kNegInf) {
-    for (int64_t j = 0; j < d; ++j) acc_out[j] = 0.0f;
-    *acc_lse = kNegInf;
-    return;
-  }
-  const float wa = a == kNegInf ? 0.0f : std::exp(a - m);
-  const float wb = b == kNegInf ? 0.0f : std::exp(b - m);
-  const float total = wa + wb;
-  if (wa != 0.0f && wb != 0.0f) {
-    for (int64_t j = 0; j < d; ++j) {
-      acc_out[j] = ((0.0f + wa * acc_out[j]) + wb * next_out[j]) / total;
-    }
-  } else if (wa != 0.0f) {
-    for (int64_t j = 0; j < d; ++j) {
-      acc_out[j] = (0.0f + wa * acc_out[j]) / total;
-    }
-  } else {
-    for (int64_t j = 0; j < d; ++j) {
-      acc_out[j] = (0.0f + wb * next_out[j]) / total;
-    }
-  }
-  *acc_lse = m + std::log(total);
+  merge_step::MergePair(acc_out, acc_lse, next_out, next_lse, d);
 }
 
 void MergeIntoReference(double* acc_out, double* acc_lse,

@@ -1,5 +1,6 @@
 // The one merge routine for partial attention states (out, lse), shared by
-// the CPU replay, the CP rings and (later) the GPU kernels. docs/DESIGN.md §2:
+// the CPU replay, the CP rings and the GPU kernels: its arithmetic is
+// written once, host and device, in merge_step.h. docs/DESIGN.md §2:
 //   M   = max_i lse_i      (NaN and +inf count as -inf; M = 0 if all -inf)
 //   w_i = exp(lse_i - M)
 //   out = sum_i w_i out_i / sum_i w_i      (fp32)

@@ -74,13 +74,21 @@ absl::Status ComputeRunStates(const PreparedAttention& prepared,
                               const TokenRun& run, int64_t b, int64_t g0,
                               int64_t g1, UnitStates* states);
 
+// The final write of R for query head h from its fp64 online-softmax state
+// (acc: the un-normalised sum of e^(s_j - m) v_j, D values; m the running
+// max, l the running sum): merges the head's sink when there is one,
+// normalises and applies the V scale, as the fused pass does. *lse_out is
+// the LSE the engine declared (with or without the sink).
+void FinishReferenceState(const PreparedAttention& prepared, int64_t h,
+                          const double* acc, double m, double l,
+                          double* out_final, double* lse_out);
+
 // The final write of P for query head h from its folded state (out, lse
 // over keys, in place): merges the head's sink when there is one, applies
 // the V scale and rounds to the output dtype, as the fused pass does.
 // *lse_out is the LSE the engine declared (with or without the sink).
-void FinishReplayState(const PreparedAttention& prepared, int64_t h,
-                       float* out, float lse, double* out_final,
-                       double* lse_out);
+void FinishReplayState(const PreparedAttention& prepared, int64_t h, float* out,
+                       float lse, double* out_final, double* lse_out);
 
 }  // namespace attnaudit
 

@@ -11,6 +11,7 @@
 #include "core/attention/merge.h"
 #include "core/attention/unit_states.h"
 #include "core/audit/cp_stage.h"
+#include "core/backend/backend.h"
 #include "core/common/parallel.h"
 #include "core/common/status_macros.h"
 #include "core/diagnosis/diagnosis.h"
@@ -83,6 +84,7 @@ absl::Status ComputeLogprobs(const Snapshot& s, std::vector<Side*> sides,
 }
 
 struct CompareContext {
+  Backend& backend;
   const Snapshot& snapshot;
   const SnapshotDims& dims;
   DType output_dtype;
@@ -132,7 +134,8 @@ absl::StatusOr<ComparisonResult> Compare(const CompareContext& ctx,
     o.ulp_dtype = ctx.output_dtype;
     o.tolerance = tol.out_abs;
     ATTNAUDIT_ASSIGN_OR_RETURN(
-        result.out, ComputeDrift({candidate.out.data(), out_shape},
+        result.out,
+        ctx.backend.ComputeDrift({candidate.out.data(), out_shape},
                                  {baseline.out.data(), out_shape}, o));
     result.has_out = true;
     result.worst_heads = WorstHeads({candidate.out.data(), out_shape},
@@ -144,7 +147,8 @@ absl::StatusOr<ComparisonResult> Compare(const CompareContext& ctx,
     o.ulp_dtype = DType::kF32;
     o.tolerance = tol.lse_abs;
     ATTNAUDIT_ASSIGN_OR_RETURN(
-        result.lse, ComputeDrift({candidate.lse.data(), lse_shape},
+        result.lse,
+        ctx.backend.ComputeDrift({candidate.lse.data(), lse_shape},
                                  {baseline.lse.data(), lse_shape}, o));
     result.has_lse = true;
   }
@@ -157,8 +161,9 @@ absl::StatusOr<ComparisonResult> Compare(const CompareContext& ctx,
     o.tolerance = tol.logprob_abs;
     o.active_mask = mask;
     ATTNAUDIT_ASSIGN_OR_RETURN(
-        result.logprob, ComputeDrift({candidate.logprobs.data(), lp_shape},
-                                     {baseline.logprobs.data(), lp_shape}, o));
+        result.logprob,
+        ctx.backend.ComputeDrift({candidate.logprobs.data(), lp_shape},
+                                 {baseline.logprobs.data(), lp_shape}, o));
     result.has_logprob = true;
     result.logprob_agreement =
         CompareLogprobs({candidate.logprobs.data(), lp_shape},
@@ -239,10 +244,16 @@ namespace {
 // One audit's state as it moves through the stages below.
 struct AuditRun {
   AuditRun(const Snapshot& s, const AuditOptions& o)
-      : snapshot(s), options(o), start(Clock::now()) {}
+      : snapshot(s),
+        options(o),
+        backend(o.backend != nullptr ? o.backend : &CpuBackendInstance()),
+        start(Clock::now()) {}
 
   const Snapshot& snapshot;
   const AuditOptions& options;
+  // Where R, P, the CP replay and the drift statistics run; the CPU
+  // backend once the chosen one handed the pass over.
+  Backend* backend;
   int threads = 1;
   Clock::time_point start;
   AuditReport report;
@@ -331,6 +342,24 @@ void PlanCpUnitStates(AuditRun* run) {
   }
 }
 
+// The fused pass on the audit's backend; a backend that cannot take the
+// snapshot (too big for its memory, a shape it lacks) hands it, and the
+// rest of the audit, to the CPU backend, so the CP replay's states come
+// from the backend whose P they must rebuild.
+absl::StatusOr<AttentionResults> RunAttentionPass(
+    AuditRun* run, const AttentionRunOptions& options) {
+  absl::StatusOr<AttentionResults> results =
+      run->backend->ComputeAttention(run->prepared, options);
+  const absl::StatusCode code = results.status().code();
+  Backend* cpu = &CpuBackendInstance();
+  if (run->backend != cpu && (code == absl::StatusCode::kResourceExhausted ||
+                              code == absl::StatusCode::kUnimplemented)) {
+    run->backend = cpu;
+    results = cpu->ComputeAttention(run->prepared, options);
+  }
+  return results;
+}
+
 // reference + replay: RoPE and scales, then the fused pass (the audit's one
 // read of the cache).
 absl::Status AttentionStage(AuditRun* run) {
@@ -344,8 +373,7 @@ absl::Status AttentionStage(AuditRun* run) {
   options.cancelled = run->options.cancelled;
   PlanCpUnitStates(run);
   if (run->keep_unit_states) options.unit_states = &run->unit_states;
-  ATTNAUDIT_ASSIGN_OR_RETURN(run->results,
-                             ComputeAttention(run->prepared, options));
+  ATTNAUDIT_ASSIGN_OR_RETURN(run->results, RunAttentionPass(run, options));
   if (run->results.kv_non_finite) {
     // Name the first non-finite K/V value exactly as validation would.
     ATTNAUDIT_RETURN_IF_ERROR(
@@ -395,8 +423,9 @@ absl::Status LogprobStage(AuditRun* run) {
 
 CompareContext MakeCompareContext(const AuditRun& run) {
   const DType out_dtype = run.prepared.output_dtype;
-  CompareContext ctx{run.snapshot, run.layout.dims, out_dtype,
-                     {},           run.options,     &run.reference.out};
+  CompareContext ctx{*run.backend, run.snapshot, run.layout.dims,
+                     out_dtype,    {},           run.options,
+                     &run.reference.out};
   ToleranceInputs& ti = ctx.tolerance_inputs;
   ti.output_dtype = out_dtype;
   ti.kv_dtype = run.snapshot.k_pages.dtype();
@@ -451,6 +480,7 @@ absl::Status CpStage(AuditRun* run) {
   const CompareContext ctx = MakeCompareContext(*run);
   const Side& e = run->engine;
   audit_internal::CpStageInputs in{
+      *run->backend,
       run->snapshot,
       run->prepared,
       run->keep_unit_states ? &run->unit_states : nullptr,
@@ -481,7 +511,7 @@ absl::Status DiagnosisStage(AuditRun* run) {
 
 void FillProvenance(AuditRun* run) {
   Provenance& prov = run->report.provenance;
-  prov.backend = "cpu";
+  prov.backend = run->backend->name();
   prov.threads = run->threads;
   prov.softmax_scale = run->prepared.softmax_scale;
   prov.output_dtype = run->prepared.output_dtype;

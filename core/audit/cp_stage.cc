@@ -55,9 +55,9 @@ struct Candidate {
 };
 
 // candidate vs baseline over out and lse with these tolerances.
-absl::StatusOr<CpCheck> Check(const SnapshotDims& d, DType out_dtype,
-                              const Candidate& cand, const Candidate& base,
-                              const Tolerances& tol) {
+absl::StatusOr<CpCheck> Check(Backend& backend, const SnapshotDims& d,
+                              DType out_dtype, const Candidate& cand,
+                              const Candidate& base, const Tolerances& tol) {
   const std::vector<int64_t> out_shape{d.batch, d.queries, d.q_heads,
                                        d.head_dim};
   const std::vector<int64_t> lse_shape{d.batch, d.queries, d.q_heads};
@@ -66,18 +66,18 @@ absl::StatusOr<CpCheck> Check(const SnapshotDims& d, DType out_dtype,
     DriftOptions o;
     o.ulp_dtype = out_dtype;
     o.tolerance = tol.out_abs;
-    ATTNAUDIT_ASSIGN_OR_RETURN(r.out,
-                               ComputeDrift({cand.out->data(), out_shape},
-                                            {base.out->data(), out_shape}, o));
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        r.out, backend.ComputeDrift({cand.out->data(), out_shape},
+                                    {base.out->data(), out_shape}, o));
     r.has_out = true;
   }
   if (cand.lse != nullptr && base.lse != nullptr) {
     DriftOptions o;
     o.ulp_dtype = DType::kF32;
     o.tolerance = tol.lse_abs;
-    ATTNAUDIT_ASSIGN_OR_RETURN(r.lse,
-                               ComputeDrift({cand.lse->data(), lse_shape},
-                                            {base.lse->data(), lse_shape}, o));
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        r.lse, backend.ComputeDrift({cand.lse->data(), lse_shape},
+                                    {base.lse->data(), lse_shape}, o));
     r.has_lse = true;
   }
   DecideComparison(&r);
@@ -157,8 +157,8 @@ absl::StatusOr<CpRankCheck> CheckRank(const CpStageInputs& in,
   CpRankCheck r;
   r.rank = k;
   ATTNAUDIT_ASSIGN_OR_RETURN(
-      r.check, Check(d, rank_out.dtype(), {&out, &lse}, {&ref.out, &ref.lse},
-                     ComputeTolerances(ti, {})));
+      r.check, Check(in.backend, d, rank_out.dtype(), {&out, &lse},
+                     {&ref.out, &ref.lse}, ComputeTolerances(ti, {})));
   for (int64_t b = 0; b < d.batch; ++b) r.tokens += shards.tokens[b][k];
   r.empty_queries = ref.empty_queries;
   return r;
@@ -176,8 +176,9 @@ absl::StatusOr<CpCheck> CheckCombine(const CpStageInputs& in) {
   ci.world = in.snapshot.cp.world_size;
   ci.max_abs_out = MaxAbsFinite(merged.out);
   ci.max_abs_lse = MaxAbsFinite(merged.lse);
-  return Check(p.dims, p.output_dtype, {in.engine_out, in.engine_lse},
-               {&merged.out, &merged.lse}, ComputeCombineTolerances(ci));
+  return Check(in.backend, p.dims, p.output_dtype,
+               {in.engine_out, in.engine_lse}, {&merged.out, &merged.lse},
+               ComputeCombineTolerances(ci));
 }
 
 // Our replay's two combines against R, and the deterministic one against P.
@@ -191,16 +192,17 @@ absl::Status CheckReplay(const CpStageInputs& in, const CpSchedule& schedule,
   const CpCombined det = CombineDeterministic(p, run.states, in.threads);
   cp->deterministic_matches_replay =
       SameBits(det.out, in.replay_out) && SameBits(det.lse, in.replay_lse);
-  ATTNAUDIT_ASSIGN_OR_RETURN(
-      cp->deterministic,
-      Check(p.dims, p.output_dtype, {&det.out, &det.lse}, reference, tol));
+  ATTNAUDIT_ASSIGN_OR_RETURN(cp->deterministic,
+                             Check(in.backend, p.dims, p.output_dtype,
+                                   {&det.out, &det.lse}, reference, tol));
   // The engine's order merges the W rank partials on top of the fold.
   ti.max_merged_blocks += schedule.world();
   const CpCombined eng =
       CombineEngineOrder(p, schedule, run.states, in.threads);
-  ATTNAUDIT_ASSIGN_OR_RETURN(cp->engine_order,
-                             Check(p.dims, p.output_dtype, {&eng.out, &eng.lse},
-                                   reference, ComputeTolerances(ti, {})));
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      cp->engine_order,
+      Check(in.backend, p.dims, p.output_dtype, {&eng.out, &eng.lse}, reference,
+            ComputeTolerances(ti, {})));
   return absl::OkStatus();
 }
 
@@ -268,7 +270,7 @@ absl::Status RunCpStage(const CpStageInputs& in, AuditReport* report) {
   ro.workers = in.options.cp_workers;
   ro.max_buffer_bytes = kMaxRingBuffers;
   ro.cancelled = in.options.cancelled;
-  absl::StatusOr<CpReplayRun> run = RunCpReplay(p, schedule, ro);
+  absl::StatusOr<CpReplayRun> run = in.backend.ReplayCp(p, schedule, ro);
   if (run.status().code() == absl::StatusCode::kResourceExhausted) {
     cp.skipped = std::string(run.status().message());
     return absl::OkStatus();

@@ -19,6 +19,7 @@
 #include "core/attention/attention.h"
 #include "core/attention/unit_states.h"
 #include "core/audit/options.h"
+#include "core/backend/backend.h"
 #include "core/report/report.h"
 #include "core/snapshot/snapshot.h"
 #include "core/verdict/verdict.h"
@@ -35,6 +36,7 @@ bool CpNeedsReferenceStates(const Snapshot& snapshot);
 int64_t CpStateBytes(const PreparedAttention& prepared, bool with_reference);
 
 struct CpStageInputs {
+  Backend& backend;  // runs the replay and the drift statistics
   const Snapshot& snapshot;
   const PreparedAttention& prepared;
   // R's unit states from the single pass; null unless

@@ -13,6 +13,8 @@
 
 namespace attnaudit {
 
+class Backend;  // core/backend/backend.h
+
 // How a context-parallel snapshot (cp.world_size > 1) is replayed across
 // ranks (docs/NUMERICS.md, "Context parallelism"; core/cp). Carried from
 // the wire (AuditOptions.cp_strategy).
@@ -47,6 +49,12 @@ struct AuditOptions {
   // the engine's output, within this many seconds (<= 0: no limit).
   bool diagnose = true;
   double diagnosis_max_seconds = 10.0;
+  // Where R, P, the CP replay and the drift statistics run (not owned; it
+  // must outlive the audit). Null: the process's CPU backend. A backend
+  // that cannot take the snapshot (ResourceExhausted, Unimplemented) hands
+  // the attention pass to the CPU backend; the report names the one that
+  // ran (provenance.backend).
+  Backend* backend = nullptr;
   // Polled between stages and work items; a true value aborts the audit
   // with Cancelled. May be null.
   const std::atomic<bool>* cancelled = nullptr;

@@ -20,9 +20,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/stubs/logging.h"
 #include "server/common/log.h"
+#include "server/device_pool/device_selection.h"
 #include "server/main/server_flags.h"
 #include "server/rpc/server.h"
 
@@ -38,6 +40,10 @@ AuditServerOptions ToOptions(const ServerFlags& f) {
   o.data_dir = f.data_dir;
   o.cpu_workers = static_cast<int>(f.cpu_workers);
   o.threads_per_job = static_cast<int>(f.threads_per_job);
+  // ParseServerFlags has checked the syntax.
+  o.device_selection =
+      ParseDeviceSelection(f.devices).value_or(DeviceSelection{});
+  o.gpu_memory_pool_bytes = f.gpu_memory_pool_bytes;
   o.max_message_bytes = f.max_message_bytes;
   o.queue_capacity = {f.queue_interactive, f.queue_sampled};
   o.memory_budget_bytes = f.memory_budget_bytes;
@@ -147,11 +153,27 @@ void LogEndpoints(const ServerFlags& flags, const AuditServer& server) {
       .Kv("max_message_bytes", flags.max_message_bytes)
       .Kv("health", "grpc.health.v1 (\"\", attnaudit.v1.AuditService)")
       .Kv("reflection", true);
-  if (flags.devices == "all") {
-    ATTNAUDIT_LOG(info, "devices")
-        .Kv("requested", "all")
-        .Kv("using", "cpu")
-        .Kv("why", "this build has no GPU backend yet");
+  {
+    std::vector<std::string> names;
+    std::string kind = "cpu";
+    for (const DeviceInfo& d : server.scheduler()->Devices()) {
+      names.push_back(d.name);
+      kind = d.kind;
+    }
+    const std::string workers = absl::StrJoin(names, ",");
+    if (server.devices_note().empty()) {
+      ATTNAUDIT_LOG(info, "devices")
+          .Kv("requested", flags.devices)
+          .Kv("using", kind)
+          .Kv("workers", workers);
+    } else {
+      // e.g. --devices all on a machine without a GPU: say what runs.
+      ATTNAUDIT_LOG(info, "devices")
+          .Kv("requested", flags.devices)
+          .Kv("using", kind)
+          .Kv("workers", workers)
+          .Kv("note", server.devices_note());
+    }
   }
   if (flags.metrics_listen.empty()) {
     ATTNAUDIT_LOG(info, "metrics endpoint disabled");

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "server/device_pool/device_selection.h"
 
 using attnaudit::server::ByteSize;
 using attnaudit::server::FlagDuration;
@@ -30,8 +31,13 @@ ABSL_FLAG(int64_t, cpu_workers, 0,
 ABSL_FLAG(int64_t, threads_per_job, 0,
           "threads one audit uses (0: all cores / cpu-workers)");
 ABSL_FLAG(std::string, devices, "cpu",
-          "devices to drive: cpu, or all (every device this build can use; "
-          "there is no GPU backend yet, so all = the CPU workers)");
+          "devices to drive: cpu (the CPU workers), all (one worker per "
+          "visible GPU; the CPU workers when there is none or the build has "
+          "no CUDA backend), or GPUs by ordinal: cuda:0,cuda:1");
+ABSL_FLAG(ByteSize, gpu_memory_pool_bytes, ByteSize{0},
+          "device memory each GPU worker reserves for its jobs (0: three "
+          "quarters of the GPU's free memory at start-up); a snapshot that "
+          "does not fit runs on the CPU backend");
 // Admission control.
 ABSL_FLAG(ByteSize, max_message_bytes, ByteSize{int64_t{256} << 20},
           "largest unary request; bigger snapshots use AuditStream (never "
@@ -122,6 +128,7 @@ const std::vector<absl::string_view>& FlagNames() {
       absl::GetFlagReflectionHandle(FLAGS_cpu_workers).Name(),
       absl::GetFlagReflectionHandle(FLAGS_threads_per_job).Name(),
       absl::GetFlagReflectionHandle(FLAGS_devices).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_gpu_memory_pool_bytes).Name(),
       absl::GetFlagReflectionHandle(FLAGS_max_message_bytes).Name(),
       absl::GetFlagReflectionHandle(FLAGS_queue_interactive).Name(),
       absl::GetFlagReflectionHandle(FLAGS_queue_sampled).Name(),
@@ -239,6 +246,7 @@ ServerFlags ReadFlags() {
   f.cpu_workers = absl::GetFlag(FLAGS_cpu_workers);
   f.threads_per_job = absl::GetFlag(FLAGS_threads_per_job);
   f.devices = absl::GetFlag(FLAGS_devices);
+  f.gpu_memory_pool_bytes = absl::GetFlag(FLAGS_gpu_memory_pool_bytes).bytes;
   f.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes).bytes;
   f.queue_interactive = absl::GetFlag(FLAGS_queue_interactive);
   f.queue_sampled = absl::GetFlag(FLAGS_queue_sampled);
@@ -291,6 +299,8 @@ absl::Status CheckRanges(const ServerFlags& f) {
            Range{"max-concurrent-streams", f.max_concurrent_streams, 1,
                  1 << 20},
            Range{"tenant-max-bytes", f.tenant_max_bytes, 0, int64_t{1} << 50},
+           Range{"gpu-memory-pool-bytes", f.gpu_memory_pool_bytes, 0,
+                 int64_t{1} << 50},
            Range{"metrics-max-models", f.metrics_max_models, 1, 1000},
            Range{"metrics-max-layers", f.metrics_max_layers, 1, 1000},
        }) {
@@ -319,9 +329,9 @@ absl::Status CheckCombinations(const ServerFlags& f) {
   if (!f.tls_client_ca.empty() && f.tls_cert.empty()) {
     return FlagError("tls-client-ca", "needs --tls-cert and --tls-key");
   }
-  if (f.devices != "cpu" && f.devices != "all") {
-    return FlagError("devices",
-                     absl::StrCat("'", f.devices, "' is not cpu or all"));
+  if (absl::StatusOr<DeviceSelection> d = ParseDeviceSelection(f.devices);
+      !d.ok()) {
+    return FlagError("devices", d.status().message());
   }
   if (f.listen.empty()) return FlagError("listen", "must not be empty");
   if (f.data_dir.empty()) return FlagError("data-dir", "must not be empty");

@@ -36,9 +36,10 @@ struct ServerFlags {
   // Execution. 0 means "derived from the machine" (see --help).
   int64_t cpu_workers = 0;
   int64_t threads_per_job = 0;
-  // "cpu" or "all". The GPU backend will give "all" (and device lists) a
-  // meaning of its own; until then both select the CPU workers.
+  // "cpu", "all" or "cuda:0,cuda:1" (server/device_pool/device_selection.h
+  // parses it; ParseServerFlags has checked it does).
   std::string devices;
+  int64_t gpu_memory_pool_bytes = 0;  // per GPU worker; 0: 3/4 of free
 
   // Admission control.
   int64_t max_message_bytes = 0;

@@ -335,6 +335,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(
     impl->RegisterQueues(*impl->registry);
     impl->RegisterJobs(*impl->registry);
     impl->RegisterCp(*impl->registry);
+    impl->RegisterDevices(*impl->registry);
   } catch (const std::exception& e) {
     return absl::InternalError(
         absl::StrCat("metrics registration failed: ", e.what()));
@@ -368,6 +369,27 @@ void Metrics::Impl::RegisterCp(prometheus::Registry& r) {
           {{"check", checks[c]}, {"rank", "all"}, {"verdict", verdicts[v]}});
     }
   }
+}
+
+void Metrics::Impl::RegisterDevices(prometheus::Registry& r) {
+  auto& jobs = CounterFamily(r, "attnaudit_device_jobs_total",
+                             "Jobs run, by device of the pool.");
+  auto& busy = CounterFamily(r, "attnaudit_device_busy_seconds_total",
+                             "Seconds spent running jobs, by device.");
+  auto& memory = GaugeFamily(
+      r, "attnaudit_device_memory_bytes",
+      "Device memory held when the device's last job ended, by device.");
+  auto series = [&](const std::string& name) {
+    return DeviceSeries{&jobs.Add({{"device", name}}),
+                        &busy.Add({{"device", name}}),
+                        &memory.Add({{"device", name}})};
+  };
+  for (const std::string& name : options.device_names) {
+    if (name != "other" && !device_series.contains(name)) {
+      device_series[name] = series(name);
+    }
+  }
+  other_device = series("other");
 }
 
 void Metrics::Impl::ObserveCp(const CpReport& cp) {
@@ -497,6 +519,18 @@ void Metrics::SetDevices(absl::string_view kind, int busy, int total) {
   Impl::KindSeries& s = impl_->Kind(kind);
   s.busy->Set(busy);
   s.idle->Set(total - busy);
+}
+
+const MetricsOptions& Metrics::options() const { return impl_->options; }
+
+void Metrics::ObserveDeviceJob(absl::string_view device, absl::Duration run,
+                               int64_t memory_bytes) {
+  auto it = impl_->device_series.find(device);
+  const Impl::DeviceSeries& s =
+      it != impl_->device_series.end() ? it->second : impl_->other_device;
+  s.jobs->Increment();
+  s.busy_seconds->Increment(std::max(0.0, absl::ToDoubleSeconds(run)));
+  s.memory->Set(static_cast<double>(memory_bytes));
 }
 
 SchedulerListener* Metrics::scheduler_listener() {

@@ -32,6 +32,12 @@
 // (metrics_internal::DriftBuckets).
 //   attnaudit_inflight_jobs                            gauge
 //   attnaudit_devices{kind,state}                      gauge; state: idle, busy
+//   attnaudit_device_jobs_total{device}                counter: jobs run
+//   attnaudit_device_busy_seconds_total{device}        counter: run time
+//   attnaudit_device_memory_bytes{device}              gauge: device memory
+//       the last job held at its end (GPU workers; 0 for CPU workers)
+//       device: a name of the pool ("cpu:0", "cuda:1"), "other" for any
+//       other (bounded by the pool); a gang job counts on its leader
 //   attnaudit_cp_checks_total{check,rank,verdict}      counter: the checks of
 //       context-parallel reports; check: rank (one rank's partial), combine,
 //       engine_order, deterministic; rank: "0".."max_cp_ranks-1" or "other"
@@ -63,6 +69,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -97,6 +104,13 @@ struct MetricsOptions {
   // Device kinds whose attnaudit_devices / duration series are created at
   // start-up ("cpu" always is).
   std::vector<std::string> device_kinds = {"cpu"};
+  // The pool's device names: the attnaudit_device_* series (created at
+  // start-up; any other name is reported as "other").
+  std::vector<std::string> device_names;
+  // The memory a device holds (Device::memory_in_use_bytes), read when a
+  // job finishes on it. May be empty (the gauge stays 0). Called from the
+  // scheduler's threads while the pool exists.
+  std::function<int64_t(absl::string_view device)> device_memory;
   // attnaudit_queue_capacity{class}, indexed by PriorityClass.
   std::array<int64_t, kNumPriorityClasses> queue_capacity = {0, 0};
 };
@@ -149,6 +163,11 @@ class Metrics {
   void SetQueuedBytes(int64_t bytes);
   void SetInFlight(int64_t jobs);
   void SetDevices(absl::string_view kind, int busy, int total);
+  const MetricsOptions& options() const;
+  // One job finished on `device` after `run`; the device holds
+  // `memory_bytes` of device memory now.
+  void ObserveDeviceJob(absl::string_view device, absl::Duration run,
+                        int64_t memory_bytes);
 
   // A SchedulerListener that drives the metrics above: queue depth/bytes,
   // in-flight, devices, rejections, queue wait, and on finish the job

@@ -95,6 +95,14 @@ struct Metrics::Impl {
   // [engine_order, deterministic, combine][PASS, DRIFT].
   std::vector<std::array<prometheus::Counter*, 2>> cp_rank_checks;
   std::array<std::array<prometheus::Counter*, 2>, 3> cp_checks{};
+  // attnaudit_device_*{device}: one entry per pool device, then "other".
+  struct DeviceSeries {
+    prometheus::Counter* jobs = nullptr;
+    prometheus::Counter* busy_seconds = nullptr;
+    prometheus::Gauge* memory = nullptr;
+  };
+  absl::flat_hash_map<std::string, DeviceSeries> device_series;
+  DeviceSeries other_device;
 
   std::unique_ptr<LabelBounder> models;
   std::unique_ptr<LabelBounder> layers;
@@ -122,6 +130,7 @@ struct Metrics::Impl {
   void RegisterQueues(prometheus::Registry& r);
   void RegisterJobs(prometheus::Registry& r);
   void RegisterCp(prometheus::Registry& r);
+  void RegisterDevices(prometheus::Registry& r);
   // Counts the checks of a report's CP section.
   void ObserveCp(const CpReport& cp);
   // The /metrics endpoint on options.listen_address.

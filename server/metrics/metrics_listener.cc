@@ -33,8 +33,12 @@ void MetricsListener::OnStarted(const Job& job, absl::string_view device_kind,
 
 void MetricsListener::OnFinished(const JobOutcome& outcome) {
   m_->CountJob(outcome.priority, outcome.status);
-  if (outcome.ran)
+  if (outcome.ran) {
     m_->ObserveJobDuration(outcome.device_kind, outcome.timings.run);
+    const auto& probe = m_->options().device_memory;
+    m_->ObserveDeviceJob(outcome.device_name, outcome.timings.run,
+                         probe ? probe(outcome.device_name) : 0);
+  }
   if (outcome.status.ok()) {
     m_->ObserveStages(outcome.report.provenance.timings, outcome.device_kind);
     m_->ObserveReport(outcome.report, outcome.labels);

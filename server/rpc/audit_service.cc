@@ -146,9 +146,10 @@ class RejectedWatch final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnDone() override { delete this; }
 };
 
-// Capabilities.devices and .backends.
-void DescribeDevices(const std::vector<DeviceInfo>& devices, bool cuda_built,
-                     v1::Capabilities* caps) {
+// Capabilities.devices and .backends: each device as the pool described
+// it at start-up, with its state now.
+void DescribeDevices(const std::vector<DeviceInfo>& devices,
+                     const ServiceOptions& o, v1::Capabilities* caps) {
   bool have_cuda = false;
   for (const DeviceInfo& d : devices) {
     v1::Device* dev = caps->add_devices();
@@ -157,6 +158,12 @@ void DescribeDevices(const std::vector<DeviceInfo>& devices, bool cuda_built,
     have_cuda |= gpu;
     dev->set_kind(gpu ? v1::DEVICE_KIND_GPU : v1::DEVICE_KIND_CPU);
     dev->set_name(gpu ? "CUDA device" : "CPU worker");
+    for (const DeviceDescription& desc : o.device_descriptions) {
+      if (desc.name != d.name) continue;
+      dev->set_name(desc.model);
+      dev->set_memory_bytes(desc.memory_bytes);
+      dev->set_compute_capability(desc.compute_capability);
+    }
     dev->set_state(d.busy ? v1::DEVICE_STATE_BUSY : v1::DEVICE_STATE_IDLE);
   }
   v1::Backend* cpu = caps->add_backends();
@@ -165,9 +172,14 @@ void DescribeDevices(const std::vector<DeviceInfo>& devices, bool cuda_built,
   v1::Backend* cuda = caps->add_backends();
   cuda->set_name("cuda");
   cuda->set_available(have_cuda);
-  cuda->set_detail(!cuda_built ? "not built in"
-                   : have_cuda ? ""
-                               : "no GPU worker in the pool");
+  std::string detail = !o.cuda_built ? "not built in"
+                       : have_cuda   ? ""
+                                     : "no GPU worker in the pool";
+  if (!o.devices_note.empty()) {
+    detail = detail.empty() ? o.devices_note
+                            : absl::StrCat(detail, "; ", o.devices_note);
+  }
+  cuda->set_detail(detail);
 }
 
 // Bytes a chunk message adds around its data (AuditStreamMessage.chunk.data:
@@ -425,7 +437,7 @@ grpc::ServerUnaryReactor* AuditServiceImpl::GetCapabilities(
   caps.set_version(options_.version);
   caps.set_api_version("attnaudit.v1");
   caps.set_fingerprint_version(kFingerprintVersion);
-  DescribeDevices(scheduler_->Devices(), options_.cuda_built, &caps);
+  DescribeDevices(scheduler_->Devices(), options_, &caps);
   DescribeLimits(options_, caps.mutable_limits());
   call->Done(SerializeResponse(caps, response));
   return call;

@@ -102,6 +102,11 @@ struct ServiceOptions {
   absl::Duration default_submit_timeout = absl::InfiniteDuration();
   // Capabilities.backends: CUDA built in and usable.
   bool cuda_built = false;
+  // Capabilities.devices: what each device of the pool is (by name; the
+  // busy/idle state comes from the scheduler), and why the pool is not
+  // what --devices asked for, when it is not (server/device_pool).
+  std::vector<DeviceDescription> device_descriptions;
+  std::string devices_note;
   std::string version = "unknown";
 };
 

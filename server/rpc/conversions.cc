@@ -241,11 +241,17 @@ void ApplyGang(const AuditServiceImpl& svc, Job* job) {
   const int64_t world = job->snapshot.cp.world_size;
   if (world <= 1) return;
   int64_t cpus = 0;
-  for (const DeviceInfo& d : svc.scheduler()->Devices())
+  int64_t gpus = 0;
+  for (const DeviceInfo& d : svc.scheduler()->Devices()) {
     cpus += d.kind == "cpu";
-  if (cpus == 0) return;
-  job->device_kind = "cpu";
-  job->gang_size = static_cast<int>(std::min(world, cpus));
+    gpus += d.kind == "cuda";
+  }
+  // GPU workers when the pool has them (one rank per GPU, or several in
+  // turns), else CPU workers.
+  const int64_t n = gpus > 0 ? gpus : cpus;
+  if (n == 0) return;
+  job->device_kind = gpus > 0 ? "cuda" : "cpu";
+  job->gang_size = static_cast<int>(std::min(world, n));
 }
 
 }  // namespace attnaudit::server::rpc_internal

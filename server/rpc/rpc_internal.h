@@ -149,10 +149,11 @@ void CountRefusal(AuditServiceImpl* svc, const absl::Status& status,
                   Metrics::InvalidInput where);
 
 // A context-parallel snapshot (cp.world_size W > 1) runs as a gang of
-// min(W, CPU devices) CPU workers: all W ranks when the pool has them, the
-// ranks in turns on the workers it has otherwise (a gang never exceeds the
-// pool, so it is always admitted and placed once enough workers are idle).
-// Other jobs, or a pool without CPU devices, keep a gang of 1.
+// min(W, GPU workers) GPU workers when the pool has GPUs, else of min(W, CPU
+// workers) CPU workers: all W ranks when the pool has them, the ranks in
+// turns on the workers it has otherwise (a gang never exceeds the pool, so
+// it is always admitted and placed once enough workers are idle). Other
+// jobs keep a gang of 1.
 void ApplyGang(const AuditServiceImpl& svc, Job* job);
 
 // ---- Interactive jobs: audit_service.cc.

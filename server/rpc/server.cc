@@ -19,7 +19,7 @@
 #include "core/common/status_macros.h"
 #include "proto/credentials/credential_files.h"
 #include "server/common/log.h"
-#include "server/cpu_device/cpu_device.h"
+#include "server/device_pool/device_pool.h"
 
 #ifndef ATTNAUDIT_VERSION
 #define ATTNAUDIT_VERSION "unknown"
@@ -188,7 +188,8 @@ absl::Status AuditServer::Init() {
   }
   started_ = absl::Now();
   ATTNAUDIT_RETURN_IF_ERROR(OpenAuth());
-  std::vector<std::unique_ptr<Device>> devices = MakeDevices();
+  ATTNAUDIT_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Device>> devices,
+                             MakeDevices());
   ATTNAUDIT_RETURN_IF_ERROR(OpenMetrics(devices));
   ATTNAUDIT_RETURN_IF_ERROR(OpenStorage());
   SchedulerOptions sched;
@@ -209,12 +210,24 @@ absl::Status AuditServer::Init() {
   return absl::OkStatus();
 }
 
-std::vector<std::unique_ptr<Device>> AuditServer::MakeDevices() {
-  if (!options_.devices.empty()) return std::move(options_.devices);
-  int workers = 0;
-  int threads = 0;
-  PoolShape(options_.cpu_workers, options_.threads_per_job, &workers, &threads);
-  return MakeCpuDevices(workers, threads);
+absl::StatusOr<std::vector<std::unique_ptr<Device>>>
+AuditServer::MakeDevices() {
+  if (!options_.devices.empty()) {
+    for (const auto& d : options_.devices) {
+      device_descriptions_.push_back(d->Describe());
+    }
+    return std::move(options_.devices);
+  }
+  DevicePoolOptions o;
+  o.selection = options_.device_selection;
+  PoolShape(options_.cpu_workers, options_.threads_per_job, &o.cpu_workers,
+            &o.cpu_threads);
+  o.gpu_memory_pool_bytes = options_.gpu_memory_pool_bytes;
+  ATTNAUDIT_ASSIGN_OR_RETURN(DevicePool pool, MakeDevicePool(o));
+  devices_note_ = pool.note;
+  device_descriptions_ = pool.descriptions;
+  cuda_built_ = pool.cuda_built;
+  return std::move(pool.devices);
 }
 
 absl::Status AuditServer::OpenAuth() {
@@ -265,6 +278,19 @@ absl::Status AuditServer::OpenMetrics(
       mo.device_kinds.push_back(d->kind());
     }
   }
+  std::vector<const Device*> pool;
+  for (const auto& d : devices) {
+    mo.device_names.push_back(d->name());
+    pool.push_back(d.get());
+  }
+  // The devices live in the scheduler, which finishes every job before it
+  // is destroyed: the probe never outlives them.
+  mo.device_memory = [pool](absl::string_view name) -> int64_t {
+    for (const Device* d : pool) {
+      if (d->name() == name) return d->memory_in_use_bytes();
+    }
+    return 0;
+  };
   mo.queue_capacity = o.queue_capacity;
   absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create(mo);
   if (!metrics.ok()) {
@@ -330,9 +356,9 @@ ServiceOptions AuditServer::MakeServiceOptions() const {
   svc.queued_bytes_budget = o.memory_budget_bytes;
   svc.watcher_buffer = o.watcher_buffer;
   svc.version = ServerVersion();
-#ifdef ATTNAUDIT_HAVE_CUDA
-  svc.cuda_built = true;
-#endif
+  svc.cuda_built = cuda_built_;
+  svc.device_descriptions = device_descriptions_;
+  svc.devices_note = devices_note_;
   return svc;
 }
 

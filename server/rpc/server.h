@@ -43,6 +43,7 @@
 #include "absl/types/optional.h"
 #include "core/validate/validate.h"
 #include "server/auth/tenants.h"
+#include "server/device_pool/device_selection.h"
 #include "server/metrics/metrics.h"
 #include "server/metrics_http/metrics_http.h"
 #include "server/rpc/audit_service.h"
@@ -84,7 +85,12 @@ struct AuditServerOptions {
   // CPU pool: 0 derives from the machine (see server_flags.h --help).
   int cpu_workers = 0;
   int threads_per_job = 0;
-  // Replaces the CPU pool when non-empty (tests, GPU builds).
+  // --devices (server/device_pool): the CPU pool, every GPU (the CPU pool
+  // when there is none), or the GPUs listed; each GPU worker reserves
+  // gpu_memory_pool_bytes (0: 3/4 of its free memory).
+  DeviceSelection device_selection;
+  int64_t gpu_memory_pool_bytes = 0;
+  // Replaces the pool when non-empty (tests).
   std::vector<std::unique_ptr<Device>> devices;
 
   int64_t max_message_bytes = int64_t{256} << 20;
@@ -153,6 +159,9 @@ class AuditServer {
   // The bound gRPC port and metrics port (0 without an endpoint).
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
+  // What the device pool is and why, when it is not what --devices asked
+  // for (e.g. --devices all without a GPU); empty for a plain CPU pool.
+  const std::string& devices_note() const { return devices_note_; }
 
   // The SIGTERM sequence (see the file comment). Idempotent.
   void Shutdown();
@@ -176,7 +185,7 @@ class AuditServer {
   AuditServer() = default;
   // Start-up, one step each (Init runs them in order).
   absl::Status Init();
-  std::vector<std::unique_ptr<Device>> MakeDevices();
+  absl::StatusOr<std::vector<std::unique_ptr<Device>>> MakeDevices();
   absl::Status OpenMetrics(const std::vector<std::unique_ptr<Device>>& devices);
   absl::Status OpenAuth();
   absl::Status OpenStorage();
@@ -202,6 +211,9 @@ class AuditServer {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   int metrics_port_ = 0;
+  std::string devices_note_;
+  std::vector<DeviceDescription> device_descriptions_;
+  bool cuda_built_ = false;
 
   std::atomic<bool> stop_{false};
   std::thread resume_thread_;

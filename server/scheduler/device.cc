@@ -13,4 +13,12 @@ absl::StatusOr<AuditReport> Device::RunGang(absl::Span<Device* const> gang,
       gang.size(), " devices"));
 }
 
+DeviceDescription Device::Describe() const {
+  DeviceDescription d;
+  d.name = name();
+  d.kind = kind();
+  d.model = "CPU worker";
+  return d;
+}
+
 }  // namespace attnaudit::server

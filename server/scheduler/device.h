@@ -18,6 +18,7 @@
 #ifndef ATTNAUDIT_SERVER_SCHEDULER_DEVICE_H_
 #define ATTNAUDIT_SERVER_SCHEDULER_DEVICE_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -27,6 +28,15 @@
 #include "core/snapshot/snapshot.h"
 
 namespace attnaudit::server {
+
+// What GetCapabilities shows of a device: fixed at start-up.
+struct DeviceDescription {
+  std::string name;                // "cpu:0", "cuda:1" (Device::name())
+  std::string kind;                // "cpu", "cuda"
+  std::string model;               // "CPU worker", "NVIDIA H200"
+  int64_t memory_bytes = 0;        // device memory; 0 for CPU workers
+  std::string compute_capability;  // "9.0"; empty for CPU workers
+};
 
 class Device {
  public:
@@ -47,6 +57,12 @@ class Device {
   virtual absl::StatusOr<AuditReport> RunGang(absl::Span<Device* const> gang,
                                               const Snapshot& snapshot,
                                               const AuditOptions& options);
+
+  // Callable from any thread. The default describes a CPU worker.
+  virtual DeviceDescription Describe() const;
+  // Device memory the running job holds, in bytes (0 when the device does
+  // not track it). Callable from any thread (metrics).
+  virtual int64_t memory_in_use_bytes() const { return 0; }
 };
 
 }  // namespace attnaudit::server

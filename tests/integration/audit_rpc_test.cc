@@ -314,6 +314,39 @@ TEST_F(AuditRpcTest, CapabilitiesDescribeTheServer) {
   EXPECT_TRUE(caps->backends(0).available());
 }
 
+// --devices all: GPU workers where there are GPUs; otherwise the CPU
+// workers, and GetCapabilities says why (as the start-up log does).
+TEST(AuditRpcDevicesTest, AllWithoutAGpuSaysSoInCapabilities) {
+  server::AuditServerOptions options = TestOptions(MakeTempDir("devall"));
+  options.device_selection.mode = server::DeviceSelection::Mode::kAll;
+  options.cpu_workers = 1;
+  options.threads_per_job = 1;
+  std::unique_ptr<TestServer> t = StartServer(std::move(options));
+  ASSERT_NE(t, nullptr);
+  absl::StatusOr<v1::Capabilities> caps = t->client->Capabilities();
+  ASSERT_TRUE(caps.ok()) << caps.status();
+  ASSERT_GE(caps->devices_size(), 1);
+  ASSERT_EQ(caps->backends_size(), 2);
+  const v1::Backend& cuda = caps->backends(1);
+  EXPECT_EQ(cuda.name(), "cuda");
+  if (caps->devices(0).kind() == v1::DEVICE_KIND_GPU) {
+    EXPECT_TRUE(cuda.available());
+    EXPECT_FALSE(caps->devices(0).compute_capability().empty());
+    EXPECT_GT(caps->devices(0).memory_bytes(), 0);
+    return;
+  }
+  ASSERT_EQ(caps->devices_size(), 1);
+  EXPECT_EQ(caps->devices(0).id(), "cpu:0");
+  EXPECT_EQ(caps->devices(0).name(), "CPU worker");
+  EXPECT_FALSE(cuda.available());
+  EXPECT_TRUE(absl::StrContains(cuda.detail(), "--devices all: "))
+      << cuda.detail();
+  EXPECT_TRUE(absl::StrContains(cuda.detail(), "running on 1 CPU worker"))
+      << cuda.detail();
+  EXPECT_TRUE(absl::StrContains(cuda.detail(), t->server->devices_note()))
+      << t->server->devices_note();
+}
+
 TEST_F(AuditRpcTest, HealthUsesRealServiceNames) {
   grpc::Status s;
   EXPECT_EQ(HealthCheck(t_->channel, "", &s), 1) << s.error_message();

@@ -6,8 +6,11 @@
 //
 // Buffers. Every rank r owns two receive slots, 0 and 1, of slot_bytes()
 // bytes each, allocated and owned by the transport for its whole life
-// (Slot() returns stable memory, 8-byte aligned). Step s of the schedule
-// uses slot s % 2 of every rank.
+// (Slot() returns stable memory, 8-byte aligned: host memory here, device
+// memory for the GPU transports of kernels/cuda_transports.h, which keep
+// this contract in stream order -- "complete" there means "ordered before
+// later work on the rank's stream"). Step s of the schedule uses slot s % 2
+// of every rank.
 //
 // Contract, per rank r and global step s (calls for one rank come from one
 // thread at a time, in step order; different ranks may call concurrently):

@@ -26,15 +26,34 @@ TEST(ServerFlagsTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_FALSE(f->help);
 }
 
-// --devices is the GPU overlay's interface (deploy/k8s/overlays/gpu): "all"
-// is accepted today (and runs on the CPU workers), anything else is an error.
-TEST(ServerFlagsTest, DevicesIsCpuOrAll) {
-  absl::StatusOr<ServerFlags> f = ParseServerFlags({"--devices=all"});
+// --devices is the GPU overlay's interface (deploy/k8s/overlays/gpu):
+// cpu, all, or a list of GPUs; the pool it selects is device_pool_test's.
+TEST(ServerFlagsTest, DevicesIsCpuAllOrAListOfGpus) {
+  for (const char* ok : {"cpu", "all", "cuda:0", "cuda:1,cuda:0", "CUDA:3"}) {
+    absl::StatusOr<ServerFlags> f = ParseServerFlags({"--devices", ok});
+    ASSERT_TRUE(f.ok()) << ok << ": " << f.status();
+    EXPECT_EQ(f->devices, ok);
+  }
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:0,cuda:0", "cuda:-1",
+                          "cpu,cuda:0", ""}) {
+    absl::StatusOr<ServerFlags> f = ParseServerFlags({"--devices", bad});
+    ASSERT_FALSE(f.ok()) << bad;
+    EXPECT_TRUE(absl::StartsWith(f.status().message(), "--devices"))
+        << f.status();
+  }
+}
+
+TEST(ServerFlagsTest, GpuMemoryPoolBytesTakesASize) {
+  absl::StatusOr<ServerFlags> f =
+      ParseServerFlags({"--gpu-memory-pool-bytes", "32GiB"});
   ASSERT_TRUE(f.ok()) << f.status();
-  EXPECT_EQ(f->devices, "all");
-  f = ParseServerFlags({"--devices", "cuda:0"});
+  EXPECT_EQ(f->gpu_memory_pool_bytes, int64_t{32} << 30);
+  f = ParseServerFlags({});
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->gpu_memory_pool_bytes, 0);
+  f = ParseServerFlags({"--gpu-memory-pool-bytes", "lots"});
   ASSERT_FALSE(f.ok());
-  EXPECT_TRUE(absl::StartsWith(f.status().message(), "--devices"))
+  EXPECT_TRUE(absl::StartsWith(f.status().message(), "--gpu-memory-pool-bytes"))
       << f.status();
 }
 
@@ -111,6 +130,7 @@ TEST(ServerFlagsTest, HelpListsEveryFlagWithItsDefault) {
                                "--threads-per-job",
                                "--devices",
                                "[cpu]",
+                               "--gpu-memory-pool-bytes",
                                "--max-message-bytes",
                                "[256MiB]",
                                "--queue-interactive",

@@ -107,6 +107,33 @@ uint64_t Bucket(const Metrics& metrics, const std::string& name,
   return 0;
 }
 
+// Per-device series exist for the pool's devices from the start; a name
+// outside the pool lands on "other", so the label set stays bounded.
+TEST(MetricsTest, PerDeviceSeriesAreBoundedByThePool) {
+  MetricsOptions o;
+  o.device_names = {"cuda:0", "cuda:1"};
+  auto metrics = MakeMetrics(o);
+  EXPECT_EQ(
+      Value(*metrics, "attnaudit_device_jobs_total", {{"device", "cuda:1"}}),
+      0.0);
+  metrics->ObserveDeviceJob("cuda:1", absl::Milliseconds(1500), 4096);
+  metrics->ObserveDeviceJob("cuda:1", absl::Milliseconds(500), 1024);
+  metrics->ObserveDeviceJob("cuda:7", absl::Seconds(2), 8);
+  const LabelMap one = {{"device", "cuda:1"}};
+  EXPECT_EQ(Value(*metrics, "attnaudit_device_jobs_total", one), 2.0);
+  EXPECT_DOUBLE_EQ(Value(*metrics, "attnaudit_device_busy_seconds_total", one),
+                   2.0);
+  EXPECT_EQ(Value(*metrics, "attnaudit_device_memory_bytes", one), 1024.0);
+  EXPECT_EQ(
+      Value(*metrics, "attnaudit_device_jobs_total", {{"device", "cuda:0"}}),
+      0.0);
+  const LabelMap other = {{"device", "other"}};
+  EXPECT_EQ(Value(*metrics, "attnaudit_device_jobs_total", other), 1.0);
+  EXPECT_EQ(Find(metrics->registry()->Collect(), "attnaudit_device_jobs_total",
+                 {{"device", "cuda:7"}}),
+            nullptr);
+}
+
 TEST(MetricsTest, ExactlyTheDocumentedFamilies) {
   auto metrics = MakeMetrics();
   auto families = [&] {
@@ -143,6 +170,9 @@ TEST(MetricsTest, ExactlyTheDocumentedFamilies) {
       {"attnaudit_labels_truncated_total", T::Counter},
       {"attnaudit_inflight_jobs", T::Gauge},
       {"attnaudit_devices", T::Gauge},
+      {"attnaudit_device_jobs_total", T::Counter},
+      {"attnaudit_device_busy_seconds_total", T::Counter},
+      {"attnaudit_device_memory_bytes", T::Gauge},
       {"attnaudit_cp_checks_total", T::Counter},
   };
   EXPECT_EQ(got, want);

@@ -1,0 +1,156 @@
+// The arithmetic of one merge step of partial attention states, written
+// once for the CPU and the GPU (core/common/host_device.h): the CPU's
+// merge routine (merge.cc: MergeInto, MergeStates) and the CUDA kernels
+// (kernels/) call these same functions, so the replay P folds its unit
+// states with the same source on every target. docs/DESIGN.md §2 and
+// docs/NUMERICS.md ("The merge routine") define the routine:
+//   M   = max_i lse_i      (NaN and +inf count as -inf; M = 0 if all -inf)
+//   w_i = exp(lse_i - M)
+//   out = sum_i w_i out_i / sum_i w_i      (fp32, states of weight 0 skipped)
+//   lse = M + ln sum_i w_i
+//
+// Every product, sum and quotient is one correctly rounded fp32 operation:
+// on the host the core is compiled with -ffp-contract=off, and on the
+// device Mul/Add/Div use the _rn intrinsics, which nvcc never fuses into an
+// FMA. exp and log are the platform's math library (glibc on the host,
+// CUDA's libdevice on the GPU): the only place the two may differ, by an
+// ulp of a weight (docs/NUMERICS.md, "CPU and GPU").
+//
+// Pure functions; thread-safe.
+#ifndef ATTNAUDIT_CORE_ATTENTION_MERGE_STEP_H_
+#define ATTNAUDIT_CORE_ATTENTION_MERGE_STEP_H_
+
+#include <cstdint>
+
+#include "core/common/host_device.h"
+
+#ifndef ATTNAUDIT_DEVICE_CODE
+#include <cmath>
+#include <limits>
+#endif
+
+namespace attnaudit {
+namespace merge_step {
+
+ATTNAUDIT_HOST_DEVICE inline float NegInf() {
+#ifdef ATTNAUDIT_DEVICE_CODE
+  return __int_as_float(static_cast<int>(0xff800000u));
+#else
+  return -std::numeric_limits<float>::infinity();
+#endif
+}
+
+// One correctly rounded operation each, never contracted.
+ATTNAUDIT_HOST_DEVICE inline float Mul(float a, float b) {
+#ifdef ATTNAUDIT_DEVICE_CODE
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+ATTNAUDIT_HOST_DEVICE inline float Add(float a, float b) {
+#ifdef ATTNAUDIT_DEVICE_CODE
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+ATTNAUDIT_HOST_DEVICE inline float Sub(float a, float b) {
+#ifdef ATTNAUDIT_DEVICE_CODE
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+ATTNAUDIT_HOST_DEVICE inline float Div(float a, float b) {
+#ifdef ATTNAUDIT_DEVICE_CODE
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+ATTNAUDIT_HOST_DEVICE inline float Exp(float x) {
+#ifdef ATTNAUDIT_DEVICE_CODE
+  return expf(x);
+#else
+  return std::exp(x);
+#endif
+}
+ATTNAUDIT_HOST_DEVICE inline float Log(float x) {
+#ifdef ATTNAUDIT_DEVICE_CODE
+  return logf(x);
+#else
+  return std::log(x);
+#endif
+}
+ATTNAUDIT_HOST_DEVICE inline float Fmax(float a, float b) {
+#ifdef ATTNAUDIT_DEVICE_CODE
+  return fmaxf(a, b);
+#else
+  return std::fmax(a, b);
+#endif
+}
+
+// NaN and +inf LSEs are empty states.
+ATTNAUDIT_HOST_DEVICE inline float SanitizeLse(float lse) {
+  return (lse != lse || lse == -NegInf()) ? NegInf() : lse;
+}
+
+// The weights of merging state b into accumulator a. m == -inf: both are
+// empty (the result is out 0, lse -inf).
+struct PairWeights {
+  float m;
+  float wa;
+  float wb;
+  float total;
+};
+
+ATTNAUDIT_HOST_DEVICE inline PairWeights Weights(float acc_lse,
+                                                 float next_lse) {
+  const float a = SanitizeLse(acc_lse);
+  const float b = SanitizeLse(next_lse);
+  PairWeights w;
+  w.m = Fmax(a, b);
+  if (w.m == NegInf()) {
+    w.wa = w.wb = w.total = 0.0f;
+    return w;
+  }
+  w.wa = a == NegInf() ? 0.0f : Exp(Sub(a, w.m));
+  w.wb = b == NegInf() ? 0.0f : Exp(Sub(b, w.m));
+  w.total = Add(w.wa, w.wb);
+  return w;
+}
+
+// One element of the merged out. A state of weight 0 takes no part (0 * NaN
+// would be NaN); the sum starts at +0 as the n-way routine's does.
+ATTNAUDIT_HOST_DEVICE inline float Element(const PairWeights& w, float acc,
+                                           float next) {
+  if (w.m == NegInf()) return 0.0f;
+  if (w.wa != 0.0f && w.wb != 0.0f) {
+    return Div(Add(Add(0.0f, Mul(w.wa, acc)), Mul(w.wb, next)), w.total);
+  }
+  if (w.wa != 0.0f) return Div(Add(0.0f, Mul(w.wa, acc)), w.total);
+  return Div(Add(0.0f, Mul(w.wb, next)), w.total);
+}
+
+ATTNAUDIT_HOST_DEVICE inline float Lse(const PairWeights& w) {
+  return w.m == NegInf() ? NegInf() : Add(w.m, Log(w.total));
+}
+
+// (acc_out, acc_lse) <- merge(acc, next) over d elements: the left fold's
+// step, as MergeInto (merge.h) runs it on the CPU. A GPU thread block runs
+// Weights once per state and Element per element instead.
+ATTNAUDIT_HOST_DEVICE inline void MergePair(float* acc_out, float* acc_lse,
+                                            const float* next_out,
+                                            float next_lse, int64_t d) {
+  const PairWeights w = Weights(*acc_lse, next_lse);
+  for (int64_t j = 0; j < d; ++j) {
+    acc_out[j] = Element(w, acc_out[j], next_out[j]);
+  }
+  *acc_lse = Lse(w);
+}
+
+}  // namespace merge_step
+}  // namespace attnaudit
+
+#endif  // ATTNAUDIT_CORE_ATTENTION_MERGE_STEP_H_

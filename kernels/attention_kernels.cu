@@ -1,0 +1,638 @@
+// The fused R + P pass (attention_kernels.h states what it computes). The
+// arithmetic is kernels/math/ and core/attention/merge_step.h, in the CPU
+// core's operation order; this file maps it onto threads:
+//   - scores: a group of V threads (16 for fp32, 8 for fp64: the virtual
+//     lanes) per (query row, token); lane l computes its partial, the lane
+//     tree runs as xor-shuffles (lane i + lane i^m is the tree's pair, in
+//     either operand order: addition commutes exactly), lane 0 adds the
+//     tail and applies the scale and soft-cap;
+//   - the max and the sum of a row: one thread per row, in key order;
+//   - weights and output elements: one thread per element (each an
+//     independent FMA chain in key order);
+//   - the fold: each (row, element) thread computes the pair's weights
+//     (the same bits on every thread) and its element; one thread per row
+//     then writes the merged lse.
+// So every thread count and launch shape computes the same bits.
+#include <cuda_pipeline.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/attention/merge_step.h"
+#include "kernels/attention_kernels.h"
+#include "kernels/cuda_check.h"
+#include "kernels/math/dot.h"
+#include "kernels/math/scalar.h"
+#include "kernels/math/unit_state.h"
+#include "kernels/math/widen.h"
+
+namespace attnaudit {
+namespace cuda_internal {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kStages = 3;  // runs in flight: the one computed + 2 loading
+
+__host__ __device__ inline int64_t Align16(int64_t x) {
+  return (x + 15) / 16 * 16;
+}
+
+// Byte offsets of the shared-memory sections of one thread block.
+struct Layout {
+  int64_t stage_k, stage_v, stage_k_bytes, stage_v_bytes;
+  int64_t k32, v32, k64, v64;
+  int64_t q32, q64;
+  int64_t vis, vcount, ulo, ucnt;
+  int64_t s32, e32, s64, e64;
+  int64_t p_acc, p_lse, p_started, u_out, u_max, u_sum, u_lse;
+  int64_t r_acc, r_m, r_l, r_alpha;
+  int64_t ru_out, ru_max, ru_sum, ru_lse;
+  int64_t total;
+};
+
+__host__ __device__ inline Layout MakeLayout(const PassParams& p) {
+  const int64_t D = p.head_dim;
+  const int64_t P = p.max_run;
+  const int64_t group = p.q_heads / p.kv_heads;
+  const int64_t qpb = p.queries_per_block;
+  const int64_t rows = group * qpb;
+  const bool r64 = p.reference || p.store_r_states;
+  const bool p32 = p.replay_fold || p.store_p_states;
+  Layout l{};
+  int64_t at = 0;
+  auto take = [&at](int64_t bytes) {
+    const int64_t here = at;
+    at += Align16(bytes);
+    return here;
+  };
+  l.stage_k_bytes = Align16(P * D * kmath::ElemBytes(p.k_dtype));
+  l.stage_v_bytes = Align16(P * D * kmath::ElemBytes(p.v_dtype));
+  l.stage_k = take(kStages * l.stage_k_bytes);
+  l.stage_v = take(kStages * l.stage_v_bytes);
+  l.k32 = take(P * D * 4);
+  l.v32 = take(P * D * 4);
+  l.k64 = take(p.k_dtype == kmath::kElemF64 ? P * D * 8 : 0);
+  l.v64 = take(p.v_dtype == kmath::kElemF64 ? P * D * 8 : 0);
+  l.q32 = take(p32 ? rows * D * 4 : 0);
+  l.q64 = take(r64 ? rows * D * 8 : 0);
+  l.vis = take(qpb * P * 4);
+  l.vcount = take(qpb * 4);
+  l.ulo = take(qpb * 4);
+  l.ucnt = take(qpb * 4);
+  l.s32 = take(p32 ? rows * P * 4 : 0);
+  l.e32 = take(p32 ? rows * P * 4 : 0);
+  l.s64 = take(r64 ? rows * P * 8 : 0);
+  l.e64 = take(r64 ? rows * P * 8 : 0);
+  l.p_acc = take(p.replay_fold ? rows * D * 4 : 0);
+  l.p_lse = take(p.replay_fold ? rows * 4 : 0);
+  l.p_started = take(p.replay_fold ? rows * 4 : 0);
+  l.u_out = take(p32 ? rows * D * 4 : 0);
+  l.u_max = take(p32 ? rows * 4 : 0);
+  l.u_sum = take(p32 ? rows * 4 : 0);
+  l.u_lse = take(p32 ? rows * 4 : 0);
+  l.r_acc = take(p.reference ? rows * D * 8 : 0);
+  l.r_m = take(p.reference ? rows * 8 : 0);
+  l.r_l = take(p.reference ? rows * 8 : 0);
+  l.r_alpha = take(p.reference ? rows * 8 : 0);
+  l.ru_out = take(p.store_r_states ? rows * D * 8 : 0);
+  l.ru_max = take(p.store_r_states ? rows * 8 : 0);
+  l.ru_sum = take(p.store_r_states ? rows * 8 : 0);
+  l.ru_lse = take(p.store_r_states ? rows * 8 : 0);
+  l.total = at;
+  return l;
+}
+
+// What one thread block works on.
+struct Item {
+  int64_t b;      // batch row
+  int64_t g;      // KV head
+  int64_t sq0;    // first query position
+  int64_t qn;     // query positions (<= queries_per_block)
+  int64_t group;  // query heads per KV head
+  int64_t rows;   // group * qn
+  int64_t D;
+  int64_t P;
+};
+
+struct Shared {
+  char* base;
+  Layout l;
+  template <typename T>
+  __device__ T* at(int64_t offset) const {
+    return reinterpret_cast<T*>(base + offset);
+  }
+};
+
+// Starts the asynchronous copy of run `run`'s K and V rows of head g into
+// stage `stage` (whole rows, copy_width bytes per copy).
+__device__ void LoadRun(const PassParams& p, const Item& it, const Shared& sh,
+                        const PassRun& run, int stage) {
+  const int ke = kmath::ElemBytes(p.k_dtype);
+  const int ve = kmath::ElemBytes(p.v_dtype);
+  struct Part {
+    const char* src;
+    char* dst;
+    int64_t row_stride_bytes;
+    int64_t row_bytes;
+  };
+  const Part parts[2] = {{p.k_base + run.k_offset + it.g * p.k_head_stride * ke,
+                          sh.base + sh.l.stage_k + stage * sh.l.stage_k_bytes,
+                          p.k_row_stride * ke, it.D * ke},
+                         {p.v_base + run.v_offset + it.g * p.v_head_stride * ve,
+                          sh.base + sh.l.stage_v + stage * sh.l.stage_v_bytes,
+                          p.v_row_stride * ve, it.D * ve}};
+  const int w = p.copy_width;
+  for (const Part& part : parts) {
+    const int64_t per_row = part.row_bytes / w;
+    const int64_t chunks = run.n * per_row;
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      const int64_t t = c / per_row;
+      const int64_t off = (c % per_row) * w;
+      const char* src = part.src + t * part.row_stride_bytes + off;
+      char* dst = part.dst + t * part.row_bytes + off;
+      if (w >= 4) {
+        __pipeline_memcpy_async(dst, src, static_cast<size_t>(w));
+      } else {
+        *dst = *src;  // unaligned rows: plain loads
+      }
+    }
+  }
+}
+
+// Widens the stage's K and V into k32/v32 (and k64/v64 for f64 pages),
+// flagging non-finite values: the pass is the audit's only read of the
+// cache, as on the CPU.
+__device__ void WidenRun(const PassParams& p, const Item& it, const Shared& sh,
+                         int n, int stage) {
+  const char* k_raw = sh.base + sh.l.stage_k + stage * sh.l.stage_k_bytes;
+  const char* v_raw = sh.base + sh.l.stage_v + stage * sh.l.stage_v_bytes;
+  float* k32 = sh.at<float>(sh.l.k32);
+  float* v32 = sh.at<float>(sh.l.v32);
+  double* k64 = sh.at<double>(sh.l.k64);
+  double* v64 = sh.at<double>(sh.l.v64);
+  bool bad = false;
+  for (int64_t i = threadIdx.x; i < n * it.D; i += blockDim.x) {
+    if (p.k_dtype == kmath::kElemF64) {
+      const double x = reinterpret_cast<const double*>(k_raw)[i];
+      k64[i] = x;
+      k32[i] = static_cast<float>(x);
+      bad |= !kmath::Ops<double>::IsFinite(x);
+    } else {
+      k32[i] = kmath::WidenToFloat(k_raw, p.k_dtype, i);
+      bad |= !kmath::Ops<float>::IsFinite(k32[i]);
+    }
+    if (p.v_dtype == kmath::kElemF64) {
+      const double x = reinterpret_cast<const double*>(v_raw)[i];
+      v64[i] = x;
+      v32[i] = static_cast<float>(x);
+      bad |= !kmath::Ops<double>::IsFinite(x);
+    } else {
+      v32[i] = kmath::WidenToFloat(v_raw, p.v_dtype, i);
+      bad |= !kmath::Ops<float>::IsFinite(v32[i]);
+    }
+  }
+  if (bad) atomicOr(p.kv_non_finite, 1);
+}
+
+__device__ bool Visible(const PassParams& p, int64_t key_pos,
+                        int64_t query_pos) {
+  if (key_pos < 0 || key_pos > query_pos) return false;
+  if (p.window <= 0) return true;
+  const int64_t distance = query_pos - key_pos;
+  return p.window_inclusive ? distance <= p.window : distance < p.window;
+}
+
+// Per query position, the ascending list of the run's visible tokens.
+__device__ void BuildVisibility(const PassParams& p, const Item& it,
+                                const Shared& sh, const PassRun& run) {
+  int32_t* vis = sh.at<int32_t>(sh.l.vis);
+  int32_t* vcount = sh.at<int32_t>(sh.l.vcount);
+  for (int64_t q = threadIdx.x; q < it.qn; q += blockDim.x) {
+    const int64_t qpos = p.query_positions[it.b * p.queries + it.sq0 + q];
+    int32_t count = 0;
+    for (int32_t t = 0; t < run.n; ++t) {
+      if (Visible(p, p.positions[run.pos_offset + t], qpos)) {
+        vis[q * it.P + count++] = t;
+      }
+    }
+    vcount[q] = count;
+  }
+}
+
+// Scores of every (row, token) pair in T: a group of V threads per pair
+// (the virtual lanes), the lane tree as xor-shuffles. K rows are k_rows
+// ([token][D] of type K, widened to T as read).
+template <typename T, typename K>
+__device__ void Scores(const Item& it, const T* q, const K* k_rows, int n,
+                       T scale, T cap, T* s) {
+  constexpr int V = kmath::VirtualLanes<T>::kCount;
+  const int lane = threadIdx.x % V;
+  const int64_t group_id = threadIdx.x / V;
+  const int64_t groups = blockDim.x / V;
+  const int64_t pairs = it.rows * n;
+  for (int64_t base = 0; base < pairs; base += groups) {
+    const int64_t pair = base + group_id;
+    const bool active = pair < pairs;
+    const int64_t r = active ? pair / n : 0;
+    const int64_t t = active ? pair % n : 0;
+    T part =
+        active ? kmath::LanePartial(q + r * it.D, k_rows + t * it.D, it.D, lane)
+               : T(0);
+    for (int m = V / 2; m >= 1; m /= 2) {
+      part = kmath::Ops<T>::Add(part, __shfl_xor_sync(0xffffffffu, part, m));
+    }
+    if (active && lane == 0) {
+      const T dot = kmath::DotTail(q + r * it.D, k_rows + t * it.D, it.D, part);
+      s[r * it.P + t] = kmath::Score(dot, scale, cap);
+    }
+  }
+}
+
+// R's online-softmax update for the run (a logical block).
+__device__ void UpdateReference(const Item& it, const Shared& sh, bool v_f64) {
+  const int32_t* vis = sh.at<int32_t>(sh.l.vis);
+  const int32_t* vcount = sh.at<int32_t>(sh.l.vcount);
+  const double* s = sh.at<double>(sh.l.s64);
+  double* e = sh.at<double>(sh.l.e64);
+  double* acc = sh.at<double>(sh.l.r_acc);
+  double* m = sh.at<double>(sh.l.r_m);
+  double* l = sh.at<double>(sh.l.r_l);
+  double* alpha = sh.at<double>(sh.l.r_alpha);
+  const float* v32 = sh.at<float>(sh.l.v32);
+  const double* v64 = sh.at<double>(sh.l.v64);
+  for (int64_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
+    const int64_t q = r / it.group;
+    if (vcount[q] == 0) continue;
+    const double m_new = kmath::MaxStep(
+        m[r], kmath::VisibleMax(s + r * it.P, vis + q * it.P, vcount[q]));
+    alpha[r] = kmath::RescaleFactor(m[r], m_new);
+    m[r] = m_new;
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < it.rows * it.P; i += blockDim.x) {
+    const int64_t r = i / it.P;
+    const int64_t c = i % it.P;
+    const int64_t q = r / it.group;
+    if (c < vcount[q]) {
+      e[r * it.P + c] = kmath::Weight(s[r * it.P + vis[q * it.P + c]], m[r]);
+    }
+  }
+  __syncthreads();
+  for (int64_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
+    const int64_t q = r / it.group;
+    if (vcount[q] == 0) continue;
+    l[r] = kmath::SumInOrder(e + r * it.P, vcount[q],
+                             kmath::Ops<double>::Mul(l[r], alpha[r]));
+  }
+  for (int64_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
+    const int64_t r = i / it.D;
+    const int64_t d = i % it.D;
+    const int64_t q = r / it.group;
+    if (vcount[q] == 0) continue;
+    const double start = kmath::Ops<double>::Mul(acc[i], alpha[r]);
+    acc[i] = kmath::AccumulateElement(
+        e + r * it.P, vis + q * it.P, vcount[q],
+        [&](int32_t t) {
+          return v_f64 ? v64[t * it.D + d]
+                       : static_cast<double>(v32[t * it.D + d]);
+        },
+        start);
+  }
+  __syncthreads();
+}
+
+// The visible sub-list of unit [first, first + count) for every query
+// position: ulo (offset in the position's list) and ucnt.
+__device__ void UnitRange(const Item& it, const Shared& sh,
+                          const PassUnit& unit) {
+  const int32_t* vis = sh.at<int32_t>(sh.l.vis);
+  const int32_t* vcount = sh.at<int32_t>(sh.l.vcount);
+  int32_t* ulo = sh.at<int32_t>(sh.l.ulo);
+  int32_t* ucnt = sh.at<int32_t>(sh.l.ucnt);
+  for (int64_t q = threadIdx.x; q < it.qn; q += blockDim.x) {
+    int32_t lo = 0;
+    while (lo < vcount[q] && vis[q * it.P + lo] < unit.first) ++lo;
+    int32_t hi = lo;
+    while (hi < vcount[q] && vis[q * it.P + hi] < unit.first + unit.count) {
+      ++hi;
+    }
+    ulo[q] = lo;
+    ucnt[q] = hi - lo;
+  }
+}
+
+// Where a unit's states go and where its V rows are.
+struct UnitTarget {
+  int64_t state_row;  // (unit_base[b] + unit) * Sq: add sq, times Hq, + h
+  bool store;
+  bool fold;
+};
+
+// One unit's state for every row whose query position sees some of its
+// keys, in T (fp32: P; fp64: R's unit states): steps of kmath::UnitState.
+template <typename T>
+__device__ void UnitStates(const PassParams& p, const Item& it,
+                           const Shared& sh, const T* s, T* e, T* out, T* umax,
+                           T* usum, T* ulse, const float* v32,
+                           const double* v64, T* state_out, T* state_lse,
+                           const UnitTarget& target) {
+  const int32_t* vis = sh.at<int32_t>(sh.l.vis);
+  const int32_t* ulo = sh.at<int32_t>(sh.l.ulo);
+  const int32_t* ucnt = sh.at<int32_t>(sh.l.ucnt);
+  for (int64_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
+    const int64_t q = r / it.group;
+    if (ucnt[q] == 0) continue;
+    umax[r] = kmath::VisibleMax(s + r * it.P, vis + q * it.P + ulo[q], ucnt[q]);
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < it.rows * it.P; i += blockDim.x) {
+    const int64_t r = i / it.P;
+    const int64_t c = i % it.P;
+    const int64_t q = r / it.group;
+    if (c < ucnt[q]) {
+      e[i] = kmath::Weight(s[r * it.P + vis[q * it.P + ulo[q] + c]], umax[r]);
+    }
+  }
+  __syncthreads();
+  for (int64_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
+    const int64_t q = r / it.group;
+    if (ucnt[q] == 0) continue;
+    usum[r] = kmath::SumInOrder(e + r * it.P, ucnt[q], T(0));
+    ulse[r] = kmath::UnitLse(umax[r], usum[r]);
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
+    const int64_t r = i / it.D;
+    const int64_t d = i % it.D;
+    const int64_t q = r / it.group;
+    if (ucnt[q] == 0) continue;
+    const T acc = kmath::AccumulateElement(
+        e + r * it.P, vis + q * it.P + ulo[q], ucnt[q],
+        [&](int32_t t) {
+          if constexpr (sizeof(T) == 8) {
+            return v64 != nullptr ? v64[t * it.D + d]
+                                  : static_cast<double>(v32[t * it.D + d]);
+          } else {
+            return v32[t * it.D + d];
+          }
+        },
+        T(0));
+    out[i] = kmath::Ops<T>::Div(acc, usum[r]);
+    if (target.store) {
+      const int64_t h = it.g * it.group + r % it.group;
+      const int64_t state = (target.state_row + it.sq0 + q) * p.q_heads + h;
+      state_out[state * it.D + d] = out[i];
+      if (d == 0) state_lse[state] = ulse[r];
+    }
+  }
+  __syncthreads();
+}
+
+// P: folds the unit's state (u_out, u_lse) into each row's running state
+// with the shared merge step.
+__device__ void FoldUnit(const Item& it, const Shared& sh) {
+  const int32_t* ucnt = sh.at<int32_t>(sh.l.ucnt);
+  float* acc = sh.at<float>(sh.l.p_acc);
+  float* acc_lse = sh.at<float>(sh.l.p_lse);
+  int32_t* started = sh.at<int32_t>(sh.l.p_started);
+  const float* out = sh.at<float>(sh.l.u_out);
+  const float* ulse = sh.at<float>(sh.l.u_lse);
+  for (int64_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
+    const int64_t r = i / it.D;
+    if (ucnt[r / it.group] == 0) continue;
+    if (!started[r]) {
+      acc[i] = out[i];
+    } else {
+      const merge_step::PairWeights w =
+          merge_step::Weights(acc_lse[r], ulse[r]);
+      acc[i] = merge_step::Element(w, acc[i], out[i]);
+    }
+  }
+  __syncthreads();
+  for (int64_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
+    if (ucnt[r / it.group] == 0) continue;
+    acc_lse[r] = started[r]
+                     ? merge_step::Lse(merge_step::Weights(acc_lse[r], ulse[r]))
+                     : ulse[r];
+    started[r] = 1;
+  }
+  __syncthreads();
+}
+
+// Every unit of the run: P (folded and/or stored) and R's unit states.
+__device__ void RunUnits(const PassParams& p, const Item& it, const Shared& sh,
+                         const PassRun& run) {
+  const bool v_f64 = p.v_dtype == kmath::kElemF64;
+  for (int32_t u = run.unit_begin; u < run.unit_end; ++u) {
+    const PassUnit unit = p.units[u];
+    UnitRange(it, sh, unit);
+    __syncthreads();
+    const int64_t state_row = p.unit_base != nullptr
+                                  ? (p.unit_base[it.b] + unit.index) * p.queries
+                                  : 0;
+    if (p.replay_fold || p.store_p_states) {
+      UnitStates<float>(p, it, sh, sh.at<float>(sh.l.s32),
+                        sh.at<float>(sh.l.e32), sh.at<float>(sh.l.u_out),
+                        sh.at<float>(sh.l.u_max), sh.at<float>(sh.l.u_sum),
+                        sh.at<float>(sh.l.u_lse), sh.at<float>(sh.l.v32),
+                        nullptr, p.p_state_out, p.p_state_lse,
+                        {state_row, p.store_p_states != 0, false});
+      if (p.replay_fold) FoldUnit(it, sh);
+    }
+    if (p.store_r_states) {
+      UnitStates<double>(
+          p, it, sh, sh.at<double>(sh.l.s64), sh.at<double>(sh.l.e64),
+          sh.at<double>(sh.l.ru_out), sh.at<double>(sh.l.ru_max),
+          sh.at<double>(sh.l.ru_sum), sh.at<double>(sh.l.ru_lse),
+          sh.at<float>(sh.l.v32), v_f64 ? sh.at<double>(sh.l.v64) : nullptr,
+          p.r_state_out, p.r_state_lse, {state_row, true, false});
+    }
+  }
+}
+
+// Loads the item's query rows (q32 = float(q), as the CPU) and resets the
+// running states.
+__device__ void InitItem(const PassParams& p, const Item& it,
+                         const Shared& sh) {
+  float* q32 = sh.at<float>(sh.l.q32);
+  double* q64 = sh.at<double>(sh.l.q64);
+  const bool r64 = p.reference || p.store_r_states;
+  const bool p32 = p.replay_fold || p.store_p_states;
+  for (int64_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
+    const int64_t r = i / it.D;
+    const int64_t h = it.g * it.group + r % it.group;
+    const int64_t qi =
+        (it.b * p.queries + it.sq0 + r / it.group) * p.q_heads + h;
+    const double x = p.q[qi * it.D + i % it.D];
+    if (r64) q64[i] = x;
+    if (p32) q32[i] = static_cast<float>(x);
+    if (p.replay_fold) sh.at<float>(sh.l.p_acc)[i] = 0.0f;
+    if (p.reference) sh.at<double>(sh.l.r_acc)[i] = 0.0;
+  }
+  for (int64_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
+    if (p.replay_fold) {
+      sh.at<float>(sh.l.p_lse)[r] = kmath::Ops<float>::NegInf();
+      sh.at<int32_t>(sh.l.p_started)[r] = 0;
+    }
+    if (p.reference) {
+      sh.at<double>(sh.l.r_m)[r] = kmath::Ops<double>::NegInf();
+      sh.at<double>(sh.l.r_l)[r] = 0.0;
+    }
+  }
+  __syncthreads();
+}
+
+// Writes the item's running states (unfinished: the host finishes them).
+__device__ void StoreItem(const PassParams& p, const Item& it,
+                          const Shared& sh) {
+  for (int64_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
+    const int64_t r = i / it.D;
+    const int64_t h = it.g * it.group + r % it.group;
+    const int64_t qi =
+        (it.b * p.queries + it.sq0 + r / it.group) * p.q_heads + h;
+    const int64_t d = i % it.D;
+    if (p.replay_fold) p.p_out[qi * it.D + d] = sh.at<float>(sh.l.p_acc)[i];
+    if (p.reference) p.r_acc[qi * it.D + d] = sh.at<double>(sh.l.r_acc)[i];
+    if (d != 0) continue;
+    if (p.replay_fold) p.p_lse[qi] = sh.at<float>(sh.l.p_lse)[r];
+    if (p.reference) {
+      p.r_m[qi] = sh.at<double>(sh.l.r_m)[r];
+      p.r_l[qi] = sh.at<double>(sh.l.r_l)[r];
+    }
+  }
+}
+
+// Scores, R's update and the units of one run already widened.
+__device__ void ComputeRun(const PassParams& p, const Item& it,
+                           const Shared& sh, const PassRun& run) {
+  BuildVisibility(p, it, sh, run);
+  const float* k32 = sh.at<float>(sh.l.k32);
+  const bool k_f64 = p.k_dtype == kmath::kElemF64;
+  const float cap32 = static_cast<float>(p.softcap);
+  if (p.reference || p.store_r_states) {
+    const double scale = p.softmax_scale * p.k_scale[it.g];
+    if (k_f64) {
+      Scores<double>(it, sh.at<double>(sh.l.q64), sh.at<double>(sh.l.k64),
+                     run.n, scale, p.softcap, sh.at<double>(sh.l.s64));
+    } else {
+      Scores<double>(it, sh.at<double>(sh.l.q64), k32, run.n, scale, p.softcap,
+                     sh.at<double>(sh.l.s64));
+    }
+  }
+  if (p.replay_fold || p.store_p_states) {
+    const float scale =
+        kmath::Ops<float>::Mul(static_cast<float>(p.softmax_scale),
+                               static_cast<float>(p.k_scale[it.g]));
+    Scores<float>(it, sh.at<float>(sh.l.q32), k32, run.n, scale, cap32,
+                  sh.at<float>(sh.l.s32));
+  }
+  __syncthreads();
+  if (p.reference) UpdateReference(it, sh, p.v_dtype == kmath::kElemF64);
+  RunUnits(p, it, sh, run);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    FusedPassKernel(const PassParams p) {
+  extern __shared__ __align__(16) char smem[];
+  Item it;
+  it.b = p.row_begin + blockIdx.x;
+  it.g = blockIdx.y;
+  if (p.owner_world > 0 &&
+      (it.b * p.kv_heads + it.g) % p.owner_world != p.owner_rank) {
+    return;
+  }
+  it.sq0 = static_cast<int64_t>(blockIdx.z) * p.queries_per_block;
+  it.qn = p.queries - it.sq0 < p.queries_per_block ? p.queries - it.sq0
+                                                   : p.queries_per_block;
+  it.group = p.q_heads / p.kv_heads;
+  it.rows = it.group * it.qn;
+  it.D = p.head_dim;
+  it.P = p.max_run;
+  const Shared sh{smem, MakeLayout(p)};
+  InitItem(p, it, sh);
+  const int32_t first = p.row_runs[blockIdx.x];
+  const int32_t last = p.row_runs[blockIdx.x + 1];
+  // Prologue: the first kStages - 1 runs start loading.
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (first + s < last) LoadRun(p, it, sh, p.runs[first + s], s);
+    __pipeline_commit();
+  }
+  for (int32_t i = first; i < last; ++i) {
+    __pipeline_wait_prior(kStages - 2);
+    __syncthreads();
+    const int32_t ahead = i + kStages - 1;
+    if (ahead < last) {
+      LoadRun(p, it, sh, p.runs[ahead], (ahead - first) % kStages);
+    }
+    __pipeline_commit();
+    const PassRun run = p.runs[i];
+    WidenRun(p, it, sh, run.n, (i - first) % kStages);
+    __syncthreads();
+    ComputeRun(p, it, sh, run);
+    __syncthreads();
+  }
+  StoreItem(p, it, sh);
+}
+
+// One thread block per token: its position, then its K and V rows.
+__global__ void GatherKernel(const GatherParams p) {
+  const GatherToken tok = p.tokens[blockIdx.x];
+  if (threadIdx.x == 0) {
+    *reinterpret_cast<int64_t*>(p.slot + tok.pos_dst) =
+        p.positions[tok.pos_src];
+  }
+  const int64_t k_bytes = p.kv_heads * p.k_row_bytes;
+  for (int64_t i = threadIdx.x; i < k_bytes; i += blockDim.x) {
+    const int64_t h = i / p.k_row_bytes;
+    p.slot[tok.k_dst + i] =
+        p.k_base[tok.k_src + h * p.k_head_stride_bytes + i % p.k_row_bytes];
+  }
+  const int64_t v_bytes = p.kv_heads * p.v_row_bytes;
+  for (int64_t i = threadIdx.x; i < v_bytes; i += blockDim.x) {
+    const int64_t h = i / p.v_row_bytes;
+    p.slot[tok.v_dst + i] =
+        p.v_base[tok.v_src + h * p.v_head_stride_bytes + i % p.v_row_bytes];
+  }
+}
+
+}  // namespace
+
+absl::Status LaunchGather(const GatherParams& params, cudaStream_t stream) {
+  if (params.count <= 0) return absl::OkStatus();
+  GatherKernel<<<static_cast<unsigned>(params.count), 128, 0, stream>>>(params);
+  return LaunchStatus("GatherKernel");
+}
+
+int64_t PassSharedBytes(const PassParams& params) {
+  return MakeLayout(params).total;
+}
+
+bool FitPassToSharedMemory(PassParams* params, int64_t max_shared) {
+  int64_t qpb = std::max<int64_t>(1, params->queries);
+  for (; qpb >= 1; qpb = qpb == 1 ? 0 : (qpb + 1) / 2) {
+    params->queries_per_block = qpb;
+    if (PassSharedBytes(*params) <= max_shared) return true;
+  }
+  params->queries_per_block = 1;
+  return false;
+}
+
+absl::Status LaunchFusedPass(const PassParams& params, cudaStream_t stream) {
+  if (params.rows <= 0) return absl::OkStatus();
+  const int64_t shared = PassSharedBytes(params);
+  ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      FusedPassKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      static_cast<int>(shared)));
+  const int64_t chunks = (params.queries + params.queries_per_block - 1) /
+                         params.queries_per_block;
+  const dim3 grid(static_cast<unsigned>(params.rows),
+                  static_cast<unsigned>(params.kv_heads),
+                  static_cast<unsigned>(chunks));
+  FusedPassKernel<<<grid, kThreads, static_cast<size_t>(shared), stream>>>(
+      params);
+  return LaunchStatus("FusedPassKernel");
+}
+
+}  // namespace cuda_internal
+}  // namespace attnaudit

@@ -1,0 +1,156 @@
+// The fused R + P pass on the GPU: the launch parameters (plain data, set
+// up by the host side of the CUDA backend) and the launcher. The kernel
+// itself is attention_kernels.cu; its per-block arithmetic is
+// kernels/math/ (the CPU core's operation order, shared source).
+//
+// One thread block per (batch row, KV head, chunk of query positions): it
+// reads each of the row's runs (a KV page through the block table, or a
+// chunk a CP rank received) once, K then V, through a ring of shared-memory
+// stages filled with asynchronous 16-byte copies (smaller when the rows are
+// not 16-byte aligned), widens them once, and computes every query head of
+// the GQA group and every query position of the chunk from them:
+//   - R: the fp64 online softmax per run (a logical block), as the CPU's;
+//   - P: per unit (a run's units, core/attention/units.h) the fp32 partial
+//     state, folded in ascending unit order with the shared merge step
+//     (core/attention/merge_step.h), or stored per unit (CP replays, and R
+//     unit states for the CP reference partials).
+// Outputs stay unfinished (R: acc, m, l; P: the folded out and lse): the
+// host finishes them with the core's FinishReferenceState /
+// FinishReplayState (sinks, V scale, the one rounding), so the final write
+// is the CPU's code.
+//
+// Thread safety: a launch touches only its own buffers; launches on
+// different streams may overlap. Errors come back as a status (launch
+// configuration) or from the stream (execution).
+#ifndef ATTNAUDIT_KERNELS_ATTENTION_KERNELS_H_
+#define ATTNAUDIT_KERNELS_ATTENTION_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace attnaudit {
+namespace cuda_internal {
+
+// One run of tokens: a page of the pool or a chunk a CP rank holds.
+struct PassRun {
+  int64_t k_offset = 0;    // bytes from k_base to token 0, KV head 0
+  int64_t v_offset = 0;    // bytes from v_base
+  int64_t pos_offset = 0;  // index of token 0's position in `positions`
+  int32_t n = 0;           // tokens
+  int32_t unit_begin = 0;  // the run's units: units[unit_begin, unit_end)
+  int32_t unit_end = 0;
+  int32_t pad = 0;
+};
+
+// A unit inside its run.
+struct PassUnit {
+  int32_t index = 0;  // the unit's index in its row's plan
+  int32_t first = 0;  // first token within the run
+  int32_t count = 0;
+  int32_t pad = 0;
+};
+
+struct PassParams {
+  // Inputs (device pointers).
+  const char* k_base = nullptr;
+  const char* v_base = nullptr;
+  int k_dtype = 0;  // core DType numbers (kernels/math/widen.h)
+  int v_dtype = 0;
+  int64_t k_row_stride = 0;   // elements between tokens of a run
+  int64_t k_head_stride = 0;  // elements between KV heads
+  int64_t v_row_stride = 0;
+  int64_t v_head_stride = 0;
+  const int64_t* positions = nullptr;
+  const double* q = nullptr;                 // [B,Sq,Hq,D] post-RoPE
+  const int64_t* query_positions = nullptr;  // [B,Sq]
+  const double* k_scale = nullptr;           // [Hkv]
+  int64_t queries = 0;
+  int64_t q_heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t max_run = 0;  // most tokens of any run (<= page size)
+  double softmax_scale = 1;
+  double softcap = 0;
+  int64_t window = 0;
+  int window_inclusive = 0;
+  // Work: rows [row_begin, row_begin + rows); row b's runs are
+  // runs[row_runs[b - row_begin] .. row_runs[b - row_begin + 1]).
+  int64_t row_begin = 0;
+  int64_t rows = 0;
+  const PassRun* runs = nullptr;
+  const int32_t* row_runs = nullptr;
+  const PassUnit* units = nullptr;
+  // A ring rank computes only the (b, g) it owns: (b * Hkv + g) % owner_world
+  // == owner_rank; owner_world 0 computes every item.
+  int64_t owner_world = 0;
+  int64_t owner_rank = 0;
+  int64_t queries_per_block = 1;  // query positions per thread block
+  // What to compute.
+  int reference = 0;       // R's running state into r_*
+  int replay_fold = 0;     // P's folded state into p_*
+  int store_p_states = 0;  // every unit's P state into p_state_*
+  int store_r_states = 0;  // every unit's R state into r_state_*
+  // Outputs (device pointers), indexed by query (b, sq, h) or by state
+  // ((unit_base[b] + unit) * Sq + sq) * Hq + h.
+  double* r_acc = nullptr;  // [B,Sq,Hq,D]
+  double* r_m = nullptr;    // [B,Sq,Hq]
+  double* r_l = nullptr;
+  float* p_out = nullptr;              // [B,Sq,Hq,D]
+  float* p_lse = nullptr;              // [B,Sq,Hq]
+  const int64_t* unit_base = nullptr;  // [B + 1]
+  float* p_state_out = nullptr;
+  float* p_state_lse = nullptr;
+  double* r_state_out = nullptr;
+  double* r_state_lse = nullptr;
+  int* kv_non_finite = nullptr;  // set to 1 when a K/V value is not finite
+  // Byte alignment every K/V row start shares (16, 8, 4 or 1): the width
+  // of the asynchronous copies.
+  int copy_width = 1;
+};
+
+// Shared memory one thread block needs for these parameters, or -1 when it
+// exceeds `limit` even with one query position per block.
+int64_t PassSharedBytes(const PassParams& params);
+
+// Picks queries_per_block so a block fits `max_shared` bytes; false when
+// even one query position does not fit (the caller reports Unimplemented).
+bool FitPassToSharedMemory(PassParams* params, int64_t max_shared);
+
+// Launches the pass on `stream` for every (row, KV head, query chunk).
+absl::Status LaunchFusedPass(const PassParams& params, cudaStream_t stream);
+
+// One token a CP rank copies from the pool into its slot (the ring's local
+// fill): its position and its K and V rows of every KV head. Offsets in
+// bytes (positions: index into the pool's positions).
+struct GatherToken {
+  int64_t k_src = 0;  // from k_base: the token's row of KV head 0
+  int64_t v_src = 0;
+  int64_t pos_src = 0;
+  int64_t pos_dst = 0;  // from the slot
+  int64_t k_dst = 0;    // the token's Hkv rows, contiguous
+  int64_t v_dst = 0;
+};
+
+struct GatherParams {
+  const char* k_base = nullptr;
+  const char* v_base = nullptr;
+  const int64_t* positions = nullptr;
+  char* slot = nullptr;
+  const GatherToken* tokens = nullptr;
+  int64_t count = 0;
+  int64_t kv_heads = 0;
+  int64_t k_row_bytes = 0;  // D * K element size
+  int64_t v_row_bytes = 0;
+  int64_t k_head_stride_bytes = 0;
+  int64_t v_head_stride_bytes = 0;
+};
+
+absl::Status LaunchGather(const GatherParams& params, cudaStream_t stream);
+
+}  // namespace cuda_internal
+}  // namespace attnaudit
+
+#endif  // ATTNAUDIT_KERNELS_ATTENTION_KERNELS_H_

@@ -1,0 +1,131 @@
+// CudaBackend: the Backend (core/backend/backend.h) on one NVIDIA GPU.
+//
+//   ATTNAUDIT_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> gpu,
+//                              CudaBackend::Create({.device = 0}));
+//   AuditOptions options;  options.backend = gpu.get();
+//   RunAudit(snapshot, options);
+//
+// What runs where. ComputeAttention uploads the prepared snapshot (the
+// referenced KV pages, positions, RoPE'd queries, scales, the unit plan)
+// through pinned staging buffers, runs the fused R + P kernel
+// (kernels/attention_kernels.h) and brings back the unfinished states, which
+// the host finishes with the core's own final-write functions. ReplayCp
+// runs the CP schedule with every rank as a CUDA stream of this GPU and
+// the CUDA-local transport (device-to-device copies), or, on a CudaGang,
+// rank k on GPU k mod G with the NCCL transport. ComputeDrift reduces the
+// statistics on the device; only the numbers come back.
+//
+// Resources. One CUDA stream per backend, used by one job at a time (the
+// job's stream); a device memory pool of `pool_bytes`, reset after every
+// job; two pinned staging buffers of `staging_bytes`, reused across jobs.
+// A job larger than the pool fails ResourceExhausted (the audit pipeline
+// then runs it on the CPU backend).
+//
+// Numerics: docs/NUMERICS.md, "CPU and GPU". R within ~1e-15 relative of
+// the CPU's; P bitwise reproducible on a GPU, within the replay's
+// tolerance of the CPU's P (the device's exp/log/tanh library calls may
+// differ from glibc's by an ulp).
+//
+// Thread safety: name()/info()/memory_in_use() from any thread; the
+// Backend calls from one thread at a time. Errors: as Backend; CUDA and
+// NCCL errors become statuses (kernels/cuda_check.h); nothing exits.
+#ifndef ATTNAUDIT_KERNELS_CUDA_BACKEND_H_
+#define ATTNAUDIT_KERNELS_CUDA_BACKEND_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/backend/backend.h"
+
+namespace attnaudit {
+
+namespace cuda_internal {
+class DeviceArena;
+class PinnedStaging;
+}  // namespace cuda_internal
+
+struct CudaDeviceInfo {
+  int ordinal = 0;
+  std::string name;  // "NVIDIA H200"
+  int64_t memory_bytes = 0;
+  int compute_major = 0;
+  int compute_minor = 0;
+};
+
+// The visible GPUs. Unavailable with the driver's reason when there is
+// none (no device, no driver, a driver too old for this build).
+absl::StatusOr<std::vector<CudaDeviceInfo>> ListCudaDevices();
+
+struct CudaBackendOptions {
+  int device = 0;
+  // The device memory pool; 0: three quarters of the device's free memory
+  // at Create.
+  int64_t pool_bytes = 0;
+  // Each of the two pinned staging buffers.
+  int64_t staging_bytes = int64_t{16} << 20;
+};
+
+// Seconds of the last ComputeAttention, by phase (events on the stream).
+struct CudaJobTimings {
+  double upload_seconds = 0;
+  double kernel_seconds = 0;
+  double download_seconds = 0;
+};
+
+class CudaGang;  // kernels/cuda_gang.h
+
+class CudaBackend : public Backend {
+ public:
+  // Unavailable when the device does not exist; ResourceExhausted when the
+  // pool or the staging buffers cannot be allocated.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(
+      const CudaBackendOptions& options);
+  ~CudaBackend() override;
+
+  std::string name() const override;
+  absl::StatusOr<AttentionResults> ComputeAttention(
+      const PreparedAttention& prepared,
+      const AttentionRunOptions& options) override;
+  absl::StatusOr<CpReplayRun> ReplayCp(const PreparedAttention& prepared,
+                                       const CpSchedule& schedule,
+                                       const CpReplayOptions& options) override;
+  absl::StatusOr<DriftStats> ComputeDrift(const DenseView& candidate,
+                                          const DenseView& baseline,
+                                          const DriftOptions& options) override;
+
+  const CudaDeviceInfo& info() const { return info_; }
+  // Bytes of the pool the running job holds (0 between jobs).
+  int64_t memory_in_use() const;
+  CudaJobTimings last_timings() const { return timings_; }
+
+  // The ring of ReplayCp runs over `gang` (this backend must be its
+  // member 0) until SetGang(nullptr). Not owned.
+  void SetGang(CudaGang* gang) { gang_ = gang; }
+
+  // Internal to kernels/: what the CP replay and the gang use.
+  int device() const { return info_.ordinal; }
+  cudaStream_t stream() const { return stream_; }
+  cuda_internal::DeviceArena& arena() { return *arena_; }
+  cuda_internal::PinnedStaging& staging() { return *staging_; }
+
+ private:
+  CudaBackend() = default;
+  absl::StatusOr<AttentionResults> RunAttention(
+      const PreparedAttention& prepared, const AttentionRunOptions& options);
+
+  CudaDeviceInfo info_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda_internal::DeviceArena> arena_;
+  std::unique_ptr<cuda_internal::PinnedStaging> staging_;
+  CudaJobTimings timings_;
+  CudaGang* gang_ = nullptr;
+};
+
+}  // namespace attnaudit
+
+#endif  // ATTNAUDIT_KERNELS_CUDA_BACKEND_H_

@@ -1,0 +1,39 @@
+#include "kernels/cuda_check.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace attnaudit {
+namespace cuda_internal {
+
+absl::Status CudaStatus(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  const std::string message =
+      absl::StrCat("cuda: ", what, ": ", cudaGetErrorName(error), " (",
+                   cudaGetErrorString(error), ")");
+  switch (error) {
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInvalidDevice:
+      return absl::UnavailableError(message);
+    case cudaErrorMemoryAllocation:
+      return absl::ResourceExhaustedError(message);
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+      return absl::InternalError(
+          absl::StrCat(message, "; the device context is lost"));
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+absl::Status LaunchStatus(const char* kernel) {
+  return CudaStatus(cudaGetLastError(), kernel);
+}
+
+}  // namespace cuda_internal
+}  // namespace attnaudit

@@ -1,0 +1,95 @@
+#include "kernels/cuda_gang.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+#include "kernels/cuda_check.h"
+#include "kernels/device_memory.h"
+
+#ifdef ATTNAUDIT_HAVE_NCCL
+#include "kernels/nccl_check.h"
+#endif
+
+namespace attnaudit {
+
+absl::StatusOr<std::unique_ptr<CudaGang>> CudaGang::Create(
+    std::vector<CudaBackend*> members) {
+  if (members.empty()) return absl::InvalidArgumentError("gang: no GPU");
+  std::unique_ptr<CudaGang> gang(new CudaGang());
+  gang->members_ = std::move(members);
+  for (CudaBackend* m : gang->members_) {
+    if (m == nullptr) return absl::InvalidArgumentError("gang: a null GPU");
+    cudaStream_t s = nullptr;
+    ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(m->device()));
+    ATTNAUDIT_CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    gang->comm_streams_.push_back(s);
+  }
+  if (gang->size() == 1) return gang;
+#ifdef ATTNAUDIT_HAVE_NCCL
+  std::vector<int> devices;
+  for (CudaBackend* m : gang->members_) devices.push_back(m->device());
+  gang->comms_.resize(devices.size(), nullptr);
+  ATTNAUDIT_NCCL_RETURN_IF_ERROR(ncclCommInitAll(
+      gang->comms_.data(), static_cast<int>(devices.size()), devices.data()));
+  if (absl::Status s = gang->WarmUp(); !s.ok()) return s;
+  return gang;
+#else
+  return absl::FailedPreconditionError(
+      absl::StrCat("gang of ", gang->size(),
+                   " GPUs: this build has no NCCL (the ring across GPUs needs "
+                   "it)"));
+#endif
+}
+
+CudaGang::~CudaGang() {
+#ifdef ATTNAUDIT_HAVE_NCCL
+  for (ncclComm_t c : comms_) {
+    if (c != nullptr) ncclCommDestroy(c);
+  }
+#endif
+  for (size_t i = 0; i < comm_streams_.size(); ++i) {
+    cudaSetDevice(members_[i]->device());
+    cudaStreamSynchronize(comm_streams_[i]);
+    cudaStreamDestroy(comm_streams_[i]);
+  }
+}
+
+int CudaGang::IndexOfDevice(int device) const {
+  for (int i = 0; i < size(); ++i) {
+    if (members_[i]->device() == device) return i;
+  }
+  return -1;
+}
+
+// One 8-byte exchange from every GPU to the next, so the ring's connections
+// exist before the first timed round.
+absl::Status CudaGang::WarmUp() {
+#ifdef ATTNAUDIT_HAVE_NCCL
+  const int g = size();
+  std::vector<char*> buffers(static_cast<size_t>(g), nullptr);
+  for (int i = 0; i < g; ++i) {
+    ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(members_[i]->device()));
+    ATTNAUDIT_ASSIGN_OR_RETURN(buffers[i],
+                               members_[i]->arena().Allocate(16, "warm-up"));
+  }
+  ATTNAUDIT_NCCL_RETURN_IF_ERROR(ncclGroupStart());
+  for (int i = 0; i < g; ++i) {
+    ATTNAUDIT_NCCL_RETURN_IF_ERROR(ncclSend(
+        buffers[i], 8, ncclUint8, (i + 1) % g, comms_[i], comm_streams_[i]));
+    ATTNAUDIT_NCCL_RETURN_IF_ERROR(ncclRecv(buffers[i] + 8, 8, ncclUint8,
+                                            (i + g - 1) % g, comms_[i],
+                                            comm_streams_[i]));
+  }
+  ATTNAUDIT_NCCL_RETURN_IF_ERROR(ncclGroupEnd());
+  for (int i = 0; i < g; ++i) {
+    ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(members_[i]->device()));
+    ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(comm_streams_[i]));
+    members_[i]->arena().Reset();
+  }
+#endif
+  return absl::OkStatus();
+}
+
+}  // namespace attnaudit

@@ -1,0 +1,84 @@
+// Dot products in the CPU core's virtual-lane order (core/simd/simd-inl.h,
+// docs/NUMERICS.md "One source, every target"), written as the pieces a GPU
+// thread group computes: 16 virtual lanes for fp32 (8 for fp64); lane l
+// accumulates elements l, l + V, l + 2V, ... of the last full group of V
+// with one FMA each, starting from +0; the lanes are summed by the fixed
+// tree (lane i with i + V/2, then i + V/4, ... down to lane 0); the
+// elements past the last full group are then added in order, one FMA each.
+// A GPU runs lane l on thread l of a group of V and the tree as shuffles;
+// VirtualDot runs the same pieces on one thread. Either way the bits are
+// the CPU's. Pure; thread-safe.
+#ifndef ATTNAUDIT_KERNELS_MATH_DOT_H_
+#define ATTNAUDIT_KERNELS_MATH_DOT_H_
+
+#include <cstdint>
+
+#include "core/common/host_device.h"
+#include "kernels/math/scalar.h"
+
+namespace attnaudit {
+namespace kmath {
+
+template <typename T>
+struct VirtualLanes {
+  static constexpr int kCount = sizeof(T) == 4 ? 16 : 8;
+};
+
+// Lane `lane` of the dot product of q and k (dim elements; k of type K is
+// widened exactly to T as it is read).
+template <typename T, typename K>
+ATTNAUDIT_HOST_DEVICE inline T LanePartial(const T* q, const K* k, int64_t dim,
+                                           int lane) {
+  constexpr int V = VirtualLanes<T>::kCount;
+  const int64_t full = dim / V * V;
+  T acc = T(0);
+  for (int64_t d = lane; d < full; d += V) {
+    acc = Ops<T>::Fma(q[d], static_cast<T>(k[d]), acc);
+  }
+  return acc;
+}
+
+// The lane tree over V partials (overwritten).
+template <typename T>
+ATTNAUDIT_HOST_DEVICE inline T LaneTree(T* lanes) {
+  constexpr int V = VirtualLanes<T>::kCount;
+  for (int half = V / 2; half >= 1; half /= 2) {
+    for (int i = 0; i < half; ++i)
+      lanes[i] = Ops<T>::Add(lanes[i], lanes[i + half]);
+  }
+  return lanes[0];
+}
+
+// The elements past the last full group, added in order to the tree sum.
+template <typename T, typename K>
+ATTNAUDIT_HOST_DEVICE inline T DotTail(const T* q, const K* k, int64_t dim,
+                                       T sum) {
+  constexpr int V = VirtualLanes<T>::kCount;
+  for (int64_t d = dim / V * V; d < dim; ++d) {
+    sum = Ops<T>::Fma(q[d], static_cast<T>(k[d]), sum);
+  }
+  return sum;
+}
+
+// The whole dot product on one thread.
+template <typename T, typename K>
+ATTNAUDIT_HOST_DEVICE inline T VirtualDot(const T* q, const K* k, int64_t dim) {
+  constexpr int V = VirtualLanes<T>::kCount;
+  T lanes[V];
+  for (int l = 0; l < V; ++l) lanes[l] = LanePartial(q, k, dim, l);
+  return DotTail(q, k, dim, LaneTree(lanes));
+}
+
+// A score from its dot product: scaled, then soft-capped when cap > 0
+// (cap * tanh(x / cap)), as the CPU kernels do in T.
+template <typename T>
+ATTNAUDIT_HOST_DEVICE inline T Score(T dot, T scale, T cap) {
+  T x = Ops<T>::Mul(dot, scale);
+  if (cap > 0) x = Ops<T>::Mul(cap, Ops<T>::Tanh(Ops<T>::Div(x, cap)));
+  return x;
+}
+
+}  // namespace kmath
+}  // namespace attnaudit
+
+#endif  // ATTNAUDIT_KERNELS_MATH_DOT_H_

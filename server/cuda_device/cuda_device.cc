@@ -1,0 +1,96 @@
+#include "server/cuda_device/cuda_device.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/audit/audit.h"
+
+namespace attnaudit::server {
+namespace {
+
+constexpr size_t kMaxCachedGangs = 4;
+
+bool Cancelled(const AuditOptions& options) {
+  return options.cancelled != nullptr && options.cancelled->load();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(
+    int ordinal, int64_t pool_bytes, int host_threads) {
+  CudaBackendOptions o;
+  o.device = ordinal;
+  o.pool_bytes = pool_bytes;
+  absl::StatusOr<std::unique_ptr<CudaBackend>> backend = CudaBackend::Create(o);
+  if (!backend.ok()) return backend.status();
+  return std::unique_ptr<CudaDevice>(
+      new CudaDevice(*std::move(backend), std::max(1, host_threads)));
+}
+
+absl::StatusOr<AuditReport> CudaDevice::Run(const Snapshot& snapshot,
+                                            const AuditOptions& options) {
+  if (Cancelled(options)) {
+    return absl::CancelledError("cancelled before the audit started");
+  }
+  AuditOptions own = options;
+  own.backend = backend_.get();
+  if (own.threads == 0) own.threads = host_threads_;
+  return RunAudit(snapshot, own);
+}
+
+absl::StatusOr<CudaGang*> CudaDevice::GangFor(absl::Span<Device* const> gang) {
+  std::vector<std::string> names;
+  std::vector<CudaBackend*> members;
+  for (Device* d : gang) {
+    auto* gpu = dynamic_cast<CudaDevice*>(d);
+    if (gpu == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gang: device ", d->name(), " is not a GPU"));
+    }
+    names.push_back(gpu->name());
+    members.push_back(gpu->backend_.get());
+  }
+  auto it = gangs_.find(names);
+  if (it != gangs_.end()) return it->second.get();
+  if (gangs_.size() >= kMaxCachedGangs) gangs_.clear();
+  absl::StatusOr<std::unique_ptr<CudaGang>> made =
+      CudaGang::Create(std::move(members));
+  if (!made.ok()) return made.status();
+  CudaGang* out = made->get();
+  gangs_[names] = *std::move(made);
+  return out;
+}
+
+absl::StatusOr<AuditReport> CudaDevice::RunGang(absl::Span<Device* const> gang,
+                                                const Snapshot& snapshot,
+                                                const AuditOptions& options) {
+  if (gang.size() <= 1) return Run(snapshot, options);
+  if (Cancelled(options)) {
+    return absl::CancelledError("cancelled before the audit started");
+  }
+  absl::StatusOr<CudaGang*> ring = GangFor(gang);
+  if (!ring.ok()) return ring.status();
+  AuditOptions own = options;
+  own.backend = backend_.get();
+  if (own.threads == 0) own.threads = host_threads_;
+  own.cp_workers = static_cast<int>(gang.size());
+  backend_->SetGang(*ring);
+  absl::StatusOr<AuditReport> report = RunAudit(snapshot, own);
+  backend_->SetGang(nullptr);
+  return report;
+}
+
+DeviceDescription CudaDevice::Describe() const {
+  const CudaDeviceInfo& info = backend_->info();
+  DeviceDescription d;
+  d.name = name();
+  d.kind = kind();
+  d.model = info.name;
+  d.memory_bytes = info.memory_bytes;
+  d.compute_capability =
+      absl::StrCat(info.compute_major, ".", info.compute_minor);
+  return d;
+}
+
+}  // namespace attnaudit::server

@@ -1,0 +1,256 @@
+#include "tests/unit/kernels/kernel_emulator.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "core/attention/merge_step.h"
+#include "core/tensor/dtype.h"
+#include "kernels/math/dot.h"
+#include "kernels/math/unit_state.h"
+#include "kernels/math/widen.h"
+
+namespace attnaudit {
+namespace testing {
+namespace {
+
+using kmath::Ops;
+
+// One (row, KV head) work item as a thread block holds it.
+struct Block {
+  int64_t n = 0;
+  std::vector<float> k32, v32;   // [t][D]
+  std::vector<double> k64, v64;  // f64 pages only
+  std::vector<int32_t> vis;      // [sq][P]
+  std::vector<int32_t> vcount;   // [sq]
+  std::vector<float> s32;        // [row][P]
+  std::vector<double> s64;
+};
+
+bool Visible(const PreparedAttention& p, int64_t key, int64_t query) {
+  if (key < 0 || key > query) return false;
+  if (p.window <= 0) return true;
+  const int64_t distance = query - key;
+  return p.window_inclusive ? distance <= p.window : distance < p.window;
+}
+
+void Widen(const PreparedAttention& p, int64_t page, int64_t g, Block* blk) {
+  const SnapshotDims& d = p.dims;
+  const int64_t D = d.head_dim;
+  auto one = [&](const void* data, DType dtype, KvLayout layout,
+                 std::vector<float>* f, std::vector<double>* f64) {
+    const int64_t row = layout == KvLayout::kNHD ? d.kv_heads * D : D;
+    const int64_t head = layout == KvLayout::kNHD ? D : d.page_size * D;
+    f->assign(static_cast<size_t>(blk->n * D), 0.0f);
+    f64->assign(static_cast<size_t>(blk->n * D), 0.0);
+    for (int64_t t = 0; t < blk->n; ++t) {
+      for (int64_t i = 0; i < D; ++i) {
+        const int64_t at =
+            page * d.page_size * d.kv_heads * D + t * row + g * head + i;
+        (*f)[t * D + i] =
+            kmath::WidenToFloat(data, static_cast<int>(dtype), at);
+        (*f64)[t * D + i] =
+            kmath::WidenToDouble(data, static_cast<int>(dtype), at);
+      }
+    }
+  };
+  one(p.k_data, p.k_dtype, p.k_layout, &blk->k32, &blk->k64);
+  one(p.v_data, p.v_dtype, p.v_layout, &blk->v32, &blk->v64);
+}
+
+void Scores(const PreparedAttention& p, int64_t b, int64_t g, Block* blk) {
+  const SnapshotDims& d = p.dims;
+  const int64_t D = d.head_dim;
+  const int64_t group = d.group();
+  const int64_t P = d.page_size;
+  const bool f64k = p.k_dtype == DType::kF64;
+  const float scale32 = Ops<float>::Mul(static_cast<float>(p.softmax_scale),
+                                        static_cast<float>(p.k_scale[g]));
+  const double scale64 = p.softmax_scale * p.k_scale[g];
+  blk->s32.assign(static_cast<size_t>(d.queries * group * P), 0.0f);
+  blk->s64.assign(static_cast<size_t>(d.queries * group * P), 0.0);
+  for (int64_t r = 0; r < d.queries * group; ++r) {
+    const int64_t h = g * group + r % group;
+    const int64_t qi = (b * d.queries + r / group) * d.q_heads + h;
+    std::vector<double> q64(p.q.begin() + qi * D, p.q.begin() + (qi + 1) * D);
+    std::vector<float> q32(q64.begin(), q64.end());
+    for (int64_t t = 0; t < blk->n; ++t) {
+      const float dot32 = kmath::VirtualDot(q32.data(), &blk->k32[t * D], D);
+      blk->s32[r * P + t] =
+          kmath::Score(dot32, scale32, static_cast<float>(p.softcap));
+      const double dot64 =
+          f64k ? kmath::VirtualDot(q64.data(), &blk->k64[t * D], D)
+               : kmath::VirtualDot(q64.data(), &blk->k32[t * D], D);
+      blk->s64[r * P + t] = kmath::Score(dot64, scale64, p.softcap);
+    }
+  }
+}
+
+// The unit state of row r for visible list `vis` (count >= 1).
+template <typename T>
+void UnitOf(const Block& blk, const T* s, const int32_t* vis, int64_t count,
+            int64_t D, bool f64v, std::vector<T>* out, T* lse) {
+  std::vector<T> e(static_cast<size_t>(count));
+  out->assign(static_cast<size_t>(D), T(0));
+  auto row = [&](int32_t t) -> const void* {
+    if constexpr (sizeof(T) == 8) {
+      if (f64v) return &blk.v64[t * D];
+    }
+    return &blk.v32[t * D];
+  };
+  if constexpr (sizeof(T) == 8) {
+    if (f64v) {
+      kmath::UnitState<double, double>(s, vis, count, row, D, e.data(),
+                                       out->data(), lse);
+      return;
+    }
+  }
+  kmath::UnitState<T, float>(s, vis, count, row, D, e.data(), out->data(), lse);
+}
+
+struct RowState {
+  std::vector<double> acc;
+  double m, l;
+  std::vector<float> p_out;
+  float p_lse;
+  bool started = false;
+};
+
+// Each query's visible tokens of the page, in token order (the kernel's
+// per-page visibility list).
+void Visibility(const PreparedAttention& p, int64_t b, int64_t page,
+                Block* blk) {
+  const SnapshotDims& d = p.dims;
+  const int64_t P = d.page_size;
+  blk->vis.assign(static_cast<size_t>(d.queries * P), 0);
+  blk->vcount.assign(static_cast<size_t>(d.queries), 0);
+  for (int64_t q = 0; q < d.queries; ++q) {
+    const int64_t qpos = p.query_positions[b * d.queries + q];
+    for (int64_t t = 0; t < blk->n; ++t) {
+      if (Visible(p, p.snapshot->slot_positions.IntAt(page * P + t), qpos)) {
+        blk->vis[q * P + blk->vcount[q]++] = static_cast<int32_t>(t);
+      }
+    }
+  }
+}
+
+void Item(const PreparedAttention& p, int64_t b, int64_t g,
+          std::vector<RowState>& rows, UnitStates* states) {
+  const SnapshotDims& d = p.dims;
+  const int64_t D = d.head_dim;
+  const int64_t P = d.page_size;
+  const int64_t group = d.group();
+  const int64_t L = p.layout->seq_lens[b];
+  const bool f64v = p.v_dtype == DType::kF64;
+  for (int64_t blk_i = 0; blk_i * P < L; ++blk_i) {
+    const int64_t page = p.layout->block_pages[b][blk_i];
+    Block blk;
+    blk.n = std::min(P, L - blk_i * P);
+    Widen(p, page, g, &blk);
+    Visibility(p, b, page, &blk);
+    Scores(p, b, g, &blk);
+    for (int64_t r = 0; r < d.queries * group; ++r) {
+      const int64_t q = r / group;
+      const int32_t* vis = &blk.vis[q * P];
+      if (blk.vcount[q] == 0) continue;
+      RowState& st = rows[r];
+      std::vector<double> e(static_cast<size_t>(blk.vcount[q]));
+      auto vrow = [&](int32_t t) -> const void* {
+        return f64v ? static_cast<const void*>(&blk.v64[t * D])
+                    : static_cast<const void*>(&blk.v32[t * D]);
+      };
+      if (f64v) {
+        kmath::ReferenceUpdate<double, double>(&blk.s64[r * P], vis,
+                                               blk.vcount[q], vrow, D, e.data(),
+                                               &st.m, &st.l, st.acc.data());
+      } else {
+        kmath::ReferenceUpdate<double, float>(&blk.s64[r * P], vis,
+                                              blk.vcount[q], vrow, D, e.data(),
+                                              &st.m, &st.l, st.acc.data());
+      }
+    }
+    for (int32_t u = p.block_unit_begin[b][blk_i];
+         u < p.block_unit_begin[b][blk_i + 1]; ++u) {
+      const KvUnit& unit = p.units[b][u];
+      for (int64_t r = 0; r < d.queries * group; ++r) {
+        const int64_t q = r / group;
+        const int32_t* all = &blk.vis[q * P];
+        const int32_t* lo =
+            std::lower_bound(all, all + blk.vcount[q], unit.first);
+        const int32_t* hi =
+            std::lower_bound(lo, all + blk.vcount[q], unit.first + unit.count);
+        if (hi == lo) continue;
+        std::vector<float> out;
+        float lse = 0;
+        UnitOf<float>(blk, &blk.s32[r * P], lo, hi - lo, D, false, &out, &lse);
+        RowState& st = rows[r];
+        if (!st.started) {
+          st.p_out = out;
+          st.p_lse = lse;
+          st.started = true;
+        } else {
+          const merge_step::PairWeights w = merge_step::Weights(st.p_lse, lse);
+          for (int64_t i = 0; i < D; ++i) {
+            st.p_out[i] = merge_step::Element(w, st.p_out[i], out[i]);
+          }
+          st.p_lse = merge_step::Lse(w);
+        }
+        if (states == nullptr) continue;
+        const int64_t h = g * group + r % group;
+        const int64_t si = states->Index(b, u, q, h);
+        std::copy(out.begin(), out.end(), &states->p_out[si * D]);
+        states->p_lse[si] = lse;
+        std::vector<double> rout;
+        double rlse = 0;
+        UnitOf<double>(blk, &blk.s64[r * P], lo, hi - lo, D, f64v, &rout,
+                       &rlse);
+        std::copy(rout.begin(), rout.end(), &states->r_out[si * D]);
+        states->r_lse[si] = rlse;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+AttentionResults EmulateFusedPass(const PreparedAttention& p,
+                                  UnitStates* states) {
+  const SnapshotDims& d = p.dims;
+  const int64_t D = d.head_dim;
+  const int64_t group = d.group();
+  AttentionResults res;
+  const size_t n_out = static_cast<size_t>(d.batch * d.queries * d.q_heads * D);
+  const size_t n_lse = static_cast<size_t>(d.batch * d.queries * d.q_heads);
+  res.reference_out.assign(n_out, 0.0);
+  res.replay_out.assign(n_out, 0.0);
+  res.reference_lse.assign(n_lse, 0.0);
+  res.replay_lse.assign(n_lse, 0.0);
+  if (states != nullptr) states->Reset(p.units, d, /*with_reference=*/true);
+  for (int64_t b = 0; b < d.batch; ++b) {
+    for (int64_t g = 0; g < d.kv_heads; ++g) {
+      std::vector<RowState> rows(static_cast<size_t>(d.queries * group));
+      for (RowState& r : rows) {
+        r.acc.assign(static_cast<size_t>(D), 0.0);
+        r.m = Ops<double>::NegInf();
+        r.l = 0;
+        r.p_out.assign(static_cast<size_t>(D), 0.0f);
+        r.p_lse = Ops<float>::NegInf();
+      }
+      Item(p, b, g, rows, states);
+      for (int64_t r = 0; r < d.queries * group; ++r) {
+        const int64_t h = g * group + r % group;
+        const int64_t qi = (b * d.queries + r / group) * d.q_heads + h;
+        FinishReferenceState(p, h, rows[r].acc.data(), rows[r].m, rows[r].l,
+                             &res.reference_out[qi * D],
+                             &res.reference_lse[qi]);
+        FinishReplayState(p, h, rows[r].p_out.data(), rows[r].p_lse,
+                          &res.replay_out[qi * D], &res.replay_lse[qi]);
+      }
+    }
+  }
+  SummariseUnits(p, true, &res);
+  return res;
+}
+
+}  // namespace testing
+}  // namespace attnaudit

@@ -1,0 +1,333 @@
+// The GPU kernels' arithmetic (kernels/math/, core/attention/merge_step.h)
+// run on the CPU against the core, bit for bit: the scalar exp against the
+// vector exp of every SIMD target, exact widening against core/tensor,
+// the drift element rule against core/drift, and the whole fused pass
+// (kernel_emulator.cc: the kernel's steps with loops for threads) against
+// ComputeAttention -- R, P and every unit state. What the device adds on
+// top is its thread mapping and its exp/log/tanh library calls
+// (docs/NUMERICS.md, "CPU and GPU"); the GPU tests check those on a GPU.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/attention/attention.h"
+#include "core/attention/unit_states.h"
+#include "core/attention/vexp.h"
+#include "core/drift/drift.h"
+#include "core/simd/targets.h"
+#include "core/tensor/dtype.h"
+#include "core/validate/validate.h"
+#include "gtest/gtest.h"
+#include "kernels/math/drift_element.h"
+#include "kernels/math/exp.h"
+#include "kernels/math/widen.h"
+#include "tests/unit/core/testing/snapshot_builder.h"
+#include "tests/unit/kernels/kernel_emulator.h"
+
+namespace attnaudit {
+namespace testing {
+namespace {
+
+template <typename T>
+bool SameBits(T a, T b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+TEST(KernelMathExp, ScalarExpIsTheVectorExpOnEveryTarget) {
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> wide(-800.0, 0.0);
+  std::uniform_real_distribution<double> narrow(-2.0, 0.0);
+  std::vector<double> x64 = {0.0,
+                             -0.0,
+                             -1e-300,
+                             -745.1,
+                             -745.3,
+                             -std::numeric_limits<double>::infinity(),
+                             std::numeric_limits<double>::quiet_NaN()};
+  for (int i = 0; i < 20000; ++i)
+    x64.push_back(i % 2 ? wide(rng) : narrow(rng));
+  std::vector<float> x32;
+  for (double x : x64) x32.push_back(static_cast<float>(x / 8.0));
+  x32.push_back(-103.97f);
+  x32.push_back(-103.99f);
+  for (int64_t target : CompiledSimdTargets()) {
+    ForceSimdTargetForTest(target);
+    std::vector<double> e64(x64.size());
+    std::vector<float> e32(x32.size());
+    ExpNonPositiveF64(x64.data(), static_cast<int64_t>(x64.size()), e64.data());
+    ExpNonPositiveF32(x32.data(), static_cast<int64_t>(x32.size()), e32.data());
+    for (size_t i = 0; i < x64.size(); ++i) {
+      ASSERT_TRUE(SameBits(kmath::ExpNonPositive(x64[i]), e64[i]))
+          << SimdTargetName(target) << " exp(" << x64[i] << ")";
+    }
+    for (size_t i = 0; i < x32.size(); ++i) {
+      ASSERT_TRUE(SameBits(kmath::ExpNonPositive(x32[i]), e32[i]))
+          << SimdTargetName(target) << " exp(" << x32[i] << ")";
+    }
+  }
+  ForceSimdTargetForTest(0);
+}
+
+TEST(KernelMathWiden, EveryCodeWidensAsTheCore) {
+  for (uint32_t c = 0; c < 65536; ++c) {
+    const uint16_t h = static_cast<uint16_t>(c);
+    const float f16 = kmath::F16Bits(h);
+    const float core16 = F16ToFloat(h);
+    if (std::isnan(core16)) {
+      ASSERT_TRUE(std::isnan(f16)) << c;
+    } else {
+      ASSERT_TRUE(SameBits(f16, core16)) << "f16 code " << c;
+    }
+    ASSERT_TRUE(SameBits(kmath::Bf16Bits(h), Bf16ToFloat(h)) ||
+                std::isnan(Bf16ToFloat(h)))
+        << "bf16 code " << c;
+  }
+  for (uint32_t c = 0; c < 256; ++c) {
+    const uint8_t v = static_cast<uint8_t>(c);
+    for (auto [mine, core] :
+         {std::pair<float, float>{kmath::F8E4M3Bits(v), F8E4M3ToFloat(v)},
+          {kmath::F8E5M2Bits(v), F8E5M2ToFloat(v)}}) {
+      if (std::isnan(core)) {
+        ASSERT_TRUE(std::isnan(mine)) << c;
+      } else {
+        ASSERT_TRUE(SameBits(mine, core)) << "fp8 code " << c;
+      }
+    }
+  }
+}
+
+TEST(KernelMathDrift, UlpDistanceIsTheCore) {
+  std::mt19937_64 rng(3);
+  std::normal_distribution<double> n(0.0, 100.0);
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3,
+                   DType::kF8E5M2, DType::kF64}) {
+    for (int i = 0; i < 5000; ++i) {
+      const double a = n(rng) * (i % 7 == 0 ? 1e3 : 1.0);
+      const double b = i % 3 == 0 ? -a : a * (1 + 1e-3 * n(rng) / 100.0);
+      ASSERT_EQ(kmath::UlpIn(a, b, static_cast<int>(dt)),
+                static_cast<double>(UlpDistance(a, b, dt)))
+          << DTypeName(dt) << " " << a << " " << b;
+    }
+  }
+}
+
+// ComputeDrift's pass in element order with the kernels' element rule.
+DriftStats SequentialDrift(const std::vector<double>& c,
+                           const std::vector<double>& r, const DriftOptions& o,
+                           int64_t inner) {
+  DriftStats s;
+  std::vector<double> diffs;
+  double sum_abs = 0, sum_sq = 0, sum_ulp = 0;
+  int64_t worst = -1;
+  const double tiny = kmath::SmallestNormal(static_cast<int>(o.ulp_dtype));
+  for (size_t i = 0; i < c.size(); ++i) {
+    if (o.active_mask != nullptr && o.active_mask[i / inner] == 0) continue;
+    double ad = 0;
+    if (!std::isfinite(c[i]) || !std::isfinite(r[i])) {
+      s.candidate_nan += std::isnan(c[i]);
+      s.candidate_inf += std::isinf(c[i]);
+      s.baseline_nan += std::isnan(r[i]);
+      s.baseline_inf += std::isinf(r[i]);
+    }
+    const int kind = kmath::ClassifyPair(c[i], r[i], &ad);
+    if (kind == kmath::kPairMismatch) ++s.nonfinite_mismatch;
+    if (kind != kmath::kPairValue) continue;
+    diffs.push_back(ad);
+    sum_abs += ad;
+    sum_sq += ad * ad;
+    if (worst < 0 || ad > s.max_abs) {
+      s.max_abs = ad;
+      worst = static_cast<int64_t>(i);
+    }
+    s.over_tolerance += ad > o.tolerance;
+    if (ad > 0) {
+      s.max_rel = std::max(s.max_rel, ad / std::max(std::fabs(r[i]), tiny));
+      const double u = kmath::UlpIn(c[i], r[i], static_cast<int>(o.ulp_dtype));
+      s.max_ulp = std::max(s.max_ulp, u);
+      sum_ulp += u;
+    }
+  }
+  s.count = static_cast<int64_t>(diffs.size());
+  if (s.count > 0) {
+    s.mean_abs = sum_abs / s.count;
+    s.rms = std::sqrt(sum_sq / s.count);
+    s.mean_ulp = sum_ulp / s.count;
+    std::sort(diffs.begin(), diffs.end());
+    s.p99_abs = diffs[(99 * s.count + 99) / 100 - 1];
+    s.worst.dim = worst;  // flat index, compared below
+  }
+  return s;
+}
+
+TEST(KernelMathDrift, ElementRuleReproducesComputeDrift) {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<double> n(0.0, 1.0);
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16, DType::kF64}) {
+    std::vector<double> c(4 * 3 * 50), r(c.size());
+    for (size_t i = 0; i < c.size(); ++i) {
+      r[i] = n(rng);
+      c[i] = i % 5 == 0 ? r[i] : r[i] + 1e-3 * n(rng);
+    }
+    c[7] = nan;
+    r[8] = inf;
+    c[9] = r[9] = inf;
+    c[10] = r[10] = nan;
+    c[11] = -inf;
+    r[11] = inf;
+    std::vector<uint8_t> mask = {1, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0, 1};
+    for (bool masked : {false, true}) {
+      DriftOptions o;
+      o.ulp_dtype = dt;
+      o.tolerance = 1e-3;
+      o.active_mask = masked ? mask.data() : nullptr;
+      absl::StatusOr<DriftStats> core =
+          ComputeDrift({c.data(), {4, 3, 50}}, {r.data(), {4, 3, 50}}, o);
+      ASSERT_TRUE(core.ok()) << core.status();
+      const DriftStats mine = SequentialDrift(c, r, o, masked ? 50 : 1);
+      const std::string what =
+          absl::StrCat(DTypeName(dt), masked ? " masked" : "");
+      EXPECT_EQ(mine.count, core->count) << what;
+      EXPECT_EQ(mine.over_tolerance, core->over_tolerance) << what;
+      EXPECT_EQ(mine.max_abs, core->max_abs) << what;
+      EXPECT_EQ(mine.mean_abs, core->mean_abs) << what;
+      EXPECT_EQ(mine.rms, core->rms) << what;
+      EXPECT_EQ(mine.max_rel, core->max_rel) << what;
+      EXPECT_EQ(mine.p99_abs, core->p99_abs) << what;
+      EXPECT_EQ(mine.max_ulp, core->max_ulp) << what;
+      EXPECT_EQ(mine.mean_ulp, core->mean_ulp) << what;
+      EXPECT_EQ(mine.candidate_nan, core->candidate_nan) << what;
+      EXPECT_EQ(mine.candidate_inf, core->candidate_inf) << what;
+      EXPECT_EQ(mine.baseline_nan, core->baseline_nan) << what;
+      EXPECT_EQ(mine.baseline_inf, core->baseline_inf) << what;
+      EXPECT_EQ(mine.nonfinite_mismatch, core->nonfinite_mismatch) << what;
+      const Location& w = core->worst;
+      EXPECT_EQ(mine.worst.dim, (w.batch * 3 + w.query) * 50 + w.head) << what;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- the pass
+
+struct Prepared {
+  Snapshot snapshot;
+  ResolvedLayout layout;
+  PreparedAttention p;
+};
+
+std::unique_ptr<Prepared> Prepare(const LogicalCase& c,
+                                  const PagingOptions& paging) {
+  auto out = std::make_unique<Prepared>();
+  out->snapshot = BuildSnapshot(c, paging);
+  absl::StatusOr<ResolvedLayout> layout = ValidateSnapshot(out->snapshot);
+  EXPECT_TRUE(layout.ok()) << layout.status();
+  out->layout = *layout;
+  absl::StatusOr<PreparedAttention> p =
+      PrepareAttention(out->snapshot, out->layout, 2);
+  EXPECT_TRUE(p.ok()) << p.status();
+  out->p = *std::move(p);
+  return out;
+}
+
+struct PassCase {
+  std::string name;
+  DType kv;
+  int64_t head_dim;
+  int64_t page_size;
+  KvLayout layout;
+  int64_t window;
+  double softcap;
+  bool sinks;
+  CpSharding sharding;
+};
+
+void ExpectSameBits(const std::vector<double>& a, const std::vector<double>& b,
+                    const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_TRUE(SameBits(a[i], b[i]))
+        << what << "[" << i << "]: " << a[i] << " vs " << b[i];
+  }
+}
+
+TEST(KernelMathPass, EmulatedKernelIsTheCorePassBitForBit) {
+  const std::vector<PassCase> cases = {
+      {"f32 nhd", DType::kF32, 32, 4, KvLayout::kNHD, 0, 0, false,
+       CpSharding::kNone},
+      {"bf16 hnd window", DType::kBF16, 64, 8, KvLayout::kHND, 9, 0, false,
+       CpSharding::kNone},
+      {"f16 softcap sinks", DType::kF16, 32, 4, KvLayout::kNHD, 0, 30.0, true,
+       CpSharding::kNone},
+      {"fp8 scales tail dim", DType::kF8E4M3, 20, 4, KvLayout::kHND, 0, 0,
+       false, CpSharding::kNone},
+      {"f64", DType::kF64, 24, 3, KvLayout::kNHD, 0, 0, true,
+       CpSharding::kNone},
+      {"token-interleaved units", DType::kBF16, 32, 4, KvLayout::kNHD, 0, 0,
+       false, CpSharding::kTokenInterleaved},
+  };
+  for (const PassCase& pc : cases) {
+    RandomCaseOptions o;
+    o.batch = 2;
+    o.queries = 2;
+    o.q_heads = 8;
+    o.kv_heads = 2;
+    o.head_dim = pc.head_dim;
+    o.seq_lens = {37, 13};
+    o.max_gap = 1;
+    o.spread_queries = true;
+    o.kv_dtype = pc.kv;
+    o.seed = 5;
+    LogicalCase c = RandomCase(o);
+    c.sliding_window = pc.window;
+    c.softcap = pc.softcap;
+    if (pc.sinks) c.sinks.assign(8, 0.25f);
+    PagingOptions paging;
+    paging.page_size = pc.page_size;
+    paging.layout = pc.layout;
+    paging.permute_pages = true;
+    if (pc.sharding != CpSharding::kNone) {
+      paging.sharding = pc.sharding;
+      paging.cp_world_size = 3;
+      paging.interleave_size = 1;
+    }
+    std::unique_ptr<Prepared> prep = Prepare(c, paging);
+    UnitStates core_states;
+    core_states.has_reference = true;
+    AttentionRunOptions ro;
+    ro.threads = 2;
+    ro.unit_states = &core_states;
+    absl::StatusOr<AttentionResults> core = ComputeAttention(prep->p, ro);
+    ASSERT_TRUE(core.ok()) << core.status();
+    UnitStates mine_states;
+    const AttentionResults mine = EmulateFusedPass(prep->p, &mine_states);
+    ExpectSameBits(mine.reference_out, core->reference_out, pc.name + " R out");
+    ExpectSameBits(mine.reference_lse, core->reference_lse, pc.name + " R lse");
+    ExpectSameBits(mine.replay_out, core->replay_out, pc.name + " P out");
+    ExpectSameBits(mine.replay_lse, core->replay_lse, pc.name + " P lse");
+    EXPECT_EQ(mine.merge_orders, core->merge_orders) << pc.name;
+    EXPECT_EQ(mine.max_merged_blocks, core->max_merged_blocks) << pc.name;
+    EXPECT_EQ(mine.max_visible_keys, core->max_visible_keys) << pc.name;
+    ASSERT_EQ(mine_states.p_out.size(), core_states.p_out.size());
+    EXPECT_EQ(0, std::memcmp(mine_states.p_out.data(), core_states.p_out.data(),
+                             mine_states.p_out.size() * sizeof(float)))
+        << pc.name << " P unit states";
+    EXPECT_EQ(0, std::memcmp(mine_states.p_lse.data(), core_states.p_lse.data(),
+                             mine_states.p_lse.size() * sizeof(float)))
+        << pc.name << " P unit lse";
+    EXPECT_EQ(0, std::memcmp(mine_states.r_out.data(), core_states.r_out.data(),
+                             mine_states.r_out.size() * sizeof(double)))
+        << pc.name << " R unit states";
+    EXPECT_EQ(0, std::memcmp(mine_states.r_lse.data(), core_states.r_lse.data(),
+                             mine_states.r_lse.size() * sizeof(double)))
+        << pc.name << " R unit lse";
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace attnaudit
