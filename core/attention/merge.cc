@@ -12,12 +12,13 @@ namespace attnaudit {
 // are its CPU loops.
 void MergeStates(const float* const* outs, const float* lses, int n, int64_t d,
                  float* out, float* lse) {
-  using namespace merge_step;  // NOLINT(build/namespaces): the step's ops
-  float m = NegInf();
-  for (int i = 0; i < n; ++i) m = Fmax(m, SanitizeLse(lses[i]));
-  if (m == NegInf()) {
+  using merge_step::F;
+  using merge_step::SanitizeLse;
+  float m = F::NegInf();
+  for (int i = 0; i < n; ++i) m = F::Fmax(m, SanitizeLse(lses[i]));
+  if (m == F::NegInf()) {
     for (int64_t j = 0; j < d; ++j) out[j] = 0.0f;
-    *lse = NegInf();
+    *lse = F::NegInf();
     return;
   }
   // Only states with a non-zero weight take part: an empty state (lse -inf,
@@ -41,20 +42,20 @@ void MergeStates(const float* const* outs, const float* lses, int n, int64_t d,
   int live = 0;
   for (int i = 0; i < n; ++i) {
     const float li = SanitizeLse(lses[i]);
-    if (li == NegInf()) continue;
-    const float wi = Exp(Sub(li, m));
+    if (li == F::NegInf()) continue;
+    const float wi = F::Exp(F::Sub(li, m));
     if (wi == 0.0f) continue;
-    total = Add(total, wi);
+    total = F::Add(total, wi);
     w[live] = wi;
     src[live] = outs[i];
     ++live;
   }
   for (int64_t j = 0; j < d; ++j) {
     float acc = 0.0f;
-    for (int i = 0; i < live; ++i) acc = Add(acc, Mul(w[i], src[i][j]));
-    out[j] = Div(acc, total);
+    for (int i = 0; i < live; ++i) acc = F::Add(acc, F::Mul(w[i], src[i][j]));
+    out[j] = F::Div(acc, total);
   }
-  *lse = Add(m, Log(total));
+  *lse = F::Add(m, F::Log(total));
 }
 
 // Exactly MergeStates' arithmetic for n = 2 (accumulator starting at +0,

@@ -23,77 +23,16 @@
 #include <cstdint>
 
 #include "core/common/host_device.h"
-
-#ifndef ATTNAUDIT_DEVICE_CODE
-#include <cmath>
-#include <limits>
-#endif
+#include "core/common/rounded_ops.h"
 
 namespace attnaudit {
 namespace merge_step {
 
-ATTNAUDIT_HOST_DEVICE inline float NegInf() {
-#ifdef ATTNAUDIT_DEVICE_CODE
-  return __int_as_float(static_cast<int>(0xff800000u));
-#else
-  return -std::numeric_limits<float>::infinity();
-#endif
-}
-
-// One correctly rounded operation each, never contracted.
-ATTNAUDIT_HOST_DEVICE inline float Mul(float a, float b) {
-#ifdef ATTNAUDIT_DEVICE_CODE
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-ATTNAUDIT_HOST_DEVICE inline float Add(float a, float b) {
-#ifdef ATTNAUDIT_DEVICE_CODE
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-ATTNAUDIT_HOST_DEVICE inline float Sub(float a, float b) {
-#ifdef ATTNAUDIT_DEVICE_CODE
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-ATTNAUDIT_HOST_DEVICE inline float Div(float a, float b) {
-#ifdef ATTNAUDIT_DEVICE_CODE
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-ATTNAUDIT_HOST_DEVICE inline float Exp(float x) {
-#ifdef ATTNAUDIT_DEVICE_CODE
-  return expf(x);
-#else
-  return std::exp(x);
-#endif
-}
-ATTNAUDIT_HOST_DEVICE inline float Log(float x) {
-#ifdef ATTNAUDIT_DEVICE_CODE
-  return logf(x);
-#else
-  return std::log(x);
-#endif
-}
-ATTNAUDIT_HOST_DEVICE inline float Fmax(float a, float b) {
-#ifdef ATTNAUDIT_DEVICE_CODE
-  return fmaxf(a, b);
-#else
-  return std::fmax(a, b);
-#endif
-}
+using F = rounded::Ops<float>;
 
 // NaN and +inf LSEs are empty states.
 ATTNAUDIT_HOST_DEVICE inline float SanitizeLse(float lse) {
-  return (lse != lse || lse == -NegInf()) ? NegInf() : lse;
+  return (lse != lse || lse == -F::NegInf()) ? F::NegInf() : lse;
 }
 
 // The weights of merging state b into accumulator a. m == -inf: both are
@@ -110,14 +49,14 @@ ATTNAUDIT_HOST_DEVICE inline PairWeights Weights(float acc_lse,
   const float a = SanitizeLse(acc_lse);
   const float b = SanitizeLse(next_lse);
   PairWeights w;
-  w.m = Fmax(a, b);
-  if (w.m == NegInf()) {
+  w.m = F::Fmax(a, b);
+  if (w.m == F::NegInf()) {
     w.wa = w.wb = w.total = 0.0f;
     return w;
   }
-  w.wa = a == NegInf() ? 0.0f : Exp(Sub(a, w.m));
-  w.wb = b == NegInf() ? 0.0f : Exp(Sub(b, w.m));
-  w.total = Add(w.wa, w.wb);
+  w.wa = a == F::NegInf() ? 0.0f : F::Exp(F::Sub(a, w.m));
+  w.wb = b == F::NegInf() ? 0.0f : F::Exp(F::Sub(b, w.m));
+  w.total = F::Add(w.wa, w.wb);
   return w;
 }
 
@@ -125,16 +64,17 @@ ATTNAUDIT_HOST_DEVICE inline PairWeights Weights(float acc_lse,
 // would be NaN); the sum starts at +0 as the n-way routine's does.
 ATTNAUDIT_HOST_DEVICE inline float Element(const PairWeights& w, float acc,
                                            float next) {
-  if (w.m == NegInf()) return 0.0f;
+  if (w.m == F::NegInf()) return 0.0f;
   if (w.wa != 0.0f && w.wb != 0.0f) {
-    return Div(Add(Add(0.0f, Mul(w.wa, acc)), Mul(w.wb, next)), w.total);
+    return F::Div(F::Add(F::Add(0.0f, F::Mul(w.wa, acc)), F::Mul(w.wb, next)),
+                  w.total);
   }
-  if (w.wa != 0.0f) return Div(Add(0.0f, Mul(w.wa, acc)), w.total);
-  return Div(Add(0.0f, Mul(w.wb, next)), w.total);
+  if (w.wa != 0.0f) return F::Div(F::Add(0.0f, F::Mul(w.wa, acc)), w.total);
+  return F::Div(F::Add(0.0f, F::Mul(w.wb, next)), w.total);
 }
 
 ATTNAUDIT_HOST_DEVICE inline float Lse(const PairWeights& w) {
-  return w.m == NegInf() ? NegInf() : Add(w.m, Log(w.total));
+  return w.m == F::NegInf() ? F::NegInf() : F::Add(w.m, F::Log(w.total));
 }
 
 // (acc_out, acc_lse) <- merge(acc, next) over d elements: the left fold's

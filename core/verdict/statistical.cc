@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/verdict/verdict.h"
+
 namespace attnaudit {
 namespace {
 
@@ -37,19 +39,6 @@ constexpr double kFp8Lambda = 2.5;
 // u is floored at this fraction of the head row's rms (near-zero elements
 // carry the row's absolute noise, not their own ULP's).
 constexpr double kRowFloor = 0.5;
-
-double ComputeEpsilon(DType kv_dtype) {
-  switch (kv_dtype) {
-    case DType::kBF16:
-    case DType::kF8E4M3:
-    case DType::kF8E5M2:
-      return kEpsBf16;
-    case DType::kF16:
-      return DTypeEpsilon(DType::kF16);
-    default:
-      return kEpsF32;
-  }
-}
 
 double SmallestNormal(DType dtype) {
   switch (dtype) {
@@ -158,7 +147,7 @@ NoiseModel StatisticalNoise(const StatisticalInputs& in) {
       std::sqrt(static_cast<double>(std::max<int64_t>(1, in.max_context))),
       static_cast<double>(std::max<int64_t>(1, in.max_merged_blocks)));
   m.epsilon = std::max(
-      {eps_out, ComputeEpsilon(in.kv_dtype), kFp32Depth * kEpsF32 * depth});
+      {eps_out, EngineComputeEpsilon(in.kv_dtype), kFp32Depth * kEpsF32 * depth});
   // fp8 K dequantised and rounded to bf16 moves every score by up to
   // eps_bf16 / 2 of its terms: noise that grows with the score magnitude,
   // for which Lambda stands.

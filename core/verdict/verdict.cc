@@ -48,21 +48,6 @@ double DenormMin(DType dtype) {
   }
 }
 
-// Precision of the engine's P.V product: tensor-core engines round the
-// probabilities (and fp8 KV dequantised values) to the 16-bit compute type.
-double EngineComputeEpsilon(DType kv_dtype) {
-  switch (kv_dtype) {
-    case DType::kBF16:
-    case DType::kF8E4M3:
-    case DType::kF8E5M2:
-      return kEpsBf16;
-    case DType::kF16:
-      return DTypeEpsilon(DType::kF16);
-    default:
-      return kEpsF32;
-  }
-}
-
 bool IsFp8(DType dtype) {
   return dtype == DType::kF8E4M3 || dtype == DType::kF8E5M2;
 }
@@ -133,6 +118,19 @@ void AddStatisticalReason(const StatisticalResult& st,
 }
 
 }  // namespace
+
+double EngineComputeEpsilon(DType kv_dtype) {
+  switch (kv_dtype) {
+    case DType::kBF16:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+      return kEpsBf16;
+    case DType::kF16:
+      return DTypeEpsilon(DType::kF16);
+    default:
+      return kEpsF32;
+  }
+}
 
 Tolerances ComputeTolerances(const ToleranceInputs& inputs,
                              const ToleranceOverrides& overrides) {

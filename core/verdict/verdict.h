@@ -53,6 +53,11 @@ struct ToleranceInputs {
   int64_t cp_world_size = 1;
 };
 
+// Relative precision of an engine's P.V product for a KV cache of
+// `kv_dtype`: tensor-core engines round the probabilities (and fp8 values,
+// once dequantised) to bf16 or f16; f32 caches keep fp32.
+double EngineComputeEpsilon(DType kv_dtype);
+
 Tolerances ComputeTolerances(const ToleranceInputs& inputs,
                              const ToleranceOverrides& overrides);
 

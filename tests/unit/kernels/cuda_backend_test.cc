@@ -28,6 +28,7 @@
 #include "core/tensor/dtype.h"
 #include "core/validate/validate.h"
 #include "gtest/gtest.h"
+#include "tests/unit/core/testing/prepared_case.h"
 #include "tests/unit/core/testing/snapshot_builder.h"
 
 namespace attnaudit {
@@ -59,26 +60,6 @@ TEST(CudaBackendTest, CreateFailsWithAStatusNotACrash) {
   absl::StatusOr<std::unique_ptr<CudaBackend>> b = CudaBackend::Create(o);
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), absl::StatusCode::kUnavailable) << b.status();
-}
-
-struct Prepared {
-  Snapshot snapshot;
-  ResolvedLayout layout;
-  PreparedAttention p;
-};
-
-std::unique_ptr<Prepared> Prepare(const LogicalCase& c,
-                                  const PagingOptions& paging) {
-  auto out = std::make_unique<Prepared>();
-  out->snapshot = BuildSnapshot(c, paging);
-  absl::StatusOr<ResolvedLayout> layout = ValidateSnapshot(out->snapshot);
-  EXPECT_TRUE(layout.ok()) << layout.status();
-  out->layout = *layout;
-  absl::StatusOr<PreparedAttention> p =
-      PrepareAttention(out->snapshot, out->layout, 2);
-  EXPECT_TRUE(p.ok()) << p.status();
-  out->p = *std::move(p);
-  return out;
 }
 
 struct Case {

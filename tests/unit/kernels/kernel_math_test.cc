@@ -25,6 +25,7 @@
 #include "kernels/math/drift_element.h"
 #include "kernels/math/exp.h"
 #include "kernels/math/widen.h"
+#include "tests/unit/core/testing/prepared_case.h"
 #include "tests/unit/core/testing/snapshot_builder.h"
 #include "tests/unit/kernels/kernel_emulator.h"
 
@@ -213,26 +214,6 @@ TEST(KernelMathDrift, ElementRuleReproducesComputeDrift) {
 }
 
 // ---------------------------------------------------------------- the pass
-
-struct Prepared {
-  Snapshot snapshot;
-  ResolvedLayout layout;
-  PreparedAttention p;
-};
-
-std::unique_ptr<Prepared> Prepare(const LogicalCase& c,
-                                  const PagingOptions& paging) {
-  auto out = std::make_unique<Prepared>();
-  out->snapshot = BuildSnapshot(c, paging);
-  absl::StatusOr<ResolvedLayout> layout = ValidateSnapshot(out->snapshot);
-  EXPECT_TRUE(layout.ok()) << layout.status();
-  out->layout = *layout;
-  absl::StatusOr<PreparedAttention> p =
-      PrepareAttention(out->snapshot, out->layout, 2);
-  EXPECT_TRUE(p.ok()) << p.status();
-  out->p = *std::move(p);
-  return out;
-}
 
 struct PassCase {
   std::string name;

@@ -16,32 +16,12 @@
 #include "core/attention/unit_states.h"
 #include "core/validate/validate.h"
 #include "gtest/gtest.h"
+#include "tests/unit/core/testing/prepared_case.h"
 #include "tests/unit/core/testing/snapshot_builder.h"
 
 namespace attnaudit {
 namespace testing {
 namespace {
-
-struct Prepared {
-  Snapshot snapshot;
-  ResolvedLayout layout;
-  PreparedAttention p;
-};
-
-// Heap-allocated so the pointers PreparedAttention keeps stay valid.
-std::unique_ptr<Prepared> Prepare(const LogicalCase& c,
-                                  const PagingOptions& paging) {
-  auto out = std::make_unique<Prepared>();
-  out->snapshot = BuildSnapshot(c, paging);
-  absl::StatusOr<ResolvedLayout> layout = ValidateSnapshot(out->snapshot);
-  EXPECT_TRUE(layout.ok()) << layout.status();
-  out->layout = *layout;
-  absl::StatusOr<PreparedAttention> p =
-      PrepareAttention(out->snapshot, out->layout, 2);
-  EXPECT_TRUE(p.ok()) << p.status();
-  out->p = *std::move(p);
-  return out;
-}
 
 LogicalCase Case(DType kv, uint64_t seed) {
   RandomCaseOptions o;
