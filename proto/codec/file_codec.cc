@@ -18,6 +18,7 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl.h"
 #include "google/protobuf/util/json_util.h"
+#include "proto/codec/aligned_writer.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/tensor_data.h"
 #include "proto/codec/tensor_paths.h"
@@ -76,7 +77,11 @@ absl::Status WriteAndSync(const v1::Snapshot& msg, const std::string& tmp) {
   FdCloser closer(fd);
   {
     google::protobuf::io::FileOutputStream out(fd, kIoBlockBytes);
-    const bool serialized = msg.SerializeToZeroCopyStream(&out);
+    bool serialized = false;
+    {
+      google::protobuf::io::CodedOutputStream coded(&out);
+      serialized = WriteAligned(msg, &coded);
+    }  // the coded stream hands its buffer back to `out` here
     const bool flushed = out.Flush();
     if (!serialized || !flushed) {
       const int error = out.GetErrno();
@@ -185,7 +190,7 @@ absl::Status WriteSnapshotFile(const std::string& path,
                                const Snapshot& snapshot) {
   v1::Snapshot msg;
   SnapshotToProto(snapshot, &msg);
-  const size_t bytes = msg.ByteSizeLong();
+  const size_t bytes = AlignedByteSize(msg);
   if (bytes > static_cast<size_t>(kMaxSnapshotFileBytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": the snapshot encodes to ", bytes,

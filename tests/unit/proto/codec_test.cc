@@ -26,6 +26,11 @@ void CollectUnset(const google::protobuf::Message& msg,
   const google::protobuf::Reflection* r = msg.GetReflection();
   for (int i = 0; i < d->field_count(); ++i) {
     const google::protobuf::FieldDescriptor* f = d->field(i);
+    // Filler only the file writer sets (proto/codec/aligned_writer.h).
+    if (d == v1::Tensor::descriptor() &&
+        f->number() == v1::Tensor::kPaddingFieldNumber) {
+      continue;
+    }
     const std::string path = prefix + f->name();
     if (f->is_repeated()) {
       if (r->FieldSize(msg, f) == 0) out->push_back(path);
