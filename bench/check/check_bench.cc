@@ -8,10 +8,10 @@
 //        [--batch B] [--preset NAME] [--markdown]
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <memory>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -243,7 +243,8 @@ int Main(int argc, char** argv) {
       found = true;
     }
     if (!found) {
-      std::fprintf(stderr, "bench: --simd-target %s: not a target this CPU runs\n",
+      std::fprintf(stderr,
+                   "bench: --simd-target %s: not a target this CPU runs\n",
                    flags.simd_target.c_str());
       return 2;
     }

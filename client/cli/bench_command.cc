@@ -68,8 +68,8 @@ bool NextAudit(const Schedule& schedule, std::atomic<int64_t>* next_due,
     *due = absl::Now();
   } else {
     const int64_t k = next_due->fetch_add(1);
-    *due = schedule.start + absl::Seconds(static_cast<double>(k) /
-                                          schedule.rate);
+    *due =
+        schedule.start + absl::Seconds(static_cast<double>(k) / schedule.rate);
     absl::SleepFor(*due - absl::Now());  // no-op when already late
   }
   return *due < schedule.stop_at;
@@ -226,9 +226,9 @@ void PrintSummary(const BenchCommand& o, const Load& load, const Summary& s) {
         "\"transfer_ms\": %.3f, \"transfer_gb_per_second\": %.4f, "
         "\"errors\": %lld, \"rejected\": %lld}\n",
         o.file.c_str(), transport, ll(o.concurrency), o.rate, ll(load.bytes),
-        s.seconds,
-        ll(s.ok), s.per_second, s.p50_ms, s.p99_ms, s.ingest_gbps, s.audit_ms,
-        s.transfer_ms, s.transfer_gbps, ll(s.errors), ll(s.rejected));
+        s.seconds, ll(s.ok), s.per_second, s.p50_ms, s.p99_ms, s.ingest_gbps,
+        s.audit_ms, s.transfer_ms, s.transfer_gbps, ll(s.errors),
+        ll(s.rejected));
     return;
   }
   std::printf(
@@ -241,8 +241,9 @@ void PrintSummary(const BenchCommand& o, const Load& load, const Summary& s) {
       "  errors=%lld  rejected(retried)=%lld\n",
       o.file.c_str(), transport, ll(o.concurrency),
       o.rate > 0 ? absl::StrCat(o.rate, "/s").c_str() : "closed-loop",
-      load.bytes / 1048576.0, s.seconds, ll(s.ok), s.per_second, s.p50_ms, s.p99_ms, s.ingest_gbps,
-      s.audit_ms, s.transfer_ms, s.transfer_gbps, ll(s.errors), ll(s.rejected));
+      load.bytes / 1048576.0, s.seconds, ll(s.ok), s.per_second, s.p50_ms,
+      s.p99_ms, s.ingest_gbps, s.audit_ms, s.transfer_ms, s.transfer_gbps,
+      ll(s.errors), ll(s.rejected));
 }
 
 int RunBench(const BenchCommand& o) {

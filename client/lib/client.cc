@@ -1,7 +1,5 @@
 #include "client/lib/client.h"
 
-#include "client/lib/zero_copy_stream.h"
-
 #include <google/protobuf/util/time_util.h>
 #include <grpcpp/grpcpp.h>
 
@@ -13,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/lib/zero_copy_stream.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/stream.h"
 #include "proto/codec/tensor_paths.h"

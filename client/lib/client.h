@@ -31,10 +31,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "attnaudit/v1/service.grpc.pb.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "core/audit/audit.h"
 #include "core/report/report.h"
 #include "core/snapshot/snapshot.h"
+#include "grpcpp/generic/generic_stub.h"
 
 namespace grpc {
 class Channel;

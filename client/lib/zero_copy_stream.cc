@@ -48,8 +48,8 @@ namespace {
 // Writes the header, then one chunk after another (each write waits for
 // the previous: gRPC allows one outstanding write), then WritesDone; reads
 // the one response.
-class Writer : public grpc::ClientBidiReactor<grpc::ByteBuffer,
-                                              grpc::ByteBuffer> {
+class Writer
+    : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   Writer(AuditStreamChunker* chunker) : chunker_(chunker) {}
 

@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
-
 #include "attnaudit/v1/service.pb.h"
 #include "core/snapshot/snapshot.h"
 #include "grpcpp/client_context.h"

@@ -17,6 +17,27 @@ from .snapshot import Snapshot
 
 SERVICE = "/attnaudit.v1.AuditService/"
 
+
+def bind_methods(client, channel) -> None:
+    """Sets client._audit, ._stream, ... to the service's methods on
+    `channel` (a grpc.Channel or grpc.aio.Channel: their method factories
+    have the same names)."""
+    pb = service_pb2
+    client._audit = channel.unary_unary(
+        SERVICE + "Audit", response_deserializer=pb.AuditResponse.FromString)
+    client._stream = channel.stream_unary(
+        SERVICE + "AuditStream", response_deserializer=pb.AuditResponse.FromString)
+    client._submit = channel.unary_unary(
+        SERVICE + "Submit", response_deserializer=pb.SubmitResponse.FromString)
+    client._get = channel.unary_unary(
+        SERVICE + "GetResult", response_deserializer=pb.JobResult.FromString)
+    client._watch = channel.unary_stream(
+        SERVICE + "WatchResults", response_deserializer=pb.JobResult.FromString)
+    client._cancel = channel.unary_unary(
+        SERVICE + "Cancel", response_deserializer=pb.CancelResponse.FromString)
+    client._capabilities = channel.unary_unary(
+        SERVICE + "GetCapabilities", response_deserializer=pb.Capabilities.FromString)
+
 # Past this size the stream is faster than one unary message even when the
 # unary call would fit (its chunks pipeline encoding, transfer and parsing).
 STREAM_ABOVE = 8 << 20

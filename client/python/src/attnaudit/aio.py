@@ -51,21 +51,7 @@ class AuditClient:
         self._threshold = stream_threshold_bytes
         self._chunk = chunk_bytes
         self._caps = None
-        ch, S = self._channel, C.SERVICE
-        self._audit = ch.unary_unary(S + "Audit",
-                                     response_deserializer=service_pb2.AuditResponse.FromString)
-        self._stream = ch.stream_unary(S + "AuditStream",
-                                       response_deserializer=service_pb2.AuditResponse.FromString)
-        self._submit = ch.unary_unary(S + "Submit",
-                                      response_deserializer=service_pb2.SubmitResponse.FromString)
-        self._get = ch.unary_unary(S + "GetResult",
-                                   response_deserializer=service_pb2.JobResult.FromString)
-        self._watch = ch.unary_stream(S + "WatchResults",
-                                      response_deserializer=service_pb2.JobResult.FromString)
-        self._cancel = ch.unary_unary(S + "Cancel",
-                                      response_deserializer=service_pb2.CancelResponse.FromString)
-        self._capabilities = ch.unary_unary(
-            S + "GetCapabilities", response_deserializer=service_pb2.Capabilities.FromString)
+        C.bind_methods(self, self._channel)
 
     async def close(self) -> None:
         await self._channel.close()

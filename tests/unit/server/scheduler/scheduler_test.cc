@@ -19,16 +19,11 @@ using testing::Gate;
 using testing::GateDevices;
 using ::testing::HasSubstr;
 using testing::MakeJob;
+using testing::MakeScheduler;
 using testing::Recorder;
 
 constexpr PriorityClass kI = PriorityClass::kInteractive;
 constexpr PriorityClass kS = PriorityClass::kSampled;
-
-std::unique_ptr<Scheduler> MakeScheduler(SchedulerOptions options) {
-  auto s = Scheduler::Create(std::move(options));
-  EXPECT_TRUE(s.ok()) << s.status();
-  return *std::move(s);
-}
 
 AdmissionQuery Query(PriorityClass c, int64_t bytes) {
   AdmissionQuery q;

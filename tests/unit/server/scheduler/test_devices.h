@@ -12,6 +12,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
 #include "server/scheduler/device.h"
 #include "server/scheduler/job.h"
 #include "server/scheduler/scheduler.h"
@@ -173,6 +174,15 @@ inline std::unique_ptr<server::Job> MakeJob(const std::string& id,
   job->labels.model = "m";
   if (recorder != nullptr) job->on_done = recorder->Callback();
   return job;
+}
+
+// A scheduler from `options`; a Create failure fails the test (and the
+// null result then fails it again where it is used).
+inline std::unique_ptr<server::Scheduler> MakeScheduler(
+    server::SchedulerOptions options) {
+  auto s = server::Scheduler::Create(std::move(options));
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *std::move(s) : nullptr;
 }
 
 }  // namespace attnaudit::testing
