@@ -101,6 +101,14 @@ def test_saved_file_is_the_cli_format(synth_case, client, cli, tmp_path):
     again = attnaudit.Snapshot.load(saved)
     assert again.serialize() == snap.serialize()
     assert not [f for f in os.listdir(tmp_path) if ".tmp." in f]
+    # Like the C++ writer, save() puts every tensor's bytes at a 64-byte
+    # aligned offset of the file, so the CLI maps them without copying.
+    with open(saved, "rb") as f:
+        raw = f.read()
+    for name in ("q", "k_pages", "v_pages", "block_table"):
+        data = np.ascontiguousarray(snap.tensor(name)).tobytes()
+        offset = raw.find(data)
+        assert offset >= 0 and offset % 64 == 0, (name, offset)
 
 
 def test_prefix_fingerprint_auto_and_kv_fingerprint(client, cli, tmp_path):

@@ -52,17 +52,57 @@ def _number(descriptor, name: str) -> int:
     return descriptor.fields_by_name[name].number
 
 
-def _tensor_message(t: WireTensor, with_data: bool) -> List:
+# Files: every tensor's data starts at a multiple of _ALIGN bytes from the
+# start of the file, as the C++ writer does (proto/codec/aligned_writer.h),
+# so that `attnaudit check` uses the bytes in place instead of copying them.
+_ALIGN = 64
+_PADDING = tensor_pb2.Tensor.DESCRIPTOR.fields_by_name["padding"].number
+
+
+class _Filler(bytearray):
+    """A Tensor.padding field before a tensor's data. Its partner after the
+    data gets the rest of _ALIGN - 1 filler bytes, so the tensor's size does
+    not depend on the split, which place_fillers sets from the offset."""
+
+    def __init__(self, partner: bytearray, data_header: int):
+        super().__init__(key(_PADDING) + varint(0))
+        self.partner = partner
+        self.data_header = data_header  # the data field's tag and length
+
+
+def _padding(n: int) -> bytes:
+    return key(_PADDING) + varint(n) + bytes(n)
+
+
+def _tensor_message(t: WireTensor, with_data: bool, align: bool = False) -> List:
     """Pieces of one serialised attnaudit.v1.Tensor."""
     head = tensor_pb2.Tensor(dtype=t.dtype, shape=list(t.shape)).SerializeToString()
     pieces: List = [head]
     if with_data and t.nbytes > 0:
-        pieces += [key(3) + varint(t.nbytes), t.data()]
+        data_header = key(3) + varint(t.nbytes)
+        if not align:
+            return pieces + [data_header, t.data()]
+        after = bytearray(_padding(_ALIGN - 1))
+        pieces += [_Filler(after, len(data_header)), data_header, t.data(), after]
     return pieces
 
 
+def place_fillers(pieces: List) -> None:
+    """Splits each tensor's filler so that its data lands on an aligned
+    offset of the joined pieces."""
+    offset = 0
+    for p in pieces:
+        if isinstance(p, _Filler):
+            start = offset + 2 + p.data_header
+            before = (_ALIGN - start % _ALIGN) % _ALIGN
+            p[:] = _padding(before)
+            p.partner[:] = _padding(_ALIGN - 1 - before)
+        offset += len(p) if isinstance(p, (bytes, bytearray)) else p.nbytes
+
+
 def _size(pieces: Sequence) -> int:
-    return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in pieces)
+    return sum(len(p) if isinstance(p, (bytes, bytearray)) else p.nbytes
+               for p in pieces)
 
 
 def _field(number: int, body: List) -> List:
@@ -71,10 +111,11 @@ def _field(number: int, body: List) -> List:
 
 def snapshot_pieces(meta: snapshot_pb2.Snapshot,
                     tensors: Dict[str, WireTensor],
-                    with_data=lambda path: True) -> List:
+                    with_data=lambda path: True, align: bool = False) -> List:
     """Pieces of a serialised Snapshot: `meta` (which holds no tensor) plus
     the tensors. with_data(path) False writes a tensor's dtype and shape
-    only (the AuditStream header)."""
+    only (the AuditStream header). align: the layout of a file (each
+    tensor's data on a multiple of 64 bytes from the first piece)."""
     desc = snapshot_pb2.Snapshot.DESCRIPTOR
     top: List = []
     nested: Dict[str, List] = {}
@@ -87,9 +128,10 @@ def snapshot_pieces(meta: snapshot_pb2.Snapshot,
             sub_desc = desc.fields_by_name[parent].message_type
             nested.setdefault(parent, []).extend(
                 _field(_number(sub_desc, name),
-                       _tensor_message(t, with_data(path))))
+                       _tensor_message(t, with_data(path), align)))
         else:
-            top += _field(_number(desc, name), _tensor_message(t, with_data(path)))
+            top += _field(_number(desc, name),
+                          _tensor_message(t, with_data(path), align))
     if nested:
         base = snapshot_pb2.Snapshot()
         base.CopyFrom(meta)
@@ -97,8 +139,12 @@ def snapshot_pieces(meta: snapshot_pb2.Snapshot,
             sub = getattr(meta, parent).SerializeToString() if meta.HasField(parent) else b""
             base.ClearField(parent)
             top += _field(_number(desc, parent), [sub] + body)
-        return [base.SerializeToString()] + top
-    return [meta.SerializeToString()] + top
+        pieces = [base.SerializeToString()] + top
+    else:
+        pieces = [meta.SerializeToString()] + top
+    if align:
+        place_fillers(pieces)
+    return pieces
 
 
 def request_bytes(snapshot_field: int, pieces: List, rest: bytes) -> bytes:

@@ -281,8 +281,10 @@ class Snapshot:
         """Writes the snapshot file atomically (temporary file in the same
         directory, fsync, rename, fsync of the directory): the format of
         `attnaudit synth`, readable by `attnaudit check/audit/inspect`."""
-        pieces = self.pieces()
-        size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in pieces)
+        self.wait()
+        pieces = _wire.snapshot_pieces(self._meta, self._tensors, align=True)
+        size = sum(len(p) if isinstance(p, (bytes, bytearray)) else p.nbytes
+                   for p in pieces)
         if size > (1 << 31) - 1:
             raise ValueError(f"{path}: the snapshot encodes to {size} bytes, over "
                              "the 2 GiB limit of a snapshot file (a protobuf "
