@@ -3,7 +3,7 @@
 //
 //   1. unloaded: INTERACTIVE audits one after another -> latency p50/p99
 //      and the capacity (audits per second of the one worker); then a
-//      2 s wave at capacity so the thread pools reach their working size,
+//      3 s burst at 2x capacity so the pools reach their working size,
 //      and idle: the pre-burst RSS;
 //   2. burst (kBurst): SAMPLED audits offered open-loop at 2x capacity,
 //      each with a client deadline of kSampledDeadline, while one
@@ -241,13 +241,13 @@ class OverloadTest : public ::testing::Test {
     return kUnloadedCalls / absl::ToDoubleSeconds(absl::Now() - u0);
   }
 
-  // SAMPLED at `rate` for 2 s over the fleet's connections; the figures
+  // SAMPLED at `rate` for 3 s over the fleet's connections; the figures
   // are dropped.
   void WarmUp(double rate) {
     std::vector<client::Client*> fleet;
     for (const auto& c : fleet_) fleet.push_back(c.get());
     Load wave(std::move(fleet), client_.get(), &sampled_, &interactive_);
-    wave.Run(rate, absl::Seconds(2));
+    wave.Run(rate, absl::Seconds(3));
   }
 
   // Waits (up to 60 s) until RSS is within 20% of `before`; the RSS then.
@@ -319,11 +319,13 @@ TEST_F(OverloadTest, InteractiveStaysFastNothingExpiresMemoryComesBack) {
   ClassStats unloaded;
   f.capacity = Unloaded(&unloaded);
   ASSERT_EQ(unloaded.accepted, kUnloadedCalls);
-  // A short wave at capacity first: the server's thread pools grow to
-  // their working size (a few MiB of stacks and caches that stay, as they
-  // should), so the baseline is a server that has served concurrent calls
-  // and the comparison below measures what the burst itself left behind.
-  WarmUp(f.capacity);
+  // A short burst first (3 s at twice the capacity): the server's thread
+  // pools, gRPC's per-call state and the allocator's caches grow to their
+  // working size (a few MiB that stay, as they should), so the baseline is
+  // a server that has been through a burst before, and the comparison
+  // below measures what the long burst left behind (a leak or buffers
+  // never handed back would show; a first burst's warm-up would not).
+  WarmUp(2 * f.capacity);
   absl::SleepFor(absl::Seconds(3));  // idle: the reclaimer runs
   f.rss_before = server_->RssBytes();
   absl::StatusOr<std::string> before = server_->Scrape();
