@@ -313,6 +313,11 @@ Candidate BlockCandidate(const Context& ctx, const RowStates& rs,
   c.location.heads = c.eval.heads;
   c.location.logical_block = j;
   c.location.page = EnginePageId(ctx, rs.pages[j]);
+  // A context-parallel engine: the rank whose shard holds the block (that
+  // of its first token when token interleaving splits it).
+  if (ctx.in->snapshot->cp.world_size > 1) {
+    c.location.cp_rank = ctx.in->layout->block_owners[rs.b][j];
+  }
   if (other >= 0) {
     c.location.other_logical_block = other;
     c.location.other_page = EnginePageId(ctx, rs.pages[other]);

@@ -180,8 +180,9 @@ std::string Summarize(const Context& ctx, const Candidate& c) {
     // Its content is unknown: the evidence is what is left without it.
     const bool agree = c.eval.after.out_rms_noise <= 2.0;
     return absl::StrFormat(
-        "page %d (logical block %d of row %d) holds stale data: %s (%s)",
+        "page %d (logical block %d of row %d%s) holds stale data: %s (%s)",
         l.page, l.logical_block, l.row,
+        l.cp_rank >= 0 ? absl::StrCat(", CP rank ", l.cp_rank) : "",
         agree ? "without it, engine and reference agree to about an output "
                 "ulp"
               : "the drift is what another state in its place gives, and "

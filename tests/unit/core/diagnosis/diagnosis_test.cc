@@ -165,6 +165,30 @@ TEST(SimFaultTest, GqaMappingNamesTheHeadsItMoves) {
   EXPECT_EQ(r.diagnoses[0].location.heads, (std::vector<int64_t>{1, 3, 4, 6}));
 }
 
+// A stale page in a context-parallel engine: the block, its page and the
+// rank whose shard holds it (page interleaving: block j lives on rank
+// j mod W).
+TEST(SimFaultTest, StalePageOfACpEngineNamesItsRank) {
+  FaultCase c{"stale-page", "llama3-8b", "stale-page", ""};
+  SynthOptions o = Options(c);
+  o.cp_world_size = 3;
+  o.cp_sharding = CpSharding::kPageInterleaved;
+  SynthDetails site;
+  absl::StatusOr<Snapshot> s = Synthesize(o, &site);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const AuditReport r = Audit(*s);
+  ASSERT_EQ(r.verdict, Verdict::kDrift) << site.fault;
+  ASSERT_FALSE(r.diagnoses.empty());
+  const Diagnosis& top = r.diagnoses[0];
+  ASSERT_EQ(top.hypothesis, "stale-page") << top.summary;
+  EXPECT_EQ(top.location.row, site.fault_row);
+  EXPECT_EQ(top.location.logical_block, site.fault_block) << top.summary;
+  EXPECT_EQ(top.location.cp_rank, site.fault_block % 3) << top.summary;
+  EXPECT_TRUE(absl::StrContains(top.summary,
+                                absl::StrCat("CP rank ", site.fault_block % 3)))
+      << top.summary;
+}
+
 TEST(SimFaultTest, NoDiagnosisWithoutDrift) {
   FaultCase c{"stale-page", "llama3-8b", "", ""};
   SynthOptions o = Options(c);
