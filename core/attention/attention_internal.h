@@ -17,10 +17,10 @@ namespace attention_internal {
 struct PassContext {
   const PreparedAttention& p;
   AttentionResults* results;  // null for ComputeRunStates
-  bool reference;    // run R's online softmax into the scratch
-  bool replay;       // compute P's unit states
-  bool fold_replay;  // fold them into the scratch's running P
-  UnitStates* unit_states;  // store unit states here when not null
+  bool reference;             // run R's online softmax into the scratch
+  bool replay;                // compute P's unit states
+  bool fold_replay;           // fold them into the scratch's running P
+  UnitStates* unit_states;    // store unit states here when not null
   // Set by any work item that widened a non-finite K or V value; the
   // caller then locates it (the message must not depend on scheduling).
   std::atomic<bool>* kv_non_finite;
@@ -35,16 +35,16 @@ struct Scratch {
   std::vector<float> sweep_k32, sweep_v32;
   std::vector<double> sweep_k64, sweep_v64;
   int64_t sweep_heads = 1;
-  std::vector<int64_t> positions;     // [P]
-  std::vector<int32_t> visible;       // [Sq][P] indices of visible slots
-  std::vector<int64_t> visible_count; // [Sq]
-  std::vector<double> q64;            // [rows][D]
-  std::vector<float> q32;             // [rows][D]
-  std::vector<double> ref_m, ref_l, ref_acc;  // [rows], [rows], [rows][D]
-  std::vector<float> rep_out, rep_lse;        // [rows][D], [rows]
-  std::vector<uint8_t> rep_started;           // [rows]
-  std::vector<double> s64, e64;       // [group][P]
-  std::vector<float> s32, e32;        // [group][P]
+  std::vector<int64_t> positions;      // [P]
+  std::vector<int32_t> visible;        // [Sq][P] indices of visible slots
+  std::vector<int64_t> visible_count;  // [Sq]
+  std::vector<double> q64;             // [rows][D]
+  std::vector<float> q32;              // [rows][D]
+  std::vector<double> ref_m, ref_l, ref_acc;     // [rows], [rows], [rows][D]
+  std::vector<float> rep_out, rep_lse;           // [rows][D], [rows]
+  std::vector<uint8_t> rep_started;              // [rows]
+  std::vector<double> s64, e64;                  // [group][P]
+  std::vector<float> s32, e32;                   // [group][P]
   std::vector<float> blk_out, blk_sum, blk_lse;  // [group][D], [group]
   std::vector<double> ref_unit_out, ref_unit_sum, ref_unit_lse;  // likewise
 };

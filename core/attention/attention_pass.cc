@@ -10,9 +10,12 @@
 // run over register tiles of several rows at once, so each K/V load feeds
 // several FMAs.
 
+// clang-format off: foreach_target.h must come first, before the
+// headers it re-includes for every target.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "core/attention/attention_pass.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
+// clang-format on
 
 #include <algorithm>
 #include <cmath>
@@ -43,10 +46,9 @@ constexpr float kNegInfF = -std::numeric_limits<float>::infinity();
 // v[idx[j] * dim + i], in j order, for RT rows: each V load feeds RT rows.
 // v may be f32 under an f64 accumulator (widened exactly as loaded).
 template <int RT, class D, typename V>
-HWY_INLINE void AccumulateTile(D d, hn::TFromD<D>* acc,
-                               const hn::TFromD<D>* e, int64_t lde,
-                               const V* v, const int32_t* idx, int64_t count,
-                               int64_t dim) {
+HWY_INLINE void AccumulateTile(D d, hn::TFromD<D>* acc, const hn::TFromD<D>* e,
+                               int64_t lde, const V* v, const int32_t* idx,
+                               int64_t count, int64_t dim) {
   using T = hn::TFromD<D>;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(D()));
   constexpr int kCols = 2;
@@ -64,7 +66,8 @@ HWY_INLINE void AccumulateTile(D d, hn::TFromD<D>* acc,
       for (int c = 0; c < kCols; ++c) vv[c] = LoadAs(d, vrow + c * N);
       for (int r = 0; r < RT; ++r) {
         const hn::Vec<D> ej = hn::Set(d, e[r * lde + j]);
-        for (int c = 0; c < kCols; ++c) a[r][c] = ExactMulAdd(ej, vv[c], a[r][c]);
+        for (int c = 0; c < kCols; ++c)
+          a[r][c] = ExactMulAdd(ej, vv[c], a[r][c]);
       }
     }
     for (int r = 0; r < RT; ++r) {
@@ -165,8 +168,8 @@ bool LoadSweep(const PreparedAttention& p, const TokenRun& run, int64_t gs,
         const int64_t t = token_major ? outer : inner;
         const int64_t h = token_major ? inner : outer;
         const int64_t at = (h * P + t) * D;
-        bad |= WidenRow(base, dtype, t * row_stride + (gs + h) * head_stride,
-                        D, &f32[at], dtype == DType::kF64 ? &f64[at] : nullptr);
+        bad |= WidenRow(base, dtype, t * row_stride + (gs + h) * head_stride, D,
+                        &f32[at], dtype == DType::kF64 ? &f64[at] : nullptr);
       }
     }
   };
@@ -187,8 +190,8 @@ struct HeadBlock {
   const double* v64;
 };
 
-HeadBlock SelectHead(const PreparedAttention& p, const TokenRun& run,
-                     int64_t h, Scratch& sc) {
+HeadBlock SelectHead(const PreparedAttention& p, const TokenRun& run, int64_t h,
+                     Scratch& sc) {
   const int64_t at = h * p.dims.page_size * p.dims.head_dim;
   HeadBlock blk{&sc.sweep_k32[at], &sc.sweep_v32[at], nullptr, nullptr};
   if (run.k_dtype == DType::kF64) blk.k64 = &sc.sweep_k64[at];
@@ -223,8 +226,7 @@ bool ComputeVisibility(const PassContext& ctx, int64_t b, const TokenRun& run,
 // run's n keys.
 template <class D, typename K>
 void GroupScores(D d, const PassContext& ctx, const hn::TFromD<D>* q,
-                 const K* k, int64_t n, hn::TFromD<D> scale,
-                 hn::TFromD<D>* s) {
+                 const K* k, int64_t n, hn::TFromD<D> scale, hn::TFromD<D>* s) {
   using T = hn::TFromD<D>;
   const PreparedAttention& p = ctx.p;
   const int64_t group = p.dims.group();
@@ -281,9 +283,8 @@ void UpdateReference(const PassContext& ctx, Scratch& sc, const V* v,
 // ([group][P], [group][D], [group], [group]).
 template <class D, typename V>
 void UnitState(D d, const PreparedAttention& p, const hn::TFromD<D>* s,
-               const V* v, const int32_t* vis, int64_t count,
-               hn::TFromD<D>* e, hn::TFromD<D>* out, hn::TFromD<D>* sum,
-               hn::TFromD<D>* lse) {
+               const V* v, const int32_t* vis, int64_t count, hn::TFromD<D>* e,
+               hn::TFromD<D>* out, hn::TFromD<D>* sum, hn::TFromD<D>* lse) {
   using T = hn::TFromD<D>;
   const int64_t group = p.dims.group();
   const int64_t P = p.dims.page_size;
@@ -325,8 +326,8 @@ void FoldReplay(Scratch& sc, int64_t first_row, int64_t group, int64_t D) {
 }
 
 // Where one group row's state of unit `unit` goes in ctx.unit_states.
-int64_t StateIndex(const PassContext& ctx, int64_t b, int64_t unit,
-                   int64_t sq, int64_t h) {
+int64_t StateIndex(const PassContext& ctx, int64_t b, int64_t unit, int64_t sq,
+                   int64_t h) {
   return ctx.unit_states->Index(b, unit, sq, h);
 }
 
@@ -388,9 +389,8 @@ void ProcessUnits(const PassContext& ctx, Scratch& sc, const TokenRun& run,
     UnitTarget at = base;
     at.unit = run.unit_of[u];
     if (ctx.replay) {
-      UnitState(DF32(), p, sc.s32.data(), blk.v32, uvis, ucount,
-                sc.e32.data(), sc.blk_out.data(), sc.blk_sum.data(),
-                sc.blk_lse.data());
+      UnitState(DF32(), p, sc.s32.data(), blk.v32, uvis, ucount, sc.e32.data(),
+                sc.blk_out.data(), sc.blk_sum.data(), sc.blk_lse.data());
       if (ctx.fold_replay) FoldReplay(sc, at.first_row, group, D);
       if (ctx.unit_states != nullptr) StoreReplay(ctx, sc, at);
     }
@@ -441,8 +441,8 @@ void ProcessHead(const PassContext& ctx, Scratch& sc, const TokenRun& run,
       }
     }
     if (ctx.replay) {
-      GroupScores(DF32(), ctx, &sc.q32[first_row * D], blk.k32, run.n,
-                  scale32, sc.s32.data());
+      GroupScores(DF32(), ctx, &sc.q32[first_row * D], blk.k32, run.n, scale32,
+                  sc.s32.data());
     }
     ProcessUnits(ctx, sc, run, blk, {b, sq, g, first_row, 0}, vis, count);
   }
@@ -498,8 +498,8 @@ void RecordMergeOrder(const PassContext& ctx, const TokenRun& run, int64_t b,
   }
 }
 
-void RunPassItemImpl(const PassContext& ctx, int64_t b, int64_t g0,
-                     int64_t g1, Scratch& sc) {
+void RunPassItemImpl(const PassContext& ctx, int64_t b, int64_t g0, int64_t g1,
+                     Scratch& sc) {
   const PreparedAttention& p = ctx.p;
   const SnapshotDims& d = p.dims;
   const int64_t P = d.page_size;

@@ -28,8 +28,8 @@ std::vector<std::vector<KvUnit>> PlanUnits(const Snapshot& snapshot,
       }
       // Token interleaving: one unit per run of tokens with the same owner.
       for (int64_t t = 0; t < n; ++t) {
-        const int32_t rank =
-            TokenOwner(snapshot, layout, static_cast<int64_t>(b), block * P + t);
+        const int32_t rank = TokenOwner(snapshot, layout,
+                                        static_cast<int64_t>(b), block * P + t);
         if (t == 0 || rank != unit.rank) {
           if (t > 0) row.push_back(unit);
           unit.first = static_cast<int32_t>(t);

@@ -1,8 +1,11 @@
 // Dispatching entry points for the vectorised exp of core/simd/simd-inl.h
 // (the fused pass calls the per-target versions directly).
+// clang-format off: foreach_target.h must come first, before the
+// headers it re-includes for every target.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "core/attention/vexp.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
+// clang-format on
 
 #include "core/attention/vexp.h"
 #include "core/simd/dispatch.h"

@@ -423,9 +423,8 @@ absl::Status LogprobStage(AuditRun* run) {
 
 CompareContext MakeCompareContext(const AuditRun& run) {
   const DType out_dtype = run.prepared.output_dtype;
-  CompareContext ctx{*run.backend, run.snapshot, run.layout.dims,
-                     out_dtype,    {},           run.options,
-                     &run.reference.out};
+  CompareContext ctx{*run.backend, run.snapshot, run.layout.dims,   out_dtype,
+                     {},           run.options,  &run.reference.out};
   ToleranceInputs& ti = ctx.tolerance_inputs;
   ti.output_dtype = out_dtype;
   ti.kv_dtype = run.snapshot.k_pages.dtype();

@@ -1,7 +1,10 @@
 // Per-target lm_head pass (see logits_internal.h).
+// clang-format off: foreach_target.h must come first, before the
+// headers it re-includes for every target.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "core/drift/logits.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
+// clang-format on
 
 #include <algorithm>
 #include <cmath>
@@ -48,8 +51,7 @@ void RowNorms(const double* rows, int64_t n, int64_t hidden, double* max_l1,
 
 void LogitRowsImpl(const void* head, DType dtype, int64_t hidden, int64_t v0,
                    int64_t v1, const double* hiddens, int64_t num_hidden,
-                   double* logits, int64_t ld, double* max_l1,
-                   double* max_l2) {
+                   double* logits, int64_t ld, double* max_l1, double* max_l2) {
   const DF64 d;
   thread_local std::vector<float> row32;
   thread_local std::vector<double> rows64;
@@ -87,8 +89,9 @@ ATTNAUDIT_SIMD_EXPORT(LogitRowsImpl);
 void LogitRows(const void* head, DType dtype, int64_t hidden, int64_t v0,
                int64_t v1, const double* hiddens, int64_t num_hidden,
                double* logits, int64_t ld, double* max_l1, double* max_l2) {
-  ATTNAUDIT_SIMD_DISPATCH(LogitRowsImpl)(head, dtype, hidden, v0, v1, hiddens,
-                                      num_hidden, logits, ld, max_l1, max_l2);
+  ATTNAUDIT_SIMD_DISPATCH(LogitRowsImpl)
+  (head, dtype, hidden, v0, v1, hiddens, num_hidden, logits, ld, max_l1,
+   max_l2);
 }
 
 }  // namespace drift_internal

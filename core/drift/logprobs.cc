@@ -5,7 +5,6 @@
 #include <cmath>
 #include <limits>
 
-
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -154,9 +153,9 @@ absl::StatusOr<std::vector<std::vector<double>>> SelectedLogprobsForEach(
     ATTNAUDIT_RETURN_IF_ERROR(
         lm_head.CheckLayout("lm_head", std::numeric_limits<int64_t>::max()));
     if (lm_head.rank() != 2 || !IsFloating(lm_head.dtype())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "lm_head: expected a floating [V, H] tensor, got ",
-          lm_head.DebugString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("lm_head: expected a floating [V, H] tensor, got ",
+                       lm_head.DebugString()));
     }
     std::vector<double> none;
     ChunkLogits(lm_head, none, 0, threads, &none, norms);
@@ -196,11 +195,11 @@ absl::StatusOr<std::vector<std::vector<double>>> SelectedLogprobsForEach(
   bool norms_done = false;
   for (int64_t first = 0; first < pairs || !norms_done; first += chunk) {
     const int64_t last = std::min(pairs, first + chunk);
-    hiddens.resize(static_cast<size_t>(std::max<int64_t>(0, last - first) *
-                                       hidden));
+    hiddens.resize(
+        static_cast<size_t>(std::max<int64_t>(0, last - first) * hidden));
     for (int64_t p = first; p < last; ++p) {
-      const double* h = outs[p / num_active].values +
-                        active[p % num_active] * hidden;
+      const double* h =
+          outs[p / num_active].values + active[p % num_active] * hidden;
       std::copy(h, h + hidden, &hiddens[(p - first) * hidden]);
     }
     LmHeadNorms chunk_norms;

@@ -13,8 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/sim/random.h"
 #include "core/common/status_macros.h"
+#include "core/sim/random.h"
 #include "core/sim/synth_internal.h"
 
 namespace attnaudit {

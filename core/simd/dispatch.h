@@ -32,7 +32,8 @@ int ChosenTargetIndex();
 
 #if !(HWY_TARGETS & HWY_AVX3) || !(HWY_TARGETS & HWY_AVX2) || \
     !(HWY_TARGETS & HWY_SSE4)
-#error "SIMD sources must be compiled for SSE4, AVX2 and AVX3 (attnaudit_simd_sources)"
+#error \
+    "SIMD sources must be compiled for SSE4, AVX2 and AVX3 (attnaudit_simd_sources)"
 #endif
 
 // A table of the per-target versions of `fn`, best first.

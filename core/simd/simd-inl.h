@@ -69,7 +69,8 @@ HWY_INLINE V ExactMulAdd(V a, V b, V c) {
   hn::Store(a, d, la);
   hn::Store(b, d, lb);
   hn::Store(c, d, lc);
-  for (size_t i = 0; i < hn::MaxLanes(d); ++i) lc[i] = std::fma(la[i], lb[i], lc[i]);
+  for (size_t i = 0; i < hn::MaxLanes(d); ++i)
+    lc[i] = std::fma(la[i], lb[i], lc[i]);
   return hn::Load(d, lc);
 #endif
 }
@@ -122,12 +123,20 @@ HWY_INLINE VF64 ExpNonPositive(DF64 d, VF64 x) {
   const VF64 k = hn::Round(hn::Mul(v, hn::Set(d, 1.4426950408889634)));
   VF64 r = ExactNegMulAdd(k, hn::Set(d, 6.93147180369123816490e-01), v);
   r = ExactNegMulAdd(k, hn::Set(d, 1.90821492927058770002e-10), r);
-  static constexpr double kCoef[14] = {
-      1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0,
-      1.0 / 3628800.0,    1.0 / 362880.0,    1.0 / 40320.0,
-      1.0 / 5040.0,       1.0 / 720.0,       1.0 / 120.0,
-      1.0 / 24.0,         1.0 / 6.0,         0.5,
-      1.0,                1.0};
+  static constexpr double kCoef[14] = {1.0 / 6227020800.0,
+                                       1.0 / 479001600.0,
+                                       1.0 / 39916800.0,
+                                       1.0 / 3628800.0,
+                                       1.0 / 362880.0,
+                                       1.0 / 40320.0,
+                                       1.0 / 5040.0,
+                                       1.0 / 720.0,
+                                       1.0 / 120.0,
+                                       1.0 / 24.0,
+                                       1.0 / 6.0,
+                                       0.5,
+                                       1.0,
+                                       1.0};
   VF64 p = hn::Set(d, kCoef[0]);
   for (int j = 1; j < 14; ++j) p = ExactMulAdd(p, r, hn::Set(d, kCoef[j]));
   const VF64 result = hn::IfThenZeroElse(tiny, ScaleByPow2(p, k));
@@ -143,10 +152,9 @@ HWY_INLINE VF32 ExpNonPositive(DF32 d, VF32 x) {
   const VF32 k = hn::Round(hn::Mul(v, hn::Set(d, 1.44269504f)));
   VF32 r = ExactNegMulAdd(k, hn::Set(d, 0.693359375f), v);
   r = ExactNegMulAdd(k, hn::Set(d, -2.12194440e-4f), r);
-  static constexpr float kCoef[8] = {1.0f / 5040.0f, 1.0f / 720.0f,
-                                     1.0f / 120.0f,  1.0f / 24.0f,
-                                     1.0f / 6.0f,    0.5f,
-                                     1.0f,           1.0f};
+  static constexpr float kCoef[8] = {
+      1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f,
+      1.0f / 6.0f,    0.5f,          1.0f,          1.0f};
   VF32 p = hn::Set(d, kCoef[0]);
   for (int j = 1; j < 8; ++j) p = ExactMulAdd(p, r, hn::Set(d, kCoef[j]));
   const VF32 result = hn::IfThenZeroElse(tiny, ScaleByPow2(p, k));
@@ -279,9 +287,9 @@ HWY_INLINE void JointLaneSums8(hn::Vec<DF32>* a, float* out) {
                          _mm512_shuffle_f32x4(u, w, _MM_SHUFFLE(3, 1, 3, 1)));
   }
   // i + 2: per 128-bit lane [t0 pair, t1 pair].
-  const __m512 u = _mm512_add_ps(
-      _mm512_shuffle_ps(t[0], t[1], _MM_SHUFFLE(1, 0, 1, 0)),
-      _mm512_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 u =
+      _mm512_add_ps(_mm512_shuffle_ps(t[0], t[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                    _mm512_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 2, 3, 2)));
   // i + 1: lane 4k holds a[k], lane 4k + 2 holds a[4 + k].
   const __m512 v =
       _mm512_add_ps(u, _mm512_shuffle_ps(u, u, _MM_SHUFFLE(2, 3, 0, 1)));
@@ -350,8 +358,7 @@ HWY_INLINE void DotTile(D d, const hn::TFromD<D>* q, const K* k, int64_t dim,
 // ([n][dim]) into s[r * lds + t], in register tiles.
 template <class D, typename K>
 HWY_INLINE void DotRows(D d, const hn::TFromD<D>* q, int64_t rows, const K* k,
-                        int64_t n, int64_t dim, hn::TFromD<D>* s,
-                        int64_t lds) {
+                        int64_t n, int64_t dim, hn::TFromD<D>* s, int64_t lds) {
   // About eight accumulators in flight: enough independent FMA chains to
   // cover the FMA latency without spilling registers. Rows left over (or
   // too few for a tile) go one at a time against eight vectors' worth of k
@@ -394,8 +401,10 @@ HWY_INLINE bool WidenBF16(const uint16_t* src, int64_t n, float* dst) {
   const auto exp_mask = hn::Set(du32, 0x7f800000u);
   int64_t i = 0;
   for (; i + N <= n; i += N) {
-    const auto bits = hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, src + i)));
-    bad = hn::Or(bad, hn::VecFromMask(du32, hn::Eq(hn::And(bits, exp_mask), exp_mask)));
+    const auto bits =
+        hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, src + i)));
+    bad = hn::Or(
+        bad, hn::VecFromMask(du32, hn::Eq(hn::And(bits, exp_mask), exp_mask)));
     hn::StoreU(hn::BitCast(df, bits), df, dst + i);
   }
   bool any = !hn::AllTrue(du32, hn::Eq(bad, hn::Zero(du32)));
@@ -456,8 +465,8 @@ HWY_INLINE bool CopyF32(const float* src, int64_t n, float* dst) {
 // Widens one row of `n` elements at element `offset` of `base` into f32
 // (and, for f64 pages, keeps the exact values in dst64). Returns true when
 // some element is not finite.
-HWY_INLINE bool WidenRow(const void* base, DType dtype, int64_t offset, int64_t n,
-              float* dst32, double* dst64) {
+HWY_INLINE bool WidenRow(const void* base, DType dtype, int64_t offset,
+                         int64_t n, float* dst32, double* dst64) {
   switch (dtype) {
     case DType::kBF16:
       return WidenBF16(static_cast<const uint16_t*>(base) + offset, n, dst32);

@@ -1,9 +1,12 @@
 // Target selection by cpuid (see dispatch.h), and the per-target
 // self-report that tests use to check which version really ran. Compiled
 // with the SIMD sources' flags, so the targets match theirs.
+// clang-format off: foreach_target.h must come first, before the
+// headers it re-includes for every target.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "core/simd/targets.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
+// clang-format on
 
 #include <atomic>
 

@@ -34,7 +34,8 @@ class Tensor {
   // A view of `bytes`, which `owner` keeps alive (and unchanged) for as
   // long as any copy of the tensor exists.
   static Tensor View(DType dtype, std::vector<int64_t> shape,
-                     absl::string_view bytes, std::shared_ptr<const void> owner);
+                     absl::string_view bytes,
+                     std::shared_ptr<const void> owner);
 
   bool present() const { return dtype_ != DType::kInvalid; }
   DType dtype() const { return dtype_; }
@@ -80,7 +81,7 @@ class Tensor {
  private:
   DType dtype_ = DType::kInvalid;
   std::vector<int64_t> shape_;
-  std::string bytes_;  // when owned
+  std::string bytes_;       // when owned
   absl::string_view view_;  // when a view: the bytes, alive through the owner
   std::shared_ptr<const void> view_owner_;
 };

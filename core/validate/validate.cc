@@ -43,8 +43,9 @@ std::string ElementPath(absl::string_view field,
 
 }  // namespace validate_internal
 
-absl::StatusOr<ResolvedLayout> ValidateSnapshot(
-    const Snapshot& snapshot, const ValidationLimits& limits, ValueScan scan) {
+absl::StatusOr<ResolvedLayout> ValidateSnapshot(const Snapshot& snapshot,
+                                                const ValidationLimits& limits,
+                                                ValueScan scan) {
   using namespace validate_internal;  // NOLINT(build/namespaces)
   SnapshotDims dims;
   ATTNAUDIT_RETURN_IF_ERROR(CheckStructure(snapshot, limits, &dims));
@@ -53,7 +54,8 @@ absl::StatusOr<ResolvedLayout> ValidateSnapshot(
   std::vector<uint8_t> active_slots;
   ATTNAUDIT_RETURN_IF_ERROR(
       CheckRows(snapshot, limits, dims, &layout, &active_slots));
-  ATTNAUDIT_RETURN_IF_ERROR(CheckFiniteValues(snapshot, dims, active_slots, scan == ValueScan::kAll));
+  ATTNAUDIT_RETURN_IF_ERROR(
+      CheckFiniteValues(snapshot, dims, active_slots, scan == ValueScan::kAll));
   return layout;
 }
 

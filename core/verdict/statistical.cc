@@ -146,8 +146,8 @@ NoiseModel StatisticalNoise(const StatisticalInputs& in) {
   const double depth = std::max(
       std::sqrt(static_cast<double>(std::max<int64_t>(1, in.max_context))),
       static_cast<double>(std::max<int64_t>(1, in.max_merged_blocks)));
-  m.epsilon = std::max(
-      {eps_out, EngineComputeEpsilon(in.kv_dtype), kFp32Depth * kEpsF32 * depth});
+  m.epsilon = std::max({eps_out, EngineComputeEpsilon(in.kv_dtype),
+                        kFp32Depth * kEpsF32 * depth});
   // fp8 K dequantised and rounded to bf16 moves every score by up to
   // eps_bf16 / 2 of its terms: noise that grows with the score magnitude,
   // for which Lambda stands.

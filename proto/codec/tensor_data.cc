@@ -18,8 +18,8 @@ namespace {
 
 using google::protobuf::Descriptor;
 using google::protobuf::FieldDescriptor;
-using google::protobuf::io::CodedInputStream;
 using google::protobuf::internal::WireFormatLite;
+using google::protobuf::io::CodedInputStream;
 
 void AppendVarint(uint64_t value, std::string* out) {
   while (value >= 0x80) {
@@ -48,7 +48,8 @@ class Splitter {
       const int start = input.CurrentPosition();
       const uint32_t tag = input.ReadTag();
       if (tag == 0) break;
-      const int number = static_cast<int>(WireFormatLite::GetTagFieldNumber(tag));
+      const int number =
+          static_cast<int>(WireFormatLite::GetTagFieldNumber(tag));
       const bool delimited = WireFormatLite::GetTagWireType(tag) ==
                              WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
       const FieldDescriptor* field = type->FindFieldByNumber(number);
@@ -69,8 +70,9 @@ class Splitter {
           continue;
         }
         std::string sub;
-        const std::string path =
-            prefix.empty() ? field->name() : absl::StrCat(prefix, ".", field->name());
+        const std::string path = prefix.empty()
+                                     ? field->name()
+                                     : absl::StrCat(prefix, ".", field->name());
         if (absl::Status s = Walk(field->message_type(), bytes, path, &sub);
             !s.ok()) {
           return s;

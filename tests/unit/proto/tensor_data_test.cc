@@ -43,8 +43,8 @@ TEST(TensorDataTest, SkeletonPlusRangesIsTheMessageAndRangesPointIntoIt) {
   std::string skeleton;
   std::vector<TensorDataRange> ranges;
   ASSERT_TRUE(SplitSnapshotTensorData(wire, &skeleton, &ranges).ok());
-  EXPECT_TRUE(MessageDifferencer::Equals(Reassemble(skeleton, ranges),
-                                         original));
+  EXPECT_TRUE(
+      MessageDifferencer::Equals(Reassemble(skeleton, ranges), original));
   // Every present tensor's payload is a range of the input, not a copy.
   size_t tensors = 0;
   size_t data_bytes = 0;
@@ -70,7 +70,10 @@ TEST(TensorDataTest, RepeatedDataFieldsAndUnknownFieldsFollowProtobuf) {
   v1::Snapshot extra;
   extra.mutable_q()->set_data("later bytes");
   wire += extra.SerializeAsString();
-  wire += std::string("\xba\x3e\x03" "abc", 6);  // field 999, 3 bytes
+  wire += std::string(
+      "\xba\x3e\x03"
+      "abc",
+      6);  // field 999, 3 bytes
   v1::Snapshot want;
   ASSERT_TRUE(want.ParseFromString(wire));
   std::string skeleton;
@@ -95,12 +98,14 @@ TEST(TensorDataTest, MalformedMessagesAreRejected) {
         << "cut at " << cut;
   }
   // A length prefix past the end, inside a nested message.
-  const std::string bad("\x0a\x05\x1a\x7f" "ab", 6);  // q { data: len 127 }
+  const std::string bad(
+      "\x0a\x05\x1a\x7f"
+      "ab",
+      6);  // q { data: len 127 }
   EXPECT_FALSE(SplitSnapshotTensorData(bad, &skeleton, &ranges).ok());
   // A stray end-group tag.
-  EXPECT_FALSE(SplitSnapshotTensorData(std::string("\x0c", 1), &skeleton,
-                                       &ranges)
-                   .ok());
+  EXPECT_FALSE(
+      SplitSnapshotTensorData(std::string("\x0c", 1), &skeleton, &ranges).ok());
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 // states must merge (here in long double, independently) to R; and a
 // rank's run of tokens copied into a buffer of another layout must give the
 // very same states as the pool.
+#include "core/attention/unit_states.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -13,7 +15,6 @@
 #include "absl/strings/str_cat.h"
 #include "core/attention/attention.h"
 #include "core/attention/merge.h"
-#include "core/attention/unit_states.h"
 #include "core/validate/validate.h"
 #include "gtest/gtest.h"
 #include "tests/unit/core/testing/prepared_case.h"
@@ -100,8 +101,8 @@ TEST(UnitStatesTest, FoldingThePStatesInUnitOrderIsPBitForBit) {
           double out_lse = 0;
           FinishReplayState(p, h, acc.data(), lse, out.data(), &out_lse);
           const int64_t qi = (b * d.queries + sq) * d.q_heads + h;
-          const std::string at = absl::StrCat("world ", world, " b", b, " s",
-                                              sq, " h", h);
+          const std::string at =
+              absl::StrCat("world ", world, " b", b, " s", sq, " h", h);
           EXPECT_EQ(std::memcmp(out.data(), &res->replay_out[qi * D],
                                 D * sizeof(double)),
                     0)
@@ -111,7 +112,8 @@ TEST(UnitStatesTest, FoldingThePStatesInUnitOrderIsPBitForBit) {
           // compare the key-only LSE by removing nothing -- the snapshot's
           // engine LSE excludes sinks, so R.lse is over keys.
           EXPECT_NEAR(static_cast<double>(m + std::log(l)),
-                      res->reference_lse[qi], 1e-12) << at;
+                      res->reference_lse[qi], 1e-12)
+              << at;
         }
       }
     }

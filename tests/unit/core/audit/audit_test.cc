@@ -200,8 +200,9 @@ TEST(AuditTest, NonFiniteKvFoundByTheFusedPassIsNamedLikeValidation) {
   const ResolvedLayout layout = *ValidateSnapshot(clean);
   const int64_t page = layout.block_pages[0][0];
   const int64_t slot0 = page * clean.k_pages.dim(1) * row;
-  for (const Poison& poison : {Poison{true, slot0 + 5}, Poison{false, slot0 + 7},
-                               Poison{true, slot0 + row + 3}}) {
+  for (const Poison& poison :
+       {Poison{true, slot0 + 5}, Poison{false, slot0 + 7},
+        Poison{true, slot0 + row + 3}}) {
     Snapshot s = clean;
     Tensor& t = poison.k ? s.k_pages : s.v_pages;
     t.mutable_data<uint16_t>()[poison.element] = 0x7fc0;  // bf16 NaN
@@ -225,8 +226,8 @@ TEST(AuditTest, NonFiniteValuesInInactiveSlotsAreNotRead) {
   const ResolvedLayout layout = *ValidateSnapshot(s);
   // Row 1 holds 77 tokens: its fifth block uses slots 0..12 of 16.
   const int64_t page = layout.block_pages[1][4];
-  const int64_t row = s.k_pages.num_elements() / s.k_pages.dim(0) /
-                      s.k_pages.dim(1);
+  const int64_t row =
+      s.k_pages.num_elements() / s.k_pages.dim(0) / s.k_pages.dim(1);
   const int64_t slot14 = (page * s.k_pages.dim(1) + 14) * row;
   s.k_pages.mutable_data<uint16_t>()[slot14 + 2] = 0x7fc0;
   s.v_pages.mutable_data<uint16_t>()[slot14 + 9] = 0xff80;

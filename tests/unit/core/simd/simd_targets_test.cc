@@ -174,8 +174,7 @@ TEST(SimdTargetsTest, FusedPassIsBitIdenticalOnEveryTarget) {
     std::vector<AttentionResults> runs;
     ForEachTarget([&](const std::string& target) {
       absl::StatusOr<AttentionRun> run = RunAttention(s, 2);
-      ASSERT_TRUE(run.ok()) << pc.name << " " << target << ": "
-                            << run.status();
+      ASSERT_TRUE(run.ok()) << pc.name << " " << target << ": " << run.status();
       const AttentionResults& r = run->results;
       if (!runs.empty()) {
         const AttentionResults& f = runs.front();
@@ -202,8 +201,7 @@ TEST(SimdTargetsTest, LogprobsAndLmHeadNormsAreBitIdenticalOnEveryTarget) {
   std::vector<double> head(static_cast<size_t>(vocab * hidden));
   for (double& w : head) w = rng.Normal() * 0.05;
   RoundTo(&head, DType::kBF16);
-  const Tensor lm_head =
-      MakeFloatTensor(DType::kBF16, {vocab, hidden}, head);
+  const Tensor lm_head = MakeFloatTensor(DType::kBF16, {vocab, hidden}, head);
   const Tensor ids = MakeIntTensor(DType::kI64, {2, 1}, {5, 36});
   std::vector<std::vector<double>> outs(3);
   std::vector<DenseView> views;

@@ -40,7 +40,10 @@ void Explicit(Snapshot* s) { SetExplicitOwners(s, 2, {{0, 1, 0}, {0, 1, 0}}); }
 
 class StructureTest : public ::testing::TestWithParam<InvalidCase> {};
 
-TEST_P(StructureTest, Rejects) { RunInvalidCase(GetParam()); }
+TEST_P(StructureTest, Rejects) {
+  // RunInvalidCase asserts the code and the message of each case.
+  EXPECT_NO_FATAL_FAILURE(RunInvalidCase(GetParam()));
+}
 
 std::vector<InvalidCase> PresenceCases() {
   return {
