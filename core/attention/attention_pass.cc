@@ -3,12 +3,13 @@
 // picks the best target of the CPU at run time. Every target computes the
 // same bits (core/simd/simd-inl.h states how).
 //
-// Per logical block (one page), per KV head: the page's K and V rows are
-// widened once (and checked for non-finite values: this is the audit's
-// only read of the KV cache), then shared by every query row of the head's
-// GQA group and every query position. Scores, exp and value accumulation
-// run over register tiles of several rows at once, so each K/V load feeds
-// several FMAs.
+// Per logical block (one page): the page's K and V rows are checked for
+// non-finite values (the audit's only scan of the KV cache), then shared by
+// every query row of each head's GQA group and every query position. bf16
+// pages, the common case, are read in place and widened in registers as
+// they are loaded; other dtypes are first widened into per-thread f32 (and
+// f64) sweep buffers. Scores, exp and value accumulation run over register
+// tiles of several rows at once, so each K/V load feeds several FMAs.
 
 // clang-format off: foreach_target.h must come first, before the
 // headers it re-includes for every target.
@@ -43,12 +44,13 @@ constexpr double kNegInfD = -std::numeric_limits<double>::infinity();
 constexpr float kNegInfF = -std::numeric_limits<float>::infinity();
 
 // acc[r * dim + i] = fma chain over j < count of e[r * lde + j] *
-// v[idx[j] * dim + i], in j order, for RT rows: each V load feeds RT rows.
-// v may be f32 under an f64 accumulator (widened exactly as loaded).
+// v[idx[j] * ldv + i], in j order, for RT rows: each V load feeds RT rows.
+// v may be bf16 or f32 under a wider accumulator (widened exactly as
+// loaded).
 template <int RT, class D, typename V>
 HWY_INLINE void AccumulateTile(D d, hn::TFromD<D>* acc, const hn::TFromD<D>* e,
-                               int64_t lde, const V* v, const int32_t* idx,
-                               int64_t count, int64_t dim) {
+                               int64_t lde, const V* v, int64_t ldv,
+                               const int32_t* idx, int64_t count, int64_t dim) {
   using T = hn::TFromD<D>;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(D()));
   constexpr int kCols = 2;
@@ -61,7 +63,7 @@ HWY_INLINE void AccumulateTile(D d, hn::TFromD<D>* acc, const hn::TFromD<D>* e,
       }
     }
     for (int64_t j = 0; j < count; ++j) {
-      const V* vrow = v + idx[j] * dim + i;
+      const V* vrow = v + idx[j] * ldv + i;
       hn::Vec<D> vv[kCols];
       for (int c = 0; c < kCols; ++c) vv[c] = LoadAs(d, vrow + c * N);
       for (int r = 0; r < RT; ++r) {
@@ -81,7 +83,7 @@ HWY_INLINE void AccumulateTile(D d, hn::TFromD<D>* acc, const hn::TFromD<D>* e,
     for (int r = 0; r < RT; ++r) {
       T a = acc[r * dim + i];
       for (int64_t j = 0; j < count; ++j) {
-        a = std::fma(e[r * lde + j], static_cast<T>(v[idx[j] * dim + i]), a);
+        a = std::fma(e[r * lde + j], ScalarAs<T>(v[idx[j] * ldv + i]), a);
       }
       acc[r * dim + i] = a;
     }
@@ -91,13 +93,16 @@ HWY_INLINE void AccumulateTile(D d, hn::TFromD<D>* acc, const hn::TFromD<D>* e,
 template <class D, typename V>
 void AccumulateRows(D d, hn::TFromD<D>* acc, int64_t rows,
                     const hn::TFromD<D>* e, int64_t lde, const V* v,
-                    const int32_t* idx, int64_t count, int64_t dim) {
+                    int64_t ldv, const int32_t* idx, int64_t count,
+                    int64_t dim) {
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
-    AccumulateTile<4>(d, acc + r * dim, e + r * lde, lde, v, idx, count, dim);
+    AccumulateTile<4>(d, acc + r * dim, e + r * lde, lde, v, ldv, idx, count,
+                      dim);
   }
   for (; r < rows; ++r) {
-    AccumulateTile<1>(d, acc + r * dim, e + r * lde, lde, v, idx, count, dim);
+    AccumulateTile<1>(d, acc + r * dim, e + r * lde, lde, v, ldv, idx, count,
+                      dim);
   }
 }
 
@@ -180,23 +185,57 @@ bool LoadSweep(const PreparedAttention& p, const TokenRun& run, int64_t gs,
   return bad;
 }
 
-// One KV head's block as the arithmetic reads it: f32 rows for P, and
-// for R the exact f64 rows of f64 pages (null otherwise: R widens the f32
-// rows as it loads them).
+// One KV head's block as the arithmetic reads it: bf16 rows in place in
+// the page when K and V are bf16 (k16/v16); otherwise f32 rows of the
+// sweep buffers for P, and for R the exact f64 rows of f64 pages (null
+// otherwise: R widens the f32 rows as it loads them). Row t of K is at
+// t * ldk elements, of V at t * ldv, whichever pointer is set.
 struct HeadBlock {
-  const float* k32;
-  const float* v32;
-  const double* k64;
-  const double* v64;
+  const float* k32 = nullptr;
+  const float* v32 = nullptr;
+  const double* k64 = nullptr;
+  const double* v64 = nullptr;
+  const hwy::bfloat16_t* k16 = nullptr;
+  const hwy::bfloat16_t* v16 = nullptr;
+  int64_t ldk = 0;
+  int64_t ldv = 0;
 };
 
 HeadBlock SelectHead(const PreparedAttention& p, const TokenRun& run, int64_t h,
                      Scratch& sc) {
   const int64_t at = h * p.dims.page_size * p.dims.head_dim;
-  HeadBlock blk{&sc.sweep_k32[at], &sc.sweep_v32[at], nullptr, nullptr};
+  HeadBlock blk;
+  blk.k32 = &sc.sweep_k32[at];
+  blk.v32 = &sc.sweep_v32[at];
   if (run.k_dtype == DType::kF64) blk.k64 = &sc.sweep_k64[at];
   if (run.v_dtype == DType::kF64) blk.v64 = &sc.sweep_v64[at];
+  blk.ldk = blk.ldv = p.dims.head_dim;
   return blk;
+}
+
+// Calls f(k) with the K rows R reads, or P reads (f32 or bf16 in place).
+template <class F>
+void WithReferenceK(const HeadBlock& blk, F&& f) {
+  if (blk.k64 != nullptr) return f(blk.k64);
+  if (blk.k16 != nullptr) return f(blk.k16);
+  f(blk.k32);
+}
+template <class F>
+void WithReplayK(const HeadBlock& blk, F&& f) {
+  if (blk.k16 != nullptr) return f(blk.k16);
+  f(blk.k32);
+}
+// Likewise for V.
+template <class F>
+void WithReferenceV(const HeadBlock& blk, F&& f) {
+  if (blk.v64 != nullptr) return f(blk.v64);
+  if (blk.v16 != nullptr) return f(blk.v16);
+  f(blk.v32);
+}
+template <class F>
+void WithReplayV(const HeadBlock& blk, F&& f) {
+  if (blk.v16 != nullptr) return f(blk.v16);
+  f(blk.v32);
 }
 
 // Per query position, which of the run's tokens are visible (ascending
@@ -226,12 +265,13 @@ bool ComputeVisibility(const PassContext& ctx, int64_t b, const TokenRun& run,
 // run's n keys.
 template <class D, typename K>
 void GroupScores(D d, const PassContext& ctx, const hn::TFromD<D>* q,
-                 const K* k, int64_t n, hn::TFromD<D> scale, hn::TFromD<D>* s) {
+                 const K* k, int64_t ldk, int64_t n, hn::TFromD<D> scale,
+                 hn::TFromD<D>* s) {
   using T = hn::TFromD<D>;
   const PreparedAttention& p = ctx.p;
   const int64_t group = p.dims.group();
   const int64_t P = p.dims.page_size;
-  DotRows(d, q, group, k, n, p.dims.head_dim, s, P);
+  DotRows(d, q, group, k, ldk, n, p.dims.head_dim, s, P);
   const T cap = static_cast<T>(p.softcap);
   for (int64_t j = 0; j < group; ++j) {
     for (int64_t t = 0; t < n; ++t) {
@@ -246,7 +286,8 @@ void GroupScores(D d, const PassContext& ctx, const hn::TFromD<D>* q,
 // `vis` (V rows f32, or f64 for f64 pages).
 template <typename V>
 void UpdateReference(const PassContext& ctx, Scratch& sc, const V* v,
-                     int64_t first_row, const int32_t* vis, int64_t count) {
+                     int64_t ldv, int64_t first_row, const int32_t* vis,
+                     int64_t count) {
   const DF64 d64;
   const PreparedAttention& p = ctx.p;
   const int64_t group = p.dims.group();
@@ -274,7 +315,7 @@ void UpdateReference(const PassContext& ctx, Scratch& sc, const V* v,
     sc.ref_l[r] = l;
   }
   AccumulateRows(d64, &sc.ref_acc[first_row * D], group, sc.e64.data(), P, v,
-                 vis, count, D);
+                 ldv, vis, count, D);
 }
 
 // The partial state of one unit (visible keys `vis`) for the group's rows,
@@ -283,8 +324,9 @@ void UpdateReference(const PassContext& ctx, Scratch& sc, const V* v,
 // ([group][P], [group][D], [group], [group]).
 template <class D, typename V>
 void UnitState(D d, const PreparedAttention& p, const hn::TFromD<D>* s,
-               const V* v, const int32_t* vis, int64_t count, hn::TFromD<D>* e,
-               hn::TFromD<D>* out, hn::TFromD<D>* sum, hn::TFromD<D>* lse) {
+               const V* v, int64_t ldv, const int32_t* vis, int64_t count,
+               hn::TFromD<D>* e, hn::TFromD<D>* out, hn::TFromD<D>* sum,
+               hn::TFromD<D>* lse) {
   using T = hn::TFromD<D>;
   const int64_t group = p.dims.group();
   const int64_t P = p.dims.page_size;
@@ -302,7 +344,7 @@ void UnitState(D d, const PreparedAttention& p, const hn::TFromD<D>* s,
     lse[j] = bmax + std::log(total);
   }
   std::fill(out, out + group * Dh, T(0));
-  AccumulateRows(d, out, group, e, P, v, vis, count, Dh);
+  AccumulateRows(d, out, group, e, P, v, ldv, vis, count, Dh);
   for (int64_t j = 0; j < group; ++j) {
     for (int64_t i = 0; i < Dh; ++i) out[j * Dh + i] /= sum[j];
   }
@@ -350,10 +392,11 @@ void StoreReplay(const PassContext& ctx, const Scratch& sc,
 
 template <typename V>
 void StoreReference(const PassContext& ctx, Scratch& sc, const V* v,
-                    const int32_t* vis, int64_t count, const UnitTarget& at) {
+                    int64_t ldv, const int32_t* vis, int64_t count,
+                    const UnitTarget& at) {
   const int64_t group = ctx.p.dims.group();
   const int64_t D = ctx.p.dims.head_dim;
-  UnitState(DF64(), ctx.p, sc.s64.data(), v, vis, count, sc.e64.data(),
+  UnitState(DF64(), ctx.p, sc.s64.data(), v, ldv, vis, count, sc.e64.data(),
             sc.ref_unit_out.data(), sc.ref_unit_sum.data(),
             sc.ref_unit_lse.data());
   UnitStates& st = *ctx.unit_states;
@@ -383,23 +426,27 @@ void ProcessUnits(const PassContext& ctx, Scratch& sc, const TokenRun& run,
   const int64_t group = p.dims.group();
   const int64_t D = p.dims.head_dim;
   for (size_t u = 0; u < run.unit_of.size(); ++u) {
-    const auto [uvis, ucount] =
+    // Named copies: a lambda may not capture structured bindings (C++17).
+    const std::pair<const int32_t*, int64_t> span =
         VisibleIn(vis, visible, run.first[u], run.count[u]);
+    const int32_t* uvis = span.first;
+    const int64_t ucount = span.second;
     if (ucount == 0) continue;
     UnitTarget at = base;
     at.unit = run.unit_of[u];
     if (ctx.replay) {
-      UnitState(DF32(), p, sc.s32.data(), blk.v32, uvis, ucount, sc.e32.data(),
-                sc.blk_out.data(), sc.blk_sum.data(), sc.blk_lse.data());
+      WithReplayV(blk, [&](const auto* v) {
+        UnitState(DF32(), p, sc.s32.data(), v, blk.ldv, uvis, ucount,
+                  sc.e32.data(), sc.blk_out.data(), sc.blk_sum.data(),
+                  sc.blk_lse.data());
+      });
       if (ctx.fold_replay) FoldReplay(sc, at.first_row, group, D);
       if (ctx.unit_states != nullptr) StoreReplay(ctx, sc, at);
     }
     if (ctx.unit_states != nullptr && ctx.unit_states->has_reference) {
-      if (blk.v64 != nullptr) {
-        StoreReference(ctx, sc, blk.v64, uvis, ucount, at);
-      } else {
-        StoreReference(ctx, sc, blk.v32, uvis, ucount, at);
-      }
+      WithReferenceV(blk, [&](const auto* v) {
+        StoreReference(ctx, sc, v, blk.ldv, uvis, ucount, at);
+      });
     }
   }
 }
@@ -426,34 +473,86 @@ void ProcessHead(const PassContext& ctx, Scratch& sc, const TokenRun& run,
     const int32_t* vis = &sc.visible[sq * P];
     const int64_t first_row = sq * per_query + (g - g0) * group;
     if (ctx.reference || unit_reference) {
-      const double* q64 = &sc.q64[first_row * D];
-      if (blk.k64 != nullptr) {
-        GroupScores(DF64(), ctx, q64, blk.k64, run.n, scale64, sc.s64.data());
-      } else {
-        GroupScores(DF64(), ctx, q64, blk.k32, run.n, scale64, sc.s64.data());
-      }
+      WithReferenceK(blk, [&](const auto* k) {
+        GroupScores(DF64(), ctx, &sc.q64[first_row * D], k, blk.ldk, run.n,
+                    scale64, sc.s64.data());
+      });
     }
     if (ctx.reference) {
-      if (blk.v64 != nullptr) {
-        UpdateReference(ctx, sc, blk.v64, first_row, vis, count);
-      } else {
-        UpdateReference(ctx, sc, blk.v32, first_row, vis, count);
-      }
+      WithReferenceV(blk, [&](const auto* v) {
+        UpdateReference(ctx, sc, v, blk.ldv, first_row, vis, count);
+      });
     }
     if (ctx.replay) {
-      GroupScores(DF32(), ctx, &sc.q32[first_row * D], blk.k32, run.n, scale32,
-                  sc.s32.data());
+      WithReplayK(blk, [&](const auto* k) {
+        GroupScores(DF32(), ctx, &sc.q32[first_row * D], k, blk.ldk, run.n,
+                    scale32, sc.s32.data());
+      });
     }
     ProcessUnits(ctx, sc, run, blk, {b, sq, g, first_row, 0}, vis, count);
   }
 }
 
-// Every head of [g0, g1) against one run, in sweeps of heads whose K/V fit
-// the scratch. Every token is widened, visible or not: this is the finite
-// check of the cache. Returns true when a value is not finite.
+// Whether the arithmetic reads the run's K and V in place (bf16 pages),
+// with no widened copy.
+bool ReadsInPlace(const TokenRun& run) {
+  return run.k_dtype == DType::kBF16 && run.v_dtype == DType::kBF16;
+}
+
+// The finite check of heads [g0, g1) of a bf16 run, every token, visible or
+// not, in memory order.
+bool ScanRunBF16(const TokenRun& run, int64_t g0, int64_t g1, int64_t D) {
+  bool bad = false;
+  auto scan = [&](const void* data, int64_t row_stride, int64_t head_stride) {
+    const uint16_t* base = static_cast<const uint16_t*>(data);
+    if (head_stride == D) {  // a token's heads are adjacent
+      for (int64_t t = 0; t < run.n; ++t) {
+        bad |= AnyNonFiniteBF16(base + t * row_stride + g0 * D, (g1 - g0) * D);
+      }
+    } else if (row_stride == D) {  // a head's tokens are adjacent
+      for (int64_t h = g0; h < g1; ++h) {
+        bad |= AnyNonFiniteBF16(base + h * head_stride, run.n * D);
+      }
+    } else {
+      for (int64_t t = 0; t < run.n; ++t) {
+        for (int64_t h = g0; h < g1; ++h) {
+          bad |= AnyNonFiniteBF16(base + t * row_stride + h * head_stride, D);
+        }
+      }
+    }
+  };
+  scan(run.k_data, run.k_row_stride, run.k_head_stride);
+  scan(run.v_data, run.v_row_stride, run.v_head_stride);
+  return bad;
+}
+
+// Head g of a bf16 run, read in place.
+HeadBlock InPlaceHead(const TokenRun& run, int64_t g) {
+  HeadBlock blk;
+  blk.k16 =
+      static_cast<const hwy::bfloat16_t*>(run.k_data) + g * run.k_head_stride;
+  blk.v16 =
+      static_cast<const hwy::bfloat16_t*>(run.v_data) + g * run.v_head_stride;
+  blk.ldk = run.k_row_stride;
+  blk.ldv = run.v_row_stride;
+  return blk;
+}
+
+// Every head of [g0, g1) against one run: in place for bf16 pages, else in
+// sweeps of heads whose widened K/V fit the scratch. Every token is
+// checked, visible or not: this is the finite check of the cache. Returns
+// true when a value is not finite.
 bool ProcessRun(const PassContext& ctx, const TokenRun& run, int64_t b,
                 int64_t g0, int64_t g1, Scratch& sc) {
   const bool any = ComputeVisibility(ctx, b, run, sc);
+  if (ReadsInPlace(run)) {
+    const bool non_finite = ScanRunBF16(run, g0, g1, ctx.p.dims.head_dim);
+    if (!any) return non_finite;
+    for (int64_t g = g0; g < g1; ++g) {
+      ProcessHead(ctx, sc, run, InPlaceHead(run, g), b, g, g0, g1);
+    }
+    return non_finite;
+  }
   bool non_finite = false;
   for (int64_t gs = g0; gs < g1; gs += sc.sweep_heads) {
     const int64_t ge = std::min(g1, gs + sc.sweep_heads);

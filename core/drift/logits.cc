@@ -41,8 +41,9 @@ void RowNorms(const double* rows, int64_t n, int64_t hidden, double* max_l1,
   }
   double l1[kBlockRows];
   double sq[kBlockRows];
-  DotRows(d, ones.data(), 1, abs_rows.data(), n, hidden, l1, kBlockRows);
-  DotRows(d, ones.data(), 1, sq_rows.data(), n, hidden, sq, kBlockRows);
+  DotRows(d, ones.data(), 1, abs_rows.data(), hidden, n, hidden, l1,
+          kBlockRows);
+  DotRows(d, ones.data(), 1, sq_rows.data(), hidden, n, hidden, sq, kBlockRows);
   for (int64_t r = 0; r < n; ++r) {
     *max_l1 = std::max(*max_l1, l1[r]);
     *max_l2 = std::max(*max_l2, std::sqrt(sq[r]));
@@ -71,8 +72,8 @@ void LogitRowsImpl(const void* head, DType dtype, int64_t hidden, int64_t v0,
       }
     }
     RowNorms(rows64.data(), n, hidden, max_l1, max_l2);
-    DotRows(d, hiddens, num_hidden, rows64.data(), n, hidden, logits + first,
-            ld);
+    DotRows(d, hiddens, num_hidden, rows64.data(), hidden, n, hidden,
+            logits + first, ld);
   }
 }
 

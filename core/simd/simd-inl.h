@@ -228,14 +228,36 @@ constexpr int VecsPerDot() {
 }
 
 // Loads N values of k at p as D's lane type: a plain load, or an exact
-// widening (f32 -> f64) fused with the load, so f32 data needs no widened
-// copy.
+// widening (bf16 -> f32 -> f64, f32 -> f64) fused with the load, so bf16
+// pages and f32 rows need no widened copy.
 template <class D, typename K>
 HWY_INLINE hn::Vec<D> LoadAs(D d, const K* p) {
   if constexpr (std::is_same_v<K, hn::TFromD<D>>) {
     return hn::LoadU(d, p);
+  } else if constexpr (std::is_same_v<K, hwy::bfloat16_t>) {
+    // A bf16 value is the top half of the f32 of the same value.
+    const hn::Rebind<float, D> df;
+    const hn::RebindToUnsigned<decltype(df)> du32;
+    const hn::Rebind<uint16_t, D> du16;
+    const auto bits = hn::ShiftLeft<16>(hn::PromoteTo(
+        du32, hn::LoadU(du16, reinterpret_cast<const uint16_t*>(p))));
+    if constexpr (std::is_same_v<hn::TFromD<D>, float>) {
+      return hn::BitCast(d, bits);
+    } else {
+      return hn::PromoteTo(d, hn::BitCast(df, bits));
+    }
   } else {
     return hn::PromoteTo(d, hn::LoadU(hn::Rebind<K, D>(), p));
+  }
+}
+
+// The scalar twin of LoadAs, for the elements past the last full vector.
+template <typename T, typename K>
+HWY_INLINE T ScalarAs(K x) {
+  if constexpr (std::is_same_v<K, hwy::bfloat16_t>) {
+    return static_cast<T>(hwy::F32FromBF16(x));
+  } else {
+    return static_cast<T>(x);
   }
 }
 
@@ -303,13 +325,13 @@ HWY_INLINE void JointLaneSums8(hn::Vec<DF32>* a, float* out) {
 #endif  // HWY_TARGET == HWY_AVX3
 
 // s[r * lds + t] = q_r . k_t for a tile of RT rows of q and KT rows of k
-// (each `dim` long; k may be f32 under an f64 q, widened exactly as it is
-// loaded), each dot product in virtual-lane order: chunks of the virtual
-// width, the fixed lane tree, then the elements past the last full chunk in
-// order. The same bits on every target.
+// (each `dim` long, k's rows ldk elements apart; k may be bf16 or f32 under
+// a wider q, widened exactly as it is loaded), each dot product in virtual-lane
+// order: chunks of the virtual width, the fixed lane tree, then the elements
+// past the last full chunk in order. The same bits on every target.
 template <int RT, int KT, class D, typename K>
-HWY_INLINE void DotTile(D d, const hn::TFromD<D>* q, const K* k, int64_t dim,
-                        hn::TFromD<D>* s, int64_t lds) {
+HWY_INLINE void DotTile(D d, const hn::TFromD<D>* q, const K* k, int64_t ldk,
+                        int64_t dim, hn::TFromD<D>* s, int64_t lds) {
   using T = hn::TFromD<D>;
   constexpr int kVec = VecsPerDot<D>();
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(D()));
@@ -323,7 +345,7 @@ HWY_INLINE void DotTile(D d, const hn::TFromD<D>* q, const K* k, int64_t dim,
     for (int v = 0; v < kVec; ++v) {
       const int64_t off = c + v * N;
       hn::Vec<D> kv[KT];
-      for (int t = 0; t < KT; ++t) kv[t] = LoadAs(d, k + t * dim + off);
+      for (int t = 0; t < KT; ++t) kv[t] = LoadAs(d, k + t * ldk + off);
       for (int r = 0; r < RT; ++r) {
         const hn::Vec<D> qv = hn::LoadU(d, q + r * dim + off);
         for (int t = 0; t < KT; ++t) {
@@ -347,7 +369,7 @@ HWY_INLINE void DotTile(D d, const hn::TFromD<D>* q, const K* k, int64_t dim,
     for (int t = 0; t < KT; ++t) {
       T sum = sums[r * KT + t];
       for (int64_t e = full; e < dim; ++e) {
-        sum = std::fma(q[r * dim + e], static_cast<T>(k[t * dim + e]), sum);
+        sum = std::fma(q[r * dim + e], ScalarAs<T>(k[t * ldk + e]), sum);
       }
       s[r * lds + t] = sum;
     }
@@ -355,10 +377,11 @@ HWY_INLINE void DotTile(D d, const hn::TFromD<D>* q, const K* k, int64_t dim,
 }
 
 // All dot products of `rows` rows of q ([rows][dim]) with n rows of k
-// ([n][dim]) into s[r * lds + t], in register tiles.
+// (row t at k + t * ldk) into s[r * lds + t], in register tiles.
 template <class D, typename K>
 HWY_INLINE void DotRows(D d, const hn::TFromD<D>* q, int64_t rows, const K* k,
-                        int64_t n, int64_t dim, hn::TFromD<D>* s, int64_t lds) {
+                        int64_t ldk, int64_t n, int64_t dim, hn::TFromD<D>* s,
+                        int64_t lds) {
   // About eight accumulators in flight: enough independent FMA chains to
   // cover the FMA latency without spilling registers. Rows left over (or
   // too few for a tile) go one at a time against eight vectors' worth of k
@@ -371,19 +394,23 @@ HWY_INLINE void DotRows(D d, const hn::TFromD<D>* q, int64_t rows, const K* k,
   for (; r + RT <= rows; r += RT) {
     int64_t t = 0;
     for (; t + KT <= n; t += KT) {
-      DotTile<RT, KT>(d, q + r * dim, k + t * dim, dim, s + r * lds + t, lds);
+      DotTile<RT, KT>(d, q + r * dim, k + t * ldk, ldk, dim, s + r * lds + t,
+                      lds);
     }
     for (; t < n; ++t) {
-      DotTile<RT, 1>(d, q + r * dim, k + t * dim, dim, s + r * lds + t, lds);
+      DotTile<RT, 1>(d, q + r * dim, k + t * ldk, ldk, dim, s + r * lds + t,
+                     lds);
     }
   }
   for (; r < rows; ++r) {
     int64_t t = 0;
     for (; t + KT1 <= n; t += KT1) {
-      DotTile<1, KT1>(d, q + r * dim, k + t * dim, dim, s + r * lds + t, lds);
+      DotTile<1, KT1>(d, q + r * dim, k + t * ldk, ldk, dim, s + r * lds + t,
+                      lds);
     }
     for (; t < n; ++t) {
-      DotTile<1, 1>(d, q + r * dim, k + t * dim, dim, s + r * lds + t, lds);
+      DotTile<1, 1>(d, q + r * dim, k + t * ldk, ldk, dim, s + r * lds + t,
+                    lds);
     }
   }
 }
@@ -413,6 +440,25 @@ HWY_INLINE bool WidenBF16(const uint16_t* src, int64_t n, float* dst) {
     std::memcpy(&dst[i], &bits, sizeof(float));
     any = any || (bits & 0x7f800000u) == 0x7f800000u;
   }
+  return any;
+}
+
+// Whether some of the n bf16 values at src is Inf or NaN, without widening
+// them (the check of KV pages the arithmetic reads in place).
+HWY_INLINE bool AnyNonFiniteBF16(const uint16_t* src, int64_t n) {
+  const hn::ScalableTag<uint16_t> du16;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(du16));
+  // Non-finite exactly when the magnitude bits exceed the largest finite.
+  const auto largest_finite = hn::Set(du16, uint16_t{0x7f7f});
+  const auto magnitude = hn::Set(du16, uint16_t{0x7fff});
+  auto worst = hn::Zero(du16);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    worst = hn::Max(worst, hn::And(hn::LoadU(du16, src + i), magnitude));
+  }
+  bool any = !hn::AllTrue(
+      du16, hn::Eq(hn::Max(worst, largest_finite), largest_finite));
+  for (; i < n; ++i) any = any || (src[i] & 0x7fff) > 0x7f7f;
   return any;
 }
 

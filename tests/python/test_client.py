@@ -27,6 +27,11 @@ def files(cli, tmp_path_factory):
                            "--fault", "stale-page"),
         "medium": cli.synth(str(d / "medium.pb"), "--preset", "llama3-8b", "--batch", "4",
                             "--context", "1024"),
+        # 32 query positions per row: ~30x the arithmetic per byte of
+        # "medium", so an audit outlasts its own upload and a queue builds
+        # behind a single worker however fast the audit gets.
+        "busy": cli.synth(str(d / "busy.pb"), "--preset", "llama3-8b", "--batch", "2",
+                          "--context", "1024", "--queries", "32"),
     }
 
 
@@ -111,7 +116,7 @@ def test_submit_get_wait_and_idempotency(client, files):
 def test_cancel(make_server, files):
     server = make_server("--cpu-workers", "1", "--threads-per-job", "1")
     with attnaudit.AuditClient(server.address) as c:
-        busy = attnaudit.Snapshot.load(files["medium"])
+        busy = attnaudit.Snapshot.load(files["busy"])
         small = attnaudit.Snapshot.load(files["small"])
         # A job queued behind audits on the only worker is cancelled before
         # it runs. Whether it is still queued when Cancel arrives depends on

@@ -79,6 +79,39 @@ TEST(AttentionPropertiesTest, PhysicalLayoutNeverChangesRorP) {
   }
 }
 
+// bf16 pages are read in place, every other dtype through a widened copy:
+// the same values held as f32 must give the same bits, in both layouts and
+// with a head dimension that leaves vector tails.
+TEST(AttentionPropertiesTest, Bf16PagesReadInPlaceEqualTheirF32Widening) {
+  for (int64_t head_dim : {64, 20}) {
+    RandomCaseOptions o;
+    o.batch = 2;
+    o.queries = 2;
+    o.q_heads = 6;
+    o.kv_heads = 3;
+    o.head_dim = head_dim;
+    o.seq_lens = {45, 19};
+    o.spread_queries = true;
+    o.kv_dtype = DType::kBF16;
+    o.seed = 31;
+    LogicalCase bf16 = RandomCase(o);
+    for (auto* rows : {&bf16.k, &bf16.v}) {
+      for (std::vector<double>& row : *rows) RoundTo(&row, DType::kBF16);
+    }
+    LogicalCase f32 = bf16;
+    f32.kv_dtype = DType::kF32;
+    for (KvLayout layout : {KvLayout::kNHD, KvLayout::kHND}) {
+      PagingOptions p;
+      p.page_size = 5;
+      p.permute_pages = true;
+      p.layout = layout;
+      ExpectIdentical(
+          MustRun(BuildSnapshot(bf16, p)), MustRun(BuildSnapshot(f32, p)),
+          absl::StrCat("D=", head_dim, " layout ", static_cast<int>(layout)));
+    }
+  }
+}
+
 // Shardings that keep every logical block on one rank leave P's units the
 // blocks themselves: R and P are those of the same cache without CP.
 TEST(AttentionPropertiesTest, ShardingsThatKeepBlocksWholeNeverChangeRorP) {
