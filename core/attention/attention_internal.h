@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/attention/attention.h"
+#include "core/attention/prefetch_cursor.h"
 #include "core/attention/unit_states.h"
 
 namespace attnaudit {
@@ -47,6 +48,7 @@ struct Scratch {
   std::vector<float> s32, e32;                   // [group][P]
   std::vector<float> blk_out, blk_sum, blk_lse;  // [group][D], [group]
   std::vector<double> ref_unit_out, ref_unit_sum, ref_unit_lse;  // likewise
+  PrefetchCursor prefetch;  // the next block's page, paced over this one's
 };
 
 // Runs the blocks of work item (b, KV heads [g0, g1)) through the fused

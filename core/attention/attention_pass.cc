@@ -29,7 +29,6 @@
 #include "core/simd/dispatch.h"
 #include "core/simd/simd-inl.h"
 #include "core/tensor/dtype.h"
-#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -130,28 +129,6 @@ TokenRun PageRun(const PreparedAttention& p, int64_t page, int64_t n,
   run.positions = positions;
   run.n = n;
   return run;
-}
-
-// Starts pulling a run's K/V rows of heads [g0, g1) into the cache: the
-// next logical block's page lies anywhere in the pool, so the hardware
-// prefetcher cannot guess it.
-void PrefetchRun(const TokenRun& run, int64_t n, int64_t head_dim, int64_t g0,
-                 int64_t g1) {
-  auto rows = [&](const void* data, DType dtype, int64_t row_stride,
-                  int64_t head_stride) {
-    const int64_t elem = DTypeSize(dtype);
-    const char* bytes = static_cast<const char*>(data);
-    for (int64_t g = g0; g < g1; ++g) {
-      for (int64_t t = 0; t < n; ++t) {
-        const char* row = bytes + (t * row_stride + g * head_stride) * elem;
-        for (int64_t off = 0; off < head_dim * elem; off += 64) {
-          hwy::Prefetch(row + off);
-        }
-      }
-    }
-  };
-  rows(run.k_data, run.k_dtype, run.k_row_stride, run.k_head_stride);
-  rows(run.v_data, run.v_dtype, run.v_row_stride, run.v_head_stride);
 }
 
 // Widens K and V of KV heads [gs, ge) of the run's tokens into the sweep
@@ -472,23 +449,28 @@ void ProcessHead(const PassContext& ctx, Scratch& sc, const TokenRun& run,
     if (count == 0) continue;
     const int32_t* vis = &sc.visible[sq * P];
     const int64_t first_row = sq * per_query + (g - g0) * group;
+    // The next page's prefetches, one slice before each of the four steps.
+    sc.prefetch.Step();
     if (ctx.reference || unit_reference) {
       WithReferenceK(blk, [&](const auto* k) {
         GroupScores(DF64(), ctx, &sc.q64[first_row * D], k, blk.ldk, run.n,
                     scale64, sc.s64.data());
       });
     }
+    sc.prefetch.Step();
     if (ctx.reference) {
       WithReferenceV(blk, [&](const auto* v) {
         UpdateReference(ctx, sc, v, blk.ldv, first_row, vis, count);
       });
     }
+    sc.prefetch.Step();
     if (ctx.replay) {
       WithReplayK(blk, [&](const auto* k) {
         GroupScores(DF32(), ctx, &sc.q32[first_row * D], k, blk.ldk, run.n,
                     scale32, sc.s32.data());
       });
     }
+    sc.prefetch.Step();
     ProcessUnits(ctx, sc, run, blk, {b, sq, g, first_row, 0}, vis, count);
   }
 }
@@ -606,6 +588,8 @@ void RunPassItemImpl(const PassContext& ctx, int64_t b, int64_t g0, int64_t g1,
   const std::vector<int32_t>& pages = p.layout->block_pages[b];
   const int64_t num_blocks = (L + P - 1) / P;
   bool non_finite = false;
+  // ProcessHead steps the cursor four times per (head, query position).
+  const int64_t prefetch_steps = 4 * (g1 - g0) * d.queries;
   TokenRun run;
   TokenRun next;
   for (int64_t blk = 0; blk < num_blocks; ++blk) {
@@ -613,7 +597,9 @@ void RunPassItemImpl(const PassContext& ctx, int64_t b, int64_t g0, int64_t g1,
     const int64_t n = std::min(P, L - blk * P);
     if (blk + 1 < num_blocks) {
       next = PageRun(p, pages[blk + 1], P, nullptr);
-      PrefetchRun(next, P, d.head_dim, g0, g1);
+      sc.prefetch.Start(next, d.head_dim, g0, g1, prefetch_steps);
+    } else {
+      sc.prefetch.Clear();
     }
     for (int64_t t = 0; t < n; ++t) {
       sc.positions[t] = p.snapshot->slot_positions.IntAt(page * P + t);
@@ -621,6 +607,7 @@ void RunPassItemImpl(const PassContext& ctx, int64_t b, int64_t g0, int64_t g1,
     run = PageRun(p, page, n, sc.positions.data());
     BlockUnits(p, b, blk, &run);
     non_finite |= ProcessRun(ctx, run, b, g0, g1, sc);
+    sc.prefetch.Finish();  // what skipped steps left (invisible tokens)
     if (g0 == 0) RecordMergeOrder(ctx, run, b, blk, sc);
   }
   if (non_finite) ctx.kv_non_finite->store(true, std::memory_order_relaxed);
@@ -629,6 +616,7 @@ void RunPassItemImpl(const PassContext& ctx, int64_t b, int64_t g0, int64_t g1,
 // A run given by a caller (a CP rank's received shard): its units' states.
 void RunStatesImpl(const PassContext& ctx, const TokenRun& run, int64_t b,
                    int64_t g0, int64_t g1, Scratch& sc) {
+  sc.prefetch.Clear();
   if (ProcessRun(ctx, run, b, g0, g1, sc)) {
     ctx.kv_non_finite->store(true, std::memory_order_relaxed);
   }
