@@ -260,7 +260,7 @@ void GroupScores(D d, const PassContext& ctx, const hn::TFromD<D>* q,
 }
 
 // R: the fp64 online-softmax update of the group's rows with visible keys
-// `vis` (V rows f32, or f64 for f64 pages).
+// `vis` (V rows bf16 in place, f32, or f64 for f64 pages).
 template <typename V>
 void UpdateReference(const PassContext& ctx, Scratch& sc, const V* v,
                      int64_t ldv, int64_t first_row, const int32_t* vis,

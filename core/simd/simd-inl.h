@@ -33,6 +33,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "core/tensor/dtype.h"
@@ -251,7 +252,8 @@ HWY_INLINE hn::Vec<D> LoadAs(D d, const K* p) {
   }
 }
 
-// The scalar twin of LoadAs, for the elements past the last full vector.
+// One element widened as LoadAs widens it (exact either way), for the
+// elements a loop handles past its last full vector.
 template <typename T, typename K>
 HWY_INLINE T ScalarAs(K x) {
   if constexpr (std::is_same_v<K, hwy::bfloat16_t>) {
@@ -488,6 +490,66 @@ HWY_INLINE bool WidenF16(const uint16_t* src, int64_t n, float* dst) {
   return any;
 }
 
+// fp8 -> f32 (exact), e4m3fn when kE4M3, else e5m2: the magnitude bits
+// are moved into an f32's exponent and mantissa fields and scaled by 2^(127
+// - fp8 bias), a power of two, so the product is exact (fp8 subnormals land
+// on f32 subnormals first and scale up exactly). The codes without a finite
+// value (e4m3fn: magnitude 0x7f, NaN; e5m2: exponent all ones) become NaN,
+// or +-inf for e5m2's two infinities, and make the result true.
+template <bool kE4M3>
+HWY_INLINE hn::Vec<DF32> F8Block(hn::Vec<hn::RebindToSigned<DF32>> bytes,
+                                 hn::Mask<DF32>* non_finite) {
+  const DF32 df;
+  const hn::RebindToSigned<DF32> di;
+  constexpr int kShift = kE4M3 ? 20 : 21;
+  const auto magnitude = hn::And(bytes, hn::Set(di, 0x7f));
+  const auto sign = hn::ShiftLeft<24>(hn::And(bytes, hn::Set(di, 0x80)));
+  const auto moved = hn::Or(sign, hn::ShiftLeft<kShift>(magnitude));
+  const VF32 value =
+      hn::Mul(hn::BitCast(df, moved), hn::Set(df, kE4M3 ? 0x1p120f : 0x1p112f));
+  const auto special =
+      hn::Gt(magnitude, hn::Set(di, kE4M3 ? 0x7e : 0x7b));  // no finite value
+  *non_finite = hn::RebindMask(df, special);
+  VF32 replaced = hn::Set(df, std::numeric_limits<float>::quiet_NaN());
+  if constexpr (!kE4M3) {
+    const auto inf = hn::RebindMask(df, hn::Eq(magnitude, hn::Set(di, 0x7c)));
+    const VF32 signed_inf =
+        hn::BitCast(df, hn::Or(sign, hn::Set(di, 0x7f800000)));
+    replaced = hn::IfThenElse(inf, signed_inf, replaced);
+  }
+  return hn::IfThenElse(*non_finite, replaced, value);
+}
+
+template <bool kE4M3>
+HWY_INLINE bool WidenF8(const uint8_t* src, int64_t n, float* dst) {
+  const DF32 df;
+  const hn::RebindToSigned<DF32> di;
+  const hn::Rebind<uint8_t, DF32> du8;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  auto bad = hn::FirstN(df, 0);  // no lane set
+  hn::Mask<DF32> non_finite;
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto bytes = hn::BitCast(
+        di,
+        hn::PromoteTo(hn::RebindToUnsigned<DF32>(), hn::LoadU(du8, src + i)));
+    hn::StoreU(F8Block<kE4M3>(bytes, &non_finite), df, dst + i);
+    bad = hn::Or(bad, non_finite);
+  }
+  bool any = !hn::AllFalse(df, bad);
+  if (i < n) {  // the tail through the same vector code, padded with zeros
+    HWY_ALIGN uint8_t buf[hn::MaxLanes(df)] = {};
+    std::memcpy(buf, src + i, static_cast<size_t>(n - i));
+    HWY_ALIGN float out[hn::MaxLanes(df)];
+    const auto bytes = hn::BitCast(
+        di, hn::PromoteTo(hn::RebindToUnsigned<DF32>(), hn::Load(du8, buf)));
+    hn::Store(F8Block<kE4M3>(bytes, &non_finite), df, out);
+    any = any || !hn::AllFalse(df, non_finite);
+    std::memcpy(dst + i, out, static_cast<size_t>(n - i) * sizeof(float));
+  }
+  return any;
+}
+
 // f32 copy with the finite check.
 HWY_INLINE bool CopyF32(const float* src, int64_t n, float* dst) {
   const DF32 df;
@@ -530,16 +592,12 @@ HWY_INLINE bool WidenRow(const void* base, DType dtype, int64_t offset,
       }
       return bad;
     }
-    default: {  // fp8: a table lookup per element
-      const uint8_t* src = static_cast<const uint8_t*>(base) + offset;
-      const bool e4m3 = dtype == DType::kF8E4M3;
-      bool bad = false;
-      for (int64_t i = 0; i < n; ++i) {
-        dst32[i] = e4m3 ? F8E4M3ToFloat(src[i]) : F8E5M2ToFloat(src[i]);
-        bad = bad || !std::isfinite(dst32[i]);
-      }
-      return bad;
-    }
+    case DType::kF8E4M3:
+      return WidenF8<true>(static_cast<const uint8_t*>(base) + offset, n,
+                           dst32);
+    default:  // kF8E5M2
+      return WidenF8<false>(static_cast<const uint8_t*>(base) + offset, n,
+                            dst32);
   }
 }
 

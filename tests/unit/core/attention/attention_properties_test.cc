@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/tensor/dtype.h"
 #include "gtest/gtest.h"
 #include "tests/unit/core/attention/run_attention.h"
 #include "tests/unit/core/testing/snapshot_builder.h"
@@ -109,6 +110,50 @@ TEST(AttentionPropertiesTest, Bf16PagesReadInPlaceEqualTheirF32Widening) {
           MustRun(BuildSnapshot(bf16, p)), MustRun(BuildSnapshot(f32, p)),
           absl::StrCat("D=", head_dim, " layout ", static_cast<int>(layout)));
     }
+  }
+}
+
+// fp8 pages are widened by moving bits and one exact power-of-two scaling
+// (WidenF8, core/simd/simd-inl.h): with every finite code of both formats
+// among the K and V values (subnormals and the largest included), they
+// must compute what f32 pages holding the same values do, bit for bit.
+// D = 20 also sends each row's last 4 values through the padded tail.
+TEST(AttentionPropertiesTest, Fp8WideningIsExactForEveryFiniteCode) {
+  for (DType fp8 : {DType::kF8E4M3, DType::kF8E5M2}) {
+    std::vector<double> codes;
+    for (int code = 0; code < 256; ++code) {
+      const uint8_t byte = static_cast<uint8_t>(code);
+      const float x =
+          fp8 == DType::kF8E4M3 ? F8E4M3ToFloat(byte) : F8E5M2ToFloat(byte);
+      if (std::isfinite(x)) codes.push_back(x);
+    }
+    RandomCaseOptions o;
+    o.batch = 1;
+    o.q_heads = 4;
+    o.kv_heads = 2;
+    o.head_dim = 20;
+    o.seq_lens = {13};  // 13 * 2 * 20 = 520 values per tensor: every code
+    o.kv_dtype = fp8;
+    o.fp8_per_head_scales = false;
+    o.q_std = 1e-3;  // keeps the scores of the largest codes moderate
+    o.seed = 5;
+    LogicalCase pages = RandomCase(o);
+    pages.k_scale.clear();
+    pages.v_scale.clear();
+    size_t next = 0;
+    for (auto* rows : {&pages.k, &pages.v}) {
+      for (std::vector<double>& row : *rows) {
+        for (double& x : row) x = codes[next++ % codes.size()];
+      }
+    }
+    ASSERT_GE(next, 2 * codes.size());
+    LogicalCase f32 = pages;
+    f32.kv_dtype = DType::kF32;
+    PagingOptions p;
+    p.page_size = 4;
+    ExpectIdentical(MustRun(BuildSnapshot(pages, p)),
+                    MustRun(BuildSnapshot(f32, p)),
+                    std::string(DTypeName(fp8)));
   }
 }
 

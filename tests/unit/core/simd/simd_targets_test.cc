@@ -147,6 +147,7 @@ std::vector<PassCase> PassCases() {
   cases.push_back(base("f16 D=64", DType::kF16, 64));
   cases.push_back(base("f32 D=80", DType::kF32, 80));
   cases.push_back(base("fp8 D=96", DType::kF8E4M3, 96));
+  cases.push_back(base("fp8 e5m2 D=36 (widening tail)", DType::kF8E5M2, 36));
   cases.push_back(base("f64 D=72 (dot tail)", DType::kF64, 72));
   PassCase odd = base("bf16 D=20 HND page 5", DType::kBF16, 20);
   odd.layout = KvLayout::kHND;
