@@ -58,6 +58,7 @@ struct BenchFlags {
   std::string preset = "llama3-8b";
   int64_t batch = 8;
   int64_t context = 4096;
+  std::string kv_dtype = "bf16";
   std::string file = "/tmp/attnaudit_bench_w1.pb";
   bool markdown = false;
   std::string simd_target;  // empty: the best one this CPU runs
@@ -75,6 +76,8 @@ BenchFlags ParseFlags(int argc, char** argv) {
   app.add_option("--batch", f.batch, "rows")->check(CLI::Range(1, 4096));
   app.add_option("--context", f.context, "KV length of row 0")
       ->check(CLI::Range(1, 1 << 24));
+  app.add_option("--kv-dtype", f.kv_dtype, "KV cache dtype of the snapshot")
+      ->check(CLI::IsMember({"bf16", "f16", "f32", "fp8_e4m3"}));
   app.add_option("--file", f.file, "where the snapshot file is written");
   app.add_flag("--markdown", f.markdown, "also print a Markdown table");
   app.add_option("--simd-target", f.simd_target,
@@ -104,6 +107,7 @@ std::unique_ptr<Workload> PrepareWorkload(const BenchFlags& flags,
   so.preset = flags.preset;
   so.batch = flags.batch;
   so.context = flags.context;
+  so.kv_dtype = DTypeFromName(flags.kv_dtype);
   so.permute_pages = true;
   so.seed = 1;
   auto owned = std::make_unique<Workload>();
