@@ -4,8 +4,11 @@
 #include <atomic>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "proto/codec/chunk_view.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/stream.h"
 #include "server/rpc/audit_service.h"
@@ -51,6 +54,7 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   void OnReadDone(bool ok) override {
     if (!ok) return EndOfStream();
+    if (assembler_.begun() && AppendPlainChunk()) return;
     // Paths of a message that does not decode start at the message
     // ("header.manifest[1].field_path: ..."), as the header's do.
     if (absl::Status s = ParseRequest(&raw_, &message_); !s.ok()) {
@@ -132,6 +136,33 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     StartRead(&raw_);
   }
 
+  // The common chunk message, appended straight from gRPC's receive slices
+  // (chunk_view.h): one copy of the bytes instead of two. False when the
+  // message has another shape; protobuf parses it then.
+  bool AppendPlainChunk() {
+    slices_.clear();
+    if (!raw_.Valid() || !raw_.Dump(&slices_).ok()) return false;
+    pieces_.clear();
+    for (const grpc::Slice& slice : slices_) {
+      pieces_.emplace_back(reinterpret_cast<const char*>(slice.begin()),
+                           slice.size());
+    }
+    if (!FindChunkData(pieces_, &data_)) return false;
+    int64_t bytes = 0;
+    for (absl::string_view range : data_) {
+      bytes += static_cast<int64_t>(range.size());
+      if (absl::Status s = assembler_.Append(range); !s.ok()) {
+        Fail(s);
+        return true;
+      }
+    }
+    svc_->metrics()->AddBytesReceived(bytes);
+    slices_.clear();
+    raw_.Clear();
+    StartRead(&raw_);
+    return true;
+  }
+
   void OnChunk() {
     const std::string& data = message_.chunk().data();
     svc_->metrics()->AddBytesReceived(static_cast<int64_t>(data.size()));
@@ -207,6 +238,9 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   CallLog log_;
   Principal principal_;
   grpc::ByteBuffer raw_;
+  std::vector<grpc::Slice> slices_;        // raw_'s, for the fast path
+  std::vector<absl::string_view> pieces_;  // their bytes
+  std::vector<absl::string_view> data_;    // a chunk's data within them
   v1::AuditStreamMessage message_;
   AuditStreamAssembler assembler_;
   PriorityClass priority_ = PriorityClass::kInteractive;
