@@ -6,7 +6,10 @@
 # loader no longer maps and relocates ~50 libraries at every start
 # (docs/PERF.md, "The process's fixed cost"). The C and C++ runtimes, libm
 # and oneTBB (which has no archive in Debian) stay shared. Archives are
-# order-sensitive, so the libraries are linked as one group.
+# order-sensitive, so the libraries are linked as one group. All or
+# nothing: if any of those libraries lacks an archive, the command runs
+# unchanged (a static Abseil beside a shared gRPC that loads its own shared
+# Abseil would put two copies of Abseil's globals in one process).
 #
 # Usage: link_static_deps.sh COMPILER ARGS...   (as CMake invokes it)
 set -euo pipefail
@@ -38,6 +41,18 @@ static_for_flag() {  # the archive of a -lNAME flag, or nothing
   return 1
 }
 
+is_system_shared() {  # a shared library the launcher would replace
+  local arg=$1 name
+  if [[ $arg =~ ^(/usr)?/lib/.*/lib([A-Za-z0-9_+.-]+)\.so(\.[0-9.]+)?$ ]]; then
+    name=${BASH_REMATCH[2]}
+  elif [[ $arg == -l* ]]; then
+    name=${arg#-l}
+  else
+    return 1
+  fi
+  [[ ! $name =~ $keep_shared ]]
+}
+
 args=()
 grouped=0
 for arg in "$@"; do
@@ -46,6 +61,11 @@ for arg in "$@"; do
     replacement=$(static_for "$arg") || replacement=""
   elif [[ $arg == -l* ]]; then
     replacement=$(static_for_flag "$arg") || replacement=""
+  fi
+  if [[ -z $replacement ]] && is_system_shared "$arg"; then
+    echo "link_static_deps.sh: no static archive for $arg; linking" \
+      "every library shared" >&2
+    exec "$@"
   fi
   if [[ -n $replacement ]]; then
     if [[ $grouped == 0 ]]; then

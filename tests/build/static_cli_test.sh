@@ -4,9 +4,22 @@
 # cmake/link_static_deps.sh), and must still run. A regression here brings
 # back ~5 ms of dynamic loading to every CLI start.
 #
-# Usage: static_cli_test.sh PATH/TO/attnaudit
+# The launcher itself (cmake/link_static_deps.sh) is checked on echo: it
+# swaps in the archives it finds, and links everything shared as soon as
+# one system library has no archive.
+#
+# Usage: static_cli_test.sh PATH/TO/attnaudit PATH/TO/link_static_deps.sh
 set -euo pipefail
 bin=$1
+launcher=$2
+libdir=$(dirname "$(readlink -f /usr/lib/*/libz.so | head -n 1)")
+swapped=$(bash "$launcher" echo a.o "$libdir/libz.so" -lm 2>/dev/null)
+[[ $swapped == *"$libdir/libz.a"* && $swapped == *"-lm"* ]] ||
+  { echo "FAIL: the launcher did not swap libz.so: $swapped"; exit 1; }
+unchanged=$(bash "$launcher" echo a.o "$libdir/libz.so" \
+  "$libdir/libno_such_library.so.1" 2>/dev/null)
+[[ $unchanged == "a.o $libdir/libz.so $libdir/libno_such_library.so.1" ]] ||
+  { echo "FAIL: a missing archive did not leave the command as it was: $unchanged"; exit 1; }
 deps=$(ldd "$bin")
 shared=$(grep -E 'lib(grpc|gpr|upb|protobuf|absl_|ssl|crypto|re2|cares)' \
   <<<"$deps" || true)
