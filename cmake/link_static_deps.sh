@@ -14,8 +14,9 @@
 # Usage: link_static_deps.sh COMPILER ARGS...   (as CMake invokes it)
 set -euo pipefail
 
-# Runtimes that must stay shared even where an archive exists.
-keep_shared='^(c|m|dl|rt|pthread|stdc\+\+|gcc_s|gcc|tbb|tbbmalloc)$'
+# Runtimes (C, C++, compiler support, oneTBB) that stay shared even where
+# an archive exists.
+keep_shared='^(c|m|dl|rt|pthread|atomic|gomp|stdc\+\+|gcc_s|gcc|tbb|tbbmalloc)$'
 
 static_for() {  # the archive beside a shared library path, or nothing
   local path=$1
