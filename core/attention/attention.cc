@@ -190,11 +190,16 @@ absl::StatusOr<AttentionResults> ComputeAttention(
       options.unit_states,
       &kv_non_finite};
   // Work items: (row, range of KV heads). Whole rows keep each page read
-  // contiguously; rows are split by heads only when there are too few rows
-  // to keep every thread busy.
+  // contiguously; a head range reads every token's row in pieces, so rows
+  // are split only as far as it takes to give every thread the same number
+  // of items (or several each). Splitting B=1 down to one head per item
+  // made 128k tokens 1.6x slower (docs/PERF.md, "Work items").
   const int workers = ResolveThreads(threads);
   int64_t splits = 1;
-  while (splits < d.kv_heads && d.batch * splits < 4 * workers) splits *= 2;
+  while (splits < d.kv_heads && (d.batch * splits) % workers != 0 &&
+         d.batch * splits < 4 * workers) {
+    splits *= 2;
+  }
   splits = std::min(splits, d.kv_heads);
   const int64_t heads_per_item = (d.kv_heads + splits - 1) / splits;
   const int64_t chunks = (d.kv_heads + heads_per_item - 1) / heads_per_item;
