@@ -358,10 +358,12 @@ HWY_INLINE void DotTile(D d, const hn::TFromD<D>* q, const K* k, int64_t ldk,
   }
   T sums[RT * KT];
 #if HWY_TARGET == HWY_AVX3
-  if constexpr (RT * KT == 8 && kVec == 1) {
-    hn::Vec<D> whole[8];
-    for (int j = 0; j < 8; ++j) whole[j] = acc[j][0];
-    JointLaneSums8(whole, sums);
+  if constexpr (RT * KT % 8 == 0 && kVec == 1) {
+    for (int j0 = 0; j0 < RT * KT; j0 += 8) {
+      hn::Vec<D> whole[8];
+      for (int j = 0; j < 8; ++j) whole[j] = acc[j0 + j][0];
+      JointLaneSums8(whole, sums + j0);
+    }
   } else  // NOLINT(readability/braces)
 #endif
   {
@@ -384,13 +386,17 @@ template <class D, typename K>
 HWY_INLINE void DotRows(D d, const hn::TFromD<D>* q, int64_t rows, const K* k,
                         int64_t ldk, int64_t n, int64_t dim, hn::TFromD<D>* s,
                         int64_t lds) {
-  // About eight accumulators in flight: enough independent FMA chains to
-  // cover the FMA latency without spilling registers. Rows left over (or
-  // too few for a tile) go one at a time against eight vectors' worth of k
-  // rows, so even one row keeps eight chains busy.
+  // Enough independent FMA chains to cover the FMA latency without
+  // spilling registers: 16 one-vector accumulators with AVX-512's 32
+  // registers (a 4 x 4 tile: each widened k vector feeds four rows, and
+  // the lane sums go eight at a time), about eight elsewhere. The 4 x 4
+  // tile made the W1 fused pass 13.6 -> 11.4 ms against 4 x 2
+  // (docs/PERF.md). Rows left over (or too few for a tile) go one at a
+  // time against eight vectors' worth of k rows, so even one row keeps
+  // eight chains busy.
   constexpr int kVec = VecsPerDot<D>();
   constexpr int RT = kVec == 1 ? 4 : 2;
-  constexpr int KT = kVec <= 2 ? 2 : 1;
+  constexpr int KT = kVec == 1 ? 4 : kVec == 2 ? 2 : 1;
   constexpr int KT1 = 8 / kVec;  // keys per tile of a single row
   int64_t r = 0;
   for (; r + RT <= rows; r += RT) {
