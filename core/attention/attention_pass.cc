@@ -42,40 +42,55 @@ using attnaudit::TokenRun;
 constexpr double kNegInfD = -std::numeric_limits<double>::infinity();
 constexpr float kNegInfF = -std::numeric_limits<float>::infinity();
 
-// acc[r * dim + i] = fma chain over j < count of e[r * lde + j] *
-// v[idx[j] * ldv + i], in j order, for RT rows: each V load feeds RT rows.
-// v may be bf16 or f32 under a wider accumulator (widened exactly as
-// loaded).
+// acc[r * dim + i] += e[r * lde + j] * v[idx[j] * ldv + i], a fused
+// multiply-add chain over j < count in j order, for RT rows and the kCols
+// vectors of columns from i: each V load feeds RT rows. v may be bf16 or
+// f32 under a wider accumulator (widened exactly as loaded).
+template <int RT, int kCols, class D, typename V>
+HWY_INLINE void AccumulateColumns(D d, hn::TFromD<D>* acc, int64_t i,
+                                  const hn::TFromD<D>* e, int64_t lde,
+                                  const V* v, int64_t ldv, const int32_t* idx,
+                                  int64_t count, int64_t dim) {
+  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(D()));
+  hn::Vec<D> a[RT][kCols];
+  for (int r = 0; r < RT; ++r) {
+    for (int c = 0; c < kCols; ++c) {
+      a[r][c] = hn::LoadU(d, acc + r * dim + i + c * N);
+    }
+  }
+  for (int64_t j = 0; j < count; ++j) {
+    const V* vrow = v + idx[j] * ldv + i;
+    hn::Vec<D> vv[kCols];
+    for (int c = 0; c < kCols; ++c) vv[c] = LoadAs(d, vrow + c * N);
+    for (int r = 0; r < RT; ++r) {
+      const hn::Vec<D> ej = hn::Set(d, e[r * lde + j]);
+      for (int c = 0; c < kCols; ++c) a[r][c] = ExactMulAdd(ej, vv[c], a[r][c]);
+    }
+  }
+  for (int r = 0; r < RT; ++r) {
+    for (int c = 0; c < kCols; ++c) {
+      hn::StoreU(a[r][c], d, acc + r * dim + i + c * N);
+    }
+  }
+}
+
+// The same over every column: wide column blocks (16 accumulators under
+// AVX-512's 32 registers, 8 elsewhere), then single vectors, then the
+// elements past the last vector. Every column's chain is the same, so the
+// blocking never changes a bit.
 template <int RT, class D, typename V>
 HWY_INLINE void AccumulateTile(D d, hn::TFromD<D>* acc, const hn::TFromD<D>* e,
                                int64_t lde, const V* v, int64_t ldv,
                                const int32_t* idx, int64_t count, int64_t dim) {
   using T = hn::TFromD<D>;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(D()));
-  constexpr int kCols = 2;
+  constexpr int kCols = (RT >= 4 && N * sizeof(T) == 64) ? 4 : 2;
   int64_t i = 0;
   for (; i + kCols * N <= dim; i += kCols * N) {
-    hn::Vec<D> a[RT][kCols];
-    for (int r = 0; r < RT; ++r) {
-      for (int c = 0; c < kCols; ++c) {
-        a[r][c] = hn::LoadU(d, acc + r * dim + i + c * N);
-      }
-    }
-    for (int64_t j = 0; j < count; ++j) {
-      const V* vrow = v + idx[j] * ldv + i;
-      hn::Vec<D> vv[kCols];
-      for (int c = 0; c < kCols; ++c) vv[c] = LoadAs(d, vrow + c * N);
-      for (int r = 0; r < RT; ++r) {
-        const hn::Vec<D> ej = hn::Set(d, e[r * lde + j]);
-        for (int c = 0; c < kCols; ++c)
-          a[r][c] = ExactMulAdd(ej, vv[c], a[r][c]);
-      }
-    }
-    for (int r = 0; r < RT; ++r) {
-      for (int c = 0; c < kCols; ++c) {
-        hn::StoreU(a[r][c], d, acc + r * dim + i + c * N);
-      }
-    }
+    AccumulateColumns<RT, kCols>(d, acc, i, e, lde, v, ldv, idx, count, dim);
+  }
+  for (; i + N <= dim; i += N) {
+    AccumulateColumns<RT, 1>(d, acc, i, e, lde, v, ldv, idx, count, dim);
   }
   // Element-wise, so the scalar tail computes what a vector lane would.
   for (; i < dim; ++i) {
@@ -259,6 +274,88 @@ void GroupScores(D d, const PassContext& ctx, const hn::TFromD<D>* q,
   }
 }
 
+// Whether the visible keys vis[0..count) are consecutive tokens (the
+// common decode case: every token of the span is visible), so their scores
+// can be read as contiguous vectors.
+bool Consecutive(const int32_t* vis, int64_t count) {
+  return count > 0 && vis[count - 1] - vis[0] == count - 1;
+}
+
+// The largest of s[vis[c]], c < count, exactly as the left fold
+// m = std::max(m, x) from -inf computes it: NaN never wins and of equal
+// values the first is kept. For consecutive keys the vector maximum is
+// taken instead; it can differ from the fold only in the sign of a zero
+// maximum, so a zero result is recomputed by the fold.
+template <class D>
+hn::TFromD<D> VisibleMax(D d, const hn::TFromD<D>* s, const int32_t* vis,
+                         int64_t count) {
+  using T = hn::TFromD<D>;
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  if (Consecutive(vis, count)) {
+    const T* x = s + vis[0];
+    const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+    const auto neg_inf = hn::Set(d, kNegInf);
+    auto best = neg_inf;
+    int64_t c = 0;
+    for (; c + N <= count; c += N) {
+      const auto v = hn::LoadU(d, x + c);
+      best = hn::Max(best, hn::IfThenElse(hn::IsNaN(v), neg_inf, v));
+    }
+    T m = hn::GetLane(hn::MaxOfLanes(d, best));
+    for (; c < count; ++c) m = std::max(m, x[c]);
+    if (m != T(0)) return m;
+  }
+  T m = kNegInf;
+  for (int64_t c = 0; c < count; ++c) m = std::max(m, s[vis[c]]);
+  return m;
+}
+
+// e[c] = s[vis[c]] - m for c < count (contiguous loads for consecutive
+// keys; the same subtraction either way).
+template <class D>
+void ShiftedScores(D d, const hn::TFromD<D>* s, const int32_t* vis,
+                   int64_t count, hn::TFromD<D> m, hn::TFromD<D>* e) {
+  int64_t c = 0;
+  if (Consecutive(vis, count)) {
+    const hn::TFromD<D>* x = s + vis[0];
+    const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+    const auto mv = hn::Set(d, m);
+    for (; c + N <= count; c += N) {
+      hn::StoreU(hn::Sub(hn::LoadU(d, x + c), mv), d, e + c);
+    }
+    for (; c < count; ++c) e[c] = x[c] - m;
+    return;
+  }
+  for (; c < count; ++c) e[c] = s[vis[c]] - m;
+}
+
+// sums[j] += e[j * lde + c] over c < count in c order, for rows j < rows:
+// each row's chain is sequential (its bits are the plain loop's), four
+// rows at a time so the chains overlap.
+template <typename T>
+void RowSums(const T* e, int64_t lde, int64_t rows, int64_t count, T* sums) {
+  int64_t j = 0;
+  for (; j + 4 <= rows; j += 4) {
+    T a0 = sums[j], a1 = sums[j + 1], a2 = sums[j + 2], a3 = sums[j + 3];
+    const T* e0 = e + j * lde;
+    for (int64_t c = 0; c < count; ++c) {
+      a0 += e0[c];
+      a1 += e0[lde + c];
+      a2 += e0[2 * lde + c];
+      a3 += e0[3 * lde + c];
+    }
+    sums[j] = a0;
+    sums[j + 1] = a1;
+    sums[j + 2] = a2;
+    sums[j + 3] = a3;
+  }
+  for (; j < rows; ++j) {
+    T a = sums[j];
+    for (int64_t c = 0; c < count; ++c) a += e[j * lde + c];
+    sums[j] = a;
+  }
+}
+
 // R: the fp64 online-softmax update of the group's rows with visible keys
 // `vis` (V rows bf16 in place, f32, or f64 for f64 pages).
 template <typename V>
@@ -274,8 +371,7 @@ void UpdateReference(const PassContext& ctx, Scratch& sc, const V* v,
     const int64_t r = first_row + j;
     const double* s = &sc.s64[j * P];
     double* e = &sc.e64[j * P];
-    double bmax = kNegInfD;
-    for (int64_t c = 0; c < count; ++c) bmax = std::max(bmax, s[vis[c]]);
+    const double bmax = VisibleMax(d64, s, vis, count);
     double& m = sc.ref_m[r];
     const double m_new = std::max(m, bmax);
     if (m != kNegInfD && m_new != m) {
@@ -285,12 +381,10 @@ void UpdateReference(const PassContext& ctx, Scratch& sc, const V* v,
       for (int64_t i = 0; i < D; ++i) acc[i] *= alpha;
     }
     m = m_new;
-    for (int64_t c = 0; c < count; ++c) e[c] = s[vis[c]] - m_new;
+    ShiftedScores(d64, s, vis, count, m_new, e);
     ExpNonPositiveArray(d64, e, count, e);
-    double l = sc.ref_l[r];
-    for (int64_t c = 0; c < count; ++c) l += e[c];
-    sc.ref_l[r] = l;
   }
+  RowSums(sc.e64.data(), P, group, count, &sc.ref_l[first_row]);
   AccumulateRows(d64, &sc.ref_acc[first_row * D], group, sc.e64.data(), P, v,
                  ldv, vis, count, D);
 }
@@ -309,17 +403,14 @@ void UnitState(D d, const PreparedAttention& p, const hn::TFromD<D>* s,
   const int64_t P = p.dims.page_size;
   const int64_t Dh = p.dims.head_dim;
   for (int64_t j = 0; j < group; ++j) {
-    const T* sj = &s[j * P];
     T* ej = &e[j * P];
-    T bmax = -std::numeric_limits<T>::infinity();
-    for (int64_t c = 0; c < count; ++c) bmax = std::max(bmax, sj[vis[c]]);
-    for (int64_t c = 0; c < count; ++c) ej[c] = sj[vis[c]] - bmax;
+    lse[j] = VisibleMax(d, &s[j * P], vis, count);  // the block max, for now
+    ShiftedScores(d, &s[j * P], vis, count, lse[j], ej);
     ExpNonPositiveArray(d, ej, count, ej);
-    T total = 0;
-    for (int64_t c = 0; c < count; ++c) total += ej[c];
-    sum[j] = total;
-    lse[j] = bmax + std::log(total);
   }
+  std::fill(sum, sum + group, T(0));
+  RowSums(e, P, group, count, sum);
+  for (int64_t j = 0; j < group; ++j) lse[j] = lse[j] + std::log(sum[j]);
   std::fill(out, out + group * Dh, T(0));
   AccumulateRows(d, out, group, e, P, v, ldv, vis, count, Dh);
   for (int64_t j = 0; j < group; ++j) {
