@@ -63,7 +63,9 @@ class PrefetchCursor {
           tokens(n),
           g0(g0),
           heads(g1 - g0),
-          row_bytes(head_dim * DTypeSize(dtype)) {}
+          row_bytes(head_dim * DTypeSize(dtype)) {
+      contiguous = data != nullptr && Contiguous();
+    }
 
     int64_t Lines() const {
       return tokens * heads * ((row_bytes + kLine - 1) / kLine);
@@ -76,8 +78,26 @@ class PrefetchCursor {
       return base + (t * row_stride + g * head_stride) * elem;
     }
 
+    // Whether the rows follow each other in memory (a page of NHD rows
+    // with every head of the token), so the walk is one span of lines.
+    bool Contiguous() const {
+      const bool token_major = head_stride <= row_stride;
+      const int64_t next_row = token_major ? head_stride : row_stride;
+      const int64_t next_outer = token_major ? row_stride : head_stride;
+      const int64_t inner = token_major ? heads : tokens;
+      return next_row * elem == row_bytes && next_outer == inner * next_row;
+    }
+
     void Issue(int64_t lines) {
       const int64_t rows = tokens * heads;
+      if (contiguous) {
+        const int64_t end = rows * row_bytes;
+        const char* first = RowAddress(0);
+        for (; lines > 0 && offset < end; offset += kLine, --lines) {
+          __builtin_prefetch(first + offset, /*rw=*/0, /*locality=*/3);
+        }
+        return;
+      }
       while (lines > 0 && row < rows) {
         const char* address = RowAddress(row);
         for (; lines > 0 && offset < row_bytes; offset += kLine, --lines) {
@@ -94,7 +114,9 @@ class PrefetchCursor {
     const char* base = nullptr;
     int64_t elem = 0, row_stride = 0, head_stride = 0;
     int64_t tokens = 0, g0 = 0, heads = 0, row_bytes = 0;
-    int64_t row = 0, offset = 0;  // the walk's position
+    bool contiguous = false;
+    int64_t row = 0, offset = 0;  // the walk's position (offset: in the
+                                  // row, or in the span when contiguous)
   };
 
   Rows k_, v_;
