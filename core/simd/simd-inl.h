@@ -269,7 +269,8 @@ HWY_INLINE T ScalarAs(K x) {
 // exactly the lanes the tree pairs (i + 8 for fp32, then i + 4, i + 2,
 // i + 1), so each sum has the same bits as VirtualLaneSum's. out[j] is the
 // sum of a[j]. About 3 instructions per sum instead of 9.
-HWY_INLINE void JointLaneSums8(hn::Vec<DF64>* a, double* out) {
+// JointLaneSumVector8 returns the sums as lanes 0..7 of a vector.
+HWY_INLINE __m512d JointLaneSumVector8(hn::Vec<DF64>* a) {
   __m512d s[4];
   for (int p = 0; p < 4; ++p) {  // i + 4: [x.lo + x.hi, y.lo + y.hi]
     const __m512d x = a[2 * p].raw;
@@ -284,18 +285,18 @@ HWY_INLINE void JointLaneSums8(hn::Vec<DF64>* a, double* out) {
     t[p] = _mm512_add_pd(_mm512_shuffle_f64x2(u, w, _MM_SHUFFLE(2, 0, 2, 0)),
                          _mm512_shuffle_f64x2(u, w, _MM_SHUFFLE(3, 1, 3, 1)));
   }
-  // i + 1: lane 2k holds a[k], lane 2k + 1 holds a[4 + k].
+  // i + 1: lane 2k holds a[k], lane 2k + 1 holds a[4 + k]; then lane j
+  // holds a[j].
   const __m512d r = _mm512_add_pd(_mm512_unpacklo_pd(t[0], t[1]),
                                   _mm512_unpackhi_pd(t[0], t[1]));
-  alignas(64) double lanes[8];
-  _mm512_store_pd(lanes, r);
-  for (int k = 0; k < 4; ++k) {
-    out[k] = lanes[2 * k];
-    out[4 + k] = lanes[2 * k + 1];
-  }
+  return _mm512_permutexvar_pd(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), r);
 }
 
-HWY_INLINE void JointLaneSums8(hn::Vec<DF32>* a, float* out) {
+HWY_INLINE void JointLaneSums8(hn::Vec<DF64>* a, double* out) {
+  _mm512_storeu_pd(out, JointLaneSumVector8(a));
+}
+
+HWY_INLINE __m512 JointLaneSumVector8(hn::Vec<DF32>* a) {
   __m512 s[4];
   for (int p = 0; p < 4; ++p) {  // i + 8
     const __m512 x = a[2 * p].raw;
@@ -314,15 +315,31 @@ HWY_INLINE void JointLaneSums8(hn::Vec<DF32>* a, float* out) {
   const __m512 u =
       _mm512_add_ps(_mm512_shuffle_ps(t[0], t[1], _MM_SHUFFLE(1, 0, 1, 0)),
                     _mm512_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  // i + 1: lane 4k holds a[k], lane 4k + 2 holds a[4 + k].
+  // i + 1: lane 4k holds a[k], lane 4k + 2 holds a[4 + k]; then lane j
+  // (j < 8) holds a[j].
   const __m512 v =
       _mm512_add_ps(u, _mm512_shuffle_ps(u, u, _MM_SHUFFLE(2, 3, 0, 1)));
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, v);
-  for (int k = 0; k < 4; ++k) {
-    out[k] = lanes[4 * k];
-    out[4 + k] = lanes[4 * k + 2];
-  }
+  return _mm512_permutexvar_ps(
+      _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0), v);
+}
+
+HWY_INLINE void JointLaneSums8(hn::Vec<DF32>* a, float* out) {
+  _mm256_storeu_ps(out, _mm512_castps512_ps256(JointLaneSumVector8(a)));
+}
+
+// The sums of a 2 x 4 block of dot products, a[4 * i + t] for rows i < 2
+// and keys t < 4, stored as four values at row0 and four at row1.
+HWY_INLINE void StoreLaneSums2x4(hn::Vec<DF64>* a, double* row0,
+                                 double* row1) {
+  const __m512d v = JointLaneSumVector8(a);
+  _mm256_storeu_pd(row0, _mm512_castpd512_pd256(v));
+  _mm256_storeu_pd(row1, _mm512_extractf64x4_pd(v, 1));
+}
+
+HWY_INLINE void StoreLaneSums2x4(hn::Vec<DF32>* a, float* row0, float* row1) {
+  const __m512 v = JointLaneSumVector8(a);
+  _mm_storeu_ps(row0, _mm512_castps512_ps128(v));
+  _mm_storeu_ps(row1, _mm512_extractf32x4_ps(v, 1));
 }
 #endif  // HWY_TARGET == HWY_AVX3
 
@@ -356,6 +373,20 @@ HWY_INLINE void DotTile(D d, const hn::TFromD<D>* q, const K* k, int64_t ldk,
       }
     }
   }
+#if HWY_TARGET == HWY_AVX3
+  // Whole chunks only (every element is in a lane): the sums of each pair
+  // of rows go straight to s.
+  if constexpr (KT == 4 && RT % 2 == 0 && kVec == 1) {
+    if (full == dim) {
+      for (int r = 0; r < RT; r += 2) {
+        hn::Vec<D> pair[8];
+        for (int j = 0; j < 8; ++j) pair[j] = acc[r * KT + j][0];
+        StoreLaneSums2x4(pair, s + r * lds, s + (r + 1) * lds);
+      }
+      return;
+    }
+  }
+#endif
   T sums[RT * KT];
 #if HWY_TARGET == HWY_AVX3
   if constexpr (RT * KT % 8 == 0 && kVec == 1) {
