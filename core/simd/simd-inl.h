@@ -420,14 +420,15 @@ HWY_INLINE void DotRows(D d, const hn::TFromD<D>* q, int64_t rows, const K* k,
   // Enough independent FMA chains to cover the FMA latency without
   // spilling registers: 16 one-vector accumulators with AVX-512's 32
   // registers (a 4 x 4 tile: each widened k vector feeds four rows, and
-  // the lane sums go eight at a time), about eight elsewhere. The 4 x 4
-  // tile made the W1 fused pass 13.6 -> 11.4 ms against 4 x 2
+  // the lane sums go eight at a time), eight with AVX2's 16 (4 rows x 1
+  // key x 2 vectors, so each widened k vector still feeds four rows). Each
+  // made the W1 fused pass faster than the 4 x 2 / 2 x 2 tiles before it
   // (docs/PERF.md). Rows left over (or too few for a tile) go one at a
   // time against eight vectors' worth of k rows, so even one row keeps
   // eight chains busy.
   constexpr int kVec = VecsPerDot<D>();
-  constexpr int RT = kVec == 1 ? 4 : 2;
-  constexpr int KT = kVec == 1 ? 4 : kVec == 2 ? 2 : 1;
+  constexpr int RT = kVec <= 2 ? 4 : 2;
+  constexpr int KT = kVec == 1 ? 4 : 1;
   constexpr int KT1 = 8 / kVec;  // keys per tile of a single row
   int64_t r = 0;
   for (; r + RT <= rows; r += RT) {
