@@ -38,18 +38,29 @@ class PrefetchCursor {
   // Nothing left to prefetch (the last block of an item).
   void Clear() { k_ = v_ = Rows(); }
 
-  void Step() {
-    k_.Issue(pace_);
-    v_.Issue(pace_);
-  }
+  void Step() { StepWith(Prefetch); }
 
   // Whatever Step() has not reached yet.
-  void Finish() {
-    k_.Issue(INT64_MAX);
-    v_.Issue(INT64_MAX);
+  void Finish() { FinishWith(Prefetch); }
+
+  // Step and Finish with touch(line address) in place of the prefetch:
+  // the walk itself, for tests.
+  template <class Touch>
+  void StepWith(Touch&& touch) {
+    k_.Issue(pace_, touch);
+    v_.Issue(pace_, touch);
+  }
+  template <class Touch>
+  void FinishWith(Touch&& touch) {
+    k_.Issue(INT64_MAX, touch);
+    v_.Issue(INT64_MAX, touch);
   }
 
  private:
+  static void Prefetch(const char* line) {
+    __builtin_prefetch(line, /*rw=*/0, /*locality=*/3);
+  }
+
   // The cache lines of one tensor's rows; row i is (token, head) in memory
   // order: token-major when a token's heads are closer than its tokens.
   struct Rows {
@@ -88,20 +99,21 @@ class PrefetchCursor {
       return next_row * elem == row_bytes && next_outer == inner * next_row;
     }
 
-    void Issue(int64_t lines) {
+    template <class Touch>
+    void Issue(int64_t lines, Touch& touch) {
       const int64_t rows = tokens * heads;
       if (contiguous) {
         const int64_t end = rows * row_bytes;
         const char* first = RowAddress(0);
         for (; lines > 0 && offset < end; offset += kLine, --lines) {
-          __builtin_prefetch(first + offset, /*rw=*/0, /*locality=*/3);
+          touch(first + offset);
         }
         return;
       }
       while (lines > 0 && row < rows) {
         const char* address = RowAddress(row);
         for (; lines > 0 && offset < row_bytes; offset += kLine, --lines) {
-          __builtin_prefetch(address + offset, /*rw=*/0, /*locality=*/3);
+          touch(address + offset);
         }
         if (offset >= row_bytes) {
           ++row;
