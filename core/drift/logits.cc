@@ -23,30 +23,37 @@ namespace HWY_NAMESPACE {
 // L2 while every hidden vector reads it.
 constexpr int64_t kBlockRows = 8;
 
-// Norms of rows [0, n) of `rows` (each `hidden` long): sum |w| and sum w^2
-// as dot products with a row of ones (virtual-lane order, like every dot
-// here), eight rows at a time.
+// Norms of rows [0, n) of `rows` (each `hidden` long): sum |w| and the
+// sum of the rounded squares w * w, each in virtual-lane order: the bits of
+// a dot product with a row of ones (ExactMulAdd(1, x, acc) is acc + x), so
+// the sums are accumulated in registers without widened copies.
 void RowNorms(const double* rows, int64_t n, int64_t hidden, double* max_l1,
               double* max_l2) {
   const DF64 d;
-  thread_local std::vector<double> abs_rows, sq_rows, ones;
-  abs_rows.resize(static_cast<size_t>(n * hidden));
-  sq_rows.resize(static_cast<size_t>(n * hidden));
-  if (static_cast<int64_t>(ones.size()) != hidden) {
-    ones.assign(static_cast<size_t>(hidden), 1.0);
-  }
-  for (int64_t i = 0; i < n * hidden; ++i) {
-    abs_rows[i] = std::fabs(rows[i]);
-    sq_rows[i] = rows[i] * rows[i];
-  }
-  double l1[kBlockRows];
-  double sq[kBlockRows];
-  DotRows(d, ones.data(), 1, abs_rows.data(), hidden, n, hidden, l1,
-          kBlockRows);
-  DotRows(d, ones.data(), 1, sq_rows.data(), hidden, n, hidden, sq, kBlockRows);
+  constexpr int kVec = VecsPerDot<DF64>();
+  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(DF64()));
+  constexpr int64_t kChunk = kVec * N;
+  const int64_t full = hidden / kChunk * kChunk;
   for (int64_t r = 0; r < n; ++r) {
-    *max_l1 = std::max(*max_l1, l1[r]);
-    *max_l2 = std::max(*max_l2, std::sqrt(sq[r]));
+    const double* w = rows + r * hidden;
+    VF64 l1_acc[kVec];
+    VF64 sq_acc[kVec];
+    for (int v = 0; v < kVec; ++v) l1_acc[v] = sq_acc[v] = hn::Zero(d);
+    for (int64_t c = 0; c < full; c += kChunk) {
+      for (int v = 0; v < kVec; ++v) {
+        const VF64 x = hn::LoadU(d, w + c + v * N);
+        l1_acc[v] = hn::Add(l1_acc[v], hn::Abs(x));
+        sq_acc[v] = hn::Add(sq_acc[v], hn::Mul(x, x));
+      }
+    }
+    double l1 = VirtualLaneSum<kVec>(d, l1_acc);
+    double sq = VirtualLaneSum<kVec>(d, sq_acc);
+    for (int64_t e = full; e < hidden; ++e) {
+      l1 += std::fabs(w[e]);
+      sq += w[e] * w[e];
+    }
+    *max_l1 = std::max(*max_l1, l1);
+    *max_l2 = std::max(*max_l2, std::sqrt(sq));
   }
 }
 
