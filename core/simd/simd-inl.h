@@ -329,8 +329,7 @@ HWY_INLINE void JointLaneSums8(hn::Vec<DF32>* a, float* out) {
 
 // The sums of a 2 x 4 block of dot products, a[4 * i + t] for rows i < 2
 // and keys t < 4, stored as four values at row0 and four at row1.
-HWY_INLINE void StoreLaneSums2x4(hn::Vec<DF64>* a, double* row0,
-                                 double* row1) {
+HWY_INLINE void StoreLaneSums2x4(hn::Vec<DF64>* a, double* row0, double* row1) {
   const __m512d v = JointLaneSumVector8(a);
   _mm256_storeu_pd(row0, _mm512_castpd512_pd256(v));
   _mm256_storeu_pd(row1, _mm512_extractf64x4_pd(v, 1));

@@ -110,8 +110,8 @@ TEST(PrefetchCursorTest, EveryLineOnceWhateverTheStepsTaken) {
   for (const Shape& s : Shapes()) {
     for (int64_t steps : {1, 4, 32, 1000}) {
       for (int64_t taken : {int64_t{0}, steps / 2, steps, steps + 3}) {
-        SCOPED_TRACE(s.name + ", steps " + std::to_string(steps) +
-                     ", taken " + std::to_string(taken));
+        SCOPED_TRACE(s.name + ", steps " + std::to_string(steps) + ", taken " +
+                     std::to_string(taken));
         CheckWalk(s, steps, taken);
       }
     }
