@@ -49,10 +49,10 @@ absl::StatusOr<DeviceSnapshot> UploadSnapshot(const PreparedAttention& p,
 PassParams BaseParams(const PreparedAttention& p, const DeviceSnapshot& s);
 
 // Uploads a host vector into the arena.
-template <typename T>
-absl::StatusOr<T*> UploadVector(const std::vector<T>& v, const char* what,
-                                DeviceArena& arena, PinnedStaging& staging,
-                                cudaStream_t stream) {
+template <typename T, typename Alloc>
+absl::StatusOr<T*> UploadVector(const std::vector<T, Alloc>& v,
+                                const char* what, DeviceArena& arena,
+                                PinnedStaging& staging, cudaStream_t stream) {
   absl::StatusOr<T*> d =
       arena.AllocateArray<T>(static_cast<int64_t>(v.size()), what);
   if (!d.ok() || v.empty()) return d;

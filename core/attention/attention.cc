@@ -178,8 +178,12 @@ absl::StatusOr<AttentionResults> ComputeAttention(
       std::vector<std::vector<int32_t>>(static_cast<size_t>(d.queries)));
   std::atomic<bool> kv_non_finite{false};
   const bool replay = options.passes != AttentionPasses::kReferenceOnly;
-  if (options.unit_states != nullptr) {
-    options.unit_states->Reset(p.units, d, options.unit_states->has_reference);
+  // The states are cleared by the items, each its own rows and heads, in
+  // parallel: one thread filling ~100 MiB (W1 with R states) took longer
+  // than the pass (docs/PERF.md, "CP").
+  UnitStates* const states = options.unit_states;
+  if (states != nullptr) {
+    states->Allocate(p.units, d, states->has_reference);
   }
   const attention_internal::PassContext ctx{
       p,
@@ -214,6 +218,7 @@ absl::StatusOr<AttentionResults> ComputeAttention(
     const int64_t b = i / chunks;
     const int64_t g0 = (i % chunks) * heads_per_item;
     const int64_t g1 = std::min(d.kv_heads, g0 + heads_per_item);
+    if (states != nullptr) states->ClearRows(b, g0 * d.group(), g1 * d.group());
     attention_internal::PrepareItem(p, b, g0, g1, scratch);
     attention_internal::RunPassItem(ctx, b, g0, g1, scratch);
     attention_internal::FinishRows(ctx, scratch, b, g0, g1);
@@ -229,8 +234,12 @@ absl::StatusOr<AttentionResults> ComputeAttention(
   return res;
 }
 
-void UnitStates::Reset(const std::vector<std::vector<KvUnit>>& units,
-                       const SnapshotDims& dims, bool with_reference) {
+// The lse of a state no query sees (its out is 0).
+constexpr float kEmptyLse32 = -std::numeric_limits<float>::infinity();
+constexpr double kEmptyLse64 = -std::numeric_limits<double>::infinity();
+
+void UnitStates::Allocate(const std::vector<std::vector<KvUnit>>& units,
+                          const SnapshotDims& dims, bool with_reference) {
   queries = dims.queries;
   q_heads = dims.q_heads;
   head_dim = dims.head_dim;
@@ -241,13 +250,33 @@ void UnitStates::Reset(const std::vector<std::vector<KvUnit>>& units,
   }
   const size_t states =
       static_cast<size_t>(unit_base.back() * queries * q_heads);
-  const float inf32 = -std::numeric_limits<float>::infinity();
-  p_out.assign(states * static_cast<size_t>(head_dim), 0.0f);
-  p_lse.assign(states, inf32);
-  r_out.assign(with_reference ? states * static_cast<size_t>(head_dim) : 0,
-               0.0);
-  r_lse.assign(with_reference ? states : 0,
-               -std::numeric_limits<double>::infinity());
+  p_out.resize(states * static_cast<size_t>(head_dim));
+  p_lse.resize(states);
+  r_out.resize(with_reference ? states * static_cast<size_t>(head_dim) : 0);
+  r_lse.resize(with_reference ? states : 0);
+}
+
+void UnitStates::Reset(const std::vector<std::vector<KvUnit>>& units,
+                       const SnapshotDims& dims, bool with_reference) {
+  Allocate(units, dims, with_reference);
+  std::fill(p_out.begin(), p_out.end(), 0.0f);
+  std::fill(p_lse.begin(), p_lse.end(), kEmptyLse32);
+  std::fill(r_out.begin(), r_out.end(), 0.0);
+  std::fill(r_lse.begin(), r_lse.end(), kEmptyLse64);
+}
+
+void UnitStates::ClearRows(int64_t b, int64_t h0, int64_t h1) {
+  const int64_t heads = h1 - h0;
+  for (int64_t u = 0; u < unit_base[b + 1] - unit_base[b]; ++u) {
+    for (int64_t sq = 0; sq < queries; ++sq) {
+      const int64_t first = Index(b, u, sq, h0);
+      std::fill_n(&p_out[first * head_dim], heads * head_dim, 0.0f);
+      std::fill_n(&p_lse[first], heads, kEmptyLse32);
+      if (!has_reference) continue;
+      std::fill_n(&r_out[first * head_dim], heads * head_dim, 0.0);
+      std::fill_n(&r_lse[first], heads, kEmptyLse64);
+    }
+  }
 }
 
 absl::Status ComputeRunStates(const PreparedAttention& p, const TokenRun& run,

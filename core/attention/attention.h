@@ -94,7 +94,9 @@ struct AttentionRunOptions {
   const std::atomic<bool>* cancelled = nullptr;
   AttentionPasses passes = AttentionPasses::kBoth;
   // When set, also every unit's P state (and R's, when its has_reference is
-  // set on entry) for the CP replays and the diagnosis; Reset here.
+  // set on entry) for the CP replays and the diagnosis; sized here and
+  // wholly written on success (states no query sees are empty). After an
+  // error (a cancelled run) their content is unspecified.
   UnitStates* unit_states = nullptr;
 };
 absl::StatusOr<AttentionResults> ComputeAttention(

@@ -14,6 +14,10 @@
 #define ATTNAUDIT_CORE_ATTENTION_UNIT_STATES_H_
 
 #include <cstdint>
+#include <memory>
+#include <new>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -22,6 +26,30 @@
 
 namespace attnaudit {
 
+// std::allocator, except that a resize leaves new elements uninitialised:
+// buffers of ~100 MiB that are written in parallel anyway are not first
+// filled by one thread.
+template <typename T>
+struct DefaultInitAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = DefaultInitAllocator<U>;
+  };
+  DefaultInitAllocator() = default;
+  template <typename U>
+  DefaultInitAllocator(const DefaultInitAllocator<U>&) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+template <typename T>
+using StateVector = std::vector<T, DefaultInitAllocator<T>>;
+
 struct UnitStates {
   int64_t queries = 0;   // Sq
   int64_t q_heads = 0;   // Hq
@@ -29,10 +57,10 @@ struct UnitStates {
   bool has_reference = false;
   // unit_base[b] = units of rows before b; unit_base[B] = all units.
   std::vector<int64_t> unit_base;
-  std::vector<float> p_out;   // [state][D]
-  std::vector<float> p_lse;   // [state]
-  std::vector<double> r_out;  // [state][D], when has_reference
-  std::vector<double> r_lse;  // [state]
+  StateVector<float> p_out;   // [state][D]
+  StateVector<float> p_lse;   // [state]
+  StateVector<double> r_out;  // [state][D], when has_reference
+  StateVector<double> r_lse;  // [state]
 
   // The state of query (b, sq, h) for unit u of row b.
   int64_t Index(int64_t b, int64_t u, int64_t sq, int64_t h) const {
@@ -41,6 +69,14 @@ struct UnitStates {
   // Sized for `units` (every state empty: lse -inf, out 0).
   void Reset(const std::vector<std::vector<KvUnit>>& units,
              const SnapshotDims& dims, bool with_reference);
+  // Sized for `units`, the states left unwritten: the caller writes every
+  // state (ClearRows, then whatever it computes) before any is read.
+  void Allocate(const std::vector<std::vector<KvUnit>>& units,
+                const SnapshotDims& dims, bool with_reference);
+  // Empties the states of row b for query heads [h0, h1): every unit, every
+  // query position. Rows and head ranges that do not overlap may be
+  // cleared from different threads.
+  void ClearRows(int64_t b, int64_t h0, int64_t h1);
 };
 
 // K/V rows the unit kernel reads: token t (0 <= t < n) of KV head g is at

@@ -6,6 +6,7 @@
 // very same states as the pool.
 #include "core/attention/unit_states.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -194,6 +195,55 @@ TEST(UnitStatesTest, ARunCopiedIntoAnotherLayoutGivesTheSameStates) {
         }
       }
     }
+  }
+}
+
+// ComputeAttention sizes the states without filling them and every work
+// item clears its own rows and heads: states left over from an earlier
+// call (NaN here) must never survive, and a state no query sees is empty
+// (lse -inf, out 0) in P and R alike, whatever the thread count.
+TEST(UnitStatesTest, EveryStateIsWrittenAndUnseenOnesAreEmpty) {
+  for (int threads : {1, 2, 3}) {
+    const auto prep = Prepare(Case(DType::kBF16, 13), Paging(3, 2));
+    const PreparedAttention& p = prep->p;
+    UnitStates states;
+    states.Reset(p.units, p.dims, true);
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    std::fill(states.p_out.begin(), states.p_out.end(),
+              static_cast<float>(nan));
+    std::fill(states.p_lse.begin(), states.p_lse.end(),
+              static_cast<float>(nan));
+    std::fill(states.r_out.begin(), states.r_out.end(), nan);
+    std::fill(states.r_lse.begin(), states.r_lse.end(), nan);
+    AttentionRunOptions o;
+    o.threads = threads;
+    o.unit_states = &states;
+    ASSERT_TRUE(ComputeAttention(p, o).ok());
+    const int64_t D = p.dims.head_dim;
+    int64_t empty = 0;
+    int64_t seen = 0;
+    for (size_t i = 0; i < states.p_lse.size(); ++i) {
+      const std::string at = absl::StrCat("threads ", threads, " state ", i);
+      ASSERT_FALSE(std::isnan(states.p_lse[i])) << at;
+      ASSERT_FALSE(std::isnan(states.r_lse[i])) << at;
+      const bool unseen =
+          states.p_lse[i] == -std::numeric_limits<float>::infinity();
+      EXPECT_EQ(unseen,
+                states.r_lse[i] == -std::numeric_limits<double>::infinity())
+          << at;
+      for (int64_t k = 0; k < D; ++k) {
+        ASSERT_TRUE(std::isfinite(states.p_out[i * D + k])) << at;
+        ASSERT_TRUE(std::isfinite(states.r_out[i * D + k])) << at;
+        if (unseen) {
+          EXPECT_EQ(states.p_out[i * D + k], 0.0f) << at;
+          EXPECT_EQ(states.r_out[i * D + k], 0.0) << at;
+        }
+      }
+      ++(unseen ? empty : seen);
+    }
+    // The case has both kinds (queries spread over the context).
+    EXPECT_GT(empty, 0);
+    EXPECT_GT(seen, 0);
   }
 }
 
