@@ -84,10 +84,20 @@ void MergeIntoReference(double* acc_out, double* acc_lse,
   const double wa = a == kNegInfD ? 0.0 : std::exp(a - m);
   const double wb = b == kNegInfD ? 0.0 : std::exp(b - m);
   const double total = wa + wb;
-  for (int64_t j = 0; j < d; ++j) {
-    const double x = wa != 0.0 ? wa * acc_out[j] : 0.0;
-    const double y = wb != 0.0 ? wb * next_out[j] : 0.0;
-    acc_out[j] = (x + y) / total;
+  // A state of weight 0 takes no part (0 * inf would be NaN). One loop per
+  // case, so each is a plain loop the compiler vectorises; the sums are
+  // x + y with the absent side exactly 0.0, as in the two-sided form.
+  if (wa != 0.0 && wb != 0.0) {
+    for (int64_t j = 0; j < d; ++j) {
+      acc_out[j] = (wa * acc_out[j] + wb * next_out[j]) / total;
+    }
+  } else if (wa != 0.0) {
+    for (int64_t j = 0; j < d; ++j)
+      acc_out[j] = (wa * acc_out[j] + 0.0) / total;
+  } else {
+    for (int64_t j = 0; j < d; ++j) {
+      acc_out[j] = (0.0 + wb * next_out[j]) / total;
+    }
   }
   *acc_lse = m + std::log(total);
 }
