@@ -21,7 +21,8 @@
 //   - the server's peak RSS stays under its pre-burst size plus the memory
 //     budget plus what --max-concurrent-streams lets a connection have in
 //     receipt (kStreams requests), and within a minute of idle it is back
-//     within 20% of the pre-burst size.
+//     near the pre-burst size (RssSettled: within 20%, or 16 MiB, the
+//     larger).
 // The run's figures are printed as a table (docs/PERF.md quotes them).
 // Ratios with generous margins only: no absolute time is asserted.
 #include <algorithm>
@@ -197,6 +198,17 @@ std::string Mib(int64_t bytes) {
 }
 
 // The server and its client, and the steps of the run.
+// Whether RSS after the burst is back near its pre-burst size: within 20%,
+// or within 16 MiB, whichever is larger. The burst's snapshot buffers are
+// ~90 MiB (peak minus pre-burst), which this still catches; a pre-burst
+// size of ~30 MiB made the 20% alone a 6 MiB margin, and on a loaded
+// 2-core VM RSS once settled 8 MiB above it (stacks and caches of threads
+// the burst started), with the buffers handed back.
+bool RssSettled(int64_t rss, int64_t before) {
+  constexpr int64_t kAllowance = int64_t{16} << 20;
+  return rss <= std::max<double>(1.2 * before, before + kAllowance);
+}
+
 class OverloadTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -250,11 +262,13 @@ class OverloadTest : public ::testing::Test {
     wave.Run(rate, absl::Seconds(3));
   }
 
-  // Waits (up to 60 s) until RSS is within 20% of `before`; the RSS then.
+  // Waits (up to 60 s) until RSS is back near `before` (RssSettled); the
+  // RSS then.
   int64_t SettledRss(int64_t before, double* seconds) {
     const absl::Time idle0 = absl::Now();
     int64_t rss = server_->RssBytes();
-    while (rss > 1.2 * before && absl::Now() - idle0 < absl::Seconds(60)) {
+    while (!RssSettled(rss, before) &&
+           absl::Now() - idle0 < absl::Seconds(60)) {
       absl::SleepFor(absl::Milliseconds(250));
       rss = server_->RssBytes();
     }
@@ -375,7 +389,9 @@ TEST_F(OverloadTest, InteractiveStaysFastNothingExpiresMemoryComesBack) {
   EXPECT_EQ(load.sampled.codes["DEADLINE_EXCEEDED"], 0);
   EXPECT_LE(f.rss_peak, f.rss_before + kBudget + f.receiving)
       << "peak RSS over the budget";
-  EXPECT_LE(f.rss_after, 1.2 * f.rss_before) << "RSS did not come back";
+  EXPECT_TRUE(RssSettled(f.rss_after, f.rss_before))
+      << "RSS did not come back: " << f.rss_after << " bytes after idle, "
+      << f.rss_before << " before the burst";
   server_->Signal(SIGTERM);
   EXPECT_EQ(server_->Wait(), 0);
 }
