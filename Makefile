@@ -121,7 +121,8 @@ fuzz: build
 #   bench-peers   attnaudit check vs numpy / torch                 ~30 s
 #                 (RLKERNEL=/path/to/checkout adds the RL-Kernel harness:
 #                 ~8 s per run, 5 runs); the first run builds bench-env
-#   bench-sweeps  context / tokens / batch sweeps, up to 128k      ~1 min
+#   bench-sweeps  context / tokens / batch sweeps, up to 128k, and   ~2 min
+#                 the B=1 contexts audited in process
 #   bench-server  small-snapshot audits/s through the server       ~1.5 min
 #   bench-diagnosis  the statistical detector and the diagnosis:
 #                 200 faulty snapshots per fault class, 2,000 clean ones

@@ -18,8 +18,16 @@ flat within +-20% (each within [0.8, 1.2] x the median) from 4k to 128k at
 B=1; the largest context's time against its floor; peak RSS against the
 file size + 64 MiB.
 
+In process (--only inprocess, on by default): the same B=1 contexts from
+4k up through `attnaudit_bench_check --batch 1 --context L`, whose audit in
+memory and fused pass exclude what a process adds (its start, and mapping
+the file: one page-table entry per 4 KiB page); the same flatness check
+on the audit's time per token, and each audit against the floor that
+benchmark measures in its own run.
+
 usage: sweeps.py --bin-dir build/bin [--workdir DIR] [--repeats N]
-                 [--threads N] [--only context,tokens,batch] [--json OUT]
+                 [--threads N] [--only context,tokens,batch,inprocess]
+                 [--json OUT]
 Standard library only (runs on the system python3).
 """
 
@@ -55,7 +63,7 @@ def parse_args():
     p.add_argument("--tokens", type=ints, default=ints("32k"))
     p.add_argument("--batches", type=ints, default=ints("1 2 4 8 16 32"))
     p.add_argument("--batch-context", type=ints, default=ints("4k"))
-    p.add_argument("--only", default="context,tokens,batch")
+    p.add_argument("--only", default="context,tokens,batch,inprocess")
     p.add_argument("--json")
     return p.parse_args()
 
@@ -95,6 +103,57 @@ def measure(args, batch, context):
     return {"batch": batch, "context": context, "work": work,
             **benchlib.summarize(seconds),
             "peak_rss_bytes": max(r[1] for r in runs)}
+
+
+def stage_median_ms(text, stage):
+    """The median of one stage line of attnaudit_bench_check's output."""
+    for line in text.splitlines():
+        if line.strip().startswith(stage):
+            return float(line.split("median")[1].split("ms")[0])
+    raise RuntimeError(f"attnaudit_bench_check printed no '{stage}' line")
+
+
+def in_process(args):
+    """B=1 contexts (4k up) audited in memory: per-token time and floor."""
+    rows = []
+    for context in [L for L in args.contexts if L >= 4096]:
+        print(f"  measuring in process: B=1 L={context}", file=sys.stderr,
+              flush=True)
+        path = os.path.join(args.workdir, f"inproc_l{context}_{os.getpid()}.pb")
+        out = subprocess.run(
+            [os.path.join(args.bin_dir, "attnaudit_bench_check"), "--batch",
+             "1", "--context", str(context), "--repeats", str(args.repeats),
+             "--threads", str(args.threads), "--file", path],
+            check=True, capture_output=True, text=True).stdout
+        floor_ms = next(float(line.split("->")[1].split("ms")[0])
+                        for line in out.splitlines()
+                        if line.startswith("floor:"))
+        audit_ms = stage_median_ms(out, "audit in memory")
+        rows.append({"context": context, "floor_ms": floor_ms,
+                     "fused_ms": stage_median_ms(out, "R + P fused pass"),
+                     "audit_ms": audit_ms,
+                     "us_per_token": audit_ms * 1e3 / context,
+                     "x_floor": audit_ms / floor_ms})
+    if rows:
+        mid = statistics.median(r["us_per_token"] for r in rows)
+        for r in rows:
+            r["spread"] = r["us_per_token"] / mid
+    return rows
+
+
+def report_in_process(rows):
+    print("\nin process (attnaudit_bench_check, B=1)\n\n| L | fused pass ms | "
+          "audit ms | audit us/token | x the median | audit x floor |\n"
+          "|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['context']} | {r['fused_ms']:.2f} | {r['audit_ms']:.2f} | "
+              f"{r['us_per_token']:.3f} | {r['spread']:.2f} | "
+              f"{r['x_floor']:.2f} |")
+    flat = all(0.8 <= r["spread"] <= 1.2 for r in rows)
+    print("in process, time per token within +-20% from 4k: "
+          f"{'yes' if flat else 'NO'}; "
+          f"{rows[-1]['context'] // 1024}k: {rows[-1]['x_floor']:.1f}x "
+          "its floor")
 
 
 def finish(results, floor):
@@ -193,7 +252,11 @@ def main():
            "process_start": process_start,
            "results": results, "order": order,
            "checks": checks(list(results.values()))}
+    if "inprocess" in args.only.split(","):
+        doc["in_process"] = in_process(args)
     report(doc)
+    if doc.get("in_process"):
+        report_in_process(doc["in_process"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
