@@ -89,8 +89,9 @@ class PrefetchCursor {
       return base + (t * row_stride + g * head_stride) * elem;
     }
 
-    // Whether the rows follow each other in memory (a page of NHD rows
-    // with every head of the token), so the walk is one span of lines.
+    // Whether the rows follow each other in memory (an NHD page with every
+    // head of the token, or an HND page of full rows), so the walk is one
+    // span of lines.
     bool Contiguous() const {
       const bool token_major = head_stride <= row_stride;
       const int64_t next_row = token_major ? head_stride : row_stride;
