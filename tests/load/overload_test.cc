@@ -13,9 +13,13 @@
 //      machine's own noise at the time counts on both sides).
 //
 // Asserted (the fairness contract of server/scheduler/scheduler.h):
-//   - INTERACTIVE p99 under the burst stays within 3x its unloaded p99
-//     (the reserved byte share and strict priority: an INTERACTIVE call
-//     waits for at most the SAMPLED job running ahead of it);
+//   - strict priority, from the server's own histogram: no INTERACTIVE
+//     job waits in the queue longer than kInteractiveWaitBound, a few
+//     times the one SAMPLED job that may be running ahead of it (behind
+//     the SAMPLED queue it would wait seconds);
+//   - end to end: INTERACTIVE p99 under the burst stays within 3x its
+//     unloaded p99 (the reserved byte share and strict priority; the
+//     margin covers the burst's ingest sharing the cores);
 //   - no accepted SAMPLED call expires in the queue (admission refuses
 //     what could only expire; the server's deadline_exceeded count is 0);
 //   - the server's peak RSS stays under its pre-burst size plus the memory
@@ -59,6 +63,9 @@ constexpr int kUnloadedCalls = 80;
 constexpr int kStreams = 16;
 constexpr int kFleetChannels = 2;
 constexpr int kSampledThreads = 96;
+// A bucket bound of attnaudit_queue_wait_seconds (server/metrics): ~5x the
+// audit's run time, ~1/20 of what waiting behind the SAMPLED queue takes.
+constexpr const char* kInteractiveWaitBound = "0.1";
 
 double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
@@ -69,12 +76,17 @@ double Percentile(std::vector<double> v, double p) {
 }
 
 // A compute-heavy, byte-light audit: glm4-9b shapes (16 query heads per KV
-// head), 4 queries per row, 2048 tokens: ~4 MiB, tens of ms on one core.
+// head), 16 queries per row, 2048 tokens: ~3 MB, ~20 ms on one core of
+// the 2-vCPU machine of docs/PERF.md. Byte-light matters: the burst's
+// ingest (2x capacity x request size) shares the cores with the audits,
+// and with 4 queries per row (~6 ms) receiving ~1 GB/s of SAMPLED
+// requests alone pushed INTERACTIVE p99 past the 3x bound now and then
+// (docs/PERF.md, "Overload").
 v1::AuditRequest MakeRequest(v1::Priority priority) {
   SynthOptions o;
   o.preset = "glm4-9b";
   o.context = 2048;
-  o.queries = 4;
+  o.queries = 16;
   o.vocab = 64;
   o.threads = 1;
   absl::StatusOr<Snapshot> s = Synthesize(o);
@@ -290,6 +302,9 @@ struct Figures {
   double u_p50 = 0, u_p99 = 0;  // unloaded (the slower of before and after)
   double i_p50 = 0, i_p99 = 0, s_p50 = 0, s_p99 = 0;
   double expired = 0;
+  // INTERACTIVE jobs the server dispatched during the burst, and those of
+  // them that waited longer than kInteractiveWaitBound in the queue.
+  double i_waits = 0, i_slow_waits = 0;
   std::map<std::string, double> rejections;
   int64_t rss_before = 0, rss_peak = 0, rss_after = 0, receiving = 0;
   double settle_s = 0;
@@ -317,9 +332,10 @@ void Print(const Figures& f, Load& load) {
     std::printf(" %s %.0f", reason.c_str(), n);
   }
   std::printf(
-      "\nsampled expired in queue: %.0f\nRSS: pre-burst %s, peak %s, budget "
-      "%s + receiving %s, after %.1f s idle %s\n",
-      f.expired, Mib(f.rss_before).c_str(), Mib(f.rss_peak).c_str(),
+      "\ninteractive queue waits over %s s: %.0f of %.0f\nsampled expired in "
+      "queue: %.0f\nRSS: pre-burst %s, peak %s, budget %s + receiving %s, "
+      "after %.1f s idle %s\n",
+      kInteractiveWaitBound, f.i_slow_waits, f.i_waits, f.expired, Mib(f.rss_before).c_str(), Mib(f.rss_peak).c_str(),
       Mib(kBudget).c_str(), Mib(f.receiving).c_str(), f.settle_s,
       Mib(f.rss_after).c_str());
 }
@@ -365,6 +381,12 @@ TEST_F(OverloadTest, InteractiveStaysFastNothingExpiresMemoryComesBack) {
   };
   f.expired = delta("attnaudit_jobs_completed_total",
                     "class=\"sampled\",outcome=\"deadline_exceeded\"");
+  f.i_waits = delta("attnaudit_queue_wait_seconds_count",
+                    "class=\"interactive\"");
+  f.i_slow_waits =
+      f.i_waits - delta("attnaudit_queue_wait_seconds_bucket",
+                        absl::StrCat("class=\"interactive\",le=\"",
+                                     kInteractiveWaitBound, "\""));
   for (const char* r : {"queue_full", "memory_budget", "would_expire",
                         "tenant_quota", "too_large", "deadline"}) {
     f.rejections[r] =
@@ -384,6 +406,11 @@ TEST_F(OverloadTest, InteractiveStaysFastNothingExpiresMemoryComesBack) {
 
   EXPECT_EQ(load.interactive.accepted, load.interactive.offered);
   EXPECT_GT(load.sampled.accepted, 0);
+  EXPECT_GE(f.i_waits, load.interactive.accepted)
+      << "the server's queue-wait histogram missed INTERACTIVE jobs";
+  EXPECT_EQ(f.i_slow_waits, 0)
+      << "INTERACTIVE jobs waited behind SAMPLED ones (over "
+      << kInteractiveWaitBound << " s in the queue)";
   EXPECT_LE(f.i_p99, 3 * f.u_p99) << "INTERACTIVE p99 under 2x SAMPLED load";
   EXPECT_EQ(f.expired, 0) << "accepted SAMPLED calls expired in the queue";
   EXPECT_EQ(load.sampled.codes["DEADLINE_EXCEEDED"], 0);
