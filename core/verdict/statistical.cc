@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -167,13 +169,31 @@ NoiseModel StatisticalNoise(const StatisticalInputs& in) {
   return m;
 }
 
+namespace {
+
+// NoiseUnit with the floor's dtype part already known (`smallest`, a
+// positive normal double). The binade of m, 2^(e-1) for m = f 2^e with f in
+// [0.5, 1), is m's exponent field alone (m is a normal double), and
+// epsilon times it is exact: the bits of ldexp(epsilon, e - 1), without two
+// library calls per element.
+inline double NoiseUnitAbove(double reference, double row_rms, double epsilon,
+                             double smallest) {
+  const double m =
+      std::max({std::fabs(reference), kRowFloor * row_rms, smallest});
+  uint64_t bits;
+  std::memcpy(&bits, &m, sizeof bits);
+  bits &= uint64_t{0x7ff} << 52;
+  double binade;
+  std::memcpy(&binade, &bits, sizeof binade);
+  return epsilon * binade;
+}
+
+}  // namespace
+
 double NoiseUnit(double reference, double row_rms, double epsilon,
                  DType output_dtype) {
-  const double m = std::max({std::fabs(reference), kRowFloor * row_rms,
-                             SmallestNormal(output_dtype)});
-  int e = 0;
-  std::frexp(m, &e);  // m = f 2^e, f in [0.5, 1): the binade starts at 2^(e-1)
-  return std::ldexp(epsilon, e - 1);
+  return NoiseUnitAbove(reference, row_rms, epsilon,
+                        SmallestNormal(output_dtype));
 }
 
 StatisticalResult RunStatisticalTest(const double* candidate,
@@ -192,6 +212,7 @@ StatisticalResult RunStatisticalTest(const double* candidate,
   result.noise_epsilon = lim.noise.epsilon;
   result.clean_rms = std::sqrt(lim.noise.mean_square);
 
+  const double smallest = SmallestNormal(inputs.output_dtype);
   Sums all;
   std::vector<Sums> per_head(static_cast<size_t>(heads));
   ScopeResult row_scope;
@@ -210,9 +231,8 @@ StatisticalResult RunStatisticalTest(const double* candidate,
         const int64_t i = base + d;
         const double diff = candidate[i] - baseline[i];
         if (!std::isfinite(diff) || !std::isfinite(reference[i])) continue;
-        const double z =
-            diff / NoiseUnit(reference[i], row_rms, lim.noise.epsilon,
-                             inputs.output_dtype);
+        const double z = diff / NoiseUnitAbove(reference[i], row_rms,
+                                               lim.noise.epsilon, smallest);
         cell.Add(z, reference[i] < 0 ? -1.0 : 1.0);
       }
       all.AddCell(cell);

@@ -176,6 +176,44 @@ TEST(ComputeDriftTest, P99HasNoSizeLimit) {
   EXPECT_EQ(s.count, n);
 }
 
+TEST(ComputeDriftTest, P99IsTheOrderStatisticForAnySpreadOfDiffs) {
+  // The selection narrows by digits of the |diff| bit patterns; spreads
+  // that put the rank in an empty, a crowded or the only bucket, with zeros,
+  // subnormals, DBL_MAX (the clamp) and ties, against a full sort.
+  const double max = std::numeric_limits<double>::max();
+  std::mt19937_64 rng(5);
+  std::uniform_int_distribution<int> exponent(-1074, 1023);
+  std::uniform_int_distribution<int> pick(0, 9);
+  auto sorted_rank = [](std::vector<double> d) {
+    std::sort(d.begin(), d.end());
+    return d[(99 * d.size() + 99) / 100 - 1];
+  };
+  for (int n : {1, 2, 5, 99, 100, 101, 1000, 4097}) {
+    for (int spread = 0; spread < 4; ++spread) {
+      std::vector<double> cand(n), base(n, 0.0), diffs(n);
+      for (int i = 0; i < n; ++i) {
+        switch (spread) {
+          case 0:  // all equal
+            cand[i] = 0.75;
+            break;
+          case 1:  // mostly zero, a few large
+            cand[i] = pick(rng) == 0 ? 3.0 + i : 0.0;
+            break;
+          case 2:  // one binade, one mantissa prefix: the last nth_element
+            cand[i] = 1.0 + std::ldexp(static_cast<double>(i % 37), -45);
+            break;
+          default:  // every binade, subnormals and the clamp
+            cand[i] = pick(rng) == 0 ? max : std::ldexp(1.0, exponent(rng));
+            if (i % 3 == 0) base[i] = -cand[i];  // |diff| > DBL_MAX: clamped
+        }
+        diffs[i] = std::min(std::fabs(cand[i] - base[i]), max);
+      }
+      EXPECT_EQ(MustDrift(cand, base, {n}).p99_abs, sorted_rank(diffs))
+          << "n=" << n << " spread " << spread;
+    }
+  }
+}
+
 TEST(ComputeDriftTest, WorstLocationDecodesShapeAndPrefersFirstOnTies) {
   const std::vector<int64_t> shape = {2, 3, 4, 5};
   std::vector<double> base(120, 0.0);

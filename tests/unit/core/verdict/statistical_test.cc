@@ -4,6 +4,7 @@
 // rounding towards zero fire, in the group where they happen.
 #include "core/verdict/statistical.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -63,6 +64,33 @@ TEST(NoiseUnitTest, IsTheUlpOfTheMagnitudeFlooredByTheRow) {
   EXPECT_EQ(NoiseUnit(1e-9, 2.0, eps, DType::kBF16), eps);
   // Never below the output dtype's smallest normal.
   EXPECT_GT(NoiseUnit(0.0, 0.0, eps, DType::kBF16), 0.0);
+}
+
+TEST(NoiseUnitTest, IsEpsilonTimesTheBinadeStartForEveryMagnitude) {
+  // The definition, with frexp/ldexp: m = f 2^e, f in [0.5, 1), unit =
+  // eps 2^(e-1); the implementation reads the exponent field instead.
+  for (double eps : {std::ldexp(1.0, -7), std::ldexp(1.0, -23) * 3.7, 5.0}) {
+    for (int k = -1074; k <= 1023; k += 7) {
+      for (double f : {1.0, 1.5, 1.9999999}) {
+        const double x = std::ldexp(f, k);
+        for (DType dt : {DType::kBF16, DType::kF16, DType::kF64}) {
+          const double smallest = dt == DType::kF16   ? std::ldexp(1.0, -14)
+                                  : dt == DType::kF64 ? std::ldexp(1.0, -1022)
+                                                      : std::ldexp(1.0, -126);
+          const double m = std::max({std::fabs(x), 0.5 * 0.25, smallest});
+          int e = 0;
+          std::frexp(m, &e);
+          const double want = std::ldexp(eps, e - 1);
+          EXPECT_EQ(NoiseUnit(-x, 0.25, eps, dt), want)
+              << "x=" << x << " eps=" << eps << " " << DTypeName(dt);
+          const double m0 = std::max(std::fabs(x), smallest);
+          std::frexp(m0, &e);
+          EXPECT_EQ(NoiseUnit(x, 0.0, eps, dt), std::ldexp(eps, e - 1))
+              << "x=" << x << " eps=" << eps << " " << DTypeName(dt);
+        }
+      }
+    }
+  }
 }
 
 TEST(BernsteinLimitTest, ShrinksWithTheSampleAndGrowsWithConfidence) {
