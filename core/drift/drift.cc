@@ -296,6 +296,32 @@ void AccumulateRange(const double* c, const double* r, int64_t begin,
   }
 }
 
+// One head's dim elements of one row into its summary when every side is
+// finite: the terms from FinitePairTerms, the sum in element order (the
+// bits of WorstHeads' scalar loop). False, changing nothing, otherwise.
+bool FiniteHeadRow(const double* c, const double* r, int64_t dim,
+                   DType ulp_dtype, HeadSummary* head, double* sum,
+                   int64_t* count) {
+  double abs_diffs[kTermBlock];
+  double ulps[kTermBlock];
+  double unused_rel = 0;
+  if (!drift_internal::FinitePairTerms(c, r, dim, ulp_dtype, 1.0, abs_diffs,
+                                       ulps, &unused_rel)) {
+    return false;
+  }
+  double s = *sum, max_abs = head->max_abs, max_ulp = head->max_ulp;
+  for (int64_t i = 0; i < dim; ++i) {
+    s += abs_diffs[i];
+    max_abs = std::max(max_abs, abs_diffs[i]);
+    max_ulp = std::max(max_ulp, ulps[i]);
+  }
+  *sum = s;
+  *count += dim;
+  head->max_abs = max_abs;
+  head->max_ulp = max_ulp;
+  return true;
+}
+
 // The k-th smallest (0-based) of the n values at v, which are all +0 or
 // positive (|diff|s): as such, their bit patterns order as the values do.
 // Two histogram passes over 12-bit digits of the pattern (sign and
@@ -430,11 +456,18 @@ std::vector<HeadSummary> WorstHeads(const DenseView& candidate,
   std::vector<int64_t> counts(static_cast<size_t>(num_heads), 0);
   for (int64_t h = 0; h < num_heads; ++h) heads[h].head = h;
 
+  const bool vector =
+      drift_internal::HasVectorUlp(ulp_dtype) && dim <= kTermBlock;
   WithUlp(ulp_dtype, [&](auto ulp) {
     for (int64_t row = 0; row < rows; ++row) {
       for (int64_t h = 0; h < num_heads; ++h) {
         const int64_t base = (row * num_heads + h) * dim;
         HeadSummary& head = heads[h];
+        if (vector &&
+            FiniteHeadRow(candidate.values + base, baseline.values + base, dim,
+                          ulp_dtype, &head, &sums[h], &counts[h])) {
+          continue;
+        }
         for (int64_t i = base; i < base + dim; ++i) {
           const double ci = candidate.values[i];
           const double ri = baseline.values[i];

@@ -1,5 +1,6 @@
 // SelectedLogprobs against hand-computed softmaxes, and CompareLogprobs
 // against the direct k1/k3/ratio formulas in long double.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -7,7 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/drift/drift.h"
+#include "core/simd/targets.h"
+#include "core/tensor/dtype.h"
 #include "gtest/gtest.h"
 
 namespace attnaudit {
@@ -87,6 +91,105 @@ TEST(SelectedLogprobsTest, StableForHugeLogitsAndBf16Head) {
       SelectedLogprobs(View(out, {1, 1, 1, 2}), head, ids, nullptr, 1.0);
   ASSERT_TRUE(lp.ok()) << lp.status();
   EXPECT_NEAR((*lp)[0], -std::log1p(std::exp(-1.0)), 1e-13);
+}
+
+// lm_head in `dtype` holding `values` (already representable in it), and
+// the same values as an f64 head.
+Tensor HeadIn(DType dtype, std::vector<int64_t> shape,
+              const std::vector<double>& values) {
+  std::string bytes(values.size() * DTypeSize(dtype), '\0');
+  for (size_t i = 0; i < values.size(); ++i) {
+    char* at = &bytes[i * DTypeSize(dtype)];
+    const float f = static_cast<float>(values[i]);
+    if (dtype == DType::kF64) {
+      std::memcpy(at, &values[i], 8);
+    } else if (dtype == DType::kF32) {
+      std::memcpy(at, &f, 4);
+    } else {
+      const uint16_t h = dtype == DType::kBF16 ? FloatToBf16(f) : FloatToF16(f);
+      std::memcpy(at, &h, 2);
+    }
+  }
+  return Tensor(dtype, std::move(shape), std::move(bytes));
+}
+
+TEST(SelectedLogprobsTest, EveryHeadDtypeAndTargetGivesTheF64HeadsBits) {
+  // The logits read bf16/f32/f64 rows widened in registers and f16 rows
+  // through a widened copy; every way, on every SIMD target, must give
+  // the bits of the same values held as f64. Shapes with tails: hidden
+  // 4 x 131 (not a multiple of any vector), vocab 37 (a partial block).
+  std::mt19937_64 rng(17);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  const int64_t batch = 3, heads = 4, dim = 131, vocab = 37;
+  std::vector<double> out(batch * heads * dim);
+  for (double& x : out) x = normal(rng);
+  const std::vector<int64_t> out_shape = {batch, 1, heads, dim};
+  const Tensor ids = I64Tensor({batch, 1}, {5, 0, 36});
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32, DType::kF64}) {
+    std::vector<double> w(vocab * heads * dim);
+    for (double& x : w) {  // values the dtype holds exactly
+      const float f = static_cast<float>(0.05 * normal(rng));
+      x = dtype == DType::kBF16  ? Bf16ToFloat(FloatToBf16(f))
+          : dtype == DType::kF16 ? F16ToFloat(FloatToF16(f))
+                                 : f;
+    }
+    const Tensor head = HeadIn(dtype, {vocab, heads * dim}, w);
+    const Tensor head64 = HeadIn(DType::kF64, {vocab, heads * dim}, w);
+    LmHeadNorms want_norms;
+    absl::StatusOr<std::vector<std::vector<double>>> want =
+        SelectedLogprobsForEach({View(out, out_shape)}, head64, ids, nullptr,
+                                0.7, 1, &want_norms);
+    ASSERT_TRUE(want.ok()) << want.status();
+    // The f64 head itself against long double: norms and log-probs.
+    long double max_l1 = 0, max_l2 = 0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      long double l1 = 0, l2 = 0;
+      for (int64_t e = 0; e < heads * dim; ++e) {
+        l1 += std::fabs(w[v * heads * dim + e]);
+        l2 += static_cast<long double>(w[v * heads * dim + e]) *
+              w[v * heads * dim + e];
+      }
+      max_l1 = std::max(max_l1, l1);
+      max_l2 = std::max(max_l2, std::sqrt(l2));
+    }
+    EXPECT_NEAR(want_norms.max_row_l1, static_cast<double>(max_l1),
+                1e-13 * static_cast<double>(max_l1));
+    EXPECT_NEAR(want_norms.max_row_l2, static_cast<double>(max_l2),
+                1e-13 * static_cast<double>(max_l2));
+    const int64_t id[] = {5, 0, 36};
+    for (int64_t b = 0; b < batch; ++b) {
+      std::vector<long double> z(vocab, 0.0L);
+      long double top = -1e300L, sum = 0;
+      for (int64_t v = 0; v < vocab; ++v) {
+        for (int64_t e = 0; e < heads * dim; ++e) {
+          z[v] += static_cast<long double>(out[b * heads * dim + e]) *
+                  w[v * heads * dim + e];
+        }
+        z[v] /= 0.7L;
+        top = std::max(top, z[v]);
+      }
+      for (long double x : z) sum += std::exp(x - top);
+      EXPECT_NEAR((*want)[0][b],
+                  static_cast<double>(z[id[b]] - top - std::log(sum)), 1e-12)
+          << DTypeName(dtype) << " row " << b;
+    }
+    for (int64_t target : CompiledSimdTargets()) {
+      ForceSimdTargetForTest(target);
+      for (int threads : {1, 3}) {
+        LmHeadNorms norms;
+        absl::StatusOr<std::vector<std::vector<double>>> got =
+            SelectedLogprobsForEach({View(out, out_shape)}, head, ids, nullptr,
+                                    0.7, threads, &norms);
+        ASSERT_TRUE(got.ok()) << got.status();
+        const std::string what =
+            absl::StrCat(DTypeName(dtype), " ", SimdTargetName(target));
+        EXPECT_EQ((*got)[0], (*want)[0]) << what;
+        EXPECT_EQ(norms.max_row_l1, want_norms.max_row_l1) << what;
+        EXPECT_EQ(norms.max_row_l2, want_norms.max_row_l2) << what;
+      }
+    }
+    ForceSimdTargetForTest(0);
+  }
 }
 
 TEST(SelectedLogprobsTest, NaNInOutStaysVisible) {

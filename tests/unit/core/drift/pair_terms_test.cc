@@ -222,5 +222,50 @@ TEST(FinitePairTermsTest, ComputeDriftKeepsElementOrderOnEveryTarget) {
   }
 }
 
+TEST(FinitePairTermsTest, WorstHeadsKeepsElementOrderOnEveryTarget) {
+  // 3 rows x 5 heads x 70: rows with a NaN or an Inf take the scalar path,
+  // the others the SIMD terms; both must give the definition's bits.
+  std::mt19937_64 rng(9);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  const int64_t rows = 3, heads = 5, dim = 70;
+  std::vector<double> c(rows * heads * dim), r(c.size());
+  for (size_t i = 0; i < c.size(); ++i) {
+    r[i] = normal(rng);
+    c[i] = i % 9 == 0 ? r[i] : r[i] + 1e-3 * normal(rng) * (1 + i % 5);
+  }
+  c[1 * dim + 3] = std::numeric_limits<double>::quiet_NaN();
+  r[7 * dim + 69] = std::numeric_limits<double>::infinity();
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    std::vector<double> sum(heads, 0.0), max_abs(heads, 0.0),
+        max_ulp(heads, 0.0);
+    std::vector<int64_t> count(heads, 0);
+    for (size_t i = 0; i < c.size(); ++i) {
+      if (!std::isfinite(c[i]) || !std::isfinite(r[i])) continue;
+      const size_t h = (i / dim) % heads;
+      const double ad = std::fabs(c[i] - r[i]);
+      sum[h] += ad;
+      ++count[h];
+      max_abs[h] = std::max(max_abs[h], ad);
+      max_ulp[h] = std::max(
+          max_ulp[h], static_cast<double>(UlpDistance(c[i], r[i], dtype)));
+    }
+    for (int64_t target : CompiledSimdTargets()) {
+      ForceSimdTargetForTest(target);
+      const std::vector<HeadSummary> got =
+          WorstHeads({c.data(), {rows, 1, heads, dim}},
+                     {r.data(), {rows, 1, heads, dim}}, dtype, heads);
+      ASSERT_EQ(got.size(), static_cast<size_t>(heads));
+      for (const HeadSummary& g : got) {
+        const std::string what = absl::StrCat(
+            SimdTargetName(target), " ", DTypeName(dtype), " head ", g.head);
+        EXPECT_EQ(g.max_abs, max_abs[g.head]) << what;
+        EXPECT_EQ(g.max_ulp, max_ulp[g.head]) << what;
+        EXPECT_TRUE(SameBits(g.mean_abs, sum[g.head] / count[g.head])) << what;
+      }
+    }
+    ForceSimdTargetForTest(0);
+  }
+}
+
 }  // namespace
 }  // namespace attnaudit
