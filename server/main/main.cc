@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -142,10 +143,20 @@ std::string Host(const std::string& address) {
   return colon == std::string::npos ? address : address.substr(0, colon);
 }
 
+// The address clients dial: HOST:PORT with the port gRPC bound (the flag
+// may say :0), or a Unix socket's address as given (it has no port).
+std::string ListeningAddress(const std::string& listen, int port) {
+  if (absl::StartsWith(listen, "unix:") ||
+      absl::StartsWith(listen, "unix-abstract:")) {
+    return listen;
+  }
+  return absl::StrCat(Host(listen), ":", port);
+}
+
 // One line per endpoint (the e2e test and operators read the ports here).
 void LogEndpoints(const ServerFlags& flags, const AuditServer& server) {
   ATTNAUDIT_LOG(info, "grpc listening")
-      .Kv("addr", absl::StrCat(Host(flags.listen), ":", server.port()))
+      .Kv("addr", ListeningAddress(flags.listen, server.port()))
       .Kv("tls", flags.tls_cert.empty()
                      ? "off"
                      : (flags.tls_client_ca.empty() ? "on" : "mutual"))

@@ -9,7 +9,8 @@
 #   4. submit jobs, SIGKILL the server while they are in flight, restart it
 #      on the same data dir, and get every acknowledged job's result exactly
 #      once;
-#   5. SIGTERM: the server drains and exits 0.
+#   5. SIGTERM: the server drains and exits 0;
+#   6. (after the TLS checks) a server on a Unix socket.
 # Every step is bounded (timeout); nothing leaves 127.0.0.1.
 #
 # usage: service_e2e.sh ATTNAUDIT_SERVER ATTNAUDIT [PROMTOOL]
@@ -293,4 +294,25 @@ if command -v openssl >/dev/null; then
   wait "$SERVER_PID" || fail "TLS server exit"
   SERVER_PID=""
 fi
+
+# A co-located fleet may dial a Unix socket: the log names it as clients
+# dial it (not a port), and an audit over it matches the offline check.
+step "Unix socket listener"
+sock="$WORK/attnaudit.sock"
+"$SERVER_BIN" --listen "unix:$sock" --metrics-listen 127.0.0.1:0 \
+  --data-dir "$WORK/data-unix" 2>"$WORK/server5.log" &
+SERVER_PID=$!
+for _ in $(seq 1 200); do
+  grep -q 'msg="grpc listening"' "$WORK/server5.log" && break
+  sleep 0.05
+done
+grep -q "msg=\"grpc listening\" addr=unix:$sock " "$WORK/server5.log" ||
+  fail "the Unix socket's listening line"
+timeout 30 "$CLI" audit "$WORK/small.pb" --addr "unix:$sock" >"$WORK/small.unix" ||
+  fail "audit over the Unix socket"
+diff <(strip_timings <"$WORK/small.check") <(strip_timings <"$WORK/small.unix") ||
+  fail "the Unix socket's report differs from the offline check"
+kill -TERM "$SERVER_PID"
+wait "$SERVER_PID" || fail "Unix socket server exit"
+SERVER_PID=""
 echo "PASS"
