@@ -22,6 +22,7 @@
 #include "client/cli/cli_flags.h"
 #include "client/cli/commands.h"
 #include "client/cli/remote_common.h"
+#include "client/lib/memfd_snapshot.h"
 #include "core/common/status_macros.h"
 #include "proto/codec/codec.h"
 
@@ -46,6 +47,9 @@ struct BenchCommand {
 struct Load {
   Snapshot snapshot;
   v1::AuditRequest request;
+  // --transport memfd: the snapshot in shared memory, which `request`
+  // names (kUnary then carries it).
+  std::unique_ptr<client::MemfdSnapshot> memfd;
   int64_t bytes = 0;  // of the unary request
   Transport transport = Transport::kUnary;
 };
@@ -119,6 +123,10 @@ absl::StatusOr<std::unique_ptr<Load>> PrepareLoad(Client* client,
   }
   if (o.transport == "stream") {
     load->transport = Transport::kStream;
+  } else if (o.transport == "memfd") {
+    ATTNAUDIT_ASSIGN_OR_RETURN(load->memfd,
+                               client::MemfdSnapshot::Create(load->snapshot));
+    load->memfd->Describe(&load->request);
   } else if (o.transport == "auto") {
     ATTNAUDIT_ASSIGN_OR_RETURN(load->transport,
                                client->ChooseTransport(load->bytes));
@@ -213,8 +221,9 @@ Summary Summarise(const std::vector<WorkerStats>& stats,
 }
 
 void PrintSummary(const BenchCommand& o, const Load& load, const Summary& s) {
-  const char* transport =
-      load.transport == Transport::kUnary ? "unary" : "stream";
+  const char* transport = load.memfd != nullptr                 ? "memfd"
+                          : load.transport == Transport::kUnary ? "unary"
+                                                                : "stream";
   const auto ll = [](int64_t v) { return static_cast<long long>(v); };
   if (o.json) {
     std::printf(
@@ -303,9 +312,13 @@ void AddBenchCommand(CLI::App* app, int* exit_code) {
   command->add_option("--warmup", o->warmup, "unmeasured lead-in (at most 10m)")
       ->capture_default_str()
       ->check(DurationValidator());
-  command->add_option("--transport", o->transport, "auto, unary or stream")
+  command
+      ->add_option("--transport", o->transport,
+                   "auto, unary, stream or memfd (shared memory: a server on "
+                   "this machine with --accept-memfd-snapshots)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "unary", "stream"}, CLI::ignore_case));
+      ->check(CLI::IsMember({"auto", "unary", "stream", "memfd"},
+                            CLI::ignore_case));
   command
       ->add_option("--requests", o->requests,
                    "stop after this many measured audits (0: no cap)")

@@ -29,6 +29,7 @@ struct AuditCommand {
   bool json = false;
   bool unary = false;
   bool stream = false;
+  bool memfd = false;
   std::string priority;
   AuditFlags audit;
   ConnectionFlags connection;
@@ -44,6 +45,7 @@ int RunAuditCommand(const AuditCommand& o) {
   if (!client.ok()) return FailLocal("audit", client.status());
   const Transport transport = o.unary    ? Transport::kUnary
                               : o.stream ? Transport::kStream
+                              : o.memfd  ? Transport::kMemfd
                                          : Transport::kAuto;
   absl::StatusOr<AuditReport> report =
       (*client)->Audit(*snapshot, call, transport);
@@ -69,8 +71,15 @@ void AddAudit(CLI::App* app, int* exit_code) {
   command->add_flag("--json", o->json, "print the report as JSON");
   CLI::Option* unary =
       command->add_flag("--unary", o->unary, "always the unary call");
-  command->add_flag("--stream", o->stream, "always the streaming call")
-      ->excludes(unary);
+  CLI::Option* stream =
+      command->add_flag("--stream", o->stream, "always the streaming call")
+          ->excludes(unary);
+  command
+      ->add_flag("--memfd", o->memfd,
+                 "hand the snapshot over in shared memory (a server on this "
+                 "machine with --accept-memfd-snapshots)")
+      ->excludes(unary)
+      ->excludes(stream);
   AddPriorityFlag(command, &o->priority);
   AddAuditFlags(command, &o->audit);
   AddConnectionFlags(command, &o->connection);

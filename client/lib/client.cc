@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/lib/memfd_snapshot.h"
 #include "client/lib/zero_copy_stream.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/stream.h"
@@ -179,6 +180,15 @@ absl::StatusOr<AuditReport> Client::Audit(const Snapshot& snapshot,
   absl::StatusOr<v1::AuditResponse> response;
   if (transport == Transport::kStream) {
     response = AuditStream(snapshot, call);
+  } else if (transport == Transport::kMemfd) {
+    absl::StatusOr<std::unique_ptr<MemfdSnapshot>> memfd =
+        MemfdSnapshot::Create(snapshot);
+    if (!memfd.ok()) return memfd.status();
+    v1::AuditRequest request;
+    (*memfd)->Describe(&request);
+    *request.mutable_options() = call.audit_options;
+    request.set_priority(call.priority);
+    response = AuditUnary(request, call);
   } else {
     v1::AuditRequest request;
     SnapshotToProto(snapshot, request.mutable_snapshot());

@@ -80,7 +80,10 @@ struct SubmitOptions : CallOptions {
   absl::Duration job_timeout = absl::ZeroDuration();
 };
 
-enum class Transport { kAuto, kUnary, kStream };
+// kMemfd: the snapshot in a sealed memfd that the server reads in place
+// (client/lib/memfd_snapshot.h); only for a server on this machine started
+// with --accept-memfd-snapshots. kAuto never picks it.
+enum class Transport { kAuto, kUnary, kStream, kMemfd };
 
 class Client {
  public:

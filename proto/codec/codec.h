@@ -26,6 +26,7 @@
 #ifndef ATTNAUDIT_PROTO_CODEC_CODEC_H_
 #define ATTNAUDIT_PROTO_CODEC_CODEC_H_
 
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -131,6 +132,15 @@ inline constexpr int64_t kMaxSnapshotFileBytes = (int64_t{1} << 31) - 1;
 // A file cut exactly at a field boundary parses as a shorter message; that
 // is caught by validation (a missing tensor), not here.
 absl::StatusOr<Snapshot> ReadSnapshotFile(const std::string& path);
+
+// The snapshot encoded in `file` (a snapshot file's bytes, e.g. mapped),
+// its tensors viewing their payloads in place; `owner` keeps the bytes
+// alive as long as any tensor views them. A payload at an offset its
+// dtype cannot be read from (misaligned) is copied. InvalidArgument: "not
+// a valid attnaudit.v1.Snapshot (truncated or corrupt protobuf)", or
+// "<field>: ..." (SnapshotFromProto).
+absl::StatusOr<Snapshot> DecodeMappedSnapshot(
+    absl::string_view file, const std::shared_ptr<const void>& owner);
 
 // Writes the snapshot atomically: to a temporary file in the same directory,
 // fsync, rename over `path`, fsync the directory. On any error `path` is

@@ -110,8 +110,8 @@ absl::StatusOr<std::shared_ptr<const void>> MapFile(int fd, int64_t size,
   });
 }
 
-// Parses the skeleton (everything but the tensor payloads) and points each
-// tensor at its payload inside `file`, which `owner` keeps mapped.
+}  // namespace
+
 absl::StatusOr<Snapshot> DecodeMappedSnapshot(
     absl::string_view file, const std::shared_ptr<const void>& owner) {
   const absl::Status corrupt = absl::InvalidArgumentError(
@@ -149,8 +149,6 @@ absl::StatusOr<Snapshot> DecodeMappedSnapshot(
   }
   return snapshot;
 }
-
-}  // namespace
 
 absl::StatusOr<Snapshot> ReadSnapshotFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

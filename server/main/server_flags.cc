@@ -106,6 +106,9 @@ ABSL_FLAG(FlagDuration, max_connection_idle, FlagDuration{absl::Minutes(15)},
 ABSL_FLAG(int64_t, max_concurrent_streams, 64,
           "calls open at once per connection (bounds the memory of requests "
           "being received: this x --max-message-bytes per connection)");
+ABSL_FLAG(bool, accept_memfd_snapshots, false,
+          "Audit reads snapshots that clients on this machine name as "
+          "sealed memfds (AuditRequest.snapshot_memfd), in place");
 // Metrics.
 ABSL_FLAG(int64_t, metrics_max_models, 4,
           "distinct model label values on drift metrics before \"other\"");
@@ -155,6 +158,7 @@ const std::vector<absl::string_view>& FlagNames() {
       absl::GetFlagReflectionHandle(FLAGS_max_connection_age_grace).Name(),
       absl::GetFlagReflectionHandle(FLAGS_max_connection_idle).Name(),
       absl::GetFlagReflectionHandle(FLAGS_max_concurrent_streams).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_accept_memfd_snapshots).Name(),
       absl::GetFlagReflectionHandle(FLAGS_metrics_max_models).Name(),
       absl::GetFlagReflectionHandle(FLAGS_metrics_max_layers).Name(),
   };
@@ -216,7 +220,8 @@ absl::Status ApplyArgs(const std::vector<std::string>& argv, bool* help) {
     if (!absl::StartsWith(arg, "--") || arg.size() == 2) {
       return absl::InvalidArgumentError(
           absl::StrCat("unexpected argument '", arg,
-                       "' (flags are --name VALUE; see --help)"));
+                       "' (flags are --name VALUE, switches --name; see "
+                       "--help)"));
     }
     absl::string_view name = absl::string_view(arg).substr(2);
     const size_t eq = name.find('=');
@@ -227,11 +232,14 @@ absl::Status ApplyArgs(const std::vector<std::string>& argv, bool* help) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown flag --", name, " (see --help)"));
     }
-    if (!inline_value && i + 1 >= argv.size()) {
+    // A switch (bool) is on by its name alone; --name=false turns it off.
+    const bool is_switch = flag->IsOfType<bool>();
+    if (!inline_value && !is_switch && i + 1 >= argv.size()) {
       return FlagError(flag->Name(), "needs a value");
     }
     const absl::string_view value =
         inline_value ? absl::string_view(arg).substr(2 + eq + 1)
+        : is_switch  ? absl::string_view("true")
                      : absl::string_view(argv[++i]);
     if (absl::Status s = SetFlag(*flag, value); !s.ok()) return s;
   }
@@ -275,6 +283,7 @@ ServerFlags ReadFlags() {
       absl::GetFlag(FLAGS_max_connection_age_grace).value;
   f.max_connection_idle = absl::GetFlag(FLAGS_max_connection_idle).value;
   f.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  f.accept_memfd_snapshots = absl::GetFlag(FLAGS_accept_memfd_snapshots);
   f.metrics_max_models = absl::GetFlag(FLAGS_metrics_max_models);
   f.metrics_max_layers = absl::GetFlag(FLAGS_metrics_max_layers);
   return f;

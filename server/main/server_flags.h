@@ -77,6 +77,8 @@ struct ServerFlags {
   absl::Duration max_connection_age_grace;
   absl::Duration max_connection_idle;
   int64_t max_concurrent_streams = 0;
+  // Snapshots named as sealed memfds by clients on this machine.
+  bool accept_memfd_snapshots = false;
 
   // Metrics: distinct label values kept before "other" is reported.
   int64_t metrics_max_models = 0;

@@ -54,7 +54,8 @@ class AuditCall final : public LoggedUnaryReactor {
     absl::StatusOr<PriorityClass> priority =
         PriorityFromProto(request_.priority(), PriorityClass::kInteractive);
     if (!priority.ok()) return Reject(priority.status());
-    absl::StatusOr<DecodedAudit> audit = DecodeAuditRequest(&request_);
+    int64_t job_bytes = bytes;
+    absl::StatusOr<DecodedAudit> audit = Decode(&job_bytes);
     if (!audit.ok()) return Reject(audit.status());
     request_.Clear();  // its tensor bytes moved into the snapshot
     CountTruncatedLabels(svc_, audit->truncated);
@@ -64,7 +65,7 @@ class AuditCall final : public LoggedUnaryReactor {
     log().set_job_id(job_id_);
     absl::Duration retry_after;
     absl::Status admitted = AdmitInteractive(
-        svc_, *principal, job_id_, *std::move(audit), *priority, bytes,
+        svc_, *principal, job_id_, *std::move(audit), *priority, job_bytes,
         CallDeadline(*context_), &response_msg_,
         [this](const grpc::Status& status) { Answer(status); }, &retry_after);
     if (!admitted.ok()) {
@@ -88,6 +89,15 @@ class AuditCall final : public LoggedUnaryReactor {
   }
 
  private:
+  // The snapshot and options of request_: inline, or read in place from
+  // the memfd it names (then *bytes becomes the snapshot's size, which the
+  // scheduler's budgets count like an inline snapshot's).
+  absl::StatusOr<DecodedAudit> Decode(int64_t* bytes) {
+    if (!request_.has_snapshot_memfd()) return DecodeAuditRequest(&request_);
+    return rpc_internal::DecodeMemfdAuditRequest(svc_->memfd_snapshots(),
+                                                 request_, bytes);
+  }
+
   // Refuses the request before a job exists (counted as a rejection).
   void Reject(const absl::Status& status) {
     rpc_internal::CountRefusal(svc_, status,
@@ -323,6 +333,20 @@ void PublishResult(AuditServiceImpl* svc, v1::JobResult result,
 // ---- The service
 // ----------------------------------------------------------------
 
+namespace {
+
+std::unique_ptr<MemfdSnapshots> MakeMemfdSnapshots(
+    const ServiceOptions& options) {
+  if (!options.accept_memfd_snapshots) return nullptr;
+  MemfdSnapshotOptions o;
+  o.max_bytes = options.max_message_bytes;
+  o.max_mapped_bytes = options.queued_bytes_budget;
+  absl::StatusOr<std::unique_ptr<MemfdSnapshots>> m = MemfdSnapshots::Create(o);
+  return m.ok() ? *std::move(m) : nullptr;
+}
+
+}  // namespace
+
 AuditServiceImpl::AuditServiceImpl(ServiceOptions options, Scheduler* scheduler,
                                    Spool* spool, ResultStore* store,
                                    Metrics* metrics, BlockingExecutor* executor,
@@ -334,6 +358,7 @@ AuditServiceImpl::AuditServiceImpl(ServiceOptions options, Scheduler* scheduler,
       store_(store),
       metrics_(metrics),
       executor_(executor),
+      memfd_snapshots_(MakeMemfdSnapshots(options_)),
       auth_(auth),
       job_id_key_(std::move(job_id_key)),
       durable_(

@@ -66,6 +66,7 @@
 #include "core/audit/options.h"
 #include "core/validate/validate.h"
 #include "server/auth/tenants.h"
+#include "server/memfd/memfd_snapshots.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/blocking_executor.h"
 #include "server/rpc/durable_registry.h"
@@ -108,6 +109,9 @@ struct ServiceOptions {
   std::vector<DeviceDescription> device_descriptions;
   std::string devices_note;
   std::string version = "unknown";
+  // Audit reads AuditRequest.snapshot_memfd (server/memfd): off unless
+  // --accept-memfd-snapshots.
+  bool accept_memfd_snapshots = false;
 };
 
 // The generated service with every method raw (see the file comment).
@@ -180,6 +184,8 @@ class AuditServiceImpl final : public RawAuditService {
   Spool* spool() const { return spool_; }
   ResultStore* store() const { return store_; }
   Metrics* metrics() const { return metrics_; }
+  // Null unless options.accept_memfd_snapshots.
+  MemfdSnapshots* memfd_snapshots() const { return memfd_snapshots_.get(); }
   BlockingExecutor* executor() const { return executor_; }
   const Authenticator& auth() const { return *auth_; }
   const JobIdKey& job_id_key() const { return job_id_key_; }
@@ -201,6 +207,7 @@ class AuditServiceImpl final : public RawAuditService {
   ResultStore* const store_;
   Metrics* const metrics_;
   BlockingExecutor* const executor_;
+  const std::unique_ptr<MemfdSnapshots> memfd_snapshots_;
   const Authenticator* const auth_;
   const JobIdKey job_id_key_;
   WatchHub hub_;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/common/status_macros.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/tensor_paths.h"
 #include "server/rpc/rpc_internal.h"
@@ -18,19 +19,25 @@ namespace {
 
 using google::protobuf::util::TimeUtil;
 
+// A decoded snapshot with the request's options; its labels bounded.
+absl::StatusOr<DecodedAudit> WithOptions(Snapshot snapshot,
+                                         const v1::AuditOptions& options) {
+  absl::StatusOr<AuditOptions> audit_options = AuditOptionsFromProto(options);
+  if (!audit_options.ok()) {
+    return PrefixStatus("options.", audit_options.status());
+  }
+  DecodedAudit audit{std::move(snapshot), *std::move(audit_options), {}};
+  audit.truncated = BoundLabels(&audit.snapshot.labels);
+  return audit;
+}
+
 absl::StatusOr<DecodedAudit> DecodeAudit(bool has_snapshot,
                                          v1::Snapshot* snapshot,
                                          const v1::AuditOptions& options) {
   if (!has_snapshot) return absl::InvalidArgumentError("snapshot: missing");
   absl::StatusOr<Snapshot> decoded = SnapshotFromProto(snapshot);
   if (!decoded.ok()) return PrefixStatus("snapshot.", decoded.status());
-  absl::StatusOr<AuditOptions> audit_options = AuditOptionsFromProto(options);
-  if (!audit_options.ok()) {
-    return PrefixStatus("options.", audit_options.status());
-  }
-  DecodedAudit audit{*std::move(decoded), *std::move(audit_options), {}};
-  audit.truncated = BoundLabels(&audit.snapshot.labels);
-  return audit;
+  return WithOptions(*std::move(decoded), options);
 }
 
 }  // namespace
@@ -215,6 +222,24 @@ absl::StatusOr<DecodedAudit> DecodeAuditRequest(v1::AuditRequest* request) {
   const bool has_snapshot = request->has_snapshot();
   return DecodeAudit(has_snapshot, request->mutable_snapshot(),
                      request->options());
+}
+
+absl::StatusOr<DecodedAudit> DecodeMemfdAuditRequest(
+    MemfdSnapshots* memfds, const v1::AuditRequest& request, int64_t* bytes) {
+  if (request.has_snapshot()) {
+    return absl::InvalidArgumentError(
+        "snapshot_memfd: set together with snapshot; send one of them");
+  }
+  if (memfds == nullptr) {
+    return absl::FailedPreconditionError(
+        "snapshot_memfd: this server does not read snapshots from memfds "
+        "(start it with --accept-memfd-snapshots)");
+  }
+  const v1::MemfdSnapshot& ref = request.snapshot_memfd();
+  ATTNAUDIT_ASSIGN_OR_RETURN(Snapshot snapshot,
+                             memfds->Open(ref.path(), ref.bytes()));
+  *bytes = ref.bytes();
+  return WithOptions(std::move(snapshot), request.options());
 }
 
 absl::StatusOr<DecodedAudit> DecodeAuditRequest(v1::SubmitRequest* request) {

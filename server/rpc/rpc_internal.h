@@ -132,6 +132,12 @@ struct DecodedAudit {
 // missing", "snapshot.q: ...", "options.tolerances...".
 absl::StatusOr<DecodedAudit> DecodeAuditRequest(v1::AuditRequest* request);
 absl::StatusOr<DecodedAudit> DecodeAuditRequest(v1::SubmitRequest* request);
+// The audit of a request whose snapshot lies in a memfd (snapshot_memfd),
+// read in place through `memfds` (null: the server does not accept them,
+// FailedPrecondition); *bytes becomes the snapshot's size. InvalidArgument
+// when `snapshot` is set too, or as MemfdSnapshots::Open.
+absl::StatusOr<DecodedAudit> DecodeMemfdAuditRequest(
+    MemfdSnapshots* memfds, const v1::AuditRequest& request, int64_t* bytes);
 // Adds a fresh request's truncated labels to the metrics.
 void CountTruncatedLabels(AuditServiceImpl* svc, const LabelTruncations& t);
 

@@ -359,6 +359,7 @@ ServiceOptions AuditServer::MakeServiceOptions() const {
   svc.cuda_built = cuda_built_;
   svc.device_descriptions = device_descriptions_;
   svc.devices_note = devices_note_;
+  svc.accept_memfd_snapshots = o.accept_memfd_snapshots;
   return svc;
 }
 
@@ -407,7 +408,8 @@ void AuditServer::StartBackgroundThreads() {
     resume_done_.Notify();
   }
   prune_thread_ = std::thread([this] { PruneLoop(); });
-  if (options_.reclaim_after_idle > absl::ZeroDuration()) {
+  if (options_.reclaim_after_idle > absl::ZeroDuration() ||
+      options_.accept_memfd_snapshots) {
     reclaim_thread_ = std::thread([this] { ReclaimLoop(); });
   }
 }
@@ -425,12 +427,17 @@ bool AuditServer::WaitForStop(absl::Duration d) {
 // busy (main.cc: mallopt), which makes ingest faster but would keep the
 // process at its peak size forever. Once nothing has arrived and nothing
 // is queued, running or uploading for reclaim_after_idle, freed memory is
-// handed back (malloc_trim releases the free pages of every arena).
+// handed back (malloc_trim releases the free pages of every arena). Every
+// 250 ms it also drops memfd mappings left idle (server/memfd).
 void AuditServer::ReclaimLoop() {
   int64_t seen = -1;
   absl::Time last_active = absl::Now();
   bool dirty = false;
   while (!WaitForStop(absl::Milliseconds(250))) {
+    // Busy or not: a client that went away must not pin its memfd.
+    if (MemfdSnapshots* memfds = service_->memfd_snapshots()) {
+      memfds->DropIdle();
+    }
     const SchedulerStats st = scheduler_->Stats();
     const int64_t requests = service_->requests_received();
     const bool busy = st.in_flight > 0 || st.queued[0] > 0 ||
@@ -441,7 +448,8 @@ void AuditServer::ReclaimLoop() {
       dirty = true;
       continue;
     }
-    if (dirty && absl::Now() - last_active >= options_.reclaim_after_idle) {
+    if (dirty && options_.reclaim_after_idle > absl::ZeroDuration() &&
+        absl::Now() - last_active >= options_.reclaim_after_idle) {
       malloc_trim(0);
       dirty = false;
       ATTNAUDIT_LOG(debug, "idle: freed memory handed back");

@@ -134,6 +134,10 @@ struct AuditServerOptions {
   // (malloc_trim). 0: never.
   absl::Duration reclaim_after_idle = absl::Seconds(1);
 
+  // Audit reads snapshots that local clients name as sealed memfds
+  // (server/memfd); the reclaimer also drops their idle mappings.
+  bool accept_memfd_snapshots = false;
+
   int metrics_max_models = 4;
   int metrics_max_layers = 16;
   size_t watcher_buffer = 256;

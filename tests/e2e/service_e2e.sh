@@ -10,7 +10,8 @@
 #      on the same data dir, and get every acknowledged job's result exactly
 #      once;
 #   5. SIGTERM: the server drains and exits 0;
-#   6. (after the TLS checks) a server on a Unix socket.
+#   6. (after the TLS checks) a server on a Unix socket, also reading a
+#      snapshot from shared memory (audit --memfd).
 # Every step is bounded (timeout); nothing leaves 127.0.0.1.
 #
 # usage: service_e2e.sh ATTNAUDIT_SERVER ATTNAUDIT [PROMTOOL]
@@ -300,7 +301,7 @@ fi
 step "Unix socket listener"
 sock="$WORK/attnaudit.sock"
 "$SERVER_BIN" --listen "unix:$sock" --metrics-listen 127.0.0.1:0 \
-  --data-dir "$WORK/data-unix" 2>"$WORK/server5.log" &
+  --data-dir "$WORK/data-unix" --accept-memfd-snapshots 2>"$WORK/server5.log" &
 SERVER_PID=$!
 for _ in $(seq 1 200); do
   grep -q 'msg="grpc listening"' "$WORK/server5.log" && break
@@ -312,6 +313,11 @@ timeout 30 "$CLI" audit "$WORK/small.pb" --addr "unix:$sock" >"$WORK/small.unix"
   fail "audit over the Unix socket"
 diff <(strip_timings <"$WORK/small.check") <(strip_timings <"$WORK/small.unix") ||
   fail "the Unix socket's report differs from the offline check"
+# The snapshot in shared memory (a sealed memfd the server reads in place).
+timeout 30 "$CLI" audit "$WORK/big.pb" --addr "unix:$sock" --memfd \
+  >"$WORK/big.memfd" || fail "audit --memfd"
+diff <(strip_timings <"$WORK/big.check") <(strip_timings <"$WORK/big.memfd") ||
+  fail "the memfd audit's report differs from the offline check"
 kill -TERM "$SERVER_PID"
 wait "$SERVER_PID" || fail "Unix socket server exit"
 SERVER_PID=""

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "client/lib/memfd_snapshot.h"
 #include "core/audit/audit.h"
 #include "core/sim/simulator.h"
 #include "gtest/gtest.h"
@@ -152,6 +153,95 @@ TEST_F(AuditRpcTest, InvalidSnapshotIsInvalidArgumentNamingTheField) {
         absl::StartsWith(report.status().message(), "snapshot.block_table"))
         << report.status();
   }
+}
+
+// Snapshots handed over in a sealed memfd (server/memfd): the same report
+// as the offline pipeline; the server's kept mapping sees what the client
+// writes next; invalid content is named; a server without the switch
+// refuses the field, and a request may not carry both forms.
+std::unique_ptr<TestServer> MemfdServer(const std::string& name) {
+  server::AuditServerOptions options = TestOptions(MakeTempDir(name));
+  options.accept_memfd_snapshots = true;
+  return StartServer(std::move(options));
+}
+
+TEST(AuditRpcMemfdTest, MemfdAuditMatchesTheOfflinePipeline) {
+  std::unique_ptr<TestServer> t = MemfdServer("audit_rpc_memfd");
+  ASSERT_NE(t, nullptr);
+  const Snapshot snapshot = SmallSnapshot(11, Fault::kStalePage, 256);
+  absl::StatusOr<AuditReport> report =
+      t->client->Audit(snapshot, {}, client::Transport::kMemfd);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ExpectSameReport(*report, Offline(snapshot));
+  EXPECT_EQ(report->verdict, Verdict::kDrift);
+}
+
+TEST(AuditRpcMemfdTest, OneMemfdRewrittenBetweenAuditsIsReadAfresh) {
+  std::unique_ptr<TestServer> t = MemfdServer("audit_rpc_memfd_reuse");
+  ASSERT_NE(t, nullptr);
+  const Snapshot clean = SmallSnapshot(12, Fault::kNone, 256);
+  const Snapshot stale = SmallSnapshot(12, Fault::kStalePage, 256);
+  const Snapshot longer = SmallSnapshot(13, Fault::kNone, 512);
+  absl::StatusOr<std::unique_ptr<client::MemfdSnapshot>> memfd =
+      client::MemfdSnapshot::Create(clean);
+  ASSERT_TRUE(memfd.ok()) << memfd.status();
+  for (const Snapshot* s : {&clean, &stale, &clean, &longer}) {
+    ASSERT_TRUE((*memfd)->Write(*s).ok());
+    v1::AuditRequest request;
+    (*memfd)->Describe(&request);
+    absl::StatusOr<v1::AuditResponse> response = t->client->AuditUnary(request);
+    ASSERT_TRUE(response.ok()) << response.status();
+    absl::StatusOr<AuditReport> report = ReportFromProto(response->report());
+    ASSERT_TRUE(report.ok());
+    ExpectSameReport(*report, Offline(*s));
+  }
+}
+
+TEST(AuditRpcMemfdTest, InvalidContentIsNamed) {
+  std::unique_ptr<TestServer> t = MemfdServer("audit_rpc_memfd_invalid");
+  ASSERT_NE(t, nullptr);
+  Snapshot snapshot = SmallSnapshot(14);
+  snapshot.block_table.mutable_data<int32_t>()[0] = 999;  // no such page
+  absl::StatusOr<AuditReport> report =
+      t->client->Audit(snapshot, {}, client::Transport::kMemfd);
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(report.status().message(), "block_table"))
+      << report.status();
+  // A memfd that holds no snapshot at all.
+  absl::StatusOr<std::unique_ptr<client::MemfdSnapshot>> memfd =
+      client::MemfdSnapshot::Create(SmallSnapshot(15));
+  ASSERT_TRUE(memfd.ok());
+  v1::AuditRequest request;
+  (*memfd)->Describe(&request);
+  request.mutable_snapshot_memfd()->set_bytes(3);  // a cut encoding
+  absl::StatusOr<v1::AuditResponse> cut = t->client->AuditUnary(request);
+  ASSERT_FALSE(cut.ok());
+  EXPECT_EQ(cut.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(cut.status().message(), "snapshot_memfd"))
+      << cut.status();
+}
+
+TEST_F(AuditRpcTest, MemfdSnapshotsNeedTheSwitchAndComeAlone) {
+  const Snapshot snapshot = SmallSnapshot(16);
+  absl::StatusOr<AuditReport> report =
+      t_->client->Audit(snapshot, {}, client::Transport::kMemfd);
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(
+      absl::StrContains(report.status().message(), "--accept-memfd-snapshots"))
+      << report.status();
+  absl::StatusOr<std::unique_ptr<client::MemfdSnapshot>> memfd =
+      client::MemfdSnapshot::Create(snapshot);
+  ASSERT_TRUE(memfd.ok());
+  v1::AuditRequest both;
+  (*memfd)->Describe(&both);
+  SnapshotToProto(snapshot, both.mutable_snapshot());
+  absl::StatusOr<v1::AuditResponse> r = t_->client->AuditUnary(both);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(r.status().message(), "snapshot_memfd"))
+      << r.status();
 }
 
 TEST_F(AuditRpcTest, UnknownEnumIsInvalidArgumentNamingTheField) {

@@ -217,6 +217,34 @@ TEST(ServerFlagsTest, FairnessTenantAndMetricsSecurityFlags) {
 
 // Each parse starts from the defaults: a flag set by an earlier parse does
 // not leak into the next.
+TEST(ServerFlagsTest, ASwitchIsOnByItsNameAlone) {
+  absl::StatusOr<ServerFlags> off = ParseServerFlags({});
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->accept_memfd_snapshots);
+  // Alone, before another flag, and last.
+  absl::StatusOr<ServerFlags> on =
+      ParseServerFlags({"--accept-memfd-snapshots", "--listen", "127.0.0.1:0"});
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->accept_memfd_snapshots);
+  EXPECT_EQ(on->listen, "127.0.0.1:0");
+  on =
+      ParseServerFlags({"--listen", "127.0.0.1:0", "--accept_memfd_snapshots"});
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->accept_memfd_snapshots);
+  absl::StatusOr<ServerFlags> explicit_off =
+      ParseServerFlags({"--accept-memfd-snapshots=false"});
+  ASSERT_TRUE(explicit_off.ok()) << explicit_off.status();
+  EXPECT_FALSE(explicit_off->accept_memfd_snapshots);
+  absl::StatusOr<ServerFlags> bad =
+      ParseServerFlags({"--accept-memfd-snapshots=maybe"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(
+      absl::StartsWith(bad.status().message(), "--accept-memfd-snapshots"))
+      << bad.status();
+  // Valued flags still need their value.
+  EXPECT_FALSE(ParseServerFlags({"--listen"}).ok());
+}
+
 TEST(ServerFlagsTest, EveryParseStartsFromTheDefaults) {
   ASSERT_TRUE(ParseServerFlags({"--queue-sampled", "7"}).ok());
   absl::StatusOr<ServerFlags> f = ParseServerFlags({});
