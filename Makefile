@@ -38,7 +38,8 @@ APT_PACKAGES := build-essential cmake pkg-config git python3 python3-venv \
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps configure build run test fuzz bench bench-check bench-cp \
-  bench-env bench-peers bench-sweeps bench-server bench-diagnosis demo clean \
+  bench-env bench-peers bench-sweeps bench-server bench-loopback \
+  bench-diagnosis demo clean \
   py-venv bench-python
 
 all: build
@@ -124,6 +125,8 @@ fuzz: build
 #   bench-sweeps  context / tokens / batch sweeps, up to 128k, and   ~2 min
 #                 the B=1 contexts audited in process
 #   bench-server  small-snapshot audits/s through the server       ~1.5 min
+#   bench-loopback  W1 through the server per transport (unary,     ~1 min
+#                 stream, memfd) against the in-process audit
 #   bench-diagnosis  the statistical detector and the diagnosis:
 #                 200 faulty snapshots per fault class, 2,000 clean ones
 #                 across engine kinds, the W1 cost, then 10,000 small clean
@@ -143,7 +146,7 @@ BENCH_TARGETS := $(RUN_TARGETS) attnaudit_bench_floor attnaudit_bench_check \
 BUILD_BENCH = cmake --build $(BUILD_DIR) -j $(JOBS) --target $(BENCH_TARGETS)
 
 bench: bench-check bench-cp bench-peers bench-sweeps bench-server \
-  bench-diagnosis
+  bench-loopback bench-diagnosis
 
 bench-check: configure
 	$(BUILD_BENCH)
@@ -193,6 +196,12 @@ bench-server: configure
 	@mkdir -p $(BENCH_OUT) $(BENCH_TMP)
 	python3 bench/sweeps/server_rate.py --bin-dir $(BUILD_DIR)/bin \
 	  --workdir $(BENCH_TMP) --json $(BENCH_OUT)/server_rate.json
+
+bench-loopback: configure
+	$(BUILD_BENCH)
+	@mkdir -p $(BENCH_OUT) $(BENCH_TMP)
+	python3 bench/sweeps/loopback.py --bin-dir $(BUILD_DIR)/bin \
+	  --workdir $(BENCH_TMP) --json $(BENCH_OUT)/loopback.json
 
 PYTHON ?= python3
 PY_VENV := $(BUILD_DIR)/py-venv

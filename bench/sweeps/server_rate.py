@@ -91,11 +91,17 @@ class Server:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def bench_args(bin_dir, path, addr, concurrency, duration, rate=0.0):
+    """The `attnaudit bench ... --json` command line (loopback.py adds
+    --transport)."""
+    return [os.path.join(bin_dir, "attnaudit"), "bench", path, "--addr", addr,
+            "--concurrency", str(concurrency), "--duration", duration,
+            "--warmup", "1s", "--rate", f"{rate:.3f}", "--json"]
+
+
 def bench(bin_dir, path, addr, concurrency, duration, rate=0.0):
     out = subprocess.run(
-        [os.path.join(bin_dir, "attnaudit"), "bench", path, "--addr", addr,
-         "--concurrency", str(concurrency), "--duration", duration,
-         "--warmup", "1s", "--rate", f"{rate:.3f}", "--json"],
+        bench_args(bin_dir, path, addr, concurrency, duration, rate),
         check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
