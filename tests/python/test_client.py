@@ -97,6 +97,35 @@ def test_snapshots_past_the_unary_limit_stream_on_their_own(make_server, files):
         report_json(attnaudit.AuditClient(server.address).audit(snap, transport="stream")))
 
 
+def test_memfd_snapshots_are_read_in_place(make_server, cli, files):
+    """A server with --accept-memfd-snapshots audits the snapshot in a
+    sealed memfd: the offline check's report; one memfd rewritten between
+    audits is read afresh; a server without the switch refuses it."""
+    small = attnaudit.Snapshot.load(files["small"])
+    stale = attnaudit.Snapshot.load(files["stale"])
+    server = make_server("--accept-memfd-snapshots", "--cpu-workers", "1")
+    with attnaudit.AuditClient(server.address) as c:
+        report = c.audit(small, transport="memfd")
+        assert comparable(report_json(report)) == comparable(cli.check_json(files["small"]))
+        with attnaudit.MemfdSnapshot(stale) as m:
+            assert c.audit_memfd(m).verdict == attnaudit.Verdict.DRIFT
+            m.write(small)
+            assert c.audit_memfd(m).verdict == attnaudit.Verdict.PASS
+            m.write(stale)
+            assert c.audit_memfd(m).verdict == attnaudit.Verdict.DRIFT
+
+        async def aio_audit():
+            async with attnaudit.aio.AuditClient(server.address) as ac:
+                return await ac.audit(small, transport="memfd")
+        assert asyncio.run(aio_audit()).verdict == attnaudit.Verdict.PASS
+    plain = make_server("--cpu-workers", "1")
+    with attnaudit.AuditClient(plain.address) as c:
+        with pytest.raises(attnaudit.AuditError) as e:
+            c.audit(small, transport="memfd")
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "--accept-memfd-snapshots" in str(e.value)
+
+
 def test_submit_get_wait_and_idempotency(client, files):
     snap = attnaudit.Snapshot.load(files["small"])
     key = f"pytest-{os.getpid()}-{time.monotonic_ns()}"

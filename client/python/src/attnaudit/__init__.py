@@ -17,6 +17,7 @@ from ._calls import Submitted, Tls
 from ._enums import Comparison, JobState, Priority, Verdict
 from .auditor import AuditorCounters, AuditResult, RolloutAuditor
 from .client import AuditClient, Watch
+from .memfd import MemfdSnapshot
 from .errors import (AuditError, CancelledError, DeadlineExceededError,
                      InvalidArgumentError, NotFoundError, PermissionDeniedError,
                      ResourceExhaustedError, UnauthenticatedError, UnavailableError)
@@ -28,7 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AuditClient", "AuditError", "AuditResult", "AuditorCounters", "CancelledError",
     "Comparison", "ComparisonView", "DeadlineExceededError", "InvalidArgumentError",
-    "JobResult", "JobState", "NotFoundError", "PermissionDeniedError", "Priority",
+    "JobResult", "JobState", "MemfdSnapshot", "NotFoundError", "PermissionDeniedError", "Priority",
     "Report", "ResourceExhaustedError", "RolloutAuditor", "Snapshot", "Submitted",
     "Tls", "UnauthenticatedError", "UnavailableError", "Verdict", "Watch",
 ]

@@ -159,6 +159,16 @@ def audit_request(snapshot: Snapshot, options, prio: int) -> bytes:
     return _wire.request_bytes(1, snapshot.pieces(), _rest(rest))
 
 
+def memfd_audit_request(memfd, options, prio: int) -> bytes:
+    """An AuditRequest naming `memfd` (a MemfdSnapshot) instead of carrying
+    the snapshot."""
+    request = service_pb2.AuditRequest(priority=prio,
+                                       snapshot_memfd=memfd.describe())
+    if options is not None:
+        request.options.CopyFrom(options)
+    return request.SerializeToString()
+
+
 def submit_request(snapshot: Snapshot, options, prio: int,
                    idempotency_key: Optional[str], job_timeout: Optional[float]) -> bytes:
     rest = service_pb2.SubmitRequest(priority=prio,
@@ -220,7 +230,8 @@ def stream_messages(snapshot: Snapshot, options, prio: int, chunk: int,
 
 def choose_transport(transport: str, snapshot: Snapshot, threshold: int) -> str:
     if transport not in ("auto", "unary", "stream"):
-        raise ValueError(f"transport: {transport!r}; expected auto, unary or stream")
+        raise ValueError(
+            f"transport: {transport!r}; expected auto, unary, stream or memfd")
     if transport != "auto":
         return transport
     return "stream" if request_size(snapshot) > threshold else "unary"

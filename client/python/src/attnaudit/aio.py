@@ -26,6 +26,7 @@ from attnaudit.v1 import service_pb2
 from . import _calls as C
 from ._enums import JobState
 from .errors import AuditError, DeadlineExceededError, UnavailableError, from_rpc_error
+from .memfd import MemfdSnapshot
 from .report import JobResult, Report
 from .snapshot import Snapshot
 
@@ -85,12 +86,20 @@ class AuditClient:
                     priority: Any = None, options: Any = None,
                     transport: str = "auto") -> Report:
         opts, prio = C.audit_options(options), C.priority(priority)
+        loop = asyncio.get_running_loop()
+        if transport == "memfd":  # as AuditClient.audit
+            memfd = await loop.run_in_executor(None, MemfdSnapshot, snapshot)
+            try:
+                response = await self._call(
+                    self._audit, C.memfd_audit_request(memfd, opts, prio), timeout)
+            finally:
+                memfd.close()
+            return Report(response.report)
         threshold = C.stream_threshold(
             await self._known_caps(transport == "auto" and not self._threshold),
             self._threshold)
         # Encoding copies the snapshot's bytes once and may wait for a
         # device copy: keep it off the event loop.
-        loop = asyncio.get_running_loop()
         if C.choose_transport(transport, snapshot, threshold) == "stream":
             chunk = C.chunk_size(await self._known_caps(not self._chunk), self._chunk)
             await loop.run_in_executor(None, snapshot.wait)

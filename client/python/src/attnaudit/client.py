@@ -31,6 +31,7 @@ from attnaudit.v1 import service_pb2
 
 from . import _calls as C
 from .errors import AuditError, DeadlineExceededError, from_rpc_error
+from .memfd import MemfdSnapshot
 from .report import JobResult, Report
 from .snapshot import Snapshot
 
@@ -110,7 +111,13 @@ class AuditClient:
         snapshot that fails validation raises InvalidArgumentError with the
         field path). priority: "interactive" (default) or "sampled".
         options: attnaudit.v1.AuditOptions or a dict (see _calls.audit_options).
-        transport: "auto", "unary" or "stream"."""
+        transport: "auto", "unary", "stream" or "memfd" (shared memory with a
+        server on this machine started with --accept-memfd-snapshots; to
+        reuse one memfd across audits, see audit_memfd)."""
+        if transport == "memfd":
+            with MemfdSnapshot(snapshot) as m:
+                return self.audit_memfd(m, timeout=timeout, priority=priority,
+                                        options=options)
         opts, prio = C.audit_options(options), C.priority(priority)
         threshold = C.stream_threshold(self._known_caps(transport == "auto" and not self._threshold),
                                        self._threshold)
@@ -121,6 +128,17 @@ class AuditClient:
         else:
             response = self._call(self._audit, C.audit_request(snapshot, opts, prio),
                                   timeout)
+        return Report(response.report)
+
+    def audit_memfd(self, memfd: MemfdSnapshot, *,
+                    timeout: Optional[float] = None, priority: Any = None,
+                    options: Any = None) -> Report:
+        """Audits the snapshot in `memfd` (attnaudit.MemfdSnapshot), which a
+        server on this machine with --accept-memfd-snapshots reads in place;
+        memfd.write() the next snapshot only after this returns."""
+        opts, prio = C.audit_options(options), C.priority(priority)
+        response = self._call(self._audit, C.memfd_audit_request(memfd, opts, prio),
+                              timeout)
         return Report(response.report)
 
     def _known_caps(self, needed: bool):

@@ -261,6 +261,12 @@ class Snapshot:
         self.wait()
         return _wire.snapshot_pieces(self._meta, self._tensors)
 
+    def file_pieces(self):
+        """The encoding of a snapshot file (each tensor's data 64-byte
+        aligned, so a reader can use it in place), as pieces (no copy)."""
+        self.wait()
+        return _wire.snapshot_pieces(self._meta, self._tensors, align=True)
+
     @classmethod
     def load(cls, path: str) -> "Snapshot":
         """Reads a snapshot file (`attnaudit synth` output, or save())."""
@@ -281,8 +287,7 @@ class Snapshot:
         """Writes the snapshot file atomically (temporary file in the same
         directory, fsync, rename, fsync of the directory): the format of
         `attnaudit synth`, readable by `attnaudit check/audit/inspect`."""
-        self.wait()
-        pieces = _wire.snapshot_pieces(self._meta, self._tensors, align=True)
+        pieces = self.file_pieces()
         size = sum(len(p) if isinstance(p, (bytes, bytearray)) else p.nbytes
                    for p in pieces)
         if size > (1 << 31) - 1:
