@@ -430,6 +430,11 @@ void PrintCapabilities(const v1::Capabilities& caps) {
       l.max_context(), l.max_cp_world_size(), l.max_vocab(),
       l.interactive_queue_capacity(), l.sampled_queue_capacity(),
       l.queued_bytes_budget() / 1048576.0);
+  std::cout << "memfd snapshots: "
+            << (caps.accepts_memfd_snapshots()
+                    ? "accepted (audit --memfd, from this machine)"
+                    : "not accepted")
+            << "\n";
 }
 
 int RunCapsCommand(const CapsCommand& o) {

@@ -464,6 +464,7 @@ grpc::ServerUnaryReactor* AuditServiceImpl::GetCapabilities(
   caps.set_fingerprint_version(kFingerprintVersion);
   DescribeDevices(scheduler_->Devices(), options_, &caps);
   DescribeLimits(options_, caps.mutable_limits());
+  caps.set_accepts_memfd_snapshots(memfd_snapshots_ != nullptr);
   call->Done(SerializeResponse(caps, response));
   return call;
 }

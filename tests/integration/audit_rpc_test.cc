@@ -168,6 +168,9 @@ std::unique_ptr<TestServer> MemfdServer(const std::string& name) {
 TEST(AuditRpcMemfdTest, MemfdAuditMatchesTheOfflinePipeline) {
   std::unique_ptr<TestServer> t = MemfdServer("audit_rpc_memfd");
   ASSERT_NE(t, nullptr);
+  absl::StatusOr<v1::Capabilities> caps = t->client->Capabilities();
+  ASSERT_TRUE(caps.ok());
+  EXPECT_TRUE(caps->accepts_memfd_snapshots());
   const Snapshot snapshot = SmallSnapshot(11, Fault::kStalePage, 256);
   absl::StatusOr<AuditReport> report =
       t->client->Audit(snapshot, {}, client::Transport::kMemfd);
@@ -223,6 +226,9 @@ TEST(AuditRpcMemfdTest, InvalidContentIsNamed) {
 }
 
 TEST_F(AuditRpcTest, MemfdSnapshotsNeedTheSwitchAndComeAlone) {
+  absl::StatusOr<v1::Capabilities> caps = t_->client->Capabilities();
+  ASSERT_TRUE(caps.ok());
+  EXPECT_FALSE(caps->accepts_memfd_snapshots());
   const Snapshot snapshot = SmallSnapshot(16);
   absl::StatusOr<AuditReport> report =
       t_->client->Audit(snapshot, {}, client::Transport::kMemfd);
