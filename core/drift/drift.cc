@@ -174,22 +174,58 @@ struct Pass {
   int64_t first_mismatch = -1;
 };
 
+// The order-dependent statistics of a pass, held in locals by a range loop
+// and written back once (the compiler keeps them in registers).
+struct Running {
+  Running(const Pass& p, const DriftStats& s)
+      : count(s.count),
+        over(s.over_tolerance),
+        worst(p.worst_index),
+        max_abs(s.max_abs),
+        max_rel(s.max_rel),
+        max_ulp(s.max_ulp),
+        sum_abs(p.sum_abs),
+        sum_sq(p.sum_sq),
+        sum_ulp(p.sum_ulp) {}
+
+  // Value pair i (its |diff| ad and ULP distance u) in element order. An
+  // equal pair has u = +0, which changes no sum or maximum.
+  void Add(double ad, double u, int64_t i, double tolerance) {
+    ++count;
+    sum_abs += ad;
+    sum_sq += ad * ad;
+    if (worst < 0 || ad > max_abs) {
+      max_abs = ad;
+      worst = i;
+    }
+    over += ad > tolerance;
+    max_ulp = std::max(max_ulp, u);
+    sum_ulp += u;
+  }
+
+  void StoreTo(Pass* p, DriftStats* s) const {
+    s->count = count;
+    s->over_tolerance = over;
+    s->max_abs = max_abs;
+    s->max_rel = max_rel;
+    s->max_ulp = max_ulp;
+    p->sum_abs = sum_abs;
+    p->sum_sq = sum_sq;
+    p->sum_ulp = sum_ulp;
+    p->worst_index = worst;
+  }
+
+  int64_t count, over, worst;
+  double max_abs, max_rel, max_ulp, sum_abs, sum_sq, sum_ulp;
+};
+
 // Adds elements [begin, end) to the pass one by one. The common case (both
 // sides finite) takes one branch-light path; NaN/Inf handling is off to the
 // side.
 template <typename Ulp>
 void ScalarRange(const double* c, const double* r, int64_t begin, int64_t end,
                  Ulp ulp, Pass* pass, DriftStats* stats) {
-  int64_t count = stats->count;
-  int64_t over = stats->over_tolerance;
-  double max_abs = stats->max_abs;
-  double max_rel = stats->max_rel;
-  double max_ulp = stats->max_ulp;
-  double sum_abs = pass->sum_abs, sum_sq = pass->sum_sq;
-  double sum_ulp = pass->sum_ulp;
-  int64_t worst = pass->worst_index;
-  const double tolerance = pass->tolerance;
-  const double tiny = pass->tiny;
+  Running run(*pass, *stats);
   for (int64_t i = begin; i < end; ++i) {
     const double ci = c[i];
     const double ri = r[i];
@@ -214,71 +250,37 @@ void ScalarRange(const double* c, const double* r, int64_t begin, int64_t end,
         continue;
       }
     }
-    pass->abs_diffs[count++] = ad;
-    sum_abs += ad;
-    sum_sq += ad * ad;
-    if (worst < 0 || ad > max_abs) {
-      max_abs = ad;
-      worst = i;
-    }
-    over += ad > tolerance;
+    pass->abs_diffs[run.count] = ad;
+    double u = 0;
     if (ad > 0) {  // equal pairs (common) are 0 ULPs apart: skip the encode
-      max_rel = std::max(max_rel, ad / std::max(std::fabs(ri), tiny));
-      const double u = ulp(ci, ri);
-      max_ulp = std::max(max_ulp, u);
-      sum_ulp += u;
+      run.max_rel =
+          std::max(run.max_rel, ad / std::max(std::fabs(ri), pass->tiny));
+      u = ulp(ci, ri);
     }
+    run.Add(ad, u, i, pass->tolerance);
   }
-  stats->count = count;
-  stats->over_tolerance = over;
-  stats->max_abs = max_abs;
-  stats->max_rel = max_rel;
-  stats->max_ulp = max_ulp;
-  pass->sum_abs = sum_abs;
-  pass->sum_sq = sum_sq;
-  pass->sum_ulp = sum_ulp;
-  pass->worst_index = worst;
+  run.StoreTo(pass, stats);
 }
 
 // Adds elements [begin, begin + n) when all of them are finite: their
-// terms come from FinitePairTerms (SIMD), and the order-dependent part
-// (sums, first worst element, counts) runs here in element order, as in
-// ScalarRange: an equal pair adds a +0 ULP term, which changes no sum.
-// Returns false, changing nothing, when some side is NaN or Inf.
+// terms come from FinitePairTerms (SIMD, written straight into abs_diffs),
+// and the order-dependent part runs here in element order, as in
+// ScalarRange. Returns false, changing nothing, when some side is NaN or
+// Inf.
 bool FiniteRange(const double* c, const double* r, int64_t begin, int64_t n,
                  Pass* pass, DriftStats* stats) {
   double ulps[kTermBlock];
-  double* abs_diffs = pass->abs_diffs + stats->count;
-  if (!drift_internal::FinitePairTerms(c + begin, r + begin, n, pass->ulp_dtype,
-                                       pass->tiny, abs_diffs, ulps,
-                                       &stats->max_rel)) {
+  const double* abs_diffs = pass->abs_diffs + stats->count;
+  Running run(*pass, *stats);
+  if (!drift_internal::FinitePairTerms(
+          c + begin, r + begin, n, pass->ulp_dtype, pass->tiny,
+          pass->abs_diffs + stats->count, ulps, &run.max_rel)) {
     return false;
   }
-  double sum_abs = pass->sum_abs, sum_sq = pass->sum_sq;
-  double sum_ulp = pass->sum_ulp;
-  double max_abs = stats->max_abs, max_ulp = stats->max_ulp;
-  int64_t worst = pass->worst_index;
-  int64_t over = stats->over_tolerance;
   for (int64_t j = 0; j < n; ++j) {
-    const double ad = abs_diffs[j];
-    sum_abs += ad;
-    sum_sq += ad * ad;
-    if (worst < 0 || ad > max_abs) {
-      max_abs = ad;
-      worst = begin + j;
-    }
-    over += ad > pass->tolerance;
-    max_ulp = std::max(max_ulp, ulps[j]);
-    sum_ulp += ulps[j];
+    run.Add(abs_diffs[j], ulps[j], begin + j, pass->tolerance);
   }
-  stats->count += n;
-  stats->over_tolerance = over;
-  stats->max_abs = max_abs;
-  stats->max_ulp = max_ulp;
-  pass->sum_abs = sum_abs;
-  pass->sum_sq = sum_sq;
-  pass->sum_ulp = sum_ulp;
-  pass->worst_index = worst;
+  run.StoreTo(pass, stats);
   return true;
 }
 

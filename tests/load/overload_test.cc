@@ -335,9 +335,9 @@ void Print(const Figures& f, Load& load) {
       "\ninteractive queue waits over %s s: %.0f of %.0f\nsampled expired in "
       "queue: %.0f\nRSS: pre-burst %s, peak %s, budget %s + receiving %s, "
       "after %.1f s idle %s\n",
-      kInteractiveWaitBound, f.i_slow_waits, f.i_waits, f.expired, Mib(f.rss_before).c_str(), Mib(f.rss_peak).c_str(),
-      Mib(kBudget).c_str(), Mib(f.receiving).c_str(), f.settle_s,
-      Mib(f.rss_after).c_str());
+      kInteractiveWaitBound, f.i_slow_waits, f.i_waits, f.expired,
+      Mib(f.rss_before).c_str(), Mib(f.rss_peak).c_str(), Mib(kBudget).c_str(),
+      Mib(f.receiving).c_str(), f.settle_s, Mib(f.rss_after).c_str());
 }
 
 TEST_F(OverloadTest, InteractiveStaysFastNothingExpiresMemoryComesBack) {
@@ -381,12 +381,11 @@ TEST_F(OverloadTest, InteractiveStaysFastNothingExpiresMemoryComesBack) {
   };
   f.expired = delta("attnaudit_jobs_completed_total",
                     "class=\"sampled\",outcome=\"deadline_exceeded\"");
-  f.i_waits = delta("attnaudit_queue_wait_seconds_count",
-                    "class=\"interactive\"");
-  f.i_slow_waits =
-      f.i_waits - delta("attnaudit_queue_wait_seconds_bucket",
-                        absl::StrCat("class=\"interactive\",le=\"",
-                                     kInteractiveWaitBound, "\""));
+  f.i_waits =
+      delta("attnaudit_queue_wait_seconds_count", "class=\"interactive\"");
+  f.i_slow_waits = f.i_waits - delta("attnaudit_queue_wait_seconds_bucket",
+                                     absl::StrCat("class=\"interactive\",le=\"",
+                                                  kInteractiveWaitBound, "\""));
   for (const char* r : {"queue_full", "memory_budget", "would_expire",
                         "tenant_quota", "too_large", "deadline"}) {
     f.rejections[r] =
