@@ -124,7 +124,8 @@ fuzz: build
 #                 ~8 s per run, 5 runs); the first run builds bench-env
 #   bench-sweeps  context / tokens / batch sweeps, up to 128k, and   ~2 min
 #                 the B=1 contexts audited in process
-#   bench-server  small-snapshot audits/s through the server       ~1.5 min
+#   bench-server  small-snapshot audits/s through the server, over   ~3 min
+#                 the socket and in shared memory (memfd)
 #   bench-loopback  W1 through the server per transport (unary,     ~1 min
 #                 stream, memfd) against the in-process audit
 #   bench-diagnosis  the statistical detector and the diagnosis:
@@ -196,6 +197,9 @@ bench-server: configure
 	@mkdir -p $(BENCH_OUT) $(BENCH_TMP)
 	python3 bench/sweeps/server_rate.py --bin-dir $(BUILD_DIR)/bin \
 	  --workdir $(BENCH_TMP) --json $(BENCH_OUT)/server_rate.json
+	python3 bench/sweeps/server_rate.py --bin-dir $(BUILD_DIR)/bin \
+	  --workdir $(BENCH_TMP) --transport memfd \
+	  --json $(BENCH_OUT)/server_rate_memfd.json
 
 bench-loopback: configure
 	$(BUILD_BENCH)

@@ -15,6 +15,7 @@ time per request comes from the report
 own server.
 
 usage: server_rate.py --bin-dir build/bin [--duration 5s] [--workdir DIR]
+                      [--transport auto|unary|stream|memfd]
                       [--server-args "--cpu-workers 2 --threads-per-job 1"]...
                       [--max-concurrency 64] [--json OUT]
 Standard library only.
@@ -48,6 +49,10 @@ def parse_args():
                    help="one server configuration (repeatable); default: the "
                         "server's defaults, then 2 workers x 1 thread")
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--transport", default="auto",
+                   choices=["auto", "unary", "stream", "memfd"],
+                   help="how the snapshot reaches the server (memfd: shared "
+                        "memory; the server gets --accept-memfd-snapshots)")
     p.add_argument("--json")
     return p.parse_args()
 
@@ -99,21 +104,24 @@ def bench_args(bin_dir, path, addr, concurrency, duration, rate=0.0):
             "--warmup", "1s", "--rate", f"{rate:.3f}", "--json"]
 
 
-def bench(bin_dir, path, addr, concurrency, duration, rate=0.0):
+def bench(bin_dir, path, addr, concurrency, duration, rate=0.0,
+          transport="auto"):
     out = subprocess.run(
-        bench_args(bin_dir, path, addr, concurrency, duration, rate),
+        bench_args(bin_dir, path, addr, concurrency, duration, rate) +
+        ["--transport", transport],
         check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def sweep(args, path, server_args):
-    server = Server(args.bin_dir, server_args, args.workdir)
+    extra = ["--accept-memfd-snapshots"] if args.transport == "memfd" else []
+    server = Server(args.bin_dir, server_args + extra, args.workdir)
     points = []
     try:
         concurrency, stalls = 1, 0
         while concurrency <= args.max_concurrency and stalls < 2:
             r = bench(args.bin_dir, path, server.addr, concurrency,
-                      args.duration)
+                      args.duration, transport=args.transport)
             print(f"  [{' '.join(server_args) or 'defaults'}] concurrency "
                   f"{concurrency}: {r['audits_per_second']:.1f} audits/s, "
                   f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, "
@@ -127,7 +135,8 @@ def sweep(args, path, server_args):
         # Open loop at 80% of the peak: latency from each audit's due time.
         target = 0.8 * peak["audits_per_second"]
         at80 = bench(args.bin_dir, path, server.addr,
-                     max(4, peak["concurrency"]), args.duration, rate=target)
+                     max(4, peak["concurrency"]), args.duration, rate=target,
+                     transport=args.transport)
     finally:
         server.stop()
     return {"server_args": server_args, "points": points, "max": peak,
@@ -160,6 +169,7 @@ def main():
     print(f"machine: {machine['cpu']}, {machine['cores']} cores, "
           f"{machine['isa']}; load average {machine['load_average']} at "
           f"start, {machine['load_average_end']} at the end")
+    print(f"transport: {args.transport}")
     print(f"snapshot: B=1, {work['tokens']} tokens, "
           f"{work['file_bytes'] / 1e6:.1f} MB; audit floor "
           f"{floor_s * 1e3:.3f} ms")
@@ -175,7 +185,8 @@ def main():
               f"{a['audit_ms']:.2f} ({a['audit_ms'] / 1e3 / floor_s:.0f}x) |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": machine, "snapshot": work, "floor": floor,
+            json.dump({"machine": machine, "transport": args.transport,
+                       "snapshot": work, "floor": floor,
                        "audit_floor_s": floor_s, "configs": results}, f,
                       indent=1)
 
