@@ -2,10 +2,13 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -20,6 +23,17 @@ absl::Status SystemError(const char* call) {
   return absl::InternalError(absl::StrCat(call, ": ", strerror(errno)));
 }
 
+// This kernel's boot id, which the server compares with its own.
+absl::StatusOr<std::string> ReadBootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (!std::getline(in, id) || id.empty()) {
+    return absl::InternalError(
+        "/proc/sys/kernel/random/boot_id: cannot read this kernel's boot id");
+  }
+  return id;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MemfdSnapshot>> MemfdSnapshot::Create(
@@ -28,6 +42,12 @@ absl::StatusOr<std::unique_ptr<MemfdSnapshot>> MemfdSnapshot::Create(
       ::memfd_create("attnaudit-snapshot", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return SystemError("memfd_create");
   std::unique_ptr<MemfdSnapshot> memfd(new MemfdSnapshot(fd));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return SystemError("fstat");
+  memfd->inode_ = static_cast<uint64_t>(st.st_ino);
+  absl::StatusOr<std::string> boot_id = ReadBootId();
+  if (!boot_id.ok()) return boot_id.status();
+  memfd->boot_id_ = *std::move(boot_id);
   if (absl::Status s = memfd->Write(snapshot); !s.ok()) return s;
   // The server maps the memfd; one that could shrink under the mapping
   // would fault the server, so it refuses memfds without this seal.
@@ -72,6 +92,8 @@ void MemfdSnapshot::Describe(v1::AuditRequest* request) const {
   v1::MemfdSnapshot* ref = request->mutable_snapshot_memfd();
   ref->set_path(absl::StrCat("/proc/", ::getpid(), "/fd/", fd_));
   ref->set_bytes(bytes_);
+  ref->set_boot_id(boot_id_);
+  ref->set_inode(inode_);
 }
 
 }  // namespace attnaudit::client

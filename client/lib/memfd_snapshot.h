@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -51,6 +52,10 @@ class MemfdSnapshot {
   explicit MemfdSnapshot(int fd) : fd_(fd) {}
 
   const int fd_;
+  // What the server checks to be sure it opened this very memfd: this
+  // kernel's boot id and the memfd's inode number.
+  std::string boot_id_;
+  uint64_t inode_ = 0;
   int64_t bytes_ = 0;  // of the snapshot now in the memfd
   int64_t size_ = 0;   // of the memfd
 };

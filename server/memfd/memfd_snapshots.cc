@@ -89,6 +89,22 @@ class FdCloser {
 
 }  // namespace
 
+absl::StatusOr<std::string> ReadBootId() {
+  constexpr char kPath[] = "/proc/sys/kernel/random/boot_id";
+  const int fd = ::open(kPath, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::InternalError(
+        absl::StrCat(kPath, ": cannot open: ", strerror(errno)));
+  }
+  FdCloser closer(fd);
+  char buffer[64];
+  const ssize_t n = ::read(fd, buffer, sizeof buffer);
+  std::string id(buffer, n > 0 ? static_cast<size_t>(n) : 0);
+  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+  if (id.empty()) return absl::InternalError(absl::StrCat(kPath, ": empty"));
+  return id;
+}
+
 absl::StatusOr<std::unique_ptr<MemfdSnapshots>> MemfdSnapshots::Create(
     MemfdSnapshotOptions options) {
   if (options.max_bytes < 1 || options.max_mappings < 1 ||
@@ -97,11 +113,14 @@ absl::StatusOr<std::unique_ptr<MemfdSnapshots>> MemfdSnapshots::Create(
     return absl::InvalidArgumentError(
         "memfd snapshots: limits and the idle timeout must be positive");
   }
-  return std::unique_ptr<MemfdSnapshots>(new MemfdSnapshots(options));
+  ATTNAUDIT_ASSIGN_OR_RETURN(std::string boot_id, ReadBootId());
+  return std::unique_ptr<MemfdSnapshots>(
+      new MemfdSnapshots(options, std::move(boot_id)));
 }
 
-absl::StatusOr<Snapshot> MemfdSnapshots::Open(const std::string& path,
-                                              int64_t bytes) {
+absl::StatusOr<Snapshot> MemfdSnapshots::Open(const MemfdRef& ref) {
+  const std::string& path = ref.path;
+  const int64_t bytes = ref.bytes;
   if (!IsProcFdPath(path)) {
     return absl::InvalidArgumentError(
         absl::StrCat(kPathField, ": expected /proc/<pid>/fd/<fd>, got \"",
@@ -112,11 +131,25 @@ absl::StatusOr<Snapshot> MemfdSnapshots::Open(const std::string& path,
         absl::StrCat("snapshot_memfd.bytes: ", bytes, " is outside [1, ",
                      options_.max_bytes, "] (--max-message-bytes)"));
   }
+  if (ref.boot_id != boot_id_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "snapshot_memfd.boot_id: the client runs on another kernel (boot id "
+        "\"",
+        ref.boot_id.substr(0, 40),
+        "\") than this server; a memfd can "
+        "only be handed to a server on the same machine"));
+  }
   // The type is checked before the open: opening a FIFO would wait for a
   // writer, and a device might act on it. O_NONBLOCK covers a swap of the
   // descriptor between the two calls, which the inode comparison catches.
   struct stat before;
   if (::stat(path.c_str(), &before) != 0) return OpenError(errno, path);
+  if (static_cast<uint64_t>(before.st_ino) != ref.inode) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "snapshot_memfd.inode: ", path, " is another file here (inode ",
+        before.st_ino, ", the client's memfd is ", ref.inode,
+        "): are the client and the server in different PID namespaces?"));
+  }
   if (!S_ISREG(before.st_mode)) {
     return absl::InvalidArgumentError(
         absl::StrCat(kPathField, ": ", path, " is not a regular file"));

@@ -5,7 +5,14 @@
 // DecodeMappedSnapshot): no byte crosses a socket or is copied.
 //
 //   ATTNAUDIT_ASSIGN_OR_RETURN(auto memfds, MemfdSnapshots::Create({}));
-//   absl::StatusOr<Snapshot> s = memfds->Open("/proc/123/fd/7", bytes);
+//   absl::StatusOr<Snapshot> s =
+//       memfds->Open({"/proc/123/fd/7", bytes, boot_id, inode});
+//
+// Same machine, same file. /proc/<pid>/fd/<n> names another process's file
+// on another machine, or in another PID namespace of this one; auditing
+// that instead would be a wrong report, so the client also sends its
+// kernel's boot id and the memfd's inode number, and both must match
+// (FailedPrecondition otherwise).
 //
 // Safety. Only a file the client sealed against shrinking (F_SEAL_SHRINK)
 // is read: a mapped file that shrank under a reader would kill it with
@@ -30,6 +37,8 @@
 //                    shrinking; "snapshot_memfd.bytes: ..." out of range
 //   NotFound / PermissionDenied  "snapshot_memfd.path: cannot open ..."
 //   InvalidArgument  "snapshot_memfd: not a valid attnaudit.v1.Snapshot ..."
+//   FailedPrecondition "snapshot_memfd.boot_id: ..." another kernel;
+//                    "snapshot_memfd.inode: ..." another file at the path
 #ifndef ATTNAUDIT_SERVER_MEMFD_MEMFD_SNAPSHOTS_H_
 #define ATTNAUDIT_SERVER_MEMFD_MEMFD_SNAPSHOTS_H_
 
@@ -46,6 +55,18 @@
 
 namespace attnaudit::server {
 
+// What a request names (AuditRequest.snapshot_memfd).
+struct MemfdRef {
+  std::string path;     // /proc/<pid>/fd/<n>
+  int64_t bytes = 0;    // the snapshot's length at the start of the memfd
+  std::string boot_id;  // the client's /proc/sys/kernel/random/boot_id
+  uint64_t inode = 0;   // the memfd's st_ino, as the client sees it
+};
+
+// This kernel's boot id (one line of /proc/sys/kernel/random/boot_id,
+// without the newline); Internal when it cannot be read.
+absl::StatusOr<std::string> ReadBootId();
+
 struct MemfdSnapshotOptions {
   // The largest snapshot accepted (the server's --max-message-bytes, so
   // that a memfd snapshot is no larger than one sent inline).
@@ -58,12 +79,13 @@ struct MemfdSnapshotOptions {
 
 class MemfdSnapshots {
  public:
-  // InvalidArgument for a non-positive limit.
+  // InvalidArgument for a non-positive limit; Internal when this kernel's
+  // boot id cannot be read.
   static absl::StatusOr<std::unique_ptr<MemfdSnapshots>> Create(
       MemfdSnapshotOptions options);
 
-  // The snapshot in the first `bytes` bytes of the memfd at `path`.
-  absl::StatusOr<Snapshot> Open(const std::string& path, int64_t bytes);
+  // The snapshot in the first ref.bytes bytes of the memfd ref names.
+  absl::StatusOr<Snapshot> Open(const MemfdRef& ref);
 
   // Drops the mappings unused for idle_timeout.
   void DropIdle();
@@ -80,7 +102,8 @@ class MemfdSnapshots {
     absl::Time last_used;
   };
 
-  explicit MemfdSnapshots(MemfdSnapshotOptions options) : options_(options) {}
+  MemfdSnapshots(MemfdSnapshotOptions options, std::string boot_id)
+      : options_(options), boot_id_(std::move(boot_id)) {}
   // The kept mapping of the file open at fd (stat'ed as device/inode/size),
   // covering at least `bytes`; maps it anew when there is none.
   absl::StatusOr<std::shared_ptr<const void>> MappingOf(
@@ -89,6 +112,7 @@ class MemfdSnapshots {
   void EvictBeyondLimits() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const MemfdSnapshotOptions options_;
+  const std::string boot_id_;
   mutable absl::Mutex mu_;
   std::list<Mapping> mappings_ ABSL_GUARDED_BY(mu_);  // most recent first
 };

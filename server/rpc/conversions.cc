@@ -236,8 +236,9 @@ absl::StatusOr<DecodedAudit> DecodeMemfdAuditRequest(
         "(start it with --accept-memfd-snapshots)");
   }
   const v1::MemfdSnapshot& ref = request.snapshot_memfd();
-  ATTNAUDIT_ASSIGN_OR_RETURN(Snapshot snapshot,
-                             memfds->Open(ref.path(), ref.bytes()));
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      Snapshot snapshot,
+      memfds->Open({ref.path(), ref.bytes(), ref.boot_id(), ref.inode()}));
   *bytes = ref.bytes();
   return WithOptions(std::move(snapshot), request.options());
 }

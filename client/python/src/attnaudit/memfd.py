@@ -34,6 +34,10 @@ class MemfdSnapshot:
         self._size = 0   # of the memfd
         self.nbytes = 0  # of the snapshot now in it
         try:
+            # What the server checks to be sure it opened this very memfd.
+            self._inode = os.fstat(self._fd).st_ino
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                self._boot_id = f.read().strip()
             self.write(snapshot)
             # A memfd that could shrink under the server's mapping would
             # fault the server, so it refuses memfds without this seal.
@@ -65,7 +69,8 @@ class MemfdSnapshot:
     def describe(self) -> service_pb2.MemfdSnapshot:
         """AuditRequest.snapshot_memfd for this memfd."""
         return service_pb2.MemfdSnapshot(
-            path=f"/proc/{os.getpid()}/fd/{self._fd}", bytes=self.nbytes)
+            path=f"/proc/{os.getpid()}/fd/{self._fd}", bytes=self.nbytes,
+            boot_id=self._boot_id, inode=self._inode)
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -45,11 +45,25 @@ std::string ProcPath(int fd) {
   return absl::StrCat("/proc/", getpid(), "/fd/", fd);
 }
 
-// The path and size a client's MemfdSnapshot describes.
-std::pair<std::string, int64_t> Ref(const client::MemfdSnapshot& m) {
+std::string BootId() {
+  absl::StatusOr<std::string> id = ReadBootId();
+  EXPECT_TRUE(id.ok()) << id.status();
+  return id.ok() ? *id : "";
+}
+
+// A reference to any open file of this process, as a client would send it.
+MemfdRef RefTo(int fd, int64_t bytes) {
+  struct stat st;
+  EXPECT_EQ(fstat(fd, &st), 0);
+  return {ProcPath(fd), bytes, BootId(), static_cast<uint64_t>(st.st_ino)};
+}
+
+// What a client's MemfdSnapshot describes.
+MemfdRef Ref(const client::MemfdSnapshot& m) {
   v1::AuditRequest request;
   m.Describe(&request);
-  return {request.snapshot_memfd().path(), request.snapshot_memfd().bytes()};
+  const v1::MemfdSnapshot& r = request.snapshot_memfd();
+  return {r.path(), r.bytes(), r.boot_id(), r.inode()};
 }
 
 bool SameTensor(const Tensor& a, const Tensor& b) {
@@ -57,10 +71,10 @@ bool SameTensor(const Tensor& a, const Tensor& b) {
          a.bytes() == b.bytes();
 }
 
-void ExpectRefused(MemfdSnapshots* m, const std::string& path, int64_t bytes,
+void ExpectRefused(MemfdSnapshots* m, const MemfdRef& ref,
                    absl::StatusCode code, const std::string& field) {
-  absl::StatusOr<Snapshot> s = m->Open(path, bytes);
-  ASSERT_FALSE(s.ok()) << path;
+  absl::StatusOr<Snapshot> s = m->Open(ref);
+  ASSERT_FALSE(s.ok()) << ref.path;
   EXPECT_EQ(s.status().code(), code) << s.status();
   EXPECT_TRUE(absl::StartsWith(s.status().message(), field)) << s.status();
 }
@@ -70,8 +84,7 @@ TEST(MemfdSnapshotsTest, ReadsTheSnapshotASealedMemfdHolds) {
   auto memfd = client::MemfdSnapshot::Create(want);
   ASSERT_TRUE(memfd.ok()) << memfd.status();
   auto m = Make();
-  const auto [path, bytes] = Ref(**memfd);
-  absl::StatusOr<Snapshot> got = m->Open(path, bytes);
+  absl::StatusOr<Snapshot> got = m->Open(Ref(**memfd));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(SameTensor(got->k_pages, want.k_pages));
   EXPECT_TRUE(SameTensor(got->q, want.q));
@@ -86,34 +99,54 @@ TEST(MemfdSnapshotsTest, RefusesWhatIsNotASealedMemfdOfTheProcFdForm) {
   for (const char* path : {"/etc/passwd", "/proc/self/fd/0", "proc/1/fd/2",
                            "/proc/1/fd/", "/proc/1/fd/2/x", "/proc/../etc/fd/1",
                            "/proc/1/fd/99999999999", "/proc/-1/fd/3", ""}) {
-    ExpectRefused(m.get(), path, 10, bad, "snapshot_memfd.path");
+    ExpectRefused(m.get(), {path, 10, BootId(), 1}, bad, "snapshot_memfd.path");
   }
   // A memfd that is not sealed against shrinking.
   const int unsealed = memfd_create("unsealed", MFD_CLOEXEC);
   ASSERT_GE(unsealed, 0);
   ASSERT_EQ(ftruncate(unsealed, 4096), 0);
-  ExpectRefused(m.get(), ProcPath(unsealed), 10, bad, "snapshot_memfd.path");
+  ExpectRefused(m.get(), RefTo(unsealed, 10), bad, "snapshot_memfd.path");
   // An ordinary file, which cannot be sealed at all.
   char name[] = "/tmp/attnaudit_memfd_XXXXXX";
   const int regular = mkstemp(name);
   ASSERT_GE(regular, 0);
   ASSERT_EQ(ftruncate(regular, 4096), 0);
-  ExpectRefused(m.get(), ProcPath(regular), 10, bad, "snapshot_memfd.path");
+  ExpectRefused(m.get(), RefTo(regular, 10), bad, "snapshot_memfd.path");
   unlink(name);
   // A FIFO (opening it would wait for a writer): refused at once.
   const std::string fifo = absl::StrCat(name, ".fifo");
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   const int pipe_end = open(fifo.c_str(), O_RDWR | O_CLOEXEC);
   ASSERT_GE(pipe_end, 0);
-  ExpectRefused(m.get(), ProcPath(pipe_end), 10, bad, "snapshot_memfd.path");
+  ExpectRefused(m.get(), RefTo(pipe_end, 10), bad, "snapshot_memfd.path");
   close(pipe_end);
   unlink(fifo.c_str());
   // No such descriptor.
-  ExpectRefused(m.get(), ProcPath(999999), 10, absl::StatusCode::kNotFound,
-                "snapshot_memfd.path");
+  ExpectRefused(m.get(), {ProcPath(999999), 10, BootId(), 1},
+                absl::StatusCode::kNotFound, "snapshot_memfd.path");
   close(unsealed);
   close(regular);
   EXPECT_EQ(m->mappings(), 0);
+}
+
+TEST(MemfdSnapshotsTest, AnotherKernelOrAnotherFileAtThePathIsRefused) {
+  // The path means something only on the client's machine and in its PID
+  // namespace: a boot id or an inode that is not the opened file's means
+  // the server would read someone else's memfd.
+  auto memfd = client::MemfdSnapshot::Create(Synth(64, 7));
+  ASSERT_TRUE(memfd.ok());
+  auto other = client::MemfdSnapshot::Create(Synth(64, 8));
+  ASSERT_TRUE(other.ok());
+  auto m = Make();
+  const absl::StatusCode pre = absl::StatusCode::kFailedPrecondition;
+  MemfdRef elsewhere = Ref(**memfd);
+  elsewhere.boot_id = "00000000-0000-0000-0000-000000000000";
+  ExpectRefused(m.get(), elsewhere, pre, "snapshot_memfd.boot_id");
+  MemfdRef swapped = Ref(**memfd);
+  swapped.inode = Ref(**other).inode;  // the path names the first memfd
+  ExpectRefused(m.get(), swapped, pre, "snapshot_memfd.inode");
+  EXPECT_EQ(m->mappings(), 0);
+  EXPECT_TRUE(m->Open(Ref(**memfd)).ok());
 }
 
 TEST(MemfdSnapshotsTest, RefusesSizesOutsideTheMemfdAndTheLimit) {
@@ -122,15 +155,19 @@ TEST(MemfdSnapshotsTest, RefusesSizesOutsideTheMemfdAndTheLimit) {
   MemfdSnapshotOptions o;
   o.max_bytes = (*memfd)->bytes() + 1;
   auto m = Make(o);
-  const auto [path, bytes] = Ref(**memfd);
+  const MemfdRef ref = Ref(**memfd);
   const absl::StatusCode bad = absl::StatusCode::kInvalidArgument;
-  ExpectRefused(m.get(), path, 0, bad, "snapshot_memfd.bytes");
-  ExpectRefused(m.get(), path, -5, bad, "snapshot_memfd.bytes");
-  ExpectRefused(m.get(), path, bytes + 1, bad, "snapshot_memfd.bytes");
-  ExpectRefused(m.get(), path, bytes + 2, bad, "snapshot_memfd.bytes");
+  for (int64_t wrong :
+       {int64_t{0}, int64_t{-5}, ref.bytes + 1, ref.bytes + 2}) {
+    MemfdRef r = ref;
+    r.bytes = wrong;
+    ExpectRefused(m.get(), r, bad, "snapshot_memfd.bytes");
+  }
   // Bytes that are not a snapshot: named by the field, not a crash.
-  ExpectRefused(m.get(), path, bytes - 7, bad, "snapshot_memfd");
-  EXPECT_TRUE(m->Open(path, bytes).ok());
+  MemfdRef cut = ref;
+  cut.bytes -= 7;
+  ExpectRefused(m.get(), cut, bad, "snapshot_memfd");
+  EXPECT_TRUE(m->Open(ref).ok());
 }
 
 TEST(MemfdSnapshotsTest, KeptMappingFollowsWritesAndGrowth) {
@@ -142,8 +179,7 @@ TEST(MemfdSnapshotsTest, KeptMappingFollowsWritesAndGrowth) {
   auto m = Make();
   for (const Snapshot* want : {&a, &b, &big, &a}) {
     ASSERT_TRUE((*memfd)->Write(*want).ok());
-    const auto [path, bytes] = Ref(**memfd);
-    absl::StatusOr<Snapshot> got = m->Open(path, bytes);
+    absl::StatusOr<Snapshot> got = m->Open(Ref(**memfd));
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_TRUE(SameTensor(got->k_pages, want->k_pages));
     EXPECT_EQ(m->mappings(), 1);  // one memfd: one mapping, replaced
@@ -162,8 +198,7 @@ TEST(MemfdSnapshotsTest, IdleAndExcessMappingsGoButNotFromUnderAnAudit) {
     auto created = client::MemfdSnapshot::Create(s);
     ASSERT_TRUE(created.ok());
     memfd = *std::move(created);
-    const auto [path, bytes] = Ref(*memfd);
-    absl::StatusOr<Snapshot> got = m->Open(path, bytes);
+    absl::StatusOr<Snapshot> got = m->Open(Ref(*memfd));
     ASSERT_TRUE(got.ok()) << got.status();
     held = *std::move(got);
   }
