@@ -43,7 +43,7 @@ class MemfdSnapshot:
             # fault the server, so it refuses memfds without this seal.
             fcntl.fcntl(self._fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
         except BaseException:
-            os.close(self._fd)
+            self.close()  # once: __del__ will find it closed
             raise
 
     def write(self, snapshot: Snapshot) -> None:
@@ -73,7 +73,7 @@ class MemfdSnapshot:
             boot_id=self._boot_id, inode=self._inode)
 
     def close(self) -> None:
-        if self._fd >= 0:
+        if getattr(self, "_fd", -1) >= 0:  # absent when memfd_create failed
             os.close(self._fd)
             self._fd = -1
 
