@@ -342,7 +342,7 @@ double NthSmallestMagnitude(double* v, int64_t n, int64_t k) {
       std::memcpy(&bits, &x, sizeof bits);
       return static_cast<size_t>((bits >> shift) & kDigitMask);
     };
-    std::vector<int64_t> counts(kDigitMask + 1, 0);
+    int64_t counts[kDigitMask + 1] = {};  // 32 KiB: no allocation per audit
     for (int64_t i = 0; i < m; ++i) ++counts[digit(v[i])];
     size_t bucket = 0;
     while (k >= counts[bucket]) k -= counts[bucket++];

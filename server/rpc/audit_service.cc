@@ -333,20 +333,6 @@ void PublishResult(AuditServiceImpl* svc, v1::JobResult result,
 // ---- The service
 // ----------------------------------------------------------------
 
-namespace {
-
-std::unique_ptr<MemfdSnapshots> MakeMemfdSnapshots(
-    const ServiceOptions& options) {
-  if (!options.accept_memfd_snapshots) return nullptr;
-  MemfdSnapshotOptions o;
-  o.max_bytes = options.max_message_bytes;
-  o.max_mapped_bytes = options.queued_bytes_budget;
-  absl::StatusOr<std::unique_ptr<MemfdSnapshots>> m = MemfdSnapshots::Create(o);
-  return m.ok() ? *std::move(m) : nullptr;
-}
-
-}  // namespace
-
 AuditServiceImpl::AuditServiceImpl(ServiceOptions options, Scheduler* scheduler,
                                    Spool* spool, ResultStore* store,
                                    Metrics* metrics, BlockingExecutor* executor,
@@ -358,7 +344,6 @@ AuditServiceImpl::AuditServiceImpl(ServiceOptions options, Scheduler* scheduler,
       store_(store),
       metrics_(metrics),
       executor_(executor),
-      memfd_snapshots_(MakeMemfdSnapshots(options_)),
       auth_(auth),
       job_id_key_(std::move(job_id_key)),
       durable_(
@@ -464,7 +449,7 @@ grpc::ServerUnaryReactor* AuditServiceImpl::GetCapabilities(
   caps.set_fingerprint_version(kFingerprintVersion);
   DescribeDevices(scheduler_->Devices(), options_, &caps);
   DescribeLimits(options_, caps.mutable_limits());
-  caps.set_accepts_memfd_snapshots(memfd_snapshots_ != nullptr);
+  caps.set_accepts_memfd_snapshots(options_.memfd_snapshots != nullptr);
   call->Done(SerializeResponse(caps, response));
   return call;
 }

@@ -109,9 +109,9 @@ struct ServiceOptions {
   std::vector<DeviceDescription> device_descriptions;
   std::string devices_note;
   std::string version = "unknown";
-  // Audit reads AuditRequest.snapshot_memfd (server/memfd): off unless
-  // --accept-memfd-snapshots.
-  bool accept_memfd_snapshots = false;
+  // Audit reads AuditRequest.snapshot_memfd through these (server/memfd;
+  // not owned, outlives the service): null unless --accept-memfd-snapshots.
+  MemfdSnapshots* memfd_snapshots = nullptr;
 };
 
 // The generated service with every method raw (see the file comment).
@@ -184,8 +184,8 @@ class AuditServiceImpl final : public RawAuditService {
   Spool* spool() const { return spool_; }
   ResultStore* store() const { return store_; }
   Metrics* metrics() const { return metrics_; }
-  // Null unless options.accept_memfd_snapshots.
-  MemfdSnapshots* memfd_snapshots() const { return memfd_snapshots_.get(); }
+  // Null unless the server accepts memfd snapshots.
+  MemfdSnapshots* memfd_snapshots() const { return options_.memfd_snapshots; }
   BlockingExecutor* executor() const { return executor_; }
   const Authenticator& auth() const { return *auth_; }
   const JobIdKey& job_id_key() const { return job_id_key_; }
@@ -207,7 +207,6 @@ class AuditServiceImpl final : public RawAuditService {
   ResultStore* const store_;
   Metrics* const metrics_;
   BlockingExecutor* const executor_;
-  const std::unique_ptr<MemfdSnapshots> memfd_snapshots_;
   const Authenticator* const auth_;
   const JobIdKey job_id_key_;
   WatchHub hub_;

@@ -202,6 +202,21 @@ absl::Status AuditServer::Init() {
   ATTNAUDIT_ASSIGN_OR_RETURN(scheduler_, Scheduler::Create(std::move(sched)));
   executor_ =
       std::make_unique<BlockingExecutor>(o.blocking_threads, o.blocking_queue);
+  if (o.accept_memfd_snapshots) {
+    // At start, not per call: a server that cannot read memfds must not
+    // run as if the operator had not asked for them.
+    MemfdSnapshotOptions mo;
+    mo.max_bytes = o.max_message_bytes;
+    mo.max_mapped_bytes = o.memory_budget_bytes;
+    absl::StatusOr<std::unique_ptr<MemfdSnapshots>> memfds =
+        MemfdSnapshots::Create(mo);
+    if (!memfds.ok()) {
+      return absl::Status(memfds.status().code(),
+                          absl::StrCat("--accept-memfd-snapshots: ",
+                                       memfds.status().message()));
+    }
+    memfd_snapshots_ = *std::move(memfds);
+  }
   service_ = std::make_unique<AuditServiceImpl>(
       MakeServiceOptions(), scheduler_.get(), spool_.get(), store_.get(),
       metrics_.get(), executor_.get(), auth_.get(), *job_id_key_);
@@ -359,7 +374,7 @@ ServiceOptions AuditServer::MakeServiceOptions() const {
   svc.cuda_built = cuda_built_;
   svc.device_descriptions = device_descriptions_;
   svc.devices_note = devices_note_;
-  svc.accept_memfd_snapshots = o.accept_memfd_snapshots;
+  svc.memfd_snapshots = memfd_snapshots_.get();
   return svc;
 }
 

@@ -211,6 +211,7 @@ class AuditServer {
   std::unique_ptr<Spool> spool_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<BlockingExecutor> executor_;
+  std::unique_ptr<MemfdSnapshots> memfd_snapshots_;  // outlives service_
   std::unique_ptr<AuditServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
