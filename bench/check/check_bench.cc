@@ -6,6 +6,11 @@
 //               R flops / fp64 FMA peak + P flops / fp32 FMA peak).
 // Usage: attnaudit_bench_check [--threads N] [--repeats N] [--context L]
 //        [--batch B] [--preset NAME] [--markdown]
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -139,8 +144,42 @@ std::unique_ptr<Workload> PrepareWorkload(const BenchFlags& flags,
   return owned;
 }
 
+// What the kernel charges to make every page of the file (in the page
+// cache) addressable and to take the mapping down again, on all threads:
+// the part of a whole check that no floor counts and no code of ours can
+// skip while the file is read through a mapping. MADV_POPULATE_READ in
+// 4 MiB ranges is the cheapest form measured on the dev VM (first touch
+// costs about twice as much per page; docs/PERF.md, fifth pass).
+void MapAndUnmap(const std::string& path, int threads) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) Die(absl::ErrnoToStatus(errno, path));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) Die(absl::ErrnoToStatus(errno, path));
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* mapped = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (mapped == MAP_FAILED) Die(absl::ErrnoToStatus(errno, path));
+  constexpr size_t kRange = size_t{4} << 20;
+  char* base = static_cast<char*>(mapped);
+  ParallelFor(
+      static_cast<int64_t>((size + kRange - 1) / kRange), threads,
+      [&](int64_t i) {
+        const size_t begin = static_cast<size_t>(i) * kRange;
+        const size_t length = std::min(kRange, size - begin);
+        if (::madvise(base + begin, length, MADV_POPULATE_READ) == 0) {
+          return;
+        }
+        // A kernel before 5.14: first touch, one read per page.
+        const long page = ::sysconf(_SC_PAGESIZE);
+        for (size_t at = 0; at < length; at += page) {
+          static_cast<void>(*static_cast<volatile char*>(base + begin + at));
+        }
+      });
+  ::munmap(mapped, size);
+}
+
 struct StageTimes {
-  Timing validate, reference, replay, fused, audit, read, check;
+  Timing validate, reference, replay, fused, audit, read, check, mapping;
   Verdict verdict = Verdict::kUnspecified;
 };
 
@@ -186,6 +225,7 @@ StageTimes MeasureStages(const Workload& w, const BenchFlags& flags,
     absl::StatusOr<Snapshot> s = ReadSnapshotFile(flags.file);
     if (!s.ok()) Die(s.status());
   });
+  t.mapping = Measure(n, [&] { MapAndUnmap(flags.file, threads); });
   return t;
 }
 
@@ -221,12 +261,18 @@ void PrintResults(const BenchFlags& flags, const Workload& w, int threads,
       {"R + P fused pass", &t.fused},
       {"audit in memory (R+P+drift)", &t.audit},
       {"read + parse file", &t.read},
-      {"whole check (read+audit)", &t.check}};
+      {"whole check (read+audit)", &t.check},
+      {"map + unmap the file's pages", &t.mapping}};
   for (const auto& [name, timing] : rows) {
     std::printf("  %-34s min %8.2f ms  median %8.2f ms  %5.2fx floor\n", name,
                 timing->min * 1e3, timing->median * 1e3,
                 timing->median / machine_floor);
   }
+  // The least a whole check can cost here: the floor's work plus the
+  // kernel's page mapping, which the floor does not count.
+  const double bound = machine_floor + t.mapping.median;
+  std::printf("check bound: floor + page mapping = %.2f ms (%.2fx floor)\n",
+              bound * 1e3, bound / machine_floor);
   if (!flags.markdown) return;
   std::printf(
       "\n| stage | median ms | min ms | x floor |\n|---|---|---|---|\n");
