@@ -10,6 +10,9 @@
 #include <limits>
 #include <vector>
 
+#include "core/attention/merge_step.h"
+#include "core/common/rounded_ops.h"
+#include "core/simd/targets.h"
 #include "gtest/gtest.h"
 #include "tests/unit/core/testing/snapshot_builder.h"
 
@@ -284,6 +287,90 @@ TEST(MergeTest, ShiftingAllLsesShiftsTheResultAndKeepsTheOutput) {
   // The weights exp(l_i - M) see the same (exact) differences.
   EXPECT_EQ(a, b);
   EXPECT_NEAR(lb, la + 64.0, 4 * 64 * kU);
+}
+
+// The definition in scalar form, written from docs/DESIGN.md §2 with one
+// rounded fp32 operation per step: the vector loops must give its bits.
+void ScalarMerge(const std::vector<State>& states, int64_t d,
+                 std::vector<float>* out, float* lse) {
+  using F = rounded::Ops<float>;
+  float m = F::NegInf();
+  for (const State& s : states) m = F::Fmax(m, merge_step::SanitizeLse(s.lse));
+  out->assign(static_cast<size_t>(d), 0.0f);
+  if (m == F::NegInf()) {
+    *lse = m;
+    return;
+  }
+  std::vector<float> w;
+  std::vector<const State*> live;
+  float total = 0.0f;
+  for (const State& s : states) {
+    const float l = merge_step::SanitizeLse(s.lse);
+    if (l == F::NegInf()) continue;
+    const float wi = F::Exp(F::Sub(l, m));
+    if (wi == 0.0f) continue;
+    total = F::Add(total, wi);
+    w.push_back(wi);
+    live.push_back(&s);
+  }
+  for (int64_t j = 0; j < d; ++j) {
+    float acc = 0.0f;
+    for (size_t i = 0; i < live.size(); ++i) {
+      acc = F::Add(acc, F::Mul(w[i], live[i]->out[j]));
+    }
+    (*out)[j] = F::Div(acc, total);
+  }
+  *lse = F::Add(m, F::Log(total));
+}
+
+// States whose outs hold signed zeros, subnormals, huge values, inf and
+// NaN, with LSEs that make some weights 0 (empty, or underflowing) and
+// others equal.
+std::vector<State> AwkwardStates(TestRng& rng, int n, int64_t d) {
+  const float values[] = {0.0f, -0.0f, 1e-40f, -3e38f, kInf, kNaN, 1.0f};
+  const float lses[] = {-kInf, kNaN, kInf, -200.0f, 0.0f, 0.0f, 5.0f};
+  std::vector<State> states = RandomStates(rng, n, d, 10, 0);
+  for (State& s : states) {
+    if (rng.Uniform(0, 1) < 0.3) s.lse = lses[rng.UniformInt(0, 6)];
+    for (float& x : s.out) {
+      if (rng.Uniform(0, 1) < 0.1) x = values[rng.UniformInt(0, 6)];
+    }
+  }
+  return states;
+}
+
+TEST(MergeTest, EveryTargetGivesTheScalarDefinitionsBits) {
+  TestRng rng(55);
+  for (int64_t target : CompiledSimdTargets()) {
+    ForceSimdTargetForTest(target);
+    const std::string name = SimdTargetName(target);
+    for (int trial = 0; trial < 300; ++trial) {
+      const int n = 1 + trial % 5;
+      const int64_t d = 1 + (trial * 7) % 70;  // tails of every length
+      const std::vector<State> states = AwkwardStates(rng, n, d);
+      std::vector<float> want;
+      float want_lse = 0;
+      ScalarMerge(states, d, &want, &want_lse);
+      std::vector<float> out;
+      float lse = 0;
+      Merge(states, d, &out, &lse);
+      ASSERT_EQ(Bits(lse), Bits(want_lse)) << name << " trial " << trial;
+      for (int64_t j = 0; j < d; ++j) {
+        ASSERT_EQ(Bits(out[j]), Bits(want[j]))
+            << name << " trial " << trial << " j=" << j;
+      }
+      if (n != 2) continue;
+      std::vector<float> acc = states[0].out;
+      float acc_lse = states[0].lse;
+      MergeInto(acc.data(), &acc_lse, states[1].out.data(), states[1].lse, d);
+      ASSERT_EQ(Bits(acc_lse), Bits(want_lse)) << name << " trial " << trial;
+      for (int64_t j = 0; j < d; ++j) {
+        ASSERT_EQ(Bits(acc[j]), Bits(want[j]))
+            << name << " MergeInto trial " << trial << " j=" << j;
+      }
+    }
+  }
+  ForceSimdTargetForTest(0);
 }
 
 TEST(MergeTest, LseFromBase2ScalesByLn2) {
