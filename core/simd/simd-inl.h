@@ -9,8 +9,9 @@
 // target"): for the same inputs they return the same bits on every target.
 //  - Every multiply-add is one correctly rounded fused operation
 //    (ExactMulAdd). SSE4 has no FMA instruction, and Highway's MulAdd is a
-//    multiply then an add there, so that target computes it lane by lane
-//    with std::fma: slower, never different.
+//    multiply then an add there, so that target emulates the fused
+//    operation in vectors with error-free sums and rounding to odd:
+//    slower, never different.
 //  - A reduction over a vector is defined on *virtual lanes*, not on the
 //    hardware's: a dot product has 16 fp32 (8 fp64) virtual lanes, element
 //    d feeding lane d mod 16 (8), and the lanes are summed by a fixed tree
@@ -55,12 +56,76 @@ constexpr int kVirtualF64 = 8;
 
 // ------------------------------------------------------------ fused ops
 
-// a * b + c with one rounding, on every target.
+#if !HWY_NATIVE_FMA
+// An exact multiply-add without an FMA instruction (the SSE4 target),
+// in vectors. Calling std::fma per lane made that target's W1 pass ~30x
+// slower again where glibc has to emulate fma in software, as on a CPU
+// without FMA (docs/PERF.md, fifth pass). The device is rounding to odd:
+// a sum rounded to odd with at least two more bits than the target
+// format, then rounded to nearest, is the sum rounded to nearest once
+// (docs/NUMERICS.md, "One source, every target"). exact_fma_test holds
+// every lane to C's fma.
+namespace exact_fma {
+
+// s + *err == x + y exactly (Knuth's TwoSum; no overflow).
 template <class V>
-HWY_INLINE V ExactMulAdd(V a, V b, V c) {
-#if HWY_NATIVE_FMA
-  return hn::MulAdd(a, b, c);
-#else
+HWY_INLINE V TwoSum(V x, V y, V* err) {
+  const V s = hn::Add(x, y);
+  const V back = hn::Sub(s, x);
+  *err = hn::Add(hn::Sub(x, hn::Sub(s, back)), hn::Sub(y, back));
+  return s;
+}
+
+// x + y rounded to odd: the nearest sum when it is exact or its last bit
+// is odd, else its neighbour toward the exact sum (whose last bit is odd).
+// Non-finite sums are left as rounded.
+template <class V>
+HWY_INLINE V AddRoundToOdd(V x, V y) {
+  using D = hn::DFromV<V>;
+  const D d;
+  const hn::RebindToSigned<D> di;
+  V err;
+  const V s = TwoSum(x, y, &err);
+  const auto bits = hn::BitCast(di, s);
+  const auto one = hn::Set(di, 1);
+  const auto even = hn::Eq(hn::And(bits, one), hn::Zero(di));
+  const auto inexact = hn::RebindMask(di, hn::Ne(err, hn::Zero(d)));
+  const auto finite = hn::RebindMask(di, hn::IsFinite(s));
+  // Toward err: the magnitude shrinks when err's sign is not s's.
+  const auto shrink = hn::Lt(hn::Xor(bits, hn::BitCast(di, err)), hn::Zero(di));
+  const auto step = hn::IfThenElse(shrink, hn::Neg(one), one);
+  const auto adjust = hn::And(hn::And(even, inexact), finite);
+  return hn::BitCast(d, hn::IfThenElse(adjust, hn::Add(bits, step), bits));
+}
+
+// hi + lo == x, each with at most 26 significant bits (Veltkamp).
+template <class V>
+HWY_INLINE V Split(V x, V* lo) {
+  const V t = hn::Mul(hn::Set(hn::DFromV<V>(), 134217729.0), x);  // 2^27+1
+  const V hi = hn::Sub(t, hn::Sub(t, x));
+  *lo = hn::Sub(x, hi);
+  return hi;
+}
+
+// p + *err == a * b exactly (Dekker's product), unless something overflows
+// or |p| < 2^-960.
+template <class V>
+HWY_INLINE V TwoProduct(V a, V b, V* err) {
+  const V p = hn::Mul(a, b);
+  V a_lo, b_lo;
+  const V a_hi = Split(a, &a_lo);
+  const V b_hi = Split(b, &b_lo);
+  const V e =
+      hn::Add(hn::Add(hn::Sub(hn::Mul(a_hi, b_hi), p), hn::Mul(a_hi, b_lo)),
+              hn::Mul(a_lo, b_hi));
+  *err = hn::Add(e, hn::Mul(a_lo, b_lo));
+  return p;
+}
+
+// The same lanes through the math library (operands near the ends of the
+// exponent range, inf, NaN: rare, and still exact).
+template <class V>
+HWY_NOINLINE V MulAddByLane(V a, V b, V c) {
   using D = hn::DFromV<V>;
   using T = hn::TFromD<D>;
   const D d;
@@ -70,9 +135,72 @@ HWY_INLINE V ExactMulAdd(V a, V b, V c) {
   hn::Store(a, d, la);
   hn::Store(b, d, lb);
   hn::Store(c, d, lc);
-  for (size_t i = 0; i < hn::MaxLanes(d); ++i)
+  for (size_t i = 0; i < hn::MaxLanes(d); ++i) {
     lc[i] = std::fma(la[i], lb[i], lc[i]);
+  }
   return hn::Load(d, lc);
+}
+
+// fp64: a * b = p + e exactly; (h, t) = TwoSum(c, p); the result is
+// RN(h + RO(t + e)), the correctly rounded sum of the three. A zero
+// product keeps IEEE's sign rule for zero sums (c + p). Checked after the
+// fact: an overflow anywhere leaves a non-finite result, and Dekker's
+// product is exact while |p| >= 2^-960; other lanes (rare) go through the
+// math library.
+template <class V>
+HWY_INLINE V MulAddF64(V a, V b, V c) {
+  const hn::DFromV<V> d;
+  const V zero = hn::Zero(d);
+  V e, t;
+  const V p = TwoProduct(a, b, &e);
+  const V h = TwoSum(c, p, &t);
+  const auto zero_product = hn::Or(hn::Eq(a, zero), hn::Eq(b, zero));
+  const V r = hn::IfThenElse(zero_product, hn::Add(c, p),
+                             hn::Add(h, AddRoundToOdd(t, e)));
+  const auto exact =
+      hn::And(hn::IsFinite(r),
+              hn::Or(zero_product, hn::Ge(hn::Abs(p), hn::Set(d, 0x1p-960))));
+  if (HWY_UNLIKELY(!hn::AllTrue(d, exact))) return MulAddByLane(a, b, c);
+  return r;
+}
+
+// fp32 through fp64: the product of two floats is exact in fp64, their
+// sum with c rounded to odd in fp64 (53 >= 24 + 2 bits), then to nearest
+// in fp32. No range limits: fp32 values are far inside fp64's.
+template <class D>
+HWY_INLINE hn::Vec<hn::Rebind<float, D>> MulAddHalfF32(D /* tag */,
+                                                       hn::Vec<D> a,
+                                                       hn::Vec<D> b,
+                                                       hn::Vec<D> c) {
+  return hn::DemoteTo(hn::Rebind<float, D>(), AddRoundToOdd(hn::Mul(a, b), c));
+}
+
+template <class V>
+HWY_INLINE V MulAddF32(V a, V b, V c) {
+  using D = hn::DFromV<V>;
+  const D d;
+  const hn::Half<D> dh;
+  const hn::Rebind<double, decltype(dh)> dd;
+  auto lower = [&](V v) { return hn::PromoteTo(dd, hn::LowerHalf(dh, v)); };
+  auto upper = [&](V v) { return hn::PromoteTo(dd, hn::UpperHalf(dh, v)); };
+  return hn::Combine(d, MulAddHalfF32(dd, upper(a), upper(b), upper(c)),
+                     MulAddHalfF32(dd, lower(a), lower(b), lower(c)));
+}
+
+}  // namespace exact_fma
+#endif  // !HWY_NATIVE_FMA
+
+// a * b + c with one rounding, on every target.
+template <class V>
+HWY_INLINE V ExactMulAdd(V a, V b, V c) {
+#if HWY_NATIVE_FMA
+  return hn::MulAdd(a, b, c);
+#else
+  if constexpr (std::is_same_v<hn::TFromV<V>, double>) {
+    return exact_fma::MulAddF64(a, b, c);
+  } else {
+    return exact_fma::MulAddF32(a, b, c);
+  }
 #endif
 }
 
