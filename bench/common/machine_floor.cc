@@ -202,13 +202,16 @@ struct FmaProbe {
   ProbeFn f32;
 };
 
-std::vector<FmaProbe> SupportedProbes() {
+// The probes this CPU runs, no wider than `widest` ("" for all).
+std::vector<FmaProbe> SupportedProbes(const std::string& widest) {
   std::vector<FmaProbe> probes;
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) {
+  const bool any = widest.empty();
+  if (any && __builtin_cpu_supports("avx512f")) {
     probes.push_back({"avx512", kChains512, 64, FmaF64Avx512, FmaF32Avx512});
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  if ((any || widest == "avx2") && __builtin_cpu_supports("avx2") &&
+      __builtin_cpu_supports("fma")) {
     probes.push_back({"avx2", kChains256, 32, FmaF64Avx2, FmaF32Avx2});
   }
   // SSE2 can never beat an FMA probe; it only stands in where there is none.
@@ -253,12 +256,13 @@ double ReadBandwidth(int threads, int repeats) {
 
 }  // namespace
 
-MachineFloor MeasureMachineFloor(int threads, int repeats) {
+MachineFloor MeasureMachineFloor(int threads, int repeats,
+                                 const std::string& widest_isa) {
   MachineFloor f;
   threads = std::max(threads, 1);
   f.threads = threads;
   f.read_bytes_per_second = ReadBandwidth(threads, repeats);
-  for (const FmaProbe& p : SupportedProbes()) {
+  for (const FmaProbe& p : SupportedProbes(widest_isa)) {
     const double f64 =
         ProbeFlops(p.f64, p.chains, p.bytes_per_vector / 8, threads, repeats);
     const double f32 =

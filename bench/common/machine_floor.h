@@ -35,7 +35,11 @@ struct MachineFloor {
 };
 
 // Best of `repeats` runs of each probe, on `threads` threads (>= 1).
-MachineFloor MeasureMachineFloor(int threads, int repeats = 5);
+// widest_isa limits the FMA probes: "avx2" skips AVX-512 (the floor of an
+// AVX2-only CPU with this core's ports and clock), "sse2" keeps only the
+// multiply-then-add probe (a CPU without FMA); "" probes everything.
+MachineFloor MeasureMachineFloor(int threads, int repeats = 5,
+                                 const std::string& widest_isa = "");
 
 // The same floor as JSON: {"threads":N,"read_bytes_per_second":...,...}.
 std::string MachineFloorJson(const MachineFloor& floor);
