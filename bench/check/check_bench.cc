@@ -87,8 +87,8 @@ BenchFlags ParseFlags(int argc, char** argv) {
   app.add_flag("--markdown", f.markdown, "also print a Markdown table");
   app.add_option("--simd-target", f.simd_target,
                  "run the SIMD code as this target (AVX3, AVX2, SSE4), to "
-                 "measure another ISA on this machine, against the floor of "
-                 "that ISA's FMA (none for SSE4)");
+                 "measure another ISA on this machine, against that ISA's "
+                 "floor (SSE4: multiply then add, no FMA)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -149,8 +149,9 @@ std::unique_ptr<Workload> PrepareWorkload(const BenchFlags& flags,
 // cache) addressable and to take the mapping down again, on all threads:
 // the part of a whole check that no floor counts and no code of ours can
 // skip while the file is read through a mapping. MADV_POPULATE_READ in
-// 4 MiB ranges is the cheapest form measured on the dev VM (first touch
-// costs about twice as much per page; docs/PERF.md, fifth pass).
+// 4 MiB ranges is the cheapest form measured on the dev VM (W1: 6.7-7.5
+// ms with the unmap, where the pass's first touches add 8.7-9.5 ms to the
+// audit; docs/PERF.md, fifth pass).
 void MapAndUnmap(const std::string& path, int threads) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) Die(absl::ErrnoToStatus(errno, path));

@@ -5,7 +5,7 @@
 // merge_step::Element's operations in its order, every one a correctly
 // rounded fp32 operation (the core is built with -ffp-contract=off), so
 // the bits are the scalar routine's on every target. In a portable build
-// the scalar loops were compiled for SSE2 and cost the W1 fused pass ~5 %
+// the scalar loops were compiled for SSE2 and cost the W1 fused pass 3-4 %
 // (docs/PERF.md, fifth pass).
 // clang-format off: foreach_target.h must come first, before the
 // headers it re-includes for every target.
@@ -146,6 +146,7 @@ void MergeInto(float* acc_out, float* acc_lse, const float* next_out,
   ATTNAUDIT_SIMD_DISPATCH(MergePairImpl)
   (acc_out, acc_lse, next_out, next_lse, d);
 }
+
 void MergeIntoReference(double* acc_out, double* acc_lse,
                         const double* next_out, double next_lse, int64_t d) {
   constexpr double kNegInfD = -std::numeric_limits<double>::infinity();

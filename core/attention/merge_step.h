@@ -1,8 +1,9 @@
 // The arithmetic of one merge step of partial attention states, written
 // once for the CPU and the GPU (core/common/host_device.h): the CPU's
-// merge routine (merge.cc: MergeInto, MergeStates) and the CUDA kernels
-// (kernels/) call these same functions, so the replay P folds its unit
-// states with the same source on every target. docs/DESIGN.md §2 and
+// merge routine (merge.cc: MergeInto, MergeStates; its SIMD lanes repeat
+// Element's operations in order, merge_test holds them to its bits) and
+// the CUDA kernels (kernels/) call these same functions, so the replay P
+// folds its unit states with the same arithmetic on every target. docs/DESIGN.md §2 and
 // docs/NUMERICS.md ("The merge routine") define the routine:
 //   M   = max_i lse_i      (NaN and +inf count as -inf; M = 0 if all -inf)
 //   w_i = exp(lse_i - M)
@@ -75,19 +76,6 @@ ATTNAUDIT_HOST_DEVICE inline float Element(const PairWeights& w, float acc,
 
 ATTNAUDIT_HOST_DEVICE inline float Lse(const PairWeights& w) {
   return w.m == F::NegInf() ? F::NegInf() : F::Add(w.m, F::Log(w.total));
-}
-
-// (acc_out, acc_lse) <- merge(acc, next) over d elements: the left fold's
-// step, as MergeInto (merge.h) runs it on the CPU. A GPU thread block runs
-// Weights once per state and Element per element instead.
-ATTNAUDIT_HOST_DEVICE inline void MergePair(float* acc_out, float* acc_lse,
-                                            const float* next_out,
-                                            float next_lse, int64_t d) {
-  const PairWeights w = Weights(*acc_lse, next_lse);
-  for (int64_t j = 0; j < d; ++j) {
-    acc_out[j] = Element(w, acc_out[j], next_out[j]);
-  }
-  *acc_lse = Lse(w);
 }
 
 }  // namespace merge_step
