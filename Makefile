@@ -38,7 +38,7 @@ APT_PACKAGES := build-essential cmake pkg-config git python3 python3-venv \
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps configure build run test fuzz bench bench-check bench-cp \
-  bench-env bench-peers bench-sweeps bench-server bench-loopback \
+  bench-env bench-peers bench-sweeps bench-server bench-loopback bench-idle \
   bench-diagnosis demo clean \
   py-venv bench-python
 
@@ -128,6 +128,9 @@ fuzz: build
 #                 the socket and in shared memory (memfd)
 #   bench-loopback  W1 through the server per transport (unary,     ~1 min
 #                 stream, memfd) against the in-process audit
+#   bench-idle    small audits one per 1.03-1.5 s, with the server's ~2 min
+#                 callback waker on and off: the first call after a
+#                 quiet second
 #   bench-diagnosis  the statistical detector and the diagnosis:
 #                 200 faulty snapshots per fault class, 2,000 clean ones
 #                 across engine kinds, the W1 cost, then 10,000 small clean
@@ -147,7 +150,7 @@ BENCH_TARGETS := $(RUN_TARGETS) attnaudit_bench_floor attnaudit_bench_check \
 BUILD_BENCH = cmake --build $(BUILD_DIR) -j $(JOBS) --target $(BENCH_TARGETS)
 
 bench: bench-check bench-cp bench-peers bench-sweeps bench-server \
-  bench-loopback bench-diagnosis
+  bench-loopback bench-idle bench-diagnosis
 
 bench-check: configure
 	$(BUILD_BENCH)
@@ -206,6 +209,12 @@ bench-loopback: configure
 	@mkdir -p $(BENCH_OUT) $(BENCH_TMP)
 	python3 bench/sweeps/loopback.py --bin-dir $(BUILD_DIR)/bin \
 	  --workdir $(BENCH_TMP) --json $(BENCH_OUT)/loopback.json
+
+bench-idle: configure
+	$(BUILD_BENCH)
+	@mkdir -p $(BENCH_OUT) $(BENCH_TMP)
+	python3 bench/sweeps/idle_wake.py --bin-dir $(BUILD_DIR)/bin \
+	  --workdir $(BENCH_TMP) --json $(BENCH_OUT)/idle_wake.json
 
 PYTHON ?= python3
 PY_VENV := $(BUILD_DIR)/py-venv

@@ -70,6 +70,7 @@ AuditServerOptions ToOptions(const ServerFlags& f) {
   o.connection.max_concurrent_streams =
       static_cast<int>(f.max_concurrent_streams);
   o.accept_memfd_snapshots = f.accept_memfd_snapshots;
+  o.callback_wake_period = f.callback_wake_period;
   o.metrics_max_models = static_cast<int>(f.metrics_max_models);
   o.metrics_max_layers = static_cast<int>(f.metrics_max_layers);
   return o;

@@ -103,6 +103,11 @@ ABSL_FLAG(FlagDuration, max_connection_age_grace,
           "time given to calls on an aged connection");
 ABSL_FLAG(FlagDuration, max_connection_idle, FlagDuration{absl::Minutes(15)},
           "close connections idle this long (0: never)");
+ABSL_FLAG(FlagDuration, callback_wake_period,
+          FlagDuration{absl::Milliseconds(250)},
+          "while idle, give gRPC's callback threads an event this often, so "
+          "the first call after a quiet second is not held up to 100 ms "
+          "(0: never)");
 ABSL_FLAG(int64_t, max_concurrent_streams, 64,
           "calls open at once per connection (bounds the memory of requests "
           "being received: this x --max-message-bytes per connection)");
@@ -157,6 +162,7 @@ const std::vector<absl::string_view>& FlagNames() {
       absl::GetFlagReflectionHandle(FLAGS_max_connection_age).Name(),
       absl::GetFlagReflectionHandle(FLAGS_max_connection_age_grace).Name(),
       absl::GetFlagReflectionHandle(FLAGS_max_connection_idle).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_callback_wake_period).Name(),
       absl::GetFlagReflectionHandle(FLAGS_max_concurrent_streams).Name(),
       absl::GetFlagReflectionHandle(FLAGS_accept_memfd_snapshots).Name(),
       absl::GetFlagReflectionHandle(FLAGS_metrics_max_models).Name(),
@@ -282,6 +288,7 @@ ServerFlags ReadFlags() {
   f.max_connection_age_grace =
       absl::GetFlag(FLAGS_max_connection_age_grace).value;
   f.max_connection_idle = absl::GetFlag(FLAGS_max_connection_idle).value;
+  f.callback_wake_period = absl::GetFlag(FLAGS_callback_wake_period).value;
   f.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   f.accept_memfd_snapshots = absl::GetFlag(FLAGS_accept_memfd_snapshots);
   f.metrics_max_models = absl::GetFlag(FLAGS_metrics_max_models);

@@ -76,6 +76,9 @@ struct ServerFlags {
   absl::Duration max_connection_age;
   absl::Duration max_connection_age_grace;
   absl::Duration max_connection_idle;
+  // While idle, how often gRPC's callback threads get an event
+  // (server/rpc/callback_queue_waker.h). 0: never.
+  absl::Duration callback_wake_period;
   int64_t max_concurrent_streams = 0;
   // Snapshots named as sealed memfds by clients on this machine.
   bool accept_memfd_snapshots = false;

@@ -410,6 +410,11 @@ absl::Status AuditServer::StartGrpc() {
     health->SetServingStatus("", true);
     health->SetServingStatus(kServiceName, true);
   }
+  if (o.callback_wake_period > absl::ZeroDuration()) {
+    waker_ = std::make_unique<CallbackQueueWaker>(
+        server_->InProcessChannel(grpc::ChannelArguments()),
+        o.callback_wake_period);
+  }
   return absl::OkStatus();
 }
 
@@ -519,6 +524,7 @@ void AuditServer::Shutdown() {
   // 4. End the endless streams, then stop gRPC (a short grace for calls
   //    being answered right now; the rest are cancelled).
   if (service_ != nullptr) service_->CloseWatchers();
+  waker_.reset();  // its pings go through server_
   if (server_ != nullptr) {
     server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   }

@@ -48,6 +48,7 @@
 #include "server/metrics_http/metrics_http.h"
 #include "server/rpc/audit_service.h"
 #include "server/rpc/blocking_executor.h"
+#include "server/rpc/callback_queue_waker.h"
 #include "server/rpc/job_ids.h"
 #include "server/scheduler/device.h"
 #include "server/scheduler/scheduler.h"
@@ -134,6 +135,11 @@ struct AuditServerOptions {
   // (malloc_trim). 0: never.
   absl::Duration reclaim_after_idle = absl::Seconds(1);
 
+  // How often gRPC's callback threads get an event while the server is
+  // idle (server/rpc/callback_queue_waker.h: without it the first call
+  // after a quiet second can wait up to 100 ms). 0: never.
+  absl::Duration callback_wake_period = absl::Milliseconds(250);
+
   // Audit reads snapshots that local clients name as sealed memfds
   // (server/memfd); the reclaimer also drops their idle mappings.
   bool accept_memfd_snapshots = false;
@@ -214,6 +220,7 @@ class AuditServer {
   std::unique_ptr<MemfdSnapshots> memfd_snapshots_;  // outlives service_
   std::unique_ptr<AuditServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<CallbackQueueWaker> waker_;  // goes before server_
   int port_ = 0;
   int metrics_port_ = 0;
   std::string devices_note_;

@@ -23,6 +23,7 @@ TEST(ServerFlagsTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(f->max_message_bytes, 256 * 1024 * 1024);
   EXPECT_EQ(f->drain_timeout, absl::Seconds(30));
   EXPECT_EQ(f->devices, "cpu");
+  EXPECT_EQ(f->callback_wake_period, absl::Milliseconds(250));
   EXPECT_FALSE(f->help);
 }
 
@@ -62,7 +63,8 @@ TEST(ServerFlagsTest, ParsesBothSpellingsAndUnits) {
       {"--listen", "0.0.0.0:6000", "--max-message-bytes=64MiB",
        "--memory-budget-bytes", "2G", "--retention-age=3d", "--drain-timeout",
        "1m30s", "--queue-interactive=5", "--cpu-workers", "3", "--tls-cert",
-       "c.pem", "--tls-key=k.pem", "--max-connection-age", "0"});
+       "c.pem", "--tls-key=k.pem", "--max-connection-age", "0",
+       "--callback-wake-period=0"});
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->listen, "0.0.0.0:6000");
   EXPECT_EQ(f->max_message_bytes, 64 << 20);
@@ -74,6 +76,7 @@ TEST(ServerFlagsTest, ParsesBothSpellingsAndUnits) {
   EXPECT_EQ(f->tls_cert, "c.pem");
   EXPECT_EQ(f->tls_key, "k.pem");
   EXPECT_EQ(f->max_connection_age, absl::ZeroDuration());
+  EXPECT_EQ(f->callback_wake_period, absl::ZeroDuration());
 }
 
 // Every error starts with the flag it is about.
