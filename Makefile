@@ -128,7 +128,7 @@ fuzz: build
 #                 the socket and in shared memory (memfd)
 #   bench-loopback  W1 through the server per transport (unary,     ~1 min
 #                 stream, memfd) against the in-process audit
-#   bench-idle    small audits one per 1.03-1.5 s, with the server's ~2 min
+#   bench-idle    small audits one per 1.03-1.5 s, with the server's ~3 min
 #                 callback waker on and off: the first call after a
 #                 quiet second
 #   bench-diagnosis  the statistical detector and the diagnosis:

@@ -1,6 +1,8 @@
 """Calls after idle: small audits offered slowly enough that the server
 idles between them, with gRPC's callback threads kept awake (the server's
-default, --callback-wake-period 250ms) and without (0).
+default, --callback-wake-period 250ms) and without (0); with the
+waker on, also through the C++ client's AuditStream (its own completion
+queue, not the callback API, for the same reason).
 
 Why: gRPC 1.51's callback threads sleep 100 ms after a second without
 events, so a call arriving 1.0-1.1 s after the previous one can wait for
@@ -26,8 +28,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "common"))
 import benchlib  # noqa: E402
 from server_rate import Server, bench  # noqa: E402
 
-CONFIGS = [("waker on (default)", []),
-           ("waker off", ["--callback-wake-period", "0"])]
+# (name, server flags, client transports)
+CONFIGS = [("waker on (default)", [], ["unary", "stream"]),
+           ("waker off", ["--callback-wake-period", "0"], ["unary"])]
 
 
 def parse_args():
@@ -44,16 +47,19 @@ def parse_args():
 
 def measure(args, path):
     rows = []
-    for name, server_args in CONFIGS:
+    for name, server_args, transports in CONFIGS:
         server = Server(args.bin_dir, server_args, args.workdir)
         try:
-            for gap in args.gaps:
-                r = bench(args.bin_dir, path, server.addr, 1, args.duration,
-                          rate=1.0 / gap)
-                rows.append({"config": name, "gap_s": gap, **r})
-                print(f"  [{name}] gap {gap:.2f} s: p50 {r['p50_ms']:.2f} ms, "
-                      f"p99 {r['p99_ms']:.2f} ms, audits {r['audits']}",
-                      file=sys.stderr, flush=True)
+            for transport in transports:
+                for gap in args.gaps:
+                    r = bench(args.bin_dir, path, server.addr, 1,
+                              args.duration, rate=1.0 / gap,
+                              transport=transport)
+                    rows.append({"config": name, "transport": transport,
+                                 "gap_s": gap, **r})
+                    print(f"  [{name}, {transport}] gap {gap:.2f} s: p50 "
+                          f"{r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, "
+                          f"audits {r['audits']}", file=sys.stderr, flush=True)
         finally:
             server.stop()
     return rows
@@ -78,10 +84,11 @@ def main():
           f"start, {machine['load_average_end']} at the end")
     print(f"snapshot: B=1, {args.context} tokens; one call every gap, "
           f"{args.duration} per row\n")
-    print("| server | gap s | calls | p50 ms | p99 ms | server audit ms | "
-          "rest ms (mean) |\n|---|---|---|---|---|---|---|")
+    print("| server | client | gap s | calls | p50 ms | p99 ms | "
+          "server audit ms | rest ms (mean) |\n|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['config']} | {r['gap_s']:.2f} | {r['audits']} | "
+        print(f"| {r['config']} | {r['transport']} | {r['gap_s']:.2f} | "
+              f"{r['audits']} | "
               f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['audit_ms']:.2f} | "
               f"{r['transfer_ms']:.2f} |")
     if args.json:
