@@ -2,6 +2,7 @@
 
 #include <grpcpp/generic/generic_stub.h>
 
+#include <memory>
 #include <utility>
 
 #include "absl/synchronization/notification.h"
@@ -52,10 +53,11 @@ void CallbackQueueWaker::Ping() {
   grpc::Slice nothing;
   const grpc::ByteBuffer request(&nothing, 1);
   grpc::ByteBuffer response;
-  absl::Notification done;
+  // Shared: the callback may still be inside Notify() when this returns.
+  auto done = std::make_shared<absl::Notification>();
   stub.UnaryCall(&context, kHealthCheck, grpc::StubOptions(), &request,
-                 &response, [&done](const grpc::Status&) { done.Notify(); });
-  done.WaitForNotification();
+                 &response, [done](const grpc::Status&) { done->Notify(); });
+  done->WaitForNotification();
   absl::MutexLock lock(&mu_);
   ++pings_;
 }
