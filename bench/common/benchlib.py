@@ -70,6 +70,17 @@ def snapshot_work(bin_dir, path, dump_prefix=None, threads=0):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def synth_snapshot(bin_dir, path, batch, context, permute_pages=True):
+    """Writes a llama3-8b-shaped snapshot with `attnaudit synth` to path
+    (pages permuted through the page table unless told otherwise)."""
+    cmd = [os.path.join(bin_dir, "attnaudit"), "synth", "--preset",
+           "llama3-8b", "--batch", str(batch), "--context", str(context),
+           "-o", path]
+    if permute_pages:
+        cmd.append("--permute-pages")
+    subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
+
+
 def floor_seconds(work, floor):
     """The snapshot's floor in seconds, and its memory and compute parts."""
     memory = work["kv_bytes"] / floor["read_bytes_per_second"]

@@ -31,7 +31,6 @@ import argparse
 import json
 import warnings
 import os
-import subprocess
 import sys
 import statistics
 import time
@@ -235,9 +234,7 @@ def main():
     path = ARGS.snapshot
     if not path:
         path = made = os.path.join(ARGS.workdir, f"peers_w1_{os.getpid()}.pb")
-        subprocess.run([cli, "synth", "--preset", "llama3-8b", "--batch", "8",
-                        "--context", "4096", "--permute-pages", "-o", path],
-                       check=True, stderr=subprocess.DEVNULL)
+        benchlib.synth_snapshot(bin_dir, path, 8, 4096)
     prefix = os.path.join(ARGS.workdir, f"peers_ref_{os.getpid()}")
     try:
         results = run_all(bin_dir, cli, path, prefix, machine)

@@ -20,7 +20,6 @@ Standard library only.
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -70,10 +69,7 @@ def main():
     machine = benchlib.cpu_description()
     os.makedirs(args.workdir, exist_ok=True)
     path = os.path.join(args.workdir, f"idle_b1_l{args.context}_{os.getpid()}.pb")
-    subprocess.run([os.path.join(args.bin_dir, "attnaudit"), "synth",
-                    "--preset", "llama3-8b", "--batch", "1", "--context",
-                    str(args.context), "--permute-pages", "-o", path],
-                   check=True, stderr=subprocess.DEVNULL)
+    benchlib.synth_snapshot(args.bin_dir, path, 1, args.context)
     try:
         rows = measure(args, path)
     finally:

@@ -78,9 +78,7 @@ def main():
     args = parse_args()
     machine = benchlib.cpu_description()
     path = os.path.join(args.workdir, f"loopback_w1_{os.getpid()}.pb")
-    subprocess.run([os.path.join(args.bin_dir, "attnaudit"), "synth",
-                    "--preset", "llama3-8b", "--batch", "8", "--context",
-                    "4096", "-o", path], check=True, stderr=subprocess.DEVNULL)
+    benchlib.synth_snapshot(args.bin_dir, path, 8, 4096, permute_pages=False)
     try:
         before = in_process_audit_ms(args.bin_dir, args.repeats)
         results = through_server(args, path)

@@ -152,10 +152,7 @@ def main():
     machine = benchlib.cpu_description()
     path = os.path.join(args.workdir, f"rate_b1_l{args.context}_"
                         f"{os.getpid()}.pb")
-    subprocess.run([os.path.join(args.bin_dir, "attnaudit"), "synth",
-                    "--preset", "llama3-8b", "--context", str(args.context),
-                    "--permute-pages", "-o", path],
-                   check=True, stderr=subprocess.DEVNULL)
+    benchlib.synth_snapshot(args.bin_dir, path, 1, args.context)
     try:
         work = benchlib.snapshot_work(args.bin_dir, path)
         floor_before = benchlib.measure_floor(args.bin_dir, args.threads)

@@ -87,9 +87,7 @@ def measure(args, batch, context):
     cli = os.path.join(args.bin_dir, "attnaudit")
     path = os.path.join(args.workdir,
                         f"sweep_b{batch}_l{context}_{os.getpid()}.pb")
-    subprocess.run([cli, "synth", "--preset", "llama3-8b", "--batch",
-                    str(batch), "--context", str(context), "--permute-pages",
-                    "-o", path], check=True, stderr=subprocess.DEVNULL)
+    benchlib.synth_snapshot(args.bin_dir, path, batch, context)
     try:
         work = benchlib.snapshot_work(args.bin_dir, path)
         benchlib.warm_page_cache(path)
