@@ -175,14 +175,36 @@ HWY_INLINE hn::Vec<hn::Rebind<float, D>> MulAddHalfF32(D /* tag */,
   return hn::DemoteTo(hn::Rebind<float, D>(), AddRoundToOdd(hn::Mul(a, b), c));
 }
 
+// Lanes where rounding the fp64 sum s = RN64(a*b + c) to fp32 might not
+// be rounding the exact sum once: s on an fp32 midpoint (the 29 bits below
+// fp32's last are 1000...0; the first rounding may have landed there), or
+// below fp32's normal range (its midpoints sit elsewhere). Rounding to
+// nearest never crosses a value it can represent, and every fp32 midpoint
+// of the normal range is one, so any other lane rounds correctly as is.
+template <class D>
+HWY_INLINE hn::Mask<D> MaybeDoubleRounded(D dd, hn::Vec<D> s) {
+  const hn::RebindToUnsigned<D> du;
+  const auto low = hn::And(hn::BitCast(du, s), hn::Set(du, (1ull << 29) - 1));
+  return hn::Or(hn::RebindMask(dd, hn::Eq(low, hn::Set(du, 1ull << 28))),
+                hn::Lt(hn::Abs(s), hn::Set(dd, 0x1p-126)));
+}
+
 template <class V>
 HWY_INLINE V MulAddF32(V a, V b, V c) {
   using D = hn::DFromV<V>;
   const D d;
   const hn::Half<D> dh;
   const hn::Rebind<double, decltype(dh)> dd;
+  const hn::Rebind<float, decltype(dd)> df;
   auto lower = [&](V v) { return hn::PromoteTo(dd, hn::LowerHalf(dh, v)); };
   auto upper = [&](V v) { return hn::PromoteTo(dd, hn::UpperHalf(dh, v)); };
+  // Most lanes: one fp64 multiply-add, then to fp32.
+  const auto s_lo = hn::Add(hn::Mul(lower(a), lower(b)), lower(c));
+  const auto s_hi = hn::Add(hn::Mul(upper(a), upper(b)), upper(c));
+  if (HWY_LIKELY(hn::AllFalse(dd, hn::Or(MaybeDoubleRounded(dd, s_lo),
+                                         MaybeDoubleRounded(dd, s_hi))))) {
+    return hn::Combine(d, hn::DemoteTo(df, s_hi), hn::DemoteTo(df, s_lo));
+  }
   return hn::Combine(d, MulAddHalfF32(dd, upper(a), upper(b), upper(c)),
                      MulAddHalfF32(dd, lower(a), lower(b), lower(c)));
 }
