@@ -3,8 +3,9 @@
 // merge routine (merge.cc: MergeInto, MergeStates; its SIMD lanes repeat
 // Element's operations in order, merge_test holds them to its bits) and
 // the CUDA kernels (kernels/) call these same functions, so the replay P
-// folds its unit states with the same arithmetic on every target. docs/DESIGN.md §2 and
-// docs/NUMERICS.md ("The merge routine") define the routine:
+// folds its unit states with the same arithmetic on every target.
+// docs/DESIGN.md §2 and docs/NUMERICS.md ("The merge routine") define the
+// routine:
 //   M   = max_i lse_i      (NaN and +inf count as -inf; M = 0 if all -inf)
 //   w_i = exp(lse_i - M)
 //   out = sum_i w_i out_i / sum_i w_i      (fp32, states of weight 0 skipped)
