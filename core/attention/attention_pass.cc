@@ -329,6 +329,17 @@ void ShiftedScores(D d, const hn::TFromD<D>* s, const int32_t* vis,
   for (; c < count; ++c) e[c] = s[vis[c]] - m;
 }
 
+// e[j * P + c] = exp(e[j * P + c]) for rows j < group and c < count: one
+// array when the rows are back to back (count == P, the common case), so
+// the exp chains of different rows overlap; element-wise either way.
+template <class D>
+void GroupExp(D d, hn::TFromD<D>* e, int64_t group, int64_t P, int64_t count) {
+  if (count == P) return ExpNonPositiveArray(d, e, group * P, e);
+  for (int64_t j = 0; j < group; ++j) {
+    ExpNonPositiveArray(d, e + j * P, count, e + j * P);
+  }
+}
+
 // sums[j] += e[j * lde + c] over c < count in c order, for rows j < rows:
 // each row's chain is sequential (its bits are the plain loop's), four
 // rows at a time so the chains overlap.
@@ -382,8 +393,8 @@ void UpdateReference(const PassContext& ctx, Scratch& sc, const V* v,
     }
     m = m_new;
     ShiftedScores(d64, s, vis, count, m_new, e);
-    ExpNonPositiveArray(d64, e, count, e);
   }
+  GroupExp(d64, sc.e64.data(), group, P, count);
   RowSums(sc.e64.data(), P, group, count, &sc.ref_l[first_row]);
   AccumulateRows(d64, &sc.ref_acc[first_row * D], group, sc.e64.data(), P, v,
                  ldv, vis, count, D);
@@ -406,8 +417,8 @@ void UnitState(D d, const PreparedAttention& p, const hn::TFromD<D>* s,
     T* ej = &e[j * P];
     lse[j] = VisibleMax(d, &s[j * P], vis, count);  // the block max, for now
     ShiftedScores(d, &s[j * P], vis, count, lse[j], ej);
-    ExpNonPositiveArray(d, ej, count, ej);
   }
+  GroupExp(d, e, group, P, count);
   std::fill(sum, sum + group, T(0));
   RowSums(e, P, group, count, sum);
   for (int64_t j = 0; j < group; ++j) lse[j] = lse[j] + std::log(sum[j]);
@@ -670,6 +681,21 @@ void RecordMergeOrder(const PassContext& ctx, const TokenRun& run, int64_t b,
   }
 }
 
+// out[t] = positions[first + t] for t < n, read as the tensor's integer
+// type (validation allows i32 and i64).
+void SlotPositions(const Tensor& positions, int64_t first, int64_t n,
+                   int64_t* out) {
+  if (positions.dtype() == DType::kI32) {
+    const int32_t* src = positions.data<int32_t>() + first;
+    std::copy(src, src + n, out);
+  } else if (positions.dtype() == DType::kI64) {
+    const int64_t* src = positions.data<int64_t>() + first;
+    std::copy(src, src + n, out);
+  } else {
+    for (int64_t t = 0; t < n; ++t) out[t] = positions.IntAt(first + t);
+  }
+}
+
 void RunPassItemImpl(const PassContext& ctx, int64_t b, int64_t g0, int64_t g1,
                      Scratch& sc) {
   const PreparedAttention& p = ctx.p;
@@ -692,9 +718,7 @@ void RunPassItemImpl(const PassContext& ctx, int64_t b, int64_t g0, int64_t g1,
     } else {
       sc.prefetch.Clear();
     }
-    for (int64_t t = 0; t < n; ++t) {
-      sc.positions[t] = p.snapshot->slot_positions.IntAt(page * P + t);
-    }
+    SlotPositions(p.snapshot->slot_positions, page * P, n, sc.positions.data());
     run = PageRun(p, page, n, sc.positions.data());
     BlockUnits(p, b, blk, &run);
     non_finite |= ProcessRun(ctx, run, b, g0, g1, sc);

@@ -459,11 +459,22 @@ absl::Status CompareStage(AuditRun* run) {
       {run->options.engine_vs_replay && have_engine,
        Comparison::kEngineVsReplay, run->engine, run->replay},
   };
+  std::vector<const Wanted*> requested;
   for (const Wanted& w : wanted) {
-    if (!w.requested) continue;
-    ATTNAUDIT_ASSIGN_OR_RETURN(ComparisonResult r,
-                               Compare(ctx, w.which, w.candidate, w.baseline));
-    run->report.comparisons.push_back(std::move(r));
+    if (w.requested) requested.push_back(&w);
+  }
+  // The comparisons are independent; the CPU backend takes concurrent
+  // calls, other backends one at a time (core/backend/backend.h).
+  const int threads = run->backend == &CpuBackendInstance() ? run->threads : 1;
+  std::vector<absl::StatusOr<ComparisonResult>> results(requested.size());
+  ParallelFor(static_cast<int64_t>(requested.size()), threads, [&](int64_t i) {
+    const Wanted& w = *requested[static_cast<size_t>(i)];
+    results[static_cast<size_t>(i)] =
+        Compare(ctx, w.which, w.candidate, w.baseline);
+  });
+  for (absl::StatusOr<ComparisonResult>& r : results) {
+    if (!r.ok()) return r.status();
+    run->report.comparisons.push_back(*std::move(r));
   }
   run->report.verdict = CombineVerdicts(run->report.comparisons);
   run->report.provenance.timings.compare_seconds = SecondsSince(t);

@@ -220,7 +220,11 @@ bool AppendPositions(const Tensor& t, absl::string_view name,
   const int64_t n = t.num_elements();
   stream->Append(
       absl::StrCat(name, "=[", absl::StrJoin(t.shape(), ","), "]\n"));
-  for (int64_t i = 0; i < n; ++i) stream->AppendInt64Le(t.IntAt(i));
+  if (t.dtype() == DType::kI32) {
+    stream->AppendInt64LeArray(t.data<int32_t>(), n);
+  } else {
+    stream->AppendInt64LeArray(t.data<int64_t>(), n);
+  }
   return true;
 }
 

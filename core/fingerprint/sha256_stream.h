@@ -54,6 +54,25 @@ class Sha256Stream {
       bytes[i] = static_cast<unsigned char>(u >> (8 * i));
     Append(bytes, sizeof bytes);
   }
+  // values[0..n) widened to int64, each as AppendInt64Le appends it, a
+  // block at a time: one Append per 512 values rather than per value
+  // (W1's 32k slot positions took 0.18 ms one by one).
+  template <typename Int>
+  void AppendInt64LeArray(const Int* values, int64_t n) {
+    constexpr int64_t kBlock = 512;
+    unsigned char bytes[kBlock * 8];
+    for (int64_t first = 0; first < n; first += kBlock) {
+      const int64_t m = n - first < kBlock ? n - first : kBlock;
+      for (int64_t j = 0; j < m; ++j) {
+        const uint64_t u =
+            static_cast<uint64_t>(static_cast<int64_t>(values[first + j]));
+        for (int i = 0; i < 8; ++i) {
+          bytes[8 * j + i] = static_cast<unsigned char>(u >> (8 * i));
+        }
+      }
+      Append(bytes, static_cast<size_t>(8 * m));
+    }
+  }
 
   // The digest as 64 lowercase hex characters. Call once.
   absl::StatusOr<std::string> Finish();

@@ -320,6 +320,14 @@ HWY_INLINE void ExpNonPositiveArray(D d, const hn::TFromD<D>* x, int64_t n,
   using T = hn::TFromD<D>;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   int64_t i = 0;
+  // Two vectors at a time: each is one long dependent chain, so a pair in
+  // flight keeps the FMA ports busy (element-wise, so no bit changes).
+  for (; i + 2 * N <= n; i += 2 * N) {
+    const auto a = ExpNonPositive(d, hn::LoadU(d, x + i));
+    const auto b = ExpNonPositive(d, hn::LoadU(d, x + i + N));
+    hn::StoreU(a, d, e + i);
+    hn::StoreU(b, d, e + i + N);
+  }
   for (; i + N <= n; i += N) {
     hn::StoreU(ExpNonPositive(d, hn::LoadU(d, x + i)), d, e + i);
   }

@@ -274,6 +274,40 @@ TEST(AuditTest, ComparisonsFollowTheOptionsAndTheEngineOutputs) {
                                               "compare"}));
 }
 
+// The comparisons run concurrently on the CPU backend; the report lists
+// them in one order (E-R, P-R, E-P) with the same figures, whatever the
+// thread count.
+TEST(AuditTest, ComparisonsComeInOneOrderWithTheSameFiguresForAnyThreads) {
+  const LogicalCase c = Bf16Case();
+  const Snapshot s = WithEngine(c, OracleAttention(c));
+  AuditOptions options;
+  options.threads = 1;
+  const AuditReport serial = MustAudit(s, options);
+  ASSERT_EQ(serial.comparisons.size(), 3u);
+  const Comparison order[] = {Comparison::kEngineVsReference,
+                              Comparison::kReplayVsReference,
+                              Comparison::kEngineVsReplay};
+  for (int threads : {2, 3, 8}) {
+    options.threads = threads;
+    const AuditReport r = MustAudit(s, options);
+    ASSERT_EQ(r.comparisons.size(), 3u) << threads;
+    EXPECT_EQ(r.verdict, serial.verdict);
+    for (size_t i = 0; i < 3; ++i) {
+      const ComparisonResult& got = r.comparisons[i];
+      const ComparisonResult& want = serial.comparisons[i];
+      EXPECT_EQ(got.comparison, order[i]) << threads;
+      EXPECT_EQ(got.verdict, want.verdict) << threads;
+      EXPECT_EQ(got.out.max_abs, want.out.max_abs) << threads;
+      EXPECT_EQ(got.out.p99_abs, want.out.p99_abs) << threads;
+      EXPECT_EQ(got.out.max_ulp, want.out.max_ulp) << threads;
+      EXPECT_EQ(got.lse.max_abs, want.lse.max_abs) << threads;
+      EXPECT_EQ(got.statistical.computed, want.statistical.computed);
+      EXPECT_EQ(got.worst_heads.size(), want.worst_heads.size());
+    }
+  }
+  EXPECT_GT(serial.comparisons[1].out.count, 0);
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace attnaudit

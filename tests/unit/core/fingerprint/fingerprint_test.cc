@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,44 @@ TEST(Sha256StreamTest, MatchesFips180Vectors) {
   }
   EXPECT_EQ(*s.Finish(),
             "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+// The array form appends exactly the bytes of one AppendInt64Le per value
+// (eight bytes, little endian, sign-extended from int32), across its
+// 512-value blocks.
+TEST(Sha256StreamTest, Int64ArrayAppendsEachValueAsEightLittleEndianBytes) {
+  std::vector<int32_t> narrow(1300);
+  std::vector<int64_t> wide(narrow.size());
+  std::string expected;
+  for (size_t i = 0; i < narrow.size(); ++i) {
+    narrow[i] = static_cast<int32_t>(i * 2654435761u);  // mixed signs
+    wide[i] = narrow[i];
+    AppendLe(&expected, &wide[i], 8);
+  }
+  wide.push_back(INT64_MIN);
+  wide.push_back(INT64_MAX);
+  std::string expected_wide = expected;
+  AppendLe(&expected_wide, &wide[1300], 8);
+  AppendLe(&expected_wide, &wide[1301], 8);
+  auto digest_of = [](const std::string& bytes) {
+    fingerprint_internal::Sha256Stream s;
+    s.Append(bytes);
+    return *s.Finish();
+  };
+  for (int64_t n : {0, 1, 511, 512, 513, 1300}) {
+    fingerprint_internal::Sha256Stream from_narrow;
+    from_narrow.AppendInt64LeArray(narrow.data(), n);
+    EXPECT_EQ(*from_narrow.Finish(),
+              digest_of(expected.substr(0, static_cast<size_t>(8 * n))))
+        << n;
+  }
+  fingerprint_internal::Sha256Stream from_wide;
+  from_wide.AppendInt64LeArray(wide.data(), static_cast<int64_t>(wide.size()));
+  fingerprint_internal::Sha256Stream one_by_one;
+  for (int64_t v : wide) one_by_one.AppendInt64Le(v);
+  const std::string digest = *from_wide.Finish();
+  EXPECT_EQ(digest, digest_of(expected_wide));
+  EXPECT_EQ(digest, *one_by_one.Finish());
 }
 
 // The stream of docs/NUMERICS.md ("Fingerprints"), written out for the base
