@@ -106,7 +106,11 @@ namespace {
 
 // The most units any query merged, and the most keys any query sees
 // (positions <= the query's, in the window): they size the tolerances.
-void SummariseMerges(const PreparedAttention& p, AttentionResults* res) {
+// visible_keys: the pass's counts ([B][Sq]), or null to count here (a
+// serial walk of every token: 0.2 ms for W1, docs/PERF.md, sixth pass).
+void SummariseMerges(const PreparedAttention& p,
+                     const std::vector<int64_t>* visible_keys,
+                     AttentionResults* res) {
   res->max_merged_blocks = 0;
   res->max_visible_keys = 0;
   const SnapshotDims& d = p.dims;
@@ -116,6 +120,12 @@ void SummariseMerges(const PreparedAttention& p, AttentionResults* res) {
       res->max_merged_blocks = std::max<int64_t>(
           res->max_merged_blocks,
           static_cast<int64_t>(res->merge_orders[b][sq].size()));
+      if (visible_keys != nullptr) {
+        res->max_visible_keys =
+            std::max(res->max_visible_keys,
+                     (*visible_keys)[static_cast<size_t>(b * d.queries + sq)]);
+        continue;
+      }
       const int64_t qpos = p.query_positions[b * d.queries + sq];
       int64_t visible = 0;
       for (int64_t t = 0; t < L; ++t) {
@@ -153,7 +163,7 @@ void SummariseUnits(const PreparedAttention& p, bool record_merge_orders,
       }
     }
   }
-  SummariseMerges(p, res);
+  SummariseMerges(p, nullptr, res);
   if (!record_merge_orders) res->merge_orders.clear();
 }
 
@@ -185,6 +195,7 @@ absl::StatusOr<AttentionResults> ComputeAttention(
   if (states != nullptr) {
     states->Allocate(p.units, d, states->has_reference);
   }
+  std::vector<int64_t> visible_keys(static_cast<size_t>(d.batch * d.queries));
   const attention_internal::PassContext ctx{
       p,
       &res,
@@ -192,7 +203,8 @@ absl::StatusOr<AttentionResults> ComputeAttention(
       replay,
       replay,
       options.unit_states,
-      &kv_non_finite};
+      &kv_non_finite,
+      visible_keys.data()};
   // Work items: (row, range of KV heads). Whole rows keep each page read
   // contiguously; a head range reads every token's row in pieces, so rows
   // are split only as far as it takes to give every thread the same number
@@ -226,7 +238,7 @@ absl::StatusOr<AttentionResults> ComputeAttention(
   if (was_cancelled.load()) return absl::CancelledError("audit cancelled");
   res.kv_non_finite = kv_non_finite.load();
 
-  SummariseMerges(p, &res);
+  SummariseMerges(p, &visible_keys, &res);
   if (!record_merge_orders) res.merge_orders.clear();
   res.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)

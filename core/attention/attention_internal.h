@@ -25,6 +25,10 @@ struct PassContext {
   // Set by any work item that widened a non-finite K or V value; the
   // caller then locates it (the message must not depend on scheduling).
   std::atomic<bool>* kv_non_finite;
+  // [B][Sq]: the keys each query sees, summed over the row's blocks by the
+  // row's item with g0 == 0 (so no two threads write one count); null when
+  // not counted.
+  int64_t* visible_keys = nullptr;
 };
 
 // Per-thread buffers, grown on demand and reused across work items and

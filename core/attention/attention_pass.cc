@@ -45,8 +45,10 @@ constexpr float kNegInfF = -std::numeric_limits<float>::infinity();
 // acc[r * dim + i] += e[r * lde + j] * v[idx[j] * ldv + i], a fused
 // multiply-add chain over j < count in j order, for RT rows and the kCols
 // vectors of columns from i: each V load feeds RT rows. v may be bf16 or
-// f32 under a wider accumulator (widened exactly as loaded).
-template <int RT, int kCols, class D, typename V>
+// f32 under a wider accumulator (widened exactly as loaded). kFromZero:
+// the chains start from +0 instead of acc's contents (a unit's state),
+// which acc then need not hold.
+template <bool kFromZero, int RT, int kCols, class D, typename V>
 HWY_INLINE void AccumulateColumns(D d, hn::TFromD<D>* acc, int64_t i,
                                   const hn::TFromD<D>* e, int64_t lde,
                                   const V* v, int64_t ldv, const int32_t* idx,
@@ -55,7 +57,8 @@ HWY_INLINE void AccumulateColumns(D d, hn::TFromD<D>* acc, int64_t i,
   hn::Vec<D> a[RT][kCols];
   for (int r = 0; r < RT; ++r) {
     for (int c = 0; c < kCols; ++c) {
-      a[r][c] = hn::LoadU(d, acc + r * dim + i + c * N);
+      a[r][c] =
+          kFromZero ? hn::Zero(d) : hn::LoadU(d, acc + r * dim + i + c * N);
     }
   }
   for (int64_t j = 0; j < count; ++j) {
@@ -78,7 +81,7 @@ HWY_INLINE void AccumulateColumns(D d, hn::TFromD<D>* acc, int64_t i,
 // AVX-512's 32 registers, 8 elsewhere), then single vectors, then the
 // elements past the last vector. Every column's chain is the same, so the
 // blocking never changes a bit.
-template <int RT, class D, typename V>
+template <bool kFromZero, int RT, class D, typename V>
 HWY_INLINE void AccumulateTile(D d, hn::TFromD<D>* acc, const hn::TFromD<D>* e,
                                int64_t lde, const V* v, int64_t ldv,
                                const int32_t* idx, int64_t count, int64_t dim) {
@@ -87,15 +90,17 @@ HWY_INLINE void AccumulateTile(D d, hn::TFromD<D>* acc, const hn::TFromD<D>* e,
   constexpr int kCols = (RT >= 4 && N * sizeof(T) == 64) ? 4 : 2;
   int64_t i = 0;
   for (; i + kCols * N <= dim; i += kCols * N) {
-    AccumulateColumns<RT, kCols>(d, acc, i, e, lde, v, ldv, idx, count, dim);
+    AccumulateColumns<kFromZero, RT, kCols>(d, acc, i, e, lde, v, ldv, idx,
+                                            count, dim);
   }
   for (; i + N <= dim; i += N) {
-    AccumulateColumns<RT, 1>(d, acc, i, e, lde, v, ldv, idx, count, dim);
+    AccumulateColumns<kFromZero, RT, 1>(d, acc, i, e, lde, v, ldv, idx, count,
+                                        dim);
   }
   // Element-wise, so the scalar tail computes what a vector lane would.
   for (; i < dim; ++i) {
     for (int r = 0; r < RT; ++r) {
-      T a = acc[r * dim + i];
+      T a = kFromZero ? T(0) : acc[r * dim + i];
       for (int64_t j = 0; j < count; ++j) {
         a = std::fma(e[r * lde + j], ScalarAs<T>(v[idx[j] * ldv + i]), a);
       }
@@ -104,19 +109,19 @@ HWY_INLINE void AccumulateTile(D d, hn::TFromD<D>* acc, const hn::TFromD<D>* e,
   }
 }
 
-template <class D, typename V>
+template <bool kFromZero = false, class D, typename V>
 void AccumulateRows(D d, hn::TFromD<D>* acc, int64_t rows,
                     const hn::TFromD<D>* e, int64_t lde, const V* v,
                     int64_t ldv, const int32_t* idx, int64_t count,
                     int64_t dim) {
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
-    AccumulateTile<4>(d, acc + r * dim, e + r * lde, lde, v, ldv, idx, count,
-                      dim);
+    AccumulateTile<kFromZero, 4>(d, acc + r * dim, e + r * lde, lde, v, ldv,
+                                 idx, count, dim);
   }
   for (; r < rows; ++r) {
-    AccumulateTile<1>(d, acc + r * dim, e + r * lde, lde, v, ldv, idx, count,
-                      dim);
+    AccumulateTile<kFromZero, 1>(d, acc + r * dim, e + r * lde, lde, v, ldv,
+                                 idx, count, dim);
   }
 }
 
@@ -422,8 +427,8 @@ void UnitState(D d, const PreparedAttention& p, const hn::TFromD<D>* s,
   std::fill(sum, sum + group, T(0));
   RowSums(e, P, group, count, sum);
   for (int64_t j = 0; j < group; ++j) lse[j] = lse[j] + std::log(sum[j]);
-  std::fill(out, out + group * Dh, T(0));
-  AccumulateRows(d, out, group, e, P, v, ldv, vis, count, Dh);
+  AccumulateRows</*kFromZero=*/true>(d, out, group, e, P, v, ldv, vis, count,
+                                     Dh);
   for (int64_t j = 0; j < group; ++j) {
     for (int64_t i = 0; i < Dh; ++i) out[j * Dh + i] /= sum[j];
   }
@@ -666,11 +671,15 @@ void BlockUnits(const PreparedAttention& p, int64_t b, int64_t blk,
   }
 }
 
-// Records, per query position, the blocks of the units it merges.
+// Records, per query position, the blocks of the units it merges and the
+// keys it sees.
 void RecordMergeOrder(const PassContext& ctx, const TokenRun& run, int64_t b,
                       int64_t blk, const Scratch& sc) {
   const int64_t P = ctx.p.dims.page_size;
   for (int64_t sq = 0; sq < ctx.p.dims.queries; ++sq) {
+    if (ctx.visible_keys != nullptr) {
+      ctx.visible_keys[b * ctx.p.dims.queries + sq] += sc.visible_count[sq];
+    }
     const int32_t* vis = &sc.visible[sq * P];
     for (size_t u = 0; u < run.unit_of.size(); ++u) {
       if (VisibleIn(vis, sc.visible_count[sq], run.first[u], run.count[u])
@@ -696,6 +705,18 @@ void SlotPositions(const Tensor& positions, int64_t first, int64_t n,
   }
 }
 
+// The cache lines of positions [first, first + n): the next page's, which
+// lie anywhere in the table (the first read of each page's positions
+// missed: 1 % of the W1 pass, docs/PERF.md, sixth pass).
+void PrefetchSlotPositions(const Tensor& positions, int64_t first, int64_t n) {
+  const int64_t elem = DTypeSize(positions.dtype());
+  const char* begin = static_cast<const char*>(positions.raw()) + first * elem;
+  for (int64_t at = 0; at < n * elem; at += 64) {
+    __builtin_prefetch(begin + at, /*rw=*/0, /*locality=*/3);
+  }
+  __builtin_prefetch(begin + n * elem - 1, /*rw=*/0, /*locality=*/3);
+}
+
 void RunPassItemImpl(const PassContext& ctx, int64_t b, int64_t g0, int64_t g1,
                      Scratch& sc) {
   const PreparedAttention& p = ctx.p;
@@ -715,6 +736,7 @@ void RunPassItemImpl(const PassContext& ctx, int64_t b, int64_t g0, int64_t g1,
     if (blk + 1 < num_blocks) {
       next = PageRun(p, pages[blk + 1], P, nullptr);
       sc.prefetch.Start(next, d.head_dim, g0, g1, prefetch_steps);
+      PrefetchSlotPositions(p.snapshot->slot_positions, pages[blk + 1] * P, P);
     } else {
       sc.prefetch.Clear();
     }
