@@ -77,17 +77,29 @@ HWY_INLINE void AccumulateColumns(D d, hn::TFromD<D>* acc, int64_t i,
   }
 }
 
-// The same over every column: wide column blocks (16 accumulators under
-// AVX-512's 32 registers, 8 elsewhere), then single vectors, then the
-// elements past the last vector. Every column's chain is the same, so the
-// blocking never changes a bit.
+// Column vectors per tile of RT rows: at least eight independent FMA
+// chains (two FMA ports, four cycles each) within the registers: 16
+// accumulators under AVX-512's 32 registers, 8 elsewhere. One or two rows
+// (GQA groups of 1-3) used to get two or four chains, so each V load waited
+// on the previous FMA (docs/PERF.md, sixth pass).
+template <int RT, class D>
+constexpr int ColsPerTile() {
+  constexpr bool wide = hn::MaxLanes(D()) * sizeof(hn::TFromD<D>) == 64;
+  if constexpr (RT >= 4) return wide ? 4 : 2;
+  if constexpr (RT == 2) return 4;
+  return wide ? 8 : 4;
+}
+
+// The same over every column: blocks of ColsPerTile vectors, then single
+// vectors, then the elements past the last vector. Every column's chain is
+// the same, so the blocking never changes a bit.
 template <bool kFromZero, int RT, class D, typename V>
 HWY_INLINE void AccumulateTile(D d, hn::TFromD<D>* acc, const hn::TFromD<D>* e,
                                int64_t lde, const V* v, int64_t ldv,
                                const int32_t* idx, int64_t count, int64_t dim) {
   using T = hn::TFromD<D>;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(D()));
-  constexpr int kCols = (RT >= 4 && N * sizeof(T) == 64) ? 4 : 2;
+  constexpr int kCols = ColsPerTile<RT, D>();
   int64_t i = 0;
   for (; i + kCols * N <= dim; i += kCols * N) {
     AccumulateColumns<kFromZero, RT, kCols>(d, acc, i, e, lde, v, ldv, idx,
@@ -117,6 +129,10 @@ void AccumulateRows(D d, hn::TFromD<D>* acc, int64_t rows,
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
     AccumulateTile<kFromZero, 4>(d, acc + r * dim, e + r * lde, lde, v, ldv,
+                                 idx, count, dim);
+  }
+  for (; r + 2 <= rows; r += 2) {
+    AccumulateTile<kFromZero, 2>(d, acc + r * dim, e + r * lde, lde, v, ldv,
                                  idx, count, dim);
   }
   for (; r < rows; ++r) {

@@ -599,6 +599,22 @@ HWY_INLINE void DotRows(D d, const hn::TFromD<D>* q, int64_t rows, const K* k,
                      lds);
     }
   }
+  // Two rows left (GQA groups of 2 or 3): each widened k vector feeds both,
+  // where one row at a time widened it twice.
+  if constexpr (RT > 2) {
+    constexpr int KT2 = kVec == 1 ? 4 : 2;
+    for (; r + 2 <= rows; r += 2) {
+      int64_t t = 0;
+      for (; t + KT2 <= n; t += KT2) {
+        DotTile<2, KT2>(d, q + r * dim, k + t * ldk, ldk, dim, s + r * lds + t,
+                        lds);
+      }
+      for (; t < n; ++t) {
+        DotTile<2, 1>(d, q + r * dim, k + t * ldk, ldk, dim, s + r * lds + t,
+                      lds);
+      }
+    }
+  }
   for (; r < rows; ++r) {
     int64_t t = 0;
     for (; t + KT1 <= n; t += KT1) {

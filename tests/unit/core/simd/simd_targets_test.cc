@@ -153,6 +153,17 @@ std::vector<PassCase> PassCases() {
   odd.layout = KvLayout::kHND;
   odd.page_size = 5;
   cases.push_back(odd);
+  // GQA groups that leave rows past the 4-row tiles: 2-row tiles (groups
+  // 2, 3, 7) and single rows (1, 3, 7), for scores and the V accumulation.
+  for (int64_t group : {1, 2, 3, 7}) {
+    PassCase g = base("bf16 D=128 GQA " + std::to_string(group), DType::kBF16,
+                      128);
+    g.options.q_heads = 2 * group;
+    cases.push_back(g);
+  }
+  PassCase f32_pair = base("f32 D=80 GQA 2", DType::kF32, 80);
+  f32_pair.options.q_heads = 4;
+  cases.push_back(f32_pair);
   PassCase variants = base("window, soft-cap, sinks", DType::kBF16, 128);
   variants.window = 30;
   variants.softcap = 30.0;
