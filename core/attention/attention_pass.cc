@@ -285,14 +285,15 @@ void GroupScores(D d, const PassContext& ctx, const hn::TFromD<D>* q,
   const int64_t group = p.dims.group();
   const int64_t P = p.dims.page_size;
   DotRows(d, q, group, k, ldk, n, p.dims.head_dim, s, P);
-  const T cap = static_cast<T>(p.softcap);
   for (int64_t j = 0; j < group; ++j) {
-    for (int64_t t = 0; t < n; ++t) {
-      T x = s[j * P + t] * scale;
-      if (cap > 0) x = cap * std::tanh(x / cap);
-      s[j * P + t] = x;
-    }
+    for (int64_t t = 0; t < n; ++t) s[j * P + t] *= scale;
   }
+  // The soft-cap in vectors (its tanh through glibc, one score at a time,
+  // was a fifth of the gemma2-9b W1 pass: docs/PERF.md, sixth pass).
+  const T cap = static_cast<T>(p.softcap);
+  if (!(cap > 0)) return;
+  if (n == P) return SoftCapArray(d, cap, s, group * P);
+  for (int64_t j = 0; j < group; ++j) SoftCapArray(d, cap, &s[j * P], n);
 }
 
 // Whether the visible keys vis[0..count) are consecutive tokens (the

@@ -1,5 +1,6 @@
-// Dispatching entry points for the vectorised exp of core/simd/simd-inl.h
-// (the fused pass calls the per-target versions directly).
+// Dispatching entry points for the vectorised exp and soft-cap of
+// core/simd/simd-inl.h (the fused pass calls the per-target versions
+// directly).
 // clang-format off: foreach_target.h must come first, before the
 // headers it re-includes for every target.
 #undef HWY_TARGET_INCLUDE
@@ -24,6 +25,14 @@ void ExpF32Impl(const float* x, int64_t n, float* e) {
   ExpNonPositiveArray(DF32(), x, n, e);
 }
 
+void SoftCapF64Impl(double cap, double* x, int64_t n) {
+  SoftCapArray(DF64(), cap, x, n);
+}
+
+void SoftCapF32Impl(float cap, float* x, int64_t n) {
+  SoftCapArray(DF32(), cap, x, n);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace attnaudit
 HWY_AFTER_NAMESPACE();
@@ -33,6 +42,8 @@ namespace attnaudit {
 
 ATTNAUDIT_SIMD_EXPORT(ExpF64Impl);
 ATTNAUDIT_SIMD_EXPORT(ExpF32Impl);
+ATTNAUDIT_SIMD_EXPORT(SoftCapF64Impl);
+ATTNAUDIT_SIMD_EXPORT(SoftCapF32Impl);
 
 void ExpNonPositiveF64(const double* x, int64_t n, double* e) {
   ATTNAUDIT_SIMD_DISPATCH(ExpF64Impl)(x, n, e);
@@ -40,6 +51,14 @@ void ExpNonPositiveF64(const double* x, int64_t n, double* e) {
 
 void ExpNonPositiveF32(const float* x, int64_t n, float* e) {
   ATTNAUDIT_SIMD_DISPATCH(ExpF32Impl)(x, n, e);
+}
+
+void SoftCapF64(double cap, double* x, int64_t n) {
+  ATTNAUDIT_SIMD_DISPATCH(SoftCapF64Impl)(cap, x, n);
+}
+
+void SoftCapF32(float cap, float* x, int64_t n) {
+  ATTNAUDIT_SIMD_DISPATCH(SoftCapF32Impl)(cap, x, n);
 }
 
 }  // namespace attnaudit

@@ -5,8 +5,9 @@
 // operation: nvcc never contracts the _rn intrinsics into an FMA, and the
 // host is compiled with -ffp-contract=off, so a formula spelled with these
 // functions rounds the same way everywhere. Fma is the one fused operation
-// (as the CPU core's ExactMulAdd). The math library functions (exp, log,
-// tanh) are the platform's: glibc on the host, CUDA's on the device.
+// (as the CPU core's ExactMulAdd). The math library functions (exp, log)
+// are the platform's: glibc on the host, CUDA's on the device (the soft-cap's
+// tanh is the core's own, kernels/math/tanh.h).
 // Pure functions; thread-safe.
 #ifndef ATTNAUDIT_CORE_COMMON_ROUNDED_OPS_H_
 #define ATTNAUDIT_CORE_COMMON_ROUNDED_OPS_H_
@@ -76,13 +77,6 @@ struct Ops<float> {
     return logf(x);
 #else
     return std::log(x);
-#endif
-  }
-  ATTNAUDIT_HOST_DEVICE static float Tanh(float x) {
-#ifdef ATTNAUDIT_DEVICE_CODE
-    return tanhf(x);
-#else
-    return std::tanh(x);
 #endif
   }
   // Round to nearest, ties to even (the current rounding mode).
@@ -163,13 +157,6 @@ struct Ops<double> {
     return std::log(x);
 #endif
   }
-  ATTNAUDIT_HOST_DEVICE static double Tanh(double x) {
-#ifdef ATTNAUDIT_DEVICE_CODE
-    return tanh(x);
-#else
-    return std::tanh(x);
-#endif
-  }
   ATTNAUDIT_HOST_DEVICE static double Rint(double x) {
 #ifdef ATTNAUDIT_DEVICE_CODE
     return rint(x);
@@ -204,6 +191,15 @@ ATTNAUDIT_HOST_DEVICE inline double BitsAsDouble(uint64_t bits) {
   double f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
+#endif
+}
+ATTNAUDIT_HOST_DEVICE inline uint32_t FloatBits(float x) {
+#ifdef ATTNAUDIT_DEVICE_CODE
+  return __float_as_uint(x);
+#else
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits;
 #endif
 }
 ATTNAUDIT_HOST_DEVICE inline uint64_t DoubleBits(double x) {

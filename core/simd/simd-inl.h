@@ -339,6 +339,89 @@ HWY_INLINE void ExpNonPositiveArray(D d, const hn::TFromD<D>* x, int64_t n,
   }
 }
 
+// ------------------------------------------------------------ tanh
+
+// tanh for the logit soft-cap, in vectors: tanh(|x|) = e / (e + 2) with
+// e = expm1(2|x|), given the sign of x. expm1: the Cody-Waite reduction of
+// exp (2|x| = k ln2 + r, |r| <= ln2/2), expm1(r) = r + r * (r * P(r)) with
+// P the Taylor series from 1/2! (to 1/14! in fp64, 1/9! in fp32:
+// truncation < 0.01 ulp), then expm1 = 2^k expm1(r) + (2^k - 1) in one
+// rounding. |x| from kTanhOne on, where tanh rounds to 1, gives +-1; +-0
+// and the sign are kept; NaN stays NaN. Within 3 ulp of the correctly
+// rounded result (simd_targets_test); every operation is IEEE or an exact
+// multiply-add, so every target gives the same bits, and so does the
+// scalar twin the GPU runs (kernels/math/tanh.h).
+constexpr double kTanhOneF64 = 19.1;  // 1 - tanh(19.1) < 2^-54
+constexpr float kTanhOneF32 = 9.1f;   // 1 - tanh(9.1) < 2^-25
+
+template <class D>
+HWY_INLINE hn::Vec<D> Tanh(D d, hn::Vec<D> x) {
+  using T = hn::TFromD<D>;
+  constexpr bool kF64 = sizeof(T) == 8;
+  const T one_from = kF64 ? static_cast<T>(kTanhOneF64) : kTanhOneF32;
+  const auto a = hn::Min(hn::Abs(x), hn::Set(d, one_from));
+  const auto y = hn::Add(a, a);
+  const auto k = hn::Round(
+      hn::Mul(y, hn::Set(d, kF64 ? T(1.4426950408889634) : T(1.44269504f))));
+  auto r = ExactNegMulAdd(
+      k, hn::Set(d, kF64 ? T(6.93147180369123816490e-01) : T(0.693359375f)), y);
+  r = ExactNegMulAdd(
+      k, hn::Set(d, kF64 ? T(1.90821492927058770002e-10) : T(-2.12194440e-4f)),
+      r);
+  static constexpr double kCoefF64[13] = {1.0 / 87178291200.0,
+                                          1.0 / 6227020800.0,
+                                          1.0 / 479001600.0,
+                                          1.0 / 39916800.0,
+                                          1.0 / 3628800.0,
+                                          1.0 / 362880.0,
+                                          1.0 / 40320.0,
+                                          1.0 / 5040.0,
+                                          1.0 / 720.0,
+                                          1.0 / 120.0,
+                                          1.0 / 24.0,
+                                          1.0 / 6.0,
+                                          0.5};
+  static constexpr float kCoefF32[8] = {
+      1.0f / 362880.0f, 1.0f / 40320.0f, 1.0f / 5040.0f, 1.0f / 720.0f,
+      1.0f / 120.0f,    1.0f / 24.0f,    1.0f / 6.0f,    0.5f};
+  hn::Vec<D> p;
+  if constexpr (kF64) {
+    p = hn::Set(d, kCoefF64[0]);
+    for (int j = 1; j < 13; ++j) p = ExactMulAdd(p, r, hn::Set(d, kCoefF64[j]));
+  } else {
+    p = hn::Set(d, kCoefF32[0]);
+    for (int j = 1; j < 8; ++j) p = ExactMulAdd(p, r, hn::Set(d, kCoefF32[j]));
+  }
+  const auto expm1_r = ExactMulAdd(r, hn::Mul(r, p), r);
+  const auto two_k = ScaleByPow2(hn::Set(d, T(1)), k);
+  const auto e = ExactMulAdd(two_k, expm1_r, hn::Sub(two_k, hn::Set(d, T(1))));
+  auto t = hn::Div(e, hn::Add(e, hn::Set(d, T(2))));
+  t = hn::IfThenElse(hn::Ge(hn::Abs(x), hn::Set(d, one_from)), hn::Set(d, T(1)),
+                     t);
+  return hn::IfThenElse(hn::IsNaN(x), x, hn::CopySign(t, x));
+}
+
+// x[i] = cap * tanh(x[i] / cap) for i < n (cap > 0), the soft-cap of a row
+// of scores; the tail is padded into one full vector, as for exp.
+template <class D>
+HWY_INLINE void SoftCapArray(D d, hn::TFromD<D> cap, hn::TFromD<D>* x,
+                             int64_t n) {
+  using T = hn::TFromD<D>;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto c = hn::Set(d, cap);
+  auto capped = [&](hn::Vec<D> v) {
+    return hn::Mul(c, Tanh(d, hn::Div(v, c)));
+  };
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(capped(hn::LoadU(d, x + i)), d, x + i);
+  if (i < n) {
+    HWY_ALIGN T buf[hn::MaxLanes(d)] = {};
+    std::memcpy(buf, x + i, static_cast<size_t>(n - i) * sizeof(T));
+    hn::Store(capped(hn::Load(d, buf)), d, buf);
+    std::memcpy(x + i, buf, static_cast<size_t>(n - i) * sizeof(T));
+  }
+}
+
 // ------------------------------------------------------------ reductions
 
 // Sum of the lanes of one vector by the tree "lane i + lane i + N/2",

@@ -15,6 +15,7 @@
 
 #include "core/common/host_device.h"
 #include "kernels/math/scalar.h"
+#include "kernels/math/tanh.h"
 
 namespace attnaudit {
 namespace kmath {
@@ -70,11 +71,12 @@ ATTNAUDIT_HOST_DEVICE inline T VirtualDot(const T* q, const K* k, int64_t dim) {
 }
 
 // A score from its dot product: scaled, then soft-capped when cap > 0
-// (cap * tanh(x / cap)), as the CPU kernels do in T.
+// (cap * tanh(x / cap), with the core's tanh: kernels/math/tanh.h), as the
+// CPU kernels do in T.
 template <typename T>
 ATTNAUDIT_HOST_DEVICE inline T Score(T dot, T scale, T cap) {
   T x = Ops<T>::Mul(dot, scale);
-  if (cap > 0) x = Ops<T>::Mul(cap, Ops<T>::Tanh(Ops<T>::Div(x, cap)));
+  if (cap > 0) x = Ops<T>::Mul(cap, Tanh(Ops<T>::Div(x, cap)));
   return x;
 }
 

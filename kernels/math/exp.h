@@ -17,8 +17,8 @@
 namespace attnaudit {
 namespace kmath {
 
-// p * 2^k for integral k in [-150, 0] as two exact power-of-two scalings,
-// so a subnormal result rounds once.
+// p * 2^k for integral k in [-150, 0] (exp) or [0, 56] (tanh's expm1) as
+// two exact power-of-two scalings, so a subnormal result rounds once.
 ATTNAUDIT_HOST_DEVICE inline float ScaleByPow2(float p, float k) {
   using F = Ops<float>;
   const int32_t ki = static_cast<int32_t>(k);

@@ -14,6 +14,7 @@ using Ops = ::attnaudit::rounded::Ops<T>;
 using ::attnaudit::rounded::BitsAsDouble;
 using ::attnaudit::rounded::BitsAsFloat;
 using ::attnaudit::rounded::DoubleBits;
+using ::attnaudit::rounded::FloatBits;
 using ::attnaudit::rounded::MaxStep;
 
 }  // namespace kmath

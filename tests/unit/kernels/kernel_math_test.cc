@@ -1,10 +1,10 @@
 // The GPU kernels' arithmetic (kernels/math/, core/attention/merge_step.h)
-// run on the CPU against the core, bit for bit: the scalar exp against the
-// vector exp of every SIMD target, exact widening against core/tensor,
-// the drift element rule against core/drift, and the whole fused pass
-// (kernel_emulator.cc: the kernel's steps with loops for threads) against
-// ComputeAttention -- R, P and every unit state. What the device adds on
-// top is its thread mapping and its exp/log/tanh library calls
+// run on the CPU against the core, bit for bit: the scalar exp and tanh
+// against the vector ones of every SIMD target, exact widening against
+// core/tensor, the drift element rule against core/drift, and the whole
+// fused pass (kernel_emulator.cc: the kernel's steps with loops for
+// threads) against ComputeAttention -- R, P and every unit state. What the
+// device adds on top is its thread mapping and its exp/log library calls
 // (docs/NUMERICS.md, "CPU and GPU"); the GPU tests check those on a GPU.
 #include <cmath>
 #include <cstring>
@@ -22,6 +22,7 @@
 #include "core/tensor/dtype.h"
 #include "core/validate/validate.h"
 #include "gtest/gtest.h"
+#include "kernels/math/dot.h"
 #include "kernels/math/drift_element.h"
 #include "kernels/math/exp.h"
 #include "kernels/math/widen.h"
@@ -68,6 +69,42 @@ TEST(KernelMathExp, ScalarExpIsTheVectorExpOnEveryTarget) {
     for (size_t i = 0; i < x32.size(); ++i) {
       ASSERT_TRUE(SameBits(kmath::ExpNonPositive(x32[i]), e32[i]))
           << SimdTargetName(target) << " exp(" << x32[i] << ")";
+    }
+  }
+  ForceSimdTargetForTest(0);
+}
+
+// The soft-cap: the scalar twin's cap * tanh(x / cap) against the core's
+// vector soft-cap on every target, both signs, up to past saturation.
+TEST(KernelMathTanh, ScalarSoftCapIsTheVectorSoftCapOnEveryTarget) {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> wide(-60.0, 60.0);
+  std::uniform_real_distribution<double> narrow(-1.0, 1.0);
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> x64 = {
+      0.0,       -0.0,      1e-300,
+      -4.9e-324, 19.1 * 30, -19.0 * 30,
+      inf,       -inf,      std::numeric_limits<double>::quiet_NaN()};
+  for (int i = 0; i < 20000; ++i) {
+    x64.push_back(i % 2 ? wide(rng) : narrow(rng) * 1e-3);
+  }
+  std::vector<float> x32;
+  for (double x : x64) x32.push_back(static_cast<float>(x));
+  x32.push_back(9.1f * 30);
+  x32.push_back(-9.09f * 30);
+  for (int64_t target : CompiledSimdTargets()) {
+    ForceSimdTargetForTest(target);
+    std::vector<double> t64 = x64;
+    std::vector<float> t32 = x32;
+    SoftCapF64(30.0, t64.data(), static_cast<int64_t>(t64.size()));
+    SoftCapF32(30.0f, t32.data(), static_cast<int64_t>(t32.size()));
+    for (size_t i = 0; i < x64.size(); ++i) {
+      ASSERT_TRUE(SameBits(kmath::Score(x64[i], 1.0, 30.0), t64[i]))
+          << SimdTargetName(target) << " cap(" << x64[i] << ")";
+    }
+    for (size_t i = 0; i < x32.size(); ++i) {
+      ASSERT_TRUE(SameBits(kmath::Score(x32[i], 1.0f, 30.0f), t32[i]))
+          << SimdTargetName(target) << " cap(" << x32[i] << ")";
     }
   }
   ForceSimdTargetForTest(0);

@@ -2,8 +2,10 @@
 // binary carries computes the same bits. Each test runs the dispatched code
 // once per target (forcing dispatch to it) and compares with the first,
 // bit for bit; the exp bound is checked on every target too.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -116,6 +118,66 @@ TEST(SimdTargetsTest, ExpF32WithinTwoUlpsAndIdenticalOnEveryTarget) {
   });
 }
 
+// Arguments for tanh: a dense irregular grid over both signs up to past
+// the saturation threshold, tiny and subnormal values (where tanh(x) = x),
+// the thresholds themselves and the special values.
+template <typename T>
+std::vector<T> TanhArguments(T one_from) {
+  std::vector<T> x;
+  for (T v = -25; v < 25; v += static_cast<T>(0.00173)) x.push_back(v);
+  for (T v = static_cast<T>(1e-7); v < 2; v *= static_cast<T>(1.37)) {
+    x.push_back(v);
+    x.push_back(-v);
+  }
+  const T inf = std::numeric_limits<T>::infinity();
+  for (T v : {T(0), -T(0), std::numeric_limits<T>::denorm_min(),
+              -std::numeric_limits<T>::min(), T(1e-30), one_from,
+              std::nextafter(one_from, T(0)), -one_from,
+              std::numeric_limits<T>::max(), inf, -inf}) {
+    x.push_back(v);
+  }
+  return x;
+}
+
+// tanh (SoftCap with cap 1) against the long-double tanh, every target.
+template <typename T, typename Fn>
+void CheckTanh(Fn soft_cap, T one_from, DType dtype, uint64_t bound) {
+  std::vector<T> x = TanhArguments(one_from);
+  x.push_back(std::numeric_limits<T>::quiet_NaN());
+  std::vector<T> first;
+  ForEachTarget([&](const std::string& target) {
+    std::vector<T> t = x;
+    soft_cap(T(1), t.data(), static_cast<int64_t>(t.size()));
+    uint64_t worst = 0;
+    for (size_t i = 0; i + 1 < x.size(); ++i) {
+      const T want = static_cast<T>(std::tanh(static_cast<long double>(x[i])));
+      const uint64_t ulps = UlpDistance(t[i], want, dtype);
+      worst = std::max(worst, ulps);
+      EXPECT_LE(ulps, bound) << target << " x=" << x[i] << " got " << t[i];
+      EXPECT_EQ(std::signbit(t[i]), std::signbit(x[i])) << target << x[i];
+    }
+    EXPECT_TRUE(std::isnan(t.back())) << target << ": tanh(NaN)";
+    std::printf("%s tanh (%s): worst %llu ulp over %zu arguments\n",
+                target.c_str(), std::string(DTypeName(dtype)).c_str(),
+                static_cast<unsigned long long>(worst), x.size() - 1);
+    // A soft-cap of 30 through the same code: identical on every target.
+    std::vector<T> capped = x;
+    for (T& v : capped) v *= 30;
+    soft_cap(T(30), capped.data(), static_cast<int64_t>(capped.size()));
+    t.insert(t.end(), capped.begin(), capped.end());
+    if (first.empty()) first = t;
+    EXPECT_TRUE(SameBits(first, t)) << target;
+  });
+}
+
+TEST(SimdTargetsTest, TanhF64WithinThreeUlpsAndIdenticalOnEveryTarget) {
+  CheckTanh<double>(SoftCapF64, 19.1, DType::kF64, 3);
+}
+
+TEST(SimdTargetsTest, TanhF32WithinThreeUlpsAndIdenticalOnEveryTarget) {
+  CheckTanh<float>(SoftCapF32, 9.1f, DType::kF32, 3);
+}
+
 struct PassCase {
   std::string name;
   RandomCaseOptions options;
@@ -156,8 +218,8 @@ std::vector<PassCase> PassCases() {
   // GQA groups that leave rows past the 4-row tiles: 2-row tiles (groups
   // 2, 3, 7) and single rows (1, 3, 7), for scores and the V accumulation.
   for (int64_t group : {1, 2, 3, 7}) {
-    PassCase g = base("bf16 D=128 GQA " + std::to_string(group), DType::kBF16,
-                      128);
+    PassCase g =
+        base("bf16 D=128 GQA " + std::to_string(group), DType::kBF16, 128);
     g.options.q_heads = 2 * group;
     cases.push_back(g);
   }
