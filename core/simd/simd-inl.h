@@ -261,6 +261,21 @@ HWY_INLINE VF32 ScaleByPow2(VF32 p, VF32 k) {
   return hn::Mul(hn::Mul(p, s1), s2);
 }
 
+// The Cody-Waite reduction of exp and tanh's expm1: x = k ln2 + r with k
+// integral and |r| <= ln2/2, ln2 in two parts so that r is exact to well
+// below an ulp. Returns r; k goes to *k.
+HWY_INLINE VF64 ReduceLn2(DF64 d, VF64 x, VF64* k) {
+  *k = hn::Round(hn::Mul(x, hn::Set(d, 1.4426950408889634)));
+  const VF64 r = ExactNegMulAdd(*k, hn::Set(d, 6.93147180369123816490e-01), x);
+  return ExactNegMulAdd(*k, hn::Set(d, 1.90821492927058770002e-10), r);
+}
+
+HWY_INLINE VF32 ReduceLn2(DF32 d, VF32 x, VF32* k) {
+  *k = hn::Round(hn::Mul(x, hn::Set(d, 1.44269504f)));
+  const VF32 r = ExactNegMulAdd(*k, hn::Set(d, 0.693359375f), x);
+  return ExactNegMulAdd(*k, hn::Set(d, -2.12194440e-4f), r);
+}
+
 // exp(x) for x <= 0 (softmax arguments shifted by their running max):
 // Cody-Waite reduction x = k ln2 + r, |r| <= ln2/2, a Taylor polynomial of
 // degree 13 for e^r (truncation < 0.05 ulp), then 2^k. Within 2 ulp of the
@@ -270,10 +285,8 @@ HWY_INLINE VF64 ExpNonPositive(DF64 d, VF64 x) {
   const VF64 underflow = hn::Set(d, -745.2);
   const auto tiny = hn::Lt(x, underflow);
   const auto nan = hn::IsNaN(x);
-  const VF64 v = hn::Max(x, underflow);
-  const VF64 k = hn::Round(hn::Mul(v, hn::Set(d, 1.4426950408889634)));
-  VF64 r = ExactNegMulAdd(k, hn::Set(d, 6.93147180369123816490e-01), v);
-  r = ExactNegMulAdd(k, hn::Set(d, 1.90821492927058770002e-10), r);
+  VF64 k;
+  const VF64 r = ReduceLn2(d, hn::Max(x, underflow), &k);
   static constexpr double kCoef[14] = {1.0 / 6227020800.0,
                                        1.0 / 479001600.0,
                                        1.0 / 39916800.0,
@@ -299,10 +312,8 @@ HWY_INLINE VF32 ExpNonPositive(DF32 d, VF32 x) {
   const VF32 underflow = hn::Set(d, -103.98f);
   const auto tiny = hn::Lt(x, underflow);
   const auto nan = hn::IsNaN(x);
-  const VF32 v = hn::Max(x, underflow);
-  const VF32 k = hn::Round(hn::Mul(v, hn::Set(d, 1.44269504f)));
-  VF32 r = ExactNegMulAdd(k, hn::Set(d, 0.693359375f), v);
-  r = ExactNegMulAdd(k, hn::Set(d, -2.12194440e-4f), r);
+  VF32 k;
+  const VF32 r = ReduceLn2(d, hn::Max(x, underflow), &k);
   static constexpr float kCoef[8] = {
       1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f,
       1.0f / 6.0f,    0.5f,          1.0f,          1.0f};
@@ -360,14 +371,8 @@ HWY_INLINE hn::Vec<D> Tanh(D d, hn::Vec<D> x) {
   constexpr bool kF64 = sizeof(T) == 8;
   const T one_from = kF64 ? static_cast<T>(kTanhOneF64) : kTanhOneF32;
   const auto a = hn::Min(hn::Abs(x), hn::Set(d, one_from));
-  const auto y = hn::Add(a, a);
-  const auto k = hn::Round(
-      hn::Mul(y, hn::Set(d, kF64 ? T(1.4426950408889634) : T(1.44269504f))));
-  auto r = ExactNegMulAdd(
-      k, hn::Set(d, kF64 ? T(6.93147180369123816490e-01) : T(0.693359375f)), y);
-  r = ExactNegMulAdd(
-      k, hn::Set(d, kF64 ? T(1.90821492927058770002e-10) : T(-2.12194440e-4f)),
-      r);
+  hn::Vec<D> k;
+  const hn::Vec<D> r = ReduceLn2(d, hn::Add(a, a), &k);
   static constexpr double kCoefF64[13] = {1.0 / 87178291200.0,
                                           1.0 / 6227020800.0,
                                           1.0 / 479001600.0,

@@ -39,15 +39,30 @@ ATTNAUDIT_HOST_DEVICE inline double ScaleByPow2(double p, double k) {
   return F::Mul(F::Mul(p, s1), s2);
 }
 
+// x = k ln2 + r, |r| <= ln2/2: the core's ReduceLn2, for exp and tanh.
+// Returns r; k goes to *k.
+ATTNAUDIT_HOST_DEVICE inline float ReduceLn2(float x, float* k) {
+  using F = Ops<float>;
+  *k = F::Rint(F::Mul(x, 1.44269504f));
+  const float r = F::Fma(-*k, 0.693359375f, x);
+  return F::Fma(-*k, -2.12194440e-4f, r);
+}
+
+ATTNAUDIT_HOST_DEVICE inline double ReduceLn2(double x, double* k) {
+  using F = Ops<double>;
+  *k = F::Rint(F::Mul(x, 1.4426950408889634));
+  const double r = F::Fma(-*k, 6.93147180369123816490e-01, x);
+  return F::Fma(-*k, 1.90821492927058770002e-10, r);
+}
+
 // fp32: degree 7, within 2 ulp.
 ATTNAUDIT_HOST_DEVICE inline float ExpNonPositive(float x) {
   using F = Ops<float>;
   if (x != x) return x;
   const float underflow = -103.98f;
   if (x < underflow) return 0.0f;
-  const float k = F::Rint(F::Mul(x, 1.44269504f));
-  float r = F::Fma(-k, 0.693359375f, x);
-  r = F::Fma(-k, -2.12194440e-4f, r);
+  float k;
+  const float r = ReduceLn2(x, &k);
   float p = 1.0f / 5040.0f;
   p = F::Fma(p, r, 1.0f / 720.0f);
   p = F::Fma(p, r, 1.0f / 120.0f);
@@ -65,9 +80,8 @@ ATTNAUDIT_HOST_DEVICE inline double ExpNonPositive(double x) {
   if (x != x) return x;
   const double underflow = -745.2;
   if (x < underflow) return 0.0;
-  const double k = F::Rint(F::Mul(x, 1.4426950408889634));
-  double r = F::Fma(-k, 6.93147180369123816490e-01, x);
-  r = F::Fma(-k, 1.90821492927058770002e-10, r);
+  double k;
+  const double r = ReduceLn2(x, &k);
   double p = 1.0 / 6227020800.0;
   p = F::Fma(p, r, 1.0 / 479001600.0);
   p = F::Fma(p, r, 1.0 / 39916800.0);

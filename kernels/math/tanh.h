@@ -27,10 +27,8 @@ ATTNAUDIT_HOST_DEVICE inline double Tanh(double x) {
   const double one_from = 19.1;  // 1 - tanh(19.1) < 2^-54
   double t = 1.0;
   if (magnitude < one_from) {
-    const double y = F::Add(magnitude, magnitude);
-    const double k = F::Rint(F::Mul(y, 1.4426950408889634));
-    double r = F::Fma(-k, 6.93147180369123816490e-01, y);
-    r = F::Fma(-k, 1.90821492927058770002e-10, r);
+    double k;
+    const double r = ReduceLn2(F::Add(magnitude, magnitude), &k);
     double p = 1.0 / 87178291200.0;
     p = F::Fma(p, r, 1.0 / 6227020800.0);
     p = F::Fma(p, r, 1.0 / 479001600.0);
@@ -60,10 +58,8 @@ ATTNAUDIT_HOST_DEVICE inline float Tanh(float x) {
   const float one_from = 9.1f;  // 1 - tanh(9.1) < 2^-25
   float t = 1.0f;
   if (magnitude < one_from) {
-    const float y = F::Add(magnitude, magnitude);
-    const float k = F::Rint(F::Mul(y, 1.44269504f));
-    float r = F::Fma(-k, 0.693359375f, y);
-    r = F::Fma(-k, -2.12194440e-4f, r);
+    float k;
+    const float r = ReduceLn2(F::Add(magnitude, magnitude), &k);
     float p = 1.0f / 362880.0f;
     p = F::Fma(p, r, 1.0f / 40320.0f);
     p = F::Fma(p, r, 1.0f / 5040.0f);
