@@ -90,25 +90,36 @@ constexpr int ColsPerTile() {
   return wide ? 8 : 4;
 }
 
-// The same over every column: blocks of ColsPerTile vectors, then single
-// vectors, then the elements past the last vector. Every column's chain is
-// the same, so the blocking never changes a bit.
+// Columns from *i in blocks of kCols vectors while they fit, then of half
+// as many, down to single vectors (a short head_dim still gets several
+// chains per tile).
+template <bool kFromZero, int RT, int kCols, class D, typename V>
+HWY_INLINE void AccumulateBlocks(D d, hn::TFromD<D>* acc, int64_t* i,
+                                 const hn::TFromD<D>* e, int64_t lde,
+                                 const V* v, int64_t ldv, const int32_t* idx,
+                                 int64_t count, int64_t dim) {
+  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(D()));
+  for (; *i + kCols * N <= dim; *i += kCols * N) {
+    AccumulateColumns<kFromZero, RT, kCols>(d, acc, *i, e, lde, v, ldv, idx,
+                                            count, dim);
+  }
+  if constexpr (kCols > 1) {
+    AccumulateBlocks<kFromZero, RT, kCols / 2>(d, acc, i, e, lde, v, ldv, idx,
+                                               count, dim);
+  }
+}
+
+// The same over every column: blocks of ColsPerTile vectors and smaller,
+// then the elements past the last vector. Every column's chain is the
+// same, so the blocking never changes a bit.
 template <bool kFromZero, int RT, class D, typename V>
 HWY_INLINE void AccumulateTile(D d, hn::TFromD<D>* acc, const hn::TFromD<D>* e,
                                int64_t lde, const V* v, int64_t ldv,
                                const int32_t* idx, int64_t count, int64_t dim) {
   using T = hn::TFromD<D>;
-  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(D()));
-  constexpr int kCols = ColsPerTile<RT, D>();
   int64_t i = 0;
-  for (; i + kCols * N <= dim; i += kCols * N) {
-    AccumulateColumns<kFromZero, RT, kCols>(d, acc, i, e, lde, v, ldv, idx,
-                                            count, dim);
-  }
-  for (; i + N <= dim; i += N) {
-    AccumulateColumns<kFromZero, RT, 1>(d, acc, i, e, lde, v, ldv, idx, count,
-                                        dim);
-  }
+  AccumulateBlocks<kFromZero, RT, ColsPerTile<RT, D>()>(d, acc, &i, e, lde, v,
+                                                        ldv, idx, count, dim);
   // Element-wise, so the scalar tail computes what a vector lane would.
   for (; i < dim; ++i) {
     for (int r = 0; r < RT; ++r) {
