@@ -276,6 +276,52 @@ HWY_INLINE VF32 ReduceLn2(DF32 d, VF32 x, VF32* k) {
   return ExactNegMulAdd(*k, hn::Set(d, -2.12194440e-4f), r);
 }
 
+// 1/n! from n = 14 down to 0 (fp64) and from 9 down to 0 (fp32): the Taylor
+// coefficients of exp's and tanh's polynomials, which take runs of them.
+// A Horner step from coefficient j to the next is ExactMulAdd(p, r, c[j+1]).
+inline constexpr double kInverseFactorialsF64[15] = {1.0 / 87178291200.0,
+                                                     1.0 / 6227020800.0,
+                                                     1.0 / 479001600.0,
+                                                     1.0 / 39916800.0,
+                                                     1.0 / 3628800.0,
+                                                     1.0 / 362880.0,
+                                                     1.0 / 40320.0,
+                                                     1.0 / 5040.0,
+                                                     1.0 / 720.0,
+                                                     1.0 / 120.0,
+                                                     1.0 / 24.0,
+                                                     1.0 / 6.0,
+                                                     0.5,
+                                                     1.0,
+                                                     1.0};
+inline constexpr float kInverseFactorialsF32[10] = {1.0f / 362880.0f,
+                                                    1.0f / 40320.0f,
+                                                    1.0f / 5040.0f,
+                                                    1.0f / 720.0f,
+                                                    1.0f / 120.0f,
+                                                    1.0f / 24.0f,
+                                                    1.0f / 6.0f,
+                                                    0.5f,
+                                                    1.0f,
+                                                    1.0f};
+
+// Horner's rule over c[first..last): p = c[first], then p = p * r + c[j],
+// each step one exact multiply-add.
+template <class D>
+HWY_INLINE hn::Vec<D> HornerTaylor(D d, hn::Vec<D> r, int first, int last) {
+  using T = hn::TFromD<D>;
+  const T* c = nullptr;
+  if constexpr (sizeof(T) == 8) {
+    c = kInverseFactorialsF64;
+  } else {
+    c = kInverseFactorialsF32;
+  }
+  hn::Vec<D> p = hn::Set(d, c[first]);
+  for (int j = first + 1; j < last; ++j)
+    p = ExactMulAdd(p, r, hn::Set(d, c[j]));
+  return p;
+}
+
 // exp(x) for x <= 0 (softmax arguments shifted by their running max):
 // Cody-Waite reduction x = k ln2 + r, |r| <= ln2/2, a Taylor polynomial of
 // degree 13 for e^r (truncation < 0.05 ulp), then 2^k. Within 2 ulp of the
@@ -287,22 +333,7 @@ HWY_INLINE VF64 ExpNonPositive(DF64 d, VF64 x) {
   const auto nan = hn::IsNaN(x);
   VF64 k;
   const VF64 r = ReduceLn2(d, hn::Max(x, underflow), &k);
-  static constexpr double kCoef[14] = {1.0 / 6227020800.0,
-                                       1.0 / 479001600.0,
-                                       1.0 / 39916800.0,
-                                       1.0 / 3628800.0,
-                                       1.0 / 362880.0,
-                                       1.0 / 40320.0,
-                                       1.0 / 5040.0,
-                                       1.0 / 720.0,
-                                       1.0 / 120.0,
-                                       1.0 / 24.0,
-                                       1.0 / 6.0,
-                                       0.5,
-                                       1.0,
-                                       1.0};
-  VF64 p = hn::Set(d, kCoef[0]);
-  for (int j = 1; j < 14; ++j) p = ExactMulAdd(p, r, hn::Set(d, kCoef[j]));
+  const VF64 p = HornerTaylor(d, r, 1, 15);  // 1/13! .. 1/0!
   const VF64 result = hn::IfThenZeroElse(tiny, ScaleByPow2(p, k));
   return hn::IfThenElse(nan, x, result);
 }
@@ -314,11 +345,7 @@ HWY_INLINE VF32 ExpNonPositive(DF32 d, VF32 x) {
   const auto nan = hn::IsNaN(x);
   VF32 k;
   const VF32 r = ReduceLn2(d, hn::Max(x, underflow), &k);
-  static constexpr float kCoef[8] = {
-      1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f,
-      1.0f / 6.0f,    0.5f,          1.0f,          1.0f};
-  VF32 p = hn::Set(d, kCoef[0]);
-  for (int j = 1; j < 8; ++j) p = ExactMulAdd(p, r, hn::Set(d, kCoef[j]));
+  const VF32 p = HornerTaylor(d, r, 2, 10);  // 1/7! .. 1/0!
   const VF32 result = hn::IfThenZeroElse(tiny, ScaleByPow2(p, k));
   return hn::IfThenElse(nan, x, result);
 }
@@ -373,30 +400,8 @@ HWY_INLINE hn::Vec<D> Tanh(D d, hn::Vec<D> x) {
   const auto a = hn::Min(hn::Abs(x), hn::Set(d, one_from));
   hn::Vec<D> k;
   const hn::Vec<D> r = ReduceLn2(d, hn::Add(a, a), &k);
-  static constexpr double kCoefF64[13] = {1.0 / 87178291200.0,
-                                          1.0 / 6227020800.0,
-                                          1.0 / 479001600.0,
-                                          1.0 / 39916800.0,
-                                          1.0 / 3628800.0,
-                                          1.0 / 362880.0,
-                                          1.0 / 40320.0,
-                                          1.0 / 5040.0,
-                                          1.0 / 720.0,
-                                          1.0 / 120.0,
-                                          1.0 / 24.0,
-                                          1.0 / 6.0,
-                                          0.5};
-  static constexpr float kCoefF32[8] = {
-      1.0f / 362880.0f, 1.0f / 40320.0f, 1.0f / 5040.0f, 1.0f / 720.0f,
-      1.0f / 120.0f,    1.0f / 24.0f,    1.0f / 6.0f,    0.5f};
-  hn::Vec<D> p;
-  if constexpr (kF64) {
-    p = hn::Set(d, kCoefF64[0]);
-    for (int j = 1; j < 13; ++j) p = ExactMulAdd(p, r, hn::Set(d, kCoefF64[j]));
-  } else {
-    p = hn::Set(d, kCoefF32[0]);
-    for (int j = 1; j < 8; ++j) p = ExactMulAdd(p, r, hn::Set(d, kCoefF32[j]));
-  }
+  // P: 1/14! .. 1/2! (fp64), 1/9! .. 1/2! (fp32).
+  const hn::Vec<D> p = HornerTaylor(d, r, 0, kF64 ? 13 : 8);
   const auto expm1_r = ExactMulAdd(r, hn::Mul(r, p), r);
   const auto two_k = ScaleByPow2(hn::Set(d, T(1)), k);
   const auto e = ExactMulAdd(two_k, expm1_r, hn::Sub(two_k, hn::Set(d, T(1))));
