@@ -661,6 +661,25 @@ HWY_INLINE void DotTile(D d, const hn::TFromD<D>* q, const K* k, int64_t ldk,
   }
 }
 
+// Rows [*r, rows) of q taken RT at a time while they fit (advancing *r),
+// each band against the n keys in tiles of KT keys, then the keys left one
+// at a time.
+template <int RT, int KT, class D, typename K>
+HWY_INLINE void DotRowBands(D d, const hn::TFromD<D>* q, int64_t* r,
+                            int64_t rows, const K* k, int64_t ldk, int64_t n,
+                            int64_t dim, hn::TFromD<D>* s, int64_t lds) {
+  for (; *r + RT <= rows; *r += RT) {
+    const hn::TFromD<D>* qr = q + *r * dim;
+    hn::TFromD<D>* sr = s + *r * lds;
+    int64_t t = 0;
+    for (; t + KT <= n; t += KT) {
+      DotTile<RT, KT>(d, qr, k + t * ldk, ldk, dim, sr + t, lds);
+    }
+    for (; t < n; ++t)
+      DotTile<RT, 1>(d, qr, k + t * ldk, ldk, dim, sr + t, lds);
+  }
+}
+
 // All dot products of `rows` rows of q ([rows][dim]) with n rows of k
 // (row t at k + t * ldk) into s[r * lds + t], in register tiles.
 template <class D, typename K>
@@ -673,52 +692,19 @@ HWY_INLINE void DotRows(D d, const hn::TFromD<D>* q, int64_t rows, const K* k,
   // the lane sums go eight at a time), eight with AVX2's 16 (4 rows x 1
   // key x 2 vectors, so each widened k vector still feeds four rows). Each
   // made the W1 fused pass faster than the 4 x 2 / 2 x 2 tiles before it
-  // (docs/PERF.md). Rows left over (or too few for a tile) go one at a
-  // time against eight vectors' worth of k rows, so even one row keeps
-  // eight chains busy.
+  // (docs/PERF.md). Two rows left (GQA groups of 2 or 3) share a tile, so
+  // each widened k vector feeds both (one row at a time widened it twice);
+  // a last row goes against eight vectors' worth of k rows, so even one
+  // row keeps eight chains busy.
   constexpr int kVec = VecsPerDot<D>();
   constexpr int RT = kVec <= 2 ? 4 : 2;
   constexpr int KT = kVec == 1 ? 4 : 1;
-  constexpr int KT1 = 8 / kVec;  // keys per tile of a single row
   int64_t r = 0;
-  for (; r + RT <= rows; r += RT) {
-    int64_t t = 0;
-    for (; t + KT <= n; t += KT) {
-      DotTile<RT, KT>(d, q + r * dim, k + t * ldk, ldk, dim, s + r * lds + t,
-                      lds);
-    }
-    for (; t < n; ++t) {
-      DotTile<RT, 1>(d, q + r * dim, k + t * ldk, ldk, dim, s + r * lds + t,
-                     lds);
-    }
-  }
-  // Two rows left (GQA groups of 2 or 3): each widened k vector feeds both,
-  // where one row at a time widened it twice.
+  DotRowBands<RT, KT>(d, q, &r, rows, k, ldk, n, dim, s, lds);
   if constexpr (RT > 2) {
-    constexpr int KT2 = kVec == 1 ? 4 : 2;
-    for (; r + 2 <= rows; r += 2) {
-      int64_t t = 0;
-      for (; t + KT2 <= n; t += KT2) {
-        DotTile<2, KT2>(d, q + r * dim, k + t * ldk, ldk, dim, s + r * lds + t,
-                        lds);
-      }
-      for (; t < n; ++t) {
-        DotTile<2, 1>(d, q + r * dim, k + t * ldk, ldk, dim, s + r * lds + t,
-                      lds);
-      }
-    }
+    DotRowBands<2, kVec == 1 ? 4 : 2>(d, q, &r, rows, k, ldk, n, dim, s, lds);
   }
-  for (; r < rows; ++r) {
-    int64_t t = 0;
-    for (; t + KT1 <= n; t += KT1) {
-      DotTile<1, KT1>(d, q + r * dim, k + t * ldk, ldk, dim, s + r * lds + t,
-                      lds);
-    }
-    for (; t < n; ++t) {
-      DotTile<1, 1>(d, q + r * dim, k + t * ldk, ldk, dim, s + r * lds + t,
-                    lds);
-    }
-  }
+  DotRowBands<1, 8 / kVec>(d, q, &r, rows, k, ldk, n, dim, s, lds);
 }
 
 // ------------------------------------------------------------ widening
