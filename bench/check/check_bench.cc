@@ -180,10 +180,27 @@ void MapAndUnmap(const std::string& path, int threads) {
   ::munmap(mapped, size);
 }
 
+// The in-memory audit's own stages (AuditOptions::on_stage), median
+// seconds over the audit runs: where a small audit's time goes besides the
+// pass.
+struct AuditStageTimes {
+  double validate = 0;   // everything but the K/V values
+  double attention = 0;  // RoPE, scales and the fused pass ("reference" +
+                         // "replay")
+  double compare = 0;    // log-probs, the three comparisons, the verdict
+};
+
 struct StageTimes {
   Timing validate, reference, replay, fused, audit, read, check, mapping;
+  AuditStageTimes audit_stages;
   Verdict verdict = Verdict::kUnspecified;
 };
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 StageTimes MeasureStages(const Workload& w, const BenchFlags& flags,
                          int threads) {
@@ -212,11 +229,23 @@ StageTimes MeasureStages(const Workload& w, const BenchFlags& flags,
       Measure(n, [&] { run_passes(AttentionPasses::kReferenceOnly); });
   t.replay = Measure(n, [&] { run_passes(AttentionPasses::kReplayOnly); });
   t.fused = Measure(n, [&] { run_passes(AttentionPasses::kBoth); });
+  std::vector<double> validate, attention, compare;
+  AuditOptions staged = audit_options;
+  staged.on_stage = [&](const char* stage, double seconds) {
+    const std::string name = stage;
+    if (name == "validate") validate.push_back(seconds);
+    if (name == "reference") attention.push_back(seconds);
+    // "replay" follows "reference": the two share the pass's time.
+    if (name == "replay") attention.back() += seconds;
+    if (name == "compare") compare.push_back(seconds);
+    if (name[0] == 'x') fprintf(stderr, "%s %.3f\n", stage, seconds * 1e3);
+  };
   t.audit = Measure(n, [&] {
-    absl::StatusOr<AuditReport> r = RunAudit(w.snapshot, audit_options);
+    absl::StatusOr<AuditReport> r = RunAudit(w.snapshot, staged);
     if (!r.ok()) Die(r.status());
     t.verdict = r->verdict;
   });
+  t.audit_stages = {Median(validate), Median(attention), Median(compare)};
   t.check = Measure(n, [&] {
     absl::StatusOr<Snapshot> s = ReadSnapshotFile(flags.file);
     if (!s.ok()) Die(s.status());
@@ -270,6 +299,13 @@ void PrintResults(const BenchFlags& flags, const Workload& w, int threads,
                 timing->min * 1e3, timing->median * 1e3,
                 timing->median / machine_floor);
   }
+  const AuditStageTimes& a = t.audit_stages;
+  std::printf(
+      "  audit stages, median ms: validate %.3f, attention %.3f (fused pass "
+      "%.3f), compare %.3f, rest %.3f\n",
+      a.validate * 1e3, a.attention * 1e3, t.fused.median * 1e3,
+      a.compare * 1e3,
+      (t.audit.median - a.validate - a.attention - a.compare) * 1e3);
   // The least a whole check can cost here: the floor's work plus the
   // kernel's page mapping, which the floor does not count.
   const double bound = machine_floor + t.mapping.median;

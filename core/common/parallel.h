@@ -27,6 +27,32 @@
 #include "tbb/task_arena.h"
 
 namespace attnaudit {
+namespace parallel_internal {
+
+// An idle task arena of `workers` slots for one loop, from a process-wide
+// pool, given back on destruction. Reusing arenas spares every loop the
+// construction of one and its workers' first entry (~30 us a loop on the
+// dev VM, docs/PERF.md, seventh pass); each caller holds its own, so
+// concurrent loops never share one (a full arena would queue a loop
+// behind another's). The pool grows to the most loops ever in flight at
+// once and is never freed. Thread-safe.
+class PooledArena {
+ public:
+  explicit PooledArena(int workers);
+  ~PooledArena();
+  PooledArena(const PooledArena&) = delete;
+  PooledArena& operator=(const PooledArena&) = delete;
+
+  tbb::task_arena& arena() { return *arena_; }
+
+ private:
+  tbb::task_arena* arena_;
+};
+
+// Arenas the pool has created since the process started (for tests).
+int64_t ArenasCreated();
+
+}  // namespace parallel_internal
 
 inline int ResolveThreads(int threads) {
   if (threads > 0) return threads;
@@ -53,8 +79,8 @@ void ParallelFor(int64_t n, int threads, Fn&& fn) {
   };
   // An arena caps this loop's concurrency without creating threads: it
   // borrows workers from the process-wide pool.
-  tbb::task_arena arena(workers);
-  arena.execute(loop);
+  parallel_internal::PooledArena pooled(workers);
+  pooled.arena().execute(loop);
 }
 
 }  // namespace attnaudit
