@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -38,12 +39,23 @@ struct Side {
   bool has_out = false, has_lse = false, has_logprobs = false;
 };
 
+// The largest finite |v[i]|, 0 when there is none. Eight running maxima
+// of selects, with no branch, so the compiler vectorises the loop (a max
+// is exact in any order).
 double MaxAbs(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v) {
-    if (std::isfinite(x)) m = std::max(m, std::fabs(x));
+  constexpr double kLargest = std::numeric_limits<double>::max();
+  constexpr size_t kLanes = 8;
+  double m[kLanes] = {};
+  auto fold = [&](size_t lane, double x) {
+    const double a = std::fabs(x) <= kLargest ? std::fabs(x) : 0.0;
+    m[lane] = a > m[lane] ? a : m[lane];
+  };
+  size_t i = 0;
+  for (; i + kLanes <= v.size(); i += kLanes) {
+    for (size_t k = 0; k < kLanes; ++k) fold(k, v[i + k]);
   }
-  return m;
+  for (; i < v.size(); ++i) fold(0, v[i]);
+  return *std::max_element(m, m + kLanes);
 }
 
 std::vector<double> RoundedCopy(const std::vector<double>& v, DType dtype) {
@@ -115,12 +127,11 @@ void StatisticalStep(const CompareContext& ctx, Comparison which,
   result->has_statistical = result->statistical.computed;
 }
 
-absl::StatusOr<ComparisonResult> Compare(const CompareContext& ctx,
-                                         Comparison which,
-                                         const Side& candidate,
-                                         const Side& baseline) {
-  ComparisonResult result;
-  result.comparison = which;
+// The drift statistics of out, LSE and log-probs (and the log-prob
+// agreement) of one comparison.
+absl::Status DriftStep(const CompareContext& ctx, Comparison which,
+                       const Side& candidate, const Side& baseline,
+                       ComparisonResult* result) {
   ToleranceInputs ti = ctx.tolerance_inputs;
   ti.comparison = which;
   const Tolerances tol = ComputeTolerances(ti, ctx.options.tolerances);
@@ -134,23 +145,20 @@ absl::StatusOr<ComparisonResult> Compare(const CompareContext& ctx,
     o.ulp_dtype = ctx.output_dtype;
     o.tolerance = tol.out_abs;
     ATTNAUDIT_ASSIGN_OR_RETURN(
-        result.out,
+        result->out,
         ctx.backend.ComputeDrift({candidate.out.data(), out_shape},
                                  {baseline.out.data(), out_shape}, o));
-    result.has_out = true;
-    result.worst_heads = WorstHeads({candidate.out.data(), out_shape},
-                                    {baseline.out.data(), out_shape},
-                                    ctx.output_dtype, ctx.options.worst_heads);
+    result->has_out = true;
   }
   if (candidate.has_lse && baseline.has_lse) {
     DriftOptions o;
     o.ulp_dtype = DType::kF32;
     o.tolerance = tol.lse_abs;
     ATTNAUDIT_ASSIGN_OR_RETURN(
-        result.lse,
+        result->lse,
         ctx.backend.ComputeDrift({candidate.lse.data(), lse_shape},
                                  {baseline.lse.data(), lse_shape}, o));
-    result.has_lse = true;
+    result->has_lse = true;
   }
   if (candidate.has_logprobs && baseline.has_logprobs) {
     const uint8_t* mask = ctx.snapshot.active_mask.present()
@@ -161,17 +169,46 @@ absl::StatusOr<ComparisonResult> Compare(const CompareContext& ctx,
     o.tolerance = tol.logprob_abs;
     o.active_mask = mask;
     ATTNAUDIT_ASSIGN_OR_RETURN(
-        result.logprob,
+        result->logprob,
         ctx.backend.ComputeDrift({candidate.logprobs.data(), lp_shape},
                                  {baseline.logprobs.data(), lp_shape}, o));
-    result.has_logprob = true;
-    result.logprob_agreement =
+    result->has_logprob = true;
+    result->logprob_agreement =
         CompareLogprobs({candidate.logprobs.data(), lp_shape},
                         {baseline.logprobs.data(), lp_shape}, mask);
   }
-  StatisticalStep(ctx, which, candidate, baseline, &result);
-  DecideComparison(&result);
-  return result;
+  return absl::OkStatus();
+}
+
+// The heads of out with the largest |diff|.
+void WorstHeadsStep(const CompareContext& ctx, const Side& candidate,
+                    const Side& baseline, ComparisonResult* result) {
+  if (!candidate.has_out || !baseline.has_out) return;
+  const SnapshotDims& d = ctx.dims;
+  const std::vector<int64_t> out_shape{d.batch, d.queries, d.q_heads,
+                                       d.head_dim};
+  result->worst_heads = WorstHeads({candidate.out.data(), out_shape},
+                                   {baseline.out.data(), out_shape},
+                                   ctx.output_dtype, ctx.options.worst_heads);
+}
+
+// The independent parts of one comparison: each writes its own fields of
+// the result, so the parts of every comparison may run at once.
+enum ComparePart { kDriftPart, kWorstHeadsPart, kStatisticalPart, kParts };
+
+absl::Status ComparePartOf(const CompareContext& ctx, ComparePart part,
+                           Comparison which, const Side& candidate,
+                           const Side& baseline, ComparisonResult* result) {
+  switch (part) {
+    case kDriftPart:
+      return DriftStep(ctx, which, candidate, baseline, result);
+    case kWorstHeadsPart:
+      WorstHeadsStep(ctx, candidate, baseline, result);
+      return absl::OkStatus();
+    default:
+      StatisticalStep(ctx, which, candidate, baseline, result);
+      return absl::OkStatus();
+  }
 }
 
 Side EngineSide(const Snapshot& s) {
@@ -463,18 +500,24 @@ absl::Status CompareStage(AuditRun* run) {
   for (const Wanted& w : wanted) {
     if (w.requested) requested.push_back(&w);
   }
-  // The comparisons are independent; the CPU backend takes concurrent
-  // calls, other backends one at a time (core/backend/backend.h).
+  // The comparisons' parts are independent; the CPU backend takes
+  // concurrent calls, other backends one at a time (core/backend/backend.h).
   const int threads = run->backend == &CpuBackendInstance() ? run->threads : 1;
-  std::vector<absl::StatusOr<ComparisonResult>> results(requested.size());
-  ParallelFor(static_cast<int64_t>(requested.size()), threads, [&](int64_t i) {
-    const Wanted& w = *requested[static_cast<size_t>(i)];
-    results[static_cast<size_t>(i)] =
-        Compare(ctx, w.which, w.candidate, w.baseline);
+  const int64_t tasks = static_cast<int64_t>(requested.size()) * kParts;
+  std::vector<ComparisonResult> results(requested.size());
+  std::vector<absl::Status> statuses(static_cast<size_t>(tasks));
+  ParallelFor(tasks, threads, [&](int64_t t) {
+    const size_t i = static_cast<size_t>(t / kParts);
+    const Wanted& w = *requested[i];
+    statuses[static_cast<size_t>(t)] =
+        ComparePartOf(ctx, static_cast<ComparePart>(t % kParts), w.which,
+                      w.candidate, w.baseline, &results[i]);
   });
-  for (absl::StatusOr<ComparisonResult>& r : results) {
-    if (!r.ok()) return r.status();
-    run->report.comparisons.push_back(*std::move(r));
+  for (const absl::Status& st : statuses) ATTNAUDIT_RETURN_IF_ERROR(st);
+  for (size_t i = 0; i < results.size(); ++i) {
+    results[i].comparison = requested[i]->which;
+    DecideComparison(&results[i]);
+    run->report.comparisons.push_back(std::move(results[i]));
   }
   run->report.verdict = CombineVerdicts(run->report.comparisons);
   run->report.provenance.timings.compare_seconds = SecondsSince(t);

@@ -188,6 +188,78 @@ TEST(StatisticalTest, NonFiniteElementsAreLeftOut) {
   EXPECT_EQ(all->count, d.size() - 2);
 }
 
+// The "all" group's figures, element by element in storage order: cell
+// sums (z^2, z, z * sign) in element order, each cell's mean z and mean
+// z * sign added cell by cell. The detector works on several heads' cells
+// side by side; it must give these bits for any head count.
+struct AllGroup {
+  int64_t count = 0;
+  double rms = 0, mean = 0, bias = 0;
+};
+
+AllGroup NaiveAllGroup(const Data& d, double epsilon) {
+  int64_t n = 0, cells = 0;
+  double z2 = 0, z_cells = 0, zs_cells = 0;
+  for (int64_t cell = 0; cell < d.size() / d.dim; ++cell) {
+    const int64_t base = cell * d.dim;
+    double ss = 0;
+    for (int64_t i = base; i < base + d.dim; ++i) {
+      if (std::isfinite(d.reference[i])) ss += d.reference[i] * d.reference[i];
+    }
+    const double row_rms = std::sqrt(ss / static_cast<double>(d.dim));
+    int64_t cn = 0;
+    double cz2 = 0, cz = 0, czs = 0;
+    for (int64_t i = base; i < base + d.dim; ++i) {
+      const double diff = d.engine[i] - d.reference[i];
+      if (!std::isfinite(diff) || !std::isfinite(d.reference[i])) continue;
+      const double z =
+          diff / NoiseUnit(d.reference[i], row_rms, epsilon, DType::kBF16);
+      ++cn;
+      cz2 += z * z;
+      cz += z;
+      czs += z * (d.reference[i] < 0 ? -1.0 : 1.0);
+    }
+    if (cn == 0) continue;
+    n += cn;
+    z2 += cz2;
+    ++cells;
+    z_cells += cz / static_cast<double>(cn);
+    zs_cells += czs / static_cast<double>(cn);
+  }
+  AllGroup g;
+  g.count = n;
+  g.rms = std::sqrt(z2 / static_cast<double>(n));
+  g.mean = z_cells / static_cast<double>(cells);
+  g.bias = zs_cells / static_cast<double>(cells);
+  return g;
+}
+
+TEST(StatisticalTest, FiguresAreTheElementOrderSumsForAnyHeadCount) {
+  for (int64_t heads : {1, 3, 4, 5, 8, 11}) {
+    Data d = CleanBf16(100 + static_cast<uint64_t>(heads));
+    d.batch = 3;
+    d.heads = heads;
+    d.dim = 72;
+    d.reference.resize(static_cast<size_t>(d.size()));
+    d.engine.resize(static_cast<size_t>(d.size()));
+    TestRng rng(7 + static_cast<uint64_t>(heads));
+    for (int64_t i = 0; i < d.size(); ++i) {
+      // Noisier than a rounding, so the sums carry many bits.
+      d.engine[i] = d.reference[i] * (1.0 + 0.01 * rng.Normal());
+    }
+    d.engine[3] = std::nan("");
+    d.reference[d.size() - 2] = INFINITY;
+    const StatisticalResult r = Detect(d);
+    const StatisticalGroup* all = Scope(r, "all");
+    ASSERT_NE(all, nullptr) << heads << " heads";
+    const AllGroup want = NaiveAllGroup(d, r.noise_epsilon);
+    EXPECT_EQ(all->count, want.count) << heads << " heads";
+    EXPECT_EQ(all->rms, want.rms) << heads << " heads";
+    EXPECT_EQ(all->mean, want.mean) << heads << " heads";
+    EXPECT_EQ(all->bias, want.bias) << heads << " heads";
+  }
+}
+
 TEST(StatisticalNoiseTest, EpsilonFollowsTheDtypesAndTheFp8Scores) {
   StatisticalInputs in;
   in.output_dtype = DType::kBF16;
