@@ -23,58 +23,41 @@ namespace HWY_NAMESPACE {
 // L2 while every hidden vector reads it.
 constexpr int64_t kBlockRows = 8;
 
-// Norms of kRows rows at `rows` (each `hidden` long, widened exactly to
+// Norms of rows [0, n) of `rows` (each `hidden` long, widened exactly to
 // f64 as they are loaded): sum |w| and the sum of the rounded squares
 // w * w, each in virtual-lane order: the bits of a dot product with a row
 // of ones (ExactMulAdd(1, x, acc) is acc + x), so the sums are accumulated
-// in registers without widened copies. Several rows at once because one
-// row's sums are chains of dependent adds (a single vector each where
-// the virtual lanes fill one, AVX-512 f64): each row keeps its own chains,
-// so its bits do not depend on the band.
-template <int kRows, typename K>
-void RowNormsBand(const K* rows, int64_t hidden, double* max_l1,
-                  double* max_l2) {
+// in registers without widened copies.
+template <typename K>
+void RowNorms(const K* rows, int64_t n, int64_t hidden, double* max_l1,
+              double* max_l2) {
   const DF64 d;
   constexpr int kVec = VecsPerDot<DF64>();
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(DF64()));
   constexpr int64_t kChunk = kVec * N;
   const int64_t full = hidden / kChunk * kChunk;
-  VF64 l1_acc[kRows][kVec];
-  VF64 sq_acc[kRows][kVec];
-  for (int r = 0; r < kRows; ++r) {
-    for (int v = 0; v < kVec; ++v) l1_acc[r][v] = sq_acc[r][v] = hn::Zero(d);
-  }
-  for (int64_t c = 0; c < full; c += kChunk) {
-    for (int r = 0; r < kRows; ++r) {
+  for (int64_t r = 0; r < n; ++r) {
+    const K* w = rows + r * hidden;
+    VF64 l1_acc[kVec];
+    VF64 sq_acc[kVec];
+    for (int v = 0; v < kVec; ++v) l1_acc[v] = sq_acc[v] = hn::Zero(d);
+    for (int64_t c = 0; c < full; c += kChunk) {
       for (int v = 0; v < kVec; ++v) {
-        const VF64 x = LoadAs(d, rows + r * hidden + c + v * N);
-        l1_acc[r][v] = hn::Add(l1_acc[r][v], hn::Abs(x));
-        sq_acc[r][v] = hn::Add(sq_acc[r][v], hn::Mul(x, x));
+        const VF64 x = LoadAs(d, w + c + v * N);
+        l1_acc[v] = hn::Add(l1_acc[v], hn::Abs(x));
+        sq_acc[v] = hn::Add(sq_acc[v], hn::Mul(x, x));
       }
     }
-  }
-  for (int r = 0; r < kRows; ++r) {
-    double l1 = VirtualLaneSum<kVec>(d, l1_acc[r]);
-    double sq = VirtualLaneSum<kVec>(d, sq_acc[r]);
+    double l1 = VirtualLaneSum<kVec>(d, l1_acc);
+    double sq = VirtualLaneSum<kVec>(d, sq_acc);
     for (int64_t e = full; e < hidden; ++e) {
-      const double x = ScalarAs<double>(rows[r * hidden + e]);
+      const double x = ScalarAs<double>(w[e]);
       l1 += std::fabs(x);
       sq += x * x;
     }
     *max_l1 = std::max(*max_l1, l1);
     *max_l2 = std::max(*max_l2, std::sqrt(sq));
   }
-}
-
-// Norms of rows [0, n) of `rows`, four at a time.
-template <typename K>
-void RowNorms(const K* rows, int64_t n, int64_t hidden, double* max_l1,
-              double* max_l2) {
-  int64_t r = 0;
-  for (; r + 4 <= n; r += 4) {
-    RowNormsBand<4>(rows + r * hidden, hidden, max_l1, max_l2);
-  }
-  for (; r < n; ++r) RowNormsBand<1>(rows + r * hidden, hidden, max_l1, max_l2);
 }
 
 // The norms of n rows (at most kBlockRows, so they stay in L1/L2 while
