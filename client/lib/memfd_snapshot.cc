@@ -7,13 +7,13 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "proto/codec/aligned_writer.h"
+#include "proto/codec/boot_id.h"
 #include "proto/codec/codec.h"
 
 namespace attnaudit::client {
@@ -21,17 +21,6 @@ namespace {
 
 absl::Status SystemError(const char* call) {
   return absl::InternalError(absl::StrCat(call, ": ", strerror(errno)));
-}
-
-// This kernel's boot id, which the server compares with its own.
-absl::StatusOr<std::string> ReadBootId() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  if (!std::getline(in, id) || id.empty()) {
-    return absl::InternalError(
-        "/proc/sys/kernel/random/boot_id: cannot read this kernel's boot id");
-  }
-  return id;
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/common/status_macros.h"
+#include "proto/codec/boot_id.h"
 #include "proto/codec/codec.h"
 
 namespace attnaudit::server {
@@ -88,22 +89,6 @@ class FdCloser {
 };
 
 }  // namespace
-
-absl::StatusOr<std::string> ReadBootId() {
-  constexpr char kPath[] = "/proc/sys/kernel/random/boot_id";
-  const int fd = ::open(kPath, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::InternalError(
-        absl::StrCat(kPath, ": cannot open: ", strerror(errno)));
-  }
-  FdCloser closer(fd);
-  char buffer[64];
-  const ssize_t n = ::read(fd, buffer, sizeof buffer);
-  std::string id(buffer, n > 0 ? static_cast<size_t>(n) : 0);
-  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
-  if (id.empty()) return absl::InternalError(absl::StrCat(kPath, ": empty"));
-  return id;
-}
 
 absl::StatusOr<std::unique_ptr<MemfdSnapshots>> MemfdSnapshots::Create(
     MemfdSnapshotOptions options) {

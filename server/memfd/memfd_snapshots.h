@@ -63,10 +63,6 @@ struct MemfdRef {
   uint64_t inode = 0;   // the memfd's st_ino, as the client sees it
 };
 
-// This kernel's boot id (one line of /proc/sys/kernel/random/boot_id,
-// without the newline); Internal when it cannot be read.
-absl::StatusOr<std::string> ReadBootId();
-
 struct MemfdSnapshotOptions {
   // The largest snapshot accepted (the server's --max-message-bytes, so
   // that a memfd snapshot is no larger than one sent inline).

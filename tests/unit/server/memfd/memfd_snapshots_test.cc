@@ -19,6 +19,7 @@
 #include "client/lib/memfd_snapshot.h"
 #include "core/sim/simulator.h"
 #include "gtest/gtest.h"
+#include "proto/codec/boot_id.h"
 
 namespace attnaudit::server {
 namespace {
