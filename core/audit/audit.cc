@@ -40,8 +40,8 @@ struct Side {
 };
 
 // The largest finite |v[i]|, 0 when there is none. Eight running maxima
-// of selects, with no branch, so the compiler vectorises the loop (a max
-// is exact in any order).
+// of selects, with no branch: one would be a chain of dependent max
+// operations (a max is exact in any order).
 double MaxAbs(const std::vector<double>& v) {
   constexpr double kLargest = std::numeric_limits<double>::max();
   constexpr size_t kLanes = 8;
