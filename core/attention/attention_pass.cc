@@ -152,13 +152,13 @@ void AccumulateRows(D d, hn::TFromD<D>* acc, int64_t rows,
   }
 }
 
-// The run of a pool page: its first n slots, rows addressed through the
-// page's layout.
-TokenRun PageRun(const PreparedAttention& p, int64_t page, int64_t n,
-                 const int64_t* positions) {
+// Points *run at a pool page: its first n slots, rows addressed through
+// the page's layout. The run's unit lists are left as they are (BlockUnits
+// refills them), so their buffers last from page to page.
+void PointAtPage(const PreparedAttention& p, int64_t page, int64_t n,
+                 const int64_t* positions, TokenRun* run) {
   const SnapshotDims& d = p.dims;
   const int64_t D = d.head_dim;
-  TokenRun run;
   auto address = [&](KvLayout layout, const void* data, DType dtype,
                      const void** base, int64_t* row, int64_t* head) {
     const int64_t elem = DTypeSize(dtype);
@@ -167,15 +167,14 @@ TokenRun PageRun(const PreparedAttention& p, int64_t page, int64_t n,
     *row = layout == KvLayout::kNHD ? d.kv_heads * D : D;
     *head = layout == KvLayout::kNHD ? D : d.page_size * D;
   };
-  address(p.k_layout, p.k_data, p.k_dtype, &run.k_data, &run.k_row_stride,
-          &run.k_head_stride);
-  address(p.v_layout, p.v_data, p.v_dtype, &run.v_data, &run.v_row_stride,
-          &run.v_head_stride);
-  run.k_dtype = p.k_dtype;
-  run.v_dtype = p.v_dtype;
-  run.positions = positions;
-  run.n = n;
-  return run;
+  address(p.k_layout, p.k_data, p.k_dtype, &run->k_data, &run->k_row_stride,
+          &run->k_head_stride);
+  address(p.v_layout, p.v_data, p.v_dtype, &run->v_data, &run->v_row_stride,
+          &run->v_head_stride);
+  run->k_dtype = p.k_dtype;
+  run->v_dtype = p.v_dtype;
+  run->positions = positions;
+  run->n = n;
 }
 
 // Widens K and V of KV heads [gs, ge) of the run's tokens into the sweep
@@ -762,14 +761,14 @@ void RunPassItemImpl(const PassContext& ctx, int64_t b, int64_t g0, int64_t g1,
     const int64_t page = pages[blk];
     const int64_t n = std::min(P, L - blk * P);
     if (blk + 1 < num_blocks) {
-      next = PageRun(p, pages[blk + 1], P, nullptr);
+      PointAtPage(p, pages[blk + 1], P, nullptr, &next);
       sc.prefetch.Start(next, d.head_dim, g0, g1, prefetch_steps);
       PrefetchSlotPositions(p.snapshot->slot_positions, pages[blk + 1] * P, P);
     } else {
       sc.prefetch.Clear();
     }
     SlotPositions(p.snapshot->slot_positions, page * P, n, sc.positions.data());
-    run = PageRun(p, page, n, sc.positions.data());
+    PointAtPage(p, page, n, sc.positions.data(), &run);
     BlockUnits(p, b, blk, &run);
     non_finite |= ProcessRun(ctx, run, b, g0, g1, sc);
     sc.prefetch.Finish();  // what skipped steps left (invisible tokens)

@@ -150,17 +150,25 @@ absl::StatusOr<PreparedAttention> PrepareAttention(const Snapshot& s,
                                 ? s.rope.q_output_dtype
                                 : s.q.dtype();
   std::vector<float> row(static_cast<size_t>(d.head_dim));
+  // A query position's angles serve all of its heads.
+  const size_t half = need_rope ? rope->inv_freq().size() : 0;
+  std::vector<float> cos_half(half);
+  std::vector<float> sin_half(half);
   for (int64_t bs = 0; bs < d.batch * d.queries; ++bs) {
+    const bool rotate = s.rope.q_state != RopeState::kPostRope;
+    if (rotate) {
+      rope->Angles(p.query_positions[bs], cos_half.data(), sin_half.data());
+    }
     for (int64_t h = 0; h < d.q_heads; ++h) {
       const int64_t base = (bs * d.q_heads + h) * d.head_dim;
-      if (s.rope.q_state == RopeState::kPostRope) {
+      if (!rotate) {
         for (int64_t i = 0; i < d.head_dim; ++i) {
           p.q[base + i] = s.q.DoubleAt(base + i);
         }
         continue;
       }
       for (int64_t i = 0; i < d.head_dim; ++i) row[i] = s.q.FloatAt(base + i);
-      rope->Rotate(row.data(), p.query_positions[bs]);
+      rope->RotateWith(row.data(), cos_half.data(), sin_half.data());
       for (int64_t i = 0; i < d.head_dim; ++i) {
         p.q[base + i] = RoundToDType(row[i], q_out_dtype);
       }

@@ -53,20 +53,23 @@ class PageResolver {
     return r;
   }
 
-  // Page index for `entry`, or -1 with *error set.
-  int64_t Resolve(int64_t entry, absl::string_view path,
-                  absl::Status* error) const {
-    if (!mapped_) {
-      if (entry >= 0 && entry < num_pages_) return entry;
-      *error = Invalid(path, "page ", entry, " is out of range [0, ",
-                       num_pages_, ")");
-      return -1;
-    }
+  // Page index for `entry`, or -1 when it names no page (Unresolved says
+  // why). The error path is built only then: a string per entry cost the
+  // W1 validation ~2k allocations (docs/PERF.md, seventh pass).
+  int64_t Resolve(int64_t entry) const {
+    if (!mapped_) return entry >= 0 && entry < num_pages_ ? entry : -1;
     auto it = std::lower_bound(sorted_.begin(), sorted_.end(),
                                std::make_pair(entry, int32_t{-1}));
-    if (it != sorted_.end() && it->first == entry) return it->second;
-    *error = Invalid(path, "page id ", entry, " is not in page_ids");
-    return -1;
+    return it != sorted_.end() && it->first == entry ? it->second : -1;
+  }
+
+  // Why `entry`, at `path`, names no page.
+  absl::Status Unresolved(int64_t entry, absl::string_view path) const {
+    if (!mapped_) {
+      return Invalid(path, "page ", entry, " is out of range [0, ", num_pages_,
+                     ")");
+    }
+    return Invalid(path, "page id ", entry, " is not in page_ids");
   }
 
  private:
@@ -93,10 +96,10 @@ absl::Status CheckBlockTableRow(const Snapshot& s, const SnapshotDims& d,
   pages->resize(static_cast<size_t>(blocks));
   for (int64_t j = 0; j < blocks; ++j) {
     const int64_t entry = table[b * m + j];
-    absl::Status error;
-    const int64_t page =
-        resolver.Resolve(entry, IndexPath("block_table", {b, j}), &error);
-    if (page < 0) return error;
+    const int64_t page = resolver.Resolve(entry);
+    if (page < 0) {
+      return resolver.Unresolved(entry, IndexPath("block_table", {b, j}));
+    }
     if ((*stamp)[page] == b) {
       return Invalid(IndexPath("block_table", {b, j}), "page ", entry,
                      " is already used by block ", (*first_block)[page],
