@@ -182,10 +182,17 @@ absl::StatusOr<AttentionResults> ComputeAttention(
   res.replay_out.assign(n_out, 0.0);
   res.reference_lse.assign(n_lse, 0.0);
   res.replay_lse.assign(n_lse, 0.0);
-  // Merge orders are always tracked (cheap) to size the tolerances.
+  // Merge orders are always tracked (cheap) to size the tolerances. A
+  // query merges at most one entry per unit of its row: reserved, so the
+  // pass does not grow them.
   res.merge_orders.assign(
       static_cast<size_t>(d.batch),
       std::vector<std::vector<int32_t>>(static_cast<size_t>(d.queries)));
+  for (int64_t b = 0; b < d.batch; ++b) {
+    for (std::vector<int32_t>& order : res.merge_orders[b]) {
+      order.reserve(p.units[b].size());
+    }
+  }
   std::atomic<bool> kv_non_finite{false};
   const bool replay = options.passes != AttentionPasses::kReferenceOnly;
   // The states are cleared by the items, each its own rows and heads, in

@@ -212,10 +212,11 @@ absl::Status CheckQueryPositions(const Snapshot& s, const SnapshotDims& d,
   int64_t previous = -1;
   for (int64_t q = 0; q < d.queries; ++q) {
     const int64_t t = query_pos[b * d.queries + q];
-    const std::string path = IndexPath("query_positions", {b, q});
-    if (t < 0) return Invalid(path, "position ", t, " is negative");
+    // The error path, built only on failure.
+    auto path = [&] { return IndexPath("query_positions", {b, q}); };
+    if (t < 0) return Invalid(path(), "position ", t, " is negative");
     if (q > 0 && t <= previous) {
-      return Invalid(path, "position ", t,
+      return Invalid(path(), "position ", t,
                      " must be greater than the previous query position ",
                      previous,
                      " (query positions must be strictly "
@@ -233,7 +234,7 @@ absl::Status CheckQueryPositions(const Snapshot& s, const SnapshotDims& d,
       }
     }
     if (lo == len || LogicalPosition(slot_pos, pages, d.page_size, lo) != t) {
-      return Invalid(path, "position ", t,
+      return Invalid(path(), "position ", t,
                      " must refer to a token present in row ", b,
                      "'s KV cache");
     }
@@ -306,13 +307,13 @@ absl::Status CheckRows(const Snapshot& s, const ValidationLimits& limits,
 
   for (int64_t b = 0; b < d.batch; ++b) {
     const int64_t len = seq_lens[b];
-    const std::string len_path = IndexPath("kv_seq_lens", {b});
+    auto len_path = [&] { return IndexPath("kv_seq_lens", {b}); };
     if (len < 1 || len > capacity) {
-      return Invalid(len_path, len, " is outside [1, ", capacity,
+      return Invalid(len_path(), len, " is outside [1, ", capacity,
                      "] (M=", d.max_blocks, " blocks of P=", p, ")");
     }
     if (len > limits.max_context) {
-      return Invalid(len_path, len,
+      return Invalid(len_path(), len,
                      " exceeds limits.max_context=", limits.max_context);
     }
     layout->seq_lens[b] = len;
