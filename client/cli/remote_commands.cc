@@ -210,11 +210,14 @@ absl::StatusOr<v1::JobResult> PollResult(Client* client,
   for (absl::Duration pause = absl::Milliseconds(50);;
        pause = std::min(pause * 2, absl::Seconds(1))) {
     absl::StatusOr<v1::JobResult> result = client->GetResult(job_id);
-    if (!result.ok() || Finished(result->state()) ||
-        absl::Now() + pause > until) {
-      return result;
-    }
-    absl::SleepFor(pause);
+    // UNAVAILABLE (a server restarting, a connection that failed) is waited
+    // out like an unfinished job: the job is in the server's spool. Any
+    // other error ends the wait.
+    const bool retry = result.ok() ? !Finished(result->state())
+                                   : absl::IsUnavailable(result.status());
+    const absl::Duration left = until - absl::Now();
+    if (!retry || left <= absl::ZeroDuration()) return result;
+    absl::SleepFor(std::min(pause, left));  // the last try at the deadline
   }
 }
 
@@ -263,7 +266,8 @@ void AddGet(CLI::App* app, int* exit_code) {
   command->add_flag("--json", o->json, "print the JobResult as JSON");
   command
       ->add_option("--wait", o->wait,
-                   "poll until the job finishes, at most this long")
+                   "poll until the job finishes, at most this long (an "
+                   "unreachable server is retried)")
       ->check(DurationValidator());
   AddConnectionFlags(command, &o->connection);
 }

@@ -205,6 +205,18 @@ acked=$(awk '{print $2}' "$WORK/acked.txt" | sort -u)
 [[ $(echo "$acked" | wc -l) == 6 ]] || fail "expected 6 acknowledged jobs"
 pending=$(ls "$WORK/data/spool" | grep -c '\.job$' || true)
 echo "spool entries left by SIGKILL: $pending"
+# With the server down, get --wait keeps trying until its deadline (a
+# restart is waited out), then reports UNAVAILABLE.
+first=$(echo "$acked" | head -1)
+t0=$(date +%s%N)
+set +e
+timeout 30 "$CLI" get "$first" --addr "$ADDR" --wait 1s >"$WORK/get.down" 2>&1
+rc=$?
+set -e
+waited_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+[[ $rc == 2 ]] || fail "get with the server down: exit $rc, want 2"
+grep -q UNAVAILABLE "$WORK/get.down" || fail "get with the server down: $(cat "$WORK/get.down")"
+(( waited_ms >= 900 )) || fail "get --wait 1s gave up after $waited_ms ms"
 
 start_server "$WORK/server2.log" --cpu-workers 1
 for id in $acked; do
