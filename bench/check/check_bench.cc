@@ -260,7 +260,6 @@ StageTimes MeasureStages(const Workload& w, const BenchFlags& flags,
     // "replay" follows "reference": the two share the pass's time.
     if (name == "replay") attention.back() += seconds;
     if (name == "compare") compare.push_back(seconds);
-    if (name[0] == 'x') fprintf(stderr, "%s %.3f\n", stage, seconds * 1e3);
   };
   t.audit = Measure(n, [&] {
     absl::StatusOr<AuditReport> r = RunAudit(w.snapshot, staged);

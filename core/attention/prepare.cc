@@ -154,8 +154,8 @@ absl::StatusOr<PreparedAttention> PrepareAttention(const Snapshot& s,
   const size_t half = need_rope ? rope->inv_freq().size() : 0;
   std::vector<float> cos_half(half);
   std::vector<float> sin_half(half);
+  const bool rotate = s.rope.q_state != RopeState::kPostRope;
   for (int64_t bs = 0; bs < d.batch * d.queries; ++bs) {
-    const bool rotate = s.rope.q_state != RopeState::kPostRope;
     if (rotate) {
       rope->Angles(p.query_positions[bs], cos_half.data(), sin_half.data());
     }
