@@ -62,7 +62,8 @@ void SchedulerImpl::DispatchLocked(bool freed_device) {
       running_deadlines_.insert(key);
     }
     // Only the first job placed on the freed device waited for it.
-    RecordDispatchLocked(now, freed_device && !changed && head->enqueued < now);
+    RecordDispatchLocked(now, freed_device && !changed && head->enqueued < now,
+                         c);
     head->running = true;
     head->gang = gang;
     for (int g : gang) slots_[g]->busy = true;

@@ -159,15 +159,31 @@ absl::Duration SchedulerImpl::HintLocked(double jobs) const {
   return absl::Seconds(std::min(60.0, std::max(0.001, seconds)));
 }
 
-void SchedulerImpl::RecordDispatchLocked(absl::Time now, bool saturated) {
+double SchedulerImpl::ClassDrainRateLocked(PriorityClass c) const {
+  int64_t higher = 0;
+  for (int k = 0; k < static_cast<int>(c); ++k) {
+    higher += drain_class_count_[k];
+  }
+  const double window = static_cast<double>(drain_gaps_.size());
+  // Until the window has a few dispatches, no share is known; and however
+  // busy the classes above, the estimate stays finite (at most 10x).
+  const double share_higher =
+      drain_gaps_.size() >= 3 ? static_cast<double>(higher) / window : 0.0;
+  return DrainRateLocked() * std::max(0.1, 1.0 - share_higher);
+}
+
+void SchedulerImpl::RecordDispatchLocked(absl::Time now, bool saturated,
+                                         PriorityClass c) {
   // The gap since the previous dispatch is one service interval of the
   // pool only when this job was waiting for the device that just freed up.
   if (saturated && last_dispatch_ != absl::InfinitePast()) {
     const double gap = absl::ToDoubleSeconds(now - last_dispatch_);
-    drain_gaps_.push_back(gap);
+    drain_gaps_.push_back({gap, c});
     drain_gap_sum_ += gap;
+    ++drain_class_count_[static_cast<int>(c)];
     if (static_cast<int>(drain_gaps_.size()) > kDrainWindow) {
-      drain_gap_sum_ -= drain_gaps_.front();
+      drain_gap_sum_ -= drain_gaps_.front().seconds;
+      --drain_class_count_[static_cast<int>(drain_gaps_.front().priority)];
       drain_gaps_.pop_front();
     }
   }
@@ -286,8 +302,8 @@ absl::Status SchedulerImpl::CheckWaitLocked(const AdmissionQuery& q,
   if (q.deadline == absl::InfiniteFuture()) return absl::OkStatus();
   const int64_t ahead = AheadLocked(q.priority);
   if (ahead == 0) return absl::OkStatus();  // nothing to wait for: try it
-  const double wait =
-      wait_safety_ * static_cast<double>(ahead) / DrainRateLocked();
+  const double wait = wait_safety_ * static_cast<double>(ahead) /
+                      ClassDrainRateLocked(q.priority);
   const double left = absl::ToDoubleSeconds(q.deadline - absl::Now());
   if (wait + run_estimate_seconds_ <= left) return absl::OkStatus();
   // Retrying helps once enough of the queue ahead has drained.

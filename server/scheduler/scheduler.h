@@ -56,7 +56,13 @@
 // would only waste a device. A running job past its deadline has its
 // cancelled flag set. Admission refuses (kWouldExpire) a job that would
 // wait behind other queued jobs longer than its deadline allows, so under
-// overload accepted jobs run instead of expiring in the queue.
+// overload accepted jobs run instead of expiring in the queue. A job's
+// wait counts the classes above its own twice over: the jobs of theirs
+// already queued, and those still to come, which overtake it while it
+// waits. So its class drains at the measured rate times the share of
+// recent dispatches that were not of a higher class (a SAMPLED job behind
+// an INTERACTIVE stream that takes half the devices' time waits twice as
+// long as the queue length alone says).
 //
 // Retry hints (SubmitRejection::retry_after, also in the messages) come from
 // the measured drain rate: dispatches per second over the last

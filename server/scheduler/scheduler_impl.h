@@ -103,11 +103,16 @@ class SchedulerImpl : public Scheduler {
   // Jobs dispatched per second: the measured drain rate (see scheduler.h,
   // Retry hints), or devices / run estimate until enough was measured.
   double DrainRateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The rate at which the queue ahead of a new job of class `c` drains:
+  // DrainRateLocked() less the share of recent saturated dispatches that
+  // went to classes above c (they keep arriving and overtake it).
+  double ClassDrainRateLocked(PriorityClass c) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // How long until `jobs` more jobs have left the queue (1 ms .. 60 s).
   absl::Duration HintLocked(double jobs) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Records a dispatch for the drain rate; `saturated` when it took a job
   // that had waited for a device that just freed up.
-  void RecordDispatchLocked(absl::Time now, bool saturated)
+  void RecordDispatchLocked(absl::Time now, bool saturated, PriorityClass c)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Most devices a gang of this kind ("" = any single kind) can get.
   int GangCapacityLocked(const std::string& kind) const
@@ -172,9 +177,16 @@ class SchedulerImpl : public Scheduler {
   };
   absl::flat_hash_map<std::string, TenantUsage> tenants_ ABSL_GUARDED_BY(mu_);
   int64_t expired_in_queue_ ABSL_GUARDED_BY(mu_) = 0;
-  // Drain rate: gaps between saturated dispatches (seconds), newest last.
-  std::deque<double> drain_gaps_ ABSL_GUARDED_BY(mu_);
+  // Drain rate: gaps between saturated dispatches (seconds) and the class
+  // each took, newest last; the sum of the gaps and the count per class.
+  struct DrainGap {
+    double seconds;
+    PriorityClass priority;
+  };
+  std::deque<DrainGap> drain_gaps_ ABSL_GUARDED_BY(mu_);
   double drain_gap_sum_ ABSL_GUARDED_BY(mu_) = 0;
+  std::array<int64_t, kNumPriorityClasses> drain_class_count_
+      ABSL_GUARDED_BY(mu_) = {};
   absl::Time last_dispatch_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // Completions taken out of entries_ whose on_done has not returned yet.

@@ -1,12 +1,14 @@
 // Scheduler fairness under overload: the INTERACTIVE byte reserve, tenant
 // quotas, tenant-scoped cancellation, jobs that could only expire in the
-// queue (refused at admission, dropped before they run) and the measured
+// queue (refused at admission, counting the higher class still to come;
+// dropped before they run) and the measured
 // drain rate behind retry hints.
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/scheduler/scheduler.h"
@@ -186,6 +188,70 @@ TEST(SchedulerFairnessTest, JobThatWouldOnlyExpireInTheQueueIsRefused) {
   for (const char* id : {"run", "ahead", "fine", "urgent", "resumed"}) {
     EXPECT_TRUE(rec.Wait(id).status.ok()) << id;
   }
+}
+
+// Admission counts the INTERACTIVE jobs still to come against a SAMPLED
+// job: they overtake it while it waits. Here three of every four recent
+// dispatches went to INTERACTIVE jobs, so the SAMPLED queue drains at a
+// quarter of the pool's rate. Four jobs ahead at ~25 dispatches/s: ~0.24 s
+// by the queue length alone (the estimate before, which admitted and then
+// let such jobs expire: the overload test), ~0.96 s at the class's rate;
+// either is 2x slower on a slow machine, and the deadline (0.8 s) lies
+// between them.
+TEST(SchedulerFairnessTest, SampledWaitCountsTheInteractiveShareOfDispatches) {
+  Gate gate;
+  SchedulerOptions options;
+  options.devices = GateDevices(1, &gate);
+  options.max_queued = {16, 16};
+  options.initial_run_estimate = absl::Milliseconds(40);
+  auto scheduler = MakeScheduler(std::move(options));
+  Recorder rec;
+  ASSERT_TRUE(scheduler->Submit(MakeJob("w", kS, &rec)).ok());
+  gate.WaitStarted(1);
+  std::vector<std::string> window = {"w"};
+  for (int i = 0; i < 6; ++i) {
+    window.push_back(absl::StrCat("i", i));
+    ASSERT_TRUE(scheduler->Submit(MakeJob(window.back(), kI, &rec)).ok());
+  }
+  for (int i = 0; i < 2; ++i) {
+    window.push_back(absl::StrCat("s", i));
+    ASSERT_TRUE(scheduler->Submit(MakeJob(window.back(), kS, &rec)).ok());
+  }
+  // Eight saturated dispatches ~40 ms apart: six INTERACTIVE, two SAMPLED.
+  for (const std::string& id : window) {
+    absl::SleepFor(absl::Milliseconds(40));
+    gate.Release(1);
+    rec.Wait(id);
+  }
+  ASSERT_TRUE(scheduler->Submit(MakeJob("hold", kS, &rec)).ok());
+  gate.WaitStarted(static_cast<int>(window.size()) + 1);
+  for (const char* id : {"qi0", "qi1"}) {
+    ASSERT_TRUE(scheduler->Submit(MakeJob(id, kI, &rec)).ok());
+  }
+  for (const char* id : {"qs0", "qs1"}) {
+    ASSERT_TRUE(scheduler->Submit(MakeJob(id, kS, &rec)).ok());
+  }
+
+  auto late = MakeJob("late", kS, &rec);
+  late->deadline = absl::Now() + absl::Milliseconds(800);
+  SubmitRejection why;
+  absl::Status s = scheduler->Submit(std::move(late), &why);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(why.reason, RejectReason::kWouldExpire);
+  EXPECT_THAT(s.message(), HasSubstr("4 job(s) ahead"));
+  // The same deadline for INTERACTIVE: two ahead, nothing above it.
+  auto urgent = MakeJob("urgent", kI, &rec);
+  urgent->deadline = absl::Now() + absl::Milliseconds(800);
+  EXPECT_TRUE(scheduler->Submit(std::move(urgent)).ok());
+  auto patient = MakeJob("patient", kS, &rec);
+  patient->deadline = absl::Now() + absl::Seconds(30);
+  EXPECT_TRUE(scheduler->Submit(std::move(patient)).ok());
+  gate.Open();
+  for (const char* id : {"hold", "qi0", "qi1", "urgent", "qs0", "qs1",
+                         "patient"}) {
+    EXPECT_TRUE(rec.Wait(id).status.ok()) << id;
+  }
+  EXPECT_EQ(scheduler->Stats().expired_in_queue, 0);
 }
 
 TEST(SchedulerFairnessTest, QueuedJobIsDroppedOnceItsDeadlineCannotBeMet) {
