@@ -39,6 +39,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps configure build run test fuzz bench bench-check bench-cp \
   bench-env bench-peers bench-sweeps bench-server bench-loopback bench-idle \
+  bench-instructions \
   bench-diagnosis demo clean \
   py-venv bench-python
 
@@ -135,6 +136,9 @@ fuzz: build
 #                 200 faulty snapshots per fault class, 2,000 clean ones
 #                 across engine kinds, the W1 cost, then 10,000 small clean
 #                 audits for the false-alarm rate                 ~30 min
+#   bench-instructions  instructions of the fused pass and of a     ~1 min
+#                 whole check, counted by callgrind (B=8, 512 tokens):
+#                 exact on a noisy VM; needs valgrind
 #   bench-env     the peers' venv, pinned PyPI packages: ~6 min and 5.4 GiB
 #                 the first time (PyPI's torch wheel brings CUDA libraries)
 # REPEATS sets the timed runs per measurement.
@@ -150,7 +154,7 @@ BENCH_TARGETS := $(RUN_TARGETS) attnaudit_bench_floor attnaudit_bench_check \
 BUILD_BENCH = cmake --build $(BUILD_DIR) -j $(JOBS) --target $(BENCH_TARGETS)
 
 bench: bench-check bench-cp bench-peers bench-sweeps bench-server \
-  bench-loopback bench-idle bench-diagnosis
+  bench-loopback bench-idle bench-diagnosis bench-instructions
 
 bench-check: configure
 	$(BUILD_BENCH)
@@ -209,6 +213,12 @@ bench-loopback: configure
 	@mkdir -p $(BENCH_OUT) $(BENCH_TMP)
 	python3 bench/sweeps/loopback.py --bin-dir $(BUILD_DIR)/bin \
 	  --workdir $(BENCH_TMP) --json $(BENCH_OUT)/loopback.json
+
+bench-instructions: configure
+	$(BUILD_BENCH)
+	@mkdir -p $(BENCH_OUT) $(BENCH_TMP)
+	python3 bench/check/pass_instructions.py --bin-dir $(BUILD_DIR)/bin \
+	  --workdir $(BENCH_TMP) --json $(BENCH_OUT)/pass_instructions.json
 
 bench-idle: configure
 	$(BUILD_BENCH)

@@ -47,8 +47,9 @@ constexpr float kNegInfF = -std::numeric_limits<float>::infinity();
 // vectors of columns from i: each V load feeds RT rows. v may be bf16 or
 // f32 under a wider accumulator (widened exactly as loaded). kFromZero:
 // the chains start from +0 instead of acc's contents (a unit's state),
-// which acc then need not hold.
-template <bool kFromZero, int RT, int kCols, class D, typename V>
+// which acc then need not hold. kConsecutive: idx[j] == idx[0] + j.
+template <bool kFromZero, bool kConsecutive, int RT, int kCols, class D,
+          typename V>
 HWY_INLINE void AccumulateColumns(D d, hn::TFromD<D>* acc, int64_t i,
                                   const hn::TFromD<D>* e, int64_t lde,
                                   const V* v, int64_t ldv, const int32_t* idx,
@@ -62,9 +63,17 @@ HWY_INLINE void AccumulateColumns(D d, hn::TFromD<D>* acc, int64_t i,
     }
   }
   for (int64_t j = 0; j < count; ++j) {
-    const V* vrow = v + idx[j] * ldv + i;
+    // Consecutive keys (the common case) step through the rows without
+    // reading the index list.
+    const V* vrow = v + (kConsecutive ? idx[0] + j : idx[j]) * ldv + i;
     hn::Vec<D> vv[kCols];
-    for (int c = 0; c < kCols; ++c) vv[c] = LoadAs(d, vrow + c * N);
+    if constexpr (kCols % 2 == 0) {
+      for (int c = 0; c < kCols; c += 2) {
+        LoadPairAs(d, vrow + c * N, &vv[c], &vv[c + 1]);
+      }
+    } else {
+      for (int c = 0; c < kCols; ++c) vv[c] = LoadAs(d, vrow + c * N);
+    }
     for (int r = 0; r < RT; ++r) {
       const hn::Vec<D> ej = hn::Set(d, e[r * lde + j]);
       for (int c = 0; c < kCols; ++c) a[r][c] = ExactMulAdd(ej, vv[c], a[r][c]);
@@ -93,33 +102,34 @@ constexpr int ColsPerTile() {
 // Columns from *i in blocks of kCols vectors while they fit, then of half
 // as many, down to single vectors (a short head_dim still gets several
 // chains per tile).
-template <bool kFromZero, int RT, int kCols, class D, typename V>
+template <bool kFromZero, bool kConsecutive, int RT, int kCols, class D,
+          typename V>
 HWY_INLINE void AccumulateBlocks(D d, hn::TFromD<D>* acc, int64_t* i,
                                  const hn::TFromD<D>* e, int64_t lde,
                                  const V* v, int64_t ldv, const int32_t* idx,
                                  int64_t count, int64_t dim) {
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(D()));
   for (; *i + kCols * N <= dim; *i += kCols * N) {
-    AccumulateColumns<kFromZero, RT, kCols>(d, acc, *i, e, lde, v, ldv, idx,
-                                            count, dim);
+    AccumulateColumns<kFromZero, kConsecutive, RT, kCols>(d, acc, *i, e, lde, v,
+                                                          ldv, idx, count, dim);
   }
   if constexpr (kCols > 1) {
-    AccumulateBlocks<kFromZero, RT, kCols / 2>(d, acc, i, e, lde, v, ldv, idx,
-                                               count, dim);
+    AccumulateBlocks<kFromZero, kConsecutive, RT, kCols / 2>(
+        d, acc, i, e, lde, v, ldv, idx, count, dim);
   }
 }
 
 // The same over every column: blocks of ColsPerTile vectors and smaller,
 // then the elements past the last vector. Every column's chain is the
 // same, so the blocking never changes a bit.
-template <bool kFromZero, int RT, class D, typename V>
+template <bool kFromZero, bool kConsecutive, int RT, class D, typename V>
 HWY_INLINE void AccumulateTile(D d, hn::TFromD<D>* acc, const hn::TFromD<D>* e,
                                int64_t lde, const V* v, int64_t ldv,
                                const int32_t* idx, int64_t count, int64_t dim) {
   using T = hn::TFromD<D>;
   int64_t i = 0;
-  AccumulateBlocks<kFromZero, RT, ColsPerTile<RT, D>()>(d, acc, &i, e, lde, v,
-                                                        ldv, idx, count, dim);
+  AccumulateBlocks<kFromZero, kConsecutive, RT, ColsPerTile<RT, D>()>(
+      d, acc, &i, e, lde, v, ldv, idx, count, dim);
   // Element-wise, so the scalar tail computes what a vector lane would.
   for (; i < dim; ++i) {
     for (int r = 0; r < RT; ++r) {
@@ -132,24 +142,45 @@ HWY_INLINE void AccumulateTile(D d, hn::TFromD<D>* acc, const hn::TFromD<D>* e,
   }
 }
 
+template <bool kFromZero, bool kConsecutive, class D, typename V>
+void AccumulateRowTiles(D d, hn::TFromD<D>* acc, int64_t rows,
+                        const hn::TFromD<D>* e, int64_t lde, const V* v,
+                        int64_t ldv, const int32_t* idx, int64_t count,
+                        int64_t dim) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    AccumulateTile<kFromZero, kConsecutive, 4>(d, acc + r * dim, e + r * lde,
+                                               lde, v, ldv, idx, count, dim);
+  }
+  for (; r + 2 <= rows; r += 2) {
+    AccumulateTile<kFromZero, kConsecutive, 2>(d, acc + r * dim, e + r * lde,
+                                               lde, v, ldv, idx, count, dim);
+  }
+  for (; r < rows; ++r) {
+    AccumulateTile<kFromZero, kConsecutive, 1>(d, acc + r * dim, e + r * lde,
+                                               lde, v, ldv, idx, count, dim);
+  }
+}
+
+// Whether the visible keys vis[0..count) are consecutive tokens (the
+// common decode case: every token of the span is visible), so their scores
+// can be read as contiguous vectors and their rows stepped through.
+bool Consecutive(const int32_t* vis, int64_t count) {
+  return count > 0 && vis[count - 1] - vis[0] == count - 1;
+}
+
+// acc[r] += sum_j e[r][j] v[idx[j]] for the rows r < rows, in tiles.
 template <bool kFromZero = false, class D, typename V>
 void AccumulateRows(D d, hn::TFromD<D>* acc, int64_t rows,
                     const hn::TFromD<D>* e, int64_t lde, const V* v,
                     int64_t ldv, const int32_t* idx, int64_t count,
                     int64_t dim) {
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    AccumulateTile<kFromZero, 4>(d, acc + r * dim, e + r * lde, lde, v, ldv,
-                                 idx, count, dim);
+  if (Consecutive(idx, count)) {
+    return AccumulateRowTiles<kFromZero, true>(d, acc, rows, e, lde, v, ldv,
+                                               idx, count, dim);
   }
-  for (; r + 2 <= rows; r += 2) {
-    AccumulateTile<kFromZero, 2>(d, acc + r * dim, e + r * lde, lde, v, ldv,
-                                 idx, count, dim);
-  }
-  for (; r < rows; ++r) {
-    AccumulateTile<kFromZero, 1>(d, acc + r * dim, e + r * lde, lde, v, ldv,
-                                 idx, count, dim);
-  }
+  AccumulateRowTiles<kFromZero, false>(d, acc, rows, e, lde, v, ldv, idx, count,
+                                       dim);
 }
 
 // Points *run at a pool page: its first n slots, rows addressed through
@@ -304,13 +335,6 @@ void GroupScores(D d, const PassContext& ctx, const hn::TFromD<D>* q,
   if (!(cap > 0)) return;
   if (n == P) return SoftCapArray(d, cap, s, group * P);
   for (int64_t j = 0; j < group; ++j) SoftCapArray(d, cap, &s[j * P], n);
-}
-
-// Whether the visible keys vis[0..count) are consecutive tokens (the
-// common decode case: every token of the span is visible), so their scores
-// can be read as contiguous vectors.
-bool Consecutive(const int32_t* vis, int64_t count) {
-  return count > 0 && vis[count - 1] - vis[0] == count - 1;
 }
 
 // The largest of s[vis[c]], c < count, exactly as the left fold

@@ -104,11 +104,15 @@ class PrefetchCursor {
     void Issue(int64_t lines, Touch& touch) {
       const int64_t rows = tokens * heads;
       if (contiguous) {
+        // One span: how many lines this step takes is known up front, so
+        // the loop is a prefetch and an add a line.
         const int64_t end = rows * row_bytes;
-        const char* first = RowAddress(0);
-        for (; lines > 0 && offset < end; offset += kLine, --lines) {
-          touch(first + offset);
-        }
+        const int64_t left =
+            offset < end ? (end - offset + kLine - 1) / kLine : 0;
+        const int64_t take = std::min(lines, left);
+        const char* line = RowAddress(0) + offset;
+        for (int64_t i = 0; i < take; ++i, line += kLine) touch(line);
+        offset += take * kLine;
         return;
       }
       while (lines > 0 && row < rows) {

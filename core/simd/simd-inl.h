@@ -503,6 +503,32 @@ HWY_INLINE hn::Vec<D> LoadAs(D d, const K* p) {
   }
 }
 
+// Loads 2N values of k at p as D's lane type into two vectors (*lo: the
+// first N, *hi: the next N), widened exactly as LoadAs widens them. Where
+// 2N bf16 values fill one 128-bit vector (f64 lanes under AVX2), one load
+// and two interleaves with zero do what two LoadAs would do with two
+// zero-extending loads and two shifts: the interleave puts each bf16's bits
+// in the upper half of a 32-bit lane, which is the f32 of the same value
+// (about 2 fewer instructions per 8 FMAs of the fp64 kernels;
+// docs/PERF.md, eighth pass). Either way the same values.
+template <class D, typename K>
+HWY_INLINE void LoadPairAs(D d, const K* p, hn::Vec<D>* lo, hn::Vec<D>* hi) {
+  constexpr size_t N = hn::MaxLanes(D());
+  if constexpr (std::is_same_v<K, hwy::bfloat16_t> &&
+                std::is_same_v<hn::TFromD<D>, double> && N == 4) {
+    const hn::Full128<uint16_t> du16;
+    const hn::Full128<uint32_t> du32;
+    const hn::Full128<float> df;
+    const auto bits = hn::LoadU(du16, reinterpret_cast<const uint16_t*>(p));
+    const auto zero = hn::Zero(du16);
+    *lo = hn::PromoteTo(d, hn::BitCast(df, hn::ZipLower(du32, zero, bits)));
+    *hi = hn::PromoteTo(d, hn::BitCast(df, hn::ZipUpper(du32, zero, bits)));
+  } else {
+    *lo = LoadAs(d, p);
+    *hi = LoadAs(d, p + N);
+  }
+}
+
 // One element widened as LoadAs widens it (exact either way), for the
 // elements a loop handles past its last full vector.
 template <typename T, typename K>
@@ -611,14 +637,25 @@ HWY_INLINE void DotTile(D d, const hn::TFromD<D>* q, const K* k, int64_t ldk,
   }
   const int64_t full = dim / kChunk * kChunk;
   for (int64_t c = 0; c < full; c += kChunk) {
-    for (int v = 0; v < kVec; ++v) {
+    // Vectors v and v + 1 of the chunk are adjacent: loaded as a pair.
+    for (int v = 0; v < kVec; v += 2) {
+      constexpr int kPair = kVec >= 2 ? 2 : 1;
       const int64_t off = c + v * N;
-      hn::Vec<D> kv[KT];
-      for (int t = 0; t < KT; ++t) kv[t] = LoadAs(d, k + t * ldk + off);
-      for (int r = 0; r < RT; ++r) {
-        const hn::Vec<D> qv = hn::LoadU(d, q + r * dim + off);
-        for (int t = 0; t < KT; ++t) {
-          acc[r * KT + t][v] = ExactMulAdd(qv, kv[t], acc[r * KT + t][v]);
+      hn::Vec<D> kv[kPair][KT];
+      for (int t = 0; t < KT; ++t) {
+        if constexpr (kPair == 2) {
+          LoadPairAs(d, k + t * ldk + off, &kv[0][t], &kv[1][t]);
+        } else {
+          kv[0][t] = LoadAs(d, k + t * ldk + off);
+        }
+      }
+      for (int h = 0; h < kPair; ++h) {
+        for (int r = 0; r < RT; ++r) {
+          const hn::Vec<D> qv = hn::LoadU(d, q + r * dim + off + h * N);
+          for (int t = 0; t < KT; ++t) {
+            acc[r * KT + t][v + h] =
+                ExactMulAdd(qv, kv[h][t], acc[r * KT + t][v + h]);
+          }
         }
       }
     }
@@ -649,6 +686,12 @@ HWY_INLINE void DotTile(D d, const hn::TFromD<D>* q, const K* k, int64_t ldk,
 #endif
   {
     for (int j = 0; j < RT * KT; ++j) sums[j] = VirtualLaneSum<kVec>(d, acc[j]);
+  }
+  if (full == dim) {  // the common head_dims: no element past the chunks
+    for (int r = 0; r < RT; ++r) {
+      for (int t = 0; t < KT; ++t) s[r * lds + t] = sums[r * KT + t];
+    }
+    return;
   }
   for (int r = 0; r < RT; ++r) {
     for (int t = 0; t < KT; ++t) {
@@ -744,7 +787,15 @@ HWY_INLINE bool AnyNonFiniteBF16(const uint16_t* src, int64_t n) {
   const auto largest_finite = hn::Set(du16, uint16_t{0x7f7f});
   const auto magnitude = hn::Set(du16, uint16_t{0x7fff});
   auto worst = hn::Zero(du16);
+  auto worst2 = hn::Zero(du16);
   int64_t i = 0;
+  // Two vectors a step into two running maxima: with one, the loop's own
+  // count and branch were half of its instructions.
+  for (; i + 2 * N <= n; i += 2 * N) {
+    worst = hn::Max(worst, hn::And(hn::LoadU(du16, src + i), magnitude));
+    worst2 = hn::Max(worst2, hn::And(hn::LoadU(du16, src + i + N), magnitude));
+  }
+  worst = hn::Max(worst, worst2);
   for (; i + N <= n; i += N) {
     worst = hn::Max(worst, hn::And(hn::LoadU(du16, src + i), magnitude));
   }

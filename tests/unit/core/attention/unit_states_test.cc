@@ -198,6 +198,97 @@ TEST(UnitStatesTest, ARunCopiedIntoAnotherLayoutGivesTheSameStates) {
   }
 }
 
+// The kernels step through the rows of consecutive visible keys and go
+// through the index list otherwise. Validated snapshots only ever give
+// consecutive ones (positions rise along a row), so here each page's first
+// half is run twice: as it is, and with an invisible decoy token (a
+// position past every query, large finite K/V) after each real one, so the
+// visible keys are every other token. Every state must come out bit for
+// bit the same.
+TEST(UnitStatesTest, InvisibleTokensBetweenVisibleOnesChangeNoState) {
+  for (DType kv : {DType::kBF16, DType::kF32}) {
+    const auto prep = Prepare(Case(kv, 21), Paging(1, 1));
+    const PreparedAttention& p = prep->p;
+    const SnapshotDims& d = p.dims;
+    const int64_t D = d.head_dim;
+    const int64_t row_bytes = d.kv_heads * D * DTypeSize(kv);
+    std::string decoy;
+    for (int64_t i = 0; i < d.kv_heads * D; ++i) {
+      const uint32_t f32 = 0x42800000u;  // 64.0f: it would dominate if seen
+      const uint16_t bf16 = 0x4280;
+      if (kv == DType::kBF16) {
+        decoy.append(reinterpret_cast<const char*>(&bf16), 2);
+      } else {
+        decoy.append(reinterpret_cast<const char*>(&f32), 4);
+      }
+    }
+    const int64_t invisible = std::numeric_limits<int64_t>::max() / 2;
+    UnitStates plain, decoyed;
+    plain.Reset(p.units, p.dims, true);
+    decoyed.Reset(p.units, p.dims, true);
+    for (int64_t b = 0; b < d.batch; ++b) {
+      for (size_t blk = 0; blk < prep->layout.block_pages[b].size(); ++blk) {
+        const int64_t page = prep->layout.block_pages[b][blk];
+        for (bool with_decoys : {false, true}) {
+          TokenRun run;
+          std::string k_buf, v_buf;
+          std::vector<int64_t> positions;
+          int64_t room = d.page_size / 2;  // real tokens that fit twice over
+          for (int32_t u = p.block_unit_begin[b][blk];
+               u < p.block_unit_begin[b][blk + 1] && room > 0; ++u) {
+            const KvUnit& unit = p.units[b][u];
+            const int32_t take =
+                static_cast<int32_t>(std::min<int64_t>(unit.count, room));
+            room -= take;
+            run.unit_of.push_back(u);
+            run.first.push_back(static_cast<int32_t>(positions.size()));
+            run.count.push_back(with_decoys ? 2 * take : take);
+            for (int32_t t = unit.first; t < unit.first + take; ++t) {
+              const int64_t slot = page * d.page_size + t;
+              const int64_t row = slot * row_bytes;  // NHD pool
+              positions.push_back(prep->snapshot.slot_positions.IntAt(slot));
+              k_buf.append(prep->snapshot.k_pages.bytes().data() + row,
+                           row_bytes);
+              v_buf.append(prep->snapshot.v_pages.bytes().data() + row,
+                           row_bytes);
+              if (!with_decoys) continue;
+              positions.push_back(invisible);
+              k_buf.append(decoy);
+              v_buf.append(decoy);
+            }
+          }
+          run.k_data = k_buf.data();
+          run.v_data = v_buf.data();
+          run.k_dtype = run.v_dtype = kv;
+          run.k_row_stride = run.v_row_stride = d.kv_heads * D;
+          run.k_head_stride = run.v_head_stride = D;
+          run.positions = positions.data();
+          run.n = static_cast<int64_t>(positions.size());
+          ASSERT_TRUE(ComputeRunStates(p, run, b, 0, d.kv_heads,
+                                       with_decoys ? &decoyed : &plain)
+                          .ok());
+        }
+      }
+    }
+    int64_t seen = 0;
+    for (size_t i = 0; i < plain.p_lse.size(); ++i) {
+      const std::string at = absl::StrCat(DTypeName(kv), " state ", i);
+      EXPECT_EQ(decoyed.p_lse[i], plain.p_lse[i]) << at;
+      EXPECT_EQ(decoyed.r_lse[i], plain.r_lse[i]) << at;
+      EXPECT_EQ(std::memcmp(&decoyed.p_out[i * D], &plain.p_out[i * D],
+                            D * sizeof(float)),
+                0)
+          << at;
+      EXPECT_EQ(std::memcmp(&decoyed.r_out[i * D], &plain.r_out[i * D],
+                            D * sizeof(double)),
+                0)
+          << at;
+      seen += plain.p_lse[i] != -std::numeric_limits<float>::infinity();
+    }
+    EXPECT_GT(seen, 100) << DTypeName(kv);
+  }
+}
+
 // ComputeAttention sizes the states without filling them and every work
 // item clears its own rows and heads: states left over from an earlier
 // call (NaN here) must never survive, and a state no query sees is empty
