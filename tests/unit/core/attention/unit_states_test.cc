@@ -55,6 +55,20 @@ PagingOptions Paging(int64_t world, int64_t interleave) {
   return p;
 }
 
+// Points run at tokens gathered [token][Hkv][D] (NHD) into k_buf/v_buf,
+// with their positions.
+void PointAtGathered(const std::string& k_buf, const std::string& v_buf,
+                     const std::vector<int64_t>& positions, DType kv,
+                     const SnapshotDims& d, TokenRun* run) {
+  run->k_data = k_buf.data();
+  run->v_data = v_buf.data();
+  run->k_dtype = run->v_dtype = kv;
+  run->k_row_stride = run->v_row_stride = d.kv_heads * d.head_dim;
+  run->k_head_stride = run->v_head_stride = d.head_dim;
+  run->positions = positions.data();
+  run->n = static_cast<int64_t>(positions.size());
+}
+
 TEST(UnitStatesTest, FoldingThePStatesInUnitOrderIsPBitForBit) {
   for (int64_t world : {1, 3}) {
     const auto prep = Prepare(Case(DType::kBF16, 5), Paging(world, 2));
@@ -163,13 +177,7 @@ TEST(UnitStatesTest, ARunCopiedIntoAnotherLayoutGivesTheSameStates) {
           }
         }
         if (positions.empty()) continue;
-        run.k_data = k_buf.data();
-        run.v_data = v_buf.data();
-        run.k_dtype = run.v_dtype = kv;
-        run.k_row_stride = run.v_row_stride = d.kv_heads * D;
-        run.k_head_stride = run.v_head_stride = D;
-        run.positions = positions.data();
-        run.n = static_cast<int64_t>(positions.size());
+        PointAtGathered(k_buf, v_buf, positions, kv, d, &run);
         ASSERT_TRUE(ComputeRunStates(p, run, b, 0, d.kv_heads, &got).ok());
       }
     }
@@ -257,13 +265,7 @@ TEST(UnitStatesTest, InvisibleTokensBetweenVisibleOnesChangeNoState) {
               v_buf.append(decoy);
             }
           }
-          run.k_data = k_buf.data();
-          run.v_data = v_buf.data();
-          run.k_dtype = run.v_dtype = kv;
-          run.k_row_stride = run.v_row_stride = d.kv_heads * D;
-          run.k_head_stride = run.v_head_stride = D;
-          run.positions = positions.data();
-          run.n = static_cast<int64_t>(positions.size());
+          PointAtGathered(k_buf, v_buf, positions, kv, d, &run);
           ASSERT_TRUE(ComputeRunStates(p, run, b, 0, d.kv_heads,
                                        with_decoys ? &decoyed : &plain)
                           .ok());

@@ -247,8 +247,8 @@ TEST(SchedulerFairnessTest, SampledWaitCountsTheInteractiveShareOfDispatches) {
   patient->deadline = absl::Now() + absl::Seconds(30);
   EXPECT_TRUE(scheduler->Submit(std::move(patient)).ok());
   gate.Open();
-  for (const char* id : {"hold", "qi0", "qi1", "urgent", "qs0", "qs1",
-                         "patient"}) {
+  for (const char* id :
+       {"hold", "qi0", "qi1", "urgent", "qs0", "qs1", "patient"}) {
     EXPECT_TRUE(rec.Wait(id).status.ok()) << id;
   }
   EXPECT_EQ(scheduler->Stats().expired_in_queue, 0);
