@@ -160,7 +160,8 @@ TEST(SchedulerFairnessTest, JobThatWouldOnlyExpireInTheQueueIsRefused) {
   gate.WaitStarted(1);
   ASSERT_TRUE(scheduler->Submit(MakeJob("ahead", kS, &rec)).ok());
 
-  // One job ahead (~1 s x 1.5) and a ~1 s run: 2 s left is not enough.
+  // One job ahead (~1 s x 2, the wait safety) and a ~1 s run: 2 s left is
+  // not enough.
   auto late = MakeJob("late", kS, &rec);
   late->deadline = absl::Now() + absl::Seconds(2);
   SubmitRejection why;
