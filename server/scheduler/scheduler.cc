@@ -146,11 +146,17 @@ int64_t SchedulerImpl::AheadLocked(PriorityClass c) const {
   return ahead;
 }
 
-double SchedulerImpl::DrainRateLocked() const {
-  // A few gaps are noise; until then the pool's nominal rate.
+double SchedulerImpl::MeasuredDrainRateLocked() const {
+  // A few gaps are noise: nothing is measured until there are three.
   if (drain_gaps_.size() >= 3 && drain_gap_sum_ > 0) {
     return static_cast<double>(drain_gaps_.size()) / drain_gap_sum_;
   }
+  return 0;
+}
+
+double SchedulerImpl::DrainRateLocked() const {
+  const double measured = MeasuredDrainRateLocked();
+  if (measured > 0) return measured;
   return static_cast<double>(slots_.size()) / run_estimate_seconds_;
 }
 
@@ -164,11 +170,12 @@ double SchedulerImpl::ClassDrainRateLocked(PriorityClass c) const {
   for (int k = 0; k < static_cast<int>(c); ++k) {
     higher += drain_class_count_[k];
   }
-  const double window = static_cast<double>(drain_gaps_.size());
-  // Until the window has a few dispatches, no share is known; and however
-  // busy the classes above, the estimate stays finite (at most 10x).
-  const double share_higher =
-      drain_gaps_.size() >= 3 ? static_cast<double>(higher) / window : 0.0;
+  // Until the rate is measured, no share is known; and however busy the
+  // classes above, the estimate stays finite (at most 10x).
+  const double share_higher = MeasuredDrainRateLocked() > 0
+                                  ? static_cast<double>(higher) /
+                                        static_cast<double>(drain_gaps_.size())
+                                  : 0.0;
   return DrainRateLocked() * std::max(0.1, 1.0 - share_higher);
 }
 
@@ -578,9 +585,7 @@ SchedulerStats SchedulerImpl::Stats() const {
   s.interactive_reserved_bytes = interactive_reserved_bytes_;
   s.in_flight = in_flight_;
   s.expired_in_queue = expired_in_queue_;
-  s.drain_rate = drain_gaps_.size() >= 3 && drain_gap_sum_ > 0
-                     ? static_cast<double>(drain_gaps_.size()) / drain_gap_sum_
-                     : 0;
+  s.drain_rate = MeasuredDrainRateLocked();
   s.devices_total = static_cast<int>(slots_.size());
   for (const auto& slot : slots_) s.devices_busy += slot->busy;
   s.draining = draining_;

@@ -198,7 +198,7 @@ struct SchedulerStats {
   // (since Create).
   int64_t expired_in_queue = 0;
   // Dispatches per second over the last kDrainWindow dispatches; 0 until
-  // two have been seen.
+  // three gaps between saturated dispatches have been seen.
   double drain_rate = 0;
   int devices_total = 0;
   int devices_busy = 0;

@@ -103,6 +103,9 @@ class SchedulerImpl : public Scheduler {
   // Jobs dispatched per second: the measured drain rate (see scheduler.h,
   // Retry hints), or devices / run estimate until enough was measured.
   double DrainRateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The measured part of it: saturated dispatches per second over the
+  // window, 0 until three gaps are in it.
+  double MeasuredDrainRateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The rate at which the queue ahead of a new job of class `c` drains:
   // DrainRateLocked() less the share of recent saturated dispatches that
   // went to classes above c (they keep arriving and overtake it).
