@@ -50,12 +50,13 @@ void PrepareItem(const PreparedAttention& p, int64_t b, int64_t g0, int64_t g1,
   Grow(sc.q32, rows * D);
   for (auto* v : {&sc.s64, &sc.e64}) Grow(*v, group * P);
   for (auto* v : {&sc.s32, &sc.e32}) Grow(*v, group * P);
-  Grow(sc.blk_out, group * D);
   Grow(sc.blk_sum, group);
   Grow(sc.blk_lse, group);
-  Grow(sc.ref_unit_out, group * D);
   Grow(sc.ref_unit_sum, group);
   Grow(sc.ref_unit_lse, group);
+  Grow(sc.fold, group);
+  Grow(sc.keep32, group);
+  Grow(sc.keep64, group);
   sc.ref_m.assign(static_cast<size_t>(rows), kNegInfD);
   sc.ref_l.assign(static_cast<size_t>(rows), 0.0);
   sc.ref_acc.assign(static_cast<size_t>(rows * D), 0.0);

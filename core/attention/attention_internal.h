@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/attention/attention.h"
+#include "core/attention/merge_step.h"
 #include "core/attention/prefetch_cursor.h"
 #include "core/attention/unit_states.h"
 
@@ -31,6 +32,39 @@ struct PassContext {
   int64_t* visible_keys = nullptr;
 };
 
+// How one query row's unit state joins its running replay state (fp32),
+// decided before the unit's values are accumulated: the first unit is
+// copied, a later one merged with merge_step's weights (MergeInto's
+// arithmetic and cases), or the row zeroed when both states are empty.
+struct FoldRow {
+  enum Kind : uint8_t { kCopy, kMerge, kZero } kind = kCopy;
+  bool use_acc = false;   // merge: the running state takes part
+  bool use_next = false;  // merge: the unit takes part
+  merge_step::PairWeights w{};
+};
+
+// The fold of a unit with lse `unit_lse` into a running state (`started`,
+// lse `acc_lse`): the plan for its elements, and the running state's new
+// lse in *new_lse.
+inline FoldRow PlanFold(bool started, float acc_lse, float unit_lse,
+                        float* new_lse) {
+  FoldRow f;
+  if (!started) {
+    *new_lse = unit_lse;
+    return f;
+  }
+  f.w = merge_step::Weights(acc_lse, unit_lse);
+  *new_lse = merge_step::Lse(f.w);
+  if (f.w.m == merge_step::F::NegInf()) {
+    f.kind = FoldRow::kZero;
+    return f;
+  }
+  f.kind = FoldRow::kMerge;
+  f.use_acc = f.w.wa != 0.0f;
+  f.use_next = f.w.wb != 0.0f || !f.use_acc;
+  return f;
+}
+
 // Per-thread buffers, grown on demand and reused across work items and
 // audits (so a steady stream of audits allocates nothing here).
 struct Scratch {
@@ -50,8 +84,11 @@ struct Scratch {
   std::vector<uint8_t> rep_started;              // [rows]
   std::vector<double> s64, e64;                  // [group][P]
   std::vector<float> s32, e32;                   // [group][P]
-  std::vector<float> blk_out, blk_sum, blk_lse;  // [group][D], [group]
-  std::vector<double> ref_unit_out, ref_unit_sum, ref_unit_lse;  // likewise
+  std::vector<float> blk_sum, blk_lse;            // [group]
+  std::vector<double> ref_unit_sum, ref_unit_lse;  // [group]
+  std::vector<FoldRow> fold;                       // [group]
+  std::vector<float*> keep32;    // [group] where P's unit states go
+  std::vector<double*> keep64;   // [group] where R's unit states go
   PrefetchCursor prefetch;  // the next block's page, paced over this one's
 };
 

@@ -26,6 +26,7 @@
 #include "core/attention/attention_internal.h"
 #include "core/attention/merge.h"
 #include "core/attention/unit_states.h"
+#include "core/attention/value_tiles-inl.h"
 #include "core/simd/dispatch.h"
 #include "core/simd/simd-inl.h"
 #include "core/tensor/dtype.h"
@@ -36,155 +37,12 @@ namespace attnaudit {
 namespace HWY_NAMESPACE {
 
 using attention_internal::PassContext;
+using attention_internal::PlanFold;
 using attention_internal::Scratch;
 using attnaudit::TokenRun;
 
 constexpr double kNegInfD = -std::numeric_limits<double>::infinity();
 constexpr float kNegInfF = -std::numeric_limits<float>::infinity();
-
-// acc[r * dim + i] += e[r * lde + j] * v[idx[j] * ldv + i], a fused
-// multiply-add chain over j < count in j order, for RT rows and the kCols
-// vectors of columns from i: each V load feeds RT rows. v may be bf16 or
-// f32 under a wider accumulator (widened exactly as loaded). kFromZero:
-// the chains start from +0 instead of acc's contents (a unit's state),
-// which acc then need not hold. kConsecutive: idx[j] == idx[0] + j.
-template <bool kFromZero, bool kConsecutive, int RT, int kCols, class D,
-          typename V>
-HWY_INLINE void AccumulateColumns(D d, hn::TFromD<D>* acc, int64_t i,
-                                  const hn::TFromD<D>* e, int64_t lde,
-                                  const V* v, int64_t ldv, const int32_t* idx,
-                                  int64_t count, int64_t dim) {
-  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(D()));
-  hn::Vec<D> a[RT][kCols];
-  for (int r = 0; r < RT; ++r) {
-    for (int c = 0; c < kCols; ++c) {
-      a[r][c] =
-          kFromZero ? hn::Zero(d) : hn::LoadU(d, acc + r * dim + i + c * N);
-    }
-  }
-  // Two keys an iteration halve the loop's own count-and-branch (each
-  // chain still takes its keys in j order).
-#pragma GCC unroll 2
-  for (int64_t j = 0; j < count; ++j) {
-    // Consecutive keys (the common case) step through the rows without
-    // reading the index list.
-    const V* vrow = v + (kConsecutive ? idx[0] + j : idx[j]) * ldv + i;
-    hn::Vec<D> vv[kCols];
-    if constexpr (kCols % 2 == 0) {
-      for (int c = 0; c < kCols; c += 2) {
-        LoadPairAs(d, vrow + c * N, &vv[c], &vv[c + 1]);
-      }
-    } else {
-      for (int c = 0; c < kCols; ++c) vv[c] = LoadAs(d, vrow + c * N);
-    }
-    for (int r = 0; r < RT; ++r) {
-      const hn::Vec<D> ej = hn::Set(d, e[r * lde + j]);
-      for (int c = 0; c < kCols; ++c) a[r][c] = ExactMulAdd(ej, vv[c], a[r][c]);
-    }
-  }
-  for (int r = 0; r < RT; ++r) {
-    for (int c = 0; c < kCols; ++c) {
-      hn::StoreU(a[r][c], d, acc + r * dim + i + c * N);
-    }
-  }
-}
-
-// Column vectors per tile of RT rows: at least eight independent FMA
-// chains (two FMA ports, four cycles each) within the registers: 16
-// accumulators under AVX-512's 32 registers, 8 elsewhere. One or two rows
-// (GQA groups of 1-3) used to get two or four chains, so each V load waited
-// on the previous FMA (docs/PERF.md, sixth pass).
-template <int RT, class D>
-constexpr int ColsPerTile() {
-  constexpr bool wide = hn::MaxLanes(D()) * sizeof(hn::TFromD<D>) == 64;
-  if constexpr (RT >= 4) return wide ? 4 : 2;
-  if constexpr (RT == 2) return 4;
-  return wide ? 8 : 4;
-}
-
-// Columns from *i in blocks of kCols vectors while they fit, then of half
-// as many, down to single vectors (a short head_dim still gets several
-// chains per tile).
-template <bool kFromZero, bool kConsecutive, int RT, int kCols, class D,
-          typename V>
-HWY_INLINE void AccumulateBlocks(D d, hn::TFromD<D>* acc, int64_t* i,
-                                 const hn::TFromD<D>* e, int64_t lde,
-                                 const V* v, int64_t ldv, const int32_t* idx,
-                                 int64_t count, int64_t dim) {
-  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(D()));
-  for (; *i + kCols * N <= dim; *i += kCols * N) {
-    AccumulateColumns<kFromZero, kConsecutive, RT, kCols>(d, acc, *i, e, lde, v,
-                                                          ldv, idx, count, dim);
-  }
-  if constexpr (kCols > 1) {
-    AccumulateBlocks<kFromZero, kConsecutive, RT, kCols / 2>(
-        d, acc, i, e, lde, v, ldv, idx, count, dim);
-  }
-}
-
-// The same over every column: blocks of ColsPerTile vectors and smaller,
-// then the elements past the last vector. Every column's chain is the
-// same, so the blocking never changes a bit.
-template <bool kFromZero, bool kConsecutive, int RT, class D, typename V>
-HWY_INLINE void AccumulateTile(D d, hn::TFromD<D>* acc, const hn::TFromD<D>* e,
-                               int64_t lde, const V* v, int64_t ldv,
-                               const int32_t* idx, int64_t count, int64_t dim) {
-  using T = hn::TFromD<D>;
-  int64_t i = 0;
-  AccumulateBlocks<kFromZero, kConsecutive, RT, ColsPerTile<RT, D>()>(
-      d, acc, &i, e, lde, v, ldv, idx, count, dim);
-  // Element-wise, so the scalar tail computes what a vector lane would.
-  for (; i < dim; ++i) {
-    for (int r = 0; r < RT; ++r) {
-      T a = kFromZero ? T(0) : acc[r * dim + i];
-      for (int64_t j = 0; j < count; ++j) {
-        a = std::fma(e[r * lde + j], ScalarAs<T>(v[idx[j] * ldv + i]), a);
-      }
-      acc[r * dim + i] = a;
-    }
-  }
-}
-
-template <bool kFromZero, bool kConsecutive, class D, typename V>
-void AccumulateRowTiles(D d, hn::TFromD<D>* acc, int64_t rows,
-                        const hn::TFromD<D>* e, int64_t lde, const V* v,
-                        int64_t ldv, const int32_t* idx, int64_t count,
-                        int64_t dim) {
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    AccumulateTile<kFromZero, kConsecutive, 4>(d, acc + r * dim, e + r * lde,
-                                               lde, v, ldv, idx, count, dim);
-  }
-  for (; r + 2 <= rows; r += 2) {
-    AccumulateTile<kFromZero, kConsecutive, 2>(d, acc + r * dim, e + r * lde,
-                                               lde, v, ldv, idx, count, dim);
-  }
-  for (; r < rows; ++r) {
-    AccumulateTile<kFromZero, kConsecutive, 1>(d, acc + r * dim, e + r * lde,
-                                               lde, v, ldv, idx, count, dim);
-  }
-}
-
-// Whether the visible keys vis[0..count) are consecutive tokens (the
-// common decode case: every token of the span is visible), so their scores
-// can be read as contiguous vectors and their rows stepped through.
-bool Consecutive(const int32_t* vis, int64_t count) {
-  return count > 0 && vis[count - 1] - vis[0] == count - 1;
-}
-
-// acc[r] += sum_j e[r][j] v[idx[j]] for the rows r < rows, in tiles.
-template <bool kFromZero = false, class D, typename V>
-void AccumulateRows(D d, hn::TFromD<D>* acc, int64_t rows,
-                    const hn::TFromD<D>* e, int64_t lde, const V* v,
-                    int64_t ldv, const int32_t* idx, int64_t count,
-                    int64_t dim) {
-  if (Consecutive(idx, count)) {
-    return AccumulateRowTiles<kFromZero, true>(d, acc, rows, e, lde, v, ldv,
-                                               idx, count, dim);
-  }
-  AccumulateRowTiles<kFromZero, false>(d, acc, rows, e, lde, v, ldv, idx, count,
-                                       dim);
-}
 
 // Points *run at a pool page: its first n slots, rows addressed through
 // the page's layout. The run's unit lists are left as they are (BlockUnits
@@ -328,10 +186,9 @@ void GroupScores(D d, const PassContext& ctx, const hn::TFromD<D>* q,
   const PreparedAttention& p = ctx.p;
   const int64_t group = p.dims.group();
   const int64_t P = p.dims.page_size;
-  DotRows(d, q, group, k, ldk, n, p.dims.head_dim, s, P);
-  for (int64_t j = 0; j < group; ++j) {
-    for (int64_t t = 0; t < n; ++t) s[j * P + t] *= scale;
-  }
+  // The scale is applied as the scores leave the tiles (the same rounded
+  // multiply as a loop over s afterwards).
+  DotRows(d, q, group, k, ldk, n, p.dims.head_dim, s, P, scale);
   // The soft-cap in vectors (its tanh through glibc, one score at a time,
   // was a fifth of the gemma2-9b W1 pass: docs/PERF.md, sixth pass).
   const T cap = static_cast<T>(p.softcap);
@@ -455,54 +312,29 @@ void UpdateReference(const PassContext& ctx, Scratch& sc, const V* v,
   }
   GroupExp(d64, sc.e64.data(), group, P, count);
   RowSums(sc.e64.data(), P, group, count, &sc.ref_l[first_row]);
-  AccumulateRows(d64, &sc.ref_acc[first_row * D], group, sc.e64.data(), P, v,
-                 ldv, vis, count, D);
+  AccumulateRows(d64, RowsOut<DF64>{&sc.ref_acc[first_row * D], D}, group,
+                 sc.e64.data(), P, v, ldv, vis, count, D);
 }
 
-// The partial state of one unit (visible keys `vis`) for the group's rows,
-// in the lane type of D: out normalised over the unit, lse. Scores s are
-// [group][P] as GroupScores left them; e, out, sum and lse are scratch
-// ([group][P], [group][D], [group], [group]).
-template <class D, typename V>
-void UnitState(D d, const PreparedAttention& p, const hn::TFromD<D>* s,
-               const V* v, int64_t ldv, const int32_t* vis, int64_t count,
-               hn::TFromD<D>* e, hn::TFromD<D>* out, hn::TFromD<D>* sum,
-               hn::TFromD<D>* lse) {
+// The softmax of one unit (visible keys `vis`) for the group's rows, in
+// the lane type of D: e = exp(s - m) ([group][P]), the row sums of e in key
+// order and lse = m + ln(sum), m the unit's max score. Scores s are
+// [group][P] as GroupScores left them.
+template <class D>
+void UnitSoftmax(D d, const PreparedAttention& p, const hn::TFromD<D>* s,
+                 const int32_t* vis, int64_t count, hn::TFromD<D>* e,
+                 hn::TFromD<D>* sum, hn::TFromD<D>* lse) {
   using T = hn::TFromD<D>;
   const int64_t group = p.dims.group();
   const int64_t P = p.dims.page_size;
-  const int64_t Dh = p.dims.head_dim;
   for (int64_t j = 0; j < group; ++j) {
-    T* ej = &e[j * P];
     lse[j] = VisibleMax(d, &s[j * P], vis, count);  // the block max, for now
-    ShiftedScores(d, &s[j * P], vis, count, lse[j], ej);
+    ShiftedScores(d, &s[j * P], vis, count, lse[j], &e[j * P]);
   }
   GroupExp(d, e, group, P, count);
   std::fill(sum, sum + group, T(0));
   RowSums(e, P, group, count, sum);
   for (int64_t j = 0; j < group; ++j) lse[j] = lse[j] + std::log(sum[j]);
-  AccumulateRows</*kFromZero=*/true>(d, out, group, e, P, v, ldv, vis, count,
-                                     Dh);
-  for (int64_t j = 0; j < group; ++j) {
-    for (int64_t i = 0; i < Dh; ++i) out[j * Dh + i] /= sum[j];
-  }
-}
-
-// P: folds one unit's state into each group row's running state by the
-// shared merge routine (units arrive in ascending order).
-void FoldReplay(Scratch& sc, int64_t first_row, int64_t group, int64_t D) {
-  for (int64_t j = 0; j < group; ++j) {
-    const int64_t r = first_row + j;
-    const float* out = &sc.blk_out[j * D];
-    float* rep = &sc.rep_out[r * D];
-    if (!sc.rep_started[r]) {
-      std::copy(out, out + D, rep);
-      sc.rep_lse[r] = sc.blk_lse[j];
-      sc.rep_started[r] = 1;
-    } else {
-      MergeInto(rep, &sc.rep_lse[r], out, sc.blk_lse[j], D);
-    }
-  }
 }
 
 // Where one group row's state of unit `unit` goes in ctx.unit_states.
@@ -516,34 +348,61 @@ struct UnitTarget {
   int64_t b, sq, g, first_row, unit;
 };
 
-void StoreReplay(const PassContext& ctx, const Scratch& sc,
-                 const UnitTarget& at) {
-  const int64_t group = ctx.p.dims.group();
-  const int64_t D = ctx.p.dims.head_dim;
-  UnitStates& st = *ctx.unit_states;
-  for (int64_t j = 0; j < group; ++j) {
-    const int64_t i = StateIndex(ctx, at.b, at.unit, at.sq, at.g * group + j);
-    std::copy(&sc.blk_out[j * D], &sc.blk_out[j * D] + D, &st.p_out[i * D]);
-    st.p_lse[i] = sc.blk_lse[j];
+// P for one unit: its fp32 state, normalised as it leaves the value tiles,
+// stored as a unit state when asked and folded into each row's running
+// state (units arrive in ascending order) by the merge routine's step.
+template <typename V>
+void ReplayUnit(const PassContext& ctx, Scratch& sc, const V* v, int64_t ldv,
+                const int32_t* vis, int64_t count, const UnitTarget& at) {
+  const PreparedAttention& p = ctx.p;
+  const int64_t group = p.dims.group();
+  const int64_t D = p.dims.head_dim;
+  UnitSoftmax(DF32(), p, sc.s32.data(), vis, count, sc.e32.data(),
+              sc.blk_sum.data(), sc.blk_lse.data());
+  NormalisedOut<DF32> out{sc.blk_sum.data(), nullptr, nullptr, sc.fold.data(),
+                          D};
+  if (ctx.unit_states != nullptr) {
+    UnitStates& st = *ctx.unit_states;
+    for (int64_t j = 0; j < group; ++j) {
+      const int64_t i = StateIndex(ctx, at.b, at.unit, at.sq, at.g * group + j);
+      sc.keep32[j] = &st.p_out[i * D];
+      st.p_lse[i] = sc.blk_lse[j];
+    }
+    out.keep = sc.keep32.data();
   }
+  if (ctx.fold_replay) {
+    for (int64_t j = 0; j < group; ++j) {
+      const int64_t r = at.first_row + j;
+      sc.fold[j] = PlanFold(sc.rep_started[r] != 0, sc.rep_lse[r],
+                            sc.blk_lse[j], &sc.rep_lse[r]);
+      sc.rep_started[r] = 1;
+    }
+    out.rep = &sc.rep_out[at.first_row * D];
+  }
+  AccumulateRows</*kFromZero=*/true>(DF32(), out, group, sc.e32.data(),
+                                     p.dims.page_size, v, ldv, vis, count, D);
 }
 
+// R's state of one unit (fp64), into ctx.unit_states.
 template <typename V>
 void StoreReference(const PassContext& ctx, Scratch& sc, const V* v,
                     int64_t ldv, const int32_t* vis, int64_t count,
                     const UnitTarget& at) {
   const int64_t group = ctx.p.dims.group();
   const int64_t D = ctx.p.dims.head_dim;
-  UnitState(DF64(), ctx.p, sc.s64.data(), v, ldv, vis, count, sc.e64.data(),
-            sc.ref_unit_out.data(), sc.ref_unit_sum.data(),
-            sc.ref_unit_lse.data());
+  UnitSoftmax(DF64(), ctx.p, sc.s64.data(), vis, count, sc.e64.data(),
+              sc.ref_unit_sum.data(), sc.ref_unit_lse.data());
   UnitStates& st = *ctx.unit_states;
   for (int64_t j = 0; j < group; ++j) {
     const int64_t i = StateIndex(ctx, at.b, at.unit, at.sq, at.g * group + j);
-    std::copy(&sc.ref_unit_out[j * D], &sc.ref_unit_out[j * D] + D,
-              &st.r_out[i * D]);
+    sc.keep64[j] = &st.r_out[i * D];
     st.r_lse[i] = sc.ref_unit_lse[j];
   }
+  const NormalisedOut<DF64> out{sc.ref_unit_sum.data(), sc.keep64.data(),
+                                nullptr, nullptr, D};
+  AccumulateRows</*kFromZero=*/true>(DF64(), out, group, sc.e64.data(),
+                                     ctx.p.dims.page_size, v, ldv, vis, count,
+                                     D);
 }
 
 // The visible keys of run tokens [first, first + count): a sub-span of the
@@ -560,9 +419,6 @@ std::pair<const int32_t*, int64_t> VisibleIn(const int32_t* vis, int64_t n,
 void ProcessUnits(const PassContext& ctx, Scratch& sc, const TokenRun& run,
                   const HeadBlock& blk, const UnitTarget& base,
                   const int32_t* vis, int64_t visible) {
-  const PreparedAttention& p = ctx.p;
-  const int64_t group = p.dims.group();
-  const int64_t D = p.dims.head_dim;
   for (size_t u = 0; u < run.unit_of.size(); ++u) {
     // Named copies: a lambda may not capture structured bindings (C++17).
     const std::pair<const int32_t*, int64_t> span =
@@ -574,12 +430,8 @@ void ProcessUnits(const PassContext& ctx, Scratch& sc, const TokenRun& run,
     at.unit = run.unit_of[u];
     if (ctx.replay) {
       WithReplayV(blk, [&](const auto* v) {
-        UnitState(DF32(), p, sc.s32.data(), v, blk.ldv, uvis, ucount,
-                  sc.e32.data(), sc.blk_out.data(), sc.blk_sum.data(),
-                  sc.blk_lse.data());
+        ReplayUnit(ctx, sc, v, blk.ldv, uvis, ucount, at);
       });
-      if (ctx.fold_replay) FoldReplay(sc, at.first_row, group, D);
-      if (ctx.unit_states != nullptr) StoreReplay(ctx, sc, at);
     }
     if (ctx.unit_states != nullptr && ctx.unit_states->has_reference) {
       WithReferenceV(blk, [&](const auto* v) {

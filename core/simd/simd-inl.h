@@ -605,28 +605,34 @@ HWY_INLINE void JointLaneSums8(hn::Vec<DF32>* a, float* out) {
 }
 
 // The sums of a 2 x 4 block of dot products, a[4 * i + t] for rows i < 2
-// and keys t < 4, stored as four values at row0 and four at row1.
-HWY_INLINE void StoreLaneSums2x4(hn::Vec<DF64>* a, double* row0, double* row1) {
-  const __m512d v = JointLaneSumVector8(a);
+// and keys t < 4, times scale, stored as four values at row0 and four at
+// row1.
+HWY_INLINE void StoreLaneSums2x4(hn::Vec<DF64>* a, double scale, double* row0,
+                                 double* row1) {
+  const __m512d v = _mm512_mul_pd(JointLaneSumVector8(a), _mm512_set1_pd(scale));
   _mm256_storeu_pd(row0, _mm512_castpd512_pd256(v));
   _mm256_storeu_pd(row1, _mm512_extractf64x4_pd(v, 1));
 }
 
-HWY_INLINE void StoreLaneSums2x4(hn::Vec<DF32>* a, float* row0, float* row1) {
-  const __m512 v = JointLaneSumVector8(a);
+HWY_INLINE void StoreLaneSums2x4(hn::Vec<DF32>* a, float scale, float* row0,
+                                 float* row1) {
+  const __m512 v = _mm512_mul_ps(JointLaneSumVector8(a), _mm512_set1_ps(scale));
   _mm_storeu_ps(row0, _mm512_castps512_ps128(v));
   _mm_storeu_ps(row1, _mm512_extractf32x4_ps(v, 1));
 }
 #endif  // HWY_TARGET == HWY_AVX3
 
-// s[r * lds + t] = q_r . k_t for a tile of RT rows of q and KT rows of k
-// (each `dim` long, k's rows ldk elements apart; k may be bf16 or f32 under
-// a wider q, widened exactly as it is loaded), each dot product in virtual-lane
-// order: chunks of the virtual width, the fixed lane tree, then the elements
-// past the last full chunk in order. The same bits on every target.
+// s[r * lds + t] = (q_r . k_t) * scale for a tile of RT rows of q and KT
+// rows of k (each `dim` long, k's rows ldk elements apart; k may be bf16 or
+// f32 under a wider q, widened exactly as it is loaded), each dot product
+// in virtual-lane order: chunks of the virtual width, the fixed lane tree,
+// then the elements past the last full chunk in order; then one rounded
+// multiply by scale (exact for scale 1), as the scores leave the tile. The
+// same bits on every target.
 template <int RT, int KT, class D, typename K>
 HWY_INLINE void DotTile(D d, const hn::TFromD<D>* q, const K* k, int64_t ldk,
-                        int64_t dim, hn::TFromD<D>* s, int64_t lds) {
+                        int64_t dim, hn::TFromD<D>* s, int64_t lds,
+                        hn::TFromD<D> scale) {
   using T = hn::TFromD<D>;
   constexpr int kVec = VecsPerDot<D>();
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(D()));
@@ -668,7 +674,7 @@ HWY_INLINE void DotTile(D d, const hn::TFromD<D>* q, const K* k, int64_t ldk,
       for (int r = 0; r < RT; r += 2) {
         hn::Vec<D> pair[8];
         for (int j = 0; j < 8; ++j) pair[j] = acc[r * KT + j][0];
-        StoreLaneSums2x4(pair, s + r * lds, s + (r + 1) * lds);
+        StoreLaneSums2x4(pair, scale, s + r * lds, s + (r + 1) * lds);
       }
       return;
     }
@@ -689,7 +695,7 @@ HWY_INLINE void DotTile(D d, const hn::TFromD<D>* q, const K* k, int64_t ldk,
   }
   if (full == dim) {  // the common head_dims: no element past the chunks
     for (int r = 0; r < RT; ++r) {
-      for (int t = 0; t < KT; ++t) s[r * lds + t] = sums[r * KT + t];
+      for (int t = 0; t < KT; ++t) s[r * lds + t] = sums[r * KT + t] * scale;
     }
     return;
   }
@@ -699,7 +705,7 @@ HWY_INLINE void DotTile(D d, const hn::TFromD<D>* q, const K* k, int64_t ldk,
       for (int64_t e = full; e < dim; ++e) {
         sum = std::fma(q[r * dim + e], ScalarAs<T>(k[t * ldk + e]), sum);
       }
-      s[r * lds + t] = sum;
+      s[r * lds + t] = sum * scale;
     }
   }
 }
@@ -710,25 +716,27 @@ HWY_INLINE void DotTile(D d, const hn::TFromD<D>* q, const K* k, int64_t ldk,
 template <int RT, int KT, class D, typename K>
 HWY_INLINE void DotRowBands(D d, const hn::TFromD<D>* q, int64_t* r,
                             int64_t rows, const K* k, int64_t ldk, int64_t n,
-                            int64_t dim, hn::TFromD<D>* s, int64_t lds) {
+                            int64_t dim, hn::TFromD<D>* s, int64_t lds,
+                            hn::TFromD<D> scale) {
   for (; *r + RT <= rows; *r += RT) {
     const hn::TFromD<D>* qr = q + *r * dim;
     hn::TFromD<D>* sr = s + *r * lds;
     int64_t t = 0;
     for (; t + KT <= n; t += KT) {
-      DotTile<RT, KT>(d, qr, k + t * ldk, ldk, dim, sr + t, lds);
+      DotTile<RT, KT>(d, qr, k + t * ldk, ldk, dim, sr + t, lds, scale);
     }
     for (; t < n; ++t)
-      DotTile<RT, 1>(d, qr, k + t * ldk, ldk, dim, sr + t, lds);
+      DotTile<RT, 1>(d, qr, k + t * ldk, ldk, dim, sr + t, lds, scale);
   }
 }
 
 // All dot products of `rows` rows of q ([rows][dim]) with n rows of k
-// (row t at k + t * ldk) into s[r * lds + t], in register tiles.
+// (row t at k + t * ldk), times scale, into s[r * lds + t], in register
+// tiles.
 template <class D, typename K>
 HWY_INLINE void DotRows(D d, const hn::TFromD<D>* q, int64_t rows, const K* k,
                         int64_t ldk, int64_t n, int64_t dim, hn::TFromD<D>* s,
-                        int64_t lds) {
+                        int64_t lds, hn::TFromD<D> scale = 1) {
   // Enough independent FMA chains to cover the FMA latency without
   // spilling registers: 16 one-vector accumulators with AVX-512's 32
   // registers (a 4 x 4 tile: each widened k vector feeds four rows, and
@@ -743,11 +751,12 @@ HWY_INLINE void DotRows(D d, const hn::TFromD<D>* q, int64_t rows, const K* k,
   constexpr int RT = kVec <= 2 ? 4 : 2;
   constexpr int KT = kVec == 1 ? 4 : 1;
   int64_t r = 0;
-  DotRowBands<RT, KT>(d, q, &r, rows, k, ldk, n, dim, s, lds);
+  DotRowBands<RT, KT>(d, q, &r, rows, k, ldk, n, dim, s, lds, scale);
   if constexpr (RT > 2) {
-    DotRowBands<2, kVec == 1 ? 4 : 2>(d, q, &r, rows, k, ldk, n, dim, s, lds);
+    DotRowBands<2, kVec == 1 ? 4 : 2>(d, q, &r, rows, k, ldk, n, dim, s, lds,
+                                      scale);
   }
-  DotRowBands<1, 8 / kVec>(d, q, &r, rows, k, ldk, n, dim, s, lds);
+  DotRowBands<1, 8 / kVec>(d, q, &r, rows, k, ldk, n, dim, s, lds, scale);
 }
 
 // ------------------------------------------------------------ widening
