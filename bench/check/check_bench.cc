@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <thread>
 #include <string>
 #include <utility>
 #include <vector>
@@ -211,8 +212,17 @@ struct AuditStageTimes {
   double compare = 0;    // log-probs, the three comparisons, the verdict
 };
 
+// Per-run ratios of a stage to the compute floor measured by a short FMA
+// probe just before that run (ComputeFloorNow): median and best.
+struct PairedRatio {
+  double median = 0;
+  double best = 0;
+  double median_floor = 0;  // seconds: the probes' compute floor, median
+};
+
 struct StageTimes {
   Timing validate, reference, replay, fused, audit, read, check, mapping;
+  PairedRatio fused_paired, audit_paired, check_paired;
   AuditStageTimes audit_stages;
   double news_per_audit = 0;  // operator new calls per in-memory audit
   Verdict verdict = Verdict::kUnspecified;
@@ -224,8 +234,34 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// `repeats` runs of fn, each right after a short probe of the machine's
+// FMA rate: the ratios run time / max(memory floor, compute floor now),
+// each against the machine's speed of that moment rather than its best
+// moment minutes before.
+template <typename Fn>
+PairedRatio MeasurePaired(int repeats, const Workload& w,
+                          const MachineFloor& floor, int threads, Fn&& fn) {
+  const double memory = w.kv_bytes / floor.read_bytes_per_second;
+  std::vector<double> ratios, floors;
+  for (int i = 0; i < repeats; ++i) {
+    // The previous run's worker threads spin for a while after it ends; a
+    // probe among them read ~30 % slow on the 2-vCPU VM (so the ratios
+    // came out low). Let them go idle first.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const double compute = ComputeFloorNow(w.flops, floor.fma_isa, threads);
+    floors.push_back(compute);
+    const Clock::time_point s = Clock::now();
+    fn();
+    const double seconds =
+        std::chrono::duration<double>(Clock::now() - s).count();
+    ratios.push_back(seconds / std::max(memory, compute));
+  }
+  std::sort(ratios.begin(), ratios.end());
+  return {ratios[ratios.size() / 2], ratios.front(), Median(floors)};
+}
+
 StageTimes MeasureStages(const Workload& w, const BenchFlags& flags,
-                         int threads) {
+                         const MachineFloor& floor, int threads) {
   // Warm-up: one fused pass before anything is timed.
   AttentionRunOptions warm_up;
   warm_up.threads = threads;
@@ -251,6 +287,8 @@ StageTimes MeasureStages(const Workload& w, const BenchFlags& flags,
       Measure(n, [&] { run_passes(AttentionPasses::kReferenceOnly); });
   t.replay = Measure(n, [&] { run_passes(AttentionPasses::kReplayOnly); });
   t.fused = Measure(n, [&] { run_passes(AttentionPasses::kBoth); });
+  t.fused_paired = MeasurePaired(n, w, floor, threads,
+                                 [&] { run_passes(AttentionPasses::kBoth); });
   std::vector<double> validate, attention, compare;
   AuditOptions staged = audit_options;
   staged.on_stage = [&](const char* stage, double seconds) {
@@ -267,6 +305,10 @@ StageTimes MeasureStages(const Workload& w, const BenchFlags& flags,
     t.verdict = r->verdict;
   });
   t.audit_stages = {Median(validate), Median(attention), Median(compare)};
+  t.audit_paired = MeasurePaired(n, w, floor, threads, [&] {
+    if (!RunAudit(w.snapshot, audit_options).ok())
+      Die(absl::InternalError("audit"));
+  });
   // Counted apart from the timed runs (all warm by now).
   constexpr int kCounted = 5;
   const int64_t news_before = g_operator_news.load();
@@ -281,6 +323,11 @@ StageTimes MeasureStages(const Workload& w, const BenchFlags& flags,
     if (!s.ok()) Die(s.status());
     absl::StatusOr<AuditReport> r = RunAudit(*s, audit_options);
     if (!r.ok()) Die(r.status());
+  });
+  t.check_paired = MeasurePaired(n, w, floor, threads, [&] {
+    absl::StatusOr<Snapshot> s = ReadSnapshotFile(flags.file);
+    if (!s.ok()) Die(s.status());
+    if (!RunAudit(*s, audit_options).ok()) Die(absl::InternalError("check"));
   });
   t.read = Measure(n, [&] {
     absl::StatusOr<Snapshot> s = ReadSnapshotFile(flags.file);
@@ -338,6 +385,19 @@ void PrintResults(const BenchFlags& flags, const Workload& w, int threads,
       (t.audit.median - a.validate - a.attention - a.compare) * 1e3);
   std::printf("  audit heap allocations (operator new) per audit: %.0f\n",
               t.news_per_audit);
+  // Robust to the VM's drift: each run against the FMA rate of the moment.
+  std::printf(
+      "  paired x floor (an FMA probe before each run; median / best): "
+      "fused pass %.2fx / %.2fx, audit in memory %.2fx / %.2fx, whole check "
+      "(in process) %.2fx / %.2fx\n",
+      t.fused_paired.median, t.fused_paired.best, t.audit_paired.median,
+      t.audit_paired.best, t.check_paired.median, t.check_paired.best);
+  std::printf(
+      "  (the probes' compute floor, median: %.2f ms, against %.2f ms from "
+      "the best of the start-of-run probes)\n",
+      t.fused_paired.median_floor * 1e3,
+      (w.flops / floor.fp64_flops_per_second +
+       w.flops / floor.fp32_flops_per_second) * 1e3);
   // The least a whole check can cost here: the floor's work plus the
   // kernel's page mapping, which the floor does not count.
   const double bound = machine_floor + t.mapping.median;
@@ -378,7 +438,7 @@ int Main(int argc, char** argv) {
                              : flags.simd_target == "SSE4" ? "sse2"
                                                            : "";
   const MachineFloor floor = MeasureMachineFloor(threads, 5, widest);
-  const StageTimes t = MeasureStages(w, flags, threads);
+  const StageTimes t = MeasureStages(w, flags, floor, threads);
   PrintResults(flags, w, threads, floor, t);
   std::remove(flags.file.c_str());
   return 0;

@@ -237,6 +237,21 @@ double ProbeFlops(ProbeFn fn, int chains, int lanes, int threads, int repeats) {
   return flops / best;
 }
 
+// Flops per second of `fn` in one run of about `ms` milliseconds, assuming
+// 2 FMAs a cycle at 4 GHz (a slower machine runs longer; the ratio does
+// not depend on it).
+double ProbeFlopsOnce(ProbeFn fn, int chains, int lanes, int threads,
+                      double ms) {
+  const int64_t iterations = std::max<int64_t>(
+      1000, static_cast<int64_t>(ms * 1e-3 * 8e9 / chains));
+  const double flops =
+      2.0 * chains * lanes * static_cast<double>(iterations) * threads;
+  return flops / TimeThreads(threads, [&](int t) {
+           volatile double sink = fn(iterations, 1.0 + t);
+           (void)sink;
+         });
+}
+
 double ReadBandwidth(int threads, int repeats) {
   const size_t bytes = size_t{1} << 30;  // far beyond any L3 here
   const size_t words = bytes / sizeof(uint64_t);
@@ -275,6 +290,20 @@ MachineFloor MeasureMachineFloor(int threads, int repeats,
     f.fp32_flops_per_second = std::max(f.fp32_flops_per_second, f32);
   }
   return f;
+}
+
+double ComputeFloorNow(double flops, const std::string& isa, int threads,
+                       double probe_ms) {
+  threads = std::max(threads, 1);
+  for (const FmaProbe& p : SupportedProbes(isa == "avx512" ? "" : isa)) {
+    if (isa != p.isa) continue;
+    const double f64 = ProbeFlopsOnce(p.f64, p.chains, p.bytes_per_vector / 8,
+                                      threads, probe_ms);
+    const double f32 = ProbeFlopsOnce(p.f32, p.chains, p.bytes_per_vector / 4,
+                                      threads, probe_ms);
+    return flops / f64 + flops / f32;
+  }
+  return 0;
 }
 
 std::string MachineFloorJson(const MachineFloor& f) {

@@ -41,6 +41,16 @@ struct MachineFloor {
 MachineFloor MeasureMachineFloor(int threads, int repeats = 5,
                                  const std::string& widest_isa = "");
 
+// The compute floor of `flops` of fp64 and `flops` of fp32 work, in
+// seconds, from one short run (~`probe_ms` each) of the fp64 and fp32 FMA
+// probes of `isa` (as MachineFloor::fma_isa names it) on `threads`
+// threads: what the machine can do right now. The dev VMs' speed moves
+// by tens of per cent within seconds, so a benchmark that times a stage
+// right after this probe can divide the two (a paired ratio) instead of
+// dividing by a floor measured minutes apart.
+double ComputeFloorNow(double flops, const std::string& isa, int threads,
+                       double probe_ms = 5);
+
 // The same floor as JSON: {"threads":N,"read_bytes_per_second":...,...}.
 std::string MachineFloorJson(const MachineFloor& floor);
 
