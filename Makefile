@@ -37,7 +37,7 @@ APT_PACKAGES := build-essential cmake pkg-config git python3 python3-venv \
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps configure build run test fuzz bench bench-check bench-cp \
+.PHONY: all deps configure build run test fuzz bench bench-check bench-kernels bench-cp \
   bench-env bench-peers bench-sweeps bench-server bench-loopback bench-idle \
   bench-instructions \
   bench-diagnosis demo clean \
@@ -119,6 +119,8 @@ fuzz: build
 # snapshots go to $(BENCH_TMP) (up to 512 MiB at a time) and are deleted.
 # Run times on the 2-core dev VM:
 #   bench-check   C++ W1 stages vs the floor                       ~20 s
+#   bench-kernels the pass's four kernels alone, per SIMD target,  ~10 s
+#                 against the FMA peak (L1-resident, one thread)
 #   bench-cp      W1 with W=4 CP ranks: strategies vs single rank  ~10 s
 #   bench-peers   attnaudit check vs numpy / torch                 ~30 s
 #                 (RLKERNEL=/path/to/checkout adds the RL-Kernel harness:
@@ -150,16 +152,21 @@ RLKERNEL ?=
 
 # The binaries the benchmark scripts run (the scripts share bench/common).
 BENCH_TARGETS := $(RUN_TARGETS) attnaudit_bench_floor attnaudit_bench_check \
-  attnaudit_bench_reference attnaudit_bench_cp attnaudit_bench_diagnosis
+  attnaudit_bench_kernels attnaudit_bench_reference attnaudit_bench_cp \
+  attnaudit_bench_diagnosis
 BUILD_BENCH = cmake --build $(BUILD_DIR) -j $(JOBS) --target $(BENCH_TARGETS)
 
-bench: bench-check bench-cp bench-peers bench-sweeps bench-server \
+bench: bench-check bench-kernels bench-cp bench-peers bench-sweeps bench-server \
   bench-loopback bench-idle bench-diagnosis bench-instructions
 
 bench-check: configure
 	$(BUILD_BENCH)
 	$(BUILD_DIR)/bin/attnaudit_bench_floor --sweep
 	$(BUILD_DIR)/bin/attnaudit_bench_check --repeats 9 --markdown
+
+bench-kernels: configure
+	$(BUILD_BENCH)
+	$(BUILD_DIR)/bin/attnaudit_bench_kernels
 
 bench-cp: build
 	$(BUILD_DIR)/bin/attnaudit_bench_cp --repeats $(REPEATS)
