@@ -331,8 +331,15 @@ bool FiniteHeadRow(const double* c, const double* r, int64_t dim,
 // both digits with the answer, and one nth_element among those settles
 // it: the result of nth_element over all n, about 5x faster on 32k
 // |diff|s, whose p99 lies in one binade among a few thousand values
-// (docs/PERF.md). Overwrites v.
+// (docs/PERF.md). Up to kDirectSelect values nth_element alone is cheaper
+// than zeroing the histograms (2 x 32 KiB; an audit selects 9 times, on as
+// few as one log-prob). Overwrites v.
 double NthSmallestMagnitude(double* v, int64_t n, int64_t k) {
+  constexpr int64_t kDirectSelect = 1024;
+  if (n <= kDirectSelect) {
+    std::nth_element(v, v + k, v + n);
+    return v[k];
+  }
   constexpr int kDigitBits = 12;
   constexpr uint64_t kDigitMask = (uint64_t{1} << kDigitBits) - 1;
   int64_t m = n;  // the candidates: v[0, m)

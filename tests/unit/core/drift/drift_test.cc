@@ -188,7 +188,7 @@ TEST(ComputeDriftTest, P99IsTheOrderStatisticForAnySpreadOfDiffs) {
     std::sort(d.begin(), d.end());
     return d[(99 * d.size() + 99) / 100 - 1];
   };
-  for (int n : {1, 2, 5, 99, 100, 101, 1000, 4097}) {
+  for (int n : {1, 2, 5, 99, 100, 101, 1000, 1024, 1025, 4097}) {
     for (int spread = 0; spread < 4; ++spread) {
       std::vector<double> cand(n), base(n, 0.0), diffs(n);
       for (int i = 0; i < n; ++i) {
