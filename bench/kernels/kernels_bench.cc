@@ -9,7 +9,9 @@
 // resident, through the pass's own code (core/simd/simd-inl.h DotRows,
 // core/attention/value_tiles-inl.h AccumulateRows): R's fp64 scores and
 // value accumulation, P's fp32 scores and value accumulation (from zero, as
-// a unit's are). Each kernel runs back to back for `--run-ms`, best of
+// a unit's are), and P's values again with the unit's epilogue (each row
+// divided by its sum and merged into a running state, as the pass folds a
+// unit). Each kernel runs back to back for `--run-ms`, best of
 // `--repeats`; a kernel's time is per (page, KV head), its efficiency the
 // multiply-adds it must do over the target's FMA peak (fp64 or fp32 probe
 // of bench/common/machine_floor.h on one thread). One thread, so the
@@ -47,6 +49,7 @@ struct KernelTimes {
   double r_values = 0;
   double p_scores = 0;
   double p_values = 0;
+  double p_unit = 0;  // P values with the unit's epilogue: normalise, fold
 };
 
 // The W1 page's shape.
@@ -125,6 +128,20 @@ void TimeKernelsImpl(double seconds, int repeats, bench::KernelTimes* out) {
                                        kRows, e32.data(), kTokens, v, kRow,
                                        idx, kTokens, kHeadDim);
   });
+  // What the pass does with a unit: the values, then each row divided by
+  // its sum and merged into a running state (merge_step's weights).
+  std::vector<float> rep(kRows * kHeadDim, 0.25f), sums(kRows, 7.0f);
+  FoldRow fold[kRows];
+  for (int64_t r = 0; r < kRows; ++r) {
+    float lse = 0;
+    fold[r] = attention_internal::PlanFold(true, 1.0f, 1.5f, &lse);
+  }
+  out->p_unit = BestPerCall(seconds, repeats, [&] {
+    const NormalisedOut<DF32> unit{sums.data(), nullptr, rep.data(), fold,
+                                   kHeadDim};
+    AccumulateRows</*kFromZero=*/true>(d32, unit, kRows, e32.data(), kTokens,
+                                       v, kRow, idx, kTokens, kHeadDim);
+  });
   // Keep the results alive.
   volatile double sink = s64[3] + acc64[5] + s32[2] + acc32[7];
   (void)sink;
@@ -188,13 +205,13 @@ int Main(int argc, char** argv) {
     } rows[] = {{"R scores (fp64)", t.r_scores, f64_floor},
                 {"R values (fp64)", t.r_values, f64_floor},
                 {"P scores (fp32)", t.p_scores, f32_floor},
-                {"P values (fp32)", t.p_values, f32_floor}};
-    double total = 0;
+                {"P values (fp32)", t.p_values, f32_floor},
+                {"P values + unit epilogue", t.p_unit, f32_floor}};
     for (const auto& r : rows) {
       std::printf("| %s | %s | %.3f | %.2f |\n", name.c_str(), r.kernel,
                   r.seconds * 1e6, r.seconds / r.floor);
-      total += r.seconds;
     }
+    const double total = t.r_scores + t.r_values + t.p_scores + t.p_values;
     const double total_floor = 2 * f64_floor + 2 * f32_floor;
     std::printf("| %s | all four | %.3f | %.2f |\n", name.c_str(), total * 1e6,
                 total / total_floor);
