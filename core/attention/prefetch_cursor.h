@@ -63,77 +63,94 @@ class PrefetchCursor {
 
   // The cache lines of one tensor's rows; row i is (token, head) in memory
   // order: token-major when a token's heads are closer than its tokens.
+  // The rows are walked as segments of adjacent bytes: the whole run when
+  // every row follows the previous one (an NHD page with every head, an HND
+  // page of full rows), else one segment per outer index (a token's rows of
+  // the head range, or a head's rows of the run's tokens) when the inner
+  // rows are adjacent, else one per row. Segment addresses are stepped, not
+  // divided out of a row index (a division per row was ~0.5 us per page of
+  // a B=1 item of 4 of 8 heads on Zen 3: docs/PERF.md, ninth pass).
   struct Rows {
     Rows() = default;
     Rows(const void* data, DType dtype, int64_t row_stride, int64_t head_stride,
-         int64_t n, int64_t head_dim, int64_t g0, int64_t g1)
-        : base(static_cast<const char*>(data)),
-          elem(DTypeSize(dtype)),
-          row_stride(row_stride),
-          head_stride(head_stride),
-          tokens(n),
-          g0(g0),
-          heads(g1 - g0),
-          row_bytes(head_dim * DTypeSize(dtype)) {
-      contiguous = data != nullptr && Contiguous();
+         int64_t n, int64_t head_dim, int64_t g0, int64_t g1) {
+      if (data == nullptr || n <= 0 || g1 <= g0) return;
+      const int64_t elem = DTypeSize(dtype);
+      const bool token_major = head_stride <= row_stride;
+      const int64_t row_bytes = head_dim * elem;
+      const int64_t outer = token_major ? n : g1 - g0;
+      const int64_t inner = token_major ? g1 - g0 : n;
+      const int64_t outer_step = (token_major ? row_stride : head_stride) * elem;
+      const int64_t inner_step = (token_major ? head_stride : row_stride) * elem;
+      base = static_cast<const char*>(data) + g0 * head_stride * elem;
+      segment_base = outer_base = base;
+      rows = outer * inner;
+      if (inner_step == row_bytes && outer_step == inner * row_bytes) {
+        segments = 1;  // one span
+        segment_bytes = rows * row_bytes;
+      } else if (inner_step == row_bytes) {
+        segments = outer;
+        segment_bytes = inner * row_bytes;
+        segment_step = outer_step;
+      } else {
+        segments = rows;
+        segment_bytes = row_bytes;
+        segment_step = inner_step;
+        row_in_outer = inner;
+        outer_step_bytes = outer_step;
+      }
     }
 
     int64_t Lines() const {
-      return tokens * heads * ((row_bytes + kLine - 1) / kLine);
+      return segments * ((segment_bytes + kLine - 1) / kLine);
     }
 
-    const char* RowAddress(int64_t i) const {
-      const bool token_major = head_stride <= row_stride;
-      const int64_t t = token_major ? i / heads : i % tokens;
-      const int64_t g = g0 + (token_major ? i % heads : i / tokens);
-      return base + (t * row_stride + g * head_stride) * elem;
-    }
-
-    // Whether the rows follow each other in memory (an NHD page with every
-    // head of the token, or an HND page of full rows), so the walk is one
-    // span of lines.
-    bool Contiguous() const {
-      const bool token_major = head_stride <= row_stride;
-      const int64_t next_row = token_major ? head_stride : row_stride;
-      const int64_t next_outer = token_major ? row_stride : head_stride;
-      const int64_t inner = token_major ? heads : tokens;
-      return next_row * elem == row_bytes && next_outer == inner * next_row;
-    }
-
+    // Touches up to `lines` more lines of the walk.
     template <class Touch>
     void Issue(int64_t lines, Touch& touch) {
-      const int64_t rows = tokens * heads;
-      if (contiguous) {
-        // One span: how many lines this step takes is known up front, so
-        // the loop is a prefetch and an add a line.
-        const int64_t end = rows * row_bytes;
-        const int64_t left =
-            offset < end ? (end - offset + kLine - 1) / kLine : 0;
+      while (lines > 0 && segment < segments) {
+        const int64_t left = (segment_bytes - offset + kLine - 1) / kLine;
         const int64_t take = std::min(lines, left);
-        const char* line = RowAddress(0) + offset;
+        const char* line = segment_base + offset;
         for (int64_t i = 0; i < take; ++i, line += kLine) touch(line);
+        lines -= take;
         offset += take * kLine;
-        return;
-      }
-      while (lines > 0 && row < rows) {
-        const char* address = RowAddress(row);
-        for (; lines > 0 && offset < row_bytes; offset += kLine, --lines) {
-          touch(address + offset);
-        }
-        if (offset >= row_bytes) {
-          ++row;
-          offset = 0;
-        }
+        if (offset >= segment_bytes) NextSegment();
       }
     }
 
     static constexpr int64_t kLine = 64;
-    const char* base = nullptr;
-    int64_t elem = 0, row_stride = 0, head_stride = 0;
-    int64_t tokens = 0, g0 = 0, heads = 0, row_bytes = 0;
-    bool contiguous = false;
-    int64_t row = 0, offset = 0;  // the walk's position (offset: in the
-                                  // row, or in the span when contiguous)
+
+   private:
+    void NextSegment() {
+      offset = 0;
+      ++segment;
+      if (row_in_outer == 0) {  // segments are evenly spaced
+        segment_base += segment_step;
+        return;
+      }
+      // Row by row: step along the outer index's rows, then to the next
+      // outer index's first row.
+      if (++inner_index < row_in_outer) {
+        segment_base += segment_step;
+      } else {
+        inner_index = 0;
+        outer_base += outer_step_bytes;
+        segment_base = outer_base;
+      }
+    }
+
+   public:
+    const char* base = nullptr;  // the first row's first byte
+    int64_t rows = 0;
+    int64_t segments = 0, segment_bytes = 0, segment_step = 0;
+    int64_t row_in_outer = 0;      // rows per outer index when walked row by
+                                   // row, else 0
+    int64_t outer_step_bytes = 0;  // when row by row
+    // The walk's position.
+    int64_t segment = 0, offset = 0, inner_index = 0;
+    const char* segment_base = nullptr;
+    const char* outer_base = nullptr;
   };
 
   Rows k_, v_;

@@ -22,6 +22,7 @@ struct Shape {
   bool nhd;  // token-major rows ([token][head][d]), else [head][token][d]
   int64_t page_size, kv_heads, head_dim, n, g0, g1;
   DType dtype;
+  int64_t pad = 0;  // elements between one head's row and the next's (NHD)
 };
 
 // The lines of rows (t, h) for t < n, h in [g0, g1), each row head_dim
@@ -43,7 +44,7 @@ std::set<const char*> ExpectedLines(const char* base, const Shape& s,
 
 void CheckWalk(const Shape& s, int64_t steps, int64_t steps_taken) {
   const int64_t elem = DTypeSize(s.dtype);
-  const int64_t page_elems = s.page_size * s.kv_heads * s.head_dim;
+  const int64_t page_elems = s.page_size * s.kv_heads * (s.head_dim + s.pad);
   alignas(64) static char k_page[1 << 20];
   alignas(64) static char v_page[1 << 20];
   ASSERT_LE(page_elems * elem, static_cast<int64_t>(sizeof(k_page)));
@@ -52,9 +53,9 @@ void CheckWalk(const Shape& s, int64_t steps, int64_t steps_taken) {
   run.v_data = v_page;
   run.k_dtype = run.v_dtype = s.dtype;
   run.k_row_stride = run.v_row_stride =
-      s.nhd ? s.kv_heads * s.head_dim : s.head_dim;
+      s.nhd ? s.kv_heads * (s.head_dim + s.pad) : s.head_dim;
   run.k_head_stride = run.v_head_stride =
-      s.nhd ? s.head_dim : s.page_size * s.head_dim;
+      s.nhd ? s.head_dim + s.pad : s.page_size * s.head_dim;
   run.n = s.n;
 
   PrefetchCursor cursor;
@@ -103,6 +104,8 @@ std::vector<Shape> Shapes() {
       {"HND heads 1..3", false, 16, 4, 64, 16, 1, 3, DType::kF32},
       {"HND partial page", false, 16, 4, 64, 7, 0, 4, DType::kF32},
       {"fp8 rows of one line", true, 16, 2, 64, 16, 0, 2, DType::kF8E4M3},
+      // Rows with gaps between them (a padded layout): walked row by row.
+      {"NHD padded rows", true, 16, 4, 64, 9, 1, 4, DType::kBF16, 32},
   };
 }
 
