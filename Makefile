@@ -140,7 +140,7 @@ fuzz: build
 #                 audits for the false-alarm rate                 ~30 min
 #   bench-instructions  instructions of the fused pass and of a     ~1 min
 #                 whole check, counted by callgrind (B=8, 512 tokens):
-#                 exact on a noisy VM; needs valgrind
+#                 exact on a noisy VM; installs valgrind when missing
 #   bench-env     the peers' venv, pinned PyPI packages: ~6 min and 5.4 GiB
 #                 the first time (PyPI's torch wheel brings CUDA libraries)
 # REPEATS sets the timed runs per measurement.
@@ -222,6 +222,9 @@ bench-loopback: configure
 	  --workdir $(BENCH_TMP) --json $(BENCH_OUT)/loopback.json
 
 bench-instructions: configure
+	@command -v valgrind >/dev/null || { echo "installing: valgrind"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  $(SUDO) apt-get install -y -qq --no-install-recommends valgrind; }
 	$(BUILD_BENCH)
 	@mkdir -p $(BENCH_OUT) $(BENCH_TMP)
 	python3 bench/check/pass_instructions.py --bin-dir $(BUILD_DIR)/bin \
