@@ -19,8 +19,8 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
-#include <thread>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -397,7 +397,8 @@ void PrintResults(const BenchFlags& flags, const Workload& w, int threads,
       "the best of the start-of-run probes)\n",
       t.fused_paired.median_floor * 1e3,
       (w.flops / floor.fp64_flops_per_second +
-       w.flops / floor.fp32_flops_per_second) * 1e3);
+       w.flops / floor.fp32_flops_per_second) *
+          1e3);
   // The least a whole check can cost here: the floor's work plus the
   // kernel's page mapping, which the floor does not count.
   const double bound = machine_floor + t.mapping.median;

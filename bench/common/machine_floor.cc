@@ -242,8 +242,8 @@ double ProbeFlops(ProbeFn fn, int chains, int lanes, int threads, int repeats) {
 // not depend on it).
 double ProbeFlopsOnce(ProbeFn fn, int chains, int lanes, int threads,
                       double ms) {
-  const int64_t iterations = std::max<int64_t>(
-      1000, static_cast<int64_t>(ms * 1e-3 * 8e9 / chains));
+  const int64_t iterations =
+      std::max<int64_t>(1000, static_cast<int64_t>(ms * 1e-3 * 8e9 / chains));
   const double flops =
       2.0 * chains * lanes * static_cast<double>(iterations) * threads;
   return flops / TimeThreads(threads, [&](int t) {

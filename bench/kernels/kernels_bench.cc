@@ -123,10 +123,9 @@ void TimeKernelsImpl(double seconds, int repeats, bench::KernelTimes* out) {
             kTokens, 0.088f);
   });
   out->p_values = BestPerCall(seconds, repeats, [&] {
-    AccumulateRows</*kFromZero=*/true>(d32, RowsOut<DF32>{acc32.data(),
-                                                          kHeadDim},
-                                       kRows, e32.data(), kTokens, v, kRow,
-                                       idx, kTokens, kHeadDim);
+    AccumulateRows</*kFromZero=*/true>(
+        d32, RowsOut<DF32>{acc32.data(), kHeadDim}, kRows, e32.data(), kTokens,
+        v, kRow, idx, kTokens, kHeadDim);
   });
   // What the pass does with a unit: the values, then each row divided by
   // its sum and merged into a running state (merge_step's weights).
@@ -139,8 +138,8 @@ void TimeKernelsImpl(double seconds, int repeats, bench::KernelTimes* out) {
   out->p_unit = BestPerCall(seconds, repeats, [&] {
     const NormalisedOut<DF32> unit{sums.data(), nullptr, rep.data(), fold,
                                    kHeadDim};
-    AccumulateRows</*kFromZero=*/true>(d32, unit, kRows, e32.data(), kTokens,
-                                       v, kRow, idx, kTokens, kHeadDim);
+    AccumulateRows</*kFromZero=*/true>(d32, unit, kRows, e32.data(), kTokens, v,
+                                       kRow, idx, kTokens, kHeadDim);
   });
   // Keep the results alive.
   volatile double sink = s64[3] + acc64[5] + s32[2] + acc32[7];
@@ -223,7 +222,5 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace attnaudit::bench
 
-int main(int argc, char** argv) {
-  return attnaudit::bench::Main(argc, argv);
-}
+int main(int argc, char** argv) { return attnaudit::bench::Main(argc, argv); }
 #endif  // HWY_ONCE

@@ -60,8 +60,8 @@ inline FoldRow PlanFold(bool started, float acc_lse, float unit_lse,
     return f;
   }
   f.kind = FoldRow::kMerge;
-  f.use_acc = f.w.wa != 0.0f;
-  f.use_next = f.w.wb != 0.0f || !f.use_acc;
+  f.use_acc = merge_step::UsesAcc(f.w);
+  f.use_next = merge_step::UsesNext(f.w);
   return f;
 }
 
@@ -79,17 +79,17 @@ struct Scratch {
   std::vector<int64_t> visible_count;  // [Sq]
   std::vector<double> q64;             // [rows][D]
   std::vector<float> q32;              // [rows][D]
-  std::vector<double> ref_m, ref_l, ref_acc;     // [rows], [rows], [rows][D]
-  std::vector<float> rep_out, rep_lse;           // [rows][D], [rows]
-  std::vector<uint8_t> rep_started;              // [rows]
-  std::vector<double> s64, e64;                  // [group][P]
-  std::vector<float> s32, e32;                   // [group][P]
-  std::vector<float> blk_sum, blk_lse;            // [group]
+  std::vector<double> ref_m, ref_l, ref_acc;       // [rows], [rows], [rows][D]
+  std::vector<float> rep_out, rep_lse;             // [rows][D], [rows]
+  std::vector<uint8_t> rep_started;                // [rows]
+  std::vector<double> s64, e64;                    // [group][P]
+  std::vector<float> s32, e32;                     // [group][P]
+  std::vector<float> blk_sum, blk_lse;             // [group]
   std::vector<double> ref_unit_sum, ref_unit_lse;  // [group]
   std::vector<FoldRow> fold;                       // [group]
-  std::vector<float*> keep32;    // [group] where P's unit states go
-  std::vector<double*> keep64;   // [group] where R's unit states go
-  PrefetchCursor prefetch;  // the next block's page, paced over this one's
+  std::vector<float*> keep32;   // [group] where P's unit states go
+  std::vector<double*> keep64;  // [group] where R's unit states go
+  PrefetchCursor prefetch;      // the next block's page, paced over this one's
 };
 
 // Runs the blocks of work item (b, KV heads [g0, g1)) through the fused

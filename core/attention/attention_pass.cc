@@ -24,7 +24,6 @@
 #include <limits>
 
 #include "core/attention/attention_internal.h"
-#include "core/attention/merge.h"
 #include "core/attention/unit_states.h"
 #include "core/attention/value_tiles-inl.h"
 #include "core/simd/dispatch.h"

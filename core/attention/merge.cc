@@ -35,9 +35,8 @@ void PairElements(const merge_step::PairWeights& w, float* acc,
                   const float* next, int64_t d) {
   const hn::ScalableTag<float> df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  // Element's cases: both sides, only the accumulator, else only next.
-  const bool use_acc = w.wa != 0.0f;
-  const bool use_next = w.wb != 0.0f || !use_acc;
+  const bool use_acc = merge_step::UsesAcc(w);
+  const bool use_next = merge_step::UsesNext(w);
   const auto wa = hn::Set(df, w.wa);
   const auto wb = hn::Set(df, w.wb);
   const auto total = hn::Set(df, w.total);

@@ -62,6 +62,17 @@ ATTNAUDIT_HOST_DEVICE inline PairWeights Weights(float acc_lse,
   return w;
 }
 
+// Element's cases for weights w with a finite w.m, for loops that decide
+// them once per pair rather than per element: the accumulator takes part
+// when its weight is not 0, the next state when its weight is not 0 or the
+// accumulator does not take part.
+ATTNAUDIT_HOST_DEVICE inline bool UsesAcc(const PairWeights& w) {
+  return w.wa != 0.0f;
+}
+ATTNAUDIT_HOST_DEVICE inline bool UsesNext(const PairWeights& w) {
+  return w.wb != 0.0f || w.wa == 0.0f;
+}
+
 // One element of the merged out. A state of weight 0 takes no part (0 * NaN
 // would be NaN); the sum starts at +0 as the n-way routine's does.
 ATTNAUDIT_HOST_DEVICE inline float Element(const PairWeights& w, float acc,

@@ -80,8 +80,10 @@ class PrefetchCursor {
       const int64_t row_bytes = head_dim * elem;
       const int64_t outer = token_major ? n : g1 - g0;
       const int64_t inner = token_major ? g1 - g0 : n;
-      const int64_t outer_step = (token_major ? row_stride : head_stride) * elem;
-      const int64_t inner_step = (token_major ? head_stride : row_stride) * elem;
+      const int64_t outer_step =
+          (token_major ? row_stride : head_stride) * elem;
+      const int64_t inner_step =
+          (token_major ? head_stride : row_stride) * elem;
       base = static_cast<const char*>(data) + g0 * head_stride * elem;
       segment_base = outer_base = base;
       rows = outer * inner;

@@ -56,7 +56,8 @@ struct RowsOut {
   HWY_INLINE void StoreRow(D d, int64_t r, int64_t i,
                            const hn::Vec<D>* a) const {
     constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(D()));
-    for (int c = 0; c < kCols; ++c) hn::StoreU(a[c], d, rows + r * dim + i + c * N);
+    for (int c = 0; c < kCols; ++c)
+      hn::StoreU(a[c], d, rows + r * dim + i + c * N);
   }
   T LoadScalar(int64_t r, int64_t i) const { return rows[r * dim + i]; }
   void StoreScalar(int64_t r, int64_t i, T x) const { rows[r * dim + i] = x; }
@@ -71,10 +72,10 @@ using attention_internal::FoldRow;
 template <class D>
 struct NormalisedOut {
   using T = hn::TFromD<D>;
-  const T* sum;           // [rows]
-  T* const* keep;         // [rows] destinations, or null
-  float* rep;             // [rows][dim] running replay out, or null
-  const FoldRow* fold;    // [rows], with rep
+  const T* sum;         // [rows]
+  T* const* keep;       // [rows] destinations, or null
+  float* rep;           // [rows][dim] running replay out, or null
+  const FoldRow* fold;  // [rows], with rep
   int64_t dim;
 
   HWY_INLINE hn::Vec<D> Load(D d, int64_t, int64_t) const {
@@ -93,7 +94,8 @@ struct NormalisedOut {
       for (int c = 0; c < kCols; ++c) hn::StoreU(o[c], d, to + c * N);
     }
     if constexpr (std::is_same_v<T, float>) {
-      if (rep != nullptr) FoldRowVectors<kCols>(d, fold[r], o, rep + r * dim + i);
+      if (rep != nullptr)
+        FoldRowVectors<kCols>(d, fold[r], o, rep + r * dim + i);
     }
   }
   void StoreScalar(int64_t r, int64_t i, T a) const {
@@ -129,10 +131,12 @@ struct NormalisedOut {
     hn::Vec<D> m[kCols];
     for (int c = 0; c < kCols; ++c) {
       m[c] = hn::Zero(d);
-      if (f.use_acc) m[c] = hn::Add(m[c], hn::Mul(wa, hn::LoadU(d, acc + c * N)));
+      if (f.use_acc)
+        m[c] = hn::Add(m[c], hn::Mul(wa, hn::LoadU(d, acc + c * N)));
       if (f.use_next) m[c] = hn::Add(m[c], hn::Mul(wb, o[c]));
     }
-    for (int c = 0; c < kCols; ++c) hn::StoreU(hn::Div(m[c], total), d, acc + c * N);
+    for (int c = 0; c < kCols; ++c)
+      hn::StoreU(hn::Div(m[c], total), d, acc + c * N);
   }
 };
 
@@ -174,7 +178,8 @@ HWY_INLINE void AccumulateColumns(D d, Out out, int64_t row0, int64_t i,
       for (int c = 0; c < kCols; ++c) a[r][c] = ExactMulAdd(ej, vv[c], a[r][c]);
     }
   }
-  for (int r = 0; r < RT; ++r) out.template StoreRow<kCols>(d, row0 + r, i, a[r]);
+  for (int r = 0; r < RT; ++r)
+    out.template StoreRow<kCols>(d, row0 + r, i, a[r]);
 }
 
 // Column vectors per tile of RT rows: at least eight independent FMA
@@ -195,16 +200,14 @@ constexpr int ColsPerTile() {
 // chains per tile).
 template <bool kFromZero, bool kConsecutive, int RT, int kCols, class D,
           class Out, typename V>
-HWY_INLINE void AccumulateBlocks(D d, Out out, int64_t row0,
-                                 int64_t* i, const hn::TFromD<D>* e,
-                                 int64_t lde, const V* v, int64_t ldv,
-                                 const int32_t* idx, int64_t count,
-                                 int64_t dim) {
+HWY_INLINE void AccumulateBlocks(D d, Out out, int64_t row0, int64_t* i,
+                                 const hn::TFromD<D>* e, int64_t lde,
+                                 const V* v, int64_t ldv, const int32_t* idx,
+                                 int64_t count, int64_t dim) {
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(D()));
   for (; *i + kCols * N <= dim; *i += kCols * N) {
-    AccumulateColumns<kFromZero, kConsecutive, RT, kCols>(d, out, row0, *i, e,
-                                                          lde, v, ldv, idx,
-                                                          count);
+    AccumulateColumns<kFromZero, kConsecutive, RT, kCols>(
+        d, out, row0, *i, e, lde, v, ldv, idx, count);
   }
   if constexpr (kCols > 1) {
     AccumulateBlocks<kFromZero, kConsecutive, RT, kCols / 2>(
@@ -238,10 +241,9 @@ HWY_INLINE void AccumulateTile(D d, Out out, int64_t row0,
 }
 
 template <bool kFromZero, bool kConsecutive, class D, class Out, typename V>
-void AccumulateRowTiles(D d, Out out, int64_t rows,
-                        const hn::TFromD<D>* e, int64_t lde, const V* v,
-                        int64_t ldv, const int32_t* idx, int64_t count,
-                        int64_t dim) {
+void AccumulateRowTiles(D d, Out out, int64_t rows, const hn::TFromD<D>* e,
+                        int64_t lde, const V* v, int64_t ldv,
+                        const int32_t* idx, int64_t count, int64_t dim) {
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
     AccumulateTile<kFromZero, kConsecutive, 4>(d, out, r, e + r * lde, lde, v,
