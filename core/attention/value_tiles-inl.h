@@ -56,19 +56,20 @@ struct RowsOut {
   HWY_INLINE void StoreRow(D d, int64_t r, int64_t i,
                            const hn::Vec<D>* a) const {
     constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(D()));
-    for (int c = 0; c < kCols; ++c)
+    for (int c = 0; c < kCols; ++c) {
       hn::StoreU(a[c], d, rows + r * dim + i + c * N);
+    }
   }
   T LoadScalar(int64_t r, int64_t i) const { return rows[r * dim + i]; }
   void StoreScalar(int64_t r, int64_t i, T x) const { rows[r * dim + i] = x; }
 };
 
+using attention_internal::FoldRow;
+
 // A unit's state leaving the tile: out = sum / row sum, written to
 // keep[r] (a unit state's slot; null: not kept) and, for fp32 with
 // `rep` set, folded into the running state rep[r * dim ...] as fold[r]
 // says. The tile starts from zero, so Load is never called.
-using attention_internal::FoldRow;
-
 template <class D>
 struct NormalisedOut {
   using T = hn::TFromD<D>;
@@ -94,8 +95,9 @@ struct NormalisedOut {
       for (int c = 0; c < kCols; ++c) hn::StoreU(o[c], d, to + c * N);
     }
     if constexpr (std::is_same_v<T, float>) {
-      if (rep != nullptr)
+      if (rep != nullptr) {
         FoldRowVectors<kCols>(d, fold[r], o, rep + r * dim + i);
+      }
     }
   }
   void StoreScalar(int64_t r, int64_t i, T a) const {
@@ -111,9 +113,9 @@ struct NormalisedOut {
   }
   T LoadScalar(int64_t, int64_t) const { return T(0); }
 
-  // merge.cc's PairElements, lane for lane, on kCols vectors at acc.
+  // merge.cc's PairElements, lane for lane, on kCols vectors at acc (f by
+  // value: its flags stay in registers across the stores).
   template <int kCols>
-  // f by value: its flags stay in registers across the stores.
   static HWY_INLINE void FoldRowVectors(D d, const FoldRow f,
                                         const hn::Vec<D>* o, float* acc) {
     constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(D()));
@@ -131,12 +133,14 @@ struct NormalisedOut {
     hn::Vec<D> m[kCols];
     for (int c = 0; c < kCols; ++c) {
       m[c] = hn::Zero(d);
-      if (f.use_acc)
+      if (f.use_acc) {
         m[c] = hn::Add(m[c], hn::Mul(wa, hn::LoadU(d, acc + c * N)));
+      }
       if (f.use_next) m[c] = hn::Add(m[c], hn::Mul(wb, o[c]));
     }
-    for (int c = 0; c < kCols; ++c)
+    for (int c = 0; c < kCols; ++c) {
       hn::StoreU(hn::Div(m[c], total), d, acc + c * N);
+    }
   }
 };
 
@@ -178,8 +182,9 @@ HWY_INLINE void AccumulateColumns(D d, Out out, int64_t row0, int64_t i,
       for (int c = 0; c < kCols; ++c) a[r][c] = ExactMulAdd(ej, vv[c], a[r][c]);
     }
   }
-  for (int r = 0; r < RT; ++r)
+  for (int r = 0; r < RT; ++r) {
     out.template StoreRow<kCols>(d, row0 + r, i, a[r]);
+  }
 }
 
 // Column vectors per tile of RT rows: at least eight independent FMA
