@@ -609,7 +609,8 @@ HWY_INLINE void JointLaneSums8(hn::Vec<DF32>* a, float* out) {
 // row1.
 HWY_INLINE void StoreLaneSums2x4(hn::Vec<DF64>* a, double scale, double* row0,
                                  double* row1) {
-  const __m512d v = _mm512_mul_pd(JointLaneSumVector8(a), _mm512_set1_pd(scale));
+  const __m512d v =
+      _mm512_mul_pd(JointLaneSumVector8(a), _mm512_set1_pd(scale));
   _mm256_storeu_pd(row0, _mm512_castpd512_pd256(v));
   _mm256_storeu_pd(row1, _mm512_extractf64x4_pd(v, 1));
 }
