@@ -42,10 +42,13 @@ endfunction()
 # ATTNAUDIT_NATIVE_ARCH says, so the same binary carries the SSE4, AVX2 and
 # AVX-512 versions and picks one per CPU at run time: a portable build is
 # as fast as a native one, and tests can run every target on one machine.
+# A project may set ATTNAUDIT_SIMD_EXTRA_OPTIONS (a list) for these sources
+# alone; they come after the target's options (the fuzz build's use).
 function(attnaudit_simd_sources)
   cmake_parse_arguments(A "" "TARGET" "SRCS" ${ARGN})
+  set(options -march=x86-64-v2 -mpclmul -maes ${ATTNAUDIT_SIMD_EXTRA_OPTIONS})
   set_source_files_properties(${A_SRCS} TARGET_DIRECTORY ${A_TARGET}
-    PROPERTIES COMPILE_OPTIONS "-march=x86-64-v2;-mpclmul;-maes")
+    PROPERTIES COMPILE_OPTIONS "${options}")
   target_compile_definitions(${A_TARGET} PRIVATE
     "HWY_DISABLED_TARGETS=(HWY_SSSE3|HWY_AVX3_DL|HWY_EMU128|HWY_SCALAR)")
   target_link_libraries(${A_TARGET} PUBLIC attnaudit::hwy_headers)
