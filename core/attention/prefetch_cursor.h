@@ -70,7 +70,8 @@ class PrefetchCursor {
   // rows are adjacent, else one per row. Segment addresses are stepped, not
   // divided out of a row index (a division per row was ~0.5 us per page of
   // a B=1 item of 4 of 8 heads on Zen 3: docs/PERF.md, ninth pass).
-  struct Rows {
+  class Rows {
+   public:
     Rows() = default;
     Rows(const void* data, DType dtype, int64_t row_stride, int64_t head_stride,
          int64_t n, int64_t head_dim, int64_t g0, int64_t g1) {
@@ -84,75 +85,71 @@ class PrefetchCursor {
           (token_major ? row_stride : head_stride) * elem;
       const int64_t inner_step =
           (token_major ? head_stride : row_stride) * elem;
-      base = static_cast<const char*>(data) + g0 * head_stride * elem;
-      segment_base = outer_base = base;
-      rows = outer * inner;
+      segment_base_ = outer_base_ =
+          static_cast<const char*>(data) + g0 * head_stride * elem;
       if (inner_step == row_bytes && outer_step == inner * row_bytes) {
-        segments = 1;  // one span
-        segment_bytes = rows * row_bytes;
+        segments_ = 1;  // one span
+        segment_bytes_ = outer * inner * row_bytes;
       } else if (inner_step == row_bytes) {
-        segments = outer;
-        segment_bytes = inner * row_bytes;
-        segment_step = outer_step;
+        segments_ = outer;
+        segment_bytes_ = inner * row_bytes;
+        segment_step_ = outer_step;
       } else {
-        segments = rows;
-        segment_bytes = row_bytes;
-        segment_step = inner_step;
-        row_in_outer = inner;
-        outer_step_bytes = outer_step;
+        segments_ = outer * inner;
+        segment_bytes_ = row_bytes;
+        segment_step_ = inner_step;
+        rows_per_outer_ = inner;
+        outer_step_ = outer_step;
       }
     }
 
     int64_t Lines() const {
-      return segments * ((segment_bytes + kLine - 1) / kLine);
+      return segments_ * ((segment_bytes_ + kLine - 1) / kLine);
     }
 
     // Touches up to `lines` more lines of the walk.
     template <class Touch>
     void Issue(int64_t lines, Touch& touch) {
-      while (lines > 0 && segment < segments) {
-        const int64_t left = (segment_bytes - offset + kLine - 1) / kLine;
+      while (lines > 0 && segment_ < segments_) {
+        const int64_t left = (segment_bytes_ - offset_ + kLine - 1) / kLine;
         const int64_t take = std::min(lines, left);
-        const char* line = segment_base + offset;
+        const char* line = segment_base_ + offset_;
         for (int64_t i = 0; i < take; ++i, line += kLine) touch(line);
         lines -= take;
-        offset += take * kLine;
-        if (offset >= segment_bytes) NextSegment();
+        offset_ += take * kLine;
+        if (offset_ >= segment_bytes_) NextSegment();
       }
     }
 
+   private:
     static constexpr int64_t kLine = 64;
 
-   private:
     void NextSegment() {
-      offset = 0;
-      ++segment;
-      if (row_in_outer == 0) {  // segments are evenly spaced
-        segment_base += segment_step;
+      offset_ = 0;
+      ++segment_;
+      if (rows_per_outer_ == 0) {  // segments are evenly spaced
+        segment_base_ += segment_step_;
         return;
       }
       // Row by row: step along the outer index's rows, then to the next
       // outer index's first row.
-      if (++inner_index < row_in_outer) {
-        segment_base += segment_step;
+      if (++inner_index_ < rows_per_outer_) {
+        segment_base_ += segment_step_;
       } else {
-        inner_index = 0;
-        outer_base += outer_step_bytes;
-        segment_base = outer_base;
+        inner_index_ = 0;
+        outer_base_ += outer_step_;
+        segment_base_ = outer_base_;
       }
     }
 
-   public:
-    const char* base = nullptr;  // the first row's first byte
-    int64_t rows = 0;
-    int64_t segments = 0, segment_bytes = 0, segment_step = 0;
-    int64_t row_in_outer = 0;      // rows per outer index when walked row by
-                                   // row, else 0
-    int64_t outer_step_bytes = 0;  // when row by row
+    // The walk's shape.
+    int64_t segments_ = 0, segment_bytes_ = 0, segment_step_ = 0;
+    int64_t rows_per_outer_ = 0;  // when walked row by row, else 0
+    int64_t outer_step_ = 0;      // when walked row by row
     // The walk's position.
-    int64_t segment = 0, offset = 0, inner_index = 0;
-    const char* segment_base = nullptr;
-    const char* outer_base = nullptr;
+    int64_t segment_ = 0, offset_ = 0, inner_index_ = 0;
+    const char* segment_base_ = nullptr;
+    const char* outer_base_ = nullptr;
   };
 
   Rows k_, v_;
