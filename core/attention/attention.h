@@ -55,6 +55,16 @@ struct PreparedAttention {
   std::vector<double> sinks;      // [Hq] or empty
   bool lse_includes_sinks = false;
   DType output_dtype = DType::kF32;
+  // When attnaudit rotated q or K itself (a pre-RoPE snapshot): a bound on
+  // |our score - the engine's| that its own RoPE arithmetic may cause (its
+  // libm, its inverse frequencies; docs/NUMERICS.md, "RoPE tables"), and
+  // max |v| (V scale applied) over the referenced pages, through which a
+  // score error moves the output. Both 0 for a post-RoPE snapshot.
+  double rope_score_uncertainty = 0;
+  // The same added over the rotary pairs in quadrature: its typical size,
+  // for the statistical detector's noise.
+  double rope_score_noise = 0;
+  double value_max = 0;
   // P's units (core/attention/units.h) per row, and for each logical block
   // the first of its units: block_unit_begin[b][blk] .. [blk + 1].
   std::vector<std::vector<KvUnit>> units;

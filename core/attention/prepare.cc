@@ -29,11 +29,66 @@ int64_t SlotOffset(KvLayout layout, const SnapshotDims& d, int64_t page,
   return ((page * d.kv_heads + head) * d.page_size + slot) * d.head_dim;
 }
 
+// Pages referenced by some row.
+std::vector<uint8_t> ReferencedPages(const ResolvedLayout& layout,
+                                     const SnapshotDims& d) {
+  std::vector<uint8_t> referenced(static_cast<size_t>(d.num_pages), 0);
+  for (const auto& row : layout.block_pages) {
+    for (int32_t page : row) referenced[page] = 1;
+  }
+  return referenced;
+}
+
+// max |v| of one stored V row, v_scale applied.
+double ValueRowMax(const Snapshot& s, const SnapshotDims& d, int64_t page,
+                   int64_t slot, int64_t head) {
+  const int64_t src = SlotOffset(s.kv_layout, d, page, slot, head);
+  const double vs = s.v_scale.present() ? (s.v_scale.num_elements() == 1
+                                               ? s.v_scale.DoubleAt(0)
+                                               : s.v_scale.DoubleAt(head))
+                                        : 1.0;
+  double m = 0;
+  for (int64_t i = 0; i < d.head_dim; ++i) {
+    const double v = LoadAsFloat(s.v_pages.raw(), s.v_pages.dtype(), src + i);
+    if (std::isfinite(v)) m = std::max(m, std::fabs(v) * vs);
+  }
+  return m;
+}
+
+// Per rotary pair: the largest |pair| of any referenced, active key (k_scale
+// applied) and of any query, and the largest |v| (V scale applied).
+struct PairMaxima {
+  std::vector<double> key, query;
+  double value = 0;
+};
+
+void MergeMaxima(const std::vector<PairMaxima>& parts, size_t half,
+                 PairMaxima* out) {
+  out->key.assign(half, 0.0);
+  for (const PairMaxima& m : parts) {
+    for (size_t i = 0; i < m.key.size(); ++i) {
+      out->key[i] = std::max(out->key[i], m.key[i]);
+    }
+    out->value = std::max(out->value, m.value);
+  }
+}
+
+double PairNorm(const float* x, int64_t a, int64_t b) {
+  return std::sqrt(static_cast<double>(x[a]) * x[a] +
+                   static_cast<double>(x[b]) * x[b]);
+}
+
+int64_t PairIndex(RopeStyle style, int64_t i, int64_t half, bool second) {
+  if (style == RopeStyle::kNeox) return second ? i + half : i;
+  return second ? 2 * i + 1 : 2 * i;
+}
+
 // Rotates every active slot of the referenced K pages into an f32 NHD pool,
-// rounding to the K RoPE output dtype (the engine's one cast after RoPE).
+// as the engine did (its cast point; one cast to the K RoPE output dtype),
+// and, when `maxima` is set, takes the pair maxima of K and V on the way.
 absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
                         const RopeTable& rope, PreparedAttention* p,
-                        int threads) {
+                        PairMaxima* maxima, int threads) {
   const SnapshotDims& d = p->dims;
   const DType out_dtype = s.rope.k_output_dtype != DType::kInvalid
                               ? s.rope.k_output_dtype
@@ -43,19 +98,22 @@ absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
   p->rotated_k.assign(
       static_cast<size_t>(d.num_pages * d.page_size * d.kv_heads * d.head_dim),
       0.0f);
-  // Pages referenced by some row; inactive slots stay zero.
-  std::vector<uint8_t> referenced(static_cast<size_t>(d.num_pages), 0);
-  for (const auto& row : layout.block_pages) {
-    for (int32_t page : row) referenced[page] = 1;
-  }
+  const std::vector<uint8_t> referenced = ReferencedPages(layout, d);
   const std::vector<double> k_scale = PerHeadScale(s.k_scale, d.kv_heads);
   const bool requantize =
       out_dtype == DType::kF8E4M3 || out_dtype == DType::kF8E5M2;
+  // fp8: the engine rotates in its compute dtype, then quantises.
+  const DType rotation_dtype = requantize ? DType::kBF16 : out_dtype;
+  const size_t half = rope.inv_freq().size();
+  std::vector<PairMaxima> per_page(
+      maxima != nullptr ? static_cast<size_t>(d.num_pages) : 0);
   ParallelFor(d.num_pages, threads, [&](int64_t page) {
     if (!referenced[page]) return;
-    std::vector<float> cos_half(rope.inv_freq().size());
-    std::vector<float> sin_half(rope.inv_freq().size());
+    std::vector<float> cos_half(half);
+    std::vector<float> sin_half(half);
     std::vector<float> row(static_cast<size_t>(d.head_dim));
+    PairMaxima* m = maxima != nullptr ? &per_page[page] : nullptr;
+    if (m != nullptr) m->key.assign(half, 0.0);
     for (int64_t slot = 0; slot < d.page_size; ++slot) {
       const int64_t pos = rope_pos.IntAt(page * d.page_size + slot);
       if (s.slot_positions.IntAt(page * d.page_size + slot) < 0) continue;
@@ -67,29 +125,170 @@ absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
           row[i] = LoadAsFloat(s.k_pages.raw(), s.k_pages.dtype(), src + i);
           if (s.k_scale.present()) row[i] *= ks;
         }
-        rope.RotateWith(row.data(), cos_half.data(), sin_half.data());
+        if (m != nullptr) {
+          for (size_t i = 0; i < half; ++i) {
+            const int64_t a = PairIndex(rope.style(), i, half, false);
+            const int64_t b = PairIndex(rope.style(), i, half, true);
+            m->key[i] = std::max(m->key[i], PairNorm(row.data(), a, b));
+          }
+          m->value = std::max(m->value, ValueRowMax(s, d, page, slot, g));
+        }
         float* dst =
             p->rotated_k.data() + SlotOffset(KvLayout::kNHD, d, page, slot, g);
+        rope.RotateAs(row.data(), cos_half.data(), sin_half.data(),
+                      rotation_dtype, dst);
         if (requantize) {
           // An fp8 cache stores the rotated key re-quantised with its scale;
           // the pool holds the dequantised value (the scale is applied here,
           // so the kernel's k_scale becomes 1).
           for (int64_t i = 0; i < d.head_dim; ++i) {
-            dst[i] = RoundToDType(row[i] / ks, out_dtype) * ks;
-          }
-        } else {
-          for (int64_t i = 0; i < d.head_dim; ++i) {
-            dst[i] = RoundToDType(row[i], out_dtype);
+            dst[i] = RoundToDType(dst[i] / ks, out_dtype) * ks;
           }
         }
       }
     }
   });
+  if (maxima != nullptr) MergeMaxima(per_page, half, maxima);
   p->k_data = p->rotated_k.data();
   p->k_dtype = DType::kF32;
   p->k_layout = KvLayout::kNHD;
   p->k_scale.assign(static_cast<size_t>(d.kv_heads), 1.0);
   return absl::OkStatus();
+}
+
+// The pair maxima of the referenced K and V as stored (a post-RoPE cache:
+// rotation keeps a pair's norm, so these are the rotated keys' too).
+void ScanKeys(const Snapshot& s, const ResolvedLayout& layout,
+              const RopeTable& rope, const SnapshotDims& d, int threads,
+              PairMaxima* maxima) {
+  const std::vector<uint8_t> referenced = ReferencedPages(layout, d);
+  const std::vector<double> k_scale = PerHeadScale(s.k_scale, d.kv_heads);
+  const size_t half = rope.inv_freq().size();
+  std::vector<PairMaxima> per_page(static_cast<size_t>(d.num_pages));
+  ParallelFor(d.num_pages, threads, [&](int64_t page) {
+    if (!referenced[page]) return;
+    PairMaxima& m = per_page[page];
+    m.key.assign(half, 0.0);
+    std::vector<float> row(static_cast<size_t>(d.head_dim));
+    for (int64_t slot = 0; slot < d.page_size; ++slot) {
+      if (s.slot_positions.IntAt(page * d.page_size + slot) < 0) continue;
+      for (int64_t g = 0; g < d.kv_heads; ++g) {
+        const int64_t src = SlotOffset(s.kv_layout, d, page, slot, g);
+        for (int64_t i = 0; i < d.head_dim; ++i) {
+          row[i] = LoadAsFloat(s.k_pages.raw(), s.k_pages.dtype(), src + i) *
+                   static_cast<float>(k_scale[g]);
+        }
+        for (size_t i = 0; i < half; ++i) {
+          const int64_t a = PairIndex(rope.style(), i, half, false);
+          const int64_t b = PairIndex(rope.style(), i, half, true);
+          m.key[i] = std::max(m.key[i], PairNorm(row.data(), a, b));
+        }
+        m.value = std::max(m.value, ValueRowMax(s, d, page, slot, g));
+      }
+    }
+  });
+  MergeMaxima(per_page, half, maxima);
+}
+
+// How far our scores can be from the engine's because attnaudit rotated q
+// and/or K itself: per rotary pair, a rotation by an angle off by dtheta
+// moves q_pair . k_pair by at most |q_pair| |k_pair| dtheta
+// (docs/NUMERICS.md, "RoPE tables"). `bound` adds the pairs' worst cases
+// (the tolerance); `typical` adds them in quadrature (independent pairs,
+// the statistical detector's noise).
+struct RopeScoreError {
+  double bound = 0;
+  double typical = 0;
+};
+
+RopeScoreError RopeScoreUncertainty(const PreparedAttention& p,
+                                    const Snapshot& s,
+                                    const ResolvedLayout& layout,
+                                    const RopeTable& rope,
+                                    const PairMaxima& m) {
+  const SnapshotDims& d = p.dims;
+  const size_t half = rope.inv_freq().size();
+  std::vector<double> dq(half, 0.0), dk(half, 0.0);
+  if (s.rope.q_state == RopeState::kPreRope) {
+    for (int64_t pos : p.query_positions) {
+      for (size_t i = 0; i < half; ++i) {
+        dq[i] = std::max(dq[i], rope.AngleUncertainty(pos, i));
+      }
+    }
+  }
+  if (s.rope.k_state == RopeState::kPreRope) {
+    const Tensor& rope_pos = s.key_rope_positions.present()
+                                 ? s.key_rope_positions
+                                 : s.slot_positions;
+    // The bound grows with |position| except where the engine's own row
+    // gives the angle: the extreme position without a row bounds it.
+    int64_t extreme = -1;
+    const std::vector<uint8_t> referenced = ReferencedPages(layout, d);
+    for (int64_t page = 0; page < d.num_pages; ++page) {
+      if (!referenced[page]) continue;
+      for (int64_t slot = 0; slot < d.page_size; ++slot) {
+        if (s.slot_positions.IntAt(page * d.page_size + slot) < 0) continue;
+        const int64_t pos = rope_pos.IntAt(page * d.page_size + slot);
+        if (rope.SourceAt(pos) == RopeTable::Source::kEngineRow) continue;
+        if (extreme < 0 || std::llabs(pos) > std::llabs(extreme)) extreme = pos;
+      }
+    }
+    for (size_t i = 0; i < half && extreme >= 0; ++i) {
+      dk[i] = rope.AngleUncertainty(extreme, i);
+    }
+  }
+  RopeScoreError e;
+  double squares = 0;
+  for (size_t i = 0; i < half; ++i) {
+    const double term = m.query[i] * m.key[i] * (dq[i] + dk[i]);
+    e.bound += term;
+    squares += term * term;
+  }
+  e.bound *= p.softmax_scale;
+  e.typical = p.softmax_scale * std::sqrt(squares);
+  return e;
+}
+
+// q as the engine attends with it: rotated as the engine did when it is
+// pre-RoPE; the largest |q pair| per rotary pair into *pair_max.
+void RotateQueries(const Snapshot& s, const RopeTable& rope,
+                   PreparedAttention* p, std::vector<double>* pair_max) {
+  const SnapshotDims& d = p->dims;
+  const size_t half = rope.inv_freq().size();
+  pair_max->assign(half, 0.0);
+  p->q.resize(
+      static_cast<size_t>(d.batch * d.queries * d.q_heads * d.head_dim));
+  const DType q_out_dtype = s.rope.q_output_dtype != DType::kInvalid
+                                ? s.rope.q_output_dtype
+                                : s.q.dtype();
+  const bool rotate = s.rope.q_state == RopeState::kPreRope;
+  std::vector<float> row(static_cast<size_t>(d.head_dim));
+  // A query position's angles serve all of its heads.
+  std::vector<float> cos_half(half);
+  std::vector<float> sin_half(half);
+  for (int64_t bs = 0; bs < d.batch * d.queries; ++bs) {
+    if (rotate) {
+      rope.Angles(p->query_positions[bs], cos_half.data(), sin_half.data());
+    }
+    for (int64_t h = 0; h < d.q_heads; ++h) {
+      const int64_t base = (bs * d.q_heads + h) * d.head_dim;
+      for (int64_t i = 0; i < d.head_dim; ++i) row[i] = s.q.FloatAt(base + i);
+      for (size_t i = 0; i < half; ++i) {
+        const int64_t a = PairIndex(rope.style(), i, half, false);
+        const int64_t b = PairIndex(rope.style(), i, half, true);
+        (*pair_max)[i] = std::max((*pair_max)[i], PairNorm(row.data(), a, b));
+      }
+      if (!rotate) {
+        for (int64_t i = 0; i < d.head_dim; ++i) {
+          p->q[base + i] = s.q.DoubleAt(base + i);
+        }
+        continue;
+      }
+      rope.RotateAs(row.data(), cos_half.data(), sin_half.data(), q_out_dtype,
+                    row.data());
+      for (int64_t i = 0; i < d.head_dim; ++i) p->q[base + i] = row[i];
+    }
+  }
 }
 
 }  // namespace
@@ -138,45 +337,28 @@ absl::StatusOr<PreparedAttention> PrepareAttention(const Snapshot& s,
 
   const bool need_rope = s.rope.q_state == RopeState::kPreRope ||
                          s.rope.k_state == RopeState::kPreRope;
-  absl::StatusOr<RopeTable> rope = absl::InternalError("unused");
-  if (need_rope) {
-    rope = RopeTable::Create(s.rope, d.head_dim);
-    if (!rope.ok()) return rope.status();
+  if (!need_rope) {
+    p.q.resize(
+        static_cast<size_t>(d.batch * d.queries * d.q_heads * d.head_dim));
+    for (size_t i = 0; i < p.q.size(); ++i) p.q[i] = s.q.DoubleAt(i);
+    return p;
   }
-
-  const int64_t n_q = d.batch * d.queries * d.q_heads;
-  p.q.resize(static_cast<size_t>(n_q * d.head_dim));
-  const DType q_out_dtype = s.rope.q_output_dtype != DType::kInvalid
-                                ? s.rope.q_output_dtype
-                                : s.q.dtype();
-  std::vector<float> row(static_cast<size_t>(d.head_dim));
-  // A query position's angles serve all of its heads.
-  const size_t half = need_rope ? rope->inv_freq().size() : 0;
-  std::vector<float> cos_half(half);
-  std::vector<float> sin_half(half);
-  const bool rotate = s.rope.q_state != RopeState::kPostRope;
-  for (int64_t bs = 0; bs < d.batch * d.queries; ++bs) {
-    if (rotate) {
-      rope->Angles(p.query_positions[bs], cos_half.data(), sin_half.data());
-    }
-    for (int64_t h = 0; h < d.q_heads; ++h) {
-      const int64_t base = (bs * d.q_heads + h) * d.head_dim;
-      if (!rotate) {
-        for (int64_t i = 0; i < d.head_dim; ++i) {
-          p.q[base + i] = s.q.DoubleAt(base + i);
-        }
-        continue;
-      }
-      for (int64_t i = 0; i < d.head_dim; ++i) row[i] = s.q.FloatAt(base + i);
-      rope->RotateWith(row.data(), cos_half.data(), sin_half.data());
-      for (int64_t i = 0; i < d.head_dim; ++i) {
-        p.q[base + i] = RoundToDType(row[i], q_out_dtype);
-      }
-    }
-  }
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      const RopeTable rope,
+      RopeTable::Create(s.rope, d.head_dim, s.rope_table));
+  PairMaxima maxima;
+  RotateQueries(s, rope, &p, &maxima.query);
   if (s.rope.k_state == RopeState::kPreRope) {
-    ATTNAUDIT_RETURN_IF_ERROR(RotateKeys(s, layout, *rope, &p, threads));
+    ATTNAUDIT_RETURN_IF_ERROR(
+        RotateKeys(s, layout, rope, &p, &maxima, threads));
+  } else {
+    ScanKeys(s, layout, rope, d, threads, &maxima);
   }
+  const RopeScoreError rope_error =
+      RopeScoreUncertainty(p, s, layout, rope, maxima);
+  p.rope_score_uncertainty = rope_error.bound;
+  p.rope_score_noise = rope_error.typical;
+  p.value_max = maxima.value;
   return p;
 }
 

@@ -18,6 +18,7 @@
 #include "core/diagnosis/diagnosis.h"
 #include "core/drift/drift.h"
 #include "core/fingerprint/fingerprint.h"
+#include "core/rope_check/rope_check.h"
 #include "core/verdict/statistical.h"
 
 namespace attnaudit {
@@ -120,6 +121,13 @@ void StatisticalStep(const CompareContext& ctx, Comparison which,
   si.max_context = ctx.tolerance_inputs.max_context;
   si.max_merged_blocks = ctx.tolerance_inputs.max_merged_blocks;
   si.max_abs_lse_reference = ctx.tolerance_inputs.max_abs_lse_reference;
+  ToleranceInputs ti = ctx.tolerance_inputs;
+  ti.comparison = which;
+  si.score_error = ComparisonScoreError(ti);
+  if (which != Comparison::kReplayVsReference) {
+    si.probability_epsilon = ti.engine.probability_epsilon;
+    si.score_error += ti.rope_score_noise;
+  }
   const SnapshotDims& d = ctx.dims;
   result->statistical = RunStatisticalTest(
       candidate.out.data(), baseline.out.data(), ctx.reference_out->data(),
@@ -473,6 +481,16 @@ CompareContext MakeCompareContext(const AuditRun& run) {
   ti.lm_head_max_row_l2 = run.norms.max_row_l2;
   ti.logprob_temperature = run.snapshot.logprob_temperature;
   ti.cp_world_size = run.snapshot.cp.world_size;
+  const Snapshot& s = run.snapshot;
+  const DType model_dtype = s.rope.q_output_dtype != DType::kInvalid
+                                ? s.rope.q_output_dtype
+                                : s.q.dtype();
+  ti.engine = ResolveEngineArithmetic(
+      s.precision, model_dtype, s.k_pages.dtype(), run.layout.dims.head_dim);
+  ti.replay = ReplayArithmetic(run.layout.dims.head_dim, s.logit_softcap > 0);
+  ti.rope_score_uncertainty = run.prepared.rope_score_uncertainty;
+  ti.rope_score_noise = run.prepared.rope_score_noise;
+  ti.value_max = run.prepared.value_max;
   return ctx;
 }
 
@@ -554,12 +572,61 @@ absl::Status CpStage(AuditRun* run) {
   return absl::OkStatus();
 }
 
-// On DRIFT (of any check, CP included): which known bug explains E.
+// The RoPE checks (core/rope_check): their own findings; any DRIFT makes
+// the report DRIFT.
+absl::Status RopeCheckStage(AuditRun* run) {
+  ATTNAUDIT_ASSIGN_OR_RETURN(run->report.rope_checks,
+                             RunRopeChecks(run->snapshot, run->layout));
+  for (const RopeCheckResult& c : run->report.rope_checks) {
+    if (c.verdict == Verdict::kDrift && run->report.verdict == Verdict::kPass) {
+      run->report.verdict = Verdict::kDrift;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// On DRIFT: which known bug explains E (when a comparison or the CP replay
+// drifted), and which RoPE bug explains a drifting RoPE check; the RoPE
+// checks' findings lead (they are fitted on the very vectors that moved).
 absl::Status DiagnosisStage(AuditRun* run) {
-  const CompareContext ctx = MakeCompareContext(*run);
-  return DiagnosisStep(run->snapshot, run->layout, run->prepared,
-                       run->reference, run->engine, ctx, run->threads,
-                       &run->report);
+  AuditReport& report = run->report;
+  bool attention_drift =
+      report.cp.present && audit_internal::WithCpVerdict(
+                               report.cp, Verdict::kPass) == Verdict::kDrift;
+  for (const ComparisonResult& c : report.comparisons) {
+    attention_drift |= c.verdict == Verdict::kDrift;
+  }
+  if (attention_drift) {
+    const CompareContext ctx = MakeCompareContext(*run);
+    ATTNAUDIT_RETURN_IF_ERROR(
+        DiagnosisStep(run->snapshot, run->layout, run->prepared, run->reference,
+                      run->engine, ctx, run->threads, &report));
+  }
+  if (report.verdict != Verdict::kDrift || !run->options.diagnose) {
+    return absl::OkStatus();
+  }
+  std::vector<Diagnosis> rope =
+      DiagnoseRopeChecks(run->snapshot, run->layout, report.rope_checks);
+  if (rope.empty()) return absl::OkStatus();
+  if (!attention_drift) {
+    report.diagnosis_run.ran = true;
+    report.diagnosis_run.complete = true;
+    report.diagnosis_run.hypotheses = static_cast<int64_t>(rope.size());
+    report.diagnoses.clear();
+  }
+  report.diagnoses.insert(report.diagnoses.begin(), rope.begin(), rope.end());
+  return absl::OkStatus();
+}
+
+// Where attnaudit's RoPE values came from, when it rotated q or K.
+std::string RopeSourceName(const Snapshot& s) {
+  if (s.rope.q_state != RopeState::kPreRope &&
+      s.rope.k_state != RopeState::kPreRope) {
+    return "";
+  }
+  if (s.rope_table.positions.present()) return "engine rows";
+  if (s.rope_table.inv_freq.present()) return "engine inv_freq";
+  return "config";
 }
 
 void FillProvenance(AuditRun* run) {
@@ -574,6 +641,9 @@ void FillProvenance(AuditRun* run) {
   prov.prefix_fingerprint = run->prefix_digest;
   prov.rope_fingerprint = RopeIdentityFingerprint(run->snapshot);
   prov.fingerprint_version = kFingerprintVersion;
+  prov.engine_profile =
+      std::string(EngineProfileName(run->snapshot.precision.profile));
+  prov.rope_source = RopeSourceName(run->snapshot);
   if (run->options.compute_kv_fingerprint) {
     prov.kv_fingerprint = KvCacheFingerprint(run->snapshot, run->layout);
   }
@@ -591,6 +661,7 @@ absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
   ATTNAUDIT_RETURN_IF_ERROR(AttentionStage(&run));
   ATTNAUDIT_RETURN_IF_ERROR(CompareStage(&run));
   ATTNAUDIT_RETURN_IF_ERROR(CpStage(&run));
+  ATTNAUDIT_RETURN_IF_ERROR(RopeCheckStage(&run));
   ATTNAUDIT_RETURN_IF_ERROR(DiagnosisStage(&run));
   FillProvenance(&run);
   return std::move(run.report);

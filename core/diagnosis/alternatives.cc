@@ -107,18 +107,29 @@ std::vector<std::pair<int64_t, int64_t>> Ranges(const SnapshotDims& d,
   return out;
 }
 
-// Re-rotated keys of one page ([n][Hkv][D] f32, fp8 scales applied) for the
-// K RoPE hypotheses.
+// Transformed keys of one page ([n][Hkv][D] f32, fp8 scales applied) for
+// the K RoPE and layout hypotheses (KeyTransform).
 class KeyRotator {
  public:
   static absl::StatusOr<KeyRotator> Create(const Context& ctx,
-                                           KeyTransform transform) {
-    KeyRotator k(ctx, transform);
+                                           const AltSpec& spec) {
+    KeyRotator k(ctx, spec.keys);
     const RopeConfig& config = ctx.in->snapshot->rope;
+    if (spec.keys == KeyTransform::kTransposed) return k;
+    const bool pre_k = ctx.in->snapshot->rope.k_state == RopeState::kPreRope;
+    if (spec.keys == KeyTransform::kReRotate) {
+      if (spec.key_rope == nullptr || !pre_k) {
+        return absl::FailedPreconditionError("no pre-RoPE keys to rotate");
+      }
+      ATTNAUDIT_ASSIGN_OR_RETURN(
+          RopeTable table, RopeTable::Create(*spec.key_rope, ctx.d.head_dim));
+      k.tables_.push_back(std::move(table));
+      return k;
+    }
     ATTNAUDIT_ASSIGN_OR_RETURN(RopeTable table,
                                RopeTable::Create(config, ctx.d.head_dim));
     k.tables_.push_back(std::move(table));
-    if (transform == KeyTransform::kRestyle) {
+    if (spec.keys == KeyTransform::kRestyle) {
       RopeConfig other = config;
       other.style = config.style == RopeStyle::kNeox ? RopeStyle::kGptj
                                                      : RopeStyle::kNeox;
@@ -134,6 +145,14 @@ class KeyRotator {
     const SnapshotDims& d = ctx_.d;
     const int64_t D = d.head_dim;
     buffer_.assign(static_cast<size_t>(n * d.kv_heads * D), 0.0f);
+    if (transform_ == KeyTransform::kTransposed) {
+      Transposed(page, n);
+      return buffer_.data();
+    }
+    if (transform_ == KeyTransform::kReRotate) {
+      ReRotated(page, n);
+      return buffer_.data();
+    }
     const void* base;
     int64_t row, head;
     PageAddress(d, p.k_layout, p.k_data, p.k_dtype, page, &base, &row, &head);
@@ -185,6 +204,70 @@ class KeyRotator {
     }
   }
 
+  // The snapshot's pre-RoPE keys rotated with the hypothesis' RoPE, as the
+  // prepared pool was with the declared one (cast point, output dtype).
+  void ReRotated(int64_t page, int64_t n) {
+    const Snapshot& s = *ctx_.in->snapshot;
+    const SnapshotDims& d = ctx_.d;
+    const int64_t D = d.head_dim;
+    const RopeTable& t = tables_[0];
+    const DType out = s.rope.k_output_dtype != DType::kInvalid
+                          ? s.rope.k_output_dtype
+                          : s.k_pages.dtype();
+    const DType rotation =
+        out == DType::kF8E4M3 || out == DType::kF8E5M2 ? DType::kBF16 : out;
+    const void* base;
+    int64_t row, head;
+    PageAddress(d, s.kv_layout, s.k_pages.raw(), s.k_pages.dtype(), page, &base,
+                &row, &head);
+    cos_.resize(t.inv_freq().size());
+    sin_.resize(t.inv_freq().size());
+    for (int64_t slot = 0; slot < n; ++slot) {
+      const int64_t flat = page * d.page_size + slot;
+      const bool used = s.slot_positions.IntAt(flat) >= 0;
+      if (used) t.Angles(RopePosition(s, flat), cos_.data(), sin_.data());
+      for (int64_t g = 0; g < d.kv_heads; ++g) {
+        float* k = &buffer_[(slot * d.kv_heads + g) * D];
+        ConvertToFloat(
+            static_cast<const char*>(base) +
+                (slot * row + g * head) * DTypeSize(s.k_pages.dtype()),
+            s.k_pages.dtype(), D, k);
+        const float ks = static_cast<float>(ScaleOf(s.k_scale, g));
+        for (int64_t i = 0; i < D && ks != 1.0f; ++i) k[i] *= ks;
+        if (used) t.RotateAs(k, cos_.data(), sin_.data(), rotation, k);
+      }
+    }
+  }
+
+  // Each KV head's [page_size, D] block of the page read in memory order as
+  // [D, page_size]: the key of slot j is column j.
+  void Transposed(int64_t page, int64_t n) {
+    const PreparedAttention& p = *ctx_.p;
+    const SnapshotDims& d = ctx_.d;
+    const int64_t D = d.head_dim, P = d.page_size;
+    const void* base;
+    int64_t row, head;
+    PageAddress(d, p.k_layout, p.k_data, p.k_dtype, page, &base, &row, &head);
+    std::vector<float> block(static_cast<size_t>(P * D));
+    for (int64_t g = 0; g < d.kv_heads; ++g) {
+      for (int64_t t = 0; t < P; ++t) {
+        ConvertToFloat(static_cast<const char*>(base) +
+                           (t * row + g * head) * DTypeSize(p.k_dtype),
+                       p.k_dtype, D, &block[t * D]);
+      }
+      const float ks = static_cast<float>(p.k_scale[g]);
+      for (int64_t j = 0; j < n; ++j) {
+        float* k = &buffer_[(j * d.kv_heads + g) * D];
+        for (int64_t i = 0; i < D; ++i) k[i] = block[i * P + j] * ks;
+      }
+    }
+  }
+
+  static double ScaleOf(const Tensor& scale, int64_t g) {
+    if (!scale.present()) return 1.0;
+    return scale.num_elements() == 1 ? scale.DoubleAt(0) : scale.DoubleAt(g);
+  }
+
   const Context& ctx_;
   KeyTransform transform_;
   std::vector<RopeTable> tables_;
@@ -234,22 +317,30 @@ namespace {
 // scales and the GQA slots differ per spec and ride as extra queries).
 struct PassKey {
   int keys;
+  const RopeConfig* key_rope;
+  bool v_from_k;
   bool set_softcap;
   double softcap;
   bool set_window;
   int64_t window;
   bool gqa;
   bool operator<(const PassKey& o) const {
-    return std::tie(keys, set_softcap, softcap, set_window, window, gqa) <
-           std::tie(o.keys, o.set_softcap, o.softcap, o.set_window, o.window,
-                    o.gqa);
+    return std::tie(keys, key_rope, v_from_k, set_softcap, softcap, set_window,
+                    window, gqa) < std::tie(o.keys, o.key_rope, o.v_from_k,
+                                            o.set_softcap, o.softcap,
+                                            o.set_window, o.window, o.gqa);
   }
 };
 
 PassKey KeyOf(const AltSpec& s) {
-  return {static_cast<int>(s.keys),      s.set_softcap,
-          s.set_softcap ? s.softcap : 0, s.set_window,
-          s.set_window ? s.window : 0,   !s.kv_of.empty()};
+  return {static_cast<int>(s.keys),
+          s.key_rope.get(),
+          s.v_from_k,
+          s.set_softcap,
+          s.set_softcap ? s.softcap : 0,
+          s.set_window,
+          s.set_window ? s.window : 0,
+          !s.kv_of.empty()};
 }
 
 // q of one spec as the pass computes it: the spec's q (or the prepared
@@ -284,7 +375,7 @@ void StackQueries(const Context& ctx, const AltSpec& spec, int64_t b, int64_t v,
 // The unit states of row b for one pass: every page of the row, chunks of
 // blocks in parallel (they write disjoint states).
 absl::Status RunPages(const Context& ctx, const PreparedAttention& alt,
-                      KeyTransform keys, int64_t b,
+                      const AltSpec& spec, int64_t b,
                       const std::vector<std::pair<int64_t, int64_t>>& ranges,
                       UnitStates* st) {
   const SnapshotDims& d = ctx.d;
@@ -292,23 +383,38 @@ absl::Status RunPages(const Context& ctx, const PreparedAttention& alt,
   const int64_t L = ctx.in->layout->seq_lens[b];
   const int64_t blocks = (L + P - 1) / P;
   const int64_t chunks = std::min<int64_t>(blocks, 4 * ctx.opt->threads);
+  const bool rotated = spec.keys != KeyTransform::kNone &&
+                       spec.keys != KeyTransform::kSwapLayout;
+  const KvLayout other =
+      alt.k_layout == KvLayout::kNHD ? KvLayout::kHND : KvLayout::kNHD;
   std::vector<absl::Status> status(static_cast<size_t>(chunks));
   ParallelFor(chunks, ctx.opt->threads, [&](int64_t chunk) {
     std::vector<KeyRotator> rotator;
-    if (keys != KeyTransform::kNone) {
-      rotator.push_back(*KeyRotator::Create(ctx, keys));
-    }
+    if (rotated) rotator.push_back(*KeyRotator::Create(ctx, spec));
     std::vector<int64_t> positions;
     for (int64_t j = chunk; j < blocks; j += chunks) {
       const int64_t page = ctx.in->layout->block_pages[b][j];
       const int64_t n = std::min(P, L - j * P);
       SlotPositions(*ctx.in->snapshot, page, n, P, &positions);
       TokenRun run = PageRun(alt, page, page, n, positions.data());
+      if (spec.keys == KeyTransform::kSwapLayout) {
+        // The same page memory read with the other layout's strides.
+        PageAddress(d, other, alt.k_data, alt.k_dtype, page, &run.k_data,
+                    &run.k_row_stride, &run.k_head_stride);
+        PageAddress(d, other, alt.v_data, alt.v_dtype, page, &run.v_data,
+                    &run.v_row_stride, &run.v_head_stride);
+      }
       if (!rotator.empty()) {
         run.k_data = rotator[0].Page(page, n);
         run.k_dtype = DType::kF32;
         run.k_row_stride = d.kv_heads * D;
         run.k_head_stride = D;
+      }
+      if (spec.v_from_k) {
+        run.v_data = run.k_data;
+        run.v_dtype = run.k_dtype;
+        run.v_row_stride = run.k_row_stride;
+        run.v_head_stride = run.k_head_stride;
       }
       BlockUnits(alt, b, j, &run);
       for (const auto& [g0, g1] : ranges) {
@@ -350,8 +456,9 @@ absl::Status RunPass(const Context& ctx,
   }
   if (first.set_softcap) alt.softcap = first.softcap;
   if (first.set_window) alt.window = first.window;
-  if (first.keys != KeyTransform::kNone) {
-    ATTNAUDIT_RETURN_IF_ERROR(KeyRotator::Create(ctx, first.keys).status());
+  if (first.keys != KeyTransform::kNone &&
+      first.keys != KeyTransform::kSwapLayout) {
+    ATTNAUDIT_RETURN_IF_ERROR(KeyRotator::Create(ctx, first).status());
     alt.k_scale.assign(static_cast<size_t>(d.kv_heads), 1.0);
   }
   std::vector<std::vector<KvUnit>> plan(static_cast<size_t>(d.batch));
@@ -361,7 +468,7 @@ absl::Status RunPass(const Context& ctx,
   // A GQA remap reads every KV head; otherwise the requested ones.
   const auto ranges =
       Ranges(d, first.kv_of.empty() ? kv_heads : std::vector<int64_t>{});
-  ATTNAUDIT_RETURN_IF_ERROR(RunPages(ctx, alt, first.keys, b, ranges, &st));
+  ATTNAUDIT_RETURN_IF_ERROR(RunPages(ctx, alt, first, b, ranges, &st));
   std::vector<uint8_t> computed(static_cast<size_t>(d.kv_heads), 0);
   for (const auto& [g0, g1] : ranges) {
     for (int64_t g = g0; g < g1; ++g) computed[g] = 1;
@@ -402,25 +509,31 @@ absl::Status ComputeAlternatives(const Context& ctx,
     passes[KeyOf(*specs[i])].push_back(i);
   for (const auto& [key, which] : passes) {
     if (ctx.Cancelled()) return absl::CancelledError("audit cancelled");
-    ATTNAUDIT_RETURN_IF_ERROR(RunPass(ctx, specs, which, b, kv_heads, results));
+    const absl::Status st = RunPass(ctx, specs, which, b, kv_heads, results);
+    // A hypothesis that reads a non-finite value (an unused slot of a
+    // partly filled page, read through another layout) does not apply:
+    // its specs keep no computed cell.
+    if (absl::IsInvalidArgument(st)) {
+      for (size_t i : which) (*results)[i].Reset(ctx.d);
+      continue;
+    }
+    ATTNAUDIT_RETURN_IF_ERROR(st);
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<double>> AlternativeQueries(const Context& ctx,
-                                                       int64_t delta,
-                                                       bool restyle) {
+namespace {
+
+// q rotated by `target` at query position + delta: from the snapshot's
+// pre-RoPE q, or from the post-RoPE q rotated back by the declared RoPE
+// (up to its rounding), under the snapshot's cast point.
+absl::StatusOr<std::vector<double>> RotatedQueries(const Context& ctx,
+                                                   const RopeTable& target,
+                                                   int64_t delta) {
   const Snapshot& s = *ctx.in->snapshot;
   const SnapshotDims& d = ctx.d;
   const int64_t D = d.head_dim;
   ATTNAUDIT_ASSIGN_OR_RETURN(RopeTable table, RopeTable::Create(s.rope, D));
-  RopeConfig other_config = s.rope;
-  if (restyle) {
-    other_config.style =
-        s.rope.style == RopeStyle::kNeox ? RopeStyle::kGptj : RopeStyle::kNeox;
-  }
-  ATTNAUDIT_ASSIGN_OR_RETURN(RopeTable target,
-                             RopeTable::Create(other_config, D));
   const DType q_dtype = s.rope.q_output_dtype != DType::kInvalid
                             ? s.rope.q_output_dtype
                             : s.q.dtype();
@@ -429,8 +542,10 @@ absl::StatusOr<std::vector<double>> AlternativeQueries(const Context& ctx,
   std::vector<double> q(ctx.p->q.size());
   std::vector<float> row(static_cast<size_t>(D));
   std::vector<float> c(table.inv_freq().size()), sn(table.inv_freq().size());
+  std::vector<float> tc(target.inv_freq().size()), ts(target.inv_freq().size());
   for (int64_t bs = 0; bs < d.batch * d.queries; ++bs) {
     const int64_t pos = ctx.p->query_positions[bs];
+    target.Angles(pos + delta, tc.data(), ts.data());
     for (int64_t h = 0; h < d.q_heads; ++h) {
       const int64_t base = (bs * d.q_heads + h) * D;
       for (int64_t i = 0; i < D; ++i) {
@@ -442,12 +557,38 @@ absl::StatusOr<std::vector<double>> AlternativeQueries(const Context& ctx,
         table.RotateWith(row.data(), c.data(), sn.data());
         for (int64_t i = 0; i < table.rotary_dim(); ++i) row[i] *= undo;
       }
-      target.Rotate(row.data(), pos + delta);
-      for (int64_t i = 0; i < D; ++i)
-        q[base + i] = RoundToDType(row[i], q_dtype);
+      target.RotateAs(row.data(), tc.data(), ts.data(), q_dtype, row.data());
+      for (int64_t i = 0; i < D; ++i) q[base + i] = row[i];
     }
   }
   return q;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<double>> AlternativeQueries(const Context& ctx,
+                                                       int64_t delta,
+                                                       bool restyle) {
+  const Snapshot& s = *ctx.in->snapshot;
+  RopeConfig other_config = s.rope;
+  if (restyle) {
+    other_config.style =
+        s.rope.style == RopeStyle::kNeox ? RopeStyle::kGptj : RopeStyle::kNeox;
+  }
+  // A shift keeps the engine's own table (its rows at the shifted
+  // position, or its inverse frequencies); a new pairing does not need it.
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      RopeTable target,
+      restyle ? RopeTable::Create(other_config, ctx.d.head_dim)
+              : RopeTable::Create(other_config, ctx.d.head_dim, s.rope_table));
+  return RotatedQueries(ctx, target, delta);
+}
+
+absl::StatusOr<std::vector<double>> QueriesRotatedWith(
+    const Context& ctx, const RopeConfig& config) {
+  ATTNAUDIT_ASSIGN_OR_RETURN(RopeTable target,
+                             RopeTable::Create(config, ctx.d.head_dim));
+  return RotatedQueries(ctx, target, 0);
 }
 
 namespace {
@@ -526,25 +667,24 @@ std::vector<double> RowValueMax(const Context& ctx, int64_t b) {
   return vmax;
 }
 
-absl::Status ComputeSubstituteStates(const Context& ctx, int64_t b,
-                                     int64_t page, int64_t as_block,
-                                     std::vector<double>* out,
-                                     std::vector<double>* lse) {
+namespace {
+
+// States per cell of one page read as logical block `as_block` of row b:
+// its first n slots at `positions`.
+absl::Status PageAsBlockStates(const Context& ctx, int64_t b, int64_t page,
+                               int64_t as_block, int64_t n,
+                               const int64_t* positions,
+                               std::vector<double>* out,
+                               std::vector<double>* lse) {
   const PreparedAttention& p = *ctx.p;
   const SnapshotDims& d = ctx.d;
-  const int64_t P = d.page_size;
   const int64_t D = d.head_dim;
-  const int64_t L = ctx.in->layout->seq_lens[b];
-  const int64_t n = std::min(P, L - as_block * P);
-  const int64_t own_page = ctx.in->layout->block_pages[b][as_block];
-  std::vector<int64_t> positions;
-  SlotPositions(*ctx.in->snapshot, own_page, n, P, &positions);
   std::vector<std::vector<KvUnit>> plan(static_cast<size_t>(d.batch));
   plan[b].push_back(
       KvUnit{static_cast<int32_t>(as_block), 0, static_cast<int32_t>(n), 0});
   UnitStates st;
   st.Reset(plan, d, false);
-  TokenRun run = PageRun(p, page, page, n, positions.data());
+  TokenRun run = PageRun(p, page, page, n, positions);
   run.unit_of = {0};
   run.first = {0};
   run.count = {static_cast<int32_t>(n)};
@@ -561,6 +701,48 @@ absl::Status ComputeSubstituteStates(const Context& ctx, int64_t b,
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ComputeSubstituteStates(const Context& ctx, int64_t b,
+                                     int64_t page, int64_t as_block,
+                                     std::vector<double>* out,
+                                     std::vector<double>* lse) {
+  const int64_t P = ctx.d.page_size;
+  const int64_t L = ctx.in->layout->seq_lens[b];
+  const int64_t n = std::min(P, L - as_block * P);
+  const int64_t own_page = ctx.in->layout->block_pages[b][as_block];
+  std::vector<int64_t> positions;
+  SlotPositions(*ctx.in->snapshot, own_page, n, P, &positions);
+  return PageAsBlockStates(ctx, b, page, as_block, n, positions.data(), out,
+                           lse);
+}
+
+absl::Status ComputeResizedLastBlock(const Context& ctx, int64_t b,
+                                     int64_t delta, std::vector<double>* out,
+                                     std::vector<double>* lse) {
+  const int64_t P = ctx.d.page_size;
+  const int64_t L = ctx.in->layout->seq_lens[b];
+  const int64_t j = (L - 1) / P;
+  const int64_t n = L - j * P;
+  const int64_t resized = n + delta;
+  if (resized < 1 || resized > P) {
+    return absl::NotFoundError("no such slot in the last page");
+  }
+  const int64_t page = ctx.in->layout->block_pages[b][j];
+  std::vector<int64_t> positions;
+  SlotPositions(*ctx.in->snapshot, page, resized, P, &positions);
+  if (delta > 0) {
+    // The engine reads one token more by count: to it the next slot is the
+    // newest key, visible to the row's last query.
+    const int64_t last_query = (b + 1) * ctx.d.queries - 1;
+    for (int64_t t = n; t < resized; ++t) {
+      positions[t] = ctx.p->query_positions[last_query];
+    }
+  }
+  return PageAsBlockStates(ctx, b, page, j, resized, positions.data(), out,
+                           lse);
 }
 
 }  // namespace diagnosis_internal

@@ -32,6 +32,14 @@ constexpr int64_t kExhaustiveSwaps = 512;
 // stand out of the LSE noise by this many units on average.
 constexpr double kStaleMassUnits = 3.0;
 constexpr double kStaleScore = 0.9;
+// A stale page held other tokens' values (an earlier sequence's): allowed
+// up to this many times the row's largest |V| (ConsistentStale).
+constexpr double kStaleValueRange = 2.0;
+// Without the engine's LSE: the share of the drift that leaving the stale
+// block out must remove, and how many times more than any other block's
+// removal (SeparatedBlock).
+constexpr double kSeparatedShare = 0.25;
+constexpr double kSeparation = 3.0;
 
 // Per cell (s, h): the state of every block, and prefix / suffix merges.
 class CellBlocks {
@@ -103,7 +111,7 @@ double EngineKeysLse(const Context& ctx, const Row& row, int64_t c) {
 
 // Whether E of cell c is the rest merged with one valid attention state:
 // the engine's key LSE exceeds the rest's, and the state's values, solved
-// from E, stay within |V| <= vmax (up to E's noise).
+// from E, stay within kStaleValueRange * vmax (up to E's noise).
 bool ConsistentStale(const Context& ctx, const Row& row, const Acc& rest,
                      double vmax, int64_t c, double* share_out) {
   const PreparedAttention& p = *ctx.p;
@@ -121,7 +129,9 @@ bool ConsistentStale(const Context& ctx, const Row& row, const Acc& rest,
     const double e = row.e_out[k] / vs;
     const double r = rest.l > 0 ? rest.acc[i] / rest.l : 0.0;
     const double x = (e - (1.0 - share) * r) / share;
-    if (std::fabs(x) > vmax + 4.0 * row.unit[k] / (vs * share)) return false;
+    if (std::fabs(x) > kStaleValueRange * vmax + 4.0 * row.unit[k] / (vs * share)) {
+      return false;
+    }
   }
   return true;
 }
@@ -244,11 +254,31 @@ LeaveOneOut ScanLeaveOneOut(const Context& ctx, const Row& row,
   return loo;
 }
 
+// Without the engine's LSE a stale page's extra mass is invisible: the
+// block whose removal alone takes away a good part of the drift (at least
+// kSeparatedShare), while no other block's removal takes a third as much,
+// is where E's content differs. -1: no block stands out.
+int64_t SeparatedBlock(const LeaveOneOut& loo) {
+  const int64_t nb = static_cast<int64_t>(loo.energy.size());
+  int64_t best = -1;
+  for (int64_t j = 0; j < nb; ++j) {
+    if (best < 0 || loo.energy[j] < loo.energy[best]) best = j;
+  }
+  if (best < 0) return -1;
+  const double removed = 1.0 - loo.energy[best];
+  if (!(removed >= kSeparatedShare)) return -1;
+  for (int64_t j = 0; j < nb; ++j) {
+    if (j != best && 1.0 - loo.energy[j] > removed / kSeparation) return -1;
+  }
+  return best;
+}
+
 // The block a stale page most likely is: of the blocks where every
 // drifting cell is E with some valid state in the block's place and the
 // stale model removes at least half of the drift, the one it leaves least
 // drift with. -1: none is.
-int64_t StaleBlock(const LeaveOneOut& loo) {
+int64_t StaleBlock(const LeaveOneOut& loo, bool has_lse) {
+  if (!has_lse) return SeparatedBlock(loo);
   int64_t best = -1;
   for (int64_t j = 0; j < static_cast<int64_t>(loo.consistent.size()); ++j) {
     // Every drifting cell consistent, and the model removing at least half
@@ -334,6 +364,8 @@ struct Trial {
   std::vector<const Substitute*> subs;  // merged after the rest
   bool stale = false;
   Scorer scorer;
+  std::string detail;
+  int64_t foreign_page = -1;  // a page of another row read as block j
   // Stage one: out's and the LSE's energy left, summed over the cells.
   double out_left = 0, lse_left = 0;
   bool finalist = false;
@@ -469,11 +501,12 @@ struct TrialPlan {
   int64_t stale_block = -1;       // StaleBlock
 };
 
-TrialPlan PlanTrials(const RowStates& rs, const LeaveOneOut& loo) {
+TrialPlan PlanTrials(const RowStates& rs, const LeaveOneOut& loo,
+                     bool has_lse) {
   TrialPlan plan;
   const int64_t nb = static_cast<int64_t>(rs.pages.size());
   plan.top = TopBlocks(loo.energy, kTopBlocks, -1);
-  plan.stale_block = StaleBlock(loo);
+  plan.stale_block = StaleBlock(loo, has_lse);
   if (plan.stale_block >= 0 && std::find(plan.top.begin(), plan.top.end(),
                                          plan.stale_block) == plan.top.end()) {
     plan.top.push_back(plan.stale_block);
@@ -508,6 +541,76 @@ TrialPlan PlanTrials(const RowStates& rs, const LeaveOneOut& loo) {
   return plan;
 }
 
+// A block-table entry naming another row's page: for the candidate blocks,
+// the pages other rows hold at the same logical block or a neighbour (a
+// row mix-up keeps the block index), read in the block's place.
+absl::Status ForeignTrials(const Context& ctx, const RowStates& rs,
+                           const TrialPlan& plan, std::deque<Substitute>* subs,
+                           std::vector<Trial>* trials) {
+  const ResolvedLayout& layout = *ctx.in->layout;
+  const int64_t tried = std::min<int64_t>(2, plan.top.size());
+  for (int64_t k = 0; k < tried; ++k) {
+    const int64_t j = plan.top[k];
+    for (int64_t other = 0; other < ctx.d.batch; ++other) {
+      if (other == rs.b) continue;
+      const auto& pages = layout.block_pages[other];
+      for (int64_t i : {j, j - 1, j + 1}) {
+        if (i < 0 || i >= static_cast<int64_t>(pages.size())) continue;
+        const int64_t page = pages[i];
+        if (std::find(rs.pages.begin(), rs.pages.end(), page) !=
+                rs.pages.end() ||
+            ctx.TimeUp() || ctx.Cancelled()) {
+          continue;  // the row's own page: a duplicate, tried above
+        }
+        subs->emplace_back();
+        Substitute& sub = subs->back();
+        sub.as = j;
+        sub.from = -1;
+        const absl::Status st =
+            ComputeSubstituteStates(ctx, rs.b, page, j, &sub.out, &sub.lse);
+        if (absl::IsInvalidArgument(st)) {
+          subs->pop_back();
+          continue;
+        }
+        ATTNAUDIT_RETURN_IF_ERROR(st);
+        Trial t{kForeignPage, j, -1, 1, {&sub}, false, Scorer(ctx)};
+        t.foreign_page = page;
+        t.detail = absl::StrFormat("row %d's page %d (its logical block %d)",
+                                   other, EnginePageId(ctx, page), i);
+        trials->push_back(std::move(t));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The row read with one key fewer or one more than kv_seq_lens says (its
+// last block resized).
+absl::Status SeqLenTrials(const Context& ctx, const RowStates& rs,
+                          std::deque<Substitute>* subs,
+                          std::vector<Trial>* trials) {
+  const int64_t last = static_cast<int64_t>(rs.pages.size()) - 1;
+  if (last < 0) return absl::OkStatus();
+  for (int64_t delta : {-1, 1}) {
+    subs->emplace_back();
+    Substitute& sub = subs->back();
+    sub.as = last;
+    sub.from = -1;
+    const absl::Status st =
+        ComputeResizedLastBlock(ctx, rs.b, delta, &sub.out, &sub.lse);
+    if (absl::IsNotFound(st) || absl::IsInvalidArgument(st)) {
+      subs->pop_back();
+      continue;
+    }
+    ATTNAUDIT_RETURN_IF_ERROR(st);
+    Trial t{kSeqLenOffByOne, last, -1, 1, {&sub}, false, Scorer(ctx)};
+    t.detail = absl::StrFormat("%+d: the engine read %d keys of row %d", delta,
+                               ctx.in->layout->seq_lens[rs.b] + delta, rs.b);
+    trials->push_back(std::move(t));
+  }
+  return absl::OkStatus();
+}
+
 // The trials of the plan; the states of pages read in another block's
 // place go to *subs (a deque: the trials point into it).
 absl::Status BuildTrials(const Context& ctx, const Row& row,
@@ -515,15 +618,25 @@ absl::Status BuildTrials(const Context& ctx, const Row& row,
                          const TrialPlan& plan, std::deque<Substitute>* subs,
                          std::vector<Trial>* trials) {
   const int64_t nb = static_cast<int64_t>(rs.pages.size());
+  // A page with a non-finite value in the slots it would be read at (an
+  // unused slot of a partly filled page) cannot have been read there by an
+  // engine that produced finite output: that candidate is not tried.
   auto substitute = [&](int64_t as,
                         int64_t from) -> absl::StatusOr<const Substitute*> {
     subs->emplace_back();
-    ATTNAUDIT_RETURN_IF_ERROR(MakeSubstitute(ctx, rs, as, from, &subs->back()));
+    const absl::Status st = MakeSubstitute(ctx, rs, as, from, &subs->back());
+    if (absl::IsInvalidArgument(st)) {
+      subs->pop_back();
+      return nullptr;
+    }
+    ATTNAUDIT_RETURN_IF_ERROR(st);
     return &subs->back();
   };
   auto duplicate = [&](int64_t j, int64_t i) -> absl::Status {
     ATTNAUDIT_ASSIGN_OR_RETURN(const Substitute* sub, substitute(j, i));
-    trials->push_back({kDuplicatePage, j, i, 1, {sub}, false, Scorer(ctx)});
+    if (sub != nullptr) {
+      trials->push_back({kDuplicatePage, j, i, 1, {sub}, false, Scorer(ctx)});
+    }
     return absl::OkStatus();
   };
   for (int64_t j : plan.top) {
@@ -555,15 +668,17 @@ absl::Status BuildTrials(const Context& ctx, const Row& row,
       if (b == a || ctx.TimeUp() || ctx.Cancelled()) continue;
       ATTNAUDIT_ASSIGN_OR_RETURN(const Substitute* ab, substitute(a, b));
       ATTNAUDIT_ASSIGN_OR_RETURN(const Substitute* ba, substitute(b, a));
+      if (ab == nullptr || ba == nullptr) continue;
       trials->push_back({kSwappedPages, a, b, 1, {ab, ba}, false, Scorer(ctx)});
     }
   }
-  return absl::OkStatus();
+  ATTNAUDIT_RETURN_IF_ERROR(ForeignTrials(ctx, rs, plan, subs, trials));
+  return SeqLenTrials(ctx, rs, subs, trials);
 }
 
 // The finalists as candidates: the best per hypothesis and block
 // (duplicates: per block, the best source page).
-void CollectCandidates(const Context& ctx, const RowStates& rs,
+void CollectCandidates(const Context& ctx, const Row& row, const RowStates& rs,
                        const std::vector<Trial>& trials, int64_t stale_block,
                        std::vector<Candidate>* out) {
   std::vector<Candidate> best;
@@ -572,6 +687,16 @@ void CollectCandidates(const Context& ctx, const RowStates& rs,
     Candidate c =
         BlockCandidate(ctx, rs, t.hypothesis, t.j,
                        t.subs.empty() ? -1 : t.other, t.scorer, t.bias);
+    c.detail = t.detail;
+    if (t.foreign_page >= 0)
+      c.location.other_page = EnginePageId(ctx, t.foreign_page);
+    // Without the engine's LSE a dropped block and a stale page differ only
+    // in how well leaving the block out explains out: at the located block
+    // the drop stands only when it explains.
+    if (!row.has_lse && t.hypothesis == kDropBlock && t.j == stale_block &&
+        !c.eval.explains) {
+      continue;
+    }
     // A substitution names the content read in the block's place: unless it
     // reproduces the engine, the page only resembles what was read (a
     // stale page, whose content is unknown, is the better account).
@@ -579,8 +704,14 @@ void CollectCandidates(const Context& ctx, const RowStates& rs,
     // A stale page's content is unknown: the located block (StaleBlock)
     // scores at least kStaleScore -- a located, not a reconstructed,
     // account.
+    // Located: with the engine's LSE, some valid content in that block's
+    // place gives E in every drifting cell, which accounts for the drift;
+    // without it, the block is where E's content differs, its content
+    // unchecked (docs/DIAGNOSIS.md, "Pages").
     if (t.stale && t.j == stale_block) {
       c.eval.score = std::max(c.eval.score, kStaleScore);
+      c.eval.explains = row.has_lse;
+      c.located = true;
     }
     bool replaced = false;
     for (Candidate& b : best) {
@@ -604,7 +735,7 @@ absl::Status BlockHypotheses(const Context& ctx, const Row& row,
   const std::vector<double> vmax = RowValueMax(ctx, row.b);
   const LeaveOneOut loo = ScanLeaveOneOut(ctx, row, rs, vmax);
   ctx.evaluated += nb;
-  const TrialPlan plan = PlanTrials(rs, loo);
+  const TrialPlan plan = PlanTrials(rs, loo, row.has_lse);
   std::deque<Substitute> subs;
   std::vector<Trial> trials;
   ATTNAUDIT_RETURN_IF_ERROR(
@@ -613,7 +744,7 @@ absl::Status BlockHypotheses(const Context& ctx, const Row& row,
   PickFinalists(ctx, row, &trials);
   ScoreTrials(ctx, row, rs, true, &trials);
   ctx.evaluated += static_cast<int64_t>(trials.size());
-  CollectCandidates(ctx, rs, trials, plan.stale_block, out);
+  CollectCandidates(ctx, row, rs, trials, plan.stale_block, out);
   return absl::OkStatus();
 }
 

@@ -23,6 +23,9 @@ namespace {
 // candidate above kExplainedFloor the answer is "unexplained".
 constexpr double kReportFloor = 0.25;
 constexpr double kExplainedFloor = 0.5;
+// A recomputed hypothesis removing this share of the drift outranks a
+// located one (Candidate::located), explained or not.
+constexpr double kNearlyAll = 0.98;
 
 absl::Status CheckInputs(const DiagnosisInputs& in) {
   if (in.snapshot == nullptr || in.layout == nullptr ||
@@ -61,6 +64,8 @@ Context MakeContext(const DiagnosisInputs& in, const DiagnosisOptions& opt) {
   si.max_context = ti.max_context;
   si.max_merged_blocks = ti.max_merged_blocks;
   si.max_abs_lse_reference = ti.max_abs_lse_reference;
+  si.probability_epsilon = ti.engine.probability_epsilon;
+  si.score_error = EngineScoreError(ti) + ti.rope_score_noise;
   ctx.noise = StatisticalNoise(si);
   // An eighth of the worst-case LSE tolerance: a correct engine's LSE
   // noise is far below it (docs/DIAGNOSIS.md, "Scores").
@@ -235,6 +240,10 @@ std::string Summarize(const Context& ctx, const Candidate& c) {
 }
 
 bool Better(const Candidate& a, const Candidate& b) {
+  if (a.located != b.located) {
+    const Candidate& computed = a.located ? b : a;
+    if (computed.eval.score >= kNearlyAll) return !a.located;
+  }
   if (a.eval.explains != b.eval.explains) return a.eval.explains;
   const double sa = std::round(a.eval.score * 100.0);
   const double sb = std::round(b.eval.score * 100.0);
@@ -378,14 +387,17 @@ absl::StatusOr<DiagnosisResult> Diagnose(const DiagnosisInputs& inputs,
 const std::vector<std::string>& HypothesisNames() {
   namespace di = diagnosis_internal;
   static const std::vector<std::string>* names = new std::vector<std::string>{
-      di::kLseBase,        di::kSinksInLse,     di::kRopeOffset,
-      di::kKRopeTwice,     di::kKRopeMissing,   di::kRopeStyle,
-      di::kWrongScale,     di::kSoftcapMissing, di::kGqaMapping,
-      di::kWindowOffByOne, di::kSinksMissing,   di::kFp8Scale,
-      di::kDropBlock,      di::kStalePage,      di::kDuplicatePage,
-      di::kSwappedPages,   di::kCpMissingShard, di::kCpDoubledShard,
-      di::kCpLseBase,      di::kCpBf16Combine,  di::kLowPrecision,
-      di::kUnexplained};
+      di::kLseBase,        di::kSinksInLse,         di::kRopeOffset,
+      di::kKRopeTwice,     di::kKRopeMissing,       di::kRopeStyle,
+      di::kWrongScale,     di::kSoftcapMissing,     di::kGqaMapping,
+      di::kWindowOffByOne, di::kSinksMissing,       di::kFp8Scale,
+      di::kDropBlock,      di::kStalePage,          di::kDuplicatePage,
+      di::kSwappedPages,   di::kCpMissingShard,     di::kCpDoubledShard,
+      di::kCpLseBase,      di::kCpBf16Combine,      di::kLowPrecision,
+      di::kWindowIgnored,  di::kKvHeadsPermuted,    di::kVFromK,
+      di::kRopeTheta,      di::kRopeScalingIgnored, di::kRopePartialRotary,
+      di::kForeignPage,    di::kSeqLenOffByOne,     di::kLayout,
+      di::kQRopeMissing,   di::kQRopeTwice,         di::kUnexplained};
   return *names;
 }
 

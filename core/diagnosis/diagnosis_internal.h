@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,6 +41,19 @@ inline constexpr char kCpDoubledShard[] = "cp-doubled-shard";
 inline constexpr char kCpLseBase[] = "cp-lse-base";
 inline constexpr char kCpBf16Combine[] = "cp-bf16-combine";
 inline constexpr char kLowPrecision[] = "low-precision";
+inline constexpr char kWindowIgnored[] = "window-ignored";
+inline constexpr char kKvHeadsPermuted[] = "kv-heads-permuted";
+inline constexpr char kVFromK[] = "v-from-k";
+inline constexpr char kRopeTheta[] = "rope-theta";
+inline constexpr char kRopeScalingIgnored[] = "rope-scaling-ignored";
+inline constexpr char kRopePartialRotary[] = "rope-partial-rotary";
+inline constexpr char kForeignPage[] = "foreign-page";
+inline constexpr char kSeqLenOffByOne[] = "seq-len-off-by-one";
+inline constexpr char kLayout[] = "layout";
+// Named by the rolling RoPE check's diagnosis (core/rope_check), listed
+// here so HypothesisNames() covers every name a report can carry.
+inline constexpr char kQRopeMissing[] = "q-rope-missing";
+inline constexpr char kQRopeTwice[] = "q-rope-twice";
 inline constexpr char kUnexplained[] = "unexplained";
 
 using Clock = std::chrono::steady_clock;
@@ -128,7 +142,23 @@ class Scorer {
 
 // --- Recomputation under an alternative configuration. ---
 
-enum class KeyTransform { kNone, kRotateAgain, kUnrotate, kRestyle };
+// How the keys (and for a layout swap the values) a hypothesis attends
+// with differ from the prepared ones:
+//   kRotateAgain, kUnrotate, kRestyle  the cached keys rotated again, back,
+//                                      or back and with the other pairing;
+//   kReRotate     a pre-RoPE cache rotated with AltSpec::key_rope instead;
+//   kTransposed   each page's [page_size, D] block of a KV head holding K
+//                 transposed ([D, page_size] in memory: vLLM's CPU cache);
+//   kSwapLayout   the pages in the other layout (NHD <-> HND), K and V.
+enum class KeyTransform {
+  kNone,
+  kRotateAgain,
+  kUnrotate,
+  kRestyle,
+  kReRotate,
+  kTransposed,
+  kSwapLayout
+};
 
 struct AltSpec {
   std::vector<double> q;  // [B,Sq,Hq,D] post-RoPE; empty: prepared's
@@ -143,6 +173,10 @@ struct AltSpec {
   bool drop_sinks = false;
   std::vector<double> k_scale, v_scale;  // [Hkv]; empty: prepared's
   KeyTransform keys = KeyTransform::kNone;
+  // kReRotate: the RoPE the keys are rotated with.
+  std::shared_ptr<const RopeConfig> key_rope;
+  // V read from the K buffer (the keys as the engine cached them).
+  bool v_from_k = false;
 };
 
 // Attention of row b under each spec for the query heads of KV heads
@@ -161,6 +195,11 @@ absl::Status ComputeAlternatives(const Context& ctx,
 absl::StatusOr<std::vector<double>> AlternativeQueries(const Context& ctx,
                                                        int64_t delta,
                                                        bool restyle);
+// q rotated with another RoPE configuration (from the pre-RoPE q, under the
+// snapshot's cast point; the engine's table is not used: it follows the
+// declared model).
+absl::StatusOr<std::vector<double>> QueriesRotatedWith(
+    const Context& ctx, const RopeConfig& config);
 
 // --- Per-row unit states (R, fp64) for the page and CP hypotheses. ---
 
@@ -180,9 +219,20 @@ std::vector<double> RowValueMax(const Context& ctx, int64_t b);
 
 // States of a page read as another block (the engine's block table names
 // page `page` for logical block `as_block`): fp32 states, per cell.
+// InvalidArgument when the page holds a non-finite value in the slots read
+// (an unused slot of a partly filled page may): the hypothesis does not
+// apply.
 absl::Status ComputeSubstituteStates(const Context& ctx, int64_t b,
                                      int64_t page, int64_t as_block,
                                      std::vector<double>* out,
+                                     std::vector<double>* lse);
+
+// States of row b's last block read with `delta` tokens more (+1: the next
+// slot of its page, seen as a key at the query's position) or fewer (-1),
+// per cell. NotFound when there is no such slot (a full last page, or a
+// one-token block for -1); InvalidArgument as above.
+absl::Status ComputeResizedLastBlock(const Context& ctx, int64_t b,
+                                     int64_t delta, std::vector<double>* out,
                                      std::vector<double>* lse);
 
 // --- Hypothesis families; each appends what it evaluated. ---
@@ -193,6 +243,10 @@ struct Candidate {
   DiagnosisLocation location;
   Evaluation eval;
   int rank_bias = 0;  // ties: fewer free parameters first
+  // Placed, not recomputed (a stale page, whose content is unknown): its
+  // score is assigned, and a recomputation that removes nearly all of the
+  // drift ranks above it.
+  bool located = false;
 };
 
 absl::Status LseHypotheses(const Context& ctx, const std::vector<Row>& rows,

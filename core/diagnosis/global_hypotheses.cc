@@ -5,7 +5,9 @@
 // examined row (docs/DIAGNOSIS.md, "Cost").
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -54,6 +56,90 @@ void AddRopeVariants(const Context& ctx, std::vector<Variant>* out) {
   out->push_back(std::move(both));
 }
 
+// The engine's RoPE under another model configuration (theta, scaling,
+// rotary width), for a snapshot whose q (and K) attnaudit rotates itself:
+// q rotated with it, and pre-RoPE keys too. A post-RoPE snapshot needs
+// none: the engine's q and cache agree with each other whatever it did
+// (the rolling RoPE check sees those bugs).
+void AddRopeConfigVariants(const Context& ctx, std::vector<Variant>* out) {
+  const Snapshot& s = *ctx.in->snapshot;
+  const bool pre_q = s.rope.q_state == RopeState::kPreRope;
+  const bool pre_k = s.rope.k_state == RopeState::kPreRope;
+  if (!pre_q && !pre_k) return;
+  const RopeConfig& base = s.rope;
+  const int64_t D = ctx.d.head_dim;
+  const int64_t rotary = base.rotary_dim > 0 ? base.rotary_dim : D;
+  struct Option {
+    const char* hypothesis;
+    std::string detail;
+    RopeConfig config;
+  };
+  std::vector<Option> options;
+  std::vector<double> thetas = {1e4, 1e5, 5e5, 1e6, 1e7};
+  for (double m : {0.1, 0.5, 2.0, 10.0}) thetas.push_back(base.theta * m);
+  for (double theta : thetas) {
+    if (std::fabs(theta - base.theta) <= 1e-9 * base.theta) continue;
+    RopeConfig c = base;
+    c.theta = theta;
+    options.push_back(
+        {kRopeTheta,
+         absl::StrFormat("theta %g instead of %g", theta, base.theta), c});
+  }
+  if (base.scaling.type != RopeScalingType::kNone) {
+    RopeConfig c = base;
+    c.scaling = RopeScaling();
+    options.push_back({kRopeScalingIgnored, "the RoPE scaling not applied", c});
+  }
+  for (int64_t width : {D, D / 2}) {
+    if (width == rotary || width < 2 || width % 2 != 0) continue;
+    RopeConfig c = base;
+    c.rotary_dim = width;
+    options.push_back(
+        {kRopePartialRotary,
+         absl::StrFormat("%d rotated dims instead of %d", width, rotary), c});
+  }
+  for (Option& o : options) {
+    Variant v{o.hypothesis, o.detail, {}, 2};
+    if (pre_q) {
+      absl::StatusOr<std::vector<double>> q = QueriesRotatedWith(ctx, o.config);
+      if (!q.ok()) continue;
+      v.spec.q = *std::move(q);
+    }
+    if (pre_k) {
+      v.spec.keys = KeyTransform::kReRotate;
+      v.spec.key_rope = std::make_shared<const RopeConfig>(o.config);
+    }
+    out->push_back(std::move(v));
+  }
+}
+
+// Reads of the cache the engine got wrong: V from the K buffer, and pages
+// in another layout than declared (K transposed per page and head, as
+// vLLM's CPU cache stores it; NHD read as HND or the reverse).
+void AddCacheVariants(const Context& ctx, std::vector<Variant>* out) {
+  Variant v{kVFromK, "V read from the K buffer", {}, 1};
+  v.spec.v_from_k = true;
+  out->push_back(std::move(v));
+  if (ctx.in->snapshot->rope.k_state == RopeState::kPreRope) return;
+  Variant t{kLayout,
+            "K pages hold each KV head's block transposed, [D, page_size] "
+            "(vLLM's CPU cache: layout=\"vllm_cpu\")",
+            {},
+            1};
+  t.spec.keys = KeyTransform::kTransposed;
+  out->push_back(std::move(t));
+  if (ctx.d.kv_heads > 1) {
+    const bool nhd = ctx.p->k_layout == KvLayout::kNHD;
+    Variant swap{kLayout,
+                 nhd ? "the pages are HND, declared NHD"
+                     : "the pages are NHD, declared HND",
+                 {},
+                 1};
+    swap.spec.keys = KeyTransform::kSwapLayout;
+    out->push_back(std::move(swap));
+  }
+}
+
 void AddScaleVariants(const Context& ctx, std::vector<Variant>* out) {
   const double s = ctx.p->softmax_scale;
   const double root = std::sqrt(static_cast<double>(ctx.d.head_dim));
@@ -81,6 +167,40 @@ void AddScaleVariants(const Context& ctx, std::vector<Variant>* out) {
   }
 }
 
+// The KV heads in another order: query head h reads KV head
+// perm[h / group] (reversed, rotated by one either way, pairs swapped).
+void AddKvPermutations(const Context& ctx, std::vector<Variant>* out) {
+  const SnapshotDims& d = ctx.d;
+  const int64_t n = d.kv_heads;
+  if (n < 2) return;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> perms;
+  std::vector<int64_t> reversed(static_cast<size_t>(n));
+  for (int64_t g = 0; g < n; ++g) reversed[g] = n - 1 - g;
+  perms.emplace_back("in reverse order", reversed);
+  if (n > 2) {
+    std::vector<int64_t> up(static_cast<size_t>(n)), down(up.size());
+    for (int64_t g = 0; g < n; ++g) {
+      up[g] = (g + 1) % n;
+      down[g] = (g + n - 1) % n;
+    }
+    perms.emplace_back("shifted by +1", up);
+    perms.emplace_back("shifted by -1", down);
+  }
+  if (n > 2 && n % 2 == 0) {
+    std::vector<int64_t> pairs(static_cast<size_t>(n));
+    for (int64_t g = 0; g < n; ++g) pairs[g] = g ^ 1;
+    perms.emplace_back("swapped in pairs", pairs);
+  }
+  for (const auto& [what, perm] : perms) {
+    Variant v{kKvHeadsPermuted, "KV heads " + what, {}, 1};
+    v.spec.kv_of.resize(static_cast<size_t>(d.q_heads));
+    for (int64_t h = 0; h < d.q_heads; ++h) {
+      v.spec.kv_of[h] = perm[h / d.group()];
+    }
+    out->push_back(std::move(v));
+  }
+}
+
 void AddVariantVariants(const Context& ctx, std::vector<Variant>* out) {
   const PreparedAttention& p = *ctx.p;
   const SnapshotDims& d = ctx.d;
@@ -96,7 +216,12 @@ void AddVariantVariants(const Context& ctx, std::vector<Variant>* out) {
     for (int64_t h = 0; h < d.q_heads; ++h) v.spec.kv_of[h] = h % d.kv_heads;
     out->push_back(std::move(v));
   }
+  AddKvPermutations(ctx, out);
   if (p.window > 0) {
+    Variant none{kWindowIgnored, "the sliding window not applied", {}, 1};
+    none.spec.set_window = true;
+    none.spec.window = 0;
+    out->push_back(std::move(none));
     for (int64_t delta : {1, -1}) {
       if (p.window + delta < 1) continue;
       Variant v{kWindowOffByOne,
@@ -153,7 +278,9 @@ void AddFp8Variants(const Context& ctx, std::vector<Variant>* out) {
 std::vector<Variant> Catalogue(const Context& ctx) {
   std::vector<Variant> v;
   AddRopeVariants(ctx, &v);
+  AddRopeConfigVariants(ctx, &v);
   AddScaleVariants(ctx, &v);
+  AddCacheVariants(ctx, &v);
   AddVariantVariants(ctx, &v);
   AddFp8Variants(ctx, &v);
   return v;

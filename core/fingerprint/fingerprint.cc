@@ -76,8 +76,17 @@ std::string StyleName(RopeStyle style) {
   return absl::StrCat("unknown_", static_cast<int>(style));
 }
 
+// New cast points get new names; the names of existing ones never change
+// (a digest made before a cast point existed stays valid).
 std::string CastName(RopeCastPoint cast) {
-  if (cast == RopeCastPoint::kAfterRope) return "after_rope";
+  switch (cast) {
+    case RopeCastPoint::kAfterRope:
+      return "after_rope";
+    case RopeCastPoint::kCosSin:
+      return "cos_sin";
+    case RopeCastPoint::kEachOp:
+      return "each_op";
+  }
   return absl::StrCat("unknown_", static_cast<int>(cast));
 }
 
@@ -100,7 +109,10 @@ std::string ScalingText(const RopeScaling& s) {
                           ",original_max_position=", s.original_max_position,
                           ",beta_fast=", G17(s.beta_fast),
                           ",beta_slow=", G17(s.beta_slow),
-                          ",attention_factor=", G17(s.attention_factor), ")");
+                          ",attention_factor=", G17(s.attention_factor),
+                          // Added with the parameter: a truncating YaRN
+                          // keeps the text (and digest) it always had.
+                          s.truncate ? "" : ",truncate=false", ")");
   }
   return absl::StrCat("unknown_", static_cast<int>(s.type));
 }

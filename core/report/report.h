@@ -221,6 +221,13 @@ struct Provenance {
   std::string rope_fingerprint;
   std::string fingerprint_version;
   StageTimings timings;
+  // The engine precision profile the tolerances used
+  // (core/verdict/precision.h), e.g. "flash-decoding", "conservative".
+  std::string engine_profile;
+  // Where the audit's RoPE values came from when it rotated: "config",
+  // "engine inv_freq", "engine rows" (rows for some positions, the rest
+  // from inv_freq or the config), or "" when it rotated nothing.
+  std::string rope_source;
 };
 
 // One context-parallel check: a candidate against a baseline over out and
@@ -275,6 +282,26 @@ struct CpReport {
   std::string skipped;
 };
 
+// One RoPE check (docs/NUMERICS.md, "RoPE checks"): the rolling check of
+// this step's pre-RoPE q ("q") or keys ("k") against what the engine
+// attended with, or the engine's RoPE table against the config ("table").
+struct RopeCheckResult {
+  std::string what;  // "q", "k" or "table"
+  Verdict verdict = Verdict::kUnspecified;
+  int64_t count = 0;       // elements compared
+  int64_t mismatches = 0;  // over their tolerance
+  double max_abs = 0;      // max |engine - attnaudit|
+  double max_ulp = 0;      // in ULPs of the rotation dtype (table: f32)
+  // table: the largest angle error, radians; q/k: the angle that would
+  // explain the worst element's pair.
+  double max_angle_error = 0;
+  double tolerance = 0;  // the tolerance at the worst element
+  // q/k: (b, s, h, d); table: batch = -1, query = the position's row,
+  // head = -1, dim = the rotary pair.
+  Location worst;
+  std::vector<std::string> reasons;  // one line each when DRIFT
+};
+
 struct AuditReport {
   Verdict verdict = Verdict::kUnspecified;
   std::string invalid_reason;  // the validation error, when INVALID
@@ -286,6 +313,9 @@ struct AuditReport {
   // Ranked, best first (docs/DIAGNOSIS.md); empty unless DRIFT.
   std::vector<Diagnosis> diagnoses;
   DiagnosisRun diagnosis_run;
+  // The rolling RoPE check and the RoPE table check, when the snapshot
+  // carried their inputs; a DRIFT among them makes the report DRIFT.
+  std::vector<RopeCheckResult> rope_checks;
 
   const ComparisonResult* Find(Comparison c) const;
 };

@@ -8,9 +8,20 @@
 namespace attnaudit {
 namespace {
 
-constexpr float kPi = 3.14159265358979323846f;
+constexpr double kPi = 3.14159265358979323846;
+const double kEpsF32 = std::ldexp(1.0, -23);
+// Ulps between two implementations' fp32 inverse frequencies (one pow
+// each: an ulp apart at most, as measured on vLLM's and torch's; with
+// scaling, the scaling arithmetic in another order too), and the angle
+// two libms' cos/sin may differ by.
+constexpr double kInvFreqUlps = 2.0;
+constexpr double kScaledInvFreqUlps = 8.0;
+const double kLibmAngle = 4.0 * std::ldexp(1.0, -23);
 
-absl::Status ApplyLlama3(const RopeScaling& s, std::vector<float>* inv_freq) {
+// The scaling formulas, in the precision T (float: what engines compute;
+// double: the model's definition, for checking an engine's table).
+template <typename T>
+absl::Status ApplyLlama3(const RopeScaling& s, std::vector<T>* inv_freq) {
   if (!(s.factor >= 1.0) || !(s.low_freq_factor > 0) ||
       !(s.high_freq_factor > s.low_freq_factor) ||
       s.original_max_position <= 0) {
@@ -18,33 +29,36 @@ absl::Status ApplyLlama3(const RopeScaling& s, std::vector<float>* inv_freq) {
         "rope.scaling: llama3 needs factor >= 1, 0 < low_freq_factor < "
         "high_freq_factor and original_max_position > 0");
   }
-  const float factor = static_cast<float>(s.factor);
-  const float low = static_cast<float>(s.low_freq_factor);
-  const float high = static_cast<float>(s.high_freq_factor);
-  const float old_len = static_cast<float>(s.original_max_position);
-  const float low_freq_wavelen = old_len / low;
-  const float high_freq_wavelen = old_len / high;
-  for (float& f : *inv_freq) {
-    const float wavelen = 2.0f * kPi / f;
+  const T pi = static_cast<T>(kPi);
+  const T factor = static_cast<T>(s.factor);
+  const T low = static_cast<T>(s.low_freq_factor);
+  const T high = static_cast<T>(s.high_freq_factor);
+  const T old_len = static_cast<T>(s.original_max_position);
+  const T low_freq_wavelen = old_len / low;
+  const T high_freq_wavelen = old_len / high;
+  for (T& f : *inv_freq) {
+    const T wavelen = T{2} * pi / f;
     if (wavelen < high_freq_wavelen) continue;  // high frequency: unchanged
     if (wavelen > low_freq_wavelen) {
       f = f / factor;
       continue;
     }
-    const float smooth = (old_len / wavelen - low) / (high - low);
-    f = (1.0f - smooth) * f / factor + smooth * f;
+    const T smooth = (old_len / wavelen - low) / (high - low);
+    f = (T{1} - smooth) * f / factor + smooth * f;
   }
   return absl::OkStatus();
 }
 
-float YarnCorrectionDim(float num_rotations, float dim, float base,
-                        float max_pos) {
-  return (dim * std::log(max_pos / (num_rotations * 2.0f * kPi))) /
-         (2.0f * std::log(base));
+template <typename T>
+T YarnCorrectionDim(T num_rotations, T dim, T base, T max_pos) {
+  return (dim *
+          std::log(max_pos / (num_rotations * T{2} * static_cast<T>(kPi)))) /
+         (T{2} * std::log(base));
 }
 
-absl::Status ApplyYarn(const RopeScaling& s, float base, int64_t rotary_dim,
-                       std::vector<float>* inv_freq, float* magnitude) {
+template <typename T>
+absl::Status ApplyYarn(const RopeScaling& s, T base, int64_t rotary_dim,
+                       std::vector<T>* inv_freq, T* magnitude) {
   if (!(s.factor >= 1.0) || !std::isfinite(s.factor) ||
       s.original_max_position <= 0 || !std::isfinite(s.beta_fast) ||
       !std::isfinite(s.beta_slow) || !(s.beta_slow > 0) ||
@@ -53,23 +67,25 @@ absl::Status ApplyYarn(const RopeScaling& s, float base, int64_t rotary_dim,
         "rope.scaling: yarn needs a finite factor >= 1, "
         "original_max_position > 0 and finite beta_fast > beta_slow > 0");
   }
-  const float dim = static_cast<float>(rotary_dim);
-  const float max_pos = static_cast<float>(s.original_max_position);
-  float low = std::floor(
-      YarnCorrectionDim(static_cast<float>(s.beta_fast), dim, base, max_pos));
-  float high = std::ceil(
-      YarnCorrectionDim(static_cast<float>(s.beta_slow), dim, base, max_pos));
-  low = std::max(low, 0.0f);
-  high = std::min(high, dim - 1.0f);
-  if (low == high) high += 0.001f;
-  const float factor = static_cast<float>(s.factor);
+  const T dim = static_cast<T>(rotary_dim);
+  const T max_pos = static_cast<T>(s.original_max_position);
+  T low = YarnCorrectionDim(static_cast<T>(s.beta_fast), dim, base, max_pos);
+  T high = YarnCorrectionDim(static_cast<T>(s.beta_slow), dim, base, max_pos);
+  if (s.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, T{0});
+  high = std::min(high, dim - T{1});
+  if (low == high) high += static_cast<T>(0.001);
+  const T factor = static_cast<T>(s.factor);
   for (size_t i = 0; i < inv_freq->size(); ++i) {
-    const float extrapolation = (*inv_freq)[i];
-    const float interpolation = extrapolation / factor;
-    float ramp = (static_cast<float>(i) - low) / (high - low);
-    ramp = std::min(std::max(ramp, 0.0f), 1.0f);
-    const float extrapolation_weight = 1.0f - ramp;
-    (*inv_freq)[i] = interpolation * (1.0f - extrapolation_weight) +
+    const T extrapolation = (*inv_freq)[i];
+    const T interpolation = extrapolation / factor;
+    T ramp = (static_cast<T>(i) - low) / (high - low);
+    ramp = std::min(std::max(ramp, T{0}), T{1});
+    const T extrapolation_weight = T{1} - ramp;
+    (*inv_freq)[i] = interpolation * (T{1} - extrapolation_weight) +
                      extrapolation * extrapolation_weight;
   }
   if (s.attention_factor != 0 &&
@@ -81,17 +97,16 @@ absl::Status ApplyYarn(const RopeScaling& s, float base, int64_t rotary_dim,
         s.attention_factor));
   }
   if (s.attention_factor > 0) {
-    *magnitude = static_cast<float>(s.attention_factor);
+    *magnitude = static_cast<T>(s.attention_factor);
   } else {
-    *magnitude = factor > 1.0f ? 0.1f * std::log(factor) + 1.0f : 1.0f;
+    *magnitude =
+        factor > T{1} ? static_cast<T>(0.1) * std::log(factor) + T{1} : T{1};
   }
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<RopeTable> RopeTable::Create(const RopeConfig& config,
-                                            int64_t head_dim) {
+absl::StatusOr<int64_t> CheckedRotaryDim(const RopeConfig& config,
+                                         int64_t head_dim) {
   if (!std::isfinite(config.theta) || !(config.theta > 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rope.theta: must be a positive finite number, got ", config.theta));
@@ -104,43 +119,56 @@ absl::StatusOr<RopeTable> RopeTable::Create(const RopeConfig& config,
         "rope.rotary_dim: must be even and in (0, head_dim=", head_dim,
         "], got ", config.rotary_dim));
   }
-  RopeTable table;
-  table.head_dim_ = head_dim;
-  table.rotary_dim_ = rotary_dim;
-  table.style_ = config.style;
+  return rotary_dim;
+}
+
+// Inverse frequencies 1 / theta^(2i / r) with the config's scaling, and the
+// magnitude, in precision T.
+template <typename T>
+absl::Status ScaledInvFreq(const RopeConfig& config, int64_t rotary_dim,
+                           std::vector<T>* inv_freq, T* magnitude) {
   const int64_t half = rotary_dim / 2;
-  const float base = static_cast<float>(config.theta);
-  table.inv_freq_.resize(static_cast<size_t>(half));
+  const T base = static_cast<T>(config.theta);
+  inv_freq->resize(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) {
-    const float exponent =
-        static_cast<float>(2 * i) / static_cast<float>(rotary_dim);
-    table.inv_freq_[i] = 1.0f / std::pow(base, exponent);
+    const T exponent = static_cast<T>(2 * i) / static_cast<T>(rotary_dim);
+    (*inv_freq)[i] = T{1} / std::pow(base, exponent);
   }
+  *magnitude = T{1};
   const RopeScaling& s = config.scaling;
   switch (s.type) {
     case RopeScalingType::kNone:
-      break;
+      return absl::OkStatus();
     case RopeScalingType::kLinear:
       if (!(s.factor > 0) || !std::isfinite(s.factor)) {
         return absl::InvalidArgumentError(
             "rope.scaling.factor: linear scaling needs a positive factor");
       }
-      for (float& f : table.inv_freq_) f /= static_cast<float>(s.factor);
-      break;
-    case RopeScalingType::kLlama3: {
-      absl::Status st = ApplyLlama3(s, &table.inv_freq_);
-      if (!st.ok()) return st;
-      break;
-    }
-    case RopeScalingType::kYarn: {
-      absl::Status st =
-          ApplyYarn(s, base, rotary_dim, &table.inv_freq_, &table.magnitude_);
-      if (!st.ok()) return st;
-      break;
-    }
-    default:
-      return absl::InvalidArgumentError("rope.scaling.type: unknown value");
+      for (T& f : *inv_freq) f /= static_cast<T>(s.factor);
+      return absl::OkStatus();
+    case RopeScalingType::kLlama3:
+      return ApplyLlama3(s, inv_freq);
+    case RopeScalingType::kYarn:
+      return ApplyYarn(s, base, rotary_dim, inv_freq, magnitude);
   }
+  return absl::InvalidArgumentError("rope.scaling.type: unknown value");
+}
+
+}  // namespace
+
+absl::StatusOr<RopeTable> RopeTable::Create(const RopeConfig& config,
+                                            int64_t head_dim) {
+  absl::StatusOr<int64_t> rotary_dim = CheckedRotaryDim(config, head_dim);
+  if (!rotary_dim.ok()) return rotary_dim.status();
+  RopeTable table;
+  table.head_dim_ = head_dim;
+  table.rotary_dim_ = *rotary_dim;
+  table.style_ = config.style;
+  table.cast_point_ = config.cast_point;
+  table.scaled_ = config.scaling.type != RopeScalingType::kNone;
+  absl::Status st =
+      ScaledInvFreq(config, *rotary_dim, &table.inv_freq_, &table.magnitude_);
+  if (!st.ok()) return st;
   // A theta or scaling factor at the edge of the double range can still
   // give fp32 inverse frequencies that are zero, subnormal or infinite;
   // say so here rather than let attention overflow later.
@@ -156,32 +184,92 @@ absl::StatusOr<RopeTable> RopeTable::Create(const RopeConfig& config,
   return table;
 }
 
+absl::StatusOr<RopeTable> RopeTable::Create(const RopeConfig& config,
+                                            int64_t head_dim,
+                                            const EngineRopeTable& engine) {
+  absl::StatusOr<RopeTable> table = Create(config, head_dim);
+  if (!table.ok()) return table.status();
+  const int64_t half = table->rotary_dim_ / 2;
+  if (engine.inv_freq.present()) {
+    table->engine_inv_freq_.resize(static_cast<size_t>(half));
+    for (int64_t i = 0; i < half; ++i) {
+      table->engine_inv_freq_[i] = engine.inv_freq.FloatAt(i);
+    }
+  }
+  if (engine.positions.present()) {
+    const int64_t rows = engine.positions.num_elements();
+    table->engine_cos_.resize(static_cast<size_t>(rows * half));
+    table->engine_sin_.resize(static_cast<size_t>(rows * half));
+    table->engine_row_of_.reserve(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      table->engine_row_of_[engine.positions.IntAt(r)] = r;
+      for (int64_t i = 0; i < half; ++i) {
+        table->engine_cos_[r * half + i] = engine.cos.FloatAt(r * half + i);
+        table->engine_sin_[r * half + i] = engine.sin.FloatAt(r * half + i);
+      }
+    }
+  }
+  return table;
+}
+
+RopeTable::Source RopeTable::SourceAt(int64_t position) const {
+  if (engine_row_of_.contains(position)) return Source::kEngineRow;
+  if (!engine_inv_freq_.empty()) return Source::kEngineInvFreq;
+  return Source::kConfig;
+}
+
 void RopeTable::Angles(int64_t position, float* cos_out, float* sin_out) const {
+  const size_t half = inv_freq_.size();
+  const auto row = engine_row_of_.find(position);
+  if (row != engine_row_of_.end()) {
+    const size_t first = static_cast<size_t>(row->second) * half;
+    std::copy_n(&engine_cos_[first], half, cos_out);
+    std::copy_n(&engine_sin_[first], half, sin_out);
+    return;
+  }
+  const std::vector<float>& freq =
+      engine_inv_freq_.empty() ? inv_freq_ : engine_inv_freq_;
   const float pos = static_cast<float>(position);
-  for (size_t i = 0; i < inv_freq_.size(); ++i) {
-    const float angle = pos * inv_freq_[i];
+  for (size_t i = 0; i < half; ++i) {
+    const float angle = pos * freq[i];
     cos_out[i] = std::cos(angle) * magnitude_;
     sin_out[i] = std::sin(angle) * magnitude_;
   }
 }
 
+double RopeTable::AngleUncertainty(int64_t position, int64_t pair) const {
+  switch (SourceAt(position)) {
+    case Source::kEngineRow:
+      return 0.0;
+    case Source::kEngineInvFreq:
+      // The same angles; cos and sin from another libm, a few ulps apart.
+      return kLibmAngle;
+    case Source::kConfig:
+      break;
+  }
+  // theta^0 is 1 in every implementation: pair 0's angle is the position
+  // itself, exact below 2^24, whatever the engine's pow.
+  if (inv_freq_[pair] == 1.0f && !scaled_) return kLibmAngle;
+  // An engine's inverse frequency may be an ulp or two from ours (its pow;
+  // with scaling, its order of the scaling arithmetic, a few more); the
+  // angle pos * f inherits that relative error and rounds once more.
+  const double ulps = scaled_ ? kScaledInvFreqUlps : kInvFreqUlps;
+  const double angle = std::fabs(static_cast<double>(position)) *
+                       static_cast<double>(inv_freq_[pair]);
+  return angle * (ulps + 1.0) * kEpsF32 + kLibmAngle;
+}
+
 void RopeTable::RotateWith(float* x, const float* cos_half,
                            const float* sin_half) const {
   const int64_t half = rotary_dim_ / 2;
-  if (style_ == RopeStyle::kNeox) {
-    for (int64_t i = 0; i < half; ++i) {
-      const float x1 = x[i];
-      const float x2 = x[i + half];
-      x[i] = x1 * cos_half[i] - x2 * sin_half[i];
-      x[i + half] = x2 * cos_half[i] + x1 * sin_half[i];
-    }
-  } else {
-    for (int64_t i = 0; i < half; ++i) {
-      const float x1 = x[2 * i];
-      const float x2 = x[2 * i + 1];
-      x[2 * i] = x1 * cos_half[i] - x2 * sin_half[i];
-      x[2 * i + 1] = x2 * cos_half[i] + x1 * sin_half[i];
-    }
+  const bool neox = style_ == RopeStyle::kNeox;
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t a = neox ? i : 2 * i;
+    const int64_t b = neox ? i + half : 2 * i + 1;
+    const float x1 = x[a];
+    const float x2 = x[b];
+    x[a] = x1 * cos_half[i] - x2 * sin_half[i];
+    x[b] = x2 * cos_half[i] + x1 * sin_half[i];
   }
 }
 
@@ -190,6 +278,44 @@ void RopeTable::Rotate(float* x, int64_t position) const {
   std::vector<float> sin_half(inv_freq_.size());
   Angles(position, cos_half.data(), sin_half.data());
   RotateWith(x, cos_half.data(), sin_half.data());
+}
+
+void RopeTable::RotateAs(const float* x, const float* cos_half,
+                         const float* sin_half, DType dtype, float* out) const {
+  const int64_t half = rotary_dim_ / 2;
+  const bool neox = style_ == RopeStyle::kNeox;
+  const bool round_cos_sin = cast_point_ != RopeCastPoint::kAfterRope;
+  const bool each_op = cast_point_ == RopeCastPoint::kEachOp;
+  auto r = [dtype](float v) { return RoundToDType(v, dtype); };
+  // The pass-through dims first: out may alias x, and the rotated pairs
+  // read x before they write.
+  for (int64_t i = rotary_dim_; i < head_dim_; ++i) out[i] = r(x[i]);
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t a = neox ? i : 2 * i;
+    const int64_t b = neox ? i + half : 2 * i + 1;
+    const float c = round_cos_sin ? r(cos_half[i]) : cos_half[i];
+    const float s = round_cos_sin ? r(sin_half[i]) : sin_half[i];
+    const float x1 = x[a];
+    const float x2 = x[b];
+    if (each_op) {
+      out[a] = r(r(x1 * c) - r(x2 * s));
+      out[b] = r(r(x2 * c) + r(x1 * s));
+    } else {
+      out[a] = r(x1 * c - x2 * s);
+      out[b] = r(x2 * c + x1 * s);
+    }
+  }
+}
+
+absl::StatusOr<ExactRope> ExactRopeOf(const RopeConfig& config,
+                                      int64_t head_dim) {
+  absl::StatusOr<int64_t> rotary_dim = CheckedRotaryDim(config, head_dim);
+  if (!rotary_dim.ok()) return rotary_dim.status();
+  ExactRope exact;
+  absl::Status st =
+      ScaledInvFreq(config, *rotary_dim, &exact.inv_freq, &exact.magnitude);
+  if (!st.ok()) return st;
+  return exact;
 }
 
 }  // namespace attnaudit

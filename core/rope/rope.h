@@ -1,15 +1,23 @@
 // Rotary position embedding, computed the way engines compute it: the
-// inverse frequencies, the angles, cos/sin and the rotation all in fp32,
-// then one cast to the output dtype (RopeCastPoint::kAfterRope).
+// inverse frequencies and the angles in fp32, cos/sin of those (times the
+// YaRN magnitude), the rotation, and the cast to the rotation dtype where
+// the engine's arithmetic profile rounds (RopeCastPoint; docs/NUMERICS.md,
+// "RoPE arithmetic").
 //
-// RopeTable precomputes the inverse frequencies and the YaRN magnitude for a
-// RopeConfig; it is immutable after Create and safe to share across threads.
+// A RopeTable may also carry the engine's own values (Snapshot.rope_table):
+// cos/sin rows for some positions and/or its inverse frequencies. Angles
+// then come from the engine's row for a position, else from the engine's
+// inverse frequencies, else from the config; AngleUncertainty bounds how far
+// each source can be from what the engine used.
+//
+// RopeTable is immutable after Create and safe to share across threads.
 #ifndef ATTNAUDIT_CORE_ROPE_ROPE_H_
 #define ATTNAUDIT_CORE_ROPE_ROPE_H_
 
 #include <cstdint>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "core/snapshot/snapshot.h"
 
@@ -22,29 +30,71 @@ class RopeTable {
   // parameters.
   static absl::StatusOr<RopeTable> Create(const RopeConfig& config,
                                           int64_t head_dim);
+  // The same, rotating with the engine's values where `engine` has them.
+  // `engine` must have passed validation (shapes, distinct positions).
+  static absl::StatusOr<RopeTable> Create(const RopeConfig& config,
+                                          int64_t head_dim,
+                                          const EngineRopeTable& engine);
 
   int64_t head_dim() const { return head_dim_; }
   int64_t rotary_dim() const { return rotary_dim_; }
+  RopeStyle style() const { return style_; }
+  RopeCastPoint cast_point() const { return cast_point_; }
+  // The config's fp32 inverse frequencies (not the engine's).
   const std::vector<float>& inv_freq() const { return inv_freq_; }
   float magnitude() const { return magnitude_; }  // YaRN attention factor
 
-  // Rotates one head vector x[head_dim] in place in fp32 for `position`.
-  // Dims past rotary_dim pass through unchanged.
-  void Rotate(float* x, int64_t position) const;
-  // The same with a caller-provided scratch of rotary_dim floats for cos and
-  // sin each (avoids recomputing the angles for several heads at one
-  // position): Angles fills cos/sin, RotateWith applies them.
+  // cos/sin (magnitude included) of the rotary_dim / 2 angles at
+  // `position`, in fp32: the engine's row, else its inverse frequencies,
+  // else the config's.
   void Angles(int64_t position, float* cos_out, float* sin_out) const;
+  // Rotates one head vector x[head_dim] in place in fp32 with cos/sin from
+  // Angles (no rounding: the kAfterRope profile before its cast). Dims past
+  // rotary_dim pass through unchanged.
   void RotateWith(float* x, const float* cos_half, const float* sin_half) const;
+  void Rotate(float* x, int64_t position) const;
+  // The engine's rotation of x[head_dim] (values of the rotation's input,
+  // widened to float) under the table's cast point, rounded to `dtype` (the
+  // rotation dtype) where the profile rounds and at the end; into
+  // out[head_dim] (which may alias x).
+  void RotateAs(const float* x, const float* cos_half, const float* sin_half,
+                DType dtype, float* out) const;
+
+  // Which values Angles uses at `position`.
+  enum class Source { kConfig, kEngineInvFreq, kEngineRow };
+  Source SourceAt(int64_t position) const;
+  // A bound, in radians, on |this table's angle - the engine's angle| for
+  // rotary pair `pair` at `position` (0 for the engine's own rows): an
+  // engine computes its inverse frequencies and cos/sin with its own libm,
+  // a few fp32 ulps from ours, and at long positions an ulp of an inverse
+  // frequency is a large angle (docs/NUMERICS.md, "RoPE tables").
+  double AngleUncertainty(int64_t position, int64_t pair) const;
 
  private:
   RopeTable() = default;
   int64_t head_dim_ = 0;
   int64_t rotary_dim_ = 0;
   RopeStyle style_ = RopeStyle::kNeox;
+  RopeCastPoint cast_point_ = RopeCastPoint::kAfterRope;
+  bool scaled_ = false;
   std::vector<float> inv_freq_;  // rotary_dim / 2 entries
   float magnitude_ = 1.0f;
+  // The engine's values: inverse frequencies (empty when not sent) and
+  // cos/sin rows by position.
+  std::vector<float> engine_inv_freq_;
+  absl::flat_hash_map<int64_t, int64_t> engine_row_of_;
+  std::vector<float> engine_cos_, engine_sin_;  // [rows, rotary_dim / 2]
 };
+
+// The model's definition in fp64: inverse frequencies after scaling and the
+// magnitude, for checking an engine's table (docs/NUMERICS.md, "RoPE
+// tables"). Same errors as RopeTable::Create.
+struct ExactRope {
+  std::vector<double> inv_freq;  // rotary_dim / 2
+  double magnitude = 1.0;
+};
+absl::StatusOr<ExactRope> ExactRopeOf(const RopeConfig& config,
+                                      int64_t head_dim);
 
 }  // namespace attnaudit
 

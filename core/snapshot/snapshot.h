@@ -59,10 +59,18 @@ struct RopeScaling {
   double beta_slow = 1.0;
   // YaRN's cos/sin magnitude factor; 0 means the default 0.1*ln(factor)+1.
   double attention_factor = 0.0;
+  // YaRN: floor/ceil the correction range's bounds (false: keep them
+  // fractional, Hugging Face's truncate=false, as GPT-OSS).
+  bool truncate = true;
 };
 
+// Where the engine rounds while it rotates (the RoPE arithmetic profile;
+// docs/NUMERICS.md, "RoPE arithmetic"). "The rotation dtype" is the dtype
+// the rotated values are cast to (q_output_dtype / k_output_dtype).
 enum class RopeCastPoint : int {
-  kAfterRope = 0,  // fp32 RoPE, one cast to the output dtype afterwards
+  kAfterRope = 0,  // fp32 cos/sin and rotation, one cast afterwards
+  kCosSin = 1,     // cos/sin rounded to the rotation dtype first (vLLM)
+  kEachOp = 2,     // each product and the sum rounded too (Hugging Face)
 };
 
 struct RopeConfig {
@@ -76,6 +84,44 @@ struct RopeConfig {
   // dtype q / K are cast to after RoPE; kInvalid means "the input's dtype".
   DType q_output_dtype = DType::kInvalid;
   DType k_output_dtype = DType::kInvalid;
+};
+
+// The engine's own RoPE values (docs/NUMERICS.md, "RoPE tables"): rows of
+// its cos/sin cache for some positions, and/or its inverse frequencies.
+// All optional; rows take precedence over inv_freq for their positions.
+struct EngineRopeTable {
+  Tensor inv_freq;   // f32 [rotary_dim / 2]
+  Tensor positions;  // [T] i32/i64, distinct, >= 0
+  Tensor cos;        // [T, rotary_dim / 2] floating, magnitude included
+  Tensor sin;        // [T, rotary_dim / 2] floating
+  bool present() const { return inv_freq.present() || positions.present(); }
+};
+
+// The rolling RoPE check's inputs: this step's q and new keys before RoPE.
+struct PreRopeInputs {
+  Tensor q;  // [B, Sq, Hq, D], with rope.q_state post
+  Tensor k;  // [B, Sq, Hkv, D]: the key written at each query's position
+};
+
+// How the engine's attention kernel rounds (docs/NUMERICS.md, "Engine
+// precision"). kUnspecified is a conservative profile that covers every
+// kernel keeping its scores in fp32; 16-bit scores must be declared.
+enum class EngineProfile : int {
+  kUnspecified = 0,
+  kCustom = 1,         // the explicit fields only; fp32 elsewhere
+  kFlashDecoding = 2,  // GPU flash-decoding: fp32 scores, P in the KV dtype
+  kVllmCpu = 3,        // vLLM's CPU attention
+  kHfEager = 4,        // HF eager: scores and P in the model dtype
+  kTorchFlashCpu = 5,  // torch's CPU flash attention (sdpa on the CPU)
+};
+
+struct EnginePrecision {
+  EngineProfile profile = EngineProfile::kUnspecified;
+  // Each replaces the profile's value when set (kInvalid / 0: unset).
+  DType score_dtype = DType::kInvalid;
+  DType probability_dtype = DType::kInvalid;
+  int exp_ulps = 0;
+  int64_t split_keys = 0;
 };
 
 enum class CpSharding : int {
@@ -160,6 +206,9 @@ struct Snapshot {
   DType output_dtype = DType::kInvalid;  // kInvalid means q's dtype
   CpConfig cp;
   EngineOutput engine;
+  EnginePrecision precision;
+  PreRopeInputs pre_rope;
+  EngineRopeTable rope_table;
 
   // Selected-token log-prob inputs (all optional, lm_head and ids together).
   Tensor selected_token_ids;  // [B, Sq] i32/i64

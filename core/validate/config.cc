@@ -2,9 +2,12 @@
 // parallelism, the prefix-cache declaration, and the values of the small
 // tensors (at most O(Hq), O(Hkv) or O(B * Sq) elements, all bounded by the
 // limits phase 1 enforced).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
@@ -111,19 +114,100 @@ absl::Status CheckOutputDType(absl::string_view field, DType dt,
                    DTypeName(dt));
   }
   // Post-RoPE data was already cast by the engine; a declared RoPE output
-  // dtype that differs from what was stored is a contradiction.
-  if (state == RopeState::kPostRope && dt != tensor.dtype()) {
+  // dtype that differs from what was stored is a contradiction. Not so for
+  // fp8: the engine rotates in a wider dtype, then quantises (what the
+  // rolling RoPE check reproduces).
+  if (state == RopeState::kPostRope && dt != tensor.dtype() &&
+      !IsFp8(tensor.dtype())) {
     return Invalid(field, "post-RoPE ", tensor_name, " dtype ",
                    DTypeName(tensor.dtype()), " must match ", DTypeName(dt));
   }
   return absl::OkStatus();
 }
 
+// The engine's RoPE table: finite values, inverse frequencies positive,
+// row positions >= 0 and distinct (each names one row).
+absl::Status CheckRopeTable(const EngineRopeTable& t) {
+  if (t.inv_freq.present()) {
+    for (int64_t i = 0; i < t.inv_freq.num_elements(); ++i) {
+      const float f = t.inv_freq.FloatAt(i);
+      if (!(std::isfinite(f) && f > 0.0f)) {
+        return Invalid(IndexPath("rope_table.inv_freq", {i}),
+                       "must be a positive finite number, got ", f);
+      }
+    }
+  }
+  if (!t.positions.present()) return absl::OkStatus();
+  const IntView positions(t.positions);
+  const int64_t rows = t.positions.num_elements();
+  std::vector<std::pair<int64_t, int64_t>> sorted;
+  sorted.reserve(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) {
+    if (positions[i] < 0) {
+      return Invalid(IndexPath("rope_table.positions", {i}),
+                     "must be >= 0, got ", positions[i]);
+    }
+    sorted.emplace_back(positions[i], i);
+  }
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i].first == sorted[i - 1].first) {
+      return Invalid(IndexPath("rope_table.positions", {sorted[i].second}),
+                     "position ", sorted[i].first, " repeats entry ",
+                     sorted[i - 1].second);
+    }
+  }
+  for (const auto& [field, tensor] :
+       {std::pair<const char*, const Tensor*>{"rope_table.cos", &t.cos},
+        {"rope_table.sin", &t.sin}}) {
+    const int64_t bad =
+        FirstNonFinite(tensor->raw(), tensor->dtype(), tensor->num_elements());
+    if (bad >= 0) {
+      return Invalid(ElementPath(field, tensor->shape(), bad),
+                     "value is not finite");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPrecision(const EnginePrecision& p) {
+  switch (p.profile) {
+    case EngineProfile::kUnspecified:
+    case EngineProfile::kCustom:
+    case EngineProfile::kFlashDecoding:
+    case EngineProfile::kVllmCpu:
+    case EngineProfile::kHfEager:
+    case EngineProfile::kTorchFlashCpu:
+      break;
+    default:
+      return Invalid("precision.profile", "unknown value ",
+                     static_cast<int>(p.profile));
+  }
+  for (const auto& [field, dt] :
+       {std::pair<const char*, DType>{"precision.score_dtype", p.score_dtype},
+        {"precision.probability_dtype", p.probability_dtype}}) {
+    if (dt != DType::kInvalid && !IsFloating(dt)) {
+      return Invalid(field, "must be a floating-point dtype, got ",
+                     DTypeName(dt));
+    }
+  }
+  if (p.exp_ulps < 0 || p.exp_ulps > (1 << 20)) {
+    return Invalid("precision.exp_ulps", "must be in [0, 2^20], got ",
+                   p.exp_ulps);
+  }
+  if (p.split_keys < 0) {
+    return Invalid("precision.split_keys", "must be >= 0, got ", p.split_keys);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckRope(const Snapshot& s, const SnapshotDims& d) {
   const RopeConfig& r = s.rope;
-  if (r.cast_point != RopeCastPoint::kAfterRope) {
+  if (r.cast_point != RopeCastPoint::kAfterRope &&
+      r.cast_point != RopeCastPoint::kCosSin &&
+      r.cast_point != RopeCastPoint::kEachOp) {
     return Invalid("rope.cast_point",
-                   "must be after_rope (fp32 RoPE, one cast after), got ",
+                   "must be after_rope, cos_sin or each_op, got ",
                    static_cast<int>(r.cast_point));
   }
   for (const auto& [field, state] :
@@ -147,7 +231,17 @@ absl::Status CheckRope(const Snapshot& s, const SnapshotDims& d) {
   ATTNAUDIT_RETURN_IF_ERROR(CheckOutputDType("rope.k_output_dtype",
                                              r.k_output_dtype, r.k_state,
                                              s.k_pages, "k_pages"));
-  return absl::OkStatus();
+  if (s.pre_rope.q.present() && r.q_state != RopeState::kPostRope) {
+    return Invalid("pre_rope.q",
+                   "needs rope.q_state post_rope (q then holds the rotated "
+                   "queries to check)");
+  }
+  if (s.pre_rope.k.present() && r.k_state != RopeState::kPostRope) {
+    return Invalid("pre_rope.k",
+                   "needs rope.k_state post_rope (the cache then holds the "
+                   "rotated keys to check)");
+  }
+  return CheckRopeTable(s.rope_table);
 }
 
 absl::Status CheckCp(const Snapshot& s) {
@@ -279,6 +373,7 @@ absl::Status CheckConfig(const Snapshot& s, const ValidationLimits& limits,
   ATTNAUDIT_RETURN_IF_ERROR(CheckScalars(s));
   ATTNAUDIT_RETURN_IF_ERROR(CheckScales(s));
   ATTNAUDIT_RETURN_IF_ERROR(CheckRope(s, dims));
+  ATTNAUDIT_RETURN_IF_ERROR(CheckPrecision(s.precision));
   ATTNAUDIT_RETURN_IF_ERROR(CheckCp(s));
   ATTNAUDIT_RETURN_IF_ERROR(CheckLogprobInputs(s, dims));
   ATTNAUDIT_RETURN_IF_ERROR(CheckPrefix(s));

@@ -60,6 +60,18 @@ std::vector<TensorRule> Rules(const Snapshot& s) {
        "[B, Sq]"},
       {"lm_head", &s.lm_head, false, Kind::kFloating, 2, "[V, Hq*D]"},
       {"active_mask", &s.active_mask, false, Kind::kBool, 2, "[B, Sq]"},
+      {"pre_rope.q", &s.pre_rope.q, false, Kind::kFloating, 4,
+       "[B, Sq, Hq, D]"},
+      {"pre_rope.k", &s.pre_rope.k, false, Kind::kFloating, 4,
+       "[B, Sq, Hkv, D]"},
+      {"rope_table.inv_freq", &s.rope_table.inv_freq, false, Kind::kF32, 1,
+       "[rotary_dim / 2]"},
+      {"rope_table.positions", &s.rope_table.positions, false, Kind::kInteger,
+       1, "[T]"},
+      {"rope_table.cos", &s.rope_table.cos, false, Kind::kFloating, 2,
+       "[T, rotary_dim / 2]"},
+      {"rope_table.sin", &s.rope_table.sin, false, Kind::kFloating, 2,
+       "[T, rotary_dim / 2]"},
   };
 }
 
@@ -342,6 +354,42 @@ absl::Status CheckLogprobInputs(const Snapshot& s, const SnapshotDims& d,
                     limits.max_vocab);
 }
 
+// The rolling RoPE check's inputs and the engine's RoPE table. rotary_dim
+// itself is checked with the rest of RoPE (config.cc); a bad one is
+// reported there, not here as a table shape.
+absl::Status CheckRopeInputs(const Snapshot& s, const SnapshotDims& d) {
+  ATTNAUDIT_RETURN_IF_ERROR(ExpectShapeIfPresent("pre_rope.q", s.pre_rope.q,
+                                                 {{"B", d.batch},
+                                                  {"Sq", d.queries},
+                                                  {"Hq", d.q_heads},
+                                                  {"D", d.head_dim}}));
+  ATTNAUDIT_RETURN_IF_ERROR(ExpectShapeIfPresent("pre_rope.k", s.pre_rope.k,
+                                                 {{"B", d.batch},
+                                                  {"Sq", d.queries},
+                                                  {"Hkv", d.kv_heads},
+                                                  {"D", d.head_dim}}));
+  const EngineRopeTable& t = s.rope_table;
+  const bool rows = t.positions.present();
+  for (const auto& [field, tensor] :
+       {std::pair<const char*, const Tensor*>{"rope_table.cos", &t.cos},
+        {"rope_table.sin", &t.sin}}) {
+    if (tensor->present() != rows) {
+      return Invalid(field, "rope_table.positions, cos and sin come together");
+    }
+  }
+  const int64_t rotary = s.rope.rotary_dim > 0 ? s.rope.rotary_dim : d.head_dim;
+  if (rotary > d.head_dim || rotary % 2 != 0) return absl::OkStatus();
+  const int64_t half = rotary / 2;
+  ATTNAUDIT_RETURN_IF_ERROR(ExpectShapeIfPresent(
+      "rope_table.inv_freq", t.inv_freq, {{"rotary_dim / 2", half}}));
+  if (!rows) return absl::OkStatus();
+  const int64_t n = t.positions.dim(0);
+  ATTNAUDIT_RETURN_IF_ERROR(ExpectShape("rope_table.cos", t.cos,
+                                        {{"T", n}, {"rotary_dim / 2", half}}));
+  return ExpectShape("rope_table.sin", t.sin,
+                     {{"T", n}, {"rotary_dim / 2", half}});
+}
+
 }  // namespace
 
 absl::Status CheckStructure(const Snapshot& s, const ValidationLimits& limits,
@@ -357,6 +405,7 @@ absl::Status CheckStructure(const Snapshot& s, const ValidationLimits& limits,
   ATTNAUDIT_RETURN_IF_ERROR(CheckContextParallel(s, d, limits));
   ATTNAUDIT_RETURN_IF_ERROR(CheckEngineOutputs(s, d));
   ATTNAUDIT_RETURN_IF_ERROR(CheckLogprobInputs(s, d, limits));
+  ATTNAUDIT_RETURN_IF_ERROR(CheckRopeInputs(s, d));
   *dims = d;
   return absl::OkStatus();
 }

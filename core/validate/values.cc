@@ -7,6 +7,7 @@
 // vectorise; only a chunk that fails is rescanned to locate the element.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
@@ -135,6 +136,14 @@ absl::Status CheckFiniteValues(const Snapshot& s, const SnapshotDims& d,
                                const std::vector<uint8_t>& active_slots,
                                bool scan_kv) {
   ATTNAUDIT_RETURN_IF_ERROR(ScanRange("q", s.q, 0, s.q.num_elements()));
+  for (const auto& [field, tensor] :
+       {std::pair<const char*, const Tensor*>{"pre_rope.q", &s.pre_rope.q},
+        {"pre_rope.k", &s.pre_rope.k}}) {
+    if (tensor->present()) {
+      ATTNAUDIT_RETURN_IF_ERROR(
+          ScanRange(field, *tensor, 0, tensor->num_elements()));
+    }
+  }
   if (scan_kv) {
     // K first: when both are bad the message names K, whatever the timing.
     ATTNAUDIT_RETURN_IF_ERROR(

@@ -38,6 +38,10 @@ constexpr double kRmsMargin = 0.1;
 // score magnitude per bf16 epsilon of fp8 noise (NUMERICS.md).
 constexpr double kFp32Depth = 4.0;
 constexpr double kFp8Lambda = 2.5;
+// The noise epsilon per unit of the engine's worst-case score error: the
+// bound adds every key's error with one sign; a correct engine's errors
+// have mixed signs (NUMERICS.md: calibrated on the conformance suite).
+constexpr double kScoreNoise = 1.5;
 // u is floored at this fraction of the head row's rms (near-zero elements
 // carry the row's absolute noise, not their own ULP's).
 constexpr double kRowFloor = 0.5;
@@ -148,8 +152,11 @@ NoiseModel StatisticalNoise(const StatisticalInputs& in) {
   const double depth = std::max(
       std::sqrt(static_cast<double>(std::max<int64_t>(1, in.max_context))),
       static_cast<double>(std::max<int64_t>(1, in.max_merged_blocks)));
-  m.epsilon = std::max({eps_out, EngineComputeEpsilon(in.kv_dtype),
-                        kFp32Depth * kEpsF32 * depth});
+  const double eps_probability = in.probability_epsilon > 0
+                                     ? in.probability_epsilon
+                                     : EngineComputeEpsilon(in.kv_dtype);
+  m.epsilon = std::max({eps_out, eps_probability, kFp32Depth * kEpsF32 * depth,
+                        kScoreNoise * std::max(0.0, in.score_error)});
   // fp8 K dequantised and rounded to bf16 moves every score by up to
   // eps_bf16 / 2 of its terms: noise that grows with the score magnitude,
   // for which Lambda stands.

@@ -31,6 +31,13 @@ struct StatisticalInputs {
   int64_t max_context = 1;           // largest visible key count of a query
   int64_t max_merged_blocks = 1;     // largest number of merged blocks
   double max_abs_lse_reference = 1;  // Lambda: max |R.lse| (fp8 KV noise)
+  // The engine's arithmetic (precision.h): the precision of its
+  // probabilities (0: EngineComputeEpsilon(kv_dtype)) and the absolute
+  // error of both sides' scores (ComparisonScoreError plus, for a pre-RoPE
+  // snapshot's E-R and E-P, attnaudit's own RoPE uncertainty), which moves
+  // out by about as much relative.
+  double probability_epsilon = 0;
+  double score_error = 0;
   // Family-wise false-alarm probability per comparison under the noise
   // model (the measured rate is in docs/NUMERICS.md).
   double alpha = 1e-7;

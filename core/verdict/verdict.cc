@@ -132,6 +132,34 @@ double EngineComputeEpsilon(DType kv_dtype) {
   }
 }
 
+double ScoreError(const EngineArithmetic& arithmetic,
+                  const ToleranceInputs& inputs) {
+  const double l = std::max(
+      1.0, NonNegativeOr(std::fabs(inputs.max_abs_lse_reference), 1.0));
+  const double keys =
+      static_cast<double>(std::max<int64_t>(1, inputs.max_context));
+  // sum_j p_j |s_j| = sum_j p_j |lse + ln p_j| <= |lse| + entropy.
+  const double mean_abs_score = l + std::log(keys);
+  return arithmetic.score_epsilon * mean_abs_score + arithmetic.exp_epsilon;
+}
+
+double EngineScoreError(const ToleranceInputs& inputs) {
+  return ScoreError(inputs.engine, inputs);
+}
+
+double ComparisonScoreError(const ToleranceInputs& inputs) {
+  switch (inputs.comparison) {
+    case Comparison::kEngineVsReference:
+      return ScoreError(inputs.engine, inputs);
+    case Comparison::kReplayVsReference:
+      return ScoreError(inputs.replay, inputs);
+    case Comparison::kEngineVsReplay:
+      return ScoreError(inputs.engine, inputs) +
+             ScoreError(inputs.replay, inputs);
+  }
+  return 0.0;
+}
+
 Tolerances ComputeTolerances(const ToleranceInputs& inputs,
                              const ToleranceOverrides& overrides) {
   const bool engine = inputs.comparison != Comparison::kReplayVsReference;
@@ -141,7 +169,9 @@ Tolerances ComputeTolerances(const ToleranceInputs& inputs,
   const double eps_out = IsFloating(inputs.output_dtype)
                              ? DTypeEpsilon(inputs.output_dtype)
                              : kEpsF32;
-  const double eps_compute = EngineComputeEpsilon(inputs.kv_dtype);
+  const double eps_compute = inputs.engine.probability_epsilon > 0
+                                 ? inputs.engine.probability_epsilon
+                                 : EngineComputeEpsilon(inputs.kv_dtype);
   const bool fp8 = engine && IsFp8(inputs.kv_dtype);
 
   // A: out magnitude; L: lse magnitude (at least 1); n: accumulation depth.
@@ -152,10 +182,18 @@ Tolerances ComputeTolerances(const ToleranceInputs& inputs,
   // A CP engine's combine merges W more partials (engine sides only).
   const int64_t cp =
       engine && inputs.cp_world_size > 1 ? inputs.cp_world_size : 0;
-  const double n = static_cast<double>(
-      std::max({int64_t{1}, inputs.max_merged_blocks,
-                (context + kEngineSplitKeys - 1) / kEngineSplitKeys}) +
-      cp);
+  const int64_t split = inputs.engine.split_keys > 0 ? inputs.engine.split_keys
+                                                     : kEngineSplitKeys;
+  const double n =
+      static_cast<double>(std::max({int64_t{1}, inputs.max_merged_blocks,
+                                    (context + split - 1) / split}) +
+                          cp);
+  // A score off by delta moves the softmax weights by ~delta relative:
+  // the LSE by delta, out by up to twice |v - out| <~ 2A times delta
+  // (either side's scores: the engine's, the replay's fp32 ones).
+  const double score_error = ComparisonScoreError(inputs);
+  const double rope_error =
+      engine ? NonNegativeOr(inputs.rope_score_uncertainty, 0.0) : 0.0;
 
   Tolerances t;
   // Rounding of the final write(s), in ULPs of the output dtype at A, plus
@@ -167,11 +205,14 @@ Tolerances ComputeTolerances(const ToleranceInputs& inputs,
   // Its weights exp(lse_k - lse) are off by ~eps_f |lse| relative each.
   if (cp > 0) out_rel += 2.0 * kEpsF32 * l;
   if (fp8) out_rel += kEpsBf16 * l / 4.0;
-  t.out_abs = a * out_rel + 2.0 * DenormMin(inputs.output_dtype);
+  out_rel += 2.0 * score_error;
+  t.out_abs = a * out_rel + 2.0 * DenormMin(inputs.output_dtype) +
+              2.0 * NonNegativeOr(inputs.value_max, 0.0) * rope_error;
 
   // Per fp32 merge step: half an ULP of |lse| plus ~2 eps from log/exp.
   t.lse_abs = kEpsF32 * (4.0 * l + sides * n * (0.5 * l + 2.0));
   if (fp8) t.lse_abs += kEpsBf16 * l / 2.0;
+  t.lse_abs += score_error + rope_error;
 
   // |d lp| <= 2 max_v |d z_v| <= 2 out_abs * max_v ||W_v||_1 / T, plus the
   // engine rounding its logits (|z| <= A ||W||_1 / T) to its compute type.

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "core/report/report.h"
+#include "core/verdict/precision.h"
 
 namespace attnaudit {
 
@@ -51,7 +52,33 @@ struct ToleranceInputs {
   // weights exp(lse_k - lse): W more merges, and weights whose exponent
   // carries ~eps_f |lse| of rounding (docs/NUMERICS.md, "Tolerances").
   int64_t cp_world_size = 1;
+  // The engine's declared arithmetic (precision.h). Zero fields (the
+  // default) mean a flash-decoding engine of kv_dtype with exact scores:
+  // no score term, probabilities by EngineComputeEpsilon.
+  EngineArithmetic engine;
+  // The replay's own (ReplayArithmetic): its fp32 scores err like an fp32
+  // engine's. Zero (the default): none.
+  EngineArithmetic replay;
+  // Pre-RoPE snapshots: a bound on |our score - the engine's| from
+  // attnaudit's own RoPE (PreparedAttention), and max |V| (V scale applied),
+  // through which it moves out.
+  double rope_score_uncertainty = 0;
+  double value_max = 0;
+  // Its typical size (the pairs in quadrature), for the statistical
+  // detector; not used by the tolerances.
+  double rope_score_noise = 0;
 };
+
+// The absolute score error of an arithmetic: the relative error of its
+// scores times the weighted mean |score| (at most max|lse| + ln L over L
+// visible keys), plus its exp's; docs/NUMERICS.md, "Engine precision".
+double ScoreError(const EngineArithmetic& arithmetic,
+                  const ToleranceInputs& inputs);
+// The engine's (inputs.engine).
+double EngineScoreError(const ToleranceInputs& inputs);
+// What one comparison's two sides may differ by in their scores: the
+// engine's (E-R), the replay's (P-R) or both (E-P).
+double ComparisonScoreError(const ToleranceInputs& inputs);
 
 // Relative precision of an engine's P.V product for a KV cache of
 // `kv_dtype`: tensor-core engines round the probabilities (and fp8 values,

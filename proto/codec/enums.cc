@@ -88,6 +88,29 @@ absl::StatusOr<RopeCastPoint> DecodeRopeCastPoint(int value,
     case v1::ROPE_CAST_POINT_UNSPECIFIED:
     case v1::ROPE_CAST_POINT_AFTER_ROPE:
       return RopeCastPoint::kAfterRope;
+    case v1::ROPE_CAST_POINT_COS_SIN:
+      return RopeCastPoint::kCosSin;
+    case v1::ROPE_CAST_POINT_EACH_OP:
+      return RopeCastPoint::kEachOp;
+  }
+  return UnknownEnumValue(field, value);
+}
+
+absl::StatusOr<EngineProfile> DecodeEngineProfile(int value,
+                                                  absl::string_view field) {
+  switch (value) {
+    case v1::ENGINE_PROFILE_UNSPECIFIED:
+      return EngineProfile::kUnspecified;
+    case v1::ENGINE_PROFILE_CUSTOM:
+      return EngineProfile::kCustom;
+    case v1::ENGINE_PROFILE_FLASH_DECODING:
+      return EngineProfile::kFlashDecoding;
+    case v1::ENGINE_PROFILE_VLLM_CPU:
+      return EngineProfile::kVllmCpu;
+    case v1::ENGINE_PROFILE_HF_EAGER:
+      return EngineProfile::kHfEager;
+    case v1::ENGINE_PROFILE_TORCH_FLASH_CPU:
+      return EngineProfile::kTorchFlashCpu;
   }
   return UnknownEnumValue(field, value);
 }
@@ -211,8 +234,34 @@ v1::RopeScalingType EncodeRopeScalingType(RopeScalingType type) {
   return v1::ROPE_SCALING_TYPE_NONE;
 }
 
-v1::RopeCastPoint EncodeRopeCastPoint(RopeCastPoint) {
+v1::RopeCastPoint EncodeRopeCastPoint(RopeCastPoint point) {
+  switch (point) {
+    case RopeCastPoint::kCosSin:
+      return v1::ROPE_CAST_POINT_COS_SIN;
+    case RopeCastPoint::kEachOp:
+      return v1::ROPE_CAST_POINT_EACH_OP;
+    case RopeCastPoint::kAfterRope:
+      break;
+  }
   return v1::ROPE_CAST_POINT_AFTER_ROPE;
+}
+
+v1::EngineProfile EncodeEngineProfile(EngineProfile profile) {
+  switch (profile) {
+    case EngineProfile::kCustom:
+      return v1::ENGINE_PROFILE_CUSTOM;
+    case EngineProfile::kFlashDecoding:
+      return v1::ENGINE_PROFILE_FLASH_DECODING;
+    case EngineProfile::kVllmCpu:
+      return v1::ENGINE_PROFILE_VLLM_CPU;
+    case EngineProfile::kHfEager:
+      return v1::ENGINE_PROFILE_HF_EAGER;
+    case EngineProfile::kTorchFlashCpu:
+      return v1::ENGINE_PROFILE_TORCH_FLASH_CPU;
+    case EngineProfile::kUnspecified:
+      break;
+  }
+  return v1::ENGINE_PROFILE_UNSPECIFIED;
 }
 
 v1::CpSharding EncodeCpSharding(CpSharding sharding) {

@@ -37,6 +37,8 @@ absl::StatusOr<RopeScalingType> DecodeRopeScalingType(int value,
                                                       absl::string_view field);
 absl::StatusOr<RopeCastPoint> DecodeRopeCastPoint(int value,
                                                   absl::string_view field);
+absl::StatusOr<EngineProfile> DecodeEngineProfile(int value,
+                                                  absl::string_view field);
 absl::StatusOr<CpSharding> DecodeCpSharding(int value, absl::string_view field);
 absl::StatusOr<LseBase> DecodeLseBase(int value, absl::string_view field);
 absl::StatusOr<SlidingWindowConvention> DecodeWindowConvention(
@@ -54,6 +56,7 @@ v1::RopeState EncodeRopeState(RopeState state);
 v1::RopeStyle EncodeRopeStyle(RopeStyle style);
 v1::RopeScalingType EncodeRopeScalingType(RopeScalingType type);
 v1::RopeCastPoint EncodeRopeCastPoint(RopeCastPoint point);
+v1::EngineProfile EncodeEngineProfile(EngineProfile profile);
 v1::CpSharding EncodeCpSharding(CpSharding sharding);
 v1::LseBase EncodeLseBase(LseBase base);
 v1::SlidingWindowConvention EncodeWindowConvention(

@@ -402,6 +402,44 @@ void DecodeDiagnoses(const v1::AuditReport& msg, AuditReport* r) {
   r->diagnosis_run.note = run.note();
 }
 
+void EncodeRopeChecks(const AuditReport& r, v1::AuditReport* msg) {
+  for (const RopeCheckResult& c : r.rope_checks) {
+    v1::RopeCheck* m = msg->add_rope_checks();
+    m->set_what(c.what);
+    m->set_verdict(EncodeVerdict(c.verdict));
+    m->set_count(c.count);
+    m->set_mismatches(c.mismatches);
+    m->set_max_abs(c.max_abs);
+    m->set_max_ulp(c.max_ulp);
+    m->set_max_angle_error(c.max_angle_error);
+    m->set_tolerance(c.tolerance);
+    EncodeLocation(c.worst, m->mutable_worst());
+    for (const std::string& reason : c.reasons) m->add_reasons(reason);
+  }
+}
+
+absl::Status DecodeRopeChecks(const v1::AuditReport& msg, AuditReport* r) {
+  for (int i = 0; i < msg.rope_checks_size(); ++i) {
+    const v1::RopeCheck& m = msg.rope_checks(i);
+    RopeCheckResult c;
+    c.what = m.what();
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        c.verdict, DecodeVerdict(m.verdict(),
+                                 absl::StrCat("rope_checks[", i, "].verdict")));
+    c.count = m.count();
+    c.mismatches = m.mismatches();
+    c.max_abs = m.max_abs();
+    c.max_ulp = m.max_ulp();
+    c.max_angle_error = m.max_angle_error();
+    c.tolerance = m.tolerance();
+    c.worst = {m.worst().batch(), m.worst().query(), m.worst().head(),
+               m.worst().dim()};
+    c.reasons.assign(m.reasons().begin(), m.reasons().end());
+    r->rope_checks.push_back(std::move(c));
+  }
+  return absl::OkStatus();
+}
+
 void EncodeProvenance(const Provenance& p, v1::Provenance* m) {
   m->set_backend(p.backend);
   m->set_threads(p.threads);
@@ -423,6 +461,8 @@ void EncodeProvenance(const Provenance& p, v1::Provenance* m) {
   m->set_prefix_fingerprint(p.prefix_fingerprint);
   m->set_rope_fingerprint(p.rope_fingerprint);
   m->set_fingerprint_version(p.fingerprint_version);
+  m->set_engine_profile(p.engine_profile);
+  m->set_rope_source(p.rope_source);
   v1::StageTimings* t = m->mutable_timings();
   t->set_validate_seconds(p.timings.validate_seconds);
   t->set_reference_seconds(p.timings.reference_seconds);
@@ -466,6 +506,8 @@ absl::Status DecodeProvenance(const v1::Provenance& m, Provenance* p) {
   p->prefix_fingerprint = m.prefix_fingerprint();
   p->rope_fingerprint = m.rope_fingerprint();
   p->fingerprint_version = m.fingerprint_version();
+  p->engine_profile = m.engine_profile();
+  p->rope_source = m.rope_source();
   const v1::StageTimings& t = m.timings();
   p->timings.validate_seconds = t.validate_seconds();
   p->timings.reference_seconds = t.reference_seconds();
@@ -615,6 +657,7 @@ void ReportToProto(const AuditReport& report, v1::AuditReport* msg) {
   EncodeProvenance(report.provenance, msg->mutable_provenance());
   if (report.cp.present) EncodeCp(report.cp, msg->mutable_cp());
   EncodeDiagnoses(report, msg);
+  EncodeRopeChecks(report, msg);
 }
 
 absl::StatusOr<AuditReport> ReportFromProto(const v1::AuditReport& msg) {
@@ -642,6 +685,7 @@ absl::StatusOr<AuditReport> ReportFromProto(const v1::AuditReport& msg) {
       DecodeProvenance(msg.provenance(), &report.provenance));
   if (msg.has_cp()) ATTNAUDIT_RETURN_IF_ERROR(DecodeCp(msg.cp(), &report.cp));
   DecodeDiagnoses(msg, &report);
+  ATTNAUDIT_RETURN_IF_ERROR(DecodeRopeChecks(msg, &report));
   return report;
 }
 

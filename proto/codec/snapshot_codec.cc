@@ -103,6 +103,7 @@ absl::Status DecodeRope(const v1::RopeConfig& m, RopeConfig* rope) {
   scaling.beta_fast = OrDefault(s.beta_fast(), 32.0);
   scaling.beta_slow = OrDefault(s.beta_slow(), 1.0);
   scaling.attention_factor = s.attention_factor();
+  scaling.truncate = !s.no_truncate();
   ATTNAUDIT_ASSIGN_OR_RETURN(
       rope->cast_point, DecodeRopeCastPoint(m.cast_point(), "rope.cast_point"));
   ATTNAUDIT_ASSIGN_OR_RETURN(
@@ -129,6 +130,7 @@ void EncodeRope(const RopeConfig& rope, v1::RopeConfig* m) {
   s->set_beta_fast(rope.scaling.beta_fast);
   s->set_beta_slow(rope.scaling.beta_slow);
   s->set_attention_factor(rope.scaling.attention_factor);
+  s->set_no_truncate(!rope.scaling.truncate);
   m->set_cast_point(EncodeRopeCastPoint(rope.cast_point));
   m->set_q_output_dtype(EncodeDType(rope.q_output_dtype));
   m->set_k_output_dtype(EncodeDType(rope.k_output_dtype));
@@ -153,6 +155,12 @@ void codec_internal::EncodeScalars(const Snapshot& s, v1::Snapshot* m) {
   cp->set_interleave_size(s.cp.interleave_size);
 
   m->mutable_engine()->set_lse_base(EncodeLseBase(s.engine.lse_base));
+  v1::EnginePrecision* precision = m->mutable_precision();
+  precision->set_profile(EncodeEngineProfile(s.precision.profile));
+  precision->set_score_dtype(EncodeDType(s.precision.score_dtype));
+  precision->set_probability_dtype(EncodeDType(s.precision.probability_dtype));
+  precision->set_exp_ulps(s.precision.exp_ulps);
+  precision->set_split_keys(s.precision.split_keys);
   m->set_logprob_temperature(s.logprob_temperature);
 
   v1::PrefixCache* prefix = m->mutable_prefix();
@@ -190,6 +198,18 @@ absl::Status DecodeScalars(const v1::Snapshot& m, Snapshot* s) {
   ATTNAUDIT_ASSIGN_OR_RETURN(
       s->engine.lse_base,
       DecodeLseBase(m.engine().lse_base(), "engine.lse_base"));
+  const v1::EnginePrecision& precision = m.precision();
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      s->precision.profile,
+      DecodeEngineProfile(precision.profile(), "precision.profile"));
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      s->precision.score_dtype,
+      DecodeDType(precision.score_dtype(), "precision.score_dtype"));
+  ATTNAUDIT_ASSIGN_OR_RETURN(s->precision.probability_dtype,
+                             DecodeDType(precision.probability_dtype(),
+                                         "precision.probability_dtype"));
+  s->precision.exp_ulps = precision.exp_ulps();
+  s->precision.split_keys = precision.split_keys();
   s->logprob_temperature = OrDefault(m.logprob_temperature(), 1.0);
 
   const v1::PrefixCache& prefix = m.prefix();

@@ -60,6 +60,12 @@ const TensorField kFields[] = {
     ATTNAUDIT_TOP(selected_token_ids),
     ATTNAUDIT_TOP(lm_head),
     ATTNAUDIT_TOP(active_mask),
+    ATTNAUDIT_NESTED(pre_rope, q),
+    ATTNAUDIT_NESTED(pre_rope, k),
+    ATTNAUDIT_NESTED(rope_table, inv_freq),
+    ATTNAUDIT_NESTED(rope_table, positions),
+    ATTNAUDIT_NESTED(rope_table, cos),
+    ATTNAUDIT_NESTED(rope_table, sin),
 };
 
 #undef ATTNAUDIT_TOP

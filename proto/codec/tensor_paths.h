@@ -17,7 +17,7 @@
 
 namespace attnaudit {
 
-// Every tensor path, in Snapshot field-number order (21 entries).
+// Every tensor path, in Snapshot field-number order (27 entries).
 const std::vector<absl::string_view>& SnapshotTensorPaths();
 
 // The message's tensor at `path`; nullptr when the path is unknown or the

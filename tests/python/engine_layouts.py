@@ -105,7 +105,12 @@ def wire_options(snap) -> dict:
               selected_token_ids=t("selected_token_ids"), lm_head=t("lm_head"),
               active_mask=t("active_mask"),
               logprob_temperature=m.logprob_temperature or None,
-              labels=m.labels)
+              labels=m.labels,
+              precision=m.precision if m.HasField("precision") else None,
+              pre_rope_q=t("pre_rope.q"), pre_rope_k=t("pre_rope.k"))
+    table = {k: t(f"rope_table.{k}") for k in ("inv_freq", "positions", "cos", "sin")}
+    if any(v is not None for v in table.values()):
+        kw["rope_table"] = {k: v for k, v in table.items() if v is not None}
     if m.HasField("engine"):
         kw["lse_base"] = {snapshot_pb2.LSE_BASE_2: "2"}.get(m.engine.lse_base, "e")
     if m.HasField("cp") and m.cp.world_size > 1:

@@ -189,9 +189,17 @@ TEST(SnapshotCodecTest, UnknownEnumValuesNameTheField) {
          m->mutable_rope()->mutable_scaling()->set_type(
              static_cast<v1::RopeScalingType>(4));
        }},
-      {"rope.cast_point: unknown value 2",
+      {"rope.cast_point: unknown value 4",
        [](v1::Snapshot* m) {
-         m->mutable_rope()->set_cast_point(static_cast<v1::RopeCastPoint>(2));
+         m->mutable_rope()->set_cast_point(static_cast<v1::RopeCastPoint>(4));
+       }},
+      {"precision.profile: unknown value 6",
+       [](v1::Snapshot* m) {
+         m->mutable_precision()->set_profile(static_cast<v1::EngineProfile>(6));
+       }},
+      {"precision.score_dtype: unknown value 12",
+       [](v1::Snapshot* m) {
+         m->mutable_precision()->set_score_dtype(static_cast<v1::DType>(12));
        }},
       {"rope.q_output_dtype: unknown value 10",
        [](v1::Snapshot* m) {

@@ -55,7 +55,8 @@ Snapshot FullSnapshot(uint32_t seed) {
   s.rope.scaling.beta_fast = 16.0;
   s.rope.scaling.beta_slow = 2.0;
   s.rope.scaling.attention_factor = 1.25;
-  s.rope.cast_point = RopeCastPoint::kAfterRope;
+  s.rope.scaling.truncate = false;
+  s.rope.cast_point = RopeCastPoint::kEachOp;
   s.rope.q_output_dtype = DType::kBF16;
   s.rope.k_output_dtype = DType::kF16;
   s.output_dtype = DType::kF16;
@@ -71,6 +72,17 @@ Snapshot FullSnapshot(uint32_t seed) {
   s.engine.lse = RandomTensor(&rng, DType::kF32, {2, 2, 4});
   s.engine.lse_base = LseBase::k2;
   s.engine.logprobs = RandomTensor(&rng, DType::kF64, {2, 2});
+  s.precision.profile = EngineProfile::kHfEager;
+  s.precision.score_dtype = DType::kBF16;
+  s.precision.probability_dtype = DType::kF16;
+  s.precision.exp_ulps = 3;
+  s.precision.split_keys = 128;
+  s.pre_rope.q = RandomTensor(&rng, DType::kBF16, {2, 2, 4, 8});
+  s.pre_rope.k = RandomTensor(&rng, DType::kBF16, {2, 2, 2, 8});
+  s.rope_table.inv_freq = RandomTensor(&rng, DType::kF32, {2});
+  s.rope_table.positions = RandomTensor(&rng, DType::kI64, {3});
+  s.rope_table.cos = RandomTensor(&rng, DType::kF32, {3, 2});
+  s.rope_table.sin = RandomTensor(&rng, DType::kBF16, {3, 2});
 
   s.selected_token_ids = RandomTensor(&rng, DType::kI64, {2, 2});
   s.lm_head = RandomTensor(&rng, DType::kBF16, {5, 32});
@@ -304,6 +316,7 @@ void ExpectSnapshotEq(const Snapshot& a, const Snapshot& b) {
   EXPECT_EQ(a.rope.scaling.beta_fast, b.rope.scaling.beta_fast);
   EXPECT_EQ(a.rope.scaling.beta_slow, b.rope.scaling.beta_slow);
   EXPECT_EQ(a.rope.scaling.attention_factor, b.rope.scaling.attention_factor);
+  EXPECT_EQ(a.rope.scaling.truncate, b.rope.scaling.truncate);
   EXPECT_EQ(a.rope.cast_point, b.rope.cast_point);
   EXPECT_EQ(a.rope.q_output_dtype, b.rope.q_output_dtype);
   EXPECT_EQ(a.rope.k_output_dtype, b.rope.k_output_dtype);
@@ -320,6 +333,19 @@ void ExpectSnapshotEq(const Snapshot& a, const Snapshot& b) {
   ExpectTensorEq(a.engine.lse, b.engine.lse, "engine.lse");
   EXPECT_EQ(a.engine.lse_base, b.engine.lse_base);
   ExpectTensorEq(a.engine.logprobs, b.engine.logprobs, "engine.logprobs");
+  EXPECT_EQ(a.precision.profile, b.precision.profile);
+  EXPECT_EQ(a.precision.score_dtype, b.precision.score_dtype);
+  EXPECT_EQ(a.precision.probability_dtype, b.precision.probability_dtype);
+  EXPECT_EQ(a.precision.exp_ulps, b.precision.exp_ulps);
+  EXPECT_EQ(a.precision.split_keys, b.precision.split_keys);
+  ExpectTensorEq(a.pre_rope.q, b.pre_rope.q, "pre_rope.q");
+  ExpectTensorEq(a.pre_rope.k, b.pre_rope.k, "pre_rope.k");
+  ExpectTensorEq(a.rope_table.inv_freq, b.rope_table.inv_freq,
+                 "rope_table.inv_freq");
+  ExpectTensorEq(a.rope_table.positions, b.rope_table.positions,
+                 "rope_table.positions");
+  ExpectTensorEq(a.rope_table.cos, b.rope_table.cos, "rope_table.cos");
+  ExpectTensorEq(a.rope_table.sin, b.rope_table.sin, "rope_table.sin");
 
   ExpectTensorEq(a.selected_token_ids, b.selected_token_ids,
                  "selected_token_ids");

@@ -21,15 +21,15 @@ from .memfd import MemfdSnapshot
 from .errors import (AuditError, CancelledError, DeadlineExceededError,
                      InvalidArgumentError, NotFoundError, PermissionDeniedError,
                      ResourceExhaustedError, UnauthenticatedError, UnavailableError)
-from .report import ComparisonView, JobResult, Report
-from .snapshot import Snapshot
+from .report import ComparisonView, Diagnosis, JobResult, Report
+from .snapshot import ENGINE_PRESETS, Snapshot
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AuditClient", "AuditError", "AuditResult", "AuditorCounters", "CancelledError",
-    "Comparison", "ComparisonView", "DeadlineExceededError", "InvalidArgumentError",
+    "Comparison", "ComparisonView", "DeadlineExceededError", "Diagnosis", "InvalidArgumentError",
     "JobResult", "JobState", "MemfdSnapshot", "NotFoundError", "PermissionDeniedError", "Priority",
-    "Report", "ResourceExhaustedError", "RolloutAuditor", "Snapshot", "Submitted",
+    "ENGINE_PRESETS", "Report", "ResourceExhaustedError", "RolloutAuditor", "Snapshot", "Submitted",
     "Tls", "UnauthenticatedError", "UnavailableError", "Verdict", "Watch",
 ]

@@ -63,9 +63,15 @@ CP_SHARDING = (snapshot_pb2.CpSharding, "CP_SHARDING_")
 LSE_BASE = (snapshot_pb2.LseBase, "LSE_BASE_")
 WINDOW = (snapshot_pb2.SlidingWindowConvention, "SLIDING_WINDOW_CONVENTION_")
 SCHEME = (snapshot_pb2.FingerprintScheme, "FINGERPRINT_SCHEME_")
+CAST_POINT = (snapshot_pb2.RopeCastPoint, "ROPE_CAST_POINT_")
+ENGINE_PROFILE = (snapshot_pb2.EngineProfile, "ENGINE_PROFILE_")
 
 ROPE_STATE_ALIASES = {"post": "post_rope", "pre": "pre_rope"}
 WINDOW_ALIASES = {"hf": "hugging_face", "huggingface": "hugging_face",
                   "flash": "flash_left", "fa": "flash_left"}
+PROFILE_ALIASES = {"vllm-cpu": "vllm_cpu", "hf-eager": "hf_eager",
+                   "torch-flash-cpu": "torch_flash_cpu",
+                   "flash-decoding": "flash_decoding",
+                   "conservative": "unspecified"}
 SCALING_ALIASES = {"default": "none", "llama3": "llama3", "yarn": "yarn",
                    "linear": "linear"}

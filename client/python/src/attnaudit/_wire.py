@@ -27,7 +27,8 @@ TENSOR_PATHS: Tuple[str, ...] = (
     "kv_seq_lens", "query_positions", "slot_positions", "key_rope_positions",
     "sinks", "cp.block_owners", "cp.rank_out", "cp.rank_lse", "engine.out",
     "engine.lse", "engine.logprobs", "selected_token_ids", "lm_head",
-    "active_mask")
+    "active_mask", "pre_rope.q", "pre_rope.k", "rope_table.inv_freq",
+    "rope_table.positions", "rope_table.cos", "rope_table.sin")
 
 _LEN = 2  # wire type of length-delimited fields
 

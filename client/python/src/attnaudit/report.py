@@ -8,6 +8,9 @@ available as `.proto`, and the common questions are attributes:
     report.replay_vs_reference.lse.over_tolerance
     report.engine_vs_reference.logprob_agreement.k3_kl
     report.reasons                                   why it drifted
+    report.diagnosis                                 the top Diagnosis, or None
+    report.diagnoses                                 all, best first
+    report.rope_checks                               the RoPE checks
 
 A comparison that was not computed is None; a quantity it did not compare
 (e.g. lse without an engine lse) is None too. JobResult wraps a
@@ -81,6 +84,68 @@ class ComparisonView:
         return "<" + " ".join(parts) + ">"
 
 
+class Diagnosis:
+    """One hypothesis that explains a drift (docs/DIAGNOSIS.md)."""
+
+    __slots__ = ("proto",)
+
+    def __init__(self, proto: report_pb2.Diagnosis):
+        self.proto = proto
+
+    @property
+    def hypothesis(self) -> str:
+        """A bounded name: "stale-page", "rope-offset", "unexplained", ..."""
+        return self.proto.hypothesis
+
+    @property
+    def detail(self) -> str:
+        return self.proto.detail
+
+    @property
+    def score(self) -> float:
+        """Share of the excess drift it removes, 0 to 1."""
+        return self.proto.score
+
+    @property
+    def explains(self) -> bool:
+        """Whether what is left is within a correct engine's noise."""
+        return self.proto.explains
+
+    @property
+    def summary(self) -> str:
+        return self.proto.summary
+
+    @property
+    def location(self) -> report_pb2.DiagnosisLocation:
+        """Row, query, heads, logical block, page (the engine's id), the
+        other block/page, CP rank; -1 / empty where it does not apply."""
+        return self.proto.location
+
+    @property
+    def page(self) -> Optional[int]:
+        p = self.proto.location.page
+        return None if p < 0 or not self.proto.HasField("location") else p
+
+    @property
+    def row(self) -> Optional[int]:
+        r = self.proto.location.row
+        return None if r < 0 or not self.proto.HasField("location") else r
+
+    def __repr__(self) -> str:
+        where = []
+        loc = self.proto.location
+        if self.proto.HasField("location"):
+            if loc.row >= 0:
+                where.append(f"row={loc.row}")
+            if loc.page >= 0:
+                where.append(f"page={loc.page}")
+            if loc.cp_rank >= 0:
+                where.append(f"rank={loc.cp_rank}")
+        return (f"<attnaudit.Diagnosis {self.hypothesis} {self.detail!r} "
+                f"score={self.score:.2f}" + (" explains" if self.explains else "")
+                + ("" if not where else " " + " ".join(where)) + ">")
+
+
 class Report:
     """An audit report (see the module docstring)."""
 
@@ -138,6 +203,27 @@ class Report:
         """Every comparison's drift reasons, prefixed with its name."""
         return [f"{Comparison(c.comparison).name.lower()}: {r}"
                 for c in self.proto.comparisons for r in c.reasons]
+
+    @property
+    def diagnoses(self) -> List["Diagnosis"]:
+        """On DRIFT: the hypotheses that explain it, best first."""
+        return [Diagnosis(d) for d in self.proto.diagnoses]
+
+    @property
+    def diagnosis(self) -> Optional["Diagnosis"]:
+        """The top diagnosis, or None (no DRIFT, or the diagnosis was off)."""
+        return Diagnosis(self.proto.diagnoses[0]) if self.proto.diagnoses else None
+
+    @property
+    def rope_checks(self) -> List[report_pb2.RopeCheck]:
+        """The rolling RoPE check ("q", "k") and the RoPE table check
+        ("table"), when the snapshot carried their inputs."""
+        return list(self.proto.rope_checks)
+
+    @property
+    def engine_profile(self) -> str:
+        """The engine precision profile the tolerances used."""
+        return self.proto.provenance.engine_profile
 
     @property
     def dims(self) -> report_pb2.SnapshotDims:

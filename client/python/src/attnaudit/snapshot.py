@@ -43,6 +43,24 @@ _LAYOUTS_FUSED = {"vllm": (0, False), "flash_attn": (0, False),
                   "flashinfer_nhd": (1, False), "flashinfer_hnd": (1, True)}
 _LAYOUTS_SPLIT = {"vllm": False, "flash_attn": False, "flashinfer_nhd": False,
                   "nhd": False, "flashinfer_hnd": True, "hnd": True}
+# vLLM's CPU attention backend: one [num_blocks, Hkv, 2 * block_size, D]
+# tensor per layer; per (block, KV head) the K block is stored transposed,
+# [D, block_size] row-major, then V as [block_size, D].
+_LAYOUT_VLLM_CPU = "vllm_cpu"
+
+# What the builders declare for an engine (engine=...): its attention
+# precision profile and where its RoPE rounds (docs/NUMERICS.md, "Engine
+# precision", "RoPE arithmetic"). The conformance suite checks each on the
+# engine's own code (docs/CONFORMANCE.md).
+ENGINE_PRESETS = {
+    "vllm-cpu": {"precision": "vllm_cpu", "cast_point": "cos_sin"},
+    "hf-eager": {"precision": "hf_eager", "cast_point": "each_op"},
+    "hf-sdpa": {"precision": "torch_flash_cpu", "cast_point": "each_op"},
+    "torch-flash-cpu": {"precision": "torch_flash_cpu", "cast_point": "after_rope"},
+    # GPU kernels: written from their code, not yet run by the suite.
+    "vllm": {"precision": "flash_decoding", "cast_point": "cos_sin"},
+    "flash-decoding": {"precision": "flash_decoding", "cast_point": "after_rope"},
+}
 
 
 class Snapshot:
@@ -77,6 +95,9 @@ class Snapshot:
           With separate K and V tensors, each is [num_blocks, block_size,
           Hkv, D] ("vllm", "flashinfer_nhd", "nhd": a plain page pool) or
           [num_blocks, Hkv, block_size, D] ("flashinfer_hnd", "hnd").
+          "vllm_cpu" (vLLM's CPU backend): the fused
+          [num_blocks, Hkv, 2 * block_size, D] tensor, K stored transposed
+          per block and head, or its key_cache/value_cache halves.
           Strided views (e.g. vLLM's HND stride order) are fine.
         block_table: [B, max_blocks] engine page ids; entries past a row's
           ceil(seq_lens[b] / block_size) blocks are ignored (engines leave
@@ -100,7 +121,7 @@ class Snapshot:
         plan = A.CopyPlan()
         q4 = _as_bsq(A.as_array(q, "q"), "q", 2)
         B, Sq, Hq, D = (int(d) for d in q4.shape)
-        kp, vp, hnd = _pool_views(k_cache, v_cache, layout)
+        kp, vp, hnd = _pool_views(k_cache, v_cache, layout, D)
         P = int(kp.shape[2] if hnd else kp.shape[1])
         if int(kp.shape[3]) != D:
             raise ValueError(f"k_cache: head dim {int(kp.shape[3])} differs from "
@@ -152,7 +173,8 @@ class Snapshot:
                     prefix_key: Optional[str] = None,
                     prefix_length: Optional[int] = None,
                     prefix_fingerprint: Optional[str] = None, prefix_scheme=None,
-                    labels=None) -> "Snapshot":
+                    labels=None, engine=None, precision=None, rope_table=None,
+                    pre_rope_q=None, pre_rope_k=None) -> "Snapshot":
         """Builds a snapshot from arrays already in wire layout (each copied
         once). The keyword options, shared with from_paged_kv:
 
@@ -165,7 +187,7 @@ class Snapshot:
         "gptj"), q_state / k_state ("post", "pre"), rotary_dim, scaling (a
         dict in attnaudit or Hugging Face terms: type or rope_type, factor,
         low_freq_factor, high_freq_factor, original_max_position(_embeddings),
-        beta_fast, beta_slow, attention_factor), q_output_dtype,
+        beta_fast, beta_slow, attention_factor, truncate), q_output_dtype,
         k_output_dtype.
         output_dtype: dtype of the attention output (default: engine_out's).
         k_scale, v_scale: fp8 dequantisation scales, a float or [Hkv].
@@ -184,6 +206,22 @@ class Snapshot:
         ("attnaudit_v1", "rl_kernel_compat"): prefix-cache identity.
         labels: a dict (model, layer, engine, backend, step, request_ids) or
         an attnaudit.v1.Labels.
+        engine: a name of ENGINE_PRESETS ("vllm-cpu", "hf-eager", "hf-sdpa",
+        "torch-flash-cpu", "vllm", "flash-decoding"): declares the engine's
+        precision profile and its RoPE cast point (either may still be given
+        explicitly); also the engine label when labels has none.
+        precision: the engine's arithmetic (docs/NUMERICS.md, "Engine
+        precision"): a profile name ("vllm_cpu", "hf_eager",
+        "torch_flash_cpu", "flash_decoding", "custom") or a dict with
+        profile, score_dtype, probability_dtype, exp_ulps, split_keys.
+        Undeclared: the conservative profile.
+        rope_table: the engine's own RoPE values, a dict with inv_freq
+        [rotary_dim / 2] and/or positions [T] with cos and sin
+        [T, rotary_dim / 2] (the rows of its cos/sin cache that the step
+        used); attnaudit rotates with them and checks them.
+        pre_rope_q [B, (Sq,) Hq, D], pre_rope_k [B, (Sq,) Hkv, D]: this
+        step's queries and new keys before RoPE, for the rolling RoPE check
+        (q and the cache hold them rotated).
         """
         plan = A.CopyPlan()
         q4 = A.as_array(q, "q")
@@ -219,7 +257,8 @@ class Snapshot:
             active_mask=active_mask, logprob_temperature=logprob_temperature,
             prefix_key=prefix_key, prefix_length=prefix_length,
             prefix_fingerprint=prefix_fingerprint, prefix_scheme=prefix_scheme,
-            labels=labels)
+            labels=labels, engine=engine, precision=precision,
+            rope_table=rope_table, pre_rope_q=pre_rope_q, pre_rope_k=pre_rope_k)
         plan.finish()
         return cls(meta, tensors, gathered_event=plan.gathered_event,
                    auto_prefix_fingerprint=auto)
@@ -383,9 +422,11 @@ class Snapshot:
 # ----------------------------------------------------------------------
 
 
-def _pool_views(k_cache, v_cache, layout: str):
+def _pool_views(k_cache, v_cache, layout: str, head_dim: int):
     """(K pool, V pool, hnd) as views of the engine's cache (no copy)."""
     k_cache = A.as_array(k_cache, "k_cache")
+    if layout == _LAYOUT_VLLM_CPU:
+        return _vllm_cpu_views(k_cache, v_cache, head_dim)
     if v_cache is None:
         if layout not in _LAYOUTS_FUSED:
             raise ValueError(
@@ -417,6 +458,47 @@ def _pool_views(k_cache, v_cache, layout: str):
         raise ValueError(f"v_cache: shape {tuple(v_cache.shape)} differs from "
                          f"k_cache shape {tuple(k_cache.shape)}")
     return k_cache, v_cache, hnd
+
+
+def _vllm_cpu_views(k_cache, v_cache, head_dim: int):
+    """Logical [num_blocks, Hkv, block_size, D] views of vLLM's CPU cache:
+    the fused tensor [num_blocks, Hkv, 2 * block_size, D] (or as the backend
+    allocates it, [num_blocks, Hkv, block_size, 2 * D], the same memory), or
+    the key/value halves the backend slices from it (key_cache's memory is K
+    transposed per block and head)."""
+    want = "[num_blocks, Hkv, 2 * block_size, D] (or its two halves)"
+    shape = tuple(int(d) for d in k_cache.shape)
+    if v_cache is None and len(shape) == 4 and shape[3] == 2 * head_dim:
+        k_cache = k_cache.reshape(shape[0], shape[1], 2 * shape[2], head_dim)
+        shape = tuple(int(d) for d in k_cache.shape)
+    if len(shape) != 4:
+        raise ValueError(f"k_cache: shape {shape} is not vLLM's CPU layout {want}")
+    nb, hkv, rows, D = shape
+    P = rows // 2 if v_cache is None else rows
+    if v_cache is None and rows % 2:
+        raise ValueError(f"k_cache: shape {shape} is not vLLM's CPU layout {want}")
+    if A.is_torch(k_cache):
+        st = k_cache.stride()
+        if st[2:] != (D, 1):
+            raise ValueError(f"k_cache: rows of D={D} contiguous values expected "
+                             f"in vLLM's CPU layout, got strides {st}")
+        k = k_cache.as_strided((nb, hkv, P, D), (st[0], st[1], 1, P),
+                               k_cache.storage_offset())
+        v = k_cache[:, :, P:, :] if v_cache is None else v_cache
+    else:
+        st = k_cache.strides
+        item = k_cache.itemsize
+        if st[2:] != (D * item, item):
+            raise ValueError(f"k_cache: rows of D={D} contiguous values expected "
+                             f"in vLLM's CPU layout, got strides {st}")
+        k = np.lib.stride_tricks.as_strided(
+            k_cache, (nb, hkv, P, D), (st[0], st[1], item, P * item),
+            writeable=False)
+        v = k_cache[:, :, P:, :] if v_cache is None else A.as_array(v_cache, "v_cache")
+    if tuple(int(d) for d in v.shape) != (nb, hkv, P, D):
+        raise ValueError(f"v_cache: shape {tuple(v.shape)} must be "
+                         f"[{nb}, {hkv}, {P}, {D}] (vLLM's CPU layout)")
+    return k, v, True
 
 
 class _Paging:
@@ -577,7 +659,8 @@ def _apply_options(meta: snapshot_pb2.Snapshot, tensors: Dict[str, A.WireTensor]
                    engine_logprobs=None, selected_token_ids=None, lm_head=None,
                    active_mask=None, logprob_temperature=None, prefix_key=None,
                    prefix_length=None, prefix_fingerprint=None, prefix_scheme=None,
-                   labels=None) -> bool:
+                   labels=None, engine=None, precision=None, rope_table=None,
+                   pre_rope_q=None, pre_rope_k=None) -> bool:
     """Fills the optional fields; returns True when the prefix fingerprint
     is to be computed at encode time ("auto")."""
     B, Sq, Hq, D = dims
@@ -592,8 +675,16 @@ def _apply_options(meta: snapshot_pb2.Snapshot, tensors: Dict[str, A.WireTensor]
         _check_shape(s, "sinks", (Hq,), "[Hq]")
         tensors["sinks"] = plan.own(s, "sinks", A.F32)
     meta.engine_lse_includes_sinks = bool(engine_lse_includes_sinks)
+    preset = _engine_preset(engine)
     if rope is not None:
         meta.rope.CopyFrom(rope_config(rope))
+    if preset and not (isinstance(rope, Mapping) and rope.get("cast_point")):
+        meta.rope.cast_point = E.parse_enum(*E.CAST_POINT, preset["cast_point"],
+                                            "rope.cast_point")
+    precision = precision if precision is not None else (preset or {}).get("precision")
+    if precision is not None:
+        meta.precision.CopyFrom(engine_precision(precision))
+    _apply_rope_inputs(tensors, plan, dims, rope_table, pre_rope_q, pre_rope_k)
     if output_dtype is not None:
         meta.output_dtype = A.dtype_code(output_dtype, "output_dtype")
     for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
@@ -622,7 +713,83 @@ def _apply_options(meta: snapshot_pb2.Snapshot, tensors: Dict[str, A.WireTensor]
                          prefix_scheme)
     if labels is not None:
         meta.labels.CopyFrom(make_labels(labels))
+    if engine is not None and not meta.labels.engine:
+        meta.labels.engine = str(engine)
     return auto
+
+
+def _engine_preset(engine) -> Optional[Dict[str, str]]:
+    if engine is None:
+        return None
+    preset = ENGINE_PRESETS.get(str(engine).lower())
+    if preset is None:
+        raise ValueError(f"engine: unknown {engine!r}; expected one of "
+                         + ", ".join(sorted(ENGINE_PRESETS)))
+    return preset
+
+
+def engine_precision(value: Any) -> snapshot_pb2.EnginePrecision:
+    """An attnaudit.v1.EnginePrecision from a profile name, a dict (profile,
+    score_dtype, probability_dtype, exp_ulps, split_keys) or the message."""
+    if isinstance(value, snapshot_pb2.EnginePrecision):
+        return value
+    if isinstance(value, str):
+        value = {"profile": value}
+    if not isinstance(value, Mapping):
+        raise TypeError("precision: expected a profile name, a dict or an "
+                        f"attnaudit.v1.EnginePrecision, got {type(value).__name__}")
+    known = {"profile", "score_dtype", "probability_dtype", "exp_ulps", "split_keys"}
+    unknown = set(value) - known
+    if unknown:
+        raise TypeError(f"precision: unknown key(s) {sorted(unknown)}; expected "
+                        + ", ".join(sorted(known)))
+    out = snapshot_pb2.EnginePrecision()
+    if value.get("profile") is not None:
+        out.profile = E.parse_enum(*E.ENGINE_PROFILE, value["profile"],
+                                   "precision.profile", E.PROFILE_ALIASES)
+    for k in ("score_dtype", "probability_dtype"):
+        if value.get(k) is not None:
+            setattr(out, k, A.dtype_code(value[k], f"precision.{k}"))
+    for k in ("exp_ulps", "split_keys"):
+        if value.get(k) is not None:
+            setattr(out, k, int(value[k]))
+    return out
+
+
+def _apply_rope_inputs(tensors, plan, dims, table, pre_q, pre_k) -> None:
+    B, Sq, Hq, D = dims
+    if pre_q is not None:
+        x = _as_bsq(A.as_array(pre_q, "pre_rope_q"), "pre_rope_q", 2, sq=Sq)
+        _check_shape(x, "pre_rope_q", (B, Sq, Hq, D), "[B, Sq, Hq, D]")
+        tensors["pre_rope.q"] = plan.own(x, "pre_rope_q")
+    if pre_k is not None:
+        x = _as_bsq(A.as_array(pre_k, "pre_rope_k"), "pre_rope_k", 2, sq=Sq)
+        if len(x.shape) != 4 or int(x.shape[0]) != B or int(x.shape[1]) != Sq \
+                or int(x.shape[3]) != D:
+            raise ValueError(f"pre_rope_k: shape {tuple(int(d) for d in x.shape)} "
+                             f"must be [B={B}, Sq={Sq}, Hkv, D={D}]")
+        tensors["pre_rope.k"] = plan.own(x, "pre_rope_k")
+    if table is None:
+        return
+    if not isinstance(table, Mapping):
+        raise TypeError("rope_table: expected a dict with inv_freq and/or "
+                        "positions, cos, sin")
+    unknown = set(table) - {"inv_freq", "positions", "cos", "sin"}
+    if unknown:
+        raise TypeError(f"rope_table: unknown key(s) {sorted(unknown)}")
+    if table.get("inv_freq") is not None:
+        tensors["rope_table.inv_freq"] = plan.own(
+            A.as_array(table["inv_freq"], "rope_table.inv_freq"),
+            "rope_table.inv_freq", A.F32)
+    rows = [table.get(k) is not None for k in ("positions", "cos", "sin")]
+    if any(rows) and not all(rows):
+        raise ValueError("rope_table: positions, cos and sin come together")
+    if all(rows):
+        tensors["rope_table.positions"] = _own_int(plan, table["positions"],
+                                                   "rope_table.positions")
+        for k in ("cos", "sin"):
+            tensors[f"rope_table.{k}"] = plan.own(
+                A.as_array(table[k], f"rope_table.{k}"), f"rope_table.{k}")
 
 
 def _scale(plan: A.CopyPlan, value, what: str) -> A.WireTensor:
@@ -801,4 +968,6 @@ def _rope_scaling(s: Any) -> snapshot_pb2.RopeScaling:
     omp = s.get("original_max_position", s.get("original_max_position_embeddings"))
     if omp is not None:
         out.original_max_position = int(omp)
+    if s.get("truncate") is not None:  # Hugging Face's YaRN flag
+        out.no_truncate = not bool(s["truncate"])
     return out

@@ -1,5 +1,6 @@
 // Phase 2 rules: scalars, fp8 scales, sinks, RoPE, CP configuration,
 // log-prob inputs, prefix declaration, labels.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -160,11 +161,11 @@ INSTANTIATE_TEST_SUITE_P(ScalesAndSinks, ConfigTest,
 std::vector<InvalidCase> RopeCases() {
   std::vector<InvalidCase> cases = {
       // Harness acceptance case 17.
-      {"CastPointNotAfterRope",
+      {"CastPointUnknown",
        [](Snapshot* s, ValidationLimits*) {
-         s->rope.cast_point = static_cast<RopeCastPoint>(1);
+         s->rope.cast_point = static_cast<RopeCastPoint>(3);
        },
-       "rope.cast_point", "after_rope"},
+       "rope.cast_point", "after_rope, cos_sin or each_op"},
       {"QStateUnknown",
        [](Snapshot* s, ValidationLimits*) {
          s->rope.q_state = static_cast<RopeState>(4);
@@ -249,6 +250,140 @@ std::vector<InvalidCase> RopeCases() {
 }
 INSTANTIATE_TEST_SUITE_P(Rope, ConfigTest, ::testing::ValuesIn(RopeCases()),
                          CaseName);
+
+// The base snapshot: B=2, Sq=2, Hq=4, Hkv=2, D=8 (rotary_dim 8: 4 pairs).
+Tensor F32(std::vector<int64_t> shape, float value) {
+  Tensor t(DType::kF32, std::move(shape));
+  std::fill_n(t.mutable_data<float>(), t.num_elements(), value);
+  return t;
+}
+
+Tensor I64(std::vector<int64_t> values) {
+  Tensor t(DType::kI64, {static_cast<int64_t>(values.size())});
+  std::copy(values.begin(), values.end(), t.mutable_data<int64_t>());
+  return t;
+}
+
+void SetRows(Snapshot* s, std::vector<int64_t> positions) {
+  const int64_t rows = static_cast<int64_t>(positions.size());
+  s->rope_table.positions = I64(std::move(positions));
+  s->rope_table.cos = F32({rows, 4}, 1.0f);
+  s->rope_table.sin = F32({rows, 4}, 0.0f);
+}
+
+std::vector<InvalidCase> RopeInputCases() {
+  return {
+      {"PreRopeQWrongShape",
+       [](Snapshot* s, ValidationLimits*) {
+         s->pre_rope.q = F32({2, 2, 2, 8}, 0.5f);
+       },
+       "pre_rope.q", "[B=2, Sq=2, Hq=4, D=8]"},
+      {"PreRopeKWrongShape",
+       [](Snapshot* s, ValidationLimits*) {
+         s->pre_rope.k = F32({2, 2, 4, 8}, 0.5f);
+       },
+       "pre_rope.k", "[B=2, Sq=2, Hkv=2, D=8]"},
+      {"PreRopeQWithPreRopeState",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.q_state = RopeState::kPreRope;
+         s->pre_rope.q = F32({2, 2, 4, 8}, 0.5f);
+       },
+       "pre_rope.q", "needs rope.q_state post_rope"},
+      {"PreRopeKWithPreRopeState",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.k_state = RopeState::kPreRope;
+         s->pre_rope.k = F32({2, 2, 2, 8}, 0.5f);
+       },
+       "pre_rope.k", "needs rope.k_state post_rope"},
+      {"PreRopeQNotFinite",
+       [](Snapshot* s, ValidationLimits*) {
+         s->pre_rope.q = F32({2, 2, 4, 8}, 0.5f);
+         s->pre_rope.q.mutable_data<float>()[9] = kNan;
+       },
+       "pre_rope.q[0][0][1][1]", "not finite"},
+      {"InvFreqWrongWidth",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope_table.inv_freq = F32({8}, 1.0f);
+       },
+       "rope_table.inv_freq", "[rotary_dim / 2=4]"},
+      {"InvFreqNotPositive",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope_table.inv_freq = F32({4}, 1.0f);
+         s->rope_table.inv_freq.mutable_data<float>()[2] = 0.0f;
+       },
+       "rope_table.inv_freq[2]", "positive finite"},
+      {"RowsWithoutSin",
+       [](Snapshot* s, ValidationLimits*) {
+         SetRows(s, {0, 1});
+         s->rope_table.sin = Tensor();
+       },
+       "rope_table.sin", "come together"},
+      {"RowsWrongWidth",
+       [](Snapshot* s, ValidationLimits*) {
+         SetRows(s, {0, 1});
+         s->rope_table.cos = F32({2, 8}, 1.0f);
+       },
+       "rope_table.cos", "[T=2, rotary_dim / 2=4]"},
+      {"RowPositionRepeats",
+       [](Snapshot* s, ValidationLimits*) {
+         SetRows(s, {4, 9, 4});
+       },
+       "rope_table.positions[2]", "repeats entry 0"},
+      {"RowPositionNegative",
+       [](Snapshot* s, ValidationLimits*) {
+         SetRows(s, {4, -1});
+       },
+       "rope_table.positions[1]", ">= 0"},
+      {"RowValueNotFinite",
+       [](Snapshot* s, ValidationLimits*) {
+         SetRows(s, {4, 5});
+         s->rope_table.sin.mutable_data<float>()[5] = kInf;
+       },
+       "rope_table.sin[1][1]", "not finite"},
+      {"PrecisionProfileUnknown",
+       [](Snapshot* s, ValidationLimits*) {
+         s->precision.profile = static_cast<EngineProfile>(17);
+       },
+       "precision.profile", "unknown value 17"},
+      {"PrecisionScoreDtypeInteger",
+       [](Snapshot* s, ValidationLimits*) {
+         s->precision.score_dtype = DType::kI32;
+       },
+       "precision.score_dtype", "floating-point"},
+      {"PrecisionExpUlpsNegative",
+       [](Snapshot* s, ValidationLimits*) { s->precision.exp_ulps = -1; },
+       "precision.exp_ulps", "[0, 2^20]"},
+      {"PrecisionSplitKeysNegative",
+       [](Snapshot* s, ValidationLimits*) { s->precision.split_keys = -5; },
+       "precision.split_keys", ">= 0"},
+  };
+}
+INSTANTIATE_TEST_SUITE_P(RopeInputs, ConfigTest,
+                         ::testing::ValuesIn(RopeInputCases()), CaseName);
+
+TEST(ConfigValidTest, RopeInputsAndPrecisionWellFormedPass) {
+  Snapshot s = BuildSnapshot({});
+  s.pre_rope.q = F32({2, 2, 4, 8}, 0.5f);
+  s.pre_rope.k = F32({2, 2, 2, 8}, 0.5f);
+  s.rope_table.inv_freq = F32({4}, 0.25f);
+  SetRows(&s, {7, 3, 100000});
+  s.rope.cast_point = RopeCastPoint::kCosSin;
+  s.precision.profile = EngineProfile::kHfEager;
+  s.precision.score_dtype = DType::kBF16;
+  s.precision.exp_ulps = 20;
+  s.precision.split_keys = 512;
+  EXPECT_TRUE(IsValid(ValidateSnapshot(s)));
+}
+
+TEST(ConfigValidTest, KOutputDtypeAppliesBeforeAnFp8CachesQuantisation) {
+  // The engine rotates post-RoPE fp8 keys in bf16, then quantises them:
+  // k_output_dtype names that dtype (the rolling RoPE check uses it).
+  SnapshotSpec spec;
+  spec.kv_dtype = DType::kF8E4M3;
+  Snapshot s = BuildSnapshot(spec);
+  s.rope.k_output_dtype = DType::kBF16;
+  EXPECT_TRUE(IsValid(ValidateSnapshot(s)));
+}
 
 std::vector<InvalidCase> CpCases() {
   return {

@@ -1,0 +1,203 @@
+// The RoPE arithmetic profiles (RopeTable::RotateAs under each cast point)
+// against the arithmetic written out by hand, the engine's own values
+// (rows, inverse frequencies) taking precedence over the config, the
+// angle-uncertainty bound, and the fp64 definition (ExactRopeOf) against
+// an independent long-double computation.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "core/rope/rope.h"
+#include "gtest/gtest.h"
+#include "tests/unit/core/testing/rope_oracle.h"
+#include "tests/unit/core/testing/snapshot_builder.h"
+
+namespace attnaudit {
+namespace {
+
+float Bf16(float x) { return RoundToDType(x, DType::kBF16); }
+
+RopeTable MustCreate(const RopeConfig& config, int64_t head_dim,
+                     const EngineRopeTable& engine = {}) {
+  absl::StatusOr<RopeTable> t = RopeTable::Create(config, head_dim, engine);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return *std::move(t);
+}
+
+// Random bf16-valued vectors and positions, rotated under `cast` by the
+// table and by the formula of the profile written out here.
+void ExpectProfile(RopeCastPoint cast, RopeStyle style) {
+  RopeConfig config;
+  config.theta = 500000;
+  config.style = style;
+  config.cast_point = cast;
+  constexpr int64_t kD = 16;
+  const RopeTable t = MustCreate(config, kD);
+  testing::TestRng rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<float> x(kD);
+    for (float& e : x) e = Bf16(static_cast<float>(rng.Normal() * 3.0));
+    const int64_t pos = static_cast<int64_t>(rng.Uniform(0.0, 100000.0));
+    std::vector<float> c(kD / 2), s(kD / 2), got(kD);
+    t.Angles(pos, c.data(), s.data());
+    t.RotateAs(x.data(), c.data(), s.data(), DType::kBF16, got.data());
+    for (int64_t i = 0; i < kD / 2; ++i) {
+      const int64_t a = style == RopeStyle::kNeox ? i : 2 * i;
+      const int64_t b = style == RopeStyle::kNeox ? i + kD / 2 : 2 * i + 1;
+      float ya, yb;
+      switch (cast) {
+        case RopeCastPoint::kAfterRope:
+          ya = Bf16(x[a] * c[i] - x[b] * s[i]);
+          yb = Bf16(x[b] * c[i] + x[a] * s[i]);
+          break;
+        case RopeCastPoint::kCosSin: {
+          const float cb = Bf16(c[i]), sb = Bf16(s[i]);
+          ya = Bf16(x[a] * cb - x[b] * sb);
+          yb = Bf16(x[b] * cb + x[a] * sb);
+          break;
+        }
+        case RopeCastPoint::kEachOp: {
+          const float cb = Bf16(c[i]), sb = Bf16(s[i]);
+          // HF: q * cos + rotate_half(q) * sin, each a bf16 tensor.
+          ya = Bf16(Bf16(x[a] * cb) + Bf16(-x[b] * sb));
+          yb = Bf16(Bf16(x[b] * cb) + Bf16(x[a] * sb));
+          break;
+        }
+      }
+      ASSERT_EQ(got[a], ya) << "pair " << i << " pos " << pos;
+      ASSERT_EQ(got[b], yb) << "pair " << i << " pos " << pos;
+    }
+  }
+}
+
+TEST(RopeArithmeticTest, AfterRopeRoundsOnceAtTheEnd) {
+  ExpectProfile(RopeCastPoint::kAfterRope, RopeStyle::kNeox);
+}
+
+TEST(RopeArithmeticTest, CosSinRoundsTheTableFirst) {
+  ExpectProfile(RopeCastPoint::kCosSin, RopeStyle::kNeox);
+  ExpectProfile(RopeCastPoint::kCosSin, RopeStyle::kGptj);
+}
+
+TEST(RopeArithmeticTest, EachOpRoundsEveryProductAndSum) {
+  ExpectProfile(RopeCastPoint::kEachOp, RopeStyle::kNeox);
+  ExpectProfile(RopeCastPoint::kEachOp, RopeStyle::kGptj);
+}
+
+TEST(RopeArithmeticTest, TheProfilesDifferOnBf16) {
+  // The reason they exist: about a quarter of bf16 elements move by an ulp
+  // between "fp32 cos/sin, one cast" and "cos/sin in bf16".
+  RopeConfig after, cos_sin;
+  cos_sin.cast_point = RopeCastPoint::kCosSin;
+  const RopeTable a = MustCreate(after, 64), b = MustCreate(cos_sin, 64);
+  testing::TestRng rng(3);
+  int64_t differ = 0, total = 0;
+  std::vector<float> x(64), ya(64), yb(64), c(32), s(32);
+  for (int trial = 0; trial < 100; ++trial) {
+    for (float& e : x) e = Bf16(static_cast<float>(rng.Normal()));
+    const int64_t pos = 1 + trial * 37;
+    a.Angles(pos, c.data(), s.data());
+    a.RotateAs(x.data(), c.data(), s.data(), DType::kBF16, ya.data());
+    b.RotateAs(x.data(), c.data(), s.data(), DType::kBF16, yb.data());
+    for (int64_t i = 0; i < 64; ++i) differ += ya[i] != yb[i] ? 1 : 0;
+    total += 64;
+  }
+  EXPECT_GT(differ, total / 20);
+  EXPECT_LT(differ, total / 2);
+}
+
+TEST(RopeArithmeticTest, EngineRowsThenInvFreqThenConfig) {
+  RopeConfig config;
+  config.theta = 10000;
+  EngineRopeTable engine;
+  engine.inv_freq = Tensor(DType::kF32, {2});
+  engine.inv_freq.mutable_data<float>()[0] = 0.5f;
+  engine.inv_freq.mutable_data<float>()[1] = 0.25f;
+  engine.positions = Tensor(DType::kI64, {1});
+  engine.positions.mutable_data<int64_t>()[0] = 7;
+  engine.cos = Tensor(DType::kF32, {1, 2});
+  engine.sin = Tensor(DType::kF32, {1, 2});
+  const float row_cos[] = {0.1f, 0.2f}, row_sin[] = {0.3f, 0.4f};
+  std::copy_n(row_cos, 2, engine.cos.mutable_data<float>());
+  std::copy_n(row_sin, 2, engine.sin.mutable_data<float>());
+  const RopeTable t = MustCreate(config, 4, engine);
+  float c[2], s[2];
+  t.Angles(7, c, s);  // the row, as sent
+  EXPECT_EQ(c[0], 0.1f);
+  EXPECT_EQ(s[1], 0.4f);
+  EXPECT_EQ(t.SourceAt(7), RopeTable::Source::kEngineRow);
+  t.Angles(3, c, s);  // the engine's inverse frequencies
+  EXPECT_EQ(c[0], std::cos(3.0f * 0.5f));
+  EXPECT_EQ(s[1], std::sin(3.0f * 0.25f));
+  EXPECT_EQ(t.SourceAt(3), RopeTable::Source::kEngineInvFreq);
+  EXPECT_EQ(t.AngleUncertainty(7, 0), 0.0);
+  // Without an engine table: the config, and an uncertainty that grows
+  // with the position.
+  const RopeTable plain = MustCreate(config, 4);
+  EXPECT_EQ(plain.SourceAt(7), RopeTable::Source::kConfig);
+  EXPECT_LT(plain.AngleUncertainty(100, 0), plain.AngleUncertainty(100000, 0));
+  EXPECT_LT(t.AngleUncertainty(100000, 0), plain.AngleUncertainty(100000, 0));
+}
+
+TEST(RopeArithmeticTest, AngleUncertaintyCoversAnUlpOfTheInverseFrequency) {
+  // An engine whose inverse frequency is one ulp from ours: its angle at
+  // position p differs by about p * ulp; the bound must cover it.
+  RopeConfig config;
+  config.theta = 500000;
+  const RopeTable t = MustCreate(config, 128);
+  for (int64_t pair : {1, 5, 30}) {
+    const float f = t.inv_freq()[pair];
+    const float g = std::nextafter(f, 1.0f);
+    for (int64_t pos : {1000, 32768, 131072}) {
+      const double ours = static_cast<double>(static_cast<float>(pos) * f);
+      const double theirs = static_cast<double>(static_cast<float>(pos) * g);
+      EXPECT_LE(std::fabs(ours - theirs), t.AngleUncertainty(pos, pair))
+          << "pair " << pair << " pos " << pos;
+    }
+  }
+}
+
+TEST(RopeArithmeticTest, ExactRopeFollowsTheLongDoubleOracle) {
+  RopeConfig config;
+  config.theta = 500000;
+  config.scaling.type = RopeScalingType::kLlama3;
+  config.scaling.factor = 8;
+  config.scaling.low_freq_factor = 1;
+  config.scaling.high_freq_factor = 4;
+  config.scaling.original_max_position = 8192;
+  absl::StatusOr<ExactRope> exact = ExactRopeOf(config, 64);
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  const std::vector<long double> oracle = testing::OracleInvFreq(config, 64);
+  ASSERT_EQ(exact->inv_freq.size(), oracle.size());
+  for (size_t i = 0; i < oracle.size(); ++i) {
+    EXPECT_NEAR(exact->inv_freq[i], static_cast<double>(oracle[i]),
+                1e-13 * static_cast<double>(oracle[i]))
+        << i;
+  }
+}
+
+TEST(RopeArithmeticTest, YarnWithoutTruncationFollowsTheOracle) {
+  // GPT-OSS: YaRN with the correction range's fractional bounds kept.
+  RopeConfig config;
+  config.theta = 150000;
+  config.scaling.type = RopeScalingType::kYarn;
+  config.scaling.factor = 32;
+  config.scaling.original_max_position = 4096;
+  config.scaling.truncate = false;
+  const RopeTable t = MustCreate(config, 64);
+  const std::vector<long double> oracle = testing::OracleInvFreq(config, 64);
+  config.scaling.truncate = true;
+  const RopeTable truncated = MustCreate(config, 64);
+  int differ = 0;
+  for (size_t i = 0; i < oracle.size(); ++i) {
+    EXPECT_NEAR(t.inv_freq()[i], static_cast<double>(oracle[i]),
+                2e-6 * static_cast<double>(oracle[i]))
+        << i;
+    differ += t.inv_freq()[i] != truncated.inv_freq()[i] ? 1 : 0;
+  }
+  EXPECT_GT(differ, 0);
+}
+
+}  // namespace
+}  // namespace attnaudit
