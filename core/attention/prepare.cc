@@ -249,6 +249,38 @@ RopeScoreError RopeScoreUncertainty(const PreparedAttention& p,
   return e;
 }
 
+// Whether every angle attnaudit rotates with comes from the engine's own
+// values: its inverse frequencies, or a row for every rotated position.
+bool EngineAnglesEverywhere(const Snapshot& s, const PreparedAttention& p,
+                            const ResolvedLayout& layout,
+                            const RopeTable& rope) {
+  if (s.rope_table.inv_freq.present()) return true;
+  if (!s.rope_table.positions.present()) return false;
+  auto covered = [&](int64_t pos) {
+    return rope.SourceAt(pos) == RopeTable::Source::kEngineRow;
+  };
+  if (s.rope.q_state == RopeState::kPreRope) {
+    for (int64_t pos : p.query_positions) {
+      if (!covered(pos)) return false;
+    }
+  }
+  if (s.rope.k_state != RopeState::kPreRope) return true;
+  const SnapshotDims& d = p.dims;
+  const Tensor& rope_pos =
+      s.key_rope_positions.present() ? s.key_rope_positions : s.slot_positions;
+  const std::vector<uint8_t> referenced = ReferencedPages(layout, d);
+  for (int64_t page = 0; page < d.num_pages; ++page) {
+    if (!referenced[page]) continue;
+    for (int64_t slot = 0; slot < d.page_size; ++slot) {
+      const int64_t flat = page * d.page_size + slot;
+      if (s.slot_positions.IntAt(flat) >= 0 && !covered(rope_pos.IntAt(flat))) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 // q as the engine attends with it: rotated as the engine did when it is
 // pre-RoPE; the largest |q pair| per rotary pair into *pair_max.
 void RotateQueries(const Snapshot& s, const RopeTable& rope,
@@ -348,17 +380,23 @@ absl::StatusOr<PreparedAttention> PrepareAttention(const Snapshot& s,
       RopeTable::Create(s.rope, d.head_dim, s.rope_table));
   PairMaxima maxima;
   RotateQueries(s, rope, &p, &maxima.query);
+  // With the engine's own angles everywhere, our rotation is the engine's
+  // up to two libms' cos/sin (a few fp32 ulps of angle, inside the
+  // tolerances' fp32 terms): no uncertainty, and no scan of the cache.
+  const bool exact = EngineAnglesEverywhere(s, p, layout, rope);
   if (s.rope.k_state == RopeState::kPreRope) {
-    ATTNAUDIT_RETURN_IF_ERROR(
-        RotateKeys(s, layout, rope, &p, &maxima, threads));
-  } else {
+    ATTNAUDIT_RETURN_IF_ERROR(RotateKeys(s, layout, rope, &p,
+                                         exact ? nullptr : &maxima, threads));
+  } else if (!exact) {
     ScanKeys(s, layout, rope, d, threads, &maxima);
   }
-  const RopeScoreError rope_error =
-      RopeScoreUncertainty(p, s, layout, rope, maxima);
-  p.rope_score_uncertainty = rope_error.bound;
-  p.rope_score_noise = rope_error.typical;
-  p.value_max = maxima.value;
+  if (!exact) {
+    const RopeScoreError rope_error =
+        RopeScoreUncertainty(p, s, layout, rope, maxima);
+    p.rope_score_uncertainty = rope_error.bound;
+    p.rope_score_noise = rope_error.typical;
+    p.value_max = maxima.value;
+  }
   return p;
 }
 

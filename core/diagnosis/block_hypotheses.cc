@@ -129,7 +129,8 @@ bool ConsistentStale(const Context& ctx, const Row& row, const Acc& rest,
     const double e = row.e_out[k] / vs;
     const double r = rest.l > 0 ? rest.acc[i] / rest.l : 0.0;
     const double x = (e - (1.0 - share) * r) / share;
-    if (std::fabs(x) > kStaleValueRange * vmax + 4.0 * row.unit[k] / (vs * share)) {
+    if (std::fabs(x) >
+        kStaleValueRange * vmax + 4.0 * row.unit[k] / (vs * share)) {
       return false;
     }
   }

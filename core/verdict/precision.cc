@@ -43,7 +43,8 @@ double Fp32ScoreEpsilon(int64_t head_dim) {
 EngineArithmetic ReplayArithmetic(int64_t head_dim, bool softcap) {
   EngineArithmetic a;
   a.profile = EngineProfile::kCustom;
-  a.score_epsilon = Fp32ScoreEpsilon(head_dim) + (softcap ? 3.0 * kEpsF32 : 0.0);
+  a.score_epsilon =
+      Fp32ScoreEpsilon(head_dim) + (softcap ? 3.0 * kEpsF32 : 0.0);
   a.exp_epsilon = 4.0 * kEpsF32;
   a.probability_epsilon = kEpsF32;
   return a;

@@ -335,6 +335,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(
     impl->RegisterQueues(*impl->registry);
     impl->RegisterJobs(*impl->registry);
     impl->RegisterCp(*impl->registry);
+    impl->RegisterRopeChecks(*impl->registry);
     impl->RegisterDevices(*impl->registry);
   } catch (const std::exception& e) {
     return absl::InternalError(
@@ -367,6 +368,34 @@ void Metrics::Impl::RegisterCp(prometheus::Registry& r) {
     for (int v = 0; v < 2; ++v) {
       cp_checks[c][v] = &family.Add(
           {{"check", checks[c]}, {"rank", "all"}, {"verdict", verdicts[v]}});
+    }
+  }
+}
+
+const char* const kRopeCheckNames[3] = {"q", "k", "table"};
+
+void Metrics::Impl::RegisterRopeChecks(prometheus::Registry& r) {
+  auto& family = CounterFamily(
+      r, "attnaudit_rope_checks_total",
+      "RoPE checks (the rolling check of q and keys, the engine's table), "
+      "by check and verdict.");
+  for (int c = 0; c < 3; ++c) {
+    rope_checks[c][0] =
+        &family.Add({{"check", kRopeCheckNames[c]},
+                     {"verdict", std::string(VerdictName(Verdict::kPass))}});
+    rope_checks[c][1] =
+        &family.Add({{"check", kRopeCheckNames[c]},
+                     {"verdict", std::string(VerdictName(Verdict::kDrift))}});
+  }
+}
+
+void Metrics::Impl::ObserveRopeChecks(
+    const std::vector<RopeCheckResult>& checks) {
+  for (const RopeCheckResult& check : checks) {
+    for (int c = 0; c < 3; ++c) {
+      if (check.what != kRopeCheckNames[c]) continue;
+      if (check.verdict == Verdict::kPass) rope_checks[c][0]->Increment();
+      if (check.verdict == Verdict::kDrift) rope_checks[c][1]->Increment();
     }
   }
 }
@@ -416,6 +445,7 @@ void Metrics::ObserveReport(const AuditReport& report,
   if (v > 0 && v < kNumVerdicts && m.audits[v] != nullptr)
     m.audits[v]->Increment();
   m.ObserveCp(report.cp);
+  m.ObserveRopeChecks(report.rope_checks);
   if (!report.diagnoses.empty()) {
     auto it = m.diagnoses.find(report.diagnoses[0].hypothesis);
     if (it != m.diagnoses.end()) it->second->Increment();

@@ -42,6 +42,9 @@
 //       context-parallel reports; check: rank (one rank's partial), combine,
 //       engine_order, deterministic; rank: "0".."max_cp_ranks-1" or "other"
 //       for rank checks, "all" for the others; verdict: PASS, DRIFT
+//   attnaudit_rope_checks_total{check,verdict}        counter: the RoPE
+//       checks of reports (docs/NUMERICS.md "RoPE checks"); check: q, k,
+//       table; verdict: PASS, DRIFT
 //   attnaudit_labels_truncated_total{label}            counter; label: model,
 //       engine, backend, request_id (values cut at the RPC layer's bound)
 // class: interactive, sampled. comparison: engine_vs_reference,

@@ -95,6 +95,8 @@ struct Metrics::Impl {
   // [engine_order, deterministic, combine][PASS, DRIFT].
   std::vector<std::array<prometheus::Counter*, 2>> cp_rank_checks;
   std::array<std::array<prometheus::Counter*, 2>, 3> cp_checks{};
+  // attnaudit_rope_checks_total: [q, k, table][PASS, DRIFT].
+  std::array<std::array<prometheus::Counter*, 2>, 3> rope_checks{};
   // attnaudit_device_*{device}: one entry per pool device, then "other".
   struct DeviceSeries {
     prometheus::Counter* jobs = nullptr;
@@ -130,9 +132,11 @@ struct Metrics::Impl {
   void RegisterQueues(prometheus::Registry& r);
   void RegisterJobs(prometheus::Registry& r);
   void RegisterCp(prometheus::Registry& r);
+  void RegisterRopeChecks(prometheus::Registry& r);
   void RegisterDevices(prometheus::Registry& r);
   // Counts the checks of a report's CP section.
   void ObserveCp(const CpReport& cp);
+  void ObserveRopeChecks(const std::vector<RopeCheckResult>& checks);
   // The /metrics endpoint on options.listen_address.
   absl::Status StartExposer();
 

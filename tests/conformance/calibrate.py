@@ -34,10 +34,32 @@ weights from 1000 + seed. The committed fixtures are seed 0, so seed 0
 reproduces them bit for bit (checked here when the fixture is present) and
 seeds 1..N-1 are new data.
 
+With --bugs it runs every case that is NOT clean (kind bug, capture-bug,
+engine-behaviour) over the seeds instead and judges each run exactly as
+replay.py judges a fixture (replay.judge, against the manifest entry that
+generate.py would write for that seed: generate.manifest_entry, so the
+truth, e.g. which page went stale, is the seed's own):
+
+  detected     verdict DRIFT
+  diag right   replay's "diagnosis right": the top diagnosis is the
+               expected hypothesis, at the expected row / logical block /
+               page where the truth has one (runs whose case expects a
+               hypothesis; inv-freq-bf16 expects DRIFT only)
+  hyp right    the top hypothesis alone (location not looked at)
+  loc right    the top diagnosis's row / logical block / page equal the
+               truth's, whatever its hypothesis (runs whose truth has a
+               place)
+
+It reports per bug (bug:variant), per bug x engine x mode (one row per
+case: model, dtype and the rest of the case are columns), totals, and every miss
+(not detected, or the diagnosis or its place wrong) with its seed, the
+observed verdict, the top-3 diagnoses and a coarse cause. At seed 0 it also
+checks that the snapshot and the manifest entry are the committed ones.
+
 usage (from the repository root, in the conformance venv):
   build/conformance-venv/bin/python tests/conformance/calibrate.py \\
       [--seeds N] [--first-seed S] [--only PATTERN] [--json OUT] [--cli PATH] \\
-      [--keep DIR]
+      [--keep DIR] [--bugs [--strict]]
 
 CLI: --cli, else $ATTNAUDIT_CLI, else build/bin/attnaudit. The CLI is
 copied to a temporary directory first, so a rebuild during the run cannot
@@ -45,7 +67,10 @@ swap it mid-way. --keep DIR keeps the snapshots of false alarms (and of
 runs the CLI failed on) there.
 
 Exit status: 1 if any clean run is not PASS or a run failed (engine error,
-CLI error); 0 otherwise; 2 on usage errors.
+CLI error); 0 otherwise; 2 on usage errors. With --bugs: 1 only if a run
+failed (a miss is a finding, not an error), or, with --strict, also on any
+miss; --keep then keeps the snapshots (and reports) of misses and failed
+runs.
 """
 
 from __future__ import annotations
@@ -69,8 +94,9 @@ sys.path.insert(0, HERE)
 
 from cases import all_cases  # noqa: E402
 from engines.common import CaseSpec, Unsupported  # noqa: E402
-from generate import _driver, _matches  # noqa: E402
+from generate import _driver, _matches, manifest_entry  # noqa: E402
 from replay import field, reasons, verdict_name  # noqa: E402
+import replay  # noqa: E402  (--bugs: judge, run_cli, the diagnosis helpers)
 
 SHORT = {"ENGINE_VS_REFERENCE": "E-R", "ENGINE_VS_REPLAY": "E-P",
          "REPLAY_VS_REFERENCE": "P-R"}
@@ -349,6 +375,300 @@ def stat_fire_line(runs: List[dict]) -> str:
 
 
 # ----------------------------------------------------------------------
+# --bugs: the non-clean cases over many seeds, judged as replay.py does
+# ----------------------------------------------------------------------
+
+BUG_KINDS = ("bug", "capture-bug", "engine-behaviour")
+
+
+def bug_label(spec: CaseSpec) -> str:
+    """bug[:variant] ("seq-len-off-by-one:+1", "stale-page")."""
+    return (spec.bug or "?") + (f":{spec.variant}" if spec.variant else "")
+
+
+def rest_of(spec: CaseSpec) -> str:
+    """What a non-clean case name adds after its bug (layer, RoPE table,
+    offset), or "-"."""
+    return ".".join(spec.name.split(".")[5:]) or "-"
+
+
+def _committed_manifest() -> Dict[str, dict]:
+    path = os.path.join(HERE, "fixtures", "manifest.json")
+    try:
+        with open(path) as f:
+            return {e["case"]: e for e in json.load(f)}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return {}
+
+
+def _cause(res: dict, diags: List[dict], want: Optional[str], got: Optional[str],
+           loc_misses: List[str]) -> Tuple[str, str]:
+    """(class, text) of a miss: not detected, a competing hypothesis on
+    top, or the right hypothesis at the wrong place."""
+    if not res["detected"]:
+        return f"not detected ({res['verdict']})", \
+            f"not detected: {res['verdict']}, closest {res.get('margin_of') or '-'} " \
+            f"at {res.get('margin', 0):.2f}"
+    if want is not None and got != want:
+        rank = next((i for i, d in enumerate(diags, 1)
+                     if field(d, "hypothesis") == want), None)
+        where = (f"{want} ranked {rank}: {replay.describe_diagnosis(diags[rank - 1])}"
+                 if rank else f"{want} not among the {len(diags)} diagnoses")
+        return f"top diagnosis {got or 'none'}", f"top diagnosis {got or 'none'} ({where})"
+    if loc_misses:
+        return "location " + ", ".join(m.split(" ")[0] for m in loc_misses), \
+            "location " + "; ".join(loc_misses)
+    return "other", "other"
+
+
+def bug_run(spec: CaseSpec, cli: str, tmp: str, timeout: float, keep: Optional[str],
+            committed: Dict[str, dict]) -> dict:
+    """One non-clean case at one seed: capture, audit, replay.judge."""
+    base = {"case": spec.name, "seed": spec.seed, "engine": spec.engine,
+            "model": spec.model, "dtype": spec.dtype, "mode": spec.mode,
+            "kind": spec.kind, "bug": bug_label(spec), "rest": rest_of(spec)}
+    path = os.path.join(tmp, spec.name + ".pb")   # the manifest's "file", as generate.py
+    try:
+        cap = _driver(spec.engine).capture(spec)
+        cap.snapshot().save(path)
+        entry = manifest_entry(spec, cap, path)
+    except Unsupported as e:
+        return {**base, "status": "unsupported", "reasons": [str(e)]}
+    except Exception:  # noqa: BLE001 - report every broken run
+        if os.path.exists(path):
+            os.unlink(path)
+        return {**base, "status": "error",
+                "reasons": traceback.format_exc().strip().splitlines()[-3:]}
+    base["expect"] = entry["expect"]
+    if spec.seed == 0 and spec.name in committed:
+        fixture = os.path.join(HERE, "fixtures", spec.name + ".pb")
+        if os.path.exists(fixture):
+            with open(fixture, "rb") as a, open(path, "rb") as b:
+                base["fixture_identical"] = a.read() == b.read()
+        base["entry_identical"] = entry == committed[spec.name]
+    report, rc, error = replay.run_cli(cli, path, timeout)
+    j = replay.judge(entry, report, rc, error)
+    if report is None:
+        res = {**base, "status": "error", "reasons": [f"CLI: {error}"]}
+    else:
+        diags = replay.diagnoses(report)
+        top = diags[0] if diags else None
+        want = entry["expect"].get("hypothesis")
+        got = field(top, "hypothesis") if top else None
+        detected = bool(j["detected"])
+        hyp_ok = None if want is None else (detected and got == want)
+        loc_ok, loc_misses = None, []
+        if entry["expect"].get("location"):
+            if detected and top is not None:
+                loc_ok, loc_misses = replay.location_matches(
+                    entry["expect"]["location"], field(top, "location", {}) or {})
+            else:
+                loc_ok = False
+        res = {**base, "status": "ok", "verdict": j["verdict"], "detected": detected,
+               "diagnosis_ok": j["diagnosis_ok"], "hyp_ok": hyp_ok, "loc_ok": loc_ok,
+               "top": j["top"], "notes": j.get("notes") or [], "reasons": j["reasons"],
+               "margin": j.get("margin"), "margin_of": j.get("margin_of")}
+        res["miss"] = (not detected) or j["diagnosis_ok"] is False or loc_ok is False
+        if res["miss"]:
+            res["cause_class"], res["cause"] = _cause(res, diags, want, got, loc_misses)
+            res["reasons"] = reasons(report, limit=4)
+    if keep and (res["status"] == "error" or res.get("miss")):
+        os.makedirs(keep, exist_ok=True)
+        stem = os.path.join(keep, f"{spec.name}.s{spec.seed}")
+        shutil.copy(path, stem + ".pb")
+        if report is not None:
+            with open(stem + ".json", "w") as f:
+                json.dump(report, f, indent=1)
+    os.unlink(path)
+    return res
+
+
+def _tally(runs: List[dict]) -> dict:
+    ok = [r for r in runs if r["status"] == "ok"]
+
+    def count(key):
+        judged = [r for r in ok if r[key] is not None]
+        return sum(bool(r[key]) for r in judged), len(judged)
+    return {"runs": len(ok), "errors": sum(r["status"] == "error" for r in runs),
+            "unsupported": sum(r["status"] == "unsupported" for r in runs),
+            "detected": (sum(r["detected"] for r in ok), len(ok)),
+            "diag": count("diagnosis_ok"), "hyp": count("hyp_ok"), "loc": count("loc_ok"),
+            "misses": [r for r in ok if r["miss"]],
+            "cases": len({r["case"] for r in runs})}
+
+
+def _rate(nd: Tuple[int, int]) -> str:
+    n, d = nd
+    return f"{n}/{d} ({100.0 * n / d:.0f}%)" if d else "-"
+
+
+def _runs_text(t: dict) -> str:
+    return str(t["runs"]) + (f" (+{t['errors']} err)" if t["errors"] else "") + \
+        (f" (+{t['unsupported']} unsup)" if t["unsupported"] else "")
+
+
+def bug_tables(runs: List[dict]) -> Tuple[List[str], List[str]]:
+    """(per bug, per bug x engine x mode: one row per case)."""
+    by_bug: Dict[tuple, List[dict]] = {}
+    by_case: Dict[tuple, List[dict]] = {}
+    for r in runs:
+        by_bug.setdefault((r["bug"], r["kind"]), []).append(r)
+        by_case.setdefault((r["bug"], r["engine"], r["model"], r["mode"], r["dtype"],
+                            r["rest"]), []).append(r)
+    per_bug = ["| bug | kind | cases | runs | detected | diagnosis right | hypothesis right | "
+               "location right | misses |", "|---|---|---|---|---|---|---|---|---|"]
+    for (bug, kind), rs in sorted(by_bug.items()):
+        t = _tally(rs)
+        per_bug.append(f"| {bug} | {kind} | {t['cases']} | {_runs_text(t)} | "
+                       f"{_rate(t['detected'])} | {_rate(t['diag'])} | {_rate(t['hyp'])} | "
+                       f"{_rate(t['loc'])} | {len(t['misses'])} |")
+    per_case = ["| bug | engine | model | mode | dtype | rest | runs | detected | "
+                "diagnosis right | location right | missed seeds |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (bug, engine, model, mode, dtype, rest), rs in sorted(by_case.items()):
+        t = _tally(rs)
+        seeds = ", ".join(str(r["seed"]) for r in t["misses"]) or "-"
+        per_case.append(f"| {bug} | {engine} | {model} | {mode} | {dtype} | {rest} | "
+                        f"{_runs_text(t)} | "
+                        f"{_rate(t['detected'])} | {_rate(t['diag'])} | {_rate(t['loc'])} | "
+                        f"{seeds} |")
+    return per_bug, per_case
+
+
+def total_lines(runs: List[dict]) -> List[str]:
+    t = _tally(runs)
+    lines = [f"- detection (verdict DRIFT) over all bug runs: **{_rate(t['detected'])}**",
+             f"- diagnosis right (replay.judge) over the runs whose case expects a "
+             f"hypothesis: **{_rate(t['diag'])}**",
+             f"- top hypothesis right (place not looked at): {_rate(t['hyp'])}",
+             f"- location right over the runs whose truth has a place: {_rate(t['loc'])}",
+             f"- misses: {len(t['misses'])}; errors: {t['errors']}; "
+             f"unsupported: {t['unsupported']}", "",
+             "| kind | runs | detected | diagnosis right | location right |",
+             "|---|---|---|---|---|"]
+    for kind in BUG_KINDS:
+        k = _tally([r for r in runs if r["kind"] == kind])
+        if k["runs"] or k["errors"] or k["unsupported"]:
+            lines.append(f"| {kind} | {_runs_text(k)} | {_rate(k['detected'])} | "
+                         f"{_rate(k['diag'])} | {_rate(k['loc'])} |")
+    lines += ["", "| engine | runs | detected | diagnosis right | location right |",
+              "|---|---|---|---|---|"]
+    for engine in sorted({r["engine"] for r in runs}):
+        k = _tally([r for r in runs if r["engine"] == engine])
+        lines.append(f"| {engine} | {_runs_text(k)} | {_rate(k['detected'])} | "
+                     f"{_rate(k['diag'])} | {_rate(k['loc'])} |")
+    return lines
+
+
+def miss_lines(runs: List[dict]) -> List[str]:
+    misses = [r for r in runs if r["status"] == "ok" and r["miss"]]
+    if not misses:
+        return ["none"]
+    causes: Dict[str, List[dict]] = {}
+    for r in misses:
+        causes.setdefault(r["cause_class"], []).append(r)
+    lines = ["By coarse cause (the class of the first thing that went wrong):", ""]
+    for cls, rs in sorted(causes.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        per_case: Dict[str, List[int]] = {}
+        for r in rs:
+            per_case.setdefault(r["case"], []).append(r["seed"])
+        lines.append(f"- {cls}: {len(rs)} - " + "; ".join(
+            f"`{c}` seeds {','.join(map(str, s))}" for c, s in per_case.items()))
+    lines += ["", "Every miss:", ""]
+    for r in sorted(misses, key=lambda r: (r["bug"], r["case"], r["seed"])):
+        e = r["expect"]
+        want = e["verdict"] + (f" {e['hypothesis']}" if e.get("hypothesis") else "") + \
+            (f" at {json.dumps(e['location'])}" if e.get("location") else "")
+        lines.append(f"- `{r['case']}` seed {r['seed']}: got {r['verdict']}, expected {want}"
+                     f" - {r['cause']}")
+        lines.append(f"  - top-3: {'; '.join(r['top']) or 'none'}")
+        for n in r["notes"]:
+            lines.append(f"  - {n}")
+        for reason in r["reasons"][:3]:
+            lines.append(f"  - {reason[:300]}")
+    return lines
+
+
+def main_bugs(args) -> int:
+    cases = [c for c in all_cases() if c.kind in BUG_KINDS
+             and (not args.only or _matches(c.name, args.only))]
+    if not cases:
+        print(f"calibrate.py: no non-clean case matches {args.only!r}", file=sys.stderr)
+        return 2
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    committed = _committed_manifest()
+
+    import torch
+    torch.set_num_threads(1)
+
+    runs: List[dict] = []
+    t_all = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="attnaudit-calibrate-") as tmp:
+        cli = os.path.join(tmp, "attnaudit")
+        shutil.copy2(args.cli, cli)      # a rebuild mid-run cannot swap it
+        cli_sha = _sha(cli)
+        cli_mtime = time.strftime("%Y-%m-%d %H:%M:%S",
+                                  time.localtime(os.path.getmtime(args.cli)))
+        work = os.path.join(tmp, "runs")
+        os.makedirs(work)
+        print(f"calibrate.py --bugs: {len(cases)} non-clean cases x {len(seeds)} seeds "
+              f"({seeds[0]}..{seeds[-1]}), CLI {args.cli} ({cli_mtime}, "
+              f"sha256 {cli_sha[:12]})", flush=True)
+        for seed in seeds:       # seed outer: HF's cached models are reused per seed
+            t_seed = time.perf_counter()
+            for spec in cases:
+                res = bug_run(spec.replace(seed=seed), cli, work, args.timeout, args.keep,
+                              committed)
+                runs.append(res)
+                if res["status"] == "error":
+                    print(f"  ERROR {spec.name} seed {seed}: {' | '.join(res['reasons'])}",
+                          file=sys.stderr, flush=True)
+                elif res.get("miss"):
+                    print(f"  MISS {spec.name} seed {seed}: {res['cause']}", flush=True)
+            t = _tally([r for r in runs if r["seed"] == seed])
+            print(f"seed {seed:3d}: {t['runs']} runs, detected {_rate(t['detected'])}, "
+                  f"diagnosis right {_rate(t['diag'])}, {len(t['misses'])} misses, "
+                  f"{t['errors']} errors, {time.perf_counter() - t_seed:.1f} s", flush=True)
+    elapsed = time.perf_counter() - t_all
+
+    errors = [r for r in runs if r["status"] == "error"]
+    misses = [r for r in runs if r["status"] == "ok" and r["miss"]]
+    per_bug, per_case = bug_tables(runs)
+    totals = total_lines(runs)
+    out = ["## Bug-run calibration", "",
+           f"{len(cases)} non-clean cases x {len(seeds)} seeds = {len(runs)} runs "
+           f"in {elapsed:.1f} s; CLI {args.cli} (sha256 {cli_sha[:12]}, {cli_mtime})", ""]
+    same = [r for r in runs if "entry_identical" in r]
+    if same:
+        n_fix = sum(bool(r.get("fixture_identical")) for r in same)
+        n_ent = sum(r["entry_identical"] for r in same)
+        out += [f"seed 0 reproduces the committed fixture bit for bit: {n_fix}/{len(same)}; "
+                f"its manifest entry (expectation included): {n_ent}/{len(same)}", ""]
+    out += ["Judged as replay.py judges a fixture, against the manifest entry generate.py "
+            "writes for the seed. Diagnosis right: the top diagnosis is the expected "
+            "hypothesis at the expected row / logical block / page (runs whose case expects "
+            "a hypothesis); hypothesis right: the hypothesis alone; location right: the top "
+            "diagnosis's place, whatever its hypothesis (runs whose truth has a place).", "",
+            "### Totals", ""] + totals
+    out += ["", "### Per bug", ""] + per_bug
+    out += ["", "### Per bug x engine x mode (one row per case)", ""] + per_case
+    out += ["", f"### Misses ({len(misses)})", ""] + miss_lines(runs)
+    if errors:
+        out += ["", f"### Errors ({len(errors)})", ""]
+        out += [f"- `{r['case']}` seed {r['seed']}: {' | '.join(r['reasons'])}" for r in errors]
+    text = "\n".join(out) + "\n"
+    print("\n" + text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"mode": "bugs", "cases": len(cases), "seeds": seeds, "cli": args.cli,
+                       "cli_sha256": cli_sha, "elapsed_s": round(elapsed, 2),
+                       "totals": totals, "per_bug": per_bug, "per_case": per_case,
+                       "misses": misses, "errors": errors, "runs": runs}, f, indent=1)
+            f.write("\n")
+    return 1 if errors or (args.strict and misses) else 0
+
+
+# ----------------------------------------------------------------------
 
 
 def main(argv=None) -> int:
@@ -364,15 +684,25 @@ def main(argv=None) -> int:
         "ATTNAUDIT_CLI", os.path.join(REPO, "build", "bin", "attnaudit")))
     ap.add_argument("--keep", help="keep the snapshots of false alarms and failed runs here")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per CLI call")
+    ap.add_argument("--bugs", action="store_true",
+                    help="run the non-clean cases (bug, capture-bug, engine-behaviour) "
+                         "instead and judge them as replay.py does")
+    ap.add_argument("--strict", action="store_true",
+                    help="with --bugs: exit 1 on any miss too")
     args = ap.parse_args(argv)
 
     if args.seeds < 1:
         print("calibrate.py: --seeds must be at least 1", file=sys.stderr)
         return 2
+    if args.strict and not args.bugs:
+        print("calibrate.py: --strict goes with --bugs", file=sys.stderr)
+        return 2
     if not (os.path.isfile(args.cli) and os.access(args.cli, os.X_OK)):
         print(f"calibrate.py: the CLI {args.cli!r} is not an executable file "
               "(--cli or $ATTNAUDIT_CLI)", file=sys.stderr)
         return 2
+    if args.bugs:
+        return main_bugs(args)
     cases = [c for c in all_cases() if c.kind == "clean"
              and (not args.only or _matches(c.name, args.only))]
     if not cases:

@@ -82,12 +82,9 @@ def _jsonable(x):
     return str(x)
 
 
-def run_case(spec: CaseSpec, out_dir: str) -> dict:
-    """Runs one case and writes its snapshot; returns its manifest entry."""
-    cap = _driver(spec.engine).capture(spec)
-    snap = cap.snapshot()
-    path = os.path.join(out_dir, spec.name + ".pb")
-    snap.save(path)
+def manifest_entry(spec: CaseSpec, cap, path: str) -> dict:
+    """The manifest entry of a case whose capture `cap` was saved at
+    `path` (calibrate.py --bugs builds the same entry for other seeds)."""
     return {
         "case": spec.name, "engine": spec.engine, "model": spec.model,
         "mode": spec.mode, "dtype": spec.dtype, "kind": spec.kind, "bug": spec.bug,
@@ -95,6 +92,15 @@ def run_case(spec: CaseSpec, out_dir: str) -> dict:
         "file": os.path.basename(path), "bytes": os.path.getsize(path), "note": spec.note,
         "expect": expectation(spec, cap.location), "info": _jsonable(cap.info),
     }
+
+
+def run_case(spec: CaseSpec, out_dir: str) -> dict:
+    """Runs one case and writes its snapshot; returns its manifest entry."""
+    cap = _driver(spec.engine).capture(spec)
+    snap = cap.snapshot()
+    path = os.path.join(out_dir, spec.name + ".pb")
+    snap.save(path)
+    return manifest_entry(spec, cap, path)
 
 
 def _load(path: str):

@@ -18,6 +18,7 @@ import pytest
 
 import attnaudit
 from attnaudit import fingerprint
+from attnaudit.v1 import snapshot_pb2, tensor_pb2
 from conftest import comparable, report_json
 from engine_layouts import LAYOUTS, engine_tensors, to_torch
 
@@ -225,3 +226,88 @@ def test_encoding_waits_for_pending_device_copies():
     snap.serialize()
     assert Event.synchronized == 1
     assert attnaudit.Snapshot.from_proto(snap.to_proto()).serialize() == data
+
+
+# ---------------------------------------------------------------------------
+# vLLM's CPU cache layout and the engine declarations
+# ---------------------------------------------------------------------------
+
+
+def _vllm_cpu_cache(nb=6, hkv=2, bs=16, D=8, seed=4):
+    """A [nb, Hkv, 2*bs, D] cache as vLLM's CPU backend lays it out: per
+    (block, KV head) K transposed ([D, bs] row-major), then V [bs, D]; and
+    the logical K and V it holds."""
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((nb, hkv, bs, D)).astype(np.float32)
+    v = rng.standard_normal((nb, hkv, bs, D)).astype(np.float32)
+    raw = np.concatenate([k.transpose(0, 1, 3, 2).reshape(nb, hkv, bs * D),
+                          v.reshape(nb, hkv, bs * D)], axis=2)
+    return raw.reshape(nb, hkv, 2 * bs, D), k, v
+
+
+def test_vllm_cpu_layout_reads_the_transposed_keys():
+    cache, k, v = _vllm_cpu_cache()
+    q = np.zeros((2, 4, 8), dtype=np.float32)
+    table, lens = [[3, 1], [5, 0]], [20, 17]
+    snap = attnaudit.Snapshot.from_paged_kv(q, cache, None, table, lens,
+                                            layout="vllm_cpu")
+    assert snap.meta.kv_layout == snapshot_pb2.KV_LAYOUT_HND
+    ids = list(snap.tensor("page_ids"))
+    assert ids == [0, 1, 3, 5]
+    np.testing.assert_array_equal(snap.tensor("k_pages"), k[ids])
+    np.testing.assert_array_equal(snap.tensor("v_pages"), v[ids])
+    # As the backend allocates it, [nb, Hkv, bs, 2D]: the same memory.
+    alloc = cache.reshape(6, 2, 16, 16)
+    same = attnaudit.Snapshot.from_paged_kv(q, alloc, None, table, lens,
+                                            layout="vllm_cpu")
+    np.testing.assert_array_equal(same.tensor("k_pages"), k[ids])
+    # The key/value halves the backend slices from it.
+    halves = attnaudit.Snapshot.from_paged_kv(q, cache[:, :, :16], cache[:, :, 16:],
+                                              table, lens, layout="vllm_cpu")
+    np.testing.assert_array_equal(halves.tensor("k_pages"), k[ids])
+    np.testing.assert_array_equal(halves.tensor("v_pages"), v[ids])
+
+
+def test_engine_presets_declare_precision_and_cast_point():
+    cache, _, _ = _vllm_cpu_cache()
+    q = np.zeros((1, 4, 8), dtype=np.float32)
+    pb = snapshot_pb2
+    snap = attnaudit.Snapshot.from_paged_kv(q, cache, None, [[2]], [9],
+                                            layout="vllm_cpu", engine="vllm-cpu")
+    assert snap.meta.precision.profile == pb.ENGINE_PROFILE_VLLM_CPU
+    assert snap.meta.rope.cast_point == pb.ROPE_CAST_POINT_COS_SIN
+    assert snap.labels.engine == "vllm-cpu"
+    eager = attnaudit.Snapshot.from_paged_kv(
+        q, cache, None, [[2]], [9], layout="vllm_cpu", engine="hf-eager",
+        precision={"profile": "custom", "score_dtype": "bf16", "exp_ulps": 3},
+        rope={"theta": 10000, "cast_point": "after_rope",
+              "scaling": {"rope_type": "yarn", "factor": 4.0, "truncate": False}})
+    assert eager.meta.precision.profile == pb.ENGINE_PROFILE_CUSTOM
+    assert eager.meta.precision.score_dtype == tensor_pb2.DTYPE_BF16
+    assert eager.meta.precision.exp_ulps == 3
+    assert eager.meta.rope.cast_point == pb.ROPE_CAST_POINT_AFTER_ROPE  # explicit wins
+    assert eager.meta.rope.scaling.no_truncate
+    for bad, what in ((dict(engine="sglang-gpu"), "engine"),
+                      (dict(precision={"profile": "hf_eager", "bogus": 1}), "precision"),
+                      (dict(rope_table={"positions": [1]}), "rope_table")):
+        with pytest.raises((ValueError, TypeError), match=what):
+            attnaudit.Snapshot.from_paged_kv(q, cache, None, [[2]], [9],
+                                             layout="vllm_cpu", **bad)
+
+
+def test_rope_inputs_travel_to_the_wire():
+    cache, _, _ = _vllm_cpu_cache()
+    q = np.zeros((1, 4, 8), dtype=np.float32)
+    snap = attnaudit.Snapshot.from_paged_kv(
+        q, cache, None, [[2]], [9], layout="vllm_cpu",
+        rope_table={"inv_freq": np.ones(4, np.float32), "positions": [8],
+                    "cos": np.ones((1, 4), np.float32),
+                    "sin": np.zeros((1, 4), np.float32)},
+        pre_rope_q=q, pre_rope_k=np.zeros((1, 2, 8), np.float32))
+    paths = snap.tensor_paths()
+    for p in ("pre_rope.q", "pre_rope.k", "rope_table.inv_freq",
+              "rope_table.positions", "rope_table.cos", "rope_table.sin"):
+        assert p in paths
+    assert snap.tensor("pre_rope.k").shape == (1, 1, 2, 8)
+    back = attnaudit.Snapshot.from_proto(snap.to_proto())
+    np.testing.assert_array_equal(back.tensor("rope_table.inv_freq"), np.ones(4))

@@ -82,6 +82,50 @@ def test_drift_report_has_reasons(client, files):
     assert any("over tolerance" in r for r in report.reasons)
 
 
+def test_drift_report_names_its_diagnosis(client, files):
+    report = client.audit(attnaudit.Snapshot.load(files["stale"]))
+    top = report.diagnosis
+    assert isinstance(top, attnaudit.Diagnosis)
+    assert top.hypothesis == "stale-page" and top.score >= 0.5
+    assert top.row is not None and top.page is not None
+    assert top.page == top.location.page and top.summary
+    assert [d.hypothesis for d in report.diagnoses][0] == "stale-page"
+    assert "stale-page" in repr(top)
+    assert report.engine_profile == "flash-decoding"  # what synth declares
+    clean = client.audit(attnaudit.Snapshot.load(files["small"]))
+    assert clean.diagnosis is None and clean.diagnoses == []
+
+
+def test_rolling_rope_check_reports_a_shifted_query(client):
+    """q rotated at its position + 1 while the snapshot carries the query
+    before RoPE: the rolling check drifts and names the shift."""
+    rng = np.random.default_rng(3)
+    D = 8
+    q_pre = rng.standard_normal((1, 1, 4, D)).astype(np.float32)
+    pos = 19
+    inv = 10000.0 ** (-np.arange(0, D, 2, dtype=np.float64) / D)
+
+    def rotate(x, p):  # NeoX in float64, rounded once to f32
+        a = p * inv
+        x1, x2 = x[..., : D // 2], x[..., D // 2:]
+        return np.concatenate([x1 * np.cos(a) - x2 * np.sin(a),
+                               x2 * np.cos(a) + x1 * np.sin(a)], -1).astype(np.float32)
+
+    base = tiny()
+    snap = attnaudit.Snapshot.from_arrays(
+        q=rotate(q_pre.astype(np.float64), pos + 1), k_pages=base.tensor("k_pages"),
+        v_pages=base.tensor("v_pages"), block_table=base.tensor("block_table"),
+        kv_seq_lens=base.tensor("kv_seq_lens"),
+        query_positions=base.tensor("query_positions"),
+        slot_positions=base.tensor("slot_positions"), pre_rope_q=q_pre)
+    report = client.audit(snap)
+    assert report.drifted
+    [check] = report.rope_checks
+    assert check.what == "q" and check.mismatches > 0
+    assert report.diagnosis.hypothesis == "rope-offset"
+    assert report.diagnosis.detail == "+1"
+
+
 def test_snapshots_past_the_unary_limit_stream_on_their_own(make_server, files):
     snap = attnaudit.Snapshot.load(files["small"])
     limit = snap.nbytes // 2  # the server takes no unary request this big

@@ -97,6 +97,12 @@ def wrap_flash_attention_impl(impl_cls):
                 k_scale=_fp8_scale(self, layer, "_k_scale_float"), # vLLM: fp8 KV
                 v_scale=_fp8_scale(self, layer, "_v_scale_float"),
                 engine_out=result[:n].view(n, num_heads, head_size),
+                # The kernel's arithmetic and vLLM's RoPE rounding (cos/sin in
+                # the model dtype): docs/PYTHON.md "Declaring the engine".
+                # With the rotary seam wrapped too, pre_rope_q= and
+                # pre_rope_k= (this step's q and new keys before RoPE) add
+                # the rolling RoPE check.
+                engine="vllm",
                 labels={"engine": "vllm", "backend": "flash_attn",
                         "model": os.environ.get("ATTNAUDIT_MODEL", "")})
 

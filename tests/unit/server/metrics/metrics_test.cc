@@ -174,8 +174,36 @@ TEST(MetricsTest, ExactlyTheDocumentedFamilies) {
       {"attnaudit_device_busy_seconds_total", T::Counter},
       {"attnaudit_device_memory_bytes", T::Gauge},
       {"attnaudit_cp_checks_total", T::Counter},
+      {"attnaudit_rope_checks_total", T::Counter},
   };
   EXPECT_EQ(got, want);
+}
+
+// RoPE checks by check and verdict; a report's diagnosis from a drifting
+// RoPE check is a bounded hypothesis label.
+TEST(MetricsTest, RopeChecksAreCountedByCheckAndVerdict) {
+  auto metrics = MakeMetrics(MetricsOptions());
+  const std::string family = "attnaudit_rope_checks_total";
+  EXPECT_EQ(Value(*metrics, family, {{"check", "k"}, {"verdict", "DRIFT"}}), 0);
+  AuditReport r;
+  r.verdict = Verdict::kDrift;
+  for (const char* what : {"q", "k", "table"}) {
+    RopeCheckResult c;
+    c.what = what;
+    c.verdict = std::string(what) == "k" ? Verdict::kDrift : Verdict::kPass;
+    r.rope_checks.push_back(c);
+  }
+  Diagnosis d;
+  d.hypothesis = "k-rope-twice";
+  r.diagnoses.push_back(d);
+  metrics->ObserveReport(r, JobLabels{"m", 0, ""});
+  EXPECT_EQ(Value(*metrics, family, {{"check", "q"}, {"verdict", "PASS"}}), 1);
+  EXPECT_EQ(Value(*metrics, family, {{"check", "k"}, {"verdict", "DRIFT"}}), 1);
+  EXPECT_EQ(Value(*metrics, family, {{"check", "table"}, {"verdict", "PASS"}}),
+            1);
+  EXPECT_EQ(Value(*metrics, "attnaudit_diagnoses_total",
+                  {{"hypothesis", "k-rope-twice"}}),
+            1);
 }
 
 // CP checks by check, rank and verdict; ranks past max_cp_ranks are "other".
