@@ -542,16 +542,15 @@ TrialPlan PlanTrials(const RowStates& rs, const LeaveOneOut& loo,
   return plan;
 }
 
-// A block-table entry naming another row's page: for the candidate blocks,
-// the pages other rows hold at the same logical block or a neighbour (a
-// row mix-up keeps the block index), read in the block's place.
+// A block-table entry naming another row's page: for every candidate block
+// (PlanTrials' top), the pages other rows hold at the same logical block or
+// a neighbour (a row mix-up keeps the block index), read in the block's
+// place: at most 3 (B - 1) pages per candidate.
 absl::Status ForeignTrials(const Context& ctx, const RowStates& rs,
                            const TrialPlan& plan, std::deque<Substitute>* subs,
                            std::vector<Trial>* trials) {
   const ResolvedLayout& layout = *ctx.in->layout;
-  const int64_t tried = std::min<int64_t>(2, plan.top.size());
-  for (int64_t k = 0; k < tried; ++k) {
-    const int64_t j = plan.top[k];
+  for (const int64_t j : plan.top) {
     for (int64_t other = 0; other < ctx.d.batch; ++other) {
       if (other == rs.b) continue;
       const auto& pages = layout.block_pages[other];

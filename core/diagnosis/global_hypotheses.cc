@@ -218,7 +218,9 @@ void AddVariantVariants(const Context& ctx, std::vector<Variant>* out) {
   }
   AddKvPermutations(ctx, out);
   if (p.window > 0) {
-    Variant none{kWindowIgnored, "the sliding window not applied", {}, 1};
+    // Ranked after an off-by-one it ties with: when the keys past W + 1 carry
+    // no weight, one more key is all the evidence shows.
+    Variant none{kWindowIgnored, "the sliding window not applied", {}, 2};
     none.spec.set_window = true;
     none.spec.window = 0;
     out->push_back(std::move(none));
