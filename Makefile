@@ -42,7 +42,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps configure build run test fuzz bench bench-check bench-kernels bench-cp \
   bench-env bench-peers bench-sweeps bench-server bench-loopback bench-idle \
-  bench-instructions \
+  bench-instructions bench-rope \
   bench-diagnosis demo clean \
   py-venv bench-python conformance
 
@@ -141,6 +141,8 @@ fuzz: build
 #                 200 faulty snapshots per fault class, 2,000 clean ones
 #                 across engine kinds, the W1 cost, then 10,000 small clean
 #                 audits for the false-alarm rate                 ~30 min
+#   bench-rope    a pre-RoPE W1 with and without the engine's RoPE  ~20 s
+#                 table
 #   bench-instructions  instructions of the fused pass and of a     ~1 min
 #                 whole check, counted by callgrind (B=8, 512 tokens):
 #                 exact on a noisy VM; installs valgrind when missing
@@ -160,7 +162,7 @@ BENCH_TARGETS := $(RUN_TARGETS) attnaudit_bench_floor attnaudit_bench_check \
 BUILD_BENCH = cmake --build $(BUILD_DIR) -j $(JOBS) --target $(BENCH_TARGETS)
 
 bench: bench-check bench-kernels bench-cp bench-peers bench-sweeps bench-server \
-  bench-loopback bench-idle bench-diagnosis bench-instructions
+  bench-loopback bench-idle bench-diagnosis bench-instructions bench-rope
 
 bench-check: configure
 	$(BUILD_BENCH)
@@ -232,6 +234,13 @@ bench-instructions: configure
 	@mkdir -p $(BENCH_OUT) $(BENCH_TMP)
 	python3 bench/check/pass_instructions.py --bin-dir $(BUILD_DIR)/bin \
 	  --workdir $(BENCH_TMP) --json $(BENCH_OUT)/pass_instructions.json
+
+# A pre-RoPE W1 with and without the engine's RoPE table (docs/PERF.md).
+bench-rope: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target attnaudit
+	@mkdir -p $(BENCH_OUT) $(BENCH_TMP)
+	python3 bench/sweeps/rope_table_cost.py --bin-dir $(BUILD_DIR)/bin \
+	  --workdir $(BENCH_TMP) --json $(BENCH_OUT)/rope_table_cost.json
 
 bench-idle: configure
 	$(BUILD_BENCH)

@@ -128,6 +128,10 @@ void AddSynthCommand(CLI::App* app, int* exit_code) {
                       "(per-head scales)");
   command->add_flag("--permute-pages", s.permute_pages,
                     "scatter logical blocks over the page pool");
+  command->add_flag(
+      "--no-rope-table", [&s](int64_t) { s.send_rope_table = false; },
+      "do not send the engine's inverse frequencies (attnaudit then computes "
+      "its own RoPE, with its uncertainty)");
   command
       ->add_option("--prefix", s.prefix,
                    "tokens of a prefix shared by every row")

@@ -1,6 +1,7 @@
 // PrepareAttention: RoPE for q (and for a pre-RoPE K cache), fp8 scales, and
 // the attention variant, resolved once per snapshot.
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -39,18 +40,18 @@ std::vector<uint8_t> ReferencedPages(const ResolvedLayout& layout,
   return referenced;
 }
 
-// max |v| of one stored V row, v_scale applied.
-double ValueRowMax(const Snapshot& s, const SnapshotDims& d, int64_t page,
-                   int64_t slot, int64_t head) {
+// The largest |v| of one stored V row, widened into `buf` (V scale not
+// applied); non-finite values do not count.
+float ValueRowMax(const Snapshot& s, const SnapshotDims& d, int64_t page,
+                  int64_t slot, int64_t head, float* buf) {
   const int64_t src = SlotOffset(s.kv_layout, d, page, slot, head);
-  const double vs = s.v_scale.present() ? (s.v_scale.num_elements() == 1
-                                               ? s.v_scale.DoubleAt(0)
-                                               : s.v_scale.DoubleAt(head))
-                                        : 1.0;
-  double m = 0;
+  ConvertToFloat(static_cast<const char*>(s.v_pages.raw()) +
+                     src * DTypeSize(s.v_pages.dtype()),
+                 s.v_pages.dtype(), d.head_dim, buf);
+  float m = 0;
   for (int64_t i = 0; i < d.head_dim; ++i) {
-    const double v = LoadAsFloat(s.v_pages.raw(), s.v_pages.dtype(), src + i);
-    if (std::isfinite(v)) m = std::max(m, std::fabs(v) * vs);
+    const float a = std::fabs(buf[i]);
+    m = a <= std::numeric_limits<float>::max() && a > m ? a : m;
   }
   return m;
 }
@@ -62,14 +63,45 @@ struct PairMaxima {
   double value = 0;
 };
 
-void MergeMaxima(const std::vector<PairMaxima>& parts, size_t half,
-                 PairMaxima* out) {
+// What one thread's scan keeps: per KV head the largest squared pair norm
+// of its keys (before k_scale) and the largest |v| (before v_scale), so the
+// inner loops are plain float maxima.
+struct ScanPart {
+  std::vector<float> key_sq;  // [Hkv][half]
+  std::vector<float> value;   // [Hkv]
+};
+
+// The pairs of a widened K row into part->key_sq of head g.
+void ScanKeyRow(const float* row, const RopeTable& rope, int64_t g,
+                ScanPart* part) {
+  const int64_t half = rope.rotary_dim() / 2;
+  float* sq = &part->key_sq[g * half];
+  const bool neox = rope.style() == RopeStyle::kNeox;
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = row[neox ? i : 2 * i];
+    const float b = row[neox ? i + half : 2 * i + 1];
+    const float n = a * a + b * b;
+    sq[i] = n <= std::numeric_limits<float>::max() && n > sq[i] ? n : sq[i];
+  }
+}
+
+// The maxima of all parts, scales applied, norms taken.
+void MergeMaxima(const std::vector<ScanPart>& parts, const Snapshot& s,
+                 const SnapshotDims& d, size_t half, PairMaxima* out) {
   out->key.assign(half, 0.0);
-  for (const PairMaxima& m : parts) {
-    for (size_t i = 0; i < m.key.size(); ++i) {
-      out->key[i] = std::max(out->key[i], m.key[i]);
+  const std::vector<double> k_scale = PerHeadScale(s.k_scale, d.kv_heads);
+  const std::vector<double> v_scale = PerHeadScale(s.v_scale, d.kv_heads);
+  for (const ScanPart& part : parts) {
+    if (part.value.empty()) continue;
+    for (int64_t g = 0; g < d.kv_heads; ++g) {
+      for (size_t i = 0; i < half; ++i) {
+        out->key[i] =
+            std::max(out->key[i],
+                     std::sqrt(static_cast<double>(part.key_sq[g * half + i])) *
+                         k_scale[g]);
+      }
+      out->value = std::max(out->value, part.value[g] * v_scale[g]);
     }
-    out->value = std::max(out->value, m.value);
   }
 }
 
@@ -105,15 +137,19 @@ absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
   // fp8: the engine rotates in its compute dtype, then quantises.
   const DType rotation_dtype = requantize ? DType::kBF16 : out_dtype;
   const size_t half = rope.inv_freq().size();
-  std::vector<PairMaxima> per_page(
+  std::vector<ScanPart> per_page(
       maxima != nullptr ? static_cast<size_t>(d.num_pages) : 0);
   ParallelFor(d.num_pages, threads, [&](int64_t page) {
     if (!referenced[page]) return;
     std::vector<float> cos_half(half);
     std::vector<float> sin_half(half);
     std::vector<float> row(static_cast<size_t>(d.head_dim));
-    PairMaxima* m = maxima != nullptr ? &per_page[page] : nullptr;
-    if (m != nullptr) m->key.assign(half, 0.0);
+    std::vector<float> vrow(row.size());
+    ScanPart* part = maxima != nullptr ? &per_page[page] : nullptr;
+    if (part != nullptr) {
+      part->key_sq.assign(static_cast<size_t>(d.kv_heads) * half, 0.0f);
+      part->value.assign(static_cast<size_t>(d.kv_heads), 0.0f);
+    }
     for (int64_t slot = 0; slot < d.page_size; ++slot) {
       const int64_t pos = rope_pos.IntAt(page * d.page_size + slot);
       if (s.slot_positions.IntAt(page * d.page_size + slot) < 0) continue;
@@ -121,17 +157,16 @@ absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
       for (int64_t g = 0; g < d.kv_heads; ++g) {
         const int64_t src = SlotOffset(s.kv_layout, d, page, slot, g);
         const float ks = static_cast<float>(k_scale[g]);
-        for (int64_t i = 0; i < d.head_dim; ++i) {
-          row[i] = LoadAsFloat(s.k_pages.raw(), s.k_pages.dtype(), src + i);
-          if (s.k_scale.present()) row[i] *= ks;
+        ConvertToFloat(static_cast<const char*>(s.k_pages.raw()) +
+                           src * DTypeSize(s.k_pages.dtype()),
+                       s.k_pages.dtype(), d.head_dim, row.data());
+        if (part != nullptr) {
+          ScanKeyRow(row.data(), rope, g, part);
+          part->value[g] = std::max(
+              part->value[g], ValueRowMax(s, d, page, slot, g, vrow.data()));
         }
-        if (m != nullptr) {
-          for (size_t i = 0; i < half; ++i) {
-            const int64_t a = PairIndex(rope.style(), i, half, false);
-            const int64_t b = PairIndex(rope.style(), i, half, true);
-            m->key[i] = std::max(m->key[i], PairNorm(row.data(), a, b));
-          }
-          m->value = std::max(m->value, ValueRowMax(s, d, page, slot, g));
+        if (s.k_scale.present()) {
+          for (int64_t i = 0; i < d.head_dim; ++i) row[i] *= ks;
         }
         float* dst =
             p->rotated_k.data() + SlotOffset(KvLayout::kNHD, d, page, slot, g);
@@ -148,7 +183,7 @@ absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
       }
     }
   });
-  if (maxima != nullptr) MergeMaxima(per_page, half, maxima);
+  if (maxima != nullptr) MergeMaxima(per_page, s, d, half, maxima);
   p->k_data = p->rotated_k.data();
   p->k_dtype = DType::kF32;
   p->k_layout = KvLayout::kNHD;
@@ -162,32 +197,28 @@ void ScanKeys(const Snapshot& s, const ResolvedLayout& layout,
               const RopeTable& rope, const SnapshotDims& d, int threads,
               PairMaxima* maxima) {
   const std::vector<uint8_t> referenced = ReferencedPages(layout, d);
-  const std::vector<double> k_scale = PerHeadScale(s.k_scale, d.kv_heads);
   const size_t half = rope.inv_freq().size();
-  std::vector<PairMaxima> per_page(static_cast<size_t>(d.num_pages));
+  std::vector<ScanPart> per_page(static_cast<size_t>(d.num_pages));
   ParallelFor(d.num_pages, threads, [&](int64_t page) {
     if (!referenced[page]) return;
-    PairMaxima& m = per_page[page];
-    m.key.assign(half, 0.0);
+    ScanPart& part = per_page[page];
+    part.key_sq.assign(static_cast<size_t>(d.kv_heads) * half, 0.0f);
+    part.value.assign(static_cast<size_t>(d.kv_heads), 0.0f);
     std::vector<float> row(static_cast<size_t>(d.head_dim));
     for (int64_t slot = 0; slot < d.page_size; ++slot) {
       if (s.slot_positions.IntAt(page * d.page_size + slot) < 0) continue;
       for (int64_t g = 0; g < d.kv_heads; ++g) {
         const int64_t src = SlotOffset(s.kv_layout, d, page, slot, g);
-        for (int64_t i = 0; i < d.head_dim; ++i) {
-          row[i] = LoadAsFloat(s.k_pages.raw(), s.k_pages.dtype(), src + i) *
-                   static_cast<float>(k_scale[g]);
-        }
-        for (size_t i = 0; i < half; ++i) {
-          const int64_t a = PairIndex(rope.style(), i, half, false);
-          const int64_t b = PairIndex(rope.style(), i, half, true);
-          m.key[i] = std::max(m.key[i], PairNorm(row.data(), a, b));
-        }
-        m.value = std::max(m.value, ValueRowMax(s, d, page, slot, g));
+        ConvertToFloat(static_cast<const char*>(s.k_pages.raw()) +
+                           src * DTypeSize(s.k_pages.dtype()),
+                       s.k_pages.dtype(), d.head_dim, row.data());
+        ScanKeyRow(row.data(), rope, g, &part);
+        part.value[g] = std::max(part.value[g],
+                                 ValueRowMax(s, d, page, slot, g, row.data()));
       }
     }
   });
-  MergeMaxima(per_page, half, maxima);
+  MergeMaxima(per_page, s, d, half, maxima);
 }
 
 // How far our scores can be from the engine's because attnaudit rotated q
@@ -385,8 +416,8 @@ absl::StatusOr<PreparedAttention> PrepareAttention(const Snapshot& s,
   // tolerances' fp32 terms): no uncertainty, and no scan of the cache.
   const bool exact = EngineAnglesEverywhere(s, p, layout, rope);
   if (s.rope.k_state == RopeState::kPreRope) {
-    ATTNAUDIT_RETURN_IF_ERROR(RotateKeys(s, layout, rope, &p,
-                                         exact ? nullptr : &maxima, threads));
+    ATTNAUDIT_RETURN_IF_ERROR(
+        RotateKeys(s, layout, rope, &p, exact ? nullptr : &maxima, threads));
   } else if (!exact) {
     ScanKeys(s, layout, rope, d, threads, &maxima);
   }

@@ -485,8 +485,9 @@ CompareContext MakeCompareContext(const AuditRun& run) {
   const DType model_dtype = s.rope.q_output_dtype != DType::kInvalid
                                 ? s.rope.q_output_dtype
                                 : s.q.dtype();
-  ti.engine = ResolveEngineArithmetic(
-      s.precision, model_dtype, s.k_pages.dtype(), run.layout.dims.head_dim);
+  ti.engine =
+      ResolveEngineArithmetic(s.precision, model_dtype, s.k_pages.dtype(),
+                              run.layout.dims.head_dim, s.logit_softcap > 0);
   ti.replay = ReplayArithmetic(run.layout.dims.head_dim, s.logit_softcap > 0);
   ti.rope_score_uncertainty = run.prepared.rope_score_uncertainty;
   ti.rope_score_noise = run.prepared.rope_score_noise;

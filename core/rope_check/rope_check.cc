@@ -255,9 +255,10 @@ absl::StatusOr<CheckRows> KeyRows(const Snapshot& s,
   return rows;
 }
 
-RopeCheckResult ResultOf(const CheckRows& rows, const Fit& fit) {
+// The fields every check reports, from its fit.
+RopeCheckResult ResultFields(std::string what, const Fit& fit) {
   RopeCheckResult r;
-  r.what = rows.what;
+  r.what = std::move(what);
   r.count = fit.count;
   r.mismatches = fit.mismatches;
   r.max_abs = fit.max_abs;
@@ -266,6 +267,11 @@ RopeCheckResult ResultOf(const CheckRows& rows, const Fit& fit) {
   r.tolerance = fit.tolerance;
   r.worst = fit.worst;
   r.verdict = fit.mismatches > 0 ? Verdict::kDrift : Verdict::kPass;
+  return r;
+}
+
+RopeCheckResult ResultOf(const CheckRows& rows, const Fit& fit) {
+  RopeCheckResult r = ResultFields(rows.what, fit);
   if (fit.mismatches > 0) {
     const char* head = rows.what == "q" ? "h" : "kv_head";
     r.reasons.push_back(absl::StrFormat(
@@ -282,12 +288,9 @@ RopeCheckResult ResultOf(const CheckRows& rows, const Fit& fit) {
 
 // --- The table check. ---
 
-struct TableFit {
-  int64_t count = 0, mismatches = 0;
-  double max_abs = 0, max_ulp = 0, angle = 0, tolerance = 0;
-  double excess = 0, worst_ratio = -1;
-  Location worst;
-  std::string worst_what;
+// A table check's fit: which value the worst element is.
+struct TableFit : Fit {
+  std::string worst_what;  // "inv_freq" or "cos/sin"
 };
 
 void AddTableElement(double diff, double tol, double ulp, double angle,
@@ -354,16 +357,7 @@ TableFit CompareTable(const Snapshot& s, const RopeConfig& config,
 }
 
 RopeCheckResult TableResult(const Snapshot& s, const TableFit& fit) {
-  RopeCheckResult r;
-  r.what = "table";
-  r.count = fit.count;
-  r.mismatches = fit.mismatches;
-  r.max_abs = fit.max_abs;
-  r.max_ulp = fit.max_ulp;
-  r.max_angle_error = fit.angle;
-  r.tolerance = fit.tolerance;
-  r.worst = fit.worst;
-  r.verdict = fit.mismatches > 0 ? Verdict::kDrift : Verdict::kPass;
+  RopeCheckResult r = ResultFields("table", fit);
   if (fit.mismatches > 0) {
     std::string where =
         fit.worst_what == "inv_freq"

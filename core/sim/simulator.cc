@@ -400,10 +400,12 @@ absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options,
   // declares that, and sends the inverse frequencies it rotated with.
   s.precision.profile = EngineProfile::kFlashDecoding;
   s.precision.split_keys = o.split_tokens;
-  s.rope_table.inv_freq =
-      Tensor(DType::kF32, {static_cast<int64_t>(rope.inv_freq().size())});
-  std::copy(rope.inv_freq().begin(), rope.inv_freq().end(),
-            s.rope_table.inv_freq.mutable_data<float>());
+  if (o.send_rope_table) {
+    s.rope_table.inv_freq =
+        Tensor(DType::kF32, {static_cast<int64_t>(rope.inv_freq().size())});
+    std::copy(rope.inv_freq().begin(), rope.inv_freq().end(),
+              s.rope_table.inv_freq.mutable_data<float>());
+  }
 
   const sim_internal::SynthLayout layout = sim_internal::BuildLayout(o);
   const sim_internal::ContentModel model =

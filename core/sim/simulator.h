@@ -85,7 +85,10 @@ struct SynthOptions {
   int64_t page_size = 16;
   DType kv_dtype = DType::kBF16;  // bf16, f16, f32, fp8_e4m3
   bool permute_pages = false;     // scatter logical blocks over the pool
-  int64_t prefix = 0;             // shared-prefix tokens (enables the cache)
+  // Send the engine's inverse frequencies (rope_table.inv_freq), as a hook
+  // that declares its RoPE does; false: attnaudit computes them itself.
+  bool send_rope_table = true;
+  int64_t prefix = 0;  // shared-prefix tokens (enables the cache)
   uint64_t seed = 1;
   Fault fault = Fault::kNone;
   int64_t split_tokens = 256;  // the simulated kernel's split-KV size

@@ -38,9 +38,10 @@ constexpr double kRmsMargin = 0.1;
 // score magnitude per bf16 epsilon of fp8 noise (NUMERICS.md).
 constexpr double kFp32Depth = 4.0;
 constexpr double kFp8Lambda = 2.5;
-// The noise epsilon per unit of the engine's worst-case score error: the
-// bound adds every key's error with one sign; a correct engine's errors
-// have mixed signs (NUMERICS.md: calibrated on the conformance suite).
+// The noise epsilon per unit of the sides' worst-case score error (the
+// bound adds every key's error with one sign; a correct engine's have
+// mixed signs): calibrated on the real engines of the conformance suite
+// (NUMERICS.md, "Statistical detector").
 constexpr double kScoreNoise = 1.5;
 // u is floored at this fraction of the head row's rms (near-zero elements
 // carry the row's absolute noise, not their own ULP's).
