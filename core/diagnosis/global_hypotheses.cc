@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "core/common/status_macros.h"
 #include "core/diagnosis/diagnosis_internal.h"
+#include "core/rope/rope.h"
 
 namespace attnaudit {
 namespace diagnosis_internal {
@@ -75,10 +76,7 @@ void AddRopeConfigVariants(const Context& ctx, std::vector<Variant>* out) {
     RopeConfig config;
   };
   std::vector<Option> options;
-  std::vector<double> thetas = {1e4, 1e5, 5e5, 1e6, 1e7};
-  for (double m : {0.1, 0.5, 2.0, 10.0}) thetas.push_back(base.theta * m);
-  for (double theta : thetas) {
-    if (std::fabs(theta - base.theta) <= 1e-9 * base.theta) continue;
+  for (double theta : CandidateThetas(base.theta)) {
     RopeConfig c = base;
     c.theta = theta;
     options.push_back(

@@ -86,6 +86,11 @@ class RopeTable {
   std::vector<float> engine_cos_, engine_sin_;  // [rows, rotary_dim / 2]
 };
 
+// The thetas a RoPE bug hypothesis tries for an engine whose rotation does
+// not follow `declared`: the common model thetas and declared x 0.1, 0.5,
+// 2 and 10, declared itself left out.
+std::vector<double> CandidateThetas(double declared);
+
 // The model's definition in fp64: inverse frequencies after scaling and the
 // magnitude, for checking an engine's table (docs/NUMERICS.md, "RoPE
 // tables"). Same errors as RopeTable::Create.

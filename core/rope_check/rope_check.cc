@@ -419,16 +419,6 @@ struct RopeVariant {
   int rank_bias = 0;
 };
 
-std::vector<double> CandidateThetas(double declared) {
-  std::vector<double> thetas = {1e4, 1e5, 5e5, 1e6, 1e7};
-  for (double m : {0.1, 0.5, 2.0, 10.0}) thetas.push_back(declared * m);
-  std::vector<double> out;
-  for (double t : thetas) {
-    if (std::fabs(t - declared) > 1e-9 * declared) out.push_back(t);
-  }
-  return out;
-}
-
 std::vector<RopeVariant> Variants(const Snapshot& s, int64_t head_dim,
                                   bool rolling) {
   const RopeConfig& base = s.rope;

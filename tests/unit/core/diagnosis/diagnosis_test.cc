@@ -229,28 +229,12 @@ void SetEngine(const testing::OracleResult& o, DType out_dtype,
       DType::kF32, shape, std::vector<double>(l.begin(), l.end()));
 }
 
-testing::LogicalCase BaseCase(uint64_t seed) {
-  testing::RandomCaseOptions o;
-  o.batch = 2;
-  o.q_heads = 8;
-  o.kv_heads = 2;
-  o.head_dim = 32;
-  o.seq_lens = {70, 61};
-  o.q_dtype = DType::kBF16;
-  o.kv_dtype = DType::kBF16;
-  o.q_std = 2.0;  // attention peaked enough to give keys distinct weights
-  o.seed = seed;
-  testing::LogicalCase c = testing::RandomCase(o);
-  c.output_dtype = DType::kBF16;
-  return c;
-}
-
 std::vector<int64_t> OutShape(const testing::LogicalCase& c) {
   return {c.batch, c.queries, c.q_heads, c.head_dim};
 }
 
 TEST(DiagnosisCaseTest, LseInBaseEDeclaredBase2) {
-  const testing::LogicalCase c = BaseCase(1);
+  const testing::LogicalCase c = testing::PeakedBf16Case(1);
   testing::PagingOptions paging;
   paging.page_size = 8;
   Snapshot s = testing::BuildSnapshot(c, paging);
@@ -265,7 +249,7 @@ TEST(DiagnosisCaseTest, LseInBaseEDeclaredBase2) {
 }
 
 TEST(DiagnosisCaseTest, SinksInTheLseAgainstTheDeclaration) {
-  testing::LogicalCase c = BaseCase(2);
+  testing::LogicalCase c = testing::PeakedBf16Case(2);
   c.sinks.assign(8, 1.5f);
   c.lse_includes_sinks = false;
   testing::PagingOptions paging;
@@ -302,7 +286,7 @@ testing::LogicalCase Without(testing::LogicalCase c, int64_t row,
 }
 
 TEST(DiagnosisCaseTest, DroppedBlockIsNamedByTheEnginesPageId) {
-  const testing::LogicalCase c = BaseCase(3);
+  const testing::LogicalCase c = testing::PeakedBf16Case(3);
   testing::PagingOptions paging;
   paging.page_size = 8;
   paging.permute_pages = true;
@@ -335,7 +319,7 @@ struct CpCase {
 
 CpCase MakeCp(uint64_t seed) {
   CpCase cp;
-  cp.c = BaseCase(seed);
+  cp.c = testing::PeakedBf16Case(seed);
   testing::PagingOptions paging;
   paging.page_size = 8;
   paging.sharding = CpSharding::kPageInterleaved;
@@ -417,7 +401,7 @@ TEST(DiagnosisCaseTest, CpRankLseInBase2NamesTheRank) {
 TEST(DiagnosisCaseTest, AnUnknownBugIsUnexplained) {
   // One head's output replaced by another head's: no hypothesis of the
   // catalogue does that.
-  const testing::LogicalCase c = BaseCase(7);
+  const testing::LogicalCase c = testing::PeakedBf16Case(7);
   testing::PagingOptions paging;
   paging.page_size = 8;
   Snapshot s = testing::BuildSnapshot(c, paging);
@@ -433,7 +417,7 @@ TEST(DiagnosisCaseTest, AnUnknownBugIsUnexplained) {
 }
 
 TEST(DiagnosisTest, StopsAtItsTimeLimitAndSaysSo) {
-  const testing::LogicalCase c = BaseCase(8);
+  const testing::LogicalCase c = testing::PeakedBf16Case(8);
   testing::PagingOptions paging;
   paging.page_size = 8;
   Snapshot s = testing::BuildSnapshot(c, paging);

@@ -23,22 +23,6 @@ namespace {
 
 constexpr int64_t kPage = 8;
 
-testing::LogicalCase Case(uint64_t seed) {
-  testing::RandomCaseOptions o;
-  o.batch = 2;
-  o.q_heads = 8;
-  o.kv_heads = 2;
-  o.head_dim = 32;
-  o.seq_lens = {70, 61};
-  o.q_dtype = DType::kBF16;
-  o.kv_dtype = DType::kBF16;
-  o.q_std = 2.0;
-  o.seed = seed;
-  testing::LogicalCase c = testing::RandomCase(o);
-  c.output_dtype = DType::kBF16;
-  return c;
-}
-
 testing::PagingOptions Paging(KvLayout layout = KvLayout::kNHD) {
   testing::PagingOptions p;
   p.page_size = kPage;
@@ -97,7 +81,7 @@ void CopyToken(const testing::LogicalCase& from, int64_t fb, int64_t u,
 class EngineBugTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(EngineBugTest, OneKeyFewer) {
-  const testing::LogicalCase c = Case(21);
+  const testing::LogicalCase c = testing::PeakedBf16Case(21);
   Snapshot s = testing::BuildSnapshot(c, Paging());
   testing::LogicalCase engine = c;
   const int64_t w = c.kv_heads * c.head_dim;
@@ -115,7 +99,7 @@ TEST_P(EngineBugTest, OneKeyFewer) {
 TEST_P(EngineBugTest, OneKeyMore) {
   // The slot after row 1's last key holds an old sequence's data: read as
   // a key, it takes a share of the softmax.
-  const testing::LogicalCase c = Case(22);
+  const testing::LogicalCase c = testing::PeakedBf16Case(22);
   testing::PagingOptions paging = Paging();
   paging.junk_unused_slots = true;
   paging.junk_value = 0.25;
@@ -135,7 +119,7 @@ TEST_P(EngineBugTest, OneKeyMore) {
 }
 
 TEST_P(EngineBugTest, ValuesReadFromTheKeyBuffer) {
-  const testing::LogicalCase c = Case(23);
+  const testing::LogicalCase c = testing::PeakedBf16Case(23);
   Snapshot s = testing::BuildSnapshot(c, Paging());
   testing::LogicalCase engine = c;
   engine.v = engine.k;
@@ -147,7 +131,7 @@ TEST_P(EngineBugTest, ValuesReadFromTheKeyBuffer) {
 }
 
 TEST_P(EngineBugTest, KvHeadsInReverseOrder) {
-  const testing::LogicalCase c = Case(24);
+  const testing::LogicalCase c = testing::PeakedBf16Case(24);
   Snapshot s = testing::BuildSnapshot(c, Paging());
   testing::LogicalCase engine = c;
   const int64_t D = c.head_dim, H = c.kv_heads;
@@ -171,7 +155,7 @@ TEST_P(EngineBugTest, KvHeadsInReverseOrder) {
 }
 
 TEST_P(EngineBugTest, SlidingWindowIgnored) {
-  testing::LogicalCase c = Case(25);
+  testing::LogicalCase c = testing::PeakedBf16Case(25);
   c.sliding_window = 24;
   Snapshot s = testing::BuildSnapshot(c, Paging());
   testing::LogicalCase engine = c;
@@ -183,7 +167,7 @@ TEST_P(EngineBugTest, SlidingWindowIgnored) {
 }
 
 TEST_P(EngineBugTest, ABlockTableEntryNamingAnotherRowsPage) {
-  const testing::LogicalCase c = Case(26);
+  const testing::LogicalCase c = testing::PeakedBf16Case(26);
   Snapshot s = testing::BuildSnapshot(c, Paging());
   testing::LogicalCase engine = c;
   for (int64_t t = 2 * kPage; t < 3 * kPage; ++t) {
@@ -200,7 +184,7 @@ TEST_P(EngineBugTest, ABlockTableEntryNamingAnotherRowsPage) {
 }
 
 TEST(EngineBugNoLseTest, StalePageIsLocatedWithoutTheEnginesLse) {
-  const testing::LogicalCase c = Case(27);
+  const testing::LogicalCase c = testing::PeakedBf16Case(27);
   Snapshot s = testing::BuildSnapshot(c, Paging());
   testing::LogicalCase engine = c;
   testing::TestRng rng(99);
@@ -228,7 +212,7 @@ TEST(EngineBugNoLseTest, StalePageIsLocatedWithoutTheEnginesLse) {
 TEST(EngineBugNoLseTest, KPagesInVllmsCpuLayoutReadAsPlainPages) {
   // vLLM's CPU cache stores each (page, KV head) K block transposed,
   // [D, page]; a client that views it as [page, D] sends that memory.
-  const testing::LogicalCase c = Case(28);
+  const testing::LogicalCase c = testing::PeakedBf16Case(28);
   Snapshot s = testing::BuildSnapshot(c, Paging(KvLayout::kHND));
   SetEngine(c, /*with_lse=*/false, &s);
   const int64_t D = c.head_dim, block = kPage * D;
@@ -249,7 +233,7 @@ TEST(EngineBugNoLseTest, KPagesInVllmsCpuLayoutReadAsPlainPages) {
 }
 
 TEST(EngineBugNoLseTest, WrongRopeThetaOfAPreRopeSnapshot) {
-  testing::LogicalCase c = Case(29);
+  testing::LogicalCase c = testing::PeakedBf16Case(29);
   c.rope.theta = 500000;
   c.rope.q_state = RopeState::kPreRope;
   Snapshot s = testing::BuildSnapshot(c, Paging());
@@ -266,7 +250,7 @@ TEST(EngineBugNoLseTest, WrongRopeThetaOfAPreRopeSnapshot) {
 // they are never visible, so they must not turn a DRIFT into INVALID when
 // the diagnosis reads that page in another block's place.
 TEST_P(EngineBugTest, NanInUnusedSlotsLeavesTheDriftDiagnosed) {
-  const testing::LogicalCase c = Case(30);
+  const testing::LogicalCase c = testing::PeakedBf16Case(30);
   testing::PagingOptions paging = Paging();
   paging.junk_unused_slots = true;
   paging.junk_value = std::nan("");

@@ -97,6 +97,22 @@ LogicalCase RandomCase(const RandomCaseOptions& o) {
   return c;
 }
 
+LogicalCase PeakedBf16Case(uint64_t seed) {
+  RandomCaseOptions o;
+  o.batch = 2;
+  o.q_heads = 8;
+  o.kv_heads = 2;
+  o.head_dim = 32;
+  o.seq_lens = {70, 61};
+  o.q_dtype = DType::kBF16;
+  o.kv_dtype = DType::kBF16;
+  o.q_std = 2.0;
+  o.seed = seed;
+  LogicalCase c = RandomCase(o);
+  c.output_dtype = DType::kBF16;
+  return c;
+}
+
 LogicalCase SeedFixture(int64_t position_offset, uint64_t seed) {
   RandomCaseOptions o;
   o.batch = 2;

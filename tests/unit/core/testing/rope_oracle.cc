@@ -31,8 +31,8 @@ YarnRange OracleYarnRange(const RopeConfig& config, int64_t head_dim) {
   r.low_dim = CorrectionDim(s.beta_fast, dim, base, max_pos);
   r.high_dim = CorrectionDim(s.beta_slow, dim, base, max_pos);
   // Hugging Face's truncate=false keeps the fractional bounds.
-  r.low = std::max<long double>(
-      s.truncate ? std::floor(r.low_dim) : r.low_dim, 0);
+  r.low =
+      std::max<long double>(s.truncate ? std::floor(r.low_dim) : r.low_dim, 0);
   r.high = std::min<long double>(
       s.truncate ? std::ceil(r.high_dim) : r.high_dim, dim - 1);
   return r;

@@ -241,6 +241,11 @@ struct RandomCaseOptions {
 // values stay near kv_std.
 LogicalCase RandomCase(const RandomCaseOptions& options);
 
+// The diagnosis tests' case: B=2, Hq=8, Hkv=2, D=32, rows of 70 and 61
+// tokens, bf16 q/K/V and output, q scaled by 2 (attention peaked enough to
+// give keys distinct weights).
+LogicalCase PeakedBf16Case(uint64_t seed);
+
 // The decode fixture of the RL-Kernel harness (docs/RL_KERNEL_HARNESS.md,
 // "Acceptance fixture"), adapted: B=2, Sq=2, Hq=4, Hkv=2, D=8, fp32,
 // positions offset+0..5 in both rows, queries [[4,5],[4,5]] (+offset).
