@@ -260,10 +260,13 @@ absl::optional<Principal> TenantTable::FindCertificate(
     auto it = by_cert_.find(id);
     if (it != by_cert_.end()) return it->second;
   }
-  if (any_cert_.has_value() && !identities.empty() &&
-      IsValidTenantName(identities.front())) {
+  if (any_cert_.has_value() && !identities.empty()) {
+    // Own namespace: no certificate can take a token tenant's name.
+    std::string tenant =
+        absl::StrCat(kCertificateTenantPrefix, identities.front());
+    if (!IsValidTenantName(tenant)) return absl::nullopt;
     Principal p = *any_cert_;
-    p.tenant = identities.front();
+    p.tenant = std::move(tenant);
     return p;
   }
   return absl::nullopt;

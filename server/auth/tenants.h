@@ -25,7 +25,11 @@
 // SECRET"); cert: lines match an identity of the verified mTLS client
 // certificate (its subject alternative names or common name, as gRPC
 // reports them); `cert:* *` makes every other verified certificate a tenant
-// of its own, named by its first identity. A bearer token, when sent, is
+// of its own, named "cert:" + its first identity. That prefix keeps such
+// tenants apart from every tenant a line names: a certificate whose
+// identity equals a token tenant's name ("fleet-a") becomes "cert:fleet-a",
+// never "fleet-a". Only a line that names a "cert:..." tenant itself (an
+// explicit choice in the file) shares it. A bearer token, when sent, is
 // what counts. PERMISSIONS is a comma-separated list of the names above.
 // TENANT is 1-128 characters of [A-Za-z0-9_.:/@+-]. The quotas cap what the
 // tenant holds queued or running at once (server/scheduler TenantQuota);
@@ -81,6 +85,8 @@ absl::string_view PermissionName(Permission p);
 
 // The tenant every caller belongs to without a token file.
 inline constexpr char kDefaultTenant[] = "default";
+// Prefix of the tenants `cert:* *` creates (see the file comment).
+inline constexpr char kCertificateTenantPrefix[] = "cert:";
 
 struct Principal {
   std::string tenant;

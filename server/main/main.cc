@@ -49,6 +49,8 @@ AuditServerOptions ToOptions(const ServerFlags& f) {
   o.queue_capacity = {f.queue_interactive, f.queue_sampled};
   o.memory_budget_bytes = f.memory_budget_bytes;
   o.interactive_reserve = f.interactive_reserve;
+  o.upload_tenant_share = f.upload_tenant_share;
+  o.upload_idle_timeout = f.upload_idle_timeout;
   o.tenant_quota = TenantQuota{f.tenant_max_jobs, f.tenant_max_bytes};
   o.retention_age = f.retention_age;
   o.retention_count = f.retention_count;

@@ -53,6 +53,13 @@ ABSL_FLAG(ByteSize, memory_budget_bytes, ByteSize{int64_t{8} << 30},
 ABSL_FLAG(double, interactive_reserve, 0.25,
           "share of --memory-budget-bytes only INTERACTIVE calls may use "
           "(SAMPLED work cannot take it)");
+ABSL_FLAG(double, upload_tenant_share, 0.5,
+          "share of the stream-upload budget (--memory-budget-bytes) one "
+          "tenant may hold, so others' uploads keep being admitted (with no "
+          "token file there is one tenant, and it may hold all)");
+ABSL_FLAG(FlagDuration, upload_idle_timeout, FlagDuration{absl::Seconds(30)},
+          "an AuditStream that sends no message for this long is ended "
+          "DEADLINE_EXCEEDED and its reservation freed");
 ABSL_FLAG(int64_t, tenant_max_jobs, 0,
           "queued + running jobs one tenant may hold (0: no limit; a token "
           "file line may set its own)");
@@ -142,6 +149,8 @@ const std::vector<absl::string_view>& FlagNames() {
       absl::GetFlagReflectionHandle(FLAGS_queue_sampled).Name(),
       absl::GetFlagReflectionHandle(FLAGS_memory_budget_bytes).Name(),
       absl::GetFlagReflectionHandle(FLAGS_interactive_reserve).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_upload_tenant_share).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_upload_idle_timeout).Name(),
       absl::GetFlagReflectionHandle(FLAGS_tenant_max_jobs).Name(),
       absl::GetFlagReflectionHandle(FLAGS_tenant_max_bytes).Name(),
       absl::GetFlagReflectionHandle(FLAGS_retention_age).Name(),
@@ -266,6 +275,8 @@ ServerFlags ReadFlags() {
   f.queue_sampled = absl::GetFlag(FLAGS_queue_sampled);
   f.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes).bytes;
   f.interactive_reserve = absl::GetFlag(FLAGS_interactive_reserve);
+  f.upload_tenant_share = absl::GetFlag(FLAGS_upload_tenant_share);
+  f.upload_idle_timeout = absl::GetFlag(FLAGS_upload_idle_timeout).value;
   f.tenant_max_jobs = absl::GetFlag(FLAGS_tenant_max_jobs);
   f.tenant_max_bytes = absl::GetFlag(FLAGS_tenant_max_bytes).bytes;
   f.retention_age = absl::GetFlag(FLAGS_retention_age).value;
@@ -332,6 +343,13 @@ absl::Status CheckCombinations(const ServerFlags& f) {
   if (!(f.interactive_reserve >= 0 && f.interactive_reserve < 1)) {
     return FlagError("interactive-reserve",
                      absl::StrCat(f.interactive_reserve, " is outside [0, 1)"));
+  }
+  if (!(f.upload_tenant_share > 0 && f.upload_tenant_share <= 1)) {
+    return FlagError("upload-tenant-share",
+                     absl::StrCat(f.upload_tenant_share, " is outside (0, 1]"));
+  }
+  if (f.upload_idle_timeout < absl::Seconds(1)) {
+    return FlagError("upload-idle-timeout", "must be at least 1s");
   }
   if (f.metrics_tls_cert.empty() != f.metrics_tls_key.empty()) {
     return FlagError(

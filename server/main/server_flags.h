@@ -47,6 +47,8 @@ struct ServerFlags {
   int64_t queue_sampled = 0;
   int64_t memory_budget_bytes = 0;
   double interactive_reserve = 0;
+  double upload_tenant_share = 0;
+  absl::Duration upload_idle_timeout;
   int64_t tenant_max_jobs = 0;
   int64_t tenant_max_bytes = 0;
 

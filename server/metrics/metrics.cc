@@ -1,6 +1,5 @@
 #include "server/metrics/metrics.h"
 
-#include <arpa/inet.h>
 #include <prometheus/text_serializer.h>
 
 #include <algorithm>
@@ -10,11 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "core/diagnosis/diagnosis.h"
 #include "server/metrics/metrics_impl.h"
 
@@ -81,6 +76,7 @@ constexpr Verdict kVerdicts[] = {Verdict::kPass, Verdict::kDrift,
                                  Verdict::kInvalid};
 constexpr const char* kTruncatedLabelNames[] = {"model", "engine", "backend",
                                                 "request_id"};
+constexpr const char* kCallEndNames[] = {"credentials", "upload_idle"};
 
 const Histogram::BucketBoundaries& SecondsBuckets() {
   static const auto* b = new Histogram::BucketBoundaries{
@@ -127,39 +123,6 @@ int OutcomeIndex(const absl::Status& s) {
     default:
       return 1;
   }
-}
-
-// "HOST:PORT" -> civetweb's listening_ports syntax. HOST: an IPv4 literal,
-// "localhost" (127.0.0.1), "[v6]", or empty / "*" / "0.0.0.0" (all).
-absl::StatusOr<std::string> CivetAddress(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "metrics listen address: expected HOST:PORT, got \"", address, "\""));
-  }
-  const std::string host = address.substr(0, colon);
-  int port = -1;
-  if (!absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
-      port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics listen address: bad port in \"", address, "\""));
-  }
-  if (host.empty() || host == "*") return absl::StrCat(port);
-  if (absl::AsciiStrToLower(host) == "localhost") {
-    return absl::StrCat("127.0.0.1:", port);
-  }
-  in_addr v4;
-  in6_addr v6;
-  const bool is_v6 =
-      host.size() > 2 && host.front() == '[' && host.back() == ']' &&
-      inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &v6) == 1;
-  if (!is_v6 && inet_pton(AF_INET, host.c_str(), &v4) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "metrics listen address: host must be an IP literal or localhost, "
-        "got \"",
-        host, "\""));
-  }
-  return absl::StrCat(host, ":", port);
 }
 
 }  // namespace
@@ -285,6 +248,14 @@ void Metrics::Impl::RegisterJobs(prometheus::Registry& r) {
   for (size_t i = 0; i < labels_truncated.size(); ++i) {
     labels_truncated[i] = &truncated.Add({{"label", kTruncatedLabelNames[i]}});
   }
+  auto& ended = CounterFamily(
+      r, "attnaudit_calls_ended_total",
+      "Calls the server ended in progress, by reason: credentials (revoked "
+      "or changed by a token file reload), upload_idle (an AuditStream "
+      "silent past --upload-idle-timeout).");
+  for (size_t i = 0; i < calls_ended.size(); ++i) {
+    calls_ended[i] = &ended.Add({{"reason", kCallEndNames[i]}});
+  }
   auto& rejection_family = CounterFamily(r, "attnaudit_rejections_total",
                                          "Requests refused, by reason.");
   for (int i = 0; i < kNumRejectReasons; ++i) {
@@ -300,22 +271,6 @@ void Metrics::Impl::RegisterJobs(prometheus::Registry& r) {
   absl::MutexLock lock(&mu);
   Kind("cpu");
   for (const std::string& kind : options.device_kinds) Kind(kind);
-}
-
-absl::Status Metrics::Impl::StartExposer() {
-  if (options.listen_address.empty()) return absl::OkStatus();
-  absl::StatusOr<std::string> civet = CivetAddress(options.listen_address);
-  if (!civet.ok()) return civet.status();
-  try {
-    exposer = std::make_unique<prometheus::Exposer>(
-        *civet, static_cast<size_t>(std::max(1, options.exposer_threads)));
-    exposer->RegisterCollectable(registry);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(
-        "metrics endpoint ", options.listen_address,
-        " could not listen (in use or not permitted?): ", e.what()));
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(
@@ -341,7 +296,6 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(
     return absl::InternalError(
         absl::StrCat("metrics registration failed: ", e.what()));
   }
-  if (absl::Status s = impl->StartExposer(); !s.ok()) return s;
   std::unique_ptr<Metrics> metrics(new Metrics(std::move(impl)));
   metrics->impl_->listener =
       std::make_unique<metrics_internal::MetricsListener>(metrics.get());
@@ -532,6 +486,13 @@ void Metrics::CountTruncatedLabel(absl::string_view label, int64_t n) {
   }
 }
 
+void Metrics::CountCallsEnded(CallEnd why, int64_t n) {
+  if (n > 0) {
+    impl_->calls_ended[static_cast<int>(why)]->Increment(
+        static_cast<double>(n));
+  }
+}
+
 void Metrics::SetQueueDepth(PriorityClass c, int64_t depth) {
   impl_->queue_depth[static_cast<int>(c)]->Set(static_cast<double>(depth));
 }
@@ -573,25 +534,6 @@ std::shared_ptr<prometheus::Registry> Metrics::registry() const {
 
 std::string Metrics::RenderText() const {
   return prometheus::TextSerializer().Serialize(impl_->registry->Collect());
-}
-
-std::vector<int> Metrics::listening_ports() const {
-  if (impl_->exposer == nullptr) return {};
-  return impl_->exposer->GetListeningPorts();
-}
-
-std::string StripExposerFamilies(absl::string_view text) {
-  std::string out;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    absl::string_view name = line;
-    if (absl::ConsumePrefix(&name, "# HELP ") ||
-        absl::ConsumePrefix(&name, "# TYPE ")) {
-    }
-    if (absl::StartsWith(name, "exposer_")) continue;
-    if (line.empty()) continue;
-    absl::StrAppend(&out, line, "\n");
-  }
-  return out;
 }
 
 }  // namespace attnaudit::server

@@ -1,5 +1,5 @@
-// Metrics: the service's Prometheus metrics (prometheus-cpp) and, when a
-// listen address is given, the HTTP endpoint serving them at /metrics.
+// Metrics: the service's Prometheus metrics (a prometheus-cpp registry).
+// RenderText() is what /metrics serves (server/metrics_http).
 //
 // Families (base units, counters end in _total; every label set known in
 // advance is created at start-up so dashboards show zeros):
@@ -47,6 +47,9 @@
 //       table; verdict: PASS, DRIFT
 //   attnaudit_labels_truncated_total{label}            counter; label: model,
 //       engine, backend, request_id (values cut at the RPC layer's bound)
+//   attnaudit_calls_ended_total{reason}                counter; reason:
+//       credentials (a token file reload revoked or changed the call's
+//       principal), upload_idle (an AuditStream upload went silent)
 // class: interactive, sampled. comparison: engine_vs_reference,
 // replay_vs_reference, engine_vs_replay. Drift histograms of a (model,
 // layer) pair appear when first observed.
@@ -56,17 +59,9 @@
 // reported as "other" (empty model / layer < 0 as "unknown"). Worst case
 // 4 families x 3 comparisons x (max_models+2) x (max_layers+2) series sets.
 //
-// The HTTP exposer also serves prometheus-cpp's own exposer_* families;
-// exposer_request_latencies is a summary in microseconds, which
-// `promtool check metrics` flags. RenderText() does not include them; for a
-// scrape, StripExposerFamilies() removes them before linting.
-//
-// Destroying a Metrics whose endpoint has served a scrape takes ~2 s
-// (civetweb joins its workers); budget it in shutdown, after the drain.
-//
-// Thread safety: all methods are thread-safe. Errors: Create converts
-// prometheus-cpp/civetweb exceptions (bad address, port in use) to
-// InvalidArgument / Unavailable; nothing else throws or fails.
+// Thread safety: all methods are thread-safe. Errors: Create refuses bad
+// bounds (InvalidArgument) and converts prometheus-cpp's exceptions to
+// Internal; nothing else throws or fails.
 #ifndef ATTNAUDIT_SERVER_METRICS_METRICS_H_
 #define ATTNAUDIT_SERVER_METRICS_METRICS_H_
 
@@ -92,11 +87,6 @@ class Registry;
 namespace attnaudit::server {
 
 struct MetricsOptions {
-  // "HOST:PORT" for the HTTP endpoint (port 0 picks a free one); empty:
-  // no endpoint (tests, or an embedding that serves registry() itself).
-  std::string listen_address = "localhost:9464";
-  // civetweb worker threads of the endpoint.
-  int exposer_threads = 2;
   // attnaudit_build_info{version}.
   std::string version = "unknown";
   int max_models = 4;
@@ -162,6 +152,9 @@ class Metrics {
   // `n` values of `label` ("model", "engine", "backend", "request_id") were
   // truncated; other names are ignored.
   void CountTruncatedLabel(absl::string_view label, int64_t n = 1);
+  // Calls the server ended while they were open (server/rpc/open_calls.h).
+  enum class CallEnd { kCredentials = 0, kUploadIdle = 1 };
+  void CountCallsEnded(CallEnd why, int64_t n = 1);
   void SetQueueDepth(PriorityClass c, int64_t depth);
   void SetQueuedBytes(int64_t bytes);
   void SetInFlight(int64_t jobs);
@@ -182,21 +175,14 @@ class Metrics {
   // to it are rendered and served too.
   std::shared_ptr<prometheus::Registry> registry() const;
 
-  // The registry in the Prometheus text format (without exposer_*).
+  // The registry in the Prometheus text format.
   std::string RenderText() const;
-
-  // Ports the HTTP endpoint listens on (empty without an endpoint).
-  std::vector<int> listening_ports() const;
 
  private:
   struct Impl;
   explicit Metrics(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
-// Removes the exposer_* families (prometheus-cpp's own) from a scrape in
-// the text format, so `promtool check metrics` lints only ours.
-std::string StripExposerFamilies(absl::string_view text);
 
 // Model/layer label values after bounding; exposed for tests.
 // Thread-safe.

@@ -4,7 +4,6 @@
 #define ATTNAUDIT_SERVER_METRICS_METRICS_IMPL_H_
 
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
@@ -63,8 +62,6 @@ class MetricsListener : public SchedulerListener {
 struct Metrics::Impl {
   MetricsOptions options;
   std::shared_ptr<prometheus::Registry> registry;
-  // Declared after the registry: destroyed first (it holds a weak_ptr).
-  std::unique_ptr<prometheus::Exposer> exposer;
 
   std::array<prometheus::Counter*, metrics_internal::kNumVerdicts> audits{};
   // attnaudit_diagnoses_total by hypothesis: every name of the catalogue
@@ -88,6 +85,8 @@ struct Metrics::Impl {
   prometheus::Counter* received_bytes = nullptr;
   // attnaudit_labels_truncated_total, in kTruncatedLabelNames order.
   std::array<prometheus::Counter*, 4> labels_truncated{};
+  // attnaudit_calls_ended_total, by Metrics::CallEnd.
+  std::array<prometheus::Counter*, 2> calls_ended{};
   std::array<prometheus::Counter*, kNumRejectReasons> rejections{};
   prometheus::Gauge* inflight = nullptr;
   prometheus::Family<prometheus::Gauge>* devices = nullptr;
@@ -137,8 +136,6 @@ struct Metrics::Impl {
   // Counts the checks of a report's CP section.
   void ObserveCp(const CpReport& cp);
   void ObserveRopeChecks(const std::vector<RopeCheckResult>& checks);
-  // The /metrics endpoint on options.listen_address.
-  absl::Status StartExposer();
 
   // Creates (or finds) the per-kind series. Family::Add may throw only for
   // invalid label names, and ours are constants.

@@ -6,14 +6,17 @@
 #include <openssl/err.h>
 #include <openssl/sha.h>
 #include <openssl/ssl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -156,6 +159,28 @@ std::string HttpResponse(absl::string_view status, absl::string_view type,
   return out;
 }
 
+// The peer's address without its port: what per-source limits count.
+std::string SourceOf(const sockaddr_storage& peer) {
+  char text[INET6_ADDRSTRLEN] = "";
+  if (peer.ss_family == AF_INET6) {
+    inet_ntop(AF_INET6,
+              &reinterpret_cast<const sockaddr_in6*>(&peer)->sin6_addr, text,
+              sizeof(text));
+  } else if (peer.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&peer)->sin_addr,
+              text, sizeof(text));
+  }
+  return text;
+}
+
+void SetSocketTimeout(int fd, int option, absl::Duration timeout) {
+  timeval tv;
+  tv.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(timeout));
+  tv.tv_usec =
+      static_cast<suseconds_t>(absl::ToInt64Microseconds(timeout) % 1000000);
+  ::setsockopt(fd, SOL_SOCKET, option, &tv, sizeof(tv));
+}
+
 }  // namespace
 
 struct MetricsHttpServer::Request {
@@ -239,61 +264,131 @@ absl::Status MetricsHttpServer::Listen() {
 }
 
 void MetricsHttpServer::AcceptLoop() {
+  // Wakes at least this often to close connections past header_timeout.
+  const int sweep_ms = static_cast<int>(std::clamp<int64_t>(
+      absl::ToInt64Milliseconds(options_.header_timeout) / 4, 10, 250));
   while (true) {
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      absl::MutexLock lock(&mu_);
-      if (stopping_) return;
-      continue;  // e.g. EMFILE: try again
-    }
+    pollfd pfd{listen_fd_, POLLIN, 0};
+    const int ready = ::poll(&pfd, 1, sweep_ms);
     {
       absl::MutexLock lock(&mu_);
-      if (stopping_ || connections_ >= options_.max_connections) {
+      if (stopping_) return;
+      ExpireLocked(absl::Now());
+    }
+    if (ready <= 0) continue;
+    sockaddr_storage peer;
+    socklen_t peer_len = sizeof(peer);
+    const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&peer),
+                             &peer_len, SOCK_CLOEXEC);
+    if (fd < 0) continue;  // EINTR, ECONNABORTED, EMFILE: poll again
+    Connection c;
+    c.fd = fd;
+    c.source = SourceOf(peer);
+    c.accepted = absl::Now();
+    uint64_t id = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_ || !MakeRoomLocked(c.source)) {
         ::close(fd);
         if (stopping_) return;
         continue;
       }
-      ++connections_;
+      id = next_id_++;
+      connections_.emplace(id, std::move(c));
     }
-    std::thread([this, fd] {
+    std::thread([this, id, fd] {
       // A write to a closed peer must not kill the process.
       sigset_t pipe;
       sigemptyset(&pipe);
       sigaddset(&pipe, SIGPIPE);
       pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
-      Serve(fd);
+      Serve(id, fd);
       absl::MutexLock lock(&mu_);
-      --connections_;
+      connections_.erase(id);
     }).detach();
   }
 }
 
-void MetricsHttpServer::Serve(int fd) {
-  timeval tv;
-  tv.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(options_.io_timeout));
-  tv.tv_usec = static_cast<suseconds_t>(
-      absl::ToInt64Microseconds(options_.io_timeout) % 1000000);
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+bool MetricsHttpServer::MakeRoomLocked(const std::string& source) {
+  absl::flat_hash_map<std::string, int> held;  // live connections per source
+  int total = 0;
+  for (const auto& [id, c] : connections_) {
+    if (c.evicted) continue;
+    ++held[c.source];
+    ++total;
+  }
+  const bool source_full = held[source] >= options_.max_connections_per_source;
+  if (!source_full && total < options_.max_connections) return true;
+  // The oldest connection still reading, from this source when it is the
+  // one at its limit, else from the source holding the most.
+  Connection* victim = nullptr;
+  for (auto& [id, c] : connections_) {
+    if (!c.reading || c.evicted || (source_full && c.source != source)) {
+      continue;
+    }
+    const int n = held[c.source];
+    const int v = victim == nullptr ? -1 : held[victim->source];
+    if (n > v || (n == v && c.accepted < victim->accepted)) victim = &c;
+  }
+  if (victim == nullptr) return false;
+  EvictLocked(victim);
+  return true;
+}
+
+void MetricsHttpServer::ExpireLocked(absl::Time now) {
+  for (auto& [id, c] : connections_) {
+    if (c.reading && !c.evicted && now - c.accepted > options_.header_timeout) {
+      EvictLocked(&c);
+    }
+  }
+}
+
+void MetricsHttpServer::EvictLocked(Connection* c) {
+  // The connection's thread is blocked reading; this makes the read fail
+  // at once, and the thread closes the socket.
+  ::shutdown(c->fd, SHUT_RDWR);
+  c->evicted = true;
+  ++evicted_;
+}
+
+void MetricsHttpServer::EndReading(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  connections_.at(id).reading = false;
+}
+
+int64_t MetricsHttpServer::evicted() const {
+  absl::MutexLock lock(&mu_);
+  return evicted_;
+}
+
+void MetricsHttpServer::Serve(uint64_t id, int fd) {
+  // The accept thread enforces header_timeout as a whole; this bounds one
+  // read in case it is late.
+  SetSocketTimeout(fd, SO_RCVTIMEO, options_.header_timeout);
+  SetSocketTimeout(fd, SO_SNDTIMEO, options_.io_timeout);
   SSL* ssl = nullptr;
   if (ssl_ctx_ != nullptr) {
     ssl = SSL_new(static_cast<SSL_CTX*>(ssl_ctx_));
     if (ssl == nullptr) {
+      EndReading(id);
       ::close(fd);
       return;
     }
     SSL_set_fd(ssl, fd);
   }
-  Conn conn(fd, ssl);
-  if (ssl != nullptr && SSL_accept(ssl) != 1) return;
+  Conn conn(fd, ssl);  // closes fd: EndReading must come first
+  const bool handshake = ssl == nullptr || SSL_accept(ssl) == 1;
   std::string head;
   char buf[2048];
-  while (head.size() < kMaxHead && !absl::StrContains(head, "\r\n\r\n")) {
+  while (handshake && head.size() < kMaxHead &&
+         !absl::StrContains(head, "\r\n\r\n")) {
     const ssize_t n = conn.Read(buf, sizeof(buf));
     if (n <= 0) break;
     head.append(buf, static_cast<size_t>(n));
   }
+  EndReading(id);
+  if (!handshake) return;
+  SetSocketTimeout(fd, SO_RCVTIMEO, options_.io_timeout);
   Request request;
   const size_t end = head.find("\r\n\r\n");
   request.complete = end != std::string::npos && end < kMaxHead;
@@ -353,15 +448,16 @@ MetricsHttpServer::~MetricsHttpServer() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);  // ends accept()
-  if (accept_thread_.joinable()) accept_thread_.join();
+  if (accept_thread_.joinable()) accept_thread_.join();  // within a sweep
   if (listen_fd_ >= 0) ::close(listen_fd_);
-  {
-    // Connection threads end within io_timeout.
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](int* n) { return *n == 0; }, &connections_));
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, c] : connections_) {
+    if (c.reading && !c.evicted) EvictLocked(&c);
   }
+  // Connections past their head end within io_timeout.
+  mu_.Await(absl::Condition(
+      +[](std::map<uint64_t, Connection>* m) { return m->empty(); },
+      &connections_));
   if (ssl_ctx_ != nullptr) SSL_CTX_free(static_cast<SSL_CTX*>(ssl_ctx_));
 }
 

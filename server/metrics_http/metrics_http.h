@@ -1,33 +1,39 @@
-// MetricsHttpServer: /metrics over HTTP or HTTPS, optionally behind a
-// bearer token, for Prometheus scrapes with `authorization` and
-// `tls_config`.
+// MetricsHttpServer: the /metrics endpoint, over HTTP or HTTPS, optionally
+// behind a bearer token (Prometheus `authorization` and `tls_config`).
 //
-// Why not prometheus-cpp's exposer: prometheus-cpp 1.0 serves through
-// civetweb, whose only access control is HTTP Basic (Exposer::
-// RegisterAuth), and Debian's civetweb gets TLS by loading "libssl.so" at
-// run time, a file that exists only where libssl-dev is installed (not in
-// a runtime image). attnaudit-server therefore keeps the exposer for plain
-// /metrics and uses this small server when TLS or a token is asked for:
+// Why not prometheus-cpp's exposer (civetweb): it offers only HTTP Basic
+// auth, Debian's civetweb gets TLS by loading "libssl.so" at run time (a
+// file only libssl-dev installs), and its few worker threads are held by
+// idle connections, so a handful of clients that connect and send nothing
+// starve every scrape. This server is built so that cannot happen:
 //
-//   - one accept thread and one short-lived thread per connection, at most
-//     `max_connections` at once (more are closed at once);
-//   - TLS 1.2+ through OpenSSL; the handshake and the request are bounded
-//     by `io_timeout`;
-//   - one request per connection (Connection: close), a request head of at
-//     most 8 KiB;
+//   - one accept thread and one short-lived thread per connection;
+//   - a connection must finish its TLS handshake and request head within
+//     `header_timeout` (total, not per read) or it is closed;
+//   - at `max_connections`, or at `max_connections_per_source` from one
+//     peer address, a new connection is not refused: the oldest connection
+//     still waiting for its head is closed instead, taken from the source
+//     that holds the most. A scraper sends its head at once, so idle or
+//     slow connections can only push out each other;
+//   - TLS 1.2+ through OpenSSL; one request per connection (Connection:
+//     close), a head of at most 8 KiB, the response written within
+//     `io_timeout`;
 //   - GET or HEAD /metrics only: 200 with the text exposition format; a
 //     missing or wrong token 401 (WWW-Authenticate: Bearer); other paths
-//     404, other methods 405.
+//     404, other methods 405, an incomplete head 400.
 //
 // The token is compared as a SHA-256 digest in constant time and never
 // logged or echoed. Errors of Start name the flag (--metrics-listen,
-// --metrics-tls-cert, --metrics-token-file). Thread safety: Start and the
-// destructor from one thread; `render` is called from connection threads,
-// possibly at once.
+// --metrics-tls-cert, --metrics-token-file); a port in use is UNAVAILABLE.
+// Thread safety: Start and the destructor from one thread; `render` is
+// called from connection threads, possibly at once. The destructor closes
+// every connection and waits for their threads.
 #ifndef ATTNAUDIT_SERVER_METRICS_HTTP_METRICS_HTTP_H_
 #define ATTNAUDIT_SERVER_METRICS_HTTP_METRICS_HTTP_H_
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -48,7 +54,12 @@ struct MetricsHttpOptions {
   std::string tls_key_file;
   // First line: the bearer token scrapes must send. Empty: none.
   std::string token_file;
-  int max_connections = 8;
+  // Connections held at once, in total and from one peer address.
+  int max_connections = 256;
+  int max_connections_per_source = 64;
+  // Handshake + request head, from accept.
+  absl::Duration header_timeout = absl::Seconds(3);
+  // Writing the response.
   absl::Duration io_timeout = absl::Seconds(10);
 };
 
@@ -64,15 +75,35 @@ class MetricsHttpServer {
 
   int port() const { return port_; }
   bool tls() const { return ssl_ctx_ != nullptr; }
+  // Connections closed to make room for others or past header_timeout.
+  int64_t evicted() const;
 
  private:
   struct Request;
+  // One accepted connection. `fd` stays open while `reading`: only the
+  // accept thread shuts it down (eviction, header timeout), and only while
+  // the connection's own thread has not left the reading stage.
+  struct Connection {
+    int fd = -1;
+    std::string source;  // peer address without port
+    absl::Time accepted;
+    bool reading = true;  // handshake or request head in progress
+    bool evicted = false;
+  };
   MetricsHttpServer(MetricsHttpOptions options, Render render)
       : options_(std::move(options)), render_(std::move(render)) {}
   absl::Status Listen();
   absl::Status LoadTls();
   void AcceptLoop();
-  void Serve(int fd);
+  // Makes room for a connection from `source`; false when every held
+  // connection is past its head (then the new one is closed).
+  bool MakeRoomLocked(const std::string& source)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Shuts down connections still reading past header_timeout.
+  void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EvictLocked(Connection* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Serve(uint64_t id, int fd);
+  void EndReading(uint64_t id);
   // The response to one request head.
   std::string Respond(const Request& request) const;
 
@@ -83,8 +114,10 @@ class MetricsHttpServer {
   int listen_fd_ = -1;
   int port_ = 0;
   std::thread accept_thread_;
-  absl::Mutex mu_;
-  int connections_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, Connection> connections_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t evicted_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 

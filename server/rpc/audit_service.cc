@@ -30,7 +30,9 @@ using rpc_internal::SerializeResponse;
 
 // ---- Audit -----------------------------------------------------------------
 
-class AuditCall final : public LoggedUnaryReactor {
+// An OpenCall once its job is admitted: a token file reload that revokes
+// its credential cancels the job and answers the reload's status.
+class AuditCall final : public LoggedUnaryReactor, public OpenCall {
  public:
   AuditCall(AuditServiceImpl* svc, grpc::CallbackServerContext* context,
             grpc::ByteBuffer* response)
@@ -44,6 +46,8 @@ class AuditCall final : public LoggedUnaryReactor {
     absl::StatusOr<Principal> principal =
         Authorize(svc_, *context_, kPermAudit, "Audit");
     if (!principal.ok()) return Done(ToGrpcStatus(principal.status()));
+    principal_ = *principal;
+    credentials_ = rpc_internal::CredentialsOf(*context_);
     const int64_t bytes = static_cast<int64_t>(raw->Length());
     svc_->metrics()->AddBytesReceived(bytes);
     log().set_bytes(bytes);
@@ -77,8 +81,30 @@ class AuditCall final : public LoggedUnaryReactor {
     }
     // The handler has not returned yet, so OnDone cannot have run: `this`
     // is alive even if the job already finished.
+    svc_->open_calls()->Add(this);
+    registered_ = true;
     submitted_.store(true);
     if (cancelled_.load()) svc_->scheduler()->Cancel(job_id_).IgnoreError();
+  }
+
+  // OpenCall: runs under the registry's lock (this call is alive).
+  bool Recheck(const Authenticator& auth) override {
+    absl::StatusOr<Principal> now =
+        Reauthorize(auth, credentials_, principal_, kPermAudit, "Audit");
+    if (now.ok()) return false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (ended_.has_value()) return false;
+      ended_ = ToGrpcStatus(now.status());
+    }
+    // The job answers (Answer) with ended_.
+    svc_->scheduler()->Cancel(job_id_).IgnoreError();
+    return true;
+  }
+
+  void OnDone() override {
+    if (registered_) svc_->open_calls()->Remove(this);
+    LoggedUnaryReactor::OnDone();  // deletes this
   }
 
   void OnCancel() override {
@@ -132,8 +158,13 @@ class AuditCall final : public LoggedUnaryReactor {
     return false;
   }
 
-  // The job's answer: the report, serialised into the call's response.
-  void Answer(const grpc::Status& status) {
+  // The job's answer: the report, serialised into the call's response, or
+  // why a reload ended the call.
+  void Answer(grpc::Status status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (ended_.has_value()) status = *ended_;
+    }
     if (!status.ok()) return Done(status);
     grpc::Status serialized = SerializeResponse(response_msg_, response_);
     Done(serialized.ok() ? status : serialized);
@@ -147,6 +178,11 @@ class AuditCall final : public LoggedUnaryReactor {
   std::string job_id_;
   std::atomic<bool> submitted_{false};
   std::atomic<bool> cancelled_{false};
+  Principal principal_;      // set in Start, then read-only
+  Credentials credentials_;  // likewise
+  bool registered_ = false;  // in svc_->open_calls()
+  absl::Mutex mu_;
+  absl::optional<grpc::Status> ended_ ABSL_GUARDED_BY(mu_);
 };
 
 // A WatchResults call refused before it starts.
@@ -350,9 +386,24 @@ AuditServiceImpl::AuditServiceImpl(ServiceOptions options, Scheduler* scheduler,
           [this](const ResultRecord& rec) {
             return rpc_internal::CommitResult(this, rec);
           },
-          DurableJobs::Options{}) {}
+          DurableJobs::Options{}),
+      uploads_(std::max<int64_t>(1, options_.upload_budget_bytes),
+               options_.upload_tenant_share) {
+  // Idle uploads are found within a quarter of the timeout (at most 1 s).
+  const absl::Duration period =
+      std::clamp(options_.upload_idle_timeout / 4, absl::Milliseconds(10),
+                 absl::Seconds(1));
+  open_calls_.StartSweeper(period, [this](int64_t ended) {
+    metrics_->CountCallsEnded(Metrics::CallEnd::kUploadIdle, ended);
+  });
+}
 
 AuditServiceImpl::~AuditServiceImpl() = default;
+
+void AuditServiceImpl::RecheckOpenCalls() {
+  metrics_->CountCallsEnded(Metrics::CallEnd::kCredentials,
+                            open_calls_.RecheckAll(*auth_));
+}
 
 void AuditServiceImpl::StartDraining() { draining_.store(true); }
 
@@ -360,18 +411,6 @@ void AuditServiceImpl::CloseWatchers() {
   hub_.Close(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                           "server is shutting down; reconnect to another "
                           "replica"));
-}
-
-bool AuditServiceImpl::ReserveUpload(int64_t bytes) {
-  int64_t current = uploading_bytes_.load();
-  do {
-    if (current + bytes > options_.upload_budget_bytes) return false;
-  } while (!uploading_bytes_.compare_exchange_weak(current, current + bytes));
-  return true;
-}
-
-void AuditServiceImpl::ReleaseUpload(int64_t bytes) {
-  uploading_bytes_.fetch_sub(bytes);
 }
 
 bool AuditServiceImpl::BeginIdempotentSubmit(const std::string& job_id) {
@@ -423,8 +462,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* AuditServiceImpl::WatchResults(
       .Kv("method", "WatchResults")
       .Kv("peer", context->peer())
       .Kv("tenant", principal->tenant);
-  return new WatchReactor(&hub_, std::move(filter), options_.watcher_buffer,
-                          principal->tenant, principal->ReadsAll());
+  return new WatchReactor(&hub_, &open_calls_, std::move(filter),
+                          options_.watcher_buffer, *std::move(principal),
+                          rpc_internal::CredentialsOf(*context));
 }
 
 grpc::ServerUnaryReactor* AuditServiceImpl::GetCapabilities(

@@ -71,6 +71,8 @@
 #include "server/rpc/blocking_executor.h"
 #include "server/rpc/durable_registry.h"
 #include "server/rpc/job_ids.h"
+#include "server/rpc/open_calls.h"
+#include "server/rpc/upload_ledger.h"
 #include "server/rpc/watch_hub.h"
 #include "server/scheduler/scheduler.h"
 #include "server/spool/spool.h"
@@ -90,6 +92,11 @@ struct ServiceOptions {
   // chunks are read. The scheduler's queued-bytes budget takes over once
   // the job is queued.
   int64_t upload_budget_bytes = int64_t{4} << 30;
+  // The part of upload_budget_bytes one tenant may hold (upload_ledger.h).
+  double upload_tenant_share = 0.5;
+  // An AuditStream that sends no message for this long is ended
+  // DEADLINE_EXCEEDED and its reservation freed.
+  absl::Duration upload_idle_timeout = absl::Seconds(30);
   // Sizes checked by validation (Submit) and reported in Capabilities.
   ValidationLimits limits;
   // AuditOptions::threads of every job (0: the device's default).
@@ -172,10 +179,13 @@ class AuditServiceImpl final : public RawAuditService {
   // Stops retrying results the store refused (shutdown); their jobs stay
   // spooled and run again on the next start.
   void StopRetries() { durable_.Shutdown(); }
+  // The token file was reloaded: every open call re-checks its
+  // credentials (open_calls.h).
+  void RecheckOpenCalls();
   // Requests received so far (the memory reclaimer watches it for
   // activity), and bytes of stream uploads in progress.
   int64_t requests_received() const { return requests_.load(); }
-  int64_t uploading_bytes() const { return uploading_bytes_.load(); }
+  int64_t uploading_bytes() const { return uploads_.total_bytes(); }
 
   // --- Used by the reactors and job callbacks (audit_service.cc,
   // durable_jobs.cc); not for other callers.
@@ -192,9 +202,8 @@ class AuditServiceImpl final : public RawAuditService {
   WatchHub* watch_hub() { return &hub_; }
   DurableJobs* durable() { return &durable_; }
   void CountRequest() { requests_.fetch_add(1, std::memory_order_relaxed); }
-  // Reserves `bytes` of the upload budget; false when it would overflow.
-  bool ReserveUpload(int64_t bytes);
-  void ReleaseUpload(int64_t bytes);
+  UploadLedger* uploads() { return &uploads_; }
+  OpenCalls* open_calls() { return &open_calls_; }
   // Marks an idempotent job id as being submitted; false when another
   // Submit holds it.
   bool BeginIdempotentSubmit(const std::string& job_id);
@@ -211,14 +220,16 @@ class AuditServiceImpl final : public RawAuditService {
   const JobIdKey job_id_key_;
   WatchHub hub_;
   DurableJobs durable_;
+  UploadLedger uploads_;
   std::atomic<bool> draining_{false};
-  std::atomic<int64_t> uploading_bytes_{0};
   std::atomic<int64_t> requests_{0};
 
   // Idempotency ids whose Submit is between "not found" and "spooled", so
   // a concurrent retry answers ABORTED instead of racing.
   absl::Mutex submit_mu_;
   absl::flat_hash_set<std::string> submitting_ ABSL_GUARDED_BY(submit_mu_);
+  // Last: its sweeper thread is joined before anything it reaches goes.
+  OpenCalls open_calls_;
 };
 
 }  // namespace attnaudit::server

@@ -1,6 +1,16 @@
 // AuditStream: the client-streaming audit (header, then chunks assembled
 // straight into the tensor buffers by proto/codec/stream.h), admitted like
 // Audit once the last byte arrived.
+//
+// The call is an OpenCall (open_calls.h): a token file reload that revokes
+// its credential, or a client silent past upload_idle_timeout, ends it
+// from another thread. Who may Finish is therefore decided under mu_:
+//   reading     a read is pending, or OnReadDone runs (in_reaction_);
+//               an outside end finishes at once when no reaction runs,
+//               else the reaction finishes at its next step;
+//   admitting   the job is being submitted: the reaction cancels it after;
+//   submitted   the job answers the call: an outside end cancels the job,
+//               and Answer sends the outside status instead.
 #include <atomic>
 #include <string>
 #include <utility>
@@ -8,6 +18,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/optional.h"
 #include "proto/codec/chunk_view.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/stream.h"
@@ -28,7 +41,8 @@ using rpc_internal::ParseRequest;
 using rpc_internal::PriorityFromProto;
 using rpc_internal::SerializeResponse;
 
-class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
+                              public OpenCall {
  public:
   AuditStreamCall(AuditServiceImpl* svc, grpc::CallbackServerContext* context,
                   grpc::ByteBuffer* response)
@@ -44,15 +58,48 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         Authorize(svc_, *context_, kPermAudit, "AuditStream");
     if (!principal.ok()) return FinishOnce(ToGrpcStatus(principal.status()));
     principal_ = *std::move(principal);
+    credentials_ = rpc_internal::CredentialsOf(*context_);
     if (svc_->draining()) {
       svc_->metrics()->CountRejection(RejectReason::kDraining);
       return FinishOnce(
           grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is draining"));
     }
+    svc_->open_calls()->Add(this);
+    registered_ = true;
+    absl::MutexLock lock(&mu_);
+    last_message_ = absl::Now();
     StartRead(&raw_);
   }
 
+  // OpenCall: runs under the registry's lock (this call is alive).
+  bool Recheck(const Authenticator& auth) override {
+    absl::StatusOr<Principal> now =
+        Reauthorize(auth, credentials_, principal_, kPermAudit, "AuditStream");
+    return !now.ok() && EndFromOutside(ToGrpcStatus(now.status()));
+  }
+  bool EndIfIdle(absl::Time now) override {
+    const absl::Duration idle = svc_->options().upload_idle_timeout;
+    {
+      absl::MutexLock lock(&mu_);
+      if (phase_ != Phase::kReading || in_reaction_ ||
+          now - last_message_ < idle) {
+        return false;
+      }
+    }
+    return EndFromOutside(grpc::Status(
+        grpc::StatusCode::DEADLINE_EXCEEDED,
+        absl::StrCat("AuditStream: no message for ", absl::FormatDuration(idle),
+                     " (the server's --upload-idle-timeout); the upload was "
+                     "abandoned and its reservation freed")));
+  }
+
   void OnReadDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (ended_.has_value()) return FinishOnce(*ended_);
+      in_reaction_ = true;
+      last_message_ = absl::Now();
+    }
     if (!ok) return EndOfStream();
     if (assembler_.begun() && AppendPlainChunk()) return;
     // Paths of a message that does not decode start at the message
@@ -75,7 +122,8 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   void OnDone() override {
-    if (reserved_ > 0) svc_->ReleaseUpload(reserved_);
+    if (registered_) svc_->open_calls()->Remove(this);
+    if (reserved_ > 0) svc_->uploads()->Release(principal_.tenant, reserved_);
     log_.Emit();
     delete this;
   }
@@ -106,6 +154,9 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     log_.set_bytes(total);
     // Admission before a single chunk is read: the queue and budget
     // (advisory; Submit re-checks) and the budget of uploads in progress.
+    // The tenant's other uploads count against its quota too.
+    const UploadLedger::Use held =
+        svc_->uploads()->TenantUse(principal_.tenant);
     SubmitRejection why;
     AdmissionQuery query;
     query.priority = priority_;
@@ -113,6 +164,8 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     query.tenant = principal_.tenant;
     query.quota = principal_.quota;
     query.deadline = CallDeadline(*context_);
+    query.held_jobs = held.calls;
+    query.held_bytes = held.bytes;
     if (absl::Status s = svc_->scheduler()->CheckAdmission(query, &why);
         !s.ok()) {
       svc_->metrics()->CountRejection(why.reason);
@@ -121,19 +174,48 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       }
       return FinishOnce(ToGrpcStatus(s));
     }
-    if (!svc_->ReserveUpload(total)) {
-      svc_->metrics()->CountRejection(RejectReason::kMemoryBudget);
+    RejectReason refused = RejectReason::kMemoryBudget;
+    if (absl::Status s = svc_->uploads()->Reserve(principal_.tenant, total,
+                                                  principal_.quota, &refused);
+        !s.ok()) {
+      svc_->metrics()->CountRejection(refused);
+      if (refused == RejectReason::kTooLarge) {
+        return FinishOnce(ToGrpcStatus(s));  // retrying cannot help
+      }
       AddRetryAfter(context_, absl::Milliseconds(250));
-      return FinishOnce(grpc::Status(
-          grpc::StatusCode::RESOURCE_EXHAUSTED,
-          absl::StrCat("upload budget: ", total,
-                       " more bytes would exceed the ",
-                       svc_->options().upload_budget_bytes,
-                       " bytes of uploads in progress; retry after ~250 ms")));
+      return FinishOnce(ToGrpcStatus(absl::ResourceExhaustedError(
+          absl::StrCat(s.message(), "; retry after ~250 ms"))));
     }
     reserved_ = total;
     message_.Clear();
+    ContinueReading();
+  }
+
+  // The reaction's last step when the upload goes on.
+  void ContinueReading() {
+    absl::MutexLock lock(&mu_);
+    in_reaction_ = false;
+    if (ended_.has_value()) return FinishOnce(*ended_);
     StartRead(&raw_);
+  }
+
+  // Ends the call from another thread (see the file comment); false when
+  // it is ending anyway.
+  bool EndFromOutside(const grpc::Status& status) {
+    Phase phase;
+    {
+      absl::MutexLock lock(&mu_);
+      if (ended_.has_value() || finished_.load()) return false;
+      ended_ = status;
+      phase = phase_;
+      // A pending read completes (not ok) after Finish; OnReadDone then
+      // returns at once.
+      if (phase == Phase::kReading && !in_reaction_) FinishOnce(status);
+    }
+    if (phase == Phase::kSubmitted) {
+      svc_->scheduler()->Cancel(job_id_).IgnoreError();
+    }
+    return true;
   }
 
   // The common chunk message, appended straight from gRPC's receive slices
@@ -159,7 +241,7 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     svc_->metrics()->AddBytesReceived(bytes);
     slices_.clear();
     raw_.Clear();
-    StartRead(&raw_);
+    ContinueReading();
     return true;
   }
 
@@ -168,7 +250,7 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     svc_->metrics()->AddBytesReceived(static_cast<int64_t>(data.size()));
     if (absl::Status s = assembler_.Append(data); !s.ok()) return Fail(s);
     message_.Clear();
-    StartRead(&raw_);
+    ContinueReading();
   }
 
   void EndOfStream() {
@@ -191,6 +273,11 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     if (!id.ok()) return FinishOnce(ToGrpcStatus(id.status()));
     job_id_ = *std::move(id);
     log_.set_job_id(job_id_);
+    {
+      absl::MutexLock lock(&mu_);
+      if (ended_.has_value()) return FinishOnce(*ended_);
+      phase_ = Phase::kAdmitting;
+    }
     absl::Duration retry_after;
     absl::Status admitted = AdmitInteractive(
         svc_, principal_, job_id_, std::move(audit), priority_, reserved_,
@@ -198,7 +285,7 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         [this](const grpc::Status& status) { Answer(status); }, &retry_after);
     // Queued (or refused): the scheduler's budget accounts for the bytes
     // from here on.
-    svc_->ReleaseUpload(reserved_);
+    svc_->uploads()->Release(principal_.tenant, reserved_);
     reserved_ = 0;
     if (!admitted.ok()) {
       if (admitted.code() == absl::StatusCode::kResourceExhausted) {
@@ -208,12 +295,25 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
     // No read is pending and Finish comes only from the job, so OnDone
     // cannot run before this line.
+    bool ended = false;
+    {
+      absl::MutexLock lock(&mu_);
+      phase_ = Phase::kSubmitted;
+      ended = ended_.has_value();
+    }
     submitted_.store(true);
-    if (cancelled_.load()) svc_->scheduler()->Cancel(job_id_).IgnoreError();
+    if (cancelled_.load() || ended) {
+      svc_->scheduler()->Cancel(job_id_).IgnoreError();
+    }
   }
 
-  // The job's answer: the report, serialised into the call's response.
-  void Answer(const grpc::Status& status) {
+  // The job's answer: the report, serialised into the call's response, or
+  // why the call was ended from outside.
+  void Answer(grpc::Status status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (ended_.has_value()) status = *ended_;
+    }
     if (!status.ok()) return FinishOnce(status);
     grpc::Status serialized = SerializeResponse(response_msg_, response_);
     FinishOnce(serialized.ok() ? status : serialized);
@@ -250,6 +350,16 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   std::atomic<bool> submitted_{false};
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> finished_{false};
+  Credentials credentials_;  // set in Begin, then read-only
+  bool registered_ = false;  // in svc_->open_calls()
+
+  enum class Phase { kReading, kAdmitting, kSubmitted };
+  absl::Mutex mu_;
+  Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kReading;
+  bool in_reaction_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_message_ ABSL_GUARDED_BY(mu_);
+  // Set when the call was ended from outside (EndFromOutside).
+  absl::optional<grpc::Status> ended_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -29,6 +29,8 @@ std::string Flatten(const grpc::ByteBuffer& buffer) {
   return bytes;
 }
 
+}  // namespace
+
 Credentials CredentialsOf(const grpc::CallbackServerContext& context) {
   Credentials c;
   const auto& md = context.client_metadata();
@@ -43,8 +45,6 @@ Credentials CredentialsOf(const grpc::CallbackServerContext& context) {
   }
   return c;
 }
-
-}  // namespace
 
 absl::Status ParseRequest(const grpc::ByteBuffer* request,
                           google::protobuf::Message* msg) {

@@ -64,6 +64,11 @@ absl::StatusOr<Principal> Authorize(AuditServiceImpl* svc,
                                     const grpc::CallbackServerContext& context,
                                     uint32_t needed, const char* method);
 
+// How the call identified itself: its authorization metadata and the
+// identities of its verified client certificate (kept by open calls to
+// re-check them when the token file is reloaded).
+Credentials CredentialsOf(const grpc::CallbackServerContext& context);
+
 // Whether `principal` may see a job of `owner` (its own, or it reads all).
 bool MaySee(const Principal& principal, absl::string_view owner);
 

@@ -270,19 +270,15 @@ absl::Status AuditServer::OpenAuth() {
 
 absl::Status AuditServer::ReloadCredentials() {
   if (auth_ == nullptr) return absl::FailedPreconditionError("not started");
-  return auth_->Reload();
+  ATTNAUDIT_RETURN_IF_ERROR(auth_->Reload());
+  if (service_ != nullptr) service_->RecheckOpenCalls();
+  return absl::OkStatus();
 }
 
 absl::Status AuditServer::OpenMetrics(
     const std::vector<std::unique_ptr<Device>>& devices) {
   const AuditServerOptions& o = options_;
-  // TLS or a token: /metrics is served by metrics_http instead of the
-  // exposer (metrics_http.h says why).
-  const bool secure = !o.metrics_tls_cert.empty() ||
-                      !o.metrics_tls_key.empty() ||
-                      !o.metrics_token_file.empty();
   MetricsOptions mo;
-  mo.listen_address = secure ? "" : o.metrics_listen;
   mo.version = ServerVersion();
   mo.max_models = o.metrics_max_models;
   mo.max_layers = o.metrics_max_layers;
@@ -307,19 +303,8 @@ absl::Status AuditServer::OpenMetrics(
     return 0;
   };
   mo.queue_capacity = o.queue_capacity;
-  absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create(mo);
-  if (!metrics.ok()) {
-    return absl::Status(metrics.status().code(),
-                        absl::StrCat("--metrics-listen ", o.metrics_listen,
-                                     ": ", metrics.status().message()));
-  }
-  metrics_ = *std::move(metrics);
+  ATTNAUDIT_ASSIGN_OR_RETURN(metrics_, Metrics::Create(mo));
   if (o.metrics_listen.empty()) return absl::OkStatus();
-  if (!secure) {
-    std::vector<int> ports = metrics_->listening_ports();
-    metrics_port_ = ports.empty() ? 0 : ports.front();
-    return absl::OkStatus();
-  }
   MetricsHttpOptions ho;
   ho.listen_address = o.metrics_listen;
   ho.tls_cert_file = o.metrics_tls_cert;
@@ -365,6 +350,9 @@ ServiceOptions AuditServer::MakeServiceOptions() const {
   svc.max_stream_bytes =
       std::min(o.limits.max_total_bytes, o.memory_budget_bytes);
   svc.upload_budget_bytes = o.memory_budget_bytes;
+  svc.upload_tenant_share =
+      auth_ != nullptr && auth_->enabled() ? o.upload_tenant_share : 1.0;
+  svc.upload_idle_timeout = o.upload_idle_timeout;
   svc.limits = o.limits;
   svc.threads_per_job = 0;  // each device's own default (MakeDevices)
   svc.queue_capacity = o.queue_capacity;

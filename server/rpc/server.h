@@ -114,6 +114,11 @@ struct AuditServerOptions {
   // What one tenant may hold queued or running, unless its token-file line
   // says otherwise (zero fields: unlimited).
   TenantQuota tenant_quota;
+  // Stream uploads in progress (server/rpc/upload_ledger.h): the share of
+  // memory_budget_bytes one tenant may hold (1 without authentication,
+  // where every caller is one tenant), and how long one may stay silent.
+  double upload_tenant_share = 0.5;
+  absl::Duration upload_idle_timeout = absl::Seconds(30);
 
   TlsFiles tls;
   // Tenants and permissions (server/auth/tenants.h): a token file, or for
@@ -123,9 +128,8 @@ struct AuditServerOptions {
   std::string auth_tokens;
   ConnectionOptions connection;
 
-  // /metrics over TLS (cert and key together) and/or behind a bearer token
-  // (the first line of the file); any of them set serves /metrics from
-  // server/metrics_http instead of prometheus-cpp's exposer.
+  // /metrics (server/metrics_http) over TLS (cert and key together) and/or
+  // behind a bearer token (the first line of the file).
   std::string metrics_tls_cert;
   std::string metrics_tls_key;
   std::string metrics_token_file;

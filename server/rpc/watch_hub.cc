@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/rpc/status_util.h"
 
 namespace attnaudit::server {
 
@@ -34,14 +35,18 @@ bool MatchesFilter(const v1::ResultFilter& filter,
   return true;
 }
 
-WatchReactor::WatchReactor(WatchHub* hub, v1::ResultFilter filter,
-                           size_t buffer, std::string tenant, bool reads_all)
+WatchReactor::WatchReactor(WatchHub* hub, OpenCalls* calls,
+                           v1::ResultFilter filter, size_t buffer,
+                           Principal principal, Credentials credentials)
     : hub_(hub),
+      calls_(calls),
       filter_(std::move(filter)),
       buffer_(buffer < 1 ? 1 : buffer),
-      tenant_(std::move(tenant)),
-      reads_all_(reads_all) {
+      principal_(std::move(principal)),
+      credentials_(std::move(credentials)),
+      reads_all_(principal_.ReadsAll()) {
   const bool added = hub_->Add(this);
+  calls_->Add(this);
   absl::MutexLock lock(&mu_);
   if (!added) {
     FinishLocked(
@@ -71,10 +76,23 @@ void WatchReactor::FinishLocked(const grpc::Status& status) {
   Finish(status);
 }
 
+bool WatchReactor::Recheck(const Authenticator& auth) {
+  absl::StatusOr<Principal> now =
+      Reauthorize(auth, credentials_, principal_, kPermRead, "WatchResults");
+  absl::MutexLock lock(&mu_);
+  if (finished_ || finishing_) return false;
+  if (!now.ok()) {
+    FinishLocked(ToGrpcStatus(now.status()));
+    return true;
+  }
+  reads_all_ = now->ReadsAll();
+  return false;
+}
+
 void WatchReactor::Push(const std::shared_ptr<const PublishedResult>& result) {
-  if (!reads_all_ && result->tenant != tenant_) return;
   if (!MatchesFilter(filter_, result->result)) return;
   absl::MutexLock lock(&mu_);
+  if (!reads_all_ && result->tenant != principal_.tenant) return;
   if (finished_ || finishing_) return;
   if (queue_.size() >= buffer_) {
     // Nothing more will be written: free the backlog now, except the
@@ -133,6 +151,7 @@ void WatchReactor::OnCancel() {
 }
 
 void WatchReactor::OnDone() {
+  calls_->Remove(this);
   hub_->Remove(this);
   delete this;
 }

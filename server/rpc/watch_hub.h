@@ -6,7 +6,8 @@
 // memory or slow the workers); Close ends every call (server shutdown).
 //
 // Tenants: a published result carries its owner's tenant; a watcher sees
-// only its own tenant's results unless it reads all.
+// only its own tenant's results unless it reads all. Watchers re-check
+// their credential when the token file is reloaded (WatchReactor).
 //
 // Ownership: results are shared immutable messages (shared_ptr), built and
 // serialised once however many watchers there are. The hub does not own
@@ -29,6 +30,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "attnaudit/v1/service.pb.h"
+#include "server/auth/tenants.h"
+#include "server/rpc/open_calls.h"
 
 namespace attnaudit::server {
 
@@ -45,16 +48,23 @@ struct PublishedResult {
 
 class WatchHub;
 
-// The reactor of one WatchResults call.
-class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+// The reactor of one WatchResults call. It is an OpenCall: when the token
+// file is reloaded, a watcher whose credential is revoked, moved to another
+// tenant or stripped of `read` ends (UNAUTHENTICATED / PERMISSION_DENIED),
+// and one that gained or lost read_all sees every tenant's results or only
+// its own from then on.
+class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
+                     public OpenCall {
  public:
-  // Registers with `hub` unless it is closed (then finishes UNAVAILABLE),
-  // then sends the initial metadata: a client that has received it knows
-  // the watch is live (every result published from then on reaches it),
-  // without waiting for the first result. The watcher sees results of
-  // `tenant`, or every tenant's when `reads_all`.
-  WatchReactor(WatchHub* hub, v1::ResultFilter filter, size_t buffer,
-               std::string tenant, bool reads_all);
+  // Registers with `hub` unless it is closed (then finishes UNAVAILABLE)
+  // and with `calls`, then sends the initial metadata: a client that has
+  // received it knows the watch is live (every result published from then
+  // on reaches it), without waiting for the first result. The watcher sees
+  // results of principal.tenant, or every tenant's when it reads all.
+  WatchReactor(WatchHub* hub, OpenCalls* calls, v1::ResultFilter filter,
+               size_t buffer, Principal principal, Credentials credentials);
+
+  bool Recheck(const Authenticator& auth) override;
 
   // Queues `result` if it matches; drops the watcher when the buffer is
   // full.
@@ -76,11 +86,14 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   WatchHub* const hub_;
+  OpenCalls* const calls_;
   const v1::ResultFilter filter_;
   const size_t buffer_;
-  const std::string tenant_;
-  const bool reads_all_;
+  const Principal principal_;
+  const Credentials credentials_;
   absl::Mutex mu_;
+  // Follows the principal's read_all across reloads.
+  bool reads_all_ ABSL_GUARDED_BY(mu_);
   std::deque<std::shared_ptr<const PublishedResult>> queue_
       ABSL_GUARDED_BY(mu_);
   // Writes wait until the initial metadata has been started (gRPC allows

@@ -250,6 +250,8 @@ absl::Status SchedulerImpl::CheckTenantLocked(
   if (auto it = tenants_.find(q.tenant); it != tenants_.end()) {
     use = it->second;
   }
+  use.jobs += q.held_jobs;
+  use.bytes += q.held_bytes;
   const bool jobs_full = q.quota.max_jobs > 0 && use.jobs >= q.quota.max_jobs;
   const bool bytes_full =
       q.quota.max_bytes > 0 && use.bytes + q.bytes > q.quota.max_bytes;

@@ -166,6 +166,10 @@ struct AdmissionQuery {
   std::string tenant;
   TenantQuota quota;
   absl::Time deadline = absl::InfiniteFuture();
+  // What the tenant holds outside the scheduler (uploads in progress):
+  // counted with its queued and running jobs against `quota`.
+  int64_t held_jobs = 0;
+  int64_t held_bytes = 0;
 };
 
 // Filled by Submit when it refuses a job.

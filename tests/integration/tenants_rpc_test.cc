@@ -300,17 +300,20 @@ TEST(TenantsReloadTest, TheTokenFileIsReadAgainOnReload) {
 
 // Certificates for the mTLS test, made with the openssl CLI (as the e2e
 // test does): a CA, a server certificate for localhost, and client
-// certificates whose subject alternative name is their identity.
+// certificates whose subject alternative name is their identity ("fleet-a"
+// for the one named like a token tenant).
 bool MakeCertificates(const std::string& dir) {
   const std::string script = absl::StrCat(
       "set -e; cd '", dir,
       "'; openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
       "-nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=test-ca; "
-      "for who in server fleet-c other; do "
+      "for who in server fleet-c other fleet-a; do "
       "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
       "-keyout $who.key -out $who.csr -subj /CN=$who.example; "
       "if [ $who = server ]; then "
       "echo subjectAltName=DNS:localhost,IP:127.0.0.1 > $who.ext; "
+      "elif [ $who = fleet-a ]; then "
+      "echo subjectAltName=DNS:fleet-a > $who.ext; "
       "else echo subjectAltName=DNS:$who.example > $who.ext; fi; "
       "openssl x509 -req -in $who.csr -CA ca.pem -CAkey ca.key "
       "-CAcreateserial -days 2 -extfile $who.ext -out $who.pem; done");
@@ -353,6 +356,45 @@ TEST(TenantsMtlsTest, TheClientCertificateStandsForTheTenant) {
   EXPECT_EQ((*other)->GetResult(s->job_id()).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_TRUE((*other)->Capabilities(true).ok());
+}
+
+// The attack: a certificate from the trusted CA whose identity equals a
+// token tenant's name, under `cert:* *`, must not become that tenant and
+// read its results.
+TEST(TenantsMtlsTest, ACertificateNamedLikeATokenTenantIsNotThatTenant) {
+  const std::string dir = MakeTempDir("tenants_mtls_squat");
+  ASSERT_TRUE(MakeCertificates(dir)) << "openssl failed";
+  server::AuditServerOptions o = TestOptions(dir + "/data");
+  o.tls = {dir + "/server.pem", dir + "/server.key", dir + "/ca.pem"};
+  o.auth_tokens =
+      "token:tok-a  fleet-a  submit,read\n"
+      "cert:*       *        audit,read\n";
+  client::ClientOptions co;
+  co.tls = true;
+  co.tls_ca = dir + "/ca.pem";
+  co.tls_cert = dir + "/other.pem";  // the token is what counts
+  co.tls_key = dir + "/other.key";
+  co.tls_server_name = "localhost";
+  co.auth_token = "tok-a";
+  auto t = StartServer(std::move(o), co);
+  ASSERT_NE(t, nullptr);
+  absl::StatusOr<v1::SubmitResponse> s = t->client->Submit(SmallSnapshot(1));
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(WaitFinished(t->client.get(), s->job_id()).state(),
+            v1::JOB_STATE_DONE);
+
+  client::ClientOptions so = co;
+  so.address = t->address;
+  so.auth_token.clear();
+  so.tls_cert = dir + "/fleet-a.pem";
+  so.tls_key = dir + "/fleet-a.key";
+  auto squatter = client::Client::Connect(so);
+  ASSERT_TRUE(squatter.ok());
+  EXPECT_EQ((*squatter)->GetResult(s->job_id()).status().code(),
+            absl::StatusCode::kNotFound);
+  // It is a tenant of its own: its own jobs are its own.
+  absl::StatusOr<AuditReport> own = (*squatter)->Audit(SmallSnapshot(2));
+  EXPECT_TRUE(own.ok()) << own.status();
 }
 
 }  // namespace

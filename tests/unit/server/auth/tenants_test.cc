@@ -98,13 +98,34 @@ TEST(TenantTableTest, AnyCertificateBecomesItsOwnTenant) {
   ASSERT_TRUE(t.ok()) << t.status();
   absl::optional<Principal> p = t->FindCertificate({"spiffe://x/fleet-c"});
   ASSERT_TRUE(p.has_value());
-  EXPECT_EQ(p->tenant, "spiffe://x/fleet-c");
+  EXPECT_EQ(p->tenant, "cert:spiffe://x/fleet-c");
   EXPECT_TRUE(p->Has(kPermAudit));
   EXPECT_FALSE(p->Has(kPermSubmit));
   EXPECT_EQ(t->FindCertificate({"admin.example"})->tenant, "ops");
   // An identity that is not a valid tenant name matches nothing.
   EXPECT_FALSE(t->FindCertificate({"has space"}).has_value());
   EXPECT_FALSE(t->FindCertificate({}).has_value());
+}
+
+// A certificate named like a token tenant must not become that tenant
+// (it would read the tenant's results); a line can still share a
+// certificate tenant by naming it.
+TEST(TenantTableTest, CertificateTenantsNeverTakeATokenTenantsName) {
+  absl::StatusOr<TenantTable> t = TenantTable::Parse(
+      "token:aaa fleet-a audit,read\n"
+      "token:bbb cert:shared.example read\n"
+      "cert:* * read\n",
+      kDefaultQuota);
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::optional<Principal> squatter = t->FindCertificate({"fleet-a"});
+  ASSERT_TRUE(squatter.has_value());
+  EXPECT_EQ(squatter->tenant, "cert:fleet-a");
+  EXPECT_NE(squatter->tenant, t->FindToken("aaa")->tenant);
+  EXPECT_EQ(t->FindCertificate({"shared.example"})->tenant,
+            t->FindToken("bbb")->tenant);
+  // Identities too long for a tenant name once prefixed match nothing.
+  EXPECT_TRUE(t->FindCertificate({std::string(123, 'x')}).has_value());
+  EXPECT_FALSE(t->FindCertificate({std::string(124, 'x')}).has_value());
 }
 
 TEST(TenantTableTest, ErrorsNameTheLineButNeverTheSecret) {

@@ -1,15 +1,12 @@
 // Metrics: the golden list of families, initial zero series, drift
-// histograms and bounded labels, the scheduler listener, the HTTP endpoint,
-// and `promtool check metrics` on the exposition.
+// histograms and bounded labels, the scheduler listener, and `promtool
+// check metrics` on the exposition.
 #include "server/metrics/metrics.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <prometheus/metric_family.h>
 #include <prometheus/registry.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -46,7 +43,6 @@ using ::testing::Not;
 using LabelMap = std::map<std::string, std::string>;
 
 std::unique_ptr<Metrics> MakeMetrics(MetricsOptions options = {}) {
-  options.listen_address = "";
   auto m = Metrics::Create(options);
   EXPECT_TRUE(m.ok()) << m.status();
   return *std::move(m);
@@ -168,6 +164,7 @@ TEST(MetricsTest, ExactlyTheDocumentedFamilies) {
       {"attnaudit_received_bytes_total", T::Counter},
       {"attnaudit_rejections_total", T::Counter},
       {"attnaudit_labels_truncated_total", T::Counter},
+      {"attnaudit_calls_ended_total", T::Counter},
       {"attnaudit_inflight_jobs", T::Gauge},
       {"attnaudit_devices", T::Gauge},
       {"attnaudit_device_jobs_total", T::Counter},
@@ -177,6 +174,16 @@ TEST(MetricsTest, ExactlyTheDocumentedFamilies) {
       {"attnaudit_rope_checks_total", T::Counter},
   };
   EXPECT_EQ(got, want);
+}
+
+TEST(MetricsTest, CallsEndedAreCountedByReason) {
+  auto metrics = MakeMetrics(MetricsOptions());
+  const std::string family = "attnaudit_calls_ended_total";
+  EXPECT_EQ(Value(*metrics, family, {{"reason", "upload_idle"}}), 0);
+  metrics->CountCallsEnded(Metrics::CallEnd::kUploadIdle, 2);
+  metrics->CountCallsEnded(Metrics::CallEnd::kCredentials);
+  EXPECT_EQ(Value(*metrics, family, {{"reason", "upload_idle"}}), 2);
+  EXPECT_EQ(Value(*metrics, family, {{"reason", "credentials"}}), 1);
 }
 
 // RoPE checks by check and verdict; a report's diagnosis from a drifting
@@ -563,18 +570,6 @@ TEST(MetricsTest, StagesThatDidNotRunAreNotObserved) {
       1u);
 }
 
-TEST(MetricsTest, StripExposerFamiliesKeepsOurs) {
-  const std::string text =
-      "# HELP exposer_request_latencies Latencies\n"
-      "# TYPE exposer_request_latencies summary\n"
-      "exposer_request_latencies{quantile=\"0.5\"} 12\n"
-      "# TYPE attnaudit_inflight_jobs gauge\n"
-      "attnaudit_inflight_jobs 0\n";
-  EXPECT_EQ(
-      StripExposerFamilies(text),
-      "# TYPE attnaudit_inflight_jobs gauge\nattnaudit_inflight_jobs 0\n");
-}
-
 // Runs `promtool check metrics` on `text`; returns its exit code and output,
 // or -1 when promtool is not installed.
 int Promtool(const std::string& text, std::string* output) {
@@ -607,78 +602,11 @@ TEST(MetricsPromtoolTest, RegistryPassesPromtoolCheckMetrics) {
   EXPECT_EQ(out, "") << "promtool findings";
 }
 
-// GET /metrics over a plain socket; empty on failure.
-std::string Scrape(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
-  const std::string req =
-      "GET /metrics HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-  (void)!write(fd, req.data(), req.size());
-  std::string resp;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) resp.append(buf, n);
-  close(fd);
-  const size_t body = resp.find("\r\n\r\n");
-  return body == std::string::npos ? "" : resp.substr(body + 4);
-}
-
-TEST(MetricsEndpointTest, ServesTheRegistryOverHttp) {
-  MetricsOptions options;
-  options.listen_address = "127.0.0.1:0";
-  options.version = "9.9.9";
-  auto metrics = Metrics::Create(options);
-  ASSERT_TRUE(metrics.ok()) << metrics.status();
-  const std::vector<int> ports = (*metrics)->listening_ports();
-  ASSERT_EQ(ports.size(), 1u);
-  ASSERT_GT(ports[0], 0);
-  const std::string scrape = Scrape(ports[0]);
-  EXPECT_THAT(scrape, HasSubstr("attnaudit_build_info{version=\"9.9.9\"} 1"));
-  const std::string ours = StripExposerFamilies(scrape);
-  EXPECT_THAT(ours, HasSubstr("attnaudit_rejections_total"));
-  EXPECT_THAT(ours, Not(HasSubstr("exposer_")));
-  std::string out;
-  const int rc = Promtool(ours, &out);
-  if (rc != -1) {
-    EXPECT_EQ(rc, 0) << out;
-  }
-
-  // The port is taken now: a second endpoint there fails cleanly.
-  MetricsOptions again;
-  again.listen_address = absl::StrCat("127.0.0.1:", ports[0]);
-  auto second = Metrics::Create(again);
-  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
-}
-
-TEST(MetricsEndpointTest, BadAddressesAreInvalidArguments) {
-  for (const char* address : {"nonsense", "localhost:99999", "localhost:http",
-                              "metrics.example.com:9464", "1.2.3:80"}) {
-    MetricsOptions options;
-    options.listen_address = address;
-    auto m = Metrics::Create(options);
-    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << address;
-  }
+TEST(MetricsTest, BadBoundsAreInvalidArguments) {
   MetricsOptions zero;
-  zero.listen_address = "";
   zero.max_models = 0;
   EXPECT_EQ(Metrics::Create(zero).status().code(),
             absl::StatusCode::kInvalidArgument);
-}
-
-TEST(MetricsEndpointTest, LocalhostIsAccepted) {
-  MetricsOptions options;
-  options.listen_address = "localhost:0";
-  auto m = Metrics::Create(options);
-  ASSERT_TRUE(m.ok()) << m.status();
-  ASSERT_EQ((*m)->listening_ports().size(), 1u);
-  EXPECT_THAT(Scrape((*m)->listening_ports()[0]), HasSubstr("attnaudit_"));
 }
 
 }  // namespace

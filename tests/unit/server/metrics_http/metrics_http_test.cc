@@ -1,18 +1,21 @@
 // MetricsHttpServer: /metrics behind a bearer token (401 without or with a
 // wrong one, 200 with it), only GET/HEAD /metrics, HTTPS with the given
-// certificate (checked by an OpenSSL client against the CA), and bad
-// options named by their flag.
+// certificate (checked by an OpenSSL client against the CA), bad options
+// named by their flag, and scrapes that keep succeeding while hundreds of
+// idle or slow connections try to starve them.
 #include "server/metrics_http/metrics_http.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <openssl/ssl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -27,8 +30,19 @@ std::string TempDir(const std::string& name) {
   return dir;
 }
 
-int Connect(int port) {
+// A connection to 127.0.0.1:port from `source` (another loopback address
+// stands for another client machine).
+int Connect(int port, const char* source = nullptr) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (source != nullptr) {
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    inet_pton(AF_INET, source, &from.sin_addr);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0) {
+      ::close(fd);
+      return -1;
+    }
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
@@ -173,6 +187,91 @@ TEST(MetricsHttpTest, BadOptionsNameTheirFlag) {
   EXPECT_TRUE(absl::StrContains(
       MetricsHttpServer::Start(a, [] { return ""; }).status().message(),
       "--metrics-listen"));
+}
+
+TEST(MetricsHttpTest, AddressesAreCheckedAndAPortInUseIsUnavailable) {
+  for (const char* address : {"nonsense", "localhost:99999", "localhost:http",
+                              "metrics.example.com:9464", "1.2.3:80"}) {
+    MetricsHttpOptions o;
+    o.listen_address = address;
+    EXPECT_EQ(MetricsHttpServer::Start(o, [] { return ""; }).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << address;
+  }
+  MetricsHttpOptions o;
+  o.listen_address = "localhost:0";
+  auto first = MetricsHttpServer::Start(o, [] { return "up 1\n"; });
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(
+      absl::StartsWith(Get((*first)->port(), "/metrics", ""), "HTTP/1.1 200"));
+  o.listen_address = absl::StrCat("127.0.0.1:", (*first)->port());
+  EXPECT_EQ(MetricsHttpServer::Start(o, [] { return ""; }).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+// The attack: clients that connect and send nothing, more of them than the
+// server holds, from the scraper's own address and from another one. Every
+// scrape must still be answered.
+TEST(MetricsHttpTest, IdleConnectionsCannotStarveScrapes) {
+  MetricsHttpOptions o;
+  o.listen_address = "127.0.0.1:0";
+  o.max_connections = 32;
+  o.max_connections_per_source = 16;
+  o.header_timeout = absl::Seconds(30);  // only eviction can help here
+  auto server = MetricsHttpServer::Start(o, [] { return "up 1\n"; });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  std::vector<int> idle;
+  for (const char* source : {"127.0.0.2", "127.0.0.3", "127.0.0.1"}) {
+    for (int i = 0; i < 60; ++i) {
+      const int fd = Connect(port, source);
+      ASSERT_GE(fd, 0) << source;
+      idle.push_back(fd);
+    }
+  }
+  int answered = 0;
+  for (int i = 0; i < 40; ++i) {
+    answered += absl::StartsWith(Get(port, "/metrics", ""), "HTTP/1.1 200");
+  }
+  EXPECT_EQ(answered, 40);
+  // 180 idle connections against room for 32: the rest were closed.
+  EXPECT_GE((*server)->evicted(), 180 - 32);
+  for (int fd : idle) ::close(fd);
+}
+
+// Slow clients are closed once header_timeout has passed since they
+// connected, however steadily they trickle bytes.
+TEST(MetricsHttpTest, AHeadMustArriveWithinTheHeaderTimeout) {
+  MetricsHttpOptions o;
+  o.listen_address = "127.0.0.1:0";
+  o.header_timeout = absl::Milliseconds(500);
+  auto server = MetricsHttpServer::Start(o, [] { return "up 1\n"; });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int fd = Connect((*server)->port());
+  ASSERT_GE(fd, 0);
+  const std::string head = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+  // 100 ms per byte: the head would take ~3.5 s.
+  bool closed = false;
+  for (char c : head) {
+    if (::send(fd, &c, 1, MSG_NOSIGNAL) != 1) {
+      closed = true;
+      break;
+    }
+    pollfd pfd{fd, POLLIN, 0};
+    if (::poll(&pfd, 1, 100) == 1) {
+      char buf[256];
+      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+      EXPECT_FALSE(n > 0 &&
+                   absl::StartsWith(absl::string_view(buf, n), "HTTP/1.1 200"));
+      closed = true;
+      break;
+    }
+  }
+  ::close(fd);
+  EXPECT_TRUE(closed) << "a head trickled over 3.5 s was served";
+  EXPECT_GE((*server)->evicted(), 1);
+  EXPECT_TRUE(
+      absl::StartsWith(Get((*server)->port(), "/metrics", ""), "HTTP/1.1 200"));
 }
 
 }  // namespace
