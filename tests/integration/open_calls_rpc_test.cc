@@ -12,7 +12,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "proto/codec/stream.h"
 #include "server/metrics/metrics.h"
@@ -20,18 +19,6 @@
 
 namespace attnaudit::testing {
 namespace {
-
-std::unique_ptr<client::Client> Connect(const std::string& address,
-                                        const std::string& token) {
-  client::ClientOptions o;
-  o.address = address;
-  o.auth_token = token;
-  o.timeout = kWait;
-  absl::StatusOr<std::unique_ptr<client::Client>> c =
-      client::Client::Connect(o);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? *std::move(c) : nullptr;
-}
 
 // An AuditStream call that sent its header (announcing a SmallSnapshot's
 // tensors) and then nothing: what a squatter holds open.
@@ -87,42 +74,14 @@ grpc::Status WholeStream(v1::AuditService::Stub* stub,
   return writer->Finish();
 }
 
-// Watches on a thread until `count` results arrived, the server ends the
-// watch, or kWait passes; records each result's labels.step.
-class Watch {
- public:
-  Watch(client::Client* c, int count)
-      : thread_([this, c, count] {
-          absl::Status s = c->Watch(
-              v1::ResultFilter(),
-              [this, count](const v1::JobResult& r) {
-                absl::MutexLock lock(&mu_);
-                steps_.push_back(r.labels().step());
-                return static_cast<int>(steps_.size()) < count;
-              },
-              kWait);
-          absl::MutexLock lock(&mu_);
-          status_ = s;
-        }) {}
-  ~Watch() { Join(); }
-  void Join() {
-    if (thread_.joinable()) thread_.join();
+// The labels.step of each result a watch received, in order.
+std::vector<int64_t> Steps(WatchThread& watch) {
+  std::vector<int64_t> steps;
+  for (const v1::JobResult& r : watch.results()) {
+    steps.push_back(r.labels().step());
   }
-  std::vector<int64_t> steps() {
-    absl::MutexLock lock(&mu_);
-    return steps_;
-  }
-  absl::Status status() {
-    absl::MutexLock lock(&mu_);
-    return status_;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<int64_t> steps_;
-  absl::Status status_;
-  std::thread thread_;
-};
+  return steps;
+}
 
 int64_t CallsEnded(server::AuditServer* s, const std::string& reason) {
   const std::string text = s->metrics()->RenderText();
@@ -159,8 +118,8 @@ class RevocationTest : public ::testing::Test {
 // The attack: a read_all watch opened before its token was removed kept
 // receiving every result after the reload.
 TEST_F(RevocationTest, ARevokedCredentialLosesItsOpenWatch) {
-  auto watcher = Connect(t_->address, "tok-watch");
-  Watch watch(watcher.get(), 1000);
+  auto watcher = ConnectAs(t_->address, "tok-watch");
+  WatchThread watch(watcher.get(), 1000);
   ASSERT_TRUE(WaitFor([&] { return Watchers() == 1; }));
   Write("token:tok-a fleet-a audit,read\n");
   ASSERT_TRUE(t_->server->ReloadCredentials().ok());
@@ -171,19 +130,19 @@ TEST_F(RevocationTest, ARevokedCredentialLosesItsOpenWatch) {
       << watch.status();
   EXPECT_EQ(CallsEnded(t_->server.get(), "credentials"), 1);
   // A client's own watch whose credential still holds goes on.
-  Watch own(t_->client.get(), 1);
+  WatchThread own(t_->client.get(), 1);
   ASSERT_TRUE(WaitFor([&] { return Watchers() == 1; }));
   ASSERT_TRUE(t_->server->ReloadCredentials().ok());
   ASSERT_TRUE(t_->client->Audit(SmallSnapshot(3)).ok());
   own.Join();
   EXPECT_TRUE(own.status().ok()) << own.status();
-  EXPECT_EQ(own.steps(), std::vector<int64_t>{3});
+  EXPECT_EQ(Steps(own), std::vector<int64_t>{3});
 }
 
 TEST_F(RevocationTest, AWatcherFollowsItsChangedPermissions) {
-  auto watcher = Connect(t_->address, "tok-watch");
-  auto b = Connect(t_->address, "tok-b");
-  Watch watch(watcher.get(), 1);
+  auto watcher = ConnectAs(t_->address, "tok-watch");
+  auto b = ConnectAs(t_->address, "tok-b");
+  WatchThread watch(watcher.get(), 1);
   ASSERT_TRUE(WaitFor([&] { return Watchers() == 1; }));
   // read_all -> read: from now on only its own tenant's results.
   Write(
@@ -195,11 +154,11 @@ TEST_F(RevocationTest, AWatcherFollowsItsChangedPermissions) {
   ASSERT_TRUE(own.ok()) << own.status();
   watch.Join();
   // The one result it saw is ops's own (fleet-b's finished first).
-  EXPECT_EQ(watch.steps(), std::vector<int64_t>{5});
+  EXPECT_EQ(Steps(watch), std::vector<int64_t>{5});
   EXPECT_EQ(CallsEnded(t_->server.get(), "credentials"), 0);
 
   // read lost: the watch ends PERMISSION_DENIED.
-  Watch again(watcher.get(), 1000);
+  WatchThread again(watcher.get(), 1000);
   ASSERT_TRUE(WaitFor([&] { return Watchers() == 1; }));
   Write("token:tok-watch ops audit\n");
   ASSERT_TRUE(t_->server->ReloadCredentials().ok());
@@ -237,7 +196,7 @@ TEST(RevocationQueueTest, ARevokedCredentialLosesItsQueuedAudit) {
   co.auth_token = "tok-b";
   auto t = StartServer(std::move(o), co);
   ASSERT_NE(t, nullptr);
-  auto a = Connect(t->address, "tok-a");
+  auto a = ConnectAs(t->address, "tok-a");
   absl::Status running, queued;
   std::thread first(
       [&] { running = t->client->Audit(SmallSnapshot(1)).status(); });

@@ -11,12 +11,10 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "tests/integration/test_server.h"
 
@@ -30,18 +28,6 @@ constexpr char kTokens[] =
     "token:tok-a-audit tenant-a    audit\n"
     "token:tok-reader  ops-read    read_all\n"
     "token:tok-admin   ops         admin\n";
-
-std::unique_ptr<client::Client> Connect(const std::string& address,
-                                        const std::string& token) {
-  client::ClientOptions o;
-  o.address = address;
-  o.auth_token = token;
-  o.timeout = kWait;
-  absl::StatusOr<std::unique_ptr<client::Client>> c =
-      client::Client::Connect(o);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? *std::move(c) : nullptr;
-}
 
 grpc::StatusCode Code(const absl::Status& s) {
   return static_cast<grpc::StatusCode>(s.code());
@@ -62,36 +48,12 @@ const char* Name(grpc::StatusCode c) {
   }
 }
 
-// Watches until `count` results arrived (or kWait), on a thread.
-class Watch {
- public:
-  Watch(client::Client* c, int count)
-      : thread_([this, c, count] {
-          status_ = c->Watch(
-              v1::ResultFilter(),
-              [this, count](const v1::JobResult& r) {
-                absl::MutexLock lock(&mu_);
-                ids_.push_back(r.job_id());
-                return static_cast<int>(ids_.size()) < count;
-              },
-              kWait);
-        }) {}
-  ~Watch() { Join(); }
-  void Join() {
-    if (thread_.joinable()) thread_.join();
-  }
-  std::vector<std::string> ids() {
-    absl::MutexLock lock(&mu_);
-    return ids_;
-  }
-  absl::Status status() const { return status_; }
-
- private:
-  absl::Mutex mu_;
-  std::vector<std::string> ids_;
-  absl::Status status_;
-  std::thread thread_;
-};
+// The job ids a watch received, in order.
+std::vector<std::string> Ids(WatchThread& watch) {
+  std::vector<std::string> ids;
+  for (const v1::JobResult& r : watch.results()) ids.push_back(r.job_id());
+  return ids;
+}
 
 class TenantsRpcTest : public ::testing::Test {
  protected:
@@ -104,9 +66,9 @@ class TenantsRpcTest : public ::testing::Test {
     ASSERT_NE(t_, nullptr);
     for (const char* who :
          {"tok-a", "tok-b", "tok-a-audit", "tok-reader", "tok-admin", ""}) {
-      callers_[who] = Connect(t_->address, who);
+      callers_[who] = ConnectAs(t_->address, who);
     }
-    callers_["bad-token"] = Connect(t_->address, "tok-nobody");
+    callers_["bad-token"] = ConnectAs(t_->address, "tok-nobody");
   }
 
   client::Client* C(const std::string& who) { return callers_[who].get(); }
@@ -257,8 +219,8 @@ TEST_F(TenantsRpcTest, IdempotencyKeysAreScopedPerTenant) {
 }
 
 TEST_F(TenantsRpcTest, WatchersSeeOnlyTheirTenantUnlessTheyReadAll) {
-  Watch own(C("tok-a"), 1);
-  Watch all(C("tok-reader"), 2);
+  WatchThread own(C("tok-a"), 1);
+  WatchThread all(C("tok-reader"), 2);
   ASSERT_TRUE(WaitFor(
       [&] { return t_->server->service()->watch_hub()->watchers() == 2; }));
   // b's job finishes first (one worker, FIFO): a's watcher would see it
@@ -267,8 +229,8 @@ TEST_F(TenantsRpcTest, WatchersSeeOnlyTheirTenantUnlessTheyReadAll) {
   const std::string ja = SubmitAndWait("tok-a", "", 2);
   own.Join();
   all.Join();
-  EXPECT_EQ(own.ids(), std::vector<std::string>{ja});
-  EXPECT_EQ(all.ids(), (std::vector<std::string>{jb, ja}));
+  EXPECT_EQ(Ids(own), std::vector<std::string>{ja});
+  EXPECT_EQ(Ids(all), (std::vector<std::string>{jb, ja}));
 }
 
 TEST(TenantsReloadTest, TheTokenFileIsReadAgainOnReload) {
@@ -281,7 +243,7 @@ TEST(TenantsReloadTest, TheTokenFileIsReadAgainOnReload) {
   co.auth_token = "old";
   auto t = StartServer(std::move(o), co);
   ASSERT_NE(t, nullptr);
-  auto fresh = Connect(t->address, "new");
+  auto fresh = ConnectAs(t->address, "new");
   EXPECT_TRUE(t->client->Capabilities(true).ok());
   EXPECT_EQ(fresh->Capabilities(true).status().code(),
             absl::StatusCode::kUnauthenticated);
@@ -323,21 +285,34 @@ bool MakeCertificates(const std::string& dir) {
              absl::StrCat("bash '", file, "' >/dev/null 2>&1").c_str()) == 0;
 }
 
-TEST(TenantsMtlsTest, TheClientCertificateStandsForTheTenant) {
-  const std::string dir = MakeTempDir("tenants_mtls");
-  ASSERT_TRUE(MakeCertificates(dir)) << "openssl failed";
+// A server with TLS and `tokens` in `dir` (certificates made there).
+server::AuditServerOptions MtlsServer(const std::string& dir,
+                                      const std::string& tokens) {
   server::AuditServerOptions o = TestOptions(dir + "/data");
   o.tls = {dir + "/server.pem", dir + "/server.key", dir + "/ca.pem"};
-  o.auth_tokens =
-      "cert:fleet-c.example  fleet-c  submit,read\n"
-      "cert:*                *        read\n";
+  o.auth_tokens = tokens;
+  return o;
+}
+
+// A client presenting certificate `who` (made by MakeCertificates).
+client::ClientOptions MtlsClient(const std::string& dir,
+                                 const std::string& who) {
   client::ClientOptions co;
   co.tls = true;
   co.tls_ca = dir + "/ca.pem";
-  co.tls_cert = dir + "/fleet-c.pem";
-  co.tls_key = dir + "/fleet-c.key";
+  co.tls_cert = dir + "/" + who + ".pem";
+  co.tls_key = dir + "/" + who + ".key";
   co.tls_server_name = "localhost";
-  auto t = StartServer(std::move(o), co);
+  return co;
+}
+
+TEST(TenantsMtlsTest, TheClientCertificateStandsForTheTenant) {
+  const std::string dir = MakeTempDir("tenants_mtls");
+  ASSERT_TRUE(MakeCertificates(dir)) << "openssl failed";
+  auto t = StartServer(MtlsServer(dir,
+                                  "cert:fleet-c.example  fleet-c  submit,read\n"
+                                  "cert:*                *        read\n"),
+                       MtlsClient(dir, "fleet-c"));
   ASSERT_NE(t, nullptr);
   absl::StatusOr<v1::SubmitResponse> s = t->client->Submit(SmallSnapshot(1));
   ASSERT_TRUE(s.ok()) << s.status();
@@ -345,10 +320,8 @@ TEST(TenantsMtlsTest, TheClientCertificateStandsForTheTenant) {
             v1::JOB_STATE_DONE);
 
   // Another certificate is its own tenant ("other.example", read only).
-  client::ClientOptions oo = co;
+  client::ClientOptions oo = MtlsClient(dir, "other");
   oo.address = t->address;
-  oo.tls_cert = dir + "/other.pem";
-  oo.tls_key = dir + "/other.key";
   auto other = client::Client::Connect(oo);
   ASSERT_TRUE(other.ok());
   EXPECT_EQ((*other)->Submit(SmallSnapshot(2)).status().code(),
@@ -364,30 +337,20 @@ TEST(TenantsMtlsTest, TheClientCertificateStandsForTheTenant) {
 TEST(TenantsMtlsTest, ACertificateNamedLikeATokenTenantIsNotThatTenant) {
   const std::string dir = MakeTempDir("tenants_mtls_squat");
   ASSERT_TRUE(MakeCertificates(dir)) << "openssl failed";
-  server::AuditServerOptions o = TestOptions(dir + "/data");
-  o.tls = {dir + "/server.pem", dir + "/server.key", dir + "/ca.pem"};
-  o.auth_tokens =
-      "token:tok-a  fleet-a  submit,read\n"
-      "cert:*       *        audit,read\n";
-  client::ClientOptions co;
-  co.tls = true;
-  co.tls_ca = dir + "/ca.pem";
-  co.tls_cert = dir + "/other.pem";  // the token is what counts
-  co.tls_key = dir + "/other.key";
-  co.tls_server_name = "localhost";
-  co.auth_token = "tok-a";
-  auto t = StartServer(std::move(o), co);
+  client::ClientOptions co = MtlsClient(dir, "other");
+  co.auth_token = "tok-a";  // the token is what counts
+  auto t = StartServer(MtlsServer(dir,
+                                  "token:tok-a  fleet-a  submit,read\n"
+                                  "cert:*       *        audit,read\n"),
+                       co);
   ASSERT_NE(t, nullptr);
   absl::StatusOr<v1::SubmitResponse> s = t->client->Submit(SmallSnapshot(1));
   ASSERT_TRUE(s.ok()) << s.status();
   ASSERT_EQ(WaitFinished(t->client.get(), s->job_id()).state(),
             v1::JOB_STATE_DONE);
 
-  client::ClientOptions so = co;
+  client::ClientOptions so = MtlsClient(dir, "fleet-a");
   so.address = t->address;
-  so.auth_token.clear();
-  so.tls_cert = dir + "/fleet-a.pem";
-  so.tls_key = dir + "/fleet-a.key";
   auto squatter = client::Client::Connect(so);
   ASSERT_TRUE(squatter.ok());
   EXPECT_EQ((*squatter)->GetResult(s->job_id()).status().code(),

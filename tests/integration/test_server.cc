@@ -319,4 +319,44 @@ v1::JobResult WaitFinished(client::Client* client, const std::string& id) {
   return last;
 }
 
+std::unique_ptr<client::Client> ConnectAs(const std::string& address,
+                                          const std::string& token) {
+  client::ClientOptions o;
+  o.address = address;
+  o.auth_token = token;
+  o.timeout = kWait;
+  absl::StatusOr<std::unique_ptr<client::Client>> c =
+      client::Client::Connect(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
+WatchThread::WatchThread(client::Client* client, int count)
+    : thread_([this, client, count] {
+        absl::Status s = client->Watch(
+            v1::ResultFilter(),
+            [this, count](const v1::JobResult& r) {
+              absl::MutexLock lock(&mu_);
+              results_.push_back(r);
+              return static_cast<int>(results_.size()) < count;
+            },
+            kWait);
+        absl::MutexLock lock(&mu_);
+        status_ = s;
+      }) {}
+
+void WatchThread::Join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+std::vector<v1::JobResult> WatchThread::results() {
+  absl::MutexLock lock(&mu_);
+  return results_;
+}
+
+absl::Status WatchThread::status() {
+  absl::MutexLock lock(&mu_);
+  return status_;
+}
+
 }  // namespace attnaudit::testing

@@ -17,8 +17,10 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "attnaudit/v1/service.grpc.pb.h"
@@ -114,6 +116,30 @@ grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel,
 // grpc.reflection.v1alpha list_services: the raw response bytes.
 std::string ReflectionListServices(
     const std::shared_ptr<grpc::Channel>& channel, grpc::Status* status);
+
+// A client of `address` that sends bearer `token` (none when empty), with
+// kWait as its call timeout; null (and a test failure) when it cannot.
+std::unique_ptr<client::Client> ConnectAs(const std::string& address,
+                                          const std::string& token);
+
+// WatchResults on a thread of its own until `count` results arrived, the
+// server ended the watch, or kWait passed. Join before reading status().
+class WatchThread {
+ public:
+  WatchThread(client::Client* client, int count);
+  ~WatchThread() { Join(); }
+  void Join();
+  // The results received so far, in order.
+  std::vector<v1::JobResult> results();
+  // The watch's status (client::Client::Watch); OK while it runs.
+  absl::Status status();
+
+ private:
+  absl::Mutex mu_;
+  std::vector<v1::JobResult> results_ ABSL_GUARDED_BY(mu_);
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
 
 // Waits until `predicate` holds (polling every millisecond); false on
 // timeout.
