@@ -34,7 +34,7 @@ SERVER_FLAGS ?=
 APT_PACKAGES := build-essential cmake pkg-config git python3 python3-venv \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
   libabsl-dev libtbb-dev libhwy-dev prometheus-cpp-dev libsqlite3-dev libssl-dev \
-  libcli11-dev libspdlog-dev \
+  libcli11-dev libspdlog-dev libpq-dev postgresql-15 postgresql-common \
   libgtest-dev libgmock-dev libbenchmark-dev prometheus curl openssl \
   python3-yaml clang-14 libclang-rt-14-dev
 
@@ -42,7 +42,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps configure build run test fuzz bench bench-check bench-kernels bench-cp \
   bench-env bench-peers bench-sweeps bench-server bench-loopback bench-idle \
-  bench-instructions bench-rope \
+  bench-instructions bench-rope bench-fleet \
   bench-diagnosis demo clean \
   py-venv bench-python conformance
 
@@ -132,6 +132,9 @@ fuzz: build
 #                 the B=1 contexts audited in process
 #   bench-server  small-snapshot audits/s through the server, over   ~3 min
 #                 the socket and in shared memory (memfd)
+#   bench-fleet   async jobs/s and end-to-end p99: SQLite, one and    ~2 min
+#                 three replicas on PostgreSQL; a W1 job's payload
+#                 in the fleet store
 #   bench-loopback  W1 through the server per transport (unary,     ~1 min
 #                 stream, memfd) against the in-process audit
 #   bench-idle    small audits one per 1.03-1.5 s, with the server's ~3 min
@@ -162,7 +165,8 @@ BENCH_TARGETS := $(RUN_TARGETS) attnaudit_bench_floor attnaudit_bench_check \
 BUILD_BENCH = cmake --build $(BUILD_DIR) -j $(JOBS) --target $(BENCH_TARGETS)
 
 bench: bench-check bench-kernels bench-cp bench-peers bench-sweeps bench-server \
-  bench-loopback bench-idle bench-diagnosis bench-instructions bench-rope
+  bench-loopback bench-idle bench-diagnosis bench-instructions bench-rope \
+  bench-fleet
 
 bench-check: configure
 	$(BUILD_BENCH)
@@ -219,6 +223,16 @@ bench-server: configure
 	python3 bench/sweeps/server_rate.py --bin-dir $(BUILD_DIR)/bin \
 	  --workdir $(BENCH_TMP) --transport memfd \
 	  --json $(BENCH_OUT)/server_rate_memfd.json
+
+# Async jobs through the SQLite store, one and three replicas on
+# PostgreSQL (a throwaway cluster), and a W1 job's payload in the fleet
+# store (docs/PERF.md "The fleet store").
+bench-fleet: configure py-venv
+	$(BUILD_BENCH)
+	@mkdir -p $(BENCH_OUT) $(BENCH_TMP)
+	pg_virtualenv -v 15 $(PY_VENV)/bin/python bench/sweeps/fleet_rate.py \
+	  --bin-dir $(BUILD_DIR)/bin --workdir $(BENCH_TMP) \
+	  --json $(BENCH_OUT)/fleet_rate.json
 
 bench-loopback: configure
 	$(BUILD_BENCH)

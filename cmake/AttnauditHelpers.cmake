@@ -23,13 +23,22 @@ function(attnaudit_cc_library)
   add_library(attnaudit::${A_NAME} ALIAS ${target})
 endfunction()
 
-# attnaudit_cc_test(NAME name SRCS ... DEPS ... [LABELS ...])
+# attnaudit_cc_test(NAME name SRCS ... DEPS ... [LABELS ...] [POSTGRES])
+# POSTGRES: the test runs under pg_virtualenv, in a throwaway PostgreSQL
+# cluster on a free loopback port (PG* variables name it).
 function(attnaudit_cc_test)
-  cmake_parse_arguments(A "" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(A "POSTGRES" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
   add_executable(${A_NAME} ${A_SRCS})
   target_link_libraries(${A_NAME} PRIVATE ${A_DEPS} GTest::gtest GTest::gtest_main)
   target_include_directories(${A_NAME} PRIVATE ${PROJECT_SOURCE_DIR})
-  add_test(NAME ${A_NAME} COMMAND ${A_NAME})
+  if(A_POSTGRES)
+    add_test(NAME ${A_NAME} COMMAND ${ATTNAUDIT_PG_VIRTUALENV} -v 15
+             $<TARGET_FILE:${A_NAME}>)
+    # pg_virtualenv's cluster has one name and port: one such test at a time.
+    set_tests_properties(${A_NAME} PROPERTIES RESOURCE_LOCK pg_virtualenv)
+  else()
+    add_test(NAME ${A_NAME} COMMAND ${A_NAME})
+  endif()
   if(A_LABELS)
     set_tests_properties(${A_NAME} PROPERTIES LABELS "${A_LABELS}")
   endif()

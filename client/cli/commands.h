@@ -24,6 +24,8 @@ void AddInspectCommand(CLI::App* app, int* exit_code);
 // Against a server (client library): remote_commands.cc adds audit, submit,
 // get, watch, cancel and caps; bench_command.cc the load generator.
 void AddRemoteCommands(CLI::App* app, int* exit_code);
+// list and export (ListResults): list_command.cc.
+void AddListCommands(CLI::App* app, int* exit_code);
 void AddBenchCommand(CLI::App* app, int* exit_code);
 
 // Adds subcommand `name` whose callback stores run(options) in *exit_code.

@@ -31,7 +31,8 @@ absl::Status ToAbsl(const grpc::Status& status,
   if (status.ok()) return absl::OkStatus();
   absl::Status out(static_cast<absl::StatusCode>(status.error_code()),
                    status.error_message());
-  if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+  if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+      status.error_code() == grpc::StatusCode::UNAVAILABLE) {
     const auto& trailers = context.GetServerTrailingMetadata();
     auto it = trailers.find("retry-after-ms");
     if (it != trailers.end()) {
@@ -90,6 +91,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   args.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<int64_t>(options.max_receive_message_bytes, INT32_MAX)));
   args.SetMaxSendMessageSize(-1);  // the server enforces its own limit
+  // A fleet's address resolves to several replicas (dns:///NAME:PORT of a
+  // headless Service, or an ipv4:A,B list): spread the calls over all of
+  // them. One address: the same as gRPC's default pick_first.
+  args.SetLoadBalancingPolicyName("round_robin");
   if (!options.tls_server_name.empty()) {
     args.SetSslTargetNameOverride(options.tls_server_name);
   }
@@ -272,14 +277,26 @@ absl::StatusOr<v1::JobState> Client::Cancel(const std::string& job_id) {
   return response->state();
 }
 
+absl::StatusOr<v1::ListResultsResponse> Client::ListResults(
+    const v1::ListResultsRequest& request) {
+  return Unary(&v1::AuditService::Stub::ListResults, request, std::nullopt);
+}
+
 absl::Status Client::Watch(
     const v1::ResultFilter& filter,
     const std::function<bool(const v1::JobResult&)>& on_result,
     absl::Duration duration) {
-  grpc::ClientContext context;
-  Prepare(&context, duration);
   v1::WatchResultsRequest request;
   *request.mutable_filter() = filter;
+  return Watch(request, on_result, duration);
+}
+
+absl::Status Client::Watch(
+    const v1::WatchResultsRequest& request,
+    const std::function<bool(const v1::JobResult&)>& on_result,
+    absl::Duration duration) {
+  grpc::ClientContext context;
+  Prepare(&context, duration);
   std::unique_ptr<grpc::ClientReader<v1::JobResult>> reader =
       stub_->WatchResults(&context, request);
   v1::JobResult result;

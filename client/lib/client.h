@@ -43,7 +43,10 @@ class Channel;
 namespace attnaudit::client {
 
 struct ClientOptions {
-  std::string address = "localhost:50051";  // HOST:PORT
+  // HOST:PORT, or any gRPC target; calls are balanced round-robin over
+  // every address it resolves to (a fleet: dns:///NAME:PORT of a headless
+  // Service, or ipv4:IP:PORT,IP:PORT).
+  std::string address = "localhost:50051";
   // TLS: on when `tls` or any of the files is set. ca: PEM roots that sign
   // the server's certificate (empty: the system roots). cert/key: the
   // client's certificate for mTLS. server_name: override the name checked
@@ -127,6 +130,14 @@ class Client {
   absl::Status Watch(const v1::ResultFilter& filter,
                      const std::function<bool(const v1::JobResult&)>& on_result,
                      absl::Duration duration = absl::InfiniteDuration());
+  // The same with a whole request (resume_after: continue after the last
+  // cursor a previous watch saw, on any replica of a fleet).
+  absl::Status Watch(const v1::WatchResultsRequest& request,
+                     const std::function<bool(const v1::JobResult&)>& on_result,
+                     absl::Duration duration = absl::InfiniteDuration());
+  // One page of stored results (ListResults).
+  absl::StatusOr<v1::ListResultsResponse> ListResults(
+      const v1::ListResultsRequest& request);
 
   // Blocks until the channel is connected or `timeout` passes.
   bool WaitForConnected(absl::Duration timeout);

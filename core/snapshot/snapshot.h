@@ -167,6 +167,7 @@ struct Labels {
   std::string backend;  // the engine's attention backend, e.g. "flashinfer"
   int64_t step = -1;
   std::vector<std::string> request_ids;  // [B] or empty
+  std::string run;  // the rollout / training run, e.g. a W&B run name
 };
 
 enum class SlidingWindowConvention : int {

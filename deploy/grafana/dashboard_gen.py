@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""Generates deploy/grafana/dashboards/attnaudit.json (the on-call dashboard).
+"""Generates the Grafana dashboards under deploy/grafana/dashboards/:
+attnaudit.json (the on-call dashboard, Prometheus) and attnaudit-store.json
+(the audits of a fleet's PostgreSQL store, one row per job).
 
-    python3 deploy/grafana/dashboard_gen.py          # rewrite the JSON
-    python3 deploy/grafana/dashboard_gen.py --check  # exit 1 if it is stale
+    python3 deploy/grafana/dashboard_gen.py          # rewrite both JSONs
+    python3 deploy/grafana/dashboard_gen.py --check  # exit 1 if one is stale
 
 The JSON is committed (Grafana provisions it as-is); edit this file, not the
 JSON. Standard library only. tests/deploy/check_deploy.sh runs --check and
-lints every expression against server/metrics/metrics.h.
+lints every PromQL expression against server/metrics/metrics.h;
+tests/deploy/store_panels_test.py runs every SQL panel against a
+PostgreSQL holding known rows.
 
-Layout, top to bottom (what you need first at 3 a.m. is at the top):
+attnaudit.json, top to bottom (what you need first at 3 a.m. is at the top):
   Overview   DRIFT / INVALID fraction, audits/s, rejections/s, queue fill,
              targets down; verdicts, rejections by reason, queue depth,
              in-flight and devices over time
@@ -24,8 +28,19 @@ variables. The job variable lists only jobs that export attnaudit metrics
 count their targets.
 
 Future panels (once the server reports them): context-parallel ranks (per
-rank drift of the merged partial states) and diagnoses (the localised
-logical block / engine page). Neither exists in the metrics yet.
+rank drift of the merged partial states). Diagnoses are not metrics: the
+store dashboard shows them from the job rows.
+
+attnaudit-store.json reads the table attnaudit_jobs of `--store
+postgresql://...` through the datasource uid attnaudit-store
+(provisioning/datasources/attnaudit-store.yml), terminal rows only (state
+DONE, FAILED or CANCELLED), filtered by the `tenant` and `model` variables:
+  Latest DRIFT audits, DRIFT by layer over time, DRIFT by layer over steps,
+  Verdicts per replica, Diagnoses (last 24h).
+Grafana expands its SQL macros with a regex whose argument stops at the
+first ")": `$__timeFilter(to_timestamp(finished_us / 1e6))` would become
+`to_timestamp(finished_us / 1e6 BETWEEN ... )`. So every panel reads a
+subquery that names the timestamp (`finished`) and passes the bare column.
 """
 import json
 import os
@@ -33,8 +48,16 @@ import sys
 
 DATASOURCE_UID = "attnaudit-prometheus"
 DS = {"type": "prometheus", "uid": "${datasource}"}
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dashboards",
-                   "attnaudit.json")
+DASHBOARDS = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                          "dashboards")
+OUT = os.path.join(DASHBOARDS, "attnaudit.json")
+OUT_STORE = os.path.join(DASHBOARDS, "attnaudit-store.json")
+
+# The store dashboard's datasource: Grafana's core PostgreSQL plugin (its id
+# since Grafana 10.3; "postgres" is an alias) and the provisioned uid.
+STORE_DS_TYPE = "grafana-postgresql-datasource"
+STORE_DS_UID = "attnaudit-store"
+STORE_DS = {"type": STORE_DS_TYPE, "uid": "${datasource}"}
 
 # Label matchers shared by every query.
 SEL = 'job=~"$job",instance=~"$instance"'
@@ -435,7 +458,14 @@ def templating():
     ]}
 
 
+def reset_layout():
+    global L, PANELS
+    L = Layout()
+    PANELS = []
+
+
 def dashboard():
+    reset_layout()
     build_panels()
     return {
         "uid": "attnaudit-overview",
@@ -465,27 +495,292 @@ def dashboard():
     }
 
 
+# ------------------------------------------------------------ store ----
+# attnaudit-store.json: SQL over the PostgreSQL store of a fleet
+# (server/store/postgres_job_store.cc, table attnaudit_jobs). The columns
+# used: state, verdict (1 PASS, 2 DRIFT, 3 INVALID; DONE rows only), model,
+# layer (-1: not labelled), engine, backend, step (-1: not labelled), run,
+# diagnosis (the top hypothesis of a DRIFT, "" when none), replica, tenant,
+# job_id, finished_us (microseconds since the epoch).
+
+# Terminal rows with their finish time as a timestamp. A column, not an
+# expression, goes into $__timeFilter(): Grafana's macro regex ends the
+# argument at the first ")". (The filter on to_timestamp() cannot use the
+# index on finished_us; at the default --retention-count of 100000 rows a
+# scan takes milliseconds.)
+STORE_JOBS = ("(SELECT *, to_timestamp(finished_us / 1e6) AS finished\n"
+              "      FROM attnaudit_jobs\n"
+              "      WHERE state IN ('DONE', 'FAILED', 'CANCELLED')) AS j")
+# The `tenant` and `model` variables' "All" is this literal (Grafana inserts
+# a custom allValue unquoted), so All also matches values that appeared
+# after the variable's options were loaded; a selection is a quoted list.
+STORE_ALL = "'__all__'"
+
+
+def store_var_match(column, var):
+    return "(%s IN ($%s) OR %s IN ($%s))" % (STORE_ALL, var, column, var)
+
+
+STORE_WHERE = ("$__timeFilter(finished)\n  AND %s\n  AND %s"
+               % (store_var_match("tenant", "tenant"),
+                  store_var_match("model", "model")))
+STORE_DRIFT = "state = 'DONE' AND verdict = 2"
+LATEST_DRIFT_LIMIT = 100
+LAYER_LABEL = "CASE WHEN layer < 0 THEN 'no layer' ELSE 'layer ' || layer END"
+
+
+def sql_target(sql, fmt="table"):
+    return {"datasource": STORE_DS, "refId": "A", "editorMode": "code",
+            "format": fmt, "rawQuery": True, "rawSql": sql}
+
+
+def sql_panel(kind, title, description, sql, w, h, fmt="table", unit="none",
+              options=None, field_config=None, **extra):
+    defaults = {"unit": unit}
+    defaults.update(field_config or {})
+    p = {"type": kind, "title": title, "description": description,
+         "id": L.id(), "gridPos": L.place(w, h), "datasource": STORE_DS,
+         "targets": [sql_target(sql, fmt)],
+         "fieldConfig": {"defaults": defaults, "overrides": []},
+         "options": options or {}}
+    p.update(extra)
+    PANELS.append(p)
+
+
+def build_store_panels():
+    sql_panel(
+        "table", "Latest DRIFT audits",
+        "The newest audits whose verdict is DRIFT (at most %d), from every "
+        "replica of the fleet: when the result was committed, the snapshot's "
+        "labels (layer and step -1: not labelled), the top diagnosis "
+        "hypothesis (empty: none; 'unexplained': no known bug fits) and the "
+        "replica that ran it. `attnaudit get JOB --json` on any replica "
+        "shows the whole report." % LATEST_DRIFT_LIMIT,
+        "SELECT finished, model, layer,\n"
+        "       concat_ws('/', NULLIF(engine, ''), NULLIF(backend, ''))"
+        " AS \"engine/backend\",\n"
+        "       step, run, diagnosis, replica, tenant, job_id\n"
+        "FROM %s\n"
+        "WHERE %s\n  AND %s\n"
+        "ORDER BY finished_us DESC, job_id DESC\n"
+        "LIMIT %d" % (STORE_JOBS, STORE_DRIFT, STORE_WHERE,
+                      LATEST_DRIFT_LIMIT),
+        w=24, h=10,
+        options={"showHeader": True, "cellHeight": "sm",
+                 "footer": {"show": False, "reducer": ["sum"],
+                            "countRows": False, "fields": ""}},
+        field_config={"custom": {"align": "auto", "filterable": True}},
+    )
+    L.newline()
+    sql_panel(
+        "timeseries", "DRIFT by layer over time",
+        "DRIFT verdicts per layer, counted per time bucket ($__interval, "
+        "by finish time), all selected tenants and models. One layer "
+        "rising alone points at that layer's kernel path or its KV pages; "
+        "all layers at once at something shared (RoPE, the cache, a merge).",
+        "SELECT $__timeGroupAlias(finished, $__interval),\n"
+        "       %s AS metric,\n"
+        "       count(*) AS drift\n"
+        "FROM %s\n"
+        "WHERE %s\n  AND %s\n"
+        "GROUP BY 1, 2\n"
+        "ORDER BY 1, 2" % (LAYER_LABEL, STORE_JOBS, STORE_DRIFT, STORE_WHERE),
+        w=12, h=9, fmt="time_series", unit="short",
+        field_config={"min": 0, "decimals": 0,
+                      "color": {"mode": "palette-classic"},
+                      "custom": {"drawStyle": "bars", "fillOpacity": 60,
+                                 "lineWidth": 1, "showPoints": "never",
+                                 "stacking": {"mode": "normal",
+                                              "group": "A"}}},
+        options={"legend": {"displayMode": "table", "placement": "right",
+                            "calcs": ["sum"], "showLegend": True},
+                 "tooltip": {"mode": "multi", "sort": "desc"}},
+    )
+    sql_panel(
+        "table", "DRIFT by layer over steps",
+        "DRIFT verdicts per training step (rows, newest first) and layer "
+        "(columns) over the time range: a matrix of where in the run and "
+        "where in the model the engine drifted. Runs and models of the "
+        "selection are added together; pick one model to read one run's "
+        "layers. Step -1: snapshots without a step label.",
+        "SELECT step, %s AS layer, count(*) AS drift\n"
+        "FROM %s\n"
+        "WHERE %s\n  AND %s\n"
+        "GROUP BY step, j.layer\n"
+        "ORDER BY step DESC, j.layer" % (LAYER_LABEL, STORE_JOBS,
+                                         STORE_DRIFT, STORE_WHERE),
+        w=12, h=9,
+        options={"showHeader": True, "cellHeight": "sm"},
+        field_config={"custom": {"align": "center",
+                                 "cellOptions": {"type": "color-background",
+                                                 "mode": "basic"}},
+                      "color": {"mode": "thresholds"},
+                      "thresholds": thresholds((1, "orange"), (5, "red"))},
+        transformations=[{"id": "groupingToMatrix", "options": {
+            "rowField": "step", "columnField": "layer",
+            "valueField": "drift"}}],
+    )
+    L.newline()
+    sql_panel(
+        "barchart", "Verdicts per replica",
+        "Finished jobs per replica over the time range: PASS, DRIFT and "
+        "INVALID verdicts, FAILED (internal error) and CANCELLED jobs. A "
+        "replica with far more FAILED than its peers has a local problem "
+        "(device, disk); DRIFT spread over every replica is about the "
+        "engines, not the service.",
+        "SELECT CASE WHEN replica = '' THEN '(unknown)' ELSE replica END"
+        " AS replica,\n"
+        "       count(*) FILTER (WHERE state = 'DONE' AND verdict = 1)"
+        " AS \"PASS\",\n"
+        "       count(*) FILTER (WHERE state = 'DONE' AND verdict = 2)"
+        " AS \"DRIFT\",\n"
+        "       count(*) FILTER (WHERE state = 'DONE' AND verdict = 3)"
+        " AS \"INVALID\",\n"
+        "       count(*) FILTER (WHERE state = 'FAILED') AS \"FAILED\",\n"
+        "       count(*) FILTER (WHERE state = 'CANCELLED')"
+        " AS \"CANCELLED\"\n"
+        "FROM %s\n"
+        "WHERE %s\n"
+        "GROUP BY 1\n"
+        "ORDER BY 1" % (STORE_JOBS, STORE_WHERE),
+        w=12, h=9, unit="short",
+        options={"orientation": "horizontal", "stacking": "normal",
+                 "xField": "replica", "showValue": "auto",
+                 "barWidth": 0.8, "groupWidth": 0.7,
+                 "legend": {"displayMode": "list", "placement": "bottom",
+                            "showLegend": True},
+                 "tooltip": {"mode": "multi", "sort": "none"}},
+        field_config={"min": 0, "color": {"mode": "palette-classic"},
+                      "custom": {"fillOpacity": 80, "lineWidth": 1}},
+    )
+    PANELS[-1]["fieldConfig"]["overrides"] = [
+        color_override("PASS", "green"), color_override("DRIFT", "orange"),
+        color_override("INVALID", "red"), color_override("FAILED", "purple"),
+        color_override("CANCELLED", "text")]
+    sql_panel(
+        "bargauge", "Diagnoses (last 24h)",
+        "DRIFT verdicts of the last 24 hours (whatever the dashboard's "
+        "range) by their top diagnosis hypothesis: the known engine bug "
+        "that explains the drift (stale-page, rope-offset, lse-base2, ...), "
+        "'unexplained' when none does, '(none)' when the audit made no "
+        "diagnosis. One class dominating names the bug to look for.",
+        "SELECT CASE WHEN diagnosis = '' THEN '(none)' ELSE diagnosis END"
+        " AS diagnosis,\n"
+        "       count(*) AS drift\n"
+        "FROM %s\n"
+        "WHERE %s\n  AND %s\n"
+        "GROUP BY 1\n"
+        "ORDER BY 2 DESC, 1" % (STORE_JOBS, STORE_DRIFT, STORE_WHERE),
+        w=12, h=9, unit="short",
+        options={"orientation": "horizontal", "displayMode": "basic",
+                 "showUnfilled": True, "valueMode": "color",
+                 "reduceOptions": {"calcs": ["lastNotNull"], "fields": "",
+                                   "values": True}},
+        field_config={"min": 0, "decimals": 0,
+                      "color": {"mode": "fixed", "fixedColor": "orange"},
+                      "thresholds": thresholds()},
+        timeFrom="24h",
+    )
+
+
+def store_query_var(name, label, sql):
+    return {"name": name, "label": label, "type": "query",
+            "datasource": STORE_DS, "definition": sql, "query": sql,
+            "refresh": 1, "regex": "", "sort": 1, "multi": True,
+            "includeAll": True, "allValue": STORE_ALL, "hide": 0,
+            "current": {"selected": True, "text": ["All"],
+                        "value": ["$__all"]},
+            "options": []}
+
+
+def store_templating():
+    terminal = "state IN ('DONE', 'FAILED', 'CANCELLED')"
+    return {"list": [
+        {"name": "datasource", "label": "Store", "type": "datasource",
+         "query": STORE_DS_TYPE, "regex": "", "hide": 0, "refresh": 1,
+         "includeAll": False, "multi": False,
+         "current": {"selected": True, "text": "attnaudit store",
+                     "value": STORE_DS_UID},
+         "options": []},
+        store_query_var(
+            "tenant", "Tenant",
+            "SELECT DISTINCT tenant FROM attnaudit_jobs WHERE %s ORDER BY 1"
+            % terminal),
+        store_query_var(
+            "model", "Model",
+            "SELECT DISTINCT model FROM attnaudit_jobs WHERE %s "
+            "AND model <> '' AND %s ORDER BY 1"
+            % (terminal, store_var_match("tenant", "tenant"))),
+    ]}
+
+
+def store_dashboard():
+    reset_layout()
+    build_store_panels()
+    return {
+        "uid": "attnaudit-store",
+        "title": "attnaudit store",
+        "description": "The audits a fleet of attnaudit-server replicas "
+                       "stored in PostgreSQL (--store postgresql://...): "
+                       "latest DRIFT verdicts with their labels and "
+                       "diagnosis, DRIFT by layer, verdicts per replica. "
+                       "docs/DEPLOYMENT.md, 'A fleet on PostgreSQL'.",
+        "tags": ["attnaudit"],
+        "editable": False,
+        "graphTooltip": 1,
+        "timezone": "browser",
+        "refresh": "1m",
+        "schemaVersion": 39,
+        "version": 1,
+        # The default --retention-age: everything the store still holds.
+        "time": {"from": "now-7d", "to": "now"},
+        "timepicker": {},
+        "fiscalYearStartMonth": 0,
+        "liveNow": False,
+        "links": [{"title": "attnaudit", "type": "link", "icon": "dashboard",
+                   "url": "/d/attnaudit-overview", "keepTime": True,
+                   "includeVars": False, "asDropdown": False,
+                   "targetBlank": False, "tags": [], "tooltip": ""}],
+        "annotations": {"list": [{
+            "builtIn": 1, "datasource": {"type": "grafana",
+                                         "uid": "-- Grafana --"},
+            "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
+            "name": "Annotations & Alerts", "type": "dashboard"}]},
+        "templating": store_templating(),
+        "panels": PANELS,
+    }
+
+
 def render():
-    return json.dumps(dashboard(), indent=2, sort_keys=False) + "\n"
+    """{path: JSON text} of every dashboard."""
+    out = {}
+    for path, build in ((OUT, dashboard), (OUT_STORE, store_dashboard)):
+        out[path] = json.dumps(build(), indent=2, sort_keys=False) + "\n"
+    return out
 
 
 def main(argv):
-    text = render()
+    texts = render()
     if "--check" in argv:
-        try:
-            with open(OUT, encoding="utf-8") as f:
-                current = f.read()
-        except OSError as e:
-            print("dashboard_gen: cannot read %s: %s" % (OUT, e))
-            return 1
-        if current != text:
-            print("dashboard_gen: %s is stale; run "
-                  "python3 deploy/grafana/dashboard_gen.py" % OUT)
-            return 1
-        return 0
-    with open(OUT, "w", encoding="utf-8") as f:
-        f.write(text)
-    print("wrote %s (%d panels)" % (OUT, len(PANELS)))
+        stale = 0
+        for path, text in texts.items():
+            try:
+                with open(path, encoding="utf-8") as f:
+                    current = f.read()
+            except OSError as e:
+                print("dashboard_gen: cannot read %s: %s" % (path, e))
+                stale += 1
+                continue
+            if current != text:
+                print("dashboard_gen: %s is stale; run "
+                      "python3 deploy/grafana/dashboard_gen.py" % path)
+                stale += 1
+        return 1 if stale else 0
+    for path, text in texts.items():
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        print("wrote %s (%d panels)" % (path,
+                                        len(json.loads(text)["panels"])))
     return 0
 
 

@@ -59,6 +59,7 @@ void EncodeLabels(const Labels& labels, v1::Labels* m) {
   m->set_backend(labels.backend);
   if (labels.step >= 0) m->set_step(labels.step);
   for (const std::string& id : labels.request_ids) m->add_request_ids(id);
+  m->set_run(labels.run);
 }
 
 void DecodeLabels(const v1::Labels& m, Labels* labels) {
@@ -68,6 +69,7 @@ void DecodeLabels(const v1::Labels& m, Labels* labels) {
   labels->backend = m.backend();
   labels->step = m.has_step() ? m.step() : -1;
   labels->request_ids.assign(m.request_ids().begin(), m.request_ids().end());
+  labels->run = m.run();
 }
 
 }  // namespace codec_internal

@@ -39,6 +39,10 @@ AuditServerOptions ToOptions(const ServerFlags& f) {
   o.listen = f.listen;
   o.metrics_listen = f.metrics_listen;
   o.data_dir = f.data_dir;
+  o.store_url = f.store;
+  o.replica_id = f.replica_id;
+  o.store_audit_results = f.store_audit_results;
+  o.fleet_lease = f.fleet_lease;
   o.cpu_workers = static_cast<int>(f.cpu_workers);
   o.threads_per_job = static_cast<int>(f.threads_per_job);
   // ParseServerFlags has checked the syntax.

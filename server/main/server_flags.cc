@@ -24,6 +24,20 @@ ABSL_FLAG(std::string, metrics_listen, "localhost:9464",
           "Prometheus /metrics address HOST:PORT (\"\" disables it)");
 ABSL_FLAG(std::string, data_dir, "./var/attnaudit",
           "spool and result store directory");
+ABSL_FLAG(std::string, store, "sqlite",
+          "where jobs and results live: sqlite (<data-dir>/results.db, one "
+          "process) or postgresql://USER[:PASSWORD]@HOST:PORT/DB[?PARAMS] "
+          "(a fleet of replicas sharing one PostgreSQL database)");
+ABSL_FLAG(bool, store_audit_results, true,
+          "store Audit/AuditStream results like Submit's (GetResult, "
+          "ListResults, resumable watches); false: only stream them to "
+          "watchers");
+ABSL_FLAG(FlagDuration, fleet_lease, FlagDuration{absl::Seconds(15)},
+          "with a postgresql:// store: a replica silent this long is gone, "
+          "and another takes over its unfinished jobs");
+ABSL_FLAG(std::string, replica_id, "",
+          "this replica's name in a fleet, stored as the owner of the jobs "
+          "it accepts and shown in results (default: the host name)");
 // Execution.
 ABSL_FLAG(int64_t, cpu_workers, 0,
           "concurrent CPU audit jobs (0: one per 16 cores, or cores / "
@@ -140,6 +154,10 @@ const std::vector<absl::string_view>& FlagNames() {
       absl::GetFlagReflectionHandle(FLAGS_listen).Name(),
       absl::GetFlagReflectionHandle(FLAGS_metrics_listen).Name(),
       absl::GetFlagReflectionHandle(FLAGS_data_dir).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_store).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_replica_id).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_store_audit_results).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_fleet_lease).Name(),
       absl::GetFlagReflectionHandle(FLAGS_cpu_workers).Name(),
       absl::GetFlagReflectionHandle(FLAGS_threads_per_job).Name(),
       absl::GetFlagReflectionHandle(FLAGS_devices).Name(),
@@ -266,6 +284,10 @@ ServerFlags ReadFlags() {
   f.listen = absl::GetFlag(FLAGS_listen);
   f.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   f.data_dir = absl::GetFlag(FLAGS_data_dir);
+  f.store = absl::GetFlag(FLAGS_store);
+  f.replica_id = absl::GetFlag(FLAGS_replica_id);
+  f.store_audit_results = absl::GetFlag(FLAGS_store_audit_results);
+  f.fleet_lease = absl::GetFlag(FLAGS_fleet_lease).value;
   f.cpu_workers = absl::GetFlag(FLAGS_cpu_workers);
   f.threads_per_job = absl::GetFlag(FLAGS_threads_per_job);
   f.devices = absl::GetFlag(FLAGS_devices);
@@ -369,6 +391,17 @@ absl::Status CheckCombinations(const ServerFlags& f) {
   }
   if (f.listen.empty()) return FlagError("listen", "must not be empty");
   if (f.data_dir.empty()) return FlagError("data-dir", "must not be empty");
+  if (f.store != "sqlite" && !absl::StartsWith(f.store, "postgresql://") &&
+      !absl::StartsWith(f.store, "postgres://")) {
+    return FlagError("store",
+                     "must be sqlite or a postgresql://USER@HOST:PORT/DB URL");
+  }
+  if (f.fleet_lease < absl::Seconds(1)) {
+    return FlagError("fleet-lease", "must be at least 1s");
+  }
+  if (f.replica_id.size() > 128) {
+    return FlagError("replica-id", "at most 128 characters");
+  }
   return absl::OkStatus();
 }
 

@@ -32,6 +32,10 @@ struct ServerFlags {
   std::string listen;
   std::string metrics_listen;
   std::string data_dir;
+  std::string store;       // "sqlite" or a postgresql:// URL
+  std::string replica_id;  // "": the host name
+  bool store_audit_results = true;
+  absl::Duration fleet_lease = absl::Seconds(15);
 
   // Execution. 0 means "derived from the machine" (see --help).
   int64_t cpu_workers = 0;

@@ -75,7 +75,7 @@ constexpr const char* kOutcomeNames[kNumOutcomes] = {
 constexpr Verdict kVerdicts[] = {Verdict::kPass, Verdict::kDrift,
                                  Verdict::kInvalid};
 constexpr const char* kTruncatedLabelNames[] = {"model", "engine", "backend",
-                                                "request_id"};
+                                                "request_id", "run"};
 constexpr const char* kCallEndNames[] = {"credentials", "upload_idle"};
 
 const Histogram::BucketBoundaries& SecondsBuckets() {
@@ -256,6 +256,17 @@ void Metrics::Impl::RegisterJobs(prometheus::Registry& r) {
   for (size_t i = 0; i < calls_ended.size(); ++i) {
     calls_ended[i] = &ended.Add({{"reason", kCallEndNames[i]}});
   }
+  store_up = &GaugeFamily(r, "attnaudit_store_up",
+                          "1 while the job store answers (its result feed "
+                          "is read at least every 200 ms), 0 while it does "
+                          "not.")
+                  .Add({});
+  store_up->Set(1);
+  jobs_taken_over =
+      &CounterFamily(r, "attnaudit_fleet_jobs_taken_over_total",
+                     "Unfinished jobs of a replica that was gone (or "
+                     "drained) that this replica claimed and ran.")
+           .Add({});
   auto& rejection_family = CounterFamily(r, "attnaudit_rejections_total",
                                          "Requests refused, by reason.");
   for (int i = 0; i < kNumRejectReasons; ++i) {
@@ -484,6 +495,12 @@ void Metrics::CountTruncatedLabel(absl::string_view label, int64_t n) {
       impl_->labels_truncated[i]->Increment(static_cast<double>(n));
     }
   }
+}
+
+void Metrics::SetStoreUp(bool up) { impl_->store_up->Set(up ? 1 : 0); }
+
+void Metrics::CountJobsTakenOver(int64_t n) {
+  if (n > 0) impl_->jobs_taken_over->Increment(static_cast<double>(n));
 }
 
 void Metrics::CountCallsEnded(CallEnd why, int64_t n) {

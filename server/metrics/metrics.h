@@ -46,7 +46,12 @@
 //       checks of reports (docs/NUMERICS.md "RoPE checks"); check: q, k,
 //       table; verdict: PASS, DRIFT
 //   attnaudit_labels_truncated_total{label}            counter; label: model,
-//       engine, backend, request_id (values cut at the RPC layer's bound)
+//       engine, backend, request_id, run (values cut at the RPC layer's
+//       bound)
+//   attnaudit_store_up                                 gauge: 1 while the
+//       job store answers the result feed's reads, 0 while it does not
+//   attnaudit_fleet_jobs_taken_over_total              counter: jobs of a
+//       gone (or drained) replica that this one claimed
 //   attnaudit_calls_ended_total{reason}                counter; reason:
 //       credentials (a token file reload revoked or changed the call's
 //       principal), upload_idle (an AuditStream upload went silent)
@@ -155,6 +160,8 @@ class Metrics {
   // Calls the server ended while they were open (server/rpc/open_calls.h).
   enum class CallEnd { kCredentials = 0, kUploadIdle = 1 };
   void CountCallsEnded(CallEnd why, int64_t n = 1);
+  void SetStoreUp(bool up);
+  void CountJobsTakenOver(int64_t n = 1);
   void SetQueueDepth(PriorityClass c, int64_t depth);
   void SetQueuedBytes(int64_t bytes);
   void SetInFlight(int64_t jobs);

@@ -84,9 +84,11 @@ struct Metrics::Impl {
       jobs_completed{};
   prometheus::Counter* received_bytes = nullptr;
   // attnaudit_labels_truncated_total, in kTruncatedLabelNames order.
-  std::array<prometheus::Counter*, 4> labels_truncated{};
+  std::array<prometheus::Counter*, 5> labels_truncated{};
   // attnaudit_calls_ended_total, by Metrics::CallEnd.
   std::array<prometheus::Counter*, 2> calls_ended{};
+  prometheus::Gauge* store_up = nullptr;
+  prometheus::Counter* jobs_taken_over = nullptr;
   std::array<prometheus::Counter*, kNumRejectReasons> rejections{};
   prometheus::Gauge* inflight = nullptr;
   prometheus::Family<prometheus::Gauge>* devices = nullptr;

@@ -269,34 +269,41 @@ namespace rpc_internal {
 namespace {
 
 // The end of an interactive job: the call's answer (the report, or the
-// error; an INVALID verdict is INVALID_ARGUMENT naming the field) and, when
-// someone watches, the published result.
+// error; an INVALID verdict is INVALID_ARGUMENT naming the field).
 grpc::Status FinishInteractive(AuditServiceImpl* svc, const JobOutcome& outcome,
-                               const Labels& labels, absl::Time submitted,
-                               absl::Time started,
                                v1::AuditResponse* response) {
-  grpc::Status status;
-  if (!outcome.status.ok()) {
-    status = ToGrpcStatus(outcome.status);
-  } else if (outcome.report.verdict == Verdict::kInvalid) {
+  if (!outcome.status.ok()) return ToGrpcStatus(outcome.status);
+  if (outcome.report.verdict == Verdict::kInvalid) {
     svc->metrics()->CountInvalidInput(Metrics::InvalidInput::kAuditVerdict);
-    status =
-        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                     absl::StrCat("snapshot.", outcome.report.invalid_reason));
-  } else {
-    ReportToProto(outcome.report, response->mutable_report());
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("snapshot.", outcome.report.invalid_reason));
+  }
+  ReportToProto(outcome.report, response->mutable_report());
+  response->set_job_id(outcome.job_id);
+  return grpc::Status::OK;
+}
+
+// After the answer: an interactive job's result is stored like a
+// Submit's (so GetResult, ListResults and the watchers' feed have it),
+// unless --store-audit-results=false or the store refuses it; then it is
+// only published to the current watchers. Not retried: the caller already
+// has the report.
+void RecordInteractive(AuditServiceImpl* svc, ResultRecord record) {
+  if (svc->options().store_audit_results) {
+    record.replica = svc->options().replica_id;
+    absl::StatusOr<bool> put = svc->store()->PutResult(record);
+    if (put.ok()) {
+      svc->feed()->Wake();
+      return;
+    }
+    ATTNAUDIT_LOG(warn, "result store refused an Audit result; published only")
+        .Kv("job_id", record.job_id)
+        .Kv("status", put.status());
   }
   if (svc->watch_hub()->HasWatchers()) {
-    v1::JobResult result =
-        OutcomeToJobResult(outcome, labels, submitted, started);
-    if (response->has_report()) {
-      *result.mutable_report() = response->report();
-    } else if (outcome.status.ok()) {
-      ReportToProto(outcome.report, result.mutable_report());
-    }
-    PublishResult(svc, std::move(result), outcome.tenant);
+    PublishResult(svc, RecordToJobResult(record), record.tenant);
   }
-  return status;
 }
 
 }  // namespace
@@ -336,7 +343,6 @@ absl::Status AdmitInteractive(AuditServiceImpl* svc, const Principal& principal,
   job->bytes = bytes;
   job->tenant = principal.tenant;
   job->quota = principal.quota;
-  Labels labels = audit.snapshot.labels;
   job->snapshot = std::move(audit.snapshot);
   ApplyServerOptions(*svc, &audit.options);
   job->options = std::move(audit.options);
@@ -347,11 +353,13 @@ absl::Status AdmitInteractive(AuditServiceImpl* svc, const Principal& principal,
   job->on_start = [started](const Job&, absl::string_view) {
     *started = absl::Now();
   };
-  job->on_done = [svc, response, finish = std::move(finish),
-                  labels = std::move(labels), submitted,
+  job->on_done = [svc, response, finish = std::move(finish), submitted,
                   started](const JobOutcome& outcome) {
-    finish(
-        FinishInteractive(svc, outcome, labels, submitted, *started, response));
+    // Built before the answer: the response belongs to the call, which may
+    // be gone once it is answered.
+    ResultRecord record = OutcomeRecord(outcome, submitted, *started);
+    finish(FinishInteractive(svc, outcome, response));
+    RecordInteractive(svc, std::move(record));
   };
   SubmitRejection why;
   absl::Status s = svc->scheduler()->Submit(std::move(job), &why);
@@ -370,7 +378,7 @@ void PublishResult(AuditServiceImpl* svc, v1::JobResult result,
 // ----------------------------------------------------------------
 
 AuditServiceImpl::AuditServiceImpl(ServiceOptions options, Scheduler* scheduler,
-                                   Spool* spool, ResultStore* store,
+                                   Spool* spool, JobStore* store,
                                    Metrics* metrics, BlockingExecutor* executor,
                                    const Authenticator* auth,
                                    JobIdKey job_id_key)
@@ -387,6 +395,11 @@ AuditServiceImpl::AuditServiceImpl(ServiceOptions options, Scheduler* scheduler,
             return rpc_internal::CommitResult(this, rec);
           },
           DurableJobs::Options{}),
+      feed_(
+          store,
+          ResultFeed::Options{options_.feed_poll_interval, /*batch=*/256},
+          [this](const ResultRecord& rec) { OnStoredResult(rec); },
+          [this](bool up) { metrics_->SetStoreUp(up); }),
       uploads_(std::max<int64_t>(1, options_.upload_budget_bytes),
                options_.upload_tenant_share) {
   // Idle uploads are found within a quarter of the timeout (at most 1 s).
@@ -399,6 +412,93 @@ AuditServiceImpl::AuditServiceImpl(ServiceOptions options, Scheduler* scheduler,
 }
 
 AuditServiceImpl::~AuditServiceImpl() = default;
+
+absl::Status AuditServiceImpl::StartFeed() {
+  absl::StatusOr<int64_t> last = store_->LastSeq();
+  if (!last.ok()) return last.status();
+  hub_.SetLastSeq(*last);
+  feed_.Start(*last);
+  if (!store_->shared()) return absl::OkStatus();
+  handoff_ = std::make_unique<FleetHandoff>(
+      store_,
+      FleetHandoff::Options{options_.replica_id, options_.fleet_lease,
+                            /*claims_per_round=*/8},
+      [this](StoredJob job) {
+        metrics_->CountJobsTakenOver();
+        AdoptStoredJob(std::move(job));
+      },
+      [this] { return draining(); });
+  return handoff_->Start();
+}
+
+void AuditServiceImpl::OnStoredResult(const ResultRecord& record) {
+  hub_.Publish(record.seq, record.tenant,
+               [&record] { return rpc_internal::RecordToJobResult(record); });
+  if (!store_->shared()) return;
+  // Another replica cancelled this replica's job, or finished it after
+  // taking it over: stop this copy (its own result would be refused).
+  if (absl::Status s = scheduler_->Cancel(record.job_id); s.ok()) {
+    ATTNAUDIT_LOG(info, "job ended elsewhere in the fleet; stopped here")
+        .Kv("job_id", record.job_id)
+        .Kv("state", JobStateName(record.state));
+  }
+}
+
+void AuditServiceImpl::LoadBacklog(WatchReactor* watcher, int64_t after,
+                                   int64_t until) {
+  if (until - after > kMaxWatchBacklog) {
+    watcher->FailBacklog(grpc::Status(
+        grpc::StatusCode::OUT_OF_RANGE,
+        absl::StrCat("resume_after: ", until - after,
+                     " results were stored since cursor ", after,
+                     ", more than a watch replays (", kMaxWatchBacklog,
+                     "); read them with ListResults, then watch with "
+                     "resume_after ",
+                     until)));
+    return;
+  }
+  const bool posted = executor_->Post([this, watcher, after, until] {
+    std::vector<std::shared_ptr<const PublishedResult>> backlog;
+    int64_t next = after;
+    while (next < until) {
+      absl::StatusOr<std::vector<ResultRecord>> rows = store_->ResultsAfter(
+          next, static_cast<int>(std::min<int64_t>(until - next, 1000)));
+      if (!rows.ok()) {
+        return watcher->FailBacklog(ToGrpcStatus(
+            rpc_internal::StorageError("result store", rows.status())));
+      }
+      for (const ResultRecord& r : *rows) {
+        if (r.seq > until) break;
+        if (r.seq != next + 1) {
+          return watcher->FailBacklog(grpc::Status(
+              grpc::StatusCode::OUT_OF_RANGE,
+              absl::StrCat("resume_after: results after cursor ", next,
+                           " were pruned by the retention policy; read what "
+                           "is left with ListResults, then watch with "
+                           "resume_after ",
+                           until)));
+        }
+        next = r.seq;
+        backlog.push_back(WatchHub::Prepare(rpc_internal::RecordToJobResult(r),
+                                            r.tenant, r.seq));
+      }
+      if (rows->empty()) break;
+    }
+    if (next < until) {
+      return watcher->FailBacklog(
+          grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
+                       absl::StrCat("resume_after: results after cursor ", next,
+                                    " were pruned by the retention policy")));
+    }
+    watcher->DeliverBacklog(backlog);
+  });
+  if (!posted) {
+    watcher->FailBacklog(
+        grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                     "server busy: the watch's backlog could not be read; "
+                     "retry after ~100 ms"));
+  }
+}
 
 void AuditServiceImpl::RecheckOpenCalls() {
   metrics_->CountCallsEnded(Metrics::CallEnd::kCredentials,
@@ -462,9 +562,23 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* AuditServiceImpl::WatchResults(
       .Kv("method", "WatchResults")
       .Kv("peer", context->peer())
       .Kv("tenant", principal->tenant);
-  return new WatchReactor(&hub_, &open_calls_, std::move(filter),
-                          options_.watcher_buffer, *std::move(principal),
-                          rpc_internal::CredentialsOf(*context));
+  absl::optional<int64_t> resume_after;
+  if (req.has_resume_after()) {
+    if (req.resume_after() < 0) {
+      const absl::Status invalid =
+          absl::InvalidArgumentError("resume_after: must not be negative");
+      rpc_internal::CountRefusal(this, invalid,
+                                 Metrics::InvalidInput::kOtherRequest);
+      return new RejectedWatch(ToGrpcStatus(invalid));
+    }
+    resume_after = req.resume_after();
+  }
+  return new WatchReactor(
+      &hub_, &open_calls_, std::move(filter), options_.watcher_buffer,
+      *std::move(principal), rpc_internal::CredentialsOf(*context),
+      resume_after, [this](WatchReactor* w, int64_t after, int64_t until) {
+        LoadBacklog(w, after, until);
+      });
 }
 
 grpc::ServerUnaryReactor* AuditServiceImpl::GetCapabilities(

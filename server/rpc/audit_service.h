@@ -25,8 +25,10 @@
 //                the job id. The job's result is committed to the store
 //                before its spool entry is removed (exactly one result); a
 //                commit that fails is retried (DurableJobs).
-//   GetResult, Cancel   on the executor (SQLite).
-//   WatchResults a WatchHub subscription.
+//   GetResult, Cancel, ListResults   on the executor (the store).
+//   WatchResults a WatchHub subscription, fed by the store's result feed
+//                (result_feed.h): every stored result of every replica
+//                sharing the store, resumable by cursor.
 //   GetCapabilities     answered in the reaction (no I/O).
 //
 // Tenants: every call is authenticated to a Principal (server/auth) and
@@ -70,13 +72,15 @@
 #include "server/metrics/metrics.h"
 #include "server/rpc/blocking_executor.h"
 #include "server/rpc/durable_registry.h"
+#include "server/rpc/fleet_handoff.h"
 #include "server/rpc/job_ids.h"
 #include "server/rpc/open_calls.h"
+#include "server/rpc/result_feed.h"
 #include "server/rpc/upload_ledger.h"
 #include "server/rpc/watch_hub.h"
 #include "server/scheduler/scheduler.h"
 #include "server/spool/spool.h"
-#include "server/store/result_store.h"
+#include "server/store/job_store.h"
 
 namespace attnaudit::server {
 
@@ -116,6 +120,17 @@ struct ServiceOptions {
   std::vector<DeviceDescription> device_descriptions;
   std::string devices_note;
   std::string version = "unknown";
+  // This replica's name (AuditServerOptions::replica_id, resolved): the
+  // owner stored with the jobs it accepts.
+  std::string replica_id;
+  // Audit/AuditStream results are stored like Submit's (GetResult,
+  // ListResults, resumable watches); false: only published to watchers.
+  bool store_audit_results = true;
+  // How often the result feed looks for other replicas' results.
+  absl::Duration feed_poll_interval = absl::Milliseconds(200);
+  // A fleet (shared store): a replica silent this long is gone, and its
+  // unfinished jobs are taken over (fleet_handoff.h).
+  absl::Duration fleet_lease = absl::Seconds(15);
   // Audit reads AuditRequest.snapshot_memfd through these (server/memfd;
   // not owned, outlives the service): null unless --accept-memfd-snapshots.
   MemfdSnapshots* memfd_snapshots = nullptr;
@@ -129,12 +144,13 @@ using RawAuditService = v1::AuditService::WithRawCallbackMethod_Audit<
                 v1::AuditService::WithRawCallbackMethod_WatchResults<
                     v1::AuditService::WithRawCallbackMethod_Cancel<
                         v1::AuditService::WithRawCallbackMethod_GetCapabilities<
-                            v1::AuditService::Service>>>>>>>;
+                            v1::AuditService::WithRawCallbackMethod_ListResults<
+                                v1::AuditService::Service>>>>>>>>;
 
 class AuditServiceImpl final : public RawAuditService {
  public:
   AuditServiceImpl(ServiceOptions options, Scheduler* scheduler, Spool* spool,
-                   ResultStore* store, Metrics* metrics,
+                   JobStore* store, Metrics* metrics,
                    BlockingExecutor* executor, const Authenticator* auth,
                    JobIdKey job_id_key);
   ~AuditServiceImpl() override;
@@ -162,6 +178,9 @@ class AuditServiceImpl final : public RawAuditService {
   grpc::ServerUnaryReactor* GetCapabilities(
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
       grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ListResults(grpc::CallbackServerContext* context,
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
 
   // --- Lifecycle.
   // From now on, calls that would admit work answer UNAVAILABLE.
@@ -179,6 +198,21 @@ class AuditServiceImpl final : public RawAuditService {
   // Stops retrying results the store refused (shutdown); their jobs stay
   // spooled and run again on the next start.
   void StopRetries() { durable_.Shutdown(); }
+  // Starts following the store's result feed (start-up; the store's
+  // error when it cannot be read), and stops it (shutdown, before the
+  // store goes).
+  // In a fleet it also starts the hand-off (first heartbeat).
+  absl::Status StartFeed();
+  void StopFeed() { feed_.Stop(); }
+  // Stops claiming other replicas' jobs; with `retire`, this replica's
+  // unfinished jobs may be claimed at once (after the drain).
+  void StopHandoff(bool retire) {
+    if (handoff_ != nullptr) handoff_->Stop(retire);
+  }
+  // Runs a job another replica accepted (claimed from the store, or this
+  // replica's own whose local spool entry is gone): spools it here and
+  // schedules it as the resume does.
+  void AdoptStoredJob(StoredJob job);
   // The token file was reloaded: every open call re-checks its
   // credentials (open_calls.h).
   void RecheckOpenCalls();
@@ -192,7 +226,7 @@ class AuditServiceImpl final : public RawAuditService {
   const ServiceOptions& options() const { return options_; }
   Scheduler* scheduler() const { return scheduler_; }
   Spool* spool() const { return spool_; }
-  ResultStore* store() const { return store_; }
+  JobStore* store() const { return store_; }
   Metrics* metrics() const { return metrics_; }
   // Null unless the server accepts memfd snapshots.
   MemfdSnapshots* memfd_snapshots() const { return options_.memfd_snapshots; }
@@ -200,6 +234,7 @@ class AuditServiceImpl final : public RawAuditService {
   const Authenticator& auth() const { return *auth_; }
   const JobIdKey& job_id_key() const { return job_id_key_; }
   WatchHub* watch_hub() { return &hub_; }
+  ResultFeed* feed() { return &feed_; }
   DurableJobs* durable() { return &durable_; }
   void CountRequest() { requests_.fetch_add(1, std::memory_order_relaxed); }
   UploadLedger* uploads() { return &uploads_; }
@@ -210,20 +245,31 @@ class AuditServiceImpl final : public RawAuditService {
   void EndIdempotentSubmit(const std::string& job_id);
 
  private:
+  // One result from the feed: to the watchers, and in a fleet, the end of
+  // this replica's copy of a job that another replica finished or
+  // cancelled.
+  void OnStoredResult(const ResultRecord& record);
+  // The stored results (after, until] of a resumed watch, on the executor.
+  void LoadBacklog(WatchReactor* watcher, int64_t after, int64_t until);
+
   ServiceOptions options_;
   Scheduler* const scheduler_;
   Spool* const spool_;
-  ResultStore* const store_;
+  JobStore* const store_;
   Metrics* const metrics_;
   BlockingExecutor* const executor_;
   const Authenticator* const auth_;
   const JobIdKey job_id_key_;
   WatchHub hub_;
   DurableJobs durable_;
+  ResultFeed feed_;
+  std::unique_ptr<FleetHandoff> handoff_;  // fleet only
   UploadLedger uploads_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> requests_{0};
 
+  // Serialises resuming and adopting jobs, so one job is scheduled once.
+  absl::Mutex resume_mu_;
   // Idempotency ids whose Submit is between "not found" and "spooled", so
   // a concurrent retry answers ABORTED instead of racing.
   absl::Mutex submit_mu_;

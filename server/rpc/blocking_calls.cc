@@ -49,7 +49,9 @@ grpc::ServerUnaryReactor* PostBlocking(
        response = std::move(response), response_buffer] {
         absl::Duration retry_after = absl::ZeroDuration();
         absl::Status s = work(caller, &call->log(), &retry_after);
-        if (s.code() == absl::StatusCode::kResourceExhausted) {
+        if (s.code() == absl::StatusCode::kResourceExhausted ||
+            (s.code() == absl::StatusCode::kUnavailable &&
+             retry_after > absl::ZeroDuration())) {
           AddRetryAfter(context, retry_after);
         }
         if (!s.ok()) return call->Done(ToGrpcStatus(s));
@@ -187,14 +189,48 @@ absl::Status SpoolSubmit(AuditServiceImpl* svc, const Principal& caller,
   return StorageError("could not store the job", s);
 }
 
+// Drops the spool entry of a Submit that will not run here.
+void DropSpooled(AuditServiceImpl* svc, const std::string& job_id) {
+  if (absl::Status r = svc->spool()->Remove(job_id); !r.ok()) {
+    ATTNAUDIT_LOG(warn, "spool remove failed")
+        .Kv("job_id", job_id)
+        .Kv("status", r);
+  }
+}
+
 // Step 4: hands the spooled job to the scheduler (dropping the entry if it
 // is refused) and records it QUEUED in the store. The job is registered
 // with DurableJobs first, so it is visible even when the store cannot take
 // the QUEUED row (a full disk).
+//
+// In a fleet the QUEUED row is written first, with the request bytes
+// (`payload`), in one transaction: another replica can then take the job
+// over if this one never comes back, and the row is the claim of an
+// idempotency key -- of two replicas that got the same key at once, the
+// one whose row was created runs the job, the other answers deduplicated.
+// A store that cannot take it fails the Submit (UNAVAILABLE, retry).
 absl::Status ScheduleSubmit(AuditServiceImpl* svc, const Principal& caller,
                             const SubmitPlan& plan, DecodedAudit audit,
+                            absl::string_view payload, bool* deduplicated,
                             absl::Duration* retry_after) {
   const JobLabels labels = JobLabelsOf(audit.snapshot.labels);
+  ResultRecord queued = rpc_internal::QueuedRecord(
+      plan.job_id, caller.tenant, plan.priority, labels, plan.created);
+  queued.replica = svc->options().replica_id;
+  const bool claim = svc->store()->shared();
+  if (claim) {
+    absl::StatusOr<bool> claimed =
+        svc->store()->RecordQueuedWithPayload(queued, plan.deadline, payload);
+    if (!claimed.ok() || !*claimed) DropSpooled(svc, plan.job_id);
+    if (!claimed.ok()) {
+      *retry_after = absl::Seconds(1);
+      return StorageError("result store", claimed.status());
+    }
+    if (!*claimed) {
+      *deduplicated = true;
+      return absl::OkStatus();
+    }
+  }
   SubmitRejection why;
   if (absl::Status s = svc->scheduler()->Submit(
           rpc_internal::MakeDurableJob(
@@ -203,18 +239,14 @@ absl::Status ScheduleSubmit(AuditServiceImpl* svc, const Principal& caller,
           &why);
       !s.ok()) {
     svc->durable()->Forget(plan.job_id);
-    if (absl::Status r = svc->spool()->Remove(plan.job_id); !r.ok()) {
-      ATTNAUDIT_LOG(warn, "spool remove failed")
-          .Kv("job_id", plan.job_id)
-          .Kv("status", r);
-    }
+    DropSpooled(svc, plan.job_id);
+    if (claim) svc->store()->ForgetQueued(plan.job_id).IgnoreError();
     *retry_after = why.retry_after;
     return s;
   }
+  if (claim) return absl::OkStatus();
   // Insert-or-ignore: harmless if the job already finished.
-  absl::StatusOr<bool> recorded =
-      svc->store()->RecordQueued(rpc_internal::QueuedRecord(
-          plan.job_id, caller.tenant, plan.priority, labels, plan.created));
+  absl::StatusOr<bool> recorded = svc->store()->RecordQueued(queued);
   if (!recorded.ok()) {
     ATTNAUDIT_LOG(warn, "result store RecordQueued failed; job stays visible")
         .Kv("job_id", plan.job_id)
@@ -264,10 +296,17 @@ absl::Status DoSubmit(AuditServiceImpl* svc, const Principal& caller,
   ATTNAUDIT_RETURN_IF_ERROR(SpoolSubmit(svc, caller, *plan,
                                         audit.snapshot.labels, payload,
                                         &deduplicated, retry_after));
+  if (deduplicated) {
+    response->set_deduplicated(true);
+    return absl::OkStatus();
+  }
+  // On disk now: free the copy, unless a fleet store keeps it too.
+  if (!svc->store()->shared()) std::string().swap(payload);
+  ATTNAUDIT_RETURN_IF_ERROR(ScheduleSubmit(svc, caller, *plan, std::move(audit),
+                                           payload, &deduplicated,
+                                           retry_after));
   response->set_deduplicated(deduplicated);
-  if (deduplicated) return absl::OkStatus();
-  std::string().swap(payload);  // on disk now; free the copy
-  return ScheduleSubmit(svc, caller, *plan, std::move(audit), retry_after);
+  return absl::OkStatus();
 }
 
 absl::Status UnknownJob(const std::string& job_id) {

@@ -97,14 +97,17 @@ void LabelsToProto(const Labels& labels, v1::Labels* msg) {
   msg->set_backend(labels.backend);
   if (labels.step >= 0) msg->set_step(labels.step);
   for (const std::string& id : labels.request_ids) msg->add_request_ids(id);
+  msg->set_run(labels.run);
 }
 
 JobLabels JobLabelsOf(const Labels& labels) {
-  return JobLabels{labels.model, labels.layer, labels.engine};
+  return JobLabels{labels.model,   labels.layer, labels.engine,
+                   labels.backend, labels.step,  labels.run};
 }
 
 JobLabels JobLabelsOf(const ResultRecord& record) {
-  return JobLabels{record.model, record.layer, record.engine};
+  return JobLabels{record.model,   record.layer, record.engine,
+                   record.backend, record.step,  record.run};
 }
 
 JobLabels JobLabelsOf(const SpoolMetadata& metadata) {
@@ -175,7 +178,12 @@ v1::JobResult RecordToJobResult(const ResultRecord& record) {
     l->set_model(record.model);
     if (record.layer >= 0) l->set_layer(record.layer);
     l->set_engine(record.engine);
+    l->set_backend(record.backend);
+    if (record.step >= 0) l->set_step(record.step);
+    l->set_run(record.run);
   }
+  r.set_cursor(record.seq);
+  r.set_replica(record.replica);
   TimeToProto(record.created, r.mutable_submit_time());
   if (record.started != absl::UnixEpoch()) {
     TimeToProto(record.started, r.mutable_start_time());
@@ -256,6 +264,7 @@ void CountTruncatedLabels(AuditServiceImpl* svc, const LabelTruncations& t) {
   m->CountTruncatedLabel("engine", t.engine);
   m->CountTruncatedLabel("backend", t.backend);
   m->CountTruncatedLabel("request_id", t.request_ids);
+  m->CountTruncatedLabel("run", t.run);
 }
 
 void ApplyServerOptions(const AuditServiceImpl& svc, AuditOptions* options) {

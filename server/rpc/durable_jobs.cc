@@ -28,22 +28,14 @@ namespace {
 
 // Hands a terminal result to DurableJobs, which commits it now (store,
 // then spool entry) and keeps retrying when the store refuses; once the
-// row is new, it is published to the watchers.
-void StoreResult(AuditServiceImpl* svc, ResultRecord rec,
-                 std::function<v1::JobResult()> make_result) {
-  const std::string tenant = rec.tenant;
-  svc->durable()->Finish(std::move(rec),
-                         [svc, tenant, make_result = std::move(make_result)] {
-                           if (svc->watch_hub()->HasWatchers()) {
-                             PublishResult(svc, make_result(), tenant);
-                           }
-                         });
+// row is new, the result feed publishes it to the watchers.
+void StoreResult(AuditServiceImpl* svc, ResultRecord rec) {
+  svc->durable()->Finish(std::move(rec), [svc] { svc->feed()->Wake(); });
 }
 
 // The completion of a durable (Submit or resumed) job.
 void CompleteDurable(AuditServiceImpl* svc, const JobOutcome& outcome,
-                     const Labels& labels, absl::Time created,
-                     absl::Time started) {
+                     absl::Time created, absl::Time started) {
   if (outcome.status.code() == absl::StatusCode::kUnavailable) {
     // Drain or shutdown: not a result. The spool entry stays and the next
     // start resumes the job.
@@ -52,29 +44,36 @@ void CompleteDurable(AuditServiceImpl* svc, const JobOutcome& outcome,
         .Kv("job_id", outcome.job_id);
     return;
   }
-  ResultRecord rec =
-      TerminalRecord(outcome.job_id, outcome.tenant, outcome.priority,
-                     outcome.labels, created, outcome.status);
-  if (outcome.ran && started != absl::InfinitePast()) rec.started = started;
-  auto report = std::make_shared<v1::AuditReport>();
-  if (outcome.status.ok()) {
-    rec.verdict = static_cast<int>(outcome.report.verdict);
-    ReportToProto(outcome.report, report.get());
-    report->SerializeToString(&rec.report);
-  }
-  StoreResult(svc, std::move(rec), [outcome, labels, created, started, report] {
-    v1::JobResult result =
-        OutcomeToJobResult(outcome, labels, created, started);
-    if (outcome.status.ok()) *result.mutable_report() = *report;
-    return result;
-  });
+  StoreResult(svc, OutcomeRecord(outcome, created, started));
 }
 
 }  // namespace
 
+ResultRecord OutcomeRecord(const JobOutcome& outcome, absl::Time created,
+                           absl::Time started) {
+  ResultRecord rec =
+      TerminalRecord(outcome.job_id, outcome.tenant, outcome.priority,
+                     outcome.labels, created, outcome.status);
+  if (outcome.ran && started != absl::InfinitePast()) rec.started = started;
+  if (outcome.status.ok()) {
+    rec.verdict = static_cast<int>(outcome.report.verdict);
+    v1::AuditReport report;
+    ReportToProto(outcome.report, &report);
+    report.SerializeToString(&rec.report);
+    if (!outcome.report.diagnoses.empty()) {
+      rec.diagnosis = outcome.report.diagnoses.front().hypothesis;
+    }
+  }
+  return rec;
+}
+
 absl::StatusOr<bool> CommitResult(AuditServiceImpl* svc,
                                   const ResultRecord& rec) {
-  absl::StatusOr<bool> put = svc->store()->PutResult(rec);
+  // A row the store has already keeps its replica; this one is used only
+  // when the result is the job's first row.
+  ResultRecord owned = rec;
+  if (owned.replica.empty()) owned.replica = svc->options().replica_id;
+  absl::StatusOr<bool> put = svc->store()->PutResult(owned);
   if (!put.ok()) return put.status();
   if (absl::Status s = svc->spool()->Remove(rec.job_id); !s.ok()) {
     // The result is stored: the next start drops the entry unrun.
@@ -115,12 +114,15 @@ ResultRecord QueuedRecord(const std::string& job_id, const std::string& tenant,
   rec.model = labels.model;
   rec.layer = labels.layer;
   rec.engine = labels.engine;
+  rec.backend = labels.backend;
+  rec.step = labels.step;
+  rec.run = labels.run;
   rec.created = created;
   return rec;
 }
 
 void FailSpooledJob(AuditServiceImpl* svc, const ResultRecord& rec) {
-  StoreResult(svc, rec, [rec] { return RecordToJobResult(rec); });
+  StoreResult(svc, rec);
 }
 
 std::unique_ptr<Job> MakeDurableJob(AuditServiceImpl* svc,
@@ -139,7 +141,6 @@ std::unique_ptr<Job> MakeDurableJob(AuditServiceImpl* svc,
   job->bytes = SnapshotTensorBytes(audit.snapshot);
   svc->durable()->Add(
       QueuedRecord(job_id, tenant, priority, job->labels, created));
-  Labels labels = audit.snapshot.labels;
   job->snapshot = std::move(audit.snapshot);
   ApplyServerOptions(*svc, &audit.options);
   job->options = std::move(audit.options);
@@ -155,9 +156,8 @@ std::unique_ptr<Job> MakeDurableJob(AuditServiceImpl* svc,
           .Kv("status", marked.status());
     }
   };
-  job->on_done = [svc, labels = std::move(labels), created,
-                  started](const JobOutcome& outcome) {
-    CompleteDurable(svc, outcome, labels, created, *started);
+  job->on_done = [svc, created, started](const JobOutcome& outcome) {
+    CompleteDurable(svc, outcome, created, *started);
   };
   return job;
 }

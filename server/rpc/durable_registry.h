@@ -32,7 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/optional.h"
-#include "server/store/result_store.h"
+#include "server/store/job_store.h"
 
 namespace attnaudit::server {
 

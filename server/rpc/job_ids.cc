@@ -96,6 +96,23 @@ absl::StatusOr<JobIdKey> JobIdKey::LoadOrCreate(const std::string& data_dir) {
   return JobIdKey(std::move(secret));
 }
 
+absl::StatusOr<JobIdKey> JobIdKey::Shared(JobStore& store) {
+  std::string candidate(kSecretBytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(&candidate[0]),
+                 static_cast<int>(candidate.size())) != 1) {
+    return absl::InternalError("job id key: the random generator failed");
+  }
+  absl::StatusOr<std::string> secret =
+      store.SharedSecret("job-id-key", candidate);
+  if (!secret.ok()) return secret.status();
+  if (secret->size() != kSecretBytes) {
+    return absl::DataLossError(
+        absl::StrCat("job id key: the store's job-id-key holds ",
+                     secret->size(), " bytes, not ", kSecretBytes));
+  }
+  return JobIdKey(*std::move(secret));
+}
+
 std::string JobIdKey::IdempotentJobId(absl::string_view tenant,
                                       absl::string_view key) const {
   // The tenant is length-prefixed so that no (tenant, key) pair can collide

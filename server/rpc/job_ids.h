@@ -14,7 +14,9 @@
 // key of two tenants names two jobs:
 //   JobIdKey::IdempotentJobId("fleet-a", "k1") -> "k" + 32 hex digits
 // The secret is 32 random bytes in <data_dir>/job-id.key (mode 0600),
-// created on first start; moving a data directory moves it along.
+// created on first start; moving a data directory moves it along. A fleet
+// sharing one store shares one secret, kept in the store (Shared), so a
+// retry that reaches another replica names the same job.
 //
 // Thread-safe.
 #ifndef ATTNAUDIT_SERVER_RPC_JOB_IDS_H_
@@ -24,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/store/job_store.h"
 
 namespace attnaudit::server {
 
@@ -36,6 +39,9 @@ class JobIdKey {
   // Reads <data_dir>/job-id.key, creating it (write, fsync, rename) when
   // missing. Errors name the file's role, not its path ("job id key: ...").
   static absl::StatusOr<JobIdKey> LoadOrCreate(const std::string& data_dir);
+  // The fleet's secret: the one in `store`, or a fresh one stored there
+  // when it has none yet (the first replica to start wins).
+  static absl::StatusOr<JobIdKey> Shared(JobStore& store);
   // A key from the given secret (tests).
   static JobIdKey FromSecret(std::string secret) {
     return JobIdKey(std::move(secret));

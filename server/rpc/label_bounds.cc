@@ -26,6 +26,7 @@ LabelTruncations BoundLabels(Labels* labels) {
   t.model = BoundLabelValue(&labels->model);
   t.engine = BoundLabelValue(&labels->engine);
   t.backend = BoundLabelValue(&labels->backend);
+  t.run = BoundLabelValue(&labels->run);
   for (std::string& id : labels->request_ids) {
     t.request_ids += BoundLabelValue(&id);
   }

@@ -37,13 +37,15 @@ struct LabelTruncations {
   bool model = false;
   bool engine = false;
   bool backend = false;
+  bool run = false;
   int64_t request_ids = 0;  // how many of them
   int64_t total() const {
-    return int64_t{model} + int64_t{engine} + int64_t{backend} + request_ids;
+    return int64_t{model} + int64_t{engine} + int64_t{backend} + int64_t{run} +
+           request_ids;
   }
 };
 
-// Bounds model, engine, backend and every request id.
+// Bounds model, engine, backend, run and every request id.
 LabelTruncations BoundLabels(Labels* labels);
 
 }  // namespace attnaudit::server

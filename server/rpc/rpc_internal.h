@@ -30,7 +30,7 @@
 #include "server/rpc/logged_reactor.h"
 #include "server/scheduler/job.h"
 #include "server/spool/spool.h"
-#include "server/store/result_store.h"
+#include "server/store/job_store.h"
 
 namespace attnaudit::server::rpc_internal {
 
@@ -183,7 +183,8 @@ absl::Status AdmitInteractive(AuditServiceImpl* svc, const Principal& principal,
                               absl::Time deadline, v1::AuditResponse* response,
                               Finisher finish, absl::Duration* retry_after);
 
-// Publishes a finished job of `tenant` to the watchers.
+// Publishes a finished job of `tenant` that was not stored to the
+// watchers (stored results reach them through the result feed).
 void PublishResult(AuditServiceImpl* svc, v1::JobResult result,
                    const std::string& tenant);
 
@@ -221,6 +222,10 @@ ResultRecord TerminalRecord(const std::string& job_id,
                             const std::string& tenant, PriorityClass priority,
                             const JobLabels& labels, absl::Time created,
                             const absl::Status& status);
+// The stored record of a finished job: TerminalRecord plus its start, and
+// for an audit that ran its verdict, serialised report and top diagnosis.
+ResultRecord OutcomeRecord(const JobOutcome& outcome, absl::Time created,
+                           absl::Time started);
 // The same for a job the store already knows (its labels and times).
 ResultRecord TerminalRecord(const ResultRecord& known,
                             const absl::Status& status);

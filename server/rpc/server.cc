@@ -30,6 +30,15 @@ namespace {
 
 constexpr char kServiceName[] = "attnaudit.v1.AuditService";
 
+// The default replica id.
+std::string HostName() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') {
+    return "attnaudit";
+  }
+  return name;
+}
+
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
     const TlsFiles& tls) {
   if (tls.cert.empty() && tls.key.empty()) {
@@ -187,6 +196,7 @@ absl::Status AuditServer::Init() {
         "--interactive-reserve: must be in [0, 1)");
   }
   started_ = absl::Now();
+  replica_id_ = o.replica_id.empty() ? HostName() : o.replica_id;
   ATTNAUDIT_RETURN_IF_ERROR(OpenAuth());
   ATTNAUDIT_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Device>> devices,
                              MakeDevices());
@@ -220,6 +230,11 @@ absl::Status AuditServer::Init() {
   service_ = std::make_unique<AuditServiceImpl>(
       MakeServiceOptions(), scheduler_.get(), spool_.get(), store_.get(),
       metrics_.get(), executor_.get(), auth_.get(), *job_id_key_);
+  if (absl::Status s = service_->StartFeed(); !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("result store (", store_->description(),
+                                     "): ", s.message()));
+  }
   ATTNAUDIT_RETURN_IF_ERROR(StartGrpc());
   StartBackgroundThreads();
   return absl::OkStatus();
@@ -321,19 +336,30 @@ absl::Status AuditServer::OpenMetrics(
 absl::Status AuditServer::OpenStorage() {
   const AuditServerOptions& o = options_;
   ATTNAUDIT_RETURN_IF_ERROR(ProbeDataDir(o.data_dir));
-  absl::StatusOr<JobIdKey> key = JobIdKey::LoadOrCreate(o.data_dir);
-  if (!key.ok()) return DataDirError(o.data_dir, key.status());
-  job_id_key_ = *std::move(key);
-  StoreOptions so;
-  so.max_age = o.retention_age > absl::ZeroDuration()
-                   ? o.retention_age
-                   : absl::InfiniteDuration();
-  so.max_results = o.retention_count;
-  so.sync = o.sync_storage;
-  absl::StatusOr<std::unique_ptr<ResultStore>> store =
-      ResultStore::Open(o.data_dir, so);
-  if (!store.ok()) return DataDirError(o.data_dir, store.status());
+  StoreConfig config;
+  config.url = o.store_url;
+  config.data_dir = o.data_dir;
+  config.options.max_age = o.retention_age > absl::ZeroDuration()
+                               ? o.retention_age
+                               : absl::InfiniteDuration();
+  config.options.max_results = o.retention_count;
+  config.options.sync = o.sync_storage;
+  absl::StatusOr<std::unique_ptr<JobStore>> store = OpenJobStore(config);
+  if (!store.ok()) {
+    if (o.store_url != "sqlite") return store.status();
+    return DataDirError(o.data_dir, store.status());
+  }
   store_ = *std::move(store);
+  // A fleet derives idempotent job ids from one secret, so that a retry
+  // reaching another replica names the same job.
+  absl::StatusOr<JobIdKey> key = store_->shared()
+                                     ? JobIdKey::Shared(*store_)
+                                     : JobIdKey::LoadOrCreate(o.data_dir);
+  if (!key.ok()) {
+    return store_->shared() ? key.status()
+                            : DataDirError(o.data_dir, key.status());
+  }
+  job_id_key_ = *std::move(key);
   SpoolOptions spo;
   spo.sync = o.sync_storage;
   spo.max_payload_bytes = std::max<int64_t>(o.max_message_bytes, 1 << 20) * 2;
@@ -353,6 +379,9 @@ ServiceOptions AuditServer::MakeServiceOptions() const {
   svc.upload_tenant_share =
       auth_ != nullptr && auth_->enabled() ? o.upload_tenant_share : 1.0;
   svc.upload_idle_timeout = o.upload_idle_timeout;
+  svc.replica_id = replica_id_;
+  svc.store_audit_results = o.store_audit_results;
+  svc.fleet_lease = o.fleet_lease;
   svc.limits = o.limits;
   svc.threads_per_job = 0;  // each device's own default (MakeDevices)
   svc.queue_capacity = o.queue_capacity;
@@ -509,8 +538,14 @@ void AuditServer::Shutdown() {
         .Kv("status", drained)
         .Kv("seconds", absl::ToDoubleSeconds(absl::Now() - begin));
   }
+  // In a fleet, what the drain left unfinished is claimed by the other
+  // replicas at once (it stays in the local spool too, for a restart).
+  if (service_ != nullptr) service_->StopHandoff(/*retire=*/true);
   // 4. End the endless streams, then stop gRPC (a short grace for calls
   //    being answered right now; the rest are cancelled).
+  // Watchers resume on another replica (or after a restart) from the
+  // last cursor they saw.
+  if (service_ != nullptr) service_->StopFeed();
   if (service_ != nullptr) service_->CloseWatchers();
   waker_.reset();  // its pings go through server_
   if (server_ != nullptr) {

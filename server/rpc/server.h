@@ -53,7 +53,7 @@
 #include "server/scheduler/device.h"
 #include "server/scheduler/scheduler.h"
 #include "server/spool/spool.h"
-#include "server/store/result_store.h"
+#include "server/store/job_store.h"
 
 namespace attnaudit::server {
 
@@ -82,6 +82,17 @@ struct AuditServerOptions {
   std::string listen = "localhost:50051";         // port 0 picks a free one
   std::string metrics_listen = "localhost:9464";  // empty: no endpoint
   std::string data_dir = "./var/attnaudit";
+  // "sqlite": <data_dir>/results.db; or a postgresql:// URL shared by a
+  // fleet (server/store/job_store.h). The spool stays under data_dir.
+  std::string store_url = "sqlite";
+  // This replica's name, stored as the owner of the jobs it accepts;
+  // empty: the host name.
+  std::string replica_id;
+  // Audit/AuditStream results are stored too (GetResult, ListResults).
+  bool store_audit_results = true;
+  // A fleet: a replica whose heartbeat is older than this is gone and its
+  // unfinished jobs are taken over by the others.
+  absl::Duration fleet_lease = absl::Seconds(15);
 
   // CPU pool: 0 derives from the machine (see server_flags.h --help).
   int cpu_workers = 0;
@@ -217,7 +228,7 @@ class AuditServer {
   std::unique_ptr<Authenticator> auth_;
   absl::optional<JobIdKey> job_id_key_;
   absl::Time started_ = absl::Now();
-  std::unique_ptr<ResultStore> store_;
+  std::unique_ptr<JobStore> store_;
   std::unique_ptr<Spool> spool_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<BlockingExecutor> executor_;
@@ -228,6 +239,7 @@ class AuditServer {
   int port_ = 0;
   int metrics_port_ = 0;
   std::string devices_note_;
+  std::string replica_id_;  // options_.replica_id, or the host name
   std::vector<DeviceDescription> device_descriptions_;
   bool cuda_built_ = false;
 

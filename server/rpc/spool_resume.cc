@@ -54,6 +54,9 @@ absl::Status ResumeOne(AuditServiceImpl* svc, const SpoolListing& listing,
                        bool* requeued) {
   *requeued = false;
   const std::string& id = listing.job_id;
+  // Already live here (the start-up resume and the fleet's hand-off may
+  // both find one job).
+  if (svc->durable()->Get(id).has_value()) return absl::OkStatus();
   const SpoolMetadata& meta = listing.metadata;
   const JobLabels labels = rpc_internal::JobLabelsOf(meta);
   const PriorityClass priority =
@@ -65,6 +68,12 @@ absl::Status ResumeOne(AuditServiceImpl* svc, const SpoolListing& listing,
     // Crashed between the result commit and the spool remove.
     return svc->spool()->Remove(id);
   }
+  if (existing.ok() && svc->store()->shared() &&
+      existing->replica != svc->options().replica_id) {
+    // Another replica of the fleet took the job over while this one was
+    // away: it runs there.
+    return svc->spool()->Remove(id);
+  }
   absl::StatusOr<DecodedAudit> audit = ReadSpooledJob(svc, id);
   if (audit.status().code() == absl::StatusCode::kNotFound) {
     return absl::OkStatus();  // removed meanwhile
@@ -74,9 +83,10 @@ absl::Status ResumeOne(AuditServiceImpl* svc, const SpoolListing& listing,
                                        meta.created, audit.status()));
     return absl::OkStatus();
   }
-  absl::StatusOr<bool> recorded =
-      svc->store()->RecordQueued(rpc_internal::QueuedRecord(
-          id, meta.tenant, priority, labels, meta.created));
+  ResultRecord queued = rpc_internal::QueuedRecord(id, meta.tenant, priority,
+                                                   labels, meta.created);
+  queued.replica = svc->options().replica_id;
+  absl::StatusOr<bool> recorded = svc->store()->RecordQueued(queued);
   if (!recorded.ok()) {
     ATTNAUDIT_LOG(warn, "result store RecordQueued failed")
         .Kv("job_id", id)
@@ -106,12 +116,43 @@ absl::Status ResumeOne(AuditServiceImpl* svc, const SpoolListing& listing,
 
 }  // namespace
 
+void AuditServiceImpl::AdoptStoredJob(StoredJob job) {
+  const ResultRecord& r = job.record;
+  SpoolMetadata meta;
+  meta.priority = r.priority;
+  meta.created = r.created;
+  meta.deadline = job.deadline;
+  meta.model = r.model;
+  meta.layer = r.layer;
+  meta.engine = r.engine;
+  meta.tenant = r.tenant;
+  absl::Status put = spool_->Put(r.job_id, meta, job.payload);
+  if (!put.ok() && put.code() != absl::StatusCode::kAlreadyExists) {
+    // Not taken after all: the row is this replica's now, so the next
+    // start (or nobody) runs it; say so loudly.
+    ATTNAUDIT_LOG(err, "fleet: a claimed job could not be spooled")
+        .Kv("job_id", r.job_id)
+        .Kv("status", put);
+    return;
+  }
+  SpoolListing listing;
+  listing.job_id = r.job_id;
+  listing.metadata = meta;
+  listing.payload_bytes = static_cast<int64_t>(job.payload.size());
+  bool requeued = false;
+  absl::MutexLock lock(&resume_mu_);
+  ResumeOne(this, listing, &requeued).IgnoreError();
+}
+
 int64_t AuditServiceImpl::ResumeSpool(const std::atomic<bool>& stop,
                                       absl::Time accepted_before) {
-  // Rows the store thinks are unfinished but whose spool entry is gone can
-  // never finish: close them so GetResult does not say QUEUED forever.
+  // Rows the store thinks are unfinished but whose spool entry is gone: in
+  // a fleet the store has the payload (the replica lost its volume), so
+  // the job runs here again; otherwise it can never finish, and is closed
+  // so GetResult does not say QUEUED forever.
+  std::vector<std::string> in_store_only;
   if (absl::StatusOr<std::vector<std::string>> unfinished =
-          store_->Unfinished();
+          store_->Unfinished(options_.replica_id);
       unfinished.ok()) {
     for (const std::string& id : *unfinished) {
       if (stop.load()) return 0;
@@ -119,6 +160,10 @@ int64_t AuditServiceImpl::ResumeSpool(const std::atomic<bool>& stop,
       absl::StatusOr<ResultRecord> rec = store_->Get(id);
       if (!rec.ok() || IsTerminal(rec->state)) continue;
       if (rec->created >= accepted_before) continue;  // this run's own job
+      if (store_->shared()) {
+        in_store_only.push_back(id);  // adopted after the spool's own
+        continue;
+      }
       FailSpooledJob(
           this, TerminalRecord(*rec, absl::InternalError("job lost: its spool "
                                                          "entry is missing")));
@@ -136,9 +181,26 @@ int64_t AuditServiceImpl::ResumeSpool(const std::atomic<bool>& stop,
     // Submits this server accepted itself are already scheduled.
     if (l.metadata.created >= accepted_before) continue;
     bool requeued = false;
+    absl::MutexLock lock(&resume_mu_);
     absl::Status s = ResumeOne(this, l, &requeued);
     if (s.code() == absl::StatusCode::kUnavailable) break;
     if (requeued) ++resumed;
+  }
+  for (const std::string& id : in_store_only) {
+    if (stop.load() || draining()) break;
+    absl::StatusOr<StoredJob> stored = store_->ReadPayload(id);
+    if (!stored.ok()) {
+      absl::StatusOr<ResultRecord> rec = store_->Get(id);
+      if (rec.ok() && !IsTerminal(rec->state)) {
+        FailSpooledJob(this, TerminalRecord(*rec, absl::InternalError(
+                                                      "job lost: no spool "
+                                                      "entry and no stored "
+                                                      "payload")));
+      }
+      continue;
+    }
+    AdoptStoredJob(*std::move(stored));
+    ++resumed;
   }
   ATTNAUDIT_LOG(info, "spool resumed")
       .Kv("spooled", static_cast<int64_t>(listing->size()))

@@ -37,32 +37,99 @@ bool MatchesFilter(const v1::ResultFilter& filter,
 
 WatchReactor::WatchReactor(WatchHub* hub, OpenCalls* calls,
                            v1::ResultFilter filter, size_t buffer,
-                           Principal principal, Credentials credentials)
+                           Principal principal, Credentials credentials,
+                           absl::optional<int64_t> resume_after,
+                           const BacklogLoader& load_backlog)
     : hub_(hub),
       calls_(calls),
       filter_(std::move(filter)),
       buffer_(buffer < 1 ? 1 : buffer),
       principal_(std::move(principal)),
       credentials_(std::move(credentials)),
+      resume_after_(resume_after.has_value() ? *resume_after : -1),
       reads_all_(principal_.ReadsAll()) {
-  const bool added = hub_->Add(this);
+  {
+    // Before registering, so that no live result is written ahead of a
+    // backlog that may precede it. (The hub calls Push with its lock held,
+    // so mu_ is never held while taking the hub's lock.)
+    absl::MutexLock lock(&mu_);
+    backlog_pending_ = resume_after_ >= 0 && load_backlog != nullptr;
+  }
+  int64_t live_after = 0;
+  const bool added = hub_->Add(this, &live_after);
   calls_->Add(this);
-  absl::MutexLock lock(&mu_);
-  if (!added) {
-    FinishLocked(
-        grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is shutting down"));
+  bool load = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!added) {
+      backlog_pending_ = false;
+      FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                "server is shutting down"));
+      return;
+    }
+    load = backlog_pending_ && resume_after_ < live_after && !finished_ &&
+           !finishing_;
+    backlog_pending_ = load;
+    // Registered first, so the metadata promises every later result. A
+    // Push or Close may have come in between: Close has finished the call
+    // (which sends the metadata itself); a queued result is written now.
+    if (finished_ || finishing_) return;
+    StartSendInitialMetadata();
+    metadata_started_ = true;
+    StartNextWriteLocked();
+  }
+  if (load) load_backlog(this, resume_after_, live_after);
+}
+
+bool WatchReactor::WantsLocked(const PublishedResult& result) const {
+  if (result.seq > 0 && result.seq <= resume_after_) return false;
+  if (!reads_all_ && result.tenant != principal_.tenant) return false;
+  return MatchesFilter(filter_, result.result);
+}
+
+void WatchReactor::StartNextWriteLocked() {
+  if (!metadata_started_ || writing_ || backlog_pending_ || finished_ ||
+      queue_.empty()) {
     return;
   }
-  // Registered first, so the metadata promises every later result. A Push
-  // or Close may have come in between: Close has finished the call (which
-  // sends the metadata itself); a queued result is written now.
-  if (finished_ || finishing_) return;
-  StartSendInitialMetadata();
-  metadata_started_ = true;
-  if (!queue_.empty() && !writing_) {
-    writing_ = true;
-    StartWrite(&queue_.front()->wire);
+  writing_ = true;
+  StartWrite(&queue_.front()->wire);
+}
+
+bool WatchReactor::EndBacklogLocked() {
+  backlog_pending_ = false;
+  if (done_) return true;
+  StartNextWriteLocked();
+  return false;
+}
+
+void WatchReactor::DeliverBacklog(
+    const std::vector<std::shared_ptr<const PublishedResult>>& backlog) {
+  bool remove = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!finished_ && !finishing_) {
+      // Older than every queued live result: they go in front, in order.
+      std::vector<std::shared_ptr<const PublishedResult>> wanted;
+      for (const auto& r : backlog) {
+        if (WantsLocked(*r)) wanted.push_back(r);
+      }
+      queue_.insert(queue_.begin(), wanted.begin(), wanted.end());
+    }
+    remove = EndBacklogLocked();
   }
+  if (remove) delete this;
+}
+
+void WatchReactor::FailBacklog(const grpc::Status& status) {
+  bool remove = false;
+  {
+    absl::MutexLock lock(&mu_);
+    queue_.clear();
+    FinishLocked(status);
+    remove = EndBacklogLocked();
+  }
+  if (remove) delete this;
 }
 
 void WatchReactor::FinishLocked(const grpc::Status& status) {
@@ -90,9 +157,8 @@ bool WatchReactor::Recheck(const Authenticator& auth) {
 }
 
 void WatchReactor::Push(const std::shared_ptr<const PublishedResult>& result) {
-  if (!MatchesFilter(filter_, result->result)) return;
   absl::MutexLock lock(&mu_);
-  if (!reads_all_ && result->tenant != principal_.tenant) return;
+  if (!WantsLocked(*result)) return;
   if (finished_ || finishing_) return;
   if (queue_.size() >= buffer_) {
     // Nothing more will be written: free the backlog now, except the
@@ -106,10 +172,7 @@ void WatchReactor::Push(const std::shared_ptr<const PublishedResult>& result) {
     return;
   }
   queue_.push_back(result);
-  if (metadata_started_ && !writing_) {
-    writing_ = true;
-    StartWrite(&queue_.front()->wire);
-  }
+  StartNextWriteLocked();
 }
 
 void WatchReactor::Close(const grpc::Status& status) {
@@ -138,11 +201,7 @@ void WatchReactor::OnWriteDone(bool ok) {
     }
     return;
   }
-  if (finished_) return;
-  if (!queue_.empty()) {
-    writing_ = true;
-    StartWrite(&queue_.front()->wire);
-  }
+  StartNextWriteLocked();
 }
 
 void WatchReactor::OnCancel() {
@@ -153,6 +212,11 @@ void WatchReactor::OnCancel() {
 void WatchReactor::OnDone() {
   calls_->Remove(this);
   hub_->Remove(this);
+  {
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+    if (backlog_pending_) return;  // the backlog's end deletes it
+  }
   delete this;
 }
 
@@ -166,11 +230,17 @@ size_t WatchHub::watchers() const {
   return watchers_.size();
 }
 
-bool WatchHub::Add(WatchReactor* w) {
+bool WatchHub::Add(WatchReactor* w, int64_t* live_after) {
   absl::MutexLock lock(&mu_);
   if (closed_) return false;
   watchers_.insert(w);
+  *live_after = last_seq_;
   return true;
+}
+
+void WatchHub::SetLastSeq(int64_t seq) {
+  absl::MutexLock lock(&mu_);
+  last_seq_ = seq;
 }
 
 void WatchHub::Remove(WatchReactor* w) {
@@ -178,18 +248,39 @@ void WatchHub::Remove(WatchReactor* w) {
   watchers_.erase(w);
 }
 
-void WatchHub::Publish(v1::JobResult result, std::string tenant) {
+std::shared_ptr<const PublishedResult> WatchHub::Prepare(v1::JobResult result,
+                                                         std::string tenant,
+                                                         int64_t seq) {
   auto published = std::make_shared<PublishedResult>();
   bool own = false;
-  if (!grpc::SerializationTraits<v1::JobResult>::Serialize(
-           result, &published->wire, &own)
-           .ok()) {
-    return;  // cannot happen for a message we built
-  }
+  // Cannot fail for a message we built; an empty message would be sent.
+  grpc::SerializationTraits<v1::JobResult>::Serialize(result, &published->wire,
+                                                      &own)
+      .IgnoreError();
   published->result = std::move(result);
   published->tenant = std::move(tenant);
-  std::shared_ptr<const PublishedResult> shared = std::move(published);
+  published->seq = seq;
+  return published;
+}
+
+void WatchHub::Publish(v1::JobResult result, std::string tenant, int64_t seq) {
+  std::shared_ptr<const PublishedResult> shared =
+      Prepare(std::move(result), std::move(tenant), seq);
   absl::MutexLock lock(&mu_);
+  // Under the hub lock with the pushes: a watcher registering now either
+  // gets this result live or counts it in its backlog, never both.
+  if (seq > last_seq_) last_seq_ = seq;
+  for (WatchReactor* w : watchers_) w->Push(shared);
+}
+
+void WatchHub::Publish(int64_t seq, const std::string& tenant,
+                       const std::function<v1::JobResult()>& make) {
+  absl::MutexLock lock(&mu_);
+  // Under the hub lock: a watcher registering now either gets this result
+  // live or counts it in its backlog, never both and never neither.
+  if (seq > last_seq_) last_seq_ = seq;
+  if (watchers_.empty()) return;
+  std::shared_ptr<const PublishedResult> shared = Prepare(make(), tenant, seq);
   for (WatchReactor* w : watchers_) w->Push(shared);
 }
 

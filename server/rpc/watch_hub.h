@@ -5,6 +5,12 @@
 // dropped with RESOURCE_EXHAUSTED (so one slow dashboard can never hold
 // memory or slow the workers); Close ends every call (server shutdown).
 //
+// Cursor: results that were stored come from the store's result feed
+// (result_feed.h) and carry its seq (JobResult.cursor). A watcher that
+// asks to resume after cursor N first gets the stored results in
+// (N, the hub's last seq at its registration] from a backlog loader,
+// then the live ones, with nothing missed or repeated between the two.
+//
 // Tenants: a published result carries its owner's tenant; a watcher sees
 // only its own tenant's results unless it reads all. Watchers re-check
 // their credential when the token file is reloaded (WatchReactor).
@@ -23,12 +29,15 @@
 
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/optional.h"
 #include "attnaudit/v1/service.pb.h"
 #include "server/auth/tenants.h"
 #include "server/rpc/open_calls.h"
@@ -44,9 +53,20 @@ struct PublishedResult {
   v1::JobResult result;
   std::string tenant;
   grpc::ByteBuffer wire;
+  int64_t seq = 0;  // the feed's seq; 0 for a result that was not stored
 };
 
+// The most stored results one resumed watch replays.
+inline constexpr int64_t kMaxWatchBacklog = 10000;
+
 class WatchHub;
+class WatchReactor;
+
+// Loads the stored results with seq in (after, until] for a resumed watch,
+// off the reaction thread, and hands them to exactly one of
+// WatchReactor::DeliverBacklog / FailBacklog.
+using BacklogLoader =
+    std::function<void(WatchReactor* watcher, int64_t after, int64_t until)>;
 
 // The reactor of one WatchResults call. It is an OpenCall: when the token
 // file is reloaded, a watcher whose credential is revoked, moved to another
@@ -61,8 +81,14 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   // received it knows the watch is live (every result published from then
   // on reaches it), without waiting for the first result. The watcher sees
   // results of principal.tenant, or every tenant's when it reads all.
+  //
+  // With `resume_after` set, results up to that cursor are never sent, and
+  // the stored ones after it that were published before this watch began
+  // come from `load_backlog` first (live results wait behind them).
   WatchReactor(WatchHub* hub, OpenCalls* calls, v1::ResultFilter filter,
-               size_t buffer, Principal principal, Credentials credentials);
+               size_t buffer, Principal principal, Credentials credentials,
+               absl::optional<int64_t> resume_after = absl::nullopt,
+               const BacklogLoader& load_backlog = nullptr);
 
   bool Recheck(const Authenticator& auth) override;
 
@@ -71,6 +97,11 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   void Push(const std::shared_ptr<const PublishedResult>& result);
   // Ends the call with `status` after the write in flight, if any.
   void Close(const grpc::Status& status);
+  // The backlog of a resumed watch, oldest first (unfiltered: this
+  // filters), or why it could not be read (the call ends with it).
+  void DeliverBacklog(
+      const std::vector<std::shared_ptr<const PublishedResult>>& backlog);
+  void FailBacklog(const grpc::Status& status);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
@@ -84,6 +115,13 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   // so this cannot re-enter mu_.
   void FinishLocked(const grpc::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the watcher wants `result` (filter, tenant, cursor).
+  bool WantsLocked(const PublishedResult& result) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartNextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the backlog load; true when the reactor is done and must be
+  // deleted by the caller (after unlocking).
+  bool EndBacklogLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   WatchHub* const hub_;
   OpenCalls* const calls_;
@@ -91,6 +129,7 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   const size_t buffer_;
   const Principal principal_;
   const Credentials credentials_;
+  const int64_t resume_after_;  // -1: live only
   absl::Mutex mu_;
   // Follows the principal's read_all across reloads.
   bool reads_all_ ABSL_GUARDED_BY(mu_);
@@ -102,6 +141,10 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   bool writing_ ABSL_GUARDED_BY(mu_) = false;    // a write is issued
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;  // Finish requested
   bool finished_ ABSL_GUARDED_BY(mu_) = false;   // Finish called
+  // A backlog load is in flight: writes wait for it, and OnDone leaves
+  // the delete to its end.
+  bool backlog_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;  // OnDone ran
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -113,20 +156,33 @@ class WatchHub {
 
   // Cheap check, so publishers skip building a JobResult nobody watches.
   bool HasWatchers() const;
-  // Serialises `result` once and offers it to every watcher.
-  void Publish(v1::JobResult result, std::string tenant);
+  // Serialises `result` once and offers it to every watcher. `seq` > 0:
+  // the result's place in the store's feed (published in seq order).
+  void Publish(v1::JobResult result, std::string tenant, int64_t seq = 0);
+  // A stored result of the feed, `seq` in seq order: built by `make` only
+  // when someone watches (the hub's cursor moves either way).
+  void Publish(int64_t seq, const std::string& tenant,
+               const std::function<v1::JobResult()>& make);
+  // The feed starts after `seq` (results before it are not published).
+  void SetLastSeq(int64_t seq);
+  // Serialises a stored result for DeliverBacklog.
+  static std::shared_ptr<const PublishedResult> Prepare(v1::JobResult result,
+                                                        std::string tenant,
+                                                        int64_t seq);
   // Finishes every open call with `status` and refuses new ones.
   void Close(const grpc::Status& status);
   size_t watchers() const;
 
  private:
   friend class WatchReactor;
-  bool Add(WatchReactor* w);  // false when closed
+  // False when closed; else *live_after = the last seq published.
+  bool Add(WatchReactor* w, int64_t* live_after);
   void Remove(WatchReactor* w);
 
   mutable absl::Mutex mu_;
   absl::flat_hash_set<WatchReactor*> watchers_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t last_seq_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace attnaudit::server

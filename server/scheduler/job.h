@@ -76,6 +76,11 @@ struct JobLabels {
   std::string model;
   int64_t layer = -1;
   std::string engine;
+  // Not used by the scheduler or metrics (unbounded values): carried to
+  // the result store, which queries filter on.
+  std::string backend;
+  int64_t step = -1;
+  std::string run;
 };
 
 struct JobTimings {

@@ -53,6 +53,8 @@ PROVIDES = {
 }
 INCLUDE = re.compile(r'\s*#\s*include\s+[<"]([^">]+)[">]')
 KEYWORDS = ("NAME", "SRCS", "HDRS", "DEPS", "LABELS")
+# Options without a value (attnaudit_cc_test's POSTGRES).
+FLAGS = ("POSTGRES",)
 
 
 def strip_comments(text):
@@ -85,7 +87,9 @@ def parse(root, cmake_files):
                 text, re.S):
             section, name, lists = None, None, {k: [] for k in KEYWORDS}
             for w in words(m.group(2)):
-                if w in KEYWORDS:
+                if w in FLAGS:
+                    section = None
+                elif w in KEYWORDS:
                     section = w
                 elif section == "NAME":
                     name = w

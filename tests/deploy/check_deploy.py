@@ -10,18 +10,28 @@ PyYAML optional). Called by check_deploy.sh, one subcommand per check:
                                 labels) of metrics.h
   alerts                        the same name/label check for
                                 deploy/prometheus/alerts.yml
+  store-dashboard               lint deploy/grafana/dashboards/
+                                attnaudit-store.json against its provisioned
+                                PostgreSQL datasource (uid, plugin type,
+                                ${datasource} everywhere, raw SQL targets);
+                                its SQL runs in store_panels_test.py
+                                (PyYAML; 77 without it)
   emit-rules OUT                write the dashboard's expressions (Grafana
                                 variables substituted) as recording rules, for
                                 `promtool check rules` to parse them
   yaml FILE...                  every YAML document parses (exit 77 when
                                 PyYAML is not installed: a failure)
   consistency                   the server flags used by the Dockerfile,
-                                compose and the StatefulSet exist in
+                                compose, the StatefulSet and the fleet
+                                overlay's Deployment exist in
                                 server/main/server_flags.cc; shutdown budgets
                                 (grace > preStop + drain delay + drain
                                 timeout + gRPC/metrics teardown); probes,
-                                ports, selectors and names agree (PyYAML;
-                                77 without it)
+                                ports, selectors and names agree; the
+                                fleet overlay takes --store from its Secret
+                                and --replica-id from the pod name, spools
+                                on an emptyDir, and reaches its example
+                                PostgreSQL (PyYAML; 77 without it)
 
 Exit status: 0 ok, 1 problems found (printed one per line), 77 a module
 is missing (PyYAML; Debian: python3-yaml).
@@ -39,6 +49,10 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 METRICS_H = os.path.join(ROOT, "server", "metrics", "metrics.h")
 DASHBOARD = os.path.join(ROOT, "deploy", "grafana", "dashboards",
                          "attnaudit.json")
+STORE_DASHBOARD = os.path.join(ROOT, "deploy", "grafana", "dashboards",
+                               "attnaudit-store.json")
+STORE_DATASOURCE = os.path.join(ROOT, "deploy", "grafana", "provisioning",
+                                "datasources", "attnaudit-store.yml")
 ALERTS = os.path.join(ROOT, "deploy", "prometheus", "alerts.yml")
 SERVER_FLAGS_CC = os.path.join(ROOT, "server", "main", "server_flags.cc")
 DEPLOY = os.path.join(ROOT, "deploy")
@@ -275,6 +289,90 @@ def cmd_dashboard(fams):
     return 1 if problems else 0
 
 
+def cmd_store_dashboard():
+    try:
+        import yaml
+    except ImportError:
+        print("store-dashboard: PyYAML not installed (Debian: python3-yaml)")
+        return 77
+    problems = []
+    with open(STORE_DATASOURCE, encoding="utf-8") as f:
+        sources = yaml.safe_load(f).get("datasources", [])
+    if len(sources) != 1:
+        problems.append("%s: expected one datasource"
+                        % os.path.relpath(STORE_DATASOURCE, ROOT))
+    src = sources[0] if sources else {}
+    if src.get("uid") != "attnaudit-store":
+        problems.append("datasource uid is %r, want attnaudit-store"
+                        % src.get("uid"))
+    if src.get("type") not in ("grafana-postgresql-datasource", "postgres"):
+        problems.append("datasource type %r is not Grafana's PostgreSQL"
+                        % src.get("type"))
+    # Connection settings come from the environment, never the file.
+    for key, value in (("url", src.get("url")), ("user", src.get("user")),
+                       ("database", src.get("jsonData", {}).get("database")),
+                       ("password", src.get("secureJsonData", {})
+                        .get("password"))):
+        if not re.fullmatch(r"\$\{?[A-Z][A-Z0-9_]*\}?", str(value or "")):
+            problems.append("datasource %s is %r, not an environment "
+                            "variable" % (key, value))
+    if "password" in src:
+        problems.append("datasource: password outside secureJsonData")
+    with open(STORE_DASHBOARD, encoding="utf-8") as f:
+        d = json.load(f)
+    if d.get("uid") != "attnaudit-store":
+        problems.append("store dashboard uid is %r" % d.get("uid"))
+    text = json.dumps(d)
+    if "__inputs" in d or "${DS_" in text:
+        problems.append("store dashboard uses import inputs")
+    variables = {v.get("name"): v for v in d.get("templating", {})
+                 .get("list", [])}
+    ds = variables.get("datasource", {})
+    if ds.get("type") != "datasource" or ds.get("query") != src.get("type"):
+        problems.append("no `datasource` variable of type datasource/%s"
+                        % src.get("type"))
+    if ds.get("current", {}).get("value") != src.get("uid"):
+        problems.append("`datasource` variable does not default to %s"
+                        % src.get("uid"))
+    for need in ("tenant", "model"):
+        v = variables.get(need)
+        if not v or v.get("type") != "query" or \
+                v.get("datasource", {}).get("uid") != "${datasource}":
+            problems.append("no %r query variable on ${datasource}" % need)
+    ids = set()
+    for p in d.get("panels", []):
+        title = p.get("title")
+        if p.get("id") in ids:
+            problems.append("duplicate panel id %s" % p.get("id"))
+        ids.add(p.get("id"))
+        for obj, what in [(p, "panel %r" % title)] + [
+                (t, "panel %r target %s" % (title, t.get("refId")))
+                for t in p.get("targets", [])]:
+            pds = obj.get("datasource", {})
+            if pds.get("uid") != "${datasource}" or \
+                    pds.get("type") != src.get("type"):
+                problems.append("%s: datasource is not ${datasource} (%s)"
+                                % (what, src.get("type")))
+        if not p.get("description"):
+            problems.append("panel %r: no description" % title)
+        if not p.get("fieldConfig", {}).get("defaults", {}).get("unit"):
+            problems.append("panel %r: no unit" % title)
+        if not p.get("targets"):
+            problems.append("panel %r: no query" % title)
+        for t in p.get("targets", []):
+            if not t.get("rawQuery") or not t.get("rawSql"):
+                problems.append("panel %r: target is not raw SQL" % title)
+            if t.get("format") not in ("table", "time_series"):
+                problems.append("panel %r: format %r" % (title,
+                                                        t.get("format")))
+    for p in problems:
+        print("store-dashboard: " + p)
+    if not problems:
+        print("store-dashboard: %d panels on datasource %s (%s)"
+              % (len(d.get("panels", [])), src.get("uid"), src.get("type")))
+    return 1 if problems else 0
+
+
 def rule_exprs(path):
     """[(alert, expr)] from a rules file; a tiny reader for our own layout
     (`- alert: X` / `expr: |` block or one-line expr), so PyYAML is not
@@ -403,6 +501,179 @@ def seconds(v):
     return total
 
 
+def server_pod_problems(kind, pod, entry, known):
+    """Problems of an attnaudit-server pod spec (its first container):
+    flags, shutdown budget, ports, probes, data dir. Returns (problems,
+    {port name: number}, the merged {flag: value} of entrypoint + args)."""
+    problems = []
+    c = (pod.get("containers") or [{}])[0]
+    kflags = flag_args(c.get("args", []))
+    for k in kflags:
+        if k.replace("_", "-") not in known:
+            problems.append("%s args: --%s is not a server flag" % (kind, k))
+    merged = dict(entry, **kflags)
+    pre = c.get("lifecycle", {}).get("preStop", {})
+    sleep_s = 0.0
+    if "exec" in pre:
+        cmd = pre["exec"].get("command", [])
+        if len(cmd) == 2 and cmd[0] == "sleep":
+            sleep_s = seconds(cmd[1] if not str(cmd[1]).isdigit()
+                              else int(cmd[1]))
+    elif "sleep" in pre:
+        sleep_s = float(pre["sleep"].get("seconds", 0))
+    if sleep_s <= 0:
+        problems.append("%s: no preStop sleep" % kind)
+    budget = sleep_s + seconds(merged.get("drain-delay", "0s")) + \
+        seconds(merged.get("drain-timeout", "30s")) + TEARDOWN_S
+    grace = float(pod.get("terminationGracePeriodSeconds", 30))
+    if grace <= budget:
+        problems.append("%s: terminationGracePeriodSeconds %g <= "
+                        "preStop + drain delay + drain timeout + teardown %g"
+                        % (kind, grace, budget))
+    ports = {p.get("name"): p.get("containerPort") for p in c.get("ports", [])}
+    if ports.get("grpc") != 50051 or ports.get("metrics") != 9464:
+        problems.append("%s: ports grpc/metrics are not 50051/9464" % kind)
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        g = c.get(probe, {}).get("grpc")
+        if not g or g.get("port") != ports.get("grpc"):
+            problems.append("%s: %s is not a gRPC probe on the "
+                            "numeric gRPC port" % (kind, probe))
+    if c.get("readinessProbe", {}).get("grpc", {}).get("service") != \
+            HEALTH_SERVICE:
+        problems.append("%s: readiness must probe service %s"
+                        % (kind, HEALTH_SERVICE))
+    mounts = {m.get("mountPath") for m in c.get("volumeMounts", [])}
+    if merged.get("data-dir", "./var/attnaudit") not in mounts:
+        problems.append("%s: data dir %s is not a mounted volume"
+                        % (kind, merged.get("data-dir")))
+    return problems, ports, merged
+
+
+def entrypoint_flags():
+    """{flag: value} of the Dockerfile's exec-form ENTRYPOINT ({} without
+    one; cmd_consistency reports that)."""
+    docker = open(os.path.join(DEPLOY, "docker", "Dockerfile"),
+                  encoding="utf-8").read()
+    m = re.search(r"^ENTRYPOINT\s+(\[.*?\])\s*$", docker.replace("\\\n", " "),
+                  re.M | re.S)
+    return flag_args(json.loads(m.group(1))[1:]) if m else {}
+
+
+def selects(selector, labels):
+    return bool(selector) and all(labels.get(k) == v
+                                  for k, v in selector.items())
+
+
+def fleet_problems(docs, entry, known):
+    """overlays/fleet (raw files or rendered): a Deployment of stateless
+    replicas on PostgreSQL beside the example store. docs: the resources."""
+    problems = []
+
+    def named(kind, name=None):
+        return [d for d in docs if d.get("kind") == kind and
+                (name is None or d["metadata"].get("name") == name)]
+
+    deps = named("Deployment", "attnaudit")
+    if named("StatefulSet", "attnaudit"):
+        problems.append("the base's StatefulSet attnaudit is still there")
+    if len(deps) != 1:
+        return problems + ["expected one Deployment attnaudit, found %d"
+                           % len(deps)]
+    dep = deps[0]
+    spec = dep["spec"]
+    pod = spec["template"]["spec"]
+    pod_labels = spec["template"]["metadata"].get("labels", {})
+    if not selects(spec.get("selector", {}).get("matchLabels"), pod_labels):
+        problems.append("Deployment: selector does not match pod labels")
+    if spec.get("replicas") != 3:
+        problems.append("Deployment: replicas %r, want 3"
+                        % spec.get("replicas"))
+    pod_problems, ports, merged = server_pod_problems("Deployment", pod,
+                                                      entry, known)
+    problems += pod_problems
+    c = (pod.get("containers") or [{}])[0]
+    env = {e.get("name"): e for e in c.get("env", [])}
+
+    def env_source(flag):
+        m = re.fullmatch(r"\$\((\w+)\)", merged.get(flag, ""))
+        return env.get(m.group(1), {}).get("valueFrom", {}) if m else {}
+
+    ref = env_source("store").get("secretKeyRef", {})
+    if (ref.get("name"), ref.get("key")) != ("attnaudit-store", "url"):
+        problems.append("Deployment: --store is not $(VAR) of Secret "
+                        "attnaudit-store key url")
+    if env_source("replica-id").get("fieldRef", {}).get("fieldPath") != \
+            "metadata.name":
+        problems.append("Deployment: --replica-id is not $(VAR) of the "
+                        "pod's metadata.name (downward API)")
+    volumes = {v.get("name"): v for v in pod.get("volumes", [])}
+    data = [m.get("name") for m in c.get("volumeMounts", [])
+            if m.get("mountPath") == merged.get("data-dir")]
+    if not data or "emptyDir" not in volumes.get(data[0], {}):
+        problems.append("Deployment: the data dir (spool) is not an "
+                        "emptyDir")
+    services = named("Service")
+    headless = [s for s in services
+                if s["spec"].get("clusterIP") == "None" and
+                selects(s["spec"].get("selector"), pod_labels)]
+    if not any(p.get("port") == 50051 and
+               p.get("targetPort") in ("grpc", 50051)
+               for s in headless for p in s["spec"].get("ports", [])):
+        problems.append("no headless Service with port 50051 over the "
+                        "replicas")
+    for pdb in named("PodDisruptionBudget"):
+        if not selects(pdb["spec"].get("selector", {}).get("matchLabels"),
+                       pod_labels):
+            problems.append("PDB %s does not select the replicas"
+                            % pdb["metadata"]["name"])
+    secrets = {d["metadata"]["name"]: dict(d.get("stringData") or {},
+                                           **(d.get("data") or {}))
+               for d in named("Secret")}
+    # The example store: a PostgreSQL 15 StatefulSet behind a headless
+    # Service, on a PVC, reached by the Secret's url.
+    pg = [d for d in named("StatefulSet")
+          if str(d["spec"]["template"]["spec"]["containers"][0]
+                 .get("image", "")).startswith("postgres:15")]
+    if len(pg) != 1:
+        return problems + ["expected one postgres:15 StatefulSet, found %d"
+                           % len(pg)]
+    pg = pg[0]
+    pg_labels = pg["spec"]["template"]["metadata"].get("labels", {})
+    pgc = pg["spec"]["template"]["spec"]["containers"][0]
+    gov = [s for s in services
+           if s["metadata"]["name"] == pg["spec"].get("serviceName")]
+    if not gov or gov[0]["spec"].get("clusterIP") != "None" or \
+            not selects(gov[0]["spec"].get("selector"), pg_labels):
+        problems.append("postgres: serviceName is not a headless Service "
+                        "selecting it")
+    for s in services:
+        sel = s["spec"].get("selector")
+        if selects(sel, pod_labels) and selects(sel, pg_labels):
+            problems.append("Service %s selects both the replicas and "
+                            "PostgreSQL" % s["metadata"]["name"])
+    claims = {t["metadata"]["name"]
+              for t in pg["spec"].get("volumeClaimTemplates", [])}
+    if not claims & {m.get("name") for m in pgc.get("volumeMounts", [])}:
+        problems.append("postgres: data is not on a volumeClaimTemplate")
+    pw = {e.get("name"): e for e in pgc.get("env", [])}.get(
+        "POSTGRES_PASSWORD", {}).get("valueFrom", {}).get("secretKeyRef", {})
+    if pw.get("key") not in secrets.get(pw.get("name"), {}):
+        problems.append("postgres: POSTGRES_PASSWORD is not a key of a "
+                        "Secret of the overlay")
+    url = secrets.get("attnaudit-store", {}).get("url", "")
+    m = re.match(r"postgres(?:ql)?://[^@/]*@([^:/?]+)(?::(\d+))?/\w+", url)
+    if not m:
+        problems.append("Secret attnaudit-store: url %r is not "
+                        "postgresql://USER:PASSWORD@HOST:PORT/DB" % url)
+    elif not any(s["metadata"]["name"] == m.group(1).split(".")[0] and
+                 any(p.get("port") == int(m.group(2) or 5432)
+                     for p in s["spec"].get("ports", []))
+                 for s in gov):
+        problems.append("Secret attnaudit-store: url host %s:%s is not the "
+                        "example store's Service" % (m.group(1), m.group(2)))
+    return problems
+
+
 def cmd_consistency():
     try:
         import yaml
@@ -489,44 +760,9 @@ def cmd_consistency():
     if not spec.get("volumeClaimTemplates"):
         problems.append("StatefulSet: no volumeClaimTemplates (per-replica "
                         "spool/store must survive restarts)")
-    c = (pod.get("containers") or [{}])[0]
-    kflags = flag_args(c.get("args", []))
-    check_flags("StatefulSet args", kflags)
-    merged = dict(entry, **kflags)
-    pre = c.get("lifecycle", {}).get("preStop", {})
-    sleep_s = 0.0
-    if "exec" in pre:
-        cmd = pre["exec"].get("command", [])
-        if len(cmd) == 2 and cmd[0] == "sleep":
-            sleep_s = seconds(cmd[1] if not str(cmd[1]).isdigit()
-                              else int(cmd[1]))
-    elif "sleep" in pre:
-        sleep_s = float(pre["sleep"].get("seconds", 0))
-    if sleep_s <= 0:
-        problems.append("StatefulSet: no preStop sleep")
-    budget = sleep_s + seconds(merged.get("drain-delay", "0s")) + \
-        seconds(merged.get("drain-timeout", "30s")) + TEARDOWN_S
-    grace = float(pod.get("terminationGracePeriodSeconds", 30))
-    if grace <= budget:
-        problems.append("StatefulSet: terminationGracePeriodSeconds %g <= "
-                        "preStop + drain delay + drain timeout + teardown %g"
-                        % (grace, budget))
-    ports = {p.get("name"): p.get("containerPort") for p in c.get("ports", [])}
-    if ports.get("grpc") != 50051 or ports.get("metrics") != 9464:
-        problems.append("StatefulSet: ports grpc/metrics are not 50051/9464")
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        g = c.get(probe, {}).get("grpc")
-        if not g or g.get("port") != ports.get("grpc"):
-            problems.append("StatefulSet: %s is not a gRPC probe on the "
-                            "numeric gRPC port" % probe)
-    if c.get("readinessProbe", {}).get("grpc", {}).get("service") != \
-            HEALTH_SERVICE:
-        problems.append("StatefulSet: readiness must probe service %s"
-                        % HEALTH_SERVICE)
-    mounts = {m.get("mountPath") for m in c.get("volumeMounts", [])}
-    if merged.get("data-dir", "./var/attnaudit") not in mounts:
-        problems.append("StatefulSet: data dir %s is not a mounted volume"
-                        % merged.get("data-dir"))
+    pod_problems, ports, merged = server_pod_problems("StatefulSet", pod,
+                                                      entry, known)
+    problems += pod_problems
     services = {s["metadata"]["name"]: s for s in docs.get("Service", [])}
     if spec.get("serviceName") not in services or \
             services[spec["serviceName"]]["spec"].get("clusterIP") != "None":
@@ -560,6 +796,18 @@ def cmd_consistency():
             name = m.get("pods", {}).get("metric", {}).get("name")
             if name and resolve(name, parse_families()) is None:
                 problems.append("HPA: unknown metric %s" % name)
+    # The fleet overlay from its files (check_k8s.py checks it rendered):
+    # the base's Services and PDB, its Deployment, store and Secret.
+    fleet_dir = os.path.join(DEPLOY, "k8s", "overlays", "fleet")
+    fleet_docs = docs.get("Service", []) + docs.get("PodDisruptionBudget", [])
+    for f in ("deployment.yaml", "postgres.yaml", "secret.yaml"):
+        for d in yaml.safe_load_all(open(os.path.join(fleet_dir, f))):
+            if d and "kind" in d:
+                fleet_docs.append(d)
+                if d.get("metadata", {}).get("namespace"):
+                    problems.append("k8s fleet/%s: hard-coded namespace" % f)
+    problems += ["fleet: " + p for p in fleet_problems(fleet_docs, entry,
+                                                         known)]
     for p in problems:
         print("consistency: " + p)
     if not problems:
@@ -586,6 +834,8 @@ def main(argv):
         return cmd_dashboard(fams)
     if cmd == "alerts":
         return cmd_alerts(fams)
+    if cmd == "store-dashboard":
+        return cmd_store_dashboard()
     if cmd == "emit-rules" and len(argv) == 2:
         return cmd_emit_rules(argv[1])
     if cmd == "yaml":

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Offline checks of deploy/ (registered with ctest as deploy_files_test):
 #   promtool check rules / check config / test rules (alerts_test.yml),
-#   the dashboard JSON parses, is what dashboard_gen.py generates, follows
-#   the datasource/variable conventions, and its PromQL parses (promtool) and
-#   names only families and labels of server/metrics/metrics.h (as do the
-#   alerts), every compose/k8s/Prometheus/Grafana YAML parses, and the
-#   Dockerfile/compose/StatefulSet agree with the server's flags and shutdown
-#   budget.
+#   the dashboard JSONs parse and are what dashboard_gen.py generates, the
+#   store dashboard uses its provisioned PostgreSQL datasource, the on-call
+#   dashboard follows the datasource/variable conventions and its PromQL
+#   parses (promtool) and names only families and labels of
+#   server/metrics/metrics.h (as do the alerts), every compose/k8s/
+#   Prometheus/Grafana YAML parses, and the Dockerfile/compose/StatefulSet
+#   and the fleet overlay's Deployment agree with the server's flags and
+#   shutdown budget.
 # A missing tool (promtool, python3, PyYAML) fails its checks: nothing is
 # skipped. ctest passes the tools the configure step found as PROMTOOL and
 # PYTHON (defaults: promtool, python3 on PATH).
@@ -71,13 +73,17 @@ fi
 
 # --- Dashboard ---------------------------------------------------------------
 if [ "$HAVE_PYTHON" -eq 1 ]; then
-  check "dashboard JSON parses" "$PYTHON" -c \
-    'import json, sys; json.load(open(sys.argv[1], encoding="utf-8"))' \
-    deploy/grafana/dashboards/attnaudit.json
-  check "dashboard JSON is up to date with dashboard_gen.py" \
+  check "dashboard JSONs parse" "$PYTHON" -c \
+    'import json, sys; [json.load(open(p, encoding="utf-8")) for p in sys.argv[1:]]' \
+    deploy/grafana/dashboards/attnaudit.json \
+    deploy/grafana/dashboards/attnaudit-store.json
+  check "dashboard JSONs are up to date with dashboard_gen.py" \
     "$PYTHON" deploy/grafana/dashboard_gen.py --check
   check "dashboard conventions and metric/label names vs metrics.h" \
     "$PYTHON" "$PY" dashboard
+  # Its SQL runs against PostgreSQL in store_panels_test.py.
+  check "store dashboard vs its PostgreSQL datasource" \
+    "$PYTHON" "$PY" store-dashboard
   if [ "$HAVE_PROMTOOL" -eq 1 ]; then
     "$PYTHON" "$PY" emit-rules "$TMP/dashboard_rules.yml" >/dev/null 2>&1
     check "dashboard PromQL parses (promtool check rules)" \

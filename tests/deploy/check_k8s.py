@@ -2,17 +2,24 @@
 """What the Kubernetes schema cannot check in a rendered kustomization
 (called by check_k8s.sh with the output of `kubectl kustomize`):
 
-  check_k8s.py base|autoscaled|gpu RENDERED.yaml [--promtool PROMTOOL]
+  check_k8s.py base|autoscaled|gpu|fleet RENDERED.yaml [--promtool PROMTOOL]
 
-every variant: no hard-coded namespace; every server flag in the
-  StatefulSet's args exists (server/main/server_flags.cc);
+every variant: no hard-coded namespace; one server workload "attnaudit"
+  (a StatefulSet; the fleet's is a Deployment) whose args use only server
+  flags (server/main/server_flags.cc);
 autoscaled: an HPA on the StatefulSet whose Pods metric is the one the
   prometheus-adapter rule serves, a metric of server/metrics/metrics.h with
   the label the HPA selects; the rule's metricsQuery parses as PromQL
   (promtool) once its template is filled; a ServiceMonitor that selects the
   Service carrying the metrics port;
 gpu: nvidia.com/gpu in the container's limits, a GPU node selector, a
-  toleration for the GPU taint, one pod per node, --devices=all.
+  toleration for the GPU taint, one pod per node, --devices=all;
+fleet: check_deploy.fleet_problems on the rendered resources: the base's
+  StatefulSet is gone, a Deployment of 3 replicas with --store from Secret
+  attnaudit-store key url and --replica-id from the pod name, the spool on
+  an emptyDir, a headless Service over the replicas, the shutdown budget,
+  and the example PostgreSQL 15 StatefulSet (headless Service, PVC, the
+  Secret's url pointing at it).
 Prints one line per problem; exit 0 when there is none, 1 otherwise.
 """
 import argparse
@@ -39,20 +46,23 @@ def container(sts):
     return sts["spec"]["template"]["spec"]["containers"][0]
 
 
-def check_common(docs, problems):
+def check_common(docs, problems, kind="StatefulSet"):
+    """The server workload (kind, named attnaudit), or None."""
     for d in docs:
         if d.get("metadata", {}).get("namespace"):
             problems.append("%s/%s: hard-coded namespace" % (
                 d["kind"], d["metadata"]["name"]))
-    sts = by_kind(docs, "StatefulSet")
-    if len(sts) != 1:
-        problems.append("expected one StatefulSet, found %d" % len(sts))
+    found = [d for d in docs if d.get("kind") in ("StatefulSet", "Deployment")
+             and d.get("metadata", {}).get("name") == "attnaudit"]
+    if len(found) != 1 or found[0]["kind"] != kind:
+        problems.append("expected one %s attnaudit, found %s" % (
+            kind, ", ".join(d["kind"] for d in found) or "none"))
         return None
     known = check_deploy.server_flag_names()
-    for flag in check_deploy.flag_args(container(sts[0]).get("args", [])):
+    for flag in check_deploy.flag_args(container(found[0]).get("args", [])):
         if flag not in known:
-            problems.append("StatefulSet: --%s is not a server flag" % flag)
-    return sts[0]
+            problems.append("%s: --%s is not a server flag" % (kind, flag))
+    return found[0]
 
 
 def adapter_rule_metric(problems, promtool):
@@ -153,13 +163,19 @@ def check_gpu(sts, problems):
 
 def main(argv):
     parser = argparse.ArgumentParser()
-    parser.add_argument("variant", choices=("base", "autoscaled", "gpu"))
+    parser.add_argument("variant",
+                        choices=("base", "autoscaled", "gpu", "fleet"))
     parser.add_argument("rendered")
     parser.add_argument("--promtool", default="promtool")
     args = parser.parse_args(argv)
     docs = [d for d in yaml.safe_load_all(open(args.rendered)) if d]
     problems = []
-    sts = check_common(docs, problems)
+    sts = check_common(docs, problems, "Deployment"
+                       if args.variant == "fleet" else "StatefulSet")
+    if sts is not None and args.variant == "fleet":
+        problems += check_deploy.fleet_problems(
+            docs, check_deploy.entrypoint_flags(),
+            check_deploy.server_flag_names())
     if sts is not None and args.variant == "autoscaled":
         check_autoscaled(docs, sts, problems, args.promtool)
     if sts is not None and args.variant == "gpu":

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The Kubernetes manifests as a cluster would receive them (ctest
 # k8s_manifests_test): the CPU base (deploy/k8s) and the overlays
-# deploy/k8s/overlays/{autoscaled,gpu} render with `kubectl kustomize`, pass
-# `kubernetes-validate --strict`, and check_k8s.py checks what the schema
-# cannot (the HPA's metric and the prometheus-adapter rule against
-# server/metrics/metrics.h, the ServiceMonitor's selector and port, the GPU
-# overlay's limits, placement and server flags).
+# deploy/k8s/overlays/{autoscaled,gpu,fleet} render with `kubectl
+# kustomize`, pass `kubernetes-validate --strict`, and check_k8s.py checks
+# what the schema cannot (the HPA's metric and the prometheus-adapter rule
+# against server/metrics/metrics.h, the ServiceMonitor's selector and port,
+# the GPU overlay's limits, placement and server flags, the fleet's
+# Deployment, Secret, headless Service and example PostgreSQL).
 #
 # Tools: kubectl with kustomize v4 or later (`labels:` in the
 # kustomizations). Debian 12's kubernetes-client is 1.20 with kustomize v2,
@@ -70,7 +71,8 @@ if [[ ! -x "$VENV/bin/kubernetes-validate" ||
   echo "$want" >"$VENV/.requirements.sha256"
 fi
 
-for overlay in deploy/k8s deploy/k8s/overlays/autoscaled deploy/k8s/overlays/gpu; do
+for overlay in deploy/k8s deploy/k8s/overlays/autoscaled deploy/k8s/overlays/gpu \
+               deploy/k8s/overlays/fleet; do
   name=$(basename "$overlay")
   [[ $name == k8s ]] && name=base
   out="$TMP/$name.yaml"

@@ -27,7 +27,7 @@
 #include "client/lib/client.h"
 #include "core/sim/simulator.h"
 #include "gtest/gtest.h"
-#include "server/store/result_store.h"
+#include "server/store/sqlite_job_store.h"
 #include "tests/load/server_process.h"
 
 namespace attnaudit::testing {
@@ -185,8 +185,8 @@ TEST(CrashCyclesTest, SigkillUnderLoadLosesAndDuplicatesNothing) {
 
   // The store, read directly: one row per acknowledged job, all DONE, and
   // nothing else (a duplicate would be a second row for one key's job).
-  absl::StatusOr<std::unique_ptr<server::ResultStore>> store =
-      server::ResultStore::Open(dir + "/data");
+  absl::StatusOr<std::unique_ptr<server::SqliteJobStore>> store =
+      server::SqliteJobStore::Open(dir + "/data");
   ASSERT_TRUE(store.ok()) << store.status();
   server::ResultQuery q;
   q.limit = 10000;

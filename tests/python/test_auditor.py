@@ -4,11 +4,15 @@ when it resumes (SIGCONT)."""
 
 from __future__ import annotations
 
+import collections
 import threading
+import time
 
+import grpc
 import pytest
 
 import attnaudit
+from attnaudit.v1 import report_pb2, service_pb2
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +112,80 @@ def test_submit_mode_collects_verdicts(client, snaps):
     assert latest[1].verdict == attnaudit.Verdict.DRIFT
     c = auditor.counters
     assert (c.sent, c.passed, c.drifted) == (2, 1, 1)
+    auditor.close()
+
+
+def test_run_labels(client, snaps):
+    auditor = attnaudit.RolloutAuditor(client, sample_every=1, max_in_flight=3,
+                                       run="rl-run-a")
+    assert auditor.step(Builder(snaps["ok"]), layer=0)
+    assert auditor.step(Builder(snaps["ok"]), layer=1, run="rl-run-b")
+    labelled = attnaudit.Snapshot.load(snaps["ok"])
+    labelled.labels.run = "own-run"  # a snapshot's own label wins
+    assert auditor.step(labelled, layer=2)
+    assert auditor.flush(60)
+    runs = {layer: r.report.labels.run for layer, r in auditor.latest.items()}
+    assert runs == {0: "rl-run-a", 1: "rl-run-b", 2: "own-run"}
+    auditor.close()
+    snap = attnaudit.Snapshot.load(snaps["ok"])
+    with_dict = attnaudit.Snapshot.from_arrays(
+        q=snap.tensor("q"), k_pages=snap.tensor("k_pages"), v_pages=snap.tensor("v_pages"),
+        block_table=snap.tensor("block_table"), kv_seq_lens=snap.tensor("kv_seq_lens"),
+        query_positions=snap.tensor("query_positions"),
+        slot_positions=snap.tensor("slot_positions"),
+        labels={"model": "m", "step": 3, "run": "grpo-7"})
+    assert (with_dict.labels.run, with_dict.labels.step) == ("grpo-7", 3)
+
+
+class LaggingReplica:
+    """A client whose get() answers NOT_FOUND for a job's first `hidden`
+    polls (a replica that does not see the job yet), and forever for job
+    ids in `lost`."""
+
+    def __init__(self, hidden: int, lost=()):
+        self.hidden = hidden
+        self.lost = set(lost)
+        self.polls = collections.Counter()
+        self.next_id = list(self.lost)
+
+    def submit(self, snapshot, **kw):
+        job = self.next_id.pop(0) if self.next_id else f"job-{len(self.polls)}"
+        self.polls[job] += 0
+        return attnaudit.Submitted(job, False)
+
+    def get(self, job_id, **kw):
+        self.polls[job_id] += 1
+        if job_id in self.lost or self.polls[job_id] <= self.hidden:
+            raise attnaudit.NotFoundError(grpc.StatusCode.NOT_FOUND, f"job {job_id} not found")
+        proto = service_pb2.JobResult(job_id=job_id, state=service_pb2.JOB_STATE_DONE)
+        proto.report.verdict = report_pb2.VERDICT_PASS
+        return attnaudit.JobResult(proto)
+
+
+def test_submit_mode_polls_through_a_short_not_found(snaps):
+    snap = attnaudit.Snapshot.load(snaps["ok"])
+    lagging = LaggingReplica(hidden=3)
+    auditor = attnaudit.RolloutAuditor(lagging, sample_every=1, mode="submit",
+                                       poll_interval=0.02, not_found_grace=5.0)
+    assert auditor.step(snap, layer=0)
+    assert auditor.flush(30)
+    c = auditor.counters
+    assert (c.sent, c.passed, c.failed) == (1, 1, 0)
+    assert lagging.polls["job-0"] == 4
+    assert auditor.latest[0].verdict == attnaudit.Verdict.PASS
+    auditor.close()
+
+    lost = LaggingReplica(hidden=0, lost=["gone"])
+    auditor = attnaudit.RolloutAuditor(lost, sample_every=1, mode="submit",
+                                       poll_interval=0.02, not_found_grace=0.3)
+    start = time.monotonic()
+    assert auditor.step(snap, layer=0)
+    assert auditor.flush(30)
+    assert time.monotonic() - start >= 0.3  # NOT_FOUND was final only after the grace
+    c = auditor.counters
+    assert (c.sent, c.passed, c.failed) == (1, 0, 1)
+    assert isinstance(auditor.latest[0].error, attnaudit.NotFoundError)
+    assert auditor.latest[0].job_id == "gone" and lost.polls["gone"] > 1
     auditor.close()
 
 

@@ -101,6 +101,7 @@ Snapshot FullSnapshot(uint32_t seed) {
   s.labels.backend = "flashinfer";
   s.labels.step = 123456;
   s.labels.request_ids = {"req-a", "req-b"};
+  s.labels.run = "grpo-run-7";
   return s;
 }
 
@@ -365,6 +366,7 @@ void ExpectSnapshotEq(const Snapshot& a, const Snapshot& b) {
   EXPECT_EQ(a.labels.backend, b.labels.backend);
   EXPECT_EQ(a.labels.step, b.labels.step);
   EXPECT_EQ(a.labels.request_ids, b.labels.request_ids);
+  EXPECT_EQ(a.labels.run, b.labels.run);
 }
 
 namespace {
@@ -414,6 +416,7 @@ void ExpectReportEq(const AuditReport& a, const AuditReport& b) {
   EXPECT_EQ(a.labels.backend, b.labels.backend);
   EXPECT_EQ(a.labels.step, b.labels.step);
   EXPECT_EQ(a.labels.request_ids, b.labels.request_ids);
+  EXPECT_EQ(a.labels.run, b.labels.run);
 
   ASSERT_EQ(a.comparisons.size(), b.comparisons.size());
   for (size_t i = 0; i < a.comparisons.size(); ++i) {

@@ -8,6 +8,7 @@
                                             lse_base="e")
     report = client.audit(snap)
     print(report.verdict, report.engine_vs_reference.out.max_abs)
+    df = client.list_results(run="grpo-7", since=3600).to_pandas()
 
 docs/PYTHON.md in the repository is the guide. attnaudit.aio has the
 asyncio client; attnaudit.v1 the generated protobuf/gRPC stubs.
@@ -21,7 +22,8 @@ from .memfd import MemfdSnapshot
 from .errors import (AuditError, CancelledError, DeadlineExceededError,
                      InvalidArgumentError, NotFoundError, PermissionDeniedError,
                      ResourceExhaustedError, UnauthenticatedError, UnavailableError)
-from .report import ComparisonView, Diagnosis, JobResult, Report
+from .report import ComparisonView, Diagnosis, JobResult, Report, ResultSummary
+from .results import ResultIterator, results_to_pandas, results_to_parquet
 from .snapshot import ENGINE_PRESETS, Snapshot
 
 __version__ = "0.1.0"
@@ -30,6 +32,7 @@ __all__ = [
     "AuditClient", "AuditError", "AuditResult", "AuditorCounters", "CancelledError",
     "Comparison", "ComparisonView", "DeadlineExceededError", "Diagnosis", "InvalidArgumentError",
     "JobResult", "JobState", "MemfdSnapshot", "NotFoundError", "PermissionDeniedError", "Priority",
-    "ENGINE_PRESETS", "Report", "ResourceExhaustedError", "RolloutAuditor", "Snapshot", "Submitted",
-    "Tls", "UnauthenticatedError", "UnavailableError", "Verdict", "Watch",
+    "ENGINE_PRESETS", "Report", "ResourceExhaustedError", "ResultIterator", "ResultSummary",
+    "RolloutAuditor", "Snapshot", "Submitted", "Tls", "UnauthenticatedError", "UnavailableError",
+    "Verdict", "Watch", "results_to_pandas", "results_to_parquet",
 ]

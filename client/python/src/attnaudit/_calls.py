@@ -4,7 +4,11 @@ encoding, transport choice and argument parsing. No I/O happens here."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import ipaddress
 import os
+import socket
+import time
 from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
@@ -37,6 +41,8 @@ def bind_methods(client, channel) -> None:
         SERVICE + "Cancel", response_deserializer=pb.CancelResponse.FromString)
     client._capabilities = channel.unary_unary(
         SERVICE + "GetCapabilities", response_deserializer=pb.Capabilities.FromString)
+    client._list = channel.unary_unary(
+        SERVICE + "ListResults", response_deserializer=pb.ListResultsResponse.FromString)
 
 # Past this size the stream is faster than one unary message even when the
 # unary call would fit (its chunks pipeline encoding, transfer and parsing).
@@ -82,6 +88,117 @@ def _pem(value, what: str) -> Optional[bytes]:
         with open(value, "rb") as f:
             return f.read()
     raise ValueError(f"tls.{what}: {value!r} is neither PEM bytes nor a readable file")
+
+
+# Target schemes gRPC resolves itself: an address starting with one of
+# these (and not just "name:port") is handed to the channel unchanged.
+_TARGET_SCHEMES = ("dns", "ipv4", "ipv6", "unix", "unix-abstract", "vsock",
+                   "xds", "google-c2p")
+
+
+def _is_grpc_target(addr: str) -> bool:
+    if "://" in addr:
+        return True
+    scheme, sep, rest = addr.partition(":")
+    # "dns:50051" is the host "dns" and a port, not a target.
+    return bool(sep) and scheme.lower() in _TARGET_SCHEMES and not rest.isdigit()
+
+
+def _split_host_port(addr: str, what: str) -> Tuple[str, int]:
+    """("host", port) of "host:port" or "[v6]:port"."""
+    if addr.startswith("["):
+        host, sep, port = addr[1:].partition("]:")
+    else:
+        host, sep, port = addr.rpartition(":")
+        if ":" in host:
+            raise ValueError(f"{what}: {addr!r}: write an IPv6 address as [ADDR]:PORT")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{what}: {addr!r} is not HOST:PORT")
+    return host, int(port)
+
+
+def _resolve(host: str, port: int, what: str) -> List[ipaddress._BaseAddress]:
+    try:
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        from .errors import UnavailableError
+        raise UnavailableError(grpc.StatusCode.UNAVAILABLE,
+                               f"{what}: cannot resolve {host!r}: {e}") from None
+    return [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
+
+
+def channel_target(addr: Any) -> Tuple[str, Optional[str]]:
+    """The gRPC target for `addr`, and the authority to announce (None: the
+    target's own).
+
+    addr is one "host:port"; a gRPC target ("dns:///name:port",
+    "ipv4:10.0.0.1:50051,10.0.0.2:50051", "unix:/path", ...), unchanged;
+    or several "host:port" addresses, as a list or one comma-separated
+    string. Several addresses become one "ipv4:" target (all IPv4), or an
+    "ipv6:" target (IPv4 addresses v4-mapped) when any is IPv6; host names
+    among them are resolved here, once, to every address they have, and the
+    first address's "host:port" is announced as the authority (what TLS
+    checks the certificate against)."""
+    if isinstance(addr, str):
+        addr = addr.strip()
+        if not addr:
+            raise ValueError("addr: must not be empty")
+        if _is_grpc_target(addr) or "," not in addr:
+            return addr, None
+        addrs = [a.strip() for a in addr.split(",")]
+    elif isinstance(addr, Sequence):
+        addrs = [str(a).strip() for a in addr]
+        if not addrs:
+            raise ValueError("addr: the list of addresses is empty")
+    else:
+        raise TypeError(f"addr: expected a string or a list of strings, got "
+                        f"{type(addr).__name__}")
+    if any(not a for a in addrs):
+        raise ValueError(f"addr: empty address in {addrs!r}")
+    if len(addrs) == 1:
+        return channel_target(addrs[0])
+    resolved, named = [], None
+    for i, a in enumerate(addrs):
+        if _is_grpc_target(a):
+            raise ValueError(f"addr[{i}]: {a!r} is a gRPC target; a list takes "
+                             "HOST:PORT addresses")
+        host, port = _split_host_port(a, f"addr[{i}]")
+        ips = _resolve(host, port, f"addr[{i}]")
+        if named is None and not all(str(ip) == host for ip in ips):
+            named = a
+        for ip in ips:
+            if (ip, port) not in resolved:
+                resolved.append((ip, port))
+    if all(ip.version == 4 for ip, _ in resolved):
+        target = "ipv4:" + ",".join(f"{ip}:{port}" for ip, port in resolved)
+    else:
+        target = "ipv6:" + ",".join(
+            f"[{ip if ip.version == 6 else '::ffff:' + str(ip)}]:{port}"
+            for ip, port in resolved)
+    return target, (addrs[0] if named is not None else None)
+
+
+# Every channel balances its calls over all the addresses its target
+# resolves to (a list of replicas, or a DNS name with one record per
+# replica); with one address this changes nothing.
+ROUND_ROBIN = ("grpc.lb_policy_name", "round_robin")
+
+
+def channel_args(addr: Any, tls: Any, extra: Sequence = ()
+                 ) -> Tuple[str, Optional[grpc.ChannelCredentials], List]:
+    """(target, credentials or None for plaintext, channel options) of a
+    client of `addr` (see channel_target)."""
+    target, authority = channel_target(addr)
+    creds, options = channel_setup(tls)
+    options.append(ROUND_ROBIN)
+    extra = list(extra)
+    if authority is not None and not any(k == "grpc.default_authority" for k, _ in extra):
+        options.append(("grpc.default_authority", authority))
+    return target, creds, options + extra
 
 
 def channel_setup(tls: Any) -> Tuple[Optional[grpc.ChannelCredentials], List]:
@@ -238,14 +355,68 @@ def choose_transport(transport: str, snapshot: Snapshot, threshold: int) -> str:
 
 
 def watch_request(model: Optional[str], layer: Optional[int], engine: Optional[str],
-                  backend: Optional[str], verdicts: Optional[Sequence]) -> bytes:
+                  backend: Optional[str], verdicts: Optional[Sequence],
+                  resume_after: Optional[int] = None) -> bytes:
     f = service_pb2.ResultFilter(model=model or "", engine=engine or "",
                                  backend=backend or "")
     if layer is not None:
         f.layer = int(layer)
     for v in verdicts or ():
         f.verdicts.append(E.parse_enum(report_pb2.Verdict, "VERDICT_", v, "verdicts"))
-    return service_pb2.WatchResultsRequest(filter=f).SerializeToString()
+    request = service_pb2.WatchResultsRequest(filter=f)
+    if resume_after is not None:
+        if isinstance(resume_after, bool) or int(resume_after) < 0:
+            raise ValueError(f"resume_after: must be a cursor >= 0, got {resume_after!r}")
+        request.resume_after = int(resume_after)
+    return request.SerializeToString()
+
+
+MAX_PAGE_SIZE = 1000
+
+
+def _instant(value: Any, what: str) -> Optional[datetime.datetime]:
+    """A point in time from None, seconds ago (a number), a timedelta (that
+    long ago) or a datetime (naive ones are local time, as
+    datetime.timestamp() reads them)."""
+    if value is None:
+        return None
+    if isinstance(value, datetime.datetime):
+        return value if value.tzinfo else value.astimezone()
+    now = datetime.datetime.fromtimestamp(time.time(), datetime.timezone.utc)
+    if isinstance(value, datetime.timedelta):
+        return now - value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return now - datetime.timedelta(seconds=float(value))
+    raise TypeError(f"{what}: expected seconds ago, a timedelta or a datetime, "
+                    f"got {type(value).__name__}")
+
+
+def list_request(*, model: Optional[str] = None, layer: Optional[int] = None,
+                 engine: Optional[str] = None, backend: Optional[str] = None,
+                 verdict: Any = None, diagnosis: Optional[str] = None,
+                 step: Optional[int] = None, run: Optional[str] = None,
+                 state: Any = None, since: Any = None, until: Any = None,
+                 page_size: int = 100) -> service_pb2.ListResultsRequest:
+    """The first page's ListResultsRequest (page_token empty)."""
+    if isinstance(page_size, bool) or not 1 <= int(page_size) <= MAX_PAGE_SIZE:
+        raise ValueError(f"page_size: must be in [1, {MAX_PAGE_SIZE}], got {page_size!r}")
+    r = service_pb2.ListResultsRequest(
+        model=model or "", engine=engine or "", backend=backend or "",
+        diagnosis=diagnosis or "", run=run or "", page_size=int(page_size))
+    if layer is not None:
+        r.layer = int(layer)
+    if step is not None:
+        r.step = int(step)
+    if verdict is not None:
+        r.verdict = E.parse_enum(report_pb2.Verdict, "VERDICT_", verdict, "verdict")
+    if state is not None:
+        r.state = E.parse_enum(service_pb2.JobState, "JOB_STATE_", state, "state")
+    for field, value, what in (("finished_after", since, "since"),
+                               ("finished_before", until, "until")):
+        instant = _instant(value, what)
+        if instant is not None:
+            getattr(r, field).FromDatetime(instant.astimezone(datetime.timezone.utc))
+    return r
 
 
 def id_request(cls, job_id: str) -> bytes:

@@ -7,6 +7,8 @@ coroutine, and watch() returns an async iterator:
         report = await client.audit(snapshot)
         async for result in client.watch(verdicts=["DRIFT"], timeout=60):
             ...
+        async for summary in client.list_results(run="grpo-7", since=3600):
+            ...
 
 Use one client per event loop (grpc.aio channels are bound to the loop that
 created them).
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Optional, Sequence
+from typing import Any, AsyncIterator, Optional, Sequence, Union
 
 import grpc
 import grpc.aio
@@ -28,6 +30,7 @@ from ._enums import JobState
 from .errors import AuditError, DeadlineExceededError, UnavailableError, from_rpc_error
 from .memfd import MemfdSnapshot
 from .report import JobResult, Report
+from .results import AsyncResultIterator
 from .snapshot import Snapshot
 
 Submitted = C.Submitted
@@ -36,17 +39,19 @@ Submitted = C.Submitted
 class AuditClient:
     """Asyncio client (see the module docstring and attnaudit.AuditClient)."""
 
-    def __init__(self, addr: str = "localhost:50051", *, tls: Any = None,
-                 token: Optional[str] = None, timeout: float = 120.0,
+    def __init__(self, addr: Union[str, Sequence[str]] = "localhost:50051", *,
+                 tls: Any = None, token: Optional[str] = None, timeout: float = 120.0,
                  stream_threshold_bytes: Optional[int] = None,
                  chunk_bytes: Optional[int] = None,
                  channel_options: Sequence = ()):
-        if not addr:
-            raise ValueError("addr: must not be empty")
-        creds, options = C.channel_setup(tls)
-        options += list(channel_options)
-        self._channel = (grpc.aio.secure_channel(addr, creds, options) if creds
-                         else grpc.aio.insecure_channel(addr, options))
+        """As attnaudit.AuditClient: addr is one HOST:PORT, a gRPC target
+        ("dns:///attnaudit-headless:50051"), or the replicas of a fleet as
+        a list or a comma-separated string; calls are balanced round-robin
+        over every address the target resolves to."""
+        target, creds, options = C.channel_args(addr, tls, channel_options)
+        self.target = target
+        self._channel = (grpc.aio.secure_channel(target, creds, options) if creds
+                         else grpc.aio.insecure_channel(target, options))
         self._metadata = C.metadata(token)
         self.timeout = timeout
         self._threshold = stream_threshold_bytes
@@ -151,11 +156,29 @@ class AuditClient:
                              timeout)
         return JobState(r.state)
 
+    def list_results(self, *, model: Optional[str] = None, layer: Optional[int] = None,
+                     engine: Optional[str] = None, backend: Optional[str] = None,
+                     verdict: Any = None, diagnosis: Optional[str] = None,
+                     step: Optional[int] = None, run: Optional[str] = None,
+                     state: Any = None, since: Any = None, until: Any = None,
+                     page_size: int = 100, limit: Optional[int] = None,
+                     timeout: Optional[float] = None) -> AsyncResultIterator:
+        """As attnaudit.AuditClient.list_results, as an async iterator
+        (`async for`; `await it.to_pandas()`)."""
+        request = C.list_request(model=model, layer=layer, engine=engine,
+                                 backend=backend, verdict=verdict, diagnosis=diagnosis,
+                                 step=step, run=run, state=state, since=since,
+                                 until=until, page_size=page_size)
+        return AsyncResultIterator(lambda r: self._call(self._list, r, timeout),
+                                   request, limit)
+
     def watch(self, *, model: Optional[str] = None, layer: Optional[int] = None,
               engine: Optional[str] = None, backend: Optional[str] = None,
               verdicts: Optional[Sequence] = None,
-              timeout: Optional[float] = None) -> "Watch":
-        request = C.watch_request(model, layer, engine, backend, verdicts)
+              timeout: Optional[float] = None,
+              resume_after: Optional[int] = None) -> "Watch":
+        """As attnaudit.AuditClient.watch (resume_after included)."""
+        request = C.watch_request(model, layer, engine, backend, verdicts, resume_after)
         call = self._watch(request, timeout=timeout, metadata=self._metadata)
         return Watch(call, bounded=timeout is not None)
 

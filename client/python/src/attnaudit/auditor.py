@@ -30,10 +30,18 @@ tensors: a gather on a side stream that the engine's stream waits for, and
 an asynchronous copy to pinned memory that only the background thread waits
 for) plus an enqueue. Sending happens on background threads.
 
+Labels. A sampled snapshot without a layer or step label gets the call's;
+one without a run label gets the step's `run=` or else the auditor's `run`
+(the rollout or training run, which list_results filters on).
+
 Modes. mode="audit" (default) sends each snapshot with the Audit call at
 `priority` ("sampled" by default) and reads the report from the answer.
 mode="submit" queues durable jobs with Submit (the slot is freed once the
-server has the job on disk) and collects their reports by polling.
+server has the job on disk) and collects their reports by polling. A job
+the server answers NOT_FOUND within `not_found_grace` seconds of its
+submission is polled again (behind a round-robin balanced fleet the replica
+asked may not see it yet); after that NOT_FOUND is final and counted as
+failed.
 
 Results. `counters` (an AuditorCounters: steps, sampled, sent, dropped,
 failed, invalid, passed, drifted), `latest` (the AuditResult of the newest
@@ -101,6 +109,7 @@ class _Item:
     snapshot: Snapshot
     step: Optional[int]
     layer: Optional[int]
+    submitted_at: float = 0.0  # time.monotonic() when Submit returned
 
 
 class RolloutAuditor:
@@ -112,7 +121,8 @@ class RolloutAuditor:
                  priority: Any = "sampled", options: Any = None,
                  timeout: float = 120.0, keep: int = 64,
                  on_result: Optional[Callable[[AuditResult], None]] = None,
-                 side_stream: bool = True, poll_interval: float = 0.5):
+                 side_stream: bool = True, poll_interval: float = 0.5,
+                 run: Optional[str] = None, not_found_grace: float = 5.0):
         if sample_every < 1:
             raise ValueError(f"sample_every: must be >= 1, got {sample_every}")
         if max_in_flight < 1:
@@ -134,6 +144,8 @@ class RolloutAuditor:
         self._on_result = on_result
         self._side_stream = side_stream
         self._poll_interval = poll_interval
+        self.run = None if run is None else str(run)
+        self._not_found_grace = float(not_found_grace)
         self.max_in_flight = int(max_in_flight)
 
         # Caller-thread state (no lock: step() has one caller).
@@ -172,11 +184,12 @@ class RolloutAuditor:
     # ------------------------------------------------------------------
 
     def step(self, snapshot_or_builder, *, layer: Optional[int] = None,
-             step: Optional[int] = None) -> bool:
+             step: Optional[int] = None, run: Optional[str] = None) -> bool:
         """Offers one attention call. Returns True when it was sampled and
         queued; False when it was not sampled or was dropped. Never blocks
         on the server; raises nothing (a builder's exception is counted as
-        failed and kept in last_error)."""
+        failed and kept in last_error). layer, step, run: labels for a
+        snapshot that has none (run defaults to the auditor's)."""
         self._steps += 1
         if step is None:
             step = self._auto_step.get(layer, 0)
@@ -190,9 +203,10 @@ class RolloutAuditor:
                     return False
             elif layer not in self._layer_set:
                 return False
-        return self._sample(snapshot_or_builder, layer, step)
+        return self._sample(snapshot_or_builder, layer, step,
+                            self.run if run is None else run)
 
-    def _sample(self, snapshot_or_builder, layer, step) -> bool:
+    def _sample(self, snapshot_or_builder, layer, step, run) -> bool:
         self._sampled += 1
         if self._closed or not self._slots.acquire(blocking=False):
             self._dropped += 1
@@ -207,6 +221,8 @@ class RolloutAuditor:
                 labels.layer = int(layer)
             if not labels.HasField("step"):
                 labels.step = int(step)
+            if run and not labels.run:
+                labels.run = str(run)
         except Exception as e:  # noqa: BLE001 - never break the rollout loop
             self._slots.release()
             self._record(_Item(None, step, layer), None, e)
@@ -274,6 +290,7 @@ class RolloutAuditor:
                                                 options=self._options)
                 with self._lock:
                     self._counts["sent"] += 1
+                    item.submitted_at = time.monotonic()
                     self._pending_jobs[submitted.job_id] = item
                     item.snapshot = None
         except Exception as e:  # noqa: BLE001 - counted, kept, never raised
@@ -288,7 +305,10 @@ class RolloutAuditor:
                 try:
                     result = self._client.get(job_id, timeout=self._timeout)
                 except AuditError as e:
-                    if e.code.name == "NOT_FOUND":
+                    # NOT_FOUND soon after Submit: the replica asked may not
+                    # see the job yet; later it is final.
+                    if (e.code.name == "NOT_FOUND" and time.monotonic()
+                            - item.submitted_at >= self._not_found_grace):
                         with self._lock:
                             self._pending_jobs.pop(job_id, None)
                         self._record(item, None, e, job_id)

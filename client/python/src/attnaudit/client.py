@@ -5,6 +5,14 @@
     print(report.verdict, report.engine_vs_reference.out.max_abs)
     job = client.submit(snapshot)              # durable async job
     result = client.wait(job.job_id)           # or get() / watch()
+    for s in client.list_results(run="grpo-7", verdict="DRIFT"):
+        print(s.job_id, s.layer, s.step, s.diagnosis)
+
+A fleet of replicas sharing one store: give every address, or one DNS
+name that resolves to all of them, and the calls are spread round-robin:
+
+    client = attnaudit.AuditClient(["10.0.0.5:50051", "10.0.0.6:50051"])
+    client = attnaudit.AuditClient("dns:///attnaudit-headless:50051")
 
 audit() sends a snapshot over the unary Audit call when it fits
 comfortably under the server's receive limit (Capabilities, asked once and
@@ -23,7 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import grpc
 
@@ -33,29 +41,43 @@ from . import _calls as C
 from .errors import AuditError, DeadlineExceededError, from_rpc_error
 from .memfd import MemfdSnapshot
 from .report import JobResult, Report
+from .results import ResultIterator
 from .snapshot import Snapshot
-
 
 
 class AuditClient:
     """Synchronous client (see the module docstring)."""
 
-    def __init__(self, addr: str = "localhost:50051", *, tls: Any = None,
-                 token: Optional[str] = None, timeout: float = 120.0,
+    def __init__(self, addr: Union[str, Sequence[str]] = "localhost:50051", *,
+                 tls: Any = None, token: Optional[str] = None, timeout: float = 120.0,
                  stream_threshold_bytes: Optional[int] = None,
                  chunk_bytes: Optional[int] = None,
                  channel_options: Sequence = ()):
-        """addr: HOST:PORT. tls: None (plaintext), True (system roots), or
-        attnaudit.Tls / a dict (ca, cert, key, server_name). token: sent as
-        "authorization: Bearer <token>". timeout: default deadline of a
-        call, seconds. stream_threshold_bytes / chunk_bytes: override the
-        transport choice and the AuditStream chunk size."""
-        if not addr:
-            raise ValueError("addr: must not be empty")
-        creds, options = C.channel_setup(tls)
-        options += list(channel_options)
-        self._channel = (grpc.secure_channel(addr, creds, options) if creds
-                         else grpc.insecure_channel(addr, options))
+        """addr: the server, or the replicas of a fleet:
+          - "HOST:PORT": one address (a name resolves through DNS, and a
+            name with several records reaches every one of them);
+          - a gRPC target, passed on unchanged: "dns:///attnaudit-headless:50051"
+            (re-resolved as the fleet changes: the way to reach a Kubernetes
+            headless service), "ipv4:10.0.0.5:50051,10.0.0.6:50051",
+            "unix:/run/attnaudit.sock";
+          - several HOST:PORT addresses, as a list or a comma-separated
+            string: one "ipv4:" (or "ipv6:") target of them all; host names
+            among them are resolved once, here, to every address they have
+            (UnavailableError if one cannot be), and the first address is
+            the authority TLS checks.
+        The channel always balances round-robin (gRPC's round_robin policy)
+        over every address its target resolves to, so calls spread over
+        the fleet; any replica sharing the store answers for any job. A
+        channel_options entry overrides ("grpc.lb_policy_name", ...).
+        tls: None (plaintext), True (system roots), or attnaudit.Tls / a
+        dict (ca, cert, key, server_name). token: sent as "authorization:
+        Bearer <token>". timeout: default deadline of a call, seconds.
+        stream_threshold_bytes / chunk_bytes: override the transport choice
+        and the AuditStream chunk size."""
+        target, creds, options = C.channel_args(addr, tls, channel_options)
+        self.target = target
+        self._channel = (grpc.secure_channel(target, creds, options) if creds
+                         else grpc.insecure_channel(target, options))
         self._metadata = C.metadata(token)
         self.timeout = timeout
         self._threshold = stream_threshold_bytes
@@ -188,16 +210,56 @@ class AuditClient:
                        timeout)
         return JobState(r.state)
 
+    def list_results(self, *, model: Optional[str] = None, layer: Optional[int] = None,
+                     engine: Optional[str] = None, backend: Optional[str] = None,
+                     verdict: Any = None, diagnosis: Optional[str] = None,
+                     step: Optional[int] = None, run: Optional[str] = None,
+                     state: Any = None, since: Any = None, until: Any = None,
+                     page_size: int = 100, limit: Optional[int] = None,
+                     timeout: Optional[float] = None) -> ResultIterator:
+        """The stored results (finished jobs, Submit's and Audit's) that
+        match every criterion given, newest first, as an iterator of
+        attnaudit.ResultSummary views read a page at a time.
+
+        model, engine, backend, run, layer, step: the snapshot's labels.
+        verdict: "PASS", "DRIFT", ... (a DONE job's). diagnosis: the top
+        hypothesis of a DRIFT, e.g. "stale-page". state: "DONE", "FAILED"
+        or "CANCELLED" (None: all three). since / until: finished at or
+        after / before, each given as seconds ago, a timedelta ago, or a
+        datetime. page_size: results per ListResults call (1 to 1000).
+        limit: stop after this many results (None: all). timeout: the
+        deadline of each page's call.
+
+        The iterator's to_pandas() / to_parquet(path) tabulate what is left
+        of it (attnaudit.results_to_pandas). Errors of the server (e.g.
+        InvalidArgumentError for a state it cannot list) are raised when
+        the page is read."""
+        request = C.list_request(model=model, layer=layer, engine=engine,
+                                 backend=backend, verdict=verdict, diagnosis=diagnosis,
+                                 step=step, run=run, state=state, since=since,
+                                 until=until, page_size=page_size)
+        return ResultIterator(lambda r: self._call(self._list, r, timeout), request, limit)
+
     def watch(self, *, model: Optional[str] = None, layer: Optional[int] = None,
               engine: Optional[str] = None, backend: Optional[str] = None,
               verdicts: Optional[Sequence] = None,
-              timeout: Optional[float] = None) -> "Watch":
+              timeout: Optional[float] = None,
+              resume_after: Optional[int] = None) -> "Watch":
         """Streams the results of jobs that finish from now on and match the
         filter (every criterion given must match). Iterate over the returned
         Watch; it ends after `timeout` seconds (None: never) or cancel().
         The call starts at once, but the server registers it asynchronously:
-        a job that finishes within milliseconds of this call may be missed."""
-        request = C.watch_request(model, layer, engine, backend, verdicts)
+        a job that finishes within milliseconds of this call may be missed.
+
+        resume_after: a cursor (JobResult.cursor of the last result seen,
+        or 0 for the beginning): the server first replays every stored
+        result after it, in cursor order, then continues with live ones,
+        missing and repeating none -- so a watcher that reconnects (to any
+        replica of a fleet) continues where it stopped. The server refuses
+        it with OUT_OF_RANGE (an AuditError) when more than 10000 results,
+        or results it has pruned, lie between; read those with
+        list_results() and watch again."""
+        request = C.watch_request(model, layer, engine, backend, verdicts, resume_after)
         try:
             call = self._watch(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:

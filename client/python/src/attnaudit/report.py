@@ -14,18 +14,29 @@ available as `.proto`, and the common questions are attributes:
 
 A comparison that was not computed is None; a quantity it did not compare
 (e.g. lse without an engine lse) is None too. JobResult wraps a
-attnaudit.v1.JobResult the same way. Views are immutable snapshots of the
-message; they are cheap to create and safe to share between threads.
+attnaudit.v1.JobResult the same way, and ResultSummary an
+attnaudit.v1.ResultSummary (one row of ListResults). Views are immutable
+snapshots of the message; they are cheap to create and safe to share
+between threads. Times are timezone-aware datetimes in UTC, or None when
+the server did not set them.
 """
 
 from __future__ import annotations
 
+import datetime
 from typing import List, Optional
 
 from attnaudit.v1 import report_pb2, service_pb2
 
 from ._enums import Comparison, JobState, Priority, Verdict
 from .errors import AuditError, job_error
+
+
+def _time(message, field: str) -> Optional[datetime.datetime]:
+    """A Timestamp field as an aware UTC datetime, or None when unset."""
+    if not message.HasField(field):
+        return None
+    return getattr(message, field).ToDatetime(tzinfo=datetime.timezone.utc)
 
 
 class ComparisonView:
@@ -292,9 +303,194 @@ class JobResult:
 
     @property
     def labels(self):
+        """The snapshot's attnaudit.v1.Labels (model, layer, engine,
+        backend, step, run, request_ids)."""
         return self.proto.labels
+
+    @property
+    def run(self) -> str:
+        """The rollout or training run label ("" when unset)."""
+        return self.proto.labels.run
+
+    @property
+    def cursor(self) -> int:
+        """The result's place in the store's result feed (1, 2, ... in
+        commit order across every replica sharing the store); 0 while the
+        job is unfinished or when the result was not stored. Pass the last
+        one seen as watch(resume_after=...) to continue from there."""
+        return self.proto.cursor
+
+    @property
+    def replica(self) -> str:
+        """The replica that accepted (or took over) the job; "" when the
+        result was not stored."""
+        return self.proto.replica
+
+    @property
+    def submit_time(self) -> Optional[datetime.datetime]:
+        return _time(self.proto, "submit_time")
+
+    @property
+    def start_time(self) -> Optional[datetime.datetime]:
+        return _time(self.proto, "start_time")
+
+    @property
+    def finish_time(self) -> Optional[datetime.datetime]:
+        return _time(self.proto, "finish_time")
 
     def __repr__(self) -> str:
         v = self.verdict
         return (f"<attnaudit.JobResult {self.job_id} {self.state.name}"
-                + (f" {v.name}" if v is not None else "") + ">")
+                + (f" {v.name}" if v is not None else "")
+                + (f" cursor={self.cursor}" if self.cursor else "") + ">")
+
+
+class ResultSummary:
+    """One stored result as ListResults returns it: state, verdict, labels,
+    the headline drift numbers and the top diagnosis, without the full
+    report (client.get(summary.job_id) has it)."""
+
+    __slots__ = ("proto",)
+
+    def __init__(self, proto: service_pb2.ResultSummary):
+        self.proto = proto
+
+    @property
+    def job_id(self) -> str:
+        return self.proto.job_id
+
+    @property
+    def state(self) -> JobState:
+        """DONE, FAILED or CANCELLED."""
+        return JobState(self.proto.state)
+
+    @property
+    def verdict(self) -> Optional[Verdict]:
+        """The report's verdict of a DONE job, else None."""
+        v = self.proto.verdict
+        return Verdict(v) if v != report_pb2.VERDICT_UNSPECIFIED else None
+
+    @property
+    def labels(self):
+        """The snapshot's attnaudit.v1.Labels (without request_ids)."""
+        return self.proto.labels
+
+    @property
+    def model(self) -> str:
+        return self.proto.labels.model
+
+    @property
+    def layer(self) -> Optional[int]:
+        return self.proto.labels.layer if self.proto.labels.HasField("layer") else None
+
+    @property
+    def engine(self) -> str:
+        return self.proto.labels.engine
+
+    @property
+    def backend(self) -> str:
+        return self.proto.labels.backend
+
+    @property
+    def step(self) -> Optional[int]:
+        return self.proto.labels.step if self.proto.labels.HasField("step") else None
+
+    @property
+    def run(self) -> str:
+        return self.proto.labels.run
+
+    def _brief(self, name: str) -> Optional[service_pb2.DriftBrief]:
+        return getattr(self.proto, name) if self.proto.HasField(name) else None
+
+    @property
+    def engine_out(self) -> Optional[service_pb2.DriftBrief]:
+        """Engine vs reference, attention output: max_abs, rms, tolerance."""
+        return self._brief("engine_out")
+
+    @property
+    def engine_lse(self) -> Optional[service_pb2.DriftBrief]:
+        """Engine vs reference, LSE (natural log)."""
+        return self._brief("engine_lse")
+
+    @property
+    def replay_out(self) -> Optional[service_pb2.DriftBrief]:
+        """Replay vs reference, attention output."""
+        return self._brief("replay_out")
+
+    @property
+    def replay_lse(self) -> Optional[service_pb2.DriftBrief]:
+        """Replay vs reference, LSE."""
+        return self._brief("replay_lse")
+
+    @property
+    def logprob_max_abs(self) -> float:
+        """Engine vs reference selected-token log-prob drift, nats (0 when
+        the snapshot carried no log-probs)."""
+        return self.proto.logprob_max_abs
+
+    @property
+    def diagnosis(self) -> Optional[str]:
+        """The top diagnosis hypothesis of a DRIFT ("stale-page", ...), or
+        None."""
+        return self.proto.diagnosis or None
+
+    @property
+    def diagnosis_summary(self) -> str:
+        return self.proto.diagnosis_summary
+
+    @property
+    def diagnosis_location(self) -> Optional[report_pb2.DiagnosisLocation]:
+        return (self.proto.diagnosis_location
+                if self.proto.HasField("diagnosis_location") else None)
+
+    @property
+    def replica(self) -> str:
+        """The replica that accepted the job."""
+        return self.proto.replica
+
+    @property
+    def cursor(self) -> int:
+        """The result's place in the store's result feed (see
+        JobResult.cursor)."""
+        return self.proto.cursor
+
+    @property
+    def submit_time(self) -> Optional[datetime.datetime]:
+        return _time(self.proto, "submit_time")
+
+    @property
+    def start_time(self) -> Optional[datetime.datetime]:
+        return _time(self.proto, "start_time")
+
+    @property
+    def finish_time(self) -> Optional[datetime.datetime]:
+        return _time(self.proto, "finish_time")
+
+    @property
+    def error(self) -> Optional[AuditError]:
+        """Why a FAILED or CANCELLED job has no report, as a typed error."""
+        if not self.proto.HasField("error"):
+            return None
+        return job_error(self.proto.error.code, self.proto.error.message)
+
+    @property
+    def audit_seconds(self) -> float:
+        """The audit's own time (the report's total stage time)."""
+        return self.proto.audit_seconds
+
+    def to_record(self) -> dict:
+        """The flat row of results_to_pandas (attnaudit.results.COLUMNS)."""
+        from .results import record_of
+        return record_of(self)
+
+    def __repr__(self) -> str:
+        v = self.verdict
+        parts = [self.job_id, self.state.name]
+        if v is not None:
+            parts.append(v.name)
+        if self.engine_out is not None:
+            parts.append(f"out.max_abs={self.engine_out.max_abs:.3g}")
+        if self.diagnosis:
+            parts.append(self.diagnosis)
+        parts.append(f"cursor={self.cursor}")
+        return "<attnaudit.ResultSummary " + " ".join(parts) + ">"

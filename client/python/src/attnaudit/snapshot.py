@@ -204,8 +204,9 @@ class Snapshot:
         prefix_key, prefix_length, prefix_fingerprint (64 hex, or "auto" to
         compute attnaudit's v1 digest here), prefix_scheme
         ("attnaudit_v1", "rl_kernel_compat"): prefix-cache identity.
-        labels: a dict (model, layer, engine, backend, step, request_ids) or
-        an attnaudit.v1.Labels.
+        labels: a dict (model, layer, engine, backend, step, run,
+        request_ids) or an attnaudit.v1.Labels; run names the rollout or
+        training run (list_results filters on it).
         engine: a name of ENGINE_PRESETS ("vllm-cpu", "hf-eager", "hf-sdpa",
         "torch-flash-cpu", "vllm", "flash-decoding"): declares the engine's
         precision profile and its RoPE cast point (either may still be given
@@ -890,7 +891,7 @@ def _apply_prefix(meta, key, length, fingerprint, scheme) -> bool:
 
 def make_labels(labels: Any) -> snapshot_pb2.Labels:
     """An attnaudit.v1.Labels from a dict (model, layer, engine, backend,
-    step, request_ids) or a Labels message."""
+    step, run, request_ids) or a Labels message."""
     if isinstance(labels, snapshot_pb2.Labels):
         return labels
     if not isinstance(labels, Mapping):
@@ -898,8 +899,9 @@ def make_labels(labels: Any) -> snapshot_pb2.Labels:
                         f"{type(labels).__name__}")
     out = snapshot_pb2.Labels()
     for k, v in labels.items():
-        if k in ("model", "engine", "backend"):
-            setattr(out, k, str(v))
+        if k in ("model", "engine", "backend", "run"):
+            if v is not None:
+                setattr(out, k, str(v))
         elif k in ("layer", "step"):
             if v is not None:
                 setattr(out, k, int(v))
@@ -907,7 +909,7 @@ def make_labels(labels: Any) -> snapshot_pb2.Labels:
             out.request_ids.extend(str(r) for r in v)
         else:
             raise TypeError(f"labels: unknown key {k!r}; expected model, layer, "
-                            "engine, backend, step, request_ids")
+                            "engine, backend, step, run, request_ids")
     return out
 
 

@@ -165,6 +165,8 @@ TEST(MetricsTest, ExactlyTheDocumentedFamilies) {
       {"attnaudit_rejections_total", T::Counter},
       {"attnaudit_labels_truncated_total", T::Counter},
       {"attnaudit_calls_ended_total", T::Counter},
+      {"attnaudit_store_up", T::Gauge},
+      {"attnaudit_fleet_jobs_taken_over_total", T::Counter},
       {"attnaudit_inflight_jobs", T::Gauge},
       {"attnaudit_devices", T::Gauge},
       {"attnaudit_device_jobs_total", T::Counter},
@@ -184,6 +186,22 @@ TEST(MetricsTest, CallsEndedAreCountedByReason) {
   metrics->CountCallsEnded(Metrics::CallEnd::kCredentials);
   EXPECT_EQ(Value(*metrics, family, {{"reason", "upload_idle"}}), 2);
   EXPECT_EQ(Value(*metrics, family, {{"reason", "credentials"}}), 1);
+}
+
+TEST(MetricsTest, TheStoreGaugeAndTakeOversFollowTheirCalls) {
+  auto metrics = MakeMetrics(MetricsOptions());
+  EXPECT_EQ(Value(*metrics, "attnaudit_store_up", {}), 1);  // until told
+  metrics->SetStoreUp(false);
+  EXPECT_EQ(Value(*metrics, "attnaudit_store_up", {}), 0);
+  metrics->SetStoreUp(true);
+  EXPECT_EQ(Value(*metrics, "attnaudit_store_up", {}), 1);
+  metrics->CountJobsTakenOver(3);
+  metrics->CountJobsTakenOver(0);
+  EXPECT_EQ(Value(*metrics, "attnaudit_fleet_jobs_taken_over_total", {}), 3);
+  metrics->CountTruncatedLabel("run", 2);
+  EXPECT_EQ(
+      Value(*metrics, "attnaudit_labels_truncated_total", {{"label", "run"}}),
+      2);
 }
 
 // RoPE checks by check and verdict; a report's diagnosis from a drifting

@@ -1,0 +1,323 @@
+"""Stored results: ListResults pages as one lazy iterator, and as a table.
+
+    for s in client.list_results(run="grpo-7", verdict="DRIFT", since=3600):
+        print(s.job_id, s.layer, s.step, s.engine_out.max_abs, s.diagnosis)
+
+    df = client.list_results(model="llama3-8b", limit=10_000).to_pandas()
+    client.list_results(run="grpo-7").to_parquet("grpo-7.parquet")
+
+list_results() returns a ResultIterator (ResultSummary views, newest
+first) that asks for the next page only when the previous one has been
+consumed, following the server's page tokens, and stops after `limit`
+results. results_to_pandas() / results_to_parquet() turn any iterable of
+ResultSummary or JobResult views (a list_results() iterator, a watch, a
+list) into one flat row per result, with the columns of COLUMNS. pandas and
+pyarrow are optional: only these functions need them, and they raise an
+ImportError naming the package when it is missing.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Iterable, Iterator,
+                    List, Optional)
+
+from attnaudit.v1 import report_pb2, service_pb2
+
+from .report import JobResult, ResultSummary
+
+# The flat columns of results_to_pandas / results_to_parquet, in order.
+COLUMNS = ("job_id", "state", "verdict", "model", "layer", "engine", "backend",
+           "step", "run", "engine_out_max_abs", "engine_out_rms",
+           "engine_lse_max_abs", "replay_out_max_abs", "logprob_max_abs",
+           "diagnosis", "replica", "cursor", "submit_time", "finish_time",
+           "audit_seconds", "error_code", "error_message")
+
+_STRING = ("job_id", "state", "verdict", "model", "engine", "backend", "run",
+           "diagnosis", "replica", "error_message")
+_NULLABLE_INT = ("layer", "step", "error_code")
+_FLOAT = ("engine_out_max_abs", "engine_out_rms", "engine_lse_max_abs",
+          "replay_out_max_abs", "logprob_max_abs", "audit_seconds")
+_TIME = ("submit_time", "finish_time")
+
+
+# ---------------------------------------------------------------------------
+# Rows
+# ---------------------------------------------------------------------------
+
+
+def summarize(result: service_pb2.JobResult) -> service_pb2.ResultSummary:
+    """The ResultSummary of a full JobResult, computed as the server's
+    ListResults computes it (so watched and listed results tabulate
+    alike)."""
+    s = service_pb2.ResultSummary(job_id=result.job_id, state=result.state,
+                                  replica=result.replica, cursor=result.cursor)
+    s.labels.CopyFrom(result.labels)
+    s.labels.ClearField("request_ids")
+    for field in ("submit_time", "start_time", "finish_time", "error"):
+        if result.HasField(field):
+            getattr(s, field).CopyFrom(getattr(result, field))
+    if not result.HasField("report"):
+        return s
+    report = result.report
+    s.verdict = report.verdict
+    for c in report.comparisons:
+        if c.comparison == report_pb2.COMPARISON_ENGINE_VS_REFERENCE:
+            _brief(c.out, s.engine_out)
+            _brief(c.lse, s.engine_lse)
+            s.logprob_max_abs = c.logprob.max_abs
+        elif c.comparison == report_pb2.COMPARISON_REPLAY_VS_REFERENCE:
+            _brief(c.out, s.replay_out)
+            _brief(c.lse, s.replay_lse)
+    if report.diagnoses:
+        top = report.diagnoses[0]
+        s.diagnosis = top.hypothesis
+        s.diagnosis_summary = top.summary
+        s.diagnosis_location.CopyFrom(top.location)
+    s.audit_seconds = report.provenance.timings.total_seconds
+    return s
+
+
+def _brief(stats: report_pb2.DriftStats, out: service_pb2.DriftBrief) -> None:
+    out.max_abs, out.rms, out.tolerance = stats.max_abs, stats.rms, stats.tolerance
+
+
+def _as_summary(item: Any) -> ResultSummary:
+    if isinstance(item, ResultSummary):
+        return item
+    if isinstance(item, service_pb2.ResultSummary):
+        return ResultSummary(item)
+    if isinstance(item, JobResult):
+        return ResultSummary(summarize(item.proto))
+    if isinstance(item, service_pb2.JobResult):
+        return ResultSummary(summarize(item))
+    raise TypeError(f"expected ResultSummary or JobResult views (or their messages), "
+                    f"got {type(item).__name__}")
+
+
+def record_of(item: Any) -> Dict[str, Any]:
+    """One result (a ResultSummary or JobResult view, or its message) as a
+    flat dict with the keys of COLUMNS. Absent values are None: text left
+    empty, a layer or step not labelled, a drift not compared, the error of
+    a DONE job."""
+    s = _as_summary(item)
+    p = s.proto
+
+    def brief(name: str, stat: str) -> Optional[float]:
+        return getattr(getattr(p, name), stat) if p.HasField(name) else None
+
+    verdict = s.verdict
+    return {
+        "job_id": p.job_id or None,
+        "state": s.state.name,
+        "verdict": verdict.name if verdict is not None else None,
+        "model": p.labels.model or None,
+        "layer": s.layer,
+        "engine": p.labels.engine or None,
+        "backend": p.labels.backend or None,
+        "step": s.step,
+        "run": p.labels.run or None,
+        "engine_out_max_abs": brief("engine_out", "max_abs"),
+        "engine_out_rms": brief("engine_out", "rms"),
+        "engine_lse_max_abs": brief("engine_lse", "max_abs"),
+        "replay_out_max_abs": brief("replay_out", "max_abs"),
+        "logprob_max_abs": p.logprob_max_abs if p.HasField("engine_out") else None,
+        "diagnosis": p.diagnosis or None,
+        "replica": p.replica or None,
+        "cursor": int(p.cursor),
+        "submit_time": s.submit_time,
+        "finish_time": s.finish_time,
+        "audit_seconds": p.audit_seconds if p.state == service_pb2.JOB_STATE_DONE else None,
+        "error_code": p.error.code if p.HasField("error") else None,
+        "error_message": p.error.message if p.HasField("error") else None,
+    }
+
+
+def _require(module: str, what: str, extra: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(
+            f"attnaudit.{what} needs {module.split('.')[0]}, which is not installed: "
+            f"pip install {module.split('.')[0]} (or 'attnaudit[{extra}]')") from e
+
+
+def _columns(results: Iterable[Any]) -> Dict[str, List[Any]]:
+    records = [record_of(r) for r in results]
+    return {name: [r[name] for r in records] for name in COLUMNS}
+
+
+def results_to_pandas(results: Iterable[Any]):
+    """A pandas.DataFrame with one row per result and the columns of
+    COLUMNS: text as str (None when empty), state and verdict as their
+    names, layer / step / error_code as nullable Int64, the drift numbers
+    as float64 (NaN when not compared), the times as datetime64[ns, UTC]
+    (NaT when unset).
+    `results`: ResultSummary or JobResult views, e.g. client.list_results()
+    or a watch. ImportError when pandas is not installed."""
+    pd = _require("pandas", "results_to_pandas", "pandas")
+    columns = _columns(results)
+    frame = pd.DataFrame({name: pd.Series(values, dtype=object)
+                          for name, values in columns.items()}, columns=list(COLUMNS))
+    for name in _NULLABLE_INT:
+        frame[name] = pd.array(columns[name], dtype="Int64")
+    for name in _FLOAT:
+        frame[name] = pd.array([float("nan") if v is None else v for v in columns[name]],
+                               dtype="float64")
+    frame["cursor"] = pd.array(columns["cursor"], dtype="int64")
+    for name in _TIME:
+        frame[name] = pd.to_datetime(pd.Series(columns[name], dtype=object),
+                                     utc=True).astype("datetime64[ns, UTC]")
+    return frame
+
+
+def results_to_parquet(results: Iterable[Any], path: Any) -> int:
+    """Writes the rows of results_to_pandas to a Parquet file at `path`
+    (with pyarrow; pandas is not needed) and returns how many rows it
+    wrote. ImportError when pyarrow is not installed."""
+    pa = _require("pyarrow", "results_to_parquet", "parquet")
+    pq = _require("pyarrow.parquet", "results_to_parquet", "parquet")
+    types = {}
+    for name in COLUMNS:
+        if name in _STRING:
+            types[name] = pa.string()
+        elif name in _NULLABLE_INT or name == "cursor":
+            types[name] = pa.int64()
+        elif name in _FLOAT:
+            types[name] = pa.float64()
+        else:
+            types[name] = pa.timestamp("us", tz="UTC")
+    schema = pa.schema([(name, types[name]) for name in COLUMNS])
+    table = pa.Table.from_pydict(_columns(results), schema=schema)
+    pq.write_table(table, str(path))
+    return table.num_rows
+
+
+# ---------------------------------------------------------------------------
+# Pages
+# ---------------------------------------------------------------------------
+
+
+class _Pager:
+    """The paging state both iterators share: the request, the token, the
+    buffered rows and the limit."""
+
+    def __init__(self, request: service_pb2.ListResultsRequest, limit: Optional[int]):
+        if limit is not None and (isinstance(limit, bool) or int(limit) < 0):
+            raise ValueError(f"limit: must be >= 0 or None, got {limit!r}")
+        self.request = request
+        self.limit = None if limit is None else int(limit)
+        self.page_size = request.page_size
+        self.buffer: "collections.deque[service_pb2.ResultSummary]" = collections.deque()
+        self.token: Optional[str] = None  # None: no page read yet; "": last page read
+        self.returned = 0
+        self.pages_read = 0
+
+    def exhausted(self) -> bool:
+        return self.limit is not None and self.returned >= self.limit
+
+    def needs_page(self) -> bool:
+        return not self.buffer and self.token != ""
+
+    def next_request(self) -> bytes:
+        self.request.page_token = self.token or ""
+        if self.limit is not None:  # never ask for rows past the limit
+            wanted = self.limit - self.returned - len(self.buffer)
+            self.request.page_size = max(1, min(self.page_size, wanted))
+        return self.request.SerializeToString()
+
+    def take_page(self, response: service_pb2.ListResultsResponse) -> None:
+        self.pages_read += 1
+        self.buffer.extend(response.results)
+        token = response.next_page_token
+        # A token that does not move would repeat the page forever.
+        self.token = "" if token == (self.token or "") else token
+
+    def pop(self) -> Optional[ResultSummary]:
+        if self.exhausted() or not self.buffer:
+            return None
+        self.returned += 1
+        return ResultSummary(self.buffer.popleft())
+
+
+class ResultIterator:
+    """The results of client.list_results(), newest first, read a page at
+    a time as iteration reaches it (an iterator: it can be consumed once).
+    to_list(), to_records(), to_pandas() and to_parquet() consume what is
+    left."""
+
+    def __init__(self, fetch: Callable[[bytes], service_pb2.ListResultsResponse],
+                 request: service_pb2.ListResultsRequest, limit: Optional[int] = None):
+        self._fetch = fetch
+        self._pager = _Pager(request, limit)
+
+    @property
+    def pages_read(self) -> int:
+        """ListResults calls made so far."""
+        return self._pager.pages_read
+
+    def __iter__(self) -> Iterator[ResultSummary]:
+        return self
+
+    def __next__(self) -> ResultSummary:
+        pager = self._pager
+        while not pager.exhausted() and pager.needs_page():
+            pager.take_page(self._fetch(pager.next_request()))
+        item = pager.pop()
+        if item is None:
+            raise StopIteration
+        return item
+
+    def to_list(self) -> List[ResultSummary]:
+        return list(self)
+
+    def to_records(self) -> List[Dict[str, Any]]:
+        """One flat dict per result (the columns of COLUMNS)."""
+        return [record_of(s) for s in self]
+
+    def to_pandas(self):
+        """A pandas.DataFrame of the results (results_to_pandas)."""
+        return results_to_pandas(self)
+
+    def to_parquet(self, path: Any) -> int:
+        """Writes the results to a Parquet file (results_to_parquet)."""
+        return results_to_parquet(self, path)
+
+
+class AsyncResultIterator:
+    """The asyncio twin of ResultIterator: `async for s in ...`, and
+    `await it.to_list()`, `await it.to_pandas()`, `await it.to_parquet(path)`."""
+
+    def __init__(self, fetch: Callable[[bytes], Awaitable[service_pb2.ListResultsResponse]],
+                 request: service_pb2.ListResultsRequest, limit: Optional[int] = None):
+        self._fetch = fetch
+        self._pager = _Pager(request, limit)
+
+    @property
+    def pages_read(self) -> int:
+        return self._pager.pages_read
+
+    def __aiter__(self) -> AsyncIterator[ResultSummary]:
+        return self
+
+    async def __anext__(self) -> ResultSummary:
+        pager = self._pager
+        while not pager.exhausted() and pager.needs_page():
+            pager.take_page(await self._fetch(pager.next_request()))
+        item = pager.pop()
+        if item is None:
+            raise StopAsyncIteration
+        return item
+
+    async def to_list(self) -> List[ResultSummary]:
+        return [s async for s in self]
+
+    async def to_records(self) -> List[Dict[str, Any]]:
+        return [record_of(s) for s in await self.to_list()]
+
+    async def to_pandas(self):
+        return results_to_pandas(await self.to_list())
+
+    async def to_parquet(self, path: Any) -> int:
+        return results_to_parquet(await self.to_list(), path)

@@ -1,0 +1,249 @@
+// JobStore: the record of every durable job and its result, the contract
+// both stores keep:
+//   SqliteJobStore    <data_dir>/results.db, one process (the default);
+//   PostgresJobStore  a PostgreSQL database shared by a fleet of replicas.
+// OpenJobStore picks one from --store ("sqlite" or a postgresql:// URL).
+//
+// States: QUEUED -> RUNNING -> DONE | FAILED | CANCELLED. DONE means an
+// audit report exists (whatever its verdict, INVALID included); FAILED an
+// error (error_code/error_message); CANCELLED a client cancel or an
+// expired deadline (error_code says which). Terminal rows never change:
+// PutResult on a terminal row is a no-op that returns false, so one job
+// never has two results, whichever replica (or retry) stores it.
+//
+// The result feed: every terminal row gets a sequence number `seq` when it
+// becomes terminal, 1, 2, 3, ... in commit order, never reused (a counter
+// row, not MAX(seq): pruning must not recycle numbers). A reader that has
+// seen every row up to N and asks ResultsAfter(N) misses nothing and sees
+// nothing twice; WatchResults' resume_after cursor and the replicas'
+// cancel hand-off are built on it.
+//
+// Durability: every write is one transaction, committed durably before it
+// returns (SQLite synchronous=FULL; PostgreSQL's default synchronous
+// commit). Errors: Unavailable when the database cannot be reached (the
+// caller retries; nothing is half-written), Internal for other database
+// failures, InvalidArgument for bad arguments, NotFound from Get,
+// FailedPrecondition when the schema on disk is newer than this server.
+//
+// Thread safety: every method of every implementation is thread-safe.
+#ifndef ATTNAUDIT_SERVER_STORE_JOB_STORE_H_
+#define ATTNAUDIT_SERVER_STORE_JOB_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/optional.h"
+
+namespace attnaudit::server {
+
+// Stored as text ("QUEUED", ...). Values are not persisted.
+enum class JobState : int {
+  kQueued = 0,
+  kRunning = 1,
+  kDone = 2,
+  kFailed = 3,
+  kCancelled = 4,
+};
+// "QUEUED", "RUNNING", "DONE", "FAILED", "CANCELLED": the text stored.
+// Spelled here rather than taken from attnaudit.v1.JobState's generated
+// names: stored rows must not change when the wire contract renames a
+// value, and the store knows no wire types.
+absl::string_view JobStateName(JobState s);
+bool ParseJobState(absl::string_view name, JobState* out);
+bool IsTerminal(JobState s);
+
+struct ResultRecord {
+  std::string job_id;
+  // Owner (server/auth tenant). Rows stored before tenants existed belong
+  // to "default".
+  std::string tenant = "default";
+  JobState state = JobState::kQueued;
+  // attnaudit::Verdict value (0 unspecified, 1 PASS, 2 DRIFT, 3 INVALID);
+  // 0 unless DONE.
+  int verdict = 0;
+  int32_t priority = 1;  // PriorityClass value
+  // The snapshot's labels that queries filter on.
+  std::string model;
+  int64_t layer = -1;  // -1: unknown
+  std::string engine;
+  std::string backend;
+  int64_t step = -1;  // -1: unknown
+  std::string run;
+  // The top diagnosis hypothesis of a DRIFT report ("" when none).
+  std::string diagnosis;
+  // The replica that accepted (or last claimed) the job.
+  std::string replica;
+  absl::Time created = absl::UnixEpoch();   // accepted (Submit)
+  absl::Time started = absl::UnixEpoch();   // RUNNING; epoch if never
+  absl::Time finished = absl::UnixEpoch();  // terminal; epoch if not yet
+  int error_code = 0;                       // absl::StatusCode value
+  std::string error_message;
+  std::string report;  // opaque (the serialised report proto); may be empty
+  // Set by the store: the row's place in the result feed (0 until
+  // terminal). Ignored on writes.
+  int64_t seq = 0;
+};
+
+// An acknowledged job as a fleet store keeps it for another replica to
+// take over: its row, its deadline and its request bytes (the Submit
+// request exactly as spooled).
+struct StoredJob {
+  ResultRecord record;
+  absl::Time deadline = absl::InfiniteFuture();
+  std::string payload;
+};
+
+struct ResultQuery {
+  // Exact matches; unset matches any.
+  absl::optional<std::string> tenant;
+  absl::optional<int> verdict;
+  absl::optional<JobState> state;
+  absl::optional<std::string> model;
+  absl::optional<int64_t> layer;
+  absl::optional<std::string> engine;
+  absl::optional<std::string> backend;
+  absl::optional<int64_t> step;
+  absl::optional<std::string> run;
+  absl::optional<std::string> diagnosis;
+  // results_only: terminal rows only, newest result first (seq
+  // descending), optionally only those with seq < before_seq (the next
+  // page after a page that ended at before_seq) and finished in
+  // [finished_since, finished_until). Otherwise every row, newest created
+  // first (the finished_* and before_seq bounds are ignored).
+  bool results_only = false;
+  absl::optional<absl::Time> finished_since;
+  absl::optional<absl::Time> finished_until;
+  int64_t before_seq = 0;       // 0: no bound
+  int limit = 100;              // 1..10000 rows
+  bool include_report = false;  // leave `report` empty when false
+};
+
+struct StoreOptions {
+  // Prune(): delete terminal rows finished more than max_age ago
+  // (InfiniteDuration: keep), then all but the newest max_results terminal
+  // rows (0: no limit). Queued/running rows are never pruned.
+  absl::Duration max_age = absl::Hours(24 * 7);
+  int64_t max_results = 1000000;
+  // How long a call waits for a busy database (SQLite busy_timeout;
+  // PostgreSQL connect_timeout and statement lock waits).
+  absl::Duration busy_timeout = absl::Seconds(5);
+  // Tests only: SQLite synchronous=OFF.
+  bool sync = true;
+};
+
+class JobStore {
+ public:
+  virtual ~JobStore() = default;
+
+  // Records an accepted job as QUEUED (record.state and seq are ignored).
+  // Returns true when the row was created, false when the job already had
+  // a row (of any state): across a fleet this is the claim that makes an
+  // idempotency key name one job.
+  virtual absl::StatusOr<bool> RecordQueued(const ResultRecord& record) = 0;
+
+  // RecordQueued, and in a store shared by a fleet also the job's
+  // deadline and request bytes, in the same transaction, so that another
+  // replica can run the job if this one never comes back (ClaimStranded).
+  // The payload goes when the job's result is stored. A store of one
+  // process keeps no payload (the local spool has it).
+  virtual absl::StatusOr<bool> RecordQueuedWithPayload(
+      const ResultRecord& record, absl::Time deadline,
+      absl::string_view payload) = 0;
+
+  // Deletes the row of a job that is still QUEUED (an acknowledged job
+  // never is: this undoes a RecordQueued whose job could not be
+  // scheduled). Returns whether a row went.
+  virtual absl::StatusOr<bool> ForgetQueued(absl::string_view job_id) = 0;
+
+  // QUEUED -> RUNNING at `started`. Returns false (no change) when the row
+  // is missing or not QUEUED.
+  virtual absl::StatusOr<bool> MarkRunning(absl::string_view job_id,
+                                           absl::Time started) = 0;
+
+  // Stores the terminal result (record.state must be DONE, FAILED or
+  // CANCELLED, else InvalidArgument) and gives it the next seq. Inserts
+  // the row or updates a QUEUED/RUNNING one (keeping its replica), in one
+  // transaction. Returns true when this call made the job terminal, false
+  // when it already was (nothing changed).
+  virtual absl::StatusOr<bool> PutResult(const ResultRecord& record) = 0;
+
+  // NotFound when the job has no row. The report is included.
+  virtual absl::StatusOr<ResultRecord> Get(absl::string_view job_id) = 0;
+
+  virtual absl::StatusOr<std::vector<ResultRecord>> Query(
+      const ResultQuery& query) = 0;
+
+  // Terminal rows with seq > after_seq, in seq order, at most `limit`
+  // (1..10000), reports included: the result feed.
+  virtual absl::StatusOr<std::vector<ResultRecord>> ResultsAfter(
+      int64_t after_seq, int limit) = 0;
+  // The seq of the newest terminal row ever stored (0: none yet).
+  virtual absl::StatusOr<int64_t> LastSeq() = 0;
+
+  // Job ids in QUEUED or RUNNING state, oldest first; with `replica`
+  // non-empty only that replica's.
+  virtual absl::StatusOr<std::vector<std::string>> Unfinished(
+      absl::string_view replica) = 0;
+
+  // Applies the retention policy relative to `now`; returns rows deleted.
+  virtual absl::StatusOr<int64_t> Prune(absl::Time now) = 0;
+
+  // The value stored under `name`; when there is none, stores `candidate`
+  // and returns it. Replicas agree on shared secrets through it (the
+  // idempotency key's HMAC secret): the first to ask wins.
+  virtual absl::StatusOr<std::string> SharedSecret(
+      absl::string_view name, absl::string_view candidate) = 0;
+
+  // --- The fleet's hand-off (stores that are shared(); the SQLite store
+  // answers OK / nothing).
+  //
+  // A replica is alive while its heartbeat, written with the database's
+  // clock (so replicas' clocks need not agree), is younger than the lease.
+  virtual absl::Status Heartbeat(absl::string_view replica) = 0;
+  // The replica is going away (drain): its unfinished jobs may be claimed
+  // at once.
+  virtual absl::Status Retire(absl::string_view replica) = 0;
+  // Takes over up to `limit` unfinished jobs (with a payload) whose
+  // replica is not alive (no heartbeat within `lease`), oldest first: each
+  // becomes `replica`'s, QUEUED again. Replicas claiming at once never get
+  // the same job (row locks, SKIP LOCKED).
+  virtual absl::StatusOr<std::vector<StoredJob>> ClaimStranded(
+      absl::string_view replica, absl::Duration lease, int limit) = 0;
+  // The stored payload of an unfinished job (a replica restarting without
+  // its local spool). NotFound when there is none.
+  virtual absl::StatusOr<StoredJob> ReadPayload(absl::string_view job_id) = 0;
+
+  // Whether other processes write to the same store (a fleet).
+  virtual bool shared() const = 0;
+  // For logs: "sqlite:<path>" or the URL without its password.
+  virtual std::string description() const = 0;
+};
+
+// Where the store lives, from --store.
+struct StoreConfig {
+  // "sqlite" (the default: <data_dir>/results.db) or
+  // "postgresql://USER[:PASSWORD]@HOST[:PORT]/DB[?PARAMS]" (also
+  // "postgres://").
+  std::string url = "sqlite";
+  std::string data_dir;
+  StoreOptions options;
+};
+
+// Opens (creating or migrating the schema of) the store `config` names.
+// InvalidArgument naming "--store" for a URL that is neither form; the
+// store's own errors otherwise.
+absl::StatusOr<std::unique_ptr<JobStore>> OpenJobStore(
+    const StoreConfig& config);
+
+// The URL with any password replaced by "***", for logs and errors.
+std::string RedactStoreUrl(absl::string_view url);
+
+}  // namespace attnaudit::server
+
+#endif  // ATTNAUDIT_SERVER_STORE_JOB_STORE_H_

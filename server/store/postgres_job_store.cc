@@ -1,0 +1,620 @@
+#include "server/store/postgres_job_store.h"
+
+#include <libpq-fe.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+#include "server/store/query_sql.h"
+
+namespace attnaudit::server {
+namespace {
+
+using store_internal::kRecordColumns;
+using store_internal::kTerminalStates;
+using store_internal::Micros;
+
+// Any fixed number: the advisory lock that serialises migrations.
+constexpr int64_t kMigrationLock = 0x617474'6e61'7564;
+
+constexpr const char* kSchemaV1 = R"sql(
+CREATE TABLE attnaudit_jobs (
+  job_id        TEXT PRIMARY KEY,
+  tenant        TEXT NOT NULL DEFAULT 'default',
+  state         TEXT NOT NULL,
+  verdict       INTEGER NOT NULL DEFAULT 0,
+  priority      INTEGER NOT NULL DEFAULT 1,
+  model         TEXT NOT NULL DEFAULT '',
+  layer         BIGINT NOT NULL DEFAULT -1,
+  engine        TEXT NOT NULL DEFAULT '',
+  backend       TEXT NOT NULL DEFAULT '',
+  step          BIGINT NOT NULL DEFAULT -1,
+  run           TEXT NOT NULL DEFAULT '',
+  diagnosis     TEXT NOT NULL DEFAULT '',
+  replica       TEXT NOT NULL DEFAULT '',
+  created_us    BIGINT NOT NULL DEFAULT 0,
+  started_us    BIGINT NOT NULL DEFAULT 0,
+  finished_us   BIGINT NOT NULL DEFAULT 0,
+  error_code    INTEGER NOT NULL DEFAULT 0,
+  error_message TEXT NOT NULL DEFAULT '',
+  report        BYTEA,
+  seq           BIGINT NOT NULL DEFAULT 0
+);
+CREATE INDEX attnaudit_jobs_by_seq ON attnaudit_jobs(seq);
+CREATE INDEX attnaudit_jobs_by_created ON attnaudit_jobs(created_us, job_id);
+CREATE INDEX attnaudit_jobs_by_finished ON attnaudit_jobs(finished_us, job_id);
+CREATE INDEX attnaudit_jobs_unfinished ON attnaudit_jobs(replica, created_us)
+  WHERE state IN ('QUEUED', 'RUNNING');
+CREATE TABLE attnaudit_counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
+INSERT INTO attnaudit_counters(name, value) VALUES('seq', 0);
+CREATE TABLE attnaudit_secrets (name TEXT PRIMARY KEY, value BYTEA NOT NULL);
+CREATE TABLE attnaudit_payloads (
+  job_id      TEXT PRIMARY KEY,
+  deadline_us BIGINT NOT NULL,
+  payload     BYTEA NOT NULL
+);
+CREATE TABLE attnaudit_replicas (
+  replica      TEXT PRIMARY KEY,
+  heartbeat_us BIGINT NOT NULL
+);
+)sql";
+
+// The database's clock in microseconds: leases compare heartbeats written
+// by different machines, so one clock decides.
+constexpr const char* kDbNowUs =
+    "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT";
+
+// "08xxx" connection exceptions, admin shutdowns and "cannot connect now"
+// mean the database is away, not that the statement was wrong.
+bool IsUnavailable(const char* sqlstate) {
+  if (sqlstate == nullptr) return true;
+  const absl::string_view s(sqlstate);
+  return absl::StartsWith(s, "08") || absl::StartsWith(s, "57P") ||
+         s == "53300";  // too many connections
+}
+
+}  // namespace
+
+class PostgresJobStore::Rows {
+ public:
+  explicit Rows(PGresult* r) : r_(r) {}
+  Rows(Rows&& o) noexcept : r_(std::exchange(o.r_, nullptr)) {}
+  Rows& operator=(Rows&&) = delete;
+  ~Rows() { PQclear(r_); }
+
+  PGresult* get() const { return r_; }
+
+  int rows() const { return PQntuples(r_); }
+  std::string Text(int row, int col) const {
+    return std::string(PQgetvalue(r_, row, col), PQgetlength(r_, row, col));
+  }
+  int64_t Int(int row, int col) const {
+    int64_t v = 0;
+    return absl::SimpleAtoi(Text(row, col), &v) ? v : 0;
+  }
+  std::string Bytes(int row, int col) const {
+    if (PQgetisnull(r_, row, col)) return "";
+    size_t n = 0;
+    unsigned char* raw = PQunescapeBytea(
+        reinterpret_cast<const unsigned char*>(PQgetvalue(r_, row, col)), &n);
+    if (raw == nullptr) return "";
+    std::string out(reinterpret_cast<const char*>(raw), n);
+    PQfreemem(raw);
+    return out;
+  }
+  int64_t changed() const {
+    int64_t v = 0;
+    return absl::SimpleAtoi(PQcmdTuples(r_), &v) ? v : 0;
+  }
+
+ private:
+  PGresult* r_;
+};
+
+namespace {
+
+class ResultRow final : public store_internal::RowReader {
+ public:
+  ResultRow(const PostgresJobStore::Rows& rows, int row)
+      : rows_(rows), row_(row) {}
+  std::string Text(int col) const override { return rows_.Text(row_, col); }
+  int64_t Int(int col) const override { return rows_.Int(row_, col); }
+
+ private:
+  const PostgresJobStore::Rows& rows_;
+  const int row_;
+};
+
+PostgresJobStore::Param Text(absl::string_view v) {
+  return {std::string(v), false};
+}
+PostgresJobStore::Param Int(int64_t v) { return {absl::StrCat(v), false}; }
+PostgresJobStore::Param Bytes(absl::string_view v) {
+  return {std::string(v), true};
+}
+
+}  // namespace
+
+PostgresJobStore::PostgresJobStore(std::string url, const StoreOptions& options)
+    : url_(std::move(url)),
+      redacted_url_(RedactStoreUrl(url_)),
+      options_(options) {}
+
+PostgresJobStore::~PostgresJobStore() {
+  absl::MutexLock lock(&mu_);
+  if (conn_ != nullptr) PQfinish(conn_);
+}
+
+absl::StatusOr<std::unique_ptr<PostgresJobStore>> PostgresJobStore::Open(
+    const std::string& url, const StoreOptions& options) {
+  std::unique_ptr<PostgresJobStore> store(new PostgresJobStore(url, options));
+  absl::MutexLock lock(&store->mu_);
+  ATTNAUDIT_RETURN_IF_ERROR(store->ConnectLocked());
+  ATTNAUDIT_RETURN_IF_ERROR(store->MigrateLocked());
+  return store;
+}
+
+absl::Status PostgresJobStore::ConnectLocked() {
+  if (conn_ != nullptr && PQstatus(conn_) == CONNECTION_OK) {
+    return absl::OkStatus();
+  }
+  if (conn_ != nullptr) PQfinish(conn_);
+  const std::string timeout = absl::StrCat(
+      std::max<int64_t>(1, absl::ToInt64Seconds(options_.busy_timeout)));
+  // Ours first: the URL's own settings, expanded from "dbname", win.
+  const char* keys[] = {"connect_timeout", "application_name", "dbname",
+                        nullptr};
+  const char* values[] = {timeout.c_str(), "attnaudit-server", url_.c_str(),
+                          nullptr};
+  conn_ = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
+  if (conn_ == nullptr || PQstatus(conn_) != CONNECTION_OK) {
+    std::string why = conn_ != nullptr ? PQerrorMessage(conn_) : "no memory";
+    while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) {
+      why.pop_back();
+    }
+    if (conn_ != nullptr) PQfinish(conn_);
+    conn_ = nullptr;
+    return absl::UnavailableError(
+        absl::StrCat("result store ", redacted_url_, " unreachable: ", why));
+  }
+  // NOTICEs ("relation already exists, skipping") are not errors; libpq
+  // would print them on stderr.
+  PQsetNoticeProcessor(
+      conn_, [](void*, const char*) {}, nullptr);
+  const std::string lock_timeout = absl::StrCat(
+      "SET lock_timeout = ", absl::ToInt64Milliseconds(options_.busy_timeout));
+  return RunLocked(lock_timeout, {}).status();
+}
+
+absl::StatusOr<PostgresJobStore::Rows> PostgresJobStore::RunLocked(
+    const std::string& sql, const std::vector<Param>& params) {
+  ATTNAUDIT_RETURN_IF_ERROR(ConnectLocked());
+  std::vector<const char*> values;
+  std::vector<int> lengths;
+  std::vector<int> formats;
+  for (const Param& p : params) {
+    values.push_back(p.value.data());
+    lengths.push_back(static_cast<int>(p.value.size()));
+    formats.push_back(p.binary ? 1 : 0);
+  }
+  // Without parameters PQexec, which also runs a script of several
+  // statements (the schema).
+  Rows r(params.empty()
+             ? PQexec(conn_, sql.c_str())
+             : PQexecParams(conn_, sql.c_str(), static_cast<int>(params.size()),
+                            nullptr, values.data(), lengths.data(),
+                            formats.data(), /*resultFormat=*/0));
+  const ExecStatusType st = PQresultStatus(r.get());
+  if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) return r;
+  const char* sqlstate = r.get() != nullptr
+                             ? PQresultErrorField(r.get(), PG_DIAG_SQLSTATE)
+                             : nullptr;
+  std::string why = r.get() != nullptr ? PQresultErrorMessage(r.get())
+                                       : PQerrorMessage(conn_);
+  while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) {
+    why.pop_back();
+  }
+  if (PQstatus(conn_) != CONNECTION_OK || IsUnavailable(sqlstate)) {
+    PQfinish(conn_);
+    conn_ = nullptr;  // the next call reconnects
+    return absl::UnavailableError(
+        absl::StrCat("result store ", redacted_url_, " unavailable: ", why));
+  }
+  return absl::InternalError(absl::StrCat("result store: ", why));
+}
+
+template <typename Body>
+absl::Status PostgresJobStore::InTransactionLocked(Body body) {
+  ATTNAUDIT_RETURN_IF_ERROR(RunLocked("BEGIN", {}).status());
+  absl::Status s = body();
+  if (!s.ok()) {
+    if (conn_ != nullptr) RunLocked("ROLLBACK", {}).IgnoreError();
+    return s;
+  }
+  return RunLocked("COMMIT", {}).status();
+}
+
+absl::Status PostgresJobStore::MigrateLocked() {
+  return InTransactionLocked([&]() -> absl::Status {
+    ATTNAUDIT_RETURN_IF_ERROR(
+        RunLocked("SELECT pg_advisory_xact_lock($1)", {Int(kMigrationLock)})
+            .status());
+    ATTNAUDIT_RETURN_IF_ERROR(
+        RunLocked("CREATE TABLE IF NOT EXISTS attnaudit_schema "
+                  "(version INTEGER NOT NULL)",
+                  {})
+            .status());
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        Rows v, RunLocked("SELECT MAX(version) FROM attnaudit_schema", {}));
+    const int64_t version = v.rows() > 0 ? v.Int(0, 0) : 0;
+    if (version > kPostgresSchemaVersion) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "result store ", redacted_url_, ": schema version ", version,
+          " is newer than this server (", kPostgresSchemaVersion,
+          "); run a newer attnaudit-server"));
+    }
+    if (version < 1)
+      ATTNAUDIT_RETURN_IF_ERROR(RunLocked(kSchemaV1, {}).status());
+    if (version == kPostgresSchemaVersion) return absl::OkStatus();
+    ATTNAUDIT_RETURN_IF_ERROR(
+        RunLocked("DELETE FROM attnaudit_schema", {}).status());
+    return RunLocked("INSERT INTO attnaudit_schema(version) VALUES($1)",
+                     {Int(kPostgresSchemaVersion)})
+        .status();
+  });
+}
+
+absl::StatusOr<std::vector<ResultRecord>> PostgresJobStore::RecordsLocked(
+    const std::string& sql, const std::vector<Param>& params,
+    bool with_report) {
+  ATTNAUDIT_ASSIGN_OR_RETURN(Rows rows, RunLocked(sql, params));
+  std::vector<ResultRecord> out;
+  out.reserve(rows.rows());
+  for (int i = 0; i < rows.rows(); ++i) {
+    out.push_back(store_internal::RecordFromColumns(ResultRow(rows, i)));
+    if (with_report) {
+      out.back().report = rows.Bytes(i, store_internal::kNumRecordColumns);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<int64_t> PostgresJobStore::ChangeLocked(
+    const std::string& sql, const std::vector<Param>& params) {
+  ATTNAUDIT_ASSIGN_OR_RETURN(Rows rows, RunLocked(sql, params));
+  return rows.changed();
+}
+
+absl::StatusOr<bool> PostgresJobStore::RecordQueued(const ResultRecord& r) {
+  if (r.job_id.empty()) return absl::InvalidArgumentError("job_id: empty");
+  absl::MutexLock lock(&mu_);
+  return RecordQueuedLocked(r);
+}
+
+absl::StatusOr<bool> PostgresJobStore::RecordQueuedWithPayload(
+    const ResultRecord& r, absl::Time deadline, absl::string_view payload) {
+  if (r.job_id.empty()) return absl::InvalidArgumentError("job_id: empty");
+  absl::MutexLock lock(&mu_);
+  bool created = false;
+  absl::Status s = InTransactionLocked([&]() -> absl::Status {
+    ATTNAUDIT_ASSIGN_OR_RETURN(created, RecordQueuedLocked(r));
+    if (!created) return absl::OkStatus();
+    return RunLocked(
+               "INSERT INTO attnaudit_payloads(job_id, deadline_us, payload) "
+               "VALUES($1, $2, $3) ON CONFLICT(job_id) DO NOTHING",
+               {Text(r.job_id), Int(Micros(deadline)), Bytes(payload)})
+        .status();
+  });
+  if (!s.ok()) return s;
+  return created;
+}
+
+absl::StatusOr<bool> PostgresJobStore::RecordQueuedLocked(
+    const ResultRecord& r) {
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      int64_t n,
+      ChangeLocked(
+          "INSERT INTO attnaudit_jobs(job_id, state, priority, model, layer, "
+          "engine, created_us, tenant, backend, step, run, replica) "
+          "VALUES($1, 'QUEUED', $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) "
+          "ON CONFLICT(job_id) DO NOTHING",
+          {Text(r.job_id), Int(r.priority), Text(r.model), Int(r.layer),
+           Text(r.engine), Int(Micros(r.created)), Text(r.tenant),
+           Text(r.backend), Int(r.step), Text(r.run), Text(r.replica)}));
+  return n == 1;
+}
+
+absl::StatusOr<bool> PostgresJobStore::ForgetQueued(absl::string_view job_id) {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  ATTNAUDIT_RETURN_IF_ERROR(InTransactionLocked([&]() -> absl::Status {
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        n, ChangeLocked("DELETE FROM attnaudit_jobs WHERE job_id = $1 "
+                        "AND state = 'QUEUED'",
+                        {Text(job_id)}));
+    if (n == 0) return absl::OkStatus();
+    return RunLocked("DELETE FROM attnaudit_payloads WHERE job_id = $1",
+                     {Text(job_id)})
+        .status();
+  }));
+  return n == 1;
+}
+
+absl::StatusOr<bool> PostgresJobStore::MarkRunning(absl::string_view job_id,
+                                                   absl::Time started) {
+  absl::MutexLock lock(&mu_);
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      int64_t n,
+      ChangeLocked("UPDATE attnaudit_jobs SET state = 'RUNNING', "
+                   "started_us = $2 WHERE job_id = $1 AND state = 'QUEUED'",
+                   {Text(job_id), Int(Micros(started))}));
+  return n == 1;
+}
+
+absl::StatusOr<bool> PostgresJobStore::PutResult(const ResultRecord& r) {
+  ATTNAUDIT_RETURN_IF_ERROR(store_internal::CheckTerminal(r));
+  absl::MutexLock lock(&mu_);
+  bool stored = false;
+  // The counter row stays locked until COMMIT: seq order is commit order.
+  // A job that is terminal already changes nothing and rolls back, giving
+  // its number back.
+  absl::Status s = InTransactionLocked([&]() -> absl::Status {
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        Rows next, RunLocked("UPDATE attnaudit_counters SET value = value + 1 "
+                             "WHERE name = 'seq' RETURNING value",
+                             {}));
+    if (next.rows() != 1) return absl::InternalError("result store: no seq");
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        int64_t n,
+        ChangeLocked(
+            "INSERT INTO attnaudit_jobs AS j(job_id, state, verdict, "
+            "priority, model, layer, engine, created_us, started_us, "
+            "finished_us, error_code, error_message, report, tenant, backend, "
+            "step, run, diagnosis, replica, seq) VALUES($1, $2, $3, $4, $5, "
+            "$6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, "
+            "$19, $20) ON CONFLICT(job_id) DO UPDATE SET "
+            "state = excluded.state, verdict = excluded.verdict, "
+            "model = excluded.model, layer = excluded.layer, "
+            "engine = excluded.engine, backend = excluded.backend, "
+            "step = excluded.step, run = excluded.run, "
+            "diagnosis = excluded.diagnosis, "
+            "started_us = CASE WHEN j.started_us = 0 THEN excluded.started_us "
+            "ELSE j.started_us END, finished_us = excluded.finished_us, "
+            "error_code = excluded.error_code, "
+            "error_message = excluded.error_message, "
+            "report = excluded.report, seq = excluded.seq "
+            "WHERE j.state IN ('QUEUED', 'RUNNING')",
+            {Text(r.job_id),
+             Text(JobStateName(r.state)),
+             Int(r.verdict),
+             Int(r.priority),
+             Text(r.model),
+             Int(r.layer),
+             Text(r.engine),
+             Int(Micros(r.created)),
+             Int(Micros(r.started)),
+             Int(Micros(r.finished)),
+             Int(r.error_code),
+             Text(r.error_message),
+             Bytes(r.report),
+             Text(r.tenant),
+             Text(r.backend),
+             Int(r.step),
+             Text(r.run),
+             Text(r.diagnosis),
+             Text(r.replica),
+             Int(next.Int(0, 0))}));
+    stored = n == 1;
+    if (!stored) return absl::AbortedError("already terminal");
+    // The payload was kept for a hand-off; a finished job needs none.
+    return RunLocked("DELETE FROM attnaudit_payloads WHERE job_id = $1",
+                     {Text(r.job_id)})
+        .status();
+  });
+  if (s.code() == absl::StatusCode::kAborted && !stored) return false;
+  if (!s.ok()) return s;
+  return stored;
+}
+
+absl::StatusOr<ResultRecord> PostgresJobStore::Get(absl::string_view job_id) {
+  absl::MutexLock lock(&mu_);
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      std::vector<ResultRecord> rows,
+      RecordsLocked(absl::StrCat("SELECT ", kRecordColumns,
+                                 ", report FROM attnaudit_jobs "
+                                 "WHERE job_id = $1"),
+                    {Text(job_id)}, /*with_report=*/true));
+  if (rows.empty()) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  }
+  return std::move(rows.front());
+}
+
+absl::StatusOr<std::vector<ResultRecord>> PostgresJobStore::Query(
+    const ResultQuery& q) {
+  ATTNAUDIT_ASSIGN_OR_RETURN(store_internal::QuerySql where,
+                             store_internal::BuildQuerySql(q, '$'));
+  std::vector<Param> params;
+  for (const store_internal::SqlParam& p : where.params) {
+    params.push_back(p.is_int ? Int(p.i) : Text(p.s));
+  }
+  absl::MutexLock lock(&mu_);
+  return RecordsLocked(absl::StrCat("SELECT ", kRecordColumns,
+                                    q.include_report ? ", report" : "",
+                                    " FROM attnaudit_jobs", where.tail),
+                       params, q.include_report);
+}
+
+absl::StatusOr<std::vector<ResultRecord>> PostgresJobStore::ResultsAfter(
+    int64_t after_seq, int limit) {
+  if (limit < 1 || limit > 10000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("limit: must be in [1, 10000], got ", limit));
+  }
+  absl::MutexLock lock(&mu_);
+  return RecordsLocked(
+      absl::StrCat("SELECT ", kRecordColumns,
+                   ", report FROM attnaudit_jobs WHERE seq > $1 "
+                   "ORDER BY seq LIMIT $2"),
+      {Int(after_seq), Int(limit)}, /*with_report=*/true);
+}
+
+absl::StatusOr<int64_t> PostgresJobStore::LastSeq() {
+  absl::MutexLock lock(&mu_);
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      Rows rows,
+      RunLocked("SELECT value FROM attnaudit_counters WHERE name = 'seq'", {}));
+  return rows.rows() > 0 ? rows.Int(0, 0) : 0;
+}
+
+absl::StatusOr<std::vector<std::string>> PostgresJobStore::Unfinished(
+    absl::string_view replica) {
+  absl::MutexLock lock(&mu_);
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      Rows rows,
+      RunLocked("SELECT job_id FROM attnaudit_jobs "
+                "WHERE state IN ('QUEUED', 'RUNNING') "
+                "AND ($1 = '' OR replica = $1) ORDER BY created_us, job_id",
+                {Text(replica)}));
+  std::vector<std::string> out;
+  for (int i = 0; i < rows.rows(); ++i) out.push_back(rows.Text(i, 0));
+  return out;
+}
+
+absl::StatusOr<int64_t> PostgresJobStore::Prune(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  int64_t deleted = 0;
+  ATTNAUDIT_RETURN_IF_ERROR(InTransactionLocked([&]() -> absl::Status {
+    if (options_.max_age != absl::InfiniteDuration()) {
+      ATTNAUDIT_ASSIGN_OR_RETURN(
+          int64_t n,
+          ChangeLocked(absl::StrCat("DELETE FROM attnaudit_jobs WHERE state "
+                                    "IN ",
+                                    kTerminalStates, " AND finished_us < $1"),
+                       {Int(Micros(now - options_.max_age))}));
+      deleted += n;
+    }
+    if (options_.max_results > 0) {
+      ATTNAUDIT_ASSIGN_OR_RETURN(
+          int64_t n,
+          ChangeLocked(
+              absl::StrCat("DELETE FROM attnaudit_jobs WHERE job_id IN "
+                           "(SELECT job_id FROM attnaudit_jobs WHERE state IN ",
+                           kTerminalStates,
+                           " ORDER BY finished_us DESC, job_id DESC "
+                           "OFFSET $1)"),
+              {Int(options_.max_results)}));
+      deleted += n;
+    }
+    return absl::OkStatus();
+  }));
+  return deleted;
+}
+
+absl::StatusOr<std::string> PostgresJobStore::SharedSecret(
+    absl::string_view name, absl::string_view candidate) {
+  absl::MutexLock lock(&mu_);
+  ATTNAUDIT_RETURN_IF_ERROR(
+      RunLocked("INSERT INTO attnaudit_secrets(name, value) VALUES($1, $2) "
+                "ON CONFLICT(name) DO NOTHING",
+                {Text(name), Bytes(candidate)})
+          .status());
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      Rows rows,
+      RunLocked("SELECT value FROM attnaudit_secrets WHERE name = $1",
+                {Text(name)}));
+  if (rows.rows() != 1) return absl::InternalError("result store: no secret");
+  return rows.Bytes(0, 0);
+}
+
+absl::Status PostgresJobStore::Heartbeat(absl::string_view replica) {
+  absl::MutexLock lock(&mu_);
+  return RunLocked(absl::StrCat("INSERT INTO attnaudit_replicas(replica, "
+                                "heartbeat_us) VALUES($1, ",
+                                kDbNowUs,
+                                ") ON CONFLICT(replica) DO UPDATE SET "
+                                "heartbeat_us = excluded.heartbeat_us"),
+                   {Text(replica)})
+      .status();
+}
+
+absl::Status PostgresJobStore::Retire(absl::string_view replica) {
+  absl::MutexLock lock(&mu_);
+  return RunLocked("DELETE FROM attnaudit_replicas WHERE replica = $1",
+                   {Text(replica)})
+      .status();
+}
+
+absl::StatusOr<std::vector<StoredJob>> PostgresJobStore::ClaimStranded(
+    absl::string_view replica, absl::Duration lease, int limit) {
+  if (limit < 1) return std::vector<StoredJob>();
+  absl::MutexLock lock(&mu_);
+  std::vector<StoredJob> claimed;
+  ATTNAUDIT_RETURN_IF_ERROR(InTransactionLocked([&]() -> absl::Status {
+    // Locked until COMMIT; another claimer skips them rather than wait.
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        Rows picked,
+        RunLocked(
+            absl::StrCat(
+                "SELECT j.job_id FROM attnaudit_jobs j JOIN "
+                "attnaudit_payloads p ON p.job_id = j.job_id "
+                "WHERE j.state IN ('QUEUED', 'RUNNING') AND j.replica <> $1 "
+                "AND NOT EXISTS (SELECT 1 FROM attnaudit_replicas r WHERE "
+                "r.replica = j.replica AND r.heartbeat_us > ",
+                kDbNowUs,
+                " - $2) ORDER BY j.created_us, j.job_id LIMIT $3 "
+                "FOR UPDATE OF j SKIP LOCKED"),
+            {Text(replica), Int(absl::ToInt64Microseconds(lease)),
+             Int(limit)}));
+    for (int i = 0; i < picked.rows(); ++i) {
+      const std::string id = picked.Text(i, 0);
+      ATTNAUDIT_RETURN_IF_ERROR(
+          RunLocked("UPDATE attnaudit_jobs SET replica = $2, "
+                    "state = 'QUEUED', started_us = 0 WHERE job_id = $1",
+                    {Text(id), Text(replica)})
+              .status());
+      ATTNAUDIT_ASSIGN_OR_RETURN(StoredJob job, ReadStoredLocked(id));
+      claimed.push_back(std::move(job));
+    }
+    return absl::OkStatus();
+  }));
+  return claimed;
+}
+
+absl::StatusOr<StoredJob> PostgresJobStore::ReadPayload(
+    absl::string_view job_id) {
+  absl::MutexLock lock(&mu_);
+  return ReadStoredLocked(job_id);
+}
+
+absl::StatusOr<StoredJob> PostgresJobStore::ReadStoredLocked(
+    absl::string_view job_id) {
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      std::vector<ResultRecord> rows,
+      RecordsLocked(absl::StrCat("SELECT ", kRecordColumns,
+                                 ", NULL FROM attnaudit_jobs "
+                                 "WHERE job_id = $1"),
+                    {Text(job_id)}, /*with_report=*/false));
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      Rows payload,
+      RunLocked("SELECT deadline_us, payload FROM attnaudit_payloads "
+                "WHERE job_id = $1",
+                {Text(job_id)}));
+  if (rows.size() != 1 || payload.rows() != 1) {
+    return absl::NotFoundError(
+        absl::StrCat("job ", job_id, ": no stored payload"));
+  }
+  StoredJob job;
+  job.record = std::move(rows.front());
+  const int64_t deadline_us = payload.Int(0, 0);
+  job.deadline = deadline_us == INT64_MAX ? absl::InfiniteFuture()
+                                          : absl::FromUnixMicros(deadline_us);
+  job.payload = payload.Bytes(0, 1);
+  return job;
+}
+
+}  // namespace attnaudit::server

@@ -1,0 +1,125 @@
+// PostgresJobStore: the JobStore of a fleet, a PostgreSQL database (15 or
+// newer) that every replica of one deployment shares (`--store
+// postgresql://...`). Tables are prefixed "attnaudit_" so the database may
+// hold other things; attnaudit_schema holds the schema version.
+//
+// Schema: Open applies the migrations this server knows under a
+// transaction-scoped advisory lock, so replicas starting together migrate
+// once; a database whose version is newer than kPostgresSchemaVersion is
+// refused (FailedPrecondition) -- roll the fleet forward, not back.
+//
+// Result feed: PutResult takes seq from a counter row inside its
+// transaction; the row stays locked until commit, so seq order is commit
+// order fleet-wide (terminal writes are serialised: a few per audit, not a
+// bottleneck next to the audit itself).
+//
+// Connection: one libpq connection, serialised by a mutex. A call that
+// finds it broken (the server restarted, the network dropped) returns
+// Unavailable and the next call reconnects; nothing is retried inside a
+// call, so a write is never applied twice behind the caller's back.
+//
+// Thread safety: all methods are thread-safe.
+#ifndef ATTNAUDIT_SERVER_STORE_POSTGRES_JOB_STORE_H_
+#define ATTNAUDIT_SERVER_STORE_POSTGRES_JOB_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/store/job_store.h"
+
+struct pg_conn;
+
+namespace attnaudit::server {
+
+inline constexpr int kPostgresSchemaVersion = 1;
+
+class PostgresJobStore final : public JobStore {
+ public:
+  // Connects to `url` (a libpq connection URI) and migrates the schema.
+  // Unavailable when the server cannot be reached; the message names the
+  // URL without its password.
+  static absl::StatusOr<std::unique_ptr<PostgresJobStore>> Open(
+      const std::string& url, const StoreOptions& options = {});
+  ~PostgresJobStore() override;
+  PostgresJobStore(const PostgresJobStore&) = delete;
+  PostgresJobStore& operator=(const PostgresJobStore&) = delete;
+
+  absl::StatusOr<bool> RecordQueued(const ResultRecord& record) override;
+  absl::StatusOr<bool> RecordQueuedWithPayload(
+      const ResultRecord& record, absl::Time deadline,
+      absl::string_view payload) override;
+  absl::StatusOr<bool> ForgetQueued(absl::string_view job_id) override;
+  absl::StatusOr<bool> MarkRunning(absl::string_view job_id,
+                                   absl::Time started) override;
+  absl::StatusOr<bool> PutResult(const ResultRecord& record) override;
+  absl::StatusOr<ResultRecord> Get(absl::string_view job_id) override;
+  absl::StatusOr<std::vector<ResultRecord>> Query(
+      const ResultQuery& query) override;
+  absl::StatusOr<std::vector<ResultRecord>> ResultsAfter(int64_t after_seq,
+                                                         int limit) override;
+  absl::StatusOr<int64_t> LastSeq() override;
+  absl::StatusOr<std::vector<std::string>> Unfinished(
+      absl::string_view replica) override;
+  absl::StatusOr<int64_t> Prune(absl::Time now) override;
+  absl::StatusOr<std::string> SharedSecret(
+      absl::string_view name, absl::string_view candidate) override;
+  absl::Status Heartbeat(absl::string_view replica) override;
+  absl::Status Retire(absl::string_view replica) override;
+  absl::StatusOr<std::vector<StoredJob>> ClaimStranded(
+      absl::string_view replica, absl::Duration lease, int limit) override;
+  absl::StatusOr<StoredJob> ReadPayload(absl::string_view job_id) override;
+  bool shared() const override { return true; }
+  std::string description() const override { return redacted_url_; }
+
+ public:
+  // One bound parameter: text, or bytes (binary format).
+  struct Param {
+    std::string value;
+    bool binary = false;
+  };
+  class Rows;  // an owned PGresult, read as text
+
+ private:
+  PostgresJobStore(std::string url, const StoreOptions& options);
+  // (Re)connects when there is no healthy connection.
+  absl::Status ConnectLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs one statement; rows come back as text.
+  absl::StatusOr<Rows> RunLocked(const std::string& sql,
+                                 const std::vector<Param>& params)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `body` between BEGIN and COMMIT; ROLLBACK when it fails.
+  template <typename Body>
+  absl::Status InTransactionLocked(Body body)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status MigrateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<ResultRecord>> RecordsLocked(
+      const std::string& sql, const std::vector<Param>& params,
+      bool with_report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<bool> RecordQueuedLocked(const ResultRecord& record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job's row, deadline and payload; NotFound without a payload.
+  absl::StatusOr<StoredJob> ReadStoredLocked(absl::string_view job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rows changed by a statement that returned no rows.
+  absl::StatusOr<int64_t> ChangeLocked(const std::string& sql,
+                                       const std::vector<Param>& params)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string url_;
+  const std::string redacted_url_;
+  const StoreOptions options_;
+  absl::Mutex mu_;
+  pg_conn* conn_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+}  // namespace attnaudit::server
+
+#endif  // ATTNAUDIT_SERVER_STORE_POSTGRES_JOB_STORE_H_

@@ -1,0 +1,62 @@
+// Internal to server/store: what both stores' SQL shares -- the column
+// list of a ResultRecord row, and the WHERE / ORDER BY / LIMIT of a
+// ResultQuery with its parameters, so the two stores answer a query with
+// the same rows in the same order (the conformance suite checks it).
+#ifndef ATTNAUDIT_SERVER_STORE_QUERY_SQL_H_
+#define ATTNAUDIT_SERVER_STORE_QUERY_SQL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/store/job_store.h"
+
+namespace attnaudit::server::store_internal {
+
+// Every column of a row but the report, in the order RecordFromColumns
+// reads them; the report (when read) follows as the last column.
+inline constexpr const char* kRecordColumns =
+    "job_id, state, verdict, priority, model, layer, engine, backend, step, "
+    "run, diagnosis, replica, created_us, started_us, finished_us, "
+    "error_code, error_message, tenant, seq";
+inline constexpr int kNumRecordColumns = 19;
+inline constexpr const char* kTerminalStates = "('DONE','FAILED','CANCELLED')";
+
+// A bound parameter: an integer or a text.
+struct SqlParam {
+  bool is_int = false;
+  int64_t i = 0;
+  std::string s;
+};
+
+// The SQL after "SELECT <columns> FROM <table>" of `query`, with its
+// parameters numbered from 1 ("?1" for SQLite, "$1" for PostgreSQL:
+// `placeholder` is '?' or '$'). InvalidArgument for a limit out of range.
+struct QuerySql {
+  std::string tail;
+  std::vector<SqlParam> params;
+};
+absl::StatusOr<QuerySql> BuildQuerySql(const ResultQuery& query,
+                                       char placeholder);
+
+// PutResult's argument check: a job id and a terminal state, else
+// InvalidArgument naming the field.
+absl::Status CheckTerminal(const ResultRecord& record);
+
+// Microseconds since the epoch as stored (infinite times saturate).
+int64_t Micros(absl::Time t);
+
+// Fills a record from the kRecordColumns values (as text / integers the
+// caller read from its row).
+struct RowReader {
+  virtual ~RowReader() = default;
+  virtual std::string Text(int col) const = 0;
+  virtual int64_t Int(int col) const = 0;
+};
+ResultRecord RecordFromColumns(const RowReader& row);
+
+}  // namespace attnaudit::server::store_internal
+
+#endif  // ATTNAUDIT_SERVER_STORE_QUERY_SQL_H_

@@ -1,0 +1,438 @@
+#include "server/store/sqlite_job_store.h"
+
+#include <sqlite3.h>
+
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+#include "server/store/query_sql.h"
+#include "server/store/sqlite_util.h"
+
+namespace attnaudit::server {
+namespace {
+
+using store_internal::kRecordColumns;
+using store_internal::kTerminalStates;
+using store_internal::Micros;
+using store_internal::Stmt;
+
+// The current schema, created whole on an empty file. auto_vacuum must be
+// set before the first table exists so that Prune can hand freed pages
+// back to the file system.
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS results (
+  job_id        TEXT PRIMARY KEY NOT NULL,
+  tenant        TEXT NOT NULL DEFAULT 'default',
+  state         TEXT NOT NULL,
+  verdict       INTEGER NOT NULL DEFAULT 0,
+  priority      INTEGER NOT NULL DEFAULT 1,
+  model         TEXT NOT NULL DEFAULT '',
+  layer         INTEGER NOT NULL DEFAULT -1,
+  engine        TEXT NOT NULL DEFAULT '',
+  created_us    INTEGER NOT NULL DEFAULT 0,
+  started_us    INTEGER NOT NULL DEFAULT 0,
+  finished_us   INTEGER NOT NULL DEFAULT 0,
+  error_code    INTEGER NOT NULL DEFAULT 0,
+  error_message TEXT NOT NULL DEFAULT '',
+  report        BLOB,
+  backend       TEXT NOT NULL DEFAULT '',
+  step          INTEGER NOT NULL DEFAULT -1,
+  run           TEXT NOT NULL DEFAULT '',
+  diagnosis     TEXT NOT NULL DEFAULT '',
+  replica       TEXT NOT NULL DEFAULT '',
+  seq           INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS counters (
+  name  TEXT PRIMARY KEY NOT NULL,
+  value INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS secrets (
+  name  TEXT PRIMARY KEY NOT NULL,
+  value BLOB NOT NULL
+);
+)sql";
+
+constexpr const char* kIndexes = R"sql(
+CREATE INDEX IF NOT EXISTS results_by_finished ON results(finished_us, job_id);
+CREATE INDEX IF NOT EXISTS results_by_created ON results(created_us, job_id);
+CREATE INDEX IF NOT EXISTS results_by_state ON results(state);
+CREATE INDEX IF NOT EXISTS results_by_seq ON results(seq);
+)sql";
+
+// Version 1 had no tenant: its rows belonged to the one token holder, now
+// tenant "default".
+constexpr const char* kMigrateV1 =
+    "ALTER TABLE results ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default'";
+
+// Version 2 -> 3: the query labels, the replica and the result feed's seq,
+// numbered for existing results in the order they finished.
+constexpr const char* kMigrateV2 = R"sql(
+ALTER TABLE results ADD COLUMN backend TEXT NOT NULL DEFAULT '';
+ALTER TABLE results ADD COLUMN step INTEGER NOT NULL DEFAULT -1;
+ALTER TABLE results ADD COLUMN run TEXT NOT NULL DEFAULT '';
+ALTER TABLE results ADD COLUMN diagnosis TEXT NOT NULL DEFAULT '';
+ALTER TABLE results ADD COLUMN replica TEXT NOT NULL DEFAULT '';
+ALTER TABLE results ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
+WITH ordered AS (
+  SELECT job_id, ROW_NUMBER() OVER (ORDER BY finished_us, job_id) AS n
+  FROM results WHERE state IN ('DONE','FAILED','CANCELLED'))
+UPDATE results SET seq = (SELECT n FROM ordered
+                          WHERE ordered.job_id = results.job_id)
+WHERE state IN ('DONE','FAILED','CANCELLED');
+INSERT INTO counters(name, value)
+  SELECT 'seq', COALESCE(MAX(seq), 0) FROM results;
+)sql";
+
+class StmtRow final : public store_internal::RowReader {
+ public:
+  explicit StmtRow(const Stmt& st) : st_(st) {}
+  std::string Text(int col) const override { return st_.Text(col); }
+  int64_t Int(int col) const override { return st_.Int(col); }
+
+ private:
+  const Stmt& st_;
+};
+
+// Every row `st` yields; the report is the column after kRecordColumns.
+absl::StatusOr<std::vector<ResultRecord>> ReadRows(Stmt& st, bool with_report) {
+  std::vector<ResultRecord> out;
+  while (true) {
+    absl::StatusOr<bool> row = st.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) return out;
+    out.push_back(store_internal::RecordFromColumns(StmtRow(st)));
+    if (with_report) {
+      out.back().report = st.Blob(store_internal::kNumRecordColumns);
+    }
+  }
+}
+
+}  // namespace
+
+SqliteJobStore::SqliteJobStore(std::string path, const StoreOptions& options,
+                               sqlite3* db)
+    : path_(std::move(path)), options_(options), db_(db) {}
+
+SqliteJobStore::~SqliteJobStore() {
+  absl::MutexLock lock(&mu_);
+  sqlite3_close_v2(db_);
+}
+
+absl::Status SqliteJobStore::Exec(const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    absl::Status s = absl::InternalError(
+        absl::StrCat("results.db: ", err != nullptr ? err : "exec failed"));
+    sqlite3_free(err);
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+template <typename Body>
+absl::Status SqliteJobStore::InTransaction(Body body) {
+  ATTNAUDIT_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  absl::Status s = body();
+  if (!s.ok()) {
+    Exec("ROLLBACK").IgnoreError();
+    return s;
+  }
+  return Exec("COMMIT");
+}
+
+absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(
+    const std::string& data_dir, const StoreOptions& options) {
+  if (data_dir.empty()) return absl::InvalidArgumentError("data_dir: empty");
+  std::error_code ec;
+  std::filesystem::create_directories(data_dir, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat(data_dir, ": create_directories failed: ", ec.message()));
+  }
+  const std::string path = data_dir + "/results.db";
+  sqlite3* db = nullptr;
+  const int rc = sqlite3_open_v2(
+      path.c_str(), &db,
+      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+      nullptr);
+  if (rc != SQLITE_OK) {
+    absl::Status s = absl::InternalError(
+        absl::StrCat(path, ": open failed: ",
+                     db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc)));
+    sqlite3_close_v2(db);
+    return s;
+  }
+  std::unique_ptr<SqliteJobStore> store(new SqliteJobStore(path, options, db));
+  absl::MutexLock lock(&store->mu_);
+  sqlite3_busy_timeout(
+      db, static_cast<int>(absl::ToInt64Milliseconds(options.busy_timeout)));
+  // Before anything writes page 1; a no-op on an existing database.
+  ATTNAUDIT_RETURN_IF_ERROR(store->Exec("PRAGMA auto_vacuum=INCREMENTAL"));
+  {
+    // journal_mode answers with the mode actually in effect.
+    Stmt st(db, "PRAGMA journal_mode=WAL");
+    absl::StatusOr<bool> row = st.Step();
+    if (!row.ok()) return row.status();
+    if (!*row || st.Text(0) != "wal") {
+      return absl::InternalError(
+          absl::StrCat(path, ": could not enable WAL journal mode"));
+    }
+  }
+  ATTNAUDIT_RETURN_IF_ERROR(store->Exec(
+      options.sync ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=OFF"));
+  ATTNAUDIT_RETURN_IF_ERROR(store->MigrateLocked());
+  return store;
+}
+
+absl::Status SqliteJobStore::MigrateLocked() {
+  int64_t version = 0;
+  {
+    Stmt st(db_, "PRAGMA user_version");
+    absl::StatusOr<bool> row = st.Step();
+    if (!row.ok()) return row.status();
+    version = *row ? st.Int(0) : 0;
+  }
+  if (version > kSqliteSchemaVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "results.db: schema version ", version, " is newer than this server (",
+        kSqliteSchemaVersion, "); run a newer attnaudit-server"));
+  }
+  return InTransaction([&]() -> absl::Status {
+    if (version == 0) {
+      ATTNAUDIT_RETURN_IF_ERROR(Exec(kSchema));
+      ATTNAUDIT_RETURN_IF_ERROR(
+          Exec("INSERT OR IGNORE INTO counters(name, value) VALUES('seq', 0)"));
+    } else {
+      // The tables of version 3 that older files lack.
+      ATTNAUDIT_RETURN_IF_ERROR(Exec(kSchema));
+      if (version == 1) ATTNAUDIT_RETURN_IF_ERROR(Exec(kMigrateV1));
+      if (version <= 2) ATTNAUDIT_RETURN_IF_ERROR(Exec(kMigrateV2));
+    }
+    ATTNAUDIT_RETURN_IF_ERROR(Exec(kIndexes));
+    return Exec(
+        absl::StrCat("PRAGMA user_version = ", kSqliteSchemaVersion).c_str());
+  });
+}
+
+absl::StatusOr<bool> SqliteJobStore::RecordQueued(const ResultRecord& r) {
+  if (r.job_id.empty()) return absl::InvalidArgumentError("job_id: empty");
+  absl::MutexLock lock(&mu_);
+  Stmt st(db_,
+          "INSERT INTO results(job_id, state, priority, model, layer, engine, "
+          "created_us, tenant, backend, step, run, replica) "
+          "VALUES(?1, 'QUEUED', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) "
+          "ON CONFLICT(job_id) DO NOTHING");
+  st.Bind(1, r.job_id).Bind(2, int64_t{r.priority}).Bind(3, r.model);
+  st.Bind(4, r.layer).Bind(5, r.engine).Bind(6, Micros(r.created));
+  st.Bind(7, r.tenant).Bind(8, r.backend).Bind(9, r.step).Bind(10, r.run);
+  st.Bind(11, r.replica);
+  absl::StatusOr<bool> done = st.Step();
+  if (!done.ok()) return done.status();
+  return sqlite3_changes(db_) == 1;
+}
+
+absl::StatusOr<bool> SqliteJobStore::ForgetQueued(absl::string_view job_id) {
+  absl::MutexLock lock(&mu_);
+  Stmt st(db_, "DELETE FROM results WHERE job_id = ?1 AND state = 'QUEUED'");
+  st.Bind(1, job_id);
+  absl::StatusOr<bool> done = st.Step();
+  if (!done.ok()) return done.status();
+  return sqlite3_changes(db_) == 1;
+}
+
+absl::StatusOr<bool> SqliteJobStore::MarkRunning(absl::string_view job_id,
+                                                 absl::Time started) {
+  absl::MutexLock lock(&mu_);
+  Stmt st(db_,
+          "UPDATE results SET state = 'RUNNING', started_us = ?2 "
+          "WHERE job_id = ?1 AND state = 'QUEUED'");
+  st.Bind(1, job_id).Bind(2, Micros(started));
+  absl::StatusOr<bool> done = st.Step();
+  if (!done.ok()) return done.status();
+  return sqlite3_changes(db_) == 1;
+}
+
+absl::StatusOr<bool> SqliteJobStore::PutResult(const ResultRecord& r) {
+  ATTNAUDIT_RETURN_IF_ERROR(store_internal::CheckTerminal(r));
+  absl::MutexLock lock(&mu_);
+  bool stored = false;
+  // One transaction: the next seq is taken from the counter and the row is
+  // created or moved from QUEUED/RUNNING to terminal; a terminal row is
+  // left as it is (sqlite3_changes() == 0), and then the counter goes back.
+  ATTNAUDIT_RETURN_IF_ERROR(InTransaction([&]() -> absl::Status {
+    Stmt next(db_,
+              "UPDATE counters SET value = value + 1 WHERE name = 'seq' "
+              "RETURNING value");
+    absl::StatusOr<bool> row = next.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) return absl::InternalError("results.db: no seq counter");
+    const int64_t seq = next.Int(0);
+    Stmt st(db_,
+            "INSERT INTO results(job_id, state, verdict, priority, model, "
+            "layer, engine, created_us, started_us, finished_us, error_code, "
+            "error_message, report, tenant, backend, step, run, diagnosis, "
+            "replica, seq) "
+            "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, "
+            "?14, ?15, ?16, ?17, ?18, ?19, ?20) "
+            "ON CONFLICT(job_id) DO UPDATE SET state = excluded.state, "
+            "verdict = excluded.verdict, model = excluded.model, "
+            "layer = excluded.layer, engine = excluded.engine, "
+            "backend = excluded.backend, step = excluded.step, "
+            "run = excluded.run, diagnosis = excluded.diagnosis, "
+            "started_us = CASE WHEN results.started_us = 0 "
+            "THEN excluded.started_us ELSE results.started_us END, "
+            "finished_us = excluded.finished_us, "
+            "error_code = excluded.error_code, "
+            "error_message = excluded.error_message, "
+            "report = excluded.report, seq = excluded.seq "
+            "WHERE results.state IN ('QUEUED', 'RUNNING')");
+    st.Bind(1, r.job_id).Bind(2, JobStateName(r.state));
+    st.Bind(3, int64_t{r.verdict}).Bind(4, int64_t{r.priority});
+    st.Bind(5, r.model).Bind(6, r.layer).Bind(7, r.engine);
+    st.Bind(8, Micros(r.created)).Bind(9, Micros(r.started));
+    st.Bind(10, Micros(r.finished)).Bind(11, int64_t{r.error_code});
+    st.Bind(12, r.error_message).BindBlob(13, r.report).Bind(14, r.tenant);
+    st.Bind(15, r.backend).Bind(16, r.step).Bind(17, r.run);
+    st.Bind(18, r.diagnosis).Bind(19, r.replica).Bind(20, seq);
+    absl::StatusOr<bool> done = st.Step();
+    if (!done.ok()) return done.status();
+    stored = sqlite3_changes(db_) == 1;
+    // Nothing changed: give the number back (no gap in the feed).
+    return stored ? absl::OkStatus()
+                  : Exec(
+                        "UPDATE counters SET value = value - 1 "
+                        "WHERE name = 'seq'");
+  }));
+  return stored;
+}
+
+absl::StatusOr<ResultRecord> SqliteJobStore::Get(absl::string_view job_id) {
+  absl::MutexLock lock(&mu_);
+  const std::string sql = absl::StrCat(
+      "SELECT ", kRecordColumns, ", report FROM results WHERE job_id = ?1");
+  Stmt st(db_, sql.c_str());
+  st.Bind(1, job_id);
+  ATTNAUDIT_ASSIGN_OR_RETURN(std::vector<ResultRecord> rows,
+                             ReadRows(st, /*with_report=*/true));
+  if (rows.empty()) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  }
+  return std::move(rows.front());
+}
+
+absl::StatusOr<std::vector<ResultRecord>> SqliteJobStore::Query(
+    const ResultQuery& q) {
+  ATTNAUDIT_ASSIGN_OR_RETURN(store_internal::QuerySql where,
+                             store_internal::BuildQuerySql(q, '?'));
+  const std::string sql = absl::StrCat("SELECT ", kRecordColumns,
+                                       q.include_report ? ", report" : "",
+                                       " FROM results", where.tail);
+  absl::MutexLock lock(&mu_);
+  Stmt st(db_, sql.c_str());
+  for (size_t i = 0; i < where.params.size(); ++i) {
+    const store_internal::SqlParam& p = where.params[i];
+    if (p.is_int) {
+      st.Bind(static_cast<int>(i + 1), p.i);
+    } else {
+      st.Bind(static_cast<int>(i + 1), p.s);
+    }
+  }
+  return ReadRows(st, q.include_report);
+}
+
+absl::StatusOr<std::vector<ResultRecord>> SqliteJobStore::ResultsAfter(
+    int64_t after_seq, int limit) {
+  if (limit < 1 || limit > 10000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("limit: must be in [1, 10000], got ", limit));
+  }
+  const std::string sql = absl::StrCat(
+      "SELECT ", kRecordColumns,
+      ", report FROM results WHERE seq > ?1 ORDER BY seq LIMIT ?2");
+  absl::MutexLock lock(&mu_);
+  Stmt st(db_, sql.c_str());
+  st.Bind(1, after_seq).Bind(2, int64_t{limit});
+  return ReadRows(st, /*with_report=*/true);
+}
+
+absl::StatusOr<int64_t> SqliteJobStore::LastSeq() {
+  absl::MutexLock lock(&mu_);
+  Stmt st(db_, "SELECT value FROM counters WHERE name = 'seq'");
+  absl::StatusOr<bool> row = st.Step();
+  if (!row.ok()) return row.status();
+  return *row ? st.Int(0) : 0;
+}
+
+absl::StatusOr<std::vector<std::string>> SqliteJobStore::Unfinished(
+    absl::string_view replica) {
+  absl::MutexLock lock(&mu_);
+  Stmt st(db_,
+          "SELECT job_id FROM results WHERE state IN ('QUEUED', 'RUNNING') "
+          "AND (?1 = '' OR replica = ?1) ORDER BY created_us, job_id");
+  st.Bind(1, replica);
+  std::vector<std::string> out;
+  while (true) {
+    absl::StatusOr<bool> row = st.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    out.push_back(st.Text(0));
+  }
+  return out;
+}
+
+absl::StatusOr<int64_t> SqliteJobStore::Prune(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  int64_t deleted = 0;
+  ATTNAUDIT_RETURN_IF_ERROR(InTransaction([&]() -> absl::Status {
+    if (options_.max_age != absl::InfiniteDuration()) {
+      const std::string sql =
+          absl::StrCat("DELETE FROM results WHERE state IN ", kTerminalStates,
+                       " AND finished_us < ?1");
+      Stmt st(db_, sql.c_str());
+      st.Bind(1, Micros(now - options_.max_age));
+      absl::StatusOr<bool> done = st.Step();
+      if (!done.ok()) return done.status();
+      deleted += sqlite3_changes(db_);
+    }
+    if (options_.max_results > 0) {
+      const std::string sql = absl::StrCat(
+          "DELETE FROM results WHERE job_id IN (SELECT job_id FROM results "
+          "WHERE state IN ",
+          kTerminalStates,
+          " ORDER BY finished_us DESC, job_id DESC LIMIT -1 OFFSET ?1)");
+      Stmt st(db_, sql.c_str());
+      st.Bind(1, options_.max_results);
+      absl::StatusOr<bool> done = st.Step();
+      if (!done.ok()) return done.status();
+      deleted += sqlite3_changes(db_);
+    }
+    return absl::OkStatus();
+  }));
+  // Hand the freed pages back (cheap; no-op when nothing was freed).
+  if (deleted > 0) Exec("PRAGMA incremental_vacuum").IgnoreError();
+  return deleted;
+}
+
+absl::StatusOr<std::string> SqliteJobStore::SharedSecret(
+    absl::string_view name, absl::string_view candidate) {
+  absl::MutexLock lock(&mu_);
+  {
+    Stmt put(db_,
+             "INSERT INTO secrets(name, value) VALUES(?1, ?2) "
+             "ON CONFLICT(name) DO NOTHING");
+    put.Bind(1, name).BindBlob(2, candidate);
+    absl::StatusOr<bool> done = put.Step();
+    if (!done.ok()) return done.status();
+  }
+  Stmt get(db_, "SELECT value FROM secrets WHERE name = ?1");
+  get.Bind(1, name);
+  absl::StatusOr<bool> row = get.Step();
+  if (!row.ok()) return row.status();
+  if (!*row) return absl::InternalError("results.db: secret vanished");
+  return get.Blob(0);
+}
+
+}  // namespace attnaudit::server

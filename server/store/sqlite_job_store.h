@@ -1,0 +1,105 @@
+// SqliteJobStore: the JobStore of one process, <data_dir>/results.db (WAL
+// journal) -- the embedded default (`--store sqlite`). The spool entry of a
+// job is removed only after its terminal result committed here, so after
+// any crash a job whose result exists is never re-run.
+//
+// Durability: every write is one transaction. PRAGMA synchronous=FULL: in
+// WAL mode NORMAL may lose the last commits on power loss (not on a
+// process crash); because the spool entry is deleted right after the
+// commit, a lost commit would lose an acknowledged job, so we pay one WAL
+// fsync per commit (small rows; negligible next to an audit).
+//
+// Schema: PRAGMA user_version holds its version (kSqliteSchemaVersion);
+// older files are migrated at Open, a newer one is refused
+// (FailedPrecondition) so an old server never writes rows it misreads.
+//
+// Thread safety: all methods are thread-safe (one connection, serialised
+// by a mutex). Errors: Internal("results.db: <sqlite message>") for SQLite
+// failures, InvalidArgument for bad arguments.
+#ifndef ATTNAUDIT_SERVER_STORE_SQLITE_JOB_STORE_H_
+#define ATTNAUDIT_SERVER_STORE_SQLITE_JOB_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/store/job_store.h"
+
+struct sqlite3;
+
+namespace attnaudit::server {
+
+inline constexpr int kSqliteSchemaVersion = 3;
+
+class SqliteJobStore final : public JobStore {
+ public:
+  // Opens (creating when missing) <data_dir>/results.db and its schema.
+  static absl::StatusOr<std::unique_ptr<SqliteJobStore>> Open(
+      const std::string& data_dir, const StoreOptions& options = {});
+  ~SqliteJobStore() override;
+  SqliteJobStore(const SqliteJobStore&) = delete;
+  SqliteJobStore& operator=(const SqliteJobStore&) = delete;
+
+  absl::StatusOr<bool> RecordQueued(const ResultRecord& record) override;
+  absl::StatusOr<bool> RecordQueuedWithPayload(
+      const ResultRecord& record, absl::Time deadline,
+      absl::string_view payload) override {
+    return RecordQueued(record);  // one process: the spool holds it
+  }
+  absl::StatusOr<bool> ForgetQueued(absl::string_view job_id) override;
+  absl::StatusOr<bool> MarkRunning(absl::string_view job_id,
+                                   absl::Time started) override;
+  absl::StatusOr<bool> PutResult(const ResultRecord& record) override;
+  absl::StatusOr<ResultRecord> Get(absl::string_view job_id) override;
+  absl::StatusOr<std::vector<ResultRecord>> Query(
+      const ResultQuery& query) override;
+  absl::StatusOr<std::vector<ResultRecord>> ResultsAfter(int64_t after_seq,
+                                                         int limit) override;
+  absl::StatusOr<int64_t> LastSeq() override;
+  absl::StatusOr<std::vector<std::string>> Unfinished(
+      absl::string_view replica) override;
+  absl::StatusOr<int64_t> Prune(absl::Time now) override;
+  absl::StatusOr<std::string> SharedSecret(
+      absl::string_view name, absl::string_view candidate) override;
+  absl::Status Heartbeat(absl::string_view) override {
+    return absl::OkStatus();
+  }
+  absl::Status Retire(absl::string_view) override { return absl::OkStatus(); }
+  absl::StatusOr<std::vector<StoredJob>> ClaimStranded(absl::string_view,
+                                                       absl::Duration,
+                                                       int) override {
+    return std::vector<StoredJob>();
+  }
+  absl::StatusOr<StoredJob> ReadPayload(absl::string_view job_id) override {
+    return absl::NotFoundError("results.db keeps no payloads");
+  }
+  bool shared() const override { return false; }
+  std::string description() const override { return "sqlite:" + path_; }
+
+  const std::string& path() const { return path_; }
+
+ private:
+  SqliteJobStore(std::string path, const StoreOptions& options, sqlite3* db);
+  absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `body` inside BEGIN IMMEDIATE .. COMMIT (ROLLBACK on error).
+  template <typename Body>
+  absl::Status InTransaction(Body body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Creates the schema or brings an older one to the current version.
+  absl::Status MigrateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string path_;
+  const StoreOptions options_;
+  absl::Mutex mu_;
+  sqlite3* db_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace attnaudit::server
+
+#endif  // ATTNAUDIT_SERVER_STORE_SQLITE_JOB_STORE_H_

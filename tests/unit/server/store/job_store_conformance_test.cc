@@ -1,0 +1,508 @@
+// The JobStore contract (server/store/job_store.h), one suite run against
+// both stores: SQLite in a temporary directory, and PostgreSQL in a fresh
+// database of the throwaway cluster ctest starts (pg_virtualenv). Two
+// handles on one store stand for two replicas of a fleet.
+#include <sqlite3.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/store/job_store.h"
+#include "server/store/postgres_job_store.h"
+#include "server/store/sqlite_job_store.h"
+#include "tests/unit/server/store/postgres_testing.h"
+#include "tests/unit/server/store/store_records.h"
+
+namespace attnaudit::server {
+namespace {
+
+using store_testing::Done;
+using store_testing::Ids;
+using store_testing::kT0;
+using store_testing::Queued;
+using ::testing::ElementsAre;
+using ::testing::UnorderedElementsAre;
+
+// Where one test's store lives; Open() may be called again for a second
+// handle (another replica) on the same data.
+class StoreLocation {
+ public:
+  explicit StoreLocation(std::string kind) : kind_(std::move(kind)) {}
+  ~StoreLocation() {
+    if (!dir_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir_, ec);
+    }
+  }
+
+  // False (with *why) when this kind cannot run here.
+  bool Prepare(std::string* why) {
+    if (kind_ == "sqlite") {
+      const char* base = getenv("TEST_TMPDIR");
+      std::string tmpl =
+          std::string(base ? base : "/tmp") + "/job_store_test_XXXXXX";
+      dir_ = mkdtemp(&tmpl[0]);
+      config_.url = "sqlite";
+      config_.data_dir = dir_;
+      return true;
+    }
+    if (!testing::PostgresAvailable()) {
+      *why = testing::kNoPostgres;
+      return false;
+    }
+    absl::StatusOr<std::string> url = testing::FreshPostgresDatabase();
+    if (!url.ok()) {
+      *why = url.status().ToString();
+      return false;
+    }
+    config_.url = *url;
+    return true;
+  }
+
+  std::unique_ptr<JobStore> Open(StoreOptions options = {}) {
+    StoreConfig c = config_;
+    options.sync = false;
+    c.options = options;
+    absl::StatusOr<std::unique_ptr<JobStore>> s = OpenJobStore(c);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *std::move(s) : nullptr;
+  }
+
+  const std::string& kind() const { return kind_; }
+  const StoreConfig& config() const { return config_; }
+
+  // Marks the stored schema as written by a newer server.
+  absl::Status PretendNewerSchema() {
+    if (kind_ == "sqlite") {
+      sqlite3* db = nullptr;
+      const int rc = sqlite3_open((dir_ + "/results.db").c_str(), &db);
+      const int set = rc == SQLITE_OK
+                          ? sqlite3_exec(db, "PRAGMA user_version = 99",
+                                         nullptr, nullptr, nullptr)
+                          : rc;
+      sqlite3_close(db);
+      return set == SQLITE_OK ? absl::OkStatus()
+                              : absl::InternalError("results.db: tamper");
+    }
+    return testing::RunPostgresSql(config_.url,
+                                   "UPDATE attnaudit_schema SET version = 99");
+  }
+
+ private:
+  const std::string kind_;
+  std::string dir_;
+  StoreConfig config_;
+};
+
+class JobStoreTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!location_.Prepare(&why)) GTEST_SKIP() << why;
+    store_ = location_.Open();
+    ASSERT_NE(store_, nullptr);
+  }
+
+  StoreLocation location_{GetParam()};
+  std::unique_ptr<JobStore> store_;
+};
+
+TEST_P(JobStoreTest, StatesMoveForwardAndTheFirstResultWins) {
+  ASSERT_TRUE(*store_->RecordQueued(Queued("j", kT0)));
+  EXPECT_FALSE(*store_->RecordQueued(Queued("j", kT0)));  // already there
+  EXPECT_EQ(store_->Get("j")->state, JobState::kQueued);
+  EXPECT_TRUE(*store_->MarkRunning("j", kT0 + absl::Seconds(1)));
+  EXPECT_FALSE(*store_->MarkRunning("j", kT0 + absl::Seconds(2)));
+  EXPECT_EQ(store_->Get("j")->started, kT0 + absl::Seconds(1));
+
+  ResultRecord done = Done("j", 2, kT0 + absl::Seconds(5), "report-bytes");
+  done.diagnosis = "stale-page";
+  EXPECT_TRUE(*store_->PutResult(done));
+  EXPECT_FALSE(*store_->PutResult(Done("j", 1, kT0 + absl::Seconds(9), "x")));
+  absl::StatusOr<ResultRecord> got = store_->Get("j");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->state, JobState::kDone);
+  EXPECT_EQ(got->verdict, 2);
+  EXPECT_EQ(got->report, "report-bytes");
+  EXPECT_EQ(got->started, kT0 + absl::Seconds(1));  // kept from RUNNING
+  EXPECT_EQ(got->finished, kT0 + absl::Seconds(5));
+  EXPECT_EQ(got->backend, "flashinfer");
+  EXPECT_EQ(got->step, 7);
+  EXPECT_EQ(got->run, "run-a");
+  EXPECT_EQ(got->diagnosis, "stale-page");
+  EXPECT_EQ(got->replica, "replica-a");
+  EXPECT_EQ(got->seq, 1);
+  EXPECT_FALSE(*store_->MarkRunning("j", kT0));  // terminal stays terminal
+}
+
+TEST_P(JobStoreTest, ReportsKeepEveryByte) {
+  std::string bytes;
+  for (int i = 0; i < 70000; ++i) bytes.push_back(static_cast<char>(i * 7));
+  ASSERT_TRUE(*store_->PutResult(Done("bin", 1, kT0, bytes)));
+  EXPECT_EQ(store_->Get("bin")->report, bytes);
+  ASSERT_TRUE(*store_->PutResult(Done("empty", 1, kT0, "")));
+  EXPECT_EQ(store_->Get("empty")->report, "");
+}
+
+TEST_P(JobStoreTest, ErrorsNameTheArgument) {
+  EXPECT_EQ(store_->Get("nope").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->PutResult(Queued("q", kT0)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->RecordQueued(Queued("", kT0)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ResultQuery bad;
+  bad.limit = 0;
+  EXPECT_EQ(store_->Query(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->ResultsAfter(0, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(JobStoreTest, ForgetQueuedRemovesOnlyAQueuedRow) {
+  ASSERT_TRUE(*store_->RecordQueued(Queued("q", kT0)));
+  ASSERT_TRUE(*store_->RecordQueued(Queued("r", kT0)));
+  ASSERT_TRUE(*store_->MarkRunning("r", kT0));
+  ASSERT_TRUE(*store_->PutResult(Done("d", 1, kT0)));
+  EXPECT_TRUE(*store_->ForgetQueued("q"));
+  EXPECT_FALSE(*store_->ForgetQueued("r"));
+  EXPECT_FALSE(*store_->ForgetQueued("d"));
+  EXPECT_FALSE(*store_->ForgetQueued("unknown"));
+  EXPECT_EQ(store_->Get("q").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(store_->Get("r").ok());
+}
+
+TEST_P(JobStoreTest, QueriesFilterOrderAndPage) {
+  ResultRecord a = Done("a", 1, kT0 + absl::Seconds(10), "ra");
+  ResultRecord b = Done("b", 2, kT0 + absl::Seconds(20), "rb");
+  b.model = "other";
+  b.tenant = "fleet-b";
+  ResultRecord c = Done("c", 2, kT0 + absl::Seconds(30), "rc");
+  c.layer = 9;
+  c.step = 8;
+  c.run = "run-b";
+  c.diagnosis = "rope-offset";
+  c.backend = "flash_attn";
+  for (const auto& r : {a, b, c}) ASSERT_TRUE(*store_->PutResult(r));
+  ASSERT_TRUE(*store_->RecordQueued(Queued("q", kT0 + absl::Seconds(40))));
+
+  ResultQuery drift;
+  drift.verdict = 2;
+  EXPECT_THAT(Ids(*store_->Query(drift)), ElementsAre("c", "b"));
+  ResultQuery model;
+  model.model = "m";
+  EXPECT_THAT(Ids(*store_->Query(model)), ElementsAre("q", "c", "a"));
+  ResultQuery tenant;
+  tenant.tenant = "fleet-b";
+  EXPECT_THAT(Ids(*store_->Query(tenant)), ElementsAre("b"));
+  ResultQuery labels;
+  labels.layer = 9;
+  labels.step = 8;
+  labels.run = "run-b";
+  labels.diagnosis = "rope-offset";
+  labels.backend = "flash_attn";
+  EXPECT_THAT(Ids(*store_->Query(labels)), ElementsAre("c"));
+  labels.run = "run-a";
+  EXPECT_TRUE(store_->Query(labels)->empty());
+  ResultQuery queued;
+  queued.state = JobState::kQueued;
+  EXPECT_THAT(Ids(*store_->Query(queued)), ElementsAre("q"));
+
+  // Results only, newest result first, paged by seq.
+  ResultQuery page;
+  page.results_only = true;
+  page.limit = 2;
+  page.include_report = true;
+  auto rows = store_->Query(page);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_THAT(Ids(*rows), ElementsAre("c", "b"));
+  EXPECT_EQ((*rows)[0].report, "rc");
+  page.before_seq = rows->back().seq;
+  page.include_report = false;
+  rows = store_->Query(page);
+  EXPECT_THAT(Ids(*rows), ElementsAre("a"));
+  EXPECT_TRUE((*rows)[0].report.empty());
+
+  ResultQuery window;
+  window.results_only = true;
+  window.finished_since = kT0 + absl::Seconds(20);
+  window.finished_until = kT0 + absl::Seconds(30);
+  EXPECT_THAT(Ids(*store_->Query(window)), ElementsAre("b"));
+}
+
+TEST_P(JobStoreTest, TheFeedNumbersResultsInCommitOrderWithoutReuse) {
+  EXPECT_EQ(*store_->LastSeq(), 0);
+  ASSERT_TRUE(*store_->RecordQueued(Queued("x", kT0)));
+  ASSERT_TRUE(*store_->PutResult(Done("b", 1, kT0 + absl::Seconds(9))));
+  ASSERT_TRUE(*store_->PutResult(Done("a", 1, kT0 + absl::Seconds(1))));
+  EXPECT_FALSE(*store_->PutResult(Done("a", 2, kT0)));  // takes no number
+  ResultRecord x = Done("x", 3, kT0 + absl::Seconds(5));
+  x.state = JobState::kCancelled;
+  ASSERT_TRUE(*store_->PutResult(x));
+  auto feed = store_->ResultsAfter(0, 100);
+  ASSERT_TRUE(feed.ok()) << feed.status();
+  ASSERT_THAT(Ids(*feed), ElementsAre("b", "a", "x"));
+  EXPECT_EQ((*feed)[0].seq, 1);
+  EXPECT_EQ((*feed)[2].seq, 3);
+  EXPECT_EQ(*store_->LastSeq(), 3);
+  EXPECT_THAT(Ids(*store_->ResultsAfter(1, 1)), ElementsAre("a"));
+  EXPECT_TRUE(store_->ResultsAfter(3, 100)->empty());
+
+  // Pruning every result never hands a number out twice.
+  StoreOptions prune_all;
+  prune_all.max_age = absl::Seconds(1);
+  std::unique_ptr<JobStore> pruner = location_.Open(prune_all);
+  ASSERT_NE(pruner, nullptr);
+  EXPECT_EQ(*pruner->Prune(kT0 + absl::Hours(1)), 3);
+  ASSERT_TRUE(*store_->PutResult(Done("later", 1, kT0 + absl::Hours(2))));
+  EXPECT_EQ(store_->Get("later")->seq, 4);
+  EXPECT_THAT(Ids(*store_->ResultsAfter(3, 10)), ElementsAre("later"));
+}
+
+TEST_P(JobStoreTest, PrunesByAgeThenByCountButNeverUnfinished) {
+  StoreOptions options;
+  options.max_age = absl::Hours(24);
+  options.max_results = 2;
+  store_ = location_.Open(options);
+  const absl::Time now = kT0 + absl::Hours(1000);
+  ASSERT_TRUE(*store_->PutResult(Done("ancient", 1, now - absl::Hours(48))));
+  ASSERT_TRUE(*store_->PutResult(Done("old", 1, now - absl::Hours(25))));
+  ASSERT_TRUE(*store_->PutResult(Done("r1", 1, now - absl::Hours(3))));
+  ASSERT_TRUE(*store_->PutResult(Done("r2", 1, now - absl::Hours(2))));
+  ASSERT_TRUE(*store_->PutResult(Done("r3", 1, now - absl::Hours(1))));
+  ASSERT_TRUE(*store_->RecordQueued(Queued("waiting", kT0)));
+  ASSERT_TRUE(*store_->RecordQueued(Queued("running", kT0)));
+  ASSERT_TRUE(*store_->MarkRunning("running", kT0));
+  auto deleted = store_->Prune(now);
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_EQ(*deleted, 3);  // ancient, old by age; r1 by count
+  EXPECT_THAT(Ids(*store_->Query(ResultQuery{})),
+              UnorderedElementsAre("r2", "r3", "waiting", "running"));
+  EXPECT_EQ(*store_->Prune(now), 0);
+}
+
+TEST_P(JobStoreTest, UnfinishedJobsByReplica) {
+  ResultRecord a = Queued("a", kT0);
+  ResultRecord b = Queued("b", kT0 + absl::Seconds(1));
+  b.replica = "replica-b";
+  ASSERT_TRUE(*store_->RecordQueued(a));
+  ASSERT_TRUE(*store_->RecordQueued(b));
+  ASSERT_TRUE(*store_->PutResult(Done("c", 1, kT0)));
+  EXPECT_THAT(*store_->Unfinished(""), ElementsAre("a", "b"));
+  EXPECT_THAT(*store_->Unfinished("replica-b"), ElementsAre("b"));
+  // Another replica's result keeps the row's owner.
+  ResultRecord done = Done("b", 1, kT0 + absl::Seconds(3));
+  done.replica = "replica-c";
+  ASSERT_TRUE(*store_->PutResult(done));
+  EXPECT_EQ(store_->Get("b")->replica, "replica-b");
+  EXPECT_TRUE(store_->Unfinished("replica-b")->empty());
+}
+
+TEST_P(JobStoreTest, RowsKeepTheirTenant) {
+  ResultRecord q = Queued("j1", kT0);
+  q.tenant = "fleet-a";
+  ASSERT_TRUE(*store_->RecordQueued(q));
+  ResultRecord done = q;
+  done.state = JobState::kDone;
+  done.tenant = "someone-else";  // a terminal write never moves the owner
+  ASSERT_TRUE(*store_->PutResult(done));
+  EXPECT_EQ(store_->Get("j1")->tenant, "fleet-a");
+}
+
+TEST_P(JobStoreTest, TheFirstSecretWinsAcrossHandles) {
+  std::unique_ptr<JobStore> other = location_.Open();
+  ASSERT_NE(other, nullptr);
+  auto first = store_->SharedSecret("k", std::string("one\0\xff", 5));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, std::string("one\0\xff", 5));
+  EXPECT_EQ(*other->SharedSecret("k", "two"), *first);
+  EXPECT_EQ(*other->SharedSecret("other", "two"), "two");
+}
+
+TEST_P(JobStoreTest, TwoHandlesRacingForOneJobStoreOneResult) {
+  std::unique_ptr<JobStore> other = location_.Open();
+  ASSERT_NE(other, nullptr);
+  constexpr int kJobs = 40;
+  std::atomic<int> won{0};
+  auto race = [&](JobStore* s, int verdict) {
+    for (int i = 0; i < kJobs; ++i) {
+      auto put = s->PutResult(Done(absl::StrCat("j", i), verdict, kT0));
+      ASSERT_TRUE(put.ok()) << put.status();
+      if (*put) won.fetch_add(1);
+    }
+  };
+  std::thread t1(race, store_.get(), 1);
+  std::thread t2(race, other.get(), 2);
+  t1.join();
+  t2.join();
+  EXPECT_EQ(won.load(), kJobs);
+  // The feed holds each job once, numbered 1..kJobs without a gap.
+  auto feed = store_->ResultsAfter(0, 1000);
+  ASSERT_TRUE(feed.ok()) << feed.status();
+  ASSERT_EQ(feed->size(), static_cast<size_t>(kJobs));
+  std::set<std::string> ids;
+  for (size_t i = 0; i < feed->size(); ++i) {
+    EXPECT_EQ((*feed)[i].seq, static_cast<int64_t>(i + 1));
+    ids.insert((*feed)[i].job_id);
+  }
+  EXPECT_EQ(ids.size(), static_cast<size_t>(kJobs));
+}
+
+TEST_P(JobStoreTest, AQueuedClaimIsWonOnce) {
+  std::unique_ptr<JobStore> other = location_.Open();
+  ASSERT_NE(other, nullptr);
+  std::atomic<int> won{0};
+  auto claim = [&](JobStore* s) {
+    for (int i = 0; i < 40; ++i) {
+      auto put = s->RecordQueued(Queued(absl::StrCat("k", i), kT0));
+      ASSERT_TRUE(put.ok()) << put.status();
+      if (*put) won.fetch_add(1);
+    }
+  };
+  std::thread t1(claim, store_.get());
+  std::thread t2(claim, other.get());
+  t1.join();
+  t2.join();
+  EXPECT_EQ(won.load(), 40);
+}
+
+TEST_P(JobStoreTest, ANewerSchemaIsRefused) {
+  store_.reset();
+  ASSERT_TRUE(location_.PretendNewerSchema().ok());
+  StoreConfig c = location_.config();
+  absl::StatusOr<std::unique_ptr<JobStore>> s = OpenJobStore(c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.status().message()),
+              ::testing::HasSubstr("newer than this server"));
+}
+
+// The hand-off between replicas: stores of one process have nothing to
+// hand off (they keep no payload and claim nothing).
+TEST_P(JobStoreTest, AStrandedJobIsClaimedOnceWithItsPayload) {
+  std::unique_ptr<JobStore> other = location_.Open();
+  ASSERT_NE(other, nullptr);
+  ASSERT_TRUE(store_->Heartbeat("replica-a").ok());
+  ASSERT_TRUE(other->Heartbeat("replica-b").ok());
+  const std::string payload("request\0bytes", 13);
+  ASSERT_TRUE(*store_->RecordQueuedWithPayload(Queued("j1", kT0),
+                                               kT0 + absl::Hours(1), payload));
+  // A duplicate claim stores no second payload and changes nothing.
+  EXPECT_FALSE(*other->RecordQueuedWithPayload(Queued("j1", kT0),
+                                               absl::InfiniteFuture(), "x"));
+  ASSERT_TRUE(*store_->MarkRunning("j1", kT0));
+  ASSERT_TRUE(*store_->RecordQueuedWithPayload(
+      Queued("j2", kT0 + absl::Seconds(1)), absl::InfiniteFuture(), "p2"));
+  if (!store_->shared()) {
+    EXPECT_TRUE(
+        other->ClaimStranded("replica-b", absl::Seconds(0), 10)->empty());
+    EXPECT_EQ(other->ReadPayload("j1").status().code(),
+              absl::StatusCode::kNotFound);
+    return;
+  }
+  // replica-a is alive: nothing to claim.
+  EXPECT_TRUE(other->ClaimStranded("replica-b", absl::Hours(1), 10)->empty());
+  // replica-a retires: both of its jobs go to the first claimer, once.
+  ASSERT_TRUE(store_->Retire("replica-a").ok());
+  auto claimed = other->ClaimStranded("replica-b", absl::Hours(1), 10);
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  ASSERT_EQ(claimed->size(), 2u);
+  EXPECT_EQ((*claimed)[0].record.job_id, "j1");
+  EXPECT_EQ((*claimed)[0].payload, payload);
+  EXPECT_EQ((*claimed)[0].deadline, kT0 + absl::Hours(1));
+  EXPECT_EQ((*claimed)[0].record.state, JobState::kQueued);  // was RUNNING
+  EXPECT_EQ((*claimed)[0].record.replica, "replica-b");
+  EXPECT_EQ((*claimed)[1].deadline, absl::InfiniteFuture());
+  EXPECT_TRUE(store_->ClaimStranded("replica-c", absl::Hours(1), 10)->empty());
+  EXPECT_EQ(*other->Unfinished("replica-b"),
+            (std::vector<std::string>{"j1", "j2"}));
+  // A stored result drops the payload.
+  EXPECT_EQ(store_->ReadPayload("j2")->payload, "p2");
+  ASSERT_TRUE(*other->PutResult(Done("j2", 1, kT0 + absl::Seconds(5))));
+  EXPECT_EQ(store_->ReadPayload("j2").status().code(),
+            absl::StatusCode::kNotFound);
+  // A heartbeat older than the lease counts as gone.
+  absl::SleepFor(absl::Milliseconds(20));
+  auto late = store_->ClaimStranded("replica-a", absl::Milliseconds(1), 10);
+  ASSERT_TRUE(late.ok()) << late.status();
+  ASSERT_EQ(late->size(), 1u);
+  EXPECT_EQ((*late)[0].record.job_id, "j1");
+}
+
+TEST_P(JobStoreTest, ConcurrentClaimersNeverShareAJob) {
+  if (GetParam() == "sqlite") GTEST_SKIP() << "one process: no hand-off";
+  for (int i = 0; i < 30; ++i) {
+    ResultRecord r = Queued(absl::StrCat("s", i), kT0 + absl::Seconds(i));
+    r.replica = "gone";
+    ASSERT_TRUE(*store_->RecordQueuedWithPayload(r, absl::InfiniteFuture(),
+                                                 absl::StrCat("p", i)));
+  }
+  std::unique_ptr<JobStore> b = location_.Open();
+  std::unique_ptr<JobStore> c = location_.Open();
+  // Both alive: neither takes the other's claims.
+  ASSERT_TRUE(b->Heartbeat("b").ok());
+  ASSERT_TRUE(c->Heartbeat("c").ok());
+  std::vector<std::string> got_b, got_c;
+  auto claim = [](JobStore* s, const char* me, std::vector<std::string>* got) {
+    for (int round = 0; round < 10; ++round) {
+      auto jobs = s->ClaimStranded(me, absl::Seconds(5), 4);
+      ASSERT_TRUE(jobs.ok()) << jobs.status();
+      for (const StoredJob& j : *jobs) got->push_back(j.record.job_id);
+    }
+  };
+  std::thread tb(claim, b.get(), "b", &got_b);
+  std::thread tc(claim, c.get(), "c", &got_c);
+  tb.join();
+  tc.join();
+  std::set<std::string> all(got_b.begin(), got_b.end());
+  for (const std::string& id : got_c) EXPECT_TRUE(all.insert(id).second) << id;
+  EXPECT_EQ(all.size(), 30u);
+}
+
+INSTANTIATE_TEST_SUITE_P(BothStores, JobStoreTest,
+                         ::testing::Values("sqlite", "postgresql"),
+                         [](const auto& info) { return info.param; });
+
+TEST(OpenJobStoreTest, ABadUrlNamesTheFlag) {
+  StoreConfig c;
+  c.url = "mysql://u:secret@h/db";
+  absl::StatusOr<std::unique_ptr<JobStore>> s = OpenJobStore(c);
+  ASSERT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.status().message()),
+              ::testing::HasSubstr("--store"));
+  EXPECT_THAT(std::string(s.status().message()),
+              ::testing::Not(::testing::HasSubstr("secret")));
+}
+
+TEST(OpenJobStoreTest, AnUnreachableServerIsUnavailableWithoutThePassword) {
+  StoreConfig c;
+  // Port 1 on loopback: nothing listens there.
+  c.url = "postgresql://audit:hunter2@127.0.0.1:1/attnaudit";
+  c.options.busy_timeout = absl::Seconds(2);
+  absl::StatusOr<std::unique_ptr<JobStore>> s = OpenJobStore(c);
+  ASSERT_EQ(s.status().code(), absl::StatusCode::kUnavailable) << s.status();
+  EXPECT_THAT(std::string(s.status().message()),
+              ::testing::HasSubstr("postgresql://audit:***@127.0.0.1:1"));
+  EXPECT_THAT(std::string(s.status().message()),
+              ::testing::Not(::testing::HasSubstr("hunter2")));
+}
+
+TEST(RedactStoreUrlTest, HidesOnlyThePassword) {
+  EXPECT_EQ(RedactStoreUrl("postgresql://u:p@h:5432/db?sslmode=require"),
+            "postgresql://u:***@h:5432/db?sslmode=require");
+  EXPECT_EQ(RedactStoreUrl("postgresql://u@h/db"), "postgresql://u@h/db");
+  EXPECT_EQ(RedactStoreUrl("postgres:///db"), "postgres:///db");
+  EXPECT_EQ(RedactStoreUrl("sqlite"), "sqlite");
+}
+
+}  // namespace
+}  // namespace attnaudit::server
