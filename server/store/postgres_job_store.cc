@@ -57,6 +57,9 @@ CREATE TABLE attnaudit_payloads (
   deadline_us BIGINT NOT NULL,
   payload     BYTEA NOT NULL
 );
+-- Tensor bytes do not compress: storing them out of line without trying
+-- (pglz) makes a W1 payload's insert ten times faster.
+ALTER TABLE attnaudit_payloads ALTER COLUMN payload SET STORAGE EXTERNAL;
 CREATE TABLE attnaudit_replicas (
   replica      TEXT PRIMARY KEY,
   heartbeat_us BIGINT NOT NULL
@@ -145,24 +148,52 @@ PostgresJobStore::PostgresJobStore(std::string url, const StoreOptions& options)
       options_(options) {}
 
 PostgresJobStore::~PostgresJobStore() {
-  absl::MutexLock lock(&mu_);
-  if (conn_ != nullptr) PQfinish(conn_);
+  absl::MutexLock lock(&pool_mu_);
+  for (const std::unique_ptr<Session>& session : idle_) {
+    if (session->conn != nullptr) PQfinish(session->conn);
+  }
+}
+
+PostgresJobStore::Lease::~Lease() {
+  if (session_ != nullptr) store_->Release(std::move(session_));
+}
+
+PostgresJobStore::Lease PostgresJobStore::Acquire() {
+  absl::MutexLock lock(&pool_mu_);
+  auto available = [this]() ABSL_SHARED_LOCKS_REQUIRED(pool_mu_) {
+    return !idle_.empty() || sessions_ < kMaxSessions;
+  };
+  pool_mu_.Await(absl::Condition(&available));
+  if (idle_.empty()) {
+    ++sessions_;
+    return Lease(this, std::make_unique<Session>());
+  }
+  std::unique_ptr<Session> session = std::move(idle_.back());
+  idle_.pop_back();
+  return Lease(this, std::move(session));
+}
+
+void PostgresJobStore::Release(std::unique_ptr<Session> session) {
+  absl::MutexLock lock(&pool_mu_);
+  idle_.push_back(std::move(session));
 }
 
 absl::StatusOr<std::unique_ptr<PostgresJobStore>> PostgresJobStore::Open(
     const std::string& url, const StoreOptions& options) {
   std::unique_ptr<PostgresJobStore> store(new PostgresJobStore(url, options));
-  absl::MutexLock lock(&store->mu_);
-  ATTNAUDIT_RETURN_IF_ERROR(store->ConnectLocked());
-  ATTNAUDIT_RETURN_IF_ERROR(store->MigrateLocked());
+  {
+    Lease lease = store->Acquire();
+    ATTNAUDIT_RETURN_IF_ERROR(store->Connect(*lease));
+    ATTNAUDIT_RETURN_IF_ERROR(store->Migrate(*lease));
+  }
   return store;
 }
 
-absl::Status PostgresJobStore::ConnectLocked() {
-  if (conn_ != nullptr && PQstatus(conn_) == CONNECTION_OK) {
+absl::Status PostgresJobStore::Connect(Session& db) {
+  if (db.conn != nullptr && PQstatus(db.conn) == CONNECTION_OK) {
     return absl::OkStatus();
   }
-  if (conn_ != nullptr) PQfinish(conn_);
+  if (db.conn != nullptr) PQfinish(db.conn);
   const std::string timeout = absl::StrCat(
       std::max<int64_t>(1, absl::ToInt64Seconds(options_.busy_timeout)));
   // Ours first: the URL's own settings, expanded from "dbname", win.
@@ -170,29 +201,30 @@ absl::Status PostgresJobStore::ConnectLocked() {
                         nullptr};
   const char* values[] = {timeout.c_str(), "attnaudit-server", url_.c_str(),
                           nullptr};
-  conn_ = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
-  if (conn_ == nullptr || PQstatus(conn_) != CONNECTION_OK) {
-    std::string why = conn_ != nullptr ? PQerrorMessage(conn_) : "no memory";
+  db.conn = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
+  if (db.conn == nullptr || PQstatus(db.conn) != CONNECTION_OK) {
+    std::string why =
+        db.conn != nullptr ? PQerrorMessage(db.conn) : "no memory";
     while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) {
       why.pop_back();
     }
-    if (conn_ != nullptr) PQfinish(conn_);
-    conn_ = nullptr;
+    if (db.conn != nullptr) PQfinish(db.conn);
+    db.conn = nullptr;
     return absl::UnavailableError(
         absl::StrCat("result store ", redacted_url_, " unreachable: ", why));
   }
   // NOTICEs ("relation already exists, skipping") are not errors; libpq
   // would print them on stderr.
   PQsetNoticeProcessor(
-      conn_, [](void*, const char*) {}, nullptr);
+      db.conn, [](void*, const char*) {}, nullptr);
   const std::string lock_timeout = absl::StrCat(
       "SET lock_timeout = ", absl::ToInt64Milliseconds(options_.busy_timeout));
-  return RunLocked(lock_timeout, {}).status();
+  return Run(db, lock_timeout, {}).status();
 }
 
-absl::StatusOr<PostgresJobStore::Rows> PostgresJobStore::RunLocked(
-    const std::string& sql, const std::vector<Param>& params) {
-  ATTNAUDIT_RETURN_IF_ERROR(ConnectLocked());
+absl::StatusOr<PostgresJobStore::Rows> PostgresJobStore::Run(
+    Session& db, const std::string& sql, const std::vector<Param>& params) {
+  ATTNAUDIT_RETURN_IF_ERROR(Connect(db));
   std::vector<const char*> values;
   std::vector<int> lengths;
   std::vector<int> formats;
@@ -203,24 +235,24 @@ absl::StatusOr<PostgresJobStore::Rows> PostgresJobStore::RunLocked(
   }
   // Without parameters PQexec, which also runs a script of several
   // statements (the schema).
-  Rows r(params.empty()
-             ? PQexec(conn_, sql.c_str())
-             : PQexecParams(conn_, sql.c_str(), static_cast<int>(params.size()),
-                            nullptr, values.data(), lengths.data(),
-                            formats.data(), /*resultFormat=*/0));
+  Rows r(params.empty() ? PQexec(db.conn, sql.c_str())
+                        : PQexecParams(db.conn, sql.c_str(),
+                                       static_cast<int>(params.size()), nullptr,
+                                       values.data(), lengths.data(),
+                                       formats.data(), /*resultFormat=*/0));
   const ExecStatusType st = PQresultStatus(r.get());
   if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) return r;
   const char* sqlstate = r.get() != nullptr
                              ? PQresultErrorField(r.get(), PG_DIAG_SQLSTATE)
                              : nullptr;
   std::string why = r.get() != nullptr ? PQresultErrorMessage(r.get())
-                                       : PQerrorMessage(conn_);
+                                       : PQerrorMessage(db.conn);
   while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) {
     why.pop_back();
   }
-  if (PQstatus(conn_) != CONNECTION_OK || IsUnavailable(sqlstate)) {
-    PQfinish(conn_);
-    conn_ = nullptr;  // the next call reconnects
+  if (PQstatus(db.conn) != CONNECTION_OK || IsUnavailable(sqlstate)) {
+    PQfinish(db.conn);
+    db.conn = nullptr;  // the next call reconnects
     return absl::UnavailableError(
         absl::StrCat("result store ", redacted_url_, " unavailable: ", why));
   }
@@ -228,28 +260,28 @@ absl::StatusOr<PostgresJobStore::Rows> PostgresJobStore::RunLocked(
 }
 
 template <typename Body>
-absl::Status PostgresJobStore::InTransactionLocked(Body body) {
-  ATTNAUDIT_RETURN_IF_ERROR(RunLocked("BEGIN", {}).status());
+absl::Status PostgresJobStore::InTransaction(Session& db, Body body) {
+  ATTNAUDIT_RETURN_IF_ERROR(Run(db, "BEGIN", {}).status());
   absl::Status s = body();
   if (!s.ok()) {
-    if (conn_ != nullptr) RunLocked("ROLLBACK", {}).IgnoreError();
+    if (db.conn != nullptr) Run(db, "ROLLBACK", {}).IgnoreError();
     return s;
   }
-  return RunLocked("COMMIT", {}).status();
+  return Run(db, "COMMIT", {}).status();
 }
 
-absl::Status PostgresJobStore::MigrateLocked() {
-  return InTransactionLocked([&]() -> absl::Status {
+absl::Status PostgresJobStore::Migrate(Session& db) {
+  return InTransaction(db, [&]() -> absl::Status {
     ATTNAUDIT_RETURN_IF_ERROR(
-        RunLocked("SELECT pg_advisory_xact_lock($1)", {Int(kMigrationLock)})
+        Run(db, "SELECT pg_advisory_xact_lock($1)", {Int(kMigrationLock)})
             .status());
-    ATTNAUDIT_RETURN_IF_ERROR(
-        RunLocked("CREATE TABLE IF NOT EXISTS attnaudit_schema "
-                  "(version INTEGER NOT NULL)",
-                  {})
-            .status());
+    ATTNAUDIT_RETURN_IF_ERROR(Run(db,
+                                  "CREATE TABLE IF NOT EXISTS attnaudit_schema "
+                                  "(version INTEGER NOT NULL)",
+                                  {})
+                                  .status());
     ATTNAUDIT_ASSIGN_OR_RETURN(
-        Rows v, RunLocked("SELECT MAX(version) FROM attnaudit_schema", {}));
+        Rows v, Run(db, "SELECT MAX(version) FROM attnaudit_schema", {}));
     const int64_t version = v.rows() > 0 ? v.Int(0, 0) : 0;
     if (version > kPostgresSchemaVersion) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -257,21 +289,20 @@ absl::Status PostgresJobStore::MigrateLocked() {
           " is newer than this server (", kPostgresSchemaVersion,
           "); run a newer attnaudit-server"));
     }
-    if (version < 1)
-      ATTNAUDIT_RETURN_IF_ERROR(RunLocked(kSchemaV1, {}).status());
+    if (version < 1) ATTNAUDIT_RETURN_IF_ERROR(Run(db, kSchemaV1, {}).status());
     if (version == kPostgresSchemaVersion) return absl::OkStatus();
     ATTNAUDIT_RETURN_IF_ERROR(
-        RunLocked("DELETE FROM attnaudit_schema", {}).status());
-    return RunLocked("INSERT INTO attnaudit_schema(version) VALUES($1)",
-                     {Int(kPostgresSchemaVersion)})
+        Run(db, "DELETE FROM attnaudit_schema", {}).status());
+    return Run(db, "INSERT INTO attnaudit_schema(version) VALUES($1)",
+               {Int(kPostgresSchemaVersion)})
         .status();
   });
 }
 
-absl::StatusOr<std::vector<ResultRecord>> PostgresJobStore::RecordsLocked(
-    const std::string& sql, const std::vector<Param>& params,
+absl::StatusOr<std::vector<ResultRecord>> PostgresJobStore::Records(
+    Session& db, const std::string& sql, const std::vector<Param>& params,
     bool with_report) {
-  ATTNAUDIT_ASSIGN_OR_RETURN(Rows rows, RunLocked(sql, params));
+  ATTNAUDIT_ASSIGN_OR_RETURN(Rows rows, Run(db, sql, params));
   std::vector<ResultRecord> out;
   out.reserve(rows.rows());
   for (int i = 0; i < rows.rows(); ++i) {
@@ -283,27 +314,29 @@ absl::StatusOr<std::vector<ResultRecord>> PostgresJobStore::RecordsLocked(
   return out;
 }
 
-absl::StatusOr<int64_t> PostgresJobStore::ChangeLocked(
-    const std::string& sql, const std::vector<Param>& params) {
-  ATTNAUDIT_ASSIGN_OR_RETURN(Rows rows, RunLocked(sql, params));
+absl::StatusOr<int64_t> PostgresJobStore::Change(
+    Session& db, const std::string& sql, const std::vector<Param>& params) {
+  ATTNAUDIT_ASSIGN_OR_RETURN(Rows rows, Run(db, sql, params));
   return rows.changed();
 }
 
 absl::StatusOr<bool> PostgresJobStore::RecordQueued(const ResultRecord& r) {
   if (r.job_id.empty()) return absl::InvalidArgumentError("job_id: empty");
-  absl::MutexLock lock(&mu_);
-  return RecordQueuedLocked(r);
+  Lease lease = Acquire();
+  Session& db = *lease;
+  return RecordQueuedOn(db, r);
 }
 
 absl::StatusOr<bool> PostgresJobStore::RecordQueuedWithPayload(
     const ResultRecord& r, absl::Time deadline, absl::string_view payload) {
   if (r.job_id.empty()) return absl::InvalidArgumentError("job_id: empty");
-  absl::MutexLock lock(&mu_);
+  Lease lease = Acquire();
+  Session& db = *lease;
   bool created = false;
-  absl::Status s = InTransactionLocked([&]() -> absl::Status {
-    ATTNAUDIT_ASSIGN_OR_RETURN(created, RecordQueuedLocked(r));
+  absl::Status s = InTransaction(db, [&]() -> absl::Status {
+    ATTNAUDIT_ASSIGN_OR_RETURN(created, RecordQueuedOn(db, r));
     if (!created) return absl::OkStatus();
-    return RunLocked(
+    return Run(db,
                "INSERT INTO attnaudit_payloads(job_id, deadline_us, payload) "
                "VALUES($1, $2, $3) ON CONFLICT(job_id) DO NOTHING",
                {Text(r.job_id), Int(Micros(deadline)), Bytes(payload)})
@@ -313,11 +346,12 @@ absl::StatusOr<bool> PostgresJobStore::RecordQueuedWithPayload(
   return created;
 }
 
-absl::StatusOr<bool> PostgresJobStore::RecordQueuedLocked(
-    const ResultRecord& r) {
+absl::StatusOr<bool> PostgresJobStore::RecordQueuedOn(Session& db,
+                                                      const ResultRecord& r) {
   ATTNAUDIT_ASSIGN_OR_RETURN(
       int64_t n,
-      ChangeLocked(
+      Change(
+          db,
           "INSERT INTO attnaudit_jobs(job_id, state, priority, model, layer, "
           "engine, created_us, tenant, backend, step, run, replica) "
           "VALUES($1, 'QUEUED', $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) "
@@ -329,16 +363,18 @@ absl::StatusOr<bool> PostgresJobStore::RecordQueuedLocked(
 }
 
 absl::StatusOr<bool> PostgresJobStore::ForgetQueued(absl::string_view job_id) {
-  absl::MutexLock lock(&mu_);
+  Lease lease = Acquire();
+  Session& db = *lease;
   int64_t n = 0;
-  ATTNAUDIT_RETURN_IF_ERROR(InTransactionLocked([&]() -> absl::Status {
+  ATTNAUDIT_RETURN_IF_ERROR(InTransaction(db, [&]() -> absl::Status {
     ATTNAUDIT_ASSIGN_OR_RETURN(
-        n, ChangeLocked("DELETE FROM attnaudit_jobs WHERE job_id = $1 "
-                        "AND state = 'QUEUED'",
-                        {Text(job_id)}));
+        n, Change(db,
+                  "DELETE FROM attnaudit_jobs WHERE job_id = $1 "
+                  "AND state = 'QUEUED'",
+                  {Text(job_id)}));
     if (n == 0) return absl::OkStatus();
-    return RunLocked("DELETE FROM attnaudit_payloads WHERE job_id = $1",
-                     {Text(job_id)})
+    return Run(db, "DELETE FROM attnaudit_payloads WHERE job_id = $1",
+               {Text(job_id)})
         .status();
   }));
   return n == 1;
@@ -346,31 +382,36 @@ absl::StatusOr<bool> PostgresJobStore::ForgetQueued(absl::string_view job_id) {
 
 absl::StatusOr<bool> PostgresJobStore::MarkRunning(absl::string_view job_id,
                                                    absl::Time started) {
-  absl::MutexLock lock(&mu_);
+  Lease lease = Acquire();
+  Session& db = *lease;
   ATTNAUDIT_ASSIGN_OR_RETURN(
       int64_t n,
-      ChangeLocked("UPDATE attnaudit_jobs SET state = 'RUNNING', "
-                   "started_us = $2 WHERE job_id = $1 AND state = 'QUEUED'",
-                   {Text(job_id), Int(Micros(started))}));
+      Change(db,
+             "UPDATE attnaudit_jobs SET state = 'RUNNING', "
+             "started_us = $2 WHERE job_id = $1 AND state = 'QUEUED'",
+             {Text(job_id), Int(Micros(started))}));
   return n == 1;
 }
 
 absl::StatusOr<bool> PostgresJobStore::PutResult(const ResultRecord& r) {
   ATTNAUDIT_RETURN_IF_ERROR(store_internal::CheckTerminal(r));
-  absl::MutexLock lock(&mu_);
+  Lease lease = Acquire();
+  Session& db = *lease;
   bool stored = false;
   // The counter row stays locked until COMMIT: seq order is commit order.
   // A job that is terminal already changes nothing and rolls back, giving
   // its number back.
-  absl::Status s = InTransactionLocked([&]() -> absl::Status {
+  absl::Status s = InTransaction(db, [&]() -> absl::Status {
     ATTNAUDIT_ASSIGN_OR_RETURN(
-        Rows next, RunLocked("UPDATE attnaudit_counters SET value = value + 1 "
-                             "WHERE name = 'seq' RETURNING value",
-                             {}));
+        Rows next, Run(db,
+                       "UPDATE attnaudit_counters SET value = value + 1 "
+                       "WHERE name = 'seq' RETURNING value",
+                       {}));
     if (next.rows() != 1) return absl::InternalError("result store: no seq");
     ATTNAUDIT_ASSIGN_OR_RETURN(
         int64_t n,
-        ChangeLocked(
+        Change(
+            db,
             "INSERT INTO attnaudit_jobs AS j(job_id, state, verdict, "
             "priority, model, layer, engine, created_us, started_us, "
             "finished_us, error_code, error_message, report, tenant, backend, "
@@ -411,8 +452,8 @@ absl::StatusOr<bool> PostgresJobStore::PutResult(const ResultRecord& r) {
     stored = n == 1;
     if (!stored) return absl::AbortedError("already terminal");
     // The payload was kept for a hand-off; a finished job needs none.
-    return RunLocked("DELETE FROM attnaudit_payloads WHERE job_id = $1",
-                     {Text(r.job_id)})
+    return Run(db, "DELETE FROM attnaudit_payloads WHERE job_id = $1",
+               {Text(r.job_id)})
         .status();
   });
   if (s.code() == absl::StatusCode::kAborted && !stored) return false;
@@ -421,13 +462,15 @@ absl::StatusOr<bool> PostgresJobStore::PutResult(const ResultRecord& r) {
 }
 
 absl::StatusOr<ResultRecord> PostgresJobStore::Get(absl::string_view job_id) {
-  absl::MutexLock lock(&mu_);
+  Lease lease = Acquire();
+  Session& db = *lease;
   ATTNAUDIT_ASSIGN_OR_RETURN(
       std::vector<ResultRecord> rows,
-      RecordsLocked(absl::StrCat("SELECT ", kRecordColumns,
-                                 ", report FROM attnaudit_jobs "
-                                 "WHERE job_id = $1"),
-                    {Text(job_id)}, /*with_report=*/true));
+      Records(db,
+              absl::StrCat("SELECT ", kRecordColumns,
+                           ", report FROM attnaudit_jobs "
+                           "WHERE job_id = $1"),
+              {Text(job_id)}, /*with_report=*/true));
   if (rows.empty()) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
   }
@@ -442,11 +485,13 @@ absl::StatusOr<std::vector<ResultRecord>> PostgresJobStore::Query(
   for (const store_internal::SqlParam& p : where.params) {
     params.push_back(p.is_int ? Int(p.i) : Text(p.s));
   }
-  absl::MutexLock lock(&mu_);
-  return RecordsLocked(absl::StrCat("SELECT ", kRecordColumns,
-                                    q.include_report ? ", report" : "",
-                                    " FROM attnaudit_jobs", where.tail),
-                       params, q.include_report);
+  Lease lease = Acquire();
+  Session& db = *lease;
+  return Records(db,
+                 absl::StrCat("SELECT ", kRecordColumns,
+                              q.include_report ? ", report" : "",
+                              " FROM attnaudit_jobs", where.tail),
+                 params, q.include_report);
 }
 
 absl::StatusOr<std::vector<ResultRecord>> PostgresJobStore::ResultsAfter(
@@ -455,53 +500,60 @@ absl::StatusOr<std::vector<ResultRecord>> PostgresJobStore::ResultsAfter(
     return absl::InvalidArgumentError(
         absl::StrCat("limit: must be in [1, 10000], got ", limit));
   }
-  absl::MutexLock lock(&mu_);
-  return RecordsLocked(
-      absl::StrCat("SELECT ", kRecordColumns,
-                   ", report FROM attnaudit_jobs WHERE seq > $1 "
-                   "ORDER BY seq LIMIT $2"),
-      {Int(after_seq), Int(limit)}, /*with_report=*/true);
+  Lease lease = Acquire();
+  Session& db = *lease;
+  return Records(db,
+                 absl::StrCat("SELECT ", kRecordColumns,
+                              ", report FROM attnaudit_jobs WHERE seq > $1 "
+                              "ORDER BY seq LIMIT $2"),
+                 {Int(after_seq), Int(limit)}, /*with_report=*/true);
 }
 
 absl::StatusOr<int64_t> PostgresJobStore::LastSeq() {
-  absl::MutexLock lock(&mu_);
+  Lease lease = Acquire();
+  Session& db = *lease;
   ATTNAUDIT_ASSIGN_OR_RETURN(
       Rows rows,
-      RunLocked("SELECT value FROM attnaudit_counters WHERE name = 'seq'", {}));
+      Run(db, "SELECT value FROM attnaudit_counters WHERE name = 'seq'", {}));
   return rows.rows() > 0 ? rows.Int(0, 0) : 0;
 }
 
 absl::StatusOr<std::vector<std::string>> PostgresJobStore::Unfinished(
     absl::string_view replica) {
-  absl::MutexLock lock(&mu_);
+  Lease lease = Acquire();
+  Session& db = *lease;
   ATTNAUDIT_ASSIGN_OR_RETURN(
       Rows rows,
-      RunLocked("SELECT job_id FROM attnaudit_jobs "
-                "WHERE state IN ('QUEUED', 'RUNNING') "
-                "AND ($1 = '' OR replica = $1) ORDER BY created_us, job_id",
-                {Text(replica)}));
+      Run(db,
+          "SELECT job_id FROM attnaudit_jobs "
+          "WHERE state IN ('QUEUED', 'RUNNING') "
+          "AND ($1 = '' OR replica = $1) ORDER BY created_us, job_id",
+          {Text(replica)}));
   std::vector<std::string> out;
   for (int i = 0; i < rows.rows(); ++i) out.push_back(rows.Text(i, 0));
   return out;
 }
 
 absl::StatusOr<int64_t> PostgresJobStore::Prune(absl::Time now) {
-  absl::MutexLock lock(&mu_);
+  Lease lease = Acquire();
+  Session& db = *lease;
   int64_t deleted = 0;
-  ATTNAUDIT_RETURN_IF_ERROR(InTransactionLocked([&]() -> absl::Status {
+  ATTNAUDIT_RETURN_IF_ERROR(InTransaction(db, [&]() -> absl::Status {
     if (options_.max_age != absl::InfiniteDuration()) {
       ATTNAUDIT_ASSIGN_OR_RETURN(
           int64_t n,
-          ChangeLocked(absl::StrCat("DELETE FROM attnaudit_jobs WHERE state "
-                                    "IN ",
-                                    kTerminalStates, " AND finished_us < $1"),
-                       {Int(Micros(now - options_.max_age))}));
+          Change(db,
+                 absl::StrCat("DELETE FROM attnaudit_jobs WHERE state "
+                              "IN ",
+                              kTerminalStates, " AND finished_us < $1"),
+                 {Int(Micros(now - options_.max_age))}));
       deleted += n;
     }
     if (options_.max_results > 0) {
       ATTNAUDIT_ASSIGN_OR_RETURN(
           int64_t n,
-          ChangeLocked(
+          Change(
+              db,
               absl::StrCat("DELETE FROM attnaudit_jobs WHERE job_id IN "
                            "(SELECT job_id FROM attnaudit_jobs WHERE state IN ",
                            kTerminalStates,
@@ -517,48 +569,53 @@ absl::StatusOr<int64_t> PostgresJobStore::Prune(absl::Time now) {
 
 absl::StatusOr<std::string> PostgresJobStore::SharedSecret(
     absl::string_view name, absl::string_view candidate) {
-  absl::MutexLock lock(&mu_);
+  Lease lease = Acquire();
+  Session& db = *lease;
   ATTNAUDIT_RETURN_IF_ERROR(
-      RunLocked("INSERT INTO attnaudit_secrets(name, value) VALUES($1, $2) "
-                "ON CONFLICT(name) DO NOTHING",
-                {Text(name), Bytes(candidate)})
+      Run(db,
+          "INSERT INTO attnaudit_secrets(name, value) VALUES($1, $2) "
+          "ON CONFLICT(name) DO NOTHING",
+          {Text(name), Bytes(candidate)})
           .status());
   ATTNAUDIT_ASSIGN_OR_RETURN(
-      Rows rows,
-      RunLocked("SELECT value FROM attnaudit_secrets WHERE name = $1",
-                {Text(name)}));
+      Rows rows, Run(db, "SELECT value FROM attnaudit_secrets WHERE name = $1",
+                     {Text(name)}));
   if (rows.rows() != 1) return absl::InternalError("result store: no secret");
   return rows.Bytes(0, 0);
 }
 
 absl::Status PostgresJobStore::Heartbeat(absl::string_view replica) {
-  absl::MutexLock lock(&mu_);
-  return RunLocked(absl::StrCat("INSERT INTO attnaudit_replicas(replica, "
-                                "heartbeat_us) VALUES($1, ",
-                                kDbNowUs,
-                                ") ON CONFLICT(replica) DO UPDATE SET "
-                                "heartbeat_us = excluded.heartbeat_us"),
-                   {Text(replica)})
+  Lease lease = Acquire();
+  Session& db = *lease;
+  return Run(db,
+             absl::StrCat("INSERT INTO attnaudit_replicas(replica, "
+                          "heartbeat_us) VALUES($1, ",
+                          kDbNowUs,
+                          ") ON CONFLICT(replica) DO UPDATE SET "
+                          "heartbeat_us = excluded.heartbeat_us"),
+             {Text(replica)})
       .status();
 }
 
 absl::Status PostgresJobStore::Retire(absl::string_view replica) {
-  absl::MutexLock lock(&mu_);
-  return RunLocked("DELETE FROM attnaudit_replicas WHERE replica = $1",
-                   {Text(replica)})
+  Lease lease = Acquire();
+  Session& db = *lease;
+  return Run(db, "DELETE FROM attnaudit_replicas WHERE replica = $1",
+             {Text(replica)})
       .status();
 }
 
 absl::StatusOr<std::vector<StoredJob>> PostgresJobStore::ClaimStranded(
     absl::string_view replica, absl::Duration lease, int limit) {
   if (limit < 1) return std::vector<StoredJob>();
-  absl::MutexLock lock(&mu_);
+  Lease session = Acquire();
+  Session& db = *session;
   std::vector<StoredJob> claimed;
-  ATTNAUDIT_RETURN_IF_ERROR(InTransactionLocked([&]() -> absl::Status {
+  ATTNAUDIT_RETURN_IF_ERROR(InTransaction(db, [&]() -> absl::Status {
     // Locked until COMMIT; another claimer skips them rather than wait.
     ATTNAUDIT_ASSIGN_OR_RETURN(
         Rows picked,
-        RunLocked(
+        Run(db,
             absl::StrCat(
                 "SELECT j.job_id FROM attnaudit_jobs j JOIN "
                 "attnaudit_payloads p ON p.job_id = j.job_id "
@@ -573,11 +630,12 @@ absl::StatusOr<std::vector<StoredJob>> PostgresJobStore::ClaimStranded(
     for (int i = 0; i < picked.rows(); ++i) {
       const std::string id = picked.Text(i, 0);
       ATTNAUDIT_RETURN_IF_ERROR(
-          RunLocked("UPDATE attnaudit_jobs SET replica = $2, "
-                    "state = 'QUEUED', started_us = 0 WHERE job_id = $1",
-                    {Text(id), Text(replica)})
+          Run(db,
+              "UPDATE attnaudit_jobs SET replica = $2, "
+              "state = 'QUEUED', started_us = 0 WHERE job_id = $1",
+              {Text(id), Text(replica)})
               .status());
-      ATTNAUDIT_ASSIGN_OR_RETURN(StoredJob job, ReadStoredLocked(id));
+      ATTNAUDIT_ASSIGN_OR_RETURN(StoredJob job, ReadStored(db, id));
       claimed.push_back(std::move(job));
     }
     return absl::OkStatus();
@@ -587,23 +645,24 @@ absl::StatusOr<std::vector<StoredJob>> PostgresJobStore::ClaimStranded(
 
 absl::StatusOr<StoredJob> PostgresJobStore::ReadPayload(
     absl::string_view job_id) {
-  absl::MutexLock lock(&mu_);
-  return ReadStoredLocked(job_id);
+  Lease lease = Acquire();
+  Session& db = *lease;
+  return ReadStored(db, job_id);
 }
 
-absl::StatusOr<StoredJob> PostgresJobStore::ReadStoredLocked(
-    absl::string_view job_id) {
+absl::StatusOr<StoredJob> PostgresJobStore::ReadStored(
+    Session& db, absl::string_view job_id) {
+  ATTNAUDIT_ASSIGN_OR_RETURN(std::vector<ResultRecord> rows,
+                             Records(db,
+                                     absl::StrCat("SELECT ", kRecordColumns,
+                                                  ", NULL FROM attnaudit_jobs "
+                                                  "WHERE job_id = $1"),
+                                     {Text(job_id)}, /*with_report=*/false));
   ATTNAUDIT_ASSIGN_OR_RETURN(
-      std::vector<ResultRecord> rows,
-      RecordsLocked(absl::StrCat("SELECT ", kRecordColumns,
-                                 ", NULL FROM attnaudit_jobs "
-                                 "WHERE job_id = $1"),
-                    {Text(job_id)}, /*with_report=*/false));
-  ATTNAUDIT_ASSIGN_OR_RETURN(
-      Rows payload,
-      RunLocked("SELECT deadline_us, payload FROM attnaudit_payloads "
-                "WHERE job_id = $1",
-                {Text(job_id)}));
+      Rows payload, Run(db,
+                        "SELECT deadline_us, payload FROM attnaudit_payloads "
+                        "WHERE job_id = $1",
+                        {Text(job_id)}));
   if (rows.size() != 1 || payload.rows() != 1) {
     return absl::NotFoundError(
         absl::StrCat("job ", job_id, ": no stored payload"));

@@ -13,10 +13,11 @@
 // order fleet-wide (terminal writes are serialised: a few per audit, not a
 // bottleneck next to the audit itself).
 //
-// Connection: one libpq connection, serialised by a mutex. A call that
-// finds it broken (the server restarted, the network dropped) returns
-// Unavailable and the next call reconnects; nothing is retried inside a
-// call, so a write is never applied twice behind the caller's back.
+// Connections: a pool of up to kMaxSessions libpq connections, one per
+// call in progress. A call that finds its connection broken (the server
+// restarted, the network dropped) returns Unavailable and the next call on
+// that connection reconnects; nothing is retried inside a call, so a write
+// is never applied twice behind the caller's back.
 //
 // Thread safety: all methods are thread-safe.
 #ifndef ATTNAUDIT_SERVER_STORE_POSTGRES_JOB_STORE_H_
@@ -88,36 +89,57 @@ class PostgresJobStore final : public JobStore {
   class Rows;  // an owned PGresult, read as text
 
  private:
+  // One connection of the pool; it reconnects lazily after a failure.
+  struct Session {
+    pg_conn* conn = nullptr;
+  };
+  // A session taken from the pool for one call, given back at its end.
+  class Lease {
+   public:
+    Lease(PostgresJobStore* store, std::unique_ptr<Session> session)
+        : store_(store), session_(std::move(session)) {}
+    Lease(Lease&&) = default;
+    ~Lease();
+    Session& operator*() { return *session_; }
+
+   private:
+    PostgresJobStore* store_;
+    std::unique_ptr<Session> session_;
+  };
+
   PostgresJobStore(std::string url, const StoreOptions& options);
-  // (Re)connects when there is no healthy connection.
-  absl::Status ConnectLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for an idle session (opening one while fewer than kMaxSessions
+  // exist).
+  Lease Acquire();
+  void Release(std::unique_ptr<Session> session);
+  // (Re)connects when `db` has no healthy connection.
+  absl::Status Connect(Session& db);
   // Runs one statement; rows come back as text.
-  absl::StatusOr<Rows> RunLocked(const std::string& sql,
-                                 const std::vector<Param>& params)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Rows> Run(Session& db, const std::string& sql,
+                           const std::vector<Param>& params);
   // Runs `body` between BEGIN and COMMIT; ROLLBACK when it fails.
   template <typename Body>
-  absl::Status InTransactionLocked(Body body)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status MigrateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<std::vector<ResultRecord>> RecordsLocked(
-      const std::string& sql, const std::vector<Param>& params,
-      bool with_report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<bool> RecordQueuedLocked(const ResultRecord& record)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status InTransaction(Session& db, Body body);
+  absl::Status Migrate(Session& db);
+  absl::StatusOr<std::vector<ResultRecord>> Records(
+      Session& db, const std::string& sql, const std::vector<Param>& params,
+      bool with_report);
+  absl::StatusOr<bool> RecordQueuedOn(Session& db, const ResultRecord& record);
   // A job's row, deadline and payload; NotFound without a payload.
-  absl::StatusOr<StoredJob> ReadStoredLocked(absl::string_view job_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<StoredJob> ReadStored(Session& db, absl::string_view job_id);
   // Rows changed by a statement that returned no rows.
-  absl::StatusOr<int64_t> ChangeLocked(const std::string& sql,
-                                       const std::vector<Param>& params)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<int64_t> Change(Session& db, const std::string& sql,
+                                 const std::vector<Param>& params);
 
   const std::string url_;
   const std::string redacted_url_;
   const StoreOptions options_;
-  absl::Mutex mu_;
-  pg_conn* conn_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Calls run in parallel on up to kMaxSessions connections (a Submit's
+  // payload insert need not hold up GetResult or the result feed).
+  static constexpr int kMaxSessions = 4;
+  absl::Mutex pool_mu_;
+  std::vector<std::unique_ptr<Session>> idle_ ABSL_GUARDED_BY(pool_mu_);
+  int sessions_ ABSL_GUARDED_BY(pool_mu_) = 0;
 };
 
 }  // namespace attnaudit::server

@@ -357,6 +357,25 @@ TEST_P(JobStoreTest, TwoHandlesRacingForOneJobStoreOneResult) {
   EXPECT_EQ(ids.size(), static_cast<size_t>(kJobs));
 }
 
+TEST_P(JobStoreTest, OneHandleServesCallsFromManyThreads) {
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([this, t] {
+      for (int i = 0; i < 10; ++i) {
+        const std::string id = absl::StrCat("t", t, "-", i);
+        ASSERT_TRUE(*store_->RecordQueuedWithPayload(
+            Queued(id, kT0), absl::InfiniteFuture(), "payload"));
+        ASSERT_TRUE(*store_->PutResult(Done(id, 1, kT0 + absl::Seconds(i))));
+        ASSERT_TRUE(store_->Get(id).ok());
+        ASSERT_TRUE(store_->ResultsAfter(0, 10).ok());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(*store_->LastSeq(), 60);
+  EXPECT_EQ(store_->ResultsAfter(0, 100)->size(), 60u);
+}
+
 TEST_P(JobStoreTest, AQueuedClaimIsWonOnce) {
   std::unique_ptr<JobStore> other = location_.Open();
   ASSERT_NE(other, nullptr);
