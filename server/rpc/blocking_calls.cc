@@ -154,6 +154,19 @@ absl::StatusOr<DecodedAudit> DecodeAndAdmit(AuditServiceImpl* svc,
   query.tenant = caller.tenant;
   query.quota = caller.quota;
   query.deadline = plan.deadline;
+  if (svc->store()->shared() &&
+      (caller.quota.max_jobs > 0 || caller.quota.max_bytes > 0)) {
+    // A fleet's quota counts the tenant's jobs on every replica; the
+    // scheduler adds this replica's own.
+    absl::StatusOr<TenantUsage> others =
+        svc->store()->OthersUsage(caller.tenant, svc->options().replica_id);
+    if (!others.ok()) {
+      *retry_after = absl::Seconds(1);
+      return StorageError("result store", others.status());
+    }
+    query.held_jobs += others->jobs;
+    query.held_bytes += others->bytes;
+  }
   SubmitRejection why;
   if (absl::Status s = svc->scheduler()->CheckAdmission(query, &why); !s.ok()) {
     svc->metrics()->CountRejection(why.reason);
@@ -217,6 +230,7 @@ absl::Status ScheduleSubmit(AuditServiceImpl* svc, const Principal& caller,
   ResultRecord queued = rpc_internal::QueuedRecord(
       plan.job_id, caller.tenant, plan.priority, labels, plan.created);
   queued.replica = svc->options().replica_id;
+  queued.bytes = rpc_internal::SnapshotTensorBytes(audit.snapshot);
   const bool claim = svc->store()->shared();
   if (claim) {
     absl::StatusOr<bool> claimed =

@@ -85,9 +85,18 @@ struct ResultRecord {
   int error_code = 0;                       // absl::StatusCode value
   std::string error_message;
   std::string report;  // opaque (the serialised report proto); may be empty
+  // Snapshot bytes of the job (its tensors), recorded with the QUEUED row:
+  // a fleet's tenant quotas count them across replicas.
+  int64_t bytes = 0;
   // Set by the store: the row's place in the result feed (0 until
   // terminal). Ignored on writes.
   int64_t seq = 0;
+};
+
+// What one tenant holds queued or running.
+struct TenantUsage {
+  int64_t jobs = 0;
+  int64_t bytes = 0;
 };
 
 // An acknowledged job as a fleet store keeps it for another replica to
@@ -218,6 +227,12 @@ class JobStore {
   // The stored payload of an unfinished job (a replica restarting without
   // its local spool). NotFound when there is none.
   virtual absl::StatusOr<StoredJob> ReadPayload(absl::string_view job_id) = 0;
+
+  // What `tenant` holds queued or running on replicas other than
+  // `replica` (a fleet's quotas are fleet-wide; each replica counts its
+  // own jobs itself). A store of one process: nothing.
+  virtual absl::StatusOr<TenantUsage> OthersUsage(
+      absl::string_view tenant, absl::string_view replica) = 0;
 
   // Whether other processes write to the same store (a fleet).
   virtual bool shared() const = 0;

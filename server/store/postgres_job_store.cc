@@ -42,12 +42,15 @@ CREATE TABLE attnaudit_jobs (
   error_code    INTEGER NOT NULL DEFAULT 0,
   error_message TEXT NOT NULL DEFAULT '',
   report        BYTEA,
-  seq           BIGINT NOT NULL DEFAULT 0
+  seq           BIGINT NOT NULL DEFAULT 0,
+  bytes         BIGINT NOT NULL DEFAULT 0
 );
 CREATE INDEX attnaudit_jobs_by_seq ON attnaudit_jobs(seq);
 CREATE INDEX attnaudit_jobs_by_created ON attnaudit_jobs(created_us, job_id);
 CREATE INDEX attnaudit_jobs_by_finished ON attnaudit_jobs(finished_us, job_id);
 CREATE INDEX attnaudit_jobs_unfinished ON attnaudit_jobs(replica, created_us)
+  WHERE state IN ('QUEUED', 'RUNNING');
+CREATE INDEX attnaudit_jobs_unfinished_by_tenant ON attnaudit_jobs(tenant)
   WHERE state IN ('QUEUED', 'RUNNING');
 CREATE TABLE attnaudit_counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
 INSERT INTO attnaudit_counters(name, value) VALUES('seq', 0);
@@ -353,12 +356,13 @@ absl::StatusOr<bool> PostgresJobStore::RecordQueuedOn(Session& db,
       Change(
           db,
           "INSERT INTO attnaudit_jobs(job_id, state, priority, model, layer, "
-          "engine, created_us, tenant, backend, step, run, replica) "
-          "VALUES($1, 'QUEUED', $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) "
-          "ON CONFLICT(job_id) DO NOTHING",
+          "engine, created_us, tenant, backend, step, run, replica, bytes) "
+          "VALUES($1, 'QUEUED', $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, "
+          "$12) ON CONFLICT(job_id) DO NOTHING",
           {Text(r.job_id), Int(r.priority), Text(r.model), Int(r.layer),
            Text(r.engine), Int(Micros(r.created)), Text(r.tenant),
-           Text(r.backend), Int(r.step), Text(r.run), Text(r.replica)}));
+           Text(r.backend), Int(r.step), Text(r.run), Text(r.replica),
+           Int(r.bytes)}));
   return n == 1;
 }
 
@@ -674,6 +678,25 @@ absl::StatusOr<StoredJob> PostgresJobStore::ReadStored(
                                           : absl::FromUnixMicros(deadline_us);
   job.payload = payload.Bytes(0, 1);
   return job;
+}
+
+absl::StatusOr<TenantUsage> PostgresJobStore::OthersUsage(
+    absl::string_view tenant, absl::string_view replica) {
+  Lease lease = Acquire();
+  Session& db = *lease;
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      Rows rows,
+      Run(db,
+          "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM attnaudit_jobs "
+          "WHERE tenant = $1 AND replica <> $2 "
+          "AND state IN ('QUEUED', 'RUNNING')",
+          {Text(tenant), Text(replica)}));
+  TenantUsage use;
+  if (rows.rows() == 1) {
+    use.jobs = rows.Int(0, 0);
+    use.bytes = rows.Int(0, 1);
+  }
+  return use;
 }
 
 }  // namespace attnaudit::server

@@ -77,6 +77,8 @@ class PostgresJobStore final : public JobStore {
   absl::StatusOr<std::vector<StoredJob>> ClaimStranded(
       absl::string_view replica, absl::Duration lease, int limit) override;
   absl::StatusOr<StoredJob> ReadPayload(absl::string_view job_id) override;
+  absl::StatusOr<TenantUsage> OthersUsage(absl::string_view tenant,
+                                          absl::string_view replica) override;
   bool shared() const override { return true; }
   std::string description() const override { return redacted_url_; }
 

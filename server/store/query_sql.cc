@@ -118,6 +118,7 @@ ResultRecord RecordFromColumns(const RowReader& row) {
   r.error_message = row.Text(16);
   r.tenant = row.Text(17);
   r.seq = row.Int(18);
+  r.bytes = row.Int(19);
   return r;
 }
 

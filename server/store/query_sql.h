@@ -20,8 +20,8 @@ namespace attnaudit::server::store_internal {
 inline constexpr const char* kRecordColumns =
     "job_id, state, verdict, priority, model, layer, engine, backend, step, "
     "run, diagnosis, replica, created_us, started_us, finished_us, "
-    "error_code, error_message, tenant, seq";
-inline constexpr int kNumRecordColumns = 19;
+    "error_code, error_message, tenant, seq, bytes";
+inline constexpr int kNumRecordColumns = 20;
 inline constexpr const char* kTerminalStates = "('DONE','FAILED','CANCELLED')";
 
 // A bound parameter: an integer or a text.

@@ -43,7 +43,8 @@ CREATE TABLE IF NOT EXISTS results (
   run           TEXT NOT NULL DEFAULT '',
   diagnosis     TEXT NOT NULL DEFAULT '',
   replica       TEXT NOT NULL DEFAULT '',
-  seq           INTEGER NOT NULL DEFAULT 0
+  seq           INTEGER NOT NULL DEFAULT 0,
+  bytes         INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS counters (
   name  TEXT PRIMARY KEY NOT NULL,
@@ -76,6 +77,7 @@ ALTER TABLE results ADD COLUMN run TEXT NOT NULL DEFAULT '';
 ALTER TABLE results ADD COLUMN diagnosis TEXT NOT NULL DEFAULT '';
 ALTER TABLE results ADD COLUMN replica TEXT NOT NULL DEFAULT '';
 ALTER TABLE results ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE results ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0;
 WITH ordered AS (
   SELECT job_id, ROW_NUMBER() OVER (ORDER BY finished_us, job_id) AS n
   FROM results WHERE state IN ('DONE','FAILED','CANCELLED'))
@@ -222,13 +224,14 @@ absl::StatusOr<bool> SqliteJobStore::RecordQueued(const ResultRecord& r) {
   absl::MutexLock lock(&mu_);
   Stmt st(db_,
           "INSERT INTO results(job_id, state, priority, model, layer, engine, "
-          "created_us, tenant, backend, step, run, replica) "
-          "VALUES(?1, 'QUEUED', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) "
+          "created_us, tenant, backend, step, run, replica, bytes) "
+          "VALUES(?1, 'QUEUED', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, "
+          "?12) "
           "ON CONFLICT(job_id) DO NOTHING");
   st.Bind(1, r.job_id).Bind(2, int64_t{r.priority}).Bind(3, r.model);
   st.Bind(4, r.layer).Bind(5, r.engine).Bind(6, Micros(r.created));
   st.Bind(7, r.tenant).Bind(8, r.backend).Bind(9, r.step).Bind(10, r.run);
-  st.Bind(11, r.replica);
+  st.Bind(11, r.replica).Bind(12, r.bytes);
   absl::StatusOr<bool> done = st.Step();
   if (!done.ok()) return done.status();
   return sqlite3_changes(db_) == 1;

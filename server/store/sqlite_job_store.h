@@ -80,6 +80,10 @@ class SqliteJobStore final : public JobStore {
   absl::StatusOr<StoredJob> ReadPayload(absl::string_view job_id) override {
     return absl::NotFoundError("results.db keeps no payloads");
   }
+  absl::StatusOr<TenantUsage> OthersUsage(absl::string_view,
+                                          absl::string_view) override {
+    return TenantUsage();
+  }
   bool shared() const override { return false; }
   std::string description() const override { return "sqlite:" + path_; }
 

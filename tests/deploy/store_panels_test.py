@@ -73,7 +73,8 @@ CREATE TABLE attnaudit_jobs (
   error_code    INTEGER NOT NULL DEFAULT 0,
   error_message TEXT NOT NULL DEFAULT '',
   report        BYTEA,
-  seq           BIGINT NOT NULL DEFAULT 0
+  seq           BIGINT NOT NULL DEFAULT 0,
+  bytes         BIGINT NOT NULL DEFAULT 0
 );
 CREATE INDEX attnaudit_jobs_by_seq ON attnaudit_jobs(seq);
 CREATE INDEX attnaudit_jobs_by_created ON attnaudit_jobs(created_us, job_id);

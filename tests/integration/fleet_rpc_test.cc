@@ -33,10 +33,12 @@ class FleetTest : public ::testing::Test {
   }
 
   // Starts replica `i` ("replica-a", ...); with `gate`, its one device
-  // waits at the gate.
-  void StartReplica(int i, std::shared_ptr<GateState> gate = nullptr) {
+  // waits at the gate; every tenant gets `quota`.
+  void StartReplica(int i, std::shared_ptr<GateState> gate = nullptr,
+                    server::TenantQuota quota = {}) {
     server::AuditServerOptions o =
         TestOptions(MakeTempDir(absl::StrCat("fleet-", i)));
+    o.tenant_quota = quota;
     o.store_url = url_;
     o.replica_id = absl::StrCat("replica-", std::string(1, 'a' + i));
     if (gate != nullptr) {
@@ -219,6 +221,34 @@ TEST_F(FleetTest, AuditResultsAreStoredAndListedFromAnyReplica) {
   }
   ASSERT_EQ(cursors.size(), 2u);
   EXPECT_GT(cursors[0], cursors[1]);
+}
+
+TEST_F(FleetTest, ATenantsQuotaCountsItsJobsOnEveryReplica) {
+  server::TenantQuota two_jobs;
+  two_jobs.max_jobs = 2;
+  auto gate_a = std::make_shared<GateState>();
+  auto gate_b = std::make_shared<GateState>();
+  StartReplica(0, gate_a, two_jobs);
+  StartReplica(1, gate_b, two_jobs);
+  const std::string first = Submit(0, 50);
+  ASSERT_TRUE(gate_a->WaitStarted(1));
+  const std::string second = Submit(1, 51);
+  ASSERT_TRUE(gate_b->WaitStarted(1));
+  // One job on each replica: the tenant's third is refused on either.
+  for (int replica : {0, 1}) {
+    absl::StatusOr<v1::SubmitResponse> third =
+        At(replica)->Submit(SmallSnapshot(52 + replica));
+    EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted)
+        << third.status();
+    EXPECT_NE(third.status().message().find("tenant quota: 2 of 2 jobs"),
+              absl::string_view::npos)
+        << third.status();
+  }
+  gate_a->Open();
+  gate_b->Open();
+  EXPECT_EQ(WaitFinished(At(0), first).state(), v1::JOB_STATE_DONE);
+  EXPECT_EQ(WaitFinished(At(0), second).state(), v1::JOB_STATE_DONE);
+  EXPECT_FALSE(Submit(1, 54).empty());  // room again
 }
 
 // Stops or starts the throwaway cluster (pg_virtualenv names it

@@ -457,6 +457,34 @@ TEST_P(JobStoreTest, AStrandedJobIsClaimedOnceWithItsPayload) {
   EXPECT_EQ((*late)[0].record.job_id, "j1");
 }
 
+TEST_P(JobStoreTest, ATenantsUsageOnOtherReplicas) {
+  ResultRecord a = Queued("a", kT0);  // replica-a
+  a.tenant = "t";
+  a.bytes = 100;
+  ResultRecord b = Queued("b", kT0);
+  b.tenant = "t";
+  b.bytes = 30;
+  b.replica = "replica-b";
+  ResultRecord c = b;
+  c.job_id = "c";
+  ResultRecord other_tenant = b;
+  other_tenant.job_id = "d";
+  other_tenant.tenant = "u";
+  for (const auto& r : {a, b, c, other_tenant}) {
+    ASSERT_TRUE(*store_->RecordQueued(r));
+  }
+  ASSERT_TRUE(*store_->PutResult(Done("c", 1, kT0)));  // finished: not held
+  auto use = store_->OthersUsage("t", "replica-a");
+  ASSERT_TRUE(use.ok()) << use.status();
+  if (!store_->shared()) {
+    EXPECT_EQ(use->jobs, 0);  // one process: the scheduler counts it all
+    return;
+  }
+  EXPECT_EQ(use->jobs, 1);
+  EXPECT_EQ(use->bytes, 30);
+  EXPECT_EQ(store_->OthersUsage("t", "replica-b")->bytes, 100);
+}
+
 TEST_P(JobStoreTest, ConcurrentClaimersNeverShareAJob) {
   if (GetParam() == "sqlite") GTEST_SKIP() << "one process: no hand-off";
   for (int i = 0; i < 30; ++i) {
