@@ -415,6 +415,26 @@ def build_panels():
             "excludeByName": {"Time": True, "Value": True, "__name__": True},
             "indexByName": {"instance": 0, "version": 1, "job": 2}}}],
     })
+    L.newline()
+    timeseries(
+        "Job store up",
+        "1 while a replica's job store (SQLite under --data-dir, or the "
+        "fleet's PostgreSQL) answers its result feed's reads (every 200 ms), "
+        "0 while it does not: Submits and result reads then fail UNAVAILABLE "
+        "and nothing reaches the watchers. 0 for 2 minutes fires "
+        "AttnauditStoreDown; every replica at 0 = the shared PostgreSQL is "
+        "down.",
+        [("min by (instance) (attnaudit_store_up{%s})" % SEL, "{{instance}}")],
+        "short", w=12)
+    timeseries(
+        "Fleet jobs taken over",
+        "Unfinished jobs of a replica that died or drained, claimed and run "
+        "by another (per claiming replica). Bursts follow replica restarts "
+        "and scale-downs; a steady rate means replicas keep losing their "
+        "heartbeat (database latency, --fleet-lease too short).",
+        [("sum by (instance) (increase(attnaudit_fleet_jobs_taken_over_total"
+          "{%s}[%s]))" % (SEL, RATE), "{{instance}}")],
+        "short", w=12)
 
 
 def query_var(name, label, query, multi=True, include_all=True, sort=1,

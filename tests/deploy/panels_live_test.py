@@ -483,6 +483,11 @@ def build_expectations(ctx):
             (single(r) == 0, "0, got %r" % single(r))],
         "Received bytes/s": positive,
         "Build info": build_info,
+        # One server on its SQLite store, answering all along.
+        "Job store up": lambda r: [(single(r) == 1, "1, got %r" % single(r))],
+        # No fleet here: nothing taken over.
+        "Fleet jobs taken over": lambda r: [
+            (single(r) == 0, "0, got %r" % single(r))],
     }
 
 
