@@ -67,6 +67,12 @@ class AuditCall final : public LoggedUnaryReactor, public OpenCall {
     if (!id.ok()) return Done(ToGrpcStatus(id.status()));
     job_id_ = *std::move(id);
     log().set_job_id(job_id_);
+    // Registered before the job can be queued, so a token file reload from
+    // now on reaches this call (one between admission and registration
+    // would miss a queued job). The handler has not returned yet, so
+    // OnDone cannot have run, and it unregisters.
+    svc_->open_calls()->Add(this);
+    registered_ = true;
     absl::Duration retry_after;
     absl::Status admitted = AdmitInteractive(
         svc_, *principal, job_id_, *std::move(audit), *priority, job_bytes,
@@ -79,12 +85,15 @@ class AuditCall final : public LoggedUnaryReactor, public OpenCall {
       Done(ToGrpcStatus(admitted));
       return;
     }
-    // The handler has not returned yet, so OnDone cannot have run: `this`
-    // is alive even if the job already finished.
-    svc_->open_calls()->Add(this);
-    registered_ = true;
     submitted_.store(true);
-    if (cancelled_.load()) svc_->scheduler()->Cancel(job_id_).IgnoreError();
+    bool revoked = false;
+    {
+      absl::MutexLock lock(&mu_);
+      revoked = ended_.has_value();  // a reload came before the job existed
+    }
+    if (cancelled_.load() || revoked) {
+      svc_->scheduler()->Cancel(job_id_).IgnoreError();
+    }
   }
 
   // OpenCall: runs under the registry's lock (this call is alive).
@@ -285,24 +294,14 @@ grpc::Status FinishInteractive(AuditServiceImpl* svc, const JobOutcome& outcome,
 }
 
 // After the answer: an interactive job's result is stored like a
-// Submit's (so GetResult, ListResults and the watchers' feed have it),
-// unless --store-audit-results=false or the store refuses it; then it is
-// only published to the current watchers. Not retried: the caller already
-// has the report.
+// Submit's (so GetResult, ListResults and the watchers' feed have it) by
+// the result writer, off this worker; with --store-audit-results=false it
+// is only published to the current watchers.
 void RecordInteractive(AuditServiceImpl* svc, ResultRecord record) {
   if (svc->options().store_audit_results) {
-    record.replica = svc->options().replica_id;
-    absl::StatusOr<bool> put = svc->store()->PutResult(record);
-    if (put.ok()) {
-      svc->feed()->Wake();
-      return;
-    }
-    ATTNAUDIT_LOG(warn, "result store refused an Audit result; published only")
-        .Kv("job_id", record.job_id)
-        .Kv("status", put.status());
-  }
-  if (svc->watch_hub()->HasWatchers()) {
-    PublishResult(svc, RecordToJobResult(record), record.tenant);
+    svc->audit_results()->Add(std::move(record));
+  } else {
+    svc->PublishUnstored(std::move(record));
   }
 }
 
@@ -367,11 +366,6 @@ absl::Status AdmitInteractive(AuditServiceImpl* svc, const Principal& principal,
   return s;
 }
 
-void PublishResult(AuditServiceImpl* svc, v1::JobResult result,
-                   const std::string& tenant) {
-  svc->watch_hub()->Publish(std::move(result), tenant);
-}
-
 }  // namespace rpc_internal
 
 // ---- The service
@@ -401,7 +395,11 @@ AuditServiceImpl::AuditServiceImpl(ServiceOptions options, Scheduler* scheduler,
           [this](const ResultRecord& rec) { OnStoredResult(rec); },
           [this](bool up) { metrics_->SetStoreUp(up); }),
       uploads_(std::max<int64_t>(1, options_.upload_budget_bytes),
-               options_.upload_tenant_share) {
+               options_.upload_tenant_share),
+      audit_results_(
+          /*capacity=*/4096,
+          [this](ResultRecord r) { StoreAuditResult(std::move(r)); },
+          [this](ResultRecord r) { PublishUnstored(std::move(r)); }) {
   // Idle uploads are found within a quarter of the timeout (at most 1 s).
   const absl::Duration period =
       std::clamp(options_.upload_idle_timeout / 4, absl::Milliseconds(10),
@@ -412,6 +410,25 @@ AuditServiceImpl::AuditServiceImpl(ServiceOptions options, Scheduler* scheduler,
 }
 
 AuditServiceImpl::~AuditServiceImpl() = default;
+
+void AuditServiceImpl::StoreAuditResult(ResultRecord record) {
+  record.replica = options_.replica_id;
+  absl::StatusOr<bool> put = store_->PutResult(record);
+  if (put.ok()) {
+    feed_.Wake();
+    return;
+  }
+  // Not retried: the caller already has the report.
+  ATTNAUDIT_LOG(warn, "result store refused an Audit result; published only")
+      .Kv("job_id", record.job_id)
+      .Kv("status", put.status());
+  PublishUnstored(std::move(record));
+}
+
+void AuditServiceImpl::PublishUnstored(ResultRecord record) {
+  if (!hub_.HasWatchers()) return;
+  hub_.Publish(rpc_internal::RecordToJobResult(record), record.tenant);
+}
 
 absl::Status AuditServiceImpl::StartFeed() {
   absl::StatusOr<int64_t> last = store_->LastSeq();

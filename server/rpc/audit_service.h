@@ -70,6 +70,7 @@
 #include "server/auth/tenants.h"
 #include "server/memfd/memfd_snapshots.h"
 #include "server/metrics/metrics.h"
+#include "server/rpc/audit_result_writer.h"
 #include "server/rpc/blocking_executor.h"
 #include "server/rpc/durable_registry.h"
 #include "server/rpc/fleet_handoff.h"
@@ -235,6 +236,10 @@ class AuditServiceImpl final : public RawAuditService {
   const JobIdKey& job_id_key() const { return job_id_key_; }
   WatchHub* watch_hub() { return &hub_; }
   ResultFeed* feed() { return &feed_; }
+  AuditResultWriter* audit_results() { return &audit_results_; }
+  // An interactive job's result that is not stored: to the watchers of
+  // the moment.
+  void PublishUnstored(ResultRecord record);
   DurableJobs* durable() { return &durable_; }
   void CountRequest() { requests_.fetch_add(1, std::memory_order_relaxed); }
   UploadLedger* uploads() { return &uploads_; }
@@ -245,6 +250,9 @@ class AuditServiceImpl final : public RawAuditService {
   void EndIdempotentSubmit(const std::string& job_id);
 
  private:
+  // The result writer's work: stores an Audit result (published unstored
+  // when the store refuses it).
+  void StoreAuditResult(ResultRecord record);
   // One result from the feed: to the watchers, and in a fleet, the end of
   // this replica's copy of a job that another replica finished or
   // cancelled.
@@ -265,6 +273,9 @@ class AuditServiceImpl final : public RawAuditService {
   ResultFeed feed_;
   std::unique_ptr<FleetHandoff> handoff_;  // fleet only
   UploadLedger uploads_;
+  // After feed_ and hub_, which it uses: stores what it holds before they
+  // go.
+  AuditResultWriter audit_results_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> requests_{0};
 

@@ -183,11 +183,6 @@ absl::Status AdmitInteractive(AuditServiceImpl* svc, const Principal& principal,
                               absl::Time deadline, v1::AuditResponse* response,
                               Finisher finish, absl::Duration* retry_after);
 
-// Publishes a finished job of `tenant` that was not stored to the
-// watchers (stored results reach them through the result feed).
-void PublishResult(AuditServiceImpl* svc, v1::JobResult result,
-                   const std::string& tenant);
-
 // ---- Unary calls whose work blocks: blocking_calls.cc.
 
 // The blocking body of a call for an authorized caller: fills the response
