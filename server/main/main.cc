@@ -28,6 +28,7 @@
 #include "server/device_pool/device_selection.h"
 #include "server/main/server_flags.h"
 #include "server/rpc/server.h"
+#include "server/store/job_store.h"
 
 namespace attnaudit::server {
 namespace {
@@ -210,7 +211,8 @@ void LogEndpoints(const ServerFlags& flags, const AuditServer& server) {
   ATTNAUDIT_LOG(info, "data dir")
       .Kv("path", data.string())
       .Kv("spool", (data / "spool").string())
-      .Kv("store", (data / "results.db").string());
+      .Kv("store", flags.store == "sqlite" ? (data / "results.db").string()
+                                           : RedactStoreUrl(flags.store));
 }
 
 // Waits for SIGTERM/SIGINT (re-reading the token file on each SIGHUP),
