@@ -19,6 +19,10 @@
 #   make conformance   the real-engine conformance suite: regenerates the
 #               fixtures from vLLM's CPU kernels, HF transformers and torch
 #               (a venv of ~6 GB under build/) and replays them
+#   make vllm-plugin   the vLLM plugin end to end on vLLM's CPU engine (the
+#               conformance venv; ~4 min): PASS clean, DRIFT with the right
+#               diagnosis on injected engine bugs, outputs bit-identical
+#   make bench-vllm-plugin  the plugin's decode-step overhead on that engine
 #
 # One build folder serves all of them, configured once with tests and
 # benchmarks enabled: `run`, `demo` and the bench targets build only their
@@ -44,7 +48,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
   bench-env bench-peers bench-sweeps bench-server bench-loopback bench-idle \
   bench-instructions bench-rope bench-fleet \
   bench-diagnosis demo clean \
-  py-venv bench-python conformance
+  py-venv bench-python conformance vllm-plugin bench-vllm-plugin
 
 all: build
 
@@ -292,6 +296,22 @@ conformance: configure
 	python3 tests/conformance/replay.py tests/conformance/fixtures \
 	  --cli $(BUILD_DIR)/bin/attnaudit --table $(CONFORMANCE_TABLE) \
 	  --min-diagnosis-rate 0.95
+
+# The vLLM plugin (client/python/src/attnaudit/vllm) on vLLM's own CPU
+# engine, against a real server: tests/vllm_plugin/e2e.py says what it checks.
+vllm-plugin: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target attnaudit-server
+	bash tests/conformance/make_venv.sh $(CONFORMANCE_VENV) $(PYTHON)
+	$(CONFORMANCE_VENV)/bin/python tests/vllm_plugin/e2e.py \
+	  --server $(BUILD_DIR)/bin/attnaudit-server --work $(BUILD_DIR)/vllm-plugin
+
+bench-vllm-plugin: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target attnaudit-server
+	bash tests/conformance/make_venv.sh $(CONFORMANCE_VENV) $(PYTHON)
+	@mkdir -p $(BENCH_OUT)
+	$(CONFORMANCE_VENV)/bin/python bench/sweeps/vllm_plugin_overhead.py \
+	  --server $(BUILD_DIR)/bin/attnaudit-server --work $(BUILD_DIR)/vllm-plugin \
+	  --json $(BENCH_OUT)/vllm_plugin_overhead.json
 
 clean:
 	rm -rf $(BUILD_DIR)

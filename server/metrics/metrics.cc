@@ -142,6 +142,18 @@ Metrics::Impl::KindSeries& Metrics::Impl::Kind(absl::string_view kind) {
   return s;
 }
 
+prometheus::Counter& Metrics::Impl::LayerAudits(const std::string& model,
+                                                const std::string& layer,
+                                                const std::string& verdict) {
+  const std::string key = absl::StrCat(model, "\x1f", layer, "\x1f", verdict);
+  auto it = layer_audit_series.find(key);
+  if (it != layer_audit_series.end()) return *it->second;
+  prometheus::Counter* c = &layer_audits->Add(
+      {{"model", model}, {"layer", layer}, {"verdict", verdict}});
+  layer_audit_series[key] = c;
+  return *c;
+}
+
 std::array<Histogram*, kNumDriftFamilies>& Metrics::Impl::Drift(
     Comparison c, const std::string& model, const std::string& layer) {
   const std::string key =
@@ -179,6 +191,9 @@ void Metrics::Impl::RegisterVerdicts(prometheus::Registry& r) {
   for (const std::string& h : HypothesisNames()) {
     diagnoses[h] = &diagnosis_family.Add({{"hypothesis", h}});
   }
+  layer_audits = &CounterFamily(
+      r, "attnaudit_layer_audits_total",
+      "Audits completed, by model, layer and verdict (PASS or DRIFT).");
   for (Verdict v : kVerdicts) {
     const std::string name(VerdictName(v));
     audits[static_cast<int>(v)] = &audit_family.Add({{"verdict", name}});
@@ -426,6 +441,10 @@ void Metrics::ObserveReport(const AuditReport& report,
       raw_layer < 0 ? "unknown" : m.layers->Bound(absl::StrCat(raw_layer));
 
   absl::MutexLock lock(&m.mu);
+  if (report.verdict == Verdict::kPass || report.verdict == Verdict::kDrift) {
+    m.LayerAudits(model, layer, std::string(VerdictName(report.verdict)))
+        .Increment();
+  }
   for (const ComparisonResult& cr : report.comparisons) {
     const int c = static_cast<int>(cr.comparison);
     if (c < 0 || c >= kNumComparisons) continue;

@@ -6,6 +6,9 @@
 //   attnaudit_build_info{version}                      gauge = 1
 //   attnaudit_audits_total{verdict}                    counter (PASS, DRIFT,
 //                                                      INVALID)
+//   attnaudit_layer_audits_total{model,layer,verdict}  counter: PASS and
+//       DRIFT audits per layer (bounded labels as the drift histograms;
+//       a series appears when first observed)
 //   attnaudit_comparison_verdicts_total{comparison,verdict}   counter
 //   attnaudit_diagnoses_total{hypothesis}              counter: the top
 //       diagnosis of each drifting audit (core/diagnosis HypothesisNames())

@@ -124,6 +124,11 @@ struct Metrics::Impl {
       std::array<prometheus::Histogram*, metrics_internal::kNumDriftFamilies>>
       drift_series ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<std::string, KindSeries> kinds ABSL_GUARDED_BY(mu);
+  // attnaudit_layer_audits_total: keyed by model, layer and verdict (the
+  // bounded labels of the drift histograms), created on first use.
+  prometheus::Family<prometheus::Counter>* layer_audits = nullptr;
+  absl::flat_hash_map<std::string, prometheus::Counter*> layer_audit_series
+      ABSL_GUARDED_BY(mu);
 
   // Metrics::Create's steps: the families and their fixed series (none of
   // these throws for our constant names and labels, but prometheus-cpp
@@ -142,6 +147,10 @@ struct Metrics::Impl {
   // Creates (or finds) the per-kind series. Family::Add may throw only for
   // invalid label names, and ours are constants.
   KindSeries& Kind(absl::string_view kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  prometheus::Counter& LayerAudits(const std::string& model,
+                                   const std::string& layer,
+                                   const std::string& verdict)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   std::array<prometheus::Histogram*, metrics_internal::kNumDriftFamilies>&
   Drift(Comparison c, const std::string& model, const std::string& layer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);

@@ -150,6 +150,7 @@ TEST(MetricsTest, ExactlyTheDocumentedFamilies) {
       {"attnaudit_audits_total", T::Counter},
       {"attnaudit_comparison_verdicts_total", T::Counter},
       {"attnaudit_diagnoses_total", T::Counter},
+      {"attnaudit_layer_audits_total", T::Counter},
       {"attnaudit_drift_out_max_abs", T::Histogram},
       {"attnaudit_drift_out_max_ulp", T::Histogram},
       {"attnaudit_drift_lse_max_abs", T::Histogram},
@@ -380,6 +381,27 @@ TEST(MetricsTest, ReportFeedsVerdictsAndDriftBuckets) {
   // Unspecified verdicts are ignored.
   metrics->ObserveReport(AuditReport(), labels);
   EXPECT_EQ(Value(*metrics, "attnaudit_drift_out_max_abs", er), 1);
+}
+
+TEST(MetricsTest, VerdictsAreCountedPerModelAndLayer) {
+  MetricsOptions options;
+  options.max_layers = 2;
+  auto metrics = MakeMetrics(options);
+  AuditReport pass;
+  pass.verdict = Verdict::kPass;
+  metrics->ObserveReport(DriftReport(), JobLabels{"llama", 5, ""});
+  metrics->ObserveReport(pass, JobLabels{"llama", 5, ""});
+  metrics->ObserveReport(pass, JobLabels{"llama", 5, ""});
+  metrics->ObserveReport(pass, JobLabels{"llama", 7, ""});
+  metrics->ObserveReport(DriftReport(), JobLabels{"llama", 9, ""});
+  auto count = [&](const char* layer, const char* verdict) {
+    return Value(*metrics, "attnaudit_layer_audits_total",
+                 {{"model", "llama"}, {"layer", layer}, {"verdict", verdict}});
+  };
+  EXPECT_EQ(count("5", "DRIFT"), 1);
+  EXPECT_EQ(count("5", "PASS"), 2);
+  EXPECT_EQ(count("7", "PASS"), 1);
+  EXPECT_EQ(count("other", "DRIFT"), 1);  // layer 9: past max_layers
 }
 
 TEST(MetricsTest, NonFiniteDriftLandsInTheInfBucket) {

@@ -1,0 +1,93 @@
+"""Audit a running vLLM without changing its code.
+
+`pip install attnaudit` registers this plugin under vLLM's
+`vllm.general_plugins` entry point group; vLLM calls register() in each of
+its processes at start-up. The plugin stays inactive (and imports nothing
+of vLLM) unless a server is configured:
+
+    export ATTNAUDIT_VLLM_SERVER=attnaudit:50051
+    export ATTNAUDIT_VLLM_SAMPLE_EVERY=200      # every 200th engine step
+    export ATTNAUDIT_VLLM_RUN=grpo-run-17       # label for list_results
+
+Every setting is listed in attnaudit.vllm.settings; docs/PYTHON.md,
+"Auditing vLLM without code changes", says what each costs.
+
+Active, it wraps vLLM's attention backend, rotary embedding and model
+runner (seams.py); on sampled steps it builds snapshots from the very
+tensors the kernel read (query, paged cache, block table, sequence lengths,
+output; pre-RoPE q and k for the rolling RoPE check) and hands them to a
+non-blocking RolloutAuditor. Each audited step yields a StepSummary:
+logged, and passed to callbacks (add_step_callback in the engine's
+process, or ATTNAUDIT_VLLM_ON_STEP=pkg.module:function in every process).
+The server exports the verdicts per layer to Prometheus.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+from typing import Callable, Optional
+
+from .plugin import StepSummary, VllmAuditPlugin, summarise
+from .settings import Settings, SettingsError, load
+
+__all__ = ["StepSummary", "Settings", "SettingsError", "VllmAuditPlugin",
+           "add_step_callback", "flush", "plugin", "register", "summarise"]
+
+log = logging.getLogger("attnaudit.vllm")
+_ACTIVE: Optional[VllmAuditPlugin] = None
+
+
+def register() -> None:
+    """vLLM's entry point. Reads the settings; when a server is configured,
+    installs the seams (once per process). A setting that does not parse
+    raises SettingsError, which stops vLLM's start-up with its message:
+    an audit the user asked for is never silently off."""
+    global _ACTIVE
+    settings = load()
+    if not settings.active or _ACTIVE is not None:
+        return
+    _ensure_log_handler()
+    active = VllmAuditPlugin(settings)
+    from . import seams
+    wrapped = seams.install(active)
+    _ACTIVE = active
+    atexit.register(active.close, min(settings.timeout, 10.0))
+    log.info("attnaudit plugin active: server %s, %s, layers %s%s; wrapped: %s",
+             settings.server,
+             f"sample rate {settings.sample_rate}" if settings.sample_rate is not None
+             else f"every {settings.sample_every} steps",
+             "all" if settings.layers is None else list(settings.layers),
+             " (one per sampled step)" if settings.rotate_layers else "",
+             ", ".join(wrapped) or "nothing")
+
+
+def plugin() -> Optional[VllmAuditPlugin]:
+    """The active plugin of this process, or None."""
+    return _ACTIVE
+
+
+def add_step_callback(fn: Callable[[StepSummary], None]) -> bool:
+    """Adds a StepSummary callback in this process; False when the plugin
+    is not active here (e.g. the engine runs in another process: use
+    ATTNAUDIT_VLLM_ON_STEP there)."""
+    if _ACTIVE is None:
+        return False
+    _ACTIVE.add_step_callback(fn)
+    return True
+
+
+def flush(timeout: Optional[float] = None) -> bool:
+    """Waits for the audits in flight and their summaries (True when
+    nothing is left, or the plugin is inactive)."""
+    return True if _ACTIVE is None else _ACTIVE.flush(timeout)
+
+
+def _ensure_log_handler() -> None:
+    # vLLM configures its own "vllm" logger only; without a handler here
+    # the step summaries would vanish below WARNING.
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)

@@ -1,0 +1,459 @@
+"""VllmAuditPlugin: what the vLLM seams call, free of vLLM itself.
+
+The seams (seams.py) call three methods on the engine's thread:
+
+  state(ctx, ...)      once per forward pass (later calls return the same
+                       StepState): numbers the engine step, decides whether
+                       it is sampled and, if so, which rows and layers;
+  on_rotary(st, ...)   before a layer's RoPE: on sampled steps, copies the
+                       decode rows of the pre-RoPE q and k (rolling check);
+  on_attention(st, call)  after a layer's attention kernel: on sampled
+                       steps and chosen layers, offers a snapshot builder to
+                       the RolloutAuditor, which copies what it needs and
+                       sends it from a background thread.
+
+An unsampled step costs one attribute lookup per seam call. Nothing here
+blocks on the server: the auditor holds at most max_in_flight snapshots
+and drops (and counts) the rest.
+
+Step summaries: when every audit of a sampled step has an outcome, a
+StepSummary goes to the callbacks (add_step_callback, settings.on_step)
+on the plugin's own thread, and is logged when settings.log_summary.
+
+Thread safety: state/on_rotary/on_attention are called from the engine's
+thread; the rest is thread-safe. Errors: a failure in the plugin's own code
+is counted (counters()["plugin_errors"]) and logged once, never raised into
+the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import queue
+import re
+import threading
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from .._enums import Verdict
+from ..auditor import AuditResult, RolloutAuditor
+from . import capture
+from .settings import Settings
+
+log = logging.getLogger("attnaudit.vllm")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSummary:
+    """The audits of one sampled engine step.
+
+    layers: the layers audited; passed / drifted / failed / invalid:
+    outcomes; dropped: audits skipped because every in-flight slot was busy;
+    worst_layer / worst_share: the layer whose output drift used the largest
+    share of its tolerance (1.0 = at the limit), over every comparison;
+    top_diagnosis: the first diagnosis of the worst drifting layer (e.g.
+    "stale-page"), with its one-line summary; request_ids: the requests
+    audited; results: each AuditResult (reports included)."""
+
+    step: int
+    layers: tuple
+    passed: int
+    drifted: int
+    failed: int
+    invalid: int
+    dropped: int
+    worst_layer: Optional[int]
+    worst_share: Optional[float]
+    top_diagnosis: Optional[str]
+    diagnosis_summary: str
+    request_ids: tuple
+    results: tuple = ()
+
+    def as_dict(self, prefix: str = "attnaudit/") -> Dict[str, Any]:
+        """Flat numbers for a metrics logger (wandb.log, a TensorBoard
+        writer): counts, worst layer and share; the diagnosis as text."""
+        out: Dict[str, Any] = {
+            f"{prefix}passed": self.passed, f"{prefix}drifted": self.drifted,
+            f"{prefix}failed": self.failed, f"{prefix}dropped": self.dropped,
+        }
+        if self.worst_layer is not None:
+            out[f"{prefix}worst_layer"] = self.worst_layer
+        if self.worst_share is not None:
+            out[f"{prefix}worst_share"] = self.worst_share
+        if self.top_diagnosis:
+            out[f"{prefix}top_diagnosis"] = self.top_diagnosis
+        return out
+
+    def line(self) -> str:
+        text = (f"attnaudit step {self.step}: layers {list(self.layers)} "
+                f"PASS {self.passed} DRIFT {self.drifted}")
+        if self.failed or self.invalid or self.dropped:
+            text += (f" failed {self.failed} invalid {self.invalid} "
+                     f"dropped {self.dropped}")
+        if self.worst_layer is not None:
+            text += f"; worst layer {self.worst_layer} ({self.worst_share:.3g} of tolerance)"
+        if self.top_diagnosis:
+            text += f"; diagnosis {self.top_diagnosis}: {self.diagnosis_summary}"
+        return text
+
+
+@dataclasses.dataclass
+class StepState:
+    """One forward pass, as the plugin sees it."""
+
+    step: int
+    sampled: bool = False
+    layers: frozenset = frozenset()
+    rows: List[int] = dataclasses.field(default_factory=list)
+    tokens: List[int] = dataclasses.field(default_factory=list)
+    request_ids: Optional[List[str]] = None
+    pending: Optional[capture.PreRope] = None
+    rotary: Optional[Dict[str, Any]] = None  # theta, rotary_dim, neox
+
+
+@dataclasses.dataclass
+class _Tally:
+    layers: List[int] = dataclasses.field(default_factory=list)
+    offered: int = 0
+    dropped: int = 0
+    results: List[AuditResult] = dataclasses.field(default_factory=list)
+    closed: bool = False
+    request_ids: tuple = ()
+
+
+_NOT_A_STEP = StepState(step=-1)
+_ATTR = "_attnaudit_step_state"
+
+
+class VllmAuditPlugin:
+    """See the module docstring. client_factory: builds the AuditClient on
+    first use (in the process that runs attention, never before a fork)."""
+
+    def __init__(self, settings: Settings,
+                 client_factory: Optional[Callable[[], Any]] = None):
+        self.settings = settings
+        self._client_factory = client_factory or self._default_client
+        self._auditor: Optional[RolloutAuditor] = None
+        self._next_step = 0
+        self._universe: Optional[List[int]] = None
+        self._lock = threading.Lock()
+        self._tallies: Dict[int, _Tally] = {}
+        self._callbacks: List[Callable[[StepSummary], None]] = [
+            _resolve(spec) for spec in settings.on_step]
+        self._summaries: "queue.Queue[Optional[StepSummary]]" = queue.Queue(maxsize=256)
+        self._summary_thread: Optional[threading.Thread] = None
+        self._counts = {"steps": 0, "sampled_steps": 0, "plugin_errors": 0,
+                        "summaries_dropped": 0, "rope_missed": 0}
+        self._warned: set = set()
+        self.model: Optional[str] = settings.model
+        self.rope_parameters: Optional[Dict[str, Any]] = None
+
+    # ------------------------------------------------------------------
+    # Engine-thread hooks
+    # ------------------------------------------------------------------
+
+    def state(self, ctx: Any, metadata: Callable[[], Any],
+              layer_names: Callable[[], Sequence[str]],
+              request_ids: Callable[[], Optional[Sequence[str]]]) -> Optional[StepState]:
+        """The StepState of the forward pass `ctx` (an object the plugin may
+        set an attribute on), or None outside engine steps (warm-up,
+        profiling: no attention metadata)."""
+        st = getattr(ctx, _ATTR, None)
+        if st is not None:
+            return None if st is _NOT_A_STEP else st
+        md = metadata()
+        if md is None:
+            setattr(ctx, _ATTR, _NOT_A_STEP)
+            return None
+        st = StepState(step=self._next_step)
+        self._next_step += 1
+        self._counts["steps"] += 1
+        setattr(ctx, _ATTR, st)
+        self._close_earlier_steps(st.step)
+        s = self.settings
+        if capture.step_chosen(st.step, s.sample_every, s.sample_rate, s.seed):
+            self._choose(st, md, layer_names, request_ids)
+        return st
+
+    def on_rotary(self, st: Optional[StepState], rotary: Dict[str, Any],
+                  query: Any, key: Any) -> None:
+        """Before RoPE runs (it may rotate in place): keeps copies of the
+        sampled decode rows of q [T, ...] and k [T, ...]."""
+        if st is None or not st.sampled:
+            return
+        st.rotary = rotary
+        if self.settings.rope_check and key is not None:
+            toks = list(st.tokens)
+            st.pending = capture.PreRope(tuple(toks), query[toks], key[toks])
+
+    def on_attention(self, st: Optional[StepState], call: capture.AttentionCall) -> None:
+        """After the kernel wrote call.output: offers the snapshot."""
+        if st is None or not st.sampled:
+            return
+        pre, st.pending = st.pending, None
+        if call.layer not in st.layers:
+            return
+        if self.settings.rope_check and pre is None and st.rotary is not None:
+            self._counts["rope_missed"] += 1
+        rope = None
+        if st.rotary is not None and not _nested(self.rope_parameters):
+            rope = capture.rope_declaration(rope_parameters=self.rope_parameters,
+                                            **st.rotary)
+        ids = st.request_ids
+        labels = capture.snapshot_labels(
+            model=self.model, backend=_backend_label(call), layer=call.layer,
+            step=st.step, run=self.settings.run, request_ids=ids)
+
+        def build():
+            return capture.build_snapshot(
+                call, rows=st.rows, tokens=st.tokens, step=st.step,
+                engine=self.settings.engine, rope=rope, pre_rope=pre, labels=labels)
+
+        auditor = self.auditor()
+        dropped_before = auditor.counters.dropped
+        with self._lock:
+            tally = self._tallies.setdefault(st.step, _Tally(request_ids=tuple(ids or ())))
+            tally.offered += 1
+            tally.layers.append(call.layer)
+        auditor.step(build, layer=call.layer, step=st.step)
+        if auditor.counters.dropped != dropped_before:
+            with self._lock:
+                tally.dropped += 1
+            self._maybe_summarise(st.step)
+
+    # ------------------------------------------------------------------
+    # Results
+    # ------------------------------------------------------------------
+
+    def auditor(self) -> RolloutAuditor:
+        if self._auditor is None:
+            s = self.settings
+            self._auditor = RolloutAuditor(
+                self._client_factory(), sample_every=1, max_in_flight=s.max_in_flight,
+                mode=s.mode, priority=s.priority, timeout=s.timeout, run=s.run,
+                on_result=self._on_result)
+        return self._auditor
+
+    def add_step_callback(self, fn: Callable[[StepSummary], None]) -> None:
+        self._callbacks.append(fn)
+
+    def counters(self) -> Dict[str, int]:
+        """The plugin's counters and its auditor's (steps here are engine
+        steps; the auditor's steps are offered layer snapshots)."""
+        out = dict(self._counts)
+        if self._auditor is not None:
+            for k, v in dataclasses.asdict(self._auditor.counters).items():
+                out[f"audits_{k}"] = v
+        return out
+
+    def flush(self, timeout: Optional[float] = None) -> bool:
+        """Closes the current step, waits for every audit in flight and for
+        the summaries to be delivered."""
+        self._close_earlier_steps(self._next_step)
+        ok = True if self._auditor is None else self._auditor.flush(timeout)
+        with self._lock:
+            steps = list(self._tallies)
+        for step in steps:
+            self._maybe_summarise(step)
+        if self._summary_thread is not None:
+            self._summaries.join()
+        return ok
+
+    def close(self, timeout: Optional[float] = 30.0) -> bool:
+        ok = self.flush(timeout)
+        if self._auditor is not None:
+            ok = self._auditor.close(timeout) and ok
+        if self._summary_thread is not None:
+            self._summaries.put(None)
+            self._summary_thread.join(timeout=5)
+            self._summary_thread = None
+        return ok
+
+    def error(self, where: str, e: BaseException) -> None:
+        """A failure in the plugin's code: counted, logged once per kind."""
+        self._counts["plugin_errors"] += 1
+        key = (where, type(e).__name__)
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("attnaudit plugin: %s failed (%s: %s); the engine is "
+                        "unaffected, later failures are only counted",
+                        where, type(e).__name__, e)
+
+    # ------------------------------------------------------------------
+
+    def _choose(self, st: StepState, md: Any, layer_names, request_ids) -> None:
+        s = self.settings
+        num_reqs = int(len(md.seq_lens))
+        rows, tokens = capture.decode_rows(md.query_start_loc, num_reqs)
+        ids = request_ids() if rows else None
+        keep = capture.choose_rows(rows, ids, pattern=s.request_filter,
+                                   fraction=s.request_fraction, seed=s.seed,
+                                   max_rows=s.max_rows)
+        if not keep:
+            return
+        layers = self._layers(layer_names)
+        if not layers:
+            return
+        if s.rotate_layers:
+            k = st.step // s.sample_every if s.sample_rate is None else st.step
+            layers = [layers[k % len(layers)]]
+        st.sampled = True
+        st.layers = frozenset(layers)
+        st.rows = [rows[k] for k in keep]
+        st.tokens = [tokens[k] for k in keep]
+        if ids is not None:
+            st.request_ids = [str(ids[r]) for r in st.rows if r < len(ids)]
+        self._counts["sampled_steps"] += 1
+
+    def _layers(self, layer_names) -> List[int]:
+        if self.settings.layers is not None:
+            return list(self.settings.layers)
+        if self._universe is None:
+            found = set()
+            for name in layer_names():
+                index = layer_index(name)
+                if index is not None:
+                    found.add(index)
+            self._universe = sorted(found)
+        return self._universe
+
+    def _on_result(self, result: AuditResult) -> None:
+        with self._lock:
+            tally = self._tallies.get(result.step)
+            if tally is None:
+                return
+            tally.results.append(result)
+        self._maybe_summarise(result.step)
+
+    def _close_earlier_steps(self, step: int) -> None:
+        with self._lock:
+            earlier = [s for s, t in self._tallies.items() if s < step and not t.closed]
+            for s in earlier:
+                self._tallies[s].closed = True
+        for s in earlier:
+            self._maybe_summarise(s)
+
+    def _maybe_summarise(self, step: int) -> None:
+        with self._lock:
+            tally = self._tallies.get(step)
+            if (tally is None or not tally.closed
+                    or len(tally.results) + tally.dropped < tally.offered):
+                return
+            del self._tallies[step]
+        self._emit(summarise(step, tally.layers, tally.results, tally.dropped,
+                             tally.request_ids))
+
+    def _emit(self, summary: StepSummary) -> None:
+        if not self._callbacks and not self.settings.log_summary:
+            return
+        if self._summary_thread is None:
+            self._summary_thread = threading.Thread(
+                target=self._deliver, name="attnaudit-vllm-summaries", daemon=True)
+            self._summary_thread.start()
+        try:
+            self._summaries.put_nowait(summary)
+        except queue.Full:
+            self._counts["summaries_dropped"] += 1
+
+    def _deliver(self) -> None:
+        while True:
+            summary = self._summaries.get()
+            try:
+                if summary is None:
+                    return
+                if self.settings.log_summary:
+                    (log.warning if summary.drifted else log.info)(summary.line())
+                for fn in list(self._callbacks):
+                    try:
+                        fn(summary)
+                    except Exception as e:  # noqa: BLE001 - a user callback
+                        self.error("on_step callback", e)
+            finally:
+                self._summaries.task_done()
+
+    def _default_client(self):
+        from ..client import AuditClient
+        s = self.settings
+        tls = None
+        if s.tls_ca == "system":
+            tls = True
+        elif s.tls_ca:
+            tls = {"ca": s.tls_ca}
+        return AuditClient(s.server, tls=tls, token=s.token, timeout=s.timeout)
+
+
+def summarise(step: int, layers: Sequence[int], results: Sequence[AuditResult],
+              dropped: int, request_ids: Sequence[str]) -> StepSummary:
+    """A StepSummary from a step's audit outcomes."""
+    counts = {Verdict.PASS: 0, Verdict.DRIFT: 0, Verdict.INVALID: 0}
+    failed = 0
+    worst = None  # (share, layer, result)
+    for r in results:
+        if r.verdict in counts:
+            counts[r.verdict] += 1
+        else:
+            failed += 1
+        if r.report is None:
+            continue
+        share = drift_share(r.report)
+        drifting = r.verdict == Verdict.DRIFT
+        key = (drifting, share if share is not None else -1.0)
+        if worst is None or key > worst[0]:
+            worst = (key, r)
+    worst_layer = worst_share = None
+    diagnosis, diagnosis_summary = None, ""
+    if worst is not None:
+        r = worst[1]
+        worst_layer, worst_share = r.layer, worst[0][1] if worst[0][1] >= 0 else None
+        top = r.report.diagnosis if r.verdict == Verdict.DRIFT else None
+        if top is not None:
+            diagnosis, diagnosis_summary = top.hypothesis, top.summary
+    return StepSummary(step=step, layers=tuple(layers), passed=counts[Verdict.PASS],
+                       drifted=counts[Verdict.DRIFT], failed=failed,
+                       invalid=counts[Verdict.INVALID], dropped=dropped,
+                       worst_layer=worst_layer, worst_share=worst_share,
+                       top_diagnosis=diagnosis, diagnosis_summary=diagnosis_summary,
+                       request_ids=tuple(request_ids), results=tuple(results))
+
+
+def drift_share(report) -> Optional[float]:
+    """The largest output drift of a report as a share of its tolerance."""
+    best = None
+    for c in report.comparisons:
+        out = c.out
+        if out is None or out.tolerance <= 0:
+            continue
+        share = out.max_abs / out.tolerance
+        best = share if best is None else max(best, share)
+    return best
+
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+
+
+def layer_index(name: str) -> Optional[int]:
+    """The layer index in a vLLM module name ("model.layers.12.self_attn.attn"
+    -> 12): its first integer component."""
+    m = _LAYER_INDEX.search(name)
+    return int(m.group(1)) if m else None
+
+
+def _backend_label(call: capture.AttentionCall) -> str:
+    return f"{call.backend}/{call.isa}" if call.isa else call.backend
+
+
+def _nested(params: Optional[Dict[str, Any]]) -> bool:
+    """Per-layer-type RoPE parameters (e.g. Gemma 3's full/sliding): which
+    one a layer uses is not known here, so no RoPE is declared."""
+    return bool(params) and any(isinstance(v, dict) for v in params.values())
+
+
+def _resolve(spec: str) -> Callable[[StepSummary], None]:
+    module, _, attr = spec.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(f"on_step: {spec} is not callable")
+    return obj

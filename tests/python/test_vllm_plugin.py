@@ -1,0 +1,319 @@
+"""The vLLM plugin without vLLM: settings, row choice, the step state
+machine and snapshots built from backend-shaped tensors (numpy stand-ins
+for vLLM's), audited by a real attnaudit-server.
+
+The engine here is a numpy paged decode attention over vLLM's logical
+cache layout [num_blocks, Hkv, block, 2 D] (K = cache[..., :D], V =
+cache[..., D:], the FlashAttention/FlashInfer reading); the end-to-end run
+on vLLM's own CPU engine is tests/vllm_plugin/e2e.py (`make vllm-plugin`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from attnaudit import Verdict
+from attnaudit.vllm import capture, settings as S
+from attnaudit.vllm.plugin import VllmAuditPlugin, layer_index
+
+D, HQ, HKV, BLOCK = 32, 4, 2, 16
+
+
+# ----------------------------------------------------------------------
+# Settings
+# ----------------------------------------------------------------------
+
+
+def test_inactive_without_a_server():
+    s = S.load({})
+    assert not s.active
+    assert S.load({"ATTNAUDIT_VLLM_SERVER": "h:1", "ATTNAUDIT_VLLM_ENABLE": "0"}).active is False
+    assert S.load({"ATTNAUDIT_VLLM_SERVER": "h:1"}).active
+
+
+def test_settings_from_the_environment():
+    s = S.load({"ATTNAUDIT_VLLM_SERVER": "a:1", "ATTNAUDIT_VLLM_LAYERS": "0, 15,31",
+                "ATTNAUDIT_VLLM_ROTATE_LAYERS": "false", "ATTNAUDIT_VLLM_SAMPLE_RATE": "0.25",
+                "ATTNAUDIT_VLLM_REQUEST_FILTER": "^rl-", "ATTNAUDIT_VLLM_ON_STEP": "a.b:c, d:e"})
+    assert s.layers == (0, 15, 31) and not s.rotate_layers
+    assert s.sample_rate == 0.25 and s.request_filter == "^rl-"
+    assert s.on_step == ("a.b:c", "d:e")
+    assert S.load({"ATTNAUDIT_VLLM_LAYERS": "all"}).layers is None
+
+
+@pytest.mark.parametrize("name,value", [
+    ("SAMPLE_EVERY", "0"), ("SAMPLE_EVERY", "x"), ("SAMPLE_RATE", "1.5"),
+    ("LAYERS", "-1"), ("ROTATE_LAYERS", "maybe"), ("MODE", "fast"),
+    ("REQUEST_FILTER", "("), ("ON_STEP", "no_colon"), ("MAX_ROWS", "0"),
+])
+def test_bad_settings_name_the_setting(name, value):
+    with pytest.raises(S.SettingsError, match=name.lower()):
+        S.load({"ATTNAUDIT_VLLM_" + name: value})
+
+
+def test_config_file_and_environment_override(tmp_path):
+    toml = tmp_path / "audit.toml"
+    toml.write_text('server = "f:1"\nlayers = [1, 2]\nsample_every = 7\n')
+    env = {"ATTNAUDIT_VLLM_CONFIG": str(toml), "ATTNAUDIT_VLLM_SAMPLE_EVERY": "9"}
+    s = S.load(env)
+    assert (s.server, s.layers, s.sample_every) == ("f:1", (1, 2), 9)
+    js = tmp_path / "audit.json"
+    js.write_text(json.dumps({"server": "j:1", "bogus": 1}))
+    with pytest.raises(S.SettingsError, match="bogus"):
+        S.load({"ATTNAUDIT_VLLM_CONFIG": str(js)})
+    token = tmp_path / "token"
+    token.write_text("sekret\n")
+    assert S.load({"ATTNAUDIT_VLLM_TOKEN_FILE": str(token)}).token == "sekret"
+    with pytest.raises(S.SettingsError, match="token_file"):
+        S.load({"ATTNAUDIT_VLLM_TOKEN_FILE": str(tmp_path / "missing")})
+
+
+def test_register_without_settings_touches_nothing():
+    # A fresh interpreter: vLLM calls register() in every process; without
+    # a server it must neither wrap nor import vLLM (absent here anyway).
+    code = ("import sys, attnaudit.vllm as v; v.register(); "
+            "assert v.plugin() is None; "
+            "assert 'attnaudit.vllm.seams' not in sys.modules; print('ok')")
+    env = {"PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+# ----------------------------------------------------------------------
+# Rows, steps, requests
+# ----------------------------------------------------------------------
+
+
+def test_decode_rows_skip_prefill_chunks():
+    # Rows: decode, prefill chunk of 5, decode, decode; padding after.
+    starts = np.array([0, 1, 6, 7, 8, 8], dtype=np.int32)
+    assert capture.decode_rows(starts, 4) == ([0, 2, 3], [0, 6, 7])
+
+
+def test_row_choice_by_request():
+    rows = [0, 2, 3]
+    ids = ["rl-a", "x", "y", "rl-c"]   # rows 0 and 3 match
+    assert capture.choose_rows(rows, ids, pattern="^rl-", fraction=None, seed=0,
+                               max_rows=8) == [0, 2]
+    assert capture.choose_rows(rows, ids, pattern=None, fraction=None, seed=0,
+                               max_rows=2) == [0, 1]
+    # Without ids nothing can be chosen by id.
+    assert capture.choose_rows(rows, None, pattern="^rl-", fraction=None, seed=0,
+                               max_rows=8) == []
+    # A fraction keeps about that share of ids, the same ones every time.
+    many = [f"req-{i}" for i in range(2000)]
+    kept = capture.choose_rows(list(range(2000)), many, pattern=None, fraction=0.1,
+                               seed=3, max_rows=10**6)
+    assert 150 < len(kept) < 250
+    assert kept == capture.choose_rows(list(range(2000)), many, pattern=None,
+                                       fraction=0.1, seed=3, max_rows=10**6)
+
+
+def test_step_choice():
+    assert [s for s in range(10) if capture.step_chosen(s, 4, None)] == [0, 4, 8]
+    picks = [capture.step_chosen(s, 1, 0.2, seed=1) for s in range(5000)]
+    assert 800 < sum(picks) < 1200
+    assert picks == [capture.step_chosen(s, 1, 0.2, seed=1) for s in range(5000)]
+
+
+def test_layer_index_and_rope_declaration():
+    assert layer_index("model.layers.12.self_attn.attn") == 12
+    assert layer_index("lm_head") is None
+    plain = capture.rope_declaration(theta=1e4, rotary_dim=64, neox=True,
+                                     rope_parameters={"rope_type": "default",
+                                                      "rope_theta": 1e4})
+    assert "scaling" not in plain and plain["style"] == "neox"
+    llama3 = capture.rope_declaration(
+        theta=5e5, rotary_dim=128, neox=True,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192})
+    assert llama3["scaling"] == {"rope_type": "llama3", "factor": 8.0,
+                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                 "original_max_position_embeddings": 8192}
+
+
+# ----------------------------------------------------------------------
+# The step state machine against a real server
+# ----------------------------------------------------------------------
+
+
+class Engine:
+    """A paged decode batch in vLLM's logical cache layout, and its
+    attention computed the way a correct kernel would (f32, bf16 out)."""
+
+    def __init__(self, lens=(37, 20), seed=0, extra_blocks=3):
+        g = np.random.default_rng(seed)
+        self.lens = list(lens)
+        blocks = [(n + BLOCK - 1) // BLOCK for n in lens]
+        nb = sum(blocks) + extra_blocks
+        self.cache = g.standard_normal((nb, HKV, BLOCK, 2 * D)).astype(ml_dtypes.bfloat16)
+        ids = g.permutation(nb)
+        self.table = np.zeros((len(lens), max(blocks) + 1), dtype=np.int32)
+        used = 0
+        for b, n in enumerate(blocks):
+            self.table[b, :n] = ids[used:used + n]
+            used += n
+        self.query = g.standard_normal((len(lens), HQ, D)).astype(ml_dtypes.bfloat16)
+        self.starts = np.arange(len(lens) + 1, dtype=np.int32)
+        self.scale = D ** -0.5
+
+    def keys(self, b, table=None):
+        table = self.table if table is None else table
+        n = self.lens[b]
+        pages = [self.cache[table[b, i // BLOCK], :, i % BLOCK] for i in range(n)]
+        kv = np.stack(pages).astype(np.float32)        # [n, Hkv, 2D]
+        return kv[..., :D], kv[..., D:]
+
+    def attend(self, table=None):
+        out = np.zeros((len(self.lens), HQ, D), dtype=np.float32)
+        for b in range(len(self.lens)):
+            k, v = self.keys(b, table)
+            for h in range(HQ):
+                kh = h // (HQ // HKV)
+                s = (k[:, kh] @ self.query[b, h].astype(np.float32)) * self.scale
+                p = np.exp(s - s.max())
+                out[b, h] = (p / p.sum()) @ v[:, kh]
+        return out.astype(ml_dtypes.bfloat16).reshape(len(self.lens), HQ * D)
+
+    def call(self, layer, output):
+        return capture.AttentionCall(
+            backend="flash_attn", layer=layer, query=self.query, kv_cache=self.cache,
+            block_table=self.table, seq_lens=np.array(self.lens, dtype=np.int32),
+            query_start_loc=self.starts, output=output, scale=self.scale)
+
+
+class Metadata:
+    def __init__(self, e: Engine):
+        self.seq_lens = np.array(e.lens, dtype=np.int32)
+        self.query_start_loc = e.starts
+
+
+def run_steps(plugin, engine, steps, layers=(0, 1, 2), outputs=None):
+    touched = []
+    for _ in range(steps):
+        ctx = types.SimpleNamespace()
+
+        def md():
+            touched.append(1)
+            return Metadata(engine)
+        names = [f"model.layers.{i}.self_attn.attn" for i in layers]
+        for layer in layers:
+            st = plugin.state(ctx, md, lambda: names, lambda: ["r0", "r1"])
+            out = engine.attend() if outputs is None else outputs(layer)
+            plugin.on_attention(st, engine.call(layer, out))
+    return touched
+
+
+def make_plugin(server, **overrides):
+    values = {"server": server.address, "sample_every": "2", "rope_check": "0",
+              "log_summary": "0", "max_in_flight": "8"}
+    values.update(overrides)
+    return VllmAuditPlugin(S.from_mapping(values))
+
+
+def test_sampled_steps_audit_the_chosen_layers(server):
+    plugin = make_plugin(server, rotate_layers="1")
+    summaries = []
+    plugin.add_step_callback(summaries.append)
+    engine = Engine()
+    touched = run_steps(plugin, engine, steps=6)
+    assert len(touched) == 6  # the metadata is read once per step
+    assert plugin.flush(60)
+    results = plugin.auditor().results()
+    # Steps 0, 2, 4 sampled; one layer each, in turn.
+    assert [(r.step, r.layer) for r in sorted(results, key=lambda r: r.step)] == \
+        [(0, 0), (2, 1), (4, 2)]
+    assert all(r.verdict == Verdict.PASS for r in results), [r.error for r in results]
+    assert [s.step for s in sorted(summaries, key=lambda s: s.step)] == [0, 2, 4]
+    assert all(s.passed == 1 and s.drifted == 0 for s in summaries)
+    assert all(s.request_ids == ("r0", "r1") for s in summaries)
+    assert all(0 <= s.worst_share < 1 for s in summaries)
+    report = results[0].report
+    assert list(report.proto.labels.request_ids) == ["r0", "r1"]
+    assert report.proto.labels.engine == "vllm"
+    c = plugin.counters()
+    assert c["steps"] == 6 and c["sampled_steps"] == 3 and c["plugin_errors"] == 0
+    plugin.close(10)
+
+
+def test_a_wrong_page_drifts_and_the_summary_names_it(server):
+    plugin = make_plugin(server, rotate_layers="0", layers="1")
+    summaries = []
+    plugin.add_step_callback(summaries.append)
+    engine = Engine()
+    stale = engine.table.copy()
+    stale[1, 0] = engine.table[0, 0]  # row 1 reads row 0's first page
+    run_steps(plugin, engine, steps=1,
+              outputs=lambda layer: engine.attend(stale if layer == 1 else None))
+    assert plugin.flush(60)
+    (summary,) = summaries
+    assert summary.layers == (1,) and summary.drifted == 1 and summary.worst_layer == 1
+    assert summary.worst_share > 1
+    assert summary.top_diagnosis in ("foreign-page", "stale-page"), summary
+    assert summary.as_dict()["attnaudit/drifted"] == 1
+    (result,) = plugin.auditor().results()
+    assert result.report.diagnosis.row == 1
+    assert result.report.diagnosis.page == int(engine.table[1, 0])
+    plugin.close(10)
+
+
+def test_requests_outside_the_filter_are_not_audited(server):
+    plugin = make_plugin(server, request_filter="^r1$")
+    engine = Engine()
+    run_steps(plugin, engine, steps=1, layers=(0,))
+    assert plugin.flush(60)
+    (result,) = plugin.auditor().results()
+    assert list(result.report.proto.labels.request_ids) == ["r1"]
+    assert result.verdict == Verdict.PASS
+    nobody = make_plugin(server, request_filter="^zzz$")
+    run_steps(nobody, engine, steps=2, layers=(0,))
+    assert nobody.counters()["sampled_steps"] == 0 and nobody._auditor is None
+
+
+def test_pre_rope_rows_travel_with_their_layer(server):
+    # With the rolling check on, the rows copied before RoPE go to the next
+    # attention call, and only to it.
+    plugin = make_plugin(server, rope_check="1", sample_every="1")
+    engine = Engine()
+    ctx = types.SimpleNamespace()
+    st = plugin.state(ctx, lambda: Metadata(engine), lambda: ["l.0.attn"], lambda: None)
+    q = np.arange(2 * HQ * D, dtype=np.float32).reshape(2, HQ * D)
+    k = np.arange(2 * HKV * D, dtype=np.float32).reshape(2, HKV * D)
+    plugin.on_rotary(st, {"theta": 1e4, "rotary_dim": D, "neox": True}, q, k)
+    assert st.pending is not None and st.pending.tokens == (0, 1)
+    q[:] = -1  # RoPE rotating in place must not reach the copy
+    assert float(st.pending.q[0, 0]) == 0.0
+    plugin.on_attention(st, engine.call(7, engine.attend()))  # layer 7 not chosen
+    assert st.pending is None
+    plugin.close(10)
+
+
+def test_engine_side_failures_are_counted_never_raised(server):
+    plugin = make_plugin(server, sample_every="1")
+    engine = Engine()
+    ctx = types.SimpleNamespace()
+    st = plugin.state(ctx, lambda: Metadata(engine), lambda: ["l.0.attn"], lambda: None)
+    bad = engine.call(0, engine.attend())
+    bad.kv_cache = engine.cache[..., :D]  # not [.., 2 D]: the builder refuses it
+    plugin.on_attention(st, bad)
+    assert plugin.flush(30)
+    assert plugin.auditor().counters.failed == 1
+    assert "2 x head dim" in str(plugin.auditor().last_error)
+    plugin.close(10)
+
+
+def test_warm_up_passes_are_not_steps(server):
+    plugin = make_plugin(server)
+    ctx = types.SimpleNamespace()
+    assert plugin.state(ctx, lambda: None, lambda: [], lambda: None) is None
+    assert plugin.state(ctx, lambda: 1 / 0, lambda: [], lambda: None) is None  # cached
+    assert plugin.counters()["steps"] == 0
