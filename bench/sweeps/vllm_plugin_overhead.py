@@ -102,7 +102,7 @@ def measure(model: str, args) -> int:
     def sizing_step(builder, **kw):
         def sized():
             snap = builder()
-            hook["max_bytes"] = max(hook["max_bytes"], snap.nbytes())
+            hook["max_bytes"] = max(hook["max_bytes"], snap.nbytes)
             return snap
         return original_step(sized, **kw)
     plugin.auditor().step = sizing_step

@@ -311,3 +311,21 @@ def test_rope_inputs_travel_to_the_wire():
     assert snap.tensor("pre_rope.k").shape == (1, 1, 2, 8)
     back = attnaudit.Snapshot.from_proto(snap.to_proto())
     np.testing.assert_array_equal(back.tensor("rope_table.inv_freq"), np.ones(4))
+
+
+def test_pages_of_a_strided_pool_are_gathered_without_copying_the_pool():
+    # One half of a fused K/V cache is a strided view of a big pool; the
+    # gather must copy the pages it takes, not the pool (np.take would).
+    import tracemalloc
+    import ml_dtypes
+    from attnaudit import _arrays
+    pool = np.zeros((4096, 2, 64, 64), dtype=ml_dtypes.bfloat16)  # 64 MiB, fused
+    half = pool[:, :, :32]                                         # strided K half
+    tracemalloc.start()
+    try:
+        wt = _arrays.CopyPlan().take_pages(half, np.array([3, 4000]), "k_cache")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert tuple(wt.shape) == (2, 2, 32, 64)
+    assert peak < 1 << 20, f"the gather allocated {peak} bytes"

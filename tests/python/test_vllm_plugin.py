@@ -279,6 +279,22 @@ def test_requests_outside_the_filter_are_not_audited(server):
     assert nobody.counters()["sampled_steps"] == 0 and nobody._auditor is None
 
 
+def test_snapshots_are_bounded_in_bytes(server):
+    # Pages here are 2 x 16 x 64 bf16 = 4 KiB: row 0 holds 3 (12 KiB),
+    # row 1 holds 2 (8 KiB).
+    engine = Engine()
+    one_row = make_plugin(server, max_snapshot_mb=str(15 / 1024))
+    run_steps(one_row, engine, steps=1, layers=(0,))
+    assert one_row.flush(60)
+    (result,) = one_row.auditor().results()
+    assert list(result.report.proto.labels.request_ids) == ["r0"]
+    assert result.verdict == Verdict.PASS
+    none = make_plugin(server, max_snapshot_mb=str(10 / 1024))
+    run_steps(none, engine, steps=1, layers=(0,))
+    assert none.counters()["too_large"] == 1 and none._auditor is None
+    one_row.close(10)
+
+
 def test_pre_rope_rows_travel_with_their_layer(server):
     # With the rolling check on, the rows copied before RoPE go to the next
     # attention call, and only to it.

@@ -337,7 +337,9 @@ class CopyPlan:
             pool = _numpy_view(pool.detach())
         else:
             code = code_of(pool, what)
-        out = np.take(pool, ids, axis=0)  # a fresh C-contiguous array
+        # Fancy indexing, not np.take: on a strided view (half of a fused
+        # cache) np.take first copies the whole pool to a contiguous array.
+        out = pool[np.asarray(ids, dtype=np.intp)]  # fresh, C-contiguous
         return WireTensor(code, out.shape, _numpy_bytes(out))
 
     def _stage_device(self, staged, code: int) -> WireTensor:

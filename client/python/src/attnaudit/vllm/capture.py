@@ -122,6 +122,22 @@ def choose_rows(rows: Sequence[int], request_ids: Optional[Sequence[str]], *,
     return chosen
 
 
+def rows_within(call: AttentionCall, positions: Sequence[int], rows: Sequence[int],
+                budget_bytes: float) -> List[int]:
+    """The prefix of `positions` (into rows) whose K/V pages fit in
+    budget_bytes: a row of L tokens holds ceil(L / block) pages."""
+    nb, hkv, block, d2 = (int(x) for x in call.kv_cache.shape)
+    page_bytes = hkv * block * d2 * _itemsize(call.kv_cache)
+    lens = _host_list(call.seq_lens)
+    kept, total = [], 0
+    for k in positions:
+        total += -(-int(lens[rows[k]]) // block) * page_bytes
+        if total > budget_bytes:
+            break
+        kept.append(k)
+    return kept
+
+
 def rope_declaration(*, theta: float, rotary_dim: int, neox: bool,
                      rope_parameters: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """The snapshot's rope dict for a model's RoPE: vLLM's rotary module
@@ -221,6 +237,13 @@ def _as_fp8(kv, kv_cache_dtype: str):
         pass
     import ml_dtypes
     return kv.view(getattr(ml_dtypes, name))
+
+
+def _itemsize(x) -> int:
+    size = getattr(x, "itemsize", None)
+    if size is None:  # older torch
+        size = x.element_size()
+    return int(size)
 
 
 def _reshape(x, shape):

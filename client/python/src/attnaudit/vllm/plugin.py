@@ -144,7 +144,7 @@ class VllmAuditPlugin:
         self._summaries: "queue.Queue[Optional[StepSummary]]" = queue.Queue(maxsize=256)
         self._summary_thread: Optional[threading.Thread] = None
         self._counts = {"steps": 0, "sampled_steps": 0, "plugin_errors": 0,
-                        "summaries_dropped": 0, "rope_missed": 0}
+                        "summaries_dropped": 0, "rope_missed": 0, "too_large": 0}
         self._warned: set = set()
         self.model: Optional[str] = settings.model
         self.rope_parameters: Optional[Dict[str, Any]] = None
@@ -194,20 +194,27 @@ class VllmAuditPlugin:
         pre, st.pending = st.pending, None
         if call.layer not in st.layers:
             return
+        budget = self.settings.max_snapshot_mb * 2.0**20
+        keep = capture.rows_within(call, range(len(st.rows)), st.rows, budget)
+        if not keep:
+            self._counts["too_large"] += 1
+            return
+        rows = [st.rows[k] for k in keep]
+        tokens = [st.tokens[k] for k in keep]
+        ids = None if st.request_ids is None else [st.request_ids[k] for k in keep]
         if self.settings.rope_check and pre is None and st.rotary is not None:
             self._counts["rope_missed"] += 1
         rope = None
         if st.rotary is not None and not _nested(self.rope_parameters):
             rope = capture.rope_declaration(rope_parameters=self.rope_parameters,
                                             **st.rotary)
-        ids = st.request_ids
         labels = capture.snapshot_labels(
             model=self.model, backend=_backend_label(call), layer=call.layer,
             step=st.step, run=self.settings.run, request_ids=ids)
 
         def build():
             return capture.build_snapshot(
-                call, rows=st.rows, tokens=st.tokens, step=st.step,
+                call, rows=rows, tokens=tokens, step=st.step,
                 engine=self.settings.engine, rope=rope, pre_rope=pre, labels=labels)
 
         auditor = self.auditor()
@@ -303,7 +310,7 @@ class VllmAuditPlugin:
         st.rows = [rows[k] for k in keep]
         st.tokens = [tokens[k] for k in keep]
         if ids is not None:
-            st.request_ids = [str(ids[r]) for r in st.rows if r < len(ids)]
+            st.request_ids = [str(ids[r]) if r < len(ids) else "" for r in st.rows]
         self._counts["sampled_steps"] += 1
 
     def _layers(self, layer_names) -> List[int]:

@@ -22,6 +22,10 @@ TOML when the name ends in .toml); the environment wins over the file.
                     are audited (their rows of the batch).
     request_fraction  only requests whose id hashes below this fraction.
     max_rows        at most this many sequences per snapshot (default 8).
+    max_snapshot_mb   rows are kept while their K/V pages fit in this many
+                    MiB (default 256); a single row larger is not audited
+                    (counted as too_large). With max_in_flight, the bound
+                    on the memory the plugin holds.
     max_in_flight   snapshots held at once (default 2); more are dropped.
     priority        "sampled" (default) or "interactive".
     mode            "audit" (default) or "submit" (durable jobs).
@@ -71,6 +75,7 @@ class Settings:
     request_filter: Optional[str] = None
     request_fraction: Optional[float] = None
     max_rows: int = 8
+    max_snapshot_mb: float = 256.0
     max_in_flight: int = 2
     priority: str = "sampled"
     mode: str = "audit"
@@ -132,6 +137,8 @@ def _check(s: Settings) -> None:
             raise SettingsError(f"{name}: must be in [0, 1], got {v}")
     if s.max_rows < 1:
         raise SettingsError(f"max_rows: must be >= 1, got {s.max_rows}")
+    if s.max_snapshot_mb <= 0:
+        raise SettingsError(f"max_snapshot_mb: must be > 0, got {s.max_snapshot_mb}")
     if s.max_in_flight < 1:
         raise SettingsError(f"max_in_flight: must be >= 1, got {s.max_in_flight}")
     if s.mode not in ("audit", "submit"):
@@ -220,5 +227,6 @@ _PARSERS = {
     "enable": _bool, "rotate_layers": _bool, "rope_check": _bool,
     "log_summary": _bool, "sample_every": _int, "seed": _int, "max_rows": _int,
     "max_in_flight": _int, "sample_rate": _float, "request_fraction": _float,
+    "max_snapshot_mb": _float,
     "timeout": _float, "layers": _layers, "on_step": _callbacks,
 }
