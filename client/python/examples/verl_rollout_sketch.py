@@ -8,37 +8,41 @@ Names marked "# verl:" are verl's; check them against your version.
 
 What goes where:
 
-1. Worker init: one AuditClient and one RolloutAuditor per rollout worker,
-   and the attention hook installed into the engine before it is built
-   (vllm_backend_sketch.wrap_flash_attention_impl).
-2. Every decode step: the hook samples and audits by itself; the worker
-   does nothing per step.
-3. After each generate_sequences: export the auditor's counters and latest
-   verdicts as metrics next to verl's own mismatch metrics, so a spike in
+1. Nothing in the worker's code: `pip install attnaudit` in the rollout
+   image and ATTNAUDIT_VLLM_* settings in its environment make vLLM load
+   the attnaudit plugin (attnaudit.vllm), which samples decode steps and
+   audits them by itself.
+2. After each generate_sequences: export the plugin's counters and the
+   latest step summary as metrics next to verl's own mismatch metrics, so
+   a spike in
    rollout_probs_diff_max can be read against "attention drifted on layer
-   15 at step 1200" or "attention clean: look elsewhere".
-4. Optional: when the trainer also recomputes log-probs, an audit with an
+   15 at step 1200" or "attention clean: look elsewhere". (verl's rollout
+   engine runs in the worker's process: add_step_callback works there.)
+3. Optional: when the trainer also recomputes log-probs, an audit with an
    lm_head slice and the selected tokens reports the same family of metrics
    (k1/k3 KL, importance-ratio statistics) for the attention alone.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
+import threading
 
-import attnaudit
-
-from vllm_backend_sketch import AUDITOR, wrap_flash_attention_impl  # this folder
+import attnaudit.vllm
 
 
 class AuditedVLLMRollout:                      # verl: subclass vLLMRollout
     def __init__(self, *args, **kwargs):
-        from vllm.v1.attention.backends.flash_attn import FlashAttentionImpl  # vLLM:
-        wrap_flash_attention_impl(FlashAttentionImpl)
         super().__init__(*args, **kwargs)      # verl: builds the vLLM engine
-        self.auditor = AUDITOR
-        self._last = attnaudit.AuditorCounters()
+        self._lock = threading.Lock()
+        self._summaries = []
+        # False when the plugin is not configured (no ATTNAUDIT_VLLM_SERVER).
+        attnaudit.vllm.add_step_callback(self._on_step)
+        self._last = {}
+
+    def _on_step(self, summary):               # a background thread
+        with self._lock:
+            self._summaries.append(summary)
 
     def generate_sequences(self, prompts):     # verl: DataProto in, DataProto out
         output = super().generate_sequences(prompts)
@@ -46,26 +50,22 @@ class AuditedVLLMRollout:                      # verl: subclass vLLMRollout
         return output
 
     def audit_metrics(self) -> dict:
-        """Counters since the last call and the latest verdict per layer."""
-        now = self.auditor.counters
-        delta = {f.name: getattr(now, f.name) - getattr(self._last, f.name)
-                 for f in dataclasses.fields(now)}
-        self._last = now
-        metrics = {f"attnaudit/{k}": v for k, v in delta.items()}
-        for layer, result in self.auditor.latest.items():
-            if result.report is None:
-                continue
-            er = result.report.engine_vs_reference
-            metrics[f"attnaudit/layer{layer}/drift"] = float(result.report.drifted)
-            if er is not None and er.out is not None:
-                metrics[f"attnaudit/layer{layer}/out_max_abs"] = er.out.max_abs
-                metrics[f"attnaudit/layer{layer}/out_over_tol"] = er.out.over_tolerance
-            if er is not None and er.lse is not None:
-                metrics[f"attnaudit/layer{layer}/lse_max_abs"] = er.lse.max_abs
+        """Audits since the last call: counts, and the worst step's layer,
+        share of tolerance and diagnosis."""
+        with self._lock:
+            summaries, self._summaries = self._summaries, []
+        metrics = {"attnaudit/audited_steps": len(summaries),
+                   "attnaudit/passed": sum(s.passed for s in summaries),
+                   "attnaudit/drifted": sum(s.drifted for s in summaries),
+                   "attnaudit/dropped": sum(s.dropped for s in summaries)}
+        scored = [s for s in summaries if s.worst_share is not None]
+        if scored:
+            worst = max(scored, key=lambda s: (s.drifted > 0, s.worst_share))
+            metrics.update(worst.as_dict(prefix="attnaudit/worst/"))
         return metrics
 
     def shutdown(self):                        # verl: on worker teardown
-        self.auditor.close(timeout=30)
+        attnaudit.vllm.flush(timeout=30)
 
 
 # Trainer side (optional): audit one decode step with log-probs, so the
@@ -81,7 +81,8 @@ class AuditedVLLMRollout:                      # verl: subclass vLLMRollout
 #   metrics["attnaudit/k3_kl"] = a.k3_kl        # cf. rollout_corr/k3_kl
 #   metrics["attnaudit/ratio_max"] = a.ratio_max
 #
-# Run the worker with ATTNAUDIT_ADDR=host:port (and ATTNAUDIT_TOKEN when the
-# server requires one); nothing else changes in the verl config.
+# Run the worker with ATTNAUDIT_VLLM_SERVER=host:port (and
+# ATTNAUDIT_VLLM_TOKEN_FILE when the server requires a token); nothing else
+# changes in the verl config.
 if __name__ == "__main__":
     raise SystemExit("a sketch: read it, do not run it (" + os.path.basename(__file__) + ")")
