@@ -321,6 +321,19 @@ def build_panels():
           '(rate(attnaudit_comparison_verdicts_total{%s}[%s]))'
           % (SEL, RATE, SEL, RATE), "{{comparison}}")],
         "percentunit", steps=((0.05, "red"),))
+    timeseries(
+        "DRIFT fraction by model/layer",
+        "Share of audits with verdict DRIFT, per model and layer (the "
+        "engine's verdict, any comparison). One layer drifting alone points "
+        "at that layer's kernel path or config (window, soft-cap, RoPE); "
+        "every layer at once at something shared (page table, scale, "
+        "precision). Layers past the server's --metrics-max-layers show as "
+        "'other'.",
+        [('sum by (model, layer) (rate(attnaudit_layer_audits_total'
+          '{%s,verdict="DRIFT"}[%s])) / sum by (model, layer) '
+          '(rate(attnaudit_layer_audits_total{%s}[%s]))'
+          % (SEL, RATE, SEL, RATE), "{{model}} L{{layer}}")],
+        "percentunit", steps=((0.05, "red"),))
     PANELS.append({
         "type": "bargauge",
         "title": "Worst model/layer: output max |diff| p99 over the range",
@@ -342,6 +355,43 @@ def build_panels():
                     "reduceOptions": {"calcs": ["lastNotNull"], "fields": "",
                                       "values": False}},
     })
+
+    PANELS.append({
+        "type": "bargauge",
+        "title": "Diagnoses over the range",
+        "description": "Drifting audits by the hypothesis their diagnosis "
+                       "ranked first (docs/DIAGNOSIS.md), over the "
+                       "dashboard's time range: what most likely went wrong. "
+                       "'unexplained' means no known failure fits; the "
+                       "report's localisation and the store dashboard have "
+                       "the details.",
+        "id": L.id(), "gridPos": L.place(12, 8), "datasource": DS,
+        "targets": [target(
+            "topk(10, sum by (hypothesis) (increase(attnaudit_diagnoses_total"
+            "{%s}[$__range])) > 0)" % SEL, "{{hypothesis}}", instant=True)],
+        "fieldConfig": {"defaults": {
+            "unit": "none", "min": 0, "decimals": 0,
+            "thresholds": thresholds(),
+            "color": {"mode": "fixed", "fixedColor": "orange"}},
+            "overrides": []},
+        "options": {"orientation": "horizontal", "displayMode": "basic",
+                    "showUnfilled": True,
+                    "reduceOptions": {"calcs": ["lastNotNull"], "fields": "",
+                                      "values": False}},
+    })
+    timeseries(
+        "Context-parallel and RoPE checks drifting/s",
+        "DRIFT verdicts per second of the context-parallel checks (rank: "
+        "one rank's own partial was wrong; combine: the engine's combine; "
+        "engine_order / deterministic: the merge order) and of the RoPE "
+        "checks (q, k: the rolling check of this step's rotation; table: "
+        "the engine's RoPE table). Zero when the fleet sends no CP or "
+        "pre-RoPE snapshots.",
+        [('sum by (check) (rate(attnaudit_cp_checks_total'
+          '{%s,verdict="DRIFT"}[%s]))' % (SEL, RATE), "cp {{check}}"),
+         ('sum by (check) (rate(attnaudit_rope_checks_total'
+          '{%s,verdict="DRIFT"}[%s]))' % (SEL, RATE), "rope {{check}}")],
+        "ops")
 
     # ----------------------------------------------------------- Latency ----
     row("Latency")

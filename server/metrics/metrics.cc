@@ -145,13 +145,20 @@ Metrics::Impl::KindSeries& Metrics::Impl::Kind(absl::string_view kind) {
 prometheus::Counter& Metrics::Impl::LayerAudits(const std::string& model,
                                                 const std::string& layer,
                                                 const std::string& verdict) {
-  const std::string key = absl::StrCat(model, "\x1f", layer, "\x1f", verdict);
-  auto it = layer_audit_series.find(key);
+  auto key = [&](absl::string_view v) {
+    return absl::StrCat(model, "\x1f", layer, "\x1f", v);
+  };
+  auto it = layer_audit_series.find(key(verdict));
   if (it != layer_audit_series.end()) return *it->second;
-  prometheus::Counter* c = &layer_audits->Add(
-      {{"model", model}, {"layer", layer}, {"verdict", verdict}});
-  layer_audit_series[key] = c;
-  return *c;
+  // Both verdicts of a new (model, layer) start together, at zero: a DRIFT
+  // series born at 1 would hide that audit from rate() (a counter's first
+  // sample is no increase). Only the very first audit of the pair is.
+  for (Verdict v : {Verdict::kPass, Verdict::kDrift}) {
+    const std::string name(VerdictName(v));
+    layer_audit_series[key(name)] = &layer_audits->Add(
+        {{"model", model}, {"layer", layer}, {"verdict", name}});
+  }
+  return *layer_audit_series[key(verdict)];
 }
 
 std::array<Histogram*, kNumDriftFamilies>& Metrics::Impl::Drift(

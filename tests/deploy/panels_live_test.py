@@ -423,6 +423,34 @@ def build_expectations(ctx):
             (close(v.get(k), x), "%s = %g (got %r)" % (k, x, v.get(k)))
             for k, x in want.items()]
 
+    def layer_fractions(results):
+        v = series_values(results[0])
+        want = json.dumps({"layer": LAYER, "model": MODEL}, sort_keys=True)
+        # The series of a (model, layer) start at its first audit (a PASS:
+        # the clean audits come first), which rate() counts only partly
+        # (its extrapolation stops at a zero start, not at a start of 1):
+        # the fraction lies between DRIFT/valid and DRIFT/(valid - 1).
+        got = v.get(want)
+        lo, hi = c["DRIFT"] / valid, c["DRIFT"] / (valid - 1)
+        return [(list(v) == [want], "one (model, layer) series: %r" % list(v)),
+                (got is not None and lo * (1 - 1e-9) <= got <= hi * (1 + 1e-9),
+                 "in [%d/%d, %d/%d], got %r" % (c["DRIFT"], valid, c["DRIFT"],
+                                               valid - 1, got))]
+
+    def diagnoses(results):
+        # The drifting audits are lse-base2 snapshots: the diagnosis
+        # names the base.
+        v = by_label(results[0], "hypothesis")
+        return [(set(v) == {"lse-base"}, "only lse-base: %r" % v),
+                (all(x > 0 for x in v.values()), "positive")]
+
+    def no_checks_drift(results):
+        checks = [(all(len(r) > 0 for r in results), "every target has data")]
+        for r in results:
+            checks += [(float(s["value"][1]) == 0, "%s = 0" % s["metric"])
+                       for s in r]
+        return checks
+
     def outcomes(results):
         v = by_label(results[0], "outcome")
         return [(v.get("ok", 0) > 0, "ok > 0"),
@@ -471,6 +499,9 @@ def build_expectations(ctx):
             "attnaudit_drift_logprob_abs_diff", "engine_vs_reference",
             "logprob"),
         "DRIFT fraction by comparison": comparison_fractions,
+        "DRIFT fraction by model/layer": layer_fractions,
+        "Diagnoses over the range": diagnoses,
+        "Context-parallel and RoPE checks drifting/s": no_checks_drift,
         "Worst model/layer: output max |diff| p99 over the range":
             quantile_in("attnaudit_drift_out_max_abs", "engine_vs_reference",
                         "out"),
