@@ -14,6 +14,9 @@ this checkout's attnaudit). It
          configured, and the plugin auditing: bit-identical tokens and
          log-probs;
        - clean: every sampled audit PASS, the rolling RoPE checks ran;
+       - the same with vLLM's engine core in its own process (the default
+         outside this harness) and the plugin in submit mode: the durable
+         jobs, listed by their run label, all PASS;
        - stale-page, wrong-scale, rope-scaling-ignored (bugs injected below
          the plugin's seam): every audit DRIFT, the right top diagnosis,
          and for the stale page its row, logical block and engine page;
@@ -200,6 +203,18 @@ def main() -> int:
                 all(s["drifted"] == 0 for s in clean["summaries"]),
                 f"{len(clean['summaries'])} step summaries, none drifting")
 
+        mp_env = dict(plugin_env, VLLM_ENABLE_V1_MULTIPROCESSING="1",
+                      ATTNAUDIT_VLLM_MODE="submit", ATTNAUDIT_VLLM_RUN="vllm-e2e-mp")
+        mp = run(model, "clean", work, mp_env, "clean-multiprocess")
+        c.check("multiprocess", mp["tokens"] == base["tokens"],
+                "engine core in its own process: tokens identical")
+        import attnaudit
+        with attnaudit.AuditClient(server.address) as client:
+            listed = list(client.list_results(run="vllm-e2e-mp"))
+        verdicts = sorted({r.verdict.name if r.verdict else "none" for r in listed})
+        c.check("multiprocess", len(listed) >= 5 and verdicts == ["PASS"],
+                f"{len(listed)} durable jobs of run vllm-e2e-mp, verdicts {verdicts}")
+
         stale = run(model, "stale-page", work, plugin_env, "stale-page")
         expect_audits(c, "stale-page", stale, "DRIFT")
         check_stale_page(c, stale)
@@ -208,7 +223,8 @@ def main() -> int:
         ropebug = run(model, "rope-scaling-ignored", work, plugin_env, "rope-scaling-ignored")
         expect_audits(c, "rope-scaling-ignored", ropebug, "DRIFT", "rope-scaling-ignored")
 
-        audited = sum(len(d["results"]) for d in (clean, stale, scale, ropebug))
+        audited = sum(len(d["results"]) for d in (clean, stale, scale, ropebug)) \
+            + len(listed)
         metrics = server.scrape()
         per_layer = sum(float(v) for v in re.findall(
             r'^attnaudit_layer_audits_total\{[^}]*\} (\S+)$', metrics, re.M))
