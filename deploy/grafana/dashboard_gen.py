@@ -5,6 +5,7 @@ attnaudit.json (the on-call dashboard, Prometheus) and attnaudit-store.json
 
     python3 deploy/grafana/dashboard_gen.py          # rewrite both JSONs
     python3 deploy/grafana/dashboard_gen.py --check  # exit 1 if one is stale
+    python3 deploy/grafana/dashboard_gen.py --help   # these options
 
 The JSON is committed (Grafana provisions it as-is); edit this file, not the
 JSON. Standard library only. tests/deploy/check_deploy.sh runs --check and
@@ -42,6 +43,7 @@ first ")": `$__timeFilter(to_timestamp(finished_us / 1e6))` would become
 `to_timestamp(finished_us / 1e6 BETWEEN ... )`. So every panel reads a
 subquery that names the timestamp (`finished`) and passes the bare column.
 """
+import argparse
 import json
 import os
 import sys
@@ -829,9 +831,23 @@ def render():
     return out
 
 
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="dashboard_gen.py",
+        description="Generate the Grafana dashboards of deploy/grafana/"
+                    "dashboards/ (attnaudit.json, attnaudit-store.json). "
+                    "Without options, rewrite both files.")
+    parser.add_argument(
+        "--check", action="store_true",
+        help="write nothing; exit 1 (naming the file) when a committed JSON "
+             "differs from what this script generates, 0 when both match")
+    return parser.parse_args(argv)
+
+
 def main(argv):
+    args = parse_args(argv)
     texts = render()
-    if "--check" in argv:
+    if args.check:
         stale = 0
         for path, text in texts.items():
             try:
