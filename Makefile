@@ -33,14 +33,11 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 SERVER_FLAGS ?=
 
-# Debian 12 packages the build and the tests need (python3-venv: the
-# Python client's tests run in a virtual environment).
-APT_PACKAGES := build-essential cmake pkg-config git python3 python3-venv \
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
-  libabsl-dev libtbb-dev libhwy-dev prometheus-cpp-dev libsqlite3-dev libssl-dev \
-  libcli11-dev libspdlog-dev libpq-dev postgresql-15 postgresql-common \
-  libgtest-dev libgmock-dev libbenchmark-dev prometheus curl openssl \
-  python3-yaml clang-14 libclang-rt-14-dev
+# Debian 12 packages the build and the tests need: deploy/packages/build.txt
+# (also what the Docker image's build stage installs) and test.txt (tests,
+# fuzzers, benchmarks only). One package per line, `#` starts a comment.
+PACKAGE_LISTS := deploy/packages/build.txt deploy/packages/test.txt
+APT_PACKAGES := $(shell sed 's/\#.*//' $(PACKAGE_LISTS))
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
