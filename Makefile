@@ -3,9 +3,12 @@
 # build with 2 jobs, then run.
 #
 #   make run    build attnaudit-server and the attnaudit CLI (nothing else:
-#               no tests, no benchmarks), print the backends line, and start
-#               the server on the embedded defaults (CPU backend, data under
-#               ./var, gRPC localhost:50051, metrics localhost:9464)
+#               no tests, no benchmarks), print the backends line and the
+#               devices the server will use, and start the server on the
+#               embedded defaults (CPU backend, data under ./var, gRPC
+#               localhost:50051, metrics localhost:9464). The CUDA backend
+#               is built and used only with CUDA=1 or when nvidia-smi sees a
+#               GPU (then --devices=all); see RUN_CPU_DIR below
 #   make demo   the CLI only, built quietly; audits a synthetic W1 snapshot
 #               offline and prints the report
 #   make test   build everything in the same build folder (what `make run`
@@ -26,7 +29,10 @@
 #
 # One build folder serves all of them, configured once with tests and
 # benchmarks enabled: `run`, `demo` and the bench targets build only their
-# targets, `test` builds the rest, and no object is compiled twice.
+# targets, `test` builds the rest, and no object is compiled twice. The one
+# exception: with nvcc installed and no GPU in use, `make run` builds its
+# CPU-only server in $(BUILD_DIR)/run-cpu rather than compile the CUDA
+# kernels it would not use.
 
 BUILD_DIR ?= build
 JOBS ?= 2
@@ -36,7 +42,7 @@ SERVER_FLAGS ?=
 # Debian 12 packages the build and the tests need: deploy/packages/build.txt
 # (also what the Docker image's build stage installs) and test.txt (tests,
 # fuzzers, benchmarks only). One package per line, `#` starts a comment.
-PACKAGE_LISTS := deploy/packages/build.txt deploy/packages/test.txt
+PACKAGE_LISTS := $(addprefix $(dir $(abspath $(lastword $(MAKEFILE_LIST))))deploy/packages/,build.txt test.txt)
 APT_PACKAGES := $(shell sed 's/\#.*//' $(PACKAGE_LISTS))
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -73,13 +79,79 @@ build: configure
 
 # What `make run` starts and the CLI to talk to it.
 RUN_TARGETS := attnaudit-server attnaudit
-BACKENDS = @cat $(BUILD_DIR)/attnaudit-backends.txt
+# The line configure wrote: which backends a build folder has and why.
+BACKENDS_FILE = $(1)/attnaudit-backends.txt
+BACKENDS = @cat $(call BACKENDS_FILE,$(BUILD_DIR))
+
+# The devices `make run` starts the server on:
+#   CUDA=1   the CUDA backend, --devices=all (every GPU the server sees; its
+#            CPU workers where it sees none); fails when the build has no
+#            CUDA backend (no nvcc)
+#   CUDA=0   the CPU backend, --devices=cpu
+#   unset    CUDA=1 when `nvidia-smi -L` lists a GPU and the build has the
+#            CUDA backend, otherwise CUDA=0
+# The CUDA kernels take ~16 min to compile on 2 cores, so they are compiled
+# only for a server that uses them: where $(BUILD_DIR) has the CUDA backend
+# (nvcc found) and the server runs on the CPU, the CPU-only server is built
+# in $(RUN_CPU_DIR) (CUDA, tests and benchmarks off) instead. `make test`
+# builds and tests the CUDA backend in $(BUILD_DIR) as before.
+# SERVER_FLAGS come after --devices and override it (e.g.
+# SERVER_FLAGS=--devices=cuda:0).
+# A CUDA variable in the environment that is not 0 or 1 (a toolkit path,
+# say) is not this setting.
+CUDA ?=
+ifeq ($(origin CUDA),environment)
+  ifeq ($(filter 0 1,$(CUDA)),)
+    CUDA :=
+  endif
+endif
+RUN_CPU_DIR = $(BUILD_DIR)/run-cpu
 
 run: configure
-	cmake --build $(BUILD_DIR) -j $(JOBS) --target $(RUN_TARGETS)
-	$(BACKENDS)
-	@mkdir -p var
-	exec $(BUILD_DIR)/bin/attnaudit-server $(SERVER_FLAGS)
+	@set -e; \
+	line=$$(cat $(call BACKENDS_FILE,$(BUILD_DIR))); \
+	case "$$line" in *", CUDA on"*) built=1 ;; *) built=0 ;; esac; \
+	gpus=$$(timeout 20 nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true); \
+	case "$(CUDA)" in \
+	  1) want=1; why="CUDA=1" ;; \
+	  0) want=0; why="CUDA=0" ;; \
+	  "") if [ "$${gpus:-0}" -gt 0 ] && [ $$built = 1 ]; then \
+	        want=1; why="nvidia-smi sees $$gpus GPU(s)"; \
+	      elif [ "$${gpus:-0}" -gt 0 ]; then \
+	        want=0; why="nvidia-smi sees $$gpus GPU(s), but this build has no CUDA backend: CUDA $${line#*, CUDA }"; \
+	      else \
+	        want=0; why="nvidia-smi sees no GPU"; \
+	      fi ;; \
+	  *) echo "make run: CUDA=$(CUDA): expected CUDA=1 (GPUs) or CUDA=0 (CPU only)"; exit 2 ;; \
+	esac; \
+	if [ $$want = 1 ] && [ $$built = 0 ]; then \
+	  echo "make run: CUDA=1, but $(BUILD_DIR) has no CUDA backend: CUDA $${line#*, CUDA }."; \
+	  echo "  Install the CUDA toolkit (nvcc), then: cmake -S . -B $(BUILD_DIR) -DATTNAUDIT_ENABLE_CUDA=ON"; \
+	  exit 2; \
+	fi; \
+	dir=$(BUILD_DIR); devices=cpu; \
+	if [ $$want = 1 ]; then \
+	  devices=all; \
+	elif [ $$built = 1 ]; then \
+	  dir=$(RUN_CPU_DIR); \
+	  [ -f $$dir/CMakeCache.txt ] || cmake -S . -B $$dir -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) \
+	    -DATTNAUDIT_ENABLE_CUDA=OFF -DATTNAUDIT_BUILD_TESTS=OFF -DATTNAUDIT_BUILD_BENCH=OFF; \
+	fi; \
+	cmake --build $$dir -j $(JOBS) --target $(RUN_TARGETS); \
+	cat $(call BACKENDS_FILE,$$dir); \
+	if [ $$devices = all ]; then \
+	  echo "make run: the server drives every GPU it sees with the CUDA backend (--devices=all; $$why), and its CPU workers if it sees none."; \
+	  echo "  CPU only: make run CUDA=0. Some GPUs: make run SERVER_FLAGS=--devices=cuda:0,cuda:1"; \
+	elif [ $$built = 1 ]; then \
+	  echo "make run: the server uses the CPU backend (--devices=cpu; $$why), built without the CUDA kernels in $$dir."; \
+	  echo "  GPUs: make run CUDA=1 (compiles the CUDA kernels in $(BUILD_DIR), then --devices=all)"; \
+	else \
+	  echo "make run: the server uses the CPU backend (--devices=cpu; $$why)."; \
+	  echo "  GPUs need the CUDA backend: install the CUDA toolkit (nvcc), run cmake -S . -B $(BUILD_DIR) -DATTNAUDIT_ENABLE_CUDA=ON, then make run CUDA=1"; \
+	fi; \
+	mkdir -p var; \
+	echo "$$dir/bin/attnaudit-server --devices=$$devices $(SERVER_FLAGS)"; \
+	exec $$dir/bin/attnaudit-server --devices=$$devices $(SERVER_FLAGS)
 
 # Offline demo: synthesise a W1 snapshot and audit it without a server. The
 # build is quiet (its log is kept); only the report is shown.
@@ -96,6 +168,7 @@ demo:
 	  { echo "make demo: the build failed; the last lines of $(DEMO_LOG):"; \
 	    tail -n 20 $(DEMO_LOG); exit 2; }
 	$(BACKENDS)
+	@echo "make demo: the CLI audits offline on the CPU (the GPU backend is the server's: make run CUDA=1)"
 	@echo "\$$ attnaudit synth --preset llama3-8b --batch 8 --context 4096 --permute-pages -o $(DEMO_DIR)/w1.pb"
 	@$(BUILD_DIR)/bin/attnaudit synth --preset llama3-8b --batch 8 --context 4096 \
 	  --permute-pages -o $(DEMO_DIR)/w1.pb >/dev/null 2>$(DEMO_DIR)/w1.synth.log || \
