@@ -5,6 +5,7 @@ when it resumes (SIGCONT)."""
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import threading
 import time
 
@@ -227,6 +228,91 @@ def test_drops_instead_of_blocking_while_the_server_is_paused(make_server, snaps
     c = auditor.counters
     assert (c.sent, c.passed, c.dropped, c.failed) == (5, 5, 10, 0)
     assert auditor.close()
+    client.close()
+
+
+class CountedWaits:
+    """Wraps concurrent.futures.wait, through which the auditor's flush()
+    and close() wait for in-flight snapshots: records each call's timeout,
+    how many futures it waited for and how many were done at its end."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        self._wait = concurrent.futures.wait
+        monkeypatch.setattr(concurrent.futures, "wait", self)
+
+    def __call__(self, fs, timeout=None, **kw):
+        done, not_done = self._wait(fs, timeout=timeout, **kw)
+        self.calls.append((timeout, len(fs), len(done)))
+        return done, not_done
+
+
+class StalledClient:
+    """A client whose audit() blocks until `release` is set, as on a server
+    that stopped answering, then fails UNAVAILABLE."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.started = threading.Semaphore(0)
+
+    def audit(self, snapshot, **kw):
+        self.started.release()
+        self.release.wait()
+        raise attnaudit.UnavailableError(grpc.StatusCode.UNAVAILABLE, "stopped")
+
+
+def test_flush_and_close_wait_one_timeout_in_all(snaps, monkeypatch):
+    stalled = StalledClient()
+    auditor = attnaudit.RolloutAuditor(stalled, sample_every=1, max_in_flight=2,
+                                       timeout=10)
+    snap = attnaudit.Snapshot.load(snaps["ok"])
+    assert auditor.step(snap, layer=0) and auditor.step(snap, layer=1)
+    for _ in range(2):  # both sends are under way
+        assert stalled.started.acquire(timeout=30)
+    waits = CountedWaits(monkeypatch)
+    try:
+        assert auditor.flush(timeout=1) is False
+        assert auditor.close(timeout=2) is False
+        # Each waited once, on both sends, for no more than its own timeout,
+        # and neither was done: no second wait, no wait for the threads.
+        assert len(waits.calls) == 2
+        (t1, n1, done1), (t2, n2, done2) = waits.calls
+        assert 0 < t1 <= 1 and 0 < t2 <= 2
+        assert (n1, done1, n2, done2) == (2, 0, 2, 0)
+        assert auditor.in_flight == 2 and auditor.counters.failed == 0
+    finally:
+        stalled.release.set()
+    # The abandoned sends still end and are counted.
+    assert auditor.flush(60)
+    c = auditor.counters
+    assert (c.sampled, c.sent, c.failed, auditor.in_flight) == (2, 0, 2, 0)
+    assert not auditor.step(snap, layer=0)  # closed: dropped
+
+
+def test_close_of_sends_to_a_stopped_server_waits_one_timeout(make_server, snaps,
+                                                              monkeypatch):
+    server = make_server("--cpu-workers", "1")
+    client = attnaudit.AuditClient(server.address, timeout=60)
+    client.wait_for_ready(10)
+    client.capabilities()  # cached: the sends make no other call
+    build = Builder(snaps["ok"])
+    auditor = attnaudit.RolloutAuditor(client, sample_every=1, max_in_flight=2,
+                                       timeout=60)
+    server.pause()
+    try:
+        assert auditor.step(build, layer=0) and auditor.step(build, layer=1)
+        waits = CountedWaits(monkeypatch)
+        # The sends' deadline is 60 s: close gives up on them after one
+        # wait of at most its 2 s.
+        assert auditor.close(timeout=2) is False
+        assert len(waits.calls) == 1
+        timeout, n, done = waits.calls[0]
+        assert 0 < timeout <= 2 and (n, done) == (2, 0)
+        assert auditor.counters.sent == 0
+    finally:
+        server.resume()
+    assert auditor.flush(60)
+    assert auditor.counters.sent == 2 and auditor.counters.passed == 2
     client.close()
 
 

@@ -50,6 +50,14 @@ results, in completion order) and the
 optional `on_result` callback (called on a background thread; exceptions
 in it are counted in `callback_errors`, never propagated).
 
+Waiting. flush(timeout) and close(timeout) wait at most `timeout` seconds
+in all, however many snapshots are in flight: each sampled snapshot has a
+concurrent.futures.Future, done once its outcome is recorded and its slot
+is free, and they wait on those futures against one deadline. close() then
+stops the threads without waiting for them: they are daemon threads, and a
+send still running (a server that stopped answering) ends on its own call
+deadline, its outcome still counted.
+
 Thread safety: step() is meant to be called from one thread (the rollout
 loop; its counters are then exact); every other method is thread-safe.
 """
@@ -57,6 +65,7 @@ loop; its counters are then exact); every other method is thread-safe.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import queue
 import sys
@@ -106,10 +115,16 @@ class AuditResult:
 
 @dataclasses.dataclass
 class _Item:
-    snapshot: Snapshot
+    snapshot: Optional[Snapshot]
     step: Optional[int]
     layer: Optional[int]
     submitted_at: float = 0.0  # time.monotonic() when Submit returned
+    # Done once the outcome is recorded and the slot released (flush()
+    # waits for it). The flags below are read and written under _lock.
+    done: Optional[concurrent.futures.Future] = None
+    job_id: Optional[str] = None  # submit mode: the job the poller collects
+    released: bool = False  # the sender released the item's slot
+    recorded: bool = False  # the poller recorded the job's outcome
 
 
 class RolloutAuditor:
@@ -156,7 +171,7 @@ class RolloutAuditor:
         self._streams: Dict[Any, Any] = {}
         # Background state, under _lock.
         self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
+        self._outstanding: set = set()  # the Futures of unfinished items
         self._counts = collections.Counter()
         self._latest: Dict[Optional[int], AuditResult] = {}
         self._recent = collections.deque(maxlen=max(1, keep))
@@ -227,9 +242,11 @@ class RolloutAuditor:
             self._slots.release()
             self._record(_Item(None, step, layer), None, e)
             return False
+        item = _Item(snapshot, step, layer, done=concurrent.futures.Future())
         with self._lock:
             self._busy += 1
-        self._queue.put(_Item(snapshot, step, layer))
+            self._outstanding.add(item.done)
+        self._queue.put(item)
         return True
 
     def _build(self, snapshot_or_builder) -> Snapshot:
@@ -274,7 +291,17 @@ class RolloutAuditor:
                 self._slots.release()
                 with self._lock:
                     self._busy -= 1
-                    self._idle.notify_all()
+                    item.released = True
+                    # A submitted job is finished when the poller has its
+                    # outcome too.
+                    finished = item.job_id is None or item.recorded
+                if finished:
+                    self._finish(item)
+
+    def _finish(self, item: _Item) -> None:
+        with self._lock:
+            self._outstanding.discard(item.done)
+        item.done.set_result(None)
 
     def _send(self, item: _Item) -> None:
         try:
@@ -291,6 +318,7 @@ class RolloutAuditor:
                 with self._lock:
                     self._counts["sent"] += 1
                     item.submitted_at = time.monotonic()
+                    item.job_id = submitted.job_id
                     self._pending_jobs[submitted.job_id] = item
                     item.snapshot = None
         except Exception as e:  # noqa: BLE001 - counted, kept, never raised
@@ -311,15 +339,27 @@ class RolloutAuditor:
                             - item.submitted_at >= self._not_found_grace):
                         with self._lock:
                             self._pending_jobs.pop(job_id, None)
-                        self._record(item, None, e, job_id)
+                        self._collected(item, None, e, job_id)
                     continue  # unreachable server: try again next round
                 if not result.done:
                     continue
                 with self._lock:
                     self._pending_jobs.pop(job_id, None)
-                self._record(item, result.report, result.error, job_id)
+                self._collected(item, result.report, result.error, job_id)
 
     _stop_polling = False
+
+    def _collected(self, item: _Item, report: Optional[Report],
+                   error: Optional[BaseException], job_id: str) -> None:
+        """A submitted job's outcome, from the poller."""
+        try:
+            self._record(item, report, error, job_id)
+        finally:
+            with self._lock:
+                item.recorded = True
+                finished = item.released
+            if finished:
+                self._finish(item)
 
     def _record(self, item: _Item, report: Optional[Report],
                 error: Optional[BaseException], job_id: Optional[str] = None) -> None:
@@ -390,27 +430,37 @@ class RolloutAuditor:
 
     def flush(self, timeout: Optional[float] = None) -> bool:
         """Waits until nothing is in flight (and, in submit mode, every job
-        has a result). False if `timeout` seconds passed first."""
-        end = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            while self._busy or self._pending_jobs:
-                remaining = None if end is None else end - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._idle.wait(min(0.05, remaining) if remaining else 0.05)
-        return True
+        has a result), `timeout` seconds at most in all (None: no limit).
+        False if time ran out first."""
+        return self._wait_done(None if timeout is None
+                               else time.monotonic() + timeout)
+
+    def _wait_done(self, deadline: Optional[float]) -> bool:
+        # One wait per round on the futures outstanding at its start; a
+        # round ends early only when they are all done, and the next one
+        # takes what was sampled meanwhile, against the same deadline.
+        while True:
+            with self._lock:
+                pending = [f for f in self._outstanding if not f.done()]
+            if not pending:
+                return True
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            concurrent.futures.wait(pending, timeout=remaining)
 
     def close(self, timeout: Optional[float] = 30.0) -> bool:
         """Stops sampling (later steps count as dropped), lets in-flight work
-        finish for up to `timeout` seconds and stops the threads. Returns
-        whether everything finished."""
+        finish for up to `timeout` seconds in all, and stops the threads
+        without waiting for them (daemon threads: a send still running ends
+        on its own call deadline and is still counted). Returns whether
+        everything finished."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         self._closed = True
-        finished = self.flush(timeout)
+        finished = self._wait_done(deadline)
+        self._stop_polling = True
         for _ in self._threads:
             self._queue.put(None)
-        for t in self._threads:
-            t.join(timeout=0 if not finished else 1.0)
-        self._stop_polling = True
         return finished
 
     def __enter__(self) -> "RolloutAuditor":
