@@ -1,10 +1,13 @@
 #include "bench/common/machine_floor.h"
 
 #include <immintrin.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <thread>
@@ -15,27 +18,97 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Starts `threads` threads, releases them together and returns the seconds
-// until the last one finished fn(thread_index).
+// The CPUs the calling thread may run on, in order.
+std::vector<int> AllowedCpus() {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    }
+  }
+  return cpus;
+}
+
+void PinCallerTo(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
+// Whether TimeThreads pins `threads` threads: one per allowed CPU.
+bool PinsThreads(int threads) {
+  return static_cast<int>(AllowedCpus().size()) == threads;
+}
+
+// Runs fn(0) on the calling thread and fn(1..threads-1) on threads of its
+// own, released together; returns the seconds until the last one
+// finished. With one thread per allowed CPU, each is pinned to its own
+// CPU (the caller's affinity is restored after), so no two share a core
+// for a moment; with fewer the scheduler places them. The caller does
+// work instead of waiting, so no extra thread competes for the CPUs.
 template <typename Fn>
 double TimeThreads(int threads, Fn&& fn) {
+  const std::vector<int> cpus = AllowedCpus();
+  cpu_set_t saved;
+  const bool pin =
+      static_cast<int>(cpus.size()) == threads &&
+      pthread_getaffinity_np(pthread_self(), sizeof(saved), &saved) == 0;
+  if (pin) PinCallerTo(cpus[0]);
   std::vector<std::thread> pool;
   std::atomic<int> ready{0};
   std::atomic<bool> go{false};
-  for (int t = 0; t < threads; ++t) {
+  for (int t = 1; t < threads; ++t) {
     pool.emplace_back([&, t] {
+      if (pin) PinCallerTo(cpus[t]);
       ready.fetch_add(1);
       while (!go.load()) {
+        if (!pin) std::this_thread::yield();
       }
       fn(t);
     });
   }
-  while (ready.load() < threads) {
-  }
+  while (ready.load() < threads - 1) std::this_thread::yield();
   const Clock::time_point start = Clock::now();
   go.store(true);
+  fn(0);
   for (std::thread& t : pool) t.join();
-  return std::chrono::duration<double>(Clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(Clock::now() - start).count();
+  if (pin) pthread_setaffinity_np(pthread_self(), sizeof(saved), &saved);
+  return seconds;
+}
+
+// 16 x n dependent register adds: one a cycle on any x86 core (the added
+// register is opaque, so no core can fold the adds as it may immediates).
+uint64_t AddChain(int64_t n, uint64_t one) {
+  uint64_t x = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    asm volatile(
+        "add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\t"
+        "add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\t"
+        "add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\t"
+        "add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0"
+        : "+r"(x)
+        : "r"(one));
+  }
+  return x;
+}
+
+// The core clock from one run: every thread runs ~2.5 ms of dependent
+// adds at once; the slowest thread's cycles per second.
+double ClockOnce(int threads) {
+  const int64_t n = 625'000;  // 10M cycles: 2.5 ms at 4 GHz
+  std::vector<double> hz(threads);
+  std::atomic<uint64_t> sink{0};
+  TimeThreads(threads, [&](int t) {
+    const Clock::time_point s = Clock::now();
+    sink.fetch_add(AddChain(n, 1));
+    hz[t] = 16.0 * n / std::chrono::duration<double>(Clock::now() - s).count();
+  });
+  return *std::min_element(hz.begin(), hz.end());
 }
 
 // Sum of 64-bit words: vectorised integer adds, so the probe is bound by
@@ -197,38 +270,48 @@ using ProbeFn = double (*)(int64_t iterations, double seed);
 struct FmaProbe {
   const char* isa;
   int chains;
-  int bytes_per_vector;
+  int bits;  // vector width
   ProbeFn f64;
   ProbeFn f32;
 };
 
-// The probes this CPU runs, no wider than `widest` ("" for all).
+// The probes this CPU runs, no wider than `widest` ("" for all), widest
+// first.
 std::vector<FmaProbe> SupportedProbes(const std::string& widest) {
   std::vector<FmaProbe> probes;
   __builtin_cpu_init();
   const bool any = widest.empty();
   if (any && __builtin_cpu_supports("avx512f")) {
-    probes.push_back({"avx512", kChains512, 64, FmaF64Avx512, FmaF32Avx512});
+    probes.push_back({"avx512", kChains512, 512, FmaF64Avx512, FmaF32Avx512});
   }
   if ((any || widest == "avx2") && __builtin_cpu_supports("avx2") &&
       __builtin_cpu_supports("fma")) {
-    probes.push_back({"avx2", kChains256, 32, FmaF64Avx2, FmaF32Avx2});
+    probes.push_back({"avx2", kChains256, 256, FmaF64Avx2, FmaF32Avx2});
   }
   // SSE2 can never beat an FMA probe; it only stands in where there is none.
   if (probes.empty()) {
-    probes.push_back({"sse2", kChains128, 16, MulAddF64Sse2, MulAddF32Sse2});
+    probes.push_back({"sse2", kChains128, 128, MulAddF64Sse2, MulAddF32Sse2});
   }
   return probes;
 }
 
-// Flops per second of `fn` on `threads` threads: best of `repeats`.
-double ProbeFlops(ProbeFn fn, int chains, int lanes, int threads, int repeats) {
-  // ~40 ms per run at 2 FMAs per cycle and 4 GHz with 16 chains.
+// Flops per second of `fn` on `threads` threads: one untimed run of a
+// quarter length (the clock ramps up), then best of `repeats`. The clock
+// is sampled before each timed run, the best kept in *clock_hz, so that
+// its samples spread over the whole probe as the FMA runs do.
+double ProbeFlops(ProbeFn fn, int chains, int lanes, int threads, int repeats,
+                  double* clock_hz) {
+  // ~45 ms per run at one 512-bit FMA per cycle and 3.6 GHz with 16 chains.
   const int64_t iterations = 10'000'000;
   const double flops =
       2.0 * chains * lanes * static_cast<double>(iterations) * threads;
+  TimeThreads(threads, [&](int t) {
+    volatile double sink = fn(iterations / 4, 1.0 + t);
+    (void)sink;
+  });
   double best = 1e30;
   for (int r = 0; r < repeats; ++r) {
+    *clock_hz = std::max(*clock_hz, ClockOnce(threads));
     best = std::min(best, TimeThreads(threads, [&](int t) {
                       volatile double sink = fn(iterations, 1.0 + t);
                       (void)sink;
@@ -275,20 +358,30 @@ MachineFloor MeasureMachineFloor(int threads, int repeats,
                                  const std::string& widest_isa) {
   MachineFloor f;
   threads = std::max(threads, 1);
+  repeats = std::max(repeats, 1);
   f.threads = threads;
+  f.threads_pinned = PinsThreads(threads);
   f.read_bytes_per_second = ReadBandwidth(threads, repeats);
+  // The widest probe counts unless a narrower one's compute floor is more
+  // than 5 % lower (machine_floor.h, "Which ISA counts").
+  double chosen_floor = 0;
   for (const FmaProbe& p : SupportedProbes(widest_isa)) {
     const double f64 =
-        ProbeFlops(p.f64, p.chains, p.bytes_per_vector / 8, threads, repeats);
+        ProbeFlops(p.f64, p.chains, p.bits / 64, threads, repeats, &f.clock_hz);
     const double f32 =
-        ProbeFlops(p.f32, p.chains, p.bytes_per_vector / 4, threads, repeats);
-    if (f64 > f.fp64_flops_per_second) {
+        ProbeFlops(p.f32, p.chains, p.bits / 32, threads, repeats, &f.clock_hz);
+    const double compute_floor = 1 / f64 + 1 / f32;
+    if (f.fma_isa.empty() || compute_floor < 0.95 * chosen_floor) {
+      chosen_floor = compute_floor;
       f.fp64_flops_per_second = f64;
+      f.fp32_flops_per_second = f32;
       f.fma_isa = p.isa;
+      f.fma_vector_bits = p.bits;
       f.fma_chains = p.chains;
     }
-    f.fp32_flops_per_second = std::max(f.fp32_flops_per_second, f32);
   }
+  f.fma_per_cycle = f.fp64_flops_per_second /
+                    (threads * f.clock_hz * 2.0 * (f.fma_vector_bits / 64));
   return f;
 }
 
@@ -297,24 +390,50 @@ double ComputeFloorNow(double flops, const std::string& isa, int threads,
   threads = std::max(threads, 1);
   for (const FmaProbe& p : SupportedProbes(isa == "avx512" ? "" : isa)) {
     if (isa != p.isa) continue;
-    const double f64 = ProbeFlopsOnce(p.f64, p.chains, p.bytes_per_vector / 8,
-                                      threads, probe_ms);
-    const double f32 = ProbeFlopsOnce(p.f32, p.chains, p.bytes_per_vector / 4,
-                                      threads, probe_ms);
+    const double f64 =
+        ProbeFlopsOnce(p.f64, p.chains, p.bits / 64, threads, probe_ms);
+    const double f32 =
+        ProbeFlopsOnce(p.f32, p.chains, p.bits / 32, threads, probe_ms);
     return flops / f64 + flops / f32;
   }
   return 0;
 }
 
+std::string MachineFloorText(const MachineFloor& f) {
+  // A core retires a whole number of vector FMAs per cycle at its peak
+  // (machine_floor.h); anything else means the probe did not run alone.
+  const double whole = std::max(1.0, std::round(f.fma_per_cycle));
+  const bool off = std::abs(f.fma_per_cycle - whole) > 0.1 * whole;
+  char buf[768];
+  std::snprintf(
+      buf, sizeof(buf),
+      "threads %d%s: read %.2f GB/s, fp64 %.1f GFLOP/s, fp32 %.1f GFLOP/s "
+      "(%s: %d-bit FMA, %d chains per thread; clock %.2f GHz, %.2f FMAs per "
+      "cycle per thread)%s",
+      f.threads, f.threads_pinned ? " (one per CPU)" : "",
+      f.read_bytes_per_second / 1e9, f.fp64_flops_per_second / 1e9,
+      f.fp32_flops_per_second / 1e9, f.fma_isa.c_str(), f.fma_vector_bits,
+      f.fma_chains, f.clock_hz / 1e9, f.fma_per_cycle,
+      off ? "; not a whole number of FMAs per cycle: other work (or an SMT "
+            "sibling) shared the cores, or the clock moved; re-run on a "
+            "quiet machine"
+          : "");
+  return buf;
+}
+
 std::string MachineFloorJson(const MachineFloor& f) {
   char buf[512];
   std::snprintf(buf, sizeof(buf),
-                "{\"threads\":%d,\"read_bytes_per_second\":%.6g,"
+                "{\"threads\":%d,\"threads_pinned\":%s,"
+                "\"read_bytes_per_second\":%.6g,"
                 "\"fp64_flops_per_second\":%.6g,"
                 "\"fp32_flops_per_second\":%.6g,\"fma_isa\":\"%s\","
-                "\"fma_chains\":%d}",
-                f.threads, f.read_bytes_per_second, f.fp64_flops_per_second,
-                f.fp32_flops_per_second, f.fma_isa.c_str(), f.fma_chains);
+                "\"fma_vector_bits\":%d,\"fma_chains\":%d,"
+                "\"clock_hz\":%.6g,\"fma_per_cycle\":%.4g}",
+                f.threads, f.threads_pinned ? "true" : "false",
+                f.read_bytes_per_second, f.fp64_flops_per_second,
+                f.fp32_flops_per_second, f.fma_isa.c_str(), f.fma_vector_bits,
+                f.fma_chains, f.clock_hz, f.fma_per_cycle);
   return buf;
 }
 

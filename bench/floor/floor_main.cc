@@ -1,7 +1,9 @@
 // attnaudit_bench_floor: prints the machine floor (read bandwidth, fp64 and
-// fp32 FMA peaks; bench/common/machine_floor.h states the method) so that
-// benchmarks outside C++ (bench/peers, bench/sweeps) compare against the
-// same probe as the C++ benchmarks, measured in their own run.
+// fp32 FMA peaks, with the ISA, vector width, chains and threads of the FMA
+// probe, the measured clock and the FMAs per cycle it implies;
+// bench/common/machine_floor.h states the method) so that benchmarks
+// outside C++ (bench/peers, bench/sweeps) compare against the same probe as
+// the C++ benchmarks, measured in their own run.
 //
 // usage: attnaudit_bench_floor [--threads N] [--repeats R] [--sweep] [--json]
 //   --threads N  threads for the probes (default: all hardware threads)
@@ -64,12 +66,7 @@ int Main(int argc, char** argv) {
     if (json) {
       std::printf("%s\n", MachineFloorJson(f).c_str());
     } else {
-      std::printf(
-          "threads %d: read %.2f GB/s, fp64 %.1f GFLOP/s, fp32 %.1f GFLOP/s "
-          "(%s, %d FMA chains per thread)\n",
-          f.threads, f.read_bytes_per_second / 1e9,
-          f.fp64_flops_per_second / 1e9, f.fp32_flops_per_second / 1e9,
-          f.fma_isa.c_str(), f.fma_chains);
+      std::printf("%s\n", MachineFloorText(f).c_str());
     }
     std::fflush(stdout);
   }
