@@ -68,10 +68,6 @@ absl::string_view CpShardingName(CpSharding c) {
   }
   return "unknown";
 }
-absl::string_view PrefixSchemeName(PrefixCache::Scheme s) {
-  return s == PrefixCache::Scheme::kRlKernelCompat ? "rl_kernel_compat"
-                                                   : kFingerprintVersion;
-}
 // "none", or the type and the factor: "llama3 factor=8".
 std::string ScalingText(const RopeScaling& s) {
   switch (s.type) {
@@ -107,7 +103,10 @@ void AppendFingerprints(const Provenance& p, std::string* out) {
                     "\n");
   }
   if (!p.prefix_fingerprint.empty()) {
-    absl::StrAppend(out, "prefix fingerprint:", version, " ",
+    const std::string scheme = p.prefix_fingerprint_scheme.empty()
+                                   ? version
+                                   : " " + p.prefix_fingerprint_scheme;
+    absl::StrAppend(out, "prefix fingerprint:", scheme, " ",
                     p.prefix_fingerprint, " (verified)\n");
   }
 }

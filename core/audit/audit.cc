@@ -642,6 +642,10 @@ void FillProvenance(AuditRun* run) {
   prov.prefix_fingerprint = run->prefix_digest;
   prov.rope_fingerprint = RopeIdentityFingerprint(run->snapshot);
   prov.fingerprint_version = kFingerprintVersion;
+  if (!run->prefix_digest.empty()) {
+    prov.prefix_fingerprint_scheme =
+        std::string(PrefixSchemeName(run->snapshot.prefix.scheme));
+  }
   prov.engine_profile =
       std::string(EngineProfileName(run->snapshot.precision.profile));
   prov.rope_source = RopeSourceName(run->snapshot);

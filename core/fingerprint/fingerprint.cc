@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -277,25 +276,35 @@ std::string RopeIdentityFingerprint(const Snapshot& snapshot) {
   return digest.ok() ? *std::move(digest) : std::string();
 }
 
+absl::string_view PrefixSchemeName(PrefixCache::Scheme scheme) {
+  switch (scheme) {
+    case PrefixCache::Scheme::kAttnauditV1:
+      return kFingerprintVersion;
+    case PrefixCache::Scheme::kRlKernelCompat:
+      return "rl_kernel_compat";
+  }
+  return "unknown";
+}
+
 absl::Status VerifyPrefixFingerprint(const Snapshot& snapshot,
                                      const ResolvedLayout& layout,
                                      std::string* recomputed) {
   if (recomputed != nullptr) recomputed->clear();
   const PrefixCache& prefix = snapshot.prefix;
   if (!prefix.enabled) return absl::OkStatus();
-  if (prefix.fingerprint.empty()) {
+  if (prefix.fingerprint.empty()) {  // validation refuses it first (C24)
     return absl::InvalidArgumentError(
-        "prefix.fingerprint: required when the prefix cache is enabled");
+        "prefix.fingerprint: is required when the prefix cache is enabled");
   }
   absl::StatusOr<std::string> digest;
   absl::string_view scheme;
   switch (prefix.scheme) {
     case PrefixCache::Scheme::kAttnauditV1:
-      scheme = kFingerprintVersion;
+      scheme = PrefixSchemeName(prefix.scheme);
       digest = PrefixFingerprint(snapshot, layout, prefix.length);
       break;
     case PrefixCache::Scheme::kRlKernelCompat:
-      scheme = "rl_kernel_compat";
+      scheme = PrefixSchemeName(prefix.scheme);
       digest = RlKernelPrefixFingerprint(snapshot, layout, prefix.length);
       break;
     default:
@@ -304,8 +313,8 @@ absl::Status VerifyPrefixFingerprint(const Snapshot& snapshot,
                        static_cast<int>(prefix.scheme)));
   }
   if (!digest.ok()) return digest.status();
-  // Hex is compared case-insensitively; the digest itself is lowercase.
-  if (absl::AsciiStrToLower(prefix.fingerprint) != *digest) {
+  // Both are lowercase hex: validation (C24) refuses any other spelling.
+  if (prefix.fingerprint != *digest) {
     return absl::InvalidArgumentError(absl::StrCat(
         "prefix.fingerprint: does not match the logical prefix "
         "positions/content (scheme ",

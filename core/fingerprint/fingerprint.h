@@ -54,8 +54,14 @@ std::string RopeIdentityFingerprint(const Snapshot& snapshot);
 absl::StatusOr<std::string> RlKernelPrefixFingerprint(
     const Snapshot& snapshot, const ResolvedLayout& layout, int64_t tokens);
 
+// The name of a prefix fingerprint scheme as reports give it:
+// kFingerprintVersion ("attnaudit.kv.v1") or "rl_kernel_compat".
+absl::string_view PrefixSchemeName(PrefixCache::Scheme scheme);
+
 // Checks snapshot.prefix (when enabled) against the recomputed digest of the
 // declared scheme; InvalidArgument naming prefix.fingerprint on mismatch.
+// Expects a validated snapshot: the fingerprint's spelling (64 lowercase
+// hex) is validation's one check (core/validate, C24), not repeated here.
 // On success, stores the recomputed digest in *recomputed (may be null).
 absl::Status VerifyPrefixFingerprint(const Snapshot& snapshot,
                                      const ResolvedLayout& layout,

@@ -219,7 +219,11 @@ struct Provenance {
   std::string kv_fingerprint;      // attnaudit v1 digest, when computed
   std::string prefix_fingerprint;  // recomputed, when the prefix is enabled
   std::string rope_fingerprint;
+  // The definitions of kv_fingerprint (kFingerprintVersion).
   std::string fingerprint_version;
+  // The scheme that produced prefix_fingerprint (PrefixSchemeName:
+  // "attnaudit.kv.v1" or "rl_kernel_compat"); empty without a prefix.
+  std::string prefix_fingerprint_scheme;
   StageTimings timings;
   // The engine precision profile the tolerances used
   // (core/verdict/precision.h), e.g. "flash-decoding", "conservative".

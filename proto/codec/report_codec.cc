@@ -461,6 +461,7 @@ void EncodeProvenance(const Provenance& p, v1::Provenance* m) {
   m->set_prefix_fingerprint(p.prefix_fingerprint);
   m->set_rope_fingerprint(p.rope_fingerprint);
   m->set_fingerprint_version(p.fingerprint_version);
+  m->set_prefix_fingerprint_scheme(p.prefix_fingerprint_scheme);
   m->set_engine_profile(p.engine_profile);
   m->set_rope_source(p.rope_source);
   v1::StageTimings* t = m->mutable_timings();
@@ -506,6 +507,7 @@ absl::Status DecodeProvenance(const v1::Provenance& m, Provenance* p) {
   p->prefix_fingerprint = m.prefix_fingerprint();
   p->rope_fingerprint = m.rope_fingerprint();
   p->fingerprint_version = m.fingerprint_version();
+  p->prefix_fingerprint_scheme = m.prefix_fingerprint_scheme();
   p->engine_profile = m.engine_profile();
   p->rope_source = m.rope_source();
   const v1::StageTimings& t = m.timings();

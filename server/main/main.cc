@@ -83,8 +83,40 @@ AuditServerOptions ToOptions(const ServerFlags& f) {
   return o;
 }
 
-// Warnings about secrets that would cross the network in clear text.
-void WarnAboutPlaintextSecrets(const ServerFlags& flags) {
+// Whether `listen` is reachable from this machine only.
+bool LoopbackOnly(const std::string& listen) {
+  if (absl::StartsWith(listen, "unix:") ||
+      absl::StartsWith(listen, "unix-abstract:")) {
+    return true;
+  }
+  const size_t colon = listen.rfind(':');
+  const std::string host =
+      colon == std::string::npos ? listen : listen.substr(0, colon);
+  return host == "localhost" || host == "[::1]" ||
+         absl::StartsWith(host, "127.");
+}
+
+// Warnings about a server open to the network, and about secrets that
+// would cross it in clear text.
+void WarnAboutExposure(const ServerFlags& flags) {
+  if (!LoopbackOnly(flags.listen) && flags.auth_token_file.empty()) {
+    ATTNAUDIT_LOG(warn,
+                  "OPEN SERVER: gRPC listens beyond this machine with "
+                  "authentication off: anyone who reaches this port can "
+                  "submit audits, read every result and cancel jobs; set "
+                  "--auth-token-file (and --tls-cert) outside a trusted "
+                  "network")
+        .Kv("listen", flags.listen)
+        .Kv("tls", flags.tls_cert.empty() ? "off" : "on");
+  }
+  if (!flags.metrics_listen.empty() && !LoopbackOnly(flags.metrics_listen) &&
+      flags.metrics_token_file.empty()) {
+    ATTNAUDIT_LOG(warn,
+                  "/metrics listens beyond this machine without a token: "
+                  "anyone who reaches it reads model names and drift "
+                  "figures; set --metrics-token-file (and --metrics-tls-cert)")
+        .Kv("metrics_listen", flags.metrics_listen);
+  }
   if (!flags.auth_token_file.empty() && flags.tls_cert.empty()) {
     ATTNAUDIT_LOG(warn,
                   "bearer token auth without TLS: tokens cross the network "
@@ -267,7 +299,7 @@ int Main(const std::vector<std::string>& args) {
   ConfigureLogging(*level);
   const sigset_t stop_signals = PrepareProcess();
   RouteProtobufLogs();
-  WarnAboutPlaintextSecrets(*flags);
+  WarnAboutExposure(*flags);
 
   ATTNAUDIT_LOG(info, "attnaudit-server starting")
       .Kv("version", ServerVersion())

@@ -1,5 +1,7 @@
 #include "server/main/server_flags.h"
 
+#include <algorithm>
+#include <string>
 #include <utility>
 
 #include "absl/flags/flag.h"
@@ -208,6 +210,44 @@ absl::Status FlagError(absl::string_view flag, absl::string_view what) {
       absl::StrCat("--", Dashed(flag), ": ", what));
 }
 
+// Why `address` cannot be listened on, or "" when it can: HOST:PORT or
+// [V6]:PORT with a port 0..65535 (0: the kernel picks), or a Unix socket
+// (unix:PATH, unix-abstract:NAME). gRPC would take a missing port as 443.
+std::string ListenAddressError(absl::string_view address) {
+  if (address.empty()) return "must not be empty";
+  if (absl::StartsWith(address, "unix:") ||
+      absl::StartsWith(address, "unix-abstract:")) {
+    return "";
+  }
+  size_t colon = address.rfind(':');
+  if (absl::StartsWith(address, "[")) {
+    const size_t close = address.find(']');
+    if (close == absl::string_view::npos) return "'[' without ']'";
+    colon = close + 1 < address.size() && address[close + 1] == ':'
+                ? close + 1
+                : absl::string_view::npos;
+  } else if (colon != absl::string_view::npos &&
+             address.find(':') != colon) {
+    return absl::StrCat("'", address,
+                        "': an IPv6 host goes in brackets: [HOST]:PORT");
+  }
+  if (colon == absl::string_view::npos) {
+    return absl::StrCat("'", address, "' has no port: expected HOST:PORT");
+  }
+  const absl::string_view port = address.substr(colon + 1);
+  int value = 0;
+  if (port.empty() || port.size() > 5 ||
+      !std::all_of(port.begin(), port.end(), absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(port, &value) || value > 65535) {
+    return absl::StrCat("'", address, "': the port '", port,
+                        "' is not a number from 0 to 65535");
+  }
+  if (colon == 0) {
+    return absl::StrCat("'", address, "' has no host: expected HOST:PORT");
+  }
+  return "";
+}
+
 // One of the server's flags by its name, dashes read as underscores.
 absl::CommandLineFlag* FindServerFlag(absl::string_view arg_name) {
   const std::string name = absl::StrReplaceAll(arg_name, {{"-", "_"}});
@@ -389,7 +429,14 @@ absl::Status CheckCombinations(const ServerFlags& f) {
       !d.ok()) {
     return FlagError("devices", d.status().message());
   }
-  if (f.listen.empty()) return FlagError("listen", "must not be empty");
+  if (std::string e = ListenAddressError(f.listen); !e.empty()) {
+    return FlagError("listen", e);
+  }
+  if (!f.metrics_listen.empty()) {
+    if (std::string e = ListenAddressError(f.metrics_listen); !e.empty()) {
+      return FlagError("metrics-listen", e);
+    }
+  }
   if (f.data_dir.empty()) return FlagError("data-dir", "must not be empty");
   if (f.store != "sqlite" && !absl::StartsWith(f.store, "postgresql://") &&
       !absl::StartsWith(f.store, "postgres://")) {

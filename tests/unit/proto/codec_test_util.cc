@@ -208,6 +208,7 @@ AuditReport FullReport() {
   p.prefix_fingerprint = std::string(64, 'c');
   p.rope_fingerprint = std::string(64, 'd');
   p.fingerprint_version = "attnaudit.kv.v1";
+  p.prefix_fingerprint_scheme = "rl_kernel_compat";
   p.timings.validate_seconds = 0.001;
   p.timings.reference_seconds = 0.5;
   p.timings.replay_seconds = 0.25;
@@ -517,6 +518,7 @@ void ExpectReportEq(const AuditReport& a, const AuditReport& b) {
   EXPECT_EQ(p.prefix_fingerprint, q.prefix_fingerprint);
   EXPECT_EQ(p.rope_fingerprint, q.rope_fingerprint);
   EXPECT_EQ(p.fingerprint_version, q.fingerprint_version);
+  EXPECT_EQ(p.prefix_fingerprint_scheme, q.prefix_fingerprint_scheme);
   EXPECT_EQ(p.timings.validate_seconds, q.timings.validate_seconds);
   EXPECT_EQ(p.timings.reference_seconds, q.timings.reference_seconds);
   EXPECT_EQ(p.timings.replay_seconds, q.timings.replay_seconds);

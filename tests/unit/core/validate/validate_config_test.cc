@@ -511,7 +511,13 @@ std::vector<InvalidCase> PrefixCases() {
          EnablePrefix(s);
          s->prefix.fingerprint = std::string(64, 'A');
        },
-       "prefix.fingerprint", "64 lowercase hex"},
+       "prefix.fingerprint", "uppercase hex is refused, character 0"},
+      {"FingerprintNotHex",
+       [](Snapshot* s, ValidationLimits*) {
+         EnablePrefix(s);
+         s->prefix.fingerprint = std::string(63, 'a') + "z";
+       },
+       "prefix.fingerprint", "character 63 is not 0-9 or a-f"},
       {"FingerprintTooShort",
        [](Snapshot* s, ValidationLimits*) {
          EnablePrefix(s);

@@ -248,6 +248,38 @@ TEST(ServerFlagsTest, ASwitchIsOnByItsNameAlone) {
   EXPECT_FALSE(ParseServerFlags({"--listen"}).ok());
 }
 
+TEST(ServerFlagsTest, ListenAddressesNeedAHostAndAPort) {
+  for (const char* ok : {"localhost:50051", "0.0.0.0:0", "[::1]:7",
+                         "[::]:65535", "unix:/run/a.sock", "unix-abstract:x"}) {
+    EXPECT_TRUE(ParseServerFlags({"--listen", ok}).ok()) << ok;
+    EXPECT_TRUE(ParseServerFlags({"--metrics-listen", ok}).ok()) << ok;
+  }
+  // Without a port gRPC would bind 443.
+  const std::pair<const char*, const char*> bad[] = {
+      {"localhost", "has no port"},
+      {"0.0.0.0:", "is not a number"},
+      {"host:http", "is not a number"},
+      {"host:65536", "is not a number"},
+      {":50051", "has no host"},
+      {"::1:50051", "in brackets"},
+      {"[::1]", "has no port"},
+      {"[::1", "without ']'"},
+  };
+  for (const auto& [address, why] : bad) {
+    absl::StatusOr<ServerFlags> f = ParseServerFlags({"--listen", address});
+    ASSERT_FALSE(f.ok()) << address;
+    EXPECT_TRUE(absl::StartsWith(f.status().message(), "--listen: "))
+        << f.status();
+    EXPECT_NE(f.status().message().find(why), absl::string_view::npos)
+        << address << ": " << f.status();
+  }
+  absl::StatusOr<ServerFlags> m =
+      ParseServerFlags({"--metrics-listen", "localhost"});
+  ASSERT_FALSE(m.ok());
+  EXPECT_TRUE(absl::StartsWith(m.status().message(), "--metrics-listen: "));
+  EXPECT_TRUE(ParseServerFlags({"--metrics-listen", ""}).ok());  // disabled
+}
+
 TEST(ServerFlagsTest, EveryParseStartsFromTheDefaults) {
   ASSERT_TRUE(ParseServerFlags({"--queue-sampled", "7"}).ok());
   absl::StatusOr<ServerFlags> f = ParseServerFlags({});

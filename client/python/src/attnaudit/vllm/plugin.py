@@ -34,6 +34,7 @@ import logging
 import queue
 import re
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .._enums import Verdict
@@ -268,9 +269,12 @@ class VllmAuditPlugin:
         return ok
 
     def close(self, timeout: Optional[float] = 30.0) -> bool:
+        """Flushes and stops, within `timeout` seconds overall."""
+        end = None if timeout is None else time.monotonic() + timeout
         ok = self.flush(timeout)
         if self._auditor is not None:
-            ok = self._auditor.close(timeout) and ok
+            left = None if end is None else max(0.0, end - time.monotonic())
+            ok = self._auditor.close(left) and ok
         if self._summary_thread is not None:
             self._summaries.put(None)
             self._summary_thread.join(timeout=5)
