@@ -145,7 +145,9 @@ struct ComparisonResult {
 
 struct StageTimings {
   double validate_seconds = 0;
-  double reference_seconds = 0;  // R and P share one pass; see replay
+  // The fused R + P pass is timed once and split 2/3 (reference) and 1/3
+  // (replay): an apportionment, not two measurements.
+  double reference_seconds = 0;
   double replay_seconds = 0;
   double compare_seconds = 0;
   double total_seconds = 0;
