@@ -351,10 +351,10 @@ absl::Status CheckPrefix(const Snapshot& s) {
       }
       const size_t bad = p.fingerprint.find_first_not_of("0123456789abcdef");
       const char c = p.fingerprint[bad];
-      return Invalid(
-          "prefix.fingerprint", "must be 64 lowercase hex characters (SHA-256): ",
-          c >= 'A' && c <= 'F' ? "uppercase hex is refused, " : "",
-          "character ", bad, " is not 0-9 or a-f");
+      return Invalid("prefix.fingerprint",
+                     "must be 64 lowercase hex characters (SHA-256): ",
+                     c >= 'A' && c <= 'F' ? "uppercase hex is refused, " : "",
+                     "character ", bad, " is not 0-9 or a-f");
     }
     return absl::OkStatus();  // length <= every kv_seq_len: rows.cc
   }

@@ -226,8 +226,7 @@ std::string ListenAddressError(absl::string_view address) {
     colon = close + 1 < address.size() && address[close + 1] == ':'
                 ? close + 1
                 : absl::string_view::npos;
-  } else if (colon != absl::string_view::npos &&
-             address.find(':') != colon) {
+  } else if (colon != absl::string_view::npos && address.find(':') != colon) {
     return absl::StrCat("'", address,
                         "': an IPv6 host goes in brackets: [HOST]:PORT");
   }

@@ -256,14 +256,10 @@ TEST(ServerFlagsTest, ListenAddressesNeedAHostAndAPort) {
   }
   // Without a port gRPC would bind 443.
   const std::pair<const char*, const char*> bad[] = {
-      {"localhost", "has no port"},
-      {"0.0.0.0:", "is not a number"},
-      {"host:http", "is not a number"},
-      {"host:65536", "is not a number"},
-      {":50051", "has no host"},
-      {"::1:50051", "in brackets"},
-      {"[::1]", "has no port"},
-      {"[::1", "without ']'"},
+      {"localhost", "has no port"},     {"0.0.0.0:", "is not a number"},
+      {"host:http", "is not a number"}, {"host:65536", "is not a number"},
+      {":50051", "has no host"},        {"::1:50051", "in brackets"},
+      {"[::1]", "has no port"},         {"[::1", "without ']'"},
   };
   for (const auto& [address, why] : bad) {
     absl::StatusOr<ServerFlags> f = ParseServerFlags({"--listen", address});
