@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -67,6 +68,8 @@ def make_model(path: str) -> None:
 
 class Server:
     def __init__(self, binary: str, work: str):
+        # A fresh store each run: list_results by run must see this run only.
+        shutil.rmtree(os.path.join(work, "server-data"), ignore_errors=True)
         self.log_path = os.path.join(work, "server.log")
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(

@@ -153,7 +153,7 @@ def rope_declaration(*, theta: float, rotary_dim: int, neox: bool,
 
 
 def build_snapshot(call: AttentionCall, *, rows: Sequence[int], tokens: Sequence[int],
-                   step: int, engine: Optional[str], rope: Optional[Dict[str, Any]],
+                   engine: Optional[str], rope: Optional[Dict[str, Any]],
                    pre_rope: Optional[PreRope], labels: Dict[str, Any]) -> Snapshot:
     """The snapshot of `rows` (batch rows) whose query tokens are `tokens`."""
     layout, preset = BACKENDS[call.backend]

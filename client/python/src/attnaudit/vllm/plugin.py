@@ -215,8 +215,8 @@ class VllmAuditPlugin:
 
         def build():
             return capture.build_snapshot(
-                call, rows=rows, tokens=tokens, step=st.step,
-                engine=self.settings.engine, rope=rope, pre_rope=pre, labels=labels)
+                call, rows=rows, tokens=tokens, engine=self.settings.engine,
+                rope=rope, pre_rope=pre, labels=labels)
 
         auditor = self.auditor()
         dropped_before = auditor.counters.dropped
