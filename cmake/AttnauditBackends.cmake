@@ -40,7 +40,8 @@ function(attnaudit_describe_backends out_var)
     endif()
     string(APPEND line ", CUDA on (${why}: ${nvcc} found; kernels for "
            "CUDA architectures ${CMAKE_CUDA_ARCHITECTURES}; ${nccl}; the "
-           "server uses the GPUs it sees and the CPU workers without one)")
+           "server still audits on the CPU unless started with "
+           "--devices=all or a GPU list)")
   elseif(ATTNAUDIT_ENABLE_CUDA STREQUAL "AUTO")
     string(APPEND line ", CUDA off (AUTO: nvcc not found)")
   else()

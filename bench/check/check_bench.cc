@@ -171,9 +171,8 @@ std::unique_ptr<Workload> PrepareWorkload(const BenchFlags& flags,
 // cache) addressable and to take the mapping down again, on all threads:
 // the part of a whole check that no floor counts and no code of ours can
 // skip while the file is read through a mapping. MADV_POPULATE_READ in
-// 4 MiB ranges is the cheapest form measured on the dev VM (W1: 6.7-7.5
-// ms with the unmap, where the pass's first touches add 8.7-9.5 ms to the
-// audit; docs/PERF.md, fifth pass).
+// 4 MiB ranges is the cheapest form this benchmark has found (its figures:
+// docs/PERF.md).
 void MapAndUnmap(const std::string& path, int threads) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) Die(absl::ErrnoToStatus(errno, path));

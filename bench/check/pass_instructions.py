@@ -3,7 +3,7 @@
 The dev VMs' wall-clock times drift by tens of percent between runs (and
 between two runs of one binary a minute apart), so a change worth 5 % is
 lost in them. The fused R + P pass is bound by how many instructions it
-issues (docs/PERF.md, eighth pass), and valgrind's callgrind counts those
+issues (docs/PERF.md, "Method"), and valgrind's callgrind counts those
 exactly: the same binary on the same input gives the same count, whatever
 else the machine is doing.
 

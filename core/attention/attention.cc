@@ -108,7 +108,7 @@ namespace {
 // The most units any query merged, and the most keys any query sees
 // (positions <= the query's, in the window): they size the tolerances.
 // visible_keys: the pass's counts ([B][Sq]), or null to count here (a
-// serial walk of every token: 0.2 ms for W1, docs/PERF.md, sixth pass).
+// serial walk of every token, which the pass's counts spare).
 void SummariseMerges(const PreparedAttention& p,
                      const std::vector<int64_t>* visible_keys,
                      AttentionResults* res) {
@@ -197,8 +197,8 @@ absl::StatusOr<AttentionResults> ComputeAttention(
   std::atomic<bool> kv_non_finite{false};
   const bool replay = options.passes != AttentionPasses::kReferenceOnly;
   // The states are cleared by the items, each its own rows and heads, in
-  // parallel: one thread filling ~100 MiB (W1 with R states) took longer
-  // than the pass (docs/PERF.md, "CP").
+  // parallel: the states of a large snapshot are as many bytes as the pass
+  // reads, too many for one thread to clear.
   UnitStates* const states = options.unit_states;
   if (states != nullptr) {
     states->Allocate(p.units, d, states->has_reference);
@@ -216,8 +216,8 @@ absl::StatusOr<AttentionResults> ComputeAttention(
   // Work items: (row, range of KV heads). Whole rows keep each page read
   // contiguously; a head range reads every token's row in pieces, so rows
   // are split only as far as it takes to give every thread the same number
-  // of items (or several each). Splitting B=1 down to one head per item
-  // made 128k tokens 1.6x slower (docs/PERF.md, "Work items").
+  // of items (or several each). Splitting further cuts every page read
+  // into one piece per head (docs/perf-history.md, "The fused pass").
   const int workers = ResolveThreads(threads);
   int64_t splits = 1;
   while (splits < d.kv_heads && (d.batch * splits) % workers != 0 &&

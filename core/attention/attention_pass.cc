@@ -188,8 +188,8 @@ void GroupScores(D d, const PassContext& ctx, const hn::TFromD<D>* q,
   // The scale is applied as the scores leave the tiles (the same rounded
   // multiply as a loop over s afterwards).
   DotRows(d, q, group, k, ldk, n, p.dims.head_dim, s, P, scale);
-  // The soft-cap in vectors (its tanh through glibc, one score at a time,
-  // was a fifth of the gemma2-9b W1 pass: docs/PERF.md, sixth pass).
+  // The soft-cap in vectors: glibc's tanh, one score at a time, would be a
+  // large share of a soft-capped model's pass.
   const T cap = static_cast<T>(p.softcap);
   if (!(cap > 0)) return;
   if (n == P) return SoftCapArray(d, cap, s, group * P);
@@ -611,8 +611,8 @@ void SlotPositions(const Tensor& positions, int64_t first, int64_t n,
 }
 
 // The cache lines of positions [first, first + n): the next page's, which
-// lie anywhere in the table (the first read of each page's positions
-// missed: 1 % of the W1 pass, docs/PERF.md, sixth pass).
+// lie anywhere in the table, so the first read of each page's positions
+// would otherwise miss.
 void PrefetchSlotPositions(const Tensor& positions, int64_t first, int64_t n) {
   const int64_t elem = DTypeSize(positions.dtype());
   const char* begin = static_cast<const char*>(positions.raw()) + first * elem;

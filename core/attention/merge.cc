@@ -4,9 +4,8 @@
 // target, dispatched at run time (core/simd/dispatch.h). Each lane does
 // merge_step::Element's operations in its order, every one a correctly
 // rounded fp32 operation (the core is built with -ffp-contract=off), so
-// the bits are the scalar routine's on every target. In a portable build
-// the scalar loops were compiled for SSE2 and cost the W1 fused pass 3-4 %
-// (docs/PERF.md, fifth pass).
+// the bits are the scalar routine's on every target. Scalar loops would be
+// compiled for the portable build's baseline (SSE2) on every machine.
 // clang-format off: foreach_target.h must come first, before the
 // headers it re-includes for every target.
 #undef HWY_TARGET_INCLUDE

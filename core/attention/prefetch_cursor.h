@@ -68,8 +68,8 @@ class PrefetchCursor {
   // page of full rows), else one segment per outer index (a token's rows of
   // the head range, or a head's rows of the run's tokens) when the inner
   // rows are adjacent, else one per row. Segment addresses are stepped, not
-  // divided out of a row index (a division per row was ~0.5 us per page of
-  // a B=1 item of 4 of 8 heads on Zen 3: docs/PERF.md, ninth pass).
+  // divided out of a row index: a 64-bit division per row is a visible part
+  // of a small page's cost.
   class Rows {
    public:
     Rows() = default;

@@ -13,7 +13,7 @@
 // those is the same rounded operation, in the same order, as the separate
 // loops it replaces (divide the stored sums, copy, MergeInto), so the bits
 // are theirs (docs/NUMERICS.md, "R, P and E"); only the round trips
-// through memory are gone (docs/PERF.md, ninth pass).
+// through memory are gone.
 //
 // Pure functions over caller-owned buffers; thread-safe for disjoint
 // outputs.
@@ -190,8 +190,8 @@ HWY_INLINE void AccumulateColumns(D d, Out out, int64_t row0, int64_t i,
 // Column vectors per tile of RT rows: at least eight independent FMA
 // chains (two FMA ports, four cycles each) within the registers: 16
 // accumulators under AVX-512's 32 registers, 8 elsewhere. One or two rows
-// (GQA groups of 1-3) used to get two or four chains, so each V load waited
-// on the previous FMA (docs/PERF.md, sixth pass).
+// (GQA groups of 1-3) would otherwise get two or four chains, and each V
+// load would wait on the previous FMA.
 template <int RT, class D>
 constexpr int ColsPerTile() {
   constexpr bool wide = hn::MaxLanes(D()) * sizeof(hn::TFromD<D>) == 64;

@@ -31,8 +31,8 @@ namespace parallel_internal {
 
 // An idle task arena of `workers` slots for one loop, from a process-wide
 // pool, given back on destruction. Reusing arenas spares every loop the
-// construction of one and its workers' first entry (~30 us a loop on the
-// dev VM, docs/PERF.md, seventh pass); each caller holds its own, so
+// construction of one and its workers' first entry, a fixed cost that
+// small audits would pay per loop; each caller holds its own, so
 // concurrent loops never share one (a full arena would queue a loop
 // behind another's). The pool grows to the most loops ever in flight at
 // once and is never freed. Thread-safe.

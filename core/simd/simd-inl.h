@@ -58,9 +58,8 @@ constexpr int kVirtualF64 = 8;
 
 #if !HWY_NATIVE_FMA
 // An exact multiply-add without an FMA instruction (the SSE4 target),
-// in vectors. Calling std::fma per lane made that target's W1 pass ~30x
-// slower again where glibc has to emulate fma in software, as on a CPU
-// without FMA (docs/PERF.md, fifth pass). The device is rounding to odd:
+// in vectors. std::fma per lane would be glibc's software emulation on a
+// CPU without FMA, many times slower. The device is rounding to odd:
 // a sum rounded to odd with at least two more bits than the target
 // format, then rounded to nearest, is the sum rounded to nearest once
 // (docs/NUMERICS.md, "One source, every target"). exact_fma_test holds
@@ -509,8 +508,8 @@ HWY_INLINE hn::Vec<D> LoadAs(D d, const K* p) {
 // and two interleaves with zero do what two LoadAs would do with two
 // zero-extending loads and two shifts: the interleave puts each bf16's bits
 // in the upper half of a 32-bit lane, which is the f32 of the same value
-// (about 2 fewer instructions per 8 FMAs of the fp64 kernels;
-// docs/PERF.md, eighth pass). Either way the same values.
+// (fewer instructions per FMA of the fp64 kernels, which are bound by
+// instructions issued). Either way the same values.
 template <class D, typename K>
 HWY_INLINE void LoadPairAs(D d, const K* p, hn::Vec<D>* lo, hn::Vec<D>* hi) {
   constexpr size_t N = hn::MaxLanes(D());

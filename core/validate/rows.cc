@@ -54,8 +54,8 @@ class PageResolver {
   }
 
   // Page index for `entry`, or -1 when it names no page (Unresolved says
-  // why). The error path is built only then: a string per entry cost the
-  // W1 validation ~2k allocations (docs/PERF.md, seventh pass).
+  // why). The error path is built only then, so a valid table costs no
+  // allocation per entry.
   int64_t Resolve(int64_t entry) const {
     if (!mapped_) return entry >= 0 && entry < num_pages_ ? entry : -1;
     auto it = std::lower_bound(sorted_.begin(), sorted_.end(),

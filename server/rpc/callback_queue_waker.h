@@ -7,10 +7,9 @@
 // few "nexting" threads (two on a 2- or 3-core machine). A thread that gets
 // no event for 1 s sleeps 100 ms before it polls again, and threads that
 // went idle together sleep together: a request that lands in that window
-// waits for them. Measured on the dev VM: the first call after the
-// overload test's idle second took 63-105 ms where the server needed 0.3
-// ms, and small audits offered at 0.95/s had a p99 of 60 ms against 17
-// ms at 0.9/s (docs/PERF.md, "Idle wake-ups").
+// waits for them, so the first call after an idle second, and the tail of
+// a slow steady rate, pay up to 100 ms (docs/PERF.md, "Idle wake-ups",
+// has the figures).
 //
 // How. Every `period` a callback-API unary call goes to the server's own
 // health service over an in-process channel: its completion is an event

@@ -104,7 +104,7 @@ $LOG"; fi
 has() { [[ $1 == *"$2"* ]]; }
 lacks() { [[ $1 != *"$2"* ]]; }
 
-CUDA_ON="CUDA on (AUTO: nvcc 13.0 found; kernels for CUDA architectures 90; the server uses the GPUs it sees and the CPU workers without one)"
+CUDA_ON="CUDA on (AUTO: nvcc 13.0 found; kernels for CUDA architectures 90; the server still audits on the CPU unless started with --devices=all or a GPU list)"
 CUDA_NO_NVCC="CUDA off (AUTO: nvcc not found)"
 
 run_case nvcc-no-gpu "$CUDA_ON" 0
@@ -122,8 +122,8 @@ expect "no GPU, CUDA build: prints the started build's backends line (CUDA off)"
 expect "no GPU, CUDA build: says CPU, why, and how to use GPUs (CUDA=1)" \
   has "$OUT" "CPU backend (--devices=cpu; nvidia-smi sees no GPU)"
 expect "  ... and make run CUDA=1" has "$OUT" "make run CUDA=1"
-expect "no GPU, CUDA build: never says the server uses the GPUs" \
-  lacks "$OUT" "uses the GPUs it sees"
+expect "no GPU, CUDA build: never prints the CUDA build's backends line" \
+  lacks "$OUT" "kernels for CUDA architectures"
 
 run_case nvcc-gpu "$CUDA_ON" 2
 expect "GPU seen, CUDA build: builds build/ (the CUDA backend) and no other folder" \
