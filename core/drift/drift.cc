@@ -329,9 +329,9 @@ bool FiniteHeadRow(const double* c, const double* r, int64_t dim,
 // Two histogram passes over 12-bit digits of the pattern (sign and
 // exponent, then the top of the mantissa) keep only the values that share
 // both digits with the answer, and one nth_element among those settles
-// it: the result of nth_element over all n, about 5x faster on 32k
-// |diff|s, whose p99 lies in one binade among a few thousand values
-// (docs/PERF.md). Up to kDirectSelect values nth_element alone is cheaper
+// it: the result of nth_element over all n, in a fraction of its time
+// when the p99 lies in one binade among a few thousand values, as audits'
+// |diff|s do. Up to kDirectSelect values nth_element alone is cheaper
 // than zeroing the histograms (2 x 32 KiB; an audit selects 9 times, on as
 // few as one log-prob). Overwrites v.
 double NthSmallestMagnitude(double* v, int64_t n, int64_t k) {

@@ -55,8 +55,8 @@ class Sha256Stream {
     Append(bytes, sizeof bytes);
   }
   // values[0..n) widened to int64, each as AppendInt64Le appends it, a
-  // block at a time: one Append per 512 values rather than per value
-  // (W1's 32k slot positions took 0.18 ms one by one).
+  // block at a time: one Append per 512 values rather than per value,
+  // whose call overhead would dominate tens of thousands of positions.
   template <typename Int>
   void AppendInt64LeArray(const Int* values, int64_t n) {
     constexpr int64_t kBlock = 512;

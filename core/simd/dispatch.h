@@ -1,8 +1,8 @@
 // Runtime dispatch for the core's Highway code, without Highway's library.
 //
 // Why not HWY_EXPORT / HWY_DYNAMIC_DISPATCH: they live in libhwy.so, whose
-// load-time initialiser calibrates a timer (~3 ms of every process start,
-// a fifth of `attnaudit check` on a small snapshot). The per-target code is
+// load-time initialiser calibrates a timer, a fixed cost of every process
+// start that a small `attnaudit check` would notice. The per-target code is
 // header-only; choosing among the targets is a cpuid check, done here once.
 //
 // The targets are fixed by attnaudit_simd_sources (cmake/): SSE4, AVX2 and
