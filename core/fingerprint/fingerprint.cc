@@ -1,5 +1,5 @@
 // attnaudit v1 fingerprints and the prefix check. The byte streams are
-// specified in docs/NUMERICS.md ("Fingerprints"); any change to what is
+// specified in docs/FINGERPRINTS.md; any change to what is
 // written here is a new version, never an edit of v1.
 #include "core/fingerprint/fingerprint.h"
 

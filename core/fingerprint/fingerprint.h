@@ -6,10 +6,10 @@
 // K/V dtypes, the fp8 scales and the RoPE identity. It is invariant to
 // physical page placement, NHD vs HND, the integer width of the position
 // tensors and the content of inactive slots. The exact
-// byte stream is specified in docs/NUMERICS.md ("Fingerprints").
+// byte stream is specified in docs/FINGERPRINTS.md.
 //
 // RL-Kernel compatible: byte-compatible with the harness's
-// `_decode_cache_fingerprint` (docs/NUMERICS.md, "RL-Kernel compatible
+// `_decode_cache_fingerprint` (docs/FINGERPRINTS.md, "RL-Kernel compatible
 // prefix stream"),
 // for snapshots expressible in its model (f32/f16/bf16/f64 pages in either
 // layout, no fp8 scales, NeoX full rotary, no scaling, each CP block on one

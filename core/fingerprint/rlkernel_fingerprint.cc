@@ -1,6 +1,6 @@
 // The RL-Kernel harness compatible prefix digest: the byte stream of its
 // `_decode_cache_fingerprint(inputs, token_counts=(n,)*B,
-// domain="shared_prefix")` (docs/NUMERICS.md, "RL-Kernel compatible prefix
+// domain="shared_prefix")` (docs/FINGERPRINTS.md, "RL-Kernel compatible prefix
 // stream"),
 // reproduced from our shared-pool snapshot. The harness stores K/V per row
 // as [B, Hkv, C, D]; after its logical gather the bytes it hashes are

@@ -1,6 +1,6 @@
 // Snapshot validation: every structural and semantic rule a snapshot must
-// satisfy before any attention is computed. See docs/NUMERICS.md
-// ("Validation") for the rule list; it follows the RL-Kernel decode harness
+// satisfy before any attention is computed. See docs/VALIDATION.md
+// for the rule list; it follows the RL-Kernel decode harness
 // (docs/RL_KERNEL_HARNESS.md, "Validation rules") adapted to a shared page
 // pool, plus attnaudit's own rules (page bounds, window/soft-cap/sink ranges,
 // fp8 scales, CP sharding, size caps).

@@ -3,7 +3,7 @@
 
 Builds, with hashlib and struct only (no torch, no attnaudit code), the byte
 stream the RL-Kernel decode harness hashes in `_decode_cache_fingerprint`
-(domain "shared_prefix"; docs/NUMERICS.md, "RL-Kernel compatible prefix
+(domain "shared_prefix"; docs/FINGERPRINTS.md, "RL-Kernel compatible prefix
 stream") for its acceptance fixture (docs/RL_KERNEL_HARNESS.md), in the
 harness's own per-row logical terms:
 

@@ -7,7 +7,7 @@ server recomputes it over what the step actually read and rejects a mismatch
 builders computes it from the snapshot itself, which checks the engine's
 prefix bookkeeping (key, length) but not the cache content.
 
-The byte stream is the one docs/NUMERICS.md "Fingerprints" specifies (header
+The byte stream is the one docs/FINGERPRINTS.md specifies (header
 line, then per row a line and fixed-size token records), written here from
 that specification, independently of the server's implementation.
 """

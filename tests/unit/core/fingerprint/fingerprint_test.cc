@@ -125,7 +125,7 @@ TEST(Sha256StreamTest, Int64ArrayAppendsEachValueAsEightLittleEndianBytes) {
   EXPECT_EQ(digest, *one_by_one.Finish());
 }
 
-// The stream of docs/NUMERICS.md ("Fingerprints"), written out for the base
+// The stream of docs/FINGERPRINTS.md, written out for the base
 // fixture: `tokens` per row, the key bound in the prefix domain only.
 std::string DocumentedStream(const std::string& domain, int64_t tokens) {
   std::string bytes =

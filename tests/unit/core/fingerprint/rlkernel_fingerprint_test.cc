@@ -2,7 +2,7 @@
 //
 // The expected digests below were produced by
 // tests/python/rlkernel_fingerprint_oracle.py, which rebuilds the harness's
-// byte stream (docs/NUMERICS.md, "RL-Kernel compatible prefix stream") with
+// byte stream (docs/FINGERPRINTS.md, "RL-Kernel compatible prefix stream") with
 // hashlib and struct only, from the logical fixture, without any attnaudit
 // code. The ctest `rlkernel_fingerprint_oracle` re-runs that script and checks
 // it still yields exactly the constants in this file (it reads them from here).
