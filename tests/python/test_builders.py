@@ -329,3 +329,37 @@ def test_pages_of_a_strided_pool_are_gathered_without_copying_the_pool():
         tracemalloc.stop()
     assert tuple(wt.shape) == (2, 2, 32, 64)
     assert peak < 1 << 20, f"the gather allocated {peak} bytes"
+
+
+# Every RoPE scaling type on the wire, with YaRN both truncating and not:
+# the Python digest of the prefix (which binds the K RoPE identity) must be
+# the server's, or the audit is refused at snapshot.prefix.fingerprint. A
+# type added to the proto without its codec, its table or its fingerprint
+# text in both languages fails here (docs/EXTENDING.md, "A RoPE variant").
+_SCALING_CASES = [(t, False) for t in snapshot_pb2.RopeScalingType.values()] + [
+    (snapshot_pb2.ROPE_SCALING_TYPE_YARN, True)]
+
+
+@pytest.mark.parametrize("scaling_type, no_truncate", _SCALING_CASES)
+def test_every_rope_scaling_type_fingerprints_as_the_server_does(
+        scaling_type, no_truncate, client, cli, tmp_path):
+    path = cli.synth(str(tmp_path / "r.pb"), "--preset", "qwen3-8b", "--context", "40",
+                     "--prefix", "20")
+    snap = attnaudit.Snapshot.load(path)
+    scaling = snap.meta.rope.scaling
+    scaling.Clear()
+    scaling.type = scaling_type
+    if scaling_type != snapshot_pb2.ROPE_SCALING_TYPE_NONE:
+        scaling.factor = 4.0
+        scaling.original_max_position = 4096
+    scaling.no_truncate = no_truncate
+    snap.meta.prefix.fingerprint = fingerprint.prefix_fingerprint(
+        snap, snap.meta.prefix.length, snap.meta.prefix.key)
+    report = client.audit(snap)
+    assert report.provenance.prefix_fingerprint == snap.meta.prefix.fingerprint
+    # The type is bound: the same snapshot without scaling hashes otherwise.
+    if scaling_type != snapshot_pb2.ROPE_SCALING_TYPE_NONE:
+        scaling.Clear()
+        assert fingerprint.prefix_fingerprint(
+            snap, snap.meta.prefix.length,
+            snap.meta.prefix.key) != report.provenance.prefix_fingerprint

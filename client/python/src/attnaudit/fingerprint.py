@@ -66,9 +66,16 @@ def _scaling_text(s: snapshot_pb2.RopeScaling) -> str:
         return (f"llama3(factor={factor},low_freq_factor={_g17(_or(s.low_freq_factor, 1.0))}"
                 f",high_freq_factor={_g17(_or(s.high_freq_factor, 4.0))}"
                 f",original_max_position={omp})")
-    return (f"yarn(factor={factor},original_max_position={omp}"
-            f",beta_fast={_g17(_or(s.beta_fast, 32.0))},beta_slow={_g17(_or(s.beta_slow, 1.0))}"
-            f",attention_factor={_g17(s.attention_factor)})")
+    if t == snapshot_pb2.ROPE_SCALING_TYPE_YARN:
+        # A truncating YaRN (the default) keeps the text it had before the
+        # flag existed; only no_truncate adds to it.
+        return (f"yarn(factor={factor},original_max_position={omp}"
+                f",beta_fast={_g17(_or(s.beta_fast, 32.0))},beta_slow={_g17(_or(s.beta_slow, 1.0))}"
+                f",attention_factor={_g17(s.attention_factor)}"
+                f"{',truncate=false' if s.no_truncate else ''})")
+    # A type this module does not know has no text yet: hashing it as another
+    # type's would give a digest the server refuses (docs/EXTENDING.md).
+    raise ValueError(f"rope.scaling.type: no fingerprint text for {t}")
 
 
 def _scale_text(snapshot, path: str, kv_dtype: int, heads: int) -> str:
