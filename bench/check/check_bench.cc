@@ -28,7 +28,7 @@
 #include "core/attention/attention.h"
 #include "core/audit/audit.h"
 #include "core/common/parallel.h"
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 #include "core/simd/targets.h"
 #include "core/validate/validate.h"
 #include "proto/codec/codec.h"

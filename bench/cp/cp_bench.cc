@@ -22,7 +22,7 @@
 #include "core/common/parallel.h"
 #include "core/cp/replay/replay.h"
 #include "core/cp/schedule/schedule.h"
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 #include "core/validate/validate.h"
 
 namespace attnaudit::bench {

@@ -23,7 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "core/audit/audit.h"
 #include "core/diagnosis/diagnosis.h"
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 #include "core/tensor/dtype.h"
 
 namespace attnaudit::bench {

@@ -32,7 +32,7 @@
 #include "core/audit/audit.h"
 #include "core/cp/replay/replay.h"
 #include "core/cp/schedule/schedule.h"
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 #include "core/tensor/dtype.h"
 #include "core/validate/validate.h"
 #include "kernels/cuda_backend.h"

@@ -1,5 +1,5 @@
 // attnaudit synth: writes a realistic synthetic snapshot whose engine
-// outputs come from the engine simulator (core/sim), optionally with a
+// outputs come from the engine simulator (sim/), optionally with a
 // fault injected (docs/SIMULATOR.md).
 #include <sys/stat.h>
 
@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/cli/commands.h"
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 #include "proto/codec/codec.h"
 
 namespace attnaudit::client::cli_internal {

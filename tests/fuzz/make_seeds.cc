@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "attnaudit/v1/service.pb.h"
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/stream.h"
 

@@ -13,7 +13,7 @@
 #include "absl/strings/match.h"
 #include "client/lib/memfd_snapshot.h"
 #include "core/audit/audit.h"
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 #include "gtest/gtest.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/stream.h"

@@ -25,7 +25,7 @@
 #include "absl/time/time.h"
 #include "attnaudit/v1/service.grpc.pb.h"
 #include "client/lib/client.h"
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 #include "core/snapshot/snapshot.h"
 #include "server/rpc/server.h"
 #include "server/scheduler/device.h"

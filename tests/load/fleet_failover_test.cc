@@ -20,7 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/lib/client.h"
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 #include "gtest/gtest.h"
 #include "server/store/postgres_job_store.h"
 #include "tests/load/server_process.h"

@@ -53,7 +53,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/lib/client.h"
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 #include "gtest/gtest.h"
 #include "proto/codec/codec.h"
 #include "tests/load/server_process.h"

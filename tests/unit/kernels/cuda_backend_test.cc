@@ -24,7 +24,7 @@
 #include "core/cp/replay/replay.h"
 #include "core/cp/schedule/schedule.h"
 #include "core/drift/drift.h"
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 #include "core/tensor/dtype.h"
 #include "core/validate/validate.h"
 #include "gtest/gtest.h"

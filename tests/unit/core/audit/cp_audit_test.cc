@@ -1,4 +1,4 @@
-// The audit's context-parallel section on simulated CP engines (core/sim):
+// The audit's context-parallel section on simulated CP engines (sim/):
 // clean sharded engines pass everywhere; every CP fault is DRIFT over at
 // least 50 random placements (model shapes, world sizes, shardings,
 // interleaves, contexts, dtypes, ranks picked from the seed) and is
@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/audit/audit.h"
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 #include "gtest/gtest.h"
 #include "tests/unit/core/testing/snapshot_builder.h"
 

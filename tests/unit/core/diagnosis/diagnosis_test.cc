@@ -1,5 +1,5 @@
 // The diagnosis (core/diagnosis/diagnosis.h) names the bug and its place.
-// Part 1: every fault of the engine simulator (core/sim, independent of
+// Part 1: every fault of the engine simulator (sim/, independent of
 // core/attention) on small snapshots, through the audit pipeline: the top
 // diagnosis is the injected bug, with its variant, and for one-place
 // faults the row, logical block and page. Part 2: what the simulator does
@@ -19,7 +19,7 @@
 #include "core/attention/attention.h"
 #include "core/audit/audit.h"
 #include "core/rope_check/rope_check.h"
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 #include "core/validate/validate.h"
 #include "gtest/gtest.h"
 #include "tests/unit/core/testing/attention_oracle.h"

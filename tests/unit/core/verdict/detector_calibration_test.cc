@@ -1,4 +1,4 @@
-// The statistical detector against the engine simulator (core/sim): clean
+// The statistical detector against the engine simulator (sim/): clean
 // engines of every kind pass it with room to spare, and the precision and
 // long-context bugs the per-element tolerance lets through -- a bf16
 // running output, one stale page among 64k and 128k keys -- make the audit
@@ -9,7 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "core/audit/audit.h"
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 #include "gtest/gtest.h"
 
 namespace attnaudit {

@@ -7,7 +7,7 @@
 //      online softmax in fp32, probabilities rounded to bf16 before P.V (as
 //      tensor-core kernels do), an fp32 combine of the splits, bf16 output.
 // Clean engines must PASS every comparison for contexts up to 128K; engines
-// with real bugs must DRIFT. Everything here is independent of core/sim.
+// with real bugs must DRIFT. Everything here is independent of sim/.
 #include <algorithm>
 #include <cmath>
 #include <cstring>

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 #include "gtest/gtest.h"
 #include "server/scheduler/scheduler.h"
 

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/lib/memfd_snapshot.h"
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 #include "gtest/gtest.h"
 #include "proto/codec/boot_id.h"
 

@@ -5,8 +5,8 @@
 #include <numeric>
 
 #include "core/common/parallel.h"
-#include "core/sim/random.h"
-#include "core/sim/synth_internal.h"
+#include "sim/random.h"
+#include "sim/synth_internal.h"
 
 namespace attnaudit::sim_internal {
 namespace {

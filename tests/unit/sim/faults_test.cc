@@ -3,9 +3,9 @@
 // true data stays exactly the clean one's.
 #include <cmath>
 
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 #include "gtest/gtest.h"
-#include "tests/unit/core/sim/naive_oracle.h"
+#include "tests/unit/sim/naive_oracle.h"
 
 namespace attnaudit {
 namespace {

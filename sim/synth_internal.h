@@ -1,9 +1,9 @@
-// Internal pieces of the engine simulator (core/sim): the page layout, the
+// Internal pieces of the engine simulator (sim/): the page layout, the
 // synthetic content model, and the fault planner. Not part of the public API
 // (simulator.h); tests may use it. All functions are deterministic in their
 // inputs; none keeps state.
-#ifndef ATTNAUDIT_CORE_SIM_SYNTH_INTERNAL_H_
-#define ATTNAUDIT_CORE_SIM_SYNTH_INTERNAL_H_
+#ifndef ATTNAUDIT_SIM_SYNTH_INTERNAL_H_
+#define ATTNAUDIT_SIM_SYNTH_INTERNAL_H_
 
 #include <cstdint>
 #include <deque>
@@ -12,8 +12,8 @@
 
 #include "absl/status/status.h"
 #include "core/rope/rope.h"
-#include "core/sim/flash_decode.h"
-#include "core/sim/simulator.h"
+#include "sim/flash_decode.h"
+#include "sim/simulator.h"
 #include "core/tensor/tensor.h"
 
 namespace attnaudit::sim_internal {
@@ -167,4 +167,4 @@ CpEngineResult RunCpEngine(const EnginePlan& plan, int64_t world,
 
 }  // namespace attnaudit::sim_internal
 
-#endif  // ATTNAUDIT_CORE_SIM_SYNTH_INTERNAL_H_
+#endif  // ATTNAUDIT_SIM_SYNTH_INTERNAL_H_

@@ -2,7 +2,7 @@
 // Ziggurat Method for Generating Random Variables", JSS 2000: 128 layers,
 // 32-bit abscissae), with the layer index drawn from bits disjoint from the
 // abscissa.
-#include "core/sim/random.h"
+#include "sim/random.h"
 
 #include <cmath>
 

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 
 namespace attnaudit {
 namespace {

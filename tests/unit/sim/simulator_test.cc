@@ -1,5 +1,5 @@
 // Structure, determinism, options and fp8 quantisation of Synthesize.
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 
 #include <cmath>
 #include <set>

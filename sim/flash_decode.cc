@@ -1,5 +1,5 @@
 // The simulated split-KV flash-decoding kernel; see flash_decode.h.
-#include "core/sim/flash_decode.h"
+#include "sim/flash_decode.h"
 
 #include <algorithm>
 #include <cmath>

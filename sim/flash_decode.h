@@ -1,4 +1,4 @@
-// The simulated engine kernel (internal to core/sim): a split-KV
+// The simulated engine kernel (internal to sim/): a split-KV
 // flash-decoding attention in fp32, written independently of attnaudit's
 // reference and replay (core/attention) so that it can stand in for a real
 // engine.
@@ -20,8 +20,8 @@
 // The plan's fault knobs reproduce real bugs (see docs/SIMULATOR.md).
 // RunFlashDecode is deterministic (work items write disjoint outputs) and
 // thread-safe for concurrent calls with distinct plans.
-#ifndef ATTNAUDIT_CORE_SIM_FLASH_DECODE_H_
-#define ATTNAUDIT_CORE_SIM_FLASH_DECODE_H_
+#ifndef ATTNAUDIT_SIM_FLASH_DECODE_H_
+#define ATTNAUDIT_SIM_FLASH_DECODE_H_
 
 #include <cstdint>
 #include <vector>
@@ -124,4 +124,4 @@ inline int64_t KvHeadOf(const EnginePlan& plan, int64_t h) {
 
 }  // namespace attnaudit::sim_internal
 
-#endif  // ATTNAUDIT_CORE_SIM_FLASH_DECODE_H_
+#endif  // ATTNAUDIT_SIM_FLASH_DECODE_H_

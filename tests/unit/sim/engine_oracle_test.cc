@@ -4,9 +4,9 @@
 // the drift statistics meaningless, so the test also checks it is nonzero.
 #include <cmath>
 
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 #include "gtest/gtest.h"
-#include "tests/unit/core/sim/naive_oracle.h"
+#include "tests/unit/sim/naive_oracle.h"
 
 namespace attnaudit {
 namespace {

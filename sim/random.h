@@ -18,8 +18,8 @@
 // content depends only on (seed, its stream tag, its logical index), never
 // on thread scheduling or on what else was generated. Not thread-safe (one
 // NormalSource per thread / work item).
-#ifndef ATTNAUDIT_CORE_SIM_RANDOM_H_
-#define ATTNAUDIT_CORE_SIM_RANDOM_H_
+#ifndef ATTNAUDIT_SIM_RANDOM_H_
+#define ATTNAUDIT_SIM_RANDOM_H_
 
 #include <cmath>
 #include <cstdint>
@@ -83,4 +83,4 @@ class NormalSource {
 
 }  // namespace attnaudit::sim_internal
 
-#endif  // ATTNAUDIT_CORE_SIM_RANDOM_H_
+#endif  // ATTNAUDIT_SIM_RANDOM_H_

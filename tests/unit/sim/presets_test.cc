@@ -1,6 +1,6 @@
 #include <cmath>
 
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 #include "gtest/gtest.h"
 
 namespace attnaudit {

@@ -5,8 +5,8 @@
 // the output dtype — so that a clean snapshot shows realistic, nonzero drift
 // against the fp64 reference. Faults inject real engine bugs.
 // Deterministic for a given SynthOptions (seeded PRNG). Thread-compatible.
-#ifndef ATTNAUDIT_CORE_SIM_SIMULATOR_H_
-#define ATTNAUDIT_CORE_SIM_SIMULATOR_H_
+#ifndef ATTNAUDIT_SIM_SIMULATOR_H_
+#define ATTNAUDIT_SIM_SIMULATOR_H_
 
 #include <cstdint>
 #include <string>
@@ -171,4 +171,4 @@ absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options,
 
 }  // namespace attnaudit
 
-#endif  // ATTNAUDIT_CORE_SIM_SIMULATOR_H_
+#endif  // ATTNAUDIT_SIM_SIMULATOR_H_

@@ -14,8 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/common/status_macros.h"
-#include "core/sim/random.h"
-#include "core/sim/synth_internal.h"
+#include "sim/random.h"
+#include "sim/synth_internal.h"
 
 namespace attnaudit {
 namespace sim_internal {

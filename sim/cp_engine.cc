@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "core/sim/random.h"
-#include "core/sim/synth_internal.h"
+#include "sim/random.h"
+#include "sim/synth_internal.h"
 
 namespace attnaudit {
 namespace {

@@ -1,4 +1,4 @@
-#include "tests/unit/core/sim/naive_oracle.h"
+#include "tests/unit/sim/naive_oracle.h"
 
 #include <algorithm>
 #include <cmath>

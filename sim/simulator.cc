@@ -1,7 +1,7 @@
 // Synthesize: options -> a realistic decode snapshot whose engine outputs
 // come from the simulated flash-decoding kernel (with an optional fault).
 // The snapshot always carries the TRUE data; only engine.* reflects a fault.
-#include "core/sim/simulator.h"
+#include "sim/simulator.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,9 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 #include "core/fingerprint/fingerprint.h"
-#include "core/sim/flash_decode.h"
-#include "core/sim/random.h"
-#include "core/sim/synth_internal.h"
+#include "sim/flash_decode.h"
+#include "sim/random.h"
+#include "sim/synth_internal.h"
 #include "core/validate/validate.h"
 
 namespace attnaudit {
