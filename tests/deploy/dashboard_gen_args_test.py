@@ -17,19 +17,13 @@ import subprocess
 import sys
 import tempfile
 
+from checklist import check, summary
+
 ROOT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
                        os.path.join(os.path.dirname(__file__), "..", ".."))
 GEN = os.path.join(ROOT, "deploy", "grafana", "dashboard_gen.py")
 NAMES = ("attnaudit.json", "attnaudit-store.json")
 STALE = "stale, not a dashboard\n"
-
-failures = []
-
-
-def check(cond, what):
-    print("%s  %s" % ("PASS" if cond else "FAIL", what))
-    if not cond:
-        failures.append(what)
 
 
 def contents(dashboards):
@@ -91,8 +85,7 @@ def main():
         check(r.returncode == 0,
               "--check on current files exits 0 (exit %d)" % r.returncode)
 
-    print("%d failed" % len(failures))
-    return 1 if failures else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ import re
 import subprocess
 import sys
 
+from checklist import check, summary
+
 # In debian:12-slim before anything is installed (and needed by apt
 # itself): the C and C++ runtimes.
 BASE_IMAGE = {"libc6", "libstdc++6", "libgcc-s1"}
@@ -44,16 +46,6 @@ NOT_IN_IMAGE = re.compile(
     r"^(GTest|GMock|benchmark|Python3|_Python3|ATTNAUDIT_PROMTOOL|"
     r"ATTNAUDIT_PROMETHEUS|ATTNAUDIT_PG_VIRTUALENV|ATTNAUDIT_FUZZ|"
     r"ATTNAUDIT_NCCL|CUDA|CUDAToolkit|CMAKE_CUDA|CMAKE_INSTALL)")
-
-failures = []
-
-
-def check(cond, what, detail=""):
-    print("%s  %s" % ("PASS" if cond else "FAIL", what))
-    if not cond:
-        failures.append(what)
-        if detail:
-            print("      " + detail.replace("\n", "\n      "))
 
 
 def read_list(path):
@@ -149,6 +141,25 @@ def owners(paths):
     return result
 
 
+def not_covered(named_paths, covered, list_name):
+    """(problems, packages used): a problem for each (label, path) pair whose
+    file no package in `covered` (a package list and its dependencies)
+    owns, and the covered packages that own the others."""
+    owned = owners([path for _, path in named_paths])
+    problems, used = [], set()
+    for label, path in named_paths:
+        found = owned[path]
+        if not found:
+            problems.append("%s: no Debian package owns it" % label)
+        elif not found & covered:
+            problems.append("%s is in %s: not in %s nor a dependency of its "
+                            "packages" % (label, " or ".join(sorted(found)),
+                                          list_name))
+        else:
+            used |= found & covered
+    return problems, used
+
+
 def check_runtime(binaries, runtime, pkgs):
     covered = closure(set(runtime) | BASE_IMAGE, pkgs)
     for binary in binaries:
@@ -156,7 +167,7 @@ def check_runtime(binaries, runtime, pkgs):
         check(r.returncode == 0, "ldd %s" % binary, r.stderr)
         if r.returncode != 0:
             continue
-        problems, used, libs = [], set(), []
+        problems, libs = [], []
         for line in r.stdout.splitlines():
             m = re.match(r"^(\S+) => (not found|(\S+) \(0x)", line.strip())
             if not m:
@@ -166,18 +177,9 @@ def check_runtime(binaries, runtime, pkgs):
                 problems.append("%s: not found" % soname)
             elif not CUDA_LIBRARY.match(soname):
                 libs.append((soname, path))
-        owned = owners([path for _, path in libs])
-        for soname, path in libs:
-            found = owned[path]
-            if not found:
-                problems.append("%s (%s): no Debian package owns it"
-                                % (soname, path))
-            elif not found & covered:
-                problems.append("%s (%s) is in %s: not in runtime.txt nor a "
-                                "dependency of its packages"
-                                % (soname, path, " or ".join(sorted(found))))
-            else:
-                used |= found & covered
+        named = [("%s (%s)" % (soname, path), path) for soname, path in libs]
+        more, used = not_covered(named, covered, "runtime.txt")
+        problems += more
         check(not problems,
               "every shared library of %s comes with runtime.txt (%d "
               "packages)" % (os.path.basename(binary), len(used)),
@@ -194,16 +196,9 @@ def check_build(cache, build, pkgs):
             if m and not NOT_IN_IMAGE.match(m.group(1)) and \
                     os.path.exists(m.group(3)):
                 entries.append((m.group(1), m.group(3)))
-    owned = owners([value for _, value in entries])
-    for name, value in entries:
-        found = owned[value]
-        if not found:
-            problems.append("%s=%s: no Debian package owns it"
-                            % (name, value))
-        elif not found & covered:
-            problems.append("%s=%s is in %s: not in build.txt nor a "
-                            "dependency of its packages"
-                            % (name, value, " or ".join(sorted(found))))
+    more, _ = not_covered([("%s=%s" % (name, value), value)
+                           for name, value in entries], covered, "build.txt")
+    problems += more
     check(len(entries) >= 10 and not problems,
           "what configure found (%d paths in %s) comes with build.txt"
           % (len(entries), cache), "\n".join(problems))
@@ -286,8 +281,7 @@ def main():
     check_runtime(args.binaries, runtime, pkgs)
     check_build(args.cache, build, pkgs)
 
-    print("%d failed" % len(failures))
-    return 1 if failures else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -21,17 +21,11 @@ import subprocess
 import sys
 import tempfile
 
+from checklist import check, failures, summary
+
 ROOT, PROMTOOL, PROMETHEUS = sys.argv[1:4]
 CONFIG = os.path.join(ROOT, "deploy", "prometheus", "prometheus.yml")
 DOC = os.path.join(ROOT, "docs", "DEPLOYMENT.md")
-
-failures = []
-
-
-def check(cond, what):
-    print("%s  %s" % ("PASS" if cond else "FAIL", what))
-    if not cond:
-        failures.append(what)
 
 
 def join_continuations(lines):
@@ -142,8 +136,7 @@ def main():
               "the committed config scrapes the compose service "
               "attnaudit:9464 (%s)" % orig_targets)
 
-    print("%d failed" % len(failures))
-    return 1 if failures else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -27,15 +27,7 @@ import sys
 import tempfile
 import time
 
-failures = []
-
-
-def check(cond, what, detail=""):
-    print("%s  %s" % ("PASS" if cond else "FAIL", what))
-    if not cond:
-        failures.append(what)
-        if detail:
-            print("      " + str(detail).replace("\n", "\n      "))
+from checklist import check, failures, summary
 
 
 def help_defaults(server):
@@ -226,8 +218,7 @@ def main():
     check_defaults(readme, help_defaults(server))
     if not failures:
         check_example(readme, server, cli)
-    print("%d failed" % len(failures))
-    return 1 if failures else 0
+    return summary()
 
 
 if __name__ == "__main__":
