@@ -17,48 +17,6 @@
 #include "sim/synth_internal.h"
 
 namespace attnaudit {
-namespace {
-
-struct CpFaultEntry {
-  CpFault fault;
-  const char* name;
-};
-
-constexpr CpFaultEntry kCpFaults[] = {
-    {CpFault::kNone, "none"},
-    {CpFault::kDropShard, "drop-shard"},
-    {CpFault::kBf16Combine, "bf16-combine"},
-    {CpFault::kLseBase2Rank, "lse-base2-rank"},
-    {CpFault::kEmptyRankGarbage, "empty-rank-garbage"},
-    {CpFault::kStaleRankPage, "stale-rank-page"},
-};
-
-}  // namespace
-
-std::vector<std::string> CpFaultNames() {
-  std::vector<std::string> names;
-  for (const CpFaultEntry& e : kCpFaults) {
-    if (e.fault != CpFault::kNone) names.push_back(e.name);
-  }
-  return names;
-}
-
-std::string CpFaultName(CpFault fault) {
-  for (const CpFaultEntry& e : kCpFaults) {
-    if (e.fault == fault) return e.name;
-  }
-  return "unknown";
-}
-
-absl::StatusOr<CpFault> ParseCpFault(const std::string& name) {
-  for (const CpFaultEntry& e : kCpFaults) {
-    if (name == e.name) return e.fault;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("cp_fault: unknown fault '", name,
-                   "'; known faults: ", absl::StrJoin(CpFaultNames(), ", ")));
-}
-
 namespace sim_internal {
 namespace {
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/common/status_macros.h"
+#include "sim/fault_registry.h"
 #include "sim/random.h"
 #include "sim/synth_internal.h"
 
@@ -515,9 +516,8 @@ void AdjustForEmptyRank(SynthOptions* o, std::vector<std::string>* notes) {
 std::vector<std::string> AdjustForFault(SynthOptions* o) {
   std::vector<std::string> notes;
   sim_internal::AdjustForEmptyRank(o, &notes);
-  const bool needs_fp8 = o->fault == Fault::kFp8Scale ||
-                         o->fault == Fault::kFp8ScaleTwice ||
-                         o->fault == Fault::kFp8ScaleMissing;
+  const FaultInfo* row = FindFault(o->fault);
+  const bool needs_fp8 = row != nullptr && row->needs_fp8_cache;
   if (needs_fp8 && o->kv_dtype != DType::kF8E4M3) {
     notes.push_back(absl::StrCat(FaultName(o->fault),
                                  " needs an fp8 KV cache: kv-dtype switched "

@@ -1,4 +1,5 @@
-// Model presets and fault names of the engine simulator.
+// Model presets of the engine simulator (the fault names are the fault
+// registry's, sim/fault_registry.cc).
 //
 // The shapes are the published model configs (docs/SIMULATOR.md,
 // "Presets"). Only what decode attention needs is modelled; in particular Phi-4
@@ -78,33 +79,6 @@ std::vector<ModelPreset> AllPresets() {
   return out;
 }
 
-struct FaultEntry {
-  Fault fault;
-  const char* name;
-};
-
-constexpr FaultEntry kFaults[] = {
-    {Fault::kNone, "none"},
-    {Fault::kStalePage, "stale-page"},
-    {Fault::kSwappedPages, "swapped-pages"},
-    {Fault::kRopeOffset, "rope-offset"},
-    {Fault::kKRopeTwice, "k-rope-twice"},
-    {Fault::kLseBase2, "lse-base2"},
-    {Fault::kWrongScale, "wrong-scale"},
-    {Fault::kGqaMapping, "gqa-mapping"},
-    {Fault::kDropBlock, "drop-block"},
-    {Fault::kFp8Scale, "fp8-scale"},
-    {Fault::kBf16RunningOut, "bf16-running-out"},
-    {Fault::kKRopeMissing, "k-rope-missing"},
-    {Fault::kRopeStyle, "rope-style"},
-    {Fault::kSoftcapMissing, "softcap-missing"},
-    {Fault::kWindowOffByOne, "window-off-by-one"},
-    {Fault::kSinksMissing, "sinks-missing"},
-    {Fault::kFp8ScaleTwice, "fp8-scale-twice"},
-    {Fault::kFp8ScaleMissing, "fp8-scale-missing"},
-    {Fault::kDuplicatePage, "duplicate-page"},
-};
-
 }  // namespace
 
 std::vector<std::string> PresetNames() {
@@ -120,30 +94,6 @@ absl::StatusOr<ModelPreset> FindPreset(const std::string& name) {
   return absl::NotFoundError(
       absl::StrCat("preset: unknown preset '", name,
                    "'; known presets: ", absl::StrJoin(PresetNames(), ", ")));
-}
-
-std::vector<std::string> FaultNames() {
-  std::vector<std::string> names;
-  for (const FaultEntry& e : kFaults) {
-    if (e.fault != Fault::kNone) names.push_back(e.name);
-  }
-  return names;
-}
-
-std::string FaultName(Fault fault) {
-  for (const FaultEntry& e : kFaults) {
-    if (e.fault == fault) return e.name;
-  }
-  return "unknown";
-}
-
-absl::StatusOr<Fault> ParseFault(const std::string& name) {
-  for (const FaultEntry& e : kFaults) {
-    if (name == e.name) return e.fault;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("fault: unknown fault '", name,
-                   "'; known faults: ", absl::StrJoin(FaultNames(), ", ")));
 }
 
 }  // namespace attnaudit

@@ -35,6 +35,9 @@ struct ModelPreset {
 absl::StatusOr<ModelPreset> FindPreset(const std::string& name);
 std::vector<std::string> PresetNames();
 
+// The fault classes. Each has a row in the fault registry
+// (sim/fault_registry.h): its name, the diagnosis it should get, where it
+// shows; docs/EXTENDING.md, "A fault class", lists every step of adding one.
 enum class Fault {
   kNone,
   kStalePage,     // one visible page read with outdated content
@@ -57,6 +60,7 @@ enum class Fault {
   kFp8ScaleMissing,  // fp8 K and V used without their scales
   kDuplicatePage,    // one block-table entry names another block's page
 };
+// Names from the fault registry ("none" for kNone).
 absl::StatusOr<Fault> ParseFault(const std::string& name);  // "stale-page"
 std::string FaultName(Fault fault);
 std::vector<std::string> FaultNames();
@@ -64,7 +68,8 @@ std::vector<std::string> FaultNames();
 // Bugs of a context-parallel engine (docs/SIMULATOR.md, "Context
 // parallelism"). Per-rank faults hit one rank (SynthOptions::cp_fault_rank,
 // or one the simulator picks from the seed among the ranks the fault can
-// show on); combine faults hit the step that merges the partials.
+// show on); combine faults hit the step that merges the partials. Each has
+// a row in the fault registry, as Fault does.
 enum class CpFault {
   kNone,
   kDropShard,         // one rank's partial left out of the combine

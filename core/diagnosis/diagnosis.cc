@@ -385,19 +385,10 @@ absl::StatusOr<DiagnosisResult> Diagnose(const DiagnosisInputs& inputs,
 }
 
 const std::vector<std::string>& HypothesisNames() {
-  namespace di = diagnosis_internal;
+#define ATTNAUDIT_DIAGNOSIS_NAME(constant, name) name,
   static const std::vector<std::string>* names = new std::vector<std::string>{
-      di::kLseBase,        di::kSinksInLse,         di::kRopeOffset,
-      di::kKRopeTwice,     di::kKRopeMissing,       di::kRopeStyle,
-      di::kWrongScale,     di::kSoftcapMissing,     di::kGqaMapping,
-      di::kWindowOffByOne, di::kSinksMissing,       di::kFp8Scale,
-      di::kDropBlock,      di::kStalePage,          di::kDuplicatePage,
-      di::kSwappedPages,   di::kCpMissingShard,     di::kCpDoubledShard,
-      di::kCpLseBase,      di::kCpBf16Combine,      di::kLowPrecision,
-      di::kWindowIgnored,  di::kKvHeadsPermuted,    di::kVFromK,
-      di::kRopeTheta,      di::kRopeScalingIgnored, di::kRopePartialRotary,
-      di::kForeignPage,    di::kSeqLenOffByOne,     di::kLayout,
-      di::kQRopeMissing,   di::kQRopeTwice,         di::kUnexplained};
+      ATTNAUDIT_DIAGNOSIS_HYPOTHESES(ATTNAUDIT_DIAGNOSIS_NAME)};
+#undef ATTNAUDIT_DIAGNOSIS_NAME
   return *names;
 }
 

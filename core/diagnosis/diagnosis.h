@@ -78,7 +78,8 @@ absl::StatusOr<DiagnosisResult> Diagnose(const DiagnosisInputs& inputs,
                                          const DiagnosisOptions& options);
 
 // Every hypothesis name a Diagnosis can carry (a bounded label set for
-// metrics), "unexplained" included.
+// metrics), "unexplained" included: the rows of
+// ATTNAUDIT_DIAGNOSIS_HYPOTHESES (diagnosis_internal.h), in their order.
 const std::vector<std::string>& HypothesisNames();
 
 }  // namespace attnaudit

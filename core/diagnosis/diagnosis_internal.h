@@ -19,42 +19,52 @@
 namespace attnaudit {
 namespace diagnosis_internal {
 
-// Hypothesis names (HypothesisNames() lists them all).
-inline constexpr char kLseBase[] = "lse-base";
-inline constexpr char kSinksInLse[] = "sinks-in-lse";
-inline constexpr char kRopeOffset[] = "rope-offset";
-inline constexpr char kKRopeTwice[] = "k-rope-twice";
-inline constexpr char kKRopeMissing[] = "k-rope-missing";
-inline constexpr char kRopeStyle[] = "rope-style";
-inline constexpr char kWrongScale[] = "wrong-scale";
-inline constexpr char kSoftcapMissing[] = "softcap-missing";
-inline constexpr char kGqaMapping[] = "gqa-mapping";
-inline constexpr char kWindowOffByOne[] = "window-off-by-one";
-inline constexpr char kSinksMissing[] = "sinks-missing";
-inline constexpr char kFp8Scale[] = "fp8-scale";
-inline constexpr char kDropBlock[] = "drop-block";
-inline constexpr char kStalePage[] = "stale-page";
-inline constexpr char kDuplicatePage[] = "duplicate-page";
-inline constexpr char kSwappedPages[] = "swapped-pages";
-inline constexpr char kCpMissingShard[] = "cp-missing-shard";
-inline constexpr char kCpDoubledShard[] = "cp-doubled-shard";
-inline constexpr char kCpLseBase[] = "cp-lse-base";
-inline constexpr char kCpBf16Combine[] = "cp-bf16-combine";
-inline constexpr char kLowPrecision[] = "low-precision";
-inline constexpr char kWindowIgnored[] = "window-ignored";
-inline constexpr char kKvHeadsPermuted[] = "kv-heads-permuted";
-inline constexpr char kVFromK[] = "v-from-k";
-inline constexpr char kRopeTheta[] = "rope-theta";
-inline constexpr char kRopeScalingIgnored[] = "rope-scaling-ignored";
-inline constexpr char kRopePartialRotary[] = "rope-partial-rotary";
-inline constexpr char kForeignPage[] = "foreign-page";
-inline constexpr char kSeqLenOffByOne[] = "seq-len-off-by-one";
-inline constexpr char kLayout[] = "layout";
-// Named by the rolling RoPE check's diagnosis (core/rope_check), listed
-// here so HypothesisNames() covers every name a report can carry.
-inline constexpr char kQRopeMissing[] = "q-rope-missing";
-inline constexpr char kQRopeTwice[] = "q-rope-twice";
-inline constexpr char kUnexplained[] = "unexplained";
+// The hypothesis names, once: each X(constant, name) row defines the
+// constant the hypothesis files use, and HypothesisNames() (the metric's
+// label set) is the list of rows, so a hypothesis cannot be reported
+// without being in it. The RoPE checks' diagnoses (core/rope_check) name
+// q-rope-missing and q-rope-twice; they are rows here so that
+// HypothesisNames() covers every name a report can carry. "unexplained"
+// stays last.
+#define ATTNAUDIT_DIAGNOSIS_HYPOTHESES(X)        \
+  X(kLseBase, "lse-base")                        \
+  X(kSinksInLse, "sinks-in-lse")                 \
+  X(kRopeOffset, "rope-offset")                  \
+  X(kKRopeTwice, "k-rope-twice")                 \
+  X(kKRopeMissing, "k-rope-missing")             \
+  X(kRopeStyle, "rope-style")                    \
+  X(kWrongScale, "wrong-scale")                  \
+  X(kSoftcapMissing, "softcap-missing")          \
+  X(kGqaMapping, "gqa-mapping")                  \
+  X(kWindowOffByOne, "window-off-by-one")        \
+  X(kSinksMissing, "sinks-missing")              \
+  X(kFp8Scale, "fp8-scale")                      \
+  X(kDropBlock, "drop-block")                    \
+  X(kStalePage, "stale-page")                    \
+  X(kDuplicatePage, "duplicate-page")            \
+  X(kSwappedPages, "swapped-pages")              \
+  X(kCpMissingShard, "cp-missing-shard")         \
+  X(kCpDoubledShard, "cp-doubled-shard")         \
+  X(kCpLseBase, "cp-lse-base")                   \
+  X(kCpBf16Combine, "cp-bf16-combine")           \
+  X(kLowPrecision, "low-precision")              \
+  X(kWindowIgnored, "window-ignored")            \
+  X(kKvHeadsPermuted, "kv-heads-permuted")       \
+  X(kVFromK, "v-from-k")                         \
+  X(kRopeTheta, "rope-theta")                    \
+  X(kRopeScalingIgnored, "rope-scaling-ignored") \
+  X(kRopePartialRotary, "rope-partial-rotary")   \
+  X(kForeignPage, "foreign-page")                \
+  X(kSeqLenOffByOne, "seq-len-off-by-one")       \
+  X(kLayout, "layout")                           \
+  X(kQRopeMissing, "q-rope-missing")             \
+  X(kQRopeTwice, "q-rope-twice")                 \
+  X(kUnexplained, "unexplained")
+
+#define ATTNAUDIT_DIAGNOSIS_NAME_CONSTANT(constant, name) \
+  inline constexpr char constant[] = name;
+ATTNAUDIT_DIAGNOSIS_HYPOTHESES(ATTNAUDIT_DIAGNOSIS_NAME_CONSTANT)
+#undef ATTNAUDIT_DIAGNOSIS_NAME_CONSTANT
 
 using Clock = std::chrono::steady_clock;
 
