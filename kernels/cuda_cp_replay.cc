@@ -413,6 +413,8 @@ absl::Status GpuReplay::Run(CudaGang* gang, CpReplayRun* out) {
       }
     }
   }
+  // The protocol's bookkeeping ends with no credit or message in flight.
+  ATTNAUDIT_RETURN_IF_ERROR(transport_->Drained());
   return Collect(out);
 }
 

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_gang.h"
 
@@ -15,7 +16,8 @@ namespace cuda_internal {
 
 DeviceRingTransport::DeviceRingTransport(std::vector<RankPlacement> ranks,
                                          int64_t slot_bytes)
-    : slot_bytes_(slot_bytes), book_(static_cast<int64_t>(ranks.size())) {
+    : slot_bytes_(slot_bytes),
+      protocol_(static_cast<int64_t>(ranks.size()), slot_bytes) {
   for (RankPlacement& p : ranks) {
     RankIo io;
     io.place = p;
@@ -47,13 +49,8 @@ absl::Status DeviceRingTransport::CreateEvents() {
 
 absl::Status DeviceRingTransport::BeginSend(int64_t rank, int64_t step,
                                             int64_t bytes) {
-  if (bytes < 0 || bytes > slot_bytes_) {
-    return absl::InternalError(
-        absl::StrCat("cp transport: rank ", rank, " sends ", bytes,
-                     " bytes; a slot holds ", slot_bytes_));
-  }
-  const int64_t next = (rank + 1) % world();
-  if (absl::Status s = book_.WaitGranted(next, step + 1); !s.ok()) return s;
+  ATTNAUDIT_RETURN_IF_ERROR(protocol_.Post(rank, step, bytes));
+  ATTNAUDIT_RETURN_IF_ERROR(protocol_.AwaitCredit(rank, step));
   const RankIo& r = ranks_[rank];
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.place.device));
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.ready, r.place.stream));
@@ -62,7 +59,7 @@ absl::Status DeviceRingTransport::BeginSend(int64_t rank, int64_t step,
 
 absl::Status DeviceRingTransport::OrderCopy(int64_t rank, int64_t step,
                                             cudaStream_t stream) {
-  const RankIo& next = ranks_[(rank + 1) % world()];
+  const RankIo& next = ranks_[protocol_.Next(rank)];
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(
       cudaStreamWaitEvent(stream, ranks_[rank].ready, 0));
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(
@@ -71,19 +68,17 @@ absl::Status DeviceRingTransport::OrderCopy(int64_t rank, int64_t step,
 }
 
 absl::Status DeviceRingTransport::EndSend(int64_t rank, int64_t step,
-                                          int64_t bytes, cudaStream_t stream) {
-  const int64_t next = (rank + 1) % world();
+                                          cudaStream_t stream) {
+  const int64_t next = protocol_.Next(rank);
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(
       cudaEventRecord(ranks_[rank].sent[step % 2], stream));
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(
       cudaEventRecord(ranks_[next].arrived[(step + 1) % 2], stream));
-  book_.MarkSent(rank, step);
-  book_.Arrive(next, step + 1, bytes);
-  return absl::OkStatus();
+  return protocol_.Delivered(rank, step);
 }
 
 absl::Status DeviceRingTransport::WaitSent(int64_t rank, int64_t step) {
-  if (absl::Status s = book_.WaitSent(rank, step); !s.ok()) return s;
+  ATTNAUDIT_RETURN_IF_ERROR(protocol_.AwaitSent(rank, step));
   const RankIo& r = ranks_[rank];
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.place.device));
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(
@@ -93,7 +88,7 @@ absl::Status DeviceRingTransport::WaitSent(int64_t rank, int64_t step) {
 
 absl::StatusOr<int64_t> DeviceRingTransport::Receive(int64_t rank,
                                                      int64_t step) {
-  absl::StatusOr<int64_t> bytes = book_.WaitArrived(rank, step);
+  absl::StatusOr<int64_t> bytes = protocol_.Receive(rank, step);
   if (!bytes.ok()) return bytes;
   const RankIo& r = ranks_[rank];
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.place.device));
@@ -103,12 +98,12 @@ absl::StatusOr<int64_t> DeviceRingTransport::Receive(int64_t rank,
 }
 
 absl::Status DeviceRingTransport::Release(int64_t rank, int64_t step) {
+  ATTNAUDIT_RETURN_IF_ERROR(protocol_.CheckGrant(rank, step));
   const RankIo& r = ranks_[rank];
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.place.device));
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(
       cudaEventRecord(r.granted[step % 2], r.place.stream));
-  book_.Grant(rank, step);
-  return book_.aborted();
+  return protocol_.Grant(rank, step);
 }
 
 // ---------------------------------------------------------------- local
@@ -147,11 +142,11 @@ absl::Status CudaLocalTransport::Send(int64_t rank, int64_t step,
   if (absl::Status s = BeginSend(rank, step, bytes); !s.ok()) return s;
   cudaStream_t copy = copy_streams_[rank];
   if (absl::Status s = OrderCopy(rank, step, copy); !s.ok()) return s;
-  const int64_t next = (rank + 1) % world();
+  const int64_t next = protocol_.Next(rank);
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
       Slot(next, (step + 1) % 2), Slot(rank, step % 2),
       static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, copy));
-  return EndSend(rank, step, bytes, copy);
+  return EndSend(rank, step, copy);
 }
 
 // ---------------------------------------------------------------- NCCL
@@ -197,7 +192,7 @@ absl::Status NcclTransport::IssueStep(int64_t step) {
   std::vector<Pending> sends = std::move(pending_);
   pending_.clear();
   for (const Pending& p : sends) {
-    const int64_t next = (p.rank + 1) % world();
+    const int64_t next = protocol_.Next(p.rank);
     const int src = gang_->IndexOfDevice(ranks_[p.rank].place.device);
     const int dst = gang_->IndexOfDevice(ranks_[next].place.device);
     ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(ranks_[p.rank].place.device));
@@ -213,7 +208,7 @@ absl::Status NcclTransport::IssueStep(int64_t step) {
   }
   ATTNAUDIT_NCCL_RETURN_IF_ERROR(ncclGroupStart());
   for (const Pending& p : sends) {
-    const int64_t next = (p.rank + 1) % world();
+    const int64_t next = protocol_.Next(p.rank);
     const int src = gang_->IndexOfDevice(ranks_[p.rank].place.device);
     const int dst = gang_->IndexOfDevice(ranks_[next].place.device);
     char* from = Slot(p.rank, step % 2);
@@ -232,7 +227,7 @@ absl::Status NcclTransport::IssueStep(int64_t step) {
   }
   ATTNAUDIT_NCCL_RETURN_IF_ERROR(ncclGroupEnd());
   for (const Pending& p : sends) {
-    const int64_t next = (p.rank + 1) % world();
+    const int64_t next = protocol_.Next(p.rank);
     const int src = gang_->IndexOfDevice(ranks_[p.rank].place.device);
     const int dst = gang_->IndexOfDevice(ranks_[next].place.device);
     ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(ranks_[p.rank].place.device));
@@ -241,8 +236,7 @@ absl::Status NcclTransport::IssueStep(int64_t step) {
     ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(ranks_[next].place.device));
     ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(
         ranks_[next].arrived[(step + 1) % 2], gang_->comm_stream(dst)));
-    book_.MarkSent(p.rank, step);
-    book_.Arrive(next, step + 1, p.bytes);
+    ATTNAUDIT_RETURN_IF_ERROR(protocol_.Delivered(p.rank, step));
   }
   return absl::OkStatus();
 }

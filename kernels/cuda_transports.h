@@ -10,19 +10,27 @@
 //                       each GPU's communication stream (a hop between two
 //                       ranks of the same GPU is a device copy inside it).
 //
-// Stream-ordered contract. The protocol is the in-process transport's
-// (two slots per rank keyed on step parity, credits granted after the last
-// read, zero credits at start and end), but the data moves on streams, so
-// "complete" means "ordered before later work on the rank's stream":
-//   - Send(r, s, bytes) orders the copy after everything already queued on
-//     rank r's stream (the fill or the receive of the data) and after the
-//     receiver's grant; the host waits only for the grant's bookkeeping.
+// Stream-ordered contract. The protocol is the ring protocol of
+// core/cp/transport/ring_protocol.h (CpRingProtocol, which every transport
+// is built on: two slots per rank keyed on step parity, one credit per
+// slot granted after the last read, zero credits at start and end, misuse
+// an Internal error). The protocol's bookkeeping runs on the host when a
+// call is issued; the data moves on streams, so "complete" means "ordered
+// before later work on the rank's stream", and each protocol step has an
+// event that carries it onto the device:
+//   - Send(r, s, bytes) posts the send and waits (on the host) for the
+//     receiver's grant, then orders the copy after everything already
+//     queued on rank r's stream (the fill or the receive of the data) and
+//     after the receiver's grant event; it reports the delivery once the
+//     copy and its completion events are issued.
 //   - Receive(r, s) returns once the message is issued, having made rank
 //     r's stream wait for its arrival; WaitSent(r, s) makes rank r's stream
 //     wait for the send's completion (so a later write to the slot on that
 //     stream cannot overtake the send's read).
-//   - Release(r, s) records the grant on rank r's stream: the slot is free
-//     once the stream has passed every read queued before it.
+//   - Release(r, s) checks the grant, records the grant event on rank r's
+//     stream (the slot is free once the stream has passed every read
+//     queued before it), then grants, so a sender never waits on an event
+//     not yet recorded.
 // NcclTransport issues a step's group when the last of the step's senders
 // called Send (two-sided send/receive needs both sides posted together;
 // a receive is posted only into a slot granted for it, so the receive is
@@ -46,8 +54,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/cp/transport/ring_protocol.h"
 #include "core/cp/transport/transport.h"
-#include "kernels/ring_book.h"
 
 namespace attnaudit {
 
@@ -62,7 +70,7 @@ struct RankPlacement {
   char* slots[2] = {nullptr, nullptr};
 };
 
-// What the device transports share: placements, events, the book.
+// What the device transports share: placements, events, the protocol.
 class DeviceRingTransport : public CpTransport {
  public:
   ~DeviceRingTransport() override;
@@ -75,7 +83,8 @@ class DeviceRingTransport : public CpTransport {
   absl::Status WaitSent(int64_t rank, int64_t step) override;
   absl::StatusOr<int64_t> Receive(int64_t rank, int64_t step) override;
   absl::Status Release(int64_t rank, int64_t step) override;
-  void Abort(const absl::Status& status) override { book_.Abort(status); }
+  absl::Status Drained() override { return protocol_.Drained(); }
+  void Abort(const absl::Status& status) override { protocol_.Abort(status); }
 
  protected:
   struct RankIo {
@@ -87,18 +96,18 @@ class DeviceRingTransport : public CpTransport {
   };
   DeviceRingTransport(std::vector<RankPlacement> ranks, int64_t slot_bytes);
   absl::Status CreateEvents();
-  // Validates a send and records the data-ready point on the rank stream.
+  // Posts a send, waits for its credit and records the data-ready point on
+  // the rank stream.
   absl::Status BeginSend(int64_t rank, int64_t step, int64_t bytes);
   // Orders `stream` after the sender's data and the receiver's grant.
   absl::Status OrderCopy(int64_t rank, int64_t step, cudaStream_t stream);
-  // Records the send's completion and the arrival on `stream`, then tells
-  // the book.
-  absl::Status EndSend(int64_t rank, int64_t step, int64_t bytes,
-                       cudaStream_t stream);
+  // Records the send's completion and the arrival on `stream`, then
+  // reports the delivery to the protocol.
+  absl::Status EndSend(int64_t rank, int64_t step, cudaStream_t stream);
 
   std::vector<RankIo> ranks_;
   int64_t slot_bytes_;
-  RingBook book_;
+  CpRingProtocol protocol_;
 };
 
 class CudaLocalTransport : public DeviceRingTransport {

@@ -390,6 +390,9 @@ absl::Status Replay::Run(CpExecution execution, CpReplayRun* out) {
   absl::Status status = execution == CpExecution::kThreadPerRank
                             ? RunThreadPerRank()
                             : RunLockstep();
+  // The ring must end as it started, with no credit or message in flight:
+  // anything left over means the schedule and the transport disagreed.
+  if (status.ok()) status = transport_->Drained();
   if (!status.ok()) {
     transport_->Abort(status);
     return status;

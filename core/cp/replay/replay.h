@@ -53,7 +53,8 @@ struct CpReplayOptions {
   CpExecution execution = CpExecution::kAuto;
   // Null: an InProcessTransport sized for the schedule, owned by the call.
   // Otherwise it must have W = schedule.world() and slots of at least
-  // CpSlotBytes(prepared, schedule) bytes.
+  // CpSlotBytes(prepared, schedule) bytes, and be fresh: a transport
+  // serves one replay (core/cp/transport/ring_protocol.h).
   CpTransport* transport = nullptr;
   int64_t max_buffer_bytes = int64_t{1} << 30;
   const std::atomic<bool>* cancelled = nullptr;

@@ -21,83 +21,11 @@ int64_t CpTransportBytes(int64_t world, int64_t slot_bytes) {
   return 16 * world * words;
 }
 
-CpSlots::CpSlots(int64_t world, int64_t slot_bytes)
-    : world_(world),
-      slot_bytes_(slot_bytes),
-      words_per_slot_(Words(slot_bytes)),
+CpHostSlots::CpHostSlots(int64_t world, int64_t slot_bytes)
+    : words_per_slot_(Words(slot_bytes)),
       // Zeroed: no slot ever holds bytes a previous audit left behind.
       memory_(
-          new uint64_t[static_cast<size_t>(2 * world * Words(slot_bytes))]()),
-      ranks_(static_cast<size_t>(world)) {}
-
-char* CpSlots::Slot(int64_t rank, int64_t slot) {
-  return reinterpret_cast<char*>(memory_.get() +
-                                 (rank * 2 + slot) * words_per_slot_);
-}
-
-absl::Status CpSlots::WaitGranted(int64_t rank, int64_t step) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] {
-    return !abort_.ok() || ranks_[rank].granted[step % 2] >= step;
-  });
-  return abort_;
-}
-
-bool CpSlots::Granted(int64_t rank, int64_t step) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return ranks_[rank].granted[step % 2] >= step;
-}
-
-void CpSlots::Arrive(int64_t rank, int64_t step, int64_t bytes) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ranks_[rank].arrived[step % 2] = step;
-    ranks_[rank].bytes[step % 2] = bytes;
-  }
-  cv_.notify_all();
-}
-
-absl::StatusOr<int64_t> CpSlots::WaitArrived(int64_t rank, int64_t step) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] {
-    return !abort_.ok() || ranks_[rank].arrived[step % 2] >= step;
-  });
-  if (!abort_.ok()) return abort_;
-  const RankState& r = ranks_[rank];
-  if (r.arrived[step % 2] != step) {
-    // A later message landed before this one was read: a credit was
-    // granted too early.
-    return absl::InternalError(absl::StrCat(
-        "cp transport: rank ", rank, " slot ", step % 2, " holds step ",
-        r.arrived[step % 2], " when step ", step, " reads it"));
-  }
-  return r.bytes[step % 2];
-}
-
-void CpSlots::Grant(int64_t rank, int64_t step) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    int64_t& g = ranks_[rank].granted[step % 2];
-    g = std::max(g, step);
-  }
-  cv_.notify_all();
-}
-
-void CpSlots::Abort(const absl::Status& status) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (abort_.ok()) {
-      abort_ =
-          status.ok() ? absl::AbortedError("cp transport aborted") : status;
-    }
-  }
-  cv_.notify_all();
-}
-
-absl::Status CpSlots::aborted() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return abort_;
-}
+          new uint64_t[static_cast<size_t>(2 * world * Words(slot_bytes))]()) {}
 
 absl::StatusOr<std::unique_ptr<InProcessTransport>> InProcessTransport::Create(
     int64_t world, int64_t slot_bytes, int64_t max_bytes) {
@@ -118,31 +46,13 @@ absl::StatusOr<std::unique_ptr<InProcessTransport>> InProcessTransport::Create(
 
 absl::Status InProcessTransport::Send(int64_t rank, int64_t step,
                                       int64_t bytes) {
-  if (bytes < 0 || bytes > slots_.slot_bytes()) {
-    return absl::InternalError(
-        absl::StrCat("cp transport: rank ", rank, " sends ", bytes,
-                     " bytes; a slot holds ", slots_.slot_bytes()));
-  }
-  const int64_t next = (rank + 1) % slots_.world();
-  if (absl::Status s = slots_.WaitGranted(next, step + 1); !s.ok()) return s;
-  std::memcpy(slots_.Slot(next, (step + 1) % 2), slots_.Slot(rank, step % 2),
-              static_cast<size_t>(bytes));
-  slots_.Arrive(next, step + 1, bytes);
-  return absl::OkStatus();
-}
-
-absl::Status InProcessTransport::WaitSent(int64_t, int64_t) {
-  return slots_.aborted();  // Send copied synchronously
-}
-
-absl::StatusOr<int64_t> InProcessTransport::Receive(int64_t rank,
-                                                    int64_t step) {
-  return slots_.WaitArrived(rank, step);
-}
-
-absl::Status InProcessTransport::Release(int64_t rank, int64_t step) {
-  slots_.Grant(rank, step);
-  return slots_.aborted();
+  if (absl::Status s = protocol_.Post(rank, step, bytes); !s.ok()) return s;
+  if (absl::Status s = protocol_.AwaitCredit(rank, step); !s.ok()) return s;
+  std::memcpy(
+      slots_.Slot(protocol_.Next(rank), CpRingProtocol::SlotOf(step + 1)),
+      slots_.Slot(rank, CpRingProtocol::SlotOf(step)),
+      static_cast<size_t>(bytes));
+  return protocol_.Delivered(rank, step);
 }
 
 }  // namespace attnaudit

@@ -2,9 +2,10 @@
 // at random: a send returns at once, and a delivery thread copies pending
 // messages in random order after random delays, reading the sender's slot
 // only then (like a one-sided put) and landing only in slots the receiver
-// has granted. The replay must produce the very same bits as over the
-// in-process transport, for odd and even W and both executions. Also: a
-// transport that delivers to the wrong rank is caught, not folded in.
+// has granted, all through the ring protocol (ring_protocol.h). The replay
+// must produce the very same bits as over the in-process transport, for
+// odd and even W and both executions. Also: a transport that delivers to
+// the wrong rank is caught, not folded in.
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "core/cp/replay/combine.h"
 #include "core/cp/replay/replay.h"
 #include "core/cp/transport/in_process.h"
+#include "core/cp/transport/ring_protocol.h"
 #include "gtest/gtest.h"
 #include "tests/unit/core/cp/cp_cases.h"
 
@@ -28,9 +30,9 @@ namespace {
 class DelayingTransport : public CpTransport {
  public:
   DelayingTransport(int64_t world, int64_t slot_bytes, uint64_t seed)
-      : slots_(world, slot_bytes),
+      : protocol_(world, slot_bytes),
+        slots_(world, slot_bytes),
         rng_(seed),
-        sent_(static_cast<size_t>(world), -1),
         thread_([this] { Deliver(); }) {}
   ~DelayingTransport() override {
     {
@@ -40,34 +42,28 @@ class DelayingTransport : public CpTransport {
     thread_.join();
   }
 
-  int64_t world() const override { return slots_.world(); }
-  int64_t slot_bytes() const override { return slots_.slot_bytes(); }
+  int64_t world() const override { return protocol_.world(); }
+  int64_t slot_bytes() const override { return protocol_.slot_bytes(); }
   char* Slot(int64_t rank, int64_t slot) override {
     return slots_.Slot(rank, slot);
   }
   absl::Status Send(int64_t rank, int64_t step, int64_t bytes) override {
+    if (absl::Status s = protocol_.Post(rank, step, bytes); !s.ok()) return s;
     std::lock_guard<std::mutex> lock(mu_);
     pending_.push_back({rank, step, bytes});
-    return slots_.aborted();
+    return absl::OkStatus();
   }
   absl::Status WaitSent(int64_t rank, int64_t step) override {
-    while (true) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (sent_[static_cast<size_t>(rank)] >= step) return absl::OkStatus();
-      }
-      if (absl::Status s = slots_.aborted(); !s.ok()) return s;
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
+    return protocol_.AwaitSent(rank, step);
   }
   absl::StatusOr<int64_t> Receive(int64_t rank, int64_t step) override {
-    return slots_.WaitArrived(rank, step);
+    return protocol_.Receive(rank, step);
   }
   absl::Status Release(int64_t rank, int64_t step) override {
-    slots_.Grant(rank, step);
-    return slots_.aborted();
+    return protocol_.Grant(rank, step);
   }
-  void Abort(const absl::Status& status) override { slots_.Abort(status); }
+  absl::Status Drained() override { return protocol_.Drained(); }
+  void Abort(const absl::Status& status) override { protocol_.Abort(status); }
 
   int64_t delivered() const { return delivered_.load(); }
 
@@ -87,8 +83,9 @@ class DelayingTransport : public CpTransport {
         if (stop_) return;
         std::vector<size_t> ready;
         for (size_t i = 0; i < pending_.size(); ++i) {
-          const int64_t next = (pending_[i].rank + 1) % slots_.world();
-          if (slots_.Granted(next, pending_[i].step + 1)) ready.push_back(i);
+          if (protocol_.CreditReady(pending_[i].rank, pending_[i].step)) {
+            ready.push_back(i);
+          }
         }
         if (!ready.empty()) {
           const size_t pick = ready[rng_() % ready.size()];
@@ -102,61 +99,73 @@ class DelayingTransport : public CpTransport {
         continue;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
-      const int64_t next = (m.rank + 1) % slots_.world();
-      std::memcpy(slots_.Slot(next, (m.step + 1) % 2),
-                  slots_.Slot(m.rank, m.step % 2),
-                  static_cast<size_t>(m.bytes));
-      slots_.Arrive(next, m.step + 1, m.bytes);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        // A rank's sends complete in step order: each waits for the last.
-        int64_t& sent = sent_[static_cast<size_t>(m.rank)];
-        sent = std::max(sent, m.step);
+      // Returns at once (the credit is ready); a wrong credit is an error.
+      absl::Status s = protocol_.AwaitCredit(m.rank, m.step);
+      if (s.ok()) {
+        std::memcpy(slots_.Slot(protocol_.Next(m.rank), (m.step + 1) % 2),
+                    slots_.Slot(m.rank, m.step % 2),
+                    static_cast<size_t>(m.bytes));
+        // Counted first: a waiting sender may finish the run as soon as
+        // the protocol knows.
+        delivered_.fetch_add(1);
+        s = protocol_.Delivered(m.rank, m.step);
       }
-      delivered_.fetch_add(1);
+      if (!s.ok()) protocol_.Abort(s);
     }
   }
 
-  CpSlots slots_;
+  CpRingProtocol protocol_;
+  CpHostSlots slots_;
   std::mutex mu_;
   std::mt19937_64 rng_;
   std::vector<Message> pending_;
-  std::vector<int64_t> sent_;
   bool stop_ = false;
   std::atomic<int64_t> delivered_{0};
   std::thread thread_;
 };
 
-// Delivers every message to rank + 2 instead of rank + 1.
-class MisroutingTransport : public CpTransport {
+// A ring wired in another order: rank r's successor is r + 2 (W odd). The
+// protocol is kept to the letter (its ranks are the wiring's order,
+// protocol rank 2r mod W for rank r), but rank r + 1 waits for rank r's
+// chunk and rank r + 2 gets it.
+class CrossWiredTransport : public CpTransport {
  public:
-  MisroutingTransport(int64_t world, int64_t slot_bytes)
-      : slots_(world, slot_bytes) {}
-  int64_t world() const override { return slots_.world(); }
-  int64_t slot_bytes() const override { return slots_.slot_bytes(); }
+  CrossWiredTransport(int64_t world, int64_t slot_bytes)
+      : protocol_(world, slot_bytes), slots_(world, slot_bytes) {}
+  int64_t world() const override { return protocol_.world(); }
+  int64_t slot_bytes() const override { return protocol_.slot_bytes(); }
   char* Slot(int64_t rank, int64_t slot) override {
     return slots_.Slot(rank, slot);
   }
   absl::Status Send(int64_t rank, int64_t step, int64_t bytes) override {
-    const int64_t to = (rank + 2) % slots_.world();
-    if (absl::Status s = slots_.WaitGranted(to, step + 1); !s.ok()) return s;
-    std::memcpy(slots_.Slot(to, (step + 1) % 2), slots_.Slot(rank, step % 2),
-                static_cast<size_t>(bytes));
-    slots_.Arrive(to, step + 1, bytes);
-    return absl::OkStatus();
+    const int64_t v = Wired(rank);
+    if (absl::Status s = protocol_.Post(v, step, bytes); !s.ok()) return s;
+    if (absl::Status s = protocol_.AwaitCredit(v, step); !s.ok()) return s;
+    std::memcpy(slots_.Slot(Real(protocol_.Next(v)), (step + 1) % 2),
+                slots_.Slot(rank, step % 2), static_cast<size_t>(bytes));
+    return protocol_.Delivered(v, step);
   }
-  absl::Status WaitSent(int64_t, int64_t) override { return slots_.aborted(); }
+  absl::Status WaitSent(int64_t rank, int64_t step) override {
+    return protocol_.AwaitSent(Wired(rank), step);
+  }
   absl::StatusOr<int64_t> Receive(int64_t rank, int64_t step) override {
-    return slots_.WaitArrived(rank, step);
+    return protocol_.Receive(Wired(rank), step);
   }
   absl::Status Release(int64_t rank, int64_t step) override {
-    slots_.Grant(rank, step);
-    return slots_.aborted();
+    return protocol_.Grant(Wired(rank), step);
   }
-  void Abort(const absl::Status& status) override { slots_.Abort(status); }
+  absl::Status Drained() override { return protocol_.Drained(); }
+  void Abort(const absl::Status& status) override { protocol_.Abort(status); }
 
  private:
-  CpSlots slots_;
+  int64_t Wired(int64_t rank) const { return 2 * rank % world(); }
+  // 2 has the inverse (W + 1) / 2 modulo an odd W.
+  int64_t Real(int64_t wired) const {
+    return wired * ((world() + 1) / 2) % world();
+  }
+
+  CpRingProtocol protocol_;
+  CpHostSlots slots_;
 };
 
 TEST(CpTransportTest, RandomDelaysAndReorderingGiveTheSameBits) {
@@ -221,7 +230,7 @@ TEST(CpTransportTest, AMisroutedChunkIsAnErrorNotAResult) {
   const CpSchedule schedule(shards, CpReplayStrategy::kRing, p.dims.kv_heads,
                             CpTokenBytes(p), int64_t{1} << 20);
   for (CpExecution e : {CpExecution::kThreadPerRank, CpExecution::kLockstep}) {
-    MisroutingTransport transport(3, CpSlotBytes(p, schedule));
+    CrossWiredTransport transport(3, CpSlotBytes(p, schedule));
     CpReplayOptions opt;
     opt.execution = e;
     opt.transport = &transport;
@@ -259,6 +268,7 @@ TEST(CpTransportTest, InProcessCreateChecksItsArguments) {
   EXPECT_EQ(*got, 6);
   EXPECT_STREQ((*t)->Slot(1, 1), "hello");
   // Abort releases a waiter with the abort status.
+  ASSERT_TRUE((*t)->Release(0, 1).ok());
   std::thread waiter([&] {
     EXPECT_EQ((*t)->Receive(0, 1).status().code(),
               absl::StatusCode::kCancelled);
