@@ -10,19 +10,22 @@
 // properties are observed, not taken from the protocol: every slot is
 // written exactly once per step that uses it, never read before its write
 // nor overwritten before its last read, credits never exceed one per slot,
-// and the run drains. Misuses each return Internal at once (a hang would
-// time the test out).
+// and the run drains. The same schedules then run with a thread per rank
+// over the in-process transport. Misuses each return Internal at once (a
+// hang would time the test out).
 #include "core/cp/transport/ring_protocol.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/attention/units.h"
+#include "core/common/status_macros.h"
 #include "core/cp/schedule/schedule.h"
 #include "core/cp/transport/in_process.h"
 #include "gtest/gtest.h"
@@ -244,6 +247,75 @@ TEST(CpRingProtocolTest, EverySlotWrittenOnceReadAfterWriteForW1To8) {
       } else {
         EXPECT_EQ(sim.max_credits(), 0);  // a ring of one never sends
       }
+    }
+  }
+}
+
+// The same schedules with real threads, one per rank, over the in-process
+// transport (the protocol's waits instead of the simulation's choices):
+// every step reads the tag the schedule says, at acquire and after the
+// compute, and the run drains.
+TEST(CpRingProtocolTest, ThreadPerRankOverTheInProcessTransportForW1To8) {
+  uint64_t seed = 100;
+  for (int64_t world = 1; world <= 8; ++world) {
+    for (int trial = 0; trial < 3; ++trial, ++seed) {
+      std::mt19937_64 rng(seed);
+      const auto units = RandomUnits(world, 2 + trial, &rng);
+      const CpShards shards = PlanShards(units, world, kPage);
+      const CpSchedule s(shards, CpReplayStrategy::kRing, 1, 1,
+                         trial == 0 ? kPage : 64 * kPage);
+      absl::StatusOr<std::unique_ptr<InProcessTransport>> made =
+          InProcessTransport::Create(world, 64, 1 << 20);
+      ASSERT_TRUE(made.ok());
+      InProcessTransport& t = **made;
+      std::vector<absl::Status> status(static_cast<size_t>(world));
+      auto expect = [&](int64_t k, int64_t step) -> absl::Status {
+        const int64_t round = s.StepAt(step).round;
+        const Tag want{s.SourceRank(k, round), step - round};
+        Tag got;
+        std::memcpy(&got, t.Slot(k, step % 2), sizeof(got));
+        if (got == want) return absl::OkStatus();
+        return absl::InternalError(absl::StrCat(
+            "rank ", k, " step ", step, " holds (", got.source, ", ",
+            got.fill_step, "), not (", want.source, ", ", want.fill_step, ")"));
+      };
+      auto rank_loop = [&](int64_t k) -> absl::Status {
+        for (int64_t u = 0; u < 2 && u < s.steps(); ++u) {
+          if (s.Receives(u)) ATTNAUDIT_RETURN_IF_ERROR(t.Release(k, u));
+        }
+        for (int64_t step = 0; step < s.steps(); ++step) {
+          if (s.Receives(step)) {
+            ATTNAUDIT_RETURN_IF_ERROR(t.Receive(k, step).status());
+          } else {
+            const Tag tag{k, step};
+            std::memcpy(t.Slot(k, step % 2), &tag, sizeof(tag));
+          }
+          ATTNAUDIT_RETURN_IF_ERROR(expect(k, step));
+          if (s.Sends(step)) {
+            ATTNAUDIT_RETURN_IF_ERROR(t.Send(k, step, sizeof(Tag)));
+          }
+          std::this_thread::yield();  // let deliveries interleave
+          ATTNAUDIT_RETURN_IF_ERROR(expect(k, step));
+          if (s.Sends(step)) ATTNAUDIT_RETURN_IF_ERROR(t.WaitSent(k, step));
+          if (s.GrantsAfter(step)) {
+            ATTNAUDIT_RETURN_IF_ERROR(t.Release(k, step + 2));
+          }
+        }
+        return absl::OkStatus();
+      };
+      std::vector<std::thread> threads;
+      for (int64_t k = 0; k < world; ++k) {
+        threads.emplace_back([&, k] {
+          status[k] = rank_loop(k);
+          if (!status[k].ok()) t.Abort(status[k]);
+        });
+      }
+      for (std::thread& th : threads) th.join();
+      for (int64_t k = 0; k < world; ++k) {
+        EXPECT_TRUE(status[k].ok())
+            << "W " << world << " seed " << seed << ": " << status[k];
+      }
+      EXPECT_TRUE(t.Drained().ok()) << "W " << world << " seed " << seed;
     }
   }
 }
