@@ -266,7 +266,11 @@ int RunBench(const BenchCommand& o) {
   }
   absl::StatusOr<Snapshot> snapshot = ReadSnapshotFile(o.file);
   if (!snapshot.ok()) return FailLocal("bench", snapshot.status());
-  absl::StatusOr<std::unique_ptr<Client>> client = Connect(o.connection);
+  // The load generator counts refusals itself and waits their hint (the
+  // workers' loop): no resends by gRPC's retry policy.
+  ConnectionFlags connection = o.connection;
+  connection.max_attempts = 1;
+  absl::StatusOr<std::unique_ptr<Client>> client = Connect(connection);
   if (!client.ok()) return FailLocal("bench", client.status());
   absl::StatusOr<std::unique_ptr<Load>> load =
       PrepareLoad(client->get(), o, *std::move(snapshot));

@@ -72,6 +72,7 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectionFlags& flags) {
   o.tls_cert = flags.tls_cert;
   o.tls_key = flags.tls_key;
   o.tls_server_name = flags.tls_server_name;
+  if (flags.max_attempts > 0) o.max_attempts = flags.max_attempts;
   if (!flags.auth_token_file.empty()) {
     absl::StatusOr<std::string> token =
         ReadTokenFile("auth-token-file", flags.auth_token_file);

@@ -42,6 +42,8 @@ struct ConnectionFlags {
   std::string tls_key;
   std::string tls_server_name;
   std::string auth_token_file;
+  // ClientOptions::max_attempts; 0: the client's default (not a flag).
+  int max_attempts = 0;
 };
 // Declares the connection flags on `command` (in their own help group).
 void AddConnectionFlags(CLI::App* command, ConnectionFlags* flags);

@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <utility>
 #include <vector>
 
@@ -24,6 +25,9 @@ namespace {
 constexpr char kRetryPayload[] = "type.attnaudit.dev/retry-after-ms";
 constexpr int64_t kFallbackReceiveLimit = int64_t{4} << 20;  // gRPC default
 constexpr int64_t kStreamAbove = int64_t{8} << 20;
+// A unary request is kept for a resend up to this size (gRPC's default is
+// 256 KiB): a bit more than the largest one Audit picks unary for.
+constexpr int kRetryBufferBytes = 16 << 20;
 
 // grpc::Status -> absl::Status, keeping the retry hint as a payload.
 absl::Status ToAbsl(const grpc::Status& status,
@@ -35,6 +39,7 @@ absl::Status ToAbsl(const grpc::Status& status,
       status.error_code() == grpc::StatusCode::UNAVAILABLE) {
     const auto& trailers = context.GetServerTrailingMetadata();
     auto it = trailers.find("retry-after-ms");
+    if (it == trailers.end()) it = trailers.find("grpc-retry-pushback-ms");
     if (it != trailers.end()) {
       out.SetPayload(kRetryPayload, absl::Cord(absl::string_view(
                                         it->second.data(), it->second.size())));
@@ -44,6 +49,36 @@ absl::Status ToAbsl(const grpc::Status& status,
 }
 
 }  // namespace
+
+std::string RetryServiceConfig(int max_attempts) {
+  if (max_attempts < 2) return "{}";
+  const int attempts = std::min(max_attempts, 5);
+  auto names = [](std::initializer_list<const char*> methods) {
+    std::string out;
+    for (const char* m : methods) {
+      absl::StrAppend(&out, out.empty() ? "" : ",",
+                      R"({"service":"attnaudit.v1.AuditService","method":")", m,
+                      R"("})");
+    }
+    return out;
+  };
+  auto policy = [attempts](const char* codes) {
+    return absl::StrCat(R"("retryPolicy":{"maxAttempts":)", attempts,
+                        R"(,"initialBackoff":"0.2s","maxBackoff":"5s",)",
+                        R"("backoffMultiplier":2,"retryableStatusCodes":[)",
+                        codes, "]}");
+  };
+  return absl::StrCat(
+      R"({"methodConfig":[{"name":[)",
+      names({"Audit", "GetResult", "Cancel", "ListResults", "GetCapabilities",
+             "WatchResults"}),
+      "],", policy(R"("RESOURCE_EXHAUSTED","UNAVAILABLE")"), R"(},{"name":[)",
+      names({"Submit"}), "],", policy(R"("RESOURCE_EXHAUSTED")"), "}],",
+      // gRPC stops retrying while more than half of a
+      // channel's recent calls failed: an overloaded server
+      // is not sent a storm of resends.
+      R"("retryThrottling":{"maxTokens":10,"tokenRatio":0.5}})");
+}
 
 absl::Duration RetryAfter(const absl::Status& status) {
   auto payload = status.GetPayload(kRetryPayload);
@@ -95,6 +130,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   // headless Service, or an ipv4:A,B list): spread the calls over all of
   // them. One address: the same as gRPC's default pick_first.
   args.SetLoadBalancingPolicyName("round_robin");
+  args.SetServiceConfigJSON(RetryServiceConfig(options.max_attempts));
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, options.max_attempts >= 2 ? 1 : 0);
+  args.SetInt(GRPC_ARG_PER_RPC_RETRY_BUFFER_SIZE, kRetryBufferBytes);
   if (!options.tls_server_name.empty()) {
     args.SetSslTargetNameOverride(options.tls_server_name);
   }

@@ -11,6 +11,17 @@
 // once, cached). Every call carries a deadline (ClientOptions::timeout
 // unless the call says otherwise) and, when configured, the bearer token.
 //
+// Retries: gRPC's own retry policy, set in the channel's service config
+// (RetryServiceConfig): Audit (unary), GetResult, Cancel, ListResults,
+// GetCapabilities and WatchResults are tried again on RESOURCE_EXHAUSTED
+// and UNAVAILABLE; Submit only on RESOURCE_EXHAUSTED, an admission refusal
+// that created no job (an UNAVAILABLE Submit without an idempotency key
+// may have been stored, so resending it could make a second job);
+// AuditStream never (its chunks are not buffered for a resend). The next
+// attempt waits the server's grpc-retry-pushback-ms trailer when it sends
+// one (a negative one: no retry), else gRPC's jittered backoff; and gRPC
+// throttles retries on a channel whose calls keep failing.
+//
 // Errors: the gRPC status as absl::Status with the same code and message.
 // RESOURCE_EXHAUSTED answers carry the server's retry hint, readable with
 // RetryAfter(status). Thread safety: a Client may be used from many threads
@@ -68,7 +79,15 @@ struct ClientOptions {
   int64_t stream_threshold_bytes = 0;
   // AuditStream chunk size; 0: the server's recommended_chunk_bytes.
   int64_t chunk_bytes = 0;
+  // Attempts per call under the retry policy (see the top comment; gRPC
+  // caps it at 5). 1: no retries (a load generator that counts refusals).
+  int max_attempts = 4;
 };
+
+// The channel's service config: the retry policy described at the top,
+// with `max_attempts` attempts per call (clamped to 2..5; below 2 the
+// config has no retry policy).
+std::string RetryServiceConfig(int max_attempts);
 
 // Per-call settings of Audit and Submit.
 struct CallOptions {
@@ -169,8 +188,9 @@ class Client {
 v1::SubmitRequest MakeSubmitRequest(const Snapshot& snapshot,
                                     const SubmitOptions& call);
 
-// The server's retry hint of a RESOURCE_EXHAUSTED status (its
-// "retry-after-ms" trailer), or zero.
+// The server's retry hint of a RESOURCE_EXHAUSTED or UNAVAILABLE status
+// (its "retry-after-ms" trailer, else a positive "grpc-retry-pushback-ms"),
+// or zero.
 absl::Duration RetryAfter(const absl::Status& status);
 
 }  // namespace attnaudit::client

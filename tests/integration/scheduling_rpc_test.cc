@@ -1,6 +1,7 @@
 // Admission control, deadlines, cancellation, priorities and draining,
 // seen through the RPCs. The pool is one GateDevice, so the test decides
 // when the device is busy and the queue order is observable.
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -64,6 +65,27 @@ TEST_F(SchedulingRpcTest,
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted)
       << refused.status();
   EXPECT_GT(client::RetryAfter(refused.status()), absl::ZeroDuration());
+  // The hint goes out twice: as gRPC's standard grpc-retry-pushback-ms,
+  // which the clients' retry policy waits for, and as retry-after-ms for
+  // clients that read it themselves (a plain stub: no retries).
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(60));
+    v1::AuditRequest request;
+    SnapshotToProto(SmallSnapshot(6), request.mutable_snapshot());
+    v1::AuditResponse response;
+    grpc::Status s = v1::AuditService::NewStub(t_->channel)
+                         ->Audit(&context, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    const auto& trailers = context.GetServerTrailingMetadata();
+    auto pushback = trailers.find("grpc-retry-pushback-ms");
+    auto after = trailers.find("retry-after-ms");
+    ASSERT_NE(pushback, trailers.end());
+    ASSERT_NE(after, trailers.end());
+    EXPECT_EQ(std::string(pushback->second.data(), pushback->second.size()),
+              std::string(after->second.data(), after->second.size()));
+  }
   // The stream is refused before its chunks, the same way.
   absl::StatusOr<AuditReport> refused_stream =
       t_->client->Audit(SmallSnapshot(4), {}, client::Transport::kStream);

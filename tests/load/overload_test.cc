@@ -53,9 +53,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/lib/client.h"
-#include "sim/simulator.h"
 #include "gtest/gtest.h"
 #include "proto/codec/codec.h"
+#include "sim/simulator.h"
 #include "tests/load/server_process.h"
 
 namespace attnaudit::testing {
@@ -315,6 +315,9 @@ class OverloadTest : public ::testing::Test {
     client::ClientOptions co;
     co.address = server_->address();
     co.timeout = absl::Seconds(60);
+    // The load is open-loop and counts every refusal: no resends by the
+    // client's retry policy.
+    co.max_attempts = 1;
     auto c = client::Client::Connect(co);
     ASSERT_TRUE(c.ok());
     client_ = *std::move(c);

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import ipaddress
+import json
 import os
 import socket
 import time
@@ -188,6 +189,41 @@ def channel_target(addr: Any) -> Tuple[str, Optional[str]]:
 ROUND_ROBIN = ("grpc.lb_policy_name", "round_robin")
 
 
+def _retry_policy(codes: Sequence[str]) -> dict:
+    return {"maxAttempts": 4, "initialBackoff": "0.2s", "maxBackoff": "5s",
+            "backoffMultiplier": 2, "retryableStatusCodes": list(codes)}
+
+
+def _methods(*names: str) -> List[dict]:
+    return [{"service": "attnaudit.v1.AuditService", "method": n} for n in names]
+
+
+# gRPC's own retry policy (the same as the C++ client's, client/lib/client.h).
+# A call answered RESOURCE_EXHAUSTED or UNAVAILABLE is tried again, up to 4
+# attempts, after the server's grpc-retry-pushback-ms trailer when it sends
+# one (negative: not retried), else after gRPC's jittered backoff. Submit is
+# retried on RESOURCE_EXHAUSTED only: that refusal created no job, while an
+# UNAVAILABLE Submit without an idempotency key may have been stored, and a
+# resend could make a second job. gRPC throttles retries while more than
+# half of a channel's recent calls fail (retryThrottling), so an overloaded
+# server gets no storm of resends. AuditStream is never retried (its chunks
+# are not kept for a resend). Unary requests are kept for a resend up to
+# RETRY_BUFFER_BYTES (gRPC's default is 256 KiB): a bit more than the
+# largest that audit() sends unary on its own. channel_options may replace
+# any of these ("grpc.enable_retries", 0 turns retries off).
+RETRY_SERVICE_CONFIG = json.dumps({"methodConfig": [
+    {"name": _methods("Audit", "GetResult", "Cancel", "ListResults",
+                      "GetCapabilities", "WatchResults"),
+     "retryPolicy": _retry_policy(["RESOURCE_EXHAUSTED", "UNAVAILABLE"])},
+    {"name": _methods("Submit"),
+     "retryPolicy": _retry_policy(["RESOURCE_EXHAUSTED"])},
+], "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.5}})
+RETRY_BUFFER_BYTES = 16 << 20
+RETRY_OPTIONS = [("grpc.enable_retries", 1),
+                 ("grpc.service_config", RETRY_SERVICE_CONFIG),
+                 ("grpc.per_rpc_retry_buffer_size", RETRY_BUFFER_BYTES)]
+
+
 def channel_args(addr: Any, tls: Any, extra: Sequence = ()
                  ) -> Tuple[str, Optional[grpc.ChannelCredentials], List]:
     """(target, credentials or None for plaintext, channel options) of a
@@ -196,6 +232,7 @@ def channel_args(addr: Any, tls: Any, extra: Sequence = ()
     creds, options = channel_setup(tls)
     options.append(ROUND_ROBIN)
     extra = list(extra)
+    options += [o for o in RETRY_OPTIONS if not any(k == o[0] for k, _ in extra)]
     if authority is not None and not any(k == "grpc.default_authority" for k, _ in extra):
         options.append(("grpc.default_authority", authority))
     return target, creds, options + extra

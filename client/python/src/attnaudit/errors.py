@@ -7,8 +7,12 @@ code, carrying:
   field_path   the field the server named, e.g. "snapshot.block_table[1][3]"
                for INVALID_ARGUMENT answers (their messages start with
                "<field path>: "); None when the message names no field
-  retry_after  seconds the server suggests waiting (RESOURCE_EXHAUSTED's
-               "retry-after-ms" trailer), else None
+  retry_after  seconds the server suggests waiting (the "retry-after-ms"
+               trailer of RESOURCE_EXHAUSTED and some UNAVAILABLE answers,
+               else a positive "grpc-retry-pushback-ms"), else None
+
+The clients have already retried what gRPC's retry policy covers
+(_calls.RETRY_SERVICE_CONFIG) before one of these is raised.
 """
 
 from __future__ import annotations
@@ -89,12 +93,15 @@ _BY_CODE = {
 
 
 def _retry_after(metadata) -> Optional[float]:
-    for k, v in metadata or ():
-        if k == "retry-after-ms":
+    found = dict(metadata or ())
+    for key in ("retry-after-ms", "grpc-retry-pushback-ms"):
+        if key in found:
             try:
-                return max(0.0, int(v) / 1000.0)
+                ms = int(found[key])
             except (TypeError, ValueError):
                 return None
+            # A negative pushback means "do not retry": no hint.
+            return ms / 1000.0 if ms >= 0 else None
     return None
 
 
