@@ -218,7 +218,8 @@ std::vector<std::vector<int32_t>> TokenOwners(const SynthOptions& o,
               (pos / std::max<int64_t>(1, o.cp_interleave)) % W);
         }
         break;
-      default:  // page interleaving
+      case CpSharding::kNone:  // page interleaving, the default
+      case CpSharding::kPageInterleaved:
         for (int64_t t = 0; t < len; ++t) {
           row[t] = static_cast<int32_t>((t / layout.page_size) % W);
         }

@@ -48,11 +48,17 @@ void LoadRow(const char* src, DType dtype, int64_t n, float factor,
       for (int64_t i = 0; i < n; ++i) dst[i] = s[i] * factor;
       return;
     }
-    default:  // fp8 and anything else: table-driven library path
-      ConvertToFloat(src, dtype, n, dst);
-      for (int64_t i = 0; i < n; ++i) dst[i] *= factor;
-      return;
+    case DType::kF8E4M3:  // fp8 and the rest: the table-driven library path
+    case DType::kF8E5M2:
+    case DType::kF64:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kBool:
+    case DType::kInvalid:
+      break;
   }
+  ConvertToFloat(src, dtype, n, dst);
+  for (int64_t i = 0; i < n; ++i) dst[i] *= factor;
 }
 
 // One (row, KV head) of the kernel.

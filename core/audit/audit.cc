@@ -213,10 +213,12 @@ absl::Status ComparePartOf(const CompareContext& ctx, ComparePart part,
     case kWorstHeadsPart:
       WorstHeadsStep(ctx, candidate, baseline, result);
       return absl::OkStatus();
-    default:
-      StatisticalStep(ctx, which, candidate, baseline, result);
-      return absl::OkStatus();
+    case kStatisticalPart:
+    case kParts:
+      break;
   }
+  StatisticalStep(ctx, which, candidate, baseline, result);
+  return absl::OkStatus();
 }
 
 Side EngineSide(const Snapshot& s) {

@@ -30,9 +30,11 @@ const char* Name(CpKind k) {
       return kCpMissingShard;
     case CpKind::kDoubled:
       return kCpDoubledShard;
-    default:
-      return kCpLseBase;
+    case CpKind::kBase2:
+    case CpKind::kBaseE:
+      break;
   }
+  return kCpLseBase;
 }
 
 std::string Detail(CpKind k, int32_t rank) {
@@ -44,10 +46,11 @@ std::string Detail(CpKind k, int32_t rank) {
     case CpKind::kBase2:
       return absl::StrFormat("rank %d's partial LSE in base 2, read as base e",
                              rank);
-    default:
-      return absl::StrFormat("rank %d's partial LSE in base e, read as base 2",
-                             rank);
+    case CpKind::kBaseE:
+      break;
   }
+  return absl::StrFormat("rank %d's partial LSE in base e, read as base 2",
+                         rank);
 }
 
 // A bf16 combine: each rank's rescaled partial rounded to bf16 and summed

@@ -36,9 +36,14 @@ double SmallestNormal(DType dtype) {
       return std::ldexp(1.0, -14);
     case DType::kF64:
       return std::numeric_limits<double>::min();
-    default:
-      return static_cast<double>(std::numeric_limits<float>::min());
+    case DType::kInvalid:
+    case DType::kF32:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kBool:
+      break;
   }
+  return static_cast<double>(std::numeric_limits<float>::min());
 }
 
 // How one (candidate, baseline) pair enters the statistics.
@@ -118,9 +123,16 @@ auto WithUlp(DType dtype, F&& f) {
       return f(UlpBf16{});
     case DType::kF64:
       return f(UlpF64{});
-    default:
-      return f(UlpAny{dtype});
+    case DType::kInvalid:
+    case DType::kF16:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kBool:
+      break;
   }
+  return f(UlpAny{dtype});
 }
 
 // Decodes a row-major flat index into (b, s, h, d); trailing fields stay -1

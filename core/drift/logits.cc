@@ -118,10 +118,17 @@ void LogitRowsImpl(const void* head, DType dtype, int64_t hidden, int64_t v0,
     case DType::kF64:
       return LogitRowsInPlace(static_cast<const double*>(head), hidden, v0, v1,
                               hiddens, num_hidden, logits, ld, max_l1, max_l2);
-    default:
-      return LogitRowsWidened(head, dtype, hidden, v0, v1, hiddens, num_hidden,
-                              logits, ld, max_l1, max_l2);
+    case DType::kInvalid:
+    case DType::kF16:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kBool:
+      break;
   }
+  return LogitRowsWidened(head, dtype, hidden, v0, v1, hiddens, num_hidden,
+                          logits, ld, max_l1, max_l2);
 }
 
 }  // namespace HWY_NAMESPACE

@@ -296,6 +296,15 @@ absl::Status VerifyPrefixFingerprint(const Snapshot& snapshot,
     return absl::InvalidArgumentError(
         "prefix.fingerprint: is required when the prefix cache is enabled");
   }
+  // A Snapshot built in code may hold any int here: refused before the
+  // switch, which lists every scheme (no default, so -Wswitch names one
+  // it forgets).
+  const int scheme_value = static_cast<int>(prefix.scheme);
+  if (scheme_value < static_cast<int>(PrefixCache::Scheme::kAttnauditV1) ||
+      scheme_value > static_cast<int>(PrefixCache::Scheme::kRlKernelCompat)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefix.scheme: unknown fingerprint scheme ", scheme_value));
+  }
   absl::StatusOr<std::string> digest;
   absl::string_view scheme;
   switch (prefix.scheme) {
@@ -307,10 +316,6 @@ absl::Status VerifyPrefixFingerprint(const Snapshot& snapshot,
       scheme = PrefixSchemeName(prefix.scheme);
       digest = RlKernelPrefixFingerprint(snapshot, layout, prefix.length);
       break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("prefix.scheme: unknown fingerprint scheme ",
-                       static_cast<int>(prefix.scheme)));
   }
   if (!digest.ok()) return digest.status();
   // Both are lowercase hex: validation (C24) refuses any other spelling.

@@ -47,9 +47,13 @@ absl::string_view TorchDTypeName(DType dtype) {
       return "torch.int32";
     case DType::kI64:
       return "torch.int64";
-    default:
-      return "";
+    case DType::kInvalid:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+    case DType::kBool:
+      break;
   }
+  return "";
 }
 
 absl::Status Unexpressible(absl::string_view field, absl::string_view what) {

@@ -196,9 +196,13 @@ bool IsFloating(DType dtype) {
     case DType::kF8E5M2:
     case DType::kF64:
       return true;
-    default:
-      return false;
+    case DType::kInvalid:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kBool:
+      break;
   }
+  return false;
 }
 
 bool IsInteger(DType dtype) {
@@ -219,9 +223,13 @@ double DTypeEpsilon(DType dtype) {
       return std::ldexp(1.0, -2);
     case DType::kF64:
       return std::ldexp(1.0, -52);
-    default:
-      return 0.0;
+    case DType::kInvalid:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kBool:
+      break;
   }
+  return 0.0;
 }
 
 float F16ToFloat(uint16_t h) {
@@ -249,9 +257,15 @@ float RoundToDType(float value, DType dtype) {
       return F8E4M3ToFloat(FloatToF8E4M3(value));
     case DType::kF8E5M2:
       return F8E5M2ToFloat(FloatToF8E5M2(value));
-    default:
-      return value;
+    case DType::kInvalid:
+    case DType::kF32:
+    case DType::kF64:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kBool:
+      break;
   }
+  return value;
 }
 
 double LoadAsDouble(const void* data, DType dtype, int64_t i) {
@@ -264,9 +278,15 @@ double LoadAsDouble(const void* data, DType dtype, int64_t i) {
       return static_cast<double>(static_cast<const int64_t*>(data)[i]);
     case DType::kBool:
       return static_cast<const uint8_t*>(data)[i];
-    default:
-      return LoadAsFloat(data, dtype, i);
+    case DType::kInvalid:
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+      break;
   }
+  return LoadAsFloat(data, dtype, i);
 }
 
 float LoadAsFloat(const void* data, DType dtype, int64_t i) {
@@ -361,10 +381,15 @@ void ConvertToFloat(const void* src, DType dtype, int64_t n, float* dst) {
       for (int64_t i = 0; i < n; ++i) dst[i] = table[s[i]];
       return;
     }
-    default:
-      for (int64_t i = 0; i < n; ++i) dst[i] = LoadAsFloat(src, dtype, i);
-      return;
+    case DType::kInvalid:
+    case DType::kF16:
+    case DType::kF64:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kBool:
+      break;
   }
+  for (int64_t i = 0; i < n; ++i) dst[i] = LoadAsFloat(src, dtype, i);
 }
 
 void ConvertToDouble(const void* src, DType dtype, int64_t n, double* dst) {
@@ -420,7 +445,11 @@ uint64_t UlpDistance(double a, double b, DType dtype) {
       oa = OrderedFromSignMagnitude(Encode(a, kE5M2Format), 7);
       ob = OrderedFromSignMagnitude(Encode(b, kE5M2Format), 7);
       break;
-    default:
+    case DType::kInvalid:
+    case DType::kF32:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kBool:
       oa = OrderedFromSignMagnitude(FloatToBits(static_cast<float>(a)), 31);
       ob = OrderedFromSignMagnitude(FloatToBits(static_cast<float>(b)), 31);
       break;

@@ -50,9 +50,16 @@ int64_t Tensor::IntAt(int64_t i) const {
       return data<int64_t>()[i];
     case DType::kBool:
       return data<uint8_t>()[i];
-    default:
-      return static_cast<int64_t>(DoubleAt(i));
+    case DType::kInvalid:
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+    case DType::kF64:
+      break;
   }
+  return static_cast<int64_t>(DoubleAt(i));
 }
 
 bool CheckedNumElements(const std::vector<int64_t>& shape, int64_t* out) {

@@ -85,9 +85,10 @@ int32_t TokenOwner(const Snapshot& snapshot, const ResolvedLayout& layout,
           std::max<int64_t>(1, snapshot.cp.interleave_size);
       return static_cast<int32_t>((pos / interleave) % world);
     }
-    default:
-      return 0;
+    case CpSharding::kNone:
+      break;
   }
+  return 0;
 }
 
 }  // namespace attnaudit

@@ -127,9 +127,13 @@ int64_t FirstNonFinite(const void* data, DType dtype, int64_t n) {
       return FirstAtOrAbove<uint8_t>(data, n, 0x7f, 0x7f);
     case DType::kF8E5M2:
       return FirstAtOrAbove<uint8_t>(data, n, 0x7f, 0x7c);
-    default:
-      return -1;  // not floating: nothing can be non-finite
+    case DType::kInvalid:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kBool:
+      break;
   }
+  return -1;  // not floating: nothing can be non-finite
 }
 
 absl::Status CheckFiniteValues(const Snapshot& s, const SnapshotDims& d,

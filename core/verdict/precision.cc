@@ -25,9 +25,15 @@ double WorkingEpsilon(DType dtype) {
     case DType::kF8E5M2:
       // fp8 values are dequantised into bf16 before they are multiplied.
       return DTypeEpsilon(DType::kBF16);
-    default:
-      return kEpsF32;
+    case DType::kInvalid:
+    case DType::kF32:
+    case DType::kF64:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kBool:
+      break;
   }
+  return kEpsF32;
 }
 
 // An fp32 dot product over D terms, summed in a tree or in blocks: about

@@ -53,9 +53,17 @@ double SmallestNormal(DType dtype) {
       return std::ldexp(1.0, -14);
     case DType::kF64:
       return std::numeric_limits<double>::min();
-    default:  // f32, bf16
-      return std::ldexp(1.0, -126);
+    case DType::kInvalid:
+    case DType::kF32:
+    case DType::kBF16:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kBool:
+      break;
   }
+  return std::ldexp(1.0, -126);  // f32's, for bf16 too
 }
 
 // Running sums of one group: z^2 per element; the mean z and the mean

@@ -43,9 +43,14 @@ double DenormMin(DType dtype) {
       return std::ldexp(1.0, -16);
     case DType::kF64:
       return std::numeric_limits<double>::denorm_min();
-    default:
-      return std::ldexp(1.0, -149);
+    case DType::kInvalid:
+    case DType::kF32:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kBool:
+      break;
   }
+  return std::ldexp(1.0, -149);
 }
 
 bool IsFp8(DType dtype) {
@@ -127,9 +132,15 @@ double EngineComputeEpsilon(DType kv_dtype) {
       return kEpsBf16;
     case DType::kF16:
       return DTypeEpsilon(DType::kF16);
-    default:
-      return kEpsF32;
+    case DType::kInvalid:
+    case DType::kF32:
+    case DType::kF64:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kBool:
+      break;
   }
+  return kEpsF32;
 }
 
 double ScoreError(const EngineArithmetic& arithmetic,
