@@ -6,7 +6,8 @@
 #      only what the check runs;
 #   2. runs the GPU tests (cuda_backend_test: R vs CPU, P reproducible and
 #      within tolerance, CP replays on the CUDA-local ring for W = 1..4,
-#      device drift, the pool fallback, a whole audit), the per-block math
+#      device drift, the pool fallback, a whole audit; cuda_transports_test:
+#      the CUDA-local ring transport on the ring protocol), the per-block math
 #      on the CPU (kernel_math_test), the device pool (device_pool_test)
 #      and `--devices all` end to end;
 #   3. runs the benchmark (attnaudit_bench_gpu): P kernel bandwidth vs a
@@ -75,13 +76,13 @@ if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
   grep 'backends:' "$OUT/configure.log" | tee -a "$OUT/summary.txt"
   phase build 300 "$OUT/build.log" \
     cmake --build "$BUILD" -j "$JOBS" --target cuda_backend_test \
-      kernel_math_test device_pool_test attnaudit_bench_gpu \
+      cuda_transports_test kernel_math_test device_pool_test attnaudit_bench_gpu \
       attnaudit-server attnaudit
 fi
 
 phase tests 150 "$OUT/tests.log" \
   bash -c "cd '$BUILD' && ctest -V \
-    -R '^(cuda_backend_test|kernel_math_test|device_pool_test)$'"
+    -R '^(cuda_backend_test|cuda_transports_test|kernel_math_test|device_pool_test)$'"
 # The verdict line, and how many GPU tests skipped (none should, on a GPU).
 grep -E 'tests passed|Failed|SKIPPED \] [0-9]+ tests?,' "$OUT/tests.log" |
   tee -a "$OUT/summary.txt"
