@@ -138,7 +138,7 @@ absl::Status ReadEntryFile(const std::string& path, uint64_t max_payload,
   std::string meta(header.metadata_bytes, '\0');
   s = ReadExact(fd.get(), &meta[0], meta.size(), path);
   if (!s.ok()) return s;
-  s = format::DecodeMetadata(meta, metadata);
+  s = format::DecodeMetadata(header.version, meta, metadata);
   if (!s.ok())
     return absl::DataLossError(absl::StrCat(path, ": ", s.message()));
   *payload_bytes = static_cast<int64_t>(header.payload_bytes);

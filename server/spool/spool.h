@@ -2,19 +2,23 @@
 // <data_dir>/spool. The RPC layer acknowledges a Submit only after Put has
 // returned OK, removes the entry after the job's result is committed to the
 // store, and resumes List()'s entries at start-up. The payload (the
-// serialised snapshot/request) is opaque bytes; nothing here depends on
-// protobuf.
+// serialised snapshot/request) is opaque bytes.
 //
 // Durability protocol of Put: write <id>.tmp, fsync it, rename it to
 // <id>.job, fsync the directory. A crash at any point leaves either no
 // <id>.job or a complete one; leftover *.tmp files are deleted by Open.
 //
 // File format (little-endian), checked on every read:
-//   "AASPOOL1" (8 bytes) | u32 format version (1) | u32 metadata length m |
+//   "AASPOOL1" (8 bytes) | u32 format version | u32 metadata length m |
 //   u64 payload length n | metadata (m bytes) | payload (n bytes) |
 //   u32 CRC-32C of everything before it
-// The metadata is a sequence of fields; newer fields (the tenant) come
-// last, so an older entry without them still reads, with their defaults.
+// Put writes version 2, whose metadata is a serialised SpoolRecordMetadata
+// (spool_record.proto: fields are only added, an older entry reads with
+// the defaults of newer ones). Entries of version 1, written before, still
+// read: their metadata is little-endian fields, the tenant last and
+// missing from entries spooled before tenants existed. The payload stays
+// outside the message: it may exceed protobuf's 2 GiB message limit, and
+// it is read straight into its buffer.
 // A file whose size, magic, version or CRC does not match is corrupt: List
 // renames it to <id>.corrupt (kept for inspection, never listed again) and
 // skips it; Read does the same and returns DataLoss.

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "server/spool/spool_record.pb.h"
 
 namespace attnaudit::server {
 namespace spool_internal {
@@ -67,26 +68,28 @@ absl::Time MicrosToTime(int64_t us) {
 
 absl::Status EncodePrefix(const SpoolMetadata& metadata, uint64_t payload_bytes,
                           std::string* out) {
-  std::string meta;
-  PutU32(&meta, static_cast<uint32_t>(metadata.priority));
-  PutU64(&meta, static_cast<uint64_t>(TimeToMicros(metadata.created)));
-  PutU64(&meta, static_cast<uint64_t>(TimeToMicros(metadata.deadline)));
-  PutU64(&meta, static_cast<uint64_t>(metadata.layer));
-  PutString(&meta, metadata.model);
-  PutString(&meta, metadata.engine);
-  PutString(&meta, metadata.attributes);
-  PutString(&meta, metadata.tenant);
-  if (meta.size() > kMaxMetadataBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("metadata: ", meta.size(),
-                                                   " bytes encoded, limit ",
-                                                   kMaxMetadataBytes));
+  spool::SpoolRecordMetadata record;
+  record.set_priority(metadata.priority);
+  record.set_created_unix_micros(TimeToMicros(metadata.created));
+  record.set_deadline_unix_micros(TimeToMicros(metadata.deadline));
+  record.set_model(metadata.model);
+  record.set_layer(metadata.layer);
+  record.set_engine(metadata.engine);
+  record.set_attributes(metadata.attributes);
+  record.set_tenant(metadata.tenant);
+  const size_t meta_bytes = record.ByteSizeLong();
+  if (meta_bytes > kMaxMetadataBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metadata: ", meta_bytes, " bytes encoded, limit ", kMaxMetadataBytes));
   }
   out->clear();
   out->append(kMagic, sizeof(kMagic));
-  PutU32(out, kVersion);
-  PutU32(out, static_cast<uint32_t>(meta.size()));
+  PutU32(out, kVersionProto);
+  PutU32(out, static_cast<uint32_t>(meta_bytes));
   PutU64(out, payload_bytes);
-  out->append(meta);
+  if (!record.AppendToString(out)) {
+    return absl::InternalError("metadata: could not be serialised");
+  }
   return absl::OkStatus();
 }
 
@@ -103,7 +106,8 @@ absl::Status DecodeHeader(absl::string_view bytes, uint64_t max_payload_bytes,
   r.U32(&version);
   r.U32(&header->metadata_bytes);
   r.U64(&header->payload_bytes);
-  if (version != kVersion) {
+  header->version = version;
+  if (version != kVersionFields && version != kVersionProto) {
     return absl::DataLossError(
         absl::StrCat("header: unknown format version ", version));
   }
@@ -119,7 +123,13 @@ absl::Status DecodeHeader(absl::string_view bytes, uint64_t max_payload_bytes,
   return absl::OkStatus();
 }
 
-absl::Status DecodeMetadata(absl::string_view bytes, SpoolMetadata* metadata) {
+namespace {
+
+// Version 1: priority u32, created/deadline/layer u64, then model, engine,
+// attributes and (since tenants) tenant as u32 length + bytes; an entry
+// that ends after `attributes` predates tenants.
+absl::Status DecodeFieldsMetadata(absl::string_view bytes,
+                                  SpoolMetadata* metadata) {
   Reader r(bytes);
   uint32_t priority;
   uint64_t created, deadline, layer;
@@ -128,7 +138,6 @@ absl::Status DecodeMetadata(absl::string_view bytes, SpoolMetadata* metadata) {
       !r.String(&metadata->engine) || !r.String(&metadata->attributes)) {
     return absl::DataLossError("metadata: malformed");
   }
-  // Entries written before tenants existed end here.
   if (!r.done() && (!r.String(&metadata->tenant) || !r.done())) {
     return absl::DataLossError("metadata: malformed");
   }
@@ -137,6 +146,33 @@ absl::Status DecodeMetadata(absl::string_view bytes, SpoolMetadata* metadata) {
   metadata->deadline = MicrosToTime(static_cast<int64_t>(deadline));
   metadata->layer = static_cast<int64_t>(layer);
   return absl::OkStatus();
+}
+
+absl::Status DecodeProtoMetadata(absl::string_view bytes,
+                                 SpoolMetadata* metadata) {
+  spool::SpoolRecordMetadata record;
+  if (!record.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return absl::DataLossError("metadata: malformed");
+  }
+  metadata->priority = record.priority();
+  metadata->created = MicrosToTime(record.created_unix_micros());
+  metadata->deadline = MicrosToTime(record.deadline_unix_micros());
+  metadata->model = record.model();
+  metadata->layer = record.layer();
+  metadata->engine = record.engine();
+  metadata->attributes = record.attributes();
+  metadata->tenant = record.tenant();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DecodeMetadata(uint32_t version, absl::string_view bytes,
+                            SpoolMetadata* metadata) {
+  if (version == kVersionFields) return DecodeFieldsMetadata(bytes, metadata);
+  if (version == kVersionProto) return DecodeProtoMetadata(bytes, metadata);
+  return absl::DataLossError(
+      absl::StrCat("header: unknown format version ", version));
 }
 
 }  // namespace spool_internal

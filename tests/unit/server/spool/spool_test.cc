@@ -1,6 +1,7 @@
 // Spool: round trips, crash leftovers (.tmp, truncated and bit-flipped
-// .job files), id validation, quotas, and CRC-32C against published vectors
-// and a bitwise reference.
+// .job files), id validation, quotas, CRC-32C against published vectors
+// and a bitwise reference, and the format: entries an older server wrote
+// (format 1) still read, new ones are format 2 (protobuf metadata).
 #include "server/spool/spool.h"
 
 #include <stdlib.h>
@@ -9,6 +10,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -17,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/spool/spool_format.h"
+#include "server/spool/spool_record.pb.h"
 
 namespace attnaudit::server {
 namespace {
@@ -332,31 +336,172 @@ TEST(SpoolTest, OpenFailsCleanlyOnAnUnusableDirectory) {
   EXPECT_THAT(s.status().message(), HasSubstr("not_a_dir"));
 }
 
-TEST(SpoolFormatTest, EntriesFromBeforeTenantsReadAsTheDefaultTenant) {
+// The format-1 writer as it was (before the metadata became a protobuf
+// message), kept here to make the files older servers left in a spool:
+// little-endian fields, the tenant last and absent before tenants existed.
+void PutU32(std::string* out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
+}
+void PutU64(std::string* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
+}
+void PutString(std::string* out, const std::string& s) {
+  PutU32(out, static_cast<uint32_t>(s.size()));
+  out->append(s);
+}
+uint64_t V1Micros(absl::Time t) {
+  if (t == absl::InfiniteFuture()) {
+    return static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  }
+  return static_cast<uint64_t>(absl::ToUnixMicros(t));
+}
+std::string Version1File(const SpoolMetadata& m, const std::string& payload,
+                         bool with_tenant) {
+  std::string meta;
+  PutU32(&meta, static_cast<uint32_t>(m.priority));
+  PutU64(&meta, V1Micros(m.created));
+  PutU64(&meta, V1Micros(m.deadline));
+  PutU64(&meta, static_cast<uint64_t>(m.layer));
+  PutString(&meta, m.model);
+  PutString(&meta, m.engine);
+  PutString(&meta, m.attributes);
+  if (with_tenant) PutString(&meta, m.tenant);
+  std::string file("AASPOOL1", 8);
+  PutU32(&file, 1);
+  PutU32(&file, static_cast<uint32_t>(meta.size()));
+  PutU64(&file, payload.size());
+  file += meta;
+  file += payload;
+  PutU32(&file, NaiveCrc32c(file));
+  return file;
+}
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+TEST(SpoolFormatTest, EntriesOfTheOldFormatAreListedAndReadBack) {
+  TempDir tmp;
+  OpenSpool(tmp.path());  // creates <dir>/spool
   SpoolMetadata m;
+  m.priority = 0;
+  m.created = absl::FromUnixMicros(1700000000123456);
+  m.deadline = absl::FromUnixMicros(1700000009000000);
   m.model = "llama";
+  m.layer = 17;
+  m.engine = "vllm";
+  m.attributes = std::string("\0opaque\xff", 8);
   m.tenant = "fleet-a";
-  std::string prefix;
-  ASSERT_TRUE(spool_internal::EncodePrefix(m, 0, &prefix).ok());
-  std::string meta = prefix.substr(spool_internal::kHeaderBytes);
-  SpoolMetadata back;
-  ASSERT_TRUE(spool_internal::DecodeMetadata(meta, &back).ok());
-  EXPECT_EQ(back.tenant, "fleet-a");
-  // The old metadata ended after `attributes`: drop the tenant field
-  // (a u32 length and the bytes).
-  const std::string old = meta.substr(0, meta.size() - 4 - m.tenant.size());
-  SpoolMetadata legacy;
-  ASSERT_TRUE(spool_internal::DecodeMetadata(old, &legacy).ok());
-  EXPECT_EQ(legacy.tenant, "default");
-  EXPECT_EQ(legacy.model, "llama");
-  // Anything after the tenant, or a cut tenant, is corruption.
+  std::string payload(70000, '\0');
+  for (size_t i = 0; i < payload.size(); ++i) {
+    payload[i] = static_cast<char>(i * 29);
+  }
+  WriteFile(tmp.path() + "/spool/old.job", Version1File(m, payload, true));
+  SpoolMetadata before_tenants = m;
+  before_tenants.created = absl::FromUnixMicros(1700000000000000);
+  before_tenants.deadline = absl::InfiniteFuture();
+  WriteFile(tmp.path() + "/spool/older.job",
+            Version1File(before_tenants, "x", false));
+
+  // A server started on that spool resumes both, then spools new entries
+  // in the new format next to them.
+  auto spool = OpenSpool(tmp.path());
+  ASSERT_TRUE(spool->Put("new", Meta(1800000000000000), "n").ok());
+  auto list = spool->List(/*verify_crc=*/true);
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(Ids(*list), (std::vector<std::string>{"older", "old", "new"}));
+  EXPECT_EQ((*list)[1].payload_bytes, static_cast<int64_t>(payload.size()));
+
+  auto old = spool->Read("old");
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->payload, payload);
+  EXPECT_EQ(old->metadata.priority, 0);
+  EXPECT_EQ(old->metadata.created, m.created);
+  EXPECT_EQ(old->metadata.deadline, m.deadline);
+  EXPECT_EQ(old->metadata.model, "llama");
+  EXPECT_EQ(old->metadata.layer, 17);
+  EXPECT_EQ(old->metadata.engine, "vllm");
+  EXPECT_EQ(old->metadata.attributes, m.attributes);
+  EXPECT_EQ(old->metadata.tenant, "fleet-a");
+  auto older = spool->Read("older");
+  ASSERT_TRUE(older.ok()) << older.status();
+  EXPECT_EQ(older->metadata.tenant, "default");
+  EXPECT_EQ(older->metadata.deadline, absl::InfiniteFuture());
+  EXPECT_EQ(older->payload, "x");
+}
+
+TEST(SpoolFormatTest, NewEntriesAreVersion2WithAProtobufMetadataMessage) {
+  TempDir tmp;
+  auto spool = OpenSpool(tmp.path());
+  SpoolMetadata m = Meta(1700000000000001);
+  m.model = "qwen";
+  m.layer = 3;
+  m.tenant = "fleet-b";
+  ASSERT_TRUE(spool->Put("j", m, "payload").ok());
+  std::ifstream in(tmp.path() + "/spool/j.job", std::ios::binary);
+  const std::string file((std::istreambuf_iterator<char>(in)),
+                         std::istreambuf_iterator<char>());
+  ASSERT_GT(file.size(), spool_internal::kHeaderBytes);
+  EXPECT_EQ(file.substr(0, 8), "AASPOOL1");
+  EXPECT_EQ(file[8], 2);  // the version, little-endian
+  const uint32_t meta_bytes = static_cast<unsigned char>(file[12]) |
+                              static_cast<unsigned char>(file[13]) << 8;
+  // Parsed by the generated class itself, not by the spool's reader.
+  spool::SpoolRecordMetadata record;
+  ASSERT_TRUE(record.ParseFromString(
+      file.substr(spool_internal::kHeaderBytes, meta_bytes)));
+  EXPECT_EQ(record.model(), "qwen");
+  EXPECT_EQ(record.layer(), 3);
+  EXPECT_EQ(record.tenant(), "fleet-b");
+  EXPECT_EQ(record.created_unix_micros(), 1700000000000001);
+  EXPECT_EQ(record.deadline_unix_micros(), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(file.substr(spool_internal::kHeaderBytes + meta_bytes, 7),
+            "payload");
+  EXPECT_EQ(file.size(), spool_internal::kHeaderBytes + meta_bytes + 7 +
+                             spool_internal::kTrailerBytes);
+  // The trailer covers everything before it.
+  const std::string body = file.substr(0, file.size() - 4);
+  std::string crc;
+  PutU32(&crc, NaiveCrc32c(body));
+  EXPECT_EQ(file.substr(file.size() - 4), crc);
+}
+
+TEST(SpoolFormatTest, DamagedOldEntriesAndUnknownVersionsAreQuarantined) {
+  TempDir tmp;
+  OpenSpool(tmp.path());
+  const std::string old = Version1File(Meta(1), std::string(3000, 'o'), true);
+  // A flipped payload byte (sizes still match), a torn tail, a version
+  // this server does not know (CRC recomputed: only the version is wrong),
+  // and an old header whose metadata runs past its declared length.
+  std::string flipped = old;
+  flipped[2000] ^= 1;
+  WriteFile(tmp.path() + "/spool/flipped.job", flipped);
+  WriteFile(tmp.path() + "/spool/torn.job", old.substr(0, old.size() - 9));
+  std::string future = old.substr(0, old.size() - 4);
+  future[8] = 3;
+  PutU32(&future, NaiveCrc32c(future));
+  WriteFile(tmp.path() + "/spool/future.job", future);
+  std::string cut = Version1File(Meta(2), "", true);
+  cut[12] = 10;  // metadata length 10: a cut field
+  cut = cut.substr(0, cut.size() - 4);
+  cut.resize(spool_internal::kHeaderBytes + 10);
+  PutU32(&cut, NaiveCrc32c(cut));
+  WriteFile(tmp.path() + "/spool/cut.job", cut);
+  WriteFile(tmp.path() + "/spool/good.job", old);
+
+  auto spool = OpenSpool(tmp.path());
+  auto list = spool->List(/*verify_crc=*/true);
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(Ids(*list), (std::vector<std::string>{"good"}));
+  EXPECT_THAT(
+      Files(tmp.path() + "/spool"),
+      UnorderedElementsAre("good.job", "flipped.corrupt", "torn.corrupt",
+                           "future.corrupt", "cut.corrupt"));
   SpoolMetadata bad;
-  EXPECT_EQ(spool_internal::DecodeMetadata(meta + "x", &bad).code(),
+  EXPECT_EQ(spool_internal::DecodeMetadata(spool_internal::kVersionProto,
+                                           "\xff\xff\xff", &bad)
+                .code(),
             absl::StatusCode::kDataLoss);
-  EXPECT_EQ(
-      spool_internal::DecodeMetadata(meta.substr(0, meta.size() - 1), &bad)
-          .code(),
-      absl::StatusCode::kDataLoss);
 }
 
 }  // namespace
