@@ -185,6 +185,20 @@ absl::Status NcclTransport::Send(int64_t rank, int64_t step, int64_t bytes) {
   return IssueStep(step);
 }
 
+absl::Status NcclTransport::WaitSent(int64_t rank, int64_t step) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pending_step_ == step && !pending_.empty()) {
+      // The group is issued by the step's last Send; waiting for it first
+      // would never end on a driver that issues one call at a time.
+      return absl::InternalError(absl::StrCat(
+          "cp transport: rank ", rank, " waits for its send of step ", step,
+          " before every rank's send of that step was issued"));
+    }
+  }
+  return DeviceRingTransport::WaitSent(rank, step);
+}
+
 // One group for the step: every cross-GPU hop as an ncclSend/ncclRecv pair
 // on the two GPUs' communication streams, every same-GPU hop as a device
 // copy, each ordered after the sender's data and the receiver's grant.

@@ -36,7 +36,8 @@
 // a receive is posted only into a slot granted for it, so the receive is
 // the credit); a driver must therefore issue every rank's Send of a step
 // before any rank's WaitSent of that step (the GPU replay's lock-step
-// driver does: all sends, then all computes).
+// driver does: all sends, then all computes); a WaitSent before that is
+// Internal.
 //
 // Ownership: slots and rank streams belong to the caller (the replay), and
 // must outlive the transport; the transport owns its events and copy /
@@ -129,6 +130,8 @@ class NcclTransport : public DeviceRingTransport {
   static absl::StatusOr<std::unique_ptr<NcclTransport>> Create(
       std::vector<RankPlacement> ranks, int64_t slot_bytes, CudaGang* gang);
   absl::Status Send(int64_t rank, int64_t step, int64_t bytes) override;
+  // Internal, not a wait, before every rank's Send of the step was issued.
+  absl::Status WaitSent(int64_t rank, int64_t step) override;
 
  private:
   NcclTransport(std::vector<RankPlacement> ranks, int64_t slot_bytes,
