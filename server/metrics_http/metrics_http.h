@@ -5,7 +5,13 @@
 // auth, Debian's civetweb gets TLS by loading "libssl.so" at run time (a
 // file only libssl-dev installs), and its few worker threads are held by
 // idle connections, so a handful of clients that connect and send nothing
-// starve every scrape. This server is built so that cannot happen:
+// starve every scrape. Nor cpp-httplib (Debian 12 ships 0.11 as
+// libcpp-httplib-dev), which would bring HTTPS and the request parsing: its
+// server hands every accepted connection to a pool of max(8, cores - 1)
+// threads, each blocking on the request with a timeout per read (a
+// trickled head renews it), and offers no hook at accept to bound or
+// evict connections, so eight idle clients hold every worker the same way.
+// This server is built so that cannot happen:
 //
 //   - one accept thread and one short-lived thread per connection;
 //   - a connection must finish its TLS handshake and request head within
