@@ -18,8 +18,8 @@
 // Resources. One CUDA stream per backend, used by one job at a time (the
 // job's stream); a device memory pool of `pool_bytes`, reset after every
 // job; two pinned staging buffers of `staging_bytes`, reused across jobs.
-// A job larger than the pool fails ResourceExhausted (the audit pipeline
-// then runs it on the CPU backend).
+// A job larger than the pool fails ResourceExhausted (the server's
+// CudaDevice then runs it on the CPU backend, through FallbackBackend).
 //
 // Numerics: docs/NUMERICS.md, "CPU and GPU". R within ~1e-15 relative of
 // the CPU's; P bitwise reproducible on a GPU, within the replay's
@@ -88,6 +88,8 @@ class CudaBackend : public Backend {
   ~CudaBackend() override;
 
   std::string name() const override;
+  // One call at a time: one stream and one device pool per backend.
+  BackendCapabilities capabilities() const override { return {}; }
   absl::StatusOr<AttentionResults> ComputeAttention(
       const PreparedAttention& prepared,
       const AttentionRunOptions& options) override;

@@ -30,6 +30,7 @@
 #include "absl/strings/str_join.h"
 #include "core/attention/attention.h"
 #include "core/audit/audit.h"
+#include "core/backend/fallback_backend.h"
 #include "core/cp/replay/replay.h"
 #include "core/cp/schedule/schedule.h"
 #include "sim/simulator.h"
@@ -201,8 +202,11 @@ AuditRow W1Audit(CudaBackend& gpu, const Flags& f) {
   AuditRow row;
   std::vector<double> total, up, kern, down, cpu;
   for (int i = 0; i <= f.repeats; ++i) {
+    // As the server's CudaDevice runs it: what the GPU refuses runs on the
+    // CPU, and the row says so.
+    FallbackBackend job_backend(gpu, CpuBackendInstance());
     AuditOptions o;
-    o.backend = &gpu;
+    o.backend = &job_backend;
     Clock::time_point start = Clock::now();
     absl::StatusOr<AuditReport> r = AuditSnapshot(c->snapshot, o);
     const double s =

@@ -298,8 +298,7 @@ struct AuditRun {
 
   const Snapshot& snapshot;
   const AuditOptions& options;
-  // Where R, P, the CP replay and the drift statistics run; the CPU
-  // backend once the chosen one handed the pass over.
+  // Where R, P, the CP replay and the drift statistics run.
   Backend* backend;
   int threads = 1;
   Clock::time_point start;
@@ -389,24 +388,6 @@ void PlanCpUnitStates(AuditRun* run) {
   }
 }
 
-// The fused pass on the audit's backend; a backend that cannot take the
-// snapshot (too big for its memory, a shape it lacks) hands it, and the
-// rest of the audit, to the CPU backend, so the CP replay's states come
-// from the backend whose P they must rebuild.
-absl::StatusOr<AttentionResults> RunAttentionPass(
-    AuditRun* run, const AttentionRunOptions& options) {
-  absl::StatusOr<AttentionResults> results =
-      run->backend->ComputeAttention(run->prepared, options);
-  const absl::StatusCode code = results.status().code();
-  Backend* cpu = &CpuBackendInstance();
-  if (run->backend != cpu && (code == absl::StatusCode::kResourceExhausted ||
-                              code == absl::StatusCode::kUnimplemented)) {
-    run->backend = cpu;
-    results = cpu->ComputeAttention(run->prepared, options);
-  }
-  return results;
-}
-
 // reference + replay: RoPE and scales, then the fused pass (the audit's one
 // read of the cache).
 absl::Status AttentionStage(AuditRun* run) {
@@ -420,7 +401,8 @@ absl::Status AttentionStage(AuditRun* run) {
   options.cancelled = run->options.cancelled;
   PlanCpUnitStates(run);
   if (run->keep_unit_states) options.unit_states = &run->unit_states;
-  ATTNAUDIT_ASSIGN_OR_RETURN(run->results, RunAttentionPass(run, options));
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      run->results, run->backend->ComputeAttention(run->prepared, options));
   if (run->results.kv_non_finite) {
     // Name the first non-finite K/V value exactly as validation would.
     ATTNAUDIT_RETURN_IF_ERROR(
@@ -521,9 +503,10 @@ absl::Status CompareStage(AuditRun* run) {
   for (const Wanted& w : wanted) {
     if (w.requested) requested.push_back(&w);
   }
-  // The comparisons' parts are independent; the CPU backend takes
-  // concurrent calls, other backends one at a time (core/backend/backend.h).
-  const int threads = run->backend == &CpuBackendInstance() ? run->threads : 1;
+  // The comparisons' parts are independent; they run in parallel on a
+  // backend that serves concurrent calls (core/backend/backend.h).
+  const int threads =
+      run->backend->capabilities().concurrent_calls ? run->threads : 1;
   const int64_t tasks = static_cast<int64_t>(requested.size()) * kParts;
   std::vector<ComparisonResult> results(requested.size());
   std::vector<absl::Status> statuses(static_cast<size_t>(tasks));

@@ -50,10 +50,11 @@ struct AuditOptions {
   bool diagnose = true;
   double diagnosis_max_seconds = 10.0;
   // Where R, P, the CP replay and the drift statistics run (not owned; it
-  // must outlive the audit). Null: the process's CPU backend. A backend
-  // that cannot take the snapshot (ResourceExhausted, Unimplemented) hands
-  // the attention pass to the CPU backend; the report names the one that
-  // ran (provenance.backend).
+  // must outlive the audit). Null: the process's CPU backend. The audit
+  // runs this backend and no other: a ResourceExhausted or Unimplemented
+  // from it ends the audit with that status, unless the caller composed a
+  // FallbackBackend (core/backend/fallback_backend.h). The report names the
+  // backend that ran (provenance.backend, the backend's name() at the end).
   Backend* backend = nullptr;
   // Polled between stages and work items; a true value aborts the audit
   // with Cancelled. May be null.

@@ -34,16 +34,21 @@
 //     not as an error (the pipeline names the value).
 // Ownership: the caller owns every input and output; inputs must stay valid
 // until the call returns. Results are plain host values.
-// Thread safety: name() from any thread. CpuBackend serves any number of
-// concurrent calls; other backends serve one call at a time (the server
-// gives each device its own backend and one job at a time).
+// Capabilities: what the pipeline may ask of a backend beyond the calls
+// (BackendCapabilities below); the pipeline reads them, never the backend's
+// identity, so a new backend states what it can do in one place.
+// Thread safety: name() and capabilities() from any thread. A backend whose
+// capabilities say concurrent_calls serves any number of concurrent calls
+// (CpuBackend); others serve one call at a time (the server gives each
+// device its own backend and one job at a time).
 // Errors: Cancelled when the options' `cancelled` flag is set (polled
 // between work items); InvalidArgument for malformed inputs a backend
 // checks (shapes); ResourceExhausted when the snapshot does not fit the
 // backend's memory and Unimplemented for a shape it does not support (the
-// pipeline then runs the CPU backend instead, and the report names the
-// backend that ran); Internal for device errors, with the failing call in
-// the message. No backend exits or aborts the process.
+// pipeline returns them as they are; a caller that wants another backend
+// to take over composes one with FallbackBackend, fallback_backend.h);
+// Internal for device errors, with the failing call in the message. No
+// backend exits or aborts the process.
 #ifndef ATTNAUDIT_CORE_BACKEND_BACKEND_H_
 #define ATTNAUDIT_CORE_BACKEND_BACKEND_H_
 
@@ -58,12 +63,21 @@
 
 namespace attnaudit {
 
+// What a backend can do, beyond the calls every backend serves.
+struct BackendCapabilities {
+  // Any number of calls at once (the pipeline then runs the comparisons'
+  // drift statistics in parallel); false: one call at a time.
+  bool concurrent_calls = false;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
 
   // "cpu", or the device, e.g. "cuda:0" (the report's provenance.backend).
   virtual std::string name() const = 0;
+
+  virtual BackendCapabilities capabilities() const = 0;
 
   virtual absl::StatusOr<AttentionResults> ComputeAttention(
       const PreparedAttention& prepared,
@@ -94,6 +108,11 @@ class CpuBackend : public Backend {
       const CpuBackendOptions& options);
 
   std::string name() const override { return "cpu"; }
+  BackendCapabilities capabilities() const override {
+    BackendCapabilities c;
+    c.concurrent_calls = true;
+    return c;
+  }
   absl::StatusOr<AttentionResults> ComputeAttention(
       const PreparedAttention& prepared,
       const AttentionRunOptions& options) override;

@@ -5,6 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/audit/audit.h"
+#include "core/backend/backend.h"
+#include "core/backend/fallback_backend.h"
+#include "server/common/log.h"
 
 namespace attnaudit::server {
 namespace {
@@ -13,6 +16,19 @@ constexpr size_t kMaxCachedGangs = 4;
 
 bool Cancelled(const AuditOptions& options) {
   return options.cancelled != nullptr && options.cancelled->load();
+}
+
+// The job's backend: the GPU's, or the CPU's for a snapshot the GPU
+// refuses (the log line is what an operator sees of it besides the
+// report's provenance.backend).
+FallbackBackend JobBackend(CudaBackend& gpu) {
+  return FallbackBackend(gpu, CpuBackendInstance(),
+                         [name = gpu.name()](const absl::Status& why) {
+                           ATTNAUDIT_LOG(info, "gpu fallback")
+                               .Kv("device", name)
+                               .Kv("to", "cpu")
+                               .Kv("why", why.message());
+                         });
 }
 
 }  // namespace
@@ -33,8 +49,9 @@ absl::StatusOr<AuditReport> CudaDevice::Run(const Snapshot& snapshot,
   if (Cancelled(options)) {
     return absl::CancelledError("cancelled before the audit started");
   }
+  FallbackBackend backend = JobBackend(*backend_);
   AuditOptions own = options;
-  own.backend = backend_.get();
+  own.backend = &backend;
   if (own.threads == 0) own.threads = host_threads_;
   return RunAudit(snapshot, own);
 }
@@ -71,8 +88,9 @@ absl::StatusOr<AuditReport> CudaDevice::RunGang(absl::Span<Device* const> gang,
   }
   absl::StatusOr<CudaGang*> ring = GangFor(gang);
   if (!ring.ok()) return ring.status();
+  FallbackBackend backend = JobBackend(*backend_);
   AuditOptions own = options;
-  own.backend = backend_.get();
+  own.backend = &backend;
   if (own.threads == 0) own.threads = host_threads_;
   own.cp_workers = static_cast<int>(gang.size());
   backend_->SetGang(*ring);

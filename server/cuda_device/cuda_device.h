@@ -4,8 +4,10 @@
 // R + P pass, the CP replay and the drift statistics on the GPU, the rest
 // of the pipeline on `host_threads` CPU threads. A snapshot the GPU cannot
 // take (bigger than --gpu-memory-pool-bytes, a page too large for a thread
-// block) runs on the CPU backend instead, and its report says so
-// (provenance.backend "cpu").
+// block) runs on the CPU backend instead: each job's backend is a
+// FallbackBackend (core/backend/fallback_backend.h) of the GPU's and the
+// CPU's, this device decides so, the server logs `msg="gpu fallback"` with
+// the device and why, and the report says so (provenance.backend "cpu").
 //
 // Gang jobs (CP snapshots, docs/ARCHITECTURE.md "CP replay"): RunGang runs
 // the CP replay with rank k on GPU k mod G of the gang (a gang smaller than

@@ -20,6 +20,7 @@
 #include "core/attention/unit_states.h"
 #include "core/audit/audit.h"
 #include "core/backend/backend.h"
+#include "core/backend/fallback_backend.h"
 #include "core/cp/replay/combine.h"
 #include "core/cp/replay/replay.h"
 #include "core/cp/schedule/schedule.h"
@@ -271,9 +272,14 @@ TEST(CudaBackendTest, AWholeAuditRunsOnTheGpuAndTooBigFallsBackToTheCpu) {
   ASSERT_TRUE(tiny.ok()) << tiny.status();
   options.backend = tiny->get();
   report = RunAudit(*sim, options);
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kResourceExhausted);
+  FallbackBackend fallback(**tiny, CpuBackendInstance());
+  options.backend = &fallback;
+  report = RunAudit(*sim, options);
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->verdict, Verdict::kPass);
   EXPECT_EQ(report->provenance.backend, "cpu");
+  EXPECT_TRUE(fallback.fell_back());
 }
 
 }  // namespace
