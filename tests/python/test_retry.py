@@ -1,7 +1,8 @@
 """The clients' retry policy (gRPC's, from the channel's service config)
 against a scripted in-process AuditService: which calls are resent on
 which codes, and that the server's grpc-retry-pushback-ms trailer decides
-whether and when."""
+whether and when; and that the capabilities an audit needs are asked under
+that audit's deadline."""
 
 from __future__ import annotations
 
@@ -56,7 +57,15 @@ def scripted():
     def submit(request, context):
         return script.attempt(context, service_pb2.SubmitResponse(job_id="s1"))
 
+    def get_capabilities(request, context):
+        script.caps_deadlines.append(context.time_remaining())
+        return service_pb2.Capabilities()
+
+    script.caps_deadlines = []
     handlers = {
+        "GetCapabilities": grpc.unary_unary_rpc_method_handler(
+            get_capabilities, request_deserializer=None,
+            response_serializer=service_pb2.Capabilities.SerializeToString),
         "GetResult": grpc.unary_unary_rpc_method_handler(
             get_result, request_deserializer=service_pb2.GetResultRequest.FromString,
             response_serializer=service_pb2.JobResult.SerializeToString),
@@ -151,3 +160,23 @@ def test_the_service_config_names_real_methods():
     submit = [e for e in config["methodConfig"]
               if {"service": "attnaudit.v1.AuditService", "method": "Submit"} in e["name"]]
     assert submit[0]["retryPolicy"]["retryableStatusCodes"] == ["RESOURCE_EXHAUSTED"]
+
+
+def test_the_capabilities_an_audit_needs_are_asked_under_its_deadline(scripted):
+    script, addr = scripted
+    # The client's default deadline is 60 s; the audit's own is 5 s. (The
+    # scripted service has no Audit: the audit itself fails UNIMPLEMENTED.)
+    with attnaudit.AuditClient(addr, timeout=60) as client:
+        with pytest.raises(attnaudit.AuditError):
+            client.audit(tiny(), timeout=5)
+    assert len(script.caps_deadlines) == 1
+    assert 0 < script.caps_deadlines[0] <= 5
+
+    async def go():
+        async with attnaudit.aio.AuditClient(addr, timeout=60) as client:
+            with pytest.raises(attnaudit.AuditError):
+                await client.audit(tiny(), timeout=5)
+
+    asyncio.run(go())
+    assert len(script.caps_deadlines) == 2
+    assert 0 < script.caps_deadlines[1] <= 5

@@ -82,9 +82,10 @@ class AuditClient:
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
 
-    async def capabilities(self, refresh: bool = False) -> service_pb2.Capabilities:
+    async def capabilities(self, refresh: bool = False, *,
+                           timeout: Optional[float] = None) -> service_pb2.Capabilities:
         if self._caps is None or refresh:
-            self._caps = await self._call(self._capabilities, b"", None)
+            self._caps = await self._call(self._capabilities, b"", timeout)
         return self._caps
 
     async def audit(self, snapshot: Snapshot, *, timeout: Optional[float] = None,
@@ -101,12 +102,12 @@ class AuditClient:
                 memfd.close()
             return Report(response.report)
         threshold = C.stream_threshold(
-            await self._known_caps(transport == "auto" and not self._threshold),
+            await self._known_caps(transport == "auto" and not self._threshold, timeout),
             self._threshold)
         # Encoding copies the snapshot's bytes once and may wait for a
         # device copy: keep it off the event loop.
         if C.choose_transport(transport, snapshot, threshold) == "stream":
-            chunk = C.chunk_size(await self._known_caps(not self._chunk), self._chunk)
+            chunk = C.chunk_size(await self._known_caps(not self._chunk, timeout), self._chunk)
             await loop.run_in_executor(None, snapshot.wait)
             messages = _off_loop(C.stream_messages(snapshot, opts, prio, chunk))
             response = await self._call(self._stream, messages, timeout)
@@ -115,11 +116,12 @@ class AuditClient:
             response = await self._call(self._audit, request, timeout)
         return Report(response.report)
 
-    async def _known_caps(self, needed: bool):
+    async def _known_caps(self, needed: bool, timeout: Optional[float]):
+        # Asked under the deadline of the call that needs them.
         if not needed:
             return self._caps
         try:
-            return await self.capabilities()
+            return await self.capabilities(timeout=timeout)
         except AuditError:
             return None
 

@@ -37,7 +37,10 @@ one without a run label gets the step's `run=` or else the auditor's `run`
 Modes. mode="audit" (default) sends each snapshot with the Audit call at
 `priority` ("sampled" by default) and reads the report from the answer.
 mode="submit" queues durable jobs with Submit (the slot is freed once the
-server has the job on disk) and collects their reports by polling. A job
+server has the job on disk) and collects their reports by polling
+GetResult, not through WatchResults: a watch's filter cannot name job ids,
+so every auditor of a fleet would receive every result of its tenant, and
+a job that finishes before the server registers the watch is missed. A job
 the server answers NOT_FOUND within `not_found_grace` seconds of its
 submission is polled again (behind a round-robin balanced fleet the replica
 asked may not see it yet); after that NOT_FOUND is final and counted as
@@ -56,7 +59,9 @@ concurrent.futures.Future, done once its outcome is recorded and its slot
 is free, and they wait on those futures against one deadline. close() then
 stops the threads without waiting for them: they are daemon threads, and a
 send still running (a server that stopped answering) ends on its own call
-deadline, its outcome still counted.
+deadline, its outcome still counted. (A concurrent.futures.ThreadPoolExecutor's
+threads are joined at interpreter exit, so such a send would hold the
+process's exit for its whole deadline: hence threads of our own.)
 
 Thread safety: step() is meant to be called from one thread (the rollout
 loop; its counters are then exact); every other method is thread-safe.

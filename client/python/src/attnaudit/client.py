@@ -116,12 +116,14 @@ class AuditClient:
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
 
-    def capabilities(self, refresh: bool = False) -> service_pb2.Capabilities:
-        """The server's version, backends, devices and limits (cached)."""
+    def capabilities(self, refresh: bool = False, *,
+                     timeout: Optional[float] = None) -> service_pb2.Capabilities:
+        """The server's version, backends, devices and limits (cached).
+        timeout: the call's deadline when it is asked (None: the client's)."""
         with self._caps_lock:
             if self._caps is not None and not refresh:
                 return self._caps
-        caps = self._call(self._capabilities, b"", None)
+        caps = self._call(self._capabilities, b"", timeout)
         with self._caps_lock:
             self._caps = caps
         return caps
@@ -141,10 +143,11 @@ class AuditClient:
                 return self.audit_memfd(m, timeout=timeout, priority=priority,
                                         options=options)
         opts, prio = C.audit_options(options), C.priority(priority)
-        threshold = C.stream_threshold(self._known_caps(transport == "auto" and not self._threshold),
-                                       self._threshold)
+        threshold = C.stream_threshold(
+            self._known_caps(transport == "auto" and not self._threshold, timeout),
+            self._threshold)
         if C.choose_transport(transport, snapshot, threshold) == "stream":
-            chunk = C.chunk_size(self._known_caps(not self._chunk), self._chunk)
+            chunk = C.chunk_size(self._known_caps(not self._chunk, timeout), self._chunk)
             messages = C.stream_messages(snapshot, opts, prio, chunk)
             response = self._call(self._stream, messages, timeout)
         else:
@@ -163,12 +166,13 @@ class AuditClient:
                               timeout)
         return Report(response.report)
 
-    def _known_caps(self, needed: bool):
-        """The capabilities when `needed` (asked once), else what is cached."""
+    def _known_caps(self, needed: bool, timeout: Optional[float]):
+        """The capabilities when `needed` (asked once, under the deadline of
+        the call that needs them), else what is cached."""
         if not needed:
             return self._caps
         try:
-            return self.capabilities()
+            return self.capabilities(timeout=timeout)
         except AuditError:
             return None  # the call itself will report the problem
 
