@@ -4,8 +4,8 @@
 // q rotated in fp32 (RopeTable, the contract's RoPE) and cast to the q RoPE
 // output dtype; every other step in long double, key by key, through the
 // block table and the slot positions.
-#ifndef ATTNAUDIT_TESTS_UNIT_CORE_SIM_NAIVE_ORACLE_H_
-#define ATTNAUDIT_TESTS_UNIT_CORE_SIM_NAIVE_ORACLE_H_
+#ifndef ATTNAUDIT_TESTS_UNIT_SIM_NAIVE_ORACLE_H_
+#define ATTNAUDIT_TESTS_UNIT_SIM_NAIVE_ORACLE_H_
 
 #include <vector>
 
@@ -32,4 +32,4 @@ OracleDistance CompareToOracle(const Snapshot& s, const OracleResult& o);
 
 }  // namespace attnaudit::testing
 
-#endif  // ATTNAUDIT_TESTS_UNIT_CORE_SIM_NAIVE_ORACLE_H_
+#endif  // ATTNAUDIT_TESTS_UNIT_SIM_NAIVE_ORACLE_H_
