@@ -24,10 +24,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/stubs/logging.h"
+#include "server/app/audit_server.h"
 #include "server/common/log.h"
 #include "server/device_pool/device_selection.h"
 #include "server/main/server_flags.h"
-#include "server/rpc/server.h"
 #include "server/store/job_store.h"
 
 namespace attnaudit::server {

@@ -58,7 +58,7 @@ SERVER_FLAGS_CC = os.path.join(ROOT, "server", "main", "server_flags.cc")
 DEPLOY = os.path.join(ROOT, "deploy")
 HEALTH_SERVICE = "attnaudit.v1.AuditService"
 # After the drain timeout the server gives gRPC calls 5 s and the metrics
-# endpoint ~2 s to close (server/rpc/server.cc, server/metrics/metrics.h).
+# endpoint ~2 s to close (server/app/audit_server.cc, server/metrics/metrics.h).
 TEARDOWN_S = 7
 
 # Series Prometheus itself attaches to every target; allowed besides metrics.h.

@@ -27,7 +27,7 @@
 #include "client/lib/client.h"
 #include "sim/simulator.h"
 #include "core/snapshot/snapshot.h"
-#include "server/rpc/server.h"
+#include "server/app/audit_server.h"
 #include "server/scheduler/device.h"
 
 namespace attnaudit::testing {

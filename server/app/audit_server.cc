@@ -1,4 +1,4 @@
-#include "server/rpc/server.h"
+#include "server/app/audit_server.h"
 
 #include <fcntl.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>

@@ -23,8 +23,8 @@
 //
 // Thread safety: all methods are thread-safe; Shutdown is idempotent and
 // blocks until the sequence is complete.
-#ifndef ATTNAUDIT_SERVER_RPC_SERVER_H_
-#define ATTNAUDIT_SERVER_RPC_SERVER_H_
+#ifndef ATTNAUDIT_SERVER_APP_AUDIT_SERVER_H_
+#define ATTNAUDIT_SERVER_APP_AUDIT_SERVER_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -259,4 +259,4 @@ const char* ServerVersion();
 
 }  // namespace attnaudit::server
 
-#endif  // ATTNAUDIT_SERVER_RPC_SERVER_H_
+#endif  // ATTNAUDIT_SERVER_APP_AUDIT_SERVER_H_
