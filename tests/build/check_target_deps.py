@@ -51,6 +51,8 @@ IMPLICIT = {
 PROVIDES = {
     "GTest::gmock": {"GTest::gtest"},
 }
+# Namespaces of outside targets the core must not link (layer_problems).
+FORBIDDEN_IN_CORE = {"gRPC", "protobuf", "CUDA", "NCCL"}
 INCLUDE = re.compile(r'\s*#\s*include\s+[<"]([^">]+)[">]')
 KEYWORDS = ("NAME", "SRCS", "HDRS", "DEPS", "LABELS")
 # Options without a value (attnaudit_cc_test's POSTGRES).
@@ -122,6 +124,29 @@ def parse(root, cmake_files):
     return targets
 
 
+def in_core(directory):
+    return directory == "core" or directory.startswith("core/")
+
+
+def layer_problems(t, targets):
+    """The numerical core's libraries depend only on each other and on
+    libraries outside the project that carry no RPC or device code: no
+    gRPC, protobuf or CUDA, and nothing of server/, sim/, kernels/ or
+    proto/ (docs/DESIGN.md, "Dependency rules")."""
+    if t.kind != "library" or not in_core(t.dir):
+        return []
+    problems = []
+    for d in sorted(t.deps):
+        dep = targets.get(d)
+        if dep is not None and not in_core(dep.dir):
+            problems.append(f"{t.dir}/CMakeLists.txt: core target {t.name} "
+                            f"depends on {d} ({dep.dir}/), outside core/")
+        elif dep is None and d.split("::")[0] in FORBIDDEN_IN_CORE:
+            problems.append(f"{t.dir}/CMakeLists.txt: core target {t.name} "
+                            f"depends on {d}")
+    return problems
+
+
 def find_problems(root, targets, dirs):
     """Problems of the targets declared under `dirs` (all when empty)."""
     owners = {}
@@ -135,6 +160,7 @@ def find_problems(root, targets, dirs):
         if dirs and not any(t.dir == d or t.dir.startswith(d + "/")
                             for d in dirs):
             continue
+        problems += layer_problems(t, targets)
         have = set(t.deps) | IMPLICIT.get(t.kind, set())
         for d in list(have):
             have |= PROVIDES.get(d, set())
@@ -179,6 +205,10 @@ SELF_TEST_TREE = {
     "b/b.cc": '#include "b/b.h"\n#include "absl/status/status.h"\n',
     "b/b_test.cc": '#include "b/b.h"\n#include "a/a.h"\n'
                    '#include "gtest/gtest.h"\n',
+    "core/c/CMakeLists.txt":
+        "attnaudit_cc_library(NAME c SRCS c.cc DEPS attnaudit::b "
+        "gRPC::grpc++)\n",
+    "core/c/c.cc": '#include "b/b.h"\n',
 }
 
 
@@ -192,7 +222,8 @@ def self_test():
                               if p.endswith("CMakeLists.txt")])
         problems = find_problems(tmp, targets, [])
     where = sorted(p.split(": ", 1)[0] for p in problems)
-    expected = ["a/a.cc:2", "b/b.cc:2", "b/b_test.cc:2"]
+    expected = ["a/a.cc:2", "b/b.cc:2", "b/b_test.cc:2",
+                "core/c/CMakeLists.txt", "core/c/CMakeLists.txt"]
     print("\n".join(problems))
     if where != expected:
         print("self-test FAILED: expected", expected, "got", where)
