@@ -16,19 +16,18 @@ namespace {
 
 using ::testing::ElementsAre;
 using testing::Gate;
-using testing::GateDevices;
+using testing::GatedOptions;
 using ::testing::HasSubstr;
 using testing::MakeJob;
 using testing::MakeScheduler;
 using testing::Recorder;
 
-constexpr PriorityClass kI = PriorityClass::kInteractive;
-constexpr PriorityClass kS = PriorityClass::kSampled;
+using testing::kI;
+using testing::kS;
 
 TEST(SchedulerDeadlineTest, ExpiredQueuedJobFailsWithoutAWorkerOrRunning) {
   Gate gate;  // the only device stays busy for the whole test
-  SchedulerOptions options;
-  options.devices = GateDevices(1, &gate);
+  SchedulerOptions options = GatedOptions(&gate);
   auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
   ASSERT_TRUE(scheduler->Submit(MakeJob("busy", kI, &rec)).ok());
@@ -55,8 +54,7 @@ TEST(SchedulerDeadlineTest, ExpiredQueuedJobFailsWithoutAWorkerOrRunning) {
 
 TEST(SchedulerDeadlineTest, EarlierDeadlineSubmittedLaterWakesTheTimer) {
   Gate gate;
-  SchedulerOptions options;
-  options.devices = GateDevices(1, &gate);
+  SchedulerOptions options = GatedOptions(&gate);
   auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
   ASSERT_TRUE(scheduler->Submit(MakeJob("busy", kI, &rec)).ok());
@@ -78,8 +76,7 @@ TEST(SchedulerDeadlineTest, EarlierDeadlineSubmittedLaterWakesTheTimer) {
 
 TEST(SchedulerDeadlineTest, RunningJobPastItsDeadlineIsStopped) {
   Gate gate;  // never released: only the deadline ends the run
-  SchedulerOptions options;
-  options.devices = GateDevices(1, &gate);
+  SchedulerOptions options = GatedOptions(&gate);
   auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
   auto job = MakeJob("slow", kI, &rec);
@@ -132,8 +129,7 @@ class LogListener : public SchedulerListener {
 TEST(SchedulerListenerTest, ReportsQueueDevicesRejectionsAndCompletions) {
   Gate gate;
   LogListener log;
-  SchedulerOptions options;
-  options.devices = GateDevices(1, &gate);
+  SchedulerOptions options = GatedOptions(&gate);
   options.max_queued = {1, 1};
   options.listener = &log;
   {

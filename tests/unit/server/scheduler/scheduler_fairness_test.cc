@@ -18,28 +18,19 @@ namespace attnaudit::server {
 namespace {
 
 using testing::Gate;
-using testing::GateDevices;
+using testing::GatedOptions;
 using ::testing::HasSubstr;
 using testing::MakeJob;
 using testing::MakeScheduler;
 using testing::Recorder;
+using testing::TenantJob;
 
-constexpr PriorityClass kI = PriorityClass::kInteractive;
-constexpr PriorityClass kS = PriorityClass::kSampled;
-
-std::unique_ptr<Job> TenantJob(const std::string& id, PriorityClass c,
-                               Recorder* rec, const std::string& tenant,
-                               int64_t bytes = 0, TenantQuota quota = {}) {
-  auto job = MakeJob(id, c, rec, bytes);
-  job->tenant = tenant;
-  job->quota = quota;
-  return job;
-}
+using testing::kI;
+using testing::kS;
 
 TEST(SchedulerFairnessTest, SampledCannotTakeTheInteractiveReserve) {
   Gate gate;
-  SchedulerOptions options;
-  options.devices = GateDevices(1, &gate);
+  SchedulerOptions options = GatedOptions(&gate);
   options.max_queued_bytes = 100;
   options.interactive_reserved_bytes = 30;  // SAMPLED may queue 70
   auto scheduler = MakeScheduler(std::move(options));
@@ -72,8 +63,7 @@ TEST(SchedulerFairnessTest, SampledCannotTakeTheInteractiveReserve) {
 
 TEST(SchedulerFairnessTest, ReserveMustLeaveRoomForSampled) {
   Gate gate;
-  SchedulerOptions options;
-  options.devices = GateDevices(1, &gate);
+  SchedulerOptions options = GatedOptions(&gate);
   options.max_queued_bytes = 100;
   options.interactive_reserved_bytes = 100;
   EXPECT_THAT(Scheduler::Create(std::move(options)).status().message(),
@@ -82,8 +72,7 @@ TEST(SchedulerFairnessTest, ReserveMustLeaveRoomForSampled) {
 
 TEST(SchedulerFairnessTest, TenantQuotaCapsJobsAndBytesInFlight) {
   Gate gate;
-  SchedulerOptions options;
-  options.devices = GateDevices(1, &gate);
+  SchedulerOptions options = GatedOptions(&gate);
   auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
   const TenantQuota quota{/*max_jobs=*/2, /*max_bytes=*/100};
@@ -122,8 +111,7 @@ TEST(SchedulerFairnessTest, TenantQuotaCapsJobsAndBytesInFlight) {
 
 TEST(SchedulerFairnessTest, CancelOwnedSeesOnlyTheTenantsJobs) {
   Gate gate;
-  SchedulerOptions options;
-  options.devices = GateDevices(1, &gate);
+  SchedulerOptions options = GatedOptions(&gate);
   auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
   ASSERT_TRUE(scheduler->Submit(TenantJob("run", kS, &rec, "a")).ok());
@@ -151,8 +139,7 @@ TEST(SchedulerFairnessTest, CancelOwnedSeesOnlyTheTenantsJobs) {
 
 TEST(SchedulerFairnessTest, JobThatWouldOnlyExpireInTheQueueIsRefused) {
   Gate gate;
-  SchedulerOptions options;
-  options.devices = GateDevices(1, &gate);
+  SchedulerOptions options = GatedOptions(&gate);
   options.initial_run_estimate = absl::Seconds(1);
   auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
@@ -201,8 +188,7 @@ TEST(SchedulerFairnessTest, JobThatWouldOnlyExpireInTheQueueIsRefused) {
 // between them.
 TEST(SchedulerFairnessTest, SampledWaitCountsTheInteractiveShareOfDispatches) {
   Gate gate;
-  SchedulerOptions options;
-  options.devices = GateDevices(1, &gate);
+  SchedulerOptions options = GatedOptions(&gate);
   options.max_queued = {16, 16};
   options.initial_run_estimate = absl::Milliseconds(40);
   auto scheduler = MakeScheduler(std::move(options));
@@ -257,8 +243,7 @@ TEST(SchedulerFairnessTest, SampledWaitCountsTheInteractiveShareOfDispatches) {
 
 TEST(SchedulerFairnessTest, QueuedJobIsDroppedOnceItsDeadlineCannotBeMet) {
   Gate gate;
-  SchedulerOptions options;
-  options.devices = GateDevices(1, &gate);
+  SchedulerOptions options = GatedOptions(&gate);
   options.initial_run_estimate = absl::Seconds(10);  // drop 5 s early
   auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
@@ -280,8 +265,7 @@ TEST(SchedulerFairnessTest, QueuedJobIsDroppedOnceItsDeadlineCannotBeMet) {
 
 TEST(SchedulerFairnessTest, DrainRateIsMeasuredFromSaturatedDispatches) {
   Gate gate;
-  SchedulerOptions options;
-  options.devices = GateDevices(1, &gate);
+  SchedulerOptions options = GatedOptions(&gate);
   options.max_queued = {8, 8};
   auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;

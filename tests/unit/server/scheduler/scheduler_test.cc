@@ -17,26 +17,15 @@ namespace {
 using ::testing::ElementsAre;
 using testing::Gate;
 using testing::GateDevices;
+using testing::GatedOptions;
 using ::testing::HasSubstr;
 using testing::MakeJob;
 using testing::MakeScheduler;
+using testing::Query;
 using testing::Recorder;
 
-constexpr PriorityClass kI = PriorityClass::kInteractive;
-constexpr PriorityClass kS = PriorityClass::kSampled;
-
-AdmissionQuery Query(PriorityClass c, int64_t bytes) {
-  AdmissionQuery q;
-  q.priority = c;
-  q.bytes = bytes;
-  return q;
-}
-
-SchedulerOptions OneDevice(Gate* gate) {
-  SchedulerOptions o;
-  o.devices = GateDevices(1, gate);
-  return o;
-}
+using testing::kI;
+using testing::kS;
 
 TEST(SchedulerCreateTest, RejectsBadOptions) {
   Gate gate;
@@ -44,15 +33,14 @@ TEST(SchedulerCreateTest, RejectsBadOptions) {
   EXPECT_EQ(Scheduler::Create(std::move(none)).status().code(),
             absl::StatusCode::kInvalidArgument);
 
-  SchedulerOptions dup;
-  dup.devices = GateDevices(1, &gate);
+  SchedulerOptions dup = GatedOptions(&gate);
   auto more = GateDevices(1, &gate);  // also "cpu:0"
   dup.devices.push_back(std::move(more[0]));
   auto s = Scheduler::Create(std::move(dup));
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.status().message(), HasSubstr("devices[1]"));
 
-  SchedulerOptions zero = OneDevice(&gate);
+  SchedulerOptions zero = GatedOptions(&gate);
   zero.max_queued[1] = 0;
   s = Scheduler::Create(std::move(zero));
   EXPECT_THAT(s.status().message(), HasSubstr("max_queued[SAMPLED]"));
@@ -66,7 +54,7 @@ TEST(SchedulerCreateTest, RejectsBadOptions) {
 TEST(SchedulerTest, RunsAJobAndReportsTheOutcome) {
   Gate gate;
   gate.Open();
-  auto scheduler = MakeScheduler(OneDevice(&gate));
+  auto scheduler = MakeScheduler(GatedOptions(&gate));
   Recorder rec;
   auto job = MakeJob("a", kI, &rec);
   job->labels.layer = 7;
@@ -85,7 +73,7 @@ TEST(SchedulerTest, RunsAJobAndReportsTheOutcome) {
 
 TEST(SchedulerTest, FullQueueRejectsWithRetryHintThenAcceptsAfterItDrains) {
   Gate gate;
-  SchedulerOptions options = OneDevice(&gate);
+  SchedulerOptions options = GatedOptions(&gate);
   options.max_queued = {2, 2};
   auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
@@ -120,7 +108,7 @@ TEST(SchedulerTest, FullQueueRejectsWithRetryHintThenAcceptsAfterItDrains) {
 
 TEST(SchedulerTest, InteractiveJobsSubmittedLaterRunFirst) {
   Gate gate;
-  auto scheduler = MakeScheduler(OneDevice(&gate));
+  auto scheduler = MakeScheduler(GatedOptions(&gate));
   Recorder rec;
   ASSERT_TRUE(scheduler->Submit(MakeJob("busy", kS, &rec)).ok());
   gate.WaitStarted(1);
@@ -137,7 +125,7 @@ TEST(SchedulerTest, InteractiveJobsSubmittedLaterRunFirst) {
 
 TEST(SchedulerTest, AgedSampledJobsGoFirstWhenPromotionIsEnabled) {
   Gate gate;
-  SchedulerOptions options = OneDevice(&gate);
+  SchedulerOptions options = GatedOptions(&gate);
   options.sampled_promote_after = absl::ZeroDuration();  // always aged
   auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
@@ -153,7 +141,7 @@ TEST(SchedulerTest, AgedSampledJobsGoFirstWhenPromotionIsEnabled) {
 
 TEST(SchedulerTest, MemoryBudgetCountsQueuedBytesOnly) {
   Gate gate;
-  SchedulerOptions options = OneDevice(&gate);
+  SchedulerOptions options = GatedOptions(&gate);
   options.max_queued_bytes = 100;
   auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
@@ -186,7 +174,7 @@ TEST(SchedulerTest, MemoryBudgetCountsQueuedBytesOnly) {
 
 TEST(SchedulerTest, CancelQueuedCompletesAtOnceAndFreesTheJob) {
   Gate gate;
-  auto scheduler = MakeScheduler(OneDevice(&gate));
+  auto scheduler = MakeScheduler(GatedOptions(&gate));
   Recorder rec;
   ASSERT_TRUE(scheduler->Submit(MakeJob("run", kI, &rec)).ok());
   gate.WaitStarted(1);
@@ -218,7 +206,7 @@ TEST(SchedulerTest, CancelQueuedCompletesAtOnceAndFreesTheJob) {
 
 TEST(SchedulerTest, CancelRunningSetsTheFlagAndCompletesCancelled) {
   Gate gate;  // never released: only the cancel flag ends the run
-  auto scheduler = MakeScheduler(OneDevice(&gate));
+  auto scheduler = MakeScheduler(GatedOptions(&gate));
   Recorder rec;
   ASSERT_TRUE(scheduler->Submit(MakeJob("run", kI, &rec)).ok());
   gate.WaitStarted(1);
@@ -234,7 +222,7 @@ TEST(SchedulerTest, CancelRunningSetsTheFlagAndCompletesCancelled) {
 
 TEST(SchedulerTest, RejectsDuplicatesAndBadJobs) {
   Gate gate;
-  auto scheduler = MakeScheduler(OneDevice(&gate));
+  auto scheduler = MakeScheduler(GatedOptions(&gate));
   Recorder rec;
   ASSERT_TRUE(scheduler->Submit(MakeJob("a", kI, &rec)).ok());
   SubmitRejection why;
@@ -284,7 +272,7 @@ TEST(SchedulerTest, DrainFinishesQueuedJobsThenRefusesNewOnes) {
 
 TEST(SchedulerTest, DrainTimeoutEndsLeftoversUnavailable) {
   Gate gate;  // never released
-  auto scheduler = MakeScheduler(OneDevice(&gate));
+  auto scheduler = MakeScheduler(GatedOptions(&gate));
   Recorder rec;
   ASSERT_TRUE(scheduler->Submit(MakeJob("run", kI, &rec)).ok());
   gate.WaitStarted(1);
@@ -304,7 +292,7 @@ TEST(SchedulerTest, DestructionDeliversEveryAcceptedJob) {
   Gate gate;
   Recorder rec;
   {
-    auto scheduler = MakeScheduler(OneDevice(&gate));
+    auto scheduler = MakeScheduler(GatedOptions(&gate));
     ASSERT_TRUE(scheduler->Submit(MakeJob("run", kI, &rec)).ok());
     gate.WaitStarted(1);
     ASSERT_TRUE(scheduler->Submit(MakeJob("queued", kS, &rec)).ok());
@@ -317,7 +305,7 @@ TEST(SchedulerTest, DestructionDeliversEveryAcceptedJob) {
 TEST(SchedulerTest, OnDoneMaySubmitAgain) {
   Gate gate;
   gate.Open();
-  auto scheduler = MakeScheduler(OneDevice(&gate));
+  auto scheduler = MakeScheduler(GatedOptions(&gate));
   Recorder rec;
   auto first = MakeJob("first", kI, &rec);
   Scheduler* raw = scheduler.get();
@@ -330,7 +318,7 @@ TEST(SchedulerTest, OnDoneMaySubmitAgain) {
 
 TEST(SchedulerTest, SubmitWhenAdmittedWaitsForRoom) {
   Gate gate;
-  SchedulerOptions options = OneDevice(&gate);
+  SchedulerOptions options = GatedOptions(&gate);
   options.max_queued = {1, 1};
   auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;

@@ -1,6 +1,8 @@
-// Test doubles for the scheduler: a device whose runs block until the test
-// releases them (or the job is cancelled), and a recorder of outcomes.
-// Synchronisation is by mutex conditions, never by sleeping.
+// The scheduler tests' fixtures, shared by the scheduler, metrics and RPC
+// admission tests: a device whose runs block until the test releases them
+// (or the job is cancelled), a recorder of outcomes, and builders of jobs,
+// admission queries and schedulers. Synchronisation is by mutex
+// conditions, never by sleeping.
 #ifndef ATTNAUDIT_TESTS_UNIT_SERVER_SCHEDULER_TEST_DEVICES_H_
 #define ATTNAUDIT_TESTS_UNIT_SERVER_SCHEDULER_TEST_DEVICES_H_
 
@@ -18,6 +20,9 @@
 #include "server/scheduler/scheduler.h"
 
 namespace attnaudit::testing {
+
+inline constexpr server::PriorityClass kI = server::PriorityClass::kInteractive;
+inline constexpr server::PriorityClass kS = server::PriorityClass::kSampled;
 
 // Shared by all GateDevices of a test: which jobs started (in order) and
 // how many runs may finish.
@@ -174,6 +179,36 @@ inline std::unique_ptr<server::Job> MakeJob(const std::string& id,
   job->labels.model = "m";
   if (recorder != nullptr) job->on_done = recorder->Callback();
   return job;
+}
+
+// MakeJob owned by `tenant` with `quota`.
+inline std::unique_ptr<server::Job> TenantJob(const std::string& id,
+                                              server::PriorityClass c,
+                                              Recorder* recorder,
+                                              const std::string& tenant,
+                                              int64_t bytes = 0,
+                                              server::TenantQuota quota = {}) {
+  auto job = MakeJob(id, c, recorder, bytes);
+  job->tenant = tenant;
+  job->quota = quota;
+  return job;
+}
+
+// An admission query for `bytes` of class `c` (no tenant, no deadline).
+inline server::AdmissionQuery Query(server::PriorityClass c, int64_t bytes) {
+  server::AdmissionQuery q;
+  q.priority = c;
+  q.bytes = bytes;
+  return q;
+}
+
+// Scheduler options with `n` GateDevices of `kind` at `gate` (n = 1: the
+// pool most tests use, so the test decides what runs when).
+inline server::SchedulerOptions GatedOptions(Gate* gate, int n = 1,
+                                             std::string kind = "cpu") {
+  server::SchedulerOptions o;
+  o.devices = GateDevices(n, gate, std::move(kind));
+  return o;
 }
 
 // A scheduler from `options`; a Create failure fails the test (and the
