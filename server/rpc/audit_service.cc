@@ -7,11 +7,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/common/status_macros.h"
 #include "core/fingerprint/fingerprint.h"
 #include "proto/codec/codec.h"
 #include "server/common/log.h"
+#include "server/rpc/admission.h"
+#include "server/rpc/blocking_calls.h"
+#include "server/rpc/call_auth.h"
+#include "server/rpc/conversions.h"
+#include "server/rpc/durable_jobs.h"
+#include "server/rpc/interactive_jobs.h"
 #include "server/rpc/logged_reactor.h"
-#include "server/rpc/rpc_internal.h"
 #include "server/rpc/status_util.h"
 
 namespace attnaudit::server {
@@ -135,8 +141,8 @@ class AuditCall final : public LoggedUnaryReactor, public OpenCall {
 
   // Refuses the request before a job exists (counted as a rejection).
   void Reject(const absl::Status& status) {
-    rpc_internal::CountRefusal(svc_, status,
-                               Metrics::InvalidInput::kAuditRequest);
+    svc_->admission()->CountRefusal(status,
+                                    Metrics::InvalidInput::kAuditRequest);
     Done(ToGrpcStatus(status));
   }
 
@@ -156,12 +162,11 @@ class AuditCall final : public LoggedUnaryReactor, public OpenCall {
     query.tenant = principal.tenant;
     query.quota = principal.quota;
     query.deadline = CallDeadline(*context_);
-    SubmitRejection why;
-    absl::Status s = svc_->scheduler()->CheckAdmission(query, &why);
+    absl::Duration retry_after;
+    absl::Status s = svc_->admission()->Check(query, &retry_after);
     if (s.ok()) return true;
-    svc_->metrics()->CountRejection(why.reason);
     if (s.code() == absl::StatusCode::kResourceExhausted) {
-      AddRetryAfter(context_, why.retry_after);
+      AddRetryAfter(context_, retry_after);
     }
     Done(ToGrpcStatus(s));
     return false;
@@ -307,33 +312,13 @@ void RecordInteractive(AuditServiceImpl* svc, ResultRecord record) {
 
 }  // namespace
 
-void CountRefusal(AuditServiceImpl* svc, const absl::Status& status,
-                  Metrics::InvalidInput where) {
-  switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-      svc->metrics()->CountInvalidInput(where);
-      break;
-    case absl::StatusCode::kUnavailable:
-      svc->metrics()->CountRejection(RejectReason::kDraining);
-      break;
-    case absl::StatusCode::kResourceExhausted:
-      svc->metrics()->CountRejection(RejectReason::kTooLarge);
-      break;
-    default:
-      break;
-  }
-}
-
 absl::Status AdmitInteractive(AuditServiceImpl* svc, const Principal& principal,
                               const std::string& job_id, DecodedAudit audit,
                               PriorityClass priority, int64_t bytes,
                               absl::Time deadline, v1::AuditResponse* response,
                               Finisher finish, absl::Duration* retry_after) {
   *retry_after = absl::ZeroDuration();
-  if (svc->draining()) {
-    svc->metrics()->CountRejection(RejectReason::kDraining);
-    return absl::UnavailableError("server is draining; retry elsewhere");
-  }
+  ATTNAUDIT_RETURN_IF_ERROR(svc->admission()->RefuseIfDraining());
   auto job = std::make_unique<Job>();
   job->id = job_id;
   job->priority = priority;
@@ -343,9 +328,8 @@ absl::Status AdmitInteractive(AuditServiceImpl* svc, const Principal& principal,
   job->tenant = principal.tenant;
   job->quota = principal.quota;
   job->snapshot = std::move(audit.snapshot);
-  ApplyServerOptions(*svc, &audit.options);
   job->options = std::move(audit.options);
-  ApplyGang(*svc, job.get());
+  svc->admission()->Shape(job.get());
   const absl::Time submitted = absl::Now();
   // Written by on_start on the worker, read by on_done on the same worker.
   auto started = std::make_shared<absl::Time>(absl::InfinitePast());
@@ -360,10 +344,7 @@ absl::Status AdmitInteractive(AuditServiceImpl* svc, const Principal& principal,
     finish(FinishInteractive(svc, outcome, response));
     RecordInteractive(svc, std::move(record));
   };
-  SubmitRejection why;
-  absl::Status s = svc->scheduler()->Submit(std::move(job), &why);
-  if (!s.ok()) *retry_after = why.retry_after;
-  return s;
+  return svc->admission()->Submit(std::move(job), retry_after);
 }
 
 }  // namespace rpc_internal
@@ -384,6 +365,8 @@ AuditServiceImpl::AuditServiceImpl(ServiceOptions options, Scheduler* scheduler,
       executor_(executor),
       auth_(auth),
       job_id_key_(std::move(job_id_key)),
+      admission_(scheduler, metrics,
+                 Admission::Options{options_.threads_per_job, options_.limits}),
       durable_(
           [this](const ResultRecord& rec) {
             return rpc_internal::CommitResult(this, rec);
@@ -522,7 +505,7 @@ void AuditServiceImpl::RecheckOpenCalls() {
                             open_calls_.RecheckAll(*auth_));
 }
 
-void AuditServiceImpl::StartDraining() { draining_.store(true); }
+void AuditServiceImpl::StartDraining() { admission_.StartDraining(); }
 
 void AuditServiceImpl::CloseWatchers() {
   hub_.Close(grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -564,8 +547,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* AuditServiceImpl::WatchResults(
     if (!v1::Verdict_IsValid(v) || v == v1::VERDICT_UNSPECIFIED) {
       const absl::Status invalid = absl::InvalidArgumentError(
           absl::StrCat("filter.verdicts: unknown value ", v));
-      rpc_internal::CountRefusal(this, invalid,
-                                 Metrics::InvalidInput::kOtherRequest);
+      admission_.CountRefusal(invalid, Metrics::InvalidInput::kOtherRequest);
       return new RejectedWatch(ToGrpcStatus(invalid));
     }
   }
@@ -584,8 +566,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* AuditServiceImpl::WatchResults(
     if (req.resume_after() < 0) {
       const absl::Status invalid =
           absl::InvalidArgumentError("resume_after: must not be negative");
-      rpc_internal::CountRefusal(this, invalid,
-                                 Metrics::InvalidInput::kOtherRequest);
+      admission_.CountRefusal(invalid, Metrics::InvalidInput::kOtherRequest);
       return new RejectedWatch(ToGrpcStatus(invalid));
     }
     resume_after = req.resume_after();

@@ -70,6 +70,7 @@
 #include "server/auth/tenants.h"
 #include "server/memfd/memfd_snapshots.h"
 #include "server/metrics/metrics.h"
+#include "server/rpc/admission.h"
 #include "server/rpc/audit_result_writer.h"
 #include "server/rpc/blocking_executor.h"
 #include "server/rpc/durable_registry.h"
@@ -186,7 +187,7 @@ class AuditServiceImpl final : public RawAuditService {
   // --- Lifecycle.
   // From now on, calls that would admit work answer UNAVAILABLE.
   void StartDraining();
-  bool draining() const { return draining_.load(); }
+  bool draining() const { return admission_.draining(); }
   // Ends every WatchResults call (UNAVAILABLE) and refuses new ones.
   void CloseWatchers();
   // Re-enqueues every spooled job without a terminal result that was
@@ -234,6 +235,7 @@ class AuditServiceImpl final : public RawAuditService {
   BlockingExecutor* executor() const { return executor_; }
   const Authenticator& auth() const { return *auth_; }
   const JobIdKey& job_id_key() const { return job_id_key_; }
+  Admission* admission() { return &admission_; }
   WatchHub* watch_hub() { return &hub_; }
   ResultFeed* feed() { return &feed_; }
   AuditResultWriter* audit_results() { return &audit_results_; }
@@ -268,6 +270,7 @@ class AuditServiceImpl final : public RawAuditService {
   BlockingExecutor* const executor_;
   const Authenticator* const auth_;
   const JobIdKey job_id_key_;
+  Admission admission_;
   WatchHub hub_;
   DurableJobs durable_;
   ResultFeed feed_;
@@ -276,7 +279,6 @@ class AuditServiceImpl final : public RawAuditService {
   // After feed_ and hub_, which it uses: stores what it holds before they
   // go.
   AuditResultWriter audit_results_;
-  std::atomic<bool> draining_{false};
   std::atomic<int64_t> requests_{0};
 
   // Serialises resuming and adopting jobs, so one job is scheduled once.

@@ -25,8 +25,10 @@
 #include "proto/codec/codec.h"
 #include "proto/codec/stream.h"
 #include "server/rpc/audit_service.h"
+#include "server/rpc/call_auth.h"
+#include "server/rpc/conversions.h"
+#include "server/rpc/interactive_jobs.h"
 #include "server/rpc/logged_reactor.h"
-#include "server/rpc/rpc_internal.h"
 #include "server/rpc/status_util.h"
 
 namespace attnaudit::server {
@@ -157,7 +159,6 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
     // The tenant's other uploads count against its quota too.
     const UploadLedger::Use held =
         svc_->uploads()->TenantUse(principal_.tenant);
-    SubmitRejection why;
     AdmissionQuery query;
     query.priority = priority_;
     query.bytes = total;
@@ -166,11 +167,11 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
     query.deadline = CallDeadline(*context_);
     query.held_jobs = held.calls;
     query.held_bytes = held.bytes;
-    if (absl::Status s = svc_->scheduler()->CheckAdmission(query, &why);
+    absl::Duration retry_after;
+    if (absl::Status s = svc_->admission()->Check(query, &retry_after);
         !s.ok()) {
-      svc_->metrics()->CountRejection(why.reason);
       if (s.code() == absl::StatusCode::kResourceExhausted) {
-        AddRetryAfter(context_, why.retry_after);
+        AddRetryAfter(context_, retry_after);
       }
       return FinishOnce(ToGrpcStatus(s));
     }
@@ -320,8 +321,8 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
   }
 
   void Fail(const absl::Status& status) {
-    rpc_internal::CountRefusal(svc_, status,
-                               Metrics::InvalidInput::kAuditRequest);
+    svc_->admission()->CountRefusal(status,
+                                    Metrics::InvalidInput::kAuditRequest);
     FinishOnce(ToGrpcStatus(status));
   }
 

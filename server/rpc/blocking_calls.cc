@@ -7,6 +7,8 @@
 // idempotency key is scoped to it. GetResult and Cancel answer NOT_FOUND,
 // word for word as for an unknown id, for a job the caller may not see;
 // a caller that may see a job but not cancel it gets PERMISSION_DENIED.
+#include "server/rpc/blocking_calls.h"
+
 #include <memory>
 #include <string>
 #include <utility>
@@ -18,9 +20,11 @@
 #include "core/validate/validate.h"
 #include "server/common/log.h"
 #include "server/rpc/audit_service.h"
+#include "server/rpc/call_auth.h"
+#include "server/rpc/conversions.h"
+#include "server/rpc/durable_jobs.h"
 #include "server/rpc/job_ids.h"
 #include "server/rpc/logged_reactor.h"
-#include "server/rpc/rpc_internal.h"
 #include "server/rpc/status_util.h"
 
 namespace attnaudit::server {
@@ -167,12 +171,7 @@ absl::StatusOr<DecodedAudit> DecodeAndAdmit(AuditServiceImpl* svc,
     query.held_jobs += others->jobs;
     query.held_bytes += others->bytes;
   }
-  SubmitRejection why;
-  if (absl::Status s = svc->scheduler()->CheckAdmission(query, &why); !s.ok()) {
-    svc->metrics()->CountRejection(why.reason);
-    *retry_after = why.retry_after;
-    return s;
-  }
+  ATTNAUDIT_RETURN_IF_ERROR(svc->admission()->Check(query, retry_after));
   return audit;
 }
 
@@ -245,17 +244,15 @@ absl::Status ScheduleSubmit(AuditServiceImpl* svc, const Principal& caller,
       return absl::OkStatus();
     }
   }
-  SubmitRejection why;
-  if (absl::Status s = svc->scheduler()->Submit(
+  if (absl::Status s = svc->admission()->Submit(
           rpc_internal::MakeDurableJob(
               svc, plan.job_id, caller.tenant, caller.quota, plan.priority,
               plan.deadline, plan.created, std::move(audit)),
-          &why);
+          retry_after);
       !s.ok()) {
     svc->durable()->Forget(plan.job_id);
     DropSpooled(svc, plan.job_id);
     if (claim) svc->store()->ForgetQueued(plan.job_id).IgnoreError();
-    *retry_after = why.retry_after;
     return s;
   }
   if (claim) return absl::OkStatus();
@@ -434,8 +431,8 @@ grpc::ServerUnaryReactor* PostJobCall(
           log->set_job_id(request->job_id());
           valid = ValidateJobId(request->job_id());
         }
-        rpc_internal::CountRefusal(svc, valid,
-                                   Metrics::InvalidInput::kOtherRequest);
+        svc->admission()->CountRefusal(valid,
+                                       Metrics::InvalidInput::kOtherRequest);
         return valid;
       },
       [svc, request, response, body](const Principal& caller, CallLog*,

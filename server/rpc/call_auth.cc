@@ -1,6 +1,8 @@
 // Per-call plumbing shared by every RPC: authentication and permissions,
 // raw request parsing (see audit_service.h, "Raw messages") and the
 // client-facing form of storage errors.
+#include "server/rpc/call_auth.h"
+
 #include <grpcpp/impl/codegen/proto_utils.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 
@@ -12,7 +14,6 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "proto/codec/wire_check.h"
 #include "server/common/log.h"
-#include "server/rpc/rpc_internal.h"
 
 namespace attnaudit::server::rpc_internal {
 namespace {

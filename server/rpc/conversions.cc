@@ -1,5 +1,7 @@
 // Conversions between the wire, the scheduler and the store, shared by the
 // RPC layer (rpc_internal.h).
+#include "server/rpc/conversions.h"
+
 #include <google/protobuf/util/time_util.h>
 
 #include <algorithm>
@@ -11,7 +13,6 @@
 #include "core/common/status_macros.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/tensor_paths.h"
-#include "server/rpc/rpc_internal.h"
 #include "server/rpc/status_util.h"
 
 namespace attnaudit::server::rpc_internal {
@@ -265,28 +266,6 @@ void CountTruncatedLabels(AuditServiceImpl* svc, const LabelTruncations& t) {
   m->CountTruncatedLabel("backend", t.backend);
   m->CountTruncatedLabel("request_id", t.request_ids);
   m->CountTruncatedLabel("run", t.run);
-}
-
-void ApplyServerOptions(const AuditServiceImpl& svc, AuditOptions* options) {
-  options->threads = svc.options().threads_per_job;
-  options->limits = svc.options().limits;
-}
-
-void ApplyGang(const AuditServiceImpl& svc, Job* job) {
-  const int64_t world = job->snapshot.cp.world_size;
-  if (world <= 1) return;
-  int64_t cpus = 0;
-  int64_t gpus = 0;
-  for (const DeviceInfo& d : svc.scheduler()->Devices()) {
-    cpus += d.kind == "cpu";
-    gpus += d.kind == "cuda";
-  }
-  // GPU workers when the pool has them (one rank per GPU, or several in
-  // turns), else CPU workers.
-  const int64_t n = gpus > 0 ? gpus : cpus;
-  if (n == 0) return;
-  job->device_kind = gpus > 0 ? "cuda" : "cpu";
-  job->gang_size = static_cast<int>(std::min(world, n));
 }
 
 }  // namespace attnaudit::server::rpc_internal

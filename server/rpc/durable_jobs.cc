@@ -12,6 +12,8 @@
 // the store refuses (a full disk) is retried by DurableJobs with backoff
 // until it succeeds, while the job stays visible as RUNNING
 // (durable_registry.h).
+#include "server/rpc/durable_jobs.h"
+
 #include <functional>
 #include <memory>
 #include <string>
@@ -21,7 +23,7 @@
 #include "proto/codec/codec.h"
 #include "server/common/log.h"
 #include "server/rpc/audit_service.h"
-#include "server/rpc/rpc_internal.h"
+#include "server/rpc/conversions.h"
 
 namespace attnaudit::server::rpc_internal {
 namespace {
@@ -142,9 +144,8 @@ std::unique_ptr<Job> MakeDurableJob(AuditServiceImpl* svc,
   svc->durable()->Add(
       QueuedRecord(job_id, tenant, priority, job->labels, created));
   job->snapshot = std::move(audit.snapshot);
-  ApplyServerOptions(*svc, &audit.options);
   job->options = std::move(audit.options);
-  ApplyGang(*svc, job.get());
+  svc->admission()->Shape(job.get());
   auto started = std::make_shared<absl::Time>(absl::InfinitePast());
   job->on_start = [svc, started](const Job& j, absl::string_view) {
     *started = absl::Now();

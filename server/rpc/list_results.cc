@@ -16,8 +16,10 @@
 #include "core/common/status_macros.h"
 #include "google/protobuf/util/time_util.h"
 #include "server/rpc/audit_service.h"
+#include "server/rpc/blocking_calls.h"
+#include "server/rpc/call_auth.h"
+#include "server/rpc/conversions.h"
 #include "server/rpc/label_bounds.h"
-#include "server/rpc/rpc_internal.h"
 
 namespace attnaudit::server {
 namespace {
@@ -158,8 +160,8 @@ absl::Status DoListResults(AuditServiceImpl* svc, const Principal& caller,
                            v1::ListResultsResponse* response) {
   absl::StatusOr<ResultQuery> query = QueryOf(request, caller);
   if (!query.ok()) {
-    rpc_internal::CountRefusal(svc, query.status(),
-                               Metrics::InvalidInput::kOtherRequest);
+    svc->admission()->CountRefusal(query.status(),
+                                   Metrics::InvalidInput::kOtherRequest);
     return query.status();
   }
   absl::StatusOr<std::vector<ResultRecord>> rows = svc->store()->Query(*query);
@@ -184,8 +186,7 @@ grpc::ServerUnaryReactor* AuditServiceImpl::ListResults(
       this, "ListResults", context, kPermRead,
       [this, raw, request](const Principal&, CallLog*) {
         absl::Status s = rpc_internal::ParseRequest(raw, request.get());
-        rpc_internal::CountRefusal(this, s,
-                                   Metrics::InvalidInput::kOtherRequest);
+        admission_.CountRefusal(s, Metrics::InvalidInput::kOtherRequest);
         return s;
       },
       [this, request, response](const Principal& caller, CallLog*,

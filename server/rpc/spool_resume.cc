@@ -9,7 +9,8 @@
 #include "proto/codec/codec.h"
 #include "server/common/log.h"
 #include "server/rpc/audit_service.h"
-#include "server/rpc/rpc_internal.h"
+#include "server/rpc/conversions.h"
+#include "server/rpc/durable_jobs.h"
 #include "server/rpc/status_util.h"
 
 namespace attnaudit::server {

@@ -1,6 +1,8 @@
 // The RPC layer's conversions: times and durations through protobuf's
 // TimeUtil (checked against hand-computed seconds/nanos), request decoding
 // with field-path errors, and the job-state mappings.
+#include "server/rpc/conversions.h"
+
 #include <google/protobuf/util/time_util.h>
 
 #include <limits>
@@ -9,7 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include "server/rpc/rpc_internal.h"
+#include "server/rpc/durable_jobs.h"
 
 namespace attnaudit::server::rpc_internal {
 namespace {

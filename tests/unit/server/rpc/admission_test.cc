@@ -1,0 +1,152 @@
+// Admission (server/rpc/admission.h) over a real scheduler on gate devices
+// (tests/unit/server/scheduler/test_devices.h) and real metrics: the job's
+// shape (server settings, gang by pool), refusals counted under their
+// reason with the scheduler's retry hint, draining, and the RPC layer's own
+// refusals.
+#include "server/rpc/admission.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "tests/unit/server/scheduler/test_devices.h"
+
+namespace attnaudit::server {
+namespace {
+
+using testing::Gate;
+using testing::GateDevices;
+using testing::GatedOptions;
+using testing::kI;
+using testing::MakeJob;
+using testing::MakeScheduler;
+using testing::Query;
+
+std::unique_ptr<Metrics> MakeMetrics() {
+  absl::StatusOr<std::unique_ptr<Metrics>> m = Metrics::Create({});
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? *std::move(m) : nullptr;
+}
+
+// attnaudit_rejections_total{reason="<reason>"} as rendered; -1 if absent.
+double Rejections(Metrics& metrics, const std::string& reason) {
+  const std::string prefix =
+      absl::StrCat("attnaudit_rejections_total{reason=\"", reason, "\"} ");
+  for (absl::string_view line : absl::StrSplit(metrics.RenderText(), '\n')) {
+    if (absl::StartsWith(line, prefix)) {
+      double v = -1;
+      if (absl::SimpleAtod(line.substr(prefix.size()), &v)) return v;
+    }
+  }
+  return -1;
+}
+
+Admission::Options ServerSettings() {
+  Admission::Options o;
+  o.threads_per_job = 3;
+  o.limits.max_total_bytes = 12345;
+  return o;
+}
+
+// The gang a job for a CP snapshot of `world` ranks gets on `pool`.
+std::unique_ptr<Job> Shaped(Scheduler* scheduler, Metrics* metrics,
+                            int64_t world) {
+  Admission admission(scheduler, metrics, ServerSettings());
+  auto job = MakeJob("j", kI, nullptr);
+  job->snapshot.cp.world_size = world;
+  admission.Shape(job.get());
+  return job;
+}
+
+TEST(AdmissionTest, ShapeAppliesTheServerSettingsAndTheGangByPool) {
+  std::unique_ptr<Metrics> metrics = MakeMetrics();
+  Gate gate;
+  std::unique_ptr<Scheduler> cpus = MakeScheduler(GatedOptions(&gate, 2));
+  std::unique_ptr<Job> one = Shaped(cpus.get(), metrics.get(), 1);
+  EXPECT_EQ(one->options.threads, 3);
+  EXPECT_EQ(one->options.limits.max_total_bytes, 12345);
+  EXPECT_EQ(one->gang_size, 1);
+  std::unique_ptr<Job> cp = Shaped(cpus.get(), metrics.get(), 4);
+  EXPECT_EQ(cp->device_kind, "cpu");
+  EXPECT_EQ(cp->gang_size, 2);  // min(W, CPU workers)
+
+  // GPUs in the pool: the gang is of GPUs only, min(W, GPU workers).
+  SchedulerOptions mixed = GatedOptions(&gate, 1, "cpu");
+  for (auto& d : GateDevices(3, &gate, "cuda")) {
+    mixed.devices.push_back(std::move(d));
+  }
+  std::unique_ptr<Scheduler> gpus = MakeScheduler(std::move(mixed));
+  std::unique_ptr<Job> wide = Shaped(gpus.get(), metrics.get(), 8);
+  EXPECT_EQ(wide->device_kind, "cuda");
+  EXPECT_EQ(wide->gang_size, 3);
+  std::unique_ptr<Job> narrow = Shaped(gpus.get(), metrics.get(), 2);
+  EXPECT_EQ(narrow->gang_size, 2);
+}
+
+TEST(AdmissionTest, CheckCountsARefusalUnderItsReason) {
+  std::unique_ptr<Metrics> metrics = MakeMetrics();
+  Gate gate;
+  SchedulerOptions options = GatedOptions(&gate);
+  options.max_queued_bytes = 1000;
+  std::unique_ptr<Scheduler> scheduler = MakeScheduler(std::move(options));
+  Admission admission(scheduler.get(), metrics.get(), {});
+  absl::Duration retry_after = absl::Seconds(-1);
+  EXPECT_TRUE(admission.Check(Query(kI, 10), &retry_after).ok());
+  EXPECT_EQ(retry_after, absl::Seconds(-1));  // untouched when admitted
+  absl::Status s = admission.Check(Query(kI, 5000), &retry_after);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(retry_after, absl::ZeroDuration());  // it can never fit
+  EXPECT_EQ(Rejections(*metrics, "too_large"), 1);
+}
+
+TEST(AdmissionTest, SubmitHandsTheJobToTheSchedulerWithItsHint) {
+  std::unique_ptr<Metrics> metrics = MakeMetrics();
+  Gate gate;
+  gate.Open();
+  std::unique_ptr<Scheduler> scheduler = MakeScheduler(GatedOptions(&gate));
+  Admission admission(scheduler.get(), metrics.get(), {});
+  testing::Recorder recorder;
+  absl::Duration retry_after;
+  ASSERT_TRUE(admission.Submit(MakeJob("a", kI, &recorder), &retry_after).ok());
+  EXPECT_TRUE(recorder.Wait("a").status.ok());
+  absl::Status dup = admission.Submit(MakeJob("", kI, &recorder), &retry_after);
+  EXPECT_FALSE(dup.ok());
+}
+
+TEST(AdmissionTest, DrainingRefusesAndCounts) {
+  std::unique_ptr<Metrics> metrics = MakeMetrics();
+  Gate gate;
+  std::unique_ptr<Scheduler> scheduler = MakeScheduler(GatedOptions(&gate));
+  Admission admission(scheduler.get(), metrics.get(), {});
+  EXPECT_TRUE(admission.RefuseIfDraining().ok());
+  EXPECT_FALSE(admission.draining());
+  admission.StartDraining();
+  EXPECT_TRUE(admission.draining());
+  EXPECT_EQ(admission.RefuseIfDraining().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Rejections(*metrics, "draining"), 1);
+}
+
+TEST(AdmissionTest, CountRefusalMapsTheRpcLayersOwnRefusals) {
+  std::unique_ptr<Metrics> metrics = MakeMetrics();
+  Gate gate;
+  std::unique_ptr<Scheduler> scheduler = MakeScheduler(GatedOptions(&gate));
+  Admission admission(scheduler.get(), metrics.get(), {});
+  const Metrics::InvalidInput other = Metrics::InvalidInput::kOtherRequest;
+  admission.CountRefusal(absl::InvalidArgumentError("x"), other);
+  admission.CountRefusal(absl::UnavailableError("x"), other);
+  admission.CountRefusal(absl::ResourceExhaustedError("x"), other);
+  admission.CountRefusal(absl::NotFoundError("x"), other);
+  admission.CountRefusal(absl::OkStatus(), other);
+  EXPECT_EQ(Rejections(*metrics, "invalid_argument"), 1);
+  EXPECT_EQ(Rejections(*metrics, "draining"), 1);
+  EXPECT_EQ(Rejections(*metrics, "too_large"), 1);
+  EXPECT_EQ(Rejections(*metrics, "queue_full"), 0);
+}
+
+}  // namespace
+}  // namespace attnaudit::server
