@@ -18,6 +18,7 @@
 #include "server/rpc/durable_jobs.h"
 #include "server/rpc/interactive_jobs.h"
 #include "server/rpc/logged_reactor.h"
+#include "server/rpc/rpc_methods.h"
 #include "server/rpc/status_util.h"
 
 namespace attnaudit::server {
@@ -50,7 +51,7 @@ class AuditCall final : public LoggedUnaryReactor, public OpenCall {
   void Start(const grpc::ByteBuffer* raw) {
     svc_->CountRequest();
     absl::StatusOr<Principal> principal =
-        Authorize(svc_, *context_, kPermAudit, "Audit");
+        Authorize(svc_, *context_, PermissionOf("Audit"), "Audit");
     if (!principal.ok()) return Done(ToGrpcStatus(principal.status()));
     principal_ = *principal;
     credentials_ = rpc_internal::CredentialsOf(*context_);
@@ -104,8 +105,8 @@ class AuditCall final : public LoggedUnaryReactor, public OpenCall {
 
   // OpenCall: runs under the registry's lock (this call is alive).
   bool Recheck(const Authenticator& auth) override {
-    absl::StatusOr<Principal> now =
-        Reauthorize(auth, credentials_, principal_, kPermAudit, "Audit");
+    absl::StatusOr<Principal> now = Reauthorize(auth, credentials_, principal_,
+                                                PermissionOf("Audit"), "Audit");
     if (now.ok()) return false;
     {
       absl::MutexLock lock(&mu_);
@@ -535,7 +536,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* AuditServiceImpl::WatchResults(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   CountRequest();
   absl::StatusOr<Principal> principal =
-      Authorize(this, *context, kPermRead, "WatchResults");
+      Authorize(this, *context, PermissionOf("WatchResults"), "WatchResults");
   if (!principal.ok()) {
     return new RejectedWatch(ToGrpcStatus(principal.status()));
   }
@@ -584,8 +585,8 @@ grpc::ServerUnaryReactor* AuditServiceImpl::GetCapabilities(
     grpc::ByteBuffer* response) {
   auto* call = new LoggedUnaryReactor("GetCapabilities", context);
   CountRequest();
-  absl::StatusOr<Principal> principal =
-      Authorize(this, *context, 0, "GetCapabilities");
+  absl::StatusOr<Principal> principal = Authorize(
+      this, *context, PermissionOf("GetCapabilities"), "GetCapabilities");
   if (!principal.ok()) {
     call->Done(ToGrpcStatus(principal.status()));
     return call;

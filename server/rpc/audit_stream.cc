@@ -29,6 +29,7 @@
 #include "server/rpc/conversions.h"
 #include "server/rpc/interactive_jobs.h"
 #include "server/rpc/logged_reactor.h"
+#include "server/rpc/rpc_methods.h"
 #include "server/rpc/status_util.h"
 
 namespace attnaudit::server {
@@ -57,7 +58,7 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
   void Begin() {
     svc_->CountRequest();
     absl::StatusOr<Principal> principal =
-        Authorize(svc_, *context_, kPermAudit, "AuditStream");
+        Authorize(svc_, *context_, PermissionOf("AuditStream"), "AuditStream");
     if (!principal.ok()) return FinishOnce(ToGrpcStatus(principal.status()));
     principal_ = *std::move(principal);
     credentials_ = rpc_internal::CredentialsOf(*context_);
@@ -76,7 +77,8 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
   // OpenCall: runs under the registry's lock (this call is alive).
   bool Recheck(const Authenticator& auth) override {
     absl::StatusOr<Principal> now =
-        Reauthorize(auth, credentials_, principal_, kPermAudit, "AuditStream");
+        Reauthorize(auth, credentials_, principal_, PermissionOf("AuditStream"),
+                    "AuditStream");
     return !now.ok() && EndFromOutside(ToGrpcStatus(now.status()));
   }
   bool EndIfIdle(absl::Time now) override {

@@ -25,6 +25,7 @@
 #include "server/rpc/durable_jobs.h"
 #include "server/rpc/job_ids.h"
 #include "server/rpc/logged_reactor.h"
+#include "server/rpc/rpc_methods.h"
 #include "server/rpc/status_util.h"
 
 namespace attnaudit::server {
@@ -449,7 +450,7 @@ grpc::ServerUnaryReactor* AuditServiceImpl::Submit(
     grpc::ByteBuffer* response) {
   auto msg = std::make_shared<v1::SubmitResponse>();
   return rpc_internal::PostBlocking(
-      this, "Submit", context, kPermSubmit,
+      this, "Submit", context, PermissionOf("Submit"),
       [this](const Principal&, CallLog*) {
         if (!draining()) return absl::OkStatus();
         metrics_->CountRejection(RejectReason::kDraining);
@@ -469,14 +470,16 @@ grpc::ServerUnaryReactor* AuditServiceImpl::GetResult(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
   return PostJobCall<v1::GetResultRequest, v1::JobResult>(
-      this, "GetResult", kPermRead, context, request, response, &DoGetResult);
+      this, "GetResult", PermissionOf("GetResult"), context, request, response,
+      &DoGetResult);
 }
 
 grpc::ServerUnaryReactor* AuditServiceImpl::Cancel(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
   return PostJobCall<v1::CancelRequest, v1::CancelResponse>(
-      this, "Cancel", kPermCancel, context, request, response, &DoCancel);
+      this, "Cancel", PermissionOf("Cancel"), context, request, response,
+      &DoCancel);
 }
 
 }  // namespace attnaudit::server

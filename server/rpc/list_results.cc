@@ -20,6 +20,7 @@
 #include "server/rpc/call_auth.h"
 #include "server/rpc/conversions.h"
 #include "server/rpc/label_bounds.h"
+#include "server/rpc/rpc_methods.h"
 
 namespace attnaudit::server {
 namespace {
@@ -183,7 +184,7 @@ grpc::ServerUnaryReactor* AuditServiceImpl::ListResults(
   auto request = std::make_shared<v1::ListResultsRequest>();
   auto response = std::make_shared<v1::ListResultsResponse>();
   return rpc_internal::PostBlocking(
-      this, "ListResults", context, kPermRead,
+      this, "ListResults", context, PermissionOf("ListResults"),
       [this, raw, request](const Principal&, CallLog*) {
         absl::Status s = rpc_internal::ParseRequest(raw, request.get());
         admission_.CountRefusal(s, Metrics::InvalidInput::kOtherRequest);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/rpc/rpc_methods.h"
 #include "server/rpc/status_util.h"
 
 namespace attnaudit::server {
@@ -145,7 +146,8 @@ void WatchReactor::FinishLocked(const grpc::Status& status) {
 
 bool WatchReactor::Recheck(const Authenticator& auth) {
   absl::StatusOr<Principal> now =
-      Reauthorize(auth, credentials_, principal_, kPermRead, "WatchResults");
+      Reauthorize(auth, credentials_, principal_, PermissionOf("WatchResults"),
+                  "WatchResults");
   absl::MutexLock lock(&mu_);
   if (finished_ || finishing_) return false;
   if (!now.ok()) {
