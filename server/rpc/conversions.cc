@@ -1,5 +1,5 @@
 // Conversions between the wire, the scheduler and the store, shared by the
-// RPC layer (rpc_internal.h).
+// RPC layer (conversions.h).
 #include "server/rpc/conversions.h"
 
 #include <google/protobuf/util/time_util.h>
