@@ -100,8 +100,11 @@ def parse(root, cmake_files):
             library = m.group(1) == "attnaudit_cc_library"
             t = Target("attnaudit::" + name if library else name, directory,
                        "library" if library else "test")
+            # Generated sources (${...} paths in the build tree) are not
+            # the repository's to check.
             t.files = [os.path.normpath(os.path.join(directory, f))
-                       for f in lists["SRCS"] + lists["HDRS"]]
+                       for f in lists["SRCS"] + lists["HDRS"]
+                       if not f.startswith("$")]
             t.deps = {canonical(d) for d in lists["DEPS"]}
             targets[t.name] = t
         for m in re.finditer(
