@@ -157,6 +157,12 @@ def test_the_service_config_names_real_methods():
     for entry in config["methodConfig"]:
         for name in entry["name"]:
             assert name["method"] in names
+    # Every RPC has a policy, once, except a client stream (its messages
+    # are not buffered for a resend): a new RPC must choose its codes.
+    named = [n["method"] for e in config["methodConfig"] for n in e["name"]]
+    service = service_pb2.DESCRIPTOR.services_by_name["AuditService"]
+    assert sorted(named) == sorted(m.name for m in service.methods
+                                   if not m.client_streaming)
     submit = [e for e in config["methodConfig"]
               if {"service": "attnaudit.v1.AuditService", "method": "Submit"} in e["name"]]
     assert submit[0]["retryPolicy"]["retryableStatusCodes"] == ["RESOURCE_EXHAUSTED"]

@@ -8,10 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "attnaudit/v1/service.grpc.pb.h"
 #include "client/lib/client.h"
+#include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
 
 namespace attnaudit::client {
@@ -160,6 +162,27 @@ TEST(RetryServiceConfigTest, BelowTwoAttemptsThereIsNoPolicy) {
   EXPECT_EQ(RetryServiceConfig(1), "{}");
   EXPECT_NE(RetryServiceConfig(9).find(R"("maxAttempts":5)"),
             std::string::npos);
+}
+
+// Every RPC has a policy, named once, except a client stream (its messages
+// are not buffered for a resend): a new RPC must choose its codes here and
+// in the Python client (tests/python/test_retry.py checks that one).
+TEST(RetryServiceConfigTest, NamesEveryRpcButClientStreamsOnce) {
+  const std::string config = RetryServiceConfig(4);
+  const google::protobuf::ServiceDescriptor* service =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+          v1::AuditService::service_full_name());
+  ASSERT_NE(service, nullptr);
+  for (int i = 0; i < service->method_count(); ++i) {
+    const google::protobuf::MethodDescriptor* m = service->method(i);
+    const std::string entry = absl::StrCat(R"("method":")", m->name(), R"(")");
+    size_t count = 0;
+    for (size_t at = config.find(entry); at != std::string::npos;
+         at = config.find(entry, at + 1)) {
+      ++count;
+    }
+    EXPECT_EQ(count, m->client_streaming() ? 0u : 1u) << m->name();
+  }
 }
 
 }  // namespace
