@@ -3,7 +3,9 @@
 // missing from the combine or counted twice, one rank's partial LSE in the
 // other base, and a combine done in bf16. They need no per-rank replay:
 // the rank partials are merges of unit states.
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -53,29 +55,64 @@ std::string Detail(CpKind k, int32_t rank) {
                          rank);
 }
 
-// A bf16 combine: each rank's rescaled partial rounded to bf16 and summed
-// in bf16, in rank order.
-void Bf16Combine(const std::vector<Acc>& ranks, double* out, double* lse) {
-  const size_t D = ranks.empty() ? 0 : ranks[0].acc.size();
-  double m = -1.0 / 0.0;
-  for (const Acc& r : ranks) {
-    if (r.l > 0) m = std::max(m, r.Lse());
+// A combine done in bf16, as far as the rank partials show it. Each
+// variant rounds a different set of the combine's steps to bf16; the
+// partial outputs are always in the engine's output dtype (what the ranks
+// return). The steps follow docs/NUMERICS.md, "Context parallelism":
+// M = max lse_k, lse = M + ln sum exp(lse_k - M), out = sum exp(lse_k -
+// lse) o_k in rank order.
+struct Bf16Variant {
+  bool lse_in;    // the partial LSEs (packed with the bf16 outputs)
+  bool lse_math;  // differences, exponentials, their sum, log, final LSE
+  bool sums;      // the weights, rescaled partials and their running sum
+  const char* detail;
+};
+constexpr Bf16Variant kBf16Variants[] = {
+    {true, true, true,
+     "the partial LSEs, weights and sums rounded to bf16 (the LSEs packed "
+     "with the bf16 outputs, the combine computed in bf16)"},
+    {true, false, false,
+     "the partial LSEs rounded to bf16 (packed with the bf16 outputs), the "
+     "combine computed in fp32"},
+    {false, false, true,
+     "the rescaled partials rounded to bf16 and summed in bf16, the LSEs in "
+     "fp32"},
+};
+
+// One query's combine under variant v of the W partials o[k] (D values
+// each, value space, already in the output dtype) and lse[k] (-inf: the
+// rank holds none of the query's keys). Writes out (before sinks) and
+// returns the combined LSE.
+double Bf16Combine(const Bf16Variant& v, const std::vector<float>& o,
+                   std::vector<float> l, int64_t D, double* out) {
+  const auto r = [](bool on, float x) {
+    return on ? RoundToDType(x, DType::kBF16) : x;
+  };
+  const float kNegInf = -1.0f / 0.0f;
+  float m = kNegInf;
+  for (float& x : l) {
+    x = r(v.lse_in, x);
+    m = std::max(m, x);
   }
-  std::vector<double> acc(D, 0.0), o(D);
-  double wsum = 0;
-  for (const Acc& r : ranks) {
-    if (r.l <= 0) continue;
-    const double w = std::exp(r.Lse() - m);
-    wsum += w;
-    r.Out(o.data(), 1.0);
-    for (size_t i = 0; i < D; ++i) {
-      const float part =
-          RoundToDType(static_cast<float>(w * o[i]), DType::kBF16);
-      acc[i] = RoundToDType(static_cast<float>(acc[i] + part), DType::kBF16);
+  std::fill(out, out + D, 0.0);
+  if (m == kNegInf) return -1.0 / 0.0;
+  float sum = 0;
+  for (float x : l) {
+    if (x == kNegInf) continue;
+    sum = r(v.lse_math, sum + r(v.lse_math, std::exp(r(v.lse_math, x - m))));
+  }
+  const float lse = r(v.lse_math, m + r(v.lse_math, std::log(sum)));
+  std::vector<float> acc(static_cast<size_t>(D), 0.0f);
+  for (size_t k = 0; k < l.size(); ++k) {
+    if (l[k] == kNegInf) continue;
+    const float f =
+        r(v.sums, r(v.lse_math, std::exp(r(v.lse_math, l[k] - lse))));
+    for (int64_t i = 0; i < D; ++i) {
+      acc[i] = r(v.sums, acc[i] + r(v.sums, f * o[k * D + i]));
     }
   }
-  for (size_t i = 0; i < D; ++i) out[i] = wsum > 0 ? acc[i] / wsum : 0.0;
-  *lse = wsum > 0 ? m + std::log(wsum) : -1.0 / 0.0;
+  for (int64_t i = 0; i < D; ++i) out[i] = acc[i];
+  return lse;
 }
 
 }  // namespace
@@ -97,8 +134,21 @@ absl::Status CpHypotheses(const Context& ctx, const Row& row,
   }
   std::vector<Acc> ranks(static_cast<size_t>(world), Acc(D));
   std::vector<double> o(static_cast<size_t>(D));
-  double z2_engine = 0, z2_bf16 = 0;
-  int64_t elements = 0;
+  // The bf16 combine works on what the ranks return: partials in value
+  // space (V scale applied) cast to the output dtype, so the final write
+  // applies the sinks only.
+  const Tensor& e_out = ctx.in->snapshot->engine.out;
+  const DType part_dtype = e_out.present() && IsFloating(e_out.dtype())
+                               ? e_out.dtype()
+                               : DType::kF32;
+  AltSpec value_space;
+  value_space.v_scale.assign(static_cast<size_t>(ctx.d.kv_heads), 1.0);
+  std::vector<Scorer> bf16_scorers;
+  for (size_t v = 0; v < std::size(kBf16Variants); ++v) {
+    bf16_scorers.emplace_back(ctx);
+  }
+  std::vector<float> parts(static_cast<size_t>(world * D));
+  std::vector<float> part_lse(static_cast<size_t>(world));
   for (int64_t c = 0; c < ctx.Cells(); ++c) {
     const int64_t s = c / ctx.d.q_heads, h = c % ctx.d.q_heads;
     for (Acc& a : ranks) a.Clear();
@@ -123,21 +173,24 @@ absl::Status CpHypotheses(const Context& ctx, const Row& row,
       FinishState(ctx, nullptr, h, o.data(), &lse);
       t.scorer.AddCell(row, c, o.data(), lse);
     }
-    if (row.has_out) {
-      double lse = 0;
-      Bf16Combine(ranks, o.data(), &lse);
-      FinishState(ctx, nullptr, h, o.data(), &lse);
+    const int64_t g = h / ctx.d.group();
+    for (int32_t r = 0; r < world; ++r) {
+      const Acc& a = ranks[r];
+      part_lse[r] = -1.0f / 0.0f;
+      if (a.l <= 0) continue;
+      part_lse[r] = static_cast<float>(a.Lse());
+      a.Out(o.data(), ctx.p->v_scale[g]);
       for (int64_t i = 0; i < D; ++i) {
-        const int64_t k = c * D + i;
-        const double ze = (row.e_out[k] - row.r_out[k]) / row.unit[k];
-        const double zb = (o[i] - row.r_out[k]) / row.unit[k];
-        z2_engine += ze * ze;
-        z2_bf16 += zb * zb;
+        parts[r * D + i] = RoundToDType(static_cast<float>(o[i]), part_dtype);
       }
-      elements += D;
+    }
+    for (size_t v = 0; v < std::size(kBf16Variants); ++v) {
+      double lse = Bf16Combine(kBf16Variants[v], parts, part_lse, D, o.data());
+      FinishState(ctx, &value_space, h, o.data(), &lse);
+      bf16_scorers[v].AddCell(row, c, o.data(), lse);
     }
   }
-  ctx.evaluated += static_cast<int64_t>(trials.size()) + 1;
+  ctx.evaluated += static_cast<int64_t>(trials.size() + bf16_scorers.size());
   for (CpTrial& t : trials) {
     Candidate c;
     c.hypothesis = Name(t.kind);
@@ -150,25 +203,32 @@ absl::Status CpHypotheses(const Context& ctx, const Row& row,
     c.rank_bias = 1;
     out->push_back(std::move(c));
   }
-  // A bf16 combine does not reproduce the engine's own rounding sequence:
-  // it is judged by the size of the noise it predicts.
-  if (elements > 0) {
-    const double n = static_cast<double>(elements);
-    const double observed = z2_engine / n, predicted = z2_bf16 / n;
-    const double clean = ctx.noise.mean_square;
-    if (observed > 2.0 * clean && predicted > 2.0 * clean &&
-        observed < 3.0 * predicted && predicted < 3.0 * observed) {
-      Candidate c;
-      c.hypothesis = kCpBf16Combine;
-      c.detail = absl::StrFormat(
-          "noise rms %.2f, a bf16 combine of the %d ranks predicts %.2f",
-          std::sqrt(observed), world, std::sqrt(predicted));
-      c.eval.score = 0.65;
-      c.eval.before.out_rms_noise = std::sqrt(observed);
-      c.location.row = rs.b;
-      c.rank_bias = 2;
-      out->push_back(std::move(c));
-    }
+  // A combine in bf16 moves E by a few of its roundings at most: on a row
+  // that does not drift (a DRIFT from a rank's partial or the log-probs
+  // alone) its recomputation, as near R as E is, would "remove" noise.
+  // The row must drift: a cell beyond the tolerance, or out's noise above
+  // twice a correct engine's.
+  bool drifts = false;
+  double z2 = 0;
+  for (int64_t c = 0; c < ctx.Cells() && !drifts; ++c) {
+    drifts = (row.has_out && !(row.before_max[c] <= ctx.tol.out_abs)) ||
+             (row.has_lse && !(row.before_lse[c] <= ctx.tol.lse_abs));
+    if (row.has_out) z2 += row.before_z2[c];
+  }
+  if (!drifts && row.has_out) {
+    drifts =
+        z2 > 2.0 * ctx.noise.mean_square * static_cast<double>(ctx.Cells() * D);
+  }
+  for (size_t v = 0; drifts && v < bf16_scorers.size(); ++v) {
+    Candidate c;
+    c.hypothesis = kCpBf16Combine;
+    c.detail = kBf16Variants[v].detail;
+    c.eval = bf16_scorers[v].Finish();
+    c.location.row = rs.b;
+    c.location.query = c.eval.query;
+    c.location.heads = c.eval.heads;
+    c.rank_bias = 2;
+    out->push_back(std::move(c));
   }
   return absl::OkStatus();
 }

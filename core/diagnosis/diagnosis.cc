@@ -367,7 +367,7 @@ absl::StatusOr<DiagnosisResult> Diagnose(const DiagnosisInputs& inputs,
     result.run.complete = true;
     result.run.note =
         "out and LSE are within the engine's noise: the drift is elsewhere "
-        "(log-probs)";
+        "(the log-probs, a CP rank's partial or a RoPE check)";
     return result;
   }
   std::vector<di::Candidate> all;
