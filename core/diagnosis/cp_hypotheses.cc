@@ -115,13 +115,9 @@ double Bf16Combine(const Bf16Variant& v, const std::vector<float>& o,
   return lse;
 }
 
-}  // namespace
-
-absl::Status CpHypotheses(const Context& ctx, const Row& row,
-                          const RowStates& rs, std::vector<Candidate>* out) {
-  const int64_t world = ctx.in->snapshot->cp.world_size;
-  if (world <= 1) return absl::OkStatus();
-  const int64_t D = ctx.d.head_dim;
+// Four trials per rank that holds any of the row's units.
+std::vector<CpTrial> RankTrials(const Context& ctx, const RowStates& rs,
+                                int64_t world) {
   std::vector<uint8_t> has(static_cast<size_t>(world), 0);
   for (const KvUnit& u : rs.units) has[u.rank] = 1;
   std::vector<CpTrial> trials;
@@ -132,6 +128,91 @@ absl::Status CpHypotheses(const Context& ctx, const Row& row,
       trials.push_back({k, r, Scorer(ctx)});
     }
   }
+  return trials;
+}
+
+// Scores cell c (query head h) of trial t: the rank partials combined with
+// t's fault applied to its rank. o is D values of scratch.
+void ScoreRankTrial(const Context& ctx, const Row& row, int64_t c, int64_t h,
+                    const std::vector<Acc>& ranks, CpTrial* t, double* o) {
+  const int64_t D = ctx.d.head_dim;
+  Acc a(D);
+  for (int32_t r = 0; r < static_cast<int32_t>(ranks.size()); ++r) {
+    if (r != t->rank || t->kind == CpKind::kDoubled) a.Merge(ranks[r]);
+  }
+  const Acc& mine = ranks[t->rank];
+  if (t->kind == CpKind::kDoubled) a.Merge(mine);
+  if (t->kind == CpKind::kBase2 || t->kind == CpKind::kBaseE) {
+    mine.Out(o, 1.0);
+    a.Add(o, mine.Lse() * (t->kind == CpKind::kBase2 ? kLog2E : kLn2));
+  }
+  double lse = a.Lse();
+  a.Out(o, 1.0);
+  FinishState(ctx, nullptr, h, o, &lse);
+  t->scorer.AddCell(row, c, o, lse);
+}
+
+// What the ranks return for one query head: each rank's partial in value
+// space (V scale of KV head g applied) cast to part_dtype, and its LSE
+// (-inf for a rank that holds none of the query's keys).
+void RankPartials(const Context& ctx, const std::vector<Acc>& ranks, int64_t g,
+                  DType part_dtype, std::vector<float>* parts,
+                  std::vector<float>* part_lse, double* o) {
+  const int64_t D = ctx.d.head_dim;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const Acc& a = ranks[r];
+    (*part_lse)[r] = -1.0f / 0.0f;
+    if (a.l <= 0) continue;
+    (*part_lse)[r] = static_cast<float>(a.Lse());
+    a.Out(o, ctx.p->v_scale[g]);
+    for (int64_t i = 0; i < D; ++i) {
+      (*parts)[r * D + i] = RoundToDType(static_cast<float>(o[i]), part_dtype);
+    }
+  }
+}
+
+// A combine in bf16 moves E by a few of its roundings at most: on a row
+// that does not drift (a DRIFT from a rank's partial or the log-probs
+// alone) its recomputation, as near R as E is, would "remove" noise.
+// The row must drift: a cell beyond the tolerance, or out's noise above
+// twice a correct engine's.
+bool RowDrifts(const Context& ctx, const Row& row) {
+  double z2 = 0;
+  for (int64_t c = 0; c < ctx.Cells(); ++c) {
+    if ((row.has_out && !(row.before_max[c] <= ctx.tol.out_abs)) ||
+        (row.has_lse && !(row.before_lse[c] <= ctx.tol.lse_abs))) {
+      return true;
+    }
+    if (row.has_out) z2 += row.before_z2[c];
+  }
+  return row.has_out &&
+         z2 > 2.0 * ctx.noise.mean_square *
+                  static_cast<double>(ctx.Cells() * ctx.d.head_dim);
+}
+
+Candidate CpCandidate(const char* hypothesis, std::string detail,
+                      Scorer* scorer, int64_t row, int32_t cp_rank,
+                      int rank_bias) {
+  Candidate c;
+  c.hypothesis = hypothesis;
+  c.detail = std::move(detail);
+  c.eval = scorer->Finish();
+  c.location.row = row;
+  c.location.query = c.eval.query;
+  c.location.heads = c.eval.heads;
+  c.location.cp_rank = cp_rank;
+  c.rank_bias = rank_bias;
+  return c;
+}
+
+}  // namespace
+
+absl::Status CpHypotheses(const Context& ctx, const Row& row,
+                          const RowStates& rs, std::vector<Candidate>* out) {
+  const int64_t world = ctx.in->snapshot->cp.world_size;
+  if (world <= 1) return absl::OkStatus();
+  const int64_t D = ctx.d.head_dim;
+  std::vector<CpTrial> trials = RankTrials(ctx, rs, world);
   std::vector<Acc> ranks(static_cast<size_t>(world), Acc(D));
   std::vector<double> o(static_cast<size_t>(D));
   // The bf16 combine works on what the ranks return: partials in value
@@ -156,34 +237,10 @@ absl::Status CpHypotheses(const Context& ctx, const Row& row,
       const int64_t i = rs.states.Index(rs.b, static_cast<int64_t>(u), s, h);
       ranks[rs.units[u].rank].Add(&rs.states.r_out[i * D], rs.states.r_lse[i]);
     }
-    for (CpTrial& t : trials) {
-      Acc a(D);
-      for (int32_t r = 0; r < world; ++r) {
-        if (r != t.rank || t.kind == CpKind::kDoubled) a.Merge(ranks[r]);
-      }
-      const Acc& mine = ranks[t.rank];
-      if (t.kind == CpKind::kDoubled) a.Merge(mine);
-      if (t.kind == CpKind::kBase2 || t.kind == CpKind::kBaseE) {
-        mine.Out(o.data(), 1.0);
-        a.Add(o.data(),
-              mine.Lse() * (t.kind == CpKind::kBase2 ? kLog2E : kLn2));
-      }
-      double lse = a.Lse();
-      a.Out(o.data(), 1.0);
-      FinishState(ctx, nullptr, h, o.data(), &lse);
-      t.scorer.AddCell(row, c, o.data(), lse);
-    }
-    const int64_t g = h / ctx.d.group();
-    for (int32_t r = 0; r < world; ++r) {
-      const Acc& a = ranks[r];
-      part_lse[r] = -1.0f / 0.0f;
-      if (a.l <= 0) continue;
-      part_lse[r] = static_cast<float>(a.Lse());
-      a.Out(o.data(), ctx.p->v_scale[g]);
-      for (int64_t i = 0; i < D; ++i) {
-        parts[r * D + i] = RoundToDType(static_cast<float>(o[i]), part_dtype);
-      }
-    }
+    for (CpTrial& t : trials)
+      ScoreRankTrial(ctx, row, c, h, ranks, &t, o.data());
+    RankPartials(ctx, ranks, h / ctx.d.group(), part_dtype, &parts, &part_lse,
+                 o.data());
     for (size_t v = 0; v < std::size(kBf16Variants); ++v) {
       double lse = Bf16Combine(kBf16Variants[v], parts, part_lse, D, o.data());
       FinishState(ctx, &value_space, h, o.data(), &lse);
@@ -192,43 +249,14 @@ absl::Status CpHypotheses(const Context& ctx, const Row& row,
   }
   ctx.evaluated += static_cast<int64_t>(trials.size() + bf16_scorers.size());
   for (CpTrial& t : trials) {
-    Candidate c;
-    c.hypothesis = Name(t.kind);
-    c.detail = Detail(t.kind, t.rank);
-    c.eval = t.scorer.Finish();
-    c.location.row = rs.b;
-    c.location.query = c.eval.query;
-    c.location.heads = c.eval.heads;
-    c.location.cp_rank = t.rank;
-    c.rank_bias = 1;
-    out->push_back(std::move(c));
+    out->push_back(CpCandidate(Name(t.kind), Detail(t.kind, t.rank), &t.scorer,
+                               rs.b, t.rank, /*rank_bias=*/1));
   }
-  // A combine in bf16 moves E by a few of its roundings at most: on a row
-  // that does not drift (a DRIFT from a rank's partial or the log-probs
-  // alone) its recomputation, as near R as E is, would "remove" noise.
-  // The row must drift: a cell beyond the tolerance, or out's noise above
-  // twice a correct engine's.
-  bool drifts = false;
-  double z2 = 0;
-  for (int64_t c = 0; c < ctx.Cells() && !drifts; ++c) {
-    drifts = (row.has_out && !(row.before_max[c] <= ctx.tol.out_abs)) ||
-             (row.has_lse && !(row.before_lse[c] <= ctx.tol.lse_abs));
-    if (row.has_out) z2 += row.before_z2[c];
-  }
-  if (!drifts && row.has_out) {
-    drifts =
-        z2 > 2.0 * ctx.noise.mean_square * static_cast<double>(ctx.Cells() * D);
-  }
-  for (size_t v = 0; drifts && v < bf16_scorers.size(); ++v) {
-    Candidate c;
-    c.hypothesis = kCpBf16Combine;
-    c.detail = kBf16Variants[v].detail;
-    c.eval = bf16_scorers[v].Finish();
-    c.location.row = rs.b;
-    c.location.query = c.eval.query;
-    c.location.heads = c.eval.heads;
-    c.rank_bias = 2;
-    out->push_back(std::move(c));
+  if (!RowDrifts(ctx, row)) return absl::OkStatus();
+  for (size_t v = 0; v < bf16_scorers.size(); ++v) {
+    out->push_back(CpCandidate(kCpBf16Combine, kBf16Variants[v].detail,
+                               &bf16_scorers[v], rs.b, /*cp_rank=*/-1,
+                               /*rank_bias=*/2));
   }
   return absl::OkStatus();
 }

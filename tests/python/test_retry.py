@@ -175,8 +175,10 @@ def test_the_capabilities_an_audit_needs_are_asked_under_its_deadline(scripted):
     with attnaudit.AuditClient(addr, timeout=60) as client:
         with pytest.raises(attnaudit.AuditError):
             client.audit(tiny(), timeout=5)
+    # The grpc-timeout header rounds the deadline up to its unit, so the
+    # server may see a little over 5 s; what matters is that it is not 60.
     assert len(script.caps_deadlines) == 1
-    assert 0 < script.caps_deadlines[0] <= 5
+    assert 0 < script.caps_deadlines[0] <= 6
 
     async def go():
         async with attnaudit.aio.AuditClient(addr, timeout=60) as client:
@@ -185,4 +187,4 @@ def test_the_capabilities_an_audit_needs_are_asked_under_its_deadline(scripted):
 
     asyncio.run(go())
     assert len(script.caps_deadlines) == 2
-    assert 0 < script.caps_deadlines[1] <= 5
+    assert 0 < script.caps_deadlines[1] <= 6
