@@ -18,9 +18,10 @@ const char* ShardingName(CpSharding s) {
       return "interleave";
     case CpSharding::kPageInterleaved:
       return "page";
-    default:
-      return "none";
+    case CpSharding::kNone:
+      break;
   }
+  return "none";
 }
 
 // "PASS (out 1.2e-03 / 3.9e-03, lse ...)": max_abs against tolerance.

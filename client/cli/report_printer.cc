@@ -119,9 +119,11 @@ int ExitCodeFor(Verdict verdict) {
       return kExitPass;
     case Verdict::kDrift:
       return kExitDrift;
-    default:
-      return kExitError;
+    case Verdict::kUnspecified:
+    case Verdict::kInvalid:
+      break;
   }
+  return kExitError;
 }
 
 // The table of comparisons x quantities.

@@ -945,10 +945,16 @@ HWY_INLINE bool WidenRow(const void* base, DType dtype, int64_t offset,
     case DType::kF8E4M3:
       return WidenF8<true>(static_cast<const uint8_t*>(base) + offset, n,
                            dst32);
-    default:  // kF8E5M2
+    case DType::kF8E5M2:
       return WidenF8<false>(static_cast<const uint8_t*>(base) + offset, n,
                             dst32);
+    case DType::kInvalid:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kBool:
+      break;
   }
+  return true;  // validation admits floating dtypes only; flag it if not
 }
 
 // f32 -> f64 (exact).

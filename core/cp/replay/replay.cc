@@ -418,9 +418,10 @@ const char* CpExecutionName(CpExecution execution) {
       return "lockstep";
     case CpExecution::kThreadPerRank:
       return "thread_per_rank";
-    default:
-      return "auto";
+    case CpExecution::kAuto:
+      break;
   }
+  return "auto";
 }
 
 int64_t CpTokenBytes(const PreparedAttention& p) {
