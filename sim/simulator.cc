@@ -12,10 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 #include "core/fingerprint/fingerprint.h"
+#include "core/validate/validate.h"
 #include "sim/flash_decode.h"
 #include "sim/random.h"
 #include "sim/synth_internal.h"
-#include "core/validate/validate.h"
 
 namespace attnaudit {
 namespace {

@@ -12,9 +12,9 @@
 
 #include "absl/status/status.h"
 #include "core/rope/rope.h"
+#include "core/tensor/tensor.h"
 #include "sim/flash_decode.h"
 #include "sim/simulator.h"
-#include "core/tensor/tensor.h"
 
 namespace attnaudit::sim_internal {
 

@@ -28,10 +28,10 @@
 #include "core/attention/attention.h"
 #include "core/audit/audit.h"
 #include "core/common/parallel.h"
-#include "sim/simulator.h"
 #include "core/simd/targets.h"
 #include "core/validate/validate.h"
 #include "proto/codec/codec.h"
+#include "sim/simulator.h"
 
 // Every operator new of the process, counted: the audit's heap allocations
 // (its own and its libraries' C++ ones; C allocations such as OpenSSL's are

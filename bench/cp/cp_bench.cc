@@ -22,8 +22,8 @@
 #include "core/common/parallel.h"
 #include "core/cp/replay/replay.h"
 #include "core/cp/schedule/schedule.h"
-#include "sim/simulator.h"
 #include "core/validate/validate.h"
+#include "sim/simulator.h"
 
 namespace attnaudit::bench {
 namespace {

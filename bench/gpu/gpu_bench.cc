@@ -33,10 +33,10 @@
 #include "core/backend/fallback_backend.h"
 #include "core/cp/replay/replay.h"
 #include "core/cp/schedule/schedule.h"
-#include "sim/simulator.h"
 #include "core/tensor/dtype.h"
 #include "core/validate/validate.h"
 #include "kernels/cuda_backend.h"
+#include "sim/simulator.h"
 
 namespace attnaudit::bench {
 namespace {

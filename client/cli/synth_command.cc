@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/cli/commands.h"
-#include "sim/simulator.h"
 #include "proto/codec/codec.h"
+#include "sim/simulator.h"
 
 namespace attnaudit::client::cli_internal {
 namespace {

@@ -359,6 +359,16 @@ Candidate BlockCandidate(const Context& ctx, const RowStates& rs,
 
 // One scorer per candidate of pass 2.
 struct Trial {
+  Trial(const char* hypothesis, int64_t j, int64_t other, int bias,
+        std::vector<const Substitute*> subs, bool stale, Scorer scorer)
+      : hypothesis(hypothesis),
+        j(j),
+        other(other),
+        bias(bias),
+        subs(std::move(subs)),
+        stale(stale),
+        scorer(std::move(scorer)) {}
+
   const char* hypothesis;
   int64_t j, other;
   int bias;

@@ -112,7 +112,11 @@ JobLabels JobLabelsOf(const ResultRecord& record) {
 }
 
 JobLabels JobLabelsOf(const SpoolMetadata& metadata) {
-  return JobLabels{metadata.model, metadata.layer, metadata.engine};
+  JobLabels labels;  // the spool keeps no backend, step or run
+  labels.model = metadata.model;
+  labels.layer = metadata.layer;
+  labels.engine = metadata.engine;
+  return labels;
 }
 
 void TimeToProto(absl::Time t, google::protobuf::Timestamp* msg) {

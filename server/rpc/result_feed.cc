@@ -61,7 +61,9 @@ bool ResultFeed::DrainOnce() {
       failing_ = true;
       return false;
     }
-    if (failing_) ATTNAUDIT_LOG(info, "result feed: the store is back");
+    if (failing_) {
+      ATTNAUDIT_LOG(info, "result feed: the store is back");
+    }
     failing_ = false;
     for (const ResultRecord& r : *rows) {
       on_result_(r);

@@ -16,10 +16,6 @@ void PutU32(std::string* out, uint32_t v) {
 void PutU64(std::string* out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
 }
-void PutString(std::string* out, absl::string_view s) {
-  PutU32(out, static_cast<uint32_t>(s.size()));
-  out->append(s.data(), s.size());
-}
 
 // Reads little-endian values from a bounded view; every read is checked.
 class Reader {

@@ -11,9 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "attnaudit/v1/service.pb.h"
-#include "sim/simulator.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/stream.h"
+#include "sim/simulator.h"
 
 namespace attnaudit {
 namespace {

@@ -13,11 +13,11 @@
 #include "absl/strings/match.h"
 #include "client/lib/memfd_snapshot.h"
 #include "core/audit/audit.h"
-#include "sim/simulator.h"
 #include "gtest/gtest.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/stream.h"
 #include "server/common/log.h"
+#include "sim/simulator.h"
 #include "tests/integration/test_server.h"
 
 namespace attnaudit::testing {

@@ -164,7 +164,9 @@ TEST_F(FleetTest, AWatcherSeesEveryReplicasResultsAndResumesElsewhere) {
   std::set<std::string> ids;
   for (size_t i = 0; i < seen.size(); ++i) {
     ids.insert(seen[i].job_id());
-    if (i > 0) EXPECT_GT(seen[i].cursor(), seen[i - 1].cursor());
+    if (i > 0) {
+      EXPECT_GT(seen[i].cursor(), seen[i - 1].cursor());
+    }
   }
   EXPECT_EQ(ids, submitted);
 

@@ -25,10 +25,10 @@
 #include "absl/time/time.h"
 #include "attnaudit/v1/service.grpc.pb.h"
 #include "client/lib/client.h"
-#include "sim/simulator.h"
 #include "core/snapshot/snapshot.h"
 #include "server/app/audit_server.h"
 #include "server/scheduler/device.h"
+#include "sim/simulator.h"
 
 namespace attnaudit::testing {
 

@@ -25,9 +25,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/lib/client.h"
-#include "sim/simulator.h"
 #include "gtest/gtest.h"
 #include "server/store/sqlite_job_store.h"
+#include "sim/simulator.h"
 #include "tests/load/server_process.h"
 
 namespace attnaudit::testing {

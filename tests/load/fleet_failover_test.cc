@@ -20,9 +20,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/lib/client.h"
-#include "sim/simulator.h"
 #include "gtest/gtest.h"
 #include "server/store/postgres_job_store.h"
+#include "sim/simulator.h"
 #include "tests/load/server_process.h"
 #include "tests/unit/server/store/postgres_testing.h"
 

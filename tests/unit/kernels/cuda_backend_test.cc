@@ -25,10 +25,10 @@
 #include "core/cp/replay/replay.h"
 #include "core/cp/schedule/schedule.h"
 #include "core/drift/drift.h"
-#include "sim/simulator.h"
 #include "core/tensor/dtype.h"
 #include "core/validate/validate.h"
 #include "gtest/gtest.h"
+#include "sim/simulator.h"
 #include "tests/unit/core/testing/prepared_case.h"
 #include "tests/unit/core/testing/snapshot_builder.h"
 

@@ -4,8 +4,8 @@
 // the drift statistics meaningless, so the test also checks it is nonzero.
 #include <cmath>
 
-#include "sim/simulator.h"
 #include "gtest/gtest.h"
+#include "sim/simulator.h"
 #include "tests/unit/sim/naive_oracle.h"
 
 namespace attnaudit {

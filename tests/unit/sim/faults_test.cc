@@ -3,8 +3,8 @@
 // true data stays exactly the clean one's.
 #include <cmath>
 
-#include "sim/simulator.h"
 #include "gtest/gtest.h"
+#include "sim/simulator.h"
 #include "tests/unit/sim/naive_oracle.h"
 
 namespace attnaudit {

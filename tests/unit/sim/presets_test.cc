@@ -1,7 +1,7 @@
 #include <cmath>
 
-#include "sim/simulator.h"
 #include "gtest/gtest.h"
+#include "sim/simulator.h"
 
 namespace attnaudit {
 namespace {

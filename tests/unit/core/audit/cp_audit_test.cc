@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/audit/audit.h"
-#include "sim/simulator.h"
 #include "gtest/gtest.h"
+#include "sim/simulator.h"
 #include "tests/unit/core/testing/snapshot_builder.h"
 
 namespace attnaudit {

@@ -9,8 +9,8 @@
 
 #include "absl/strings/match.h"
 #include "core/audit/audit.h"
-#include "sim/simulator.h"
 #include "gtest/gtest.h"
+#include "sim/simulator.h"
 
 namespace attnaudit {
 namespace {

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
-#include "sim/simulator.h"
 #include "gtest/gtest.h"
 #include "server/scheduler/scheduler.h"
+#include "sim/simulator.h"
 
 namespace attnaudit::server {
 namespace {

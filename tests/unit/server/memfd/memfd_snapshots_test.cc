@@ -17,9 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/lib/memfd_snapshot.h"
-#include "sim/simulator.h"
 #include "gtest/gtest.h"
 #include "proto/codec/boot_id.h"
+#include "sim/simulator.h"
 
 namespace attnaudit::server {
 namespace {

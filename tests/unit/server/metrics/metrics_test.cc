@@ -16,6 +16,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -26,6 +27,16 @@
 
 namespace attnaudit::server {
 namespace {
+
+// The labels metrics read; the store-only ones (backend, step, run) stay
+// at their defaults.
+JobLabels Labels(std::string model, int64_t layer, std::string engine) {
+  JobLabels labels;
+  labels.model = std::move(model);
+  labels.layer = layer;
+  labels.engine = std::move(engine);
+  return labels;
+}
 
 StageTimings Timings(double validate, double reference, double replay,
                      double compare, double total) {
@@ -142,7 +153,7 @@ TEST(MetricsTest, ExactlyTheDocumentedFamilies) {
   AuditReport pass;
   pass.verdict = Verdict::kPass;
   pass.comparisons.emplace_back();
-  metrics->ObserveReport(pass, JobLabels{"m", 0, ""});
+  metrics->ObserveReport(pass, Labels("m", 0, ""));
   const auto got = families();
   using T = prometheus::MetricType;
   const std::map<std::string, prometheus::MetricType> want = {
@@ -222,7 +233,7 @@ TEST(MetricsTest, RopeChecksAreCountedByCheckAndVerdict) {
   Diagnosis d;
   d.hypothesis = "k-rope-twice";
   r.diagnoses.push_back(d);
-  metrics->ObserveReport(r, JobLabels{"m", 0, ""});
+  metrics->ObserveReport(r, Labels("m", 0, ""));
   EXPECT_EQ(Value(*metrics, family, {{"check", "q"}, {"verdict", "PASS"}}), 1);
   EXPECT_EQ(Value(*metrics, family, {{"check", "k"}, {"verdict", "DRIFT"}}), 1);
   EXPECT_EQ(Value(*metrics, family, {{"check", "table"}, {"verdict", "PASS"}}),
@@ -254,7 +265,7 @@ TEST(MetricsTest, CpChecksAreCountedByRankWithTheRestAsOther) {
     rank.check.verdict = k == 1 || k == 3 ? Verdict::kDrift : Verdict::kPass;
     r.cp.ranks.push_back(rank);
   }
-  metrics->ObserveReport(r, JobLabels{"m", 0, ""});
+  metrics->ObserveReport(r, Labels("m", 0, ""));
   auto value = [&](const std::string& check, const std::string& rank,
                    const std::string& verdict) {
     return Value(*metrics, family,
@@ -347,7 +358,7 @@ AuditReport DriftReport() {
 
 TEST(MetricsTest, ReportFeedsVerdictsAndDriftBuckets) {
   auto metrics = MakeMetrics();
-  JobLabels labels{"llama", 5, "vllm"};
+  JobLabels labels = Labels("llama", 5, "vllm");
   metrics->ObserveReport(DriftReport(), labels);
   EXPECT_EQ(Value(*metrics, "attnaudit_audits_total", {{"verdict", "DRIFT"}}),
             1);
@@ -389,11 +400,11 @@ TEST(MetricsTest, VerdictsAreCountedPerModelAndLayer) {
   auto metrics = MakeMetrics(options);
   AuditReport pass;
   pass.verdict = Verdict::kPass;
-  metrics->ObserveReport(DriftReport(), JobLabels{"llama", 5, ""});
-  metrics->ObserveReport(pass, JobLabels{"llama", 5, ""});
-  metrics->ObserveReport(pass, JobLabels{"llama", 5, ""});
-  metrics->ObserveReport(pass, JobLabels{"llama", 7, ""});
-  metrics->ObserveReport(DriftReport(), JobLabels{"llama", 9, ""});
+  metrics->ObserveReport(DriftReport(), Labels("llama", 5, ""));
+  metrics->ObserveReport(pass, Labels("llama", 5, ""));
+  metrics->ObserveReport(pass, Labels("llama", 5, ""));
+  metrics->ObserveReport(pass, Labels("llama", 7, ""));
+  metrics->ObserveReport(DriftReport(), Labels("llama", 9, ""));
   auto count = [&](const char* layer, const char* verdict) {
     return Value(*metrics, "attnaudit_layer_audits_total",
                  {{"model", "llama"}, {"layer", layer}, {"verdict", verdict}});
@@ -409,7 +420,7 @@ TEST(MetricsTest, NonFiniteDriftLandsInTheInfBucket) {
   AuditReport r = DriftReport();
   r.comparisons[0].out.max_abs = std::numeric_limits<double>::quiet_NaN();
   r.comparisons[0].lse.max_abs = std::numeric_limits<double>::infinity();
-  metrics->ObserveReport(r, JobLabels{"m", 0, ""});
+  metrics->ObserveReport(r, Labels("m", 0, ""));
   const LabelMap er = {
       {"comparison", "engine_vs_reference"}, {"model", "m"}, {"layer", "0"}};
   EXPECT_EQ(Bucket(*metrics, "attnaudit_drift_out_max_abs", er, 5), 0u);
@@ -426,7 +437,7 @@ TEST(MetricsTest, NonFiniteDriftLandsInTheInfBucket) {
 // The bounds a drift family's histogram really has (from the registry).
 std::vector<double> BoundsOf(const std::string& family) {
   auto metrics = MakeMetrics();
-  metrics->ObserveReport(DriftReport(), JobLabels{"m", 1, ""});
+  metrics->ObserveReport(DriftReport(), Labels("m", 1, ""));
   const auto families = metrics->registry()->Collect();
   const prometheus::ClientMetric* m = Find(
       families, family,
@@ -505,10 +516,10 @@ TEST(MetricsTest, ModelAndLayerLabelsAreBounded) {
   options.max_layers = 1;
   auto metrics = MakeMetrics(options);
   for (const char* model : {"a", "b", "c", "a", ""}) {
-    metrics->ObserveReport(DriftReport(), JobLabels{model, 1, ""});
+    metrics->ObserveReport(DriftReport(), Labels(model, 1, ""));
   }
-  metrics->ObserveReport(DriftReport(), JobLabels{"b", 2, ""});
-  metrics->ObserveReport(DriftReport(), JobLabels{"b", -1, ""});
+  metrics->ObserveReport(DriftReport(), Labels("b", 2, ""));
+  metrics->ObserveReport(DriftReport(), Labels("b", -1, ""));
   auto count = [&](const char* model, const char* layer) {
     return Value(*metrics, "attnaudit_drift_out_max_abs",
                  {{"comparison", "engine_vs_reference"},
@@ -633,7 +644,7 @@ TEST(MetricsPromtoolTest, RegistryPassesPromtoolCheckMetrics) {
   MetricsOptions options;
   options.device_kinds = {"cpu", "cuda"};
   auto metrics = MakeMetrics(options);
-  metrics->ObserveReport(DriftReport(), JobLabels{"llama", 5, "vllm"});
+  metrics->ObserveReport(DriftReport(), Labels("llama", 5, "vllm"));
   metrics->ObserveStages(Timings(0.001, 0.01, 0.01, 0.002, 0.023), "cpu");
   std::string out;
   const int rc = Promtool(metrics->RenderText(), &out);

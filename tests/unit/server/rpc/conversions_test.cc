@@ -92,9 +92,10 @@ TEST(ConversionsTest, TerminalStatesFollowTheStatus) {
   EXPECT_EQ(JobStateToProto(JobState::kQueued), v1::JOB_STATE_QUEUED);
   EXPECT_EQ(JobStateToProto(JobState::kCancelled), v1::JOB_STATE_CANCELLED);
   // A stored record's error and times survive the trip to the wire.
-  ResultRecord rec = TerminalRecord(
-      "s1", "fleet-a", PriorityClass::kSampled, JobLabels{"m", 3, "e"},
-      absl::FromUnixSeconds(100), absl::CancelledError("stop"));
+  ResultRecord rec =
+      TerminalRecord("s1", "fleet-a", PriorityClass::kSampled,
+                     JobLabels{"m", 3, "e", "", -1, ""},
+                     absl::FromUnixSeconds(100), absl::CancelledError("stop"));
   EXPECT_EQ(rec.tenant, "fleet-a");
   const v1::JobResult r = RecordToJobResult(rec);
   EXPECT_EQ(r.state(), v1::JOB_STATE_CANCELLED);
