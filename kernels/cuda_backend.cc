@@ -322,6 +322,15 @@ int64_t CudaBackend::memory_in_use() const {
   return arena_ == nullptr ? 0 : arena_->used();
 }
 
+absl::Status CudaBackend::ContextHealth() const {
+  // A sticky error is returned by every call after it; a synchronise is
+  // the call that also reports one raised by a kernel still in flight.
+  cudaError_t error = cudaSetDevice(info_.ordinal);
+  if (error == cudaSuccess) error = cudaStreamSynchronize(stream_);
+  if (!cuda_internal::IsStickyError(error)) return absl::OkStatus();
+  return cuda_internal::CudaStatus(error, "device health check");
+}
+
 absl::StatusOr<AttentionResults> CudaBackend::ComputeAttention(
     const PreparedAttention& p, const AttentionRunOptions& options) {
   if (options.cancelled != nullptr && options.cancelled->load()) {

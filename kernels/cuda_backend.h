@@ -103,6 +103,10 @@ class CudaBackend : public Backend {
   const CudaDeviceInfo& info() const { return info_; }
   // Bytes of the pool the running job holds (0 between jobs).
   int64_t memory_in_use() const;
+  // OK while the device's context is usable; the sticky error once it is
+  // not (cuda_check.h). Waits for the backend's stream: call it between
+  // jobs. Thread-safe.
+  absl::Status ContextHealth() const;
   CudaJobTimings last_timings() const { return timings_; }
 
   // The ring of ReplayCp runs over `gang` (this backend must be its

@@ -17,6 +17,16 @@ absl::Status CudaStatus(cudaError_t error, const char* what) {
       return absl::UnavailableError(message);
     case cudaErrorMemoryAllocation:
       return absl::ResourceExhaustedError(message);
+    default:
+      return absl::InternalError(
+          IsStickyError(error)
+              ? absl::StrCat(message, "; the device context is lost")
+              : message);
+  }
+}
+
+bool IsStickyError(cudaError_t error) {
+  switch (error) {
     case cudaErrorIllegalAddress:
     case cudaErrorLaunchFailure:
     case cudaErrorHardwareStackError:
@@ -24,10 +34,9 @@ absl::Status CudaStatus(cudaError_t error, const char* what) {
     case cudaErrorMisalignedAddress:
     case cudaErrorInvalidPc:
     case cudaErrorAssert:
-      return absl::InternalError(
-          absl::StrCat(message, "; the device context is lost"));
+      return true;
     default:
-      return absl::InternalError(message);
+      return false;
   }
 }
 

@@ -21,6 +21,10 @@ namespace cuda_internal {
 // and the error.
 absl::Status CudaStatus(cudaError_t error, const char* what);
 
+// True for the errors after which the device's context is unusable (every
+// later call fails the same way until the process ends).
+bool IsStickyError(cudaError_t error);
+
 // The status of the last kernel launch on this thread (launch errors are
 // reported by cudaGetLastError, execution errors at the next sync).
 absl::Status LaunchStatus(const char* kernel);

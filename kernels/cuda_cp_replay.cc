@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 #include "kernels/attention_kernels.h"
+#include "kernels/collective_watchdog.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_gang.h"
@@ -206,6 +207,10 @@ class GpuReplay {
   absl::Status StepB(int64_t k, int64_t step);
   absl::Status Compute(int64_t k, int64_t step, const ChunkPlan& plan);
   absl::Status Collect(CpReplayRun* out);
+  // Waits until every rank's `end` event has passed; over a multi-GPU gang
+  // under the collective watchdog (a dead peer aborts the communicators
+  // instead of blocking the worker forever).
+  absl::Status AwaitRanks();
   const ChunkPlan& Held(int64_t k, int64_t step) const {
     const CpStep st = s_.StepAt(step);
     return plans_.At(s_, s_.SourceRank(k, st.round), st.pass, st.chunk);
@@ -218,6 +223,7 @@ class GpuReplay {
   Plans plans_;
   std::vector<RankRuntime> ranks_;
   std::unique_ptr<CpTransport> transport_;
+  CudaGang* gang_ = nullptr;
 };
 
 GpuReplay::~GpuReplay() {
@@ -376,6 +382,7 @@ absl::Status GpuReplay::StepB(int64_t k, int64_t step) {
 }
 
 absl::Status GpuReplay::Run(CudaGang* gang, CpReplayRun* out) {
+  gang_ = gang;
   plans_ = PlanChunks(p_, s_);
   if (plans_.max_bytes > o_.max_buffer_bytes / 2 / s_.world()) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -428,15 +435,41 @@ int64_t OwnerRank(const PreparedAttention& p, const CpSchedule& s, int64_t b,
 
 // Fetches every GPU's states and keeps, for each state, the copy of the
 // GPU whose rank computed it.
+absl::Status GpuReplay::AwaitRanks() {
+  for (RankRuntime& r : ranks_) {
+    ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.gpu->backend->device()));
+    ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.end, r.stream));
+  }
+  if (gang_ == nullptr || gang_->size() <= 1) {
+    for (RankRuntime& r : ranks_) {
+      ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(r.end));
+    }
+    return absl::OkStatus();
+  }
+  CollectiveWait wait;
+  wait.what = absl::StrCat("cp ring over ", gang_->Names());
+  wait.timeout = gang_->collective_timeout();
+  wait.cancelled = o_.cancelled;
+  return AwaitCollective(
+      [this]() -> absl::StatusOr<bool> {
+        for (RankRuntime& r : ranks_) {
+          const cudaError_t e = cudaEventQuery(r.end);
+          if (e == cudaErrorNotReady) return false;
+          ATTNAUDIT_CUDA_RETURN_IF_ERROR(e);
+        }
+        return true;
+      },
+      [this] { return gang_->AsyncError(); }, [this] { gang_->Abort(); }, wait);
+}
+
 absl::Status GpuReplay::Collect(CpReplayRun* out) {
   const int64_t world = s_.world();
   out->rank_compute_seconds.assign(static_cast<size_t>(world), 0.0);
   out->rank_transport_seconds.assign(static_cast<size_t>(world), 0.0);
+  ATTNAUDIT_RETURN_IF_ERROR(AwaitRanks());
   for (int64_t k = 0; k < world; ++k) {
     RankRuntime& r = ranks_[k];
     ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.gpu->backend->device()));
-    ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.end, r.stream));
-    ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(r.end));
     float span = 0;
     ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&span, r.begin, r.end));
     double compute = 0;

@@ -56,6 +56,40 @@ CudaGang::~CudaGang() {
   }
 }
 
+std::string CudaGang::Names() const {
+  std::string out;
+  for (const CudaBackend* m : members_) {
+    absl::StrAppend(&out, out.empty() ? "" : ",", m->name());
+  }
+  return out;
+}
+
+absl::Status CudaGang::AsyncError() const {
+#ifdef ATTNAUDIT_HAVE_NCCL
+  for (size_t i = 0; i < comms_.size(); ++i) {
+    if (comms_[i] == nullptr) continue;
+    ncclResult_t result = ncclSuccess;
+    ATTNAUDIT_NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comms_[i], &result));
+    if (result != ncclSuccess && result != ncclInProgress) {
+      return absl::UnavailableError(
+          absl::StrCat("nccl: the communicator of ", members_[i]->name(),
+                       " failed: ", ncclGetErrorString(result)));
+    }
+  }
+#endif
+  return absl::OkStatus();
+}
+
+void CudaGang::Abort() {
+  broken_ = true;
+#ifdef ATTNAUDIT_HAVE_NCCL
+  for (ncclComm_t& c : comms_) {
+    if (c != nullptr) ncclCommAbort(c);
+    c = nullptr;  // aborted communicators are freed; never destroy them
+  }
+#endif
+}
+
 int CudaGang::IndexOfDevice(int device) const {
   for (int i = 0; i < size(); ++i) {
     if (members_[i]->device() == device) return i;

@@ -7,6 +7,11 @@
 // enough to distort a measured round), and cached by the server's device
 // for the next gang of the same devices.
 //
+// A collective that does not finish (a peer GPU that died, a broken
+// connection) is bounded by the CP replay's collective watchdog
+// (kernels/collective_watchdog.h): it reads AsyncError and calls Abort,
+// after which the gang is broken() and its owner drops it.
+//
 // Ownership: the members are not owned and must outlive the gang.
 // Thread safety: one job at a time (the members are held by the job).
 // Errors: FailedPrecondition for G > 1 in a build without NCCL; NCCL and
@@ -17,9 +22,12 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "kernels/cuda_backend.h"
 
 #ifdef ATTNAUDIT_HAVE_NCCL
@@ -41,6 +49,16 @@ class CudaGang {
   // The member index of a CUDA device ordinal, or -1.
   int IndexOfDevice(int device) const;
   cudaStream_t comm_stream(int i) const { return comm_streams_[i]; }
+  // "cuda:0,cuda:1" for messages.
+  std::string Names() const;
+  // How long one job's collectives may take before the watchdog aborts.
+  absl::Duration collective_timeout() const { return collective_timeout_; }
+  // The first asynchronous error of the gang's communicators, or OK.
+  absl::Status AsyncError() const;
+  // Aborts every communicator (pending NCCL work returns); the gang is
+  // broken() from then on and must be dropped, never reused.
+  void Abort();
+  bool broken() const { return broken_; }
 #ifdef ATTNAUDIT_HAVE_NCCL
   ncclComm_t comm(int i) const { return comms_[i]; }
 #endif
@@ -51,6 +69,10 @@ class CudaGang {
 
   std::vector<CudaBackend*> members_;
   std::vector<cudaStream_t> comm_streams_;
+  // A CP replay of the largest snapshots takes seconds; minutes without
+  // progress is a hang, not a slow ring.
+  absl::Duration collective_timeout_ = absl::Seconds(120);
+  bool broken_ = false;
 #ifdef ATTNAUDIT_HAVE_NCCL
   std::vector<ncclComm_t> comms_;
 #endif

@@ -415,6 +415,9 @@ void PrintCapabilities(const v1::Capabilities& caps) {
   for (const v1::Device& d : caps.devices()) {
     std::cout << " " << d.id()
               << (d.state() == v1::DEVICE_STATE_BUSY ? "(busy)" : "");
+    if (d.state() == v1::DEVICE_STATE_UNAVAILABLE) {
+      std::cout << "(failed: " << d.failure() << ")";
+    }
     if (d.kind() == v1::DEVICE_KIND_GPU) {
       std::cout << absl::StrFormat(" [%s, %.1f GiB, sm %s]", d.name(),
                                    d.memory_bytes() / 1073741824.0,

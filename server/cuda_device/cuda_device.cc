@@ -69,7 +69,11 @@ absl::StatusOr<CudaGang*> CudaDevice::GangFor(absl::Span<Device* const> gang) {
     members.push_back(gpu->backend_.get());
   }
   auto it = gangs_.find(names);
-  if (it != gangs_.end()) return it->second.get();
+  if (it != gangs_.end()) {
+    // A gang whose collectives were aborted is never reused.
+    if (!it->second->broken()) return it->second.get();
+    gangs_.erase(it);
+  }
   if (gangs_.size() >= kMaxCachedGangs) gangs_.clear();
   absl::StatusOr<std::unique_ptr<CudaGang>> made =
       CudaGang::Create(std::move(members));

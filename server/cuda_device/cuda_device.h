@@ -17,7 +17,9 @@
 // device of a gang must be a CudaDevice.
 //
 // Bad input is a report with verdict INVALID, as on CpuDevice. Thread
-// safety: kind()/name()/Describe()/memory_in_use_bytes() from any thread;
+// safety: kind()/name()/Describe()/memory_in_use_bytes()/Health() from any
+// thread (Health waits for the GPU's stream: the scheduler asks it between
+// jobs);
 // Run and RunGang from the device's worker only (the scheduler's rule).
 #ifndef ATTNAUDIT_SERVER_CUDA_DEVICE_CUDA_DEVICE_H_
 #define ATTNAUDIT_SERVER_CUDA_DEVICE_CUDA_DEVICE_H_
@@ -54,6 +56,9 @@ class CudaDevice : public Device {
   int64_t memory_in_use_bytes() const override {
     return backend_->memory_in_use();
   }
+  // The context's sticky error once a job left it unusable (the scheduler
+  // then takes this GPU out of the pool).
+  absl::Status Health() const override { return backend_->ContextHealth(); }
 
  private:
   CudaDevice(std::unique_ptr<CudaBackend> backend, int host_threads)

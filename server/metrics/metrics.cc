@@ -139,6 +139,7 @@ Metrics::Impl::KindSeries& Metrics::Impl::Kind(absl::string_view kind) {
   s.job = &job_duration->Add({{"device_kind", k}}, SecondsBuckets());
   s.idle = &devices->Add({{"kind", k}, {"state", "idle"}});
   s.busy = &devices->Add({{"kind", k}, {"state", "busy"}});
+  s.failed = &devices->Add({{"kind", k}, {"state", "failed"}});
   return s;
 }
 
@@ -548,11 +549,13 @@ void Metrics::SetInFlight(int64_t jobs) {
   impl_->inflight->Set(static_cast<double>(jobs));
 }
 
-void Metrics::SetDevices(absl::string_view kind, int busy, int total) {
+void Metrics::SetDevices(absl::string_view kind, int busy, int failed,
+                         int total) {
   absl::MutexLock lock(&impl_->mu);
   Impl::KindSeries& s = impl_->Kind(kind);
   s.busy->Set(busy);
-  s.idle->Set(total - busy);
+  s.failed->Set(failed);
+  s.idle->Set(total - busy - failed);
 }
 
 const MetricsOptions& Metrics::options() const { return impl_->options; }

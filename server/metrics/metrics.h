@@ -34,7 +34,8 @@
 // Drift histogram buckets are 1-2-5 steps over each quantity's range
 // (metrics_internal::DriftBuckets).
 //   attnaudit_inflight_jobs                            gauge
-//   attnaudit_devices{kind,state}                      gauge; state: idle, busy
+//   attnaudit_devices{kind,state}                      gauge; state: idle, busy,
+//                                                      failed
 //   attnaudit_device_jobs_total{device}                counter: jobs run
 //   attnaudit_device_busy_seconds_total{device}        counter: run time
 //   attnaudit_device_memory_bytes{device}              gauge: device memory
@@ -168,7 +169,9 @@ class Metrics {
   void SetQueueDepth(PriorityClass c, int64_t depth);
   void SetQueuedBytes(int64_t bytes);
   void SetInFlight(int64_t jobs);
-  void SetDevices(absl::string_view kind, int busy, int total);
+  // Of `total` devices of `kind`: `busy` running, `failed` out of the pool,
+  // the rest idle.
+  void SetDevices(absl::string_view kind, int busy, int failed, int total);
   const MetricsOptions& options() const;
   // One job finished on `device` after `run`; the device holds
   // `memory_bytes` of device memory now.

@@ -47,7 +47,8 @@ class MetricsListener : public SchedulerListener {
   void OnQueueChanged(PriorityClass c, int64_t depth,
                       int64_t queued_bytes) override;
   void OnInFlightChanged(int64_t in_flight) override;
-  void OnDevicesChanged(absl::string_view kind, int busy, int total) override;
+  void OnDevicesChanged(absl::string_view kind, int busy, int failed,
+                        int total) override;
   void OnRejected(RejectReason reason) override;
   void OnStarted(const Job& job, absl::string_view device_kind,
                  absl::Duration queue_wait) override;
@@ -117,6 +118,7 @@ struct Metrics::Impl {
     prometheus::Histogram* job = nullptr;
     prometheus::Gauge* idle = nullptr;
     prometheus::Gauge* busy = nullptr;
+    prometheus::Gauge* failed = nullptr;
   };
   absl::Mutex mu;
   absl::flat_hash_map<

@@ -18,8 +18,8 @@ void MetricsListener::OnInFlightChanged(int64_t in_flight) {
 }
 
 void MetricsListener::OnDevicesChanged(absl::string_view kind, int busy,
-                                       int total) {
-  m_->SetDevices(kind, busy, total);
+                                       int failed, int total) {
+  m_->SetDevices(kind, busy, failed, total);
 }
 
 void MetricsListener::OnRejected(RejectReason reason) {

@@ -42,11 +42,17 @@ void Admission::Shape(Job* job) const {
     gpus += d.kind == "cuda";
   }
   // GPU workers when the pool has them (one rank per GPU, or several in
-  // turns), else CPU workers.
-  const int64_t n = gpus > 0 ? gpus : cpus;
-  if (n == 0) return;
-  job->device_kind = gpus > 0 ? "cuda" : "cpu";
-  job->gang_size = static_cast<int>(std::min(world, n));
+  // turns), else CPU workers; a GPU gang only where ranks exchange data.
+  if (gpus > 0) {
+    job->device_kind = "cuda";
+    job->gang_size = job->options.cp_strategy == CpStrategy::kRing
+                         ? static_cast<int>(std::min(world, gpus))
+                         : 1;
+    return;
+  }
+  if (cpus == 0) return;
+  job->device_kind = "cpu";
+  job->gang_size = static_cast<int>(std::min(world, cpus));
 }
 
 void Admission::CountRefusal(const absl::Status& status,

@@ -9,10 +9,15 @@
 //              retry hint the scheduler measured;
 //   Submit     the scheduler's Submit, with the same hint on a refusal;
 //   Shape      the server's settings on a job (threads per job, the
-//              validation limits) and its gang: a CP snapshot runs on a
-//              gang of min(W, GPU workers) GPUs when the pool has GPUs,
-//              else of min(W, CPU workers) CPU workers (a gang never
-//              exceeds the pool, so it is always admitted);
+//              validation limits) and its gang. A CP snapshot runs on
+//              GPUs when the pool has them: on a gang of min(W, GPU
+//              workers) GPUs for the ring strategy (K/V shards travel
+//              GPU to GPU), on one GPU otherwise (partials, and auto,
+//              which resolves to partials, move no data between ranks,
+//              so a gang would hold GPUs for nothing). Without GPUs it
+//              runs on a gang of min(W, CPU workers) CPU workers, whose
+//              threads run the ranks. A gang never exceeds the pool, so
+//              it is always admitted;
 //   draining   after StartDraining, work is refused UNAVAILABLE
 //              (RefuseIfDraining, counted as draining);
 //   CountRefusal  the accounting of requests the RPC layer refuses itself.

@@ -225,7 +225,10 @@ void DescribeDevices(const std::vector<DeviceInfo>& devices,
       dev->set_memory_bytes(desc.memory_bytes);
       dev->set_compute_capability(desc.compute_capability);
     }
-    dev->set_state(d.busy ? v1::DEVICE_STATE_BUSY : v1::DEVICE_STATE_IDLE);
+    dev->set_state(d.failed ? v1::DEVICE_STATE_UNAVAILABLE
+                   : d.busy ? v1::DEVICE_STATE_BUSY
+                            : v1::DEVICE_STATE_IDLE);
+    dev->set_failure(d.failure);
   }
   v1::Backend* cpu = caps->add_backends();
   cpu->set_name("cpu");

@@ -11,6 +11,13 @@
 // jobs overrides RunGang; the default runs P == 1 jobs through Run and
 // fails the rest with Unimplemented.
 //
+// Health: a failure that outlives its job (a GPU whose CUDA context a
+// sticky error destroyed, a communicator that was aborted) is reported by
+// Health(), which the scheduler asks after every run of the device. Once it
+// is not OK the scheduler takes the device out of the pool for good (it is
+// never given a job again; Devices(), metrics and GetCapabilities show it
+// failed), and a job that failed on it runs once more on another device.
+//
 // Errors: a Run error becomes the job's outcome status. Run must poll
 // options.cancelled (set by Cancel, the deadline timer and Drain) and
 // return Cancelled promptly when it is set; the scheduler maps the final
@@ -21,6 +28,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/audit/options.h"
@@ -63,6 +71,10 @@ class Device {
   // Device memory the running job holds, in bytes (0 when the device does
   // not track it). Callable from any thread (metrics).
   virtual int64_t memory_in_use_bytes() const { return 0; }
+  // OK while the device can run jobs; otherwise why it cannot, for good
+  // (see Health in the file comment). Callable from any thread; must not
+  // wait for a running job.
+  virtual absl::Status Health() const { return absl::OkStatus(); }
 };
 
 }  // namespace attnaudit::server

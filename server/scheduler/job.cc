@@ -32,6 +32,8 @@ absl::string_view RejectReasonLabel(RejectReason r) {
       return "would_expire";
     case RejectReason::kPermissionDenied:
       return "permission_denied";
+    case RejectReason::kDevicesFailed:
+      return "devices_failed";
   }
   return "unknown";
 }

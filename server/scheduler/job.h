@@ -55,11 +55,12 @@ enum class RejectReason : int {
   kTenantQuota = 7,       // the tenant's job or byte quota is used up
   kWouldExpire = 8,       // the queue ahead outlasts the job's deadline
   kPermissionDenied = 9,  // the caller may not do this (RPC layer)
+  kDevicesFailed = 10,    // too few healthy devices left for the job
 };
-constexpr int kNumRejectReasons = 10;
+constexpr int kNumRejectReasons = 11;
 // "queue_full", "memory_budget", "invalid_argument", "deadline",
 // "cancelled", "draining", "too_large", "tenant_quota", "would_expire",
-// "permission_denied".
+// "permission_denied", "devices_failed".
 absl::string_view RejectReasonLabel(RejectReason r);
 
 // What one tenant may hold in the scheduler at once (queued + running).

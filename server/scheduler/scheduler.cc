@@ -57,6 +57,10 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
   if (!(options.wait_safety >= 1 && options.wait_safety <= 100)) {
     return absl::InvalidArgumentError("wait_safety: must be in [1, 100]");
   }
+  if (!(options.gang_backfill_runs >= 0 && options.gang_backfill_runs <= 1e6)) {
+    return absl::InvalidArgumentError(
+        "gang_backfill_runs: must be in [0, 1e6]");
+  }
   auto impl =
       std::make_unique<scheduler_internal::SchedulerImpl>(std::move(options));
   impl->Start();
@@ -71,6 +75,7 @@ SchedulerImpl::SchedulerImpl(SchedulerOptions options)
       interactive_reserved_bytes_(options.interactive_reserved_bytes),
       expiry_lead_(options.expiry_lead),
       wait_safety_(options.wait_safety),
+      gang_backfill_runs_(options.gang_backfill_runs),
       sampled_promote_after_(options.sampled_promote_after),
       listener_(options.listener),
       devices_(std::move(options.devices)),
@@ -121,15 +126,28 @@ SchedulerImpl::~SchedulerImpl() {
   timer_.join();
 }
 
-int SchedulerImpl::GangCapacityLocked(const std::string& kind) const {
+int SchedulerImpl::GangCapacityLocked(const std::string& kind,
+                                      bool healthy_only) const {
   int best = 0;
   for (const std::string& k : kinds_) {
     if (!kind.empty() && k != kind) continue;
     int n = 0;
-    for (const auto& slot : slots_) n += slot->kind == k;
+    for (const auto& slot : slots_) {
+      n += slot->kind == k && (!healthy_only || slot->health.ok());
+    }
     best = std::max(best, n);
   }
   return best;
+}
+
+std::string SchedulerImpl::FailuresLocked(const std::string& kind) const {
+  std::string out;
+  for (const auto& slot : slots_) {
+    if (slot->health.ok() || (!kind.empty() && slot->kind != kind)) continue;
+    absl::StrAppend(&out, out.empty() ? "" : "; ", slot->name,
+                    " failed: ", slot->health.message());
+  }
+  return out;
 }
 
 int64_t SchedulerImpl::ClassBudget(PriorityClass c) const {
@@ -220,13 +238,22 @@ absl::Status SchedulerImpl::CheckJobLocked(const Job& job,
     return absl::InvalidArgumentError(
         absl::StrCat("gang_size: must be >= 1, got ", job.gang_size));
   }
-  const int available = GangCapacityLocked(job.device_kind);
+  const int available = GangCapacityLocked(job.device_kind, false);
   if (available < job.gang_size) {
     Reject(rejection, RejectReason::kInvalidArgument, absl::ZeroDuration());
     return absl::FailedPreconditionError(absl::StrCat(
         "gang_size: job needs ", job.gang_size, " device(s) of kind \"",
         job.device_kind.empty() ? "any" : job.device_kind,
         "\" but the pool has ", available));
+  }
+  const int healthy = GangCapacityLocked(job.device_kind, true);
+  if (healthy < job.gang_size) {
+    Reject(rejection, RejectReason::kDevicesFailed, absl::ZeroDuration());
+    return absl::UnavailableError(
+        absl::StrCat("job needs ", job.gang_size, " device(s) of kind \"",
+                     job.device_kind.empty() ? "any" : job.device_kind,
+                     "\" but only ", healthy, " of the pool's are healthy (",
+                     FailuresLocked(job.device_kind), ")"));
   }
   if (entries_.contains(job.id)) {
     Reject(rejection, RejectReason::kInvalidArgument, absl::ZeroDuration());
@@ -589,7 +616,10 @@ SchedulerStats SchedulerImpl::Stats() const {
   s.expired_in_queue = expired_in_queue_;
   s.drain_rate = MeasuredDrainRateLocked();
   s.devices_total = static_cast<int>(slots_.size());
-  for (const auto& slot : slots_) s.devices_busy += slot->busy;
+  for (const auto& slot : slots_) {
+    s.devices_busy += slot->busy;
+    s.devices_failed += !slot->health.ok();
+  }
   s.draining = draining_;
   return s;
 }
@@ -598,7 +628,9 @@ std::vector<DeviceInfo> SchedulerImpl::Devices() const {
   absl::ReaderMutexLock lock(&mu_);
   std::vector<DeviceInfo> out;
   for (const auto& slot : slots_) {
-    out.push_back(DeviceInfo{slot->name, slot->kind, slot->busy});
+    out.push_back(DeviceInfo{slot->name, slot->kind, slot->busy,
+                             !slot->health.ok(),
+                             std::string(slot->health.message())});
   }
   return out;
 }
@@ -613,13 +645,17 @@ void SchedulerImpl::NotifyQueueLocked(PriorityClass c) {
 void SchedulerImpl::NotifyDevicesLocked() {
   if (listener_ == nullptr) return;
   for (const std::string& kind : kinds_) {
-    int busy = 0, total = 0;
+    int busy = 0, failed = 0, total = 0;
     for (const auto& slot : slots_) {
       if (slot->kind != kind) continue;
       ++total;
-      busy += slot->busy;
+      if (!slot->health.ok()) {
+        ++failed;
+      } else {
+        busy += slot->busy;
+      }
     }
-    listener_->OnDevicesChanged(kind, busy, total);
+    listener_->OnDevicesChanged(kind, busy, failed, total);
   }
 }
 

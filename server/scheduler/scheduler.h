@@ -20,6 +20,8 @@
 //                      (kInvalidArgument)
 //   FailedPrecondition fewer than gang_size devices of the job's kind
 //                      (kInvalidArgument)
+//   Unavailable        enough devices, but too few of them healthy
+//                      (kDevicesFailed; the message names the failure)
 //   AlreadyExists      a queued or running job has this id (kInvalidArgument)
 //   DeadlineExceeded   the deadline is not in the future (kDeadline)
 //   ResourceExhausted  bytes > the job's class budget (kTooLarge; retrying
@@ -70,13 +72,30 @@
 // estimate), times the jobs that must leave the queue first.
 //
 // Dispatch: whenever a job is queued or a device frees up, the scheduler
-// takes the head of the highest non-empty class queue (FIFO within a class)
-// and gives it to idle device(s) of its kind. If the head cannot be placed
-// (its gang is not free yet, or no device of its kind is idle) dispatch
-// stops there: later jobs never overtake it, so gang jobs cannot starve.
+// walks the queued jobs in order (the highest class first, FIFO within a
+// class) and gives each that fits to idle device(s) of its kind, until no
+// device is idle. A job never overtakes an earlier one that could use the
+// same devices, with one exception, backfill: a gang job (gang_size > 1)
+// waiting for its devices to free up lets later jobs use the idle devices
+// of its kind until it has waited gang_backfill_runs run estimates; from
+// then on those devices are held for it as they free up (later jobs of its
+// kind wait), so it starts within about one run time more and cannot
+// starve. Jobs of other kinds are never held up by it.
 // Starvation: under sustained INTERACTIVE load SAMPLED jobs wait (bounded by
 // their deadlines). sampled_promote_after (default infinite: strict) lets a
 // SAMPLED head that has waited that long go before INTERACTIVE jobs.
+//
+// Device failures (Device::Health, server/scheduler/device.h): after every
+// run the scheduler asks the gang's devices for their health. A device
+// that reports a failure leaves the pool for good: no job is dispatched to
+// it again, Devices() marks it failed with the reason, the listener hears
+// OnDeviceFailed and counts it in OnDevicesChanged. The job that was on it
+// runs once more on other devices when it failed (a job that succeeded
+// keeps its result); a second failure is its outcome. Queued jobs that the
+// remaining devices can no longer hold (a gang larger than the healthy
+// devices of its kind) complete Unavailable, and Submit refuses such jobs
+// with Unavailable (reason kDevicesFailed) naming the failure, so callers
+// retry on another replica.
 //
 // Thread safety: all methods are thread-safe. on_done/on_start run without
 // the internal lock held and may call back into the Scheduler, except Drain
@@ -116,7 +135,12 @@ class SchedulerListener {
   // Jobs currently running (gang jobs count once); devices of `kind` busy
   // (running or reserved for a gang) out of `total`.
   virtual void OnInFlightChanged(int64_t in_flight) {}
-  virtual void OnDevicesChanged(absl::string_view kind, int busy, int total) {}
+  // `failed` of the `total` are out of the pool; `busy` of the rest run.
+  virtual void OnDevicesChanged(absl::string_view kind, int busy, int failed,
+                                int total) {}
+  // Device `name` of `kind` left the pool: Health() said `why`.
+  virtual void OnDeviceFailed(absl::string_view name, absl::string_view kind,
+                              const absl::Status& why) {}
   // Submit refused a job.
   virtual void OnRejected(RejectReason reason) {}
 
@@ -155,6 +179,11 @@ struct SchedulerOptions {
   // a minute, 1.5 still let one accepted job in ~100 expire under the
   // overload test (docs/PERF.md, "Overload at twice the capacity").
   double wait_safety = 2.0;
+  // Backfill (see Dispatch in the file comment): a waiting gang job lets
+  // later jobs use the idle devices of its kind until it has waited this
+  // many run estimates. >= 0; 0 holds the devices for it at once (strict
+  // FIFO).
+  double gang_backfill_runs = 2.0;
   // May be null. Not owned.
   SchedulerListener* listener = nullptr;
 };
@@ -187,6 +216,9 @@ struct DeviceInfo {
   std::string name;
   std::string kind;
   bool busy = false;
+  // Out of the pool for good (Device::Health); `failure` says why.
+  bool failed = false;
+  std::string failure;
 };
 
 struct SchedulerStats {
@@ -206,6 +238,7 @@ struct SchedulerStats {
   double drain_rate = 0;
   int devices_total = 0;
   int devices_busy = 0;
+  int devices_failed = 0;
   bool draining = false;
 };
 

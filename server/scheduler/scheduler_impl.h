@@ -35,6 +35,11 @@ struct Entry {
   absl::Time enqueued;
   bool running = false;
   std::vector<int> gang;  // slots held while running; gang[0] leads
+  // A gang job that could not be placed: when dispatch first found it so
+  // (for backfill); InfinitePast otherwise.
+  absl::Time blocked_since = absl::InfinitePast();
+  // It already ran once on a device that failed (it runs at most twice).
+  bool retried = false;
   // Why `job->cancelled` was set (first reason wins): kCancelled,
   // kDeadlineExceeded or kUnavailable; kOk while not set.
   absl::StatusCode stop_code = absl::StatusCode::kOk;
@@ -44,6 +49,16 @@ struct Entry {
 struct Completion {
   std::unique_ptr<Job> job;
   JobOutcome outcome;
+};
+
+// What one run of a job produced, taken outside the lock.
+struct RunResult {
+  absl::StatusOr<AuditReport> result =
+      absl::UnknownError("the job did not run");
+  bool ran = false;
+  absl::Duration run = absl::ZeroDuration();
+  absl::Duration queue_wait = absl::ZeroDuration();
+  std::vector<absl::Status> health;  // of the gang's devices, after the run
 };
 
 class SchedulerImpl : public Scheduler {
@@ -73,6 +88,7 @@ class SchedulerImpl : public Scheduler {
     std::string kind;
     std::string name;
     bool busy = false;          // running a job or reserved for a gang
+    absl::Status health;        // not OK: out of the pool for good
     Entry* assigned = nullptr;  // set for the leader until its worker takes it
     absl::CondVar cv;
     std::thread thread;
@@ -117,8 +133,12 @@ class SchedulerImpl : public Scheduler {
   // that had waited for a device that just freed up.
   void RecordDispatchLocked(absl::Time now, bool saturated, PriorityClass c)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Most devices a gang of this kind ("" = any single kind) can get.
-  int GangCapacityLocked(const std::string& kind) const
+  // Most devices a gang of this kind ("" = any single kind) can get, of
+  // all or of the healthy ones.
+  int GangCapacityLocked(const std::string& kind, bool healthy_only) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // "cuda:0 failed: ...; ..." for the failed devices of `kind` ("" = all).
+  std::string FailuresLocked(const std::string& kind) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   bool IdleLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return entries_.empty() && pending_deliveries_ == 0;
@@ -131,7 +151,41 @@ class SchedulerImpl : public Scheduler {
   // `freed_device`: called because a device just became idle.
   void DispatchLocked(bool freed_device = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Entry* NextHeadLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One DispatchLocked walk: when it runs, why, what it placed so far and
+  // the kinds whose idle devices are held for a waiting gang.
+  struct DispatchPass {
+    absl::Time now;
+    bool freed_device = false;
+    bool changed = false;
+    std::vector<std::string> held;
+  };
+  // The SAMPLED head when it has waited sampled_promote_after, else null.
+  Entry* PromotedHeadLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Places queued `e` on idle devices if it fits; otherwise, for a gang,
+  // starts or ends its backfill window (pass->held).
+  void TryPlaceLocked(Entry* e, DispatchPass* pass)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Idle healthy slots of one kind for `job`'s gang (empty when none fits),
+  // skipping held kinds.
+  std::vector<int> FindDevicesLocked(const Job& job,
+                                     const std::vector<std::string>& held) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void PlaceLocked(Entry* e, std::vector<int> gang, DispatchPass* pass)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether some healthy idle device is of a kind not in `held`.
+  bool AnyUsableIdleLocked(const std::vector<std::string>& held) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // After a run: takes the gang's devices whose `health` is not OK out of
+  // the pool; true when any device of the gang is out.
+  bool TakeOutFailedLocked(const std::vector<int>& gang,
+                           const std::vector<absl::Status>& health)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts running `e` back at the head of its class to run once more.
+  void RequeueLocked(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes Unavailable every queued job the healthy devices can no
+  // longer hold.
+  void FailUnplaceableLocked(std::vector<Completion>* done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StopRunningLocked(Entry* e, absl::StatusCode code)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseDeadlineLocked(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -150,6 +204,18 @@ class SchedulerImpl : public Scheduler {
 
   void Deliver(Completion c);  // without the lock
   void WorkerLoop(int slot);
+  // Runs `job` on `gang` (led by `slot`) without the lock, then asks the
+  // gang's devices for their health.
+  void RunJob(const Slot& slot, const std::vector<Device*>& gang, Job* job,
+              RunResult* r) ABSL_LOCKS_EXCLUDED(mu_);
+  // After a run: the run estimate, failed devices out of the pool, the job
+  // completed or run once more, dispatch. Returns what to deliver.
+  std::vector<Completion> FinishRunLocked(Entry* e, const Slot& slot,
+                                          RunResult r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the gang and takes `e` out with its outcome.
+  Completion CompleteRunLocked(Entry* e, const Slot& slot, RunResult r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop();
 
   const std::array<int64_t, kNumPriorityClasses> max_queued_;
@@ -157,6 +223,7 @@ class SchedulerImpl : public Scheduler {
   const int64_t interactive_reserved_bytes_;
   const double expiry_lead_;
   const double wait_safety_;
+  const double gang_backfill_runs_;
   const absl::Duration sampled_promote_after_;
   SchedulerListener* const listener_;
   std::vector<std::unique_ptr<Device>> devices_;

@@ -459,8 +459,9 @@ def build_expectations(ctx):
     def devices(results):
         v = {(s["metric"]["kind"], s["metric"]["state"]): float(s["value"][1])
              for s in results[0]}
-        return [(v == {("cpu", "idle"): 1, ("cpu", "busy"): 0},
-                 "cpu idle 1, busy 0: %r" % v)]
+        return [(v == {("cpu", "idle"): 1, ("cpu", "busy"): 0,
+                       ("cpu", "failed"): 0},
+                 "cpu idle 1, busy 0, failed 0: %r" % v)]
 
     def build_info(results):
         r = results[0]

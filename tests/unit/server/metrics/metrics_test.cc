@@ -600,8 +600,25 @@ TEST(MetricsTest, SchedulerListenerDrivesQueueJobAndDeviceMetrics) {
   EXPECT_EQ(Value(*metrics, "attnaudit_devices",
                   {{"kind", "cpu"}, {"state", "idle"}}),
             1);
+  EXPECT_EQ(Value(*metrics, "attnaudit_devices",
+                  {{"kind", "cpu"}, {"state", "failed"}}),
+            0);
   metrics->AddBytesReceived(1234);
   EXPECT_EQ(Value(*metrics, "attnaudit_received_bytes_total", {}), 1234);
+}
+
+TEST(MetricsTest, FailedDevicesAreNeitherIdleNorBusy) {
+  auto metrics = MakeMetrics();
+  metrics->SetDevices("cuda", /*busy=*/2, /*failed=*/1, /*total=*/8);
+  EXPECT_EQ(Value(*metrics, "attnaudit_devices",
+                  {{"kind", "cuda"}, {"state", "busy"}}),
+            2);
+  EXPECT_EQ(Value(*metrics, "attnaudit_devices",
+                  {{"kind", "cuda"}, {"state", "failed"}}),
+            1);
+  EXPECT_EQ(Value(*metrics, "attnaudit_devices",
+                  {{"kind", "cuda"}, {"state", "idle"}}),
+            5);
 }
 
 TEST(MetricsTest, StagesThatDidNotRunAreNotObserved) {

@@ -54,10 +54,12 @@ Admission::Options ServerSettings() {
 
 // The gang a job for a CP snapshot of `world` ranks gets on `pool`.
 std::unique_ptr<Job> Shaped(Scheduler* scheduler, Metrics* metrics,
-                            int64_t world) {
+                            int64_t world,
+                            CpStrategy strategy = CpStrategy::kAuto) {
   Admission admission(scheduler, metrics, ServerSettings());
   auto job = MakeJob("j", kI, nullptr);
   job->snapshot.cp.world_size = world;
+  job->options.cp_strategy = strategy;
   admission.Shape(job.get());
   return job;
 }
@@ -72,19 +74,29 @@ TEST(AdmissionTest, ShapeAppliesTheServerSettingsAndTheGangByPool) {
   EXPECT_EQ(one->gang_size, 1);
   std::unique_ptr<Job> cp = Shaped(cpus.get(), metrics.get(), 4);
   EXPECT_EQ(cp->device_kind, "cpu");
-  EXPECT_EQ(cp->gang_size, 2);  // min(W, CPU workers)
+  EXPECT_EQ(cp->gang_size, 2);  // min(W, CPU workers), whatever the strategy
+  EXPECT_EQ(Shaped(cpus.get(), metrics.get(), 4, CpStrategy::kRing)->gang_size,
+            2);
 
-  // GPUs in the pool: the gang is of GPUs only, min(W, GPU workers).
+  // GPUs in the pool: a ring runs on a gang of GPUs only, min(W, GPU
+  // workers); partials and auto on one GPU.
   SchedulerOptions mixed = GatedOptions(&gate, 1, "cpu");
   for (auto& d : GateDevices(3, &gate, "cuda")) {
     mixed.devices.push_back(std::move(d));
   }
   std::unique_ptr<Scheduler> gpus = MakeScheduler(std::move(mixed));
-  std::unique_ptr<Job> wide = Shaped(gpus.get(), metrics.get(), 8);
+  std::unique_ptr<Job> wide =
+      Shaped(gpus.get(), metrics.get(), 8, CpStrategy::kRing);
   EXPECT_EQ(wide->device_kind, "cuda");
   EXPECT_EQ(wide->gang_size, 3);
-  std::unique_ptr<Job> narrow = Shaped(gpus.get(), metrics.get(), 2);
+  std::unique_ptr<Job> narrow =
+      Shaped(gpus.get(), metrics.get(), 2, CpStrategy::kRing);
   EXPECT_EQ(narrow->gang_size, 2);
+  for (CpStrategy s : {CpStrategy::kAuto, CpStrategy::kPartials}) {
+    std::unique_ptr<Job> one_gpu = Shaped(gpus.get(), metrics.get(), 8, s);
+    EXPECT_EQ(one_gpu->device_kind, "cuda");
+    EXPECT_EQ(one_gpu->gang_size, 1);
+  }
 }
 
 TEST(AdmissionTest, CheckCountsARefusalUnderItsReason) {

@@ -28,8 +28,8 @@ using testing::kS;
 TEST(SchedulerDeadlineTest, ExpiredQueuedJobFailsWithoutAWorkerOrRunning) {
   Gate gate;  // the only device stays busy for the whole test
   SchedulerOptions options = GatedOptions(&gate);
-  auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
+  auto scheduler = MakeScheduler(std::move(options));
   ASSERT_TRUE(scheduler->Submit(MakeJob("busy", kI, &rec)).ok());
   gate.WaitStarted(1);
   auto job = MakeJob("late", kS, &rec, 1000);
@@ -55,8 +55,8 @@ TEST(SchedulerDeadlineTest, ExpiredQueuedJobFailsWithoutAWorkerOrRunning) {
 TEST(SchedulerDeadlineTest, EarlierDeadlineSubmittedLaterWakesTheTimer) {
   Gate gate;
   SchedulerOptions options = GatedOptions(&gate);
-  auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
+  auto scheduler = MakeScheduler(std::move(options));
   ASSERT_TRUE(scheduler->Submit(MakeJob("busy", kI, &rec)).ok());
   gate.WaitStarted(1);
   auto far = MakeJob("far", kS, &rec);
@@ -77,8 +77,8 @@ TEST(SchedulerDeadlineTest, EarlierDeadlineSubmittedLaterWakesTheTimer) {
 TEST(SchedulerDeadlineTest, RunningJobPastItsDeadlineIsStopped) {
   Gate gate;  // never released: only the deadline ends the run
   SchedulerOptions options = GatedOptions(&gate);
-  auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
+  auto scheduler = MakeScheduler(std::move(options));
   auto job = MakeJob("slow", kI, &rec);
   job->deadline = absl::Now() + absl::Milliseconds(20);
   ASSERT_TRUE(scheduler->Submit(std::move(job)).ok());
@@ -98,8 +98,10 @@ class LogListener : public SchedulerListener {
   void OnInFlightChanged(int64_t n) override {
     Add(absl::StrCat("inflight ", n));
   }
-  void OnDevicesChanged(absl::string_view kind, int busy, int total) override {
-    Add(absl::StrCat("devices ", kind, " ", busy, "/", total));
+  void OnDevicesChanged(absl::string_view kind, int busy, int failed,
+                        int total) override {
+    Add(absl::StrCat("devices ", kind, " ", busy, "/", total,
+                     failed > 0 ? absl::StrCat(" failed ", failed) : ""));
   }
   void OnRejected(RejectReason r) override {
     Add(absl::StrCat("rejected ", RejectReasonLabel(r)));

@@ -33,8 +33,8 @@ TEST(SchedulerFairnessTest, SampledCannotTakeTheInteractiveReserve) {
   SchedulerOptions options = GatedOptions(&gate);
   options.max_queued_bytes = 100;
   options.interactive_reserved_bytes = 30;  // SAMPLED may queue 70
-  auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
+  auto scheduler = MakeScheduler(std::move(options));
   ASSERT_TRUE(scheduler->Submit(MakeJob("run", kI, &rec)).ok());
   gate.WaitStarted(1);
 
@@ -73,8 +73,8 @@ TEST(SchedulerFairnessTest, ReserveMustLeaveRoomForSampled) {
 TEST(SchedulerFairnessTest, TenantQuotaCapsJobsAndBytesInFlight) {
   Gate gate;
   SchedulerOptions options = GatedOptions(&gate);
-  auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
+  auto scheduler = MakeScheduler(std::move(options));
   const TenantQuota quota{/*max_jobs=*/2, /*max_bytes=*/100};
   // Running jobs count too: "a1" holds the device.
   ASSERT_TRUE(
@@ -112,8 +112,8 @@ TEST(SchedulerFairnessTest, TenantQuotaCapsJobsAndBytesInFlight) {
 TEST(SchedulerFairnessTest, CancelOwnedSeesOnlyTheTenantsJobs) {
   Gate gate;
   SchedulerOptions options = GatedOptions(&gate);
-  auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
+  auto scheduler = MakeScheduler(std::move(options));
   ASSERT_TRUE(scheduler->Submit(TenantJob("run", kS, &rec, "a")).ok());
   gate.WaitStarted(1);
   ASSERT_TRUE(scheduler->Submit(TenantJob("queued", kS, &rec, "a")).ok());
@@ -141,8 +141,8 @@ TEST(SchedulerFairnessTest, JobThatWouldOnlyExpireInTheQueueIsRefused) {
   Gate gate;
   SchedulerOptions options = GatedOptions(&gate);
   options.initial_run_estimate = absl::Seconds(1);
-  auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
+  auto scheduler = MakeScheduler(std::move(options));
   ASSERT_TRUE(scheduler->Submit(MakeJob("run", kS, &rec)).ok());
   gate.WaitStarted(1);
   ASSERT_TRUE(scheduler->Submit(MakeJob("ahead", kS, &rec)).ok());
@@ -191,8 +191,8 @@ TEST(SchedulerFairnessTest, SampledWaitCountsTheInteractiveShareOfDispatches) {
   SchedulerOptions options = GatedOptions(&gate);
   options.max_queued = {16, 16};
   options.initial_run_estimate = absl::Milliseconds(40);
-  auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
+  auto scheduler = MakeScheduler(std::move(options));
   ASSERT_TRUE(scheduler->Submit(MakeJob("w", kS, &rec)).ok());
   gate.WaitStarted(1);
   std::vector<std::string> window = {"w"};
@@ -245,8 +245,8 @@ TEST(SchedulerFairnessTest, QueuedJobIsDroppedOnceItsDeadlineCannotBeMet) {
   Gate gate;
   SchedulerOptions options = GatedOptions(&gate);
   options.initial_run_estimate = absl::Seconds(10);  // drop 5 s early
-  auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
+  auto scheduler = MakeScheduler(std::move(options));
   ASSERT_TRUE(scheduler->Submit(MakeJob("run", kI, &rec)).ok());
   gate.WaitStarted(1);
   auto doomed = MakeJob("doomed", kI, &rec);
@@ -267,8 +267,8 @@ TEST(SchedulerFairnessTest, DrainRateIsMeasuredFromSaturatedDispatches) {
   Gate gate;
   SchedulerOptions options = GatedOptions(&gate);
   options.max_queued = {8, 8};
-  auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
+  auto scheduler = MakeScheduler(std::move(options));
   EXPECT_EQ(scheduler->Stats().drain_rate, 0);  // nothing measured yet
   ASSERT_TRUE(scheduler->Submit(MakeJob("j0", kS, &rec)).ok());
   gate.WaitStarted(1);

@@ -54,8 +54,8 @@ TEST(SchedulerCreateTest, RejectsBadOptions) {
 TEST(SchedulerTest, RunsAJobAndReportsTheOutcome) {
   Gate gate;
   gate.Open();
-  auto scheduler = MakeScheduler(GatedOptions(&gate));
   Recorder rec;
+  auto scheduler = MakeScheduler(GatedOptions(&gate));
   auto job = MakeJob("a", kI, &rec);
   job->labels.layer = 7;
   ASSERT_TRUE(scheduler->Submit(std::move(job)).ok());
@@ -75,8 +75,8 @@ TEST(SchedulerTest, FullQueueRejectsWithRetryHintThenAcceptsAfterItDrains) {
   Gate gate;
   SchedulerOptions options = GatedOptions(&gate);
   options.max_queued = {2, 2};
-  auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
+  auto scheduler = MakeScheduler(std::move(options));
   ASSERT_TRUE(scheduler->Submit(MakeJob("run", kI, &rec)).ok());
   gate.WaitStarted(1);  // "run" holds the only device
   ASSERT_TRUE(scheduler->Submit(MakeJob("q1", kI, &rec)).ok());
@@ -108,8 +108,8 @@ TEST(SchedulerTest, FullQueueRejectsWithRetryHintThenAcceptsAfterItDrains) {
 
 TEST(SchedulerTest, InteractiveJobsSubmittedLaterRunFirst) {
   Gate gate;
-  auto scheduler = MakeScheduler(GatedOptions(&gate));
   Recorder rec;
+  auto scheduler = MakeScheduler(GatedOptions(&gate));
   ASSERT_TRUE(scheduler->Submit(MakeJob("busy", kS, &rec)).ok());
   gate.WaitStarted(1);
   for (const char* id : {"s1", "s2"}) {
@@ -127,8 +127,8 @@ TEST(SchedulerTest, AgedSampledJobsGoFirstWhenPromotionIsEnabled) {
   Gate gate;
   SchedulerOptions options = GatedOptions(&gate);
   options.sampled_promote_after = absl::ZeroDuration();  // always aged
-  auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
+  auto scheduler = MakeScheduler(std::move(options));
   ASSERT_TRUE(scheduler->Submit(MakeJob("busy", kI, &rec)).ok());
   gate.WaitStarted(1);
   ASSERT_TRUE(scheduler->Submit(MakeJob("s1", kS, &rec)).ok());
@@ -143,8 +143,8 @@ TEST(SchedulerTest, MemoryBudgetCountsQueuedBytesOnly) {
   Gate gate;
   SchedulerOptions options = GatedOptions(&gate);
   options.max_queued_bytes = 100;
-  auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
+  auto scheduler = MakeScheduler(std::move(options));
   ASSERT_TRUE(scheduler->Submit(MakeJob("run", kI, &rec, 90)).ok());
   gate.WaitStarted(1);
   EXPECT_EQ(scheduler->Stats().queued_bytes, 0);  // released on dispatch
@@ -174,8 +174,8 @@ TEST(SchedulerTest, MemoryBudgetCountsQueuedBytesOnly) {
 
 TEST(SchedulerTest, CancelQueuedCompletesAtOnceAndFreesTheJob) {
   Gate gate;
-  auto scheduler = MakeScheduler(GatedOptions(&gate));
   Recorder rec;
+  auto scheduler = MakeScheduler(GatedOptions(&gate));
   ASSERT_TRUE(scheduler->Submit(MakeJob("run", kI, &rec)).ok());
   gate.WaitStarted(1);
   auto job = MakeJob("queued", kS, &rec, 10);
@@ -206,8 +206,8 @@ TEST(SchedulerTest, CancelQueuedCompletesAtOnceAndFreesTheJob) {
 
 TEST(SchedulerTest, CancelRunningSetsTheFlagAndCompletesCancelled) {
   Gate gate;  // never released: only the cancel flag ends the run
-  auto scheduler = MakeScheduler(GatedOptions(&gate));
   Recorder rec;
+  auto scheduler = MakeScheduler(GatedOptions(&gate));
   ASSERT_TRUE(scheduler->Submit(MakeJob("run", kI, &rec)).ok());
   gate.WaitStarted(1);
   ASSERT_TRUE(scheduler->Cancel("run").ok());
@@ -222,8 +222,8 @@ TEST(SchedulerTest, CancelRunningSetsTheFlagAndCompletesCancelled) {
 
 TEST(SchedulerTest, RejectsDuplicatesAndBadJobs) {
   Gate gate;
-  auto scheduler = MakeScheduler(GatedOptions(&gate));
   Recorder rec;
+  auto scheduler = MakeScheduler(GatedOptions(&gate));
   ASSERT_TRUE(scheduler->Submit(MakeJob("a", kI, &rec)).ok());
   SubmitRejection why;
   EXPECT_EQ(scheduler->Submit(MakeJob("a", kS, &rec), &why).code(),
@@ -252,8 +252,8 @@ TEST(SchedulerTest, DrainFinishesQueuedJobsThenRefusesNewOnes) {
   Gate gate;
   SchedulerOptions options;
   options.devices = GateDevices(2, &gate);
-  auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
+  auto scheduler = MakeScheduler(std::move(options));
   for (const char* id : {"a", "b", "c", "d"}) {
     ASSERT_TRUE(scheduler->Submit(MakeJob(id, kS, &rec)).ok());
   }
@@ -272,8 +272,8 @@ TEST(SchedulerTest, DrainFinishesQueuedJobsThenRefusesNewOnes) {
 
 TEST(SchedulerTest, DrainTimeoutEndsLeftoversUnavailable) {
   Gate gate;  // never released
-  auto scheduler = MakeScheduler(GatedOptions(&gate));
   Recorder rec;
+  auto scheduler = MakeScheduler(GatedOptions(&gate));
   ASSERT_TRUE(scheduler->Submit(MakeJob("run", kI, &rec)).ok());
   gate.WaitStarted(1);
   ASSERT_TRUE(scheduler->Submit(MakeJob("queued", kS, &rec)).ok());
@@ -305,8 +305,8 @@ TEST(SchedulerTest, DestructionDeliversEveryAcceptedJob) {
 TEST(SchedulerTest, OnDoneMaySubmitAgain) {
   Gate gate;
   gate.Open();
-  auto scheduler = MakeScheduler(GatedOptions(&gate));
   Recorder rec;
+  auto scheduler = MakeScheduler(GatedOptions(&gate));
   auto first = MakeJob("first", kI, &rec);
   Scheduler* raw = scheduler.get();
   first->on_done = [raw, &rec](const JobOutcome&) {
@@ -320,8 +320,8 @@ TEST(SchedulerTest, SubmitWhenAdmittedWaitsForRoom) {
   Gate gate;
   SchedulerOptions options = GatedOptions(&gate);
   options.max_queued = {1, 1};
-  auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
+  auto scheduler = MakeScheduler(std::move(options));
   ASSERT_TRUE(scheduler->Submit(MakeJob("run", kS, &rec)).ok());
   gate.WaitStarted(1);
   ASSERT_TRUE(scheduler->Submit(MakeJob("q", kS, &rec)).ok());
@@ -346,12 +346,13 @@ TEST(SchedulerTest, SubmitWhenAdmittedWaitsForRoom) {
 TEST(SchedulerTest, GangJobsHoldSeveralDevicesAndAreNotOvertaken) {
   Gate gate;
   SchedulerOptions options;
+  options.gang_backfill_runs = 0;  // no backfill (scheduler_gang_test.cc)
   options.devices.push_back(
       std::make_unique<testing::GangDevice>("gpu:0", "cuda", &gate));
   options.devices.push_back(
       std::make_unique<testing::GangDevice>("gpu:1", "cuda", &gate));
-  auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
+  auto scheduler = MakeScheduler(std::move(options));
   ASSERT_TRUE(scheduler->Submit(MakeJob("single", kI, &rec)).ok());
   gate.WaitStarted(1);
   auto gang = MakeJob("gang", kI, &rec);
@@ -382,8 +383,8 @@ TEST(SchedulerTest, DefaultRunGangRefusesGangs) {
   gate.Open();
   SchedulerOptions options;
   options.devices = GateDevices(2, &gate);
-  auto scheduler = MakeScheduler(std::move(options));
   Recorder rec;
+  auto scheduler = MakeScheduler(std::move(options));
   auto gang = MakeJob("gang", kI, &rec);
   gang->gang_size = 2;
   ASSERT_TRUE(scheduler->Submit(std::move(gang)).ok());

@@ -10,9 +10,12 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "server/scheduler/device.h"
@@ -114,6 +117,47 @@ class GangDevice : public GateDevice {
     if (r.ok()) r->labels.layer = static_cast<int64_t>(gang.size());
     return r;
   }
+};
+
+// A GangDevice that can fail for good, as a GPU does when a sticky error
+// destroys its CUDA context: FailNextRun makes its next run return
+// `run_error` (unless OK) and its Health() report `health_after` (unless
+// OK) from then on; SetHealth fails it at once, without a run (a gang
+// member that is not the leader).
+class BreakableDevice : public GangDevice {
+ public:
+  using GangDevice::GangDevice;
+  void FailNextRun(absl::Status run_error, absl::Status health_after) {
+    absl::MutexLock lock(&mu_);
+    run_error_ = std::move(run_error);
+    health_after_ = std::move(health_after);
+    armed_ = true;
+  }
+  void SetHealth(absl::Status health) {
+    absl::MutexLock lock(&mu_);
+    health_ = std::move(health);
+  }
+  absl::StatusOr<AuditReport> Run(const Snapshot& snapshot,
+                                  const AuditOptions& options) override {
+    absl::StatusOr<AuditReport> r = GangDevice::Run(snapshot, options);
+    absl::MutexLock lock(&mu_);
+    if (!armed_) return r;
+    armed_ = false;
+    if (!health_after_.ok()) health_ = health_after_;
+    if (!run_error_.ok()) return run_error_;
+    return r;
+  }
+  absl::Status Health() const override {
+    absl::MutexLock lock(&mu_);
+    return health_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  bool armed_ = false;
+  absl::Status run_error_;
+  absl::Status health_after_;
+  absl::Status health_;
 };
 
 inline std::vector<std::unique_ptr<server::Device>> GateDevices(
