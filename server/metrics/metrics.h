@@ -34,7 +34,8 @@
 // Drift histogram buckets are 1-2-5 steps over each quantity's range
 // (metrics_internal::DriftBuckets).
 //   attnaudit_inflight_jobs                            gauge
-//   attnaudit_devices{kind,state}                      gauge; state: idle, busy,
+//   attnaudit_devices{kind,state}                      gauge; state: idle,
+//   busy,
 //                                                      failed
 //   attnaudit_device_jobs_total{device}                counter: jobs run
 //   attnaudit_device_busy_seconds_total{device}        counter: run time

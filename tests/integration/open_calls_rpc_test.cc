@@ -291,9 +291,9 @@ TEST_F(UploadTest, SilentStreamsAreEndedAndTheirReservationFreed) {
   EXPECT_TRUE(
       WaitFor([&] { return t_->server->service()->uploading_bytes() == 0; }));
   // Counted when the server ends the call, which the client may see first.
-  EXPECT_TRUE(
-      WaitFor([&] { return CallsEnded(t_->server.get(), "upload_idle") == 2; }))
-      << CallsEnded(t_->server.get(), "upload_idle");
+  EXPECT_TRUE(WaitFor([&] {
+    return CallsEnded(t_->server.get(), "upload_idle") == 2;
+  })) << CallsEnded(t_->server.get(), "upload_idle");
   // A stream that keeps sending is not idle, however long it takes.
   EXPECT_TRUE(WholeStream(t_->stub.get(), "tok-a").ok());
 }

@@ -1,6 +1,7 @@
 // Scheduler: backfill behind a waiting gang, and devices that fail for
 // good (Device::Health): taken out of the pool, the job retried once
 // elsewhere, jobs the rest cannot hold completed Unavailable.
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -151,130 +152,127 @@ class FailureListener : public SchedulerListener {
   int last_failed_count_ = -1;
 };
 
-TEST(SchedulerHealthTest, AJobThatFailedWithItsDeviceRunsOnceMoreElsewhere) {
-  Gate gate;
-  gate.Open();
-  SchedulerOptions options;
-  std::vector<BreakableDevice*> devices;
-  AddDevices(&options, 2, "cuda", &gate, &devices);
-  FailureListener listener;
-  options.listener = &listener;
-  devices[0]->FailNextRun(absl::InternalError("illegal address"),
-                          absl::InternalError("context lost"));
-  Recorder rec;  // outlives the scheduler, which may still deliver to it
-  auto scheduler = MakeScheduler(std::move(options));
-  ASSERT_TRUE(scheduler->Submit(KindJob("j", "cuda", &rec)).ok());
-  const JobOutcome j = rec.Wait("j");
+// A pool of `n` BreakableDevices "cuda:i" whose runs return at once; arm
+// the devices, then Start.
+class SchedulerHealthTest : public ::testing::Test {
+ protected:
+  void Start(int n, const std::function<void()>& arm) {
+    gate_.Open();
+    SchedulerOptions options;
+    AddDevices(&options, n, "cuda", &gate_, &devices_);
+    options.listener = &listener_;
+    arm();
+    scheduler_ = MakeScheduler(std::move(options));
+  }
+  JobOutcome Run(std::unique_ptr<Job> job) {
+    const std::string id = job->id;
+    EXPECT_TRUE(scheduler_->Submit(std::move(job)).ok());
+    return rec_.Wait(id);
+  }
+
+  // Declared before the scheduler: it may deliver to them until destroyed.
+  Gate gate_;
+  Recorder rec_;
+  FailureListener listener_;
+  std::vector<BreakableDevice*> devices_;
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+absl::Status ContextLost() { return absl::InternalError("context lost"); }
+
+TEST_F(SchedulerHealthTest, AJobThatFailedWithItsDeviceRunsOnceMoreElsewhere) {
+  Start(2, [&] {
+    devices_[0]->FailNextRun(absl::InternalError("illegal address"),
+                             ContextLost());
+  });
+  const JobOutcome j = Run(KindJob("j", "cuda", &rec_));
   ASSERT_TRUE(j.status.ok()) << j.status;
   EXPECT_EQ(j.device_name, "cuda:1");
-  EXPECT_EQ(rec.Calls("j"), 1);
-  EXPECT_THAT(gate.started(), ElementsAre("j", "j"));
+  EXPECT_EQ(rec_.Calls("j"), 1);
+  EXPECT_THAT(gate_.started(), ElementsAre("j", "j"));
 
-  const std::vector<DeviceInfo> pool = scheduler->Devices();
+  const std::vector<DeviceInfo> pool = scheduler_->Devices();
   ASSERT_EQ(pool.size(), 2u);
   EXPECT_TRUE(pool[0].failed);
   EXPECT_EQ(pool[0].failure, "context lost");
   EXPECT_FALSE(pool[1].failed);
-  EXPECT_EQ(scheduler->Stats().devices_failed, 1);
-  EXPECT_THAT(listener.failed(), ElementsAre("cuda:0 context lost"));
-  EXPECT_EQ(listener.last_failed_count(), 1);
+  EXPECT_EQ(scheduler_->Stats().devices_failed, 1);
+  EXPECT_THAT(listener_.failed(), ElementsAre("cuda:0 context lost"));
+  EXPECT_EQ(listener_.last_failed_count(), 1);
 
   // The failed device never gets another job.
   for (const char* id : {"k1", "k2", "k3"}) {
-    ASSERT_TRUE(scheduler->Submit(KindJob(id, "cuda", &rec)).ok());
-    EXPECT_EQ(rec.Wait(id).device_name, "cuda:1");
+    EXPECT_EQ(Run(KindJob(id, "cuda", &rec_)).device_name, "cuda:1");
   }
 }
 
-TEST(SchedulerHealthTest, ASecondFailureIsTheOutcomeAndAnEmptyPoolRefuses) {
-  Gate gate;
-  gate.Open();
-  SchedulerOptions options;
-  std::vector<BreakableDevice*> devices;
-  AddDevices(&options, 2, "cuda", &gate, &devices);
-  for (BreakableDevice* d : devices) {
-    d->FailNextRun(absl::InternalError(absl::StrCat(d->name(), " broke")),
-                   absl::InternalError("context lost"));
-  }
-  Recorder rec;  // outlives the scheduler, which may still deliver to it
-  auto scheduler = MakeScheduler(std::move(options));
-  ASSERT_TRUE(scheduler->Submit(KindJob("j", "cuda", &rec)).ok());
-  const JobOutcome j = rec.Wait("j");
+TEST_F(SchedulerHealthTest, ASecondFailureIsTheOutcomeAndAnEmptyPoolRefuses) {
+  Start(2, [&] {
+    for (BreakableDevice* d : devices_) {
+      d->FailNextRun(absl::InternalError(absl::StrCat(d->name(), " broke")),
+                     ContextLost());
+    }
+  });
+  const JobOutcome j = Run(KindJob("j", "cuda", &rec_));
   EXPECT_EQ(j.status.code(), absl::StatusCode::kInternal);
   EXPECT_THAT(j.status.message(), HasSubstr("cuda:1 broke"));
-  EXPECT_EQ(scheduler->Stats().devices_failed, 2);
+  EXPECT_EQ(scheduler_->Stats().devices_failed, 2);
 
   SubmitRejection why;
-  const absl::Status s = scheduler->Submit(KindJob("k", "cuda", &rec), &why);
+  const absl::Status s = scheduler_->Submit(KindJob("k", "cuda", &rec_), &why);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(why.reason, RejectReason::kDevicesFailed);
   EXPECT_THAT(s.message(), HasSubstr("cuda:0 failed: context lost"));
-  EXPECT_FALSE(rec.Has("k"));
+  EXPECT_FALSE(rec_.Has("k"));
 }
 
-TEST(SchedulerHealthTest, ALastHealthyDeviceFailingEndsTheJobUnavailable) {
-  Gate gate;
-  gate.Open();
-  SchedulerOptions options;
-  std::vector<BreakableDevice*> devices;
-  AddDevices(&options, 1, "cuda", &gate, &devices);
-  devices[0]->FailNextRun(absl::InternalError("illegal address"),
-                          absl::InternalError("context lost"));
-  Recorder rec;  // outlives the scheduler, which may still deliver to it
-  auto scheduler = MakeScheduler(std::move(options));
-  ASSERT_TRUE(scheduler->Submit(KindJob("j", "cuda", &rec)).ok());
-  const JobOutcome j = rec.Wait("j");
+TEST_F(SchedulerHealthTest, ALastHealthyDeviceFailingEndsTheJobUnavailable) {
+  Start(1, [&] {
+    devices_[0]->FailNextRun(absl::InternalError("illegal address"),
+                             ContextLost());
+  });
+  const JobOutcome j = Run(KindJob("j", "cuda", &rec_));
   EXPECT_EQ(j.status.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(j.status.message(), HasSubstr("illegal address"));
   EXPECT_THAT(j.status.message(), HasSubstr("no healthy device is left"));
-  EXPECT_THAT(gate.started(), ElementsAre("j"));
+  EXPECT_THAT(gate_.started(), ElementsAre("j"));
 }
 
-TEST(SchedulerHealthTest, AJobThatSucceededKeepsItsResultAndRunsOnce) {
-  Gate gate;
-  gate.Open();
-  SchedulerOptions options;
-  std::vector<BreakableDevice*> devices;
-  AddDevices(&options, 2, "cuda", &gate, &devices);
-  devices[0]->FailNextRun(absl::OkStatus(), absl::InternalError("ECC error"));
-  Recorder rec;  // outlives the scheduler, which may still deliver to it
-  auto scheduler = MakeScheduler(std::move(options));
-  ASSERT_TRUE(scheduler->Submit(KindJob("j", "cuda", &rec)).ok());
-  const JobOutcome j = rec.Wait("j");
+TEST_F(SchedulerHealthTest, AJobThatSucceededKeepsItsResultAndRunsOnce) {
+  Start(2, [&] {
+    devices_[0]->FailNextRun(absl::OkStatus(),
+                             absl::InternalError("ECC error"));
+  });
+  const JobOutcome j = Run(KindJob("j", "cuda", &rec_));
   ASSERT_TRUE(j.status.ok()) << j.status;
   EXPECT_EQ(j.device_name, "cuda:0");
-  EXPECT_THAT(gate.started(), ElementsAre("j"));
-  EXPECT_TRUE(scheduler->Devices()[0].failed);
+  EXPECT_THAT(gate_.started(), ElementsAre("j"));
+  EXPECT_TRUE(scheduler_->Devices()[0].failed);
 }
 
-TEST(SchedulerHealthTest, AGangWhoseMemberFailedRunsOnTheHealthyOnes) {
-  Gate gate;
-  gate.Open();
-  SchedulerOptions options;
-  std::vector<BreakableDevice*> devices;
-  AddDevices(&options, 3, "cuda", &gate, &devices);
-  // The leader's ring fails because its peer, cuda:1, lost its context.
-  devices[0]->FailNextRun(absl::InternalError("peer lost"), absl::OkStatus());
-  devices[1]->SetHealth(absl::InternalError("context lost"));
-  Recorder rec;  // outlives the scheduler, which may still deliver to it
-  auto scheduler = MakeScheduler(std::move(options));
-  ASSERT_TRUE(scheduler->Submit(GangJob("gang", 2, &rec)).ok());
-  const JobOutcome g = rec.Wait("gang");
+TEST_F(SchedulerHealthTest, AGangWhoseMemberFailedRunsOnTheHealthyOnes) {
+  Start(3, [&] {
+    // The leader's ring fails because its peer, cuda:1, lost its context.
+    devices_[0]->FailNextRun(absl::InternalError("peer lost"),
+                             absl::OkStatus());
+    devices_[1]->SetHealth(ContextLost());
+  });
+  const JobOutcome g = Run(GangJob("gang", 2, &rec_));
   ASSERT_TRUE(g.status.ok()) << g.status;
   EXPECT_EQ(g.report.labels.layer, 2);
-  const std::vector<DeviceInfo> pool = scheduler->Devices();
+  const std::vector<DeviceInfo> pool = scheduler_->Devices();
   EXPECT_FALSE(pool[0].failed);
   EXPECT_TRUE(pool[1].failed);
   EXPECT_FALSE(pool[2].failed);
 }
 
-TEST(SchedulerHealthTest, QueuedJobsTheHealthyDevicesCannotHoldEndUnavailable) {
+TEST(SchedulerHealthQueueTest, QueuedJobsTheHealthyDevicesCannotHoldEnd) {
   Gate gate;
   SchedulerOptions options;
   std::vector<BreakableDevice*> devices;
   AddDevices(&options, 2, "cuda", &gate, &devices);
   devices[0]->FailNextRun(absl::InternalError("illegal address"),
-                          absl::InternalError("context lost"));
+                          ContextLost());
   Recorder rec;  // outlives the scheduler, which may still deliver to it
   auto scheduler = MakeScheduler(std::move(options));
   ASSERT_TRUE(scheduler->Submit(KindJob("single", "cuda", &rec)).ok());
