@@ -24,6 +24,7 @@
 #include "kernels/cuda_check.h"
 #include "kernels/math/dot.h"
 #include "kernels/math/scalar.h"
+#include "kernels/math/split_merge.h"
 #include "kernels/math/unit_state.h"
 #include "kernels/math/widen.h"
 
@@ -33,6 +34,9 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kStages = 3;  // runs in flight: the one computed + 2 loading
+// Resident blocks per multiprocessor the register budget is cut for (the
+// compiler's free choice, 122 registers, allowed 2 on an H200).
+constexpr int kMinBlocksPerSm = 3;
 
 __host__ __device__ inline int64_t Align16(int64_t x) {
   return (x + 15) / 16 * 16;
@@ -106,13 +110,16 @@ __host__ __device__ inline Layout MakeLayout(const PassParams& p) {
 // What one thread block works on.
 struct Item {
   int64_t b;      // batch row
+  int64_t split;  // which of the row's run ranges (split-KV)
   int64_t g;      // KV head
   int64_t sq0;    // first query position
-  int64_t qn;     // query positions (<= queries_per_block)
-  int64_t group;  // query heads per KV head
-  int64_t rows;   // group * qn
-  int64_t D;
-  int64_t P;
+  // Shared-memory extents: 32-bit, so the index arithmetic of the inner
+  // loops is 32-bit (a 64-bit divide is a long software routine).
+  int32_t qn;     // query positions (<= queries_per_block)
+  int32_t group;  // query heads per KV head
+  int32_t rows;   // group * qn
+  int32_t D;
+  int32_t P;
 };
 
 struct Shared {
@@ -144,11 +151,11 @@ __device__ void LoadRun(const PassParams& p, const Item& it, const Shared& sh,
                           p.v_row_stride * ve, it.D * ve}};
   const int w = p.copy_width;
   for (const Part& part : parts) {
-    const int64_t per_row = part.row_bytes / w;
-    const int64_t chunks = run.n * per_row;
-    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-      const int64_t t = c / per_row;
-      const int64_t off = (c % per_row) * w;
+    const int32_t per_row = part.row_bytes / w;
+    const int32_t chunks = run.n * per_row;
+    for (int32_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      const int32_t t = c / per_row;
+      const int32_t off = (c % per_row) * w;
       const char* src = part.src + t * part.row_stride_bytes + off;
       char* dst = part.dst + t * part.row_bytes + off;
       if (w >= 4) {
@@ -172,7 +179,7 @@ __device__ void WidenRun(const PassParams& p, const Item& it, const Shared& sh,
   double* k64 = sh.at<double>(sh.l.k64);
   double* v64 = sh.at<double>(sh.l.v64);
   bool bad = false;
-  for (int64_t i = threadIdx.x; i < n * it.D; i += blockDim.x) {
+  for (int32_t i = threadIdx.x; i < n * it.D; i += blockDim.x) {
     if (p.k_dtype == kmath::kElemF64) {
       const double x = reinterpret_cast<const double*>(k_raw)[i];
       k64[i] = x;
@@ -203,18 +210,26 @@ __device__ bool Visible(const PassParams& p, int64_t key_pos,
   return p.window_inclusive ? distance <= p.window : distance < p.window;
 }
 
-// Per query position, the ascending list of the run's visible tokens.
+// Per query position, the ascending list of the run's visible tokens: the
+// flags in parallel (their position loads are global), then one thread per
+// query position compacts its flags in place, in token order.
 __device__ void BuildVisibility(const PassParams& p, const Item& it,
                                 const Shared& sh, const PassRun& run) {
   int32_t* vis = sh.at<int32_t>(sh.l.vis);
   int32_t* vcount = sh.at<int32_t>(sh.l.vcount);
-  for (int64_t q = threadIdx.x; q < it.qn; q += blockDim.x) {
+  const int32_t n = run.n;
+  for (int32_t i = threadIdx.x; i < it.qn * n; i += blockDim.x) {
+    const int32_t q = i / n;
+    const int32_t t = i - q * n;
     const int64_t qpos = p.query_positions[it.b * p.queries + it.sq0 + q];
+    vis[q * it.P + t] = Visible(p, p.positions[run.pos_offset + t], qpos);
+  }
+  __syncthreads();
+  for (int32_t q = threadIdx.x; q < it.qn; q += blockDim.x) {
+    int32_t* row = vis + q * it.P;
     int32_t count = 0;
-    for (int32_t t = 0; t < run.n; ++t) {
-      if (Visible(p, p.positions[run.pos_offset + t], qpos)) {
-        vis[q * it.P + count++] = t;
-      }
+    for (int32_t t = 0; t < n; ++t) {
+      if (row[t] != 0) row[count++] = t;
     }
     vcount[q] = count;
   }
@@ -228,14 +243,14 @@ __device__ void Scores(const Item& it, const T* q, const K* k_rows, int n,
                        T scale, T cap, T* s) {
   constexpr int V = kmath::VirtualLanes<T>::kCount;
   const int lane = threadIdx.x % V;
-  const int64_t group_id = threadIdx.x / V;
-  const int64_t groups = blockDim.x / V;
-  const int64_t pairs = it.rows * n;
-  for (int64_t base = 0; base < pairs; base += groups) {
-    const int64_t pair = base + group_id;
+  const int32_t group_id = threadIdx.x / V;
+  const int32_t groups = blockDim.x / V;
+  const int32_t pairs = it.rows * n;
+  for (int32_t base = 0; base < pairs; base += groups) {
+    const int32_t pair = base + group_id;
     const bool active = pair < pairs;
-    const int64_t r = active ? pair / n : 0;
-    const int64_t t = active ? pair % n : 0;
+    const int32_t r = active ? pair / n : 0;
+    const int32_t t = active ? pair % n : 0;
     T part =
         active ? kmath::LanePartial(q + r * it.D, k_rows + t * it.D, it.D, lane)
                : T(0);
@@ -261,8 +276,8 @@ __device__ void UpdateReference(const Item& it, const Shared& sh, bool v_f64) {
   double* alpha = sh.at<double>(sh.l.r_alpha);
   const float* v32 = sh.at<float>(sh.l.v32);
   const double* v64 = sh.at<double>(sh.l.v64);
-  for (int64_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
-    const int64_t q = r / it.group;
+  for (int32_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
+    const int32_t q = r / it.group;
     if (vcount[q] == 0) continue;
     const double m_new = kmath::MaxStep(
         m[r], kmath::VisibleMax(s + r * it.P, vis + q * it.P, vcount[q]));
@@ -270,25 +285,25 @@ __device__ void UpdateReference(const Item& it, const Shared& sh, bool v_f64) {
     m[r] = m_new;
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < it.rows * it.P; i += blockDim.x) {
-    const int64_t r = i / it.P;
-    const int64_t c = i % it.P;
-    const int64_t q = r / it.group;
+  for (int32_t i = threadIdx.x; i < it.rows * it.P; i += blockDim.x) {
+    const int32_t r = i / it.P;
+    const int32_t c = i % it.P;
+    const int32_t q = r / it.group;
     if (c < vcount[q]) {
       e[r * it.P + c] = kmath::Weight(s[r * it.P + vis[q * it.P + c]], m[r]);
     }
   }
   __syncthreads();
-  for (int64_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
-    const int64_t q = r / it.group;
+  for (int32_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
+    const int32_t q = r / it.group;
     if (vcount[q] == 0) continue;
     l[r] = kmath::SumInOrder(e + r * it.P, vcount[q],
                              kmath::Ops<double>::Mul(l[r], alpha[r]));
   }
-  for (int64_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
-    const int64_t r = i / it.D;
-    const int64_t d = i % it.D;
-    const int64_t q = r / it.group;
+  for (int32_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
+    const int32_t r = i / it.D;
+    const int32_t d = i % it.D;
+    const int32_t q = r / it.group;
     if (vcount[q] == 0) continue;
     const double start = kmath::Ops<double>::Mul(acc[i], alpha[r]);
     acc[i] = kmath::AccumulateElement(
@@ -310,7 +325,7 @@ __device__ void UnitRange(const Item& it, const Shared& sh,
   const int32_t* vcount = sh.at<int32_t>(sh.l.vcount);
   int32_t* ulo = sh.at<int32_t>(sh.l.ulo);
   int32_t* ucnt = sh.at<int32_t>(sh.l.ucnt);
-  for (int64_t q = threadIdx.x; q < it.qn; q += blockDim.x) {
+  for (int32_t q = threadIdx.x; q < it.qn; q += blockDim.x) {
     int32_t lo = 0;
     while (lo < vcount[q] && vis[q * it.P + lo] < unit.first) ++lo;
     int32_t hi = lo;
@@ -340,32 +355,32 @@ __device__ void UnitStates(const PassParams& p, const Item& it,
   const int32_t* vis = sh.at<int32_t>(sh.l.vis);
   const int32_t* ulo = sh.at<int32_t>(sh.l.ulo);
   const int32_t* ucnt = sh.at<int32_t>(sh.l.ucnt);
-  for (int64_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
-    const int64_t q = r / it.group;
+  for (int32_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
+    const int32_t q = r / it.group;
     if (ucnt[q] == 0) continue;
     umax[r] = kmath::VisibleMax(s + r * it.P, vis + q * it.P + ulo[q], ucnt[q]);
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < it.rows * it.P; i += blockDim.x) {
-    const int64_t r = i / it.P;
-    const int64_t c = i % it.P;
-    const int64_t q = r / it.group;
+  for (int32_t i = threadIdx.x; i < it.rows * it.P; i += blockDim.x) {
+    const int32_t r = i / it.P;
+    const int32_t c = i % it.P;
+    const int32_t q = r / it.group;
     if (c < ucnt[q]) {
       e[i] = kmath::Weight(s[r * it.P + vis[q * it.P + ulo[q] + c]], umax[r]);
     }
   }
   __syncthreads();
-  for (int64_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
-    const int64_t q = r / it.group;
+  for (int32_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
+    const int32_t q = r / it.group;
     if (ucnt[q] == 0) continue;
     usum[r] = kmath::SumInOrder(e + r * it.P, ucnt[q], T(0));
     ulse[r] = kmath::UnitLse(umax[r], usum[r]);
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
-    const int64_t r = i / it.D;
-    const int64_t d = i % it.D;
-    const int64_t q = r / it.group;
+  for (int32_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
+    const int32_t r = i / it.D;
+    const int32_t d = i % it.D;
+    const int32_t q = r / it.group;
     if (ucnt[q] == 0) continue;
     const T acc = kmath::AccumulateElement(
         e + r * it.P, vis + q * it.P + ulo[q], ucnt[q],
@@ -383,7 +398,12 @@ __device__ void UnitStates(const PassParams& p, const Item& it,
       const int64_t h = it.g * it.group + r % it.group;
       const int64_t state = (target.state_row + it.sq0 + q) * p.q_heads + h;
       state_out[state * it.D + d] = out[i];
-      if (d == 0) state_lse[state] = ulse[r];
+      if (d == 0) {
+        state_lse[state] = ulse[r];
+        if (sizeof(T) == 4 && p.p_state_present != nullptr) {
+          p.p_state_present[state] = 1;
+        }
+      }
     }
   }
   __syncthreads();
@@ -398,8 +418,8 @@ __device__ void FoldUnit(const Item& it, const Shared& sh) {
   int32_t* started = sh.at<int32_t>(sh.l.p_started);
   const float* out = sh.at<float>(sh.l.u_out);
   const float* ulse = sh.at<float>(sh.l.u_lse);
-  for (int64_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
-    const int64_t r = i / it.D;
+  for (int32_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
+    const int32_t r = i / it.D;
     if (ucnt[r / it.group] == 0) continue;
     if (!started[r]) {
       acc[i] = out[i];
@@ -410,7 +430,7 @@ __device__ void FoldUnit(const Item& it, const Shared& sh) {
     }
   }
   __syncthreads();
-  for (int64_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
+  for (int32_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
     if (ucnt[r / it.group] == 0) continue;
     acc_lse[r] = started[r]
                      ? merge_step::Lse(merge_step::Weights(acc_lse[r], ulse[r]))
@@ -459,8 +479,8 @@ __device__ void InitItem(const PassParams& p, const Item& it,
   double* q64 = sh.at<double>(sh.l.q64);
   const bool r64 = p.reference || p.store_r_states;
   const bool p32 = p.replay_fold || p.store_p_states;
-  for (int64_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
-    const int64_t r = i / it.D;
+  for (int32_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
+    const int32_t r = i / it.D;
     const int64_t h = it.g * it.group + r % it.group;
     const int64_t qi =
         (it.b * p.queries + it.sq0 + r / it.group) * p.q_heads + h;
@@ -470,7 +490,7 @@ __device__ void InitItem(const PassParams& p, const Item& it,
     if (p.replay_fold) sh.at<float>(sh.l.p_acc)[i] = 0.0f;
     if (p.reference) sh.at<double>(sh.l.r_acc)[i] = 0.0;
   }
-  for (int64_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
+  for (int32_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
     if (p.replay_fold) {
       sh.at<float>(sh.l.p_lse)[r] = kmath::Ops<float>::NegInf();
       sh.at<int32_t>(sh.l.p_started)[r] = 0;
@@ -486,19 +506,20 @@ __device__ void InitItem(const PassParams& p, const Item& it,
 // Writes the item's running states (unfinished: the host finishes them).
 __device__ void StoreItem(const PassParams& p, const Item& it,
                           const Shared& sh) {
-  for (int64_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
-    const int64_t r = i / it.D;
+  for (int32_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
+    const int32_t r = i / it.D;
     const int64_t h = it.g * it.group + r % it.group;
     const int64_t qi =
         (it.b * p.queries + it.sq0 + r / it.group) * p.q_heads + h;
-    const int64_t d = i % it.D;
+    const int32_t d = i % it.D;
+    const int64_t ri = it.split * p.r_split_stride + qi;
     if (p.replay_fold) p.p_out[qi * it.D + d] = sh.at<float>(sh.l.p_acc)[i];
-    if (p.reference) p.r_acc[qi * it.D + d] = sh.at<double>(sh.l.r_acc)[i];
+    if (p.reference) p.r_acc[ri * it.D + d] = sh.at<double>(sh.l.r_acc)[i];
     if (d != 0) continue;
     if (p.replay_fold) p.p_lse[qi] = sh.at<float>(sh.l.p_lse)[r];
     if (p.reference) {
-      p.r_m[qi] = sh.at<double>(sh.l.r_m)[r];
-      p.r_l[qi] = sh.at<double>(sh.l.r_l)[r];
+      p.r_m[ri] = sh.at<double>(sh.l.r_m)[r];
+      p.r_l[ri] = sh.at<double>(sh.l.r_l)[r];
     }
   }
 }
@@ -532,27 +553,32 @@ __device__ void ComputeRun(const PassParams& p, const Item& it,
   RunUnits(p, it, sh, run);
 }
 
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     FusedPassKernel(const PassParams p) {
   extern __shared__ __align__(16) char smem[];
   Item it;
-  it.b = p.row_begin + blockIdx.x;
+  const int64_t row = blockIdx.x / p.splits;
+  it.split = blockIdx.x % p.splits;
+  it.b = p.row_begin + row;
   it.g = blockIdx.y;
   if (p.owner_world > 0 &&
       (it.b * p.kv_heads + it.g) % p.owner_world != p.owner_rank) {
     return;
   }
   it.sq0 = static_cast<int64_t>(blockIdx.z) * p.queries_per_block;
-  it.qn = p.queries - it.sq0 < p.queries_per_block ? p.queries - it.sq0
-                                                   : p.queries_per_block;
-  it.group = p.q_heads / p.kv_heads;
+  it.qn = static_cast<int32_t>(p.queries - it.sq0 < p.queries_per_block
+                                   ? p.queries - it.sq0
+                                   : p.queries_per_block);
+  it.group = static_cast<int32_t>(p.q_heads / p.kv_heads);
   it.rows = it.group * it.qn;
-  it.D = p.head_dim;
-  it.P = p.max_run;
+  it.D = static_cast<int32_t>(p.head_dim);
+  it.P = static_cast<int32_t>(p.max_run);
   const Shared sh{smem, MakeLayout(p)};
   InitItem(p, it, sh);
-  const int32_t first = p.row_runs[blockIdx.x];
-  const int32_t last = p.row_runs[blockIdx.x + 1];
+  int32_t first = 0;
+  int32_t last = 0;
+  kmath::SplitRuns(p.row_runs[row], p.row_runs[row + 1], p.splits, it.split,
+                   &first, &last);
   // Prologue: the first kStages - 1 runs start loading.
   for (int s = 0; s < kStages - 1; ++s) {
     if (first + s < last) LoadRun(p, it, sh, p.runs[first + s], s);
@@ -582,21 +608,90 @@ __global__ void GatherKernel(const GatherParams p) {
     *reinterpret_cast<int64_t*>(p.slot + tok.pos_dst) =
         p.positions[tok.pos_src];
   }
-  const int64_t k_bytes = p.kv_heads * p.k_row_bytes;
-  for (int64_t i = threadIdx.x; i < k_bytes; i += blockDim.x) {
-    const int64_t h = i / p.k_row_bytes;
+  // A token's rows are a few KB: 32-bit index arithmetic.
+  const int32_t k_row = static_cast<int32_t>(p.k_row_bytes);
+  const int32_t k_bytes = static_cast<int32_t>(p.kv_heads) * k_row;
+  for (int32_t i = threadIdx.x; i < k_bytes; i += blockDim.x) {
+    const int32_t h = i / k_row;
     p.slot[tok.k_dst + i] =
-        p.k_base[tok.k_src + h * p.k_head_stride_bytes + i % p.k_row_bytes];
+        p.k_base[tok.k_src + h * p.k_head_stride_bytes + (i - h * k_row)];
   }
-  const int64_t v_bytes = p.kv_heads * p.v_row_bytes;
-  for (int64_t i = threadIdx.x; i < v_bytes; i += blockDim.x) {
-    const int64_t h = i / p.v_row_bytes;
+  const int32_t v_row = static_cast<int32_t>(p.v_row_bytes);
+  const int32_t v_bytes = static_cast<int32_t>(p.kv_heads) * v_row;
+  for (int32_t i = threadIdx.x; i < v_bytes; i += blockDim.x) {
+    const int32_t h = i / v_row;
     p.slot[tok.v_dst + i] =
-        p.v_base[tok.v_src + h * p.v_head_stride_bytes + i % p.v_row_bytes];
+        p.v_base[tok.v_src + h * p.v_head_stride_bytes + (i - h * v_row)];
+  }
+}
+
+// One output element of P and R (split_merge.h): thread i is element
+// i % D of query (b, sq, h) = i / D.
+__global__ void SplitMergeKernel(const SplitMergeParams p) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t per_row = p.queries * p.q_heads * p.head_dim;
+  if (i >= p.rows * per_row) return;
+  const int64_t D = p.head_dim;
+  const int64_t d = i % D;
+  const int64_t qi = p.row_begin * p.queries * p.q_heads + i / D;
+  if (p.p_out != nullptr) {
+    const int64_t b = qi / (p.queries * p.q_heads);
+    const int64_t stride = p.queries * p.q_heads;  // between units
+    const int64_t count = p.unit_base[b + 1] - p.unit_base[b];
+    // State of unit u: (unit_base[b] + u) * stride + (sq, h).
+    const int64_t first = p.unit_base[b] * stride + qi % stride;
+    // The fold is a serial chain; the loads of kAhead units are issued
+    // before their steps run, so their latencies overlap.
+    constexpr int kAhead = 8;
+    kmath::FoldState fold;
+    for (int64_t u0 = 0; u0 < count; u0 += kAhead) {
+      bool present[kAhead];
+      float lse[kAhead];
+      float out[kAhead];
+#pragma unroll
+      for (int j = 0; j < kAhead; ++j) {
+        const int64_t state = first + (u0 + j) * stride;
+        present[j] = u0 + j < count && p.p_state_present[state] != 0;
+        lse[j] = u0 + j < count ? p.p_state_lse[state] : 0.0f;
+        out[j] = u0 + j < count ? p.p_state_out[state * D + d] : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < kAhead; ++j) {
+        if (present[j]) kmath::FoldStep(out[j], lse[j], &fold);
+      }
+    }
+    p.p_out[qi * D + d] = fold.acc;
+    if (d == 0) p.p_lse[qi] = fold.lse;
+  }
+  if (p.r_acc != nullptr) {
+    const int64_t stride = p.r_split_stride;
+    double m = 0, l = 0, acc = 0;
+    kmath::CombineReferenceSplits(
+        p.splits, [&](int64_t s) { return p.r_part_m[s * stride + qi]; },
+        [&](int64_t s) { return p.r_part_l[s * stride + qi]; },
+        [&](int64_t s) { return p.r_part_acc[(s * stride + qi) * D + d]; }, &m,
+        &l, &acc);
+    p.r_acc[qi * D + d] = acc;
+    if (d == 0) {
+      p.r_m[qi] = m;
+      p.r_l[qi] = l;
+    }
   }
 }
 
 }  // namespace
+
+absl::Status LaunchSplitMerge(const SplitMergeParams& params,
+                              cudaStream_t stream) {
+  const int64_t n =
+      params.rows * params.queries * params.q_heads * params.head_dim;
+  if (n <= 0) return absl::OkStatus();
+  constexpr int kMergeThreads = 256;
+  const int64_t blocks = (n + kMergeThreads - 1) / kMergeThreads;
+  SplitMergeKernel<<<static_cast<unsigned>(blocks), kMergeThreads, 0, stream>>>(
+      params);
+  return LaunchStatus("SplitMergeKernel");
+}
 
 absl::Status LaunchGather(const GatherParams& params, cudaStream_t stream) {
   if (params.count <= 0) return absl::OkStatus();
@@ -624,9 +719,13 @@ absl::Status LaunchFusedPass(const PassParams& params, cudaStream_t stream) {
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
       FusedPassKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
       static_cast<int>(shared)));
+  // All of L1 that can be shared memory: blocks per SM are bounded by it.
+  ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      FusedPassKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+      cudaSharedmemCarveoutMaxShared));
   const int64_t chunks = (params.queries + params.queries_per_block - 1) /
                          params.queries_per_block;
-  const dim3 grid(static_cast<unsigned>(params.rows),
+  const dim3 grid(static_cast<unsigned>(params.rows * params.splits),
                   static_cast<unsigned>(params.kv_heads),
                   static_cast<unsigned>(chunks));
   FusedPassKernel<<<grid, kThreads, static_cast<size_t>(shared), stream>>>(

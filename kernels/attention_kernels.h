@@ -14,6 +14,18 @@
 //     state, folded in ascending unit order with the shared merge step
 //     (core/attention/merge_step.h), or stored per unit (CP replays, and R
 //     unit states for the CP reference partials).
+// Split-KV: a decode row (one query position, a long context) is one block
+// per KV head -- far fewer blocks than a GPU has multiprocessors. With
+// splits > 1 each row's runs are cut into `splits` contiguous ranges
+// (kmath::SplitRuns), one thread block per (row, range, KV head, query
+// chunk): R's online softmax restarts per range and its state is stored
+// per split; P is stored per unit (with a presence flag) instead of
+// folded. LaunchSplitMerge then folds P's unit states in ascending unit
+// order (the same bits as the one-block fold) and combines R's splits
+// (kernels/math/split_merge.h), one thread per output element. The
+// stored states cost (D + 1) x 4 bytes per (unit, query, query head) --
+// a quarter of the K/V bytes at W1's shape (GQA group 4, pages of 16) --
+// from the backend's pool.
 // Outputs stay unfinished (R: acc, m, l; P: the folded out and lse): the
 // host finishes them with the core's FinishReferenceState /
 // FinishReplayState (sinks, V scale, the one rounding), so the final write
@@ -88,6 +100,12 @@ struct PassParams {
   int64_t owner_world = 0;
   int64_t owner_rank = 0;
   int64_t queries_per_block = 1;  // query positions per thread block
+  // Split-KV (above): blocks per row along its runs; R's state of split s
+  // goes to r_* at s * r_split_stride + the query's index, and each stored
+  // P unit state sets its flag in p_state_present.
+  int64_t splits = 1;
+  int64_t r_split_stride = 0;
+  unsigned char* p_state_present = nullptr;
   // What to compute.
   int reference = 0;       // R's running state into r_*
   int replay_fold = 0;     // P's folded state into p_*
@@ -119,8 +137,39 @@ int64_t PassSharedBytes(const PassParams& params);
 // even one query position does not fit (the caller reports Unimplemented).
 bool FitPassToSharedMemory(PassParams* params, int64_t max_shared);
 
-// Launches the pass on `stream` for every (row, KV head, query chunk).
+// Launches the pass on `stream` for every (row, split, KV head, query
+// chunk).
 absl::Status LaunchFusedPass(const PassParams& params, cudaStream_t stream);
+
+// The split-KV pass's second step: one thread per (row, query position,
+// query head, element) of rows [row_begin, row_begin + rows).
+struct SplitMergeParams {
+  int64_t row_begin = 0;
+  int64_t rows = 0;
+  int64_t queries = 0;
+  int64_t q_heads = 0;
+  int64_t head_dim = 0;
+  // P: unit states indexed as PassParams's; null p_out skips P.
+  const int64_t* unit_base = nullptr;  // [B + 1]
+  const float* p_state_out = nullptr;
+  const float* p_state_lse = nullptr;
+  const unsigned char* p_state_present = nullptr;
+  float* p_out = nullptr;
+  float* p_lse = nullptr;
+  // R: `splits` partial states r_part_* (split stride r_split_stride); null
+  // r_acc skips R.
+  int64_t splits = 1;
+  int64_t r_split_stride = 0;
+  const double* r_part_acc = nullptr;
+  const double* r_part_m = nullptr;
+  const double* r_part_l = nullptr;
+  double* r_acc = nullptr;
+  double* r_m = nullptr;
+  double* r_l = nullptr;
+};
+
+absl::Status LaunchSplitMerge(const SplitMergeParams& params,
+                              cudaStream_t stream);
 
 // One token a CP rank copies from the pool into its slot (the ring's local
 // fill): its position and its K and V rows of every KV head. Offsets in

@@ -15,6 +15,7 @@
 #include "kernels/device_memory.h"
 #include "kernels/device_snapshot.h"
 #include "kernels/drift_kernels.h"
+#include "kernels/math/split_merge.h"
 
 namespace attnaudit {
 
@@ -77,6 +78,11 @@ struct PassOutputs {
   double* r_state_out = nullptr;
   double* r_state_lse = nullptr;
   int* kv_non_finite = nullptr;
+  // Split-KV only: R's per-split states and P's unit-state flags.
+  double* r_part_acc = nullptr;
+  double* r_part_m = nullptr;
+  double* r_part_l = nullptr;
+  unsigned char* p_state_present = nullptr;
 };
 
 int64_t TotalUnits(const PreparedAttention& p) {
@@ -85,15 +91,52 @@ int64_t TotalUnits(const PreparedAttention& p) {
   return n;
 }
 
+// What one pass must produce, whatever shape the launch takes.
+struct PassWants {
+  bool reference = false;
+  bool replay = false;
+};
+
+// R's per-split states and P's presence flags of a split-KV pass.
+absl::Status AllocateSplitOutputs(const PreparedAttention& p,
+                                  const PassParams& params, DeviceArena& arena,
+                                  cudaStream_t stream, PassOutputs* o) {
+  const SnapshotDims& d = p.dims;
+  const int64_t parts = params.splits * d.batch * d.queries * d.q_heads;
+  if (params.reference) {
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        o->r_part_acc,
+        arena.AllocateArray<double>(parts * d.head_dim, "R split states"));
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        o->r_part_m, arena.AllocateArray<double>(parts, "R split states"));
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        o->r_part_l, arena.AllocateArray<double>(parts, "R split states"));
+  }
+  if (params.store_p_states) {
+    const int64_t states = TotalUnits(p) * d.queries * d.q_heads;
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        o->p_state_present,
+        arena.AllocateArray<unsigned char>(states, "P unit flags"));
+    ATTNAUDIT_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(o->p_state_present, 0, states, stream));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PassOutputs> AllocateOutputs(const PreparedAttention& p,
                                             const PassParams& params,
+                                            const PassWants& wants,
                                             DeviceArena& arena,
                                             cudaStream_t stream) {
   const SnapshotDims& d = p.dims;
   const int64_t queries = d.batch * d.queries * d.q_heads;
   const int64_t states = TotalUnits(p) * d.queries * d.q_heads;
   PassOutputs o;
-  if (params.reference) {
+  if (params.splits > 1) {
+    ATTNAUDIT_RETURN_IF_ERROR(
+        AllocateSplitOutputs(p, params, arena, stream, &o));
+  }
+  if (wants.reference) {
     ATTNAUDIT_ASSIGN_OR_RETURN(
         o.r_acc, arena.AllocateArray<double>(queries * d.head_dim, "R"));
     ATTNAUDIT_ASSIGN_OR_RETURN(o.r_m,
@@ -101,7 +144,7 @@ absl::StatusOr<PassOutputs> AllocateOutputs(const PreparedAttention& p,
     ATTNAUDIT_ASSIGN_OR_RETURN(o.r_l,
                                arena.AllocateArray<double>(queries, "R"));
   }
-  if (params.replay_fold) {
+  if (wants.replay) {
     ATTNAUDIT_ASSIGN_OR_RETURN(
         o.p_out, arena.AllocateArray<float>(queries * d.head_dim, "P"));
     ATTNAUDIT_ASSIGN_OR_RETURN(o.p_lse,
@@ -160,7 +203,7 @@ absl::Status Fetch(std::vector<T>* host, const T* device, int64_t count,
 }
 
 // Finishes R and P on the host with the core's final-write functions.
-absl::Status FinishOutputs(const PreparedAttention& p, const PassParams& params,
+absl::Status FinishOutputs(const PreparedAttention& p, const PassWants& wants,
                            const PassOutputs& o, PinnedStaging& staging,
                            cudaStream_t stream, AttentionResults* res) {
   const SnapshotDims& d = p.dims;
@@ -168,25 +211,25 @@ absl::Status FinishOutputs(const PreparedAttention& p, const PassParams& params,
   const int64_t D = d.head_dim;
   std::vector<double> r_acc, r_m, r_l;
   std::vector<float> p_out, p_lse;
-  if (params.reference) {
+  if (wants.reference) {
     ATTNAUDIT_RETURN_IF_ERROR(
         Fetch(&r_acc, o.r_acc, queries * D, staging, stream));
     ATTNAUDIT_RETURN_IF_ERROR(Fetch(&r_m, o.r_m, queries, staging, stream));
     ATTNAUDIT_RETURN_IF_ERROR(Fetch(&r_l, o.r_l, queries, staging, stream));
   }
-  if (params.replay_fold) {
+  if (wants.replay) {
     ATTNAUDIT_RETURN_IF_ERROR(
         Fetch(&p_out, o.p_out, queries * D, staging, stream));
     ATTNAUDIT_RETURN_IF_ERROR(Fetch(&p_lse, o.p_lse, queries, staging, stream));
   }
   for (int64_t qi = 0; qi < queries; ++qi) {
     const int64_t h = qi % d.q_heads;
-    if (params.reference) {
+    if (wants.reference) {
       FinishReferenceState(p, h, &r_acc[qi * D], r_m[qi], r_l[qi],
                            &res->reference_out[qi * D],
                            &res->reference_lse[qi]);
     }
-    if (params.replay_fold) {
+    if (wants.replay) {
       FinishReplayState(p, h, &p_out[qi * D], p_lse[qi],
                         &res->replay_out[qi * D], &res->replay_lse[qi]);
     }
@@ -220,11 +263,14 @@ double ElapsedSeconds(cudaEvent_t a, cudaEvent_t b) {
   return cudaEventElapsedTime(&ms, a, b) == cudaSuccess ? ms * 1e-3 : 0.0;
 }
 
-// Points the kernel's output arguments at the buffers AllocateOutputs made.
+// Points the kernel's output arguments at the buffers AllocateOutputs made
+// (a split-KV pass writes R per split).
 void BindOutputs(const PassOutputs& out, PassParams* params) {
-  params->r_acc = out.r_acc;
-  params->r_m = out.r_m;
-  params->r_l = out.r_l;
+  const bool split = params->splits > 1;
+  params->r_acc = split ? out.r_part_acc : out.r_acc;
+  params->r_m = split ? out.r_part_m : out.r_m;
+  params->r_l = split ? out.r_part_l : out.r_l;
+  params->p_state_present = out.p_state_present;
   params->p_out = out.p_out;
   params->p_lse = out.p_lse;
   params->p_state_out = out.p_state_out;
@@ -234,9 +280,67 @@ void BindOutputs(const PassOutputs& out, PassParams* params) {
   params->kv_non_finite = out.kv_non_finite;
 }
 
-// Four timing events on a stream, destroyed with the object.
+// Split-KV when one block per (row, KV head, query chunk) would leave the
+// device's multiprocessors idle: P is stored per unit instead of folded
+// (the merge kernel folds it), R per split.
+void PlanSplits(const PoolRuns& plan, int multiprocessors, int64_t max_splits,
+                PassParams* params) {
+  const int64_t chunks = (params->queries + params->queries_per_block - 1) /
+                         params->queries_per_block;
+  int64_t max_row_runs = 0;
+  for (size_t b = 0; b + 1 < plan.row_runs.size(); ++b) {
+    max_row_runs = std::max<int64_t>(max_row_runs,
+                                     plan.row_runs[b + 1] - plan.row_runs[b]);
+  }
+  // Four resident blocks per multiprocessor, two waves: enough blocks in
+  // flight to hide the loads' latency.
+  params->splits = kmath::SplitsFor(params->rows * params->kv_heads * chunks,
+                                    max_row_runs, 8 * int64_t{multiprocessors});
+  if (max_splits > 0) params->splits = std::min(params->splits, max_splits);
+  if (params->splits <= 1) return;
+  // Query indices count from row 0, whatever row_begin.
+  params->r_split_stride =
+      (params->row_begin + params->rows) * params->queries * params->q_heads;
+  if (params->replay_fold) {
+    params->replay_fold = 0;
+    params->store_p_states = 1;
+  }
+}
+
+// The split-KV pass's second step into the final buffers.
+absl::Status MergeSplits(const PassParams& params, const PassWants& wants,
+                         const PassOutputs& out, cudaStream_t stream) {
+  cuda_internal::SplitMergeParams m;
+  m.row_begin = params.row_begin;
+  m.rows = params.rows;
+  m.queries = params.queries;
+  m.q_heads = params.q_heads;
+  m.head_dim = params.head_dim;
+  if (wants.replay) {
+    m.unit_base = params.unit_base;
+    m.p_state_out = out.p_state_out;
+    m.p_state_lse = out.p_state_lse;
+    m.p_state_present = out.p_state_present;
+    m.p_out = out.p_out;
+    m.p_lse = out.p_lse;
+  }
+  if (wants.reference) {
+    m.splits = params.splits;
+    m.r_split_stride = params.r_split_stride;
+    m.r_part_acc = out.r_part_acc;
+    m.r_part_m = out.r_part_m;
+    m.r_part_l = out.r_part_l;
+    m.r_acc = out.r_acc;
+    m.r_m = out.r_m;
+    m.r_l = out.r_l;
+  }
+  return cuda_internal::LaunchSplitMerge(m, stream);
+}
+
+// Timing events on a stream (upload, pass, merge, download), destroyed
+// with the object.
 struct PhaseEvents {
-  cudaEvent_t e[4] = {nullptr, nullptr, nullptr, nullptr};
+  cudaEvent_t e[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
   absl::Status Create() {
     for (cudaEvent_t& x : e)
       ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventCreate(&x));
@@ -288,6 +392,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   }
   std::unique_ptr<CudaBackend> b(new CudaBackend());
   b->info_ = devices[options.device];
+  b->max_splits_ = options.max_splits;
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
@@ -361,8 +466,11 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
   const PoolRuns plan = PlanPoolRuns(p);
   PassParams params = cuda_internal::BaseParams(p, snap);
   params.rows = d.batch;
-  params.reference = options.passes != AttentionPasses::kReplayOnly;
-  params.replay_fold = options.passes != AttentionPasses::kReferenceOnly;
+  PassWants wants;
+  wants.reference = options.passes != AttentionPasses::kReplayOnly;
+  wants.replay = options.passes != AttentionPasses::kReferenceOnly;
+  params.reference = wants.reference;
+  params.replay_fold = wants.replay;
   UnitStates* states = options.unit_states;
   params.store_p_states = states != nullptr ? 1 : 0;
   params.store_r_states = states != nullptr && states->has_reference ? 1 : 0;
@@ -375,6 +483,10 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
         " does not fit one thread block's shared memory (", max_shared,
         " bytes)"));
   }
+  int multiprocessors = 0;
+  ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
+      &multiprocessors, cudaDevAttrMultiProcessorCount, info_.ordinal));
+  PlanSplits(plan, multiprocessors, max_splits_, &params);
   ATTNAUDIT_ASSIGN_OR_RETURN(
       params.runs,
       UploadVector(plan.runs, "runs", *arena_, *staging_, stream_));
@@ -384,8 +496,8 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
   ATTNAUDIT_ASSIGN_OR_RETURN(
       params.row_runs,
       UploadVector(plan.row_runs, "row runs", *arena_, *staging_, stream_));
-  ATTNAUDIT_ASSIGN_OR_RETURN(PassOutputs out,
-                             AllocateOutputs(p, params, *arena_, stream_));
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      PassOutputs out, AllocateOutputs(p, params, wants, *arena_, stream_));
   if (states != nullptr) {
     states->Reset(p.units, d, states->has_reference);
     ATTNAUDIT_RETURN_IF_ERROR(ResetStates(*states, out, *staging_, stream_));
@@ -393,6 +505,10 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
   BindOutputs(out, &params);
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.e[1], stream_));
   ATTNAUDIT_RETURN_IF_ERROR(cuda_internal::LaunchFusedPass(params, stream_));
+  ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.e[4], stream_));
+  if (params.splits > 1) {
+    ATTNAUDIT_RETURN_IF_ERROR(MergeSplits(params, wants, out, stream_));
+  }
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.e[2], stream_));
 
   AttentionResults res;
@@ -404,7 +520,7 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
   res.reference_lse.assign(n_lse, 0.0);
   res.replay_lse.assign(n_lse, 0.0);
   ATTNAUDIT_RETURN_IF_ERROR(
-      FinishOutputs(p, params, out, *staging_, stream_, &res));
+      FinishOutputs(p, wants, out, *staging_, stream_, &res));
   if (states != nullptr) {
     ATTNAUDIT_RETURN_IF_ERROR(FetchStates(out, *staging_, stream_, states));
   }
@@ -415,6 +531,8 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ev.e[3]));
   timings_.upload_seconds = ElapsedSeconds(ev.e[0], ev.e[1]);
   timings_.kernel_seconds = ElapsedSeconds(ev.e[1], ev.e[2]);
+  timings_.merge_seconds = ElapsedSeconds(ev.e[4], ev.e[2]);
+  timings_.splits = params.splits;
   timings_.download_seconds = ElapsedSeconds(ev.e[2], ev.e[3]);
   res.kv_non_finite = flag != 0;
   SummariseUnits(p, options.record_merge_orders, &res);

@@ -68,12 +68,18 @@ struct CudaBackendOptions {
   int64_t pool_bytes = 0;
   // Each of the two pinned staging buffers.
   int64_t staging_bytes = int64_t{16} << 20;
+  // Most thread blocks per row along its runs (split-KV); 0: as many as
+  // fill the device, 1: the one-block pass. The results are the same P
+  // bits either way (docs/NUMERICS.md, "CPU and GPU").
+  int64_t max_splits = 0;
 };
 
 // Seconds of the last ComputeAttention, by phase (events on the stream).
 struct CudaJobTimings {
   double upload_seconds = 0;
-  double kernel_seconds = 0;
+  double kernel_seconds = 0;  // the pass and, split-KV, its merge
+  double merge_seconds = 0;   // of kernel_seconds: the split-KV merge
+  int64_t splits = 1;         // blocks per row along its runs
   double download_seconds = 0;
 };
 
@@ -129,6 +135,7 @@ class CudaBackend : public Backend {
   std::unique_ptr<cuda_internal::DeviceArena> arena_;
   std::unique_ptr<cuda_internal::PinnedStaging> staging_;
   CudaJobTimings timings_;
+  int64_t max_splits_ = 0;
   CudaGang* gang_ = nullptr;
 };
 

@@ -11,17 +11,25 @@
 #      on the CPU (kernel_math_test), the device pool (device_pool_test)
 #      and `--devices all` end to end;
 #   3. runs the benchmark (attnaudit_bench_gpu): P kernel bandwidth vs a
-#      same-run device-to-device copy at 4k/32k/128k, the W1 audit split
-#      into transfer and compute, the ring's time per round;
+#      same-run device-to-device copy at 4k/32k/128k (B=8, and B=1 at
+#      32k/128k), the split-KV merge's share, the W1 audit split into
+#      transfer and compute, the ring's time per round;
 #   4. writes everything to OUT (default gpu-results/, or $OUT / $1):
-#      machine.txt, configure.log, build.log, tests.log, e2e.log,
-#      bench.txt (the markdown tables), bench.json, summary.txt.
+#      machine.txt, configure.log, build.log, tests.log (with the "[ P bits ]"
+#      lines: how many of P's outputs have the CPU's bits), e2e.log,
+#      bench.txt (the markdown tables), bench_b1.txt, bench_one_block.txt
+#      (the one-block pass, the split-KV baseline), bench.json,
+#      summary.txt.
 # Every phase is time-boxed, and all of them together by DEADLINE_S
 # (default 460 s, so the whole run ends inside 8 minutes); a failing phase
 # is recorded and the script goes on, so one run always brings back what
 # it could measure. Exit status: 0 when every phase passed.
 # Needs the Debian packages `make deps` installs (the build's libraries)
-# plus CUDA 12+ with nvcc and, for gangs, NCCL.
+# plus CUDA 12+ with nvcc and, for gangs, NCCL -- or, on a machine that has
+# only a driver, PREBUILT=DIR: the binaries and libraries bench/gpu/
+# bundle.sh packed from such a build elsewhere (no configure or build
+# phase; the tests run as plain gtest binaries).
+# BENCH_ARGS replaces the benchmark's default arguments (--repeats 5).
 # usage: bench/gpu/device-check.sh [OUT]
 set -uo pipefail
 
@@ -67,7 +75,28 @@ phase() {  # phase NAME TIMEOUT_S LOG CMD...
 } >"$OUT/machine.txt" 2>&1
 note "machine: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
 
-if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
+GPU_TESTS=(cuda_backend_test cuda_transports_test kernel_math_test
+  device_pool_test)
+if [[ -n "${PREBUILT:-}" ]]; then
+  rm -rf "$BUILD" && mkdir -p "$BUILD" && tar -C "$BUILD" -xJf "$PREBUILT"
+  BIN=$BUILD/bin
+  # The driver and NCCL are the machine's: NCCL where the system or a
+  # Python wheel (nvidia-nccl-*) put it.
+  nccl=$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 /{print $NF; exit}')
+  [[ -n "$nccl" ]] || nccl=$(find / -xdev -name libnccl.so.2 2>/dev/null | head -1)
+  for dir in /usr/local/nvidia/lib64 /usr/local/nvidia/lib ${nccl:+$(dirname "$nccl")}; do
+    [[ -d $dir ]] && LD_LIBRARY_PATH=$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  done
+  export LD_LIBRARY_PATH=$BUILD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  note "prebuilt binaries of $(cut -c1-12 "$BUILD/commit.txt"); NCCL: ${nccl:-none found}"
+  TEST_CMD="f=0; for t in ${GPU_TESTS[*]}; do echo \"=== \$t\"; \
+    '$BIN'/\$t || f=1; done; exit \$f"
+else
+  BIN=$BUILD/bin
+  TEST_CMD="cd '$BUILD' && ctest -V -R '^($(IFS='|'; echo "${GPU_TESTS[*]}"))\$'"
+fi
+
+if [[ -z "${PREBUILT:-}" && "${SKIP_BUILD:-0}" != 1 ]]; then
   rm -rf "$BUILD"
   phase configure 120 "$OUT/configure.log" \
     cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
@@ -80,16 +109,23 @@ if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
       attnaudit-server attnaudit
 fi
 
-phase tests 150 "$OUT/tests.log" \
-  bash -c "cd '$BUILD' && ctest -V \
-    -R '^(cuda_backend_test|cuda_transports_test|kernel_math_test|device_pool_test)$'"
+phase tests 150 "$OUT/tests.log" bash -c "$TEST_CMD"
 # The verdict line, and how many GPU tests skipped (none should, on a GPU).
-grep -E 'tests passed|Failed|SKIPPED \] [0-9]+ tests?,' "$OUT/tests.log" |
+grep -E 'tests passed|Failed|FAILED|PASSED|SKIPPED \] [0-9]+ tests?,' "$OUT/tests.log" |
   tee -a "$OUT/summary.txt"
 phase devices-all 60 "$OUT/e2e.log" \
-  bash "$ROOT/tests/e2e/devices_all_e2e.sh" "$BUILD/bin/attnaudit-server" \
-    "$BUILD/bin/attnaudit"
+  bash "$ROOT/tests/e2e/devices_all_e2e.sh" "$BIN/attnaudit-server" "$BIN/attnaudit"
 phase bench 240 "$OUT/bench.txt" \
-  "$BUILD/bin/attnaudit_bench_gpu" --repeats 5 --json "$OUT/bench.json"
+  "$BIN/attnaudit_bench_gpu" ${BENCH_ARGS:---repeats 5} --json "$OUT/bench.json"
+# One decode row, the split-KV pass's case (8 KV heads on 132 SMs), and
+# both batches again with the one-block pass (--max-splits 1): the split's
+# baseline, measured in the same run.
+phase bench-b1 60 "$OUT/bench_b1.txt" \
+  "$BIN/attnaudit_bench_gpu" --batch 1 --contexts 32768,131072 --repeats 3 \
+  --bandwidth-only
+phase bench-one-block 90 "$OUT/bench_one_block.txt" bash -c \
+  "'$BIN/attnaudit_bench_gpu' --max-splits 1 --repeats 3 --bandwidth-only &&
+   '$BIN/attnaudit_bench_gpu' --max-splits 1 --batch 1 --repeats 3 \
+     --contexts 32768,131072 --bandwidth-only"
 note "done in $SECONDS s; results in $OUT"
 exit $STATUS

@@ -14,6 +14,9 @@
 // runs after one warm-up). Prints markdown; --json writes the figures.
 // Usage: attnaudit_bench_gpu [--device N] [--repeats N] [--batch B]
 //        [--contexts 4096,32768,131072] [--world W] [--json PATH]
+//        [--bandwidth-only] [--pool-gib G] [--max-splits N]
+// The P column splits off the split-KV merge's share and the splits (blocks
+// per row along its runs) the backend chose.
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
@@ -54,6 +57,9 @@ struct Flags {
   int64_t batch = 8;
   std::vector<int64_t> contexts = {4096, 32768, 131072};
   int64_t world = 4;
+  bool bandwidth_only = false;
+  double pool_gib = 0;     // 0: the backend's default (3/4 of free memory)
+  int64_t max_splits = 0;  // 0: the backend's choice; 1: no split-KV
   std::string json;
 };
 
@@ -69,6 +75,16 @@ Flags ParseFlags(int argc, char** argv) {
   app.add_option("--world", f.world, "CP ranks of the ring figure")
       ->check(CLI::Range(2, 64));
   app.add_option("--json", f.json, "also write the figures as JSON here");
+  app.add_flag("--bandwidth-only", f.bandwidth_only,
+               "only the kernel bandwidth table (for profilers)");
+  app.add_option("--pool-gib", f.pool_gib,
+                 "device memory pool in GiB (a profiler that replays kernels "
+                 "saves and restores all of it: give it a few GiB)")
+      ->check(CLI::Range(0.0, 1024.0));
+  app.add_option("--max-splits", f.max_splits,
+                 "most blocks per row along its runs (1: the one-block "
+                 "pass, the split-KV pass's baseline)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -145,18 +161,24 @@ double CopySeconds(int64_t bytes, int repeats) {
   return Median(t);
 }
 
-// Kernel seconds of one pass kind (median), from the backend's events.
+// Kernel seconds of one pass kind (median), from the backend's events;
+// the split-KV merge's share and the splits go to *merge / *splits.
 double KernelSeconds(CudaBackend& gpu, const PreparedAttention& p,
-                     AttentionPasses passes, int repeats) {
-  std::vector<double> t;
+                     AttentionPasses passes, int repeats,
+                     double* merge = nullptr, int64_t* splits = nullptr) {
+  std::vector<double> t, m;
   AttentionRunOptions o;
   o.passes = passes;
   o.record_merge_orders = false;
   for (int i = 0; i <= repeats; ++i) {
     absl::StatusOr<AttentionResults> r = gpu.ComputeAttention(p, o);
     if (!r.ok()) Die(r.status());
-    if (i > 0) t.push_back(gpu.last_timings().kernel_seconds);
+    if (i == 0) continue;
+    t.push_back(gpu.last_timings().kernel_seconds);
+    m.push_back(gpu.last_timings().merge_seconds);
+    if (splits != nullptr) *splits = gpu.last_timings().splits;
   }
+  if (merge != nullptr) *merge = Median(m);
   return Median(t);
 }
 
@@ -168,6 +190,8 @@ struct BandwidthRow {
   double r_gbs = 0;
   double fused_gbs = 0;
   double p_ms = 0;
+  double p_merge_ms = 0;  // of p_ms: the split-KV merge
+  int64_t splits = 1;
 };
 
 BandwidthRow Bandwidth(CudaBackend& gpu, const Flags& f, int64_t context) {
@@ -177,8 +201,10 @@ BandwidthRow Bandwidth(CudaBackend& gpu, const Flags& f, int64_t context) {
   row.kv_gib = c->kv_bytes / 1073741824.0;
   const double copy = CopySeconds(c->kv_bytes, f.repeats);
   row.copy_gbs = 2.0 * c->kv_bytes / copy / 1e9;
-  const double p =
-      KernelSeconds(gpu, c->prepared, AttentionPasses::kReplayOnly, f.repeats);
+  double p_merge = 0;
+  const double p = KernelSeconds(gpu, c->prepared, AttentionPasses::kReplayOnly,
+                                 f.repeats, &p_merge, &row.splits);
+  row.p_merge_ms = p_merge * 1e3;
   const double r = KernelSeconds(gpu, c->prepared,
                                  AttentionPasses::kReferenceOnly, f.repeats);
   const double both =
@@ -284,21 +310,25 @@ void PrintAndSave(const Flags& f, const CudaBackend& gpu,
       info.memory_bytes / 1073741824.0, (long long)f.batch, f.repeats);
   std::printf(
       "| context | KV GiB | D2D copy GB/s (r+w) | P kernel GB/s | "
-      "P / copy | P ms | R GB/s | fused R+P GB/s |\n"
-      "|---|---|---|---|---|---|---|---|\n");
+      "P / copy | P ms | of which merge ms | splits | R GB/s | "
+      "fused R+P GB/s |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
   std::string json =
       absl::StrCat("{\"device\": \"", info.name, "\", \"bandwidth\": [");
   for (size_t i = 0; i < bw.size(); ++i) {
     const BandwidthRow& r = bw[i];
     std::printf(
-        "| %lld | %.2f | %.0f | %.0f | %.0f %% | %.3f | %.0f | %.0f |\n",
+        "| %lld | %.2f | %.0f | %.0f | %.0f %% | %.3f | %.3f | %lld | %.0f | "
+        "%.0f |\n",
         (long long)r.context, r.kv_gib, r.copy_gbs, r.p_gbs,
-        100.0 * r.p_gbs / r.copy_gbs, r.p_ms, r.r_gbs, r.fused_gbs);
+        100.0 * r.p_gbs / r.copy_gbs, r.p_ms, r.p_merge_ms, (long long)r.splits,
+        r.r_gbs, r.fused_gbs);
     absl::StrAppend(&json, i ? ", " : "", "{\"context\": ", r.context,
                     ", \"kv_gib\": ", r.kv_gib, ", \"copy_gbs\": ", r.copy_gbs,
                     ", \"p_gbs\": ", r.p_gbs, ", \"r_gbs\": ", r.r_gbs,
                     ", \"fused_gbs\": ", r.fused_gbs, ", \"p_ms\": ", r.p_ms,
-                    "}");
+                    ", \"p_merge_ms\": ", r.p_merge_ms,
+                    ", \"splits\": ", r.splits, "}");
   }
   std::printf(
       "\nW1 audit (B=8, 4096, llama3-8b), verdict %s:\n"
@@ -334,10 +364,22 @@ int Main(int argc, char** argv) {
   const Flags f = ParseFlags(argc, argv);
   CudaBackendOptions o;
   o.device = f.device;
+  o.pool_bytes = static_cast<int64_t>(f.pool_gib * 1073741824.0);
+  o.max_splits = f.max_splits;
   absl::StatusOr<std::unique_ptr<CudaBackend>> gpu = CudaBackend::Create(o);
   if (!gpu.ok()) Die(gpu.status());
   std::vector<BandwidthRow> bw;
   for (int64_t context : f.contexts) bw.push_back(Bandwidth(**gpu, f, context));
+  if (f.bandwidth_only) {
+    for (const BandwidthRow& r : bw) {
+      std::printf(
+          "context %lld: P %.0f GB/s, %.3f ms (merge %.3f, %lld "
+          "splits), R %.0f GB/s, fused %.0f GB/s, copy %.0f GB/s\n",
+          (long long)r.context, r.p_gbs, r.p_ms, r.p_merge_ms,
+          (long long)r.splits, r.r_gbs, r.fused_gbs, r.copy_gbs);
+    }
+    return 0;
+  }
   const AuditRow audit = W1Audit(**gpu, f);
   const RingRow ring = Ring(**gpu, f);
   PrintAndSave(f, **gpu, bw, audit, ring);

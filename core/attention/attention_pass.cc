@@ -26,6 +26,7 @@
 #include "core/attention/attention_internal.h"
 #include "core/attention/unit_states.h"
 #include "core/attention/value_tiles-inl.h"
+#include "core/common/scalar_exp.h"
 #include "core/simd/dispatch.h"
 #include "core/simd/simd-inl.h"
 #include "core/tensor/dtype.h"
@@ -333,7 +334,13 @@ void UnitSoftmax(D d, const PreparedAttention& p, const hn::TFromD<D>* s,
   GroupExp(d, e, group, P, count);
   std::fill(sum, sum + group, T(0));
   RowSums(e, P, group, count, sum);
-  for (int64_t j = 0; j < group; ++j) lse[j] = lse[j] + std::log(sum[j]);
+  for (int64_t j = 0; j < group; ++j) {
+    if constexpr (sizeof(T) == 4) {
+      lse[j] = lse[j] + rounded::LogPositive(sum[j]);  // the GPU's bits
+    } else {
+      lse[j] = lse[j] + std::log(sum[j]);
+    }
+  }
 }
 
 // Where one group row's state of unit `unit` goes in ctx.unit_states.

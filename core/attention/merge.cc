@@ -126,7 +126,7 @@ void MergeStates(const float* const* outs, const float* lses, int n, int64_t d,
   for (int i = 0; i < n; ++i) {
     const float li = SanitizeLse(lses[i]);
     if (li == F::NegInf()) continue;
-    const float wi = F::Exp(F::Sub(li, m));
+    const float wi = rounded::ExpNonPositive(F::Sub(li, m));
     if (wi == 0.0f) continue;
     total = F::Add(total, wi);
     w[live] = wi;
@@ -134,7 +134,7 @@ void MergeStates(const float* const* outs, const float* lses, int n, int64_t d,
     ++live;
   }
   ATTNAUDIT_SIMD_DISPATCH(WeightedSumImpl)(w, src, live, total, d, out);
-  *lse = F::Add(m, F::Log(total));
+  *lse = F::Add(m, rounded::LogPositive(total));
 }
 
 // Exactly MergeStates' arithmetic for n = 2 (accumulator starting at +0,

@@ -14,9 +14,10 @@
 // Every product, sum and quotient is one correctly rounded fp32 operation:
 // on the host the core is compiled with -ffp-contract=off, and on the
 // device Mul/Add/Div use the _rn intrinsics, which nvcc never fuses into an
-// FMA. exp and log are the platform's math library (glibc on the host,
-// CUDA's libdevice on the GPU): the only place the two may differ, by an
-// ulp of a weight (docs/NUMERICS.md, "CPU and GPU").
+// FMA. exp and log are core/common/scalar_exp.h's, built from such
+// operations, not the platform's math library (glibc and CUDA's libdevice
+// differ by an ulp now and then): a merge has the same bits on every
+// target (docs/NUMERICS.md, "CPU and GPU").
 //
 // Pure functions; thread-safe.
 #ifndef ATTNAUDIT_CORE_ATTENTION_MERGE_STEP_H_
@@ -26,6 +27,7 @@
 
 #include "core/common/host_device.h"
 #include "core/common/rounded_ops.h"
+#include "core/common/scalar_exp.h"
 
 namespace attnaudit {
 namespace merge_step {
@@ -56,8 +58,8 @@ ATTNAUDIT_HOST_DEVICE inline PairWeights Weights(float acc_lse,
     w.wa = w.wb = w.total = 0.0f;
     return w;
   }
-  w.wa = a == F::NegInf() ? 0.0f : F::Exp(F::Sub(a, w.m));
-  w.wb = b == F::NegInf() ? 0.0f : F::Exp(F::Sub(b, w.m));
+  w.wa = a == F::NegInf() ? 0.0f : rounded::ExpNonPositive(F::Sub(a, w.m));
+  w.wb = b == F::NegInf() ? 0.0f : rounded::ExpNonPositive(F::Sub(b, w.m));
   w.total = F::Add(w.wa, w.wb);
   return w;
 }
@@ -87,7 +89,8 @@ ATTNAUDIT_HOST_DEVICE inline float Element(const PairWeights& w, float acc,
 }
 
 ATTNAUDIT_HOST_DEVICE inline float Lse(const PairWeights& w) {
-  return w.m == F::NegInf() ? F::NegInf() : F::Add(w.m, F::Log(w.total));
+  return w.m == F::NegInf() ? F::NegInf()
+                            : F::Add(w.m, rounded::LogPositive(w.total));
 }
 
 }  // namespace merge_step

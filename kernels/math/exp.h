@@ -1,103 +1,18 @@
-// exp(x) for x <= 0, one element at a time: the scalar twin of the CPU
-// core's vector ExpNonPositive (core/simd/simd-inl.h; core/attention/vexp.h)
-// -- the same Cody-Waite reduction, Taylor polynomial and two-step scaling
-// by 2^k, operation for operation, so it returns the same bits
-// (tests/unit/kernels/math checks it against the core). The GPU kernels
-// use it for every softmax weight, so the device computes the weights the
-// CPU computes. Below the underflow threshold (-inf included) the result
-// is +0; NaN stays NaN. Pure; thread-safe.
+// The kernels' names for the scalar exp of core/common/scalar_exp.h (the
+// same bits on the host and the GPU). Pure; thread-safe.
 #ifndef ATTNAUDIT_KERNELS_MATH_EXP_H_
 #define ATTNAUDIT_KERNELS_MATH_EXP_H_
 
-#include <cstdint>
-
-#include "core/common/host_device.h"
+#include "core/common/scalar_exp.h"
 #include "kernels/math/scalar.h"
 
 namespace attnaudit {
 namespace kmath {
 
-// p * 2^k for integral k in [-150, 0] (exp) or [0, 56] (tanh's expm1) as
-// two exact power-of-two scalings, so a subnormal result rounds once.
-ATTNAUDIT_HOST_DEVICE inline float ScaleByPow2(float p, float k) {
-  using F = Ops<float>;
-  const int32_t ki = static_cast<int32_t>(k);
-  const int32_t k1 = ki >> 1;  // arithmetic: floor(k / 2)
-  const int32_t k2 = ki - k1;
-  const float s1 = BitsAsFloat(static_cast<uint32_t>(k1 + 127) << 23);
-  const float s2 = BitsAsFloat(static_cast<uint32_t>(k2 + 127) << 23);
-  return F::Mul(F::Mul(p, s1), s2);
-}
-
-ATTNAUDIT_HOST_DEVICE inline double ScaleByPow2(double p, double k) {
-  using F = Ops<double>;
-  const int64_t ki = static_cast<int64_t>(k);
-  const int64_t k1 = ki >> 1;
-  const int64_t k2 = ki - k1;
-  const double s1 = BitsAsDouble(static_cast<uint64_t>(k1 + 1023) << 52);
-  const double s2 = BitsAsDouble(static_cast<uint64_t>(k2 + 1023) << 52);
-  return F::Mul(F::Mul(p, s1), s2);
-}
-
-// x = k ln2 + r, |r| <= ln2/2: the core's ReduceLn2, for exp and tanh.
-// Returns r; k goes to *k.
-ATTNAUDIT_HOST_DEVICE inline float ReduceLn2(float x, float* k) {
-  using F = Ops<float>;
-  *k = F::Rint(F::Mul(x, 1.44269504f));
-  const float r = F::Fma(-*k, 0.693359375f, x);
-  return F::Fma(-*k, -2.12194440e-4f, r);
-}
-
-ATTNAUDIT_HOST_DEVICE inline double ReduceLn2(double x, double* k) {
-  using F = Ops<double>;
-  *k = F::Rint(F::Mul(x, 1.4426950408889634));
-  const double r = F::Fma(-*k, 6.93147180369123816490e-01, x);
-  return F::Fma(-*k, 1.90821492927058770002e-10, r);
-}
-
-// fp32: degree 7, within 2 ulp.
-ATTNAUDIT_HOST_DEVICE inline float ExpNonPositive(float x) {
-  using F = Ops<float>;
-  if (x != x) return x;
-  const float underflow = -103.98f;
-  if (x < underflow) return 0.0f;
-  float k;
-  const float r = ReduceLn2(x, &k);
-  float p = 1.0f / 5040.0f;
-  p = F::Fma(p, r, 1.0f / 720.0f);
-  p = F::Fma(p, r, 1.0f / 120.0f);
-  p = F::Fma(p, r, 1.0f / 24.0f);
-  p = F::Fma(p, r, 1.0f / 6.0f);
-  p = F::Fma(p, r, 0.5f);
-  p = F::Fma(p, r, 1.0f);
-  p = F::Fma(p, r, 1.0f);
-  return ScaleByPow2(p, k);
-}
-
-// fp64: degree 13, within 2 ulp.
-ATTNAUDIT_HOST_DEVICE inline double ExpNonPositive(double x) {
-  using F = Ops<double>;
-  if (x != x) return x;
-  const double underflow = -745.2;
-  if (x < underflow) return 0.0;
-  double k;
-  const double r = ReduceLn2(x, &k);
-  double p = 1.0 / 6227020800.0;
-  p = F::Fma(p, r, 1.0 / 479001600.0);
-  p = F::Fma(p, r, 1.0 / 39916800.0);
-  p = F::Fma(p, r, 1.0 / 3628800.0);
-  p = F::Fma(p, r, 1.0 / 362880.0);
-  p = F::Fma(p, r, 1.0 / 40320.0);
-  p = F::Fma(p, r, 1.0 / 5040.0);
-  p = F::Fma(p, r, 1.0 / 720.0);
-  p = F::Fma(p, r, 1.0 / 120.0);
-  p = F::Fma(p, r, 1.0 / 24.0);
-  p = F::Fma(p, r, 1.0 / 6.0);
-  p = F::Fma(p, r, 0.5);
-  p = F::Fma(p, r, 1.0);
-  p = F::Fma(p, r, 1.0);
-  return ScaleByPow2(p, k);
-}
+using ::attnaudit::rounded::ExpNonPositive;
+using ::attnaudit::rounded::LogPositive;
+using ::attnaudit::rounded::ReduceLn2;
+using ::attnaudit::rounded::ScaleByPow2;
 
 }  // namespace kmath
 }  // namespace attnaudit

@@ -51,9 +51,15 @@ ATTNAUDIT_HOST_DEVICE inline T SumInOrder(const T* e, int64_t count, T acc) {
   return acc;
 }
 
+// P's (fp32) log is LogPositive, the same bits on the host and the GPU;
+// R's unit states (fp64) take the platform's log.
 template <typename T>
 ATTNAUDIT_HOST_DEVICE inline T UnitLse(T max, T total) {
-  return Ops<T>::Add(max, Ops<T>::Log(total));
+  if constexpr (sizeof(T) == 4) {
+    return Ops<T>::Add(max, LogPositive(total));
+  } else {
+    return Ops<T>::Add(max, Ops<T>::Log(total));
+  }
 }
 
 // acc + sum over c of e[c] * v(vis[c]) as one FMA per key, in key order.

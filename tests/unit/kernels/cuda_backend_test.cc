@@ -1,13 +1,16 @@
 // The CUDA backend on a GPU (kernels/cuda_backend.h), against the CPU
-// backend: R within 1e-12 relative, P within its replay tolerance and
-// bitwise reproducible, unit states and CP replays (CUDA-local ring and
-// partials, every world size) that fold back to the GPU's own P bit for
-// bit, the drift reduction against core/drift, the pool fallback, and a
-// whole audit. Without a visible GPU every GPU test skips with the
+// backend: R within 1e-12 relative, P within its replay tolerance (and
+// how many outputs have the CPU's bits printed) and bitwise reproducible,
+// the split-KV and one-block passes with the same P, unit states and CP replays
+// (CUDA-local ring and partials, every world size) that fold back to the GPU's
+// own P bit for bit, the drift reduction against core/drift, the pool fallback,
+// and a whole audit. Without a visible GPU every GPU test skips with the
 // driver's one-line reason; the error path of Create runs everywhere.
 #include "kernels/cuda_backend.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -42,6 +45,18 @@ CudaBackend* Gpu() {
   static CudaBackend* gpu = [] {
     CudaBackendOptions o;
     o.pool_bytes = int64_t{2} << 30;
+    absl::StatusOr<std::unique_ptr<CudaBackend>> b = CudaBackend::Create(o);
+    return b.ok() ? b->release() : nullptr;
+  }();
+  return gpu;
+}
+
+// The same GPU without split-KV: one block per (row, KV head, chunk).
+CudaBackend* OneBlockGpu() {
+  static CudaBackend* gpu = [] {
+    CudaBackendOptions o;
+    o.pool_bytes = int64_t{1} << 30;
+    o.max_splits = 1;
     absl::StatusOr<std::unique_ptr<CudaBackend>> b = CudaBackend::Create(o);
     return b.ok() ? b->release() : nullptr;
   }();
@@ -159,11 +174,52 @@ TEST(CudaBackendTest, RAndPAgreeWithTheCpuAndPIsReproducible) {
                   1e-5 * (1 + std::fabs(cpu->replay_lse[i])))
           << k.name << " P lse " << i;
     }
+    // How often the GPU's P has the CPU's very bits (the device check's
+    // table reports it; the contract allows the ulp above).
+    int64_t same = 0;
+    for (size_t i = 0; i < cpu->replay_out.size(); ++i) {
+      same += std::memcmp(&cpu->replay_out[i], &gpu->replay_out[i],
+                          sizeof(double)) == 0;
+    }
+    std::printf("[ P bits ] %s: %lld of %zu outputs equal the CPU's bits\n",
+                k.name.c_str(), static_cast<long long>(same),
+                cpu->replay_out.size());
     EXPECT_EQ(0, std::memcmp(gpu->replay_out.data(), again->replay_out.data(),
                              gpu->replay_out.size() * sizeof(double)))
         << k.name << ": P is not reproducible";
     EXPECT_EQ(gpu->merge_orders, cpu->merge_orders) << k.name;
     EXPECT_FALSE(gpu->kv_non_finite) << k.name;
+  }
+}
+
+// The split-KV pass (the cases' few rows always split) and the one-block
+// pass: the same P bits, R within the contract.
+TEST(CudaBackendTest, SplitKvAndTheOneBlockPassGiveTheSameP) {
+  REQUIRE_GPU();
+  ASSERT_NE(OneBlockGpu(), nullptr);
+  for (const Case& k : Cases()) {
+    std::unique_ptr<Prepared> prep = PrepareCase(k);
+    AttentionRunOptions ro;
+    absl::StatusOr<AttentionResults> split =
+        Gpu()->ComputeAttention(prep->p, ro);
+    ASSERT_TRUE(split.ok()) << split.status();
+    EXPECT_GT(Gpu()->last_timings().splits, 1) << k.name;
+    absl::StatusOr<AttentionResults> one =
+        OneBlockGpu()->ComputeAttention(prep->p, ro);
+    ASSERT_TRUE(one.ok()) << one.status();
+    EXPECT_EQ(OneBlockGpu()->last_timings().splits, 1) << k.name;
+    EXPECT_EQ(0, std::memcmp(split->replay_out.data(), one->replay_out.data(),
+                             one->replay_out.size() * sizeof(double)))
+        << k.name << ": P out";
+    EXPECT_EQ(0, std::memcmp(split->replay_lse.data(), one->replay_lse.data(),
+                             one->replay_lse.size() * sizeof(double)))
+        << k.name << ": P lse";
+    for (size_t i = 0; i < one->reference_out.size(); ++i) {
+      const double want = one->reference_out[i];
+      ASSERT_NEAR(split->reference_out[i], want,
+                  1e-12 * std::max(1.0, std::fabs(want)))
+          << k.name << " R out " << i;
+    }
   }
 }
 

@@ -7,6 +7,8 @@
 #include "core/attention/merge_step.h"
 #include "core/tensor/dtype.h"
 #include "kernels/math/dot.h"
+#include "kernels/math/scalar.h"
+#include "kernels/math/split_merge.h"
 #include "kernels/math/unit_state.h"
 #include "kernels/math/widen.h"
 
@@ -114,6 +116,22 @@ struct RowState {
   std::vector<float> p_out;
   float p_lse;
   bool started = false;
+  // Split-KV: every unit's P state, folded after the runs.
+  std::vector<std::vector<float>> unit_out;
+  std::vector<float> unit_lse;
+  std::vector<bool> unit_present;
+
+  void Reset(int64_t D, int64_t units) {
+    acc.assign(static_cast<size_t>(D), 0.0);
+    m = Ops<double>::NegInf();
+    l = 0;
+    p_out.assign(static_cast<size_t>(D), 0.0f);
+    p_lse = Ops<float>::NegInf();
+    started = false;
+    unit_out.assign(static_cast<size_t>(units), {});
+    unit_lse.assign(static_cast<size_t>(units), 0.0f);
+    unit_present.assign(static_cast<size_t>(units), false);
+  }
 };
 
 // Each query's visible tokens of the page, in token order (the kernel's
@@ -134,15 +152,18 @@ void Visibility(const PreparedAttention& p, int64_t b, int64_t page,
   }
 }
 
-void Item(const PreparedAttention& p, int64_t b, int64_t g,
-          std::vector<RowState>& rows, UnitStates* states) {
+// Runs [first_block, last_block) of row b, KV head g: R's running state
+// and P folded as it goes (fold_p) or kept per unit.
+void Item(const PreparedAttention& p, int64_t b, int64_t g, int32_t first_block,
+          int32_t last_block, bool fold_p, std::vector<RowState>& rows,
+          UnitStates* states) {
   const SnapshotDims& d = p.dims;
   const int64_t D = d.head_dim;
   const int64_t P = d.page_size;
   const int64_t group = d.group();
   const int64_t L = p.layout->seq_lens[b];
   const bool f64v = p.v_dtype == DType::kF64;
-  for (int64_t blk_i = 0; blk_i * P < L; ++blk_i) {
+  for (int64_t blk_i = first_block; blk_i < last_block; ++blk_i) {
     const int64_t page = p.layout->block_pages[b][blk_i];
     Block blk;
     blk.n = std::min(P, L - blk_i * P);
@@ -184,7 +205,11 @@ void Item(const PreparedAttention& p, int64_t b, int64_t g,
         float lse = 0;
         UnitOf<float>(blk, &blk.s32[r * P], lo, hi - lo, D, false, &out, &lse);
         RowState& st = rows[r];
-        if (!st.started) {
+        if (!fold_p) {
+          st.unit_out[u] = out;
+          st.unit_lse[u] = lse;
+          st.unit_present[u] = true;
+        } else if (!st.started) {
           st.p_out = out;
           st.p_lse = lse;
           st.started = true;
@@ -211,10 +236,54 @@ void Item(const PreparedAttention& p, int64_t b, int64_t g,
   }
 }
 
+// The split-KV pass of row b, KV head g: each split's R from a fresh
+// state, combined in split order; P's unit states folded in unit order.
+void RunSplits(const PreparedAttention& p, int64_t b, int64_t g, int32_t blocks,
+               int64_t splits, std::vector<RowState>& rows,
+               UnitStates* states) {
+  const int64_t D = p.dims.head_dim;
+  const int64_t units = static_cast<int64_t>(p.units[b].size());
+  std::vector<std::vector<RowState>> parts(static_cast<size_t>(splits), rows);
+  for (int64_t s = 0; s < splits; ++s) {
+    int32_t first = 0;
+    int32_t last = 0;
+    kmath::SplitRuns(0, blocks, splits, s, &first, &last);
+    Item(p, b, g, first, last, /*fold_p=*/false, parts[s], states);
+  }
+  for (size_t r = 0; r < rows.size(); ++r) {
+    RowState& st = rows[r];
+    for (int64_t i = 0; i < D; ++i) {
+      kmath::CombineReferenceSplits(
+          splits, [&](int64_t s) { return parts[s][r].m; },
+          [&](int64_t s) { return parts[s][r].l; },
+          [&](int64_t s) { return parts[s][r].acc[i]; }, &st.m, &st.l,
+          &st.acc[i]);
+    }
+    // A unit belongs to exactly one split: its state is that split's.
+    auto owner = [&](int64_t u) -> const RowState& {
+      for (const auto& part : parts) {
+        if (part[r].unit_present[u]) return part[r];
+      }
+      return parts[0][r];
+    };
+    for (int64_t i = 0; i < D; ++i) {
+      kmath::FoldState fold;  // every element's fold has its own
+      for (int64_t u = 0; u < units; ++u) {
+        const RowState& part = owner(u);
+        if (part.unit_present[u]) {
+          kmath::FoldStep(part.unit_out[u][i], part.unit_lse[u], &fold);
+        }
+      }
+      st.p_out[i] = fold.acc;
+      st.p_lse = fold.lse;
+    }
+  }
+}
+
 }  // namespace
 
 AttentionResults EmulateFusedPass(const PreparedAttention& p,
-                                  UnitStates* states) {
+                                  UnitStates* states, int64_t splits) {
   const SnapshotDims& d = p.dims;
   const int64_t D = d.head_dim;
   const int64_t group = d.group();
@@ -229,14 +298,15 @@ AttentionResults EmulateFusedPass(const PreparedAttention& p,
   for (int64_t b = 0; b < d.batch; ++b) {
     for (int64_t g = 0; g < d.kv_heads; ++g) {
       std::vector<RowState> rows(static_cast<size_t>(d.queries * group));
-      for (RowState& r : rows) {
-        r.acc.assign(static_cast<size_t>(D), 0.0);
-        r.m = Ops<double>::NegInf();
-        r.l = 0;
-        r.p_out.assign(static_cast<size_t>(D), 0.0f);
-        r.p_lse = Ops<float>::NegInf();
+      const int64_t units = static_cast<int64_t>(p.units[b].size());
+      for (RowState& r : rows) r.Reset(D, units);
+      const int32_t blocks = static_cast<int32_t>(
+          (p.layout->seq_lens[b] + d.page_size - 1) / d.page_size);
+      if (splits <= 1) {
+        Item(p, b, g, 0, blocks, /*fold_p=*/true, rows, states);
+      } else {
+        RunSplits(p, b, g, blocks, splits, rows, states);
       }
-      Item(p, b, g, rows, states);
       for (int64_t r = 0; r < d.queries * group; ++r) {
         const int64_t h = g * group + r % group;
         const int64_t qi = (b * d.queries + r / group) * d.q_heads + h;

@@ -13,9 +13,12 @@ namespace attnaudit {
 namespace testing {
 
 // R, P (finished by the core's final-write functions, as CudaBackend does)
-// and, when `states` is not null, every unit's P and R states.
+// and, when `states` is not null, every unit's P and R states. splits > 1
+// emulates the split-KV pass: each row's runs cut as kmath::SplitRuns cuts
+// them, R restarted per split and combined, P's unit states folded after
+// (kernels/math/split_merge.h).
 AttentionResults EmulateFusedPass(const PreparedAttention& p,
-                                  UnitStates* states);
+                                  UnitStates* states, int64_t splits = 1);
 
 }  // namespace testing
 }  // namespace attnaudit

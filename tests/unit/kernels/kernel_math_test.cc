@@ -6,6 +6,7 @@
 // threads) against ComputeAttention -- R, P and every unit state. What the
 // device adds on top is its thread mapping and its exp/log library calls
 // (docs/NUMERICS.md, "CPU and GPU"); the GPU tests check those on a GPU.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -25,6 +26,8 @@
 #include "kernels/math/dot.h"
 #include "kernels/math/drift_element.h"
 #include "kernels/math/exp.h"
+#include "kernels/math/scalar.h"
+#include "kernels/math/split_merge.h"
 #include "kernels/math/widen.h"
 #include "tests/unit/core/testing/prepared_case.h"
 #include "tests/unit/core/testing/snapshot_builder.h"
@@ -273,8 +276,8 @@ void ExpectSameBits(const std::vector<double>& a, const std::vector<double>& b,
   }
 }
 
-TEST(KernelMathPass, EmulatedKernelIsTheCorePassBitForBit) {
-  const std::vector<PassCase> cases = {
+std::vector<PassCase> PassCases() {
+  return {
       {"f32 nhd", DType::kF32, 32, 4, KvLayout::kNHD, 0, 0, false,
        CpSharding::kNone},
       {"bf16 hnd window", DType::kBF16, 64, 8, KvLayout::kHND, 9, 0, false,
@@ -288,32 +291,39 @@ TEST(KernelMathPass, EmulatedKernelIsTheCorePassBitForBit) {
       {"token-interleaved units", DType::kBF16, 32, 4, KvLayout::kNHD, 0, 0,
        false, CpSharding::kTokenInterleaved},
   };
-  for (const PassCase& pc : cases) {
-    RandomCaseOptions o;
-    o.batch = 2;
-    o.queries = 2;
-    o.q_heads = 8;
-    o.kv_heads = 2;
-    o.head_dim = pc.head_dim;
-    o.seq_lens = {37, 13};
-    o.max_gap = 1;
-    o.spread_queries = true;
-    o.kv_dtype = pc.kv;
-    o.seed = 5;
-    LogicalCase c = RandomCase(o);
-    c.sliding_window = pc.window;
-    c.softcap = pc.softcap;
-    if (pc.sinks) c.sinks.assign(8, 0.25f);
-    PagingOptions paging;
-    paging.page_size = pc.page_size;
-    paging.layout = pc.layout;
-    paging.permute_pages = true;
-    if (pc.sharding != CpSharding::kNone) {
-      paging.sharding = pc.sharding;
-      paging.cp_world_size = 3;
-      paging.interleave_size = 1;
-    }
-    std::unique_ptr<Prepared> prep = Prepare(c, paging);
+}
+
+std::unique_ptr<Prepared> PreparePassCase(const PassCase& pc) {
+  RandomCaseOptions o;
+  o.batch = 2;
+  o.queries = 2;
+  o.q_heads = 8;
+  o.kv_heads = 2;
+  o.head_dim = pc.head_dim;
+  o.seq_lens = {37, 13};
+  o.max_gap = 1;
+  o.spread_queries = true;
+  o.kv_dtype = pc.kv;
+  o.seed = 5;
+  LogicalCase c = RandomCase(o);
+  c.sliding_window = pc.window;
+  c.softcap = pc.softcap;
+  if (pc.sinks) c.sinks.assign(8, 0.25f);
+  PagingOptions paging;
+  paging.page_size = pc.page_size;
+  paging.layout = pc.layout;
+  paging.permute_pages = true;
+  if (pc.sharding != CpSharding::kNone) {
+    paging.sharding = pc.sharding;
+    paging.cp_world_size = 3;
+    paging.interleave_size = 1;
+  }
+  return Prepare(c, paging);
+}
+
+TEST(KernelMathPass, EmulatedKernelIsTheCorePassBitForBit) {
+  for (const PassCase& pc : PassCases()) {
+    std::unique_ptr<Prepared> prep = PreparePassCase(pc);
     UnitStates core_states;
     core_states.has_reference = true;
     AttentionRunOptions ro;
@@ -344,6 +354,91 @@ TEST(KernelMathPass, EmulatedKernelIsTheCorePassBitForBit) {
                              mine_states.r_lse.size() * sizeof(double)))
         << pc.name << " R unit lse";
   }
+}
+
+// The split-KV pass for any number of splits: P keeps the core's bits
+// (its unit states are folded in the same order), R moves by a few fp64
+// roundings at most (its association follows the splits).
+TEST(KernelMathPass, SplitKvPassKeepsPsBitsAndRWithinTheContract) {
+  for (const PassCase& pc : PassCases()) {
+    std::unique_ptr<Prepared> prep = PreparePassCase(pc);
+    AttentionRunOptions ro;
+    ro.threads = 2;
+    absl::StatusOr<AttentionResults> core = ComputeAttention(prep->p, ro);
+    ASSERT_TRUE(core.ok()) << core.status();
+    for (int64_t splits : {2, 3, 5, 64}) {
+      const std::string what = pc.name + " splits " + std::to_string(splits);
+      UnitStates states;
+      const AttentionResults mine = EmulateFusedPass(prep->p, &states, splits);
+      ExpectSameBits(mine.replay_out, core->replay_out, what + " P out");
+      ExpectSameBits(mine.replay_lse, core->replay_lse, what + " P lse");
+      for (size_t i = 0; i < core->reference_out.size(); ++i) {
+        const double want = core->reference_out[i];
+        ASSERT_NEAR(mine.reference_out[i], want,
+                    1e-12 * std::max(1.0, std::fabs(want)))
+            << what << " R out " << i;
+      }
+      for (size_t i = 0; i < core->reference_lse.size(); ++i) {
+        const double want = core->reference_lse[i];
+        ASSERT_NEAR(mine.reference_lse[i], want,
+                    1e-12 * std::max(1.0, std::fabs(want)))
+            << what << " R lse " << i;
+      }
+    }
+  }
+}
+
+TEST(KernelMathSplit, SplitRunsCoverEveryRunOnceInOrder) {
+  for (int32_t n : {0, 1, 5, 16, 17}) {
+    for (int64_t splits : {1, 2, 3, 7, 40}) {
+      int32_t expect = 10;  // the row's first run
+      for (int64_t s = 0; s < splits; ++s) {
+        int32_t first = -1;
+        int32_t last = -1;
+        kmath::SplitRuns(10, 10 + n, splits, s, &first, &last);
+        ASSERT_EQ(first, expect) << n << " runs, split " << s << "/" << splits;
+        ASSERT_LE(first, last);
+        ASSERT_LE(last - first, (n + splits - 1) / splits);
+        expect = last;
+      }
+      EXPECT_EQ(expect, 10 + n) << n << " runs in " << splits << " splits";
+    }
+  }
+}
+
+TEST(KernelMathSplit, SplitsFillTheTargetWithoutExceedingTheRuns) {
+  EXPECT_EQ(kmath::SplitsFor(64, 8192, 1056), 17);   // ceil(1056 / 64)
+  EXPECT_EQ(kmath::SplitsFor(64, 10, 1056), 10);     // no more than runs
+  EXPECT_EQ(kmath::SplitsFor(2000, 8192, 1056), 1);  // already full
+  EXPECT_EQ(kmath::SplitsFor(64, 1, 1056), 1);
+  EXPECT_EQ(kmath::SplitsFor(0, 100, 1056), 1);
+}
+
+// LogPositive against the long-double log: within one fp32 rounding of the
+// exact value (half an ulp and the fp64 path's hair), special values as
+// the C library's.
+TEST(KernelMathLog, LogPositiveIsWithinHalfAnUlpAndHandlesSpecials) {
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<uint32_t> bits(1, 0x7f7fffffu);
+  for (int i = 0; i < 200000; ++i) {
+    const float x = i < 1000 ? 1.0f + static_cast<float>(i) / 1000.0f
+                             : kmath::BitsAsFloat(bits(rng));
+    const long double exact = std::log(static_cast<long double>(x));
+    const float got = kmath::LogPositive(x);
+    const long double ulp =
+        std::nextafter(std::fabs(got), INFINITY) - std::fabs(got);
+    ASSERT_LE(std::fabs(static_cast<long double>(got) - exact),
+              0.5000001L * ulp)
+        << "x = " << x;
+  }
+  EXPECT_EQ(kmath::LogPositive(1.0f), 0.0f);
+  EXPECT_EQ(kmath::LogPositive(0.0f), -INFINITY);
+  EXPECT_EQ(kmath::LogPositive(INFINITY), INFINITY);
+  EXPECT_TRUE(std::isnan(kmath::LogPositive(-1.0f)));
+  EXPECT_TRUE(std::isnan(kmath::LogPositive(NAN)));
+  const float tiny = kmath::BitsAsFloat(1u);  // the least subnormal
+  EXPECT_NEAR(kmath::LogPositive(tiny), std::log(static_cast<double>(tiny)),
+              1e-5);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "core/attention/merge_step.h"
 #include "core/common/rounded_ops.h"
+#include "core/common/scalar_exp.h"
 #include "core/simd/targets.h"
 #include "gtest/gtest.h"
 #include "tests/unit/core/testing/snapshot_builder.h"
@@ -290,7 +291,8 @@ TEST(MergeTest, ShiftingAllLsesShiftsTheResultAndKeepsTheOutput) {
 }
 
 // The definition in scalar form, written from docs/DESIGN.md §2 with one
-// rounded fp32 operation per step: the vector loops must give its bits.
+// rounded fp32 operation per step and the contract's exp and log
+// (core/common/scalar_exp.h): the vector loops must give its bits.
 void ScalarMerge(const std::vector<State>& states, int64_t d,
                  std::vector<float>* out, float* lse) {
   using F = rounded::Ops<float>;
@@ -307,7 +309,7 @@ void ScalarMerge(const std::vector<State>& states, int64_t d,
   for (const State& s : states) {
     const float l = merge_step::SanitizeLse(s.lse);
     if (l == F::NegInf()) continue;
-    const float wi = F::Exp(F::Sub(l, m));
+    const float wi = rounded::ExpNonPositive(F::Sub(l, m));
     if (wi == 0.0f) continue;
     total = F::Add(total, wi);
     w.push_back(wi);
@@ -320,7 +322,7 @@ void ScalarMerge(const std::vector<State>& states, int64_t d,
     }
     (*out)[j] = F::Div(acc, total);
   }
-  *lse = F::Add(m, F::Log(total));
+  *lse = F::Add(m, rounded::LogPositive(total));
 }
 
 // States whose outs hold signed zeros, subnormals, huge values, inf and

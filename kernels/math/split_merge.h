@@ -1,0 +1,112 @@
+// The split-KV pass's second step, host and device: what turns the first
+// step's per-split results back into one row's R and P
+// (kernels/attention_kernels.h, "Split-KV").
+//
+// The first step spreads a row's runs over several thread blocks. Each
+// block stores
+//   - P: every unit's fp32 state (out, lse) and whether the row saw the
+//     unit at all (a unit with no visible key has no state);
+//   - R: its runs' fp64 online-softmax state (m, l, acc), started afresh.
+// The second step, per (query row, element):
+//   - P: folds the present unit states in ascending unit order with the
+//     shared merge step, exactly as the one-block pass folds them as it
+//     goes (the first present state is taken as it is, each later one
+//     merged into the accumulator) -- so P has the same bits for every
+//     split, and the CPU's;
+//   - R: rescales each split's state to the largest m and sums them in
+//     split order: M = max m_s, l = sum l_s a_s, acc = sum acc_s a_s with
+//     a_s = RescaleFactor(m_s, M). R's association changes with the split,
+//     so R is within a few fp64 roundings of the CPU's (the contract's
+//     1e-12), not its bits.
+// Pure functions; thread-safe.
+#ifndef ATTNAUDIT_KERNELS_MATH_SPLIT_MERGE_H_
+#define ATTNAUDIT_KERNELS_MATH_SPLIT_MERGE_H_
+
+#include <cstdint>
+
+#include "core/attention/merge_step.h"
+#include "core/common/host_device.h"
+#include "kernels/math/scalar.h"
+#include "kernels/math/unit_state.h"
+
+namespace attnaudit {
+namespace kmath {
+
+// One element of P's fold over the present unit states in ascending unit
+// order: start with FoldState{}, then FoldStep each present state.
+struct FoldState {
+  float acc = 0.0f;
+  float lse = Ops<float>::NegInf();
+  bool started = false;
+};
+
+ATTNAUDIT_HOST_DEVICE inline void FoldStep(float next_out, float next_lse,
+                                           FoldState* s) {
+  if (!s->started) {
+    s->acc = next_out;
+    s->lse = next_lse;
+    s->started = true;
+    return;
+  }
+  const merge_step::PairWeights w = merge_step::Weights(s->lse, next_lse);
+  s->acc = merge_step::Element(w, s->acc, next_out);
+  s->lse = merge_step::Lse(w);
+}
+
+// R's combine of `splits` partial states, in split order. m(s), l(s) and
+// acc(s) read split s's state (an empty split: m = -inf, l = 0, acc = 0).
+template <typename M, typename L, typename Acc>
+ATTNAUDIT_HOST_DEVICE inline void CombineReferenceSplits(int64_t splits, M m,
+                                                         L l, Acc acc,
+                                                         double* m_out,
+                                                         double* l_out,
+                                                         double* acc_out) {
+  using F = Ops<double>;
+  double top = F::NegInf();
+  for (int64_t s = 0; s < splits; ++s) top = MaxStep(top, m(s));
+  double total = 0.0;
+  double sum = 0.0;
+  for (int64_t s = 0; s < splits; ++s) {
+    const double ms = m(s);
+    if (ms == F::NegInf()) continue;
+    const double a = RescaleFactor(ms, top);
+    total = F::Fma(l(s), a, total);
+    sum = F::Fma(acc(s), a, sum);
+  }
+  *m_out = top;
+  *l_out = total;
+  *acc_out = sum;
+}
+
+// How many blocks share one row's runs: enough that the grid fills
+// `target_blocks` (a few waves of the device's multiprocessors), never more
+// than the longest row has runs. 1 = the one-block pass.
+ATTNAUDIT_HOST_DEVICE inline int64_t SplitsFor(int64_t base_blocks,
+                                               int64_t max_row_runs,
+                                               int64_t target_blocks) {
+  if (base_blocks <= 0 || max_row_runs <= 1) return 1;
+  int64_t splits = (target_blocks + base_blocks - 1) / base_blocks;
+  if (splits > max_row_runs) splits = max_row_runs;
+  return splits < 1 ? 1 : splits;
+}
+
+// The runs [*first, *last) of split `split` of a row whose runs are
+// [row_first, row_last), `splits` splits of ceil(n / splits) runs each
+// (trailing splits may be empty).
+ATTNAUDIT_HOST_DEVICE inline void SplitRuns(int32_t row_first, int32_t row_last,
+                                            int64_t splits, int64_t split,
+                                            int32_t* first, int32_t* last) {
+  const int64_t n = row_last - row_first;
+  const int64_t per = (n + splits - 1) / splits;
+  int64_t lo = row_first + split * per;
+  int64_t hi = lo + per;
+  if (lo > row_last) lo = row_last;
+  if (hi > row_last) hi = row_last;
+  *first = static_cast<int32_t>(lo);
+  *last = static_cast<int32_t>(hi);
+}
+
+}  // namespace kmath
+}  // namespace attnaudit
+
+#endif  // ATTNAUDIT_KERNELS_MATH_SPLIT_MERGE_H_
