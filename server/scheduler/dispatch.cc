@@ -227,8 +227,9 @@ void SchedulerImpl::WorkerLoop(int index) {
     for (int g : e->gang) gang.push_back(slots_[g]->device);
     RunResult r;
     r.queue_wait = absl::Now() - e->enqueued;
+    const bool first_start = !e->retried;
     mu_.Unlock();
-    RunJob(*slot, gang, job, &r);
+    RunJob(*slot, gang, job, first_start, &r);
     mu_.Lock();
     std::vector<Completion> done = FinishRunLocked(e, *slot, std::move(r));
     mu_.Unlock();
@@ -239,12 +240,14 @@ void SchedulerImpl::WorkerLoop(int index) {
 }
 
 void SchedulerImpl::RunJob(const Slot& slot, const std::vector<Device*>& gang,
-                           Job* job, RunResult* r) {
+                           Job* job, bool first_start, RunResult* r) {
   // A job stopped between dispatch and here never runs.
   if (job->cancelled.load(std::memory_order_relaxed)) return;
   if (job->on_start) job->on_start(*job, slot.name);
-  if (listener_ != nullptr)
+  // Its queue wait is observed once: a retry's would count the failed run.
+  if (listener_ != nullptr && first_start) {
     listener_->OnStarted(*job, slot.kind, r->queue_wait);
+  }
   const absl::Time t0 = absl::Now();
   r->result = gang.size() == 1
                   ? gang[0]->Run(job->snapshot, job->options)

@@ -149,7 +149,8 @@ struct Job {
   std::function<void(const JobOutcome&)> on_done;
   // Optional: called when a device takes the job (e.g. to record RUNNING in
   // the store), on the worker thread, without the scheduler's lock held,
-  // before Device::Run.
+  // before Device::Run; again, with the new device, when the job runs once
+  // more after its device failed.
   std::function<void(const Job&, absl::string_view device_name)> on_start;
 
   // Set by Cancel, the deadline timer or Drain; polled by the device.

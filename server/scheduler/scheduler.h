@@ -145,7 +145,8 @@ class SchedulerListener {
   virtual void OnRejected(RejectReason reason) {}
 
   // --- Called WITHOUT the lock, on the thread that completes the job.
-  // A device took the job after `queue_wait`.
+  // A device took the job after `queue_wait`: once per job (a job run
+  // once more after a device failed is not reported again).
   virtual void OnStarted(const Job& job, absl::string_view device_kind,
                          absl::Duration queue_wait) {}
   // Called once per accepted job, just before Job::on_done. Also for jobs

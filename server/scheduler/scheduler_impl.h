@@ -205,9 +205,10 @@ class SchedulerImpl : public Scheduler {
   void Deliver(Completion c);  // without the lock
   void WorkerLoop(int slot);
   // Runs `job` on `gang` (led by `slot`) without the lock, then asks the
-  // gang's devices for their health.
+  // gang's devices for their health. `first_start`: not a retry after a
+  // device failure (the listener hears of the start then only).
   void RunJob(const Slot& slot, const std::vector<Device*>& gang, Job* job,
-              RunResult* r) ABSL_LOCKS_EXCLUDED(mu_);
+              bool first_start, RunResult* r) ABSL_LOCKS_EXCLUDED(mu_);
   // After a run: the run estimate, failed devices out of the pool, the job
   // completed or run once more, dispatch. Returns what to deliver.
   std::vector<Completion> FinishRunLocked(Entry* e, const Slot& slot,

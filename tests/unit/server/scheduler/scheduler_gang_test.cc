@@ -145,10 +145,20 @@ class FailureListener : public SchedulerListener {
     absl::MutexLock lock(&mu_);
     return last_failed_count_;
   }
+  void OnStarted(const Job& job, absl::string_view device_kind,
+                 absl::Duration queue_wait) override {
+    absl::MutexLock lock(&mu_);
+    started_.push_back(job.id);
+  }
+  std::vector<std::string> started() {
+    absl::MutexLock lock(&mu_);
+    return started_;
+  }
 
  private:
   absl::Mutex mu_;
   std::vector<std::string> failed_;
+  std::vector<std::string> started_;
   int last_failed_count_ = -1;
 };
 
@@ -185,11 +195,18 @@ TEST_F(SchedulerHealthTest, AJobThatFailedWithItsDeviceRunsOnceMoreElsewhere) {
     devices_[0]->FailNextRun(absl::InternalError("illegal address"),
                              ContextLost());
   });
-  const JobOutcome j = Run(KindJob("j", "cuda", &rec_));
+  std::unique_ptr<Job> job = KindJob("j", "cuda", &rec_);
+  std::vector<std::string> took;  // on_start: every device that took it
+  job->on_start = [&took](const Job&, absl::string_view device) {
+    took.emplace_back(device);
+  };
+  const JobOutcome j = Run(std::move(job));
   ASSERT_TRUE(j.status.ok()) << j.status;
   EXPECT_EQ(j.device_name, "cuda:1");
   EXPECT_EQ(rec_.Calls("j"), 1);
   EXPECT_THAT(gate_.started(), ElementsAre("j", "j"));
+  EXPECT_THAT(took, ElementsAre("cuda:0", "cuda:1"));
+  EXPECT_THAT(listener_.started(), ElementsAre("j"));  // one queue wait
 
   const std::vector<DeviceInfo> pool = scheduler_->Devices();
   ASSERT_EQ(pool.size(), 2u);
