@@ -208,6 +208,8 @@ absl::Status AuditServer::Init() {
   sched.max_queued_bytes = o.memory_budget_bytes;
   sched.interactive_reserved_bytes = static_cast<int64_t>(
       o.interactive_reserve * static_cast<double>(o.memory_budget_bytes));
+  sched.sampled_promote_after = o.sampled_promote_after;
+  sched.gang_backfill_runs = o.gang_backfill_runs;
   sched.listener = metrics_->scheduler_listener();
   ATTNAUDIT_ASSIGN_OR_RETURN(scheduler_, Scheduler::Create(std::move(sched)));
   executor_ =

@@ -122,6 +122,10 @@ struct AuditServerOptions {
   // Interactive calls keep this share of memory_budget_bytes that SAMPLED
   // work cannot take (scheduler.h, Budgets). In [0, 1).
   double interactive_reserve = 0.25;
+  // The scheduler's aging of SAMPLED jobs and CP gangs' backfill window
+  // (server/scheduler/scheduler.h, SchedulerOptions).
+  absl::Duration sampled_promote_after = absl::InfiniteDuration();
+  double gang_backfill_runs = 2.0;
   // What one tenant may hold queued or running, unless its token-file line
   // says otherwise (zero fields: unlimited).
   TenantQuota tenant_quota;

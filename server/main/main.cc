@@ -54,6 +54,10 @@ AuditServerOptions ToOptions(const ServerFlags& f) {
   o.queue_capacity = {f.queue_interactive, f.queue_sampled};
   o.memory_budget_bytes = f.memory_budget_bytes;
   o.interactive_reserve = f.interactive_reserve;
+  o.sampled_promote_after = f.sampled_promote_after == absl::ZeroDuration()
+                                ? absl::InfiniteDuration()
+                                : f.sampled_promote_after;
+  o.gang_backfill_runs = f.gang_backfill_runs;
   o.upload_tenant_share = f.upload_tenant_share;
   o.upload_idle_timeout = f.upload_idle_timeout;
   o.tenant_quota = TenantQuota{f.tenant_max_jobs, f.tenant_max_bytes};

@@ -69,6 +69,12 @@ ABSL_FLAG(ByteSize, memory_budget_bytes, ByteSize{int64_t{8} << 30},
 ABSL_FLAG(double, interactive_reserve, 0.25,
           "share of --memory-budget-bytes only INTERACTIVE calls may use "
           "(SAMPLED work cannot take it)");
+ABSL_FLAG(FlagDuration, sampled_promote_after, FlagDuration{},
+          "a SAMPLED job queued this long runs before newer INTERACTIVE ones "
+          "(0: never; INTERACTIVE always first)");
+ABSL_FLAG(double, gang_backfill_runs, 2.0,
+          "how long a CP gang waiting for GPUs lets later jobs use the idle "
+          "ones, in run estimates, before it holds them as they free up");
 ABSL_FLAG(double, upload_tenant_share, 0.5,
           "share of the stream-upload budget (--memory-budget-bytes) one "
           "tenant may hold, so others' uploads keep being admitted (with no "
@@ -169,6 +175,8 @@ const std::vector<absl::string_view>& FlagNames() {
       absl::GetFlagReflectionHandle(FLAGS_queue_sampled).Name(),
       absl::GetFlagReflectionHandle(FLAGS_memory_budget_bytes).Name(),
       absl::GetFlagReflectionHandle(FLAGS_interactive_reserve).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_sampled_promote_after).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_gang_backfill_runs).Name(),
       absl::GetFlagReflectionHandle(FLAGS_upload_tenant_share).Name(),
       absl::GetFlagReflectionHandle(FLAGS_upload_idle_timeout).Name(),
       absl::GetFlagReflectionHandle(FLAGS_tenant_max_jobs).Name(),
@@ -336,6 +344,8 @@ ServerFlags ReadFlags() {
   f.queue_sampled = absl::GetFlag(FLAGS_queue_sampled);
   f.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes).bytes;
   f.interactive_reserve = absl::GetFlag(FLAGS_interactive_reserve);
+  f.sampled_promote_after = absl::GetFlag(FLAGS_sampled_promote_after).value;
+  f.gang_backfill_runs = absl::GetFlag(FLAGS_gang_backfill_runs);
   f.upload_tenant_share = absl::GetFlag(FLAGS_upload_tenant_share);
   f.upload_idle_timeout = absl::GetFlag(FLAGS_upload_idle_timeout).value;
   f.tenant_max_jobs = absl::GetFlag(FLAGS_tenant_max_jobs);
@@ -404,6 +414,11 @@ absl::Status CheckCombinations(const ServerFlags& f) {
   if (!(f.interactive_reserve >= 0 && f.interactive_reserve < 1)) {
     return FlagError("interactive-reserve",
                      absl::StrCat(f.interactive_reserve, " is outside [0, 1)"));
+  }
+  if (!(f.gang_backfill_runs >= 0 && f.gang_backfill_runs <= 1e6)) {
+    return FlagError(
+        "gang-backfill-runs",
+        absl::StrCat(f.gang_backfill_runs, " is outside [0, 1e6]"));
   }
   if (!(f.upload_tenant_share > 0 && f.upload_tenant_share <= 1)) {
     return FlagError("upload-tenant-share",

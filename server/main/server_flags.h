@@ -51,6 +51,8 @@ struct ServerFlags {
   int64_t queue_sampled = 0;
   int64_t memory_budget_bytes = 0;
   double interactive_reserve = 0;
+  absl::Duration sampled_promote_after;  // 0: never
+  double gang_backfill_runs = 0;
   double upload_tenant_share = 0;
   absl::Duration upload_idle_timeout;
   int64_t tenant_max_jobs = 0;

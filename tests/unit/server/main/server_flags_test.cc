@@ -24,7 +24,27 @@ TEST(ServerFlagsTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(f->drain_timeout, absl::Seconds(30));
   EXPECT_EQ(f->devices, "cpu");
   EXPECT_EQ(f->callback_wake_period, absl::Milliseconds(250));
+  EXPECT_EQ(f->sampled_promote_after, absl::ZeroDuration());
+  EXPECT_EQ(f->gang_backfill_runs, 2.0);
   EXPECT_FALSE(f->help);
+}
+
+TEST(ServerFlagsTest, SchedulerTuningFlagsParseAndCheckTheirRange) {
+  absl::StatusOr<ServerFlags> f = ParseServerFlags(
+      {"--sampled-promote-after", "2m", "--gang-backfill-runs=0.5"});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->sampled_promote_after, absl::Minutes(2));
+  EXPECT_EQ(f->gang_backfill_runs, 0.5);
+  for (const char* bad : {"-1", "2e6", "nan"}) {
+    f = ParseServerFlags({"--gang-backfill-runs", bad});
+    ASSERT_FALSE(f.ok()) << bad;
+    EXPECT_TRUE(absl::StartsWith(f.status().message(), "--gang-backfill-runs"))
+        << f.status();
+  }
+  f = ParseServerFlags({"--sampled-promote-after", "soon"});
+  ASSERT_FALSE(f.ok());
+  EXPECT_TRUE(absl::StartsWith(f.status().message(), "--sampled-promote-after"))
+      << f.status();
 }
 
 // --devices is the GPU overlay's interface (deploy/k8s/overlays/gpu):
