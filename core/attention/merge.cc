@@ -126,7 +126,7 @@ void MergeStates(const float* const* outs, const float* lses, int n, int64_t d,
   for (int i = 0; i < n; ++i) {
     const float li = SanitizeLse(lses[i]);
     if (li == F::NegInf()) continue;
-    const float wi = rounded::ExpNonPositive(F::Sub(li, m));
+    const float wi = merge_step::Weight(li, m);
     if (wi == 0.0f) continue;
     total = F::Add(total, wi);
     w[live] = wi;

@@ -48,6 +48,13 @@ struct PairWeights {
   float total;
 };
 
+// exp(lse - m) for lse <= m: 0 for an empty state; the state at the max
+// gets exactly 1, which is ExpNonPositive(0), without its polynomial.
+ATTNAUDIT_HOST_DEVICE inline float Weight(float lse, float m) {
+  if (lse == F::NegInf()) return 0.0f;
+  return lse == m ? 1.0f : rounded::ExpNonPositive(F::Sub(lse, m));
+}
+
 ATTNAUDIT_HOST_DEVICE inline PairWeights Weights(float acc_lse,
                                                  float next_lse) {
   const float a = SanitizeLse(acc_lse);
@@ -58,8 +65,8 @@ ATTNAUDIT_HOST_DEVICE inline PairWeights Weights(float acc_lse,
     w.wa = w.wb = w.total = 0.0f;
     return w;
   }
-  w.wa = a == F::NegInf() ? 0.0f : rounded::ExpNonPositive(F::Sub(a, w.m));
-  w.wb = b == F::NegInf() ? 0.0f : rounded::ExpNonPositive(F::Sub(b, w.m));
+  w.wa = Weight(a, w.m);
+  w.wb = Weight(b, w.m);
   w.total = F::Add(w.wa, w.wb);
   return w;
 }

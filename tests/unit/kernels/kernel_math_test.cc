@@ -75,6 +75,10 @@ TEST(KernelMathExp, ScalarExpIsTheVectorExpOnEveryTarget) {
     }
   }
   ForceSimdTargetForTest(0);
+  // The merge step gives the state at the max the weight 1 without the
+  // polynomial (merge_step::Weight): the same bits.
+  EXPECT_TRUE(SameBits(kmath::ExpNonPositive(0.0f), 1.0f));
+  EXPECT_TRUE(SameBits(kmath::ExpNonPositive(-0.0f), 1.0f));
 }
 
 // The soft-cap: the scalar twin's cap * tanh(x / cap) against the core's
