@@ -282,9 +282,13 @@ void BindOutputs(const PassOutputs& out, PassParams* params) {
 
 // Split-KV when one block per (row, KV head, query chunk) would leave the
 // device's multiprocessors idle: P is stored per unit instead of folded
-// (the merge kernel folds it), R per split.
-void PlanSplits(const PoolRuns& plan, int multiprocessors, int64_t max_splits,
-                PassParams* params) {
+// (the merge kernel folds it), R per split. Not when its extra states
+// would take more than half of the pool's free bytes: the one-block pass
+// gives the same P, and a snapshot that fits it must not fall back to
+// the CPU for the split's sake.
+void PlanSplits(const PreparedAttention& p, const PoolRuns& plan,
+                int multiprocessors, int64_t max_splits, int64_t free_bytes,
+                bool states_wanted, PassParams* params) {
   const int64_t chunks = (params->queries + params->queries_per_block - 1) /
                          params->queries_per_block;
   int64_t max_row_runs = 0;
@@ -292,12 +296,20 @@ void PlanSplits(const PoolRuns& plan, int multiprocessors, int64_t max_splits,
     max_row_runs = std::max<int64_t>(max_row_runs,
                                      plan.row_runs[b + 1] - plan.row_runs[b]);
   }
-  // Four resident blocks per multiprocessor, two waves: enough blocks in
-  // flight to hide the loads' latency.
+  // About eight blocks per multiprocessor: several waves of those that fit
+  // at once, so uneven rows leave a short tail.
   params->splits = kmath::SplitsFor(params->rows * params->kv_heads * chunks,
                                     max_row_runs, 8 * int64_t{multiprocessors});
   if (max_splits > 0) params->splits = std::min(params->splits, max_splits);
   if (params->splits <= 1) return;
+  const int64_t extra = kmath::SplitExtraBytes(
+      params->splits, params->rows * params->queries * params->q_heads,
+      TotalUnits(p) * params->queries * params->q_heads, params->head_dim,
+      params->reference != 0, params->replay_fold != 0, states_wanted);
+  if (extra > free_bytes / 2) {
+    params->splits = 1;
+    return;
+  }
   // Query indices count from row 0, whatever row_begin.
   params->r_split_stride =
       (params->row_begin + params->rows) * params->queries * params->q_heads;
@@ -486,7 +498,8 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
   int multiprocessors = 0;
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
       &multiprocessors, cudaDevAttrMultiProcessorCount, info_.ordinal));
-  PlanSplits(plan, multiprocessors, max_splits_, &params);
+  PlanSplits(p, plan, multiprocessors, max_splits_,
+             arena_->capacity() - arena_->used(), states != nullptr, &params);
   ATTNAUDIT_ASSIGN_OR_RETURN(
       params.runs,
       UploadVector(plan.runs, "runs", *arena_, *staging_, stream_));

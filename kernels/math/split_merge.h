@@ -90,6 +90,23 @@ ATTNAUDIT_HOST_DEVICE inline int64_t SplitsFor(int64_t base_blocks,
   return splits < 1 ? 1 : splits;
 }
 
+// Device bytes a split-KV pass needs beyond the one-block pass's, for
+// `queries` (rows x positions x query heads) and `states` unit states
+// (units x positions x query heads): R's per-split states (D + 2 doubles
+// each, when R runs), the unit states' presence flags (P) and, when the
+// caller did not ask for unit states anyway, the states (D + 1 floats).
+ATTNAUDIT_HOST_DEVICE inline int64_t SplitExtraBytes(
+    int64_t splits, int64_t queries, int64_t states, int64_t head_dim,
+    bool reference, bool replay, bool states_wanted) {
+  int64_t bytes = 0;
+  if (reference) bytes += splits * queries * (head_dim + 2) * 8;
+  if (replay) {
+    bytes += states;  // the flags
+    if (!states_wanted) bytes += states * (head_dim + 1) * 4;
+  }
+  return bytes;
+}
+
 // The runs [*first, *last) of split `split` of a row whose runs are
 // [row_first, row_last), `splits` splits of ceil(n / splits) runs each
 // (trailing splits may be empty).

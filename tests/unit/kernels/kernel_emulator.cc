@@ -260,18 +260,18 @@ void RunSplits(const PreparedAttention& p, int64_t b, int64_t g, int32_t blocks,
           &st.acc[i]);
     }
     // A unit belongs to exactly one split: its state is that split's.
-    auto owner = [&](int64_t u) -> const RowState& {
-      for (const auto& part : parts) {
-        if (part[r].unit_present[u]) return part[r];
+    std::vector<const RowState*> owner(static_cast<size_t>(units), nullptr);
+    for (const auto& part : parts) {
+      for (int64_t u = 0; u < units; ++u) {
+        if (part[r].unit_present[u]) owner[u] = &part[r];
       }
-      return parts[0][r];
-    };
+    }
     for (int64_t i = 0; i < D; ++i) {
       kmath::FoldState fold;  // every element's fold has its own
       for (int64_t u = 0; u < units; ++u) {
-        const RowState& part = owner(u);
-        if (part.unit_present[u]) {
-          kmath::FoldStep(part.unit_out[u][i], part.unit_lse[u], &fold);
+        if (owner[u] != nullptr) {
+          kmath::FoldStep(owner[u]->unit_out[u][i], owner[u]->unit_lse[u],
+                          &fold);
         }
       }
       st.p_out[i] = fold.acc;

@@ -410,6 +410,22 @@ TEST(KernelMathSplit, SplitRunsCoverEveryRunOnceInOrder) {
   }
 }
 
+// Hand-computed at W1's shape (B = 8, one position, 32 query heads, 256
+// units a row, D = 128, 17 splits): R's split states 17 x 256 x 130 x 8
+// bytes, P's flags 65,536 bytes and its states 65,536 x 129 x 4 bytes.
+TEST(KernelMathSplit, SplitExtraBytesCountsWhatTheSplitAdds) {
+  const int64_t queries = 8 * 32;
+  const int64_t states = 8 * 256 * 32;
+  EXPECT_EQ(kmath::SplitExtraBytes(17, queries, states, 128, true, true, false),
+            4526080 + 65536 + 33816576);
+  EXPECT_EQ(
+      kmath::SplitExtraBytes(17, queries, states, 128, true, false, false),
+      4526080);
+  // The caller's own unit states are allocated anyway: only the flags.
+  EXPECT_EQ(kmath::SplitExtraBytes(17, queries, states, 128, false, true, true),
+            65536);
+}
+
 TEST(KernelMathSplit, SplitsFillTheTargetWithoutExceedingTheRuns) {
   EXPECT_EQ(kmath::SplitsFor(64, 8192, 1056), 17);   // ceil(1056 / 64)
   EXPECT_EQ(kmath::SplitsFor(64, 10, 1056), 10);     // no more than runs
