@@ -21,10 +21,10 @@
 // A job larger than the pool fails ResourceExhausted (the server's
 // CudaDevice then runs it on the CPU backend, through FallbackBackend).
 //
-// Numerics: docs/NUMERICS.md, "CPU and GPU". R within ~1e-15 relative of
-// the CPU's; P bitwise reproducible on a GPU, within the replay's
-// tolerance of the CPU's P (the device's exp/log/tanh library calls may
-// differ from glibc's by an ulp).
+// Numerics: docs/NUMERICS.md, "CPU and GPU". P has the CPU's bits (the
+// kernels run the core's operations in its order, with the core's own exp
+// and log, no math library); R within 1e-12 relative of the CPU's; the
+// drift statistics the CPU's but for the sums' last bits.
 //
 // Thread safety: name()/info()/memory_in_use() from any thread; the
 // Backend calls from one thread at a time. Errors: as Backend; CUDA and

@@ -1,7 +1,6 @@
-// The drift reduction (drift_kernels.h). The element rule is
-// kernels/math/drift_element.h; here: per-thread partials, a fixed-shape
-// tree per block, one block combining the blocks in index order, and the
-// radix select of the p99.
+// The drift reduction (drift_kernels.h). The element rule and the
+// reduction's shape are kernels/math/drift_reduce.h; here: the block tree,
+// the last-block combines and the radix select's histograms.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -9,180 +8,200 @@
 #include "core/common/status_macros.h"
 #include "kernels/cuda_check.h"
 #include "kernels/drift_kernels.h"
-#include "kernels/math/drift_element.h"
 
 namespace attnaudit {
 namespace cuda_internal {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kMaxBlocks = 1024;
-constexpr unsigned long long kNotCounted = ~0ull;
+using kmath::DriftInput;
+using kmath::kDigitBins;
+using kmath::kDriftThreads;
+using kmath::kNotCounted;
+using kmath::kSelectPasses;
 
-int Blocks(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(b < 1 ? 1 : (b > kMaxBlocks ? kMaxBlocks : b));
-}
+constexpr int kBinsPerThread = kDigitBins / kDriftThreads;
+static_assert(kBinsPerThread * kDriftThreads == kDigitBins,
+              "the digit scan gives every thread the same number of bins");
 
-__device__ void Combine(DriftTotals* a, const DriftTotals& b) {
-  a->sum_abs += b.sum_abs;
-  a->sum_sq += b.sum_sq;
-  a->sum_ulp += b.sum_ulp;
-  if (b.worst >= 0 && (a->worst < 0 || b.max_abs > a->max_abs ||
-                       (b.max_abs == a->max_abs && b.worst < a->worst))) {
-    a->max_abs = b.max_abs;
-    a->worst = b.worst;
-  }
-  a->max_rel = a->max_rel < b.max_rel ? b.max_rel : a->max_rel;
-  a->max_ulp = a->max_ulp < b.max_ulp ? b.max_ulp : a->max_ulp;
-  a->count += b.count;
-  a->over += b.over;
-  a->candidate_nan += b.candidate_nan;
-  a->candidate_inf += b.candidate_inf;
-  a->baseline_nan += b.baseline_nan;
-  a->baseline_inf += b.baseline_inf;
-  a->mismatch += b.mismatch;
-  if (b.first_mismatch >= 0 &&
-      (a->first_mismatch < 0 || b.first_mismatch < a->first_mismatch)) {
-    a->first_mismatch = b.first_mismatch;
-  }
-}
-
-// One element into a thread's partial; writes its p99 key.
-__device__ void AddElement(const DriftArgs& args, int64_t i, double tiny,
-                           DriftTotals* t, unsigned long long* keys) {
-  keys[i] = kNotCounted;
-  if (args.mask != nullptr && args.mask[i / args.inner] == 0) return;
-  const double c = args.candidate[i];
-  const double r = args.baseline[i];
-  double ad = 0;
-  const bool finite = !kmath::IsNan(c) && !kmath::IsInf(c) &&
-                      !kmath::IsNan(r) && !kmath::IsInf(r);
-  if (!finite) {
-    t->candidate_nan += kmath::IsNan(c);
-    t->candidate_inf += kmath::IsInf(c);
-    t->baseline_nan += kmath::IsNan(r);
-    t->baseline_inf += kmath::IsInf(r);
-  }
-  const int kind = kmath::ClassifyPair(c, r, &ad);
-  if (kind == kmath::kPairMismatch) {
-    ++t->mismatch;
-    if (t->first_mismatch < 0) t->first_mismatch = i;
-    return;
-  }
-  if (kind != kmath::kPairValue) return;
-  keys[i] = kmath::DoubleBits(ad);
-  ++t->count;
-  t->sum_abs += ad;
-  t->sum_sq += ad * ad;
-  if (t->worst < 0 || ad > t->max_abs) {
-    t->max_abs = ad;
-    t->worst = i;
-  }
-  t->over += ad > args.tolerance;
-  if (ad > 0) {
-    const double rel = ad / (kmath::Abs(r) > tiny ? kmath::Abs(r) : tiny);
-    t->max_rel = t->max_rel < rel ? rel : t->max_rel;
-    const double u = kmath::UlpIn(c, r, args.ulp_dtype);
-    t->max_ulp = t->max_ulp < u ? u : t->max_ulp;
-    t->sum_ulp += u;
-  }
-}
-
-// Contiguous slices per thread, so each thread's first mismatch and worst
-// index are its slice's first, and the tree combines slices in order.
-__global__ void __launch_bounds__(kThreads)
-    DriftBlocksKernel(const DriftArgs args, DriftTotals* partials,
-                      unsigned long long* keys) {
-  // Raw storage: a __shared__ array may not have a constructor.
-  __shared__ __align__(
-      16) unsigned char tree_bytes[kThreads * sizeof(DriftTotals)];
-  DriftTotals* tree = reinterpret_cast<DriftTotals*>(tree_bytes);
-  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t slice = (args.n + threads - 1) / threads;
-  const int64_t id =
-      static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const double tiny = kmath::SmallestNormal(args.ulp_dtype);
-  DriftTotals t;
-  const int64_t end = (id + 1) * slice < args.n ? (id + 1) * slice : args.n;
-  for (int64_t i = id * slice; i < end; ++i)
-    AddElement(args, i, tiny, &t, keys);
-  tree[threadIdx.x] = t;
-  __syncthreads();
-  for (int half = kThreads / 2; half >= 1; half /= 2) {
-    if (threadIdx.x < half)
-      Combine(&tree[threadIdx.x], tree[threadIdx.x + half]);
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partials[blockIdx.x] = tree[0];
-}
-
-__global__ void DriftCombineKernel(const DriftTotals* partials, int blocks,
-                                   DriftTotals* out) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  DriftTotals t;
-  for (int b = 0; b < blocks; ++b) Combine(&t, partials[b]);
-  *out = t;
-}
-
-// Radix select state: the k-th smallest key (1-based) is being narrowed
-// down a byte at a time, most significant first.
-struct SelectState {
-  unsigned long long prefix;
-  unsigned long long k;
-  unsigned int hist[256];
+// The select's state between passes, in device scratch; zeroed per call.
+struct SelectWork {
+  unsigned int hist[kDigitBins];  // this pass's digits, all blocks
+  unsigned long long prefix;      // the digits found so far
+  unsigned long long k;           // the rank sought among the matching keys
+  unsigned int blocks_done;       // blocks of this launch that finished
 };
 
-__global__ void SelectInitKernel(const DriftTotals* totals, SelectState* s) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  s->prefix = 0;
-  // Nearest rank: the ceil(0.99 * count)-th smallest |diff|.
-  s->k = static_cast<unsigned long long>((99 * totals->count + 99) / 100);
+// A select pass's shared memory: the block's digit histogram and the
+// last block's scan of it.
+struct SelectShared {
+  unsigned int hist[kDigitBins];
+  unsigned long long group_sums[kDriftThreads];
+  bool last;
+};
+
+// The statistics pass adds the block's tree (43 KB in all).
+struct StatsShared {
+  DriftTotals tree[kDriftThreads];
+  SelectShared select;
+};
+
+template <typename T>
+__device__ T& Shared() {
+  // Raw storage: a __shared__ object may not have a constructor.
+  __shared__ __align__(16) unsigned char bytes[sizeof(T)];
+  return *reinterpret_cast<T*>(bytes);
 }
 
-__global__ void __launch_bounds__(kThreads)
-    HistogramKernel(const unsigned long long* keys, int64_t n, int pass,
-                    SelectState* s) {
-  __shared__ unsigned int hist[256];
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+// tree[0] <- the fixed tree over tree[0 .. kDriftThreads).
+__device__ void CombineTree(DriftTotals* tree) {
+  for (int half = kDriftThreads / 2; half >= 1; half /= 2) {
+    if (threadIdx.x < half) {
+      kmath::CombineTotals(&tree[threadIdx.x], tree[threadIdx.x + half]);
+    }
+    __syncthreads();
+  }
+}
+
+__device__ void ClearHistogram(unsigned int* hist) {
+  for (int i = threadIdx.x; i < kDigitBins; i += blockDim.x) hist[i] = 0;
+}
+
+// Adds the block's histogram into the launch's (nonzero bins only).
+__device__ void FlushHistogram(const unsigned int* hist, SelectWork* work) {
+  for (int i = threadIdx.x; i < kDigitBins; i += blockDim.x) {
+    if (hist[i] != 0) atomicAdd(&work->hist[i], hist[i]);
+  }
+}
+
+// Whether this block finished last in its launch; the fences make every
+// block's partial and histogram visible to that block.
+__device__ bool IsLastBlock(SelectWork* work, SelectShared& sh) {
+  __threadfence();
   __syncthreads();
-  const int shift = 56 - 8 * pass;
-  const unsigned long long high_mask = pass == 0 ? 0ull : ~0ull << (shift + 8);
-  const unsigned long long prefix = s->prefix;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < n; i += stride) {
+  if (threadIdx.x == 0) {
+    sh.last = atomicAdd(&work->blocks_done, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (sh.last) __threadfence();
+  return sh.last;
+}
+
+// A block partial written by another block of this launch, read from L2.
+__device__ DriftTotals LoadPartial(const DriftTotals* p) {
+  static_assert(sizeof(DriftTotals) % 8 == 0, "whole 8-byte words");
+  DriftTotals t;
+  const auto* src = reinterpret_cast<const unsigned long long*>(p);
+  auto* dst = reinterpret_cast<unsigned long long*>(&t);
+  for (int w = 0; w < static_cast<int>(sizeof(DriftTotals) / 8); ++w) {
+    dst[w] = __ldcg(src + w);
+  }
+  return t;
+}
+
+// The last block: pass `pass`'s digit from the launch's histogram
+// (kmath::SelectDigit, the bins summed by 256 threads then walked by one),
+// the histogram cleared and the launch counter reset for the next pass.
+__device__ void SelectPassDigit(int pass, SelectWork* work, SelectShared& sh) {
+  const int first_bin = threadIdx.x * kBinsPerThread;
+  unsigned long long sum = 0;
+  for (int j = 0; j < kBinsPerThread; ++j) {
+    sum += __ldcg(&work->hist[first_bin + j]);
+  }
+  sh.group_sums[threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned long long k = work->k;
+    unsigned long long below = 0;
+    int group = 0;
+    while (group < kDriftThreads - 1 && below + sh.group_sums[group] < k) {
+      below += sh.group_sums[group++];
+    }
+    int digit = group * kBinsPerThread;
+    for (int j = 0; j < kBinsPerThread - 1; ++j, ++digit) {
+      const unsigned int h = __ldcg(&work->hist[digit]);
+      if (below + h >= k) break;
+      below += h;
+    }
+    work->k = k - below;
+    work->prefix |= static_cast<unsigned long long>(digit)
+                    << kmath::DigitShift(pass);
+    work->blocks_done = 0;
+  }
+  __syncthreads();
+  ClearHistogram(work->hist);
+}
+
+// Step 1 (drift_reduce.h) and the select's first pass.
+__global__ void __launch_bounds__(kDriftThreads)
+    DriftStatsKernel(const DriftInput in, unsigned long long* keys,
+                     DriftTotals* partials, SelectWork* work,
+                     DriftTotals* totals) {
+  StatsShared& sh = Shared<StatsShared>();
+  ClearHistogram(sh.select.hist);
+  __syncthreads();
+  const long long threads = static_cast<long long>(gridDim.x) * blockDim.x;
+  const double tiny = kmath::SmallestNormal(in.ulp_dtype);
+  DriftTotals t;
+  for (long long i =
+           static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < in.n; i += threads) {
+    const unsigned long long key = kmath::AddDriftElement(in, i, tiny, &t);
+    keys[i] = key;
+    if (key != kNotCounted) {
+      atomicAdd(&sh.select.hist[kmath::DigitOf(key, 0)], 1u);
+    }
+  }
+  sh.tree[threadIdx.x] = t;
+  __syncthreads();
+  CombineTree(sh.tree);
+  if (threadIdx.x == 0) partials[blockIdx.x] = sh.tree[0];
+  FlushHistogram(sh.select.hist, work);
+  if (!IsLastBlock(work, sh.select)) return;
+
+  const int per = kmath::BlocksPerThread(gridDim.x);
+  DriftTotals mine;
+  for (int b = threadIdx.x * per;
+       b < (threadIdx.x + 1) * per && b < static_cast<int>(gridDim.x); ++b) {
+    kmath::CombineTotals(&mine, LoadPartial(&partials[b]));
+  }
+  __syncthreads();  // every thread is done with the block's own tree
+  sh.tree[threadIdx.x] = mine;
+  __syncthreads();
+  CombineTree(sh.tree);
+  if (threadIdx.x == 0) {
+    *totals = sh.tree[0];
+    work->k = kmath::P99Rank(sh.tree[0].count);
+    work->prefix = 0;
+  }
+  __syncthreads();
+  SelectPassDigit(0, work, sh.select);
+}
+
+// Passes 1 .. kSelectPasses - 1 of the select; the last stores the p99.
+__global__ void __launch_bounds__(kDriftThreads)
+    DriftSelectKernel(const unsigned long long* keys, long long n, int pass,
+                      SelectWork* work, DriftTotals* totals) {
+  SelectShared& sh = Shared<SelectShared>();
+  ClearHistogram(sh.hist);
+  __syncthreads();
+  const unsigned long long prefix = work->prefix;
+  const long long threads = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (long long i =
+           static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < n; i += threads) {
     const unsigned long long key = keys[i];
-    if ((key & high_mask) == (prefix & high_mask)) {
-      atomicAdd(&hist[(key >> shift) & 0xff], 1u);
+    if (kmath::MatchesPrefix(key, prefix, pass)) {
+      atomicAdd(&sh.hist[kmath::DigitOf(key, pass)], 1u);
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-    if (hist[i] != 0) atomicAdd(&s->hist[i], hist[i]);
+  FlushHistogram(sh.hist, work);
+  if (!IsLastBlock(work, sh)) return;
+  SelectPassDigit(pass, work, sh);
+  if (pass == kSelectPasses - 1 && threadIdx.x == 0) {
+    totals->p99_abs =
+        totals->count > 0 ? kmath::BitsAsDouble(work->prefix) : 0.0;
   }
-}
-
-__global__ void SelectDigitKernel(int pass, SelectState* s) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  const int shift = 56 - 8 * pass;
-  unsigned long long below = 0;
-  int digit = 255;
-  for (int d = 0; d < 256; ++d) {
-    if (below + s->hist[d] >= s->k) {
-      digit = d;
-      break;
-    }
-    below += s->hist[d];
-  }
-  s->k -= below;
-  s->prefix |= static_cast<unsigned long long>(digit) << shift;
-  for (int d = 0; d < 256; ++d) s->hist[d] = 0;
-}
-
-__global__ void SelectStoreKernel(const SelectState* s, DriftTotals* totals) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  totals->p99_abs = totals->count > 0 ? kmath::BitsAsDouble(s->prefix) : 0.0;
 }
 
 int64_t Align(int64_t x) { return (x + 255) / 256 * 256; }
@@ -191,8 +210,9 @@ int64_t Align(int64_t x) { return (x + 255) / 256 * 256; }
 
 int64_t DriftScratchBytes(int64_t n) {
   return Align(static_cast<int64_t>(sizeof(unsigned long long)) * n) +
-         Align(static_cast<int64_t>(sizeof(DriftTotals)) * kMaxBlocks) +
-         Align(sizeof(SelectState));
+         Align(static_cast<int64_t>(sizeof(DriftTotals)) *
+               kmath::kDriftMaxBlocks) +
+         Align(sizeof(SelectWork));
 }
 
 absl::Status LaunchDrift(const DriftArgs& args, void* scratch,
@@ -201,23 +221,21 @@ absl::Status LaunchDrift(const DriftArgs& args, void* scratch,
   auto* keys = reinterpret_cast<unsigned long long*>(base);
   auto* partials = reinterpret_cast<DriftTotals*>(
       base + Align(static_cast<int64_t>(sizeof(unsigned long long)) * args.n));
-  auto* state = reinterpret_cast<SelectState*>(
+  auto* work = reinterpret_cast<SelectWork*>(
       reinterpret_cast<char*>(partials) +
-      Align(static_cast<int64_t>(sizeof(DriftTotals)) * kMaxBlocks));
-  const int blocks = Blocks(args.n);
-  DriftBlocksKernel<<<blocks, kThreads, 0, stream>>>(args, partials, keys);
-  ATTNAUDIT_RETURN_IF_ERROR(LaunchStatus("DriftBlocksKernel"));
-  DriftCombineKernel<<<1, 1, 0, stream>>>(partials, blocks, totals_device);
-  ATTNAUDIT_RETURN_IF_ERROR(LaunchStatus("DriftCombineKernel"));
+      Align(static_cast<int64_t>(sizeof(DriftTotals)) *
+            kmath::kDriftMaxBlocks));
+  const int blocks = kmath::DriftBlocks(args.n);
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(state, 0, sizeof(SelectState), stream));
-  SelectInitKernel<<<1, 1, 0, stream>>>(totals_device, state);
-  for (int pass = 0; pass < 8; ++pass) {
-    HistogramKernel<<<blocks, kThreads, 0, stream>>>(keys, args.n, pass, state);
-    SelectDigitKernel<<<1, 1, 0, stream>>>(pass, state);
+      cudaMemsetAsync(work, 0, sizeof(SelectWork), stream));
+  DriftStatsKernel<<<blocks, kDriftThreads, 0, stream>>>(args, keys, partials,
+                                                         work, totals_device);
+  ATTNAUDIT_RETURN_IF_ERROR(LaunchStatus("DriftStatsKernel"));
+  for (int pass = 1; pass < kSelectPasses; ++pass) {
+    DriftSelectKernel<<<blocks, kDriftThreads, 0, stream>>>(
+        keys, args.n, pass, work, totals_device);
   }
-  SelectStoreKernel<<<1, 1, 0, stream>>>(state, totals_device);
-  return LaunchStatus("drift select kernels");
+  return LaunchStatus("DriftSelectKernel");
 }
 
 }  // namespace cuda_internal

@@ -9,7 +9,10 @@
 //      into transfer (upload, download) and compute (kernel), next to the
 //      same audit on the CPU backend;
 //   3. the CP ring on the CUDA-local transport (W ranks as streams of the
-//      GPU): time per step and per round, the ranks' compute share.
+//      GPU): time per step and per round, the ranks' compute share;
+//   4. the drift statistics of one comparison (host arrays in, statistics
+//      out: uploads, kernels, download) on the GPU against the core's
+//      ComputeDrift on one host thread, at W1's out size and larger.
 // Timings are CUDA events on the backend's stream (medians of --repeats
 // runs after one warm-up). Prints markdown; --json writes the figures.
 // Usage: attnaudit_bench_gpu [--device N] [--repeats N] [--batch B]
@@ -26,6 +29,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -36,6 +40,7 @@
 #include "core/backend/fallback_backend.h"
 #include "core/cp/replay/replay.h"
 #include "core/cp/schedule/schedule.h"
+#include "core/drift/drift.h"
 #include "core/tensor/dtype.h"
 #include "core/validate/validate.h"
 #include "kernels/cuda_backend.h"
@@ -299,9 +304,64 @@ RingRow Ring(CudaBackend& gpu, const Flags& f) {
   return row;
 }
 
+struct DriftRow {
+  int64_t elements = 0;
+  double gpu_ms = 0;  // wall clock of CudaBackend::ComputeDrift
+  double cpu_ms = 0;  // wall clock of the core's, one thread
+  bool same = false;  // counts, maxima, worst and p99 equal
+};
+
+template <typename Fn>
+double WallMs(int repeats, Fn&& fn) {
+  fn();  // warm-up
+  std::vector<double> t;
+  for (int i = 0; i < repeats; ++i) {
+    const Clock::time_point start = Clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start)
+                    .count());
+  }
+  return Median(t);
+}
+
+// An out comparison of n elements ([n / 4096, 32, 128]), bf16 output.
+DriftRow Drift(CudaBackend& gpu, const Flags& f, int64_t n) {
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> c(static_cast<size_t>(n)), r(c.size());
+  for (size_t i = 0; i < c.size(); ++i) {
+    r[i] = normal(rng);
+    c[i] = r[i] + 1e-3 * normal(rng);
+  }
+  const std::vector<int64_t> shape = {n / 4096, 1, 32, 128};
+  DriftOptions o;
+  o.ulp_dtype = DType::kBF16;
+  o.tolerance = 3e-3;
+  absl::StatusOr<DriftStats> on_gpu, on_cpu;
+  DriftRow row;
+  row.elements = n;
+  row.gpu_ms = WallMs(f.repeats, [&] {
+    on_gpu = gpu.ComputeDrift({c.data(), shape}, {r.data(), shape}, o);
+  });
+  row.cpu_ms = WallMs(f.repeats, [&] {
+    on_cpu = ComputeDrift({c.data(), shape}, {r.data(), shape}, o);
+  });
+  if (!on_gpu.ok()) Die(on_gpu.status());
+  if (!on_cpu.ok()) Die(on_cpu.status());
+  row.same = on_gpu->count == on_cpu->count &&
+             on_gpu->over_tolerance == on_cpu->over_tolerance &&
+             on_gpu->max_abs == on_cpu->max_abs &&
+             on_gpu->max_ulp == on_cpu->max_ulp &&
+             on_gpu->p99_abs == on_cpu->p99_abs &&
+             on_gpu->worst.batch == on_cpu->worst.batch &&
+             on_gpu->worst.head == on_cpu->worst.head &&
+             on_gpu->worst.dim == on_cpu->worst.dim;
+  return row;
+}
+
 void PrintAndSave(const Flags& f, const CudaBackend& gpu,
                   const std::vector<BandwidthRow>& bw, const AuditRow& audit,
-                  const RingRow& ring) {
+                  const RingRow& ring, const std::vector<DriftRow>& drift) {
   const CudaDeviceInfo& info = gpu.info();
   std::printf(
       "GPU bench: %s (sm %d.%d, %.1f GiB), llama3-8b heads, B=%lld, "
@@ -346,6 +406,19 @@ void PrintAndSave(const Flags& f, const CudaBackend& gpu,
       "time\n",
       (long long)ring.world, (long long)ring.steps, ring.replay_ms,
       ring.per_step_us, 100.0 * ring.compute_share);
+  std::printf(
+      "\nDrift statistics of one comparison (bf16 out; host arrays in, "
+      "statistics out):\n| elements | GPU ms | CPU ms (1 thread) | same "
+      "statistics |\n|---|---|---|---|\n");
+  std::string drift_json;
+  for (const DriftRow& d : drift) {
+    std::printf("| %lld | %.3f | %.3f | %s |\n", (long long)d.elements,
+                d.gpu_ms, d.cpu_ms, d.same ? "yes" : "NO");
+    absl::StrAppend(&drift_json, drift_json.empty() ? "" : ", ",
+                    "{\"elements\": ", d.elements, ", \"gpu_ms\": ", d.gpu_ms,
+                    ", \"cpu_ms\": ", d.cpu_ms,
+                    ", \"same\": ", d.same ? "true" : "false", "}");
+  }
   absl::StrAppend(
       &json, "], \"w1_audit\": {\"gpu_total_ms\": ", audit.gpu_total_ms,
       ", \"upload_ms\": ", audit.upload_ms,
@@ -356,7 +429,8 @@ void PrintAndSave(const Flags& f, const CudaBackend& gpu,
       audit.verdict, "\"}, \"ring\": {\"world\": ", ring.world,
       ", \"steps\": ", ring.steps, ", \"replay_ms\": ", ring.replay_ms,
       ", \"per_step_us\": ", ring.per_step_us,
-      ", \"compute_share\": ", ring.compute_share, "}}\n");
+      ", \"compute_share\": ", ring.compute_share, "}, \"drift\": [",
+      drift_json, "]}\n");
   if (!f.json.empty()) std::ofstream(f.json) << json;
 }
 
@@ -382,7 +456,11 @@ int Main(int argc, char** argv) {
   }
   const AuditRow audit = W1Audit(**gpu, f);
   const RingRow ring = Ring(**gpu, f);
-  PrintAndSave(f, **gpu, bw, audit, ring);
+  std::vector<DriftRow> drift;
+  for (int64_t n : {int64_t{8} * 4096, int64_t{1} << 20, int64_t{1} << 24}) {
+    drift.push_back(Drift(**gpu, f, n));
+  }
+  PrintAndSave(f, **gpu, bw, audit, ring, drift);
   return 0;
 }
 

@@ -15,6 +15,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -268,37 +269,58 @@ TEST(CudaBackendTest, DriftOnTheDeviceIsTheCoresStatistics) {
   REQUIRE_GPU();
   std::mt19937_64 rng(5);
   std::normal_distribution<double> n(0.0, 1.0);
-  std::vector<double> c(8 * 2 * 32 * 128), r(c.size());
-  for (size_t i = 0; i < c.size(); ++i) {
-    r[i] = n(rng);
-    c[i] = i % 7 == 0 ? r[i] : r[i] + 1e-4 * n(rng);
-  }
-  c[3] = std::numeric_limits<double>::quiet_NaN();
-  r[5] = std::numeric_limits<double>::infinity();
-  const std::vector<int64_t> shape = {8, 2, 32, 128};
-  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
-    DriftOptions o;
-    o.ulp_dtype = dt;
-    o.tolerance = 2e-4;
-    absl::StatusOr<DriftStats> want =
-        ComputeDrift({c.data(), shape}, {r.data(), shape}, o);
-    absl::StatusOr<DriftStats> got =
-        Gpu()->ComputeDrift({c.data(), shape}, {r.data(), shape}, o);
-    ASSERT_TRUE(want.ok() && got.ok()) << got.status();
-    EXPECT_EQ(got->count, want->count);
-    EXPECT_EQ(got->over_tolerance, want->over_tolerance);
-    EXPECT_EQ(got->max_abs, want->max_abs);
-    EXPECT_EQ(got->p99_abs, want->p99_abs);
-    EXPECT_EQ(got->max_rel, want->max_rel);
-    EXPECT_EQ(got->max_ulp, want->max_ulp);
-    EXPECT_EQ(got->nonfinite_mismatch, want->nonfinite_mismatch);
-    EXPECT_EQ(got->worst.dim, want->worst.dim);
-    EXPECT_EQ(got->worst.head, want->worst.head);
-    EXPECT_EQ(got->first_nonfinite_mismatch.dim,
-              want->first_nonfinite_mismatch.dim);
-    EXPECT_NEAR(got->mean_abs, want->mean_abs, 1e-12 * want->mean_abs);
-    EXPECT_NEAR(got->rms, want->rms, 1e-12 * want->rms);
-    EXPECT_NEAR(got->mean_ulp, want->mean_ulp, 1e-12 * want->mean_ulp);
+  std::uniform_real_distribution<double> exponent(-300.0, 300.0);
+  // The second shape has more elements than the largest grid has threads
+  // (1024 blocks of 256), and |diff|s over the whole double range, so
+  // every digit of the p99's radix select decides.
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{8, 2, 32, 128},
+        std::vector<int64_t>{40, 2, 32, 128}}) {
+    const bool wide = shape[0] == 40;
+    std::vector<double> c(shape[0] * shape[1] * shape[2] * shape[3]);
+    std::vector<double> r(c.size());
+    for (size_t i = 0; i < c.size(); ++i) {
+      r[i] = n(rng);
+      const double scale = wide ? std::pow(10.0, exponent(rng)) : 1e-4;
+      c[i] = i % 7 == 0 ? r[i] : r[i] + scale * n(rng);
+    }
+    c[3] = std::numeric_limits<double>::quiet_NaN();
+    r[5] = std::numeric_limits<double>::infinity();
+    c[c.size() - 9] = r[c.size() - 9] + 1e301;  // ties for the worst
+    c[c.size() / 2] = r[c.size() / 2] + 1e301;
+    for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
+      DriftOptions o;
+      o.ulp_dtype = dt;
+      o.tolerance = 2e-4;
+      absl::StatusOr<DriftStats> want =
+          ComputeDrift({c.data(), shape}, {r.data(), shape}, o);
+      absl::StatusOr<DriftStats> got =
+          Gpu()->ComputeDrift({c.data(), shape}, {r.data(), shape}, o);
+      ASSERT_TRUE(want.ok() && got.ok()) << got.status();
+      const std::string what = absl::StrCat(c.size(), " ", DTypeName(dt));
+      EXPECT_EQ(got->count, want->count) << what;
+      EXPECT_EQ(got->over_tolerance, want->over_tolerance) << what;
+      EXPECT_EQ(got->max_abs, want->max_abs) << what;
+      EXPECT_EQ(got->p99_abs, want->p99_abs) << what;
+      EXPECT_EQ(got->max_rel, want->max_rel) << what;
+      EXPECT_EQ(got->max_ulp, want->max_ulp) << what;
+      EXPECT_EQ(got->nonfinite_mismatch, want->nonfinite_mismatch) << what;
+      EXPECT_EQ(got->worst.batch, want->worst.batch) << what;
+      EXPECT_EQ(got->worst.dim, want->worst.dim) << what;
+      EXPECT_EQ(got->worst.head, want->worst.head) << what;
+      EXPECT_EQ(got->first_nonfinite_mismatch.dim,
+                want->first_nonfinite_mismatch.dim)
+          << what;
+      for (auto [mine, core] : {std::pair{got->mean_abs, want->mean_abs},
+                                std::pair{got->rms, want->rms},
+                                std::pair{got->mean_ulp, want->mean_ulp}}) {
+        if (std::isinf(core)) {
+          EXPECT_EQ(mine, core) << what;
+        } else {
+          EXPECT_NEAR(mine, core, 1e-12 * core) << what;
+        }
+      }
+    }
   }
 }
 

@@ -257,6 +257,136 @@ TEST(KernelMathDrift, ElementRuleReproducesComputeDrift) {
   }
 }
 
+// Sums in another order: equal up to rounding, or both overflowed.
+void ExpectSameRounded(double got, double want, const std::string& what) {
+  if (std::isinf(want)) {
+    EXPECT_EQ(got, want) << what;
+  } else {
+    EXPECT_NEAR(got, want, 1e-13 * std::fabs(want)) << what;
+  }
+}
+
+// The GPU reduction's shape (grid-stride partials, block trees, the last
+// block's combine, the 11-bit radix select) against ComputeDrift: the
+// order-free statistics exactly, the sums within rounding.
+void ExpectDeviceShapeIsTheCore(const std::vector<double>& c,
+                                const std::vector<double>& r,
+                                const std::vector<int64_t>& shape,
+                                const DriftOptions& o,
+                                const std::string& what) {
+  absl::StatusOr<DriftStats> core =
+      ComputeDrift({c.data(), shape}, {r.data(), shape}, o);
+  ASSERT_TRUE(core.ok()) << core.status();
+  kmath::DriftInput in;
+  in.candidate = c.data();
+  in.baseline = r.data();
+  in.n = static_cast<long long>(c.size());
+  in.mask = o.active_mask;
+  in.inner = static_cast<long long>(c.size() / (shape[0] * shape[1]));
+  in.tolerance = o.tolerance;
+  in.ulp_dtype = static_cast<int>(o.ulp_dtype);
+  const kmath::DriftTotals t = EmulateDrift(in);
+  auto flat = [&](const Location& l) {
+    return (l.batch * shape[1] + l.query) * shape[2] + l.head;
+  };
+  EXPECT_EQ(t.count, core->count) << what;
+  EXPECT_EQ(t.over, core->over_tolerance) << what;
+  EXPECT_EQ(t.max_abs, core->max_abs) << what;
+  EXPECT_EQ(t.max_rel, core->max_rel) << what;
+  EXPECT_EQ(t.max_ulp, core->max_ulp) << what;
+  EXPECT_EQ(t.p99_abs, core->p99_abs) << what;
+  EXPECT_EQ(t.candidate_nan, core->candidate_nan) << what;
+  EXPECT_EQ(t.candidate_inf, core->candidate_inf) << what;
+  EXPECT_EQ(t.baseline_nan, core->baseline_nan) << what;
+  EXPECT_EQ(t.baseline_inf, core->baseline_inf) << what;
+  EXPECT_EQ(t.mismatch, core->nonfinite_mismatch) << what;
+  EXPECT_EQ(t.first_mismatch, core->nonfinite_mismatch > 0
+                                  ? flat(core->first_nonfinite_mismatch)
+                                  : -1)
+      << what;
+  if (core->count == 0) return;
+  EXPECT_EQ(t.worst, flat(core->worst)) << what;
+  const double n = static_cast<double>(t.count);
+  ExpectSameRounded(t.sum_abs / n, core->mean_abs, what + " mean");
+  ExpectSameRounded(std::sqrt(t.sum_sq / n), core->rms, what + " rms");
+  ExpectSameRounded(t.sum_ulp / n, core->mean_ulp, what + " mean ulp");
+}
+
+TEST(KernelMathDrift, TheDeviceReductionShapeReproducesComputeDrift) {
+  std::mt19937_64 rng(23);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::uniform_real_distribution<double> exponent(-300.0, 300.0);
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  // {groups0, groups1, inner}: 600,000 elements is more than one per thread
+  // of the largest grid (1024 blocks of 256).
+  const std::vector<std::vector<int64_t>> shapes = {
+      {1, 1, 1}, {1, 1, 7}, {4, 3, 50}, {8, 2, 4096}, {20, 30, 1000}};
+  for (const std::vector<int64_t>& shape : shapes) {
+    const size_t n = static_cast<size_t>(shape[0] * shape[1] * shape[2]);
+    for (int variant = 0; variant < 4; ++variant) {
+      std::vector<double> c(n), r(n);
+      for (size_t i = 0; i < n; ++i) {
+        r[i] = normal(rng);
+        // Variant 1 spreads |diff| over the whole double range, so every
+        // digit of the select decides; variant 2 has no difference at all.
+        const double scale =
+            variant == 1 ? std::pow(10.0, exponent(rng)) : 1e-3;
+        c[i] = variant == 2 || i % 5 == 0 ? r[i] : r[i] + scale * normal(rng);
+      }
+      if (variant == 3 && n > 20) {
+        // Ties of the largest |diff| far apart (other threads, other
+        // blocks) and non-finite pairs, the first of them late.
+        for (size_t i : {n / 3, n - 1, n / 2, size_t{5}}) c[i] = r[i] + 8.0;
+        c[n / 4] = nan;
+        r[n / 4 + 1] = inf;
+        c[n / 4 + 2] = r[n / 4 + 2] = inf;
+        c[n / 4 + 3] = r[n / 4 + 3] = nan;
+        c[n - 2] = -inf;
+        r[n - 2] = inf;
+      }
+      std::vector<uint8_t> mask(static_cast<size_t>(shape[0] * shape[1]));
+      for (size_t g = 0; g < mask.size(); ++g) mask[g] = g % 3 != 1;
+      for (DType dt : {DType::kBF16, DType::kF32, DType::kF64}) {
+        for (bool masked : {false, true}) {
+          DriftOptions o;
+          o.ulp_dtype = dt;
+          o.tolerance = 2e-3;
+          o.active_mask = masked ? mask.data() : nullptr;
+          ExpectDeviceShapeIsTheCore(
+              c, r, shape, o,
+              absl::StrCat(n, " elements, variant ", variant, ", ",
+                           DTypeName(dt), masked ? ", masked" : ""));
+        }
+      }
+    }
+  }
+}
+
+TEST(KernelMathDrift, TheRadixDigitsCoverEveryKeyBitOnce) {
+  unsigned long long covered = 0;
+  for (int pass = 0; pass < kmath::kSelectPasses; ++pass) {
+    const unsigned long long all = ~0ull;
+    const int shift = kmath::DigitShift(pass);
+    const unsigned long long digit_bits =
+        static_cast<unsigned long long>(kmath::DigitOf(all, pass)) << shift;
+    EXPECT_EQ(covered & digit_bits, 0u) << "pass " << pass;
+    covered |= digit_bits;
+    EXPECT_LT(kmath::DigitOf(all, pass), kmath::kDigitBins);
+  }
+  EXPECT_EQ(covered, ~0ull);
+  // A key matches the prefix of its own digits at every pass, and a key
+  // differing in an earlier digit does not.
+  const unsigned long long key = 0x3ff0123456789abcull;
+  EXPECT_FALSE(kmath::MatchesPrefix(kmath::kNotCounted, 0, 0));
+  for (int pass = 1; pass < kmath::kSelectPasses; ++pass) {
+    EXPECT_TRUE(kmath::MatchesPrefix(key, key, pass));
+    const unsigned long long other =
+        key ^ (1ull << kmath::DigitShift(pass - 1));
+    EXPECT_FALSE(kmath::MatchesPrefix(other, key, pass)) << pass;
+  }
+}
+
 // ---------------------------------------------------------------- the pass
 
 struct PassCase {
