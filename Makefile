@@ -49,7 +49,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps configure build run test fuzz bench bench-check bench-kernels bench-cp \
   bench-env bench-peers bench-sweeps bench-server bench-loopback bench-idle \
-  bench-instructions bench-rope bench-fleet \
+  bench-instructions bench-rope bench-fleet bench-copy \
   bench-diagnosis demo clean \
   py-venv bench-python conformance vllm-plugin bench-vllm-plugin
 
@@ -220,6 +220,8 @@ fuzz: build
 #                 audits for the false-alarm rate                 ~30 min
 #   bench-rope    a pre-RoPE W1 with and without the engine's RoPE  ~20 s
 #                 table
+#   bench-copy    the GPU staging's host copy: memcpy vs ParallelCopy  ~5 s
+#                 on 1, 2, 4 ... threads (no GPU needed)
 #   bench-instructions  instructions of the fused pass and of a     ~1 min
 #                 whole check, counted by callgrind (B=8, 512 tokens):
 #                 exact on a noisy VM; installs valgrind when missing
@@ -235,12 +237,12 @@ RLKERNEL ?=
 # The binaries the benchmark scripts run (the scripts share bench/common).
 BENCH_TARGETS := $(RUN_TARGETS) attnaudit_bench_floor attnaudit_bench_check \
   attnaudit_bench_kernels attnaudit_bench_reference attnaudit_bench_cp \
-  attnaudit_bench_diagnosis
+  attnaudit_bench_diagnosis attnaudit_bench_copy
 BUILD_BENCH = cmake --build $(BUILD_DIR) -j $(JOBS) --target $(BENCH_TARGETS)
 
 bench: bench-check bench-kernels bench-cp bench-peers bench-sweeps bench-server \
   bench-loopback bench-idle bench-diagnosis bench-instructions bench-rope \
-  bench-fleet
+  bench-fleet bench-copy
 
 bench-check: configure
 	$(BUILD_BENCH)
@@ -250,6 +252,10 @@ bench-check: configure
 bench-kernels: configure
 	$(BUILD_BENCH)
 	$(BUILD_DIR)/bin/attnaudit_bench_kernels
+
+bench-copy: configure
+	$(BUILD_BENCH)
+	$(BUILD_DIR)/bin/attnaudit_bench_copy --repeats $(REPEATS)
 
 bench-cp: build
 	$(BUILD_DIR)/bin/attnaudit_bench_cp --repeats $(REPEATS)

@@ -416,8 +416,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     pool = static_cast<int64_t>(free_bytes / 4 * 3);
   }
   ATTNAUDIT_ASSIGN_OR_RETURN(b->arena_, DeviceArena::Create(pool));
-  ATTNAUDIT_ASSIGN_OR_RETURN(b->staging_,
-                             PinnedStaging::Create(options.staging_bytes));
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      b->staging_,
+      PinnedStaging::Create(options.staging_bytes, options.host_copy_threads));
   return b;
 }
 

@@ -17,7 +17,8 @@
 //
 // Resources. One CUDA stream per backend, used by one job at a time (the
 // job's stream); a device memory pool of `pool_bytes`, reset after every
-// job; two pinned staging buffers of `staging_bytes`, reused across jobs.
+// job; two pinned staging buffers of `staging_bytes`, reused across jobs,
+// filled and emptied by `host_copy_threads` threads.
 // A job larger than the pool fails ResourceExhausted (the server's
 // CudaDevice then runs it on the CPU backend, through FallbackBackend).
 //
@@ -68,6 +69,9 @@ struct CudaBackendOptions {
   int64_t pool_bytes = 0;
   // Each of the two pinned staging buffers.
   int64_t staging_bytes = int64_t{16} << 20;
+  // Threads that copy between the host's memory and the staging buffers
+  // (the job's host threads; <= 0: every hardware thread).
+  int host_copy_threads = 1;
   // Most thread blocks per row along its runs (split-KV); 0: as many as
   // fill the device, 1: the one-block pass. The results are the same P
   // bits either way (docs/NUMERICS.md, "CPU and GPU").

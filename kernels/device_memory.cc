@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/parallel_copy.h"
 #include "kernels/cuda_check.h"
 
 namespace attnaudit {
@@ -40,9 +41,10 @@ absl::StatusOr<char*> DeviceArena::Allocate(int64_t bytes,
 }
 
 absl::StatusOr<std::unique_ptr<PinnedStaging>> PinnedStaging::Create(
-    int64_t chunk_bytes) {
+    int64_t chunk_bytes, int copy_threads) {
   std::unique_ptr<PinnedStaging> s(new PinnedStaging());
   s->chunk_ = std::max<int64_t>(chunk_bytes, 1 << 16);
+  s->copy_threads_ = copy_threads;
   for (int i = 0; i < 2; ++i) {
     void* p = nullptr;
     ATTNAUDIT_CUDA_RETURN_IF_ERROR(
@@ -73,7 +75,7 @@ absl::Status PinnedStaging::Upload(void* device, const void* host,
     const int64_t n = std::min(chunk_, bytes - off);
     // The buffer's previous DMA must be done before it is refilled.
     ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(free_[b]));
-    std::memcpy(buffer_[b], src + off, static_cast<size_t>(n));
+    ParallelCopy(buffer_[b], src + off, n, copy_threads_);
     ATTNAUDIT_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(dst + off, buffer_[b], static_cast<size_t>(n),
                         cudaMemcpyHostToDevice, stream));
@@ -108,8 +110,8 @@ absl::Status PinnedStaging::Download(void* host, const void* device,
     const int b = static_cast<int>(i % 2);
     ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(free_[b]));
     const int64_t off = i * chunk_;
-    std::memcpy(dst + off, buffer_[b],
-                static_cast<size_t>(std::min(chunk_, bytes - off)));
+    ParallelCopy(dst + off, buffer_[b], std::min(chunk_, bytes - off),
+                 copy_threads_);
   }
   return absl::OkStatus();
 }

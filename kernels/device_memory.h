@@ -4,7 +4,9 @@
 // the device), and pinned host staging buffers reused across jobs (the
 // snapshot lives in pageable memory; it is copied through the staging
 // buffers in chunks, two in flight, so the host copy of one chunk overlaps
-// the DMA of the other).
+// the DMA of the other; each chunk's host copy is cut among the job's host
+// threads, core/common/parallel_copy.h, since one thread copies at a
+// fraction of what the DMA takes).
 //
 // Thread safety: one job at a time per object (the backend's contract);
 // DeviceArena::used() may be read from any thread (metrics).
@@ -59,9 +61,10 @@ class DeviceArena {
 
 class PinnedStaging {
  public:
-  // Two pinned buffers of chunk_bytes each.
+  // Two pinned buffers of chunk_bytes each; host copies on up to
+  // copy_threads threads (ParallelCopy's rule: <= 0 every hardware thread).
   static absl::StatusOr<std::unique_ptr<PinnedStaging>> Create(
-      int64_t chunk_bytes);
+      int64_t chunk_bytes, int copy_threads);
   ~PinnedStaging();
   PinnedStaging(const PinnedStaging&) = delete;
   PinnedStaging& operator=(const PinnedStaging&) = delete;
@@ -78,6 +81,7 @@ class PinnedStaging {
  private:
   PinnedStaging() = default;
   int64_t chunk_ = 0;
+  int copy_threads_ = 1;
   char* buffer_[2] = {nullptr, nullptr};
   cudaEvent_t free_[2] = {nullptr, nullptr};
 };

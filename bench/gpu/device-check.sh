@@ -13,12 +13,15 @@
 #   3. runs the benchmark (attnaudit_bench_gpu): P kernel bandwidth vs a
 #      same-run device-to-device copy at 4k/32k/128k (B=8, and B=1 at
 #      32k/128k), the split-KV merge's share, the W1 audit split into
-#      transfer and compute, the ring's time per round;
+#      transfer and compute (and again with one staging-copy thread, the
+#      parallel copy's baseline), the ring's time per round, the drift
+#      statistics on the GPU vs the CPU;
 #   4. writes everything to OUT (default gpu-results/, or $OUT / $1):
 #      machine.txt, configure.log, build.log, tests.log (with the "[ P bits ]"
 #      lines: how many of P's outputs have the CPU's bits), e2e.log,
 #      bench.txt (the markdown tables), bench_b1.txt, bench_one_block.txt
-#      (the one-block pass, the split-KV baseline), bench.json,
+#      (the one-block pass, the split-KV baseline), bench_copy1.txt (one
+#      staging-copy thread), bench.json,
 #      summary.txt.
 # Every phase is time-boxed, and all of them together by DEADLINE_S
 # (default 460 s, so the whole run ends inside 8 minutes); a failing phase
@@ -127,5 +130,8 @@ phase bench-one-block 90 "$OUT/bench_one_block.txt" bash -c \
   "'$BIN/attnaudit_bench_gpu' --max-splits 1 --repeats 3 --bandwidth-only &&
    '$BIN/attnaudit_bench_gpu' --max-splits 1 --batch 1 --repeats 3 \
      --contexts 32768,131072 --bandwidth-only"
+# The upload's baseline: the staging copies on one host thread.
+phase bench-copy1 90 "$OUT/bench_copy1.txt" \
+  "$BIN/attnaudit_bench_gpu" --contexts 4096 --repeats 5 --copy-threads 1
 note "done in $SECONDS s; results in $OUT"
 exit $STATUS

@@ -18,6 +18,7 @@
 // Usage: attnaudit_bench_gpu [--device N] [--repeats N] [--batch B]
 //        [--contexts 4096,32768,131072] [--world W] [--json PATH]
 //        [--bandwidth-only] [--pool-gib G] [--max-splits N]
+//        [--copy-threads N]
 // The P column splits off the split-KV merge's share and the splits (blocks
 // per row along its runs) the backend chose.
 #include <cuda_runtime_api.h>
@@ -65,6 +66,7 @@ struct Flags {
   bool bandwidth_only = false;
   double pool_gib = 0;     // 0: the backend's default (3/4 of free memory)
   int64_t max_splits = 0;  // 0: the backend's choice; 1: no split-KV
+  int copy_threads = 0;    // staging copies; 0: every hardware thread
   std::string json;
 };
 
@@ -90,6 +92,11 @@ Flags ParseFlags(int argc, char** argv) {
                  "most blocks per row along its runs (1: the one-block "
                  "pass, the split-KV pass's baseline)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  app.add_option("--copy-threads", f.copy_threads,
+                 "host threads copying into and out of the pinned staging "
+                 "buffers (0: every hardware thread, as one GPU worker on "
+                 "the machine gets; 1: the single-threaded baseline)")
+      ->check(CLI::Range(0, 4096));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -440,6 +447,7 @@ int Main(int argc, char** argv) {
   o.device = f.device;
   o.pool_bytes = static_cast<int64_t>(f.pool_gib * 1073741824.0);
   o.max_splits = f.max_splits;
+  o.host_copy_threads = f.copy_threads;
   absl::StatusOr<std::unique_ptr<CudaBackend>> gpu = CudaBackend::Create(o);
   if (!gpu.ok()) Die(gpu.status());
   std::vector<BandwidthRow> bw;

@@ -38,6 +38,8 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(
   CudaBackendOptions o;
   o.device = ordinal;
   o.pool_bytes = pool_bytes;
+  // The job's host threads are idle while its snapshot is uploaded.
+  o.host_copy_threads = std::max(1, host_threads);
   absl::StatusOr<std::unique_ptr<CudaBackend>> backend = CudaBackend::Create(o);
   if (!backend.ok()) return backend.status();
   return std::unique_ptr<CudaDevice>(
