@@ -1,5 +1,5 @@
 // The fused R + P pass (attention_kernels.h states what it computes). The
-// arithmetic is kernels/math/ and core/attention/merge_step.h, in the CPU
+// arithmetic is kernels/math/ and core/attention/merge_tree.h, in the CPU
 // core's operation order; this file maps it onto threads:
 //   - scores: a group of V threads (16 for fp32, 8 for fp64: the virtual
 //     lanes) per (query row, token); lane l computes its partial, the lane
@@ -9,9 +9,9 @@
 //   - the max and the sum of a row: one thread per row, in key order;
 //   - weights and output elements: one thread per element (each an
 //     independent FMA chain in key order);
-//   - the fold: each (row, element) thread computes the pair's weights
-//     (the same bits on every thread) and its element; one thread per row
-//     then writes the merged lse.
+//   - the unit tree (the second step): each (query, element) thread runs
+//     its element's tree, computing each pair's weights itself (the same
+//     bits on every thread).
 // So every thread count and launch shape computes the same bits.
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
@@ -19,7 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "core/attention/merge_step.h"
+#include "core/common/status_macros.h"
 #include "kernels/attention_kernels.h"
 #include "kernels/cuda_check.h"
 #include "kernels/math/dot.h"
@@ -49,9 +49,9 @@ struct Layout {
   int64_t q32, q64;
   int64_t vis, vcount, ulo, ucnt;
   int64_t s32, e32, s64, e64;
-  int64_t p_acc, p_lse, p_started, u_out, u_max, u_sum, u_lse;
+  int64_t u_max, u_sum, u_lse;
   int64_t r_acc, r_m, r_l, r_alpha;
-  int64_t ru_out, ru_max, ru_sum, ru_lse;
+  int64_t ru_max, ru_sum, ru_lse;
   int64_t total;
 };
 
@@ -62,7 +62,7 @@ __host__ __device__ inline Layout MakeLayout(const PassParams& p) {
   const int64_t qpb = p.queries_per_block;
   const int64_t rows = group * qpb;
   const bool r64 = p.reference || p.store_r_states;
-  const bool p32 = p.replay_fold || p.store_p_states;
+  const bool p32 = p.store_p_states;
   Layout l{};
   int64_t at = 0;
   auto take = [&at](int64_t bytes) {
@@ -88,10 +88,6 @@ __host__ __device__ inline Layout MakeLayout(const PassParams& p) {
   l.e32 = take(p32 ? rows * P * 4 : 0);
   l.s64 = take(r64 ? rows * P * 8 : 0);
   l.e64 = take(r64 ? rows * P * 8 : 0);
-  l.p_acc = take(p.replay_fold ? rows * D * 4 : 0);
-  l.p_lse = take(p.replay_fold ? rows * 4 : 0);
-  l.p_started = take(p.replay_fold ? rows * 4 : 0);
-  l.u_out = take(p32 ? rows * D * 4 : 0);
   l.u_max = take(p32 ? rows * 4 : 0);
   l.u_sum = take(p32 ? rows * 4 : 0);
   l.u_lse = take(p32 ? rows * 4 : 0);
@@ -99,7 +95,6 @@ __host__ __device__ inline Layout MakeLayout(const PassParams& p) {
   l.r_m = take(p.reference ? rows * 8 : 0);
   l.r_l = take(p.reference ? rows * 8 : 0);
   l.r_alpha = take(p.reference ? rows * 8 : 0);
-  l.ru_out = take(p.store_r_states ? rows * D * 8 : 0);
   l.ru_max = take(p.store_r_states ? rows * 8 : 0);
   l.ru_sum = take(p.store_r_states ? rows * 8 : 0);
   l.ru_lse = take(p.store_r_states ? rows * 8 : 0);
@@ -337,21 +332,15 @@ __device__ void UnitRange(const Item& it, const Shared& sh,
   }
 }
 
-// Where a unit's states go and where its V rows are.
-struct UnitTarget {
-  int64_t state_row;  // (unit_base[b] + unit) * Sq: add sq, times Hq, + h
-  bool store;
-  bool fold;
-};
-
 // One unit's state for every row whose query position sees some of its
-// keys, in T (fp32: P; fp64: R's unit states): steps of kmath::UnitState.
+// keys, in T (fp32: P; fp64: R's unit states): steps of kmath::UnitState,
+// stored at state row `state_row` ((unit_base[b] + unit) * Sq: add sq,
+// times Hq, + h).
 template <typename T>
 __device__ void UnitStates(const PassParams& p, const Item& it,
-                           const Shared& sh, const T* s, T* e, T* out, T* umax,
-                           T* usum, T* ulse, const float* v32,
-                           const double* v64, T* state_out, T* state_lse,
-                           const UnitTarget& target) {
+                           const Shared& sh, const T* s, T* e, T* umax, T* usum,
+                           T* ulse, const float* v32, const double* v64,
+                           T* state_out, T* state_lse, int64_t state_row) {
   const int32_t* vis = sh.at<int32_t>(sh.l.vis);
   const int32_t* ulo = sh.at<int32_t>(sh.l.ulo);
   const int32_t* ucnt = sh.at<int32_t>(sh.l.ucnt);
@@ -393,54 +382,20 @@ __device__ void UnitStates(const PassParams& p, const Item& it,
           }
         },
         T(0));
-    out[i] = kmath::Ops<T>::Div(acc, usum[r]);
-    if (target.store) {
-      const int64_t h = it.g * it.group + r % it.group;
-      const int64_t state = (target.state_row + it.sq0 + q) * p.q_heads + h;
-      state_out[state * it.D + d] = out[i];
-      if (d == 0) {
-        state_lse[state] = ulse[r];
-        if (sizeof(T) == 4 && p.p_state_present != nullptr) {
-          p.p_state_present[state] = 1;
-        }
+    const int64_t h = it.g * it.group + r % it.group;
+    const int64_t state = (state_row + it.sq0 + q) * p.q_heads + h;
+    state_out[state * it.D + d] = kmath::Ops<T>::Div(acc, usum[r]);
+    if (d == 0) {
+      state_lse[state] = ulse[r];
+      if (sizeof(T) == 4 && p.p_state_present != nullptr) {
+        p.p_state_present[state] = 1;
       }
     }
   }
   __syncthreads();
 }
 
-// P: folds the unit's state (u_out, u_lse) into each row's running state
-// with the shared merge step.
-__device__ void FoldUnit(const Item& it, const Shared& sh) {
-  const int32_t* ucnt = sh.at<int32_t>(sh.l.ucnt);
-  float* acc = sh.at<float>(sh.l.p_acc);
-  float* acc_lse = sh.at<float>(sh.l.p_lse);
-  int32_t* started = sh.at<int32_t>(sh.l.p_started);
-  const float* out = sh.at<float>(sh.l.u_out);
-  const float* ulse = sh.at<float>(sh.l.u_lse);
-  for (int32_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
-    const int32_t r = i / it.D;
-    if (ucnt[r / it.group] == 0) continue;
-    if (!started[r]) {
-      acc[i] = out[i];
-    } else {
-      const merge_step::PairWeights w =
-          merge_step::Weights(acc_lse[r], ulse[r]);
-      acc[i] = merge_step::Element(w, acc[i], out[i]);
-    }
-  }
-  __syncthreads();
-  for (int32_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
-    if (ucnt[r / it.group] == 0) continue;
-    acc_lse[r] = started[r]
-                     ? merge_step::Lse(merge_step::Weights(acc_lse[r], ulse[r]))
-                     : ulse[r];
-    started[r] = 1;
-  }
-  __syncthreads();
-}
-
-// Every unit of the run: P (folded and/or stored) and R's unit states.
+// Every unit of the run: P's and, when asked, R's unit states.
 __device__ void RunUnits(const PassParams& p, const Item& it, const Shared& sh,
                          const PassRun& run) {
   const bool v_f64 = p.v_dtype == kmath::kElemF64;
@@ -451,22 +406,20 @@ __device__ void RunUnits(const PassParams& p, const Item& it, const Shared& sh,
     const int64_t state_row = p.unit_base != nullptr
                                   ? (p.unit_base[it.b] + unit.index) * p.queries
                                   : 0;
-    if (p.replay_fold || p.store_p_states) {
+    if (p.store_p_states) {
       UnitStates<float>(p, it, sh, sh.at<float>(sh.l.s32),
-                        sh.at<float>(sh.l.e32), sh.at<float>(sh.l.u_out),
-                        sh.at<float>(sh.l.u_max), sh.at<float>(sh.l.u_sum),
-                        sh.at<float>(sh.l.u_lse), sh.at<float>(sh.l.v32),
-                        nullptr, p.p_state_out, p.p_state_lse,
-                        {state_row, p.store_p_states != 0, false});
-      if (p.replay_fold) FoldUnit(it, sh);
+                        sh.at<float>(sh.l.e32), sh.at<float>(sh.l.u_max),
+                        sh.at<float>(sh.l.u_sum), sh.at<float>(sh.l.u_lse),
+                        sh.at<float>(sh.l.v32), nullptr, p.p_state_out,
+                        p.p_state_lse, state_row);
     }
     if (p.store_r_states) {
-      UnitStates<double>(
-          p, it, sh, sh.at<double>(sh.l.s64), sh.at<double>(sh.l.e64),
-          sh.at<double>(sh.l.ru_out), sh.at<double>(sh.l.ru_max),
-          sh.at<double>(sh.l.ru_sum), sh.at<double>(sh.l.ru_lse),
-          sh.at<float>(sh.l.v32), v_f64 ? sh.at<double>(sh.l.v64) : nullptr,
-          p.r_state_out, p.r_state_lse, {state_row, true, false});
+      UnitStates<double>(p, it, sh, sh.at<double>(sh.l.s64),
+                         sh.at<double>(sh.l.e64), sh.at<double>(sh.l.ru_max),
+                         sh.at<double>(sh.l.ru_sum), sh.at<double>(sh.l.ru_lse),
+                         sh.at<float>(sh.l.v32),
+                         v_f64 ? sh.at<double>(sh.l.v64) : nullptr,
+                         p.r_state_out, p.r_state_lse, state_row);
     }
   }
 }
@@ -478,7 +431,7 @@ __device__ void InitItem(const PassParams& p, const Item& it,
   float* q32 = sh.at<float>(sh.l.q32);
   double* q64 = sh.at<double>(sh.l.q64);
   const bool r64 = p.reference || p.store_r_states;
-  const bool p32 = p.replay_fold || p.store_p_states;
+  const bool p32 = p.store_p_states;
   for (int32_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
     const int32_t r = i / it.D;
     const int64_t h = it.g * it.group + r % it.group;
@@ -487,14 +440,9 @@ __device__ void InitItem(const PassParams& p, const Item& it,
     const double x = p.q[qi * it.D + i % it.D];
     if (r64) q64[i] = x;
     if (p32) q32[i] = static_cast<float>(x);
-    if (p.replay_fold) sh.at<float>(sh.l.p_acc)[i] = 0.0f;
     if (p.reference) sh.at<double>(sh.l.r_acc)[i] = 0.0;
   }
   for (int32_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
-    if (p.replay_fold) {
-      sh.at<float>(sh.l.p_lse)[r] = kmath::Ops<float>::NegInf();
-      sh.at<int32_t>(sh.l.p_started)[r] = 0;
-    }
     if (p.reference) {
       sh.at<double>(sh.l.r_m)[r] = kmath::Ops<double>::NegInf();
       sh.at<double>(sh.l.r_l)[r] = 0.0;
@@ -513,10 +461,8 @@ __device__ void StoreItem(const PassParams& p, const Item& it,
         (it.b * p.queries + it.sq0 + r / it.group) * p.q_heads + h;
     const int32_t d = i % it.D;
     const int64_t ri = it.split * p.r_split_stride + qi;
-    if (p.replay_fold) p.p_out[qi * it.D + d] = sh.at<float>(sh.l.p_acc)[i];
     if (p.reference) p.r_acc[ri * it.D + d] = sh.at<double>(sh.l.r_acc)[i];
     if (d != 0) continue;
-    if (p.replay_fold) p.p_lse[qi] = sh.at<float>(sh.l.p_lse)[r];
     if (p.reference) {
       p.r_m[ri] = sh.at<double>(sh.l.r_m)[r];
       p.r_l[ri] = sh.at<double>(sh.l.r_l)[r];
@@ -541,7 +487,7 @@ __device__ void ComputeRun(const PassParams& p, const Item& it,
                      sh.at<double>(sh.l.s64));
     }
   }
-  if (p.replay_fold || p.store_p_states) {
+  if (p.store_p_states) {
     const float scale =
         kmath::Ops<float>::Mul(static_cast<float>(p.softmax_scale),
                                static_cast<float>(p.k_scale[it.g]));
@@ -625,72 +571,125 @@ __global__ void GatherKernel(const GatherParams p) {
   }
 }
 
-// One output element of P and R (split_merge.h): thread i is element
-// i % D of query (b, sq, h) = i / D.
-__global__ void SplitMergeKernel(const SplitMergeParams p) {
+// The query (b, sq, h) of rows [row_begin, ...) with index `local` among
+// them, and where its unit states start.
+struct TreeQuery {
+  int64_t qi;     // index among all queries
+  int64_t first;  // state index of unit 0; unit u at first + u * stride
+  int64_t stride;
+  int64_t units;
+};
+
+__device__ TreeQuery TreeQueryOf(const SplitMergeParams& p, int64_t local) {
+  TreeQuery t;
+  t.stride = p.queries * p.q_heads;
+  t.qi = p.row_begin * t.stride + local;
+  const int64_t b = t.qi / t.stride;
+  t.units = p.unit_base[b + 1] - p.unit_base[b];
+  t.first = p.unit_base[b] * t.stride + t.qi % t.stride;
+  return t;
+}
+
+// P's first phase (split_merge.h): thread i is element i % D of block
+// (i / D) % tree_blocks of query i / D / tree_blocks -- consecutive threads
+// read consecutive elements of one unit state.
+__global__ void UnitTreeBlocksKernel(const SplitMergeParams p) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t per_row = p.queries * p.q_heads * p.head_dim;
-  if (i >= p.rows * per_row) return;
   const int64_t D = p.head_dim;
+  const int64_t n = p.rows * p.queries * p.q_heads * p.tree_blocks * D;
+  if (i >= n) return;
+  const int64_t d = i % D;
+  const int64_t block = (i / D) % p.tree_blocks;
+  const int64_t local = i / D / p.tree_blocks;
+  const TreeQuery q = TreeQueryOf(p, local);
+  const int64_t lo = block * p.tree_block;
+  const int64_t hi = lo + p.tree_block < q.units ? lo + p.tree_block : q.units;
+  kmath::UnitTree tree;
+  tree.Reset();
+  for (int64_t u = lo; u < hi; ++u) {
+    const int64_t state = q.first + u * q.stride;
+    if (p.p_state_present[state] == 0) continue;
+    tree.Add(u - lo, p.p_state_out[state * D + d], p.p_state_lse[state]);
+  }
+  float out = 0.0f;
+  float lse = 0.0f;
+  tree.Finish(&out, &lse);
+  const int64_t root = local * p.tree_blocks + block;
+  p.tree_out[root * D + d] = out;
+  if (d == 0) p.tree_lse[root] = lse;
+}
+
+// P's second phase: thread i is element i % D of query i / D; the tree
+// over its blocks' roots.
+__global__ void UnitTreeRootsKernel(const SplitMergeParams p) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t D = p.head_dim;
+  if (i >= p.rows * p.queries * p.q_heads * D) return;
+  const int64_t d = i % D;
+  const int64_t local = i / D;
+  kmath::UnitTree tree;
+  tree.Reset();
+  for (int64_t block = 0; block < p.tree_blocks; ++block) {
+    const int64_t root = local * p.tree_blocks + block;
+    tree.Add(block, p.tree_out[root * D + d], p.tree_lse[root]);
+  }
+  float out = 0.0f;
+  float lse = 0.0f;
+  tree.Finish(&out, &lse);
+  const int64_t qi = p.row_begin * p.queries * p.q_heads + local;
+  p.p_out[qi * D + d] = out;
+  if (d == 0) p.p_lse[qi] = lse;
+}
+
+// R's split combine (split_merge.h): thread i is element i % D of query
+// i / D.
+__global__ void ReferenceCombineKernel(const SplitMergeParams p) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t D = p.head_dim;
+  if (i >= p.rows * p.queries * p.q_heads * D) return;
   const int64_t d = i % D;
   const int64_t qi = p.row_begin * p.queries * p.q_heads + i / D;
-  if (p.p_out != nullptr) {
-    const int64_t b = qi / (p.queries * p.q_heads);
-    const int64_t stride = p.queries * p.q_heads;  // between units
-    const int64_t count = p.unit_base[b + 1] - p.unit_base[b];
-    // State of unit u: (unit_base[b] + u) * stride + (sq, h).
-    const int64_t first = p.unit_base[b] * stride + qi % stride;
-    // The fold is a serial chain; the loads of kAhead units are issued
-    // before their steps run, so their latencies overlap.
-    constexpr int kAhead = 8;
-    kmath::FoldState fold;
-    for (int64_t u0 = 0; u0 < count; u0 += kAhead) {
-      bool present[kAhead];
-      float lse[kAhead];
-      float out[kAhead];
-#pragma unroll
-      for (int j = 0; j < kAhead; ++j) {
-        const int64_t state = first + (u0 + j) * stride;
-        present[j] = u0 + j < count && p.p_state_present[state] != 0;
-        lse[j] = u0 + j < count ? p.p_state_lse[state] : 0.0f;
-        out[j] = u0 + j < count ? p.p_state_out[state * D + d] : 0.0f;
-      }
-#pragma unroll
-      for (int j = 0; j < kAhead; ++j) {
-        if (present[j]) kmath::FoldStep(out[j], lse[j], &fold);
-      }
-    }
-    p.p_out[qi * D + d] = fold.acc;
-    if (d == 0) p.p_lse[qi] = fold.lse;
+  const int64_t stride = p.r_split_stride;
+  double m = 0, l = 0, acc = 0;
+  kmath::CombineReferenceSplits(
+      p.splits, [&](int64_t s) { return p.r_part_m[s * stride + qi]; },
+      [&](int64_t s) { return p.r_part_l[s * stride + qi]; },
+      [&](int64_t s) { return p.r_part_acc[(s * stride + qi) * D + d]; }, &m,
+      &l, &acc);
+  p.r_acc[qi * D + d] = acc;
+  if (d == 0) {
+    p.r_m[qi] = m;
+    p.r_l[qi] = l;
   }
-  if (p.r_acc != nullptr) {
-    const int64_t stride = p.r_split_stride;
-    double m = 0, l = 0, acc = 0;
-    kmath::CombineReferenceSplits(
-        p.splits, [&](int64_t s) { return p.r_part_m[s * stride + qi]; },
-        [&](int64_t s) { return p.r_part_l[s * stride + qi]; },
-        [&](int64_t s) { return p.r_part_acc[(s * stride + qi) * D + d]; }, &m,
-        &l, &acc);
-    p.r_acc[qi * D + d] = acc;
-    if (d == 0) {
-      p.r_m[qi] = m;
-      p.r_l[qi] = l;
-    }
-  }
+}
+
+unsigned BlocksFor(int64_t threads, int per_block) {
+  return static_cast<unsigned>((threads + per_block - 1) / per_block);
 }
 
 }  // namespace
 
 absl::Status LaunchSplitMerge(const SplitMergeParams& params,
                               cudaStream_t stream) {
-  const int64_t n =
+  const int64_t elements =
       params.rows * params.queries * params.q_heads * params.head_dim;
-  if (n <= 0) return absl::OkStatus();
+  if (elements <= 0) return absl::OkStatus();
   constexpr int kMergeThreads = 256;
-  const int64_t blocks = (n + kMergeThreads - 1) / kMergeThreads;
-  SplitMergeKernel<<<static_cast<unsigned>(blocks), kMergeThreads, 0, stream>>>(
-      params);
-  return LaunchStatus("SplitMergeKernel");
+  if (params.p_out != nullptr) {
+    UnitTreeBlocksKernel<<<BlocksFor(elements * params.tree_blocks,
+                                     kMergeThreads),
+                           kMergeThreads, 0, stream>>>(params);
+    ATTNAUDIT_RETURN_IF_ERROR(LaunchStatus("UnitTreeBlocksKernel"));
+    UnitTreeRootsKernel<<<BlocksFor(elements, kMergeThreads), kMergeThreads, 0,
+                          stream>>>(params);
+    ATTNAUDIT_RETURN_IF_ERROR(LaunchStatus("UnitTreeRootsKernel"));
+  }
+  if (params.r_acc != nullptr) {
+    ReferenceCombineKernel<<<BlocksFor(elements, kMergeThreads), kMergeThreads,
+                             0, stream>>>(params);
+    ATTNAUDIT_RETURN_IF_ERROR(LaunchStatus("ReferenceCombineKernel"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LaunchGather(const GatherParams& params, cudaStream_t stream) {

@@ -11,22 +11,23 @@
 // the GQA group and every query position of the chunk from them:
 //   - R: the fp64 online softmax per run (a logical block), as the CPU's;
 //   - P: per unit (a run's units, core/attention/units.h) the fp32 partial
-//     state, folded in ascending unit order with the shared merge step
-//     (core/attention/merge_step.h), or stored per unit (CP replays, and R
-//     unit states for the CP reference partials).
+//     state, stored with a presence flag (and, for the CP reference
+//     partials, R's unit states too).
+// LaunchSplitMerge, the second step, merges each query's P unit states in
+// the contract's tree over the unit indices (core/attention/merge_tree.h;
+// two phases, kernels/math/split_merge.h), one thread per (query, element,
+// first-phase block) and then per (query, element): a chain of about
+// 2 sqrt(units) dependent merges, not one per unit. The stored states cost
+// (D + 1) x 4 bytes per (unit, query, query head) -- a quarter of the K/V
+// bytes at W1's shape (GQA group 4, pages of 16) -- from the backend's
+// pool.
 // Split-KV: a decode row (one query position, a long context) is one block
 // per KV head -- far fewer blocks than a GPU has multiprocessors. With
 // splits > 1 each row's runs are cut into `splits` contiguous ranges
 // (kmath::SplitRuns), one thread block per (row, range, KV head, query
 // chunk): R's online softmax restarts per range and its state is stored
-// per split; P is stored per unit (with a presence flag) instead of
-// folded. LaunchSplitMerge then folds P's unit states in ascending unit
-// order (the same bits as the one-block fold) and combines R's splits
-// (kernels/math/split_merge.h), one thread per output element. The
-// stored states cost (D + 1) x 4 bytes per (unit, query, query head) --
-// a quarter of the K/V bytes at W1's shape (GQA group 4, pages of 16) --
-// from the backend's pool.
-// Outputs stay unfinished (R: acc, m, l; P: the folded out and lse): the
+// per split, and the second step combines the splits (same P either way).
+// Outputs stay unfinished (R: acc, m, l; P: the merged out and lse): the
 // host finishes them with the core's FinishReferenceState /
 // FinishReplayState (sinks, V scale, the one rounding), so the final write
 // is the CPU's code.
@@ -108,16 +109,13 @@ struct PassParams {
   unsigned char* p_state_present = nullptr;
   // What to compute.
   int reference = 0;       // R's running state into r_*
-  int replay_fold = 0;     // P's folded state into p_*
-  int store_p_states = 0;  // every unit's P state into p_state_*
+  int store_p_states = 0;  // every unit's P state into p_state_* (P)
   int store_r_states = 0;  // every unit's R state into r_state_*
   // Outputs (device pointers), indexed by query (b, sq, h) or by state
   // ((unit_base[b] + unit) * Sq + sq) * Hq + h.
   double* r_acc = nullptr;  // [B,Sq,Hq,D]
   double* r_m = nullptr;    // [B,Sq,Hq]
   double* r_l = nullptr;
-  float* p_out = nullptr;              // [B,Sq,Hq,D]
-  float* p_lse = nullptr;              // [B,Sq,Hq]
   const int64_t* unit_base = nullptr;  // [B + 1]
   float* p_state_out = nullptr;
   float* p_state_lse = nullptr;
@@ -141,8 +139,9 @@ bool FitPassToSharedMemory(PassParams* params, int64_t max_shared);
 // chunk).
 absl::Status LaunchFusedPass(const PassParams& params, cudaStream_t stream);
 
-// The split-KV pass's second step: one thread per (row, query position,
-// query head, element) of rows [row_begin, row_begin + rows).
+// The pass's second step for rows [row_begin, row_begin + rows): P's unit
+// tree (two kernels) and, split-KV, R's split combine (one thread per
+// query and element).
 struct SplitMergeParams {
   int64_t row_begin = 0;
   int64_t rows = 0;
@@ -156,6 +155,13 @@ struct SplitMergeParams {
   const unsigned char* p_state_present = nullptr;
   float* p_out = nullptr;
   float* p_lse = nullptr;
+  // The first phase's roots: tree_blocks blocks of tree_block units per
+  // query (tree_block = kmath::TreeBlockUnits of the most units a row
+  // has); scratch for rows x queries x query heads x tree_blocks roots.
+  int64_t tree_block = 1;
+  int64_t tree_blocks = 1;
+  float* tree_out = nullptr;  // [query][block][D]
+  float* tree_lse = nullptr;  // [query][block]
   // R: `splits` partial states r_part_* (split stride r_split_stride); null
   // r_acc skips R.
   int64_t splits = 1;

@@ -78,12 +78,21 @@ struct PassOutputs {
   double* r_state_out = nullptr;
   double* r_state_lse = nullptr;
   int* kv_non_finite = nullptr;
-  // Split-KV only: R's per-split states and P's unit-state flags.
+  unsigned char* p_state_present = nullptr;
+  // P's unit tree: the first phase's roots.
+  float* tree_out = nullptr;
+  float* tree_lse = nullptr;
+  // Split-KV only: R's per-split states.
   double* r_part_acc = nullptr;
   double* r_part_m = nullptr;
   double* r_part_l = nullptr;
-  unsigned char* p_state_present = nullptr;
 };
+
+int64_t MostUnits(const PreparedAttention& p) {
+  int64_t n = 0;
+  for (const auto& row : p.units) n = std::max<int64_t>(n, row.size());
+  return n;
+}
 
 int64_t TotalUnits(const PreparedAttention& p) {
   int64_t n = 0;
@@ -97,10 +106,10 @@ struct PassWants {
   bool replay = false;
 };
 
-// R's per-split states and P's presence flags of a split-KV pass.
+// R's per-split states of a split-KV pass.
 absl::Status AllocateSplitOutputs(const PreparedAttention& p,
                                   const PassParams& params, DeviceArena& arena,
-                                  cudaStream_t stream, PassOutputs* o) {
+                                  PassOutputs* o) {
   const SnapshotDims& d = p.dims;
   const int64_t parts = params.splits * d.batch * d.queries * d.q_heads;
   if (params.reference) {
@@ -112,14 +121,28 @@ absl::Status AllocateSplitOutputs(const PreparedAttention& p,
     ATTNAUDIT_ASSIGN_OR_RETURN(
         o->r_part_l, arena.AllocateArray<double>(parts, "R split states"));
   }
-  if (params.store_p_states) {
-    const int64_t states = TotalUnits(p) * d.queries * d.q_heads;
-    ATTNAUDIT_ASSIGN_OR_RETURN(
-        o->p_state_present,
-        arena.AllocateArray<unsigned char>(states, "P unit flags"));
-    ATTNAUDIT_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(o->p_state_present, 0, states, stream));
-  }
+  return absl::OkStatus();
+}
+
+// P's unit states' presence flags and the unit tree's first-phase roots.
+absl::Status AllocateTreeOutputs(const PreparedAttention& p, DeviceArena& arena,
+                                 cudaStream_t stream, PassOutputs* o) {
+  const SnapshotDims& d = p.dims;
+  const int64_t states = TotalUnits(p) * d.queries * d.q_heads;
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      o->p_state_present,
+      arena.AllocateArray<unsigned char>(states, "P unit flags"));
+  ATTNAUDIT_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(o->p_state_present, 0, states, stream));
+  const int64_t most = MostUnits(p);
+  const int64_t block = kmath::TreeBlockUnits(most);
+  const int64_t roots = d.batch * d.queries * d.q_heads *
+                        std::max<int64_t>(1, (most + block - 1) / block);
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      o->tree_out,
+      arena.AllocateArray<float>(roots * d.head_dim, "P unit tree roots"));
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      o->tree_lse, arena.AllocateArray<float>(roots, "P unit tree roots"));
   return absl::OkStatus();
 }
 
@@ -133,8 +156,10 @@ absl::StatusOr<PassOutputs> AllocateOutputs(const PreparedAttention& p,
   const int64_t states = TotalUnits(p) * d.queries * d.q_heads;
   PassOutputs o;
   if (params.splits > 1) {
-    ATTNAUDIT_RETURN_IF_ERROR(
-        AllocateSplitOutputs(p, params, arena, stream, &o));
+    ATTNAUDIT_RETURN_IF_ERROR(AllocateSplitOutputs(p, params, arena, &o));
+  }
+  if (params.store_p_states) {
+    ATTNAUDIT_RETURN_IF_ERROR(AllocateTreeOutputs(p, arena, stream, &o));
   }
   if (wants.reference) {
     ATTNAUDIT_ASSIGN_OR_RETURN(
@@ -271,8 +296,6 @@ void BindOutputs(const PassOutputs& out, PassParams* params) {
   params->r_m = split ? out.r_part_m : out.r_m;
   params->r_l = split ? out.r_part_l : out.r_l;
   params->p_state_present = out.p_state_present;
-  params->p_out = out.p_out;
-  params->p_lse = out.p_lse;
   params->p_state_out = out.p_state_out;
   params->p_state_lse = out.p_state_lse;
   params->r_state_out = out.r_state_out;
@@ -281,14 +304,12 @@ void BindOutputs(const PassOutputs& out, PassParams* params) {
 }
 
 // Split-KV when one block per (row, KV head, query chunk) would leave the
-// device's multiprocessors idle: P is stored per unit instead of folded
-// (the merge kernel folds it), R per split. Not when its extra states
-// would take more than half of the pool's free bytes: the one-block pass
-// gives the same P, and a snapshot that fits it must not fall back to
-// the CPU for the split's sake.
-void PlanSplits(const PreparedAttention& p, const PoolRuns& plan,
-                int multiprocessors, int64_t max_splits, int64_t free_bytes,
-                bool states_wanted, PassParams* params) {
+// device's multiprocessors idle: R is stored per split (the second step
+// combines it). Not when those states would take more than half of the
+// pool's free bytes: the one-block pass gives the same P, and a snapshot
+// that fits it must not fall back to the CPU for the split's sake.
+void PlanSplits(const PoolRuns& plan, int multiprocessors, int64_t max_splits,
+                int64_t free_bytes, PassParams* params) {
   const int64_t chunks = (params->queries + params->queries_per_block - 1) /
                          params->queries_per_block;
   int64_t max_row_runs = 0;
@@ -304,8 +325,7 @@ void PlanSplits(const PreparedAttention& p, const PoolRuns& plan,
   if (params->splits <= 1) return;
   const int64_t extra = kmath::SplitExtraBytes(
       params->splits, params->rows * params->queries * params->q_heads,
-      TotalUnits(p) * params->queries * params->q_heads, params->head_dim,
-      params->reference != 0, params->replay_fold != 0, states_wanted);
+      params->head_dim, params->reference != 0);
   if (extra > free_bytes / 2) {
     params->splits = 1;
     return;
@@ -313,15 +333,13 @@ void PlanSplits(const PreparedAttention& p, const PoolRuns& plan,
   // Query indices count from row 0, whatever row_begin.
   params->r_split_stride =
       (params->row_begin + params->rows) * params->queries * params->q_heads;
-  if (params->replay_fold) {
-    params->replay_fold = 0;
-    params->store_p_states = 1;
-  }
 }
 
-// The split-KV pass's second step into the final buffers.
-absl::Status MergeSplits(const PassParams& params, const PassWants& wants,
-                         const PassOutputs& out, cudaStream_t stream) {
+// The pass's second step into the final buffers: P's unit tree and,
+// split-KV, R's split combine.
+absl::Status MergeSplits(const PreparedAttention& p, const PassParams& params,
+                         const PassWants& wants, const PassOutputs& out,
+                         cudaStream_t stream) {
   cuda_internal::SplitMergeParams m;
   m.row_begin = params.row_begin;
   m.rows = params.rows;
@@ -335,8 +353,14 @@ absl::Status MergeSplits(const PassParams& params, const PassWants& wants,
     m.p_state_present = out.p_state_present;
     m.p_out = out.p_out;
     m.p_lse = out.p_lse;
+    const int64_t most = MostUnits(p);
+    m.tree_block = kmath::TreeBlockUnits(most);
+    m.tree_blocks =
+        std::max<int64_t>(1, (most + m.tree_block - 1) / m.tree_block);
+    m.tree_out = out.tree_out;
+    m.tree_lse = out.tree_lse;
   }
-  if (wants.reference) {
+  if (wants.reference && params.splits > 1) {
     m.splits = params.splits;
     m.r_split_stride = params.r_split_stride;
     m.r_part_acc = out.r_part_acc;
@@ -483,9 +507,8 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
   wants.reference = options.passes != AttentionPasses::kReplayOnly;
   wants.replay = options.passes != AttentionPasses::kReferenceOnly;
   params.reference = wants.reference;
-  params.replay_fold = wants.replay;
   UnitStates* states = options.unit_states;
-  params.store_p_states = states != nullptr ? 1 : 0;
+  params.store_p_states = wants.replay || states != nullptr ? 1 : 0;
   params.store_r_states = states != nullptr && states->has_reference ? 1 : 0;
   int max_shared = 0;
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
@@ -499,8 +522,8 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
   int multiprocessors = 0;
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
       &multiprocessors, cudaDevAttrMultiProcessorCount, info_.ordinal));
-  PlanSplits(p, plan, multiprocessors, max_splits_,
-             arena_->capacity() - arena_->used(), states != nullptr, &params);
+  PlanSplits(plan, multiprocessors, max_splits_,
+             arena_->capacity() - arena_->used(), &params);
   ATTNAUDIT_ASSIGN_OR_RETURN(
       params.runs,
       UploadVector(plan.runs, "runs", *arena_, *staging_, stream_));
@@ -520,8 +543,8 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.e[1], stream_));
   ATTNAUDIT_RETURN_IF_ERROR(cuda_internal::LaunchFusedPass(params, stream_));
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.e[4], stream_));
-  if (params.splits > 1) {
-    ATTNAUDIT_RETURN_IF_ERROR(MergeSplits(params, wants, out, stream_));
+  if (wants.replay || params.splits > 1) {
+    ATTNAUDIT_RETURN_IF_ERROR(MergeSplits(p, params, wants, out, stream_));
   }
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.e[2], stream_));
 

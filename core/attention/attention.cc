@@ -60,9 +60,12 @@ void PrepareItem(const PreparedAttention& p, int64_t b, int64_t g0, int64_t g1,
   sc.ref_m.assign(static_cast<size_t>(rows), kNegInfD);
   sc.ref_l.assign(static_cast<size_t>(rows), 0.0);
   sc.ref_acc.assign(static_cast<size_t>(rows * D), 0.0);
-  sc.rep_out.assign(static_cast<size_t>(rows * D), 0.0f);
-  sc.rep_lse.assign(static_cast<size_t>(rows), kNegInfF);
-  sc.rep_started.assign(static_cast<size_t>(rows), 0);
+  if (static_cast<int64_t>(sc.rep_tree.size()) < rows) sc.rep_tree.resize(rows);
+  const int64_t units = static_cast<int64_t>(p.units[b].size());
+  for (int64_t r = 0; r < rows; ++r) sc.rep_tree[r].Reset(D, units);
+  Grow(sc.rep_at, group);
+  Grow(sc.rep_new_lse, group);
+  Grow(sc.rep_discard, D);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t sq = r / per_query;
     const int64_t h = g0 * group + r % per_query;
@@ -94,7 +97,9 @@ void FinishRows(const PassContext& item, Scratch& sc, int64_t b, int64_t g0,
                            &res.reference_out[qi * D], &res.reference_lse[qi]);
     }
     if (item.replay) {
-      FinishReplayState(p, h, &sc.rep_out[r * D], sc.rep_lse[r],
+      float lse = 0;
+      sc.rep_tree[r].Finish(sc.rep_discard.data(), &lse);
+      FinishReplayState(p, h, sc.rep_discard.data(), lse,
                         &res.replay_out[qi * D], &res.replay_lse[qi]);
     }
   }

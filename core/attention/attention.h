@@ -6,10 +6,10 @@
 // gathered, visible keys, accumulated in fp64 (an fp64 online softmax
 // across blocks, whose rescaling error is ~1e-16 relative), LSE in natural
 // log of the scaled (and soft-capped) scores. R.out is NOT rounded.
-// P, the replay: per logical block partial states in fp32 (out normalised
-// within the block, lse), merged in ascending logical block order by the
-// shared MergeInto left fold, sinks merged last, downcast once at the final
-// write to the output dtype.
+// P, the replay: per unit (logical block) partial states in fp32 (out
+// normalised within the unit, lse), merged in the tree over the unit
+// indices (core/attention/merge_tree.h) with the shared merge step, sinks
+// merged last, downcast once at the final write to the output dtype.
 // Both report the LSE the way the engine declared it: over keys only, or
 // including sinks when snapshot.engine_lse_includes_sinks.
 //

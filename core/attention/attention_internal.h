@@ -9,6 +9,7 @@
 
 #include "core/attention/attention.h"
 #include "core/attention/merge_step.h"
+#include "core/attention/merge_tree.h"
 #include "core/attention/prefetch_cursor.h"
 #include "core/attention/unit_states.h"
 
@@ -21,7 +22,7 @@ struct PassContext {
   AttentionResults* results;  // null for ComputeRunStates
   bool reference;             // run R's online softmax into the scratch
   bool replay;                // compute P's unit states
-  bool fold_replay;           // fold them into the scratch's running P
+  bool fold_replay;           // merge them in the scratch's merge trees
   UnitStates* unit_states;    // store unit states here when not null
   // Set by any work item that widened a non-finite K or V value; the
   // caller then locates it (the message must not depend on scheduling).
@@ -32,10 +33,11 @@ struct PassContext {
   int64_t* visible_keys = nullptr;
 };
 
-// How one query row's unit state joins its running replay state (fp32),
-// decided before the unit's values are accumulated: the first unit is
-// copied, a later one merged with merge_step's weights (MergeInto's
-// arithmetic and cases), or the row zeroed when both states are empty.
+// How one query row's unit state joins its merge tree (fp32), decided
+// before the unit's values are accumulated: written as the tree's leaf, or
+// merged into the pending left sibling there with merge_step's weights
+// (MergeInto's arithmetic and cases), or the row zeroed when both states
+// are empty.
 struct FoldRow {
   enum Kind : uint8_t { kCopy, kMerge, kZero } kind = kCopy;
   bool use_acc = false;   // merge: the running state takes part
@@ -43,9 +45,9 @@ struct FoldRow {
   merge_step::PairWeights w{};
 };
 
-// The fold of a unit with lse `unit_lse` into a running state (`started`,
-// lse `acc_lse`): the plan for its elements, and the running state's new
-// lse in *new_lse.
+// The fold of a unit with lse `unit_lse` into a left sibling (`started`,
+// lse `acc_lse`) or as it is: the plan for its elements, and the node's
+// new lse in *new_lse.
 inline FoldRow PlanFold(bool started, float acc_lse, float unit_lse,
                         float* new_lse) {
   FoldRow f;
@@ -80,8 +82,10 @@ struct Scratch {
   std::vector<double> q64;             // [rows][D]
   std::vector<float> q32;              // [rows][D]
   std::vector<double> ref_m, ref_l, ref_acc;       // [rows], [rows], [rows][D]
-  std::vector<float> rep_out, rep_lse;             // [rows][D], [rows]
-  std::vector<uint8_t> rep_started;                // [rows]
+  std::vector<merge_tree::MergeTree> rep_tree;     // [rows] P's merge
+  std::vector<float*> rep_at;                      // [group] leaves
+  std::vector<float> rep_new_lse;                  // [group]
+  std::vector<float> rep_discard;                  // [D] an empty unit's out
   std::vector<double> s64, e64;                    // [group][P]
   std::vector<float> s32, e32;                     // [group][P]
   std::vector<float> blk_sum, blk_lse;             // [group]

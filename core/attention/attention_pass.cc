@@ -355,8 +355,10 @@ struct UnitTarget {
 };
 
 // P for one unit: its fp32 state, normalised as it leaves the value tiles,
-// stored as a unit state when asked and folded into each row's running
-// state (units arrive in ascending order) by the merge routine's step.
+// stored as a unit state when asked and added to each row's merge tree
+// (units arrive in ascending order): written as the unit's leaf, or merged
+// into its pending left sibling by the merge routine's step. An empty
+// state (lse -inf, only from non-finite K) is no leaf.
 template <typename V>
 void ReplayUnit(const PassContext& ctx, Scratch& sc, const V* v, int64_t ldv,
                 const int32_t* vis, int64_t count, const UnitTarget& at) {
@@ -378,15 +380,28 @@ void ReplayUnit(const PassContext& ctx, Scratch& sc, const V* v, int64_t ldv,
   }
   if (ctx.fold_replay) {
     for (int64_t j = 0; j < group; ++j) {
-      const int64_t r = at.first_row + j;
-      sc.fold[j] = PlanFold(sc.rep_started[r] != 0, sc.rep_lse[r],
-                            sc.blk_lse[j], &sc.rep_lse[r]);
-      sc.rep_started[r] = 1;
+      merge_tree::MergeTree& tree = sc.rep_tree[at.first_row + j];
+      if (merge_tree::Empty(sc.blk_lse[j])) {
+        sc.fold[j] = PlanFold(false, 0.0f, sc.blk_lse[j], &sc.rep_new_lse[j]);
+        sc.rep_at[j] = sc.rep_discard.data();
+        continue;
+      }
+      bool merge_into = false;
+      float left_lse = 0;
+      sc.rep_at[j] = tree.Begin(at.unit, &merge_into, &left_lse);
+      sc.fold[j] =
+          PlanFold(merge_into, left_lse, sc.blk_lse[j], &sc.rep_new_lse[j]);
     }
-    out.rep = &sc.rep_out[at.first_row * D];
+    out.rep = sc.rep_at.data();
   }
   AccumulateRows</*kFromZero=*/true>(DF32(), out, group, sc.e32.data(),
                                      p.dims.page_size, v, ldv, vis, count, D);
+  if (ctx.fold_replay) {
+    for (int64_t j = 0; j < group; ++j) {
+      if (merge_tree::Empty(sc.blk_lse[j])) continue;
+      sc.rep_tree[at.first_row + j].End(at.unit, sc.rep_new_lse[j]);
+    }
+  }
 }
 
 // R's state of one unit (fp64), into ctx.unit_states.

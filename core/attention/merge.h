@@ -20,8 +20,8 @@ namespace attnaudit {
 void MergeStates(const float* const* outs, const float* lses, int n, int64_t d,
                  float* out, float* lse);
 
-// Two-state form used by the left fold: (acc_out, acc_lse) <- merge(acc,
-// next). Same arithmetic as MergeStates with n = 2.
+// Two-state form used by the merge tree (merge_tree.h): (acc_out, acc_lse)
+// <- merge(acc, next). Same arithmetic as MergeStates with n = 2.
 void MergeInto(float* acc_out, float* acc_lse, const float* next_out,
                float next_lse, int64_t d);
 

@@ -8,11 +8,11 @@
 // rank otherwise (token interleaving with a smaller interleave size splits a
 // block among ranks).
 //
-// P is the left fold, in ascending unit order (by block, then first token),
-// of one fp32 partial state per unit (core/attention/attention.h). Because
-// a unit never spans ranks, every CP replay -- whichever rank computes a
+// P merges one fp32 partial state per unit in a tree over the unit indices
+// (by block, then first token; core/attention/merge_tree.h). Because a
+// unit never spans ranks, every CP replay -- whichever rank computes a
 // unit, in whatever order, on whatever worker -- can rebuild P bit for bit
-// by folding the same unit states in the same order (docs/NUMERICS.md,
+// by merging the same unit states in the same tree (docs/NUMERICS.md,
 // "Context parallelism").
 //
 // Pure functions of a validated snapshot; thread-safe.

@@ -8,12 +8,12 @@
 // Where a tile's finished columns go is a policy (`Out`): plain rows of
 // running sums (R's online softmax), or a unit's normalised state
 // (NormalisedOut), which divides by the row sums as the columns leave the
-// registers, keeps them where the unit states live and folds them into the
-// running replay state with the merge routine's element step. Each of
-// those is the same rounded operation, in the same order, as the separate
-// loops it replaces (divide the stored sums, copy, MergeInto), so the bits
-// are theirs (docs/NUMERICS.md, "R, P and E"); only the round trips
-// through memory are gone.
+// registers, keeps them where the unit states live and writes them into,
+// or merges them with the merge routine's element step into, the row's
+// merge tree leaf. Each of those is the same rounded operation, in the
+// same order, as the separate loops it replaces (divide the stored sums,
+// copy, MergeTree::Add), so the bits are theirs (docs/NUMERICS.md, "R, P
+// and E"); only the round trips through memory are gone.
 //
 // Pure functions over caller-owned buffers; thread-safe for disjoint
 // outputs.
@@ -68,14 +68,15 @@ using attention_internal::FoldRow;
 
 // A unit's state leaving the tile: out = sum / row sum, written to
 // keep[r] (a unit state's slot; null: not kept) and, for fp32 with
-// `rep` set, folded into the running state rep[r * dim ...] as fold[r]
+// `rep` set, written to or merged into row r's leaf of its merge tree,
+// rep[r] (core/attention/merge_tree.h, MergeTree::Begin), as fold[r]
 // says. The tile starts from zero, so Load is never called.
 template <class D>
 struct NormalisedOut {
   using T = hn::TFromD<D>;
   const T* sum;         // [rows]
   T* const* keep;       // [rows] destinations, or null
-  float* rep;           // [rows][dim] running replay out, or null
+  float* const* rep;    // [rows] each row's leaf in its merge tree, or null
   const FoldRow* fold;  // [rows], with rep
   int64_t dim;
 
@@ -96,7 +97,7 @@ struct NormalisedOut {
     }
     if constexpr (std::is_same_v<T, float>) {
       if (rep != nullptr) {
-        FoldRowVectors<kCols>(d, fold[r], o, rep + r * dim + i);
+        FoldRowVectors<kCols>(d, fold[r], o, rep[r] + i);
       }
     }
   }
@@ -105,7 +106,7 @@ struct NormalisedOut {
     if (keep != nullptr) keep[r][i] = o;
     if constexpr (std::is_same_v<T, float>) {
       if (rep == nullptr) return;
-      float& acc = rep[r * dim + i];
+      float& acc = rep[r][i];
       acc = fold[r].kind == FoldRow::kCopy
                 ? o
                 : merge_step::Element(fold[r].w, acc, o);

@@ -2,7 +2,7 @@
 // audit.h): for a snapshot with cp.world_size > 1, after the single-rank
 // pass, it replays the snapshot with the requested CP strategy
 // (core/cp/replay), combines the ranks' unit states in the engine's order
-// and in ascending unit order, compares both with R, and -- when the
+// and in P's unit tree, compares both with R, and -- when the
 // snapshot carries the engine's per-rank partials -- checks every rank's
 // partial against the reference partial over its shard and the engine's
 // combine step against our merge of the engine's own partials. It fills

@@ -213,8 +213,9 @@ struct Provenance {
   double softmax_scale = 0;
   DType output_dtype = DType::kInvalid;
   int64_t max_merged_blocks = 0;  // largest k over all queries
-  // [B][Sq][k]: ascending logical blocks with >= 1 visible key, in the order
-  // the replay merged them. Empty when the option to include them is off.
+  // [B][Sq][k]: ascending logical blocks with >= 1 visible key: the leaves
+  // of the replay's merge tree, in index order. Empty when the option to
+  // include them is off.
   std::vector<std::vector<std::vector<int32_t>>> merge_orders;
   // [B][active blocks]: CP rank owning each logical block.
   std::vector<std::vector<int32_t>> block_owners;
@@ -271,7 +272,7 @@ struct CpReport {
   int64_t workers = 0;    // ranks that could run at once
   std::string execution;  // "lockstep" / "thread_per_rank"
   // Our CP replay, combined in the engine's order (ring rounds or rank
-  // order) and in ascending unit order, each against R.
+  // order) and in P's unit tree, each against R.
   CpCheck engine_order;
   CpCheck deterministic;
   // The deterministic combine equals the single-rank replay P bit for bit

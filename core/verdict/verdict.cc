@@ -20,9 +20,10 @@ const double kEpsBf16 = std::ldexp(1.0, -7);
 // Keys per split of a flash-decoding engine: the least accumulation depth
 // an engine has over a long context, whatever the page size.
 constexpr int64_t kEngineSplitKeys = 256;
-// Weight of the fp32 accumulation term per merged block. The fp32 left fold
-// of the replay loses up to ~0.7 k eps_f32 relative (measured, NUMERICS.md);
-// 2 keeps it inside with room.
+// Weight of the fp32 accumulation term per merged block. An fp32 left fold
+// (an engine's; P itself merges in a tree, losing far less) loses up to
+// ~0.7 k eps_f32 relative (measured, NUMERICS.md); 2 keeps it inside with
+// room.
 constexpr double kFoldCoefficient = 2.0;
 // fp32 arithmetic inside one block's state, per side (measured: an f32
 // output at 40-60 keys drifted 1.1x over the fold term alone).

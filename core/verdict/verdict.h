@@ -3,10 +3,11 @@
 // report's verdict is DRIFT when any requested comparison drifts.
 //
 // Tolerances are dtype-aware and grow with the number of merged blocks k:
-// an fp32 left fold over k partial states is not bitwise, and its error
-// grows ~linearly in k (docs/NUMERICS.md, "Tolerances", gives the formulas
-// and the measurements behind them). Every tolerance can be overridden per
-// request. Pure functions; thread-safe.
+// an engine's fp32 left fold over k partial states is not bitwise, and its
+// error grows ~linearly in k (P's tree, with log2 k, stays inside)
+// (docs/NUMERICS.md, "Tolerances", gives the formulas and the measurements
+// behind them). Every tolerance can be overridden per request. Pure functions;
+// thread-safe.
 #ifndef ATTNAUDIT_CORE_VERDICT_VERDICT_H_
 #define ATTNAUDIT_CORE_VERDICT_VERDICT_H_
 

@@ -1,18 +1,18 @@
-// The split-KV pass's second step, host and device: what turns the first
-// step's per-split results back into one row's R and P
-// (kernels/attention_kernels.h, "Split-KV").
+// The pass's second step, host and device: what turns the first step's
+// stored results into one row's R and P (kernels/attention_kernels.h).
 //
-// The first step spreads a row's runs over several thread blocks. Each
-// block stores
+// The first step stores
 //   - P: every unit's fp32 state (out, lse) and whether the row saw the
 //     unit at all (a unit with no visible key has no state);
-//   - R: its runs' fp64 online-softmax state (m, l, acc), started afresh.
+//   - R, split-KV only: each split's fp64 online-softmax state (m, l, acc),
+//     started afresh.
 // The second step, per (query row, element):
-//   - P: folds the present unit states in ascending unit order with the
-//     shared merge step, exactly as the one-block pass folds them as it
-//     goes (the first present state is taken as it is, each later one
-//     merged into the accumulator) -- so P has the same bits for every
-//     split, and the CPU's;
+//   - P: merges the present unit states in the contract's tree over the
+//     unit indices (core/attention/merge_tree.h) in two phases: the roots
+//     of aligned blocks of TreeBlockUnits units, one thread each, then the
+//     tree over those roots -- which is the same tree, so P has the CPU's
+//     bits for every block size and every split, with a chain of about
+//     2 sqrt(units) dependent merges instead of units;
 //   - R: rescales each split's state to the largest m and sums them in
 //     split order: M = max m_s, l = sum l_s a_s, acc = sum acc_s a_s with
 //     a_s = RescaleFactor(m_s, M). R's association changes with the split,
@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "core/attention/merge_step.h"
+#include "core/attention/merge_tree.h"
 #include "core/common/host_device.h"
 #include "kernels/math/scalar.h"
 #include "kernels/math/unit_state.h"
@@ -32,25 +33,17 @@
 namespace attnaudit {
 namespace kmath {
 
-// One element of P's fold over the present unit states in ascending unit
-// order: start with FoldState{}, then FoldStep each present state.
-struct FoldState {
-  float acc = 0.0f;
-  float lse = Ops<float>::NegInf();
-  bool started = false;
-};
+// One element's unit tree: 2^16 leaves per phase, so two phases take
+// rows of up to 2^32 units.
+constexpr int kUnitTreeLevels = 17;
+using UnitTree = merge_tree::ElementTree<kUnitTreeLevels>;
 
-ATTNAUDIT_HOST_DEVICE inline void FoldStep(float next_out, float next_lse,
-                                           FoldState* s) {
-  if (!s->started) {
-    s->acc = next_out;
-    s->lse = next_lse;
-    s->started = true;
-    return;
-  }
-  const merge_step::PairWeights w = merge_step::Weights(s->lse, next_lse);
-  s->acc = merge_step::Element(w, s->acc, next_out);
-  s->lse = merge_step::Lse(w);
+// Units per first-phase block: the least power of two whose square is at
+// least max_units, so both phases walk about sqrt(max_units) leaves.
+ATTNAUDIT_HOST_DEVICE inline int64_t TreeBlockUnits(int64_t max_units) {
+  int64_t c = 1;
+  while (c * c < max_units) c *= 2;
+  return c;
 }
 
 // R's combine of `splits` partial states, in split order. m(s), l(s) and
@@ -91,20 +84,13 @@ ATTNAUDIT_HOST_DEVICE inline int64_t SplitsFor(int64_t base_blocks,
 }
 
 // Device bytes a split-KV pass needs beyond the one-block pass's, for
-// `queries` (rows x positions x query heads) and `states` unit states
-// (units x positions x query heads): R's per-split states (D + 2 doubles
-// each, when R runs), the unit states' presence flags (P) and, when the
-// caller did not ask for unit states anyway, the states (D + 1 floats).
-ATTNAUDIT_HOST_DEVICE inline int64_t SplitExtraBytes(
-    int64_t splits, int64_t queries, int64_t states, int64_t head_dim,
-    bool reference, bool replay, bool states_wanted) {
-  int64_t bytes = 0;
-  if (reference) bytes += splits * queries * (head_dim + 2) * 8;
-  if (replay) {
-    bytes += states;  // the flags
-    if (!states_wanted) bytes += states * (head_dim + 1) * 4;
-  }
-  return bytes;
+// `queries` (rows x positions x query heads): R's per-split states (D + 2
+// doubles each) when R runs. (P's unit states are stored either way.)
+ATTNAUDIT_HOST_DEVICE inline int64_t SplitExtraBytes(int64_t splits,
+                                                     int64_t queries,
+                                                     int64_t head_dim,
+                                                     bool reference) {
+  return reference ? splits * queries * (head_dim + 2) * 8 : 0;
 }
 
 // The runs [*first, *last) of split `split` of a row whose runs are

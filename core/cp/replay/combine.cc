@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/attention/merge.h"
+#include "core/attention/merge_tree.h"
 #include "core/common/parallel.h"
 
 namespace attnaudit {
@@ -54,12 +55,18 @@ CpCombined CombineDeterministic(const PreparedAttention& p,
   const int64_t D = d.head_dim;
   CpCombined c = Sized(d);
   ForEachQuery(d, threads, [&](int64_t b, int64_t sq, int64_t h, int64_t qi) {
-    thread_local Acc acc;
-    acc.Reset(D);
+    thread_local merge_tree::MergeTree tree;
+    thread_local std::vector<float> root;
     const int64_t units = static_cast<int64_t>(p.units[b].size());
-    for (int64_t u = 0; u < units; ++u) acc.Fold(st, st.Index(b, u, sq, h), D);
-    FinishReplayState(p, h, acc.out.data(), acc.lse, &c.out[qi * D],
-                      &c.lse[qi]);
+    tree.Reset(D, units);
+    for (int64_t u = 0; u < units; ++u) {
+      const int64_t i = st.Index(b, u, sq, h);
+      tree.Add(u, &st.p_out[i * D], st.p_lse[i]);
+    }
+    root.resize(static_cast<size_t>(D));
+    float lse = 0;
+    tree.Finish(root.data(), &lse);
+    FinishReplayState(p, h, root.data(), lse, &c.out[qi * D], &c.lse[qi]);
   });
   return c;
 }

@@ -2,10 +2,10 @@
 // and the per-rank partials the audit compares an engine's own against
 // (docs/NUMERICS.md, "Context parallelism").
 //
-//  - Deterministic: every query's unit states folded in ascending unit
-//    order with MergeInto, then FinishReplayState -- exactly P's
-//    arithmetic, so the result equals the single-rank replay bit for bit,
-//    for every world size, strategy and sharding.
+//  - Deterministic: every query's unit states merged in P's tree over the
+//    unit indices (core/attention/merge_tree.h), then FinishReplayState --
+//    exactly P's arithmetic, so the result equals the single-rank replay
+//    bit for bit, for every world size, strategy and sharding.
 //  - Engine order: the order the engine's own design combines in. Ring:
 //    the owner rank's single online softmax, folding units in the order the
 //    ring hands them to it (chunk by chunk, round by round). Partials: each

@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/attention/merge_step.h"
 #include "core/tensor/dtype.h"
 #include "kernels/math/dot.h"
 #include "kernels/math/scalar.h"
@@ -115,8 +114,7 @@ struct RowState {
   double m, l;
   std::vector<float> p_out;
   float p_lse;
-  bool started = false;
-  // Split-KV: every unit's P state, folded after the runs.
+  // Every unit's P state, merged in the unit tree after the runs.
   std::vector<std::vector<float>> unit_out;
   std::vector<float> unit_lse;
   std::vector<bool> unit_present;
@@ -127,7 +125,6 @@ struct RowState {
     l = 0;
     p_out.assign(static_cast<size_t>(D), 0.0f);
     p_lse = Ops<float>::NegInf();
-    started = false;
     unit_out.assign(static_cast<size_t>(units), {});
     unit_lse.assign(static_cast<size_t>(units), 0.0f);
     unit_present.assign(static_cast<size_t>(units), false);
@@ -153,10 +150,9 @@ void Visibility(const PreparedAttention& p, int64_t b, int64_t page,
 }
 
 // Runs [first_block, last_block) of row b, KV head g: R's running state
-// and P folded as it goes (fold_p) or kept per unit.
+// and P's unit states.
 void Item(const PreparedAttention& p, int64_t b, int64_t g, int32_t first_block,
-          int32_t last_block, bool fold_p, std::vector<RowState>& rows,
-          UnitStates* states) {
+          int32_t last_block, std::vector<RowState>& rows, UnitStates* states) {
   const SnapshotDims& d = p.dims;
   const int64_t D = d.head_dim;
   const int64_t P = d.page_size;
@@ -205,21 +201,9 @@ void Item(const PreparedAttention& p, int64_t b, int64_t g, int32_t first_block,
         float lse = 0;
         UnitOf<float>(blk, &blk.s32[r * P], lo, hi - lo, D, false, &out, &lse);
         RowState& st = rows[r];
-        if (!fold_p) {
-          st.unit_out[u] = out;
-          st.unit_lse[u] = lse;
-          st.unit_present[u] = true;
-        } else if (!st.started) {
-          st.p_out = out;
-          st.p_lse = lse;
-          st.started = true;
-        } else {
-          const merge_step::PairWeights w = merge_step::Weights(st.p_lse, lse);
-          for (int64_t i = 0; i < D; ++i) {
-            st.p_out[i] = merge_step::Element(w, st.p_out[i], out[i]);
-          }
-          st.p_lse = merge_step::Lse(w);
-        }
+        st.unit_out[u] = out;
+        st.unit_lse[u] = lse;
+        st.unit_present[u] = true;
         if (states == nullptr) continue;
         const int64_t h = g * group + r % group;
         const int64_t si = states->Index(b, u, q, h);
@@ -236,8 +220,35 @@ void Item(const PreparedAttention& p, int64_t b, int64_t g, int32_t first_block,
   }
 }
 
+// The second step's P (split_merge.h): each element's unit tree, as the
+// two kernels run it -- the roots of blocks of `tree_block` units, then
+// the tree over `tree_blocks` roots.
+void MergeUnitTree(int64_t tree_block, int64_t tree_blocks, int64_t D,
+                   RowState* st) {
+  const int64_t units = static_cast<int64_t>(st->unit_out.size());
+  for (int64_t i = 0; i < D; ++i) {
+    kmath::UnitTree top;
+    top.Reset();
+    for (int64_t j = 0; j < tree_blocks; ++j) {
+      kmath::UnitTree block;
+      block.Reset();
+      for (int64_t u = j * tree_block;
+           u < std::min(units, (j + 1) * tree_block); ++u) {
+        if (st->unit_present[u]) {
+          block.Add(u - j * tree_block, st->unit_out[u][i], st->unit_lse[u]);
+        }
+      }
+      float out = 0;
+      float lse = 0;
+      block.Finish(&out, &lse);
+      top.Add(j, out, lse);
+    }
+    top.Finish(&st->p_out[i], &st->p_lse);
+  }
+}
+
 // The split-KV pass of row b, KV head g: each split's R from a fresh
-// state, combined in split order; P's unit states folded in unit order.
+// state, combined in split order; every unit's P state from its split.
 void RunSplits(const PreparedAttention& p, int64_t b, int64_t g, int32_t blocks,
                int64_t splits, std::vector<RowState>& rows,
                UnitStates* states) {
@@ -248,7 +259,7 @@ void RunSplits(const PreparedAttention& p, int64_t b, int64_t g, int32_t blocks,
     int32_t first = 0;
     int32_t last = 0;
     kmath::SplitRuns(0, blocks, splits, s, &first, &last);
-    Item(p, b, g, first, last, /*fold_p=*/false, parts[s], states);
+    Item(p, b, g, first, last, parts[s], states);
   }
   for (size_t r = 0; r < rows.size(); ++r) {
     RowState& st = rows[r];
@@ -260,22 +271,13 @@ void RunSplits(const PreparedAttention& p, int64_t b, int64_t g, int32_t blocks,
           &st.acc[i]);
     }
     // A unit belongs to exactly one split: its state is that split's.
-    std::vector<const RowState*> owner(static_cast<size_t>(units), nullptr);
     for (const auto& part : parts) {
       for (int64_t u = 0; u < units; ++u) {
-        if (part[r].unit_present[u]) owner[u] = &part[r];
+        if (!part[r].unit_present[u]) continue;
+        st.unit_out[u] = part[r].unit_out[u];
+        st.unit_lse[u] = part[r].unit_lse[u];
+        st.unit_present[u] = true;
       }
-    }
-    for (int64_t i = 0; i < D; ++i) {
-      kmath::FoldState fold;  // every element's fold has its own
-      for (int64_t u = 0; u < units; ++u) {
-        if (owner[u] != nullptr) {
-          kmath::FoldStep(owner[u]->unit_out[u][i], owner[u]->unit_lse[u],
-                          &fold);
-        }
-      }
-      st.p_out[i] = fold.acc;
-      st.p_lse = fold.lse;
     }
   }
 }
@@ -295,6 +297,14 @@ AttentionResults EmulateFusedPass(const PreparedAttention& p,
   res.reference_lse.assign(n_lse, 0.0);
   res.replay_lse.assign(n_lse, 0.0);
   if (states != nullptr) states->Reset(p.units, d, /*with_reference=*/true);
+  // The backend's tree blocks: from the most units any row has.
+  int64_t most = 0;
+  for (const auto& row : p.units) {
+    most = std::max<int64_t>(most, static_cast<int64_t>(row.size()));
+  }
+  const int64_t tree_block = kmath::TreeBlockUnits(most);
+  const int64_t tree_blocks =
+      std::max<int64_t>(1, (most + tree_block - 1) / tree_block);
   for (int64_t b = 0; b < d.batch; ++b) {
     for (int64_t g = 0; g < d.kv_heads; ++g) {
       std::vector<RowState> rows(static_cast<size_t>(d.queries * group));
@@ -303,10 +313,12 @@ AttentionResults EmulateFusedPass(const PreparedAttention& p,
       const int32_t blocks = static_cast<int32_t>(
           (p.layout->seq_lens[b] + d.page_size - 1) / d.page_size);
       if (splits <= 1) {
-        Item(p, b, g, 0, blocks, /*fold_p=*/true, rows, states);
+        Item(p, b, g, 0, blocks, rows, states);
       } else {
         RunSplits(p, b, g, blocks, splits, rows, states);
       }
+      for (RowState& row : rows)
+        MergeUnitTree(tree_block, tree_blocks, D, &row);
       for (int64_t r = 0; r < d.queries * group; ++r) {
         const int64_t h = g * group + r % group;
         const int64_t qi = (b * d.queries + r / group) * d.q_heads + h;

@@ -15,10 +15,11 @@ namespace attnaudit {
 namespace testing {
 
 // R, P (finished by the core's final-write functions, as CudaBackend does)
-// and, when `states` is not null, every unit's P and R states. splits > 1
-// emulates the split-KV pass: each row's runs cut as kmath::SplitRuns cuts
-// them, R restarted per split and combined, P's unit states folded after
-// (kernels/math/split_merge.h).
+// and, when `states` is not null, every unit's P and R states. P's unit
+// states are merged after the runs in the second step's two-phase unit
+// tree (kernels/math/split_merge.h). splits > 1 emulates the split-KV
+// pass: each row's runs cut as kmath::SplitRuns cuts them, R restarted
+// per split and combined.
 AttentionResults EmulateFusedPass(const PreparedAttention& p,
                                   UnitStates* states, int64_t splits = 1);
 

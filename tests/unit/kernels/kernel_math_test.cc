@@ -540,20 +540,30 @@ TEST(KernelMathSplit, SplitRunsCoverEveryRunOnceInOrder) {
   }
 }
 
-// Hand-computed at W1's shape (B = 8, one position, 32 query heads, 256
-// units a row, D = 128, 17 splits): R's split states 17 x 256 x 130 x 8
-// bytes, P's flags 65,536 bytes and its states 65,536 x 129 x 4 bytes.
+// Hand-computed at W1's shape (B = 8, one position, 32 query heads, D =
+// 128, 17 splits): R's split states 17 x 256 x 130 x 8 bytes; nothing
+// without R (P's unit states are stored by every pass).
 TEST(KernelMathSplit, SplitExtraBytesCountsWhatTheSplitAdds) {
   const int64_t queries = 8 * 32;
-  const int64_t states = 8 * 256 * 32;
-  EXPECT_EQ(kmath::SplitExtraBytes(17, queries, states, 128, true, true, false),
-            4526080 + 65536 + 33816576);
-  EXPECT_EQ(
-      kmath::SplitExtraBytes(17, queries, states, 128, true, false, false),
-      4526080);
-  // The caller's own unit states are allocated anyway: only the flags.
-  EXPECT_EQ(kmath::SplitExtraBytes(17, queries, states, 128, false, true, true),
-            65536);
+  EXPECT_EQ(kmath::SplitExtraBytes(17, queries, 128, true), 4526080);
+  EXPECT_EQ(kmath::SplitExtraBytes(17, queries, 128, false), 0);
+}
+
+// Both phases of the unit tree walk about sqrt(units) leaves, and the
+// blocks cover the most units with room for each phase's tree.
+TEST(KernelMathSplit, TreeBlocksSplitTheUnitsIntoTwoShortPhases) {
+  EXPECT_EQ(kmath::TreeBlockUnits(0), 1);
+  EXPECT_EQ(kmath::TreeBlockUnits(1), 1);
+  EXPECT_EQ(kmath::TreeBlockUnits(2), 2);
+  EXPECT_EQ(kmath::TreeBlockUnits(256), 16);
+  EXPECT_EQ(kmath::TreeBlockUnits(8192), 128);  // 64 blocks of 128
+  const int64_t most_leaves = int64_t{1} << (kmath::kUnitTreeLevels - 1);
+  for (int64_t units :
+       {int64_t{3}, int64_t{8192}, int64_t{1} << 20, int64_t{1} << 32}) {
+    const int64_t block = kmath::TreeBlockUnits(units);
+    EXPECT_LE(block, most_leaves) << units;
+    EXPECT_LE((units + block - 1) / block, most_leaves) << units;
+  }
 }
 
 TEST(KernelMathSplit, SplitsFillTheTargetWithoutExceedingTheRuns) {

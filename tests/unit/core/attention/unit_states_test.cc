@@ -69,7 +69,38 @@ void PointAtGathered(const std::string& k_buf, const std::string& v_buf,
   run->n = static_cast<int64_t>(positions.size());
 }
 
-TEST(UnitStatesTest, FoldingThePStatesInUnitOrderIsPBitForBit) {
+// P's merge order read recursively (core/attention/merge_tree.h): node
+// (lo, size) merges (lo, size / 2) into (lo + size / 2, size / 2) with
+// MergeInto; an empty (lse -inf) or absent child gives the other. False
+// when the node is empty.
+bool TreeNode(const UnitStates& st, int64_t b, int64_t sq, int64_t h,
+              int64_t units, int64_t D, int64_t lo, int64_t size,
+              std::vector<float>* out, float* lse) {
+  if (lo >= units) return false;
+  if (size == 1) {
+    const int64_t i = st.Index(b, lo, sq, h);
+    if (st.p_lse[i] == -std::numeric_limits<float>::infinity()) return false;
+    out->assign(&st.p_out[i * D], &st.p_out[i * D] + D);
+    *lse = st.p_lse[i];
+    return true;
+  }
+  std::vector<float> right;
+  float right_lse = 0;
+  const bool has_left =
+      TreeNode(st, b, sq, h, units, D, lo, size / 2, out, lse);
+  const bool has_right = TreeNode(st, b, sq, h, units, D, lo + size / 2,
+                                  size / 2, &right, &right_lse);
+  if (!has_right) return has_left;
+  if (!has_left) {
+    *out = right;
+    *lse = right_lse;
+    return true;
+  }
+  MergeInto(out->data(), lse, right.data(), right_lse, D);
+  return true;
+}
+
+TEST(UnitStatesTest, MergingThePStatesInTheUnitTreeIsPBitForBit) {
   for (int64_t world : {1, 3}) {
     const auto prep = Prepare(Case(DType::kBF16, 5), Paging(world, 2));
     const PreparedAttention& p = prep->p;
@@ -84,23 +115,21 @@ TEST(UnitStatesTest, FoldingThePStatesInUnitOrderIsPBitForBit) {
     for (int64_t b = 0; b < d.batch; ++b) {
       for (int64_t sq = 0; sq < d.queries; ++sq) {
         for (int64_t h = 0; h < d.q_heads; ++h) {
-          std::vector<float> acc(static_cast<size_t>(D), 0.0f);
-          float lse = -std::numeric_limits<float>::infinity();
-          bool started = false;
+          std::vector<float> acc;
+          float lse = 0;
+          const int64_t units = static_cast<int64_t>(p.units[b].size());
+          int64_t size = 1;
+          while (size < units) size *= 2;
+          if (!TreeNode(states, b, sq, h, units, D, 0, size, &acc, &lse)) {
+            acc.assign(static_cast<size_t>(D), 0.0f);
+            lse = -std::numeric_limits<float>::infinity();
+          }
           long double m = -INFINITY, l = 0;
           std::vector<long double> r_acc(static_cast<size_t>(D), 0);
           for (size_t u = 0; u < p.units[b].size(); ++u) {
             const int64_t i = states.Index(b, static_cast<int64_t>(u), sq, h);
             if (states.p_lse[i] == -std::numeric_limits<float>::infinity()) {
               continue;
-            }
-            const float* out = &states.p_out[i * D];
-            if (!started) {
-              std::copy(out, out + D, acc.begin());
-              lse = states.p_lse[i];
-              started = true;
-            } else {
-              MergeInto(acc.data(), &lse, out, states.p_lse[i], D);
             }
             // R: an independent long-double LSE merge.
             const long double li = states.r_lse[i];

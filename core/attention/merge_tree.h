@@ -1,0 +1,167 @@
+// The order in which P merges a query's unit states: a balanced binary
+// tree over the unit indices (docs/NUMERICS.md, "The merge routine"). For
+// a row of U units, the node at level L and index j covers the units
+// [j 2^L, (j + 1) 2^L) of [0, U); it is the merge (merge_step.h, the left
+// child as the accumulator) of its two children, or its only child when
+// the right one covers no unit. The root is P's state before the sinks
+// and the final rounding.
+//
+// A state with lse -inf is empty (a unit the query sees no key of, or
+// that no rank computed): a node with an empty child is its other child,
+// copied, with no arithmetic -- so absent units need no storage and every
+// target agrees on them.
+//
+// Why a tree: its depth is log2 U, so a GPU merges a long row's units in
+// parallel instead of in a chain of U dependent steps, and an fp32
+// state's rounding grows with log2 U instead of U.
+//
+// Two forms of the one order, both walking the units in ascending index
+// order with a stack of the pending left subtrees (a node waits at level
+// L while bit L of the next index is 1):
+//   - ElementTree (host and device): one element of out and the lse, for
+//     the CUDA kernels and their CPU emulation;
+//   - MergeTree (host): whole rows of D floats through MergeInto, for the
+//     CPU pass and the CP combines; the CPU pass also merges a unit into
+//     the pending leaf as it leaves its value tiles (LeafPlan).
+// tests/unit/core/attention/merge_tree_test.cc holds both to a recursive
+// reading of the definition, bit for bit. Not thread-safe; one tree per
+// query row.
+#ifndef ATTNAUDIT_CORE_ATTENTION_MERGE_TREE_H_
+#define ATTNAUDIT_CORE_ATTENTION_MERGE_TREE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "core/attention/merge_step.h"
+#include "core/common/host_device.h"
+
+namespace attnaudit {
+namespace merge_tree {
+
+ATTNAUDIT_HOST_DEVICE inline bool Empty(float lse) {
+  return lse == merge_step::F::NegInf();
+}
+
+// Levels a tree of `units` leaves needs: the bit length of units - 1, and
+// one for the leaves.
+ATTNAUDIT_HOST_DEVICE inline int LevelsFor(int64_t units) {
+  int levels = 1;
+  while (levels < 63 && (int64_t{1} << (levels - 1)) < units) ++levels;
+  return levels;
+}
+
+// One element's tree of at most 2^(kLevels - 1) leaves. Empty() or
+// Reset() starts it; Add the present leaves in ascending index order
+// (skipped indices are empty), then Finish.
+template <int kLevels>
+struct ElementTree {
+  float out[kLevels];
+  float lse[kLevels];
+  bool has[kLevels];
+  long long next;  // leaves below are in
+
+  ATTNAUDIT_HOST_DEVICE void Reset() {
+    for (int k = 0; k < kLevels; ++k) has[k] = false;
+    next = 0;
+  }
+
+  // Leaf `index` >= next, its element o and its lse (empty: ignored).
+  ATTNAUDIT_HOST_DEVICE void Add(long long index, float o, float l) {
+    while (next < index) Carry(next++, false, 0.0f, 0.0f);
+    Carry(next++, !Empty(l), o, l);
+  }
+
+  // The root into *o, *l: out 0 and lse -inf when every leaf was empty.
+  ATTNAUDIT_HOST_DEVICE void Finish(float* o, float* l) const {
+    bool nh = false;
+    float no = 0.0f;
+    float nl = merge_step::F::NegInf();
+    for (int k = 0; k < kLevels; ++k) {
+      if (!has[k]) continue;
+      if (nh) {
+        Merge(out[k], lse[k], &no, &nl);
+      } else {
+        no = out[k];
+        nl = lse[k];
+        nh = true;
+      }
+    }
+    *o = no;
+    *l = nl;
+  }
+
+ private:
+  // (*no, *nl) <- merge(left, node), both present.
+  ATTNAUDIT_HOST_DEVICE static void Merge(float left_out, float left_lse,
+                                          float* no, float* nl) {
+    const merge_step::PairWeights w = merge_step::Weights(left_lse, *nl);
+    *no = merge_step::Element(w, left_out, *no);
+    *nl = merge_step::Lse(w);
+  }
+
+  // Leaf v (present when nh) up through the levels whose bit of v is 1.
+  ATTNAUDIT_HOST_DEVICE void Carry(long long v, bool nh, float no, float nl) {
+    int k = 0;
+    for (; (v >> k) & 1; ++k) {
+      if (!has[k]) continue;
+      if (nh) {
+        Merge(out[k], lse[k], &no, &nl);
+      } else {
+        no = out[k];
+        nl = lse[k];
+        nh = true;
+      }
+      has[k] = false;
+    }
+    has[k] = nh;
+    out[k] = no;
+    lse[k] = nl;
+  }
+};
+
+// A query row's tree of D-float states. Storage is reused across Reset.
+class MergeTree {
+ public:
+  // Empty, for rows of `d` elements and up to `max_units` leaves.
+  void Reset(int64_t d, int64_t max_units);
+
+  // Leaf `index` (ascending across calls) with state (out, lse); an empty
+  // lse adds nothing.
+  void Add(int64_t index, const float* out, float lse);
+
+  // The fused form of Add, for a leaf whose elements are produced later.
+  // Begin(index) returns where the leaf goes, and whether it is merged
+  // into a pending left sibling there (*merge_into, with that sibling's
+  // lse in *left_lse: the caller writes merge_step::Element(w, left, leaf)
+  // for w = Weights(*left_lse, leaf_lse)) or written as it is. End(index,
+  // lse) then records it with the lse the caller computed (the merged one,
+  // or the leaf's). The leaf must not be empty.
+  float* Begin(int64_t index, bool* merge_into, float* left_lse);
+  void End(int64_t index, float lse);
+
+  // The root into out[0, d) and *lse (out 0, lse -inf when every leaf was
+  // empty).
+  void Finish(float* out, float* lse);
+
+ private:
+  float* Buffer(int k) { return &pool_[static_cast<size_t>(buf_[k]) * d_]; }
+  // Completes leaves [next_, index) as empty ones.
+  void AdvanceTo(int64_t index);
+  // The node of leaf v at level k sits in Buffer(k) (present when
+  // `present`, lse `lse`); carries it up through v's 1 bits from k and
+  // leaves it pending.
+  void CarryFrom(int64_t v, int k, bool present, float lse);
+
+  int64_t d_ = 0;
+  int64_t next_ = 0;
+  int levels_ = 0;
+  std::vector<float> pool_;   // levels_ buffers of d_ floats
+  std::vector<int> buf_;      // [level] which buffer of the pool
+  std::vector<float> lse_;    // [level]
+  std::vector<uint8_t> has_;  // [level] a pending, present node
+};
+
+}  // namespace merge_tree
+}  // namespace attnaudit
+
+#endif  // ATTNAUDIT_CORE_ATTENTION_MERGE_TREE_H_
