@@ -128,19 +128,21 @@ void TimeKernelsImpl(double seconds, int repeats, bench::KernelTimes* out) {
         v, kRow, idx, kTokens, kHeadDim);
   });
   // What the pass does with a unit: the values, then each row divided by
-  // its sum and merged into its pending left sibling in the merge tree
+  // its sum and merged into a pending left node of its merge tree
   // (merge_step's weights).
   std::vector<float> rep(kRows * kHeadDim, 0.25f), sums(kRows, 7.0f);
-  FoldRow fold[kRows];
-  float* leaves[kRows];
+  attention_internal::TreeStep step[kRows];
+  attention_internal::LeafPlan plan[kRows];
   for (int64_t r = 0; r < kRows; ++r) {
     float lse = 0;
-    fold[r] = attention_internal::PlanFold(true, 1.0f, 1.5f, &lse);
-    leaves[r] = &rep[r * kHeadDim];
+    step[r].left = &rep[r * kHeadDim];
+    step[r].fold = attention_internal::PlanFold(true, 1.0f, 1.5f, &lse);
+    plan[r].steps = &step[r];
+    plan[r].n = 1;
+    plan[r].dest = &rep[r * kHeadDim];
   }
   out->p_unit = BestPerCall(seconds, repeats, [&] {
-    const NormalisedOut<DF32> unit{sums.data(), nullptr, leaves, fold,
-                                   kHeadDim};
+    const NormalisedOut<DF32> unit{sums.data(), nullptr, plan, kHeadDim};
     AccumulateRows</*kFromZero=*/true>(d32, unit, kRows, e32.data(), kTokens, v,
                                        kRow, idx, kTokens, kHeadDim);
   });

@@ -54,7 +54,6 @@ void PrepareItem(const PreparedAttention& p, int64_t b, int64_t g0, int64_t g1,
   Grow(sc.blk_lse, group);
   Grow(sc.ref_unit_sum, group);
   Grow(sc.ref_unit_lse, group);
-  Grow(sc.fold, group);
   Grow(sc.keep32, group);
   Grow(sc.keep64, group);
   sc.ref_m.assign(static_cast<size_t>(rows), kNegInfD);
@@ -63,7 +62,11 @@ void PrepareItem(const PreparedAttention& p, int64_t b, int64_t g0, int64_t g1,
   if (static_cast<int64_t>(sc.rep_tree.size()) < rows) sc.rep_tree.resize(rows);
   const int64_t units = static_cast<int64_t>(p.units[b].size());
   for (int64_t r = 0; r < rows; ++r) sc.rep_tree[r].Reset(D, units);
-  Grow(sc.rep_at, group);
+  const int levels = merge_tree::LevelsFor(units);
+  Grow(sc.rep_plan, group);
+  Grow(sc.rep_steps, group * levels);
+  Grow(sc.rep_lefts, group * levels);
+  Grow(sc.rep_left_lse, group * levels);
   Grow(sc.rep_new_lse, group);
   Grow(sc.rep_discard, D);
   for (int64_t r = 0; r < rows; ++r) {

@@ -33,21 +33,20 @@ struct PassContext {
   int64_t* visible_keys = nullptr;
 };
 
-// How one query row's unit state joins its merge tree (fp32), decided
-// before the unit's values are accumulated: written as the tree's leaf, or
-// merged into the pending left sibling there with merge_step's weights
-// (MergeInto's arithmetic and cases), or the row zeroed when both states
-// are empty.
+// One merge of a unit's state on its way up its row's merge tree (fp32)
+// into a pending left node, decided before the unit's values are
+// accumulated: merge_step's weights and cases (MergeInto's arithmetic), or
+// zeros when both states are empty. (kCopy: no merge.)
 struct FoldRow {
   enum Kind : uint8_t { kCopy, kMerge, kZero } kind = kCopy;
-  bool use_acc = false;   // merge: the running state takes part
-  bool use_next = false;  // merge: the unit takes part
+  bool use_acc = false;   // merge: the left node takes part
+  bool use_next = false;  // merge: the carried state takes part
   merge_step::PairWeights w{};
 };
 
-// The fold of a unit with lse `unit_lse` into a left sibling (`started`,
-// lse `acc_lse`) or as it is: the plan for its elements, and the node's
-// new lse in *new_lse.
+// The merge of a state with lse `unit_lse` into a left node (`started`,
+// lse `acc_lse`) or none: the plan for its elements, and the merged lse in
+// *new_lse.
 inline FoldRow PlanFold(bool started, float acc_lse, float unit_lse,
                         float* new_lse) {
   FoldRow f;
@@ -67,6 +66,20 @@ inline FoldRow PlanFold(bool started, float acc_lse, float unit_lse,
   return f;
 }
 
+// One pending left node a unit's state is merged with.
+struct TreeStep {
+  const float* left;
+  FoldRow fold;
+};
+
+// Where a unit's state goes in its row's merge tree: merged with
+// steps[0, n)'s left nodes in turn, then written to dest.
+struct LeafPlan {
+  const TreeStep* steps = nullptr;
+  int n = 0;
+  float* dest = nullptr;
+};
+
 // Per-thread buffers, grown on demand and reused across work items and
 // audits (so a steady stream of audits allocates nothing here).
 struct Scratch {
@@ -83,14 +96,16 @@ struct Scratch {
   std::vector<float> q32;              // [rows][D]
   std::vector<double> ref_m, ref_l, ref_acc;       // [rows], [rows], [rows][D]
   std::vector<merge_tree::MergeTree> rep_tree;     // [rows] P's merge
-  std::vector<float*> rep_at;                      // [group] leaves
+  std::vector<LeafPlan> rep_plan;                  // [group]
+  std::vector<TreeStep> rep_steps;                 // [group][tree levels]
+  std::vector<const float*> rep_lefts;             // [group][tree levels]
+  std::vector<float> rep_left_lse;                 // [group][tree levels]
   std::vector<float> rep_new_lse;                  // [group]
   std::vector<float> rep_discard;                  // [D] an empty unit's out
   std::vector<double> s64, e64;                    // [group][P]
   std::vector<float> s32, e32;                     // [group][P]
   std::vector<float> blk_sum, blk_lse;             // [group]
   std::vector<double> ref_unit_sum, ref_unit_lse;  // [group]
-  std::vector<FoldRow> fold;                       // [group]
   std::vector<float*> keep32;   // [group] where P's unit states go
   std::vector<double*> keep64;  // [group] where R's unit states go
   PrefetchCursor prefetch;      // the next block's page, paced over this one's

@@ -36,9 +36,11 @@ HWY_BEFORE_NAMESPACE();
 namespace attnaudit {
 namespace HWY_NAMESPACE {
 
+using attention_internal::LeafPlan;
 using attention_internal::PassContext;
 using attention_internal::PlanFold;
 using attention_internal::Scratch;
+using attention_internal::TreeStep;
 using attnaudit::TokenRun;
 
 constexpr double kNegInfD = -std::numeric_limits<double>::infinity();
@@ -354,11 +356,45 @@ struct UnitTarget {
   int64_t b, sq, g, first_row, unit;
 };
 
+// Where each group row's state of unit at.unit goes in its merge tree:
+// the pending left nodes it merges with on the way up, each merge's
+// weights from the lses (known before the values), and the node it ends
+// in. The rows' weight chains are computed step by step across the rows,
+// so the chains (each a sequence of dependent exp and log) overlap. An
+// empty state (lse -inf, only from non-finite K) is no leaf: its elements
+// go to a discarded buffer.
+void PlanLeaves(Scratch& sc, const UnitTarget& at, int64_t group) {
+  const int levels = sc.rep_tree[at.first_row].Levels();
+  int most = 0;
+  for (int64_t j = 0; j < group; ++j) {
+    LeafPlan& lp = sc.rep_plan[j];
+    lp.steps = &sc.rep_steps[j * levels];
+    sc.rep_new_lse[j] = sc.blk_lse[j];
+    if (merge_tree::Empty(sc.blk_lse[j])) {
+      lp.n = 0;
+      lp.dest = sc.rep_discard.data();
+      continue;
+    }
+    lp.n = sc.rep_tree[at.first_row + j].PlanLeaf(
+        at.unit, &sc.rep_lefts[j * levels], &sc.rep_left_lse[j * levels],
+        &lp.dest);
+    most = std::max(most, lp.n);
+  }
+  for (int s = 0; s < most; ++s) {
+    for (int64_t j = 0; j < group; ++j) {
+      LeafPlan& lp = sc.rep_plan[j];
+      if (s >= lp.n) continue;
+      TreeStep& step = sc.rep_steps[j * levels + s];
+      step.left = sc.rep_lefts[j * levels + s];
+      step.fold = PlanFold(true, sc.rep_left_lse[j * levels + s],
+                           sc.rep_new_lse[j], &sc.rep_new_lse[j]);
+    }
+  }
+}
+
 // P for one unit: its fp32 state, normalised as it leaves the value tiles,
-// stored as a unit state when asked and added to each row's merge tree
-// (units arrive in ascending order): written as the unit's leaf, or merged
-// into its pending left sibling by the merge routine's step. An empty
-// state (lse -inf, only from non-finite K) is no leaf.
+// stored as a unit state when asked and carried up each row's merge tree
+// (units arrive in ascending order) by the merge routine's step.
 template <typename V>
 void ReplayUnit(const PassContext& ctx, Scratch& sc, const V* v, int64_t ldv,
                 const int32_t* vis, int64_t count, const UnitTarget& at) {
@@ -367,8 +403,7 @@ void ReplayUnit(const PassContext& ctx, Scratch& sc, const V* v, int64_t ldv,
   const int64_t D = p.dims.head_dim;
   UnitSoftmax(DF32(), p, sc.s32.data(), vis, count, sc.e32.data(),
               sc.blk_sum.data(), sc.blk_lse.data());
-  NormalisedOut<DF32> out{sc.blk_sum.data(), nullptr, nullptr, sc.fold.data(),
-                          D};
+  NormalisedOut<DF32> out{sc.blk_sum.data(), nullptr, nullptr, D};
   if (ctx.unit_states != nullptr) {
     UnitStates& st = *ctx.unit_states;
     for (int64_t j = 0; j < group; ++j) {
@@ -379,27 +414,15 @@ void ReplayUnit(const PassContext& ctx, Scratch& sc, const V* v, int64_t ldv,
     out.keep = sc.keep32.data();
   }
   if (ctx.fold_replay) {
-    for (int64_t j = 0; j < group; ++j) {
-      merge_tree::MergeTree& tree = sc.rep_tree[at.first_row + j];
-      if (merge_tree::Empty(sc.blk_lse[j])) {
-        sc.fold[j] = PlanFold(false, 0.0f, sc.blk_lse[j], &sc.rep_new_lse[j]);
-        sc.rep_at[j] = sc.rep_discard.data();
-        continue;
-      }
-      bool merge_into = false;
-      float left_lse = 0;
-      sc.rep_at[j] = tree.Begin(at.unit, &merge_into, &left_lse);
-      sc.fold[j] =
-          PlanFold(merge_into, left_lse, sc.blk_lse[j], &sc.rep_new_lse[j]);
-    }
-    out.rep = sc.rep_at.data();
+    PlanLeaves(sc, at, group);
+    out.plan = sc.rep_plan.data();
   }
   AccumulateRows</*kFromZero=*/true>(DF32(), out, group, sc.e32.data(),
                                      p.dims.page_size, v, ldv, vis, count, D);
   if (ctx.fold_replay) {
     for (int64_t j = 0; j < group; ++j) {
       if (merge_tree::Empty(sc.blk_lse[j])) continue;
-      sc.rep_tree[at.first_row + j].End(at.unit, sc.rep_new_lse[j]);
+      sc.rep_tree[at.first_row + j].Commit(at.unit, sc.rep_new_lse[j]);
     }
   }
 }
@@ -420,7 +443,7 @@ void StoreReference(const PassContext& ctx, Scratch& sc, const V* v,
     st.r_lse[i] = sc.ref_unit_lse[j];
   }
   const NormalisedOut<DF64> out{sc.ref_unit_sum.data(), sc.keep64.data(),
-                                nullptr, nullptr, D};
+                                nullptr, D};
   AccumulateRows</*kFromZero=*/true>(DF64(), out, group, sc.e64.data(),
                                      ctx.p.dims.page_size, v, ldv, vis, count,
                                      D);

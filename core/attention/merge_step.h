@@ -65,8 +65,15 @@ ATTNAUDIT_HOST_DEVICE inline PairWeights Weights(float acc_lse,
     w.wa = w.wb = w.total = 0.0f;
     return w;
   }
-  w.wa = Weight(a, w.m);
-  w.wb = Weight(b, w.m);
+  // Weight(a, m) and Weight(b, m) with one exp, for the state below the
+  // max (both at the max: ExpNonPositive(0) is exactly 1; an empty one:
+  // ExpNonPositive(-inf) is 0), chosen by selects rather than branches: in
+  // P's merge tree either side is the max about half the time, and a
+  // mispredicted branch per merge cost the CPU pass more than the exp.
+  const bool a_top = a == w.m;
+  const float e = rounded::ExpNonPositive(F::Sub(a_top ? b : a, w.m));
+  w.wa = a_top ? 1.0f : e;
+  w.wb = a_top ? e : 1.0f;
   w.total = F::Add(w.wa, w.wb);
   return w;
 }

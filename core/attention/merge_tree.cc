@@ -52,28 +52,6 @@ void MergeTree::Add(int64_t index, const float* out, float lse) {
   CarryFrom(index, 0, !Empty(lse), lse);
 }
 
-float* MergeTree::Begin(int64_t index, bool* merge_into, float* left_lse) {
-  AdvanceTo(index);
-  const bool odd = (index & 1) != 0;
-  *merge_into = odd && has_[0];
-  *left_lse = lse_[0];
-  return odd && !has_[0] ? Buffer(levels_) : Buffer(0);
-}
-
-void MergeTree::End(int64_t index, float lse) {
-  ++next_;
-  if ((index & 1) == 0) {
-    has_[0] = 1;
-    lse_[0] = lse;
-    return;
-  }
-  if (has_[0]) {  // merged into the left sibling's buffer
-    std::swap(buf_[0], buf_[levels_]);
-    has_[0] = 0;
-  }
-  CarryFrom(index, 1, true, lse);
-}
-
 void MergeTree::Finish(float* out, float* lse) {
   bool present = false;
   float node_lse = merge_step::F::NegInf();

@@ -21,8 +21,8 @@
 //   - ElementTree (host and device): one element of out and the lse, for
 //     the CUDA kernels and their CPU emulation;
 //   - MergeTree (host): whole rows of D floats through MergeInto, for the
-//     CPU pass and the CP combines; the CPU pass also merges a unit into
-//     the pending leaf as it leaves its value tiles (LeafPlan).
+//     CPU pass and the CP combines; the CPU pass also carries a unit up
+//     its tree as the unit leaves its value tiles (PlanLeaf).
 // tests/unit/core/attention/merge_tree_test.cc holds both to a recursive
 // reading of the definition, bit for bit. Not thread-safe; one tree per
 // query row.
@@ -129,15 +129,37 @@ class MergeTree {
   // lse adds nothing.
   void Add(int64_t index, const float* out, float lse);
 
-  // The fused form of Add, for a leaf whose elements are produced later.
-  // Begin(index) returns where the leaf goes, and whether it is merged
-  // into a pending left sibling there (*merge_into, with that sibling's
-  // lse in *left_lse: the caller writes merge_step::Element(w, left, leaf)
-  // for w = Weights(*left_lse, leaf_lse)) or written as it is. End(index,
-  // lse) then records it with the lse the caller computed (the merged one,
-  // or the leaf's). The leaf must not be empty.
-  float* Begin(int64_t index, bool* merge_into, float* left_lse);
-  void End(int64_t index, float lse);
+  // The fused form of Add, for a leaf whose elements are produced later:
+  // PlanLeaf(index, ...) returns how many pending left nodes the leaf
+  // merges with on its way up, lowest first -- lefts[s] with lse
+  // left_lse[s]: the caller turns the leaf's elements x into
+  // merge_step::Element(Weights(left_lse[s], lse so far), lefts[s], x) in
+  // turn -- and where the result goes (*dest, not one of the lefts).
+  // Commit(index, lse) then records it with the lse those merges gave
+  // (the leaf's own when none). The leaf must not be empty; lefts and
+  // left_lse hold Levels() entries.
+  int PlanLeaf(int64_t index, const float** lefts, float* left_lse,
+               float** dest) {
+    if (next_ < index) AdvanceTo(index);
+    int n = 0;
+    int k = 0;
+    for (; (index >> k) & 1; ++k) {
+      if (!has_[k]) continue;
+      lefts[n] = Buffer(k);
+      left_lse[n] = lse_[k];
+      ++n;
+    }
+    *dest = Buffer(k);  // level k is free: bit k of index is 0
+    return n;
+  }
+  void Commit(int64_t index, float lse) {
+    ++next_;
+    int k = 0;
+    for (; (index >> k) & 1; ++k) has_[k] = 0;
+    has_[k] = 1;
+    lse_[k] = lse;
+  }
+  int Levels() const { return levels_; }
 
   // The root into out[0, d) and *lse (out 0, lse -inf when every leaf was
   // empty).

@@ -8,12 +8,12 @@
 // Where a tile's finished columns go is a policy (`Out`): plain rows of
 // running sums (R's online softmax), or a unit's normalised state
 // (NormalisedOut), which divides by the row sums as the columns leave the
-// registers, keeps them where the unit states live and writes them into,
-// or merges them with the merge routine's element step into, the row's
-// merge tree leaf. Each of those is the same rounded operation, in the
-// same order, as the separate loops it replaces (divide the stored sums,
-// copy, MergeTree::Add), so the bits are theirs (docs/NUMERICS.md, "R, P
-// and E"); only the round trips through memory are gone.
+// registers, keeps them where the unit states live and carries them into
+// the row's merge tree with the merge routine's element step. Each of those is
+// the same rounded operation, in the same order, as the separate loops it
+// replaces (divide the stored sums, copy, MergeTree::Add), so the bits are
+// theirs (docs/NUMERICS.md, "R, P and E"); only the round trips through memory
+// are gone.
 //
 // Pure functions over caller-owned buffers; thread-safe for disjoint
 // outputs.
@@ -65,25 +65,26 @@ struct RowsOut {
 };
 
 using attention_internal::FoldRow;
+using attention_internal::LeafPlan;
 
 // A unit's state leaving the tile: out = sum / row sum, written to
-// keep[r] (a unit state's slot; null: not kept) and, for fp32 with
-// `rep` set, written to or merged into row r's leaf of its merge tree,
-// rep[r] (core/attention/merge_tree.h, MergeTree::Begin), as fold[r]
-// says. The tile starts from zero, so Load is never called.
+// keep[r] (a unit state's slot; null: not kept) and, for fp32 with `plan`
+// set, carried into row r's merge tree as plan[r] says: merged with each
+// pending left node in turn (core/attention/merge_tree.h, PlanLeaf), the
+// result written to its node. The tile starts from zero, so Load is never
+// called.
 template <class D>
 struct NormalisedOut {
   using T = hn::TFromD<D>;
-  const T* sum;         // [rows]
-  T* const* keep;       // [rows] destinations, or null
-  float* const* rep;    // [rows] each row's leaf in its merge tree, or null
-  const FoldRow* fold;  // [rows], with rep
+  const T* sum;          // [rows]
+  T* const* keep;        // [rows] destinations, or null
+  const LeafPlan* plan;  // [rows] P's merge tree, or null
   int64_t dim;
 
   HWY_INLINE hn::Vec<D> Load(D d, int64_t, int64_t) const {
     return hn::Zero(d);
   }
-  // Row r's kCols vectors from column i: one case of the fold per row.
+  // Row r's kCols vectors from column i.
   template <int kCols>
   HWY_INLINE void StoreRow(D d, int64_t r, int64_t i,
                            const hn::Vec<D>* a) const {
@@ -96,51 +97,49 @@ struct NormalisedOut {
       for (int c = 0; c < kCols; ++c) hn::StoreU(o[c], d, to + c * N);
     }
     if constexpr (std::is_same_v<T, float>) {
-      if (rep != nullptr) {
-        FoldRowVectors<kCols>(d, fold[r], o, rep[r] + i);
+      if (plan != nullptr) {
+        const LeafPlan& lp = plan[r];
+        for (int s = 0; s < lp.n; ++s) {
+          MergeLeftInto<kCols>(d, lp.steps[s].fold, lp.steps[s].left + i, o);
+        }
+        for (int c = 0; c < kCols; ++c)
+          hn::StoreU(o[c], d, lp.dest + i + c * N);
       }
     }
   }
   void StoreScalar(int64_t r, int64_t i, T a) const {
-    const T o = a / sum[r];
+    T o = a / sum[r];
     if (keep != nullptr) keep[r][i] = o;
     if constexpr (std::is_same_v<T, float>) {
-      if (rep == nullptr) return;
-      float& acc = rep[r][i];
-      acc = fold[r].kind == FoldRow::kCopy
-                ? o
-                : merge_step::Element(fold[r].w, acc, o);
+      if (plan == nullptr) return;
+      const LeafPlan& lp = plan[r];
+      for (int s = 0; s < lp.n; ++s) {
+        o = merge_step::Element(lp.steps[s].fold.w, lp.steps[s].left[i], o);
+      }
+      lp.dest[i] = o;
     }
   }
   T LoadScalar(int64_t, int64_t) const { return T(0); }
 
-  // merge.cc's PairElements, lane for lane, on kCols vectors at acc (f by
-  // value: its flags stay in registers across the stores).
+  // o <- merge(left, o), lane for lane merge_step::Element (merge.cc's
+  // PairElements with the left node as the accumulator; f by value: its
+  // flags stay in registers across the columns).
   template <int kCols>
-  static HWY_INLINE void FoldRowVectors(D d, const FoldRow f,
-                                        const hn::Vec<D>* o, float* acc) {
+  static HWY_INLINE void MergeLeftInto(D d, const FoldRow f, const float* left,
+                                       hn::Vec<D>* o) {
     constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(D()));
-    if (f.kind == FoldRow::kCopy) {
-      for (int c = 0; c < kCols; ++c) hn::StoreU(o[c], d, acc + c * N);
-      return;
-    }
     if (f.kind == FoldRow::kZero) {
-      for (int c = 0; c < kCols; ++c) hn::StoreU(hn::Zero(d), d, acc + c * N);
+      for (int c = 0; c < kCols; ++c) o[c] = hn::Zero(d);
       return;
     }
     const hn::Vec<D> wa = hn::Set(d, f.w.wa);
     const hn::Vec<D> wb = hn::Set(d, f.w.wb);
     const hn::Vec<D> total = hn::Set(d, f.w.total);
-    hn::Vec<D> m[kCols];
     for (int c = 0; c < kCols; ++c) {
-      m[c] = hn::Zero(d);
-      if (f.use_acc) {
-        m[c] = hn::Add(m[c], hn::Mul(wa, hn::LoadU(d, acc + c * N)));
-      }
-      if (f.use_next) m[c] = hn::Add(m[c], hn::Mul(wb, o[c]));
-    }
-    for (int c = 0; c < kCols; ++c) {
-      hn::StoreU(hn::Div(m[c], total), d, acc + c * N);
+      hn::Vec<D> m = hn::Zero(d);
+      if (f.use_acc) m = hn::Add(m, hn::Mul(wa, hn::LoadU(d, left + c * N)));
+      if (f.use_next) m = hn::Add(m, hn::Mul(wb, o[c]));
+      o[c] = hn::Div(m, total);
     }
   }
 };

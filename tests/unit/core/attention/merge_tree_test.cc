@@ -7,6 +7,7 @@
 // (aligned subtrees, then a tree over their roots).
 #include "core/attention/merge_tree.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -119,26 +120,28 @@ TEST(MergeTreeTest, EveryFormIsTheRecursiveDefinition) {
       tree.Finish(out.data(), &lse);
       ExpectSame(want, out.data(), lse, d, what + ", present leaves");
 
-      // The CPU pass's fused form: the caller merges the leaf in place.
+      // The CPU pass's fused form: the caller carries the leaf up.
       tree.Reset(d, units);
       for (int64_t u = 0; u < units; ++u) {
         const State& s = leaves[u];
         if (Empty(s.lse)) continue;
-        bool merge_into = false;
-        float left_lse = 0;
-        float* at = tree.Begin(u, &merge_into, &left_lse);
-        float new_lse = s.lse;
-        if (merge_into) {
+        std::vector<const float*> lefts(tree.Levels());
+        std::vector<float> left_lse(tree.Levels());
+        float* dest = nullptr;
+        const int n = tree.PlanLeaf(u, lefts.data(), left_lse.data(), &dest);
+        std::vector<float> x = s.out;
+        float node_lse = s.lse;
+        for (int k = 0; k < n; ++k) {
           const merge_step::PairWeights w =
-              merge_step::Weights(left_lse, s.lse);
+              merge_step::Weights(left_lse[k], node_lse);
           for (int64_t i = 0; i < d; ++i) {
-            at[i] = merge_step::Element(w, at[i], s.out[i]);
+            x[i] = merge_step::Element(w, lefts[k][i], x[i]);
           }
-          new_lse = merge_step::Lse(w);
-        } else {
-          for (int64_t i = 0; i < d; ++i) at[i] = s.out[i];
+          node_lse = merge_step::Lse(w);
         }
-        tree.End(u, new_lse);
+        for (int k = 0; k < n; ++k) ASSERT_NE(lefts[k], dest) << what;
+        std::copy(x.begin(), x.end(), dest);
+        tree.Commit(u, node_lse);
       }
       tree.Finish(out.data(), &lse);
       ExpectSame(want, out.data(), lse, d, what + ", fused");
