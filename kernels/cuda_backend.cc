@@ -88,10 +88,22 @@ struct PassOutputs {
   double* r_part_l = nullptr;
 };
 
-int64_t MostUnits(const PreparedAttention& p) {
-  int64_t n = 0;
-  for (const auto& row : p.units) n = std::max<int64_t>(n, row.size());
-  return n;
+// The unit tree's first phase: blocks of `block` units, `blocks` a query
+// (kmath::TreeBlockUnits of the most units a row has).
+struct TreeShape {
+  int64_t block = 1;
+  int64_t blocks = 1;
+};
+
+TreeShape TreeShapeOf(const PreparedAttention& p) {
+  int64_t most = 0;
+  for (const auto& row : p.units) {
+    most = std::max<int64_t>(most, static_cast<int64_t>(row.size()));
+  }
+  TreeShape t;
+  t.block = kmath::TreeBlockUnits(most);
+  t.blocks = std::max<int64_t>(1, (most + t.block - 1) / t.block);
+  return t;
 }
 
 int64_t TotalUnits(const PreparedAttention& p) {
@@ -134,10 +146,7 @@ absl::Status AllocateTreeOutputs(const PreparedAttention& p, DeviceArena& arena,
       arena.AllocateArray<unsigned char>(states, "P unit flags"));
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(o->p_state_present, 0, states, stream));
-  const int64_t most = MostUnits(p);
-  const int64_t block = kmath::TreeBlockUnits(most);
-  const int64_t roots = d.batch * d.queries * d.q_heads *
-                        std::max<int64_t>(1, (most + block - 1) / block);
+  const int64_t roots = d.batch * d.queries * d.q_heads * TreeShapeOf(p).blocks;
   ATTNAUDIT_ASSIGN_OR_RETURN(
       o->tree_out,
       arena.AllocateArray<float>(roots * d.head_dim, "P unit tree roots"));
@@ -353,10 +362,9 @@ absl::Status MergeSplits(const PreparedAttention& p, const PassParams& params,
     m.p_state_present = out.p_state_present;
     m.p_out = out.p_out;
     m.p_lse = out.p_lse;
-    const int64_t most = MostUnits(p);
-    m.tree_block = kmath::TreeBlockUnits(most);
-    m.tree_blocks =
-        std::max<int64_t>(1, (most + m.tree_block - 1) / m.tree_block);
+    const TreeShape tree = TreeShapeOf(p);
+    m.tree_block = tree.block;
+    m.tree_blocks = tree.blocks;
     m.tree_out = out.tree_out;
     m.tree_lse = out.tree_lse;
   }

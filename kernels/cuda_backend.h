@@ -81,8 +81,9 @@ struct CudaBackendOptions {
 // Seconds of the last ComputeAttention, by phase (events on the stream).
 struct CudaJobTimings {
   double upload_seconds = 0;
-  double kernel_seconds = 0;  // the pass and, split-KV, its merge
-  double merge_seconds = 0;   // of kernel_seconds: the split-KV merge
+  double kernel_seconds = 0;  // the pass and its second step
+  double merge_seconds = 0;   // of kernel_seconds: the second step (P's unit
+                              // tree, R's split combine)
   int64_t splits = 1;         // blocks per row along its runs
   double download_seconds = 0;
 };

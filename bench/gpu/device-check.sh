@@ -12,7 +12,7 @@
 #      and `--devices all` end to end;
 #   3. runs the benchmark (attnaudit_bench_gpu): P kernel bandwidth vs a
 #      same-run device-to-device copy at 4k/32k/128k (B=8, and B=1 at
-#      32k/128k), the split-KV merge's share, the W1 audit split into
+#      32k/128k), the second step's share (P's unit tree), the W1 audit split into
 #      transfer and compute (and again with one staging-copy thread, the
 #      parallel copy's baseline), the ring's time per round, the drift
 #      statistics on the GPU vs the CPU;

@@ -19,8 +19,8 @@
 //        [--contexts 4096,32768,131072] [--world W] [--json PATH]
 //        [--bandwidth-only] [--pool-gib G] [--max-splits N]
 //        [--copy-threads N]
-// The P column splits off the split-KV merge's share and the splits (blocks
-// per row along its runs) the backend chose.
+// The P column splits off the second step's share (P's unit tree) and the
+// splits (blocks per row along its runs) the backend chose.
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
@@ -174,7 +174,8 @@ double CopySeconds(int64_t bytes, int repeats) {
 }
 
 // Kernel seconds of one pass kind (median), from the backend's events;
-// the split-KV merge's share and the splits go to *merge / *splits.
+// the second step's share (P's unit tree) and the splits go to *merge /
+// *splits.
 double KernelSeconds(CudaBackend& gpu, const PreparedAttention& p,
                      AttentionPasses passes, int repeats,
                      double* merge = nullptr, int64_t* splits = nullptr) {
@@ -202,7 +203,7 @@ struct BandwidthRow {
   double r_gbs = 0;
   double fused_gbs = 0;
   double p_ms = 0;
-  double p_merge_ms = 0;  // of p_ms: the split-KV merge
+  double p_merge_ms = 0;  // of p_ms: the second step (P's unit tree)
   int64_t splits = 1;
 };
 

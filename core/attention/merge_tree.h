@@ -77,25 +77,25 @@ struct ElementTree {
     float no = 0.0f;
     float nl = merge_step::F::NegInf();
     for (int k = 0; k < kLevels; ++k) {
-      if (!has[k]) continue;
-      if (nh) {
-        Merge(out[k], lse[k], &no, &nl);
-      } else {
-        no = out[k];
-        nl = lse[k];
-        nh = true;
-      }
+      if (has[k]) JoinLeft(k, &nh, &no, &nl);
     }
     *o = no;
     *l = nl;
   }
 
  private:
-  // (*no, *nl) <- merge(left, node), both present.
-  ATTNAUDIT_HOST_DEVICE static void Merge(float left_out, float left_lse,
-                                          float* no, float* nl) {
-    const merge_step::PairWeights w = merge_step::Weights(left_lse, *nl);
-    *no = merge_step::Element(w, left_out, *no);
+  // The node (*no, *nl, present when *nh) <- merge(pending node k, node):
+  // the node k itself when the node is empty.
+  ATTNAUDIT_HOST_DEVICE void JoinLeft(int k, bool* nh, float* no,
+                                      float* nl) const {
+    if (!*nh) {
+      *no = out[k];
+      *nl = lse[k];
+      *nh = true;
+      return;
+    }
+    const merge_step::PairWeights w = merge_step::Weights(lse[k], *nl);
+    *no = merge_step::Element(w, out[k], *no);
     *nl = merge_step::Lse(w);
   }
 
@@ -104,13 +104,7 @@ struct ElementTree {
     int k = 0;
     for (; (v >> k) & 1; ++k) {
       if (!has[k]) continue;
-      if (nh) {
-        Merge(out[k], lse[k], &no, &nl);
-      } else {
-        no = out[k];
-        nl = lse[k];
-        nh = true;
-      }
+      JoinLeft(k, &nh, &no, &nl);
       has[k] = false;
     }
     has[k] = nh;
