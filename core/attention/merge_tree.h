@@ -119,8 +119,8 @@ class MergeTree {
   // Empty, for rows of `d` elements and up to `max_units` leaves.
   void Reset(int64_t d, int64_t max_units);
 
-  // Leaf `index` (ascending across calls) with state (out, lse); an empty
-  // lse adds nothing.
+  // Leaf `index` (ascending across calls, below Reset's max_units) with
+  // state (out, lse); an empty lse adds nothing.
   void Add(int64_t index, const float* out, float lse);
 
   // The fused form of Add, for a leaf whose elements are produced later:
@@ -163,7 +163,7 @@ class MergeTree {
   float* Buffer(int k) { return &pool_[static_cast<size_t>(buf_[k]) * d_]; }
   // Completes leaves [next_, index) as empty ones.
   void AdvanceTo(int64_t index);
-  // The node of leaf v at level k sits in Buffer(k) (present when
+  // The node of leaf v at level k sits in the spare buffer (present when
   // `present`, lse `lse`); carries it up through v's 1 bits from k and
   // leaves it pending.
   void CarryFrom(int64_t v, int k, bool present, float lse);
@@ -171,8 +171,8 @@ class MergeTree {
   int64_t d_ = 0;
   int64_t next_ = 0;
   int levels_ = 0;
-  std::vector<float> pool_;   // levels_ buffers of d_ floats
-  std::vector<int> buf_;      // [level] which buffer of the pool
+  std::vector<float> pool_;   // levels_ + 1 buffers of d_ floats
+  std::vector<int> buf_;      // [level] its buffer; [levels_]: the spare
   std::vector<float> lse_;    // [level]
   std::vector<uint8_t> has_;  // [level] a pending, present node
 };
