@@ -122,10 +122,11 @@ ATTNAUDIT_HOST_DEVICE inline float LogPositive(float x) {
       static_cast<double>(static_cast<int64_t>((bits >> 52) & 0x7ff) - 1023);
   double m =
       BitsAsDouble((bits & 0x000fffffffffffffull) | 0x3ff0000000000000ull);
-  if (m > 1.4142135623730951) {
-    m = F::Mul(m, 0.5);
-    k = F::Add(k, 1.0);
-  }
+  // A select, not a branch: a merge's weight sum lands on either side of
+  // sqrt(2) at random in P's merge tree.
+  const bool high = m > 1.4142135623730951;
+  m = high ? F::Mul(m, 0.5) : m;
+  k = high ? F::Add(k, 1.0) : k;
   const double s = F::Div(F::Sub(m, 1.0), F::Add(m, 1.0));
   const double s2 = F::Mul(s, s);
   // 2 atanh(s) = 2s (1 + s^2/3 + s^4/5 + ...): the terms from s^14 on are
