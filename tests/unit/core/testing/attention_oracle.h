@@ -63,7 +63,8 @@ std::vector<std::vector<std::vector<int32_t>>> OracleMergeOrders(
 // So |out - out*| <= V * (4E + (2P + 8k + 16 + 4k*Lm) * u) and
 // |lse - lse*| <= E + (P + 4k + 8 + 2k*Lm) * u. These are worst-case
 // (triangle-inequality) bounds, a few times above typical errors, and
-// scale linearly with k, as an fp32 left fold does.
+// scale linearly with k, as an fp32 left fold does (the replay's merge
+// tree, of depth log2 k, stays inside them).
 struct ErrorBound {
   double out = 0;
   double lse = 0;
