@@ -23,16 +23,17 @@ void MergeTree::Reset(int64_t d, int64_t max_units) {
   has_.assign(static_cast<size_t>(levels_), 0);
 }
 
+void MergeTree::JoinLeft(int k, bool* present, float* lse) {
+  if (*present) MergeInto(Buffer(k), &lse_[k], Buffer(levels_), *lse, d_);
+  *lse = lse_[k];
+  *present = true;
+  std::swap(buf_[k], buf_[levels_]);
+  has_[k] = 0;
+}
+
 void MergeTree::CarryFrom(int64_t v, int k, bool present, float lse) {
   for (; (v >> k) & 1; ++k) {
-    if (!has_[k]) continue;
-    if (present) {
-      MergeInto(Buffer(k), &lse_[k], Buffer(levels_), lse, d_);
-    }
-    lse = lse_[k];
-    present = true;
-    std::swap(buf_[k], buf_[levels_]);
-    has_[k] = 0;
+    if (has_[k]) JoinLeft(k, &present, &lse);
   }
   std::swap(buf_[k], buf_[levels_]);
   has_[k] = present ? 1 : 0;
@@ -56,14 +57,7 @@ void MergeTree::Finish(float* out, float* lse) {
   bool present = false;
   float node_lse = merge_step::F::NegInf();
   for (int k = 0; k < levels_; ++k) {
-    if (!has_[k]) continue;
-    if (present) {
-      MergeInto(Buffer(k), &lse_[k], Buffer(levels_), node_lse, d_);
-    }
-    node_lse = lse_[k];
-    present = true;
-    std::swap(buf_[k], buf_[levels_]);
-    has_[k] = 0;
+    if (has_[k]) JoinLeft(k, &present, &node_lse);
   }
   if (present) {
     std::copy(Buffer(levels_), Buffer(levels_) + d_, out);

@@ -161,6 +161,10 @@ class MergeTree {
 
  private:
   float* Buffer(int k) { return &pool_[static_cast<size_t>(buf_[k]) * d_]; }
+  // The carried node (the spare buffer; present when *present, lse *lse)
+  // <- merge(pending node k, it), or node k itself when it is empty;
+  // level k is no longer pending.
+  void JoinLeft(int k, bool* present, float* lse);
   // Completes leaves [next_, index) as empty ones.
   void AdvanceTo(int64_t index);
   // The node of leaf v at level k sits in the spare buffer (present when

@@ -3,8 +3,8 @@
 //   R: fp64 attention over all keys (then rounded to the output dtype);
 //   P: per-16-key-page fp32 partials folded left with the docs/DESIGN.md §2
 //   merge (the replay merges in a tree, whose rounding is smaller: the
-//   test's P is the harder case for the tolerances); E: a flash-decoding kernel: split-KV of 256 keys, 64-key tiles with
-//   an
+//   test's P is the harder case for the tolerances); E: a flash-decoding
+//   kernel: split-KV of 256 keys, 64-key tiles with an
 //      online softmax in fp32, probabilities rounded to bf16 before P.V (as
 //      tensor-core kernels do), an fp32 combine of the splits, bf16 output.
 // Clean engines must PASS every comparison for contexts up to 128K; engines
