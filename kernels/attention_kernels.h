@@ -5,10 +5,14 @@
 //
 // One thread block per (batch row, KV head, chunk of query positions): it
 // reads each of the row's runs (a KV page through the block table, or a
-// chunk a CP rank received) once, K then V, through a ring of shared-memory
-// stages filled with asynchronous 16-byte copies (smaller when the rows are
-// not 16-byte aligned), widens them once, and computes every query head of
-// the GQA group and every query position of the chunk from them:
+// chunk a CP rank received) once, K then V, a stage of `runs_per_stage`
+// runs at a time: asynchronous 16-byte copies (smaller when the rows are
+// not 16-byte aligned) fill the raw stage while the block computes the
+// stage before it from its widened copy. Every phase of a stage runs its
+// runs and units side by side (a row's max and sum are one thread per
+// (row, unit), in key order), so a stage costs one set of barriers
+// whatever its runs. From each stage the block computes every query head
+// of the GQA group and every query position of the chunk:
 //   - R: the fp64 online softmax per run (a logical block), as the CPU's;
 //   - P: per unit (a run's units, core/attention/units.h) the fp32 partial
 //     state, stored with a presence flag (and, for the CP reference
@@ -66,6 +70,25 @@ struct PassUnit {
   int32_t pad = 0;
 };
 
+// Tokens a stage aims for: enough that a stage's barriers and one-thread
+// steps are shared by several pages (by 64 pages of one token).
+constexpr int64_t kPassStageTokens = 64;
+
+// Byte offsets of a thread block's shared-memory sections (see
+// attention_kernels.cu), which LaunchFusedPass sets from the block's shape.
+// They live in the kernel's parameters, not in registers.
+struct PassLayout {
+  int32_t raw_k = 0, raw_v = 0;  // one stage as read: K, then V
+  int32_t k32 = 0, v32 = 0, k64 = 0, v64 = 0;  // the stage widened
+  int32_t q32 = 0, q64 = 0;
+  int32_t vis = 0, vcount = 0, run_n = 0, units = 0, ulo = 0, ucnt = 0;
+  int32_t s32 = 0, e32 = 0, s64 = 0, e64 = 0;
+  int32_t u_max = 0, u_sum = 0, u_lse = 0;
+  int32_t r_acc = 0, r_m = 0, r_l = 0, r_mj = 0, r_alpha = 0;
+  int32_t ru_max = 0, ru_sum = 0, ru_lse = 0;
+  int32_t total = 0;
+};
+
 struct PassParams {
   // Inputs (device pointers).
   const char* k_base = nullptr;
@@ -101,6 +124,8 @@ struct PassParams {
   int64_t owner_world = 0;
   int64_t owner_rank = 0;
   int64_t queries_per_block = 1;  // query positions per thread block
+  int64_t runs_per_stage = 1;     // runs read and computed together
+  PassLayout layout;              // set by LaunchFusedPass
   // Split-KV (above): blocks per row along its runs; R's state of split s
   // goes to r_* at s * r_split_stride + the query's index, and each stored
   // P unit state sets its flag in p_state_present.
@@ -127,13 +152,17 @@ struct PassParams {
   int copy_width = 1;
 };
 
-// Shared memory one thread block needs for these parameters, or -1 when it
-// exceeds `limit` even with one query position per block.
+// Shared memory one thread block needs for these parameters (their
+// queries_per_block and runs_per_stage).
 int64_t PassSharedBytes(const PassParams& params);
 
-// Picks queries_per_block so a block fits `max_shared` bytes; false when
-// even one query position does not fit (the caller reports Unimplemented).
-bool FitPassToSharedMemory(PassParams* params, int64_t max_shared);
+// Picks queries_per_block (as many as fit, for the K/V reuse), then
+// runs_per_stage (up to kPassStageTokens tokens, fewer when two blocks would
+// not fit a multiprocessor; at most max_stage_runs when > 0); false when
+// even one query position and one run do not fit `max_shared` bytes (the
+// caller reports Unimplemented).
+bool FitPassToSharedMemory(PassParams* params, int64_t max_shared,
+                           int64_t max_stage_runs = 0);
 
 // Launches the pass on `stream` for every (row, split, KV head, query
 // chunk).

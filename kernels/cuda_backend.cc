@@ -437,6 +437,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   std::unique_ptr<CudaBackend> b(new CudaBackend());
   b->info_ = devices[options.device];
   b->max_splits_ = options.max_splits;
+  b->max_stage_runs_ = options.max_stage_runs;
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
@@ -521,7 +522,8 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
   int max_shared = 0;
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
       &max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, info_.ordinal));
-  if (!cuda_internal::FitPassToSharedMemory(&params, max_shared)) {
+  if (!cuda_internal::FitPassToSharedMemory(&params, max_shared,
+                                            max_stage_runs_)) {
     return absl::UnimplementedError(absl::StrCat(
         "cuda: a page of ", d.page_size, " tokens x head dim ", d.head_dim,
         " does not fit one thread block's shared memory (", max_shared,
@@ -578,6 +580,7 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
   timings_.kernel_seconds = ElapsedSeconds(ev.e[1], ev.e[2]);
   timings_.merge_seconds = ElapsedSeconds(ev.e[4], ev.e[2]);
   timings_.splits = params.splits;
+  timings_.stage_runs = params.runs_per_stage;
   timings_.download_seconds = ElapsedSeconds(ev.e[2], ev.e[3]);
   res.kv_non_finite = flag != 0;
   SummariseUnits(p, options.record_merge_orders, &res);

@@ -76,6 +76,10 @@ struct CudaBackendOptions {
   // fill the device, 1: the one-block pass. The results are the same P
   // bits either way (docs/NUMERICS.md, "CPU and GPU").
   int64_t max_splits = 0;
+  // Most runs (pages) a thread block reads and computes as one stage; 0: as
+  // many as FitPassToSharedMemory allows, 1: one run at a time. The same
+  // bits either way.
+  int64_t max_stage_runs = 0;
 };
 
 // Seconds of the last ComputeAttention, by phase (events on the stream).
@@ -85,6 +89,7 @@ struct CudaJobTimings {
   double merge_seconds = 0;   // of kernel_seconds: the second step (P's unit
                               // tree, R's split combine)
   int64_t splits = 1;         // blocks per row along its runs
+  int64_t stage_runs = 1;     // runs per stage of the pass
   double download_seconds = 0;
 };
 
@@ -141,6 +146,7 @@ class CudaBackend : public Backend {
   std::unique_ptr<cuda_internal::PinnedStaging> staging_;
   CudaJobTimings timings_;
   int64_t max_splits_ = 0;
+  int64_t max_stage_runs_ = 0;
   CudaGang* gang_ = nullptr;
 };
 

@@ -20,7 +20,8 @@
 #      machine.txt, configure.log, build.log, tests.log (with the "[ P bits ]"
 #      lines: how many of P's outputs have the CPU's bits), e2e.log,
 #      bench.txt (the markdown tables), bench_b1.txt, bench_one_block.txt
-#      (the one-block pass, the split-KV baseline), bench_copy1.txt (one
+#      (the one-block pass, the split-KV baseline), bench_one_run.txt (a
+#      run a stage, the staged pass's baseline), bench_copy1.txt (one
 #      staging-copy thread), bench.json,
 #      summary.txt.
 # Every phase is time-boxed, and all of them together by DEADLINE_S
@@ -129,6 +130,11 @@ phase bench-b1 60 "$OUT/bench_b1.txt" \
 phase bench-one-block 90 "$OUT/bench_one_block.txt" bash -c \
   "'$BIN/attnaudit_bench_gpu' --max-splits 1 --repeats 3 --bandwidth-only &&
    '$BIN/attnaudit_bench_gpu' --max-splits 1 --batch 1 --repeats 3 \
+     --contexts 32768,131072 --bandwidth-only"
+# The staged pass's baseline: one run (page) a stage, the same binary.
+phase bench-one-run 90 "$OUT/bench_one_run.txt" bash -c \
+  "'$BIN/attnaudit_bench_gpu' --max-stage-runs 1 --repeats 3 --bandwidth-only &&
+   '$BIN/attnaudit_bench_gpu' --max-stage-runs 1 --batch 1 --repeats 3 \
      --contexts 32768,131072 --bandwidth-only"
 # The upload's baseline: the staging copies on one host thread.
 phase bench-copy1 90 "$OUT/bench_copy1.txt" \

@@ -18,6 +18,7 @@
 // Usage: attnaudit_bench_gpu [--device N] [--repeats N] [--batch B]
 //        [--contexts 4096,32768,131072] [--world W] [--json PATH]
 //        [--bandwidth-only] [--pool-gib G] [--max-splits N]
+//        [--max-stage-runs N]
 //        [--copy-threads N]
 // The P column splits off the second step's share (P's unit tree) and the
 // splits (blocks per row along its runs) the backend chose.
@@ -66,6 +67,7 @@ struct Flags {
   bool bandwidth_only = false;
   double pool_gib = 0;     // 0: the backend's default (3/4 of free memory)
   int64_t max_splits = 0;  // 0: the backend's choice; 1: no split-KV
+  int64_t max_stage_runs = 0;  // 0: the backend's choice; 1: a run a stage
   int copy_threads = 0;    // staging copies; 0: every hardware thread
   std::string json;
 };
@@ -91,6 +93,10 @@ Flags ParseFlags(int argc, char** argv) {
   app.add_option("--max-splits", f.max_splits,
                  "most blocks per row along its runs (1: the one-block "
                  "pass, the split-KV pass's baseline)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  app.add_option("--max-stage-runs", f.max_stage_runs,
+                 "most runs (pages) a block computes as one stage (1: one "
+                 "at a time, the staged pass's baseline)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   app.add_option("--copy-threads", f.copy_threads,
                  "host threads copying into and out of the pinned staging "
@@ -178,7 +184,8 @@ double CopySeconds(int64_t bytes, int repeats) {
 // *splits.
 double KernelSeconds(CudaBackend& gpu, const PreparedAttention& p,
                      AttentionPasses passes, int repeats,
-                     double* merge = nullptr, int64_t* splits = nullptr) {
+                     double* merge = nullptr, int64_t* splits = nullptr,
+                     int64_t* stage_runs = nullptr) {
   std::vector<double> t, m;
   AttentionRunOptions o;
   o.passes = passes;
@@ -190,6 +197,7 @@ double KernelSeconds(CudaBackend& gpu, const PreparedAttention& p,
     t.push_back(gpu.last_timings().kernel_seconds);
     m.push_back(gpu.last_timings().merge_seconds);
     if (splits != nullptr) *splits = gpu.last_timings().splits;
+    if (stage_runs != nullptr) *stage_runs = gpu.last_timings().stage_runs;
   }
   if (merge != nullptr) *merge = Median(m);
   return Median(t);
@@ -205,6 +213,7 @@ struct BandwidthRow {
   double p_ms = 0;
   double p_merge_ms = 0;  // of p_ms: the second step (P's unit tree)
   int64_t splits = 1;
+  int64_t stage_runs = 1;
 };
 
 BandwidthRow Bandwidth(CudaBackend& gpu, const Flags& f, int64_t context) {
@@ -216,7 +225,8 @@ BandwidthRow Bandwidth(CudaBackend& gpu, const Flags& f, int64_t context) {
   row.copy_gbs = 2.0 * c->kv_bytes / copy / 1e9;
   double p_merge = 0;
   const double p = KernelSeconds(gpu, c->prepared, AttentionPasses::kReplayOnly,
-                                 f.repeats, &p_merge, &row.splits);
+                                 f.repeats, &p_merge, &row.splits,
+                                 &row.stage_runs);
   row.p_merge_ms = p_merge * 1e3;
   const double r = KernelSeconds(gpu, c->prepared,
                                  AttentionPasses::kReferenceOnly, f.repeats);
@@ -378,25 +388,26 @@ void PrintAndSave(const Flags& f, const CudaBackend& gpu,
       info.memory_bytes / 1073741824.0, (long long)f.batch, f.repeats);
   std::printf(
       "| context | KV GiB | D2D copy GB/s (r+w) | P kernel GB/s | "
-      "P / copy | P ms | of which merge ms | splits | R GB/s | "
-      "fused R+P GB/s |\n"
-      "|---|---|---|---|---|---|---|---|---|---|\n");
+      "P / copy | P ms | of which merge ms | splits | runs per stage | "
+      "R GB/s | fused R+P GB/s |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::string json =
       absl::StrCat("{\"device\": \"", info.name, "\", \"bandwidth\": [");
   for (size_t i = 0; i < bw.size(); ++i) {
     const BandwidthRow& r = bw[i];
     std::printf(
-        "| %lld | %.2f | %.0f | %.0f | %.0f %% | %.3f | %.3f | %lld | %.0f | "
-        "%.0f |\n",
+        "| %lld | %.2f | %.0f | %.0f | %.0f %% | %.3f | %.3f | %lld | %lld | "
+        "%.0f | %.0f |\n",
         (long long)r.context, r.kv_gib, r.copy_gbs, r.p_gbs,
         100.0 * r.p_gbs / r.copy_gbs, r.p_ms, r.p_merge_ms, (long long)r.splits,
-        r.r_gbs, r.fused_gbs);
+        (long long)r.stage_runs, r.r_gbs, r.fused_gbs);
     absl::StrAppend(&json, i ? ", " : "", "{\"context\": ", r.context,
                     ", \"kv_gib\": ", r.kv_gib, ", \"copy_gbs\": ", r.copy_gbs,
                     ", \"p_gbs\": ", r.p_gbs, ", \"r_gbs\": ", r.r_gbs,
                     ", \"fused_gbs\": ", r.fused_gbs, ", \"p_ms\": ", r.p_ms,
                     ", \"p_merge_ms\": ", r.p_merge_ms,
-                    ", \"splits\": ", r.splits, "}");
+                    ", \"splits\": ", r.splits,
+                    ", \"stage_runs\": ", r.stage_runs, "}");
   }
   std::printf(
       "\nW1 audit (B=8, 4096, llama3-8b), verdict %s:\n"
@@ -448,6 +459,7 @@ int Main(int argc, char** argv) {
   o.device = f.device;
   o.pool_bytes = static_cast<int64_t>(f.pool_gib * 1073741824.0);
   o.max_splits = f.max_splits;
+  o.max_stage_runs = f.max_stage_runs;
   o.host_copy_threads = f.copy_threads;
   absl::StatusOr<std::unique_ptr<CudaBackend>> gpu = CudaBackend::Create(o);
   if (!gpu.ok()) Die(gpu.status());
@@ -457,9 +469,11 @@ int Main(int argc, char** argv) {
     for (const BandwidthRow& r : bw) {
       std::printf(
           "context %lld: P %.0f GB/s, %.3f ms (merge %.3f, %lld "
-          "splits), R %.0f GB/s, fused %.0f GB/s, copy %.0f GB/s\n",
+          "splits, %lld runs per stage), R %.0f GB/s, fused %.0f GB/s, copy "
+          "%.0f GB/s\n",
           (long long)r.context, r.p_gbs, r.p_ms, r.p_merge_ms,
-          (long long)r.splits, r.r_gbs, r.fused_gbs, r.copy_gbs);
+          (long long)r.splits, (long long)r.stage_runs, r.r_gbs, r.fused_gbs,
+          r.copy_gbs);
     }
     return 0;
   }

@@ -39,6 +39,25 @@ ATTNAUDIT_HOST_DEVICE inline T LanePartial(const T* q, const K* k, int64_t dim,
   return acc;
 }
 
+// LanePartial of `rows` (<= R) query rows at once, row r at q + r *
+// q_stride, against one K row: each K element is read and widened once
+// for all of them. out[r] has LanePartial(q + r * q_stride, k, dim, lane)'s
+// bits; rows past `rows` stay +0.
+template <int R, typename T, typename K>
+ATTNAUDIT_HOST_DEVICE inline void LanePartials(const T* q, int q_stride,
+                                               const K* k, int dim, int lane,
+                                               int rows, T (&out)[R]) {
+  constexpr int V = VirtualLanes<T>::kCount;
+  for (int r = 0; r < R; ++r) out[r] = T(0);
+  const int full = dim / V * V;
+  for (int d = lane; d < full; d += V) {
+    const T kd = static_cast<T>(k[d]);
+    for (int r = 0; r < R; ++r) {
+      if (r < rows) out[r] = Ops<T>::Fma(q[r * q_stride + d], kd, out[r]);
+    }
+  }
+}
+
 // The lane tree over V partials (overwritten).
 template <typename T>
 ATTNAUDIT_HOST_DEVICE inline T LaneTree(T* lanes) {

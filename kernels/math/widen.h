@@ -96,6 +96,37 @@ ATTNAUDIT_HOST_DEVICE inline float WidenToFloat(const void* base, int dtype,
   }
 }
 
+// The N elements held in four little-endian 32-bit words (16 bytes of a
+// 4-, 2- or 1-byte dtype: N = 4, 8 or 16), widened as WidenToFloat widens
+// them, into f; true when one is not finite. The GPU pass widens its pages
+// 16 bytes at a time this way.
+template <int N>
+ATTNAUDIT_HOST_DEVICE inline bool WidenWords(const uint32_t (&words)[4],
+                                             int dtype, float (&f)[N]) {
+  static_assert(N == 4 || N == 8 || N == 16, "16 bytes of a 4/2/1-byte type");
+  constexpr int kPerWord = N / 4;
+  constexpr int kBits = 32 / kPerWord;
+  bool bad = false;
+  for (int e = 0; e < N; ++e) {
+    const uint32_t word = words[e / kPerWord];
+    const uint32_t bits =
+        kPerWord == 1
+            ? word
+            : (word >> ((e % kPerWord) * kBits)) & ((1u << kBits) - 1u);
+    if (N == 4) {
+      f[e] = BitsAsFloat(bits);
+    } else if (N == 8) {
+      f[e] = dtype == kElemBF16 ? Bf16Bits(static_cast<uint16_t>(bits))
+                                : F16Bits(static_cast<uint16_t>(bits));
+    } else {
+      f[e] = dtype == kElemF8E4M3 ? F8E4M3Bits(static_cast<uint8_t>(bits))
+                                  : F8E5M2Bits(static_cast<uint8_t>(bits));
+    }
+    bad |= !Ops<float>::IsFinite(f[e]);
+  }
+  return bad;
+}
+
 // Element i as double: exact for every dtype (f64 as stored).
 ATTNAUDIT_HOST_DEVICE inline double WidenToDouble(const void* base, int dtype,
                                                   int64_t i) {

@@ -1,7 +1,8 @@
 // The CUDA backend on a GPU (kernels/cuda_backend.h), against the CPU
 // backend: R within 1e-12 relative, P within its replay tolerance (and
 // how many outputs have the CPU's bits printed) and bitwise reproducible,
-// the split-KV and one-block passes with the same P, unit states and CP replays
+// the split-KV, multi-run-stage pass and the one-block, one-run pass with the
+// same P, unit states and CP replays
 // (CUDA-local ring and partials, every world size) that fold back to the GPU's
 // own P bit for bit, the drift reduction against core/drift, the pool fallback,
 // and a whole audit. Without a visible GPU every GPU test skips with the
@@ -32,6 +33,7 @@
 #include "core/tensor/dtype.h"
 #include "core/validate/validate.h"
 #include "gtest/gtest.h"
+#include "kernels/attention_kernels.h"
 #include "sim/simulator.h"
 #include "tests/unit/core/testing/prepared_case.h"
 #include "tests/unit/core/testing/snapshot_builder.h"
@@ -58,6 +60,7 @@ CudaBackend* OneBlockGpu() {
     CudaBackendOptions o;
     o.pool_bytes = int64_t{1} << 30;
     o.max_splits = 1;
+    o.max_stage_runs = 1;
     absl::StatusOr<std::unique_ptr<CudaBackend>> b = CudaBackend::Create(o);
     return b.ok() ? b->release() : nullptr;
   }();
@@ -193,8 +196,9 @@ TEST(CudaBackendTest, RAndPAgreeWithTheCpuAndPIsReproducible) {
   }
 }
 
-// The split-KV pass (the cases' few rows always split) and the one-block
-// pass: the same P bits, R within the contract.
+// The split-KV pass with several runs a stage (the cases' few rows always
+// split; their pages are small) and the one-block pass a run at a time:
+// the same P bits, R within the contract.
 TEST(CudaBackendTest, SplitKvAndTheOneBlockPassGiveTheSameP) {
   REQUIRE_GPU();
   ASSERT_NE(OneBlockGpu(), nullptr);
@@ -209,6 +213,10 @@ TEST(CudaBackendTest, SplitKvAndTheOneBlockPassGiveTheSameP) {
         OneBlockGpu()->ComputeAttention(prep->p, ro);
     ASSERT_TRUE(one.ok()) << one.status();
     EXPECT_EQ(OneBlockGpu()->last_timings().splits, 1) << k.name;
+    EXPECT_EQ(OneBlockGpu()->last_timings().stage_runs, 1) << k.name;
+    if (k.page_size <= cuda_internal::kPassStageTokens / 2) {
+      EXPECT_GT(Gpu()->last_timings().stage_runs, 1) << k.name;
+    }
     EXPECT_EQ(0, std::memcmp(split->replay_out.data(), one->replay_out.data(),
                              one->replay_out.size() * sizeof(double)))
         << k.name << ": P out";

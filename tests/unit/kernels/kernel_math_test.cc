@@ -145,6 +145,82 @@ TEST(KernelMathWiden, EveryCodeWidensAsTheCore) {
   }
 }
 
+// The pass widens its pages 16 bytes at a time (WidenWords): every code of
+// every 4-, 2- and 1-byte dtype, at every position of the 16 bytes, widens
+// to WidenToFloat's bits of the same bytes, and the flag is set exactly
+// when one of them is not finite.
+template <int N>
+void CheckWidenWords(int dtype, uint32_t codes, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int size = 16 / N;
+  for (uint32_t c = 0; c < codes; ++c) {
+    for (int at = 0; at < N; ++at) {
+      unsigned char bytes[16];
+      for (unsigned char& b : bytes) b = static_cast<unsigned char>(rng());
+      const uint32_t code = size == 4 ? static_cast<uint32_t>(rng()) : c;
+      std::memcpy(bytes + at * size, &code, size);  // little-endian
+      uint32_t words[4];
+      std::memcpy(words, bytes, 16);
+      float f[N];
+      const bool bad = kmath::WidenWords<N>(words, dtype, f);
+      bool want_bad = false;
+      for (int e = 0; e < N; ++e) {
+        const float want = kmath::WidenToFloat(bytes, dtype, e);
+        ASSERT_TRUE(SameBits(f[e], want))
+            << "dtype " << dtype << " code " << c << " element " << e;
+        want_bad |= !std::isfinite(want);
+      }
+      ASSERT_EQ(bad, want_bad) << "dtype " << dtype << " code " << c;
+    }
+  }
+}
+
+TEST(KernelMathWiden, SixteenBytesAtATimeWidenAsOneAtATime) {
+  CheckWidenWords<8>(kmath::kElemBF16, 65536, 1);
+  CheckWidenWords<8>(kmath::kElemF16, 65536, 2);
+  CheckWidenWords<16>(kmath::kElemF8E4M3, 256, 3);
+  CheckWidenWords<16>(kmath::kElemF8E5M2, 256, 4);
+  CheckWidenWords<4>(kmath::kElemF32, 4096, 5);
+}
+
+// The scores read each K element once for several query rows
+// (LanePartials): every row's lane partial has LanePartial's bits, for
+// dims with and without a tail, fp32 and fp64 lanes, fewer rows than the
+// group holds.
+template <typename T>
+void CheckLanePartials() {
+  constexpr int V = kmath::VirtualLanes<T>::kCount;
+  constexpr int R = 4;
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> n(0.0, 3.0);
+  for (int dim : {1, 7, 8, 16, 20, 64, 100, 128, 256}) {
+    std::vector<T> q(R * dim);
+    std::vector<float> k(dim);
+    for (T& x : q) x = static_cast<T>(n(rng));
+    for (float& x : k) x = static_cast<float>(n(rng));
+    for (int rows = 0; rows <= R; ++rows) {
+      for (int lane = 0; lane < V; ++lane) {
+        T out[R];
+        kmath::LanePartials(q.data(), dim, k.data(), dim, lane, rows, out);
+        for (int r = 0; r < R; ++r) {
+          const T want =
+              r < rows ? kmath::LanePartial(q.data() + r * dim, k.data(),
+                                            dim, lane)
+                       : T(0);
+          ASSERT_TRUE(SameBits(out[r], want))
+              << "dim " << dim << " rows " << rows << " lane " << lane
+              << " row " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(KernelMathDot, LanePartialsOfSeveralRowsAreEachRowsLanePartial) {
+  CheckLanePartials<float>();
+  CheckLanePartials<double>();
+}
+
 TEST(KernelMathDrift, UlpDistanceIsTheCore) {
   std::mt19937_64 rng(3);
   std::normal_distribution<double> n(0.0, 100.0);
