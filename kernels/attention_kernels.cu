@@ -5,15 +5,19 @@
 //     tokens at [j * P, j * P + n_j) of the stage's token index (P =
 //     max_run), its units are the stage's units [0, stage units), and every
 //     phase below runs over all of them at once;
+//   - visibility: a warp per (query position, run) builds the run's
+//     ascending list of visible tokens with a ballot;
 //   - scores: a group of V threads (16 for fp32, 8 for fp64: the virtual
-//     lanes) per (query row, token); lane l computes its partial, the lane
-//     tree runs as xor-shuffles (lane i + lane i^m is the tree's pair, in
-//     either operand order: addition commutes exactly), lane 0 adds the
-//     tail and applies the scale and soft-cap;
-//   - R's max and sum: one thread per row, its runs in order; a unit's max
-//     and sum: one thread per (row, unit), in key order;
-//   - weights and output elements: one thread per element (each an
-//     independent FMA chain in key order);
+//     lanes) per (token, four query rows); lane l computes its partials,
+//     the lane tree runs as xor-shuffles (lane i + lane i^m is the tree's
+//     pair, in either operand order: addition commutes exactly), lane 0
+//     adds the tail and applies the scale and soft-cap;
+//   - then a warp per work item, with no barrier between items: R's update
+//     of one row through the stage's runs in order, or one unit's state
+//     (P, and R's when asked) for one row. A max or a sum in key order is
+//     computed by every lane of the warp alike (the same reads, the same
+//     bits), the weights one key a lane, the output elements one FMA chain
+//     per element in key order, four adjacent elements a lane;
 //   - the unit tree (the second step): each (query, element) thread runs
 //     its element's tree, computing each pair's weights itself (the same
 //     bits on every thread).
@@ -74,24 +78,16 @@ PassLayout MakeLayout(const PassParams& p) {
   l.vis = take(qpb * T * 4);
   l.vcount = take(qpb * S * 4);
   l.run_n = take(S * 4);
+  l.tok = take(T * 4);
   l.units = take(T * static_cast<int64_t>(sizeof(PassUnit)));
-  l.ulo = take(qpb * T * 4);
-  l.ucnt = take(qpb * T * 4);
   l.s32 = take(p32 ? rows * T * 4 : 0);
   l.e32 = take(p32 ? rows * T * 4 : 0);
   l.s64 = take(r64 ? rows * T * 8 : 0);
-  l.e64 = take(r64 ? rows * T * 8 : 0);
-  l.u_max = take(p32 ? rows * T * 4 : 0);
-  l.u_sum = take(p32 ? rows * T * 4 : 0);
-  l.u_lse = take(p32 ? rows * T * 4 : 0);
+  l.e64 = take(p.reference ? rows * T * 8 : 0);
+  l.re64 = take(p.store_r_states ? rows * T * 8 : 0);
   l.r_acc = take(p.reference ? rows * D * 8 : 0);
   l.r_m = take(p.reference ? rows * 8 : 0);
   l.r_l = take(p.reference ? rows * 8 : 0);
-  l.r_mj = take(p.reference ? rows * S * 8 : 0);
-  l.r_alpha = take(p.reference ? rows * S * 8 : 0);
-  l.ru_max = take(p.store_r_states ? rows * T * 8 : 0);
-  l.ru_sum = take(p.store_r_states ? rows * T * 8 : 0);
-  l.ru_lse = take(p.store_r_states ? rows * T * 8 : 0);
   l.total = at < (int64_t{1} << 31) ? static_cast<int32_t>(at) : -1;
   return l;
 }
@@ -143,40 +139,46 @@ __device__ Stage StageAt(const PassParams& p, int32_t first, int32_t last,
 
 // Starts the asynchronous copy of the stage's K and V rows of head g into
 // the raw stage (whole rows, copy_width bytes per copy; run j at token
-// j * P).
+// j * P): a warp per (run, K or V), so a run's setup is one warp's, not
+// every thread's.
 __device__ void LoadStage(const PassParams& p, const Item& it, const Shared& sh,
                           const Stage& st) {
-  const int ke = kmath::ElemBytes(p.k_dtype);
-  const int ve = kmath::ElemBytes(p.v_dtype);
+  const int32_t lane = threadIdx.x % 32;
   const int w = p.copy_width;
-  for (int32_t j = 0; j < st.count; ++j) {
-    const PassRun run = p.runs[st.first + j];
-    struct Part {
-      const char* src;
-      char* dst;
-      int64_t row_stride_bytes;
-      int32_t row_bytes;
-    };
-    const Part parts[2] = {
-        {p.k_base + run.k_offset + it.g * p.k_head_stride * ke,
-         sh.base + sh.l.raw_k + j * it.P * it.D * ke, p.k_row_stride * ke,
-         it.D * ke},
-        {p.v_base + run.v_offset + it.g * p.v_head_stride * ve,
-         sh.base + sh.l.raw_v + j * it.P * it.D * ve, p.v_row_stride * ve,
-         it.D * ve}};
-    for (const Part& part : parts) {
-      const int32_t per_row = part.row_bytes / w;
-      const int32_t chunks = run.n * per_row;
-      for (int32_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-        const int32_t t = c / per_row;
-        const int32_t off = (c - t * per_row) * w;
-        const char* src = part.src + t * part.row_stride_bytes + off;
-        char* dst = part.dst + t * part.row_bytes + off;
-        if (w >= 4) {
-          __pipeline_memcpy_async(dst, src, static_cast<size_t>(w));
-        } else {
-          *dst = *src;  // unaligned rows: plain loads
-        }
+  for (int32_t item = threadIdx.x / 32; item < 2 * st.count;
+       item += blockDim.x / 32) {
+    const int32_t j = item / 2;
+    const bool is_v = item % 2 != 0;
+    const PassRun& run = p.runs[st.first + j];
+    const int elem = kmath::ElemBytes(is_v ? p.v_dtype : p.k_dtype);
+    const char* src = (is_v ? p.v_base + run.v_offset
+                            : p.k_base + run.k_offset) +
+                      it.g * (is_v ? p.v_head_stride : p.k_head_stride) * elem;
+    const int64_t stride =
+        (is_v ? p.v_row_stride : p.k_row_stride) * int64_t{elem};
+    const int32_t row_bytes = it.D * elem;
+    char* dst = sh.base + (is_v ? sh.l.raw_v : sh.l.raw_k) + j * it.P * row_bytes;
+    // Lane l copies chunks l, l + 32, ...: (row t, chunk off) advanced
+    // without a division per chunk.
+    const int32_t per_row = row_bytes / w;
+    const int32_t dt = 32 / per_row;
+    const int32_t doff = 32 - dt * per_row;
+    int32_t t = lane / per_row;
+    int32_t off = lane - t * per_row;
+    const int32_t n = run.n;
+    while (t < n) {
+      const char* from = src + t * stride + off * w;
+      char* to = dst + t * row_bytes + off * w;
+      if (w >= 4) {
+        __pipeline_memcpy_async(to, from, static_cast<size_t>(w));
+      } else {
+        *to = *from;  // unaligned rows: plain loads
+      }
+      t += dt;
+      off += doff;
+      if (off >= per_row) {
+        off -= per_row;
+        ++t;
       }
     }
   }
@@ -225,33 +227,44 @@ __device__ bool WidenSixteen(const char* raw, int dtype, float* out) {
   return bad;
 }
 
-// Widens `elems` elements of one run's rows, 16 raw bytes a thread at a
-// time (per = elements in 16 bytes).
-__device__ bool WidenRun16(const char* raw, int dtype, int per, int32_t elems,
+// Widens `elems` elements of one run's rows, 16 raw bytes (N elements) a
+// lane of the calling warp at a time.
+template <int N>
+__device__ bool WidenRun16(const char* raw, int dtype, int32_t elems,
                            float* out) {
   bool bad = false;
-  for (int32_t i = threadIdx.x * per; i < elems; i += blockDim.x * per) {
-    const char* piece = raw + (i / per) * 16;
-    if (per == 4) {
-      bad |= WidenSixteen<4>(piece, dtype, out + i);
-    } else if (per == 8) {
-      bad |= WidenSixteen<8>(piece, dtype, out + i);
-    } else {
-      bad |= WidenSixteen<16>(piece, dtype, out + i);
-    }
+  for (int32_t i = (threadIdx.x % 32) * N; i < elems; i += 32 * N) {
+    bad |= WidenSixteen<N>(raw + (i / N) * 16, dtype, out + i);
   }
   return bad;
 }
 
+__device__ bool WidenRun16(const char* raw, int dtype, int bytes,
+                           int32_t elems, float* out) {
+  switch (bytes) {
+    case 4:
+      return WidenRun16<4>(raw, dtype, elems, out);
+    case 2:
+      return WidenRun16<8>(raw, dtype, elems, out);
+    default:
+      return WidenRun16<16>(raw, dtype, elems, out);
+  }
+}
+
 // Widens the raw stage into k32/v32 (and k64/v64 for f64 pages), flagging
 // non-finite values: the pass is the audit's only read of the cache, as on
-// the CPU. Also copies the stage's run lengths and units (with their run's
-// slot in `pad`) into shared memory.
+// the CPU. Also copies the stage's run lengths, which stage tokens exist
+// (tok) and its units (with their run's slot in `pad`) into shared memory.
 __device__ void WidenStage(const PassParams& p, const Item& it,
                            const Shared& sh, const Stage& st) {
   int32_t* run_n = sh.at<int32_t>(sh.l.run_n);
-  for (int32_t j = threadIdx.x; j < st.count; j += blockDim.x) {
-    run_n[j] = p.runs[st.first + j].n;
+  int32_t* tok = sh.at<int32_t>(sh.l.tok);
+  for (int32_t j = 0; j < st.count; ++j) {
+    const int32_t n = p.runs[st.first + j].n;
+    if (threadIdx.x == 0) run_n[j] = n;
+    for (int32_t t = threadIdx.x; t < it.P; t += blockDim.x) {
+      tok[j * it.P + t] = t < n;
+    }
   }
   PassUnit* units = sh.at<PassUnit>(sh.l.units);
   for (int32_t k = threadIdx.x; k < st.units; k += blockDim.x) {
@@ -275,18 +288,29 @@ __device__ void WidenStage(const PassParams& p, const Item& it,
                           p.v_dtype != kmath::kElemF64 &&
                           (it.D * ke) % 16 == 0 && (it.D * ve) % 16 == 0;
   bool bad = false;
-  for (int32_t j = 0; j < st.count; ++j) {
-    const int32_t begin = j * it.P * it.D;
-    const int32_t elems = p.runs[st.first + j].n * it.D;
-    if (by_sixteen) {
-      bad |= WidenRun16(k_raw + begin * ke, p.k_dtype, 16 / ke, elems,
-                        k32 + begin);
-      bad |= WidenRun16(v_raw + begin * ve, p.v_dtype, 16 / ve, elems,
-                        v32 + begin);
-      continue;
+  if (by_sixteen) {
+    // A warp per (run, K or V).
+    for (int32_t item = threadIdx.x / 32; item < 2 * st.count;
+         item += blockDim.x / 32) {
+      const int32_t j = item / 2;
+      const int32_t begin = j * it.P * it.D;
+      const int32_t elems = p.runs[st.first + j].n * it.D;
+      if (item % 2 == 0) {
+        bad |= WidenRun16(k_raw + begin * ke, p.k_dtype, ke, elems,
+                          k32 + begin);
+      } else {
+        bad |= WidenRun16(v_raw + begin * ve, p.v_dtype, ve, elems,
+                          v32 + begin);
+      }
     }
-    for (int32_t i = begin + threadIdx.x; i < begin + elems; i += blockDim.x) {
-      bad |= WidenElement(p, k_raw, v_raw, i, k32, v32, k64, v64);
+  } else {
+    for (int32_t j = 0; j < st.count; ++j) {
+      const int32_t begin = j * it.P * it.D;
+      const int32_t elems = p.runs[st.first + j].n * it.D;
+      for (int32_t i = begin + threadIdx.x; i < begin + elems;
+           i += blockDim.x) {
+        bad |= WidenElement(p, k_raw, v_raw, i, k32, v32, k64, v64);
+      }
     }
   }
   if (bad) atomicOr(p.kv_non_finite, 1);
@@ -301,38 +325,31 @@ __device__ bool Visible(const PassParams& p, int64_t key_pos,
 }
 
 // Per (query position, run), the ascending list of the run's visible
-// tokens at vis[q * T + j * P]: the flags in parallel (their position loads
-// are global), then one thread per (query position, run) compacts its
-// flags in place, in token order.
+// tokens at vis[q * T + j * P] and its length at vcount[q * S + j]: a warp
+// per (query position, run), 32 tokens a ballot.
 __device__ void BuildVisibility(const PassParams& p, const Item& it,
                                 const Shared& sh, const Stage& st) {
   int32_t* vis = sh.at<int32_t>(sh.l.vis);
   int32_t* vcount = sh.at<int32_t>(sh.l.vcount);
   const int32_t* run_n = sh.at<int32_t>(sh.l.run_n);
-  const int32_t span = st.count * it.P;
-  for (int32_t i = threadIdx.x; i < it.qn * span; i += blockDim.x) {
-    const int32_t q = i / span;
-    const int32_t tt = i - q * span;
-    const int32_t j = tt / it.P;
-    const int32_t t = tt - j * it.P;
-    bool visible = false;
-    if (t < run_n[j]) {
-      const int64_t qpos = p.query_positions[it.b * p.queries + it.sq0 + q];
-      visible =
-          Visible(p, p.positions[p.runs[st.first + j].pos_offset + t], qpos);
-    }
-    vis[q * it.T + tt] = visible;
-  }
-  __syncthreads();
-  for (int32_t i = threadIdx.x; i < it.qn * st.count; i += blockDim.x) {
-    const int32_t q = i / st.count;
-    const int32_t j = i - q * st.count;
-    int32_t* row = vis + q * it.T + j * it.P;
+  const int32_t lane = threadIdx.x % 32;
+  for (int32_t qj = threadIdx.x / 32; qj < it.qn * st.count;
+       qj += blockDim.x / 32) {
+    const int32_t q = qj / st.count;
+    const int32_t j = qj - q * st.count;
+    const int32_t n = run_n[j];
+    const int64_t* positions = p.positions + p.runs[st.first + j].pos_offset;
+    const int64_t qpos = p.query_positions[it.b * p.queries + it.sq0 + q];
+    int32_t* list = vis + q * it.T + j * it.P;
     int32_t count = 0;
-    for (int32_t t = 0; t < run_n[j]; ++t) {
-      if (row[t] != 0) row[count++] = t;
+    for (int32_t t0 = 0; t0 < n; t0 += 32) {
+      const int32_t t = t0 + lane;
+      const bool visible = t < n && Visible(p, positions[t], qpos);
+      const unsigned mask = __ballot_sync(0xffffffffu, visible);
+      if (visible) list[count + __popc(mask & ((1u << lane) - 1u))] = t;
+      count += __popc(mask);
     }
-    vcount[q * it.S + j] = count;
+    if (lane == 0) vcount[q * it.S + j] = count;
   }
 }
 
@@ -346,7 +363,7 @@ template <typename T, typename K>
 __device__ void Scores(const Item& it, const Shared& sh, const Stage& st,
                        const T* q, const K* k_rows, T scale, T cap, T* s) {
   constexpr int V = kmath::VirtualLanes<T>::kCount;
-  const int32_t* run_n = sh.at<int32_t>(sh.l.run_n);
+  const int32_t* tok = sh.at<int32_t>(sh.l.tok);
   const int lane = threadIdx.x % V;
   const int32_t group_id = threadIdx.x / V;
   const int32_t groups = blockDim.x / V;
@@ -355,10 +372,9 @@ __device__ void Scores(const Item& it, const Shared& sh, const Stage& st,
   const int32_t items = span * chunks;
   for (int32_t base = 0; base < items; base += groups) {
     const int32_t item = base + group_id;
-    const int32_t chunk = item < items ? item / span : 0;
+    const int32_t chunk = chunks == 1 || item >= items ? 0 : item / span;
     const int32_t tt = item - chunk * span;
-    const int32_t j = tt / it.P;
-    const bool active = item < items && tt - j * it.P < run_n[j];
+    const bool active = item < items && tok[tt] != 0;
     const int32_t r0 = chunk * kScoreRows;
     const int32_t nr = active ? min(kScoreRows, it.rows - r0) : 0;
     T part[kScoreRows];
@@ -384,197 +400,142 @@ __device__ void Scores(const Item& it, const Shared& sh, const Stage& st,
   }
 }
 
-// R's online-softmax update with the stage's runs, each a logical block,
-// in order: per row the running max through the runs (m_j, alpha_j; a run
-// with no visible key leaves the state as it is: alpha 1), then the
-// weights in parallel, then the sum and every output element through the
-// runs in order.
-__device__ void UpdateReference(const Item& it, const Shared& sh,
-                                const Stage& st, bool v_f64) {
+// The output elements a lane of a warp computes: four adjacent ones from
+// 4 * lane when the row is float4-aligned (D % 4 == 0), else one from lane;
+// the next at + step.
+struct LaneElements {
+  int32_t first;
+  int32_t step;
+  bool by_four;
+};
+
+__device__ LaneElements ElementsOf(int32_t D, int32_t lane) {
+  const bool by_four = D % 4 == 0;
+  return by_four ? LaneElements{lane * 4, 128, true}
+                 : LaneElements{lane, 32, false};
+}
+
+// Calls body(key) with the visible list's key map: list[c], or, when the
+// list is a run of consecutive tokens (every key of the range visible:
+// the common case), first + c, which needs no load.
+template <typename Body>
+__device__ void WithKeys(const int32_t* list, int32_t count, Body body) {
+  const int32_t first = list[0];
+  if (list[count - 1] - first == count - 1) {
+    body([first](int64_t c) { return first + static_cast<int32_t>(c); });
+  } else {
+    body([list](int64_t c) { return list[c]; });
+  }
+}
+
+// R's online-softmax update of row r with the stage's runs, each a logical
+// block, in order, by one warp: the running max, the rescale factor and
+// the sum on every lane alike, the weights a key a lane, the output
+// elements as LaneElements. A run with no visible key leaves the state as
+// it is.
+__device__ void UpdateReferenceRow(const Item& it, const Shared& sh,
+                                   const Stage& st, bool v_f64, int32_t r,
+                                   int32_t lane) {
   const int32_t* vis = sh.at<int32_t>(sh.l.vis);
   const int32_t* vcount = sh.at<int32_t>(sh.l.vcount);
-  const double* s = sh.at<double>(sh.l.s64);
-  double* e = sh.at<double>(sh.l.e64);
-  double* acc = sh.at<double>(sh.l.r_acc);
-  double* m = sh.at<double>(sh.l.r_m);
-  double* l = sh.at<double>(sh.l.r_l);
-  double* mj = sh.at<double>(sh.l.r_mj);
-  double* alpha = sh.at<double>(sh.l.r_alpha);
+  const double* s = sh.at<double>(sh.l.s64) + r * it.T;
+  double* e = sh.at<double>(sh.l.e64) + r * it.T;
+  double* acc = sh.at<double>(sh.l.r_acc) + r * it.D;
   const float* v32 = sh.at<float>(sh.l.v32);
   const double* v64 = sh.at<double>(sh.l.v64);
-  for (int32_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
-    const int32_t q = r / it.group;
-    double running = m[r];
-    for (int32_t j = 0; j < st.count; ++j) {
-      const int32_t count = vcount[q * it.S + j];
-      double a = 1.0;
-      if (count > 0) {
-        const double m_new = kmath::MaxStep(
-            running, kmath::VisibleMax(s + r * it.T + j * it.P,
-                                       vis + q * it.T + j * it.P, count));
-        a = kmath::RescaleFactor(running, m_new);
-        running = m_new;
+  const int32_t q = r / it.group;
+  const LaneElements el = ElementsOf(it.D, lane);
+  double m = sh.at<double>(sh.l.r_m)[r];
+  double l = sh.at<double>(sh.l.r_l)[r];
+  for (int32_t j = 0; j < st.count; ++j) {
+    const int32_t count = vcount[q * it.S + j];
+    if (count == 0) continue;
+    const int32_t base = j * it.P;
+    WithKeys(vis + q * it.T + base, count, [&](auto key) {
+      const double m_new =
+          kmath::MaxStep(m, kmath::VisibleMaxOf(s + base, key, count));
+      const double alpha = kmath::RescaleFactor(m, m_new);
+      m = m_new;
+      for (int32_t c = lane; c < count; c += 32) {
+        e[base + c] = kmath::Weight(s[base + key(c)], m);
       }
-      mj[r * it.S + j] = running;
-      alpha[r * it.S + j] = a;
-    }
-    m[r] = running;
+      __syncwarp();
+      l = kmath::SumInOrder(e + base, count,
+                            kmath::Ops<double>::Mul(l, alpha));
+      const int32_t width = el.by_four ? 4 : 1;
+      for (int32_t d = el.first; d < it.D; d += el.step) {
+        for (int32_t x = 0; x < width; ++x) {
+          acc[d + x] = kmath::AccumulateElementOf(
+              e + base, key, count,
+              [&](int32_t t) {
+                const int32_t at = (base + t) * it.D + d + x;
+                return v_f64 ? v64[at] : static_cast<double>(v32[at]);
+              },
+              kmath::Ops<double>::Mul(acc[d + x], alpha));
+        }
+      }
+    });
   }
-  __syncthreads();
-  const int32_t span = st.count * it.P;
-  for (int32_t i = threadIdx.x; i < it.rows * span; i += blockDim.x) {
-    const int32_t r = i / span;
-    const int32_t tt = i - r * span;
-    const int32_t j = tt / it.P;
-    const int32_t c = tt - j * it.P;
-    const int32_t q = r / it.group;
-    if (c < vcount[q * it.S + j]) {
-      const int32_t base = j * it.P;
-      e[r * it.T + base + c] = kmath::Weight(
-          s[r * it.T + base + vis[q * it.T + base + c]], mj[r * it.S + j]);
-    }
-  }
-  __syncthreads();
-  for (int32_t r = threadIdx.x; r < it.rows; r += blockDim.x) {
-    const int32_t q = r / it.group;
-    double sum = l[r];
-    for (int32_t j = 0; j < st.count; ++j) {
-      const int32_t count = vcount[q * it.S + j];
-      if (count == 0) continue;
-      sum = kmath::SumInOrder(e + r * it.T + j * it.P, count,
-                              kmath::Ops<double>::Mul(sum, alpha[r * it.S + j]));
-    }
-    l[r] = sum;
-  }
-  for (int32_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
-    const int32_t r = i / it.D;
-    const int32_t d = i - r * it.D;
-    const int32_t q = r / it.group;
-    double a = acc[i];
-    for (int32_t j = 0; j < st.count; ++j) {
-      const int32_t count = vcount[q * it.S + j];
-      if (count == 0) continue;
-      const int32_t base = j * it.P;
-      a = kmath::AccumulateElement(
-          e + r * it.T + base, vis + q * it.T + base, count,
-          [&](int32_t t) {
-            const int32_t at = (base + t) * it.D + d;
-            return v_f64 ? v64[at] : static_cast<double>(v32[at]);
-          },
-          kmath::Ops<double>::Mul(a, alpha[r * it.S + j]));
-    }
-    acc[i] = a;
-  }
-  __syncthreads();
-}
-
-// For every (query position, stage unit k): the unit's visible sub-list of
-// its run's list, ulo (offset) and ucnt.
-__device__ void UnitRanges(const Item& it, const Shared& sh, const Stage& st) {
-  const int32_t* vis = sh.at<int32_t>(sh.l.vis);
-  const int32_t* vcount = sh.at<int32_t>(sh.l.vcount);
-  const PassUnit* units = sh.at<PassUnit>(sh.l.units);
-  int32_t* ulo = sh.at<int32_t>(sh.l.ulo);
-  int32_t* ucnt = sh.at<int32_t>(sh.l.ucnt);
-  for (int32_t i = threadIdx.x; i < it.qn * st.units; i += blockDim.x) {
-    const int32_t q = i / st.units;
-    const int32_t k = i - q * st.units;
-    const PassUnit unit = units[k];
-    const int32_t* list = vis + q * it.T + unit.pad * it.P;
-    const int32_t count = vcount[q * it.S + unit.pad];
-    int32_t lo = 0;
-    while (lo < count && list[lo] < unit.first) ++lo;
-    int32_t hi = lo;
-    while (hi < count && list[hi] < unit.first + unit.count) ++hi;
-    ulo[q * it.T + k] = lo;
-    ucnt[q * it.T + k] = hi - lo;
+  if (lane == 0) {
+    sh.at<double>(sh.l.r_m)[r] = m;
+    sh.at<double>(sh.l.r_l)[r] = l;
   }
 }
 
-// Every stage unit's state for every row whose query position sees some
-// of its keys, in T (fp32: P; fp64: R's unit states): steps of
-// kmath::UnitState, one thread per (row, unit) for the max and the sum,
-// stored at state ((unit_base[b] + unit index) * Sq + sq) * Hq + h.
+// One unit's state (stage unit k) for row r, by one warp, in T (fp32: P;
+// fp64: R's unit states), with kmath::UnitState's steps: the unit's part of
+// the run's visible list, its max and sum on every lane alike, the weights
+// a key a lane (into e, the row's scratch), the output elements as
+// LaneElements; stored at state ((unit_base[b] + unit index) * Sq + sq) *
+// Hq + h with its lse (and, for P, its presence flag).
 template <typename T>
-__device__ void UnitStates(const PassParams& p, const Item& it,
-                           const Shared& sh, const Stage& st, const T* s, T* e,
-                           T* umax, T* usum, T* ulse, const float* v32,
-                           const double* v64, T* state_out, T* state_lse) {
-  const int32_t* vis = sh.at<int32_t>(sh.l.vis);
-  const PassUnit* units = sh.at<PassUnit>(sh.l.units);
-  const int32_t* ulo = sh.at<int32_t>(sh.l.ulo);
-  const int32_t* ucnt = sh.at<int32_t>(sh.l.ucnt);
-  const int32_t ru = it.rows * st.units;
-  // (row, unit) -> the unit's visible keys: vis[list + c] for c < count,
-  // weights at e[r * T + list_base + c].
-  for (int32_t i = threadIdx.x; i < ru; i += blockDim.x) {
-    const int32_t r = i / st.units;
-    const int32_t k = i - r * st.units;
-    const int32_t q = r / it.group;
-    const int32_t count = ucnt[q * it.T + k];
-    if (count == 0) continue;
-    const int32_t base = units[k].pad * it.P;
-    umax[r * it.T + k] = kmath::VisibleMax(
-        s + r * it.T + base, vis + q * it.T + base + ulo[q * it.T + k], count);
+__device__ void UnitStateOfRow(const PassParams& p, const Item& it,
+                               const Shared& sh, const T* s_rows, T* e_rows,
+                               T* state_out, T* state_lse, int32_t r,
+                               int32_t k, int32_t lane) {
+  const PassUnit unit = sh.at<PassUnit>(sh.l.units)[k];
+  const int32_t q = r / it.group;
+  const int32_t run_base = unit.pad * it.P;
+  const int32_t* list = sh.at<int32_t>(sh.l.vis) + q * it.T + run_base;
+  const int32_t run_count = sh.at<int32_t>(sh.l.vcount)[q * it.S + unit.pad];
+  int32_t lo = 0;
+  int32_t hi = run_count;
+  if (unit.first != 0 || unit.count < sh.at<int32_t>(sh.l.run_n)[unit.pad]) {
+    // A unit that is part of its run (CP token interleaving).
+    while (lo < run_count && list[lo] < unit.first) ++lo;
+    hi = lo;
+    while (hi < run_count && list[hi] < unit.first + unit.count) ++hi;
   }
-  __syncthreads();
-  for (int32_t i = threadIdx.x; i < ru * it.P; i += blockDim.x) {
-    const int32_t rk = i / it.P;
-    const int32_t c = i - rk * it.P;
-    const int32_t r = rk / st.units;
-    const int32_t k = rk - r * st.units;
-    const int32_t q = r / it.group;
-    if (c >= ucnt[q * it.T + k]) continue;
-    const int32_t base = units[k].pad * it.P;
-    const int32_t lo = ulo[q * it.T + k];
-    e[r * it.T + base + lo + c] =
-        kmath::Weight(s[r * it.T + base + vis[q * it.T + base + lo + c]],
-                      umax[r * it.T + k]);
-  }
-  __syncthreads();
-  for (int32_t i = threadIdx.x; i < ru; i += blockDim.x) {
-    const int32_t r = i / st.units;
-    const int32_t k = i - r * st.units;
-    const int32_t q = r / it.group;
-    const int32_t count = ucnt[q * it.T + k];
-    if (count == 0) continue;
-    const int32_t base = units[k].pad * it.P + ulo[q * it.T + k];
-    usum[r * it.T + k] = kmath::SumInOrder(e + r * it.T + base, count, T(0));
-    ulse[r * it.T + k] = kmath::UnitLse(umax[r * it.T + k], usum[r * it.T + k]);
-  }
-  __syncthreads();
+  const int32_t count = hi - lo;
+  if (count == 0) return;
+  list += lo;
+  const int64_t h = it.g * it.group + r % it.group;
   const int64_t unit_base =
       p.unit_base != nullptr ? p.unit_base[it.b] : int64_t{0};
-  // A warp per (row, unit): its output elements are the lanes' FMA chains,
-  // four adjacent elements a lane when they are 16-byte aligned (one read
-  // of each weight and index for four chains).
-  const int32_t warp = threadIdx.x / 32;
-  const int32_t lane = threadIdx.x % 32;
-  const int32_t warps = blockDim.x / 32;
-  const bool by_four = sizeof(T) == 4 && it.D % 4 == 0;
-  for (int32_t rk = warp; rk < ru; rk += warps) {
-    const int32_t r = rk / st.units;
-    const int32_t k = rk - r * st.units;
-    const int32_t q = r / it.group;
-    const int32_t count = ucnt[q * it.T + k];
-    if (count == 0) continue;
-    const int32_t run_base = units[k].pad * it.P;
-    const int32_t base = run_base + ulo[q * it.T + k];
-    const T* ek = e + r * it.T + base;
-    const int32_t* vk = vis + q * it.T + base;
-    const T total = usum[r * it.T + k];
-    const int64_t h = it.g * it.group + r % it.group;
-    const int64_t state =
-        ((unit_base + units[k].index) * p.queries + it.sq0 + q) * p.q_heads +
-        h;
-    T* out = state_out + state * it.D;
-    if (by_four) {
-      for (int32_t d = lane * 4; d < it.D; d += 128) {
+  const int64_t state =
+      ((unit_base + unit.index) * p.queries + it.sq0 + q) * p.q_heads + h;
+  const T* s = s_rows + r * it.T + run_base;
+  T* e = e_rows + r * it.T + run_base + lo;
+  T* out = state_out + state * it.D;
+  const float* v32 = sh.at<float>(sh.l.v32);
+  const double* v64 = p.v_dtype == kmath::kElemF64 ? sh.at<double>(sh.l.v64)
+                                                   : nullptr;
+  const LaneElements el = ElementsOf(it.D, lane);
+  WithKeys(list, count, [&](auto key) {
+    const T max = kmath::VisibleMaxOf(s, key, count);
+    for (int32_t c = lane; c < count; c += 32) {
+      e[c] = kmath::Weight(s[key(c)], max);
+    }
+    __syncwarp();
+    const T total = kmath::SumInOrder(e, count, T(0));
+    for (int32_t d = el.first; d < it.D; d += el.step) {
+      if (sizeof(T) == 4 && el.by_four) {
+        // One read of each weight and key for four chains.
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (int32_t c = 0; c < count; ++c) {
-          const float w = static_cast<float>(ek[c]);
+          const float w = static_cast<float>(e[c]);
           const float4 v = *reinterpret_cast<const float4*>(
-              v32 + (run_base + vk[c]) * it.D + d);
+              v32 + (run_base + key(c)) * it.D + d);
           acc.x = kmath::Ops<float>::Fma(w, v.x, acc.x);
           acc.y = kmath::Ops<float>::Fma(w, v.y, acc.y);
           acc.z = kmath::Ops<float>::Fma(w, v.z, acc.z);
@@ -586,52 +547,64 @@ __device__ void UnitStates(const PassParams& p, const Item& it,
                         kmath::Ops<float>::Div(acc.y, sum),
                         kmath::Ops<float>::Div(acc.z, sum),
                         kmath::Ops<float>::Div(acc.w, sum));
+        continue;
       }
-    } else {
-      for (int32_t d = lane; d < it.D; d += 32) {
-        const T acc = kmath::AccumulateElement(
-            ek, vk, count,
+      const int32_t width = el.by_four ? 4 : 1;
+      for (int32_t x = 0; x < width; ++x) {
+        const T acc = kmath::AccumulateElementOf(
+            e, key, count,
             [&](int32_t t) {
-              const int32_t at = (run_base + t) * it.D + d;
+              const int32_t at = (run_base + t) * it.D + d + x;
               if constexpr (sizeof(T) == 8) {
-                return v64 != nullptr ? v64[at] : static_cast<double>(v32[at]);
+                return v64 != nullptr ? v64[at]
+                                      : static_cast<double>(v32[at]);
               } else {
                 return v32[at];
               }
             },
             T(0));
-        out[d] = kmath::Ops<T>::Div(acc, total);
+        out[d + x] = kmath::Ops<T>::Div(acc, total);
       }
     }
     if (lane == 0) {
-      state_lse[state] = ulse[r * it.T + k];
+      state_lse[state] = kmath::UnitLse(max, total);
       if (sizeof(T) == 4 && p.p_state_present != nullptr) {
         p.p_state_present[state] = 1;
       }
     }
-  }
-  __syncthreads();
+  });
 }
 
-// Every unit of the stage: P's and, when asked, R's unit states.
-__device__ void StageUnits(const PassParams& p, const Item& it,
+// After the scores: a warp per item -- R's rows, then P's (row, unit)
+// states, then R's -- with no barrier between items (each writes its own
+// row's scratch and outputs).
+__device__ void StageItems(const PassParams& p, const Item& it,
                            const Shared& sh, const Stage& st) {
-  UnitRanges(it, sh, st);
-  __syncthreads();
-  if (p.store_p_states) {
-    UnitStates<float>(p, it, sh, st, sh.at<float>(sh.l.s32),
-                      sh.at<float>(sh.l.e32), sh.at<float>(sh.l.u_max),
-                      sh.at<float>(sh.l.u_sum), sh.at<float>(sh.l.u_lse),
-                      sh.at<float>(sh.l.v32), nullptr, p.p_state_out,
-                      p.p_state_lse);
-  }
-  if (p.store_r_states) {
-    UnitStates<double>(
-        p, it, sh, st, sh.at<double>(sh.l.s64), sh.at<double>(sh.l.e64),
-        sh.at<double>(sh.l.ru_max), sh.at<double>(sh.l.ru_sum),
-        sh.at<double>(sh.l.ru_lse), sh.at<float>(sh.l.v32),
-        p.v_dtype == kmath::kElemF64 ? sh.at<double>(sh.l.v64) : nullptr,
-        p.r_state_out, p.r_state_lse);
+  const int32_t lane = threadIdx.x % 32;
+  const int32_t r_rows = p.reference ? it.rows : 0;
+  const int32_t row_units = it.rows * st.units;
+  const int32_t p_items = p.store_p_states ? row_units : 0;
+  const int32_t r_items = p.store_r_states ? row_units : 0;
+  const bool v_f64 = p.v_dtype == kmath::kElemF64;
+  for (int32_t i = threadIdx.x / 32; i < r_rows + p_items + r_items;
+       i += blockDim.x / 32) {
+    if (i < r_rows) {
+      UpdateReferenceRow(it, sh, st, v_f64, i, lane);
+      continue;
+    }
+    const bool p_item = i < r_rows + p_items;
+    const int32_t rk = i - r_rows - (p_item ? 0 : p_items);
+    const int32_t r = rk / st.units;
+    const int32_t k = rk - r * st.units;
+    if (p_item) {
+      UnitStateOfRow<float>(p, it, sh, sh.at<float>(sh.l.s32),
+                            sh.at<float>(sh.l.e32), p.p_state_out,
+                            p.p_state_lse, r, k, lane);
+    } else {
+      UnitStateOfRow<double>(p, it, sh, sh.at<double>(sh.l.s64),
+                             sh.at<double>(sh.l.re64), p.r_state_out,
+                             p.r_state_lse, r, k, lane);
+    }
   }
 }
 
@@ -680,7 +653,8 @@ __device__ void StoreItem(const PassParams& p, const Item& it,
   }
 }
 
-// Scores, R's update and the units of one stage already widened.
+// Visibility, scores, R's update and the units of one stage already
+// widened.
 __device__ void ComputeStage(const PassParams& p, const Item& it,
                              const Shared& sh, const Stage& st) {
   BuildVisibility(p, it, sh, st);
@@ -706,10 +680,7 @@ __device__ void ComputeStage(const PassParams& p, const Item& it,
                   sh.at<float>(sh.l.s32));
   }
   __syncthreads();
-  if (p.reference) {
-    UpdateReference(it, sh, st, p.v_dtype == kmath::kElemF64);
-  }
-  StageUnits(p, it, sh, st);
+  StageItems(p, it, sh, st);
 }
 
 // The raw stage is read once, by WidenStage; so the next stage's copies

@@ -81,11 +81,9 @@ struct PassLayout {
   int32_t raw_k = 0, raw_v = 0;  // one stage as read: K, then V
   int32_t k32 = 0, v32 = 0, k64 = 0, v64 = 0;  // the stage widened
   int32_t q32 = 0, q64 = 0;
-  int32_t vis = 0, vcount = 0, run_n = 0, units = 0, ulo = 0, ucnt = 0;
-  int32_t s32 = 0, e32 = 0, s64 = 0, e64 = 0;
-  int32_t u_max = 0, u_sum = 0, u_lse = 0;
-  int32_t r_acc = 0, r_m = 0, r_l = 0, r_mj = 0, r_alpha = 0;
-  int32_t ru_max = 0, ru_sum = 0, ru_lse = 0;
+  int32_t vis = 0, vcount = 0, run_n = 0, tok = 0, units = 0;
+  int32_t s32 = 0, e32 = 0, s64 = 0, e64 = 0, re64 = 0;
+  int32_t r_acc = 0, r_m = 0, r_l = 0;
   int32_t total = 0;
 };
 

@@ -32,12 +32,21 @@
 namespace attnaudit {
 namespace kmath {
 
+// The max of s[key(c)] over c in [0, count), in order. key maps a position
+// in the visible list to a token (VisibleMax: vis[c]; a kernel whose list
+// is a run of consecutive tokens computes it instead of loading it).
+template <typename T, typename Key>
+ATTNAUDIT_HOST_DEVICE inline T VisibleMaxOf(const T* s, Key key,
+                                            int64_t count) {
+  T m = Ops<T>::NegInf();
+  for (int64_t c = 0; c < count; ++c) m = MaxStep(m, s[key(c)]);
+  return m;
+}
+
 template <typename T>
 ATTNAUDIT_HOST_DEVICE inline T VisibleMax(const T* s, const int32_t* vis,
                                           int64_t count) {
-  T m = Ops<T>::NegInf();
-  for (int64_t c = 0; c < count; ++c) m = MaxStep(m, s[vis[c]]);
-  return m;
+  return VisibleMaxOf(s, [vis](int64_t c) { return vis[c]; }, count);
 }
 
 template <typename T>
@@ -64,12 +73,20 @@ ATTNAUDIT_HOST_DEVICE inline T UnitLse(T max, T total) {
 
 // acc + sum over c of e[c] * v(vis[c]) as one FMA per key, in key order.
 // v(t) returns element i of token t's V row, widened to T.
+template <typename T, typename Key, typename VElem>
+ATTNAUDIT_HOST_DEVICE inline T AccumulateElementOf(const T* e, Key key,
+                                                   int64_t count, VElem v,
+                                                   T acc) {
+  for (int64_t c = 0; c < count; ++c) acc = Ops<T>::Fma(e[c], v(key(c)), acc);
+  return acc;
+}
+
 template <typename T, typename VElem>
 ATTNAUDIT_HOST_DEVICE inline T AccumulateElement(const T* e, const int32_t* vis,
                                                  int64_t count, VElem v,
                                                  T acc) {
-  for (int64_t c = 0; c < count; ++c) acc = Ops<T>::Fma(e[c], v(vis[c]), acc);
-  return acc;
+  return AccumulateElementOf(
+      e, [vis](int64_t c) { return vis[c]; }, count, v, acc);
 }
 
 // R's rescale factor when the running max moves from m to m_new.
