@@ -151,13 +151,14 @@ __device__ void LoadStage(const PassParams& p, const Item& it, const Shared& sh,
     const bool is_v = item % 2 != 0;
     const PassRun& run = p.runs[st.first + j];
     const int elem = kmath::ElemBytes(is_v ? p.v_dtype : p.k_dtype);
-    const char* src = (is_v ? p.v_base + run.v_offset
-                            : p.k_base + run.k_offset) +
-                      it.g * (is_v ? p.v_head_stride : p.k_head_stride) * elem;
+    const char* src =
+        (is_v ? p.v_base + run.v_offset : p.k_base + run.k_offset) +
+        it.g * (is_v ? p.v_head_stride : p.k_head_stride) * elem;
     const int64_t stride =
         (is_v ? p.v_row_stride : p.k_row_stride) * int64_t{elem};
     const int32_t row_bytes = it.D * elem;
-    char* dst = sh.base + (is_v ? sh.l.raw_v : sh.l.raw_k) + j * it.P * row_bytes;
+    char* dst =
+        sh.base + (is_v ? sh.l.raw_v : sh.l.raw_k) + j * it.P * row_bytes;
     // Lane l copies chunks l, l + 32, ...: (row t, chunk off) advanced
     // without a division per chunk.
     const int32_t per_row = row_bytes / w;
@@ -239,8 +240,8 @@ __device__ bool WidenRun16(const char* raw, int dtype, int32_t elems,
   return bad;
 }
 
-__device__ bool WidenRun16(const char* raw, int dtype, int bytes,
-                           int32_t elems, float* out) {
+__device__ bool WidenRun16(const char* raw, int dtype, int bytes, int32_t elems,
+                           float* out) {
   switch (bytes) {
     case 4:
       return WidenRun16<4>(raw, dtype, elems, out);
@@ -296,11 +297,11 @@ __device__ void WidenStage(const PassParams& p, const Item& it,
       const int32_t begin = j * it.P * it.D;
       const int32_t elems = p.runs[st.first + j].n * it.D;
       if (item % 2 == 0) {
-        bad |= WidenRun16(k_raw + begin * ke, p.k_dtype, ke, elems,
-                          k32 + begin);
+        bad |=
+            WidenRun16(k_raw + begin * ke, p.k_dtype, ke, elems, k32 + begin);
       } else {
-        bad |= WidenRun16(v_raw + begin * ve, p.v_dtype, ve, elems,
-                          v32 + begin);
+        bad |=
+            WidenRun16(v_raw + begin * ve, p.v_dtype, ve, elems, v32 + begin);
       }
     }
   } else {
@@ -354,48 +355,59 @@ __device__ void BuildVisibility(const PassParams& p, const Item& it,
 }
 
 // Scores of every (row, token) pair of the stage in T: a group of V
-// threads (the virtual lanes) per (token, kScoreRows rows), reading the K
-// row once for those rows; the lane tree as xor-shuffles. K rows are
-// k_rows ([stage token][D] of type K, widened to T as read).
+// threads (the virtual lanes) per (two tokens, four query rows), reading
+// each q and K element once for the eight dot products, whose lane trees
+// run together as xor-shuffles (kmath::LaneTreeOfValues: 8 exchanges, not
+// 8 trees of log2 V). K rows are k_rows ([stage token][D] of type K,
+// widened to T as read).
 constexpr int kScoreRows = 4;
+constexpr int kScoreTokens = 2;
 
 template <typename T, typename K>
 __device__ void Scores(const Item& it, const Shared& sh, const Stage& st,
                        const T* q, const K* k_rows, T scale, T cap, T* s) {
   constexpr int V = kmath::VirtualLanes<T>::kCount;
+  constexpr int N = kScoreRows * kScoreTokens;
+  static_assert(N <= V, "one value a lane at the end of the tree");
   const int32_t* tok = sh.at<int32_t>(sh.l.tok);
   const int lane = threadIdx.x % V;
   const int32_t group_id = threadIdx.x / V;
   const int32_t groups = blockDim.x / V;
   const int32_t span = st.count * it.P;
+  const int32_t pairs = (span + kScoreTokens - 1) / kScoreTokens;
   const int32_t chunks = (it.rows + kScoreRows - 1) / kScoreRows;
-  const int32_t items = span * chunks;
+  const int32_t items = pairs * chunks;
   for (int32_t base = 0; base < items; base += groups) {
     const int32_t item = base + group_id;
-    const int32_t chunk = chunks == 1 || item >= items ? 0 : item / span;
-    const int32_t tt = item - chunk * span;
-    const bool active = item < items && tok[tt] != 0;
+    const int32_t chunk = chunks == 1 || item >= items ? 0 : item / pairs;
+    const int32_t t0 = (item - chunk * pairs) * kScoreTokens;
     const int32_t r0 = chunk * kScoreRows;
-    const int32_t nr = active ? min(kScoreRows, it.rows - r0) : 0;
-    T part[kScoreRows];
-    // Every lane reaches the shuffles (an idle group adds zeros).
-    kmath::LanePartials(q + r0 * it.D, it.D, k_rows + (active ? tt : 0) * it.D,
-                        it.D, lane, nr, part);
-    for (int m = V / 2; m >= 1; m /= 2) {
+    const int32_t nr = item < items ? min(kScoreRows, it.rows - r0) : 0;
+    const K* k[kScoreTokens];
 #pragma unroll
-      for (int r = 0; r < kScoreRows; ++r) {
-        part[r] =
-            kmath::Ops<T>::Add(part[r], __shfl_xor_sync(0xffffffffu, part[r], m));
-      }
+    for (int x = 0; x < kScoreTokens; ++x) {
+      k[x] = k_rows + (t0 + x < span ? t0 + x : 0) * it.D;
     }
-    if (lane == 0) {
+    // Every lane reaches the shuffles (an idle group adds zeros).
+    T part[kScoreTokens][kScoreRows];
+    kmath::LanePartialsOfTokens(q + r0 * it.D, it.D, k, it.D, lane, nr, part);
+    T vals[N];
 #pragma unroll
-      for (int r = 0; r < kScoreRows; ++r) {  // constant indices: registers
-        if (r >= nr) break;
-        const T dot = kmath::DotTail(q + (r0 + r) * it.D, k_rows + tt * it.D,
-                                     it.D, part[r]);
-        s[(r0 + r) * it.T + tt] = kmath::Score(dot, scale, cap);
-      }
+    for (int x = 0; x < kScoreTokens; ++x) {
+#pragma unroll
+      for (int r = 0; r < kScoreRows; ++r)
+        vals[x * kScoreRows + r] = part[x][r];
+    }
+    const int held = kmath::LaneTreeOfValues<V, N>(
+        lane, vals,
+        [](T send, int m) { return __shfl_xor_sync(0xffffffffu, send, m); });
+    const int32_t x = held / kScoreRows;
+    const int32_t r = held % kScoreRows;
+    const int32_t tt = t0 + x;
+    if (lane % (V / N) == 0 && r < nr && tt < span && tok[tt] != 0) {
+      const T dot = kmath::DotTail(q + (r0 + r) * it.D, k_rows + tt * it.D,
+                                   it.D, vals[0]);
+      s[(r0 + r) * it.T + tt] = kmath::Score(dot, scale, cap);
     }
   }
 }
@@ -460,8 +472,7 @@ __device__ void UpdateReferenceRow(const Item& it, const Shared& sh,
         e[base + c] = kmath::Weight(s[base + key(c)], m);
       }
       __syncwarp();
-      l = kmath::SumInOrder(e + base, count,
-                            kmath::Ops<double>::Mul(l, alpha));
+      l = kmath::SumInOrder(e + base, count, kmath::Ops<double>::Mul(l, alpha));
       const int32_t width = el.by_four ? 4 : 1;
       for (int32_t d = el.first; d < it.D; d += el.step) {
         for (int32_t x = 0; x < width; ++x) {
@@ -491,8 +502,8 @@ __device__ void UpdateReferenceRow(const Item& it, const Shared& sh,
 template <typename T>
 __device__ void UnitStateOfRow(const PassParams& p, const Item& it,
                                const Shared& sh, const T* s_rows, T* e_rows,
-                               T* state_out, T* state_lse, int32_t r,
-                               int32_t k, int32_t lane) {
+                               T* state_out, T* state_lse, int32_t r, int32_t k,
+                               int32_t lane) {
   const PassUnit unit = sh.at<PassUnit>(sh.l.units)[k];
   const int32_t q = r / it.group;
   const int32_t run_base = unit.pad * it.P;
@@ -518,8 +529,8 @@ __device__ void UnitStateOfRow(const PassParams& p, const Item& it,
   T* e = e_rows + r * it.T + run_base + lo;
   T* out = state_out + state * it.D;
   const float* v32 = sh.at<float>(sh.l.v32);
-  const double* v64 = p.v_dtype == kmath::kElemF64 ? sh.at<double>(sh.l.v64)
-                                                   : nullptr;
+  const double* v64 =
+      p.v_dtype == kmath::kElemF64 ? sh.at<double>(sh.l.v64) : nullptr;
   const LaneElements el = ElementsOf(it.D, lane);
   WithKeys(list, count, [&](auto key) {
     const T max = kmath::VisibleMaxOf(s, key, count);
@@ -556,8 +567,7 @@ __device__ void UnitStateOfRow(const PassParams& p, const Item& it,
             [&](int32_t t) {
               const int32_t at = (run_base + t) * it.D + d + x;
               if constexpr (sizeof(T) == 8) {
-                return v64 != nullptr ? v64[at]
-                                      : static_cast<double>(v32[at]);
+                return v64 != nullptr ? v64[at] : static_cast<double>(v32[at]);
               } else {
                 return v32[at];
               }
@@ -668,8 +678,8 @@ __device__ void ComputeStage(const PassParams& p, const Item& it,
                      sh.at<double>(sh.l.k64), scale, p.softcap,
                      sh.at<double>(sh.l.s64));
     } else {
-      Scores<double>(it, sh, st, sh.at<double>(sh.l.q64), k32, scale,
-                     p.softcap, sh.at<double>(sh.l.s64));
+      Scores<double>(it, sh, st, sh.at<double>(sh.l.q64), k32, scale, p.softcap,
+                     sh.at<double>(sh.l.s64));
     }
   }
   if (p.store_p_states) {
@@ -721,7 +731,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     __syncthreads();
     WidenStage(p, it, sh, st);
     __syncthreads();
-    if (at + it.S < last) LoadStage(p, it, sh, StageAt(p, at + it.S, last, it.S));
+    if (at + it.S < last)
+      LoadStage(p, it, sh, StageAt(p, at + it.S, last, it.S));
     __pipeline_commit();
     ComputeStage(p, it, sh, st);
     __syncthreads();
@@ -772,55 +783,110 @@ __device__ TreeQuery TreeQueryOf(const SplitMergeParams& p, int64_t local) {
   return t;
 }
 
-// P's first phase (split_merge.h): thread i is element i % D of block
-// (i / D) % tree_blocks of query i / D / tree_blocks -- consecutive threads
-// read consecutive elements of one unit state.
+unsigned BlocksFor(int64_t threads, int per_block) {
+  return static_cast<unsigned>((threads + per_block - 1) / per_block);
+}
+
+// Loads / stores W adjacent floats (W = 4: one 16-byte access).
+template <int W>
+__device__ void LoadFloats(const float* from, float (&to)[W]) {
+  if constexpr (W == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(from);
+    to[0] = v.x;
+    to[1] = v.y;
+    to[2] = v.z;
+    to[3] = v.w;
+  } else {
+    for (int x = 0; x < W; ++x) to[x] = from[x];
+  }
+}
+
+template <int W>
+__device__ void StoreFloats(const float (&from)[W], float* to) {
+  if constexpr (W == 4) {
+    *reinterpret_cast<float4*>(to) =
+        make_float4(from[0], from[1], from[2], from[3]);
+  } else {
+    for (int x = 0; x < W; ++x) to[x] = from[x];
+  }
+}
+
+// A tree of W adjacent elements (one merge weight for all W).
+template <int W>
+using ElementsTree = merge_tree::ElementTree<kmath::kUnitTreeLevels, W>;
+
+// P's first phase (split_merge.h): thread i is elements [W g, W g + W)
+// (g = i % (D / W)) of block (i / (D / W)) % tree_blocks of query
+// i / (D / W) / tree_blocks -- consecutive threads read consecutive
+// elements of one unit state.
+template <int W>
 __global__ void UnitTreeBlocksKernel(const SplitMergeParams p) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t D = p.head_dim;
-  const int64_t n = p.rows * p.queries * p.q_heads * p.tree_blocks * D;
+  const int64_t groups = D / W;
+  const int64_t n = p.rows * p.queries * p.q_heads * p.tree_blocks * groups;
   if (i >= n) return;
-  const int64_t d = i % D;
-  const int64_t block = (i / D) % p.tree_blocks;
-  const int64_t local = i / D / p.tree_blocks;
+  const int64_t d = i % groups * W;
+  const int64_t block = (i / groups) % p.tree_blocks;
+  const int64_t local = i / groups / p.tree_blocks;
   const TreeQuery q = TreeQueryOf(p, local);
   const int64_t lo = block * p.tree_block;
   const int64_t hi = lo + p.tree_block < q.units ? lo + p.tree_block : q.units;
-  kmath::UnitTree tree;
+  ElementsTree<W> tree;
   tree.Reset();
   for (int64_t u = lo; u < hi; ++u) {
     const int64_t state = q.first + u * q.stride;
     if (p.p_state_present[state] == 0) continue;
-    tree.Add(u - lo, p.p_state_out[state * D + d], p.p_state_lse[state]);
+    float leaf[W];
+    LoadFloats<W>(p.p_state_out + state * D + d, leaf);
+    tree.Add(u - lo, leaf, p.p_state_lse[state]);
   }
-  float out = 0.0f;
+  float out[W];
   float lse = 0.0f;
-  tree.Finish(&out, &lse);
+  tree.Finish(out, &lse);
   const int64_t root = local * p.tree_blocks + block;
-  p.tree_out[root * D + d] = out;
+  StoreFloats<W>(out, p.tree_out + root * D + d);
   if (d == 0) p.tree_lse[root] = lse;
 }
 
-// P's second phase: thread i is element i % D of query i / D; the tree
-// over its blocks' roots.
+// P's second phase: thread i is elements [W g, W g + W) of query
+// i / (D / W); the tree over its blocks' roots.
+template <int W>
 __global__ void UnitTreeRootsKernel(const SplitMergeParams p) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t D = p.head_dim;
-  if (i >= p.rows * p.queries * p.q_heads * D) return;
-  const int64_t d = i % D;
-  const int64_t local = i / D;
-  kmath::UnitTree tree;
+  const int64_t groups = D / W;
+  if (i >= p.rows * p.queries * p.q_heads * groups) return;
+  const int64_t d = i % groups * W;
+  const int64_t local = i / groups;
+  ElementsTree<W> tree;
   tree.Reset();
   for (int64_t block = 0; block < p.tree_blocks; ++block) {
     const int64_t root = local * p.tree_blocks + block;
-    tree.Add(block, p.tree_out[root * D + d], p.tree_lse[root]);
+    float leaf[W];
+    LoadFloats<W>(p.tree_out + root * D + d, leaf);
+    tree.Add(block, leaf, p.tree_lse[root]);
   }
-  float out = 0.0f;
+  float out[W];
   float lse = 0.0f;
-  tree.Finish(&out, &lse);
+  tree.Finish(out, &lse);
   const int64_t qi = p.row_begin * p.queries * p.q_heads + local;
-  p.p_out[qi * D + d] = out;
+  StoreFloats<W>(out, p.p_out + qi * D + d);
   if (d == 0) p.p_lse[qi] = lse;
+}
+
+// The two phases with W elements a thread.
+template <int W>
+absl::Status LaunchUnitTree(const SplitMergeParams& params, int64_t elements,
+                            int threads, cudaStream_t stream) {
+  const int64_t groups = elements / W;
+  UnitTreeBlocksKernel<W>
+      <<<BlocksFor(groups * params.tree_blocks, threads), threads, 0, stream>>>(
+          params);
+  ATTNAUDIT_RETURN_IF_ERROR(LaunchStatus("UnitTreeBlocksKernel"));
+  UnitTreeRootsKernel<W>
+      <<<BlocksFor(groups, threads), threads, 0, stream>>>(params);
+  return LaunchStatus("UnitTreeRootsKernel");
 }
 
 // R's split combine (split_merge.h): thread i is element i % D of query
@@ -845,10 +911,6 @@ __global__ void ReferenceCombineKernel(const SplitMergeParams p) {
   }
 }
 
-unsigned BlocksFor(int64_t threads, int per_block) {
-  return static_cast<unsigned>((threads + per_block - 1) / per_block);
-}
-
 }  // namespace
 
 absl::Status LaunchSplitMerge(const SplitMergeParams& params,
@@ -858,13 +920,12 @@ absl::Status LaunchSplitMerge(const SplitMergeParams& params,
   if (elements <= 0) return absl::OkStatus();
   constexpr int kMergeThreads = 256;
   if (params.p_out != nullptr) {
-    UnitTreeBlocksKernel<<<BlocksFor(elements * params.tree_blocks,
-                                     kMergeThreads),
-                           kMergeThreads, 0, stream>>>(params);
-    ATTNAUDIT_RETURN_IF_ERROR(LaunchStatus("UnitTreeBlocksKernel"));
-    UnitTreeRootsKernel<<<BlocksFor(elements, kMergeThreads), kMergeThreads, 0,
-                          stream>>>(params);
-    ATTNAUDIT_RETURN_IF_ERROR(LaunchStatus("UnitTreeRootsKernel"));
+    // Four elements a thread share each merge's weights (and 16-byte
+    // accesses: the states are 256-byte aligned, rows D floats apart).
+    ATTNAUDIT_RETURN_IF_ERROR(
+        params.head_dim % 4 == 0
+            ? LaunchUnitTree<4>(params, elements, kMergeThreads, stream)
+            : LaunchUnitTree<1>(params, elements, kMergeThreads, stream));
   }
   if (params.r_acc != nullptr) {
     ReferenceCombineKernel<<<BlocksFor(elements, kMergeThreads), kMergeThreads,
@@ -926,7 +987,8 @@ absl::Status LaunchFusedPass(const PassParams& shape, cudaStream_t stream) {
   params.layout = MakeLayout(shape);
   const int64_t shared = params.layout.total;
   if (shared < 0) {
-    return absl::InvalidArgumentError("cuda: the pass's shared memory overflows");
+    return absl::InvalidArgumentError(
+        "cuda: the pass's shared memory overflows");
   }
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
       FusedPassKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -78,7 +78,7 @@ constexpr int64_t kPassStageTokens = 64;
 // attention_kernels.cu), which LaunchFusedPass sets from the block's shape.
 // They live in the kernel's parameters, not in registers.
 struct PassLayout {
-  int32_t raw_k = 0, raw_v = 0;  // one stage as read: K, then V
+  int32_t raw_k = 0, raw_v = 0;                // one stage as read: K, then V
   int32_t k32 = 0, v32 = 0, k64 = 0, v64 = 0;  // the stage widened
   int32_t q32 = 0, q64 = 0;
   int32_t vis = 0, vcount = 0, run_n = 0, tok = 0, units = 0;

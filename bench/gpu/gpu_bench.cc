@@ -65,10 +65,10 @@ struct Flags {
   std::vector<int64_t> contexts = {4096, 32768, 131072};
   int64_t world = 4;
   bool bandwidth_only = false;
-  double pool_gib = 0;     // 0: the backend's default (3/4 of free memory)
-  int64_t max_splits = 0;  // 0: the backend's choice; 1: no split-KV
+  double pool_gib = 0;         // 0: the backend's default (3/4 of free memory)
+  int64_t max_splits = 0;      // 0: the backend's choice; 1: no split-KV
   int64_t max_stage_runs = 0;  // 0: the backend's choice; 1: a run a stage
-  int copy_threads = 0;    // staging copies; 0: every hardware thread
+  int copy_threads = 0;        // staging copies; 0: every hardware thread
   std::string json;
 };
 
@@ -224,9 +224,9 @@ BandwidthRow Bandwidth(CudaBackend& gpu, const Flags& f, int64_t context) {
   const double copy = CopySeconds(c->kv_bytes, f.repeats);
   row.copy_gbs = 2.0 * c->kv_bytes / copy / 1e9;
   double p_merge = 0;
-  const double p = KernelSeconds(gpu, c->prepared, AttentionPasses::kReplayOnly,
-                                 f.repeats, &p_merge, &row.splits,
-                                 &row.stage_runs);
+  const double p =
+      KernelSeconds(gpu, c->prepared, AttentionPasses::kReplayOnly, f.repeats,
+                    &p_merge, &row.splits, &row.stage_runs);
   row.p_merge_ms = p_merge * 1e3;
   const double r = KernelSeconds(gpu, c->prepared,
                                  AttentionPasses::kReferenceOnly, f.repeats);

@@ -18,8 +18,9 @@
 // Two forms of the one order, both walking the units in ascending index
 // order with a stack of the pending left subtrees (a node waits at level
 // L while bit L of the next index is 1):
-//   - ElementTree (host and device): one element of out and the lse, for
-//     the CUDA kernels and their CPU emulation;
+//   - ElementTree (host and device): one element of out (or a few
+//     adjacent ones) and the lse, for the CUDA kernels and their CPU
+//     emulation;
 //   - MergeTree (host): whole rows of D floats through MergeInto, for the
 //     CPU pass and the CP combines; the CPU pass also carries a unit up
 //     its tree as the unit leaves its value tiles (PlanLeaf).
@@ -30,6 +31,7 @@
 #define ATTNAUDIT_CORE_ATTENTION_MERGE_TREE_H_
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "core/attention/merge_step.h"
@@ -50,12 +52,15 @@ ATTNAUDIT_HOST_DEVICE inline int LevelsFor(int64_t units) {
   return levels;
 }
 
-// One element's tree of at most 2^(kLevels - 1) leaves. Empty() or
+// The tree of kWidth elements of out (adjacent elements of one state,
+// which share its lse) of at most 2^(kLevels - 1) leaves. Empty() or
 // Reset() starts it; Add the present leaves in ascending index order
-// (skipped indices are empty), then Finish.
-template <int kLevels>
+// (skipped indices are empty), then Finish. Each merge computes its
+// weights once for the kWidth elements; every element gets the bits of a
+// one-element tree.
+template <int kLevels, int kWidth = 1>
 struct ElementTree {
-  float out[kLevels];
+  float out[kLevels][kWidth];
   float lse[kLevels];
   bool has[kLevels];
   long long next;  // leaves below are in
@@ -65,50 +70,69 @@ struct ElementTree {
     next = 0;
   }
 
-  // Leaf `index` >= next, its element o and its lse (empty: ignored).
-  ATTNAUDIT_HOST_DEVICE void Add(long long index, float o, float l) {
-    while (next < index) Carry(next++, false, 0.0f, 0.0f);
+  // Leaf `index` >= next, its elements o and its lse (empty: ignored).
+  ATTNAUDIT_HOST_DEVICE void Add(long long index, const float (&o)[kWidth],
+                                 float l) {
+    const float none[kWidth] = {};
+    while (next < index) Carry(next++, false, none, 0.0f);
     Carry(next++, !Empty(l), o, l);
   }
 
-  // The root into *o, *l: out 0 and lse -inf when every leaf was empty.
-  ATTNAUDIT_HOST_DEVICE void Finish(float* o, float* l) const {
+  // The root into o, *l: out 0 and lse -inf when every leaf was empty.
+  ATTNAUDIT_HOST_DEVICE void Finish(float (&o)[kWidth], float* l) const {
     bool nh = false;
-    float no = 0.0f;
+    for (int x = 0; x < kWidth; ++x) o[x] = 0.0f;
     float nl = merge_step::F::NegInf();
     for (int k = 0; k < kLevels; ++k) {
-      if (has[k]) JoinLeft(k, &nh, &no, &nl);
+      if (has[k]) JoinLeft(k, &nh, o, &nl);
     }
-    *o = no;
     *l = nl;
   }
 
+  // The one-element forms.
+  template <int W = kWidth, typename = std::enable_if_t<W == 1>>
+  ATTNAUDIT_HOST_DEVICE void Add(long long index, float o, float l) {
+    const float one[1] = {o};
+    Add(index, one, l);
+  }
+  template <int W = kWidth, typename = std::enable_if_t<W == 1>>
+  ATTNAUDIT_HOST_DEVICE void Finish(float* o, float* l) const {
+    float one[1];
+    Finish(one, l);
+    *o = one[0];
+  }
+
  private:
-  // The node (*no, *nl, present when *nh) <- merge(pending node k, node):
+  // The node (no, *nl, present when *nh) <- merge(pending node k, node):
   // the node k itself when the node is empty.
-  ATTNAUDIT_HOST_DEVICE void JoinLeft(int k, bool* nh, float* no,
+  ATTNAUDIT_HOST_DEVICE void JoinLeft(int k, bool* nh, float (&no)[kWidth],
                                       float* nl) const {
     if (!*nh) {
-      *no = out[k];
+      for (int x = 0; x < kWidth; ++x) no[x] = out[k][x];
       *nl = lse[k];
       *nh = true;
       return;
     }
     const merge_step::PairWeights w = merge_step::Weights(lse[k], *nl);
-    *no = merge_step::Element(w, out[k], *no);
+    for (int x = 0; x < kWidth; ++x) {
+      no[x] = merge_step::Element(w, out[k][x], no[x]);
+    }
     *nl = merge_step::Lse(w);
   }
 
   // Leaf v (present when nh) up through the levels whose bit of v is 1.
-  ATTNAUDIT_HOST_DEVICE void Carry(long long v, bool nh, float no, float nl) {
+  ATTNAUDIT_HOST_DEVICE void Carry(long long v, bool nh,
+                                   const float (&leaf)[kWidth], float nl) {
+    float no[kWidth];
+    for (int x = 0; x < kWidth; ++x) no[x] = leaf[x];
     int k = 0;
     for (; (v >> k) & 1; ++k) {
       if (!has[k]) continue;
-      JoinLeft(k, &nh, &no, &nl);
+      JoinLeft(k, &nh, no, &nl);
       has[k] = false;
     }
     has[k] = nh;
-    out[k] = no;
+    for (int x = 0; x < kWidth; ++x) out[k][x] = no[x];
     lse[k] = nl;
   }
 };

@@ -39,23 +39,73 @@ ATTNAUDIT_HOST_DEVICE inline T LanePartial(const T* q, const K* k, int64_t dim,
   return acc;
 }
 
-// LanePartial of `rows` (<= R) query rows at once, row r at q + r *
-// q_stride, against one K row: each K element is read and widened once
-// for all of them. out[r] has LanePartial(q + r * q_stride, k, dim, lane)'s
-// bits; rows past `rows` stay +0.
+// LanePartial of `rows` (<= R) query rows, row r at q + r * q_stride,
+// against N K rows k[0..N) at once: each q and K element is read and
+// widened once for all of them. out[n][r] has LanePartial(q + r *
+// q_stride, k[n], dim, lane)'s bits; rows past `rows` stay +0.
+template <int R, int N, typename T, typename K>
+ATTNAUDIT_HOST_DEVICE inline void LanePartialsOfTokens(const T* q, int q_stride,
+                                                       const K* const (&k)[N],
+                                                       int dim, int lane,
+                                                       int rows,
+                                                       T (&out)[N][R]) {
+  constexpr int V = VirtualLanes<T>::kCount;
+  for (int n = 0; n < N; ++n) {
+    for (int r = 0; r < R; ++r) out[n][r] = T(0);
+  }
+  const int full = dim / V * V;
+  for (int d = lane; d < full; d += V) {
+    T kd[N];
+    for (int n = 0; n < N; ++n) kd[n] = static_cast<T>(k[n][d]);
+    for (int r = 0; r < R; ++r) {
+      if (r >= rows) continue;
+      const T qd = q[r * q_stride + d];
+      for (int n = 0; n < N; ++n) out[n][r] = Ops<T>::Fma(qd, kd[n], out[n][r]);
+    }
+  }
+}
+
+// The same for one K row.
 template <int R, typename T, typename K>
 ATTNAUDIT_HOST_DEVICE inline void LanePartials(const T* q, int q_stride,
                                                const K* k, int dim, int lane,
                                                int rows, T (&out)[R]) {
-  constexpr int V = VirtualLanes<T>::kCount;
-  for (int r = 0; r < R; ++r) out[r] = T(0);
-  const int full = dim / V * V;
-  for (int d = lane; d < full; d += V) {
-    const T kd = static_cast<T>(k[d]);
-    for (int r = 0; r < R; ++r) {
-      if (r < rows) out[r] = Ops<T>::Fma(q[r * q_stride + d], kd, out[r]);
+  const K* const one[1] = {k};
+  T both[1][R];
+  LanePartialsOfTokens<R, 1>(q, q_stride, one, dim, lane, rows, both);
+  for (int r = 0; r < R; ++r) out[r] = both[0][r];
+}
+
+// The lane tree of V lanes over N values at once (N a power of two, <= V),
+// with fewer exchanges than N trees: at each distance m = V/2, V/4, ...,
+// while a lane holds n > 1 values it keeps one half (the upper when bit m
+// of its lane is set) and sends the other, adding its partner's half of
+// the same values; then single values are added as in LaneTree. Every
+// addition pairs the tree's two nodes (lane i and lane i + m of one value),
+// so each value gets LaneTree's bits. `exchange(x, m)` returns the partner
+// lane's (lane ^ m) x for this step. Returns the index of the value the
+// lane holds in vals[0]; lanes with lane % (V / N) == 0 hold each value
+// once.
+template <int V, int N, typename T, typename Exchange>
+ATTNAUDIT_HOST_DEVICE inline int LaneTreeOfValues(int lane, T (&vals)[N],
+                                                  Exchange exchange) {
+  int n = N;
+  int held = 0;
+  for (int m = V / 2; m >= 1; m /= 2) {
+    if (n > 1) {
+      const bool upper = (lane & m) != 0;
+      for (int x = 0; x < n / 2; ++x) {
+        const T keep = upper ? vals[x + n / 2] : vals[x];
+        const T send = upper ? vals[x] : vals[x + n / 2];
+        vals[x] = Ops<T>::Add(keep, exchange(send, m));
+      }
+      if (upper) held += n / 2;
+      n /= 2;
+    } else {
+      vals[0] = Ops<T>::Add(vals[0], exchange(vals[0], m));
     }
   }
+  return held;
 }
 
 // The lane tree over V partials (overwritten).

@@ -46,7 +46,8 @@ ATTNAUDIT_HOST_DEVICE inline T VisibleMaxOf(const T* s, Key key,
 template <typename T>
 ATTNAUDIT_HOST_DEVICE inline T VisibleMax(const T* s, const int32_t* vis,
                                           int64_t count) {
-  return VisibleMaxOf(s, [vis](int64_t c) { return vis[c]; }, count);
+  return VisibleMaxOf(
+      s, [vis](int64_t c) { return vis[c]; }, count);
 }
 
 template <typename T>

@@ -109,10 +109,9 @@ ATTNAUDIT_HOST_DEVICE inline bool WidenWords(const uint32_t (&words)[4],
   bool bad = false;
   for (int e = 0; e < N; ++e) {
     const uint32_t word = words[e / kPerWord];
-    const uint32_t bits =
-        kPerWord == 1
-            ? word
-            : (word >> ((e % kPerWord) * kBits)) & ((1u << kBits) - 1u);
+    const uint32_t bits = kPerWord == 1 ? word
+                                        : (word >> ((e % kPerWord) * kBits)) &
+                                              ((1u << kBits) - 1u);
     if (N == 4) {
       f[e] = BitsAsFloat(bits);
     } else if (N == 8) {

@@ -8,10 +8,13 @@
 // (docs/NUMERICS.md, "CPU and GPU"); the GPU tests check those on a GPU.
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -203,10 +206,9 @@ void CheckLanePartials() {
         T out[R];
         kmath::LanePartials(q.data(), dim, k.data(), dim, lane, rows, out);
         for (int r = 0; r < R; ++r) {
-          const T want =
-              r < rows ? kmath::LanePartial(q.data() + r * dim, k.data(),
-                                            dim, lane)
-                       : T(0);
+          const T want = r < rows ? kmath::LanePartial(q.data() + r * dim,
+                                                       k.data(), dim, lane)
+                                  : T(0);
           ASSERT_TRUE(SameBits(out[r], want))
               << "dim " << dim << " rows " << rows << " lane " << lane
               << " row " << r;
@@ -219,6 +221,91 @@ void CheckLanePartials() {
 TEST(KernelMathDot, LanePartialsOfSeveralRowsAreEachRowsLanePartial) {
   CheckLanePartials<float>();
   CheckLanePartials<double>();
+}
+
+// A barrier for the V threads that stand in for a warp's lanes.
+class LaneBarrier {
+ public:
+  explicit LaneBarrier(int lanes) : lanes_(lanes) {}
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int64_t round = round_;
+    if (++waiting_ == lanes_) {
+      waiting_ = 0;
+      ++round_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return round_ != round; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const int lanes_;
+  int waiting_ = 0;
+  int64_t round_ = 0;
+};
+
+// The transposed lane tree (LaneTreeOfValues), run by V threads that
+// exchange values as a warp's shuffles do: every value ends on the lanes
+// the function names with LaneTree's bits for that value.
+template <typename T, int N>
+void CheckLaneTreeOfValues(uint64_t seed) {
+  constexpr int V = kmath::VirtualLanes<T>::kCount;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> dist(0.0, 1e3);
+  T partial[V][N];
+  for (auto& lane : partial) {
+    for (T& x : lane)
+      x = static_cast<T>(dist(rng) * std::ldexp(1.0, rng() % 40 - 20));
+  }
+  T mailbox[V];
+  LaneBarrier barrier(V);
+  T held_value[V];
+  int held_index[V];
+  std::vector<std::thread> lanes;
+  for (int lane = 0; lane < V; ++lane) {
+    lanes.emplace_back([&, lane] {
+      T vals[N];
+      std::copy(partial[lane], partial[lane] + N, vals);
+      held_index[lane] =
+          kmath::LaneTreeOfValues<V, N>(lane, vals, [&](T send, int m) {
+            mailbox[lane] = send;
+            barrier.Wait();
+            const T got = mailbox[lane ^ m];
+            barrier.Wait();
+            return got;
+          });
+      held_value[lane] = vals[0];
+    });
+  }
+  for (std::thread& t : lanes) t.join();
+  std::vector<int> seen(N, 0);
+  for (int lane = 0; lane < V; ++lane) {
+    const int v = held_index[lane];
+    ASSERT_GE(v, 0);
+    ASSERT_LT(v, N);
+    T column[V];
+    for (int l = 0; l < V; ++l) column[l] = partial[l][v];
+    const T want = kmath::LaneTree(column);
+    ASSERT_TRUE(SameBits(held_value[lane], want))
+        << "lane " << lane << " value " << v << " of " << N;
+    if (lane % (V / N) == 0) ++seen[v];
+  }
+  for (int v = 0; v < N; ++v) EXPECT_EQ(seen[v], 1) << "value " << v;
+}
+
+TEST(KernelMathDot, TheTransposedLaneTreeGivesEveryValueTheLaneTreesBits) {
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    CheckLaneTreeOfValues<float, 1>(seed);
+    CheckLaneTreeOfValues<float, 2>(seed);
+    CheckLaneTreeOfValues<float, 8>(seed);
+    CheckLaneTreeOfValues<float, 16>(seed);
+    CheckLaneTreeOfValues<double, 1>(seed);
+    CheckLaneTreeOfValues<double, 4>(seed);
+    CheckLaneTreeOfValues<double, 8>(seed);
+  }
 }
 
 TEST(KernelMathDrift, UlpDistanceIsTheCore) {

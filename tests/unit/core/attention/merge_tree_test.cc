@@ -3,8 +3,8 @@
 // (lo + size / 2, size / 2), an empty or absent child giving the other --
 // with merge_step's element arithmetic, bit for bit, in every form the
 // code takes: MergeTree fed every leaf, only the present ones, or through
-// the fused Begin/End; ElementTree per element; and the GPU's two phases
-// (aligned subtrees, then a tree over their roots).
+// the fused Begin/End; ElementTree per element and four at a time; and the
+// GPU's two phases (aligned subtrees, then a tree over their roots).
 #include "core/attention/merge_tree.h"
 
 #include <algorithm>
@@ -156,6 +156,28 @@ TEST(MergeTreeTest, EveryFormIsTheRecursiveDefinition) {
         e.Finish(&o, &l);
         ASSERT_EQ(0, std::memcmp(&o, &want.out[i], sizeof o))
             << what << ", element " << i;
+        ASSERT_EQ(0, std::memcmp(&l, &want.lse, sizeof l)) << what;
+      }
+
+      // Four adjacent elements in one tree (one weight per merge): each
+      // has the one-element tree's bits; the last group may run past d.
+      for (int64_t i = 0; i < d; i += 4) {
+        ElementTree<12, 4> e;
+        e.Reset();
+        for (int64_t u = 0; u < units; ++u) {
+          float four[4];
+          for (int x = 0; x < 4; ++x) {
+            four[x] = i + x < d ? leaves[u].out[i + x] : 0.0f;
+          }
+          e.Add(u, four, leaves[u].lse);
+        }
+        float o[4];
+        float l = 0;
+        e.Finish(o, &l);
+        for (int x = 0; x < 4 && i + x < d; ++x) {
+          ASSERT_EQ(0, std::memcmp(&o[x], &want.out[i + x], sizeof o[x]))
+              << what << ", four at a time, element " << i + x;
+        }
         ASSERT_EQ(0, std::memcmp(&l, &want.lse, sizeof l)) << what;
       }
 
