@@ -167,9 +167,14 @@ __device__ void LoadStage(const PassParams& p, const Item& it, const Shared& sh,
     int32_t t = lane / per_row;
     int32_t off = lane - t * per_row;
     const int32_t n = run.n;
+    // The addresses advance with (t, off): no multiply per chunk.
+    const char* from = src + t * stride + off * w;
+    char* to = dst + t * row_bytes + off * w;
+    const int64_t from_step = dt * stride + doff * w;
+    const int32_t to_step = dt * row_bytes + doff * w;
+    const int64_t from_wrap = stride - int64_t{per_row} * w;
+    const int32_t to_wrap = row_bytes - per_row * w;  // 0: rows are packed
     while (t < n) {
-      const char* from = src + t * stride + off * w;
-      char* to = dst + t * row_bytes + off * w;
       if (w >= 4) {
         __pipeline_memcpy_async(to, from, static_cast<size_t>(w));
       } else {
@@ -177,9 +182,13 @@ __device__ void LoadStage(const PassParams& p, const Item& it, const Shared& sh,
       }
       t += dt;
       off += doff;
+      from += from_step;
+      to += to_step;
       if (off >= per_row) {
         off -= per_row;
         ++t;
+        from += from_wrap;
+        to += to_wrap;
       }
     }
   }
@@ -487,6 +496,7 @@ __device__ void UpdateReferenceRow(const Item& it, const Shared& sh,
       }
     });
   }
+  __syncwarp();  // every lane has read the state it started from
   if (lane == 0) {
     sh.at<double>(sh.l.r_m)[r] = m;
     sh.at<double>(sh.l.r_l)[r] = l;
