@@ -470,7 +470,7 @@ std::string CudaBackend::name() const {
 }
 
 int64_t CudaBackend::memory_in_use() const {
-  return arena_ == nullptr ? 0 : arena_->used();
+  return (arena_ == nullptr ? 0 : arena_->used()) + comm_memory();
 }
 
 absl::Status CudaBackend::ContextHealth() const {

@@ -35,6 +35,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -117,8 +118,18 @@ class CudaBackend : public Backend {
                                           const DriftOptions& options) override;
 
   const CudaDeviceInfo& info() const { return info_; }
-  // Bytes of the pool the running job holds (0 between jobs).
+  // Device bytes held: the pool's bytes the running job holds (0 between
+  // jobs) plus comm_memory().
   int64_t memory_in_use() const;
+  // Device bytes outside the pool held by the NCCL communicators of the
+  // gangs this GPU is a member of (each CudaGang adds its share when it is
+  // made and takes it back when it is destroyed). Thread-safe.
+  int64_t comm_memory() const {
+    return comm_bytes_.load(std::memory_order_relaxed);
+  }
+  void AddCommMemory(int64_t delta) {
+    comm_bytes_.fetch_add(delta, std::memory_order_relaxed);
+  }
   // OK while the device's context is usable; the sticky error once it is
   // not (cuda_check.h). Waits for the backend's stream: call it between
   // jobs. Thread-safe.
@@ -147,6 +158,7 @@ class CudaBackend : public Backend {
   CudaJobTimings timings_;
   int64_t max_splits_ = 0;
   int64_t max_stage_runs_ = 0;
+  std::atomic<int64_t> comm_bytes_{0};
   CudaGang* gang_ = nullptr;
 };
 

@@ -1,6 +1,9 @@
 #include "kernels/cuda_gang.h"
 
+#include <algorithm>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
@@ -12,6 +15,36 @@
 #endif
 
 namespace attnaudit {
+#ifdef ATTNAUDIT_HAVE_NCCL
+namespace {
+
+// Each member's free device memory (cudaMemGetInfo), in member order.
+absl::StatusOr<std::vector<int64_t>> FreeBytes(
+    const std::vector<CudaBackend*>& members) {
+  std::vector<int64_t> out;
+  for (CudaBackend* m : members) {
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
+    ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(m->device()));
+    ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+    out.push_back(static_cast<int64_t>(free_bytes));
+  }
+  return out;
+}
+
+// "cuda:0 812 MiB, cuda:1 790 MiB".
+std::string DescribeFree(const std::vector<CudaBackend*>& members,
+                         const std::vector<int64_t>& free_bytes) {
+  std::string out;
+  for (size_t i = 0; i < members.size(); ++i) {
+    absl::StrAppend(&out, i == 0 ? "" : ", ", members[i]->name(), " ",
+                    free_bytes[i] >> 20, " MiB");
+  }
+  return out;
+}
+
+}  // namespace
+#endif
 
 absl::StatusOr<std::unique_ptr<CudaGang>> CudaGang::Create(
     std::vector<CudaBackend*> members) {
@@ -26,14 +59,33 @@ absl::StatusOr<std::unique_ptr<CudaGang>> CudaGang::Create(
         cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     gang->comm_streams_.push_back(s);
   }
+  gang->comm_bytes_.assign(gang->members_.size(), 0);
   if (gang->size() == 1) return gang;
 #ifdef ATTNAUDIT_HAVE_NCCL
   std::vector<int> devices;
   for (CudaBackend* m : gang->members_) devices.push_back(m->device());
+  ATTNAUDIT_ASSIGN_OR_RETURN(std::vector<int64_t> free_before,
+                             FreeBytes(gang->members_));
   gang->comms_.resize(devices.size(), nullptr);
-  ATTNAUDIT_NCCL_RETURN_IF_ERROR(ncclCommInitAll(
-      gang->comms_.data(), static_cast<int>(devices.size()), devices.data()));
+  if (absl::Status s = cuda_internal::NcclStatus(
+          ncclCommInitAll(gang->comms_.data(), static_cast<int>(devices.size()),
+                          devices.data()),
+          "ncclCommInitAll");
+      !s.ok()) {
+    return absl::Status(
+        s.code(),
+        absl::StrCat("gang ", gang->Names(), ": ", s.message(),
+                     " (device memory free outside the pools: ",
+                     DescribeFree(gang->members_, free_before),
+                     "; a smaller --gpu-memory-pool-bytes leaves NCCL more)"));
+  }
   if (absl::Status s = gang->WarmUp(); !s.ok()) return s;
+  ATTNAUDIT_ASSIGN_OR_RETURN(std::vector<int64_t> free_after,
+                             FreeBytes(gang->members_));
+  for (size_t i = 0; i < devices.size(); ++i) {
+    gang->comm_bytes_[i] = std::max<int64_t>(0, free_before[i] - free_after[i]);
+    gang->members_[i]->AddCommMemory(gang->comm_bytes_[i]);
+  }
   return gang;
 #else
   return absl::FailedPreconditionError(
@@ -49,6 +101,9 @@ CudaGang::~CudaGang() {
     if (c != nullptr) ncclCommDestroy(c);
   }
 #endif
+  for (size_t i = 0; i < comm_bytes_.size(); ++i) {
+    members_[i]->AddCommMemory(-comm_bytes_[i]);
+  }
   for (size_t i = 0; i < comm_streams_.size(); ++i) {
     cudaSetDevice(members_[i]->device());
     cudaStreamSynchronize(comm_streams_[i]);

@@ -7,6 +7,12 @@
 // enough to distort a measured round), and cached by the server's device
 // for the next gang of the same devices.
 //
+// NCCL allocates its buffers outside the members' pools: Create measures
+// each member's free device memory before the communicators and after the
+// warm-up, keeps the difference (comm_bytes) and adds it to the member's
+// CudaBackend::comm_memory() until the gang is destroyed; a communicator
+// that cannot be made says how much each member had free.
+//
 // A collective that does not finish (a peer GPU that died, a broken
 // connection) is bounded by the CP replay's collective watchdog
 // (kernels/collective_watchdog.h): it reads AsyncError and calls Abort,
@@ -21,6 +27,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +66,9 @@ class CudaGang {
   // broken() from then on and must be dropped, never reused.
   void Abort();
   bool broken() const { return broken_; }
+  // Device bytes member i's NCCL communicator and its warm-up took (0 for
+  // a gang of one GPU).
+  int64_t comm_bytes(int i) const { return comm_bytes_[i]; }
 #ifdef ATTNAUDIT_HAVE_NCCL
   ncclComm_t comm(int i) const { return comms_[i]; }
 #endif
@@ -69,6 +79,7 @@ class CudaGang {
 
   std::vector<CudaBackend*> members_;
   std::vector<cudaStream_t> comm_streams_;
+  std::vector<int64_t> comm_bytes_;
   // A CP replay of the largest snapshots takes seconds; minutes without
   // progress is a hang, not a slow ring.
   absl::Duration collective_timeout_ = absl::Seconds(120);

@@ -81,6 +81,18 @@ absl::StatusOr<CudaGang*> CudaDevice::GangFor(absl::Span<Device* const> gang) {
       CudaGang::Create(std::move(members));
   if (!made.ok()) return made.status();
   CudaGang* out = made->get();
+  if (out->size() > 1) {
+    // NCCL's buffers live outside the pools: an operator sizing
+    // --gpu-memory-pool-bytes needs to see them.
+    std::string held;
+    for (int i = 0; i < out->size(); ++i) {
+      absl::StrAppend(&held, i == 0 ? "" : ",", out->member(i)->name(), "=",
+                      out->comm_bytes(i));
+    }
+    ATTNAUDIT_LOG(info, "gang communicators made")
+        .Kv("devices", out->Names())
+        .Kv("nccl_bytes", held);
+  }
   gangs_[names] = *std::move(made);
   return out;
 }

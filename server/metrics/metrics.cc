@@ -395,7 +395,9 @@ void Metrics::Impl::RegisterDevices(prometheus::Registry& r) {
                              "Seconds spent running jobs, by device.");
   auto& memory = GaugeFamily(
       r, "attnaudit_device_memory_bytes",
-      "Device memory held when the device's last job ended, by device.");
+      "Device memory held when the device's last job ended (a GPU: its "
+      "pool's bytes in use plus its NCCL communicators' buffers), by "
+      "device.");
   auto series = [&](const std::string& name) {
     return DeviceSeries{&jobs.Add({{"device", name}}),
                         &busy.Add({{"device", name}}),

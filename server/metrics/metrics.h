@@ -40,7 +40,8 @@
 //   attnaudit_device_jobs_total{device}                counter: jobs run
 //   attnaudit_device_busy_seconds_total{device}        counter: run time
 //   attnaudit_device_memory_bytes{device}              gauge: device memory
-//       the last job held at its end (GPU workers; 0 for CPU workers)
+//       the last job held at its end, with a GPU's NCCL communicators'
+//       buffers (GPU workers; 0 for CPU workers)
 //       device: a name of the pool ("cpu:0", "cuda:1"), "other" for any
 //       other (bounded by the pool); a gang job counts on its leader
 //   attnaudit_cp_checks_total{check,rank,verdict}      counter: the checks of
