@@ -438,6 +438,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   b->info_ = devices[options.device];
   b->max_splits_ = options.max_splits;
   b->max_stage_runs_ = options.max_stage_runs;
+  b->shard_uploads_ = options.shard_uploads;
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));

@@ -81,6 +81,10 @@ struct CudaBackendOptions {
   // many as FitPassToSharedMemory allows, 1: one run at a time. The same
   // bits either way.
   int64_t max_stage_runs = 0;
+  // A CP replay over a gang of several GPUs uploads to each GPU only the
+  // pages its ranks start the ring with (kernels/shard_pages.h); true does
+  // so on one GPU too (tests: the shard path on a one-GPU machine).
+  bool shard_uploads = false;
 };
 
 // Seconds of the last ComputeAttention, by phase (events on the stream).
@@ -145,6 +149,7 @@ class CudaBackend : public Backend {
   cudaStream_t stream() const { return stream_; }
   cuda_internal::DeviceArena& arena() { return *arena_; }
   cuda_internal::PinnedStaging& staging() { return *staging_; }
+  bool shard_uploads() const { return shard_uploads_; }
 
  private:
   CudaBackend() = default;
@@ -158,6 +163,7 @@ class CudaBackend : public Backend {
   CudaJobTimings timings_;
   int64_t max_splits_ = 0;
   int64_t max_stage_runs_ = 0;
+  bool shard_uploads_ = false;
   std::atomic<int64_t> comm_bytes_{0};
   CudaGang* gang_ = nullptr;
 };

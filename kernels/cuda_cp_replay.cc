@@ -149,14 +149,66 @@ struct GpuPart {
   UnitStates host;  // its states, fetched at the end
 };
 
-absl::Status SetUpGpu(const PreparedAttention& p, const Plans& plans,
-                      GpuPart* g) {
+// The pool pages GPU `gpu` of `gpus` reads: the pages of the fills of the
+// chunks its ranks (rank k on GPU k mod gpus) start the ring with; every
+// other chunk reaches them around the ring.
+ShardPages PagesOfGpu(const PreparedAttention& p, const CpSchedule& s,
+                      const Plans& plans, int64_t gpu, int64_t gpus) {
+  const SnapshotDims& d = p.dims;
+  const int64_t k_page =
+      d.page_size * d.kv_heads * d.head_dim * DTypeSize(p.k_dtype);
+  const int64_t passes = static_cast<int64_t>(s.passes().size());
+  std::vector<int64_t> used;
+  for (int64_t source = gpu; source < s.world(); source += gpus) {
+    for (int64_t pass = 0; pass < passes; ++pass) {
+      for (int64_t c = 0; c < s.passes()[pass].chunks; ++c) {
+        const ChunkPlan& plan = plans.At(s, source, pass, c);
+        for (int32_t t = plan.gather_begin; t < plan.gather_end; ++t) {
+          used.push_back(plans.gather[t].k_src / k_page);
+        }
+      }
+    }
+  }
+  return ShardPages::Of(used, d.num_pages);
+}
+
+// The fills pointing into `shard`'s compact copy (a fill of a page the GPU
+// does not hold is another GPU's and never runs here: zeroed).
+std::vector<GatherToken> CompactFills(const PreparedAttention& p,
+                                      const ShardPages& shard,
+                                      const std::vector<GatherToken>& fills) {
+  const SnapshotDims& d = p.dims;
+  const int64_t page_elems = d.page_size * d.kv_heads * d.head_dim;
+  const int64_t k_page = page_elems * DTypeSize(p.k_dtype);
+  const int64_t v_page = page_elems * DTypeSize(p.v_dtype);
+  std::vector<GatherToken> out = fills;
+  for (GatherToken& g : out) {
+    if (!shard.Holds(g.k_src / k_page)) {
+      g = GatherToken{};
+      continue;
+    }
+    g.k_src = shard.Compact(g.k_src, k_page);
+    g.v_src = shard.Compact(g.v_src, v_page);
+    g.pos_src = shard.Compact(g.pos_src, d.page_size);
+  }
+  return out;
+}
+
+// Uploads what GPU `gpu` of the replay reads: with `by_shard`, its shard
+// of the pool (the whole pool when its ranks read every page), else the
+// pool; then the plans and its states.
+absl::Status SetUpGpu(const PreparedAttention& p, const CpSchedule& s,
+                      const Plans& plans, int64_t gpu, int64_t gpus,
+                      bool by_shard, GpuPart* g) {
   CudaBackend& b = *g->backend;
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(b.device()));
   b.arena().Reset();
   cudaStream_t st = b.stream();
+  const ShardPages shard = by_shard ? PagesOfGpu(p, s, plans, gpu, gpus)
+                                    : ShardPages::Of({}, 0);
   ATTNAUDIT_ASSIGN_OR_RETURN(
-      g->snap, cuda_internal::UploadSnapshot(p, b.arena(), b.staging(), st));
+      g->snap, cuda_internal::UploadSnapshot(p, b.arena(), b.staging(), st,
+                                             by_shard ? &shard : nullptr));
   ATTNAUDIT_ASSIGN_OR_RETURN(
       g->runs, UploadVector(plans.runs, "cp runs", b.arena(), b.staging(), st));
   ATTNAUDIT_ASSIGN_OR_RETURN(
@@ -165,9 +217,11 @@ absl::Status SetUpGpu(const PreparedAttention& p, const Plans& plans,
   ATTNAUDIT_ASSIGN_OR_RETURN(
       g->row_runs,
       UploadVector(plans.row_runs, "cp row runs", b.arena(), b.staging(), st));
+  const std::vector<GatherToken> fills =
+      !by_shard || shard.whole_pool() ? plans.gather
+                                      : CompactFills(p, shard, plans.gather);
   ATTNAUDIT_ASSIGN_OR_RETURN(
-      g->gather,
-      UploadVector(plans.gather, "cp fills", b.arena(), b.staging(), st));
+      g->gather, UploadVector(fills, "cp fills", b.arena(), b.staging(), st));
   g->host.Reset(p.units, p.dims, /*with_reference=*/false);
   ATTNAUDIT_ASSIGN_OR_RETURN(
       g->state_out, UploadVector(g->host.p_out, "cp unit states", b.arena(),
@@ -390,7 +444,14 @@ absl::Status GpuReplay::Run(CudaGang* gang, CpReplayRun* out) {
         " ranks x ", plans_.max_bytes, " bytes) exceed the limit of ",
         o_.max_buffer_bytes, " bytes"));
   }
-  for (GpuPart& g : gpus_) ATTNAUDIT_RETURN_IF_ERROR(SetUpGpu(p_, plans_, &g));
+  const int64_t gpus = static_cast<int64_t>(gpus_.size());
+  // One GPU reads every rank's pages: its shard is the pool, uploaded as
+  // it is (unless a test asks for the shard path).
+  const bool by_shard = gpus > 1 || gpus_[0].backend->shard_uploads();
+  for (int64_t i = 0; i < gpus; ++i) {
+    ATTNAUDIT_RETURN_IF_ERROR(
+        SetUpGpu(p_, s_, plans_, i, gpus, by_shard, &gpus_[i]));
+  }
   ATTNAUDIT_RETURN_IF_ERROR(SetUpRanks(gang));
   const int64_t world = s_.world();
   for (int64_t k = 0; k < world; ++k) {

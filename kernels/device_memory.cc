@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/parallel_copy.h"
+#include "core/common/status_macros.h"
 #include "kernels/cuda_check.h"
 
 namespace attnaudit {
@@ -82,6 +83,39 @@ absl::Status PinnedStaging::Upload(void* device, const void* host,
     ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(free_[b], stream));
   }
   return absl::OkStatus();
+}
+
+absl::Status PinnedStaging::UploadPieces(void* device,
+                                         const std::vector<Piece>& pieces,
+                                         cudaStream_t stream) {
+  char* dst = static_cast<char*>(device);
+  int b = 0;        // the buffer being filled
+  int64_t fill = 0;  // its bytes so far
+  auto flush = [&]() -> absl::Status {
+    if (fill == 0) return absl::OkStatus();
+    ATTNAUDIT_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, buffer_[b], static_cast<size_t>(fill),
+                        cudaMemcpyHostToDevice, stream));
+    ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(free_[b], stream));
+    dst += fill;
+    fill = 0;
+    b = 1 - b;
+    // The next buffer's previous DMA must be done before it is refilled.
+    ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(free_[b]));
+    return absl::OkStatus();
+  };
+  ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(free_[b]));
+  for (const Piece& piece : pieces) {
+    const char* src = static_cast<const char*>(piece.host);
+    for (int64_t off = 0; off < piece.bytes;) {
+      const int64_t n = std::min(chunk_ - fill, piece.bytes - off);
+      ParallelCopy(buffer_[b] + fill, src + off, n, copy_threads_);
+      fill += n;
+      off += n;
+      if (fill == chunk_) ATTNAUDIT_RETURN_IF_ERROR(flush());
+    }
+  }
+  return flush();
 }
 
 absl::Status PinnedStaging::Download(void* host, const void* device,

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -73,6 +74,17 @@ class PinnedStaging {
   // the device copy is ordered before later work on `stream`.
   absl::Status Upload(void* device, const void* host, int64_t bytes,
                       cudaStream_t stream);
+  // A host piece of an upload.
+  struct Piece {
+    const void* host = nullptr;
+    int64_t bytes = 0;
+  };
+  // Copies `pieces`, one after another, to `device` on `stream`: packed
+  // into the staging buffers, so many small pieces (the pages of a CP
+  // shard) cost the DMAs of one upload of their sum. Returns once every
+  // piece may be reused.
+  absl::Status UploadPieces(void* device, const std::vector<Piece>& pieces,
+                            cudaStream_t stream);
   // Copies device -> host after the work already on `stream`; returns when
   // `host` holds the data.
   absl::Status Download(void* host, const void* device, int64_t bytes,

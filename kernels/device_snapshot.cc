@@ -22,23 +22,46 @@ int CopyWidth(int64_t k_row_bytes, int64_t v_row_bytes) {
 absl::StatusOr<DeviceSnapshot> UploadSnapshot(const PreparedAttention& p,
                                               DeviceArena& arena,
                                               PinnedStaging& staging,
-                                              cudaStream_t stream) {
+                                              cudaStream_t stream,
+                                              const ShardPages* shard) {
   const SnapshotDims& d = p.dims;
-  const int64_t elems = d.num_pages * d.page_size * d.kv_heads * d.head_dim;
+  const bool compact = shard != nullptr && !shard->whole_pool();
+  const int64_t page_elems = d.page_size * d.kv_heads * d.head_dim;
+  const int64_t pages =
+      compact ? static_cast<int64_t>(shard->pages().size()) : d.num_pages;
   DeviceSnapshot s;
-  const int64_t k_bytes = elems * DTypeSize(p.k_dtype);
-  const int64_t v_bytes = elems * DTypeSize(p.v_dtype);
+  const int64_t k_page = page_elems * DTypeSize(p.k_dtype);
+  const int64_t v_page = page_elems * DTypeSize(p.v_dtype);
+  const int64_t k_bytes = pages * k_page;
+  const int64_t v_bytes = pages * v_page;
   ATTNAUDIT_ASSIGN_OR_RETURN(char* k, arena.Allocate(k_bytes, "the K pages"));
-  ATTNAUDIT_RETURN_IF_ERROR(staging.Upload(k, p.k_data, k_bytes, stream));
   ATTNAUDIT_ASSIGN_OR_RETURN(char* v, arena.Allocate(v_bytes, "the V pages"));
-  ATTNAUDIT_RETURN_IF_ERROR(staging.Upload(v, p.v_data, v_bytes, stream));
+  std::vector<int64_t> positions;
+  positions.reserve(static_cast<size_t>(pages * d.page_size));
+  if (compact) {
+    std::vector<PinnedStaging::Piece> k_pieces;
+    std::vector<PinnedStaging::Piece> v_pieces;
+    const char* k_data = static_cast<const char*>(p.k_data);
+    const char* v_data = static_cast<const char*>(p.v_data);
+    for (int64_t page : shard->pages()) {
+      k_pieces.push_back({k_data + page * k_page, k_page});
+      v_pieces.push_back({v_data + page * v_page, v_page});
+      for (int64_t t = 0; t < d.page_size; ++t) {
+        positions.push_back(
+            p.snapshot->slot_positions.IntAt(page * d.page_size + t));
+      }
+    }
+    ATTNAUDIT_RETURN_IF_ERROR(staging.UploadPieces(k, k_pieces, stream));
+    ATTNAUDIT_RETURN_IF_ERROR(staging.UploadPieces(v, v_pieces, stream));
+  } else {
+    ATTNAUDIT_RETURN_IF_ERROR(staging.Upload(k, p.k_data, k_bytes, stream));
+    ATTNAUDIT_RETURN_IF_ERROR(staging.Upload(v, p.v_data, v_bytes, stream));
+    for (int64_t i = 0; i < d.num_pages * d.page_size; ++i) {
+      positions.push_back(p.snapshot->slot_positions.IntAt(i));
+    }
+  }
   s.k = k;
   s.v = v;
-  std::vector<int64_t> positions(
-      static_cast<size_t>(d.num_pages * d.page_size));
-  for (size_t i = 0; i < positions.size(); ++i) {
-    positions[i] = p.snapshot->slot_positions.IntAt(static_cast<int64_t>(i));
-  }
   ATTNAUDIT_ASSIGN_OR_RETURN(s.positions, UploadVector(positions, "positions",
                                                        arena, staging, stream));
   ATTNAUDIT_ASSIGN_OR_RETURN(s.q,

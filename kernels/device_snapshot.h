@@ -14,6 +14,7 @@
 #include "core/attention/attention.h"
 #include "kernels/attention_kernels.h"
 #include "kernels/device_memory.h"
+#include "kernels/shard_pages.h"
 
 namespace attnaudit {
 namespace cuda_internal {
@@ -38,11 +39,14 @@ void PoolStrides(KvLayout layout, const SnapshotDims& d, int64_t* row,
 // 256-byte aligned base.
 int CopyWidth(int64_t k_row_bytes, int64_t v_row_bytes);
 
-// Uploads the snapshot's inputs on `stream`.
-absl::StatusOr<DeviceSnapshot> UploadSnapshot(const PreparedAttention& p,
-                                              DeviceArena& arena,
-                                              PinnedStaging& staging,
-                                              cudaStream_t stream);
+// Uploads the snapshot's inputs on `stream`. With a `shard` that is not
+// the whole pool, k, v and positions hold only the shard's pages, compact
+// (kernels/shard_pages.h: page i of the copy is shard->pages()[i]): the CP
+// replay's fills read them at ShardPages::Compact offsets; the fused pass,
+// which reads pages through the block table, needs the whole pool.
+absl::StatusOr<DeviceSnapshot> UploadSnapshot(
+    const PreparedAttention& p, DeviceArena& arena, PinnedStaging& staging,
+    cudaStream_t stream, const ShardPages* shard = nullptr);
 
 // The launch parameters every pass over this snapshot shares (inputs,
 // dims, the variant); the caller sets the work, runs and outputs.

@@ -273,6 +273,59 @@ TEST(CudaBackendTest, UnitStatesAndCpReplaysRebuildTheGpuP) {
   }
 }
 
+// A replay whose GPU uploads only its ranks' pages (the gang's shard path,
+// forced on one GPU) into a compact copy: the pool has pages no row
+// references and its pages are permuted, so the copy is not the pool; the
+// states are the whole-pool replay's, bit for bit.
+TEST(CudaBackendTest, AShardUploadReplaysAsTheWholePool) {
+  REQUIRE_GPU();
+  CudaBackendOptions o;
+  o.pool_bytes = int64_t{1} << 30;
+  o.shard_uploads = true;
+  absl::StatusOr<std::unique_ptr<CudaBackend>> sharded = CudaBackend::Create(o);
+  ASSERT_TRUE(sharded.ok()) << sharded.status();
+  for (const Case& k : Cases()) {
+    RandomCaseOptions ro;
+    ro.batch = 2;
+    ro.queries = 1;
+    ro.q_heads = 8;
+    ro.kv_heads = 2;
+    ro.head_dim = k.head_dim;
+    ro.seq_lens = {90, 41};
+    ro.kv_dtype = k.kv;
+    ro.seed = 3;
+    LogicalCase c = RandomCase(ro);
+    PagingOptions paging;
+    paging.page_size = k.page_size;
+    paging.layout = k.layout;
+    paging.permute_pages = true;
+    paging.spare_pages = 5;
+    std::unique_ptr<Prepared> prep = Prepare(c, paging);
+    const PreparedAttention& p = prep->p;
+    for (int64_t world : {int64_t{2}, int64_t{3}}) {
+      const CpShards shards = PlanShards(p.units, world, p.dims.page_size);
+      const CpSchedule schedule(shards, CpReplayStrategy::kRing,
+                                p.dims.kv_heads, CpTokenBytes(p),
+                                int64_t{1} << 20);
+      absl::StatusOr<CpReplayRun> whole =
+          Gpu()->ReplayCp(p, schedule, CpReplayOptions{});
+      ASSERT_TRUE(whole.ok()) << whole.status();
+      absl::StatusOr<CpReplayRun> shard =
+          (*sharded)->ReplayCp(p, schedule, CpReplayOptions{});
+      ASSERT_TRUE(shard.ok()) << shard.status();
+      const std::string what = absl::StrCat(k.name, " W=", world);
+      EXPECT_EQ(0, std::memcmp(shard->states.p_out.data(),
+                               whole->states.p_out.data(),
+                               whole->states.p_out.size() * sizeof(float)))
+          << what;
+      EXPECT_EQ(0, std::memcmp(shard->states.p_lse.data(),
+                               whole->states.p_lse.data(),
+                               whole->states.p_lse.size() * sizeof(float)))
+          << what;
+    }
+  }
+}
+
 TEST(CudaBackendTest, DriftOnTheDeviceIsTheCoresStatistics) {
   REQUIRE_GPU();
   std::mt19937_64 rng(5);
