@@ -204,8 +204,8 @@ absl::Status SetUpGpu(const PreparedAttention& p, const CpSchedule& s,
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(b.device()));
   b.arena().Reset();
   cudaStream_t st = b.stream();
-  const ShardPages shard = by_shard ? PagesOfGpu(p, s, plans, gpu, gpus)
-                                    : ShardPages::Of({}, 0);
+  const ShardPages shard =
+      by_shard ? PagesOfGpu(p, s, plans, gpu, gpus) : ShardPages::Of({}, 0);
   ATTNAUDIT_ASSIGN_OR_RETURN(
       g->snap, cuda_internal::UploadSnapshot(p, b.arena(), b.staging(), st,
                                              by_shard ? &shard : nullptr));

@@ -89,7 +89,7 @@ absl::Status PinnedStaging::UploadPieces(void* device,
                                          const std::vector<Piece>& pieces,
                                          cudaStream_t stream) {
   char* dst = static_cast<char*>(device);
-  int b = 0;        // the buffer being filled
+  int b = 0;         // the buffer being filled
   int64_t fill = 0;  // its bytes so far
   auto flush = [&]() -> absl::Status {
     if (fill == 0) return absl::OkStatus();

@@ -4,8 +4,7 @@
 
 namespace attnaudit {
 
-ShardPages ShardPages::Of(const std::vector<int64_t>& used,
-                          int64_t num_pages) {
+ShardPages ShardPages::Of(const std::vector<int64_t>& used, int64_t num_pages) {
   ShardPages s;
   s.num_pages_ = num_pages;
   s.compact_of_.assign(static_cast<size_t>(num_pages), -1);

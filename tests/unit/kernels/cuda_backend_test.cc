@@ -314,13 +314,13 @@ TEST(CudaBackendTest, AShardUploadReplaysAsTheWholePool) {
           (*sharded)->ReplayCp(p, schedule, CpReplayOptions{});
       ASSERT_TRUE(shard.ok()) << shard.status();
       const std::string what = absl::StrCat(k.name, " W=", world);
-      EXPECT_EQ(0, std::memcmp(shard->states.p_out.data(),
-                               whole->states.p_out.data(),
-                               whole->states.p_out.size() * sizeof(float)))
+      EXPECT_EQ(
+          0, std::memcmp(shard->states.p_out.data(), whole->states.p_out.data(),
+                         whole->states.p_out.size() * sizeof(float)))
           << what;
-      EXPECT_EQ(0, std::memcmp(shard->states.p_lse.data(),
-                               whole->states.p_lse.data(),
-                               whole->states.p_lse.size() * sizeof(float)))
+      EXPECT_EQ(
+          0, std::memcmp(shard->states.p_lse.data(), whole->states.p_lse.data(),
+                         whole->states.p_lse.size() * sizeof(float)))
           << what;
     }
   }
