@@ -194,31 +194,18 @@ __device__ void LoadStage(const PassParams& p, const Item& it, const Shared& sh,
   }
 }
 
-// Widens element i of the raw stage's K and V; true when one is not
-// finite.
-__device__ bool WidenElement(const PassParams& p, const char* k_raw,
-                             const char* v_raw, int32_t i, float* k32,
-                             float* v32, double* k64, double* v64) {
-  bool bad = false;
-  if (p.k_dtype == kmath::kElemF64) {
-    const double x = reinterpret_cast<const double*>(k_raw)[i];
-    k64[i] = x;
-    k32[i] = static_cast<float>(x);
-    bad |= !kmath::Ops<double>::IsFinite(x);
-  } else {
-    k32[i] = kmath::WidenToFloat(k_raw, p.k_dtype, i);
-    bad |= !kmath::Ops<float>::IsFinite(k32[i]);
+// Widens element i of a raw stage (K or V) into out32 (and out64 for f64
+// pages); true when it is not finite.
+__device__ bool WidenElement(const char* raw, int dtype, int32_t i,
+                             float* out32, double* out64) {
+  if (dtype == kmath::kElemF64) {
+    const double x = reinterpret_cast<const double*>(raw)[i];
+    out64[i] = x;
+    out32[i] = static_cast<float>(x);
+    return !kmath::Ops<double>::IsFinite(x);
   }
-  if (p.v_dtype == kmath::kElemF64) {
-    const double x = reinterpret_cast<const double*>(v_raw)[i];
-    v64[i] = x;
-    v32[i] = static_cast<float>(x);
-    bad |= !kmath::Ops<double>::IsFinite(x);
-  } else {
-    v32[i] = kmath::WidenToFloat(v_raw, p.v_dtype, i);
-    bad |= !kmath::Ops<float>::IsFinite(v32[i]);
-  }
-  return bad;
+  out32[i] = kmath::WidenToFloat(raw, dtype, i);
+  return !kmath::Ops<float>::IsFinite(out32[i]);
 }
 
 // Widens the N elements of 16 raw bytes into out (kmath::WidenWords);
@@ -319,7 +306,8 @@ __device__ void WidenStage(const PassParams& p, const Item& it,
       const int32_t elems = p.runs[st.first + j].n * it.D;
       for (int32_t i = begin + threadIdx.x; i < begin + elems;
            i += blockDim.x) {
-        bad |= WidenElement(p, k_raw, v_raw, i, k32, v32, k64, v64);
+        bad |= WidenElement(k_raw, p.k_dtype, i, k32, k64);
+        bad |= WidenElement(v_raw, p.v_dtype, i, v32, v64);
       }
     }
   }
