@@ -8,19 +8,20 @@
 //   - visibility: a warp per (query position, run) builds the run's
 //     ascending list of visible tokens with a ballot;
 //   - scores: a group of V threads (16 for fp32, 8 for fp64: the virtual
-//     lanes) per (token, four query rows); lane l computes its partials,
-//     the lane tree runs as xor-shuffles (lane i + lane i^m is the tree's
-//     pair, in either operand order: addition commutes exactly), lane 0
-//     adds the tail and applies the scale and soft-cap;
+//     lanes) per (two tokens, four query rows); lane l computes its eight
+//     partials, the eight lane trees run together as xor-shuffles (lane i
+//     + lane i^m is the tree's pair, in either operand order: addition
+//     commutes exactly), and the lane left holding a dot product adds the
+//     tail and applies the scale and soft-cap;
 //   - then a warp per work item, with no barrier between items: R's update
 //     of one row through the stage's runs in order, or one unit's state
 //     (P, and R's when asked) for one row. A max or a sum in key order is
 //     computed by every lane of the warp alike (the same reads, the same
 //     bits), the weights one key a lane, the output elements one FMA chain
 //     per element in key order, four adjacent elements a lane;
-//   - the unit tree (the second step): each (query, element) thread runs
-//     its element's tree, computing each pair's weights itself (the same
-//     bits on every thread).
+//   - the unit tree (the second step): each (query, four elements) thread
+//     runs their tree, computing each pair's weights itself (the same bits
+//     on every thread).
 // So every thread count, stage size and launch shape computes the same
 // bits.
 #include <cuda_pipeline.h>

@@ -9,18 +9,20 @@
 // runs at a time: asynchronous 16-byte copies (smaller when the rows are
 // not 16-byte aligned) fill the raw stage while the block computes the
 // stage before it from its widened copy. Every phase of a stage runs its
-// runs and units side by side (a row's max and sum are one thread per
-// (row, unit), in key order), so a stage costs one set of barriers
-// whatever its runs. From each stage the block computes every query head
-// of the GQA group and every query position of the chunk:
+// runs and units side by side (after the scores, a warp per row of R or
+// per (row, unit) of P, with a max and a sum in key order), so a stage
+// costs a few barriers whatever its runs. From each stage the block
+// computes every query head of the GQA group and every query position of
+// the chunk:
 //   - R: the fp64 online softmax per run (a logical block), as the CPU's;
 //   - P: per unit (a run's units, core/attention/units.h) the fp32 partial
 //     state, stored with a presence flag (and, for the CP reference
 //     partials, R's unit states too).
 // LaunchSplitMerge, the second step, merges each query's P unit states in
 // the contract's tree over the unit indices (core/attention/merge_tree.h;
-// two phases, kernels/math/split_merge.h), one thread per (query, element,
-// first-phase block) and then per (query, element): a chain of about
+// two phases, kernels/math/split_merge.h), one thread per (query, four
+// elements, first-phase block) and then per (query, four elements), each
+// merge's weights computed once for the four: a chain of about
 // 2 sqrt(units) dependent merges, not one per unit. The stored states cost
 // (D + 1) x 4 bytes per (unit, query, query head) -- a quarter of the K/V
 // bytes at W1's shape (GQA group 4, pages of 16) -- from the backend's
