@@ -50,13 +50,19 @@ constexpr int kMinBlocksPerSm = 2;
 
 int64_t Align16(int64_t x) { return (x + 15) / 16 * 16; }
 
+// Query heads of a head tile (the last tile may have fewer).
+__host__ __device__ inline int64_t TileHeads(const PassParams& p) {
+  const int64_t group = p.q_heads / p.kv_heads;
+  return (group + p.head_tiles - 1) / p.head_tiles;
+}
+
 // The shared-memory sections for the params' shape, stage and query chunk.
 // -1 in total when it passes 2^31 bytes (never fits).
 PassLayout MakeLayout(const PassParams& p) {
   const int64_t D = p.head_dim;
   const int64_t S = p.runs_per_stage;
   const int64_t T = S * p.max_run;  // stage tokens; also its most units
-  const int64_t group = p.q_heads / p.kv_heads;
+  const int64_t group = TileHeads(p);
   const int64_t qpb = p.queries_per_block;
   const int64_t rows = group * qpb;
   const bool r64 = p.reference || p.store_r_states;
@@ -97,17 +103,20 @@ PassLayout MakeLayout(const PassParams& p) {
 // index arithmetic of the inner loops is 32-bit (a 64-bit divide is a long
 // software routine).
 struct Item {
-  int64_t b;      // batch row
-  int64_t split;  // which of the row's run ranges (split-KV)
-  int64_t g;      // KV head
-  int64_t sq0;    // first query position
-  int32_t qn;     // query positions (<= queries_per_block)
-  int32_t group;  // query heads per KV head
-  int32_t rows;   // group * qn
+  int64_t b;          // batch row
+  int64_t split;      // which of the row's run ranges (split-KV)
+  int64_t g;          // KV head
+  int64_t sq0;        // first query position
+  int64_t head_base;  // query head of the tile's first row
+  int32_t qn;         // query positions (<= queries_per_block)
+  int32_t group;      // query heads of the tile (the GQA group's, one tile)
+  int32_t rows;       // group * qn
   int32_t D;
   int32_t P;  // max_run: a stage's token stride per run
   int32_t S;  // runs_per_stage
   int32_t T;  // S * P
+  // The query head of row r (rows are query position-major).
+  __device__ int64_t HeadOf(int32_t r) const { return head_base + r % group; }
 };
 
 // One stage: runs [first, first + count) and their units [unit_begin,
@@ -519,7 +528,7 @@ __device__ void UnitStateOfRow(const PassParams& p, const Item& it,
   const int32_t count = hi - lo;
   if (count == 0) return;
   list += lo;
-  const int64_t h = it.g * it.group + r % it.group;
+  const int64_t h = it.HeadOf(r);
   const int64_t unit_base =
       p.unit_base != nullptr ? p.unit_base[it.b] : int64_t{0};
   const int64_t state =
@@ -627,7 +636,7 @@ __device__ void InitItem(const PassParams& p, const Item& it,
   const bool p32 = p.store_p_states;
   for (int32_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
     const int32_t r = i / it.D;
-    const int64_t h = it.g * it.group + r % it.group;
+    const int64_t h = it.HeadOf(r);
     const int64_t qi =
         (it.b * p.queries + it.sq0 + r / it.group) * p.q_heads + h;
     const double x = p.q[qi * it.D + i % it.D];
@@ -650,7 +659,7 @@ __device__ void StoreItem(const PassParams& p, const Item& it,
   if (!p.reference) return;
   for (int32_t i = threadIdx.x; i < it.rows * it.D; i += blockDim.x) {
     const int32_t r = i / it.D;
-    const int64_t h = it.g * it.group + r % it.group;
+    const int64_t h = it.HeadOf(r);
     const int64_t qi =
         (it.b * p.queries + it.sq0 + r / it.group) * p.q_heads + h;
     const int32_t d = i - r * it.D;
@@ -706,11 +715,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       (it.b * p.kv_heads + it.g) % p.owner_world != p.owner_rank) {
     return;
   }
-  it.sq0 = static_cast<int64_t>(blockIdx.z) * p.queries_per_block;
+  const int64_t chunk = blockIdx.z / p.head_tiles;
+  const int64_t tile = blockIdx.z % p.head_tiles;
+  it.sq0 = chunk * p.queries_per_block;
   it.qn = static_cast<int32_t>(p.queries - it.sq0 < p.queries_per_block
                                    ? p.queries - it.sq0
                                    : p.queries_per_block);
-  it.group = static_cast<int32_t>(p.q_heads / p.kv_heads);
+  const int64_t group = p.q_heads / p.kv_heads;
+  const int64_t tile_heads = TileHeads(p);
+  const int64_t h0 = tile * tile_heads;  // within the GQA group
+  if (h0 >= group) return;               // more tiles than heads: nothing here
+  it.group =
+      static_cast<int32_t>(group - h0 < tile_heads ? group - h0 : tile_heads);
+  it.head_base = it.g * group + h0;
   it.rows = it.group * it.qn;
   it.D = static_cast<int32_t>(p.head_dim);
   it.P = static_cast<int32_t>(p.max_run);
@@ -956,14 +973,27 @@ bool Fits(const PassParams& params, int64_t bytes) {
 bool FitPassToSharedMemory(PassParams* params, int64_t max_shared,
                            int64_t max_stage_runs) {
   params->runs_per_stage = 1;
+  params->head_tiles = 1;
   int64_t qpb = std::max<int64_t>(1, params->queries);
   for (; qpb >= 1; qpb = qpb == 1 ? 0 : (qpb + 1) / 2) {
     params->queries_per_block = qpb;
     if (Fits(*params, max_shared)) break;
   }
   if (qpb < 1) {
+    // One query position of the whole group is too much: tile the heads.
     params->queries_per_block = 1;
-    return false;
+    const int64_t group = params->q_heads / params->kv_heads;
+    int64_t tiles = 2;
+    for (; tiles <= group; ++tiles) {
+      params->head_tiles = tiles;
+      if (Fits(*params, max_shared)) break;
+    }
+    if (tiles > group) {
+      params->head_tiles = 1;
+      return false;
+    }
+    // The fewest tiles of that many heads (no tile left empty).
+    params->head_tiles = (group + TileHeads(*params) - 1) / TileHeads(*params);
   }
   // Two blocks on a multiprocessor (its shared memory is the opt-in block
   // limit plus 1 KB, less 1 KB reserved per block): one block's barriers
@@ -1000,7 +1030,7 @@ absl::Status LaunchFusedPass(const PassParams& shape, cudaStream_t stream) {
                          params.queries_per_block;
   const dim3 grid(static_cast<unsigned>(params.rows * params.splits),
                   static_cast<unsigned>(params.kv_heads),
-                  static_cast<unsigned>(chunks));
+                  static_cast<unsigned>(chunks * params.head_tiles));
   FusedPassKernel<<<grid, kThreads, static_cast<size_t>(shared), stream>>>(
       params);
   return LaunchStatus("FusedPassKernel");

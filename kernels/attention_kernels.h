@@ -3,7 +3,9 @@
 // itself is attention_kernels.cu; its per-block arithmetic is
 // kernels/math/ (the CPU core's operation order, shared source).
 //
-// One thread block per (batch row, KV head, chunk of query positions): it
+// One thread block per (batch row, KV head, chunk of query positions, tile
+// of the GQA group's query heads -- one tile unless the group is too large
+// for a block's shared memory): it
 // reads each of the row's runs (a KV page through the block table, or a
 // chunk a CP rank received) once, K then V, a stage of `runs_per_stage`
 // runs at a time: asynchronous 16-byte copies (smaller when the rows are
@@ -124,8 +126,12 @@ struct PassParams {
   int64_t owner_world = 0;
   int64_t owner_rank = 0;
   int64_t queries_per_block = 1;  // query positions per thread block
-  int64_t runs_per_stage = 1;     // runs read and computed together
-  PassLayout layout;              // set by LaunchFusedPass
+  // The GQA group's query heads are cut into head_tiles tiles of
+  // ceil(group / head_tiles) heads, one thread block each, when the whole
+  // group does not fit a block's shared memory (each tile reads the K/V).
+  int64_t head_tiles = 1;
+  int64_t runs_per_stage = 1;  // runs read and computed together
+  PassLayout layout;           // set by LaunchFusedPass
   // Split-KV (above): blocks per row along its runs; R's state of split s
   // goes to r_* at s * r_split_stride + the query's index, and each stored
   // P unit state sets its flag in p_state_present.
@@ -156,11 +162,13 @@ struct PassParams {
 // queries_per_block and runs_per_stage).
 int64_t PassSharedBytes(const PassParams& params);
 
-// Picks queries_per_block (as many as fit, for the K/V reuse), then
-// runs_per_stage (up to kPassStageTokens tokens, fewer when two blocks would
-// not fit a multiprocessor; at most max_stage_runs when > 0); false when
-// even one query position and one run do not fit `max_shared` bytes (the
-// caller reports Unimplemented).
+// Picks queries_per_block (as many as fit, for the K/V reuse) -- and, when
+// even one query position of the whole GQA group does not fit, the fewest
+// head_tiles that do -- then runs_per_stage (up to kPassStageTokens tokens,
+// fewer when two blocks would not fit a multiprocessor; at most
+// max_stage_runs when > 0); false when one query head, one position and
+// one run do not fit `max_shared` bytes (a page too large: the caller
+// reports Unimplemented).
 bool FitPassToSharedMemory(PassParams* params, int64_t max_shared,
                            int64_t max_stage_runs = 0);
 

@@ -328,8 +328,9 @@ void PlanSplits(const PoolRuns& plan, int multiprocessors, int64_t max_splits,
   }
   // About eight blocks per multiprocessor: several waves of those that fit
   // at once, so uneven rows leave a short tail.
-  params->splits = kmath::SplitsFor(params->rows * params->kv_heads * chunks,
-                                    max_row_runs, 8 * int64_t{multiprocessors});
+  params->splits = kmath::SplitsFor(
+      params->rows * params->kv_heads * chunks * params->head_tiles,
+      max_row_runs, 8 * int64_t{multiprocessors});
   if (max_splits > 0) params->splits = std::min(params->splits, max_splits);
   if (params->splits <= 1) return;
   const int64_t extra = kmath::SplitExtraBytes(
@@ -582,6 +583,7 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
   timings_.merge_seconds = ElapsedSeconds(ev.e[4], ev.e[2]);
   timings_.splits = params.splits;
   timings_.stage_runs = params.runs_per_stage;
+  timings_.head_tiles = params.head_tiles;
   timings_.download_seconds = ElapsedSeconds(ev.e[2], ev.e[3]);
   res.kv_non_finite = flag != 0;
   SummariseUnits(p, options.record_merge_orders, &res);

@@ -95,6 +95,7 @@ struct CudaJobTimings {
                               // tree, R's split combine)
   int64_t splits = 1;         // blocks per row along its runs
   int64_t stage_runs = 1;     // runs per stage of the pass
+  int64_t head_tiles = 1;     // blocks per GQA group (1: the whole group)
   double download_seconds = 0;
 };
 

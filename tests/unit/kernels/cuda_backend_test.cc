@@ -198,6 +198,42 @@ TEST(CudaBackendTest, RAndPAgreeWithTheCpuAndPIsReproducible) {
   }
 }
 
+// A GQA group too large for one block's shared memory (256 query heads on
+// one KV head at D = 128) runs on the GPU in tiles of heads, not on the
+// CPU: the CPU's P bits, R within the contract.
+TEST(CudaBackendTest, AGroupTooLargeForOneBlockIsTiled) {
+  REQUIRE_GPU();
+  RandomCaseOptions o;
+  o.batch = 2;
+  o.queries = 1;
+  o.q_heads = 256;
+  o.kv_heads = 1;
+  o.head_dim = 128;
+  o.seq_lens = {70, 33};
+  o.kv_dtype = DType::kBF16;
+  o.seed = 4;
+  PagingOptions paging;
+  paging.page_size = 16;
+  paging.permute_pages = true;
+  std::unique_ptr<Prepared> prep = Prepare(RandomCase(o), paging);
+  AttentionRunOptions ro;
+  ro.threads = 2;
+  absl::StatusOr<AttentionResults> cpu = ComputeAttention(prep->p, ro);
+  absl::StatusOr<AttentionResults> gpu = Gpu()->ComputeAttention(prep->p, ro);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_GT(Gpu()->last_timings().head_tiles, 1);
+  EXPECT_EQ(0, std::memcmp(gpu->replay_out.data(), cpu->replay_out.data(),
+                           cpu->replay_out.size() * sizeof(double)))
+      << "P out";
+  for (size_t i = 0; i < cpu->reference_out.size(); ++i) {
+    const double want = cpu->reference_out[i];
+    ASSERT_NEAR(gpu->reference_out[i], want,
+                1e-12 * std::max(1.0, std::fabs(want)))
+        << "R out " << i;
+  }
+}
+
 // The split-KV pass with several runs a stage (the cases' few rows always
 // split; their pages are small) and the one-block pass a run at a time:
 // the same P bits, R within the contract.
