@@ -138,6 +138,18 @@ std::unique_ptr<Prepared> PrepareCase(const Case& k, int64_t spare_pages = 0) {
   return Prepare(c, paging);
 }
 
+// R's contract between two backends (or two passes): every value within
+// 1e-12 relative (absolute below 1).
+void ExpectReferenceWithinContract(const std::vector<double>& got,
+                                   const std::vector<double>& want,
+                                   const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-12 * std::max(1.0, std::fabs(want[i])))
+        << what << " " << i;
+  }
+}
+
 double HalfUlpAt(double x, DType dtype) {
   return 0.5 * DTypeEpsilon(dtype) * std::max(std::fabs(x), 1e-30);
 }
@@ -153,18 +165,10 @@ TEST(CudaBackendTest, RAndPAgreeWithTheCpuAndPIsReproducible) {
     absl::StatusOr<AttentionResults> again =
         Gpu()->ComputeAttention(prep->p, ro);
     ASSERT_TRUE(cpu.ok() && gpu.ok() && again.ok()) << k.name;
-    for (size_t i = 0; i < cpu->reference_out.size(); ++i) {
-      const double want = cpu->reference_out[i];
-      ASSERT_NEAR(gpu->reference_out[i], want,
-                  1e-12 * std::max(1.0, std::fabs(want)))
-          << k.name << " R out " << i;
-    }
-    for (size_t i = 0; i < cpu->reference_lse.size(); ++i) {
-      const double want = cpu->reference_lse[i];
-      ASSERT_NEAR(gpu->reference_lse[i], want,
-                  1e-12 * std::max(1.0, std::fabs(want)))
-          << k.name << " R lse " << i;
-    }
+    ExpectReferenceWithinContract(gpu->reference_out, cpu->reference_out,
+                                  k.name + " R out");
+    ExpectReferenceWithinContract(gpu->reference_lse, cpu->reference_lse,
+                                  k.name + " R lse");
     // P: the device's exp/log/tanh may move a weight by an ulp; the result
     // stays within a few fp32 roundings of the CPU's, then one rounding
     // to the output dtype.
@@ -226,12 +230,8 @@ TEST(CudaBackendTest, AGroupTooLargeForOneBlockIsTiled) {
   EXPECT_EQ(0, std::memcmp(gpu->replay_out.data(), cpu->replay_out.data(),
                            cpu->replay_out.size() * sizeof(double)))
       << "P out";
-  for (size_t i = 0; i < cpu->reference_out.size(); ++i) {
-    const double want = cpu->reference_out[i];
-    ASSERT_NEAR(gpu->reference_out[i], want,
-                1e-12 * std::max(1.0, std::fabs(want)))
-        << "R out " << i;
-  }
+  ExpectReferenceWithinContract(gpu->reference_out, cpu->reference_out,
+                                "R out");
 }
 
 // The split-KV pass with several runs a stage (the cases' few rows always
@@ -261,12 +261,8 @@ TEST(CudaBackendTest, SplitKvAndTheOneBlockPassGiveTheSameP) {
     EXPECT_EQ(0, std::memcmp(split->replay_lse.data(), one->replay_lse.data(),
                              one->replay_lse.size() * sizeof(double)))
         << k.name << ": P lse";
-    for (size_t i = 0; i < one->reference_out.size(); ++i) {
-      const double want = one->reference_out[i];
-      ASSERT_NEAR(split->reference_out[i], want,
-                  1e-12 * std::max(1.0, std::fabs(want)))
-          << k.name << " R out " << i;
-    }
+    ExpectReferenceWithinContract(split->reference_out, one->reference_out,
+                                  k.name + " R out");
   }
 }
 
