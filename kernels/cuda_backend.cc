@@ -15,188 +15,84 @@
 #include "kernels/device_memory.h"
 #include "kernels/device_snapshot.h"
 #include "kernels/drift_kernels.h"
-#include "kernels/math/split_merge.h"
+#include "kernels/pass_plan.h"
 
 namespace attnaudit {
 
+using cuda_internal::BindOutputs;
+using cuda_internal::CountPassOutputs;
 using cuda_internal::DeviceArena;
+using cuda_internal::FinishPassOutputs;
+using cuda_internal::MergeParamsOf;
+using cuda_internal::PassOutputCounts;
+using cuda_internal::PassOutputs;
 using cuda_internal::PassParams;
-using cuda_internal::PassRun;
-using cuda_internal::PassUnit;
+using cuda_internal::PassWants;
 using cuda_internal::PinnedStaging;
+using cuda_internal::PlanPoolRuns;
+using cuda_internal::PlanSplits;
+using cuda_internal::PoolRuns;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The runs (one per logical block's page) and units of every row.
-struct PoolRuns {
-  std::vector<PassRun> runs;
-  std::vector<PassUnit> units;
-  std::vector<int32_t> row_runs;  // [B + 1]
-};
-
-PoolRuns PlanPoolRuns(const PreparedAttention& p) {
-  const SnapshotDims& d = p.dims;
-  const int64_t page_elems = d.page_size * d.kv_heads * d.head_dim;
-  PoolRuns out;
-  out.row_runs.push_back(0);
-  for (int64_t b = 0; b < d.batch; ++b) {
-    const int64_t L = p.layout->seq_lens[b];
-    const int64_t blocks = (L + d.page_size - 1) / d.page_size;
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-      const int64_t page = p.layout->block_pages[b][blk];
-      PassRun run;
-      run.k_offset = page * page_elems * DTypeSize(p.k_dtype);
-      run.v_offset = page * page_elems * DTypeSize(p.v_dtype);
-      run.pos_offset = page * d.page_size;
-      run.n =
-          static_cast<int32_t>(std::min(d.page_size, L - blk * d.page_size));
-      run.unit_begin = static_cast<int32_t>(out.units.size());
-      for (int32_t u = p.block_unit_begin[b][blk];
-           u < p.block_unit_begin[b][blk + 1]; ++u) {
-        const KvUnit& unit = p.units[b][u];
-        out.units.push_back({u, unit.first, unit.count, 0});
-      }
-      run.unit_end = static_cast<int32_t>(out.units.size());
-      out.runs.push_back(run);
-    }
-    out.row_runs.push_back(static_cast<int32_t>(out.runs.size()));
-  }
-  return out;
-}
-
-// Device buffers of one pass's outputs.
-struct PassOutputs {
-  double* r_acc = nullptr;
-  double* r_m = nullptr;
-  double* r_l = nullptr;
-  float* p_out = nullptr;
-  float* p_lse = nullptr;
-  float* p_state_out = nullptr;
-  float* p_state_lse = nullptr;
-  double* r_state_out = nullptr;
-  double* r_state_lse = nullptr;
-  int* kv_non_finite = nullptr;
-  unsigned char* p_state_present = nullptr;
-  // P's unit tree: the first phase's roots.
-  float* tree_out = nullptr;
-  float* tree_lse = nullptr;
-  // Split-KV only: R's per-split states.
-  double* r_part_acc = nullptr;
-  double* r_part_m = nullptr;
-  double* r_part_l = nullptr;
-};
-
-// The unit tree's first phase: blocks of `block` units, `blocks` a query
-// (kmath::TreeBlockUnits of the most units a row has).
-struct TreeShape {
-  int64_t block = 1;
-  int64_t blocks = 1;
-};
-
-TreeShape TreeShapeOf(const PreparedAttention& p) {
-  int64_t most = 0;
-  for (const auto& row : p.units) {
-    most = std::max<int64_t>(most, static_cast<int64_t>(row.size()));
-  }
-  TreeShape t;
-  t.block = kmath::TreeBlockUnits(most);
-  t.blocks = std::max<int64_t>(1, (most + t.block - 1) / t.block);
-  return t;
-}
-
-int64_t TotalUnits(const PreparedAttention& p) {
-  int64_t n = 0;
-  for (const auto& row : p.units) n += static_cast<int64_t>(row.size());
-  return n;
-}
-
-// What one pass must produce, whatever shape the launch takes.
-struct PassWants {
-  bool reference = false;
-  bool replay = false;
-};
-
-// R's per-split states of a split-KV pass.
-absl::Status AllocateSplitOutputs(const PreparedAttention& p,
-                                  const PassParams& params, DeviceArena& arena,
-                                  PassOutputs* o) {
-  const SnapshotDims& d = p.dims;
-  const int64_t parts = params.splits * d.batch * d.queries * d.q_heads;
-  if (params.reference) {
-    ATTNAUDIT_ASSIGN_OR_RETURN(
-        o->r_part_acc,
-        arena.AllocateArray<double>(parts * d.head_dim, "R split states"));
-    ATTNAUDIT_ASSIGN_OR_RETURN(
-        o->r_part_m, arena.AllocateArray<double>(parts, "R split states"));
-    ATTNAUDIT_ASSIGN_OR_RETURN(
-        o->r_part_l, arena.AllocateArray<double>(parts, "R split states"));
-  }
-  return absl::OkStatus();
-}
-
-// P's unit states' presence flags and the unit tree's first-phase roots.
-absl::Status AllocateTreeOutputs(const PreparedAttention& p, DeviceArena& arena,
-                                 cudaStream_t stream, PassOutputs* o) {
-  const SnapshotDims& d = p.dims;
-  const int64_t states = TotalUnits(p) * d.queries * d.q_heads;
-  ATTNAUDIT_ASSIGN_OR_RETURN(
-      o->p_state_present,
-      arena.AllocateArray<unsigned char>(states, "P unit flags"));
-  ATTNAUDIT_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(o->p_state_present, 0, states, stream));
-  const int64_t roots = d.batch * d.queries * d.q_heads * TreeShapeOf(p).blocks;
-  ATTNAUDIT_ASSIGN_OR_RETURN(
-      o->tree_out,
-      arena.AllocateArray<float>(roots * d.head_dim, "P unit tree roots"));
-  ATTNAUDIT_ASSIGN_OR_RETURN(
-      o->tree_lse, arena.AllocateArray<float>(roots, "P unit tree roots"));
-  return absl::OkStatus();
-}
-
+// The pass's buffers in the arena, as CountPassOutputs sizes them; the
+// flags start at 0.
 absl::StatusOr<PassOutputs> AllocateOutputs(const PreparedAttention& p,
                                             const PassParams& params,
                                             const PassWants& wants,
                                             DeviceArena& arena,
                                             cudaStream_t stream) {
-  const SnapshotDims& d = p.dims;
-  const int64_t queries = d.batch * d.queries * d.q_heads;
-  const int64_t states = TotalUnits(p) * d.queries * d.q_heads;
+  const int64_t D = p.dims.head_dim;
+  const PassOutputCounts n = CountPassOutputs(p, params);
   PassOutputs o;
-  if (params.splits > 1) {
-    ATTNAUDIT_RETURN_IF_ERROR(AllocateSplitOutputs(p, params, arena, &o));
+  if (n.r_parts > 0) {
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        o.r_part_acc, arena.AllocateArray<double>(n.r_parts * D, "R splits"));
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        o.r_part_m, arena.AllocateArray<double>(n.r_parts, "R splits"));
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        o.r_part_l, arena.AllocateArray<double>(n.r_parts, "R splits"));
   }
   if (params.store_p_states) {
-    ATTNAUDIT_RETURN_IF_ERROR(AllocateTreeOutputs(p, arena, stream, &o));
-  }
-  if (wants.reference) {
     ATTNAUDIT_ASSIGN_OR_RETURN(
-        o.r_acc, arena.AllocateArray<double>(queries * d.head_dim, "R"));
-    ATTNAUDIT_ASSIGN_OR_RETURN(o.r_m,
-                               arena.AllocateArray<double>(queries, "R"));
-    ATTNAUDIT_ASSIGN_OR_RETURN(o.r_l,
-                               arena.AllocateArray<double>(queries, "R"));
-  }
-  if (wants.replay) {
+        o.p_state_present,
+        arena.AllocateArray<unsigned char>(n.states, "P unit flags"));
+    ATTNAUDIT_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(o.p_state_present, 0, n.states, stream));
     ATTNAUDIT_ASSIGN_OR_RETURN(
-        o.p_out, arena.AllocateArray<float>(queries * d.head_dim, "P"));
-    ATTNAUDIT_ASSIGN_OR_RETURN(o.p_lse,
-                               arena.AllocateArray<float>(queries, "P"));
-  }
-  if (params.store_p_states) {
+        o.tree_out,
+        arena.AllocateArray<float>(n.tree_roots * D, "P unit tree roots"));
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        o.tree_lse,
+        arena.AllocateArray<float>(n.tree_roots, "P unit tree roots"));
     ATTNAUDIT_ASSIGN_OR_RETURN(
         o.p_state_out,
-        arena.AllocateArray<float>(states * d.head_dim, "P unit states"));
+        arena.AllocateArray<float>(n.states * D, "P unit states"));
     ATTNAUDIT_ASSIGN_OR_RETURN(
-        o.p_state_lse, arena.AllocateArray<float>(states, "P unit states"));
+        o.p_state_lse, arena.AllocateArray<float>(n.states, "P unit states"));
+  }
+  if (wants.reference) {
+    ATTNAUDIT_ASSIGN_OR_RETURN(o.r_acc,
+                               arena.AllocateArray<double>(n.queries * D, "R"));
+    ATTNAUDIT_ASSIGN_OR_RETURN(o.r_m,
+                               arena.AllocateArray<double>(n.queries, "R"));
+    ATTNAUDIT_ASSIGN_OR_RETURN(o.r_l,
+                               arena.AllocateArray<double>(n.queries, "R"));
+  }
+  if (wants.replay) {
+    ATTNAUDIT_ASSIGN_OR_RETURN(o.p_out,
+                               arena.AllocateArray<float>(n.queries * D, "P"));
+    ATTNAUDIT_ASSIGN_OR_RETURN(o.p_lse,
+                               arena.AllocateArray<float>(n.queries, "P"));
   }
   if (params.store_r_states) {
     ATTNAUDIT_ASSIGN_OR_RETURN(
         o.r_state_out,
-        arena.AllocateArray<double>(states * d.head_dim, "R unit states"));
+        arena.AllocateArray<double>(n.states * D, "R unit states"));
     ATTNAUDIT_ASSIGN_OR_RETURN(
-        o.r_state_lse, arena.AllocateArray<double>(states, "R unit states"));
+        o.r_state_lse, arena.AllocateArray<double>(n.states, "R unit states"));
   }
   ATTNAUDIT_ASSIGN_OR_RETURN(o.kv_non_finite,
                              arena.AllocateArray<int>(1, "a flag"));
@@ -256,18 +152,8 @@ absl::Status FinishOutputs(const PreparedAttention& p, const PassWants& wants,
         Fetch(&p_out, o.p_out, queries * D, staging, stream));
     ATTNAUDIT_RETURN_IF_ERROR(Fetch(&p_lse, o.p_lse, queries, staging, stream));
   }
-  for (int64_t qi = 0; qi < queries; ++qi) {
-    const int64_t h = qi % d.q_heads;
-    if (wants.reference) {
-      FinishReferenceState(p, h, &r_acc[qi * D], r_m[qi], r_l[qi],
-                           &res->reference_out[qi * D],
-                           &res->reference_lse[qi]);
-    }
-    if (wants.replay) {
-      FinishReplayState(p, h, &p_out[qi * D], p_lse[qi],
-                        &res->replay_out[qi * D], &res->replay_lse[qi]);
-    }
-  }
+  FinishPassOutputs(p, wants, r_acc.data(), r_m.data(), r_l.data(),
+                    p_out.data(), p_lse.data(), res);
   return absl::OkStatus();
 }
 
@@ -297,89 +183,13 @@ double ElapsedSeconds(cudaEvent_t a, cudaEvent_t b) {
   return cudaEventElapsedTime(&ms, a, b) == cudaSuccess ? ms * 1e-3 : 0.0;
 }
 
-// Points the kernel's output arguments at the buffers AllocateOutputs made
-// (a split-KV pass writes R per split).
-void BindOutputs(const PassOutputs& out, PassParams* params) {
-  const bool split = params->splits > 1;
-  params->r_acc = split ? out.r_part_acc : out.r_acc;
-  params->r_m = split ? out.r_part_m : out.r_m;
-  params->r_l = split ? out.r_part_l : out.r_l;
-  params->p_state_present = out.p_state_present;
-  params->p_state_out = out.p_state_out;
-  params->p_state_lse = out.p_state_lse;
-  params->r_state_out = out.r_state_out;
-  params->r_state_lse = out.r_state_lse;
-  params->kv_non_finite = out.kv_non_finite;
-}
-
-// Split-KV when one block per (row, KV head, query chunk) would leave the
-// device's multiprocessors idle: R is stored per split (the second step
-// combines it). Not when those states would take more than half of the
-// pool's free bytes: the one-block pass gives the same P, and a snapshot
-// that fits it must not fall back to the CPU for the split's sake.
-void PlanSplits(const PoolRuns& plan, int multiprocessors, int64_t max_splits,
-                int64_t free_bytes, PassParams* params) {
-  const int64_t chunks = (params->queries + params->queries_per_block - 1) /
-                         params->queries_per_block;
-  int64_t max_row_runs = 0;
-  for (size_t b = 0; b + 1 < plan.row_runs.size(); ++b) {
-    max_row_runs = std::max<int64_t>(max_row_runs,
-                                     plan.row_runs[b + 1] - plan.row_runs[b]);
-  }
-  // About eight blocks per multiprocessor: several waves of those that fit
-  // at once, so uneven rows leave a short tail.
-  params->splits = kmath::SplitsFor(
-      params->rows * params->kv_heads * chunks * params->head_tiles,
-      max_row_runs, 8 * int64_t{multiprocessors});
-  if (max_splits > 0) params->splits = std::min(params->splits, max_splits);
-  if (params->splits <= 1) return;
-  const int64_t extra = kmath::SplitExtraBytes(
-      params->splits, params->rows * params->queries * params->q_heads,
-      params->head_dim, params->reference != 0);
-  if (extra > free_bytes / 2) {
-    params->splits = 1;
-    return;
-  }
-  // Query indices count from row 0, whatever row_begin.
-  params->r_split_stride =
-      (params->row_begin + params->rows) * params->queries * params->q_heads;
-}
-
 // The pass's second step into the final buffers: P's unit tree and,
 // split-KV, R's split combine.
 absl::Status MergeSplits(const PreparedAttention& p, const PassParams& params,
                          const PassWants& wants, const PassOutputs& out,
                          cudaStream_t stream) {
-  cuda_internal::SplitMergeParams m;
-  m.row_begin = params.row_begin;
-  m.rows = params.rows;
-  m.queries = params.queries;
-  m.q_heads = params.q_heads;
-  m.head_dim = params.head_dim;
-  if (wants.replay) {
-    m.unit_base = params.unit_base;
-    m.p_state_out = out.p_state_out;
-    m.p_state_lse = out.p_state_lse;
-    m.p_state_present = out.p_state_present;
-    m.p_out = out.p_out;
-    m.p_lse = out.p_lse;
-    const TreeShape tree = TreeShapeOf(p);
-    m.tree_block = tree.block;
-    m.tree_blocks = tree.blocks;
-    m.tree_out = out.tree_out;
-    m.tree_lse = out.tree_lse;
-  }
-  if (wants.reference && params.splits > 1) {
-    m.splits = params.splits;
-    m.r_split_stride = params.r_split_stride;
-    m.r_part_acc = out.r_part_acc;
-    m.r_part_m = out.r_part_m;
-    m.r_part_l = out.r_part_l;
-    m.r_acc = out.r_acc;
-    m.r_m = out.r_m;
-    m.r_l = out.r_l;
-  }
-  return cuda_internal::LaunchSplitMerge(m, stream);
+  return cuda_internal::LaunchSplitMerge(MergeParamsOf(p, params, wants, out),
+                                         stream);
 }
 
 // Timing events on a stream (upload, pass, merge, download), destroyed

@@ -6,19 +6,6 @@
 namespace attnaudit {
 namespace cuda_internal {
 
-void PoolStrides(KvLayout layout, const SnapshotDims& d, int64_t* row,
-                 int64_t* head) {
-  *row = layout == KvLayout::kNHD ? d.kv_heads * d.head_dim : d.head_dim;
-  *head = layout == KvLayout::kNHD ? d.head_dim : d.page_size * d.head_dim;
-}
-
-int CopyWidth(int64_t k_row_bytes, int64_t v_row_bytes) {
-  for (int w : {16, 8, 4}) {
-    if (k_row_bytes % w == 0 && v_row_bytes % w == 0) return w;
-  }
-  return 1;
-}
-
 absl::StatusOr<DeviceSnapshot> UploadSnapshot(const PreparedAttention& p,
                                               DeviceArena& arena,
                                               PinnedStaging& staging,
@@ -71,43 +58,12 @@ absl::StatusOr<DeviceSnapshot> UploadSnapshot(const PreparedAttention& p,
                                           arena, staging, stream));
   ATTNAUDIT_ASSIGN_OR_RETURN(
       s.k_scale, UploadVector(p.k_scale, "k scales", arena, staging, stream));
-  std::vector<int64_t> unit_base(p.units.size() + 1, 0);
-  for (size_t b = 0; b < p.units.size(); ++b) {
-    unit_base[b + 1] = unit_base[b] + static_cast<int64_t>(p.units[b].size());
-  }
+  const std::vector<int64_t> unit_base = UnitBase(p);
   ATTNAUDIT_ASSIGN_OR_RETURN(s.unit_base, UploadVector(unit_base, "unit bases",
                                                        arena, staging, stream));
   s.bytes = k_bytes + v_bytes +
             static_cast<int64_t>(positions.size() * 8 + p.q.size() * 8);
   return s;
-}
-
-PassParams BaseParams(const PreparedAttention& p, const DeviceSnapshot& s) {
-  const SnapshotDims& d = p.dims;
-  PassParams params;
-  params.k_base = s.k;
-  params.v_base = s.v;
-  params.k_dtype = static_cast<int>(p.k_dtype);
-  params.v_dtype = static_cast<int>(p.v_dtype);
-  PoolStrides(p.k_layout, d, &params.k_row_stride, &params.k_head_stride);
-  PoolStrides(p.v_layout, d, &params.v_row_stride, &params.v_head_stride);
-  params.positions = s.positions;
-  params.q = s.q;
-  params.query_positions = s.query_positions;
-  params.k_scale = s.k_scale;
-  params.queries = d.queries;
-  params.q_heads = d.q_heads;
-  params.kv_heads = d.kv_heads;
-  params.head_dim = d.head_dim;
-  params.max_run = d.page_size;
-  params.softmax_scale = p.softmax_scale;
-  params.softcap = p.softcap;
-  params.window = p.window;
-  params.window_inclusive = p.window_inclusive ? 1 : 0;
-  params.unit_base = s.unit_base;
-  params.copy_width = CopyWidth(d.head_dim * DTypeSize(p.k_dtype),
-                                d.head_dim * DTypeSize(p.v_dtype));
-  return params;
 }
 
 }  // namespace cuda_internal

@@ -1,7 +1,7 @@
 // A prepared snapshot (core/attention/attention.h PreparedAttention) on one
 // GPU: the pieces the fused pass and the CP replay read, uploaded once per
-// job into the backend's pool through its staging buffers, and the launch
-// parameters they share. Internal to kernels/.
+// job into the backend's pool through its staging buffers (the launch
+// parameters are kernels/pass_plan.h's BaseParams). Internal to kernels/.
 #ifndef ATTNAUDIT_KERNELS_DEVICE_SNAPSHOT_H_
 #define ATTNAUDIT_KERNELS_DEVICE_SNAPSHOT_H_
 
@@ -12,32 +12,17 @@
 
 #include "absl/status/statusor.h"
 #include "core/attention/attention.h"
-#include "kernels/attention_kernels.h"
 #include "kernels/device_memory.h"
+#include "kernels/pass_plan.h"
 #include "kernels/shard_pages.h"
 
 namespace attnaudit {
 namespace cuda_internal {
 
-struct DeviceSnapshot {
-  const char* k = nullptr;  // the K pool as prepared (pre-RoPE: rotated f32)
-  const char* v = nullptr;
-  const int64_t* positions = nullptr;        // [N * P] slot positions
-  const double* q = nullptr;                 // [B,Sq,Hq,D]
-  const int64_t* query_positions = nullptr;  // [B,Sq]
-  const double* k_scale = nullptr;           // [Hkv]
-  const int64_t* unit_base = nullptr;        // [B + 1] units before row b
-  int64_t bytes = 0;                         // uploaded in all
+// The inputs in the pool (PassInputs) and the bytes uploaded.
+struct DeviceSnapshot : PassInputs {
+  int64_t bytes = 0;
 };
-
-// Element strides (row, head) of a pool of `layout`.
-void PoolStrides(KvLayout layout, const SnapshotDims& d, int64_t* row,
-                 int64_t* head);
-
-// The widest asynchronous copy (16, 8, 4; else 1) that every row start of
-// K and V allows: rows of D elements at multiples of their size from a
-// 256-byte aligned base.
-int CopyWidth(int64_t k_row_bytes, int64_t v_row_bytes);
 
 // Uploads the snapshot's inputs on `stream`. With a `shard` that is not
 // the whole pool, k, v and positions hold only the shard's pages, compact
@@ -47,10 +32,6 @@ int CopyWidth(int64_t k_row_bytes, int64_t v_row_bytes);
 absl::StatusOr<DeviceSnapshot> UploadSnapshot(
     const PreparedAttention& p, DeviceArena& arena, PinnedStaging& staging,
     cudaStream_t stream, const ShardPages* shard = nullptr);
-
-// The launch parameters every pass over this snapshot shares (inputs,
-// dims, the variant); the caller sets the work, runs and outputs.
-PassParams BaseParams(const PreparedAttention& p, const DeviceSnapshot& s);
 
 // Uploads a host vector into the arena.
 template <typename T, typename Alloc>

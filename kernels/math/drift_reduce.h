@@ -1,6 +1,6 @@
-// The shape of the GPU drift reduction (kernels/drift_kernels.cu), host and
-// device, so that the CPU tests can run it as the device does
-// (tests/unit/kernels/kernel_emulator.h, EmulateDrift):
+// The shape of the GPU drift reduction (kernels/drift_device.inc), host and
+// device functions the kernels call (the CPU tests run that source under
+// their SIMT emulator: tests/unit/kernels/host_drift.h):
 //
 //  1. Each of `threads` threads walks the elements i = thread, thread +
 //     threads, ... (a grid-stride loop: a warp reads consecutive elements)

@@ -2,7 +2,7 @@
 // the steps the CPU core's fused pass takes for one query row (core/
 // attention/attention_pass.cc: UnitState, UpdateReference), one function
 // per step, in the CPU's operation order. The GPU kernels (kernels/
-// attention_kernels.cu) run these steps with threads in parallel where the
+// attention_device.inc) run these steps with threads in parallel where the
 // CPU runs them in a loop -- only where the order does not change a bit
 // (independent scores, weights and output elements); the max and the sum
 // of a row run in key order on one thread, as on the CPU.

@@ -155,7 +155,7 @@ def find_problems(root, targets, dirs):
     owners = {}
     for t in targets.values():
         for f in t.files:
-            if f.endswith(".h"):
+            if f.endswith((".h", ".inc")):  # .inc: source for inclusion
                 owners.setdefault(f, set()).add(t.name)
 
     problems = []

@@ -1,11 +1,12 @@
 // The GPU kernels' arithmetic (kernels/math/, core/attention/merge_step.h)
 // run on the CPU against the core, bit for bit: the scalar exp and tanh
 // against the vector ones of every SIMD target, exact widening against
-// core/tensor, the drift element rule against core/drift, and the whole
-// fused pass (kernel_emulator.cc: the kernel's steps with loops for
-// threads) against ComputeAttention -- R, P and every unit state. What the
-// device adds on top is its thread mapping and its exp/log library calls
-// (docs/NUMERICS.md, "CPU and GPU"); the GPU tests check those on a GPU.
+// core/tensor, the drift element rule and the drift kernels' own source
+// (host_drift.h: kernels/drift_device.inc under the SIMT emulator) against
+// core/drift, the lane trees and the unit tree. The attention kernels' own
+// source runs against the core in attention_device_test.cc. What the device
+// adds on top is its exp/log library calls (docs/NUMERICS.md, "CPU and GPU");
+// the GPU tests check those on a GPU.
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
@@ -19,7 +20,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/attention/attention.h"
-#include "core/attention/unit_states.h"
 #include "core/attention/vexp.h"
 #include "core/drift/drift.h"
 #include "core/simd/targets.h"
@@ -32,9 +32,7 @@
 #include "kernels/math/scalar.h"
 #include "kernels/math/split_merge.h"
 #include "kernels/math/widen.h"
-#include "tests/unit/core/testing/prepared_case.h"
-#include "tests/unit/core/testing/snapshot_builder.h"
-#include "tests/unit/kernels/kernel_emulator.h"
+#include "tests/unit/kernels/host_drift.h"
 
 namespace attnaudit {
 namespace testing {
@@ -448,7 +446,9 @@ void ExpectDeviceShapeIsTheCore(const std::vector<double>& c,
   in.inner = static_cast<long long>(c.size() / (shape[0] * shape[1]));
   in.tolerance = o.tolerance;
   in.ulp_dtype = static_cast<int>(o.ulp_dtype);
-  const kmath::DriftTotals t = EmulateDrift(in);
+  absl::StatusOr<kmath::DriftTotals> on_host = RunDriftOnHost(in);
+  ASSERT_TRUE(on_host.ok()) << what << ": " << on_host.status();
+  const kmath::DriftTotals& t = *on_host;
   auto flat = [&](const Location& l) {
     return (l.batch * shape[1] + l.query) * shape[2] + l.head;
   };
@@ -547,141 +547,6 @@ TEST(KernelMathDrift, TheRadixDigitsCoverEveryKeyBitOnce) {
     const unsigned long long other =
         key ^ (1ull << kmath::DigitShift(pass - 1));
     EXPECT_FALSE(kmath::MatchesPrefix(other, key, pass)) << pass;
-  }
-}
-
-// ---------------------------------------------------------------- the pass
-
-struct PassCase {
-  std::string name;
-  DType kv;
-  int64_t head_dim;
-  int64_t page_size;
-  KvLayout layout;
-  int64_t window;
-  double softcap;
-  bool sinks;
-  CpSharding sharding;
-};
-
-void ExpectSameBits(const std::vector<double>& a, const std::vector<double>& b,
-                    const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (size_t i = 0; i < a.size(); ++i) {
-    ASSERT_TRUE(SameBits(a[i], b[i]))
-        << what << "[" << i << "]: " << a[i] << " vs " << b[i];
-  }
-}
-
-std::vector<PassCase> PassCases() {
-  return {
-      {"f32 nhd", DType::kF32, 32, 4, KvLayout::kNHD, 0, 0, false,
-       CpSharding::kNone},
-      {"bf16 hnd window", DType::kBF16, 64, 8, KvLayout::kHND, 9, 0, false,
-       CpSharding::kNone},
-      {"f16 softcap sinks", DType::kF16, 32, 4, KvLayout::kNHD, 0, 30.0, true,
-       CpSharding::kNone},
-      {"fp8 scales tail dim", DType::kF8E4M3, 20, 4, KvLayout::kHND, 0, 0,
-       false, CpSharding::kNone},
-      {"f64", DType::kF64, 24, 3, KvLayout::kNHD, 0, 0, true,
-       CpSharding::kNone},
-      {"token-interleaved units", DType::kBF16, 32, 4, KvLayout::kNHD, 0, 0,
-       false, CpSharding::kTokenInterleaved},
-  };
-}
-
-std::unique_ptr<Prepared> PreparePassCase(const PassCase& pc) {
-  RandomCaseOptions o;
-  o.batch = 2;
-  o.queries = 2;
-  o.q_heads = 8;
-  o.kv_heads = 2;
-  o.head_dim = pc.head_dim;
-  o.seq_lens = {37, 13};
-  o.max_gap = 1;
-  o.spread_queries = true;
-  o.kv_dtype = pc.kv;
-  o.seed = 5;
-  LogicalCase c = RandomCase(o);
-  c.sliding_window = pc.window;
-  c.softcap = pc.softcap;
-  if (pc.sinks) c.sinks.assign(8, 0.25f);
-  PagingOptions paging;
-  paging.page_size = pc.page_size;
-  paging.layout = pc.layout;
-  paging.permute_pages = true;
-  if (pc.sharding != CpSharding::kNone) {
-    paging.sharding = pc.sharding;
-    paging.cp_world_size = 3;
-    paging.interleave_size = 1;
-  }
-  return Prepare(c, paging);
-}
-
-TEST(KernelMathPass, EmulatedKernelIsTheCorePassBitForBit) {
-  for (const PassCase& pc : PassCases()) {
-    std::unique_ptr<Prepared> prep = PreparePassCase(pc);
-    UnitStates core_states;
-    core_states.has_reference = true;
-    AttentionRunOptions ro;
-    ro.threads = 2;
-    ro.unit_states = &core_states;
-    absl::StatusOr<AttentionResults> core = ComputeAttention(prep->p, ro);
-    ASSERT_TRUE(core.ok()) << core.status();
-    UnitStates mine_states;
-    const AttentionResults mine = EmulateFusedPass(prep->p, &mine_states);
-    ExpectSameBits(mine.reference_out, core->reference_out, pc.name + " R out");
-    ExpectSameBits(mine.reference_lse, core->reference_lse, pc.name + " R lse");
-    ExpectSameBits(mine.replay_out, core->replay_out, pc.name + " P out");
-    ExpectSameBits(mine.replay_lse, core->replay_lse, pc.name + " P lse");
-    EXPECT_EQ(mine.merge_orders, core->merge_orders) << pc.name;
-    EXPECT_EQ(mine.max_merged_blocks, core->max_merged_blocks) << pc.name;
-    EXPECT_EQ(mine.max_visible_keys, core->max_visible_keys) << pc.name;
-    ASSERT_EQ(mine_states.p_out.size(), core_states.p_out.size());
-    EXPECT_EQ(0, std::memcmp(mine_states.p_out.data(), core_states.p_out.data(),
-                             mine_states.p_out.size() * sizeof(float)))
-        << pc.name << " P unit states";
-    EXPECT_EQ(0, std::memcmp(mine_states.p_lse.data(), core_states.p_lse.data(),
-                             mine_states.p_lse.size() * sizeof(float)))
-        << pc.name << " P unit lse";
-    EXPECT_EQ(0, std::memcmp(mine_states.r_out.data(), core_states.r_out.data(),
-                             mine_states.r_out.size() * sizeof(double)))
-        << pc.name << " R unit states";
-    EXPECT_EQ(0, std::memcmp(mine_states.r_lse.data(), core_states.r_lse.data(),
-                             mine_states.r_lse.size() * sizeof(double)))
-        << pc.name << " R unit lse";
-  }
-}
-
-// The split-KV pass for any number of splits: P keeps the core's bits
-// (its unit states are folded in the same order), R moves by a few fp64
-// roundings at most (its association follows the splits).
-TEST(KernelMathPass, SplitKvPassKeepsPsBitsAndRWithinTheContract) {
-  for (const PassCase& pc : PassCases()) {
-    std::unique_ptr<Prepared> prep = PreparePassCase(pc);
-    AttentionRunOptions ro;
-    ro.threads = 2;
-    absl::StatusOr<AttentionResults> core = ComputeAttention(prep->p, ro);
-    ASSERT_TRUE(core.ok()) << core.status();
-    for (int64_t splits : {2, 3, 5, 64}) {
-      const std::string what = pc.name + " splits " + std::to_string(splits);
-      UnitStates states;
-      const AttentionResults mine = EmulateFusedPass(prep->p, &states, splits);
-      ExpectSameBits(mine.replay_out, core->replay_out, what + " P out");
-      ExpectSameBits(mine.replay_lse, core->replay_lse, what + " P lse");
-      for (size_t i = 0; i < core->reference_out.size(); ++i) {
-        const double want = core->reference_out[i];
-        ASSERT_NEAR(mine.reference_out[i], want,
-                    1e-12 * std::max(1.0, std::fabs(want)))
-            << what << " R out " << i;
-      }
-      for (size_t i = 0; i < core->reference_lse.size(); ++i) {
-        const double want = core->reference_lse[i];
-        ASSERT_NEAR(mine.reference_lse[i], want,
-                    1e-12 * std::max(1.0, std::fabs(want)))
-            << what << " R lse " << i;
-      }
-    }
   }
 }
 

@@ -1,0 +1,278 @@
+// The GPU attention kernels' own source (kernels/attention_device.inc) run
+// on the CPU under the SIMT emulator, with the CUDA backend's own plan
+// (tests/unit/kernels/host_pass.h), against the CPU core (ComputeAttention):
+// P and every P unit state with the core's bits for every launch shape the
+// backend picks (split-KV, several runs a stage, query chunks, head tiles),
+// R with the core's bits in the one-block pass and within the contract
+// (1e-12) when split, R's unit states with the core's bits. A GPU runs the
+// same text; what it adds is its exp/log library and timing
+// (docs/NUMERICS.md, "CPU and GPU"), which the GPU tests check on a GPU.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/attention/attention.h"
+#include "core/attention/unit_states.h"
+#include "core/tensor/dtype.h"
+#include "gtest/gtest.h"
+#include "kernels/pass_plan.h"
+#include "tests/unit/core/testing/prepared_case.h"
+#include "tests/unit/core/testing/snapshot_builder.h"
+#include "tests/unit/kernels/host_pass.h"
+
+namespace attnaudit {
+namespace testing {
+namespace {
+
+template <typename V>
+void ExpectSameBits(const V& got, const V& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(0, std::memcmp(&got[i], &want[i], sizeof(want[i])))
+        << what << "[" << i << "]: " << got[i] << " vs " << want[i];
+  }
+}
+
+// R's contract between two passes: within 1e-12 relative (absolute below
+// 1).
+void ExpectWithinContract(const std::vector<double>& got,
+                          const std::vector<double>& want,
+                          const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-12 * std::max(1.0, std::fabs(want[i])))
+        << what << " " << i;
+  }
+}
+
+struct PassCase {
+  std::string name;
+  DType kv;
+  int64_t head_dim;
+  int64_t page_size;
+  KvLayout layout;
+  int64_t window;
+  double softcap;
+  bool sinks;
+  CpSharding sharding;
+};
+
+std::vector<PassCase> PassCases() {
+  return {
+      {"f32 nhd", DType::kF32, 32, 4, KvLayout::kNHD, 0, 0, false,
+       CpSharding::kNone},
+      {"bf16 hnd window", DType::kBF16, 64, 8, KvLayout::kHND, 9, 0, false,
+       CpSharding::kNone},
+      {"f16 softcap sinks", DType::kF16, 32, 4, KvLayout::kNHD, 0, 30.0, true,
+       CpSharding::kNone},
+      {"fp8 scales tail dim", DType::kF8E4M3, 20, 4, KvLayout::kHND, 0, 0,
+       false, CpSharding::kNone},
+      {"f64", DType::kF64, 24, 3, KvLayout::kNHD, 0, 0, true,
+       CpSharding::kNone},
+      {"token-interleaved units", DType::kBF16, 32, 4, KvLayout::kNHD, 0, 0,
+       false, CpSharding::kTokenInterleaved},
+      {"bf16 pages of 16", DType::kBF16, 128, 16, KvLayout::kNHD, 0, 0, false,
+       CpSharding::kNone},
+  };
+}
+
+std::unique_ptr<Prepared> PreparePassCase(const PassCase& pc) {
+  RandomCaseOptions o;
+  o.batch = 2;
+  o.queries = 2;
+  o.q_heads = 8;
+  o.kv_heads = 2;
+  o.head_dim = pc.head_dim;
+  o.seq_lens = {37, 13};
+  o.max_gap = 1;
+  o.spread_queries = true;
+  o.kv_dtype = pc.kv;
+  o.seed = 5;
+  LogicalCase c = RandomCase(o);
+  c.sliding_window = pc.window;
+  c.softcap = pc.softcap;
+  if (pc.sinks) c.sinks.assign(8, 0.25f);
+  PagingOptions paging;
+  paging.page_size = pc.page_size;
+  paging.layout = pc.layout;
+  paging.permute_pages = true;
+  if (pc.sharding != CpSharding::kNone) {
+    paging.sharding = pc.sharding;
+    paging.cp_world_size = 3;
+    paging.interleave_size = 1;
+  }
+  return Prepare(c, paging);
+}
+
+struct CoreRun {
+  AttentionResults results;
+  UnitStates states;
+};
+
+std::unique_ptr<CoreRun> RunCore(const PreparedAttention& p) {
+  auto run = std::make_unique<CoreRun>();
+  run->states.has_reference = true;
+  AttentionRunOptions ro;
+  ro.threads = 2;
+  ro.unit_states = &run->states;
+  absl::StatusOr<AttentionResults> core = ComputeAttention(p, ro);
+  EXPECT_TRUE(core.ok()) << core.status();
+  if (core.ok()) run->results = *std::move(core);
+  return run;
+}
+
+const simt::ThreadOrder kOrders[] = {simt::ThreadOrder::kFirstToLast,
+                                     simt::ThreadOrder::kLastToFirst};
+
+std::string OrderName(simt::ThreadOrder order) {
+  return order == simt::ThreadOrder::kFirstToLast ? "first to last"
+                                                  : "last to first";
+}
+
+// The one-block pass a run at a time: every output and unit state with
+// the core's bits (R too: its online softmax runs the core's blocks in the
+// core's order), whichever thread of a block runs first.
+TEST(AttentionDevice, TheOneBlockPassIsTheCorePassBitForBit) {
+  for (const simt::ThreadOrder order : kOrders)
+    for (const PassCase& case_in_order : PassCases()) {
+      PassCase pc = case_in_order;
+      pc.name += ", " + OrderName(order);
+      HostPassOptions one;
+      one.max_splits = 1;
+      one.max_stage_runs = 1;
+      one.record_merge_orders = true;
+      one.order = order;
+      std::unique_ptr<Prepared> prep = PreparePassCase(pc);
+      std::unique_ptr<CoreRun> core = RunCore(prep->p);
+      UnitStates states;
+      states.has_reference = true;
+      absl::StatusOr<HostPassRun> mine = RunPassOnHost(prep->p, &states, one);
+      ASSERT_TRUE(mine.ok()) << pc.name << ": " << mine.status();
+      EXPECT_EQ(mine->params.splits, 1) << pc.name;
+      EXPECT_EQ(mine->params.runs_per_stage, 1) << pc.name;
+      const AttentionResults& got = mine->results;
+      const AttentionResults& want = core->results;
+      ExpectSameBits(got.reference_out, want.reference_out, pc.name + " R out");
+      ExpectSameBits(got.reference_lse, want.reference_lse, pc.name + " R lse");
+      ExpectSameBits(got.replay_out, want.replay_out, pc.name + " P out");
+      ExpectSameBits(got.replay_lse, want.replay_lse, pc.name + " P lse");
+      EXPECT_EQ(got.merge_orders, want.merge_orders) << pc.name;
+      EXPECT_FALSE(got.kv_non_finite) << pc.name;
+      ExpectSameBits(states.p_out, core->states.p_out, pc.name + " P states");
+      ExpectSameBits(states.p_lse, core->states.p_lse,
+                     pc.name + " P state lse");
+      ExpectSameBits(states.r_out, core->states.r_out, pc.name + " R states");
+      ExpectSameBits(states.r_lse, core->states.r_lse,
+                     pc.name + " R state lse");
+    }
+}
+
+// The launch shapes the backend picks on an H200 (split-KV over the rows'
+// runs, several runs a stage) and forced ones: P keeps the core's bits,
+// R stays within the contract.
+TEST(AttentionDevice, EveryLaunchShapeKeepsPsBits) {
+  struct Shape {
+    std::string name;
+    int64_t max_splits;
+    int64_t max_stage_runs;
+  };
+  const std::vector<Shape> shapes = {{"the H200 plan", 0, 0},
+                                     {"two splits", 2, 0},
+                                     {"two runs a stage", 1, 2}};
+  for (const PassCase& pc : PassCases()) {
+    std::unique_ptr<Prepared> prep = PreparePassCase(pc);
+    std::unique_ptr<CoreRun> core = RunCore(prep->p);
+    for (const simt::ThreadOrder order : kOrders)
+      for (const Shape& shape : shapes) {
+        const std::string what =
+            pc.name + ", " + shape.name + ", " + OrderName(order);
+        HostPassOptions o;
+        o.max_splits = shape.max_splits;
+        o.max_stage_runs = shape.max_stage_runs;
+        o.order = order;
+        absl::StatusOr<HostPassRun> mine = RunPassOnHost(prep->p, nullptr, o);
+        ASSERT_TRUE(mine.ok()) << what << ": " << mine.status();
+        if (shape.max_splits == 0) {
+          EXPECT_GT(mine->params.splits, 1) << what;
+          if (pc.page_size <= cuda_internal::kPassStageTokens / 2) {
+            EXPECT_GT(mine->params.runs_per_stage, 1) << what;
+          }
+        }
+        ExpectSameBits(mine->results.replay_out, core->results.replay_out,
+                       what + " P out");
+        ExpectSameBits(mine->results.replay_lse, core->results.replay_lse,
+                       what + " P lse");
+        ExpectWithinContract(mine->results.reference_out,
+                             core->results.reference_out, what + " R out");
+        ExpectWithinContract(mine->results.reference_lse,
+                             core->results.reference_lse, what + " R lse");
+      }
+  }
+}
+
+// A GQA group too large for one block's shared memory runs in tiles of
+// query heads, with the same bits; so do query positions cut into chunks.
+TEST(AttentionDevice, HeadTilesAndQueryChunksKeepTheBits) {
+  RandomCaseOptions o;
+  o.batch = 2;
+  o.queries = 3;
+  o.q_heads = 64;
+  o.kv_heads = 2;
+  o.head_dim = 64;
+  o.seq_lens = {40, 23};
+  o.max_gap = 1;
+  o.spread_queries = true;
+  o.kv_dtype = DType::kBF16;
+  o.seed = 4;
+  PagingOptions paging;
+  paging.page_size = 8;
+  paging.permute_pages = true;
+  std::unique_ptr<Prepared> prep = Prepare(RandomCase(o), paging);
+  std::unique_ptr<CoreRun> core = RunCore(prep->p);
+  // 48 KB a block: one query position of the 32-head group does not fit.
+  HostPassOptions small;
+  small.max_shared = 48 * 1024;
+  small.max_splits = 1;
+  absl::StatusOr<HostPassRun> tiled = RunPassOnHost(prep->p, nullptr, small);
+  ASSERT_TRUE(tiled.ok()) << tiled.status();
+  EXPECT_GT(tiled->params.head_tiles, 1);
+  EXPECT_EQ(tiled->params.queries_per_block, 1);
+  ExpectSameBits(tiled->results.replay_out, core->results.replay_out,
+                 "tiled P out");
+  ExpectSameBits(tiled->results.reference_out, core->results.reference_out,
+                 "tiled R out");
+  // 80 KB: the group fits, not all three positions.
+  HostPassOptions chunked;
+  chunked.max_shared = 80 * 1024;
+  absl::StatusOr<HostPassRun> chunks = RunPassOnHost(prep->p, nullptr, chunked);
+  ASSERT_TRUE(chunks.ok()) << chunks.status();
+  EXPECT_EQ(chunks->params.head_tiles, 1);
+  EXPECT_LT(chunks->params.queries_per_block, 3);
+  ExpectSameBits(chunks->results.replay_out, core->results.replay_out,
+                 "chunked P out");
+  ExpectWithinContract(chunks->results.reference_out,
+                       core->results.reference_out, "chunked R out");
+}
+
+// A value that is not finite in the cache raises the pass's flag.
+TEST(AttentionDevice, ANonFiniteCacheValueRaisesTheFlag) {
+  const PassCase pc = PassCases()[0];  // f32: any bit pattern is storable
+  std::unique_ptr<Prepared> prep = PreparePassCase(pc);
+  // The first page any row reads.
+  const int64_t page = prep->p.layout->block_pages[0][0];
+  const SnapshotDims& d = prep->p.dims;
+  float* v = static_cast<float*>(const_cast<void*>(prep->p.v_data));
+  v[page * d.page_size * d.kv_heads * d.head_dim + 3] =
+      std::numeric_limits<float>::infinity();
+  absl::StatusOr<HostPassRun> mine = RunPassOnHost(prep->p, nullptr);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_TRUE(mine->results.kv_non_finite);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace attnaudit
