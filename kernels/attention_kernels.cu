@@ -16,8 +16,9 @@
 namespace attnaudit {
 namespace cuda_internal {
 
-absl::Status LaunchFusedPass(const PassParams& params, cudaStream_t stream) {
-  return RunFusedPass(params, StreamLauncher{stream});
+absl::Status LaunchFusedPass(const PassParams& params, cudaStream_t stream,
+                             bool* specialized) {
+  return RunFusedPass(params, StreamLauncher{stream}, specialized);
 }
 
 absl::Status LaunchSplitMerge(const SplitMergeParams& params,

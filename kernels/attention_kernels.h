@@ -59,8 +59,10 @@ namespace attnaudit {
 namespace cuda_internal {
 
 // Launches the pass on `stream` for every (row, split, KV head, query
-// chunk).
-absl::Status LaunchFusedPass(const PassParams& params, cudaStream_t stream);
+// chunk); *specialized (when not null) says whether the kernel built for
+// the params' head dim and dtype ran (params.specialized allows it).
+absl::Status LaunchFusedPass(const PassParams& params, cudaStream_t stream,
+                             bool* specialized = nullptr);
 
 // The pass's second step (SplitMergeParams).
 absl::Status LaunchSplitMerge(const SplitMergeParams& params,

@@ -250,6 +250,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   b->max_splits_ = options.max_splits;
   b->max_stage_runs_ = options.max_stage_runs;
   b->shard_uploads_ = options.shard_uploads;
+  b->specialized_kernels_ = options.specialized_kernels;
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
@@ -328,6 +329,7 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
   wants.reference = options.passes != AttentionPasses::kReplayOnly;
   wants.replay = options.passes != AttentionPasses::kReferenceOnly;
   params.reference = wants.reference;
+  params.specialized = specialized_kernels_ ? 1 : 0;
   UnitStates* states = options.unit_states;
   params.store_p_states = wants.replay || states != nullptr ? 1 : 0;
   params.store_r_states = states != nullptr && states->has_reference ? 1 : 0;
@@ -363,7 +365,9 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
   }
   BindOutputs(out, &params);
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.e[1], stream_));
-  ATTNAUDIT_RETURN_IF_ERROR(cuda_internal::LaunchFusedPass(params, stream_));
+  bool specialized = false;
+  ATTNAUDIT_RETURN_IF_ERROR(
+      cuda_internal::LaunchFusedPass(params, stream_, &specialized));
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.e[4], stream_));
   if (wants.replay || params.splits > 1) {
     ATTNAUDIT_RETURN_IF_ERROR(MergeSplits(p, params, wants, out, stream_));
@@ -394,6 +398,7 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
   timings_.splits = params.splits;
   timings_.stage_runs = params.runs_per_stage;
   timings_.head_tiles = params.head_tiles;
+  timings_.specialized = specialized;
   timings_.download_seconds = ElapsedSeconds(ev.e[2], ev.e[3]);
   res.kv_non_finite = flag != 0;
   SummariseUnits(p, options.record_merge_orders, &res);

@@ -81,6 +81,11 @@ struct CudaBackendOptions {
   // many as FitPassToSharedMemory allows, 1: one run at a time. The same
   // bits either way.
   int64_t max_stage_runs = 0;
+  // Run the pass's kernel built for the snapshot's head dim and cache
+  // dtype when there is one (kernels/attention_device.inc,
+  // kSpecializedPasses); false: always the generic kernel. The same bits
+  // either way.
+  bool specialized_kernels = true;
   // A CP replay over a gang of several GPUs uploads to each GPU only the
   // pages its ranks start the ring with (kernels/shard_pages.h); true does
   // so on one GPU too (tests: the shard path on a one-GPU machine).
@@ -96,6 +101,7 @@ struct CudaJobTimings {
   int64_t splits = 1;         // blocks per row along its runs
   int64_t stage_runs = 1;     // runs per stage of the pass
   int64_t head_tiles = 1;     // blocks per GQA group (1: the whole group)
+  bool specialized = false;   // the kernel built for the shape ran
   double download_seconds = 0;
 };
 
@@ -151,6 +157,7 @@ class CudaBackend : public Backend {
   cuda_internal::DeviceArena& arena() { return *arena_; }
   cuda_internal::PinnedStaging& staging() { return *staging_; }
   bool shard_uploads() const { return shard_uploads_; }
+  bool specialized_kernels() const { return specialized_kernels_; }
 
  private:
   CudaBackend() = default;
@@ -165,6 +172,7 @@ class CudaBackend : public Backend {
   int64_t max_splits_ = 0;
   int64_t max_stage_runs_ = 0;
   bool shard_uploads_ = false;
+  bool specialized_kernels_ = true;
   std::atomic<int64_t> comm_bytes_{0};
   CudaGang* gang_ = nullptr;
 };

@@ -398,6 +398,7 @@ absl::Status GpuReplay::Compute(int64_t k, int64_t step,
     params.owner_rank = k;
   }
   params.store_p_states = 1;
+  params.specialized = r.gpu->backend->specialized_kernels() ? 1 : 0;
   params.p_state_out = r.gpu->state_out;
   params.p_state_lse = r.gpu->state_lse;
   params.kv_non_finite = r.gpu->kv_non_finite;

@@ -115,6 +115,10 @@ struct PassParams {
   // Byte alignment every K/V row start shares (16, 8, 4 or 1): the width
   // of the asynchronous copies.
   int copy_width = 1;
+  // 1: the kernel specialised for the head dim and dtype when there is one
+  // (attention_device.inc, kSpecializedPasses); 0: always the generic
+  // kernel (the same bits; a benchmark's baseline).
+  int specialized = 1;
 };
 
 // The pass's second step for rows [row_begin, row_begin + rows): P's unit

@@ -136,6 +136,11 @@ phase bench-one-run 90 "$OUT/bench_one_run.txt" bash -c \
   "'$BIN/attnaudit_bench_gpu' --max-stage-runs 1 --repeats 3 --bandwidth-only &&
    '$BIN/attnaudit_bench_gpu' --max-stage-runs 1 --batch 1 --repeats 3 \
      --contexts 32768,131072 --bandwidth-only"
+# The specialised kernels' baseline: the generic kernel, the same binary.
+phase bench-generic 90 "$OUT/bench_generic.txt" bash -c \
+  "'$BIN/attnaudit_bench_gpu' --generic-kernels --repeats 3 --bandwidth-only &&
+   '$BIN/attnaudit_bench_gpu' --generic-kernels --batch 1 --repeats 3 \
+     --contexts 32768,131072 --bandwidth-only"
 # The upload's baseline: the staging copies on one host thread.
 phase bench-copy1 90 "$OUT/bench_copy1.txt" \
   "$BIN/attnaudit_bench_gpu" --contexts 4096 --repeats 5 --copy-threads 1

@@ -18,7 +18,7 @@
 // Usage: attnaudit_bench_gpu [--device N] [--repeats N] [--batch B]
 //        [--contexts 4096,32768,131072] [--world W] [--json PATH]
 //        [--bandwidth-only] [--pool-gib G] [--max-splits N]
-//        [--max-stage-runs N]
+//        [--max-stage-runs N] [--generic-kernels]
 //        [--copy-threads N]
 // The P column splits off the second step's share (P's unit tree) and the
 // splits (blocks per row along its runs) the backend chose.
@@ -69,6 +69,7 @@ struct Flags {
   int64_t max_splits = 0;      // 0: the backend's choice; 1: no split-KV
   int64_t max_stage_runs = 0;  // 0: the backend's choice; 1: a run a stage
   int copy_threads = 0;        // staging copies; 0: every hardware thread
+  bool generic_kernels = false;  // never the kernel built for the shape
   std::string json;
 };
 
@@ -98,6 +99,9 @@ Flags ParseFlags(int argc, char** argv) {
                  "most runs (pages) a block computes as one stage (1: one "
                  "at a time, the staged pass's baseline)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  app.add_flag("--generic-kernels", f.generic_kernels,
+               "always the pass's generic kernel, not the one built for "
+               "the head dim and dtype (the specialisation's baseline)");
   app.add_option("--copy-threads", f.copy_threads,
                  "host threads copying into and out of the pinned staging "
                  "buffers (0: every hardware thread, as one GPU worker on "
@@ -185,7 +189,8 @@ double CopySeconds(int64_t bytes, int repeats) {
 double KernelSeconds(CudaBackend& gpu, const PreparedAttention& p,
                      AttentionPasses passes, int repeats,
                      double* merge = nullptr, int64_t* splits = nullptr,
-                     int64_t* stage_runs = nullptr) {
+                     int64_t* stage_runs = nullptr,
+                     bool* specialized = nullptr) {
   std::vector<double> t, m;
   AttentionRunOptions o;
   o.passes = passes;
@@ -198,6 +203,7 @@ double KernelSeconds(CudaBackend& gpu, const PreparedAttention& p,
     m.push_back(gpu.last_timings().merge_seconds);
     if (splits != nullptr) *splits = gpu.last_timings().splits;
     if (stage_runs != nullptr) *stage_runs = gpu.last_timings().stage_runs;
+    if (specialized != nullptr) *specialized = gpu.last_timings().specialized;
   }
   if (merge != nullptr) *merge = Median(m);
   return Median(t);
@@ -214,6 +220,7 @@ struct BandwidthRow {
   double p_merge_ms = 0;  // of p_ms: the second step (P's unit tree)
   int64_t splits = 1;
   int64_t stage_runs = 1;
+  bool specialized = false;  // the kernel built for W1's shape ran
 };
 
 BandwidthRow Bandwidth(CudaBackend& gpu, const Flags& f, int64_t context) {
@@ -226,7 +233,7 @@ BandwidthRow Bandwidth(CudaBackend& gpu, const Flags& f, int64_t context) {
   double p_merge = 0;
   const double p =
       KernelSeconds(gpu, c->prepared, AttentionPasses::kReplayOnly, f.repeats,
-                    &p_merge, &row.splits, &row.stage_runs);
+                    &p_merge, &row.splits, &row.stage_runs, &row.specialized);
   row.p_merge_ms = p_merge * 1e3;
   const double r = KernelSeconds(gpu, c->prepared,
                                  AttentionPasses::kReferenceOnly, f.repeats);
@@ -389,25 +396,27 @@ void PrintAndSave(const Flags& f, const CudaBackend& gpu,
   std::printf(
       "| context | KV GiB | D2D copy GB/s (r+w) | P kernel GB/s | "
       "P / copy | P ms | of which merge ms | splits | runs per stage | "
-      "R GB/s | fused R+P GB/s |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "kernel | R GB/s | fused R+P GB/s |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::string json =
       absl::StrCat("{\"device\": \"", info.name, "\", \"bandwidth\": [");
   for (size_t i = 0; i < bw.size(); ++i) {
     const BandwidthRow& r = bw[i];
     std::printf(
         "| %lld | %.2f | %.0f | %.0f | %.0f %% | %.3f | %.3f | %lld | %lld | "
-        "%.0f | %.0f |\n",
+        "%s | %.0f | %.0f |\n",
         (long long)r.context, r.kv_gib, r.copy_gbs, r.p_gbs,
         100.0 * r.p_gbs / r.copy_gbs, r.p_ms, r.p_merge_ms, (long long)r.splits,
-        (long long)r.stage_runs, r.r_gbs, r.fused_gbs);
-    absl::StrAppend(&json, i ? ", " : "", "{\"context\": ", r.context,
-                    ", \"kv_gib\": ", r.kv_gib, ", \"copy_gbs\": ", r.copy_gbs,
-                    ", \"p_gbs\": ", r.p_gbs, ", \"r_gbs\": ", r.r_gbs,
-                    ", \"fused_gbs\": ", r.fused_gbs, ", \"p_ms\": ", r.p_ms,
-                    ", \"p_merge_ms\": ", r.p_merge_ms,
-                    ", \"splits\": ", r.splits,
-                    ", \"stage_runs\": ", r.stage_runs, "}");
+        (long long)r.stage_runs, r.specialized ? "specialised" : "generic",
+        r.r_gbs, r.fused_gbs);
+    absl::StrAppend(
+        &json, i ? ", " : "", "{\"context\": ", r.context,
+        ", \"kv_gib\": ", r.kv_gib, ", \"copy_gbs\": ", r.copy_gbs,
+        ", \"p_gbs\": ", r.p_gbs, ", \"r_gbs\": ", r.r_gbs,
+        ", \"fused_gbs\": ", r.fused_gbs, ", \"p_ms\": ", r.p_ms,
+        ", \"p_merge_ms\": ", r.p_merge_ms, ", \"splits\": ", r.splits,
+        ", \"stage_runs\": ", r.stage_runs,
+        ", \"specialized\": ", r.specialized ? "true" : "false", "}");
   }
   std::printf(
       "\nW1 audit (B=8, 4096, llama3-8b), verdict %s:\n"
@@ -460,6 +469,7 @@ int Main(int argc, char** argv) {
   o.pool_bytes = static_cast<int64_t>(f.pool_gib * 1073741824.0);
   o.max_splits = f.max_splits;
   o.max_stage_runs = f.max_stage_runs;
+  o.specialized_kernels = !f.generic_kernels;
   o.host_copy_threads = f.copy_threads;
   absl::StatusOr<std::unique_ptr<CudaBackend>> gpu = CudaBackend::Create(o);
   if (!gpu.ok()) Die(gpu.status());
@@ -469,10 +479,11 @@ int Main(int argc, char** argv) {
     for (const BandwidthRow& r : bw) {
       std::printf(
           "context %lld: P %.0f GB/s, %.3f ms (merge %.3f, %lld "
-          "splits, %lld runs per stage), R %.0f GB/s, fused %.0f GB/s, copy "
-          "%.0f GB/s\n",
+          "splits, %lld runs per stage, %s kernel), R %.0f GB/s, fused %.0f "
+          "GB/s, copy %.0f GB/s\n",
           (long long)r.context, r.p_gbs, r.p_ms, r.p_merge_ms,
-          (long long)r.splits, (long long)r.stage_runs, r.r_gbs, r.fused_gbs,
+          (long long)r.splits, (long long)r.stage_runs,
+          r.specialized ? "specialised" : "generic", r.r_gbs, r.fused_gbs,
           r.copy_gbs);
     }
     return 0;

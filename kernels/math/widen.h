@@ -25,7 +25,7 @@ enum ElemType : int {
   kElemF64 = 6,
 };
 
-ATTNAUDIT_HOST_DEVICE inline int ElemBytes(int dtype) {
+ATTNAUDIT_HOST_DEVICE constexpr int ElemBytes(int dtype) {
   switch (dtype) {
     case kElemF32:
       return 4;

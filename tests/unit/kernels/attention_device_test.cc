@@ -258,6 +258,110 @@ TEST(AttentionDevice, HeadTilesAndQueryChunksKeepTheBits) {
                        core->results.reference_out, "chunked R out");
 }
 
+// Every specialised kernel (kSpecializedPasses: D = 128 and 64 in the
+// usual cache dtypes) gives the core's P bits and the generic kernel's R
+// bits; a shape without one runs the generic kernel.
+TEST(AttentionDevice, SpecialisedKernelsGiveTheGenericKernelsBits) {
+  struct Shape {
+    DType kv;
+    int64_t head_dim;
+    bool has_kernel;
+  };
+  const std::vector<Shape> shapes = {
+      {DType::kBF16, 128, true},   {DType::kF16, 128, true},
+      {DType::kF8E4M3, 128, true}, {DType::kBF16, 64, true},
+      {DType::kF16, 64, true},     {DType::kBF16, 32, false},
+      {DType::kF32, 128, false}};
+  for (const Shape& shape : shapes) {
+    const PassCase pc = {"D " + std::to_string(shape.head_dim) + " dtype " +
+                             std::to_string(static_cast<int>(shape.kv)),
+                         shape.kv,
+                         shape.head_dim,
+                         16,
+                         KvLayout::kNHD,
+                         0,
+                         0,
+                         false,
+                         CpSharding::kNone};
+    std::unique_ptr<Prepared> prep = PreparePassCase(pc);
+    std::unique_ptr<CoreRun> core = RunCore(prep->p);
+    HostPassOptions generic;
+    generic.specialized = false;
+    absl::StatusOr<HostPassRun> base = RunPassOnHost(prep->p, nullptr, generic);
+    absl::StatusOr<HostPassRun> mine = RunPassOnHost(prep->p, nullptr);
+    ASSERT_TRUE(base.ok()) << pc.name << ": " << base.status();
+    ASSERT_TRUE(mine.ok()) << pc.name << ": " << mine.status();
+    ASSERT_FALSE(mine->launches.empty());
+    EXPECT_EQ(mine->launches[0].kernel != base->launches[0].kernel,
+              shape.has_kernel)
+        << pc.name << ": " << mine->launches[0].kernel;
+    ExpectSameBits(mine->results.replay_out, core->results.replay_out,
+                   pc.name + " P out");
+    ExpectSameBits(mine->results.replay_lse, core->results.replay_lse,
+                   pc.name + " P lse");
+    ExpectSameBits(mine->results.reference_out, base->results.reference_out,
+                   pc.name + " R out");
+    ExpectSameBits(mine->results.reference_lse, base->results.reference_lse,
+                   pc.name + " R lse");
+  }
+}
+
+// The CP fill: each token's position and its K and V rows of every KV head
+// land where the slot expects them.
+TEST(AttentionDevice, TheGatherKernelCopiesEachTokensRowsAndPosition) {
+  constexpr int64_t kHeads = 3;
+  constexpr int64_t kRowBytes = 40;  // a row of 20 bf16 elements
+  constexpr int64_t kHeadStride = 1000;
+  std::vector<char> k(8 * kHeadStride * kHeads), v(k.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = static_cast<char>(i * 7 + 1);
+    v[i] = static_cast<char>(i * 13 + 5);
+  }
+  const std::vector<int64_t> positions = {100, 101, 102, 103, 104, 105};
+  const int64_t token_bytes = 8 + 2 * kHeads * kRowBytes;
+  std::vector<cuda_internal::GatherToken> tokens;
+  for (int64_t t : {4, 1, 5}) {
+    cuda_internal::GatherToken tok;
+    const int64_t at = static_cast<int64_t>(tokens.size()) * token_bytes;
+    tok.k_src = t * kRowBytes;
+    tok.v_src = t * kRowBytes + 3;
+    tok.pos_src = t;
+    tok.pos_dst = at;
+    tok.k_dst = at + 8;
+    tok.v_dst = at + 8 + kHeads * kRowBytes;
+    tokens.push_back(tok);
+  }
+  std::vector<char> slot(tokens.size() * token_bytes, 0);
+  cuda_internal::GatherParams g;
+  g.k_base = k.data();
+  g.v_base = v.data();
+  g.positions = positions.data();
+  g.slot = slot.data();
+  g.tokens = tokens.data();
+  g.count = static_cast<int64_t>(tokens.size());
+  g.kv_heads = kHeads;
+  g.k_row_bytes = kRowBytes;
+  g.v_row_bytes = kRowBytes;
+  g.k_head_stride_bytes = kHeadStride;
+  g.v_head_stride_bytes = kHeadStride;
+  ASSERT_TRUE(RunGatherOnHost(g).ok());
+  for (const cuda_internal::GatherToken& tok : tokens) {
+    int64_t pos = 0;
+    std::memcpy(&pos, slot.data() + tok.pos_dst, 8);
+    EXPECT_EQ(pos, positions[tok.pos_src]);
+    for (int64_t h = 0; h < kHeads; ++h) {
+      for (int64_t i = 0; i < kRowBytes; ++i) {
+        ASSERT_EQ(slot[tok.k_dst + h * kRowBytes + i],
+                  k[tok.k_src + h * kHeadStride + i])
+            << "K, head " << h << " byte " << i;
+        ASSERT_EQ(slot[tok.v_dst + h * kRowBytes + i],
+                  v[tok.v_src + h * kHeadStride + i])
+            << "V, head " << h << " byte " << i;
+      }
+    }
+  }
+}
+
 // A value that is not finite in the cache raises the pass's flag.
 TEST(AttentionDevice, ANonFiniteCacheValueRaisesTheFlag) {
   const PassCase pc = PassCases()[0];  // f32: any bit pattern is storable

@@ -110,6 +110,7 @@ absl::StatusOr<HostPassRun> RunPassOnHost(const PreparedAttention& p,
   wants.reference = options.passes != AttentionPasses::kReplayOnly;
   wants.replay = options.passes != AttentionPasses::kReferenceOnly;
   params.reference = wants.reference;
+  params.specialized = options.specialized ? 1 : 0;
   params.store_p_states = wants.replay || states != nullptr ? 1 : 0;
   params.store_r_states = states != nullptr && states->has_reference ? 1 : 0;
   if (!cuda_internal::FitPassToSharedMemory(&params, options.max_shared,
@@ -161,6 +162,11 @@ absl::StatusOr<HostPassRun> RunPassOnHost(const PreparedAttention& p,
   SummariseUnits(p, options.record_merge_orders, &res);
   run.launches = launcher.launches();
   return run;
+}
+
+absl::Status RunGatherOnHost(const cuda_internal::GatherParams& params) {
+  simt::Launcher launcher;
+  return cuda_internal::RunGather(params, launcher);
 }
 
 }  // namespace testing

@@ -30,6 +30,7 @@ struct HostPassOptions {
   AttentionPasses passes = AttentionPasses::kBoth;
   bool record_merge_orders = false;
   simt::ThreadOrder order = simt::ThreadOrder::kFirstToLast;
+  bool specialized = true;  // CudaBackendOptions::specialized_kernels
 };
 
 struct HostPassRun {
@@ -44,6 +45,9 @@ struct HostPassRun {
 absl::StatusOr<HostPassRun> RunPassOnHost(const PreparedAttention& p,
                                           UnitStates* states,
                                           const HostPassOptions& options = {});
+
+// The CP fill kernel (GatherKernel) over host buffers.
+absl::Status RunGatherOnHost(const cuda_internal::GatherParams& params);
 
 }  // namespace testing
 }  // namespace attnaudit
