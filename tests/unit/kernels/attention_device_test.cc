@@ -259,50 +259,63 @@ TEST(AttentionDevice, HeadTilesAndQueryChunksKeepTheBits) {
 }
 
 // Every specialised kernel (kSpecializedPasses: D = 128 and 64 in the
-// usual cache dtypes) gives the core's P bits and the generic kernel's R
-// bits; a shape without one runs the generic kernel.
+// usual cache dtypes, GQA groups of 4 and 8 at D = 128 in bf16) gives the
+// core's P bits and the generic kernel's R bits; the most specific build
+// runs, and a shape without one runs the generic kernel.
 TEST(AttentionDevice, SpecialisedKernelsGiveTheGenericKernelsBits) {
   struct Shape {
     DType kv;
     int64_t head_dim;
-    bool has_kernel;
+    int64_t q_heads;  // of 2 KV heads
+    std::string kernel;
   };
   const std::vector<Shape> shapes = {
-      {DType::kBF16, 128, true},   {DType::kF16, 128, true},
-      {DType::kF8E4M3, 128, true}, {DType::kBF16, 64, true},
-      {DType::kF16, 64, true},     {DType::kBF16, 32, false},
-      {DType::kF32, 128, false}};
+      {DType::kBF16, 128, 8, "FusedPassKernel<128, bf16, 4>"},
+      {DType::kBF16, 128, 16, "FusedPassKernel<128, bf16, 8>"},
+      {DType::kBF16, 128, 4, "FusedPassKernel<128, bf16>"},
+      {DType::kF16, 128, 8, "FusedPassKernel<128, f16>"},
+      {DType::kF8E4M3, 128, 8, "FusedPassKernel<128, fp8 e4m3>"},
+      {DType::kBF16, 64, 8, "FusedPassKernel<64, bf16>"},
+      {DType::kF16, 64, 8, "FusedPassKernel<64, f16>"},
+      {DType::kBF16, 32, 8, "FusedPassKernel"},
+      {DType::kF32, 128, 8, "FusedPassKernel"}};
   for (const Shape& shape : shapes) {
-    const PassCase pc = {"D " + std::to_string(shape.head_dim) + " dtype " +
-                             std::to_string(static_cast<int>(shape.kv)),
-                         shape.kv,
-                         shape.head_dim,
-                         16,
-                         KvLayout::kNHD,
-                         0,
-                         0,
-                         false,
-                         CpSharding::kNone};
-    std::unique_ptr<Prepared> prep = PreparePassCase(pc);
+    const std::string name = shape.kernel + " for D " +
+                             std::to_string(shape.head_dim) + ", " +
+                             std::to_string(shape.q_heads) + " query heads";
+    RandomCaseOptions o;
+    o.batch = 2;
+    o.queries = 2;
+    o.q_heads = shape.q_heads;
+    o.kv_heads = 2;
+    o.head_dim = shape.head_dim;
+    o.seq_lens = {37, 13};
+    o.max_gap = 1;
+    o.spread_queries = true;
+    o.kv_dtype = shape.kv;
+    o.seed = 6;
+    PagingOptions paging;
+    paging.page_size = 16;
+    paging.permute_pages = true;
+    std::unique_ptr<Prepared> prep = Prepare(RandomCase(o), paging);
     std::unique_ptr<CoreRun> core = RunCore(prep->p);
     HostPassOptions generic;
     generic.specialized = false;
     absl::StatusOr<HostPassRun> base = RunPassOnHost(prep->p, nullptr, generic);
     absl::StatusOr<HostPassRun> mine = RunPassOnHost(prep->p, nullptr);
-    ASSERT_TRUE(base.ok()) << pc.name << ": " << base.status();
-    ASSERT_TRUE(mine.ok()) << pc.name << ": " << mine.status();
+    ASSERT_TRUE(base.ok()) << name << ": " << base.status();
+    ASSERT_TRUE(mine.ok()) << name << ": " << mine.status();
     ASSERT_FALSE(mine->launches.empty());
-    EXPECT_EQ(mine->launches[0].kernel != base->launches[0].kernel,
-              shape.has_kernel)
-        << pc.name << ": " << mine->launches[0].kernel;
+    EXPECT_EQ(base->launches[0].kernel, "FusedPassKernel") << name;
+    EXPECT_EQ(mine->launches[0].kernel, shape.kernel) << name;
     ExpectSameBits(mine->results.replay_out, core->results.replay_out,
-                   pc.name + " P out");
+                   name + " P out");
     ExpectSameBits(mine->results.replay_lse, core->results.replay_lse,
-                   pc.name + " P lse");
+                   name + " P lse");
     ExpectSameBits(mine->results.reference_out, base->results.reference_out,
-                   pc.name + " R out");
+                   name + " R out");
     ExpectSameBits(mine->results.reference_lse, base->results.reference_lse,
-                   pc.name + " R lse");
+                   name + " R lse");
   }
 }
 
