@@ -282,6 +282,10 @@ std::string CudaBackend::name() const {
   return absl::StrCat("cuda:", info_.ordinal);
 }
 
+int64_t CudaBackend::pool_capacity() const {
+  return arena_ == nullptr ? 0 : arena_->capacity();
+}
+
 int64_t CudaBackend::memory_in_use() const {
   return (arena_ == nullptr ? 0 : arena_->used()) + comm_memory();
 }

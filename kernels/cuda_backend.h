@@ -158,6 +158,8 @@ class CudaBackend : public Backend {
   cuda_internal::PinnedStaging& staging() { return *staging_; }
   bool shard_uploads() const { return shard_uploads_; }
   bool specialized_kernels() const { return specialized_kernels_; }
+  // Bytes of the device memory pool (what one job may use).
+  int64_t pool_capacity() const;
 
  private:
   CudaBackend() = default;

@@ -386,6 +386,8 @@ ServiceOptions AuditServer::MakeServiceOptions() const {
   svc.fleet_lease = o.fleet_lease;
   svc.limits = o.limits;
   svc.threads_per_job = 0;  // each device's own default (MakeDevices)
+  svc.ring_gang = o.cp_ring_gang_always ? Admission::RingGang::kAlways
+                                        : Admission::RingGang::kWhenNeeded;
   svc.queue_capacity = o.queue_capacity;
   svc.queued_bytes_budget = o.memory_budget_bytes;
   svc.watcher_buffer = o.watcher_buffer;

@@ -126,6 +126,9 @@ struct AuditServerOptions {
   // (server/scheduler/scheduler.h, SchedulerOptions).
   absl::Duration sampled_promote_after = absl::InfiniteDuration();
   double gang_backfill_runs = 2.0;
+  // Every CP ring job on GPUs gets a gang of min(W, GPUs), not only those
+  // that would not fit one GPU (server/rpc/admission.h, Shape).
+  bool cp_ring_gang_always = false;
   // What one tenant may hold queued or running, unless its token-file line
   // says otherwise (zero fields: unlimited).
   TenantQuota tenant_quota;

@@ -124,6 +124,7 @@ DeviceDescription CudaDevice::Describe() const {
   d.kind = kind();
   d.model = info.name;
   d.memory_bytes = info.memory_bytes;
+  d.job_memory_bytes = backend_->pool_capacity();
   d.compute_capability =
       absl::StrCat(info.compute_major, ".", info.compute_minor);
   return d;

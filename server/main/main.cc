@@ -58,6 +58,7 @@ AuditServerOptions ToOptions(const ServerFlags& f) {
                                 ? absl::InfiniteDuration()
                                 : f.sampled_promote_after;
   o.gang_backfill_runs = f.gang_backfill_runs;
+  o.cp_ring_gang_always = f.cp_ring_gang_always;
   o.upload_tenant_share = f.upload_tenant_share;
   o.upload_idle_timeout = f.upload_idle_timeout;
   o.tenant_quota = TenantQuota{f.tenant_max_jobs, f.tenant_max_bytes};

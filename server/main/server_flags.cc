@@ -75,6 +75,9 @@ ABSL_FLAG(FlagDuration, sampled_promote_after, FlagDuration{},
 ABSL_FLAG(double, gang_backfill_runs, 2.0,
           "how long a CP gang waiting for GPUs lets later jobs use the idle "
           "ones, in run estimates, before it holds them as they free up");
+ABSL_FLAG(bool, cp_ring_gang_always, false,
+          "give every CP ring job a gang of min(W, GPUs) GPUs (default: one "
+          "GPU, a gang only when the job would not fit one GPU's pool)");
 ABSL_FLAG(double, upload_tenant_share, 0.5,
           "share of the stream-upload budget (--memory-budget-bytes) one "
           "tenant may hold, so others' uploads keep being admitted (with no "
@@ -177,6 +180,7 @@ const std::vector<absl::string_view>& FlagNames() {
       absl::GetFlagReflectionHandle(FLAGS_interactive_reserve).Name(),
       absl::GetFlagReflectionHandle(FLAGS_sampled_promote_after).Name(),
       absl::GetFlagReflectionHandle(FLAGS_gang_backfill_runs).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_cp_ring_gang_always).Name(),
       absl::GetFlagReflectionHandle(FLAGS_upload_tenant_share).Name(),
       absl::GetFlagReflectionHandle(FLAGS_upload_idle_timeout).Name(),
       absl::GetFlagReflectionHandle(FLAGS_tenant_max_jobs).Name(),
@@ -346,6 +350,7 @@ ServerFlags ReadFlags() {
   f.interactive_reserve = absl::GetFlag(FLAGS_interactive_reserve);
   f.sampled_promote_after = absl::GetFlag(FLAGS_sampled_promote_after).value;
   f.gang_backfill_runs = absl::GetFlag(FLAGS_gang_backfill_runs);
+  f.cp_ring_gang_always = absl::GetFlag(FLAGS_cp_ring_gang_always);
   f.upload_tenant_share = absl::GetFlag(FLAGS_upload_tenant_share);
   f.upload_idle_timeout = absl::GetFlag(FLAGS_upload_idle_timeout).value;
   f.tenant_max_jobs = absl::GetFlag(FLAGS_tenant_max_jobs);

@@ -53,6 +53,7 @@ struct ServerFlags {
   double interactive_reserve = 0;
   absl::Duration sampled_promote_after;  // 0: never
   double gang_backfill_runs = 0;
+  bool cp_ring_gang_always = false;
   double upload_tenant_share = 0;
   absl::Duration upload_idle_timeout;
   int64_t tenant_max_jobs = 0;

@@ -10,14 +10,19 @@
 //   Submit     the scheduler's Submit, with the same hint on a refusal;
 //   Shape      the server's settings on a job (threads per job, the
 //              validation limits) and its gang. A CP snapshot runs on
-//              GPUs when the pool has them: on a gang of min(W, GPU
-//              workers) GPUs for the ring strategy (K/V shards travel
-//              GPU to GPU), on one GPU otherwise (partials, and auto,
-//              which resolves to partials, move no data between ranks,
-//              so a gang would hold GPUs for nothing). Without GPUs it
-//              runs on a gang of min(W, CPU workers) CPU workers, whose
-//              threads run the ranks. A gang never exceeds the pool, so
-//              it is always admitted;
+//              GPUs when the pool has them. The ring strategy runs on
+//              one GPU (its ranks in turns; the bits are the same for
+//              every gang) unless the job would not fit one GPU's pool
+//              (RingDeviceBytes against DeviceInfo::job_memory_bytes):
+//              then on a gang of as many GPUs as it needs, at most
+//              min(W, GPU workers), each holding only its ranks' pages
+//              (K/V shards travel GPU to GPU); RingGang::kAlways gives
+//              every ring that whole gang (what an operator asks for to
+//              spread one job's compute). Partials, and auto, which
+//              resolves to partials, run on one GPU. Without GPUs a CP
+//              snapshot runs on a gang of min(W, CPU workers) CPU
+//              workers, whose threads run the ranks. A gang never
+//              exceeds the pool, so it is always admitted;
 //   draining   after StartDraining, work is refused UNAVAILABLE
 //              (RefuseIfDraining, counted as draining);
 //   CountRefusal  the accounting of requests the RPC layer refuses itself.
@@ -44,13 +49,23 @@
 
 namespace attnaudit::server {
 
+// Device bytes a CP ring replay of a snapshot of `snapshot_bytes` takes on
+// one GPU, estimated from above: the K/V pages (twice their bytes for a
+// pre-RoPE cache, rotated to f32), P's unit states (about a quarter of
+// the K/V bytes at a GQA group of 4) and the ring's two slots per rank.
+int64_t RingDeviceBytes(int64_t snapshot_bytes);
+
 class Admission {
  public:
+  // How CP ring jobs on GPUs get gangs (Shape).
+  enum class RingGang { kWhenNeeded, kAlways };
+
   struct Options {
     // AuditOptions::threads of every job (0: the device's default).
     int threads_per_job = 0;
     // Sizes checked by validation.
     ValidationLimits limits;
+    RingGang ring_gang = RingGang::kWhenNeeded;
   };
 
   Admission(Scheduler* scheduler, Metrics* metrics, Options options)

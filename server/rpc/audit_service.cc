@@ -370,7 +370,8 @@ AuditServiceImpl::AuditServiceImpl(ServiceOptions options, Scheduler* scheduler,
       auth_(auth),
       job_id_key_(std::move(job_id_key)),
       admission_(scheduler, metrics,
-                 Admission::Options{options_.threads_per_job, options_.limits}),
+                 Admission::Options{options_.threads_per_job, options_.limits,
+                                    options_.ring_gang}),
       durable_(
           [this](const ResultRecord& rec) {
             return rpc_internal::CommitResult(this, rec);

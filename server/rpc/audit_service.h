@@ -107,6 +107,8 @@ struct ServiceOptions {
   ValidationLimits limits;
   // AuditOptions::threads of every job (0: the device's default).
   int threads_per_job = 0;
+  // How CP ring jobs on GPUs get gangs (admission.h).
+  Admission::RingGang ring_gang = Admission::RingGang::kWhenNeeded;
   // Capacities reported in Capabilities (the scheduler enforces them).
   std::array<int64_t, kNumPriorityClasses> queue_capacity = {64, 1024};
   int64_t queued_bytes_budget = int64_t{4} << 30;

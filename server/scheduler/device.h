@@ -39,10 +39,12 @@ namespace attnaudit::server {
 
 // What GetCapabilities shows of a device: fixed at start-up.
 struct DeviceDescription {
-  std::string name;                // "cpu:0", "cuda:1" (Device::name())
-  std::string kind;                // "cpu", "cuda"
-  std::string model;               // "CPU worker", "NVIDIA H200"
-  int64_t memory_bytes = 0;        // device memory; 0 for CPU workers
+  std::string name;          // "cpu:0", "cuda:1" (Device::name())
+  std::string kind;          // "cpu", "cuda"
+  std::string model;         // "CPU worker", "NVIDIA H200"
+  int64_t memory_bytes = 0;  // device memory; 0 for CPU workers
+  // Memory one job may use on the device (a GPU's pool); 0: not bounded.
+  int64_t job_memory_bytes = 0;
   std::string compute_capability;  // "9.0"; empty for CPU workers
 };
 

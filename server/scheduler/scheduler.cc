@@ -87,6 +87,7 @@ SchedulerImpl::SchedulerImpl(SchedulerOptions options)
     slot->device = d.get();
     slot->kind = d->kind();
     slot->name = d->name();
+    slot->job_memory_bytes = d->Describe().job_memory_bytes;
     if (std::find(kinds_.begin(), kinds_.end(), slot->kind) == kinds_.end()) {
       kinds_.push_back(slot->kind);
     }
@@ -628,9 +629,9 @@ std::vector<DeviceInfo> SchedulerImpl::Devices() const {
   absl::ReaderMutexLock lock(&mu_);
   std::vector<DeviceInfo> out;
   for (const auto& slot : slots_) {
-    out.push_back(DeviceInfo{slot->name, slot->kind, slot->busy,
-                             !slot->health.ok(),
-                             std::string(slot->health.message())});
+    out.push_back(DeviceInfo{
+        slot->name, slot->kind, slot->busy, !slot->health.ok(),
+        std::string(slot->health.message()), slot->job_memory_bytes});
   }
   return out;
 }

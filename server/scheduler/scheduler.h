@@ -220,6 +220,8 @@ struct DeviceInfo {
   // Out of the pool for good (Device::Health); `failure` says why.
   bool failed = false;
   std::string failure;
+  // DeviceDescription::job_memory_bytes (0: not bounded).
+  int64_t job_memory_bytes = 0;
 };
 
 struct SchedulerStats {

@@ -87,8 +87,9 @@ class SchedulerImpl : public Scheduler {
     Device* device = nullptr;
     std::string kind;
     std::string name;
-    bool busy = false;          // running a job or reserved for a gang
-    absl::Status health;        // not OK: out of the pool for good
+    int64_t job_memory_bytes = 0;  // Describe()'s, at creation
+    bool busy = false;             // running a job or reserved for a gang
+    absl::Status health;           // not OK: out of the pool for good
     Entry* assigned = nullptr;  // set for the leader until its worker takes it
     absl::CondVar cv;
     std::thread thread;

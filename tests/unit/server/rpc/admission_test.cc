@@ -52,14 +52,19 @@ Admission::Options ServerSettings() {
   return o;
 }
 
-// The gang a job for a CP snapshot of `world` ranks gets on `pool`.
-std::unique_ptr<Job> Shaped(Scheduler* scheduler, Metrics* metrics,
-                            int64_t world,
-                            CpStrategy strategy = CpStrategy::kAuto) {
-  Admission admission(scheduler, metrics, ServerSettings());
+// The gang a job for a CP snapshot of `world` ranks and `bytes` gets on
+// `pool`.
+std::unique_ptr<Job> Shaped(
+    Scheduler* scheduler, Metrics* metrics, int64_t world,
+    CpStrategy strategy = CpStrategy::kAuto, int64_t bytes = 1000,
+    Admission::RingGang ring_gang = Admission::RingGang::kWhenNeeded) {
+  Admission::Options o = ServerSettings();
+  o.ring_gang = ring_gang;
+  Admission admission(scheduler, metrics, o);
   auto job = MakeJob("j", kI, nullptr);
   job->snapshot.cp.world_size = world;
   job->options.cp_strategy = strategy;
+  job->bytes = bytes;
   admission.Shape(job.get());
   return job;
 }
@@ -78,25 +83,54 @@ TEST(AdmissionTest, ShapeAppliesTheServerSettingsAndTheGangByPool) {
   EXPECT_EQ(Shaped(cpus.get(), metrics.get(), 4, CpStrategy::kRing)->gang_size,
             2);
 
-  // GPUs in the pool: a ring runs on a gang of GPUs only, min(W, GPU
-  // workers); partials and auto on one GPU.
+  // GPUs in the pool (pools of 1 MB): a ring runs on one GPU while it
+  // fits one, else on a gang of as many as it needs, at most min(W, GPU
+  // workers); always that gang when the operator asks; partials and auto
+  // on one GPU.
   SchedulerOptions mixed = GatedOptions(&gate, 1, "cpu");
-  for (auto& d : GateDevices(3, &gate, "cuda")) {
-    mixed.devices.push_back(std::move(d));
+  constexpr int64_t kPool = int64_t{1} << 20;
+  for (int i = 0; i < 3; ++i) {
+    auto gpu = std::make_unique<testing::GateDevice>(
+        "cuda:" + std::to_string(i), "cuda", &gate);
+    gpu->set_job_memory_bytes(kPool);
+    mixed.devices.push_back(std::move(gpu));
   }
   std::unique_ptr<Scheduler> gpus = MakeScheduler(std::move(mixed));
-  std::unique_ptr<Job> wide =
-      Shaped(gpus.get(), metrics.get(), 8, CpStrategy::kRing);
-  EXPECT_EQ(wide->device_kind, "cuda");
-  EXPECT_EQ(wide->gang_size, 3);
-  std::unique_ptr<Job> narrow =
-      Shaped(gpus.get(), metrics.get(), 2, CpStrategy::kRing);
-  EXPECT_EQ(narrow->gang_size, 2);
+  const int64_t fits = kPool / 4;  // RingDeviceBytes: 13/4 of it, < kPool
+  ASSERT_LE(RingDeviceBytes(fits), kPool);
+  std::unique_ptr<Job> small =
+      Shaped(gpus.get(), metrics.get(), 8, CpStrategy::kRing, fits);
+  EXPECT_EQ(small->device_kind, "cuda");
+  EXPECT_EQ(small->gang_size, 1);
+  // Needs two pools' worth, then more than the pool has.
+  const int64_t two = kPool / 2;
+  ASSERT_GT(RingDeviceBytes(two), kPool);
+  ASSERT_LE(RingDeviceBytes(two), 2 * kPool);
+  EXPECT_EQ(
+      Shaped(gpus.get(), metrics.get(), 8, CpStrategy::kRing, two)->gang_size,
+      2);
+  EXPECT_EQ(Shaped(gpus.get(), metrics.get(), 8, CpStrategy::kRing, 10 * kPool)
+                ->gang_size,
+            3);
+  EXPECT_EQ(Shaped(gpus.get(), metrics.get(), 2, CpStrategy::kRing, 10 * kPool)
+                ->gang_size,
+            2);  // never more GPUs than ranks
+  std::unique_ptr<Job> asked =
+      Shaped(gpus.get(), metrics.get(), 8, CpStrategy::kRing, fits,
+             Admission::RingGang::kAlways);
+  EXPECT_EQ(asked->gang_size, 3);
   for (CpStrategy s : {CpStrategy::kAuto, CpStrategy::kPartials}) {
-    std::unique_ptr<Job> one_gpu = Shaped(gpus.get(), metrics.get(), 8, s);
+    std::unique_ptr<Job> one_gpu =
+        Shaped(gpus.get(), metrics.get(), 8, s, 10 * kPool);
     EXPECT_EQ(one_gpu->device_kind, "cuda");
     EXPECT_EQ(one_gpu->gang_size, 1);
   }
+  // A pool that reports no bound: one GPU.
+  SchedulerOptions unbounded = GatedOptions(&gate, 2, "cuda");
+  std::unique_ptr<Scheduler> any = MakeScheduler(std::move(unbounded));
+  EXPECT_EQ(Shaped(any.get(), metrics.get(), 8, CpStrategy::kRing, 10 * kPool)
+                ->gang_size,
+            1);
 }
 
 TEST(AdmissionTest, CheckCountsARefusalUnderItsReason) {

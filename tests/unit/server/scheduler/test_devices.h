@@ -98,11 +98,19 @@ class GateDevice : public server::Device {
     report.labels = snapshot.labels;
     return report;
   }
+  // What Describe reports as the memory one job may use (a GPU's pool).
+  void set_job_memory_bytes(int64_t bytes) { job_memory_bytes_ = bytes; }
+  server::DeviceDescription Describe() const override {
+    server::DeviceDescription d = server::Device::Describe();
+    d.job_memory_bytes = job_memory_bytes_;
+    return d;
+  }
 
  private:
   std::string name_;
   std::string kind_;
   Gate* gate_;
+  int64_t job_memory_bytes_ = 0;
 };
 
 // A device that supports gangs and reports the gang size in the report's
