@@ -59,6 +59,7 @@ struct PassCase {
   double softcap;
   bool sinks;
   CpSharding sharding;
+  int64_t q_heads = 8;  // of 2 KV heads
 };
 
 std::vector<PassCase> PassCases() {
@@ -84,7 +85,7 @@ std::unique_ptr<Prepared> PreparePassCase(const PassCase& pc) {
   RandomCaseOptions o;
   o.batch = 2;
   o.queries = 2;
-  o.q_heads = 8;
+  o.q_heads = pc.q_heads;
   o.kv_heads = 2;
   o.head_dim = pc.head_dim;
   o.seq_lens = {37, 13};
@@ -95,7 +96,7 @@ std::unique_ptr<Prepared> PreparePassCase(const PassCase& pc) {
   LogicalCase c = RandomCase(o);
   c.sliding_window = pc.window;
   c.softcap = pc.softcap;
-  if (pc.sinks) c.sinks.assign(8, 0.25f);
+  if (pc.sinks) c.sinks.assign(static_cast<size_t>(pc.q_heads), 0.25f);
   PagingOptions paging;
   paging.page_size = pc.page_size;
   paging.layout = pc.layout;
@@ -283,21 +284,11 @@ TEST(AttentionDevice, SpecialisedKernelsGiveTheGenericKernelsBits) {
     const std::string name = shape.kernel + " for D " +
                              std::to_string(shape.head_dim) + ", " +
                              std::to_string(shape.q_heads) + " query heads";
-    RandomCaseOptions o;
-    o.batch = 2;
-    o.queries = 2;
-    o.q_heads = shape.q_heads;
-    o.kv_heads = 2;
-    o.head_dim = shape.head_dim;
-    o.seq_lens = {37, 13};
-    o.max_gap = 1;
-    o.spread_queries = true;
-    o.kv_dtype = shape.kv;
-    o.seed = 6;
-    PagingOptions paging;
-    paging.page_size = 16;
-    paging.permute_pages = true;
-    std::unique_ptr<Prepared> prep = Prepare(RandomCase(o), paging);
+    PassCase pc = PassCases().back();  // pages of 16, no variant
+    pc.kv = shape.kv;
+    pc.head_dim = shape.head_dim;
+    pc.q_heads = shape.q_heads;
+    std::unique_ptr<Prepared> prep = PreparePassCase(pc);
     std::unique_ptr<CoreRun> core = RunCore(prep->p);
     HostPassOptions generic;
     generic.specialized = false;

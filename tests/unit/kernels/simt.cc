@@ -148,7 +148,7 @@ struct Fiber {
   uint64_t commits = 0;
 };
 
-struct BlockRun {
+struct LaunchState {
   Context scheduler;
   std::vector<Fiber> fibers;
   std::vector<uint64_t> slots;  // [warp][lane] values being exchanged
@@ -161,7 +161,7 @@ struct BlockRun {
   std::string error;  // the first failure
 };
 
-BlockRun* g_launch = nullptr;
+LaunchState* g_launch = nullptr;
 ThreadOrder g_order = ThreadOrder::kFirstToLast;
 
 Fiber& Current() { return *g_launch->current; }
@@ -206,14 +206,14 @@ void CheckMask(uint32_t mask, const char* op) {
   }
 }
 
-std::string Where(const BlockRun& l, const Fiber& f) {
+std::string Where(const LaunchState& l, const Fiber& f) {
   return absl::StrCat("block (", l.block_idx.x, ",", l.block_idx.y, ",",
                       l.block_idx.z, ") thread ", f.thread_idx.x);
 }
 
 // Releases the barrier the waiting fibers can pass; false when none can
 // (a deadlock, recorded as the error).
-bool ReleaseBarriers(BlockRun& l) {
+bool ReleaseBarriers(LaunchState& l) {
   bool all_at_block = true;
   bool any_live = false;
   for (const Fiber& f : l.fibers) {
@@ -275,7 +275,7 @@ bool ReleaseBarriers(BlockRun& l) {
 }
 
 // Runs one block to its end (or to the first failure).
-void RunBlock(BlockRun& l) {
+void RunBlock(LaunchState& l) {
   for (Fiber& f : l.fibers) {
     f.wait = Wait::kRunnable;
     f.op = "";
@@ -374,7 +374,7 @@ absl::Status RunGrid(cuda_internal::KernelGrid grid, int threads_per_block,
         absl::StrCat("simt: bad launch: ", threads_per_block, " threads, ",
                      shared_bytes, " shared bytes"));
   }
-  BlockRun l;
+  LaunchState l;
   l.body = &body;
   l.grid_dim = {grid.x, grid.y, grid.z};
   l.block_dim = {static_cast<uint32_t>(threads_per_block), 1, 1};
