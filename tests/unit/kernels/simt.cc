@@ -12,6 +12,10 @@
 
 #include "absl/strings/str_cat.h"
 
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#endif
+
 namespace attnaudit {
 namespace simt {
 namespace {
@@ -127,6 +131,43 @@ class GuardedBytes {
   size_t mapped_ = 0;
 };
 
+// Under ThreadSanitizer (the race test's build) each fiber is a TSan
+// thread and the barriers are its release/acquire pairs, so an access to
+// shared (or global) memory that no barrier orders with another thread's
+// is reported as a data race: the CPU's racecheck. Switching fibers does
+// not synchronise them, and the scheduler's own bookkeeping is ignored.
+#if defined(__SANITIZE_THREAD__)
+void* RaceNewFiber() { return __tsan_create_fiber(0); }
+void RaceFreeFiber(void* fiber) { __tsan_destroy_fiber(fiber); }
+void* RaceCurrentFiber() { return __tsan_get_current_fiber(); }
+void RaceSwitch(void* to) {
+  __tsan_switch_to_fiber(to, __tsan_switch_to_fiber_no_sync);
+}
+void RaceRelease(void* sync) { __tsan_release(sync); }
+void RaceAcquire(void* sync) { __tsan_acquire(sync); }
+extern "C" void AnnotateIgnoreReadsBegin(const char*, int);
+extern "C" void AnnotateIgnoreReadsEnd(const char*, int);
+extern "C" void AnnotateIgnoreWritesBegin(const char*, int);
+extern "C" void AnnotateIgnoreWritesEnd(const char*, int);
+void RaceIgnoreBegin() {
+  AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+  AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+}
+void RaceIgnoreEnd() {
+  AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+  AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+}
+#else
+void* RaceNewFiber() { return nullptr; }
+void RaceFreeFiber(void*) {}
+void* RaceCurrentFiber() { return nullptr; }
+void RaceSwitch(void*) {}
+void RaceRelease(void*) {}
+void RaceAcquire(void*) {}
+void RaceIgnoreBegin() {}
+void RaceIgnoreEnd() {}
+#endif
+
 enum class Wait { kRunnable, kBlock, kWarp, kDone };
 
 struct PendingCopy {
@@ -146,6 +187,7 @@ struct Fiber {
   const char* op = "";
   std::vector<PendingCopy> copies;
   uint64_t commits = 0;
+  void* race = nullptr;  // its TSan thread (race test builds)
 };
 
 struct LaunchState {
@@ -159,7 +201,17 @@ struct LaunchState {
   char* shared = nullptr;
   const std::function<void()>* body = nullptr;
   std::string error;  // the first failure
+  // Race test builds: the scheduler's TSan thread, and the addresses the
+  // barriers release and acquire (their bytes are never accessed).
+  void* race_scheduler = nullptr;
+  char block_sync = 0;
+  std::vector<char> warp_sync;
 };
+
+// What a block's fibers acquire as they start and release as they end
+// (race test builds): the host's writes before a block, and everything a
+// block did before the next block or the host's reads.
+char g_block_boundary = 0;
 
 LaunchState* g_launch = nullptr;
 ThreadOrder g_order = ThreadOrder::kFirstToLast;
@@ -182,21 +234,37 @@ void LandCopies(Fiber& f, uint64_t below_batch) {
   f.copies = std::move(keep);
 }
 
+// Where a barrier of this kind synchronises the running fiber's scope.
+void* SyncOf(const Fiber& f, Wait wait) {
+  return wait == Wait::kBlock ? &g_launch->block_sync
+                              : &g_launch->warp_sync[f.warp];
+}
+
 void Suspend(Wait wait, const char* op) {
   Fiber& f = Current();
   f.wait = wait;
   f.op = op;
+  RaceRelease(SyncOf(f, wait));
+  RaceSwitch(g_launch->race_scheduler);
   SwitchTo(&f.context, g_launch->scheduler);
+  RaceAcquire(SyncOf(f, wait));
 }
 
 // A fiber's whole life: the kernel, then back to the scheduler for good.
 void FiberMain() {
+  RaceAcquire(&g_block_boundary);
   (*g_launch->body)();
   Fiber& f = Current();
   // A copy never waited for still lands (as on a GPU).
   LandCopies(f, UINT64_MAX);
   f.wait = Wait::kDone;
-  SwitchTo(&f.context, g_launch->scheduler);
+  // Nothing of the launch's state is read after the last release.
+  void* const race_scheduler = g_launch->race_scheduler;
+  Context* const save = &f.context;
+  const Context scheduler = g_launch->scheduler;
+  RaceRelease(&g_block_boundary);
+  RaceSwitch(race_scheduler);
+  SwitchTo(save, scheduler);
 }
 
 void CheckMask(uint32_t mask, const char* op) {
@@ -290,6 +358,7 @@ void RunBlock(LaunchState& l) {
       Fiber& f = l.fibers[g_order == ThreadOrder::kFirstToLast ? i : n - 1 - i];
       if (f.wait != Wait::kRunnable) continue;
       l.current = &f;
+      RaceSwitch(f.race);
       SwitchTo(&l.scheduler, f.context);
       l.current = nullptr;
     }
@@ -379,6 +448,8 @@ absl::Status RunGrid(cuda_internal::KernelGrid grid, int threads_per_block,
   l.grid_dim = {grid.x, grid.y, grid.z};
   l.block_dim = {static_cast<uint32_t>(threads_per_block), 1, 1};
   l.slots.assign(static_cast<size_t>(threads_per_block + kWarpSize), 0);
+  l.warp_sync.assign(static_cast<size_t>(threads_per_block / kWarpSize + 1), 0);
+  l.race_scheduler = RaceCurrentFiber();
   l.fibers.resize(static_cast<size_t>(threads_per_block));
   for (int t = 0; t < threads_per_block; ++t) {
     Fiber& f = l.fibers[t];
@@ -387,12 +458,16 @@ absl::Status RunGrid(cuda_internal::KernelGrid grid, int threads_per_block,
     f.thread_idx = {static_cast<uint32_t>(t), 0, 0};
     f.warp = t / kWarpSize;
     f.lane = t % kWarpSize;
+    f.race = RaceNewFiber();
   }
   GuardedBytes shared(static_cast<size_t>(std::max<int64_t>(shared_bytes, 16)),
                       false);
   if (!shared.ok()) return absl::ResourceExhaustedError("simt: no shared");
   l.shared = shared.begin();
   g_launch = &l;
+  // The host's writes before the launch happen before every block.
+  RaceRelease(&g_block_boundary);
+  RaceIgnoreBegin();
   for (uint32_t z = 0; z < grid.z && l.error.empty(); ++z) {
     for (uint32_t y = 0; y < grid.y && l.error.empty(); ++y) {
       for (uint32_t x = 0; x < grid.x && l.error.empty(); ++x) {
@@ -402,6 +477,9 @@ absl::Status RunGrid(cuda_internal::KernelGrid grid, int threads_per_block,
       }
     }
   }
+  RaceIgnoreEnd();
+  RaceAcquire(&g_block_boundary);
+  for (Fiber& f : l.fibers) RaceFreeFiber(f.race);
   g_launch = nullptr;
   if (!l.error.empty()) return absl::InternalError("simt: " + l.error);
   return absl::OkStatus();
