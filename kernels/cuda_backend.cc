@@ -187,9 +187,10 @@ double ElapsedSeconds(cudaEvent_t a, cudaEvent_t b) {
 // split-KV, R's split combine.
 absl::Status MergeSplits(const PreparedAttention& p, const PassParams& params,
                          const PassWants& wants, const PassOutputs& out,
-                         cudaStream_t stream) {
-  return cuda_internal::LaunchSplitMerge(MergeParamsOf(p, params, wants, out),
-                                         stream);
+                         bool tree_every_level, cudaStream_t stream) {
+  cuda_internal::SplitMergeParams m = MergeParamsOf(p, params, wants, out);
+  m.tree_every_level = tree_every_level ? 1 : 0;
+  return cuda_internal::LaunchSplitMerge(m, stream);
 }
 
 // Timing events on a stream (upload, pass, merge, download), destroyed
@@ -251,6 +252,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   b->max_stage_runs_ = options.max_stage_runs;
   b->shard_uploads_ = options.shard_uploads;
   b->specialized_kernels_ = options.specialized_kernels;
+  b->unit_tree_every_level_ = options.unit_tree_every_level;
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
@@ -374,7 +376,8 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
       cuda_internal::LaunchFusedPass(params, stream_, &specialized));
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.e[4], stream_));
   if (wants.replay || params.splits > 1) {
-    ATTNAUDIT_RETURN_IF_ERROR(MergeSplits(p, params, wants, out, stream_));
+    ATTNAUDIT_RETURN_IF_ERROR(
+        MergeSplits(p, params, wants, out, unit_tree_every_level_, stream_));
   }
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.e[2], stream_));
 

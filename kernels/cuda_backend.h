@@ -86,6 +86,11 @@ struct CudaBackendOptions {
   // kSpecializedPasses); false: always the generic kernel. The same bits
   // either way.
   bool specialized_kernels = true;
+  // The second step's unit tree walks every level of a leaf's carry with
+  // the level as a constant (in registers, at more registers a thread)
+  // instead of the levels the carry needs (in local memory). The same
+  // bits; which is faster is for a GPU to measure (docs/perf-history.md).
+  bool unit_tree_every_level = false;
   // A CP replay over a gang of several GPUs uploads to each GPU only the
   // pages its ranks start the ring with (kernels/shard_pages.h); true does
   // so on one GPU too (tests: the shard path on a one-GPU machine).
@@ -175,6 +180,7 @@ class CudaBackend : public Backend {
   int64_t max_stage_runs_ = 0;
   bool shard_uploads_ = false;
   bool specialized_kernels_ = true;
+  bool unit_tree_every_level_ = false;
   std::atomic<int64_t> comm_bytes_{0};
   CudaGang* gang_ = nullptr;
 };

@@ -142,6 +142,10 @@ struct SplitMergeParams {
   // has); scratch for rows x queries x query heads x tree_blocks roots.
   int64_t tree_block = 1;
   int64_t tree_blocks = 1;
+  // 1: each leaf walks every level of its tree (ElementTree's
+  // kEveryLevel: registers instead of local memory on a GPU, at more
+  // registers a thread); the same bits.
+  int tree_every_level = 0;
   float* tree_out = nullptr;  // [query][block][D]
   float* tree_lse = nullptr;  // [query][block]
   // R: `splits` partial states r_part_* (split stride r_split_stride); null

@@ -141,6 +141,12 @@ phase bench-generic 90 "$OUT/bench_generic.txt" bash -c \
   "'$BIN/attnaudit_bench_gpu' --generic-kernels --repeats 3 --bandwidth-only &&
    '$BIN/attnaudit_bench_gpu' --generic-kernels --batch 1 --repeats 3 \
      --contexts 32768,131072 --bandwidth-only"
+# The unit tree's every-level carry (registers) against the default (local
+# memory) in the bench phase: the merge column.
+phase bench-tree-every-level 90 "$OUT/bench_tree_every_level.txt" bash -c \
+  "'$BIN/attnaudit_bench_gpu' --tree-every-level --repeats 3 --bandwidth-only &&
+   '$BIN/attnaudit_bench_gpu' --tree-every-level --batch 1 --repeats 3 \
+     --contexts 32768,131072 --bandwidth-only"
 # The upload's baseline: the staging copies on one host thread.
 phase bench-copy1 90 "$OUT/bench_copy1.txt" \
   "$BIN/attnaudit_bench_gpu" --contexts 4096 --repeats 5 --copy-threads 1

@@ -18,7 +18,7 @@
 // Usage: attnaudit_bench_gpu [--device N] [--repeats N] [--batch B]
 //        [--contexts 4096,32768,131072] [--world W] [--json PATH]
 //        [--bandwidth-only] [--pool-gib G] [--max-splits N]
-//        [--max-stage-runs N] [--generic-kernels]
+//        [--max-stage-runs N] [--generic-kernels] [--tree-every-level]
 //        [--copy-threads N]
 // The P column splits off the second step's share (P's unit tree) and the
 // splits (blocks per row along its runs) the backend chose.
@@ -69,7 +69,8 @@ struct Flags {
   int64_t max_splits = 0;      // 0: the backend's choice; 1: no split-KV
   int64_t max_stage_runs = 0;  // 0: the backend's choice; 1: a run a stage
   int copy_threads = 0;        // staging copies; 0: every hardware thread
-  bool generic_kernels = false;  // never the kernel built for the shape
+  bool generic_kernels = false;   // never the kernel built for the shape
+  bool tree_every_level = false;  // the unit tree's every-level carry
   std::string json;
 };
 
@@ -102,6 +103,10 @@ Flags ParseFlags(int argc, char** argv) {
   app.add_flag("--generic-kernels", f.generic_kernels,
                "always the pass's generic kernel, not the one built for "
                "the head dim and dtype (the specialisation's baseline)");
+  app.add_flag("--tree-every-level", f.tree_every_level,
+               "the second step's unit tree walks every level of a carry "
+               "(in registers) instead of the levels it needs (in local "
+               "memory)");
   app.add_option("--copy-threads", f.copy_threads,
                  "host threads copying into and out of the pinned staging "
                  "buffers (0: every hardware thread, as one GPU worker on "
@@ -470,6 +475,7 @@ int Main(int argc, char** argv) {
   o.max_splits = f.max_splits;
   o.max_stage_runs = f.max_stage_runs;
   o.specialized_kernels = !f.generic_kernels;
+  o.unit_tree_every_level = f.tree_every_level;
   o.host_copy_threads = f.copy_threads;
   absl::StatusOr<std::unique_ptr<CudaBackend>> gpu = CudaBackend::Create(o);
   if (!gpu.ok()) Die(gpu.status());

@@ -57,8 +57,10 @@ ATTNAUDIT_HOST_DEVICE inline int LevelsFor(int64_t units) {
 // Reset() starts it; Add the present leaves in ascending index order
 // (skipped indices are empty), then Finish. Each merge computes its
 // weights once for the kWidth elements; every element gets the bits of a
-// one-element tree.
-template <int kLevels, int kWidth = 1>
+// one-element tree. kEveryLevel: a leaf walks every level with the level
+// as a constant index (a GPU compiler that unrolls it keeps the tree in
+// registers, not in local memory), the same merges in the same order.
+template <int kLevels, int kWidth = 1, bool kEveryLevel = false>
 struct ElementTree {
   float out[kLevels][kWidth];
   float lse[kLevels];
@@ -66,7 +68,14 @@ struct ElementTree {
   long long next;  // leaves below are in
 
   ATTNAUDIT_HOST_DEVICE void Reset() {
-    for (int k = 0; k < kLevels; ++k) has[k] = false;
+    if constexpr (kEveryLevel) {
+#if defined(ATTNAUDIT_DEVICE_CODE)
+#pragma unroll
+#endif
+      for (int k = 0; k < kLevels; ++k) has[k] = false;
+    } else {
+      for (int k = 0; k < kLevels; ++k) has[k] = false;
+    }
     next = 0;
   }
 
@@ -83,8 +92,17 @@ struct ElementTree {
     bool nh = false;
     for (int x = 0; x < kWidth; ++x) o[x] = 0.0f;
     float nl = merge_step::F::NegInf();
-    for (int k = 0; k < kLevels; ++k) {
-      if (has[k]) JoinLeft(k, &nh, o, &nl);
+    if constexpr (kEveryLevel) {
+#if defined(ATTNAUDIT_DEVICE_CODE)
+#pragma unroll
+#endif
+      for (int k = 0; k < kLevels; ++k) {
+        if (has[k]) JoinLeft(k, &nh, o, &nl);
+      }
+    } else {
+      for (int k = 0; k < kLevels; ++k) {
+        if (has[k]) JoinLeft(k, &nh, o, &nl);
+      }
     }
     *l = nl;
   }
@@ -125,6 +143,10 @@ struct ElementTree {
                                    const float (&leaf)[kWidth], float nl) {
     float no[kWidth];
     for (int x = 0; x < kWidth; ++x) no[x] = leaf[x];
+    if constexpr (kEveryLevel) {
+      CarryEveryLevel(v, nh, no, nl);
+      return;
+    }
     int k = 0;
     for (; (v >> k) & 1; ++k) {
       if (!has[k]) continue;
@@ -134,6 +156,30 @@ struct ElementTree {
     has[k] = nh;
     for (int x = 0; x < kWidth; ++x) out[k][x] = no[x];
     lse[k] = nl;
+  }
+
+  // Carry's walk over every level: merges at the levels whose bit of v is
+  // 1, the node placed at the first whose bit is 0.
+  ATTNAUDIT_HOST_DEVICE void CarryEveryLevel(long long v, bool nh,
+                                             float (&no)[kWidth], float nl) {
+    bool placed = false;
+#if defined(ATTNAUDIT_DEVICE_CODE)
+#pragma unroll
+#endif
+    for (int k = 0; k < kLevels; ++k) {
+      if (placed) continue;
+      if ((v >> k) & 1) {
+        if (has[k]) {
+          JoinLeft(k, &nh, no, &nl);
+          has[k] = false;
+        }
+        continue;
+      }
+      has[k] = nh;
+      for (int x = 0; x < kWidth; ++x) out[k][x] = no[x];
+      lse[k] = nl;
+      placed = true;
+    }
   }
 };
 

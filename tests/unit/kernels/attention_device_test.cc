@@ -188,10 +188,13 @@ TEST(AttentionDevice, EveryLaunchShapeKeepsPsBits) {
     std::string name;
     int64_t max_splits;
     int64_t max_stage_runs;
+    bool tree_every_level;
   };
-  const std::vector<Shape> shapes = {{"the H200 plan", 0, 0},
-                                     {"two splits", 2, 0},
-                                     {"two runs a stage", 1, 2}};
+  const std::vector<Shape> shapes = {
+      {"the H200 plan", 0, 0, false},
+      {"two splits", 2, 0, false},
+      {"two runs a stage", 1, 2, false},
+      {"the unit tree's every-level carry", 0, 0, true}};
   for (const PassCase& pc : PassCases()) {
     std::unique_ptr<Prepared> prep = PreparePassCase(pc);
     std::unique_ptr<CoreRun> core = RunCore(prep->p);
@@ -202,6 +205,7 @@ TEST(AttentionDevice, EveryLaunchShapeKeepsPsBits) {
         HostPassOptions o;
         o.max_splits = shape.max_splits;
         o.max_stage_runs = shape.max_stage_runs;
+        o.tree_every_level = shape.tree_every_level;
         o.order = order;
         absl::StatusOr<HostPassRun> mine = RunPassOnHost(prep->p, nullptr, o);
         ASSERT_TRUE(mine.ok()) << what << ": " << mine.status();

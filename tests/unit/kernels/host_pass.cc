@@ -137,8 +137,10 @@ absl::StatusOr<HostPassRun> RunPassOnHost(const PreparedAttention& p,
   simt::Launcher launcher;
   absl::Status s = cuda_internal::RunFusedPass(params, launcher);
   if (s.ok() && (wants.replay || params.splits > 1)) {
-    s = cuda_internal::RunSplitMerge(
-        cuda_internal::MergeParamsOf(p, params, wants, out), launcher);
+    cuda_internal::SplitMergeParams m =
+        cuda_internal::MergeParamsOf(p, params, wants, out);
+    m.tree_every_level = options.tree_every_level ? 1 : 0;
+    s = cuda_internal::RunSplitMerge(m, launcher);
   }
   if (!s.ok()) return s;
 

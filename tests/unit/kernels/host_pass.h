@@ -30,7 +30,8 @@ struct HostPassOptions {
   AttentionPasses passes = AttentionPasses::kBoth;
   bool record_merge_orders = false;
   simt::ThreadOrder order = simt::ThreadOrder::kFirstToLast;
-  bool specialized = true;  // CudaBackendOptions::specialized_kernels
+  bool specialized = true;        // CudaBackendOptions::specialized_kernels
+  bool tree_every_level = false;  // ...::unit_tree_every_level
 };
 
 struct HostPassRun {

@@ -161,25 +161,29 @@ TEST(MergeTreeTest, EveryFormIsTheRecursiveDefinition) {
 
       // Four adjacent elements in one tree (one weight per merge): each
       // has the one-element tree's bits; the last group may run past d.
-      for (int64_t i = 0; i < d; i += 4) {
-        ElementTree<12, 4> e;
-        e.Reset();
-        for (int64_t u = 0; u < units; ++u) {
-          float four[4];
-          for (int x = 0; x < 4; ++x) {
-            four[x] = i + x < d ? leaves[u].out[i + x] : 0.0f;
+      // The same walking every level (kEveryLevel).
+      auto four_at_a_time = [&](auto tree, const std::string& how) {
+        for (int64_t i = 0; i < d; i += 4) {
+          tree.Reset();
+          for (int64_t u = 0; u < units; ++u) {
+            float four[4];
+            for (int x = 0; x < 4; ++x) {
+              four[x] = i + x < d ? leaves[u].out[i + x] : 0.0f;
+            }
+            tree.Add(u, four, leaves[u].lse);
           }
-          e.Add(u, four, leaves[u].lse);
+          float o[4];
+          float l = 0;
+          tree.Finish(o, &l);
+          for (int x = 0; x < 4 && i + x < d; ++x) {
+            ASSERT_EQ(0, std::memcmp(&o[x], &want.out[i + x], sizeof o[x]))
+                << what << ", " << how << ", element " << i + x;
+          }
+          ASSERT_EQ(0, std::memcmp(&l, &want.lse, sizeof l)) << what;
         }
-        float o[4];
-        float l = 0;
-        e.Finish(o, &l);
-        for (int x = 0; x < 4 && i + x < d; ++x) {
-          ASSERT_EQ(0, std::memcmp(&o[x], &want.out[i + x], sizeof o[x]))
-              << what << ", four at a time, element " << i + x;
-        }
-        ASSERT_EQ(0, std::memcmp(&l, &want.lse, sizeof l)) << what;
-      }
+      };
+      four_at_a_time(ElementTree<12, 4>(), "four at a time");
+      four_at_a_time(ElementTree<12, 4, true>(), "every level");
 
       // The GPU's phases: roots of aligned blocks of 2^m leaves, then the
       // tree over the roots.
