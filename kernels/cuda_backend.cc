@@ -30,7 +30,6 @@ using cuda_internal::PassParams;
 using cuda_internal::PassWants;
 using cuda_internal::PinnedStaging;
 using cuda_internal::PlanPoolRuns;
-using cuda_internal::PlanSplits;
 using cuda_internal::PoolRuns;
 
 namespace {
@@ -329,31 +328,31 @@ absl::StatusOr<AttentionResults> CudaBackend::RunAttention(
       cuda_internal::DeviceSnapshot snap,
       cuda_internal::UploadSnapshot(p, *arena_, *staging_, stream_));
   const PoolRuns plan = PlanPoolRuns(p);
-  PassParams params = cuda_internal::BaseParams(p, snap);
-  params.rows = d.batch;
-  PassWants wants;
-  wants.reference = options.passes != AttentionPasses::kReplayOnly;
-  wants.replay = options.passes != AttentionPasses::kReferenceOnly;
-  params.reference = wants.reference;
-  params.specialized = specialized_kernels_ ? 1 : 0;
-  UnitStates* states = options.unit_states;
-  params.store_p_states = wants.replay || states != nullptr ? 1 : 0;
-  params.store_r_states = states != nullptr && states->has_reference ? 1 : 0;
   int max_shared = 0;
+  int multiprocessors = 0;
   ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
       &max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, info_.ordinal));
-  if (!cuda_internal::FitPassToSharedMemory(&params, max_shared,
-                                            max_stage_runs_)) {
+  ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
+      &multiprocessors, cudaDevAttrMultiProcessorCount, info_.ordinal));
+  cuda_internal::PassDevice device;
+  device.max_shared = max_shared;
+  device.multiprocessors = multiprocessors;
+  device.free_bytes = arena_->capacity() - arena_->used();
+  device.max_splits = max_splits_;
+  device.max_stage_runs = max_stage_runs_;
+  device.specialized = specialized_kernels_;
+  UnitStates* states = options.unit_states;
+  PassParams params;
+  PassWants wants;
+  if (!cuda_internal::PlanPoolPass(p, snap, plan, options.passes,
+                                   states != nullptr,
+                                   states != nullptr && states->has_reference,
+                                   device, &params, &wants)) {
     return absl::UnimplementedError(absl::StrCat(
         "cuda: a page of ", d.page_size, " tokens x head dim ", d.head_dim,
         " does not fit one thread block's shared memory (", max_shared,
         " bytes)"));
   }
-  int multiprocessors = 0;
-  ATTNAUDIT_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
-      &multiprocessors, cudaDevAttrMultiProcessorCount, info_.ordinal));
-  PlanSplits(plan, multiprocessors, max_splits_,
-             arena_->capacity() - arena_->used(), &params);
   ATTNAUDIT_ASSIGN_OR_RETURN(
       params.runs,
       UploadVector(plan.runs, "runs", *arena_, *staging_, stream_));

@@ -239,6 +239,27 @@ void PlanSplits(const PoolRuns& plan, int multiprocessors, int64_t max_splits,
       (params->row_begin + params->rows) * params->queries * params->q_heads;
 }
 
+bool PlanPoolPass(const PreparedAttention& p, const PassInputs& in,
+                  const PoolRuns& plan, AttentionPasses passes,
+                  bool unit_states, bool r_states, const PassDevice& device,
+                  PassParams* params, PassWants* wants) {
+  *params = BaseParams(p, in);
+  params->rows = p.dims.batch;
+  wants->reference = passes != AttentionPasses::kReplayOnly;
+  wants->replay = passes != AttentionPasses::kReferenceOnly;
+  params->reference = wants->reference ? 1 : 0;
+  params->specialized = device.specialized ? 1 : 0;
+  params->store_p_states = wants->replay || unit_states ? 1 : 0;
+  params->store_r_states = unit_states && r_states ? 1 : 0;
+  if (!FitPassToSharedMemory(params, device.max_shared,
+                             device.max_stage_runs)) {
+    return false;
+  }
+  PlanSplits(plan, device.multiprocessors, device.max_splits, device.free_bytes,
+             params);
+  return true;
+}
+
 PassOutputCounts CountPassOutputs(const PreparedAttention& p,
                                   const PassParams& params) {
   const SnapshotDims& d = p.dims;

@@ -108,6 +108,28 @@ struct PassWants {
   bool replay = false;
 };
 
+// The device a whole-pool pass is planned for, and the backend's caps.
+struct PassDevice {
+  int64_t max_shared = 0;  // opt-in shared memory per block
+  int multiprocessors = 0;
+  int64_t free_bytes = 0;  // of the pool, for the split-KV states
+  int64_t max_splits = 0;  // CudaBackendOptions's
+  int64_t max_stage_runs = 0;
+  bool specialized = true;
+};
+
+// The fused pass over the whole pool (CudaBackend::ComputeAttention):
+// *params from BaseParams with what `passes` and the unit states asked
+// for (`unit_states`, with R's when `r_states`) need computed, fitted to
+// the device's shared memory, split for its multiprocessors; *wants what
+// the pass produces. The runs, units and outputs are the caller's to
+// place. False when one page does not fit a block (the caller reports
+// Unimplemented).
+bool PlanPoolPass(const PreparedAttention& p, const PassInputs& in,
+                  const PoolRuns& plan, AttentionPasses passes,
+                  bool unit_states, bool r_states, const PassDevice& device,
+                  PassParams* params, PassWants* wants);
+
 // Element counts of a pass's buffers for the params' choices (zero where
 // the pass does not write that buffer).
 struct PassOutputCounts {

@@ -104,21 +104,20 @@ absl::StatusOr<HostPassRun> RunPassOnHost(const PreparedAttention& p,
   const cuda_internal::PoolRuns plan = cuda_internal::PlanPoolRuns(p);
   HostPassRun run;
   PassParams& params = run.params;
-  params = cuda_internal::BaseParams(p, in);
-  params.rows = d.batch;
+  cuda_internal::PassDevice device;
+  device.max_shared = options.max_shared;
+  device.multiprocessors = options.multiprocessors;
+  device.free_bytes = options.free_bytes;
+  device.max_splits = options.max_splits;
+  device.max_stage_runs = options.max_stage_runs;
+  device.specialized = options.specialized;
   cuda_internal::PassWants wants;
-  wants.reference = options.passes != AttentionPasses::kReplayOnly;
-  wants.replay = options.passes != AttentionPasses::kReferenceOnly;
-  params.reference = wants.reference;
-  params.specialized = options.specialized ? 1 : 0;
-  params.store_p_states = wants.replay || states != nullptr ? 1 : 0;
-  params.store_r_states = states != nullptr && states->has_reference ? 1 : 0;
-  if (!cuda_internal::FitPassToSharedMemory(&params, options.max_shared,
-                                            options.max_stage_runs)) {
+  if (!cuda_internal::PlanPoolPass(p, in, plan, options.passes,
+                                   states != nullptr,
+                                   states != nullptr && states->has_reference,
+                                   device, &params, &wants)) {
     return absl::UnimplementedError("the pass does not fit shared memory");
   }
-  cuda_internal::PlanSplits(plan, options.multiprocessors, options.max_splits,
-                            options.free_bytes, &params);
   params.runs = plan.runs.data();
   params.units = plan.units.data();
   params.row_runs = plan.row_runs.data();
