@@ -10,6 +10,8 @@ absl::string_view VerdictName(Verdict v) {
       return "DRIFT";
     case Verdict::kInvalid:
       return "INVALID";
+    case Verdict::kInconclusive:
+      return "INCONCLUSIVE";
     case Verdict::kUnspecified:
       break;
   }

@@ -18,7 +18,10 @@ enum class Verdict : int {
   kUnspecified = 0,
   kPass = 1,
   kDrift = 2,
-  kInvalid = 3
+  kInvalid = 3,
+  // Nothing drifted, but the audit could not verify what a PASS promises
+  // (AuditReport::inconclusive_reasons say why). Never a PASS.
+  kInconclusive = 4,
 };
 
 // Which two results are compared: candidate vs baseline.
@@ -235,6 +238,24 @@ struct Provenance {
   // "engine inv_freq", "engine rows" (rows for some positions, the rest
   // from inv_freq or the config), or "" when it rotated nothing.
   std::string rope_source;
+  // "measured", "preset", "declared" or "undeclared", and the
+  // declaration's evidence line (EnginePrecision::evidence).
+  std::string precision_source;
+  std::string precision_evidence;
+  // What this audit could not see and why, one line each.
+  std::vector<std::string> sensitivity;
+};
+
+// The engine output against the convex hull of its visible V rows
+// (docs/NUMERICS.md, "The convex hull").
+struct HullCheck {
+  bool present = false;  // the snapshot carried an engine output
+  int64_t checked = 0;
+  int64_t outside = 0;
+  Location worst;  // the element farthest outside its widened bounds
+  double worst_value = 0;
+  double worst_low = 0;
+  double worst_high = 0;
 };
 
 // One context-parallel check: a candidate against a baseline over out and
@@ -323,6 +344,12 @@ struct AuditReport {
   // The rolling RoPE check and the RoPE table check, when the snapshot
   // carried their inputs; a DRIFT among them makes the report DRIFT.
   std::vector<RopeCheckResult> rope_checks;
+  // Why the verdict is INCONCLUSIVE, one line each.
+  std::vector<std::string> inconclusive_reasons;
+  // The request's departures from the policy, one line each; any makes the
+  // report "overridden" in metrics and the CLI.
+  std::vector<std::string> overrides;
+  HullCheck hull;
 
   const ComparisonResult* Find(Comparison c) const;
 };

@@ -20,6 +20,7 @@
 #ifndef ATTNAUDIT_CORE_SNAPSHOT_SNAPSHOT_H_
 #define ATTNAUDIT_CORE_SNAPSHOT_SNAPSHOT_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -115,6 +116,23 @@ enum class EngineProfile : int {
   kTorchFlashCpu = 5,  // torch's CPU flash attention (sdpa on the CPU)
 };
 
+// How an engine narrows an fp32 value to a 16-bit dtype.
+enum class Rounding : int {
+  kProfile = 0,      // unset: the profile's (nearest-even for every profile)
+  kNearestEven = 1,  // IEEE round to nearest, ties to even
+  kTowardZero = 2,   // truncation (vLLM's CPU bf16 without AVX512_BF16)
+};
+
+// The longest EnginePrecision::evidence a snapshot may carry.
+inline constexpr size_t kMaxPrecisionEvidenceBytes = 1024;
+
+// Where a precision declaration came from (reported as it is).
+enum class PrecisionSource : int {
+  kUnspecified = 0,  // written by hand, or nothing declared
+  kPreset = 1,       // a named engine preset
+  kMeasured = 2,     // the engine probe ran the engine's ops on the host
+};
+
 struct EnginePrecision {
   EngineProfile profile = EngineProfile::kUnspecified;
   // Each replaces the profile's value when set (kInvalid / 0: unset).
@@ -122,6 +140,12 @@ struct EnginePrecision {
   DType probability_dtype = DType::kInvalid;
   int exp_ulps = 0;
   int64_t split_keys = 0;
+  Rounding score_rounding = Rounding::kProfile;
+  Rounding probability_rounding = Rounding::kProfile;
+  Rounding output_rounding = Rounding::kProfile;
+  Rounding rope_rounding = Rounding::kProfile;
+  PrecisionSource source = PrecisionSource::kUnspecified;
+  std::string evidence;  // at most kMaxPrecisionEvidenceBytes (validated)
 };
 
 enum class CpSharding : int {

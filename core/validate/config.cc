@@ -202,6 +202,26 @@ absl::Status CheckPrecision(const EnginePrecision& p) {
   if (p.split_keys < 0) {
     return Invalid("precision.split_keys", "must be >= 0, got ", p.split_keys);
   }
+  for (const auto& [field, rounding] :
+       {std::pair<const char*, Rounding>{"precision.score_rounding",
+                                         p.score_rounding},
+        {"precision.probability_rounding", p.probability_rounding},
+        {"precision.output_rounding", p.output_rounding},
+        {"precision.rope_rounding", p.rope_rounding}}) {
+    if (!InEnum(rounding, Rounding::kProfile, Rounding::kTowardZero)) {
+      return Invalid(field, "unknown value ", static_cast<int>(rounding));
+    }
+  }
+  if (!InEnum(p.source, PrecisionSource::kUnspecified,
+              PrecisionSource::kMeasured)) {
+    return Invalid("precision.source", "unknown value ",
+                   static_cast<int>(p.source));
+  }
+  if (p.evidence.size() > kMaxPrecisionEvidenceBytes) {
+    return Invalid("precision.evidence", "must be at most ",
+                   kMaxPrecisionEvidenceBytes, " bytes, got ",
+                   p.evidence.size());
+  }
   return absl::OkStatus();
 }
 

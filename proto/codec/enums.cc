@@ -21,6 +21,19 @@ static_assert(v1::VERDICT_UNSPECIFIED ==
 static_assert(v1::VERDICT_PASS == static_cast<int>(Verdict::kPass));
 static_assert(v1::VERDICT_DRIFT == static_cast<int>(Verdict::kDrift));
 static_assert(v1::VERDICT_INVALID == static_cast<int>(Verdict::kInvalid));
+static_assert(v1::VERDICT_INCONCLUSIVE ==
+              static_cast<int>(Verdict::kInconclusive));
+static_assert(v1::ROUNDING_UNSPECIFIED == static_cast<int>(Rounding::kProfile));
+static_assert(v1::ROUNDING_NEAREST_EVEN ==
+              static_cast<int>(Rounding::kNearestEven));
+static_assert(v1::ROUNDING_TOWARD_ZERO ==
+              static_cast<int>(Rounding::kTowardZero));
+static_assert(v1::PRECISION_SOURCE_UNSPECIFIED ==
+              static_cast<int>(PrecisionSource::kUnspecified));
+static_assert(v1::PRECISION_SOURCE_PRESET ==
+              static_cast<int>(PrecisionSource::kPreset));
+static_assert(v1::PRECISION_SOURCE_MEASURED ==
+              static_cast<int>(PrecisionSource::kMeasured));
 
 absl::Status UnknownEnumValue(absl::string_view field, int value) {
   return absl::InvalidArgumentError(
@@ -113,6 +126,21 @@ absl::StatusOr<EngineProfile> DecodeEngineProfile(int value,
       return EngineProfile::kTorchFlashCpu;
   }
   return UnknownEnumValue(field, value);
+}
+
+absl::StatusOr<Rounding> DecodeRounding(int value, absl::string_view field) {
+  if (value < v1::Rounding_MIN || value > v1::Rounding_MAX) {
+    return UnknownEnumValue(field, value);
+  }
+  return static_cast<Rounding>(value);
+}
+
+absl::StatusOr<PrecisionSource> DecodePrecisionSource(int value,
+                                                      absl::string_view field) {
+  if (value < v1::PrecisionSource_MIN || value > v1::PrecisionSource_MAX) {
+    return UnknownEnumValue(field, value);
+  }
+  return static_cast<PrecisionSource>(value);
 }
 
 absl::StatusOr<CpSharding> DecodeCpSharding(int value,
@@ -262,6 +290,14 @@ v1::EngineProfile EncodeEngineProfile(EngineProfile profile) {
       break;
   }
   return v1::ENGINE_PROFILE_UNSPECIFIED;
+}
+
+v1::Rounding EncodeRounding(Rounding rounding) {
+  return static_cast<v1::Rounding>(rounding);
+}
+
+v1::PrecisionSource EncodePrecisionSource(PrecisionSource source) {
+  return static_cast<v1::PrecisionSource>(source);
 }
 
 v1::CpSharding EncodeCpSharding(CpSharding sharding) {

@@ -40,6 +40,9 @@ absl::StatusOr<RopeCastPoint> DecodeRopeCastPoint(int value,
 absl::StatusOr<EngineProfile> DecodeEngineProfile(int value,
                                                   absl::string_view field);
 absl::StatusOr<CpSharding> DecodeCpSharding(int value, absl::string_view field);
+absl::StatusOr<Rounding> DecodeRounding(int value, absl::string_view field);
+absl::StatusOr<PrecisionSource> DecodePrecisionSource(int value,
+                                                      absl::string_view field);
 absl::StatusOr<LseBase> DecodeLseBase(int value, absl::string_view field);
 absl::StatusOr<SlidingWindowConvention> DecodeWindowConvention(
     int value, absl::string_view field);
@@ -58,6 +61,8 @@ v1::RopeScalingType EncodeRopeScalingType(RopeScalingType type);
 v1::RopeCastPoint EncodeRopeCastPoint(RopeCastPoint point);
 v1::EngineProfile EncodeEngineProfile(EngineProfile profile);
 v1::CpSharding EncodeCpSharding(CpSharding sharding);
+v1::Rounding EncodeRounding(Rounding rounding);
+v1::PrecisionSource EncodePrecisionSource(PrecisionSource source);
 v1::LseBase EncodeLseBase(LseBase base);
 v1::SlidingWindowConvention EncodeWindowConvention(
     SlidingWindowConvention convention);

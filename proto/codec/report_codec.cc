@@ -464,6 +464,9 @@ void EncodeProvenance(const Provenance& p, v1::Provenance* m) {
   m->set_prefix_fingerprint_scheme(p.prefix_fingerprint_scheme);
   m->set_engine_profile(p.engine_profile);
   m->set_rope_source(p.rope_source);
+  m->set_precision_source(p.precision_source);
+  m->set_precision_evidence(p.precision_evidence);
+  for (const std::string& line : p.sensitivity) m->add_sensitivity(line);
   v1::StageTimings* t = m->mutable_timings();
   t->set_validate_seconds(p.timings.validate_seconds);
   t->set_reference_seconds(p.timings.reference_seconds);
@@ -510,6 +513,9 @@ absl::Status DecodeProvenance(const v1::Provenance& m, Provenance* p) {
   p->prefix_fingerprint_scheme = m.prefix_fingerprint_scheme();
   p->engine_profile = m.engine_profile();
   p->rope_source = m.rope_source();
+  p->precision_source = m.precision_source();
+  p->precision_evidence = m.precision_evidence();
+  p->sensitivity.assign(m.sensitivity().begin(), m.sensitivity().end());
   const v1::StageTimings& t = m.timings();
   p->timings.validate_seconds = t.validate_seconds();
   p->timings.reference_seconds = t.reference_seconds();
@@ -637,6 +643,37 @@ absl::Status DecodeCp(const v1::CpReport& m, CpReport* cp) {
   return absl::OkStatus();
 }
 
+void EncodeVerdictNotes(const AuditReport& r, v1::AuditReport* msg) {
+  for (const std::string& line : r.inconclusive_reasons) {
+    msg->add_inconclusive_reasons(line);
+  }
+  for (const std::string& line : r.overrides) msg->add_overrides(line);
+  if (!r.hull.present) return;
+  v1::HullCheck* h = msg->mutable_hull();
+  h->set_checked(r.hull.checked);
+  h->set_outside(r.hull.outside);
+  EncodeLocation(r.hull.worst, h->mutable_worst());
+  h->set_worst_value(r.hull.worst_value);
+  h->set_worst_low(r.hull.worst_low);
+  h->set_worst_high(r.hull.worst_high);
+}
+
+void DecodeVerdictNotes(const v1::AuditReport& msg, AuditReport* r) {
+  r->inconclusive_reasons.assign(msg.inconclusive_reasons().begin(),
+                                 msg.inconclusive_reasons().end());
+  r->overrides.assign(msg.overrides().begin(), msg.overrides().end());
+  if (!msg.has_hull()) return;
+  const v1::HullCheck& h = msg.hull();
+  r->hull.present = true;
+  r->hull.checked = h.checked();
+  r->hull.outside = h.outside();
+  r->hull.worst = {h.worst().batch(), h.worst().query(), h.worst().head(),
+                   h.worst().dim()};
+  r->hull.worst_value = h.worst_value();
+  r->hull.worst_low = h.worst_low();
+  r->hull.worst_high = h.worst_high();
+}
+
 }  // namespace
 
 void ReportToProto(const AuditReport& report, v1::AuditReport* msg) {
@@ -660,6 +697,7 @@ void ReportToProto(const AuditReport& report, v1::AuditReport* msg) {
   if (report.cp.present) EncodeCp(report.cp, msg->mutable_cp());
   EncodeDiagnoses(report, msg);
   EncodeRopeChecks(report, msg);
+  EncodeVerdictNotes(report, msg);
 }
 
 absl::StatusOr<AuditReport> ReportFromProto(const v1::AuditReport& msg) {
@@ -688,6 +726,7 @@ absl::StatusOr<AuditReport> ReportFromProto(const v1::AuditReport& msg) {
   if (msg.has_cp()) ATTNAUDIT_RETURN_IF_ERROR(DecodeCp(msg.cp(), &report.cp));
   DecodeDiagnoses(msg, &report);
   ATTNAUDIT_RETURN_IF_ERROR(DecodeRopeChecks(msg, &report));
+  DecodeVerdictNotes(msg, &report);
   return report;
 }
 

@@ -163,6 +163,13 @@ void codec_internal::EncodeScalars(const Snapshot& s, v1::Snapshot* m) {
   precision->set_probability_dtype(EncodeDType(s.precision.probability_dtype));
   precision->set_exp_ulps(s.precision.exp_ulps);
   precision->set_split_keys(s.precision.split_keys);
+  precision->set_score_rounding(EncodeRounding(s.precision.score_rounding));
+  precision->set_probability_rounding(
+      EncodeRounding(s.precision.probability_rounding));
+  precision->set_output_rounding(EncodeRounding(s.precision.output_rounding));
+  precision->set_rope_rounding(EncodeRounding(s.precision.rope_rounding));
+  precision->set_source(EncodePrecisionSource(s.precision.source));
+  precision->set_evidence(s.precision.evidence);
   m->set_logprob_temperature(s.logprob_temperature);
 
   v1::PrefixCache* prefix = m->mutable_prefix();
@@ -176,6 +183,23 @@ void codec_internal::EncodeScalars(const Snapshot& s, v1::Snapshot* m) {
 }
 
 namespace {
+
+absl::Status DecodePrecisionRounding(const v1::EnginePrecision& m,
+                                     EnginePrecision* p) {
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      p->score_rounding,
+      DecodeRounding(m.score_rounding(), "precision.score_rounding"));
+  ATTNAUDIT_ASSIGN_OR_RETURN(p->probability_rounding,
+                             DecodeRounding(m.probability_rounding(),
+                                            "precision.probability_rounding"));
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      p->output_rounding,
+      DecodeRounding(m.output_rounding(), "precision.output_rounding"));
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      p->rope_rounding,
+      DecodeRounding(m.rope_rounding(), "precision.rope_rounding"));
+  return absl::OkStatus();
+}
 
 absl::Status DecodeScalars(const v1::Snapshot& m, Snapshot* s) {
   ATTNAUDIT_ASSIGN_OR_RETURN(s->kv_layout,
@@ -212,6 +236,11 @@ absl::Status DecodeScalars(const v1::Snapshot& m, Snapshot* s) {
                                          "precision.probability_dtype"));
   s->precision.exp_ulps = precision.exp_ulps();
   s->precision.split_keys = precision.split_keys();
+  ATTNAUDIT_RETURN_IF_ERROR(DecodePrecisionRounding(precision, &s->precision));
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      s->precision.source,
+      DecodePrecisionSource(precision.source(), "precision.source"));
+  s->precision.evidence = precision.evidence();
   s->logprob_temperature = OrDefault(m.logprob_temperature(), 1.0);
 
   const v1::PrefixCache& prefix = m.prefix();

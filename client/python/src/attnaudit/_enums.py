@@ -65,6 +65,8 @@ WINDOW = (snapshot_pb2.SlidingWindowConvention, "SLIDING_WINDOW_CONVENTION_")
 SCHEME = (snapshot_pb2.FingerprintScheme, "FINGERPRINT_SCHEME_")
 CAST_POINT = (snapshot_pb2.RopeCastPoint, "ROPE_CAST_POINT_")
 ENGINE_PROFILE = (snapshot_pb2.EngineProfile, "ENGINE_PROFILE_")
+ROUNDING = (snapshot_pb2.Rounding, "ROUNDING_")
+PRECISION_SOURCE = (snapshot_pb2.PrecisionSource, "PRECISION_SOURCE_")
 
 ROPE_STATE_ALIASES = {"post": "post_rope", "pre": "pre_rope"}
 WINDOW_ALIASES = {"hf": "hugging_face", "huggingface": "hugging_face",
@@ -73,5 +75,8 @@ PROFILE_ALIASES = {"vllm-cpu": "vllm_cpu", "hf-eager": "hf_eager",
                    "torch-flash-cpu": "torch_flash_cpu",
                    "flash-decoding": "flash_decoding",
                    "conservative": "unspecified"}
+ROUNDING_ALIASES = {"nearest": "nearest_even", "rne": "nearest_even",
+                    "truncate": "toward_zero", "truncation": "toward_zero",
+                    "rtz": "toward_zero"}
 SCALING_ALIASES = {"default": "none", "llama3": "llama3", "yarn": "yarn",
                    "linear": "linear"}

@@ -682,9 +682,12 @@ def _apply_options(meta: snapshot_pb2.Snapshot, tensors: Dict[str, A.WireTensor]
     if preset and not (isinstance(rope, Mapping) and rope.get("cast_point")):
         meta.rope.cast_point = E.parse_enum(*E.CAST_POINT, preset["cast_point"],
                                             "rope.cast_point")
-    precision = precision if precision is not None else (preset or {}).get("precision")
     if precision is not None:
         meta.precision.CopyFrom(engine_precision(precision))
+    elif preset:
+        meta.precision.CopyFrom(engine_precision(
+            {"profile": preset["precision"], "source": "preset",
+             "evidence": f"engine preset {str(engine).lower()!r}"}))
     _apply_rope_inputs(tensors, plan, dims, rope_table, pre_rope_q, pre_rope_k)
     if output_dtype is not None:
         meta.output_dtype = A.dtype_code(output_dtype, "output_dtype")
@@ -729,9 +732,19 @@ def _engine_preset(engine) -> Optional[Dict[str, str]]:
     return preset
 
 
+_ROUNDING_KEYS = ("score_rounding", "probability_rounding", "output_rounding",
+                  "rope_rounding")
+_PRECISION_KEYS = frozenset(("profile", "score_dtype", "probability_dtype",
+                             "exp_ulps", "split_keys", "source", "evidence")
+                            + _ROUNDING_KEYS)
+
+
 def engine_precision(value: Any) -> snapshot_pb2.EnginePrecision:
-    """An attnaudit.v1.EnginePrecision from a profile name, a dict (profile,
-    score_dtype, probability_dtype, exp_ulps, split_keys) or the message."""
+    """An attnaudit.v1.EnginePrecision from a profile name, a dict or the
+    message. Dict keys: profile, score_dtype, probability_dtype, exp_ulps,
+    split_keys; score_rounding, probability_rounding, output_rounding,
+    rope_rounding ("nearest_even" or "toward_zero", alias "truncate");
+    source ("preset", "measured") and evidence (a line, <= 1,024 bytes)."""
     if isinstance(value, snapshot_pb2.EnginePrecision):
         return value
     if isinstance(value, str):
@@ -739,11 +752,10 @@ def engine_precision(value: Any) -> snapshot_pb2.EnginePrecision:
     if not isinstance(value, Mapping):
         raise TypeError("precision: expected a profile name, a dict or an "
                         f"attnaudit.v1.EnginePrecision, got {type(value).__name__}")
-    known = {"profile", "score_dtype", "probability_dtype", "exp_ulps", "split_keys"}
-    unknown = set(value) - known
+    unknown = set(value) - _PRECISION_KEYS
     if unknown:
         raise TypeError(f"precision: unknown key(s) {sorted(unknown)}; expected "
-                        + ", ".join(sorted(known)))
+                        + ", ".join(sorted(_PRECISION_KEYS)))
     out = snapshot_pb2.EnginePrecision()
     if value.get("profile") is not None:
         out.profile = E.parse_enum(*E.ENGINE_PROFILE, value["profile"],
@@ -754,6 +766,15 @@ def engine_precision(value: Any) -> snapshot_pb2.EnginePrecision:
     for k in ("exp_ulps", "split_keys"):
         if value.get(k) is not None:
             setattr(out, k, int(value[k]))
+    for k in _ROUNDING_KEYS:
+        if value.get(k) is not None:
+            setattr(out, k, E.parse_enum(*E.ROUNDING, value[k],
+                                         f"precision.{k}", E.ROUNDING_ALIASES))
+    if value.get("source") is not None:
+        out.source = E.parse_enum(*E.PRECISION_SOURCE, value["source"],
+                                  "precision.source")
+    if value.get("evidence") is not None:
+        out.evidence = str(value["evidence"])
     return out
 
 
