@@ -70,6 +70,7 @@ class StepSummary:
     diagnosis_summary: str
     request_ids: tuple
     results: tuple = ()
+    inconclusive: int = 0
 
     def as_dict(self, prefix: str = "attnaudit/") -> Dict[str, Any]:
         """Flat numbers for a metrics logger (wandb.log, a TensorBoard
@@ -77,6 +78,7 @@ class StepSummary:
         out: Dict[str, Any] = {
             f"{prefix}passed": self.passed, f"{prefix}drifted": self.drifted,
             f"{prefix}failed": self.failed, f"{prefix}dropped": self.dropped,
+            f"{prefix}inconclusive": self.inconclusive,
         }
         if self.worst_layer is not None:
             out[f"{prefix}worst_layer"] = self.worst_layer
@@ -89,6 +91,8 @@ class StepSummary:
     def line(self) -> str:
         text = (f"attnaudit step {self.step}: layers {list(self.layers)} "
                 f"PASS {self.passed} DRIFT {self.drifted}")
+        if self.inconclusive:
+            text += f" INCONCLUSIVE {self.inconclusive}"
         if self.failed or self.invalid or self.dropped:
             text += (f" failed {self.failed} invalid {self.invalid} "
                      f"dropped {self.dropped}")
@@ -397,7 +401,8 @@ class VllmAuditPlugin:
 def summarise(step: int, layers: Sequence[int], results: Sequence[AuditResult],
               dropped: int, request_ids: Sequence[str]) -> StepSummary:
     """A StepSummary from a step's audit outcomes."""
-    counts = {Verdict.PASS: 0, Verdict.DRIFT: 0, Verdict.INVALID: 0}
+    counts = {Verdict.PASS: 0, Verdict.DRIFT: 0, Verdict.INVALID: 0,
+              Verdict.INCONCLUSIVE: 0}
     failed = 0
     worst = None  # (share, layer, result)
     for r in results:
@@ -425,7 +430,8 @@ def summarise(step: int, layers: Sequence[int], results: Sequence[AuditResult],
                        invalid=counts[Verdict.INVALID], dropped=dropped,
                        worst_layer=worst_layer, worst_share=worst_share,
                        top_diagnosis=diagnosis, diagnosis_summary=diagnosis_summary,
-                       request_ids=tuple(request_ids), results=tuple(results))
+                       request_ids=tuple(request_ids), results=tuple(results),
+                       inconclusive=counts[Verdict.INCONCLUSIVE])
 
 
 def drift_share(report) -> Optional[float]:
