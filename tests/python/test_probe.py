@@ -321,3 +321,20 @@ def test_cli_without_torch_says_what_is_missing():
         assert "not installed" in proc.stderr
     else:  # a venv with torch (the conformance venv): the probe runs
         assert proc.returncode in (0, 1, 2), proc.stderr
+
+
+def test_partial_rotary_fits_the_rotated_part_and_checks_the_rest():
+    eng = synthetic.engine(**SMALL)
+    eng.rope = synthetic.rope_op("bf16", cast_point="cos_sin", rounding="rtz", rotary_dim=32)
+    f = probe._rope.fit_rope(eng, np.random.default_rng(0))
+    assert f.value == "cos_sin/toward_zero" and f.stats["rotary_dim"] == 32
+    inner = eng.rope
+
+    def broken(x, positions):
+        res = inner(x, positions)
+        res.out[..., -1] += 1.0            # touches a dimension it must pass through
+        return res
+
+    eng.rope = broken
+    f = probe._rope.fit_rope(eng, np.random.default_rng(0))
+    assert f.value == "undetermined" and f.stats["pass_through_changed"] > 0

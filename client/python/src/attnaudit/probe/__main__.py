@@ -31,11 +31,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="vllm-cpu: which RoPE path (custom_op: enforce_eager engines; "
                          "compiled: a default engine's inductor graph)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads (default: torch's own choice)")
     ap.add_argument("--json", action="store_true", help="print the whole result as JSON")
     args = ap.parse_args(argv)
     H, Hkv = (int(x) for x in args.heads.split(","))
     extra = {"rope_path": args.rope} if args.engine == "vllm-cpu" else {}
     try:
+        if args.threads:
+            import torch
+            torch.set_num_threads(args.threads)
         eng = adapters.engine(args.engine, args.dtype, head_dim=args.head_dim,
                               heads=(H, Hkv), max_keys=args.max_keys, **extra)
         result = run(eng, seed=args.seed)

@@ -90,6 +90,9 @@ def fit_rope(engine: Engine, rng: np.random.Generator) -> Finding:
     got = np.asarray(res.out, np.float64).reshape(x.shape)
     cos = np.asarray(res.cos, np.float64).reshape(pos.size, -1)
     sin = np.asarray(res.sin, np.float64).reshape(pos.size, -1)
+    r = int(res.rotary_dim or x.shape[-1])
+    passed = int(np.sum(got[..., r:] != x[..., r:]))   # a partial rotary's rest
+    x, got = x[..., :r], got[..., :r]
     counts: Dict[str, int] = {}
     styles = ("neox", "gptj") if engine.rope_style not in ("neox", "gptj") else (engine.rope_style,)
     for style in styles:
@@ -102,7 +105,11 @@ def fit_rope(engine: Engine, rng: np.random.Generator) -> Finding:
     style, cp, mode = best.split("/")
     n = int(got.size)
     rival = next((k for k in order if _declared(k) != _declared(best)), None)
-    stats = {"positions": int(pos.size), "max_position": int(pos.max()), "style": style}
+    stats = {"positions": int(pos.size), "max_position": int(pos.max()), "style": style,
+             "rotary_dim": r, "pass_through_changed": passed}
+    if passed:
+        counts = {k: 0 for k in counts}       # an op that changes what it must not
+        best = order[0]
     if dt == "f32":
         value = "immaterial" if counts[best] >= 0.99 * n else "undetermined"
         return Finding("rope", value, cases=n, decisive=n, matched=counts[best], counts=counts,

@@ -35,11 +35,13 @@ class RopeOutput:
     """The engine's rotary op applied to x [T, Hx, D]: out [T, Hx, D], and
     the engine's own fp32 cos and sin [T, D / 2] for those positions (before
     any cast): with them the candidates are computed bit for bit, even where
-    two libms' cos/sin differ."""
+    two libms' cos/sin differ. rotary_dim: the leading dimensions the op
+    rotates (partial rotary; None: all D), the rest must pass through."""
 
     out: np.ndarray
     cos: np.ndarray
     sin: np.ndarray
+    rotary_dim: Optional[int] = None
 
 
 # (x [T, Hx, D], positions int64 [T]) -> RopeOutput

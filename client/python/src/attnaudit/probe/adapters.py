@@ -87,8 +87,7 @@ def vllm_cpu(dtype: str = "bf16", *, head_dim: int = 128, heads: Tuple[int, int]
     (a default, compiled CPU engine traces its RoPE into the model's graph;
     compiling takes tens of seconds); "module" whatever the module's own
     dispatch chose."""
-    torch = _torch()
-    torch.set_num_threads(max(1, min(torch.get_num_threads(), 4)))
+    _torch()
     import vllm._custom_ops as ops
     dt = dtype_name(dtype)
     if isa is None:
@@ -188,7 +187,8 @@ def _vllm_rotate(rope, forward: Callable, x: np.ndarray, positions: np.ndarray) 
         out = forward(pos, flat, None)[0]
     fp32 = rope._compute_cos_sin_cache().index_select(0, pos)
     cos, sin = fp32.chunk(2, dim=-1)
-    return RopeOutput(_np(out).reshape(T, Hx, D), _np(cos), _np(sin))
+    return RopeOutput(_np(out).reshape(T, Hx, D), _np(cos), _np(sin),
+                      rotary_dim=int(rope.rotary_dim))
 
 
 def _vllm_library() -> str:
@@ -272,7 +272,6 @@ def _hf_engine(name: str, profile: str, fn: Callable, dtype: str, *, head_dim: i
                heads: Tuple[int, int] = (8, 2), max_keys: int = 32768,
                rope_theta: float = 500000.0, max_position: int = 100_000) -> Engine:
     torch = _torch()
-    torch.set_num_threads(max(1, min(torch.get_num_threads(), 4)))
     dt = dtype_name(dtype)
     apply, emb = _hf_rope(dt, head_dim, rope_theta, max_position)
 
@@ -314,7 +313,6 @@ def torch_flash_cpu(dtype: str = "bf16", *, head_dim: int = 128,
                     heads: Tuple[int, int] = (8, 2), max_keys: int = 32768) -> Engine:
     """torch's CPU flash attention (HF sdpa on a CPU), with its LSE."""
     torch = _torch()
-    torch.set_num_threads(max(1, min(torch.get_num_threads(), 4)))
     dt = dtype_name(dtype)
     return Engine(name="torch-flash-cpu", dtype=dt,
                   attention=lambda q, ks, vs, s: _torch_flash(q, ks, vs, s, dt),
@@ -401,7 +399,8 @@ def _vllm_rotate_cuda(rope, x: np.ndarray, positions: np.ndarray) -> RopeOutput:
         out = rope.forward_cuda(pos, flat, None)[0]
     fp32 = rope._compute_cos_sin_cache().index_select(0, pos.cpu())
     cos, sin = fp32.chunk(2, dim=-1)
-    return RopeOutput(_np(out).reshape(T, Hx, D), _np(cos), _np(sin))
+    return RopeOutput(_np(out).reshape(T, Hx, D), _np(cos), _np(sin),
+                      rotary_dim=int(rope.rotary_dim))
 
 
 FACTORIES: Dict[str, Callable[..., Engine]] = {

@@ -88,12 +88,15 @@ def _combine(u: np.ndarray, total: np.ndarray, v: np.ndarray, dtype: str,
 
 
 def rope_op(dtype: str, *, cast_point: str = "after_rope", rounding: str = "rne",
-            style: str = "neox", theta: float = 10000.0) -> RopeOp:
+            style: str = "neox", theta: float = 10000.0,
+            rotary_dim: Optional[int] = None) -> RopeOp:
     """A rotary op: fp32 angles and cos/sin (numpy's libm), then the
-    rotation with the cast point's roundings."""
+    rotation with the cast point's roundings; rotary_dim: only the leading
+    dimensions rotate (partial rotary)."""
 
-    def op(x: np.ndarray, positions: np.ndarray) -> RopeOutput:
-        D = x.shape[-1]
+    def op(x_all: np.ndarray, positions: np.ndarray) -> RopeOutput:
+        D = rotary_dim or x_all.shape[-1]
+        x = x_all[..., :D]
         inv = (1.0 / theta ** (np.arange(0, D, 2, dtype=F32) / F32(D))).astype(F32)
         ang = (positions.astype(F32)[:, None] * inv[None, :]).astype(F32)
         cos, sin = np.cos(ang).astype(F32), np.sin(ang).astype(F32)
@@ -109,12 +112,12 @@ def rope_op(dtype: str, *, cast_point: str = "after_rope", rounding: str = "rne"
         else:
             a = _n(x1 * c - x2 * s, dtype, rounding)
             b = _n(x2 * c + x1 * s, dtype, rounding)
-        out = np.empty_like(xf)
+        out = x_all.astype(np.float64).copy()
         if style == "neox":
-            out[..., : D // 2], out[..., D // 2:] = a, b
+            out[..., : D // 2], out[..., D // 2:D] = a, b
         else:
-            out[..., 0::2], out[..., 1::2] = a, b
-        return RopeOutput(out.astype(np.float64), cos, sin)
+            out[..., 0:D:2], out[..., 1:D:2] = a, b
+        return RopeOutput(out, cos, sin, rotary_dim=D)
 
     return op
 
