@@ -241,7 +241,7 @@ def test_evidence_is_one_bounded_line_that_travels():
     r = fit(output="rtz", cast_point="cos_sin")
     ev = r.evidence
     assert "\n" not in ev and len(ev.encode()) <= 1024
-    assert ev.startswith("measured on ") and "avx512_bf16" in ev or "asimd" in ev
+    assert ev.startswith("measured on ") and ("avx512_bf16" in ev or "asimd" in ev)
     msg = engine_precision(r.precision)
     assert msg.source == snapshot_pb2.PRECISION_SOURCE_MEASURED
     assert msg.output_rounding == snapshot_pb2.ROUNDING_TOWARD_ZERO
