@@ -362,7 +362,7 @@ bench-python: configure
 # installed the first time, ~3 min; then a few seconds), the fixtures of
 # tests/conformance/fixtures regenerated from the real engines (~20 s),
 # then replayed through the CLI with the table in $(CONFORMANCE_TABLE); then
-# the engine probe against each engine's known arithmetic (~3 min, the
+# the engine probe against each engine's known arithmetic (~2 min, the
 # table in $(BUILD_DIR)/probe-table.md).
 # `make test` replays the committed fixtures without torch.
 CONFORMANCE_VENV := $(BUILD_DIR)/conformance-venv
