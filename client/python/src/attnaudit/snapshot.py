@@ -187,8 +187,11 @@ class Snapshot:
         "gptj"), q_state / k_state ("post", "pre"), rotary_dim, scaling (a
         dict in attnaudit or Hugging Face terms: type or rope_type, factor,
         low_freq_factor, high_freq_factor, original_max_position(_embeddings),
-        beta_fast, beta_slow, attention_factor, truncate), q_output_dtype,
-        k_output_dtype.
+        beta_fast, beta_slow, attention_factor, truncate; dynamic and
+        longrope also sequence_length, the length the engine scaled for,
+        max_position_embeddings, max_trained_positions, short_factor,
+        long_factor, short_mscale, long_mscale: docs/PYTHON.md),
+        q_output_dtype, k_output_dtype.
         output_dtype: dtype of the attention output (default: engine_out's).
         k_scale, v_scale: fp8 dequantisation scales, a float or [Hkv].
         cp_world_size, cp_sharding ("none", "explicit_owners",
@@ -1005,4 +1008,64 @@ def _rope_scaling(s: Any) -> snapshot_pb2.RopeScaling:
         out.original_max_position = int(omp)
     if s.get("truncate") is not None:  # Hugging Face's YaRN flag
         out.no_truncate = not bool(s["truncate"])
+    if out.type == snapshot_pb2.ROPE_SCALING_TYPE_DYNAMIC:
+        _dynamic_scaling(s, out)
+    elif out.type == snapshot_pb2.ROPE_SCALING_TYPE_LONGROPE:
+        _longrope_scaling(s, out)
     return out
+
+
+def _sequence_length(s: Mapping, kind: str, engines: str) -> int:
+    n = s.get("sequence_length")
+    if n is None:
+        raise ValueError(
+            f"rope.scaling.sequence_length: {kind} scaling needs the sequence "
+            f"length the engine scaled for at this step ({engines}); "
+            "docs/PYTHON.md, \"RoPE\"")
+    return int(n)
+
+
+def _dynamic_scaling(s: Mapping, out: snapshot_pb2.RopeScaling) -> None:
+    """Dynamic NTK: L is Hugging Face's max_position_embeddings (vLLM's
+    max_trained_positions) unless given as original_max_position."""
+    if not out.original_max_position:
+        length = s.get("max_trained_positions", s.get("max_position_embeddings"))
+        if length is None:
+            raise ValueError(
+                "rope.scaling.original_max_position: dynamic scaling needs the "
+                "length it scales beyond: Hugging Face's max_position_embeddings "
+                "(vLLM: max_trained_positions)")
+        out.original_max_position = int(length)
+    out.sequence_length = _sequence_length(
+        s, "dynamic", "Hugging Face: the step's largest position + 1; vLLM: "
+        "the model's max_position_embeddings")
+
+
+def _longrope_scaling(s: Mapping, out: snapshot_pb2.RopeScaling) -> None:
+    """LongRoPE (Phi-3): both factor lists; factor from
+    max_position_embeddings as Hugging Face derives it when the config has
+    none; vLLM's short_mscale / long_mscale as the attention factor of the
+    list in use."""
+    for k in ("short_factor", "long_factor"):
+        if s.get(k) is None:
+            raise ValueError(f"rope.scaling.{k}: longrope needs it "
+                             "(rotary_dim / 2 numbers)")
+        getattr(out, k).extend(float(x) for x in s[k])
+    if not out.original_max_position:
+        raise ValueError("rope.scaling.original_max_position: longrope needs "
+                         "original_max_position_embeddings")
+    out.sequence_length = _sequence_length(
+        s, "longrope", "Hugging Face: the step's largest position + 1; vLLM: "
+        "max_model_len")
+    mscale = s.get("long_mscale" if out.sequence_length > out.original_max_position
+                   else "short_mscale")
+    if s.get("attention_factor") is None and mscale is not None:
+        out.attention_factor = float(mscale)
+    if s.get("factor") is None and not out.attention_factor:
+        if s.get("max_position_embeddings") is None:
+            raise ValueError(
+                "rope.scaling.factor: longrope needs factor, or "
+                "max_position_embeddings (Hugging Face's default attention "
+                "factor uses max_position_embeddings / "
+                "original_max_position_embeddings), or attention_factor")
+        out.factor = float(s["max_position_embeddings"]) / out.original_max_position
