@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "proto/codec/codec.h"
@@ -281,6 +282,30 @@ TEST(JobsDurabilityTest, SpooledJobsAreResumedByTheNextServer) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->state(), v1::JOB_STATE_DONE);
   }
+}
+
+// Issue 42: two servers on one --data-dir both started, each resuming the
+// other's spool. The second is refused, naming the flag; once the first
+// is gone the directory is free again.
+TEST(JobsDurabilityTest, ASecondServerOnTheSameDataDirIsRefused) {
+  const std::string dir = MakeTempDir("locked");
+  std::unique_ptr<TestServer> first = StartServer(TestOptions(dir));
+  ASSERT_NE(first, nullptr);
+  absl::StatusOr<std::unique_ptr<server::AuditServer>> second =
+      server::AuditServer::Start(TestOptions(dir));
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StartsWith(second.status().message(),
+                               absl::StrCat("--data-dir ", dir, ": in use")))
+      << second.status();
+  // The first one is untouched by the attempt.
+  absl::StatusOr<v1::SubmitResponse> r =
+      first->client->Submit(SmallSnapshot(9));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(WaitFinished(first->client.get(), r->job_id()).state(),
+            v1::JOB_STATE_DONE);
+  first.reset();
+  EXPECT_NE(StartServer(TestOptions(dir)), nullptr);
 }
 
 }  // namespace
