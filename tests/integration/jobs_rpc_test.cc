@@ -4,6 +4,8 @@
 // dropped with RESOURCE_EXHAUSTED, idempotency keys deduplicate, bad input
 // creates no job, and jobs left in the spool by a shutdown are resumed by
 // the next server on the same data dir.
+#include <sqlite3.h>
+
 #include <memory>
 #include <string>
 #include <thread>
@@ -282,6 +284,34 @@ TEST(JobsDurabilityTest, SpooledJobsAreResumedByTheNextServer) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->state(), v1::JOB_STATE_DONE);
   }
+}
+
+// Issue 42: on one replica a Submit was acknowledged even when its store
+// write failed. It is acknowledged only once its row is committed: while
+// results.db is locked by someone else the Submit fails (and nothing of
+// it runs), and it succeeds again once the lock is gone.
+TEST(JobsDurabilityTest, ASubmitIsAcknowledgedOnlyOnceItsRowIsStored) {
+  const std::string dir = MakeTempDir("unstored");
+  std::unique_ptr<TestServer> t = StartServer(TestOptions(dir));
+  ASSERT_NE(t, nullptr);
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir + "/results.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  absl::StatusOr<v1::SubmitResponse> refused =
+      t->client->Submit(SmallSnapshot(7));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable)
+      << refused.status();
+  EXPECT_EQ(CountFiles(dir + "/spool", ".job"), 0);
+  EXPECT_EQ(t->server->scheduler()->Stats().in_flight +
+                t->server->scheduler()->Stats().queued[1],
+            0);
+  sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
+  sqlite3_close(db);
+  absl::StatusOr<v1::SubmitResponse> ok = t->client->Submit(SmallSnapshot(8));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(WaitFinished(t->client.get(), ok->job_id()).state(),
+            v1::JOB_STATE_DONE);
 }
 
 // Issue 42: two servers on one --data-dir both started, each resuming the
