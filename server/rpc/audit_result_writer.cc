@@ -1,5 +1,6 @@
 #include "server/rpc/audit_result_writer.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -88,51 +89,64 @@ bool AuditResultWriter::Journal(const ResultRecord& record) {
   return true;
 }
 
-bool AuditResultWriter::Keep(const ResultRecord& record) {
+void AuditResultWriter::KeepAll(std::vector<Item> items) {
+  std::vector<ResultRecord> records;
+  records.reserve(items.size());
+  for (Item& item : items) records.push_back(std::move(item.record));
   bool journal_mode;
   {
     absl::MutexLock lock(&mu_);
-    journal_mode = JournalModeLocked();
+    journal_mode = JournalModeLocked() && journal_ != nullptr;
   }
-  if (journal_mode && journal_ != nullptr) return Journal(record);
-  absl::Status s = store_(record);
-  if (s.ok()) return true;
-  bool first;
-  {
-    absl::MutexLock lock(&mu_);
-    first = !store_down_;
-    store_down_ = true;
+  bool stored = false;
+  if (!journal_mode) {
+    const absl::Status s = store_(records);
+    stored = s.ok();
+    bool first = false;
+    if (!stored) {
+      absl::MutexLock lock(&mu_);
+      first = !store_down_;
+      store_down_ = true;
+    }
+    if (first) {
+      ATTNAUDIT_LOG(warn,
+                    "result store refused Audit results; journalling results "
+                    "until it takes them")
+          .Kv("results", static_cast<int64_t>(records.size()))
+          .Kv("status", s);
+    }
   }
-  if (first) {
-    ATTNAUDIT_LOG(warn,
-                  "result store refused an Audit result; journalling results "
-                  "until it takes them")
-        .Kv("job_id", record.job_id)
-        .Kv("status", s);
+  for (size_t i = 0; i < records.size(); ++i) {
+    items[i].done(records[i], stored || Journal(records[i]));
   }
-  return Journal(record);
 }
 
 void AuditResultWriter::DrainJournal() {
   absl::StatusOr<std::vector<std::string>> ids = journal_->Ids();
   if (!ids.ok()) return;
-  for (const std::string& id : *ids) {
-    absl::StatusOr<ResultRecord> record = journal_->Read(id);
-    if (record.ok()) {
-      if (!store_(*record).ok()) {
-        absl::MutexLock lock(&mu_);
-        store_down_ = true;
-        return;  // the next period tries again, from this one
+  for (size_t from = 0; from < ids->size(); from += kBatch) {
+    std::vector<std::string> batch;
+    std::vector<ResultRecord> records;
+    for (size_t i = from; i < std::min(ids->size(), from + kBatch); ++i) {
+      absl::StatusOr<ResultRecord> record = journal_->Read((*ids)[i]);
+      if (record.ok()) {
+        records.push_back(*std::move(record));
+      } else if (record.status().code() != absl::StatusCode::kNotFound) {
+        ATTNAUDIT_LOG(err, "journalled result unreadable; quarantined")
+            .Kv("job_id", (*ids)[i])
+            .Kv("status", record.status());
       }
-      ATTNAUDIT_LOG(debug, "journalled result stored").Kv("job_id", id);
-    } else if (record.status().code() != absl::StatusCode::kNotFound) {
-      ATTNAUDIT_LOG(err, "journalled result unreadable; quarantined")
-          .Kv("job_id", id)
-          .Kv("status", record.status());
+      batch.push_back((*ids)[i]);
     }
-    journal_->Remove(id).IgnoreError();
+    if (!records.empty() && !store_(records).ok()) {
+      absl::MutexLock lock(&mu_);
+      store_down_ = true;
+      return;  // the next period tries again, from this batch
+    }
+    for (const std::string& id : batch) journal_->Remove(id).IgnoreError();
     absl::MutexLock lock(&mu_);
-    if (journalled_ > 0) --journalled_;
+    journalled_ =
+        std::max<int64_t>(0, journalled_ - static_cast<int64_t>(batch.size()));
   }
   absl::MutexLock lock(&mu_);
   if (journalled_ == 0 && store_down_) {
@@ -144,8 +158,7 @@ void AuditResultWriter::DrainJournal() {
 void AuditResultWriter::Loop() {
   absl::Time last_drain = absl::Now();
   while (true) {
-    Item next;
-    bool have = false;
+    std::vector<Item> next;
     bool drain = false;
     {
       absl::MutexLock lock(&mu_);
@@ -153,13 +166,11 @@ void AuditResultWriter::Loop() {
         return !queue_.empty() || stopping_ || drain_now_;
       };
       mu_.AwaitWithTimeout(absl::Condition(&ready), options_.retry_period);
-      if (!queue_.empty()) {
-        next = std::move(queue_.front());
+      while (!queue_.empty() && next.size() < kBatch) {
+        next.push_back(std::move(queue_.front()));
         queue_.pop_front();
-        have = true;
-      } else if (stopping_) {
-        return;
       }
+      if (next.empty() && stopping_) return;
       // Due even while results keep coming: they queue behind the drain.
       drain = journal_ != nullptr && journalled_ > 0 && !journal_only_ &&
               (drain_now_ || absl::Now() - last_drain >= options_.retry_period);
@@ -169,7 +180,7 @@ void AuditResultWriter::Loop() {
       DrainJournal();
       last_drain = absl::Now();
     }
-    if (have) next.done(next.record, Keep(next.record));
+    if (!next.empty()) KeepAll(std::move(next));
   }
 }
 

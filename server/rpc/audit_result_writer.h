@@ -11,7 +11,10 @@
 // that can be neither (the queue is full, the journal is full or failing,
 // or there is no journal) is not kept, and `done` says so.
 //
-// Modes. While the store answers, each result is stored in order. After a
+// Modes. While the store answers, results are stored in order, those
+// waiting together in one transaction (JobStore::PutResults: one commit
+// for up to kBatch results, so a store whose commit waits for a disk
+// flush keeps up with the audits). After a
 // store failure, and while the journal holds results, new results go to
 // the journal (so no result waits for a store that is away, and they stay
 // in order), and the writer stores the journal's oldest results one by
@@ -31,6 +34,7 @@
 #include <deque>
 #include <functional>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -43,8 +47,8 @@ namespace attnaudit::server {
 
 class AuditResultWriter {
  public:
-  // Stores one result (the store's error when it cannot).
-  using Store = std::function<absl::Status(const ResultRecord&)>;
+  // Stores results, all or none (the store's error when it cannot).
+  using Store = std::function<absl::Status(const std::vector<ResultRecord>&)>;
   // Once per result: whether it is kept (stored or journalled).
   using Done = std::function<void(const ResultRecord& record, bool kept)>;
 
@@ -52,6 +56,8 @@ class AuditResultWriter {
     size_t capacity = 4096;  // results waiting at most
     absl::Duration retry_period = absl::Seconds(1);
   };
+  // Results stored in one transaction at most.
+  static constexpr size_t kBatch = 64;
 
   // `journal` (not owned, outlives the writer) may be null: a result the
   // store refuses is then not kept.
@@ -77,8 +83,8 @@ class AuditResultWriter {
     Done done;
   };
   void Loop();
-  // Keeps one result (see Modes); whether it is kept.
-  bool Keep(const ResultRecord& record);
+  // Keeps results (see Modes) and tells each its `done`.
+  void KeepAll(std::vector<Item> items);
   bool Journal(const ResultRecord& record);
   // Stores the journal's results, oldest first, until one fails.
   void DrainJournal();

@@ -422,7 +422,9 @@ AuditServiceImpl::AuditServiceImpl(ServiceOptions options, Scheduler* scheduler,
                options_.upload_tenant_share),
       audit_results_(
           AuditResultWriter::Options{},
-          [this](const ResultRecord& r) { return StoreAuditResult(r); },
+          [this](const std::vector<ResultRecord>& records) {
+            return StoreAuditResults(records);
+          },
           options_.result_journal) {
   // Idle uploads are found within a quarter of the timeout (at most 1 s).
   const absl::Duration period =
@@ -435,8 +437,9 @@ AuditServiceImpl::AuditServiceImpl(ServiceOptions options, Scheduler* scheduler,
 
 AuditServiceImpl::~AuditServiceImpl() = default;
 
-absl::Status AuditServiceImpl::StoreAuditResult(const ResultRecord& record) {
-  absl::StatusOr<bool> put = store_->PutResult(record);
+absl::Status AuditServiceImpl::StoreAuditResults(
+    const std::vector<ResultRecord>& records) {
+  absl::StatusOr<std::vector<bool>> put = store_->PutResults(records);
   if (!put.ok()) return put.status();
   feed_.Wake();
   return absl::OkStatus();

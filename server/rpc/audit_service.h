@@ -267,8 +267,8 @@ class AuditServiceImpl final : public RawAuditService {
   void EndIdempotentSubmit(const std::string& job_id);
 
  private:
-  // The result writer's work: stores an Audit result.
-  absl::Status StoreAuditResult(const ResultRecord& record);
+  // The result writer's work: stores Audit results (one transaction).
+  absl::Status StoreAuditResults(const std::vector<ResultRecord>& records);
   // One result from the feed: to the watchers, and in a fleet, the end of
   // this replica's copy of a job that another replica finished or
   // cancelled.

@@ -225,6 +225,11 @@ class JobStore {
   // transaction. Returns true when this call made the job terminal, false
   // when it already was (nothing changed).
   virtual absl::StatusOr<bool> PutResult(const ResultRecord& record) = 0;
+  // PutResult of each record, all in one transaction (one commit, one
+  // fsync, for a writer with many results at once); the i-th answer is
+  // PutResult's for records[i]. On an error nothing is stored.
+  virtual absl::StatusOr<std::vector<bool>> PutResults(
+      const std::vector<ResultRecord>& records) = 0;
 
   // NotFound when the job has no row. The report is included.
   virtual absl::StatusOr<ResultRecord> Get(absl::string_view job_id) = 0;

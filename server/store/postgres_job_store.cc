@@ -462,87 +462,107 @@ absl::StatusOr<bool> PostgresJobStore::MarkRunning(absl::string_view job_id,
   return n == 1;
 }
 
+absl::StatusOr<bool> PostgresJobStore::PutResultOn(Session& db,
+                                                   const ResultRecord& r) {
+  // The counter row stays locked until COMMIT: seq order is commit order.
+  ATTNAUDIT_RETURN_IF_ERROR(Run(db, "SAVEPOINT put", {}).status());
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      Rows next, Run(db,
+                     "UPDATE attnaudit_counters SET value = value + 1 "
+                     "WHERE name = 'seq' RETURNING value",
+                     {}));
+  if (next.rows() != 1) return absl::InternalError("result store: no seq");
+  // Numbered among the results of the row's own tenant (an update keeps
+  // the row's tenant).
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      Rows tenant_next,
+      Run(db,
+          "INSERT INTO attnaudit_counters AS c(name, value) VALUES('tseq:' "
+          "|| COALESCE((SELECT tenant FROM attnaudit_jobs WHERE job_id = "
+          "$1), $2::text), 1) ON CONFLICT(name) DO UPDATE SET value = "
+          "c.value + 1 "
+          "RETURNING value",
+          {Text(r.job_id), Text(r.tenant)}));
+  if (tenant_next.rows() != 1) {
+    return absl::InternalError("result store: no tenant seq");
+  }
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      int64_t n,
+      Change(db,
+             "INSERT INTO attnaudit_jobs AS j(job_id, state, verdict, "
+             "priority, model, layer, engine, created_us, started_us, "
+             "finished_us, error_code, error_message, report, tenant, backend, "
+             "step, run, diagnosis, replica, seq, tenant_seq) VALUES($1, $2, "
+             "$3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, "
+             "$17, $18, $19, $20, $21) ON CONFLICT(job_id) DO UPDATE SET "
+             "state = excluded.state, verdict = excluded.verdict, "
+             "model = excluded.model, layer = excluded.layer, "
+             "engine = excluded.engine, backend = excluded.backend, "
+             "step = excluded.step, run = excluded.run, "
+             "diagnosis = excluded.diagnosis, "
+             "started_us = CASE WHEN j.started_us = 0 THEN excluded.started_us "
+             "ELSE j.started_us END, finished_us = excluded.finished_us, "
+             "error_code = excluded.error_code, "
+             "error_message = excluded.error_message, "
+             "report = excluded.report, seq = excluded.seq, "
+             "tenant_seq = excluded.tenant_seq "
+             "WHERE j.state IN ('QUEUED', 'RUNNING')",
+             {Text(r.job_id),
+              Text(JobStateName(r.state)),
+              Int(r.verdict),
+              Int(r.priority),
+              Text(r.model),
+              Int(r.layer),
+              Text(r.engine),
+              Int(Micros(r.created)),
+              Int(Micros(r.started)),
+              Int(Micros(r.finished)),
+              Int(r.error_code),
+              Text(r.error_message),
+              Bytes(r.report),
+              Text(r.tenant),
+              Text(r.backend),
+              Int(r.step),
+              Text(r.run),
+              Text(r.diagnosis),
+              Text(r.replica),
+              Int(next.Int(0, 0)),
+              Int(tenant_next.Int(0, 0))}));
+  if (n != 1) {
+    // Terminal already: nothing changes, and the numbers go back.
+    ATTNAUDIT_RETURN_IF_ERROR(
+        Run(db, "ROLLBACK TO SAVEPOINT put", {}).status());
+    return false;
+  }
+  // The payload was kept for a hand-off; a finished job needs none.
+  ATTNAUDIT_RETURN_IF_ERROR(
+      Run(db, "DELETE FROM attnaudit_payloads WHERE job_id = $1",
+          {Text(r.job_id)})
+          .status());
+  ATTNAUDIT_RETURN_IF_ERROR(Run(db, "RELEASE SAVEPOINT put", {}).status());
+  return true;
+}
+
 absl::StatusOr<bool> PostgresJobStore::PutResult(const ResultRecord& r) {
-  ATTNAUDIT_RETURN_IF_ERROR(store_internal::CheckTerminal(r));
+  ATTNAUDIT_ASSIGN_OR_RETURN(std::vector<bool> stored, PutResults({r}));
+  return stored.front();
+}
+
+absl::StatusOr<std::vector<bool>> PostgresJobStore::PutResults(
+    const std::vector<ResultRecord>& records) {
+  for (const ResultRecord& r : records) {
+    ATTNAUDIT_RETURN_IF_ERROR(store_internal::CheckTerminal(r));
+  }
   Lease lease = Acquire();
   Session& db = *lease;
-  bool stored = false;
-  // The counter row stays locked until COMMIT: seq order is commit order.
-  // A job that is terminal already changes nothing and rolls back, giving
-  // its number back.
-  absl::Status s = InTransaction(db, [&]() -> absl::Status {
-    ATTNAUDIT_ASSIGN_OR_RETURN(
-        Rows next, Run(db,
-                       "UPDATE attnaudit_counters SET value = value + 1 "
-                       "WHERE name = 'seq' RETURNING value",
-                       {}));
-    if (next.rows() != 1) return absl::InternalError("result store: no seq");
-    // Numbered among the results of the row's own tenant (an update keeps
-    // the row's tenant).
-    ATTNAUDIT_ASSIGN_OR_RETURN(
-        Rows tenant_next,
-        Run(db,
-            "INSERT INTO attnaudit_counters AS c(name, value) VALUES('tseq:' "
-            "|| COALESCE((SELECT tenant FROM attnaudit_jobs WHERE job_id = "
-            "$1), $2::text), 1) ON CONFLICT(name) DO UPDATE SET value = "
-            "c.value + 1 "
-            "RETURNING value",
-            {Text(r.job_id), Text(r.tenant)}));
-    if (tenant_next.rows() != 1) {
-      return absl::InternalError("result store: no tenant seq");
+  std::vector<bool> stored;
+  ATTNAUDIT_RETURN_IF_ERROR(InTransaction(db, [&]() -> absl::Status {
+    for (const ResultRecord& r : records) {
+      ATTNAUDIT_ASSIGN_OR_RETURN(const bool one, PutResultOn(db, r));
+      stored.push_back(one);
     }
-    ATTNAUDIT_ASSIGN_OR_RETURN(
-        int64_t n,
-        Change(
-            db,
-            "INSERT INTO attnaudit_jobs AS j(job_id, state, verdict, "
-            "priority, model, layer, engine, created_us, started_us, "
-            "finished_us, error_code, error_message, report, tenant, backend, "
-            "step, run, diagnosis, replica, seq, tenant_seq) VALUES($1, $2, "
-            "$3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, "
-            "$17, $18, $19, $20, $21) ON CONFLICT(job_id) DO UPDATE SET "
-            "state = excluded.state, verdict = excluded.verdict, "
-            "model = excluded.model, layer = excluded.layer, "
-            "engine = excluded.engine, backend = excluded.backend, "
-            "step = excluded.step, run = excluded.run, "
-            "diagnosis = excluded.diagnosis, "
-            "started_us = CASE WHEN j.started_us = 0 THEN excluded.started_us "
-            "ELSE j.started_us END, finished_us = excluded.finished_us, "
-            "error_code = excluded.error_code, "
-            "error_message = excluded.error_message, "
-            "report = excluded.report, seq = excluded.seq, "
-            "tenant_seq = excluded.tenant_seq "
-            "WHERE j.state IN ('QUEUED', 'RUNNING')",
-            {Text(r.job_id),
-             Text(JobStateName(r.state)),
-             Int(r.verdict),
-             Int(r.priority),
-             Text(r.model),
-             Int(r.layer),
-             Text(r.engine),
-             Int(Micros(r.created)),
-             Int(Micros(r.started)),
-             Int(Micros(r.finished)),
-             Int(r.error_code),
-             Text(r.error_message),
-             Bytes(r.report),
-             Text(r.tenant),
-             Text(r.backend),
-             Int(r.step),
-             Text(r.run),
-             Text(r.diagnosis),
-             Text(r.replica),
-             Int(next.Int(0, 0)),
-             Int(tenant_next.Int(0, 0))}));
-    stored = n == 1;
-    if (!stored) return absl::AbortedError("already terminal");
-    // The payload was kept for a hand-off; a finished job needs none.
-    return Run(db, "DELETE FROM attnaudit_payloads WHERE job_id = $1",
-               {Text(r.job_id)})
-        .status();
-  });
-  if (s.code() == absl::StatusCode::kAborted && !stored) return false;
-  if (!s.ok()) return s;
+    return absl::OkStatus();
+  }));
   return stored;
 }
 

@@ -73,6 +73,8 @@ class PostgresJobStore final : public JobStore {
   absl::StatusOr<bool> MarkRunning(absl::string_view job_id,
                                    absl::Time started) override;
   absl::StatusOr<bool> PutResult(const ResultRecord& record) override;
+  absl::StatusOr<std::vector<bool>> PutResults(
+      const std::vector<ResultRecord>& records) override;
   absl::StatusOr<ResultRecord> Get(absl::string_view job_id) override;
   absl::StatusOr<std::vector<ResultRecord>> Query(
       const ResultQuery& query) override;
@@ -153,6 +155,9 @@ class PostgresJobStore final : public JobStore {
   absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> PickStranded(
       Session& db, absl::string_view replica, absl::Duration lease, int limit,
       int64_t max_bytes, bool retired_only);
+  // PutResult's work inside a transaction (a savepoint of its own, rolled
+  // back for a terminal row: its numbers are given back).
+  absl::StatusOr<bool> PutResultOn(Session& db, const ResultRecord& record);
   // RecordAdmitted's transaction body; *created as RecordQueuedOn.
   absl::Status AdmitOn(Session& db, const AdmittedJob& job, const Admit& admit,
                        bool* created);

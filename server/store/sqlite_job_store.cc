@@ -354,24 +354,43 @@ absl::StatusOr<bool> SqliteJobStore::WriteResultLocked(const ResultRecord& r,
   return sqlite3_changes(db_) == 1;
 }
 
+absl::StatusOr<bool> SqliteJobStore::PutResultLocked(const ResultRecord& r) {
+  // The next numbers are taken from the counters and the row is created or
+  // moved from QUEUED/RUNNING to terminal; a terminal row is left as it
+  // is, and then the counters go back (no gap). The row's own tenant
+  // numbers it (an update keeps the row's tenant).
+  ATTNAUDIT_ASSIGN_OR_RETURN(const std::string counter,
+                             TenantCounterOfLocked(r));
+  ATTNAUDIT_ASSIGN_OR_RETURN(const int64_t seq, BumpCounterLocked("seq", 1));
+  ATTNAUDIT_ASSIGN_OR_RETURN(const int64_t tenant_seq,
+                             BumpCounterLocked(counter, 1));
+  ATTNAUDIT_ASSIGN_OR_RETURN(const bool stored,
+                             WriteResultLocked(r, seq, tenant_seq));
+  if (stored) return true;
+  ATTNAUDIT_RETURN_IF_ERROR(BumpCounterLocked("seq", -1).status());
+  ATTNAUDIT_RETURN_IF_ERROR(BumpCounterLocked(counter, -1).status());
+  return false;
+}
+
 absl::StatusOr<bool> SqliteJobStore::PutResult(const ResultRecord& r) {
-  ATTNAUDIT_RETURN_IF_ERROR(store_internal::CheckTerminal(r));
+  ATTNAUDIT_ASSIGN_OR_RETURN(std::vector<bool> stored, PutResults({r}));
+  return stored.front();
+}
+
+absl::StatusOr<std::vector<bool>> SqliteJobStore::PutResults(
+    const std::vector<ResultRecord>& records) {
+  for (const ResultRecord& r : records) {
+    ATTNAUDIT_RETURN_IF_ERROR(store_internal::CheckTerminal(r));
+  }
   absl::MutexLock lock(&mu_);
-  bool stored = false;
-  // One transaction: the next numbers are taken from the counters and the
-  // row is created or moved from QUEUED/RUNNING to terminal; a terminal
-  // row is left as it is, and then the counters go back (no gap).
+  std::vector<bool> stored;
   ATTNAUDIT_RETURN_IF_ERROR(InTransaction([&]() -> absl::Status {
-    // The row's own tenant numbers it (an update keeps the row's tenant).
-    ATTNAUDIT_ASSIGN_OR_RETURN(const std::string counter,
-                               TenantCounterOfLocked(r));
-    ATTNAUDIT_ASSIGN_OR_RETURN(const int64_t seq, BumpCounterLocked("seq", 1));
-    ATTNAUDIT_ASSIGN_OR_RETURN(const int64_t tenant_seq,
-                               BumpCounterLocked(counter, 1));
-    ATTNAUDIT_ASSIGN_OR_RETURN(stored, WriteResultLocked(r, seq, tenant_seq));
-    if (stored) return absl::OkStatus();
-    ATTNAUDIT_RETURN_IF_ERROR(BumpCounterLocked("seq", -1).status());
-    return BumpCounterLocked(counter, -1).status();
+    stored.clear();
+    for (const ResultRecord& r : records) {
+      ATTNAUDIT_ASSIGN_OR_RETURN(const bool one, PutResultLocked(r));
+      stored.push_back(one);
+    }
+    return absl::OkStatus();
   }));
   return stored;
 }

@@ -60,6 +60,8 @@ class SqliteJobStore final : public JobStore {
   absl::StatusOr<bool> MarkRunning(absl::string_view job_id,
                                    absl::Time started) override;
   absl::StatusOr<bool> PutResult(const ResultRecord& record) override;
+  absl::StatusOr<std::vector<bool>> PutResults(
+      const std::vector<ResultRecord>& records) override;
   absl::StatusOr<ResultRecord> Get(absl::string_view job_id) override;
   absl::StatusOr<std::vector<ResultRecord>> Query(
       const ResultQuery& query) override;
@@ -116,6 +118,10 @@ class SqliteJobStore final : public JobStore {
   // The counter numbering `record`'s job among its tenant's results: that
   // of the tenant of its row, or of record.tenant for a new row.
   absl::StatusOr<std::string> TenantCounterOfLocked(const ResultRecord& record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PutResult's work inside a transaction: whether the row changed (a
+  // terminal row is left alone and its numbers given back).
+  absl::StatusOr<bool> PutResultLocked(const ResultRecord& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The terminal write of PutResult with numbers seq and tenant_seq;
   // whether the row changed.

@@ -337,11 +337,17 @@ TEST_F(UploadTest, TricklingEmptyChunksCannotHoldTheUploadBudget) {
       [&] { return Use("fleet-c").calls == 0 && Use("fleet-d").calls == 0; }));
   stop.store(true);
   trickle.join();
+  // Each squatter was ended for delivering no bytes, or refused at once
+  // (past its tenant's share: its own first write could not tell).
+  int ended = 0;
   for (auto& held : squat) {
     const grpc::Status s = held->Finish();
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
-        << s.error_message();
+    ended += s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    EXPECT_TRUE(s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << s.error_code() << " " << s.error_message();
   }
+  EXPECT_GE(ended, 10);  // the streams that held both tenants' shares
 }
 
 }  // namespace

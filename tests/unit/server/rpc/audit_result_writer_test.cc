@@ -44,10 +44,11 @@ std::string TempDir() {
 // A store that refuses writes while `down`, and records what it took.
 class FlakyStore {
  public:
-  absl::Status Put(const ResultRecord& r) {
+  absl::Status Put(const std::vector<ResultRecord>& records) {
     absl::MutexLock lock(&mu_);
     if (down_) return absl::UnavailableError("store away");
-    stored_.push_back(r.job_id);
+    for (const ResultRecord& r : records) stored_.push_back(r.job_id);
+    ++transactions_;
     return absl::OkStatus();
   }
   void SetDown(bool down) {
@@ -58,11 +59,16 @@ class FlakyStore {
     absl::MutexLock lock(&mu_);
     return stored_;
   }
+  int transactions() {
+    absl::MutexLock lock(&mu_);
+    return transactions_;
+  }
 
  private:
   absl::Mutex mu_;
   bool down_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::string> stored_ ABSL_GUARDED_BY(mu_);
+  int transactions_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // What `done` said for each result, in order.
@@ -156,7 +162,8 @@ TEST(AuditResultWriterTest, AnOutageIsJournalledAndStoredWhenTheStoreReturns) {
   AuditResultWriter::Options o;
   o.retry_period = absl::Milliseconds(20);
   AuditResultWriter writer(
-      o, [&](const ResultRecord& r) { return store.Put(r); }, journal->get());
+      o, [&](const std::vector<ResultRecord>& r) { return store.Put(r); },
+      journal->get());
   writer.Add(Record(0), outcomes.Sink());
   ASSERT_TRUE(outcomes.WaitFor(1));
   store.SetDown(true);
@@ -191,13 +198,34 @@ TEST(AuditResultWriterTest, AJournalLeftByAnEarlierRunIsStored) {
   {
     AuditResultWriter writer(
         AuditResultWriter::Options{},
-        [&](const ResultRecord& r) { return store.Put(r); }, journal->get());
+        [&](const std::vector<ResultRecord>& r) { return store.Put(r); },
+        journal->get());
     const absl::Time until = absl::Now() + kWait;
     while (writer.journalled() > 0 && absl::Now() < until) {
       absl::SleepFor(absl::Milliseconds(5));
     }
   }
   EXPECT_EQ(store.stored(), std::vector<std::string>{"a7"});
+}
+
+// Results waiting together are stored in one transaction (one commit):
+// a store that flushes its disk per commit keeps up with the audits.
+TEST(AuditResultWriterTest, ResultsWaitingTogetherShareATransaction) {
+  FlakyStore store;
+  absl::Notification release;
+  Outcomes outcomes;
+  AuditResultWriter writer(
+      AuditResultWriter::Options{},
+      [&](const std::vector<ResultRecord>& r) {
+        release.WaitForNotification();  // the first commit is slow
+        return store.Put(r);
+      },
+      nullptr);
+  for (int i = 0; i < 20; ++i) writer.Add(Record(i), outcomes.Sink());
+  release.Notify();
+  ASSERT_TRUE(outcomes.WaitFor(20));
+  EXPECT_EQ(store.stored().size(), 20u);
+  EXPECT_LE(store.transactions(), 2);  // the first alone, the rest together
 }
 
 TEST(AuditResultWriterTest, WhatCannotBeKeptIsSaidSo) {
@@ -208,7 +236,8 @@ TEST(AuditResultWriterTest, WhatCannotBeKeptIsSaidSo) {
     // No journal: a refused result is lost, and `done` says so.
     AuditResultWriter writer(
         AuditResultWriter::Options{},
-        [&](const ResultRecord& r) { return store.Put(r); }, nullptr);
+        [&](const std::vector<ResultRecord>& r) { return store.Put(r); },
+        nullptr);
     writer.Add(Record(1), outcomes.Sink());
     ASSERT_TRUE(outcomes.WaitFor(1));
   }
@@ -221,7 +250,7 @@ TEST(AuditResultWriterTest, WhatCannotBeKeptIsSaidSo) {
   o.capacity = 2;
   AuditResultWriter writer(
       o,
-      [&](const ResultRecord&) {
+      [&](const std::vector<ResultRecord>&) {
         release.WaitForNotification();
         return absl::OkStatus();
       },

@@ -126,6 +126,10 @@ class FakeFleetStore final : public JobStore {
   absl::StatusOr<bool> PutResult(const ResultRecord&) override {
     return Unused();
   }
+  absl::StatusOr<std::vector<bool>> PutResults(
+      const std::vector<ResultRecord>&) override {
+    return Unused();
+  }
   absl::StatusOr<ResultRecord> Get(absl::string_view) override {
     return Unused();
   }

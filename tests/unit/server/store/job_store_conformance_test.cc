@@ -667,6 +667,27 @@ TEST_P(JobStoreTest, ConcurrentClaimersNeverShareAJob) {
   EXPECT_EQ(all.size(), 30u);
 }
 
+// Results stored together: one transaction, each answered as PutResult
+// would, a terminal row left alone without taking a number.
+TEST_P(JobStoreTest, ResultsStoredTogetherAreNumberedWithoutGaps) {
+  ASSERT_TRUE(*store_->PutResult(Done("old", 1, kT0)));
+  auto stored = store_->PutResults({Done("a", 1, kT0 + absl::Seconds(1)),
+                                    Done("old", 2, kT0 + absl::Seconds(2)),
+                                    Done("b", 1, kT0 + absl::Seconds(3))});
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(*stored, (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(store_->Get("old")->verdict, 1);
+  EXPECT_EQ(store_->Get("a")->seq, 2);
+  EXPECT_EQ(store_->Get("b")->seq, 3);
+  EXPECT_EQ(store_->Get("b")->tenant_seq, 3);
+  EXPECT_EQ(*store_->LastSeq(), 3);
+  // One bad record stores none.
+  EXPECT_EQ(
+      store_->PutResults({Done("c", 1, kT0), Queued("d", kT0)}).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Get("c").status().code(), absl::StatusCode::kNotFound);
+}
+
 // F3: a claim takes what fits its byte budget (always one job, so a job
 // larger than the budget is still taken over, alone).
 TEST_P(JobStoreTest, AClaimIsBoundedInBytes) {
