@@ -83,7 +83,7 @@ def bug_cases() -> List[RSpec]:
         out.append(_bug(V, "bf16", "post", "softcap-missing", arch=arch))
     out.append(_bug(V, "bf16", "post", "wrong-scale", "sqrt-d", arch="gemma2-27b"))
     out += [_bug(V, "bf16", "post", "window-ignored", arch="gemma2-9b", window_layer=True,
-                 tag="L5k"),
+                 size="l"),
             _bug(V, "bf16", "post", "sinks-missing", arch="gptoss-20b"),
             _bug(V, "bf16", "post", "window-off-by-one", "+1", arch="gptoss-20b",
                  window_layer=True),

@@ -63,6 +63,19 @@ DEFAULT_RESULTS = os.path.join(REPO, "build", "conformance-sweep", "results.json
 DOCS = os.path.join(REPO, "docs", "CONFORMANCE.md")
 
 
+def code_sha() -> str:
+    """The realistic suite's own code (drivers, data, catalogue): a change
+    reruns the sweep's cases, as a new CLI does."""
+    h = hashlib.sha256()
+    names = ["realistic_cases.py", "engines/realistic.py", "engines/realistic_vllm_cpu.py",
+             "engines/realistic_hf.py", "engines/realistic_torch_flash.py",
+             "engines/common.py", "engines/vllm_cpu.py", "engines/torch_flash.py"]
+    for n in names:
+        with open(os.path.join(HERE, n), "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:12]
+
+
 def driver(engine: str):
     import importlib
     return importlib.import_module(f"engines.{DRIVERS[engine]}")
@@ -162,6 +175,7 @@ def one_run(spec, cli: str, cli_sha: str, tmp: str, timeout: float,
             "mode": spec.mode, "dtype": spec.dtype, "decl": spec.decl, "kind": spec.kind,
             "bug": spec.bug, "variant": spec.variant, "size": spec.size,
             "positions": spec.positions, "seed": spec.seed, "cli_sha": cli_sha,
+            "code_sha": CODE_SHA,
             "set_arch": spec.arch}
     t0 = time.perf_counter()
     path = os.path.join(tmp, f"run.s{spec.seed}.pb")
@@ -262,8 +276,10 @@ def run_sweep(args) -> int:
         shutil.copy2(args.cli, cli)
         cli_sha = sha256(cli)[:16]
         done = {(r["case"], r["seed"]) for r in load_results(args.results)
-                if r.get("cli_sha") == cli_sha and r.get("status") in ("ok", "unsupported")}
+                if r.get("cli_sha") == cli_sha and r.get("code_sha") == CODE_SHA
+                and r.get("status") in ("ok", "unsupported")}
         print(f"sweep.py: {len(cases)} cases x {len(seeds)} seeds, CLI sha {cli_sha}, "
+              f"code {CODE_SHA}, "
               f"{len(done)} runs already in {args.results}", flush=True)
         with open(args.results, "a") as out:
             for seed in seeds:
@@ -327,43 +343,76 @@ def _max_ratio(r: dict, keys=None) -> (float, str):
 
 
 def select(results: List[dict], cli_sha: Optional[str]) -> (List[dict], str):
-    """The runs of one CLI (the given prefix, else the latest line's)."""
+    """The runs of one CLI and one version of the suite's code (the given
+    CLI sha prefix, else the latest line's; the latest code of that CLI)."""
     if not results:
         return [], ""
     sha = cli_sha or results[-1].get("cli_sha", "")
     runs = [r for r in results if r.get("cli_sha", "").startswith(sha)]
+    code = {r["case"]: r.get("code_sha") for r in runs}   # each case: its latest code
+    runs = [r for r in runs if r.get("code_sha") == code[r["case"]]]
     latest: "OrderedDict[tuple, dict]" = OrderedDict()
     for r in runs:                    # the last record of a (case, seed) wins
         latest[(r["case"], r["seed"])] = r
     return list(latest.values()), sha
 
 
+MODE_ORDER = ("post", "post+rolling", "pre-q", "pre-qk")
+RULE_SHORT = {"E-R out tol": "out", "E-R lse tol": "lse", "E-R stat rms": "rms",
+              "E-R stat mean": "mean", "E-R stat bias": "bias", "hull": "hull",
+              "inconclusive": "inc", "invalid": "invalid"}
+
+
+def _fa_rules(rs: List[dict]) -> str:
+    """The E-R rules (and RoPE, hull) that fired in these false alarms,
+    most frequent first: out (tolerance), lse, rms / mean / bias
+    (statistical), rope q / k / table, hull."""
+    c = Counter()
+    for r in rs:
+        for rule in r["rules"]:
+            if rule.startswith(("E-P", "P-R")):
+                continue
+            c[RULE_SHORT.get(rule, rule)] += 1
+    return ",".join(k for k, _ in c.most_common(3))
+
+
 def clean_tables(runs: List[dict]) -> List[str]:
+    """False alarms per family: one row per engine x dtype x declaration x
+    size, one column per mode ("false alarms/runs rules"), and the worst
+    E-R ratio of the row (firing statistic over its limit: rms, |mean|,
+    |bias|, or max |diff| / tolerance)."""
     clean = [r for r in runs if r["kind"] == "clean"]
-    fam: Dict[tuple, List[dict]] = defaultdict(list)
+    fam: Dict[tuple, Dict[str, List[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in clean:
-        fam[(r["engine"], r["mode"], r["dtype"], r["decl"], r["size"])].append(r)
-    lines = ["| engine | mode | dtype | declared | size | runs | false alarms | rules fired "
-             "(runs) | worst ratio (E-R/E-P/P-R, stat) | INCONCLUSIVE | unsupported |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+        fam[(r["engine"], r["dtype"], r["decl"], r["size"])][r["mode"]].append(r)
+    lines = ["| engine | dtype | declared | size | " + " | ".join(MODE_ORDER) +
+             " | worst E-R ratio | unsupported / errors |",
+             "|---|---|---|---|" + "---|" * len(MODE_ORDER) + "---|---|"]
     tot = Counter()
-    for key in sorted(fam, key=lambda k: (k[0], k[1], k[2], k[3], k[4])):
-        rs = fam[key]
-        ok = [r for r in rs if r["status"] == "ok"]
-        unsup = [r for r in rs if r["status"] == "unsupported"]
-        err = [r for r in rs if r["status"] == "error"]
-        fa = [r for r in ok if r["verdict"] != "PASS"]
-        rules = Counter(rule for r in fa for rule in r["rules"])
-        worst = max((_max_ratio(r) for r in ok), default=(0.0, ""))
-        inc = sum(1 for r in ok if r["verdict"] == "INCONCLUSIVE")
-        tot.update(runs=len(ok), fa=len(fa), inc=inc, unsup=len(unsup), err=len(err))
-        lines.append(
-            f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {key[4]} | {len(ok)}"
-            f"{f' (+{len(err)} err)' if err else ''} | {'**' + str(len(fa)) + '**' if fa else 0} | "
-            f"{', '.join(f'{k} ({v})' for k, v in rules.most_common(4)) or '-'} | "
-            f"{_f(worst[0])} {worst[1]} | {inc} | {len(unsup) or '-'} |")
-    lines.append(f"| **all** | | | | | **{tot['runs']}** | **{tot['fa']}** | | | "
-                 f"{tot['inc']} | {tot['unsup']} |")
+    fam_fa = fam_n = 0
+    for key in sorted(fam):
+        cells, worst, unsup, err = [], (0.0, ""), 0, 0
+        for mode in MODE_ORDER:
+            rs = fam[key].get(mode, [])
+            ok = [r for r in rs if r["status"] == "ok"]
+            unsup += sum(r["status"] == "unsupported" for r in rs)
+            err += sum(r["status"] == "error" for r in rs)
+            if not ok:
+                cells.append("-")
+                continue
+            fa = [r for r in ok if r["verdict"] != "PASS"]
+            fam_n += 1
+            fam_fa += bool(fa)
+            tot.update(runs=len(ok), fa=len(fa))
+            for r in ok:
+                w = _max_ratio(r, ("E-R",))
+                if w[0] > worst[0]:
+                    worst = (w[0], f"{w[1]} ({mode}, s{r['seed']})")
+            cells.append(f"**{len(fa)}/{len(ok)}** {_fa_rules(fa)}" if fa else f"0/{len(ok)}")
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | " + " | ".join(cells) +
+                     f" | {_f(worst[0])} {worst[1]} | {unsup or ''}{' / ' + str(err) if err else ''} |")
+    lines.append(f"| **all** | | | | {tot['fa']} false alarms in {tot['runs']} clean runs; "
+                 f"{fam_fa} of {fam_n} families with at least one | | | | | |")
     return lines
 
 
@@ -480,6 +529,9 @@ def write_docs(text: str, path: str = DOCS) -> None:
     _, tail = rest.split(end, 1)
     with open(path, "w") as f:
         f.write(head + begin + "\n" + text + end + tail)
+
+
+CODE_SHA = code_sha()
 
 
 def main(argv=None) -> int:

@@ -103,7 +103,7 @@ ARCHS: Dict[str, Arch] = {a.name: a for a in (
     Arch("gemma3-27b", 32, 16, 128, 1000000.0, qpas=144.0, max_position=131072),
     # GPT-OSS-20B: 64/8 heads of 64, sinks, YaRN, a 128-key window on
     # alternate layers.
-    Arch("gptoss-20b", 64, 8, 64, 150000.0, scaling=GPT_OSS_YARN, sinks=True),
+    Arch("gptoss-20b", 64, 8, 64, 150000.0, scaling=GPT_OSS_YARN, sinks=True, window=128),
     # Phi-3-mini: MHA, 32/32 heads of 96 (HF only: vLLM's CPU kernels take
     # head dims that are multiples of 32 for every ISA path used here).
     Arch("phi3-mini", 32, 32, 96, 10000.0, max_position=4096),

@@ -54,6 +54,8 @@ EAGER_ARCHS = tuple(FAMILIES)
 SDPA_ARCHS = ("llama3-8b", "mha-7b", "qwen2-7b", "qwen3-8b", "gemma3-27b", "phi3-mini")
 ROPE_BUGS = ("rope-offset", "k-rope-twice", "rope-style", "rope-theta",
              "rope-scaling-ignored")
+BUGS = (None, "softcap-missing", "wrong-scale", "sinks-missing", "sdpa-drops-softcap") + \
+    ROPE_BUGS
 
 
 
@@ -240,6 +242,8 @@ def capture(spec: R.RSpec) -> Capture:
     if spec.engine not in ENGINES:
         raise ValueError(spec.engine)
     impl = "eager" if spec.engine == "hf-eager" else "sdpa"
+    if spec.bug not in BUGS:
+        raise ValueError(f"realistic hf: no injection for {spec.bug!r}")
     if spec.dtype.startswith("fp8"):
         raise Unsupported("transformers' cache has no fp8 KV")
     archs = EAGER_ARCHS if impl == "eager" else SDPA_ARCHS
@@ -272,7 +276,10 @@ def capture(spec: R.RSpec) -> Capture:
                             "host": R.host(), "layer": layer.layer_idx,
                             "scaling": float(layer.scaling)}
     if bug:
-        clean = _pass(spec, d, data, None, impl)
+        # sdpa dropping the soft-cap is the engine's own behaviour: its
+        # effect is measured against eager attention, which applies it.
+        twin_impl = "eager" if bug == "sdpa-drops-softcap" else impl
+        clean = _pass(spec, d, data, None, twin_impl)
         info["bug_effect"] = float((run["out"].double() - clean["out"].double()).abs().max())
     args = snapshot_args(spec, d, data, run, layer, cfg)
     info["declaration"] = R.declare(args, spec, {"score_rounding": "nearest_even",

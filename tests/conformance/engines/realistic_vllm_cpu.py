@@ -317,7 +317,7 @@ def capture(spec: R.RSpec) -> Capture:
     if spec.engine not in ENGINES:
         raise ValueError(spec.engine)
     if spec.dtype.startswith("fp8") and "avx512f" not in R.host()["flags"]:
-        raise Unsupported("fp8 KV: vLLM's CPU backend needs AVX-512 or AMX "
+        raise Unsupported("host: fp8 KV: vLLM's CPU backend needs AVX-512 or AMX "
                           "(_get_attn_isa raises; the kernel has no fp8 path for "
                           "this ISA)")
     archs = ARCHS if spec.bug != "rope-partial-rotary" else ("partial-gptj",)
