@@ -375,6 +375,7 @@ conformance: configure
 	python3 tests/conformance/replay.py tests/conformance/fixtures \
 	  --cli $(BUILD_DIR)/bin/attnaudit --table $(CONFORMANCE_TABLE) \
 	  --min-diagnosis-rate 0.95
+	$(CONFORMANCE_VENV)/bin/python tests/conformance/check_emulation.py
 	$(abspath $(CONFORMANCE_VENV))/bin/python tests/conformance/generate_realistic.py
 	python3 tests/conformance/replay.py tests/conformance/fixtures/realistic \
 	  --cli $(BUILD_DIR)/bin/attnaudit --table $(BUILD_DIR)/conformance-realistic-table.md \

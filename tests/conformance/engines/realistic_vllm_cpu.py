@@ -80,6 +80,14 @@ class Engine:
             return x
         return R.to_bf16(x, "toward_zero" if self.emu == "rtz" else "nearest")
 
+    def narrow_rope(self, x, neox: bool):
+        """The RoPE op's narrowing: on a CPU without AVX512_BF16, vLLM's
+        bf16 rotary_embedding truncates on its NeoX path and rounds to
+        nearest on its GPT-J path (both measured bit for bit)."""
+        if not self.emu:
+            return x
+        return R.to_bf16(x, "toward_zero" if self.emu == "rtz" and neox else "nearest")
+
     def rope(self, m: V.Model):
         rope = V.get_rope(m, self.compute)
         if self.emu:
@@ -89,11 +97,12 @@ class Engine:
         return rope
 
     def rotate(self, rope, pos, x, Hx):
-        return self.narrow(V.rotate(rope, pos, x.to(self.compute), Hx))
+        return self.narrow_rope(V.rotate(rope, pos, x.to(self.compute), Hx), rope.is_neox_style)
 
     def rotate_qk(self, rope, pos, q, k, H, Hkv):
         qq, kk = V.rotate_qk(rope, pos, q.to(self.compute), k.to(self.compute), H, Hkv)
-        return self.narrow(qq), self.narrow(kk)
+        return (self.narrow_rope(qq, rope.is_neox_style),
+                self.narrow_rope(kk, rope.is_neox_style))
 
 
 def run_kernel(k: V.Kernel, cache: V.Cache, threads: int):
@@ -360,9 +369,11 @@ def capture(spec: R.RSpec) -> Capture:
     if memo is None:
         R.memo_put(spec, (data, clean, info.get("narrowing")))
     args = snapshot_args(spec, d, m, eng, data, run)
-    rounding = ({"output_rounding": "toward_zero", "rope_rounding": "toward_zero"}
-                if measured_truncation(spec, info) else
-                {"output_rounding": "nearest_even", "rope_rounding": "nearest_even"})
+    trunc = measured_truncation(spec, info)
+    rounding = {"output_rounding": "toward_zero" if trunc else "nearest_even",
+                # vLLM's GPT-J RoPE path rounds to nearest even where its
+                # NeoX path truncates (Engine.narrow_rope)
+                "rope_rounding": "toward_zero" if trunc and d.arch.neox else "nearest_even"}
     info["declaration"] = R.declare(args, spec, rounding,
                                     f"conformance: {spec.engine} on {R.host()['cpu']}")
     return Capture(args=args, location=run["location"], info=info)
