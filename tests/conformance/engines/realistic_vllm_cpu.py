@@ -92,7 +92,10 @@ class Engine:
         rope = V.get_rope(m, self.compute)
         if self.emu:
             # vLLM's op casts its cos/sin cache to the model dtype (bf16).
+            # get_rope returns a cached, shared object: change a copy.
+            import copy
             import torch
+            rope = copy.deepcopy(rope)
             rope.cos_sin_cache = rope.cos_sin_cache.to(torch.bfloat16).to(torch.float32)
         return rope
 
