@@ -262,7 +262,10 @@ def draw(spec: RSpec, arch_choices, page_choices=(16, 32, 128),
     if heads == "small" and small_heads:
         arch = small_heads(arch)
     B = int(_choice(g, batches))
-    lens = tuple(int(round(math.exp(_uniform(g, math.log(lo), math.log(hi)))))
+    # Never past the model's positions (vLLM's cos/sin cache has
+    # max_position rows; Gemma-2 has 8192).
+    lens = tuple(min(int(round(math.exp(_uniform(g, math.log(lo), math.log(hi))))),
+                     arch.max_position)
                  for _ in range(B))
     page = spec.page or int(_choice(g, tuple(page_choices)))
     threads = spec.threads or int(_choice(g, tuple(thread_choices)))
