@@ -15,8 +15,10 @@ For every (case, seed) of realistic_cases.py it runs the real engine
   whether the top one is right (replay.judge), seconds spent.
 
 A run already in the results file for the same CLI (its sha256) is not
-rerun, so a sweep can be stopped (--budget-min, Ctrl-C) and resumed, and
-rerun against a new CLI into the same file. Seeds run in the outer loop:
+rerun (unless --force), so a sweep can be stopped (--budget-min, Ctrl-C)
+and resumed, and rerun against a new CLI into the same file; each record
+also carries the suite's code version (code_sha). Of a (case, seed) run
+more than once, the tables take the last record. Seeds run in the outer loop:
 stopping early leaves every family with the same number of seeds.
 
   build/conformance-venv/bin/python tests/conformance/sweep.py \\
@@ -275,9 +277,9 @@ def run_sweep(args) -> int:
         cli = os.path.join(tmp, "attnaudit")
         shutil.copy2(args.cli, cli)
         cli_sha = sha256(cli)[:16]
-        done = {(r["case"], r["seed"]) for r in load_results(args.results)
-                if r.get("cli_sha") == cli_sha and r.get("code_sha") == CODE_SHA
-                and r.get("status") in ("ok", "unsupported")}
+        done = set() if args.force else {
+            (r["case"], r["seed"]) for r in load_results(args.results)
+            if r.get("cli_sha") == cli_sha and r.get("status") in ("ok", "unsupported")}
         print(f"sweep.py: {len(cases)} cases x {len(seeds)} seeds, CLI sha {cli_sha}, "
               f"code {CODE_SHA}, "
               f"{len(done)} runs already in {args.results}", flush=True)
@@ -343,14 +345,12 @@ def _max_ratio(r: dict, keys=None) -> (float, str):
 
 
 def select(results: List[dict], cli_sha: Optional[str]) -> (List[dict], str):
-    """The runs of one CLI and one version of the suite's code (the given
-    CLI sha prefix, else the latest line's; the latest code of that CLI)."""
+    """The runs of one CLI (the given sha prefix, else the latest line's);
+    of a (case, seed) run more than once, the last."""
     if not results:
         return [], ""
     sha = cli_sha or results[-1].get("cli_sha", "")
     runs = [r for r in results if r.get("cli_sha", "").startswith(sha)]
-    code = {r["case"]: r.get("code_sha") for r in runs}   # each case: its latest code
-    runs = [r for r in runs if r.get("code_sha") == code[r["case"]]]
     latest: "OrderedDict[tuple, dict]" = OrderedDict()
     for r in runs:                    # the last record of a (case, seed) wins
         latest[(r["case"], r["seed"])] = r
@@ -552,6 +552,9 @@ def main(argv=None) -> int:
     ap.add_argument("--docs", action="store_true",
                     help="with --tables: also rewrite docs/CONFORMANCE.md's sweep block")
     ap.add_argument("--cli-sha", help="tables of this CLI (sha prefix; default: the latest)")
+    ap.add_argument("--force", action="store_true",
+                    help="rerun the selected runs even if the results file has them "
+                         "(after a change to the suite that changes them)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     if args.tables:
