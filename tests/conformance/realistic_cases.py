@@ -75,6 +75,13 @@ def bug_cases() -> List[RSpec]:
                          ("kv-heads-permuted", None), ("gqa-mapping", None),
                          ("wrong-scale", "twice")):
         out.append(_bug(V, "bf16", "post", bug, variant))
+    # The same faults on the nearest-even path (emu-rne: vLLM's kernels as
+    # on an AVX512_BF16 CPU), whose clean families do not false-alarm, so
+    # detection there is the error model's, not the truncation's.
+    for bug, variant in (("stale-page", None), ("duplicate-page", None),
+                         ("foreign-page", None), ("seq-len-off-by-one", "-1"),
+                         ("seq-len-off-by-one", "+1"), ("v-from-k", None)):
+        out.append(_bug("vllm-cpu-emu-rne", "bf16", "post", bug, variant))
     out += [_bug(V, "bf16", "post", "stale-page", decl="measured"),
             _bug(V, "bf16", "post", "stale-page", decl="undeclared"),
             _bug("vllm-cpu-emu-rtz", "bf16", "post", "stale-page", decl="measured"),
@@ -161,6 +168,8 @@ def bug_cases() -> List[RSpec]:
                                  ("v-from-k", None)):
                 out.append(_bug(TF, "bf16", mode, bug, variant, positions="long", table=table))
                 out.append(_bug(V, "bf16", mode, bug, variant, positions="long", table=table))
+                out.append(_bug("vllm-cpu-emu-rne", "bf16", mode, bug, variant,
+                                positions="long", table=table))
             out.append(_bug(TF, "bf16", mode, "bf16-running-output", positions="long",
                             table=table, hypothesis="low-precision"))
     return out

@@ -438,14 +438,21 @@ def margin_table(runs: List[dict]) -> List[str]:
 
 
 def bug_tables(runs: List[dict]) -> List[str]:
+    """Detection and diagnosis per bug case. "clean FA" is the false-alarm
+    rate of the clean family the case belongs to (engine, mode, dtype,
+    declaration): where it is high, DRIFT says nothing about the bug."""
+    fam_fa: Dict[tuple, List[bool]] = defaultdict(list)
+    for r in runs:
+        if r["kind"] == "clean" and r["status"] == "ok":
+            fam_fa[(r["engine"], r["mode"], r["dtype"], r["decl"])].append(r["verdict"] != "PASS")
     bugs = [r for r in runs if r["kind"] != "clean"]
     grp: Dict[str, List[dict]] = defaultdict(list)
     for r in bugs:
         grp[r["case"]].append(r)
-    lines = ["| bug | engine | arch | mode | dtype | declared | where | runs | effect >= tol | "
-             "detected | detected (effect >= tol) | diagnosis right | effect/tol (median) | "
-             "how detected | wrong top diagnoses |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| bug | engine | arch | mode | dtype | declared | where | clean FA | runs | "
+             "effect >= tol | detected | detected (effect >= tol) | diagnosis right | "
+             "effect/tol (median) | how detected | wrong top diagnoses |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     tot = Counter()
     for case in sorted(grp, key=lambda c: (grp[c][0]["bug"] or "", c)):
         rs = grp[case]
@@ -455,7 +462,7 @@ def bug_tables(runs: List[dict]) -> List[str]:
             r0 = rs[0]
             lines.append(f"| {r0['bug']}{(':' + r0['variant']) if r0.get('variant') else ''} | "
                          f"{r0['engine']} | {r0.get('set_arch') or 'any'} | {r0['mode']} | "
-                         f"{r0['dtype']} | {r0['decl']} | | 0 | | | | | | "
+                         f"{r0['dtype']} | {r0['decl']} | | | 0 | | | | | | "
                          f"{rs[0]['status']}: {reason[:80]} | |")
             continue
         r0 = ok[0]
@@ -473,17 +480,19 @@ def bug_tables(runs: List[dict]) -> List[str]:
                                      f"table {r0['draw'].get('table') or 'none'}"
                                      if r0["mode"] != "post" else "") if x)
         archs = sorted({r["draw"].get("arch", "?") for r in ok})
+        fa = fam_fa.get((r0["engine"], r0["mode"], r0["dtype"], r0["decl"]), [])
+        fa_text = f"{100 * sum(fa) / len(fa):.0f} %" if fa else "-"
         tot.update(runs=len(ok), reach=len(reach), det=len(det), det_reach=len(det_reach),
                    judged=len(judged), right=len(right))
         lines.append(
             f"| {r0['bug']}{(':' + r0['variant']) if r0.get('variant') else ''} | {r0['engine']} | "
             f"{','.join(archs) if len(archs) <= 2 else str(len(archs)) + ' archs'} | "
-            f"{r0['mode']} | {r0['dtype']} | {r0['decl']} | {where or '-'} | {len(ok)} | "
+            f"{r0['mode']} | {r0['dtype']} | {r0['decl']} | {where or '-'} | {fa_text} | {len(ok)} | "
             f"{len(reach)} | {len(det)} | {len(det_reach)}/{len(reach)} | "
             f"{len(right)}/{len(judged)} | {_f(med)} | "
             f"{', '.join(f'{k} ({v})' for k, v in how.most_common(3)) or '-'} | "
             f"{', '.join(f'{k} ({v})' for k, v in wrong.most_common(3)) or '-'} |")
-    lines.append(f"| **all** | | | | | | | **{tot['runs']}** | {tot['reach']} | "
+    lines.append(f"| **all** | | | | | | | | **{tot['runs']}** | {tot['reach']} | "
                  f"**{tot['det']}** | **{tot['det_reach']}/{tot['reach']}** | "
                  f"**{tot['right']}/{tot['judged']}** | | | |")
     return lines

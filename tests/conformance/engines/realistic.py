@@ -253,6 +253,8 @@ def draw(spec: RSpec, arch_choices, page_choices=(16, 32, 128),
     g = _rng(spec, "draw")
     if spec.positions == "long":     # positions up to 100k: models that reach them
         arch_choices = [n for n in arch_choices if ARCHS[n].max_position >= 100000]
+    if spec.bug == "gqa-mapping":    # a GQA bug needs grouped heads
+        arch_choices = [n for n in arch_choices if ARCHS[n].H != ARCHS[n].Hkv]
     arch = ARCHS[spec.arch] if spec.arch else ARCHS[_choice(g, tuple(arch_choices))]
     window_on = spec.window_layer
     if arch.window and window_on is None:

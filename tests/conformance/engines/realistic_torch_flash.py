@@ -122,8 +122,8 @@ def _pass(spec: R.RSpec, d: R.Draw, data: R.Data, bug: Optional[str], inv):
     elif bug == "v-from-k":
         kw["v_from_k"] = True
     elif bug == "gqa-mapping":
-        if a.H == a.Hkv:
-            raise Unsupported("MHA: no GQA mapping")
+        if a.H == a.Hkv or a.Hkv == 1:
+            raise Unsupported("no GQA mapping to get wrong (MHA, or one KV head)")
         kw["head_order"] = gqa_mod_order(a.H, a.Hkv)
         location = {"heads": moved_heads(a.H, a.Hkv)}
     elif bug == "wrong-scale":

@@ -212,12 +212,15 @@ def inject(spec: R.RSpec, bug: str, k: V.Kernel, cache: V.Cache, d: R.Draw,
     P = m.block
     nblocks = [(L + P - 1) // P for L in d.lens]
     table = cache.block_table
+    # A page fault where the kernel reads: a window layer reads its last W
+    # keys only, so the faulty block is drawn among the blocks that hold them.
+    first = [max(0, L - m.window) // P if m.window else 0 for L in d.lens]
 
     def pick(items):
         return items[int(torch.randint(len(items), (), generator=g))]
     if bug == "stale-page":
         row = pick(list(range(d.B)))
-        block = pick(list(range(nblocks[row])))
+        block = pick(list(range(first[row], nblocks[row])))
         page = int(table[row, block])
         kv = cache.kv.clone()
         slots = torch.arange(page * P, (page + 1) * P, dtype=torch.int64)
@@ -231,14 +234,15 @@ def inject(spec: R.RSpec, bug: str, k: V.Kernel, cache: V.Cache, d: R.Draw,
         if not rows:
             raise Unsupported("no row with two blocks")
         row = pick(rows)
-        block = pick(list(range(1, nblocks[row])))
+        block = pick(list(range(max(1, first[row]), nblocks[row])))
         k.block_table[row, block] = table[row, block - 1]
         return {"row": row, "logical_block": block, "page": int(table[row, block])}
     if bug == "foreign-page":
         row = pick(list(range(d.B)))
         others = [b for b in range(d.B) if b != row]
         other = pick(others)
-        block = pick(list(range(min(nblocks[row], nblocks[other]))))
+        hi = min(nblocks[row], nblocks[other])
+        block = pick(list(range(min(first[row], hi - 1), hi)))
         k.block_table[row, block] = table[other, block]
         return {"row": row, "logical_block": block}
     if bug == "seq-len-off-by-one":
@@ -261,8 +265,8 @@ def inject(spec: R.RSpec, bug: str, k: V.Kernel, cache: V.Cache, d: R.Draw,
         k.kv = cache.kv.flip(1).contiguous()
         return None
     if bug == "gqa-mapping":
-        if m.H == m.Hkv:
-            raise Unsupported("MHA: no GQA mapping")
+        if m.H == m.Hkv or m.Hkv == 1:
+            raise Unsupported("no GQA mapping to get wrong (MHA, or one KV head)")
         k.head_order = V.gqa_mod_order(m.H, m.Hkv)
         return {"heads": V.moved_heads(m.H, m.Hkv)}
     if bug == "wrong-scale":
