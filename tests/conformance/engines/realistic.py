@@ -560,18 +560,20 @@ def extra_pages(spec: RSpec) -> int:
 _MEMO: Dict[tuple, Any] = {}
 
 
-def memo_key(spec: RSpec) -> tuple:
-    """What a clean engine pass depends on: not the mode, the declaration
-    or the RoPE table sent (only the snapshot does), so the families of a
-    seed that differ in those share one pass."""
-    return (spec.engine, spec.dtype, spec.arch, spec.size, spec.positions,
-            spec.window_layer, spec.threads, spec.page, spec.seed)
+def memo_key(spec: RSpec, d: "Draw") -> tuple:
+    """What a clean engine pass depends on: the engine, dtype, seed and what
+    the seed drew (not the mode, the declaration or the RoPE table sent:
+    only the snapshot depends on those), so the cases of a seed that share
+    a draw share one pass."""
+    return (spec.engine, spec.dtype, spec.arch, spec.window_layer, spec.positions, spec.size,
+            spec.seed, d.arch.name, d.arch.H, d.arch.Hkv, d.arch.window, d.B, d.lens,
+            d.page, d.threads)
 
 
-def memo_get(spec: RSpec):
-    return _MEMO.get(memo_key(spec))
+def memo_get(spec: RSpec, d: "Draw"):
+    return _MEMO.get(memo_key(spec, d))
 
 
-def memo_put(spec: RSpec, value) -> None:
+def memo_put(spec: RSpec, d: "Draw", value) -> None:
     _MEMO.clear()                     # one pass kept: the sweep orders by it
-    _MEMO[memo_key(spec)] = value
+    _MEMO[memo_key(spec, d)] = value

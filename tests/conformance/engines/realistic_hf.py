@@ -260,7 +260,7 @@ def capture(spec: R.RSpec) -> Capture:
     bug = spec.bug if spec.kind != "clean" else None
     # The data and the clean pass are shared with the other cases of the
     # seed that have the same memo key (their clean twins included).
-    memo = R.memo_get(spec)
+    memo = R.memo_get(spec, d)
     if memo is not None:
         data, clean = memo
     else:
@@ -272,7 +272,7 @@ def capture(spec: R.RSpec) -> Capture:
             layer.sinks.copy_(data.sinks.to(layer.sinks.dtype))
     if memo is None:
         clean = _pass(spec, d, data, None, impl)
-        R.memo_put(spec, (data, clean))
+        R.memo_put(spec, d, (data, clean))
     run = _pass(spec, d, data, bug, impl) if bug else clean
     info: Dict[str, Any] = {"draw": d.describe(), "design": data.design, "impl": impl,
                             "host": R.host(), "layer": layer.layer_idx,

@@ -178,13 +178,13 @@ def capture(spec: R.RSpec) -> Capture:
     bug = spec.bug if spec.kind != "clean" else None
     # The data and the clean pass are shared with the other cases of the
     # seed that have the same memo key (their clean twins included).
-    memo = R.memo_get(spec)
+    memo = R.memo_get(spec, d)
     if memo is not None:
         data, clean = memo
     else:
         data = R.make_data(spec, d, dtype, inv.double())
         clean = _pass(spec, d, data, None, inv)
-        R.memo_put(spec, (data, clean))
+        R.memo_put(spec, d, (data, clean))
     run = _pass(spec, d, data, bug, inv) if bug else clean
     info: Dict[str, Any] = {"draw": d.describe(), "design": data.design, "host": R.host()}
     if bug:

@@ -348,7 +348,7 @@ def capture(spec: R.RSpec) -> Capture:
     bug = spec.bug if spec.kind != "clean" else None
     # The data and the clean pass are shared with the other cases of the
     # seed that have the same memo key (their clean twins included).
-    memo = R.memo_get(spec)
+    memo = R.memo_get(spec, d)
     if memo is not None:
         data, clean, narrowing = memo
     else:
@@ -374,7 +374,7 @@ def capture(spec: R.RSpec) -> Capture:
                           data.v[b:b + 1], data.sinks)
         info["narrowing"] = narrowing_of(clean["out"][b:b + 1], ref)
     if memo is None:
-        R.memo_put(spec, (data, clean, info.get("narrowing")))
+        R.memo_put(spec, d, (data, clean, info.get("narrowing")))
     args = snapshot_args(spec, d, m, eng, data, run)
     trunc = measured_truncation(spec, info)
     rounding = {"output_rounding": "toward_zero" if trunc else "nearest_even",
