@@ -386,12 +386,12 @@ def clean_tables(runs: List[dict]) -> List[str]:
     for r in clean:
         fam[(r["engine"], r["dtype"], r["decl"], r["size"])][r["mode"]].append(r)
     lines = ["| engine | dtype | declared | size | " + " | ".join(MODE_ORDER) +
-             " | worst E-R ratio | unsupported / errors |",
-             "|---|---|---|---|" + "---|" * len(MODE_ORDER) + "---|---|"]
+             " | worst E-R ratio | INCONCLUSIVE | unsupported / errors |",
+             "|---|---|---|---|" + "---|" * len(MODE_ORDER) + "---|---|---|"]
     tot = Counter()
     fam_fa = fam_n = 0
     for key in sorted(fam):
-        cells, worst, unsup, err = [], (0.0, ""), 0, 0
+        cells, worst, unsup, err, inc = [], (0.0, ""), 0, 0, 0
         for mode in MODE_ORDER:
             rs = fam[key].get(mode, [])
             ok = [r for r in rs if r["status"] == "ok"]
@@ -400,7 +400,10 @@ def clean_tables(runs: List[dict]) -> List[str]:
             if not ok:
                 cells.append("-")
                 continue
-            fa = [r for r in ok if r["verdict"] != "PASS"]
+            # A false alarm is a clean engine called DRIFT (or INVALID);
+            # INCONCLUSIVE is lost sensitivity, counted apart.
+            fa = [r for r in ok if r["verdict"] in ("DRIFT", "INVALID")]
+            inc += sum(r["verdict"] == "INCONCLUSIVE" for r in ok)
             fam_n += 1
             fam_fa += bool(fa)
             tot.update(runs=len(ok), fa=len(fa))
@@ -410,9 +413,10 @@ def clean_tables(runs: List[dict]) -> List[str]:
                     worst = (w[0], f"{w[1]} ({mode}, s{r['seed']})")
             cells.append(f"**{len(fa)}/{len(ok)}** {_fa_rules(fa)}" if fa else f"0/{len(ok)}")
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | " + " | ".join(cells) +
-                     f" | {_f(worst[0])} {worst[1]} | {unsup or ''}{' / ' + str(err) if err else ''} |")
+                     f" | {_f(worst[0])} {worst[1]} | {inc or ''} | "
+                     f"{unsup or ''}{' / ' + str(err) if err else ''} |")
     lines.append(f"| **all** | | | | {tot['fa']} false alarms in {tot['runs']} clean runs; "
-                 f"{fam_fa} of {fam_n} families with at least one | | | | | |")
+                 f"{fam_fa} of {fam_n} families with at least one | | | | | | |")
     return lines
 
 
@@ -510,7 +514,9 @@ def summary_lines(runs: List[dict], sha: str) -> List[str]:
             f"{sum(r['status'] == 'error' for r in runs)} errors), seeds "
             f"{min(seeds) if seeds else '-'}..{max(seeds) if seeds else '-'}, "
             f"{t / 3600:.1f} h of engine + CLI time; "
-            f"{len(clean)} clean runs, {sum(r['verdict'] != 'PASS' for r in clean)} not PASS.",
+            f"{len(clean)} clean runs, {sum(r['verdict'] in ('DRIFT', 'INVALID') for r in clean)} "
+            f"false alarms (DRIFT or INVALID), "
+            f"{sum(r['verdict'] == 'INCONCLUSIVE' for r in clean)} INCONCLUSIVE.",
             "", "Hosts: " + "; ".join(f"{h} ({n} runs)" for h, n in hosts.most_common()), ""]
 
 
