@@ -321,9 +321,11 @@ def failure_lines(results: List[dict], strict: bool) -> List[str]:
             continue
         if not (hard or soft):
             continue
-        if hard and r["kind"] == "clean" and r.get("margin") is not None:
+        if hard and r["kind"] == "clean" and r.get("margin") is not None \
+                and not r.get("stale_mark"):
             r = dict(r, notes=[f"worst: {r['margin_of'] or '-'} at {r['margin']:.2f}"])
-        label = ("FAIL" if hard else "FAIL (diagnosis)" if strict else "diagnosis miss")
+        label = ("FAIL (stale known_failure mark)" if r.get("stale_mark") else
+                 "FAIL" if hard else "FAIL (diagnosis)" if strict else "diagnosis miss")
         want = r["expect"].get("hypothesis")
         where = r["expect"].get("location")
         expected = r["expect"]["verdict"] + (f" {want}" if want else "") + \
