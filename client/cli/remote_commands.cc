@@ -353,8 +353,10 @@ void AddWatch(CLI::App* app, int* exit_code) {
       &RunWatchCommand);
   command
       ->add_option("--verdict", o->verdicts,
-                   "only this verdict (repeatable): PASS, DRIFT or INVALID")
-      ->check(CLI::IsMember({"PASS", "DRIFT", "INVALID"}, CLI::ignore_case));
+                   "only this verdict (repeatable): PASS, DRIFT, INVALID or "
+                   "INCONCLUSIVE")
+      ->check(CLI::IsMember({"PASS", "DRIFT", "INVALID", "INCONCLUSIVE"},
+                            CLI::ignore_case));
   command->add_option("--model", o->model, "only this model label");
   command->add_option("--layer", o->layer, "only this layer")
       ->check(NonNegative());

@@ -10,8 +10,9 @@
 #include "client/cli/cp_table.h"
 #include "client/cli/diagnosis_printer.h"
 #include "client/cli/findings.h"
+#include "core/engine/arithmetic.h"
 #include "core/fingerprint/fingerprint.h"
-#include "core/verdict/precision.h"
+#include "core/hull/hull.h"
 #include "proto/codec/codec.h"
 
 namespace attnaudit::client {
@@ -119,6 +120,8 @@ int ExitCodeFor(Verdict verdict) {
       return kExitPass;
     case Verdict::kDrift:
       return kExitDrift;
+    case Verdict::kInconclusive:
+      return kExitInconclusive;
     case Verdict::kUnspecified:
     case Verdict::kInvalid:
       break;
@@ -244,15 +247,39 @@ void AppendLocalisation(const AuditReport& r, std::string* out) {
       "engine page caused it: not localised in this report.\n");
 }
 
+// Why INCONCLUSIVE, the request's overrides, the hull check when it failed,
+// where the engine's precision came from and what the audit could not see.
+void AppendVerdictNotes(const AuditReport& r, std::string* out) {
+  for (const std::string& line : r.inconclusive_reasons) {
+    absl::StrAppend(out, "inconclusive: ", line, "\n");
+  }
+  for (const std::string& line : r.overrides) {
+    absl::StrAppend(out, "overridden: ", line, "\n");
+  }
+  if (r.hull.present && r.hull.outside > 0) {
+    absl::StrAppend(out, "hull: ", HullReason(r.hull), "\n");
+  }
+  const Provenance& p = r.provenance;
+  if (!p.precision_source.empty()) {
+    absl::StrAppend(out, "precision: ", p.precision_source,
+                    p.precision_evidence.empty() ? "" : " -- ",
+                    p.precision_evidence, "\n");
+  }
+  for (const std::string& line : p.sensitivity) {
+    absl::StrAppend(out, "sensitivity: ", line, "\n");
+  }
+}
+
 std::string FormatReport(const AuditReport& r) {
   std::string out;
   const SnapshotDims& d = r.dims;
   absl::StrAppend(&out, "verdict: ", VerdictName(r.verdict), FiredSummary(r),
-                  "\n");
+                  r.overrides.empty() ? "" : " [overridden]", "\n");
   if (r.verdict == Verdict::kInvalid) {
     absl::StrAppend(&out, "invalid: ", r.invalid_reason, "\n");
     return out;
   }
+  AppendVerdictNotes(r, &out);
   absl::StrAppend(&out, "labels:  ", LabelLine(r.labels), "\n");
   absl::StrAppendFormat(
       &out,

@@ -23,6 +23,8 @@ std::string FormatSnapshotSummary(const Snapshot& snapshot);
 constexpr int kExitPass = 0;
 constexpr int kExitDrift = 1;
 constexpr int kExitError = 2;  // invalid input or an error
+// Nothing drifted, but the audit could not verify what a PASS promises.
+constexpr int kExitInconclusive = 3;
 
 // Exit code for a verdict: 0 PASS, 1 DRIFT, 2 INVALID/unspecified.
 int ExitCodeFor(Verdict verdict);

@@ -71,6 +71,26 @@ struct PreparedAttention {
   std::vector<std::vector<int32_t>> block_unit_begin;
 };
 
+// Whether a key at global position `key_pos` is visible to a query at
+// `query_pos` (causal, and within the sliding window when there is one;
+// docs/NUMERICS.md, "Snapshot semantics").
+inline bool KeyVisible(const PreparedAttention& p, int64_t key_pos,
+                       int64_t query_pos) {
+  if (key_pos < 0 || key_pos > query_pos) return false;
+  if (p.window <= 0) return true;
+  const int64_t distance = query_pos - key_pos;
+  return p.window_inclusive ? distance <= p.window : distance < p.window;
+}
+
+// Element offset of (page, slot, KV head, 0) in a page pool of `layout`.
+inline int64_t KvSlotOffset(KvLayout layout, const SnapshotDims& d,
+                            int64_t page, int64_t slot, int64_t head) {
+  if (layout == KvLayout::kNHD) {
+    return ((page * d.page_size + slot) * d.kv_heads + head) * d.head_dim;
+  }
+  return ((page * d.kv_heads + head) * d.page_size + slot) * d.head_dim;
+}
+
 // Applies RoPE (fp32, one cast after) and resolves scales and variants.
 absl::StatusOr<PreparedAttention> PrepareAttention(const Snapshot& snapshot,
                                                    const ResolvedLayout& layout,

@@ -130,10 +130,7 @@ void PrepareItem(const PreparedAttention& p, int64_t b, int64_t g0, int64_t g1,
 // Whether key position `key_pos` is visible to a query at `query_pos`.
 inline bool Visible(const PreparedAttention& p, int64_t key_pos,
                     int64_t query_pos) {
-  if (key_pos < 0 || key_pos > query_pos) return false;
-  if (p.window <= 0) return true;
-  const int64_t distance = query_pos - key_pos;
-  return p.window_inclusive ? distance <= p.window : distance < p.window;
+  return KeyVisible(p, key_pos, query_pos);
 }
 
 }  // namespace attention_internal

@@ -22,14 +22,6 @@ std::vector<double> PerHeadScale(const Tensor& scale, int64_t kv_heads) {
   return out;
 }
 
-int64_t SlotOffset(KvLayout layout, const SnapshotDims& d, int64_t page,
-                   int64_t slot, int64_t head) {
-  if (layout == KvLayout::kNHD) {
-    return ((page * d.page_size + slot) * d.kv_heads + head) * d.head_dim;
-  }
-  return ((page * d.kv_heads + head) * d.page_size + slot) * d.head_dim;
-}
-
 // Pages referenced by some row.
 std::vector<uint8_t> ReferencedPages(const ResolvedLayout& layout,
                                      const SnapshotDims& d) {
@@ -44,7 +36,7 @@ std::vector<uint8_t> ReferencedPages(const ResolvedLayout& layout,
 // applied); non-finite values do not count.
 float ValueRowMax(const Snapshot& s, const SnapshotDims& d, int64_t page,
                   int64_t slot, int64_t head, float* buf) {
-  const int64_t src = SlotOffset(s.kv_layout, d, page, slot, head);
+  const int64_t src = KvSlotOffset(s.kv_layout, d, page, slot, head);
   ConvertToFloat(static_cast<const char*>(s.v_pages.raw()) +
                      src * DTypeSize(s.v_pages.dtype()),
                  s.v_pages.dtype(), d.head_dim, buf);
@@ -155,7 +147,7 @@ absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
       if (s.slot_positions.IntAt(page * d.page_size + slot) < 0) continue;
       rope.Angles(pos, cos_half.data(), sin_half.data());
       for (int64_t g = 0; g < d.kv_heads; ++g) {
-        const int64_t src = SlotOffset(s.kv_layout, d, page, slot, g);
+        const int64_t src = KvSlotOffset(s.kv_layout, d, page, slot, g);
         const float ks = static_cast<float>(k_scale[g]);
         ConvertToFloat(static_cast<const char*>(s.k_pages.raw()) +
                            src * DTypeSize(s.k_pages.dtype()),
@@ -168,8 +160,8 @@ absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
         if (s.k_scale.present()) {
           for (int64_t i = 0; i < d.head_dim; ++i) row[i] *= ks;
         }
-        float* dst =
-            p->rotated_k.data() + SlotOffset(KvLayout::kNHD, d, page, slot, g);
+        float* dst = p->rotated_k.data() +
+                     KvSlotOffset(KvLayout::kNHD, d, page, slot, g);
         rope.RotateAs(row.data(), cos_half.data(), sin_half.data(),
                       rotation_dtype, dst);
         if (requantize) {
@@ -208,7 +200,7 @@ void ScanKeys(const Snapshot& s, const ResolvedLayout& layout,
     for (int64_t slot = 0; slot < d.page_size; ++slot) {
       if (s.slot_positions.IntAt(page * d.page_size + slot) < 0) continue;
       for (int64_t g = 0; g < d.kv_heads; ++g) {
-        const int64_t src = SlotOffset(s.kv_layout, d, page, slot, g);
+        const int64_t src = KvSlotOffset(s.kv_layout, d, page, slot, g);
         ConvertToFloat(static_cast<const char*>(s.k_pages.raw()) +
                            src * DTypeSize(s.k_pages.dtype()),
                        s.k_pages.dtype(), d.head_dim, row.data());
@@ -219,6 +211,20 @@ void ScanKeys(const Snapshot& s, const ResolvedLayout& layout,
     }
   });
   MergeMaxima(per_page, s, d, half, maxima);
+}
+
+// The dtypes the engine's rotated q and K are narrowed to (bf16 before an
+// fp8 cache's quantisation).
+DType QueryRotationDtype(const Snapshot& s) {
+  return s.rope.q_output_dtype != DType::kInvalid ? s.rope.q_output_dtype
+                                                  : s.q.dtype();
+}
+
+DType KeyRotationDtype(const Snapshot& s) {
+  const DType out = s.rope.k_output_dtype != DType::kInvalid
+                        ? s.rope.k_output_dtype
+                        : s.k_pages.dtype();
+  return out == DType::kF8E4M3 || out == DType::kF8E5M2 ? DType::kBF16 : out;
 }
 
 // How far our scores can be from the engine's because attnaudit rotated q
@@ -266,6 +272,18 @@ RopeScoreError RopeScoreUncertainty(const PreparedAttention& p,
     }
     for (size_t i = 0; i < half && extreme >= 0; ++i) {
       dk[i] = rope.AngleUncertainty(extreme, i);
+    }
+  }
+  if (s.precision.Undeclared()) {
+    // An engine silent about its cast point and rounding may have narrowed
+    // each rotated element anywhere within about two ulps of ours (the cast
+    // points differ by up to 1.5, a truncation by one more): as an angle,
+    // 4 eps of the rotation dtype per pair.
+    const double q_ulps = 4.0 * DTypeEpsilon(QueryRotationDtype(s));
+    const double k_ulps = 4.0 * DTypeEpsilon(KeyRotationDtype(s));
+    for (size_t i = 0; i < half; ++i) {
+      if (s.rope.q_state == RopeState::kPreRope) dq[i] += q_ulps;
+      if (s.rope.k_state == RopeState::kPreRope) dk[i] += k_ulps;
     }
   }
   RopeScoreError e;
@@ -406,15 +424,15 @@ absl::StatusOr<PreparedAttention> PrepareAttention(const Snapshot& s,
     for (size_t i = 0; i < p.q.size(); ++i) p.q[i] = s.q.DoubleAt(i);
     return p;
   }
-  ATTNAUDIT_ASSIGN_OR_RETURN(
-      const RopeTable rope,
-      RopeTable::Create(s.rope, d.head_dim, s.rope_table));
+  ATTNAUDIT_ASSIGN_OR_RETURN(const RopeTable rope, EngineRopeOf(s, d.head_dim));
   PairMaxima maxima;
   RotateQueries(s, rope, &p, &maxima.query);
-  // With the engine's own angles everywhere, our rotation is the engine's
-  // up to two libms' cos/sin (a few fp32 ulps of angle, inside the
-  // tolerances' fp32 terms): no uncertainty, and no scan of the cache.
-  const bool exact = EngineAnglesEverywhere(s, p, layout, rope);
+  // With the engine's own angles everywhere and its arithmetic declared,
+  // our rotation is the engine's up to two libms' cos/sin (a few fp32 ulps
+  // of angle, inside the tolerances' fp32 terms): no uncertainty, and no
+  // scan of the cache.
+  const bool exact =
+      EngineAnglesEverywhere(s, p, layout, rope) && !s.precision.Undeclared();
   if (s.rope.k_state == RopeState::kPreRope) {
     ATTNAUDIT_RETURN_IF_ERROR(
         RotateKeys(s, layout, rope, &p, exact ? nullptr : &maxima, threads));

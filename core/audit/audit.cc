@@ -12,11 +12,13 @@
 #include "core/attention/merge.h"
 #include "core/attention/unit_states.h"
 #include "core/audit/cp_stage.h"
+#include "core/audit/verdict_steps.h"
 #include "core/backend/backend.h"
 #include "core/common/parallel.h"
 #include "core/common/status_macros.h"
 #include "core/diagnosis/diagnosis.h"
 #include "core/drift/drift.h"
+#include "core/engine/arithmetic.h"
 #include "core/fingerprint/fingerprint.h"
 #include "core/rope_check/rope_check.h"
 #include "core/verdict/statistical.h"
@@ -127,6 +129,10 @@ void StatisticalStep(const CompareContext& ctx, Comparison which,
   if (which != Comparison::kReplayVsReference) {
     si.probability_epsilon = ti.engine.probability_epsilon;
     si.score_error += ti.rope_score_noise;
+    const OutputLean lean = ExpectedOutputLean(ti.engine);
+    si.shrink_ulps = lean.ulps;
+    si.shrink_relative = lean.relative;
+    si.shrink_known = lean.known;
   }
   const SnapshotDims& d = ctx.dims;
   result->statistical = RunStatisticalTest(
@@ -466,12 +472,9 @@ CompareContext MakeCompareContext(const AuditRun& run) {
   ti.logprob_temperature = run.snapshot.logprob_temperature;
   ti.cp_world_size = run.snapshot.cp.world_size;
   const Snapshot& s = run.snapshot;
-  const DType model_dtype = s.rope.q_output_dtype != DType::kInvalid
-                                ? s.rope.q_output_dtype
-                                : s.q.dtype();
-  ti.engine =
-      ResolveEngineArithmetic(s.precision, model_dtype, s.k_pages.dtype(),
-                              run.layout.dims.head_dim, s.logit_softcap > 0);
+  ti.engine = ResolveEngineArithmetic(
+      s.precision, audit_internal::ModelDType(s), s.k_pages.dtype(),
+      run.layout.dims.head_dim, s.logit_softcap > 0);
   ti.replay = ReplayArithmetic(run.layout.dims.head_dim, s.logit_softcap > 0);
   ti.rope_score_uncertainty = run.prepared.rope_score_uncertainty;
   ti.rope_score_noise = run.prepared.rope_score_noise;
@@ -523,7 +526,23 @@ absl::Status CompareStage(AuditRun* run) {
     DecideComparison(&results[i]);
     run->report.comparisons.push_back(std::move(results[i]));
   }
+  const audit_internal::VerdictInputs verdict{
+      *run->backend,
+      run->snapshot,
+      run->prepared,
+      run->reference.out,
+      run->engine.has_out ? &run->engine.out : nullptr,
+      ctx.tolerance_inputs,
+      run->options,
+      ctx.output_dtype,
+      run->threads};
+  ATTNAUDIT_RETURN_IF_ERROR(
+      audit_internal::EmulationStep(verdict, &run->report));
+  audit_internal::HullStep(verdict, &run->report);
+  audit_internal::ConclusionStep(verdict, &run->report);
   run->report.verdict = CombineVerdicts(run->report.comparisons);
+  audit_internal::NoteOverrides(verdict, &run->report);
+  audit_internal::NoteSensitivity(verdict, &run->report);
   run->report.provenance.timings.compare_seconds = SecondsSince(t);
   run->StageDone("compare", run->report.provenance.timings.compare_seconds);
   return absl::OkStatus();
@@ -564,8 +583,8 @@ absl::Status RopeCheckStage(AuditRun* run) {
   ATTNAUDIT_ASSIGN_OR_RETURN(run->report.rope_checks,
                              RunRopeChecks(run->snapshot, run->layout));
   for (const RopeCheckResult& c : run->report.rope_checks) {
-    if (c.verdict == Verdict::kDrift && run->report.verdict == Verdict::kPass) {
-      run->report.verdict = Verdict::kDrift;
+    if (c.verdict == Verdict::kDrift) {
+      run->report.verdict = WorseVerdict(run->report.verdict, Verdict::kDrift);
     }
   }
   return absl::OkStatus();
@@ -633,6 +652,9 @@ void FillProvenance(AuditRun* run) {
   }
   prov.engine_profile =
       std::string(EngineProfileName(run->snapshot.precision.profile));
+  prov.precision_source =
+      std::string(PrecisionSourceName(run->snapshot.precision));
+  prov.precision_evidence = run->snapshot.precision.evidence;
   prov.rope_source = RopeSourceName(run->snapshot);
   if (run->options.compute_kv_fingerprint) {
     prov.kv_fingerprint = KvCacheFingerprint(run->snapshot, run->layout);
@@ -641,6 +663,13 @@ void FillProvenance(AuditRun* run) {
 }
 
 }  // namespace
+
+bool OverridesPolicy(const Snapshot& snapshot, const AuditOptions& options) {
+  const ToleranceOverrides& t = options.tolerances;
+  return t.out_abs > 0 || t.lse_abs > 0 || t.logprob_abs > 0 ||
+         !options.statistical_test ||
+         !PrecisionOverrides(snapshot.precision).empty();
+}
 
 absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
                                           const AuditOptions& options) {

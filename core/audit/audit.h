@@ -26,6 +26,13 @@ absl::StatusOr<AuditReport> AuditSnapshot(const Snapshot& snapshot,
 absl::StatusOr<AuditReport> RunAudit(const Snapshot& snapshot,
                                      const AuditOptions& options);
 
+// Whether the request departs from the verdict policy: a tolerance
+// override, the statistical test off, or precision fields past every
+// profile's documented range (PrecisionOverrides). Such a report lists them
+// (AuditReport::overrides); a multi-tenant server asks for the `override`
+// permission first.
+bool OverridesPolicy(const Snapshot& snapshot, const AuditOptions& options);
+
 }  // namespace attnaudit
 
 #endif  // ATTNAUDIT_CORE_AUDIT_AUDIT_H_

@@ -28,6 +28,9 @@ struct AuditOptions {
   bool engine_vs_reference = true;
   bool replay_vs_reference = true;
   bool engine_vs_replay = true;
+  // E vs the emulated engine (core/emulate), where the engine's declared
+  // arithmetic allows one (a 16-bit-score engine of declared rounding).
+  bool engine_vs_emulation = true;
   ToleranceOverrides tolerances;
   ValidationLimits limits;
   int threads = 0;  // 0: hardware concurrency

@@ -581,6 +581,7 @@ absl::StatusOr<std::vector<double>> AlternativeQueries(const Context& ctx,
       RopeTable target,
       restyle ? RopeTable::Create(other_config, ctx.d.head_dim)
               : RopeTable::Create(other_config, ctx.d.head_dim, s.rope_table));
+  target.SetFinalRounding(s.precision.rope_rounding);
   return RotatedQueries(ctx, target, delta);
 }
 
@@ -588,6 +589,7 @@ absl::StatusOr<std::vector<double>> QueriesRotatedWith(
     const Context& ctx, const RopeConfig& config) {
   ATTNAUDIT_ASSIGN_OR_RETURN(RopeTable target,
                              RopeTable::Create(config, ctx.d.head_dim));
+  target.SetFinalRounding(ctx.in->snapshot->precision.rope_rounding);
   return RotatedQueries(ctx, target, 0);
 }
 

@@ -18,6 +18,30 @@ absl::string_view VerdictName(Verdict v) {
   return "UNSPECIFIED";
 }
 
+namespace {
+
+int Gravity(Verdict v) {
+  switch (v) {
+    case Verdict::kInvalid:
+      return 4;
+    case Verdict::kDrift:
+      return 3;
+    case Verdict::kInconclusive:
+      return 2;
+    case Verdict::kPass:
+      return 1;
+    case Verdict::kUnspecified:
+      break;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Verdict WorseVerdict(Verdict a, Verdict b) {
+  return Gravity(a) >= Gravity(b) ? a : b;
+}
+
 absl::string_view ComparisonName(Comparison c) {
   switch (c) {
     case Comparison::kEngineVsReference:
@@ -26,6 +50,8 @@ absl::string_view ComparisonName(Comparison c) {
       return "replay_vs_reference";
     case Comparison::kEngineVsReplay:
       return "engine_vs_replay";
+    case Comparison::kEngineVsEmulation:
+      return "engine_vs_emulation";
   }
   return "unknown";
 }
@@ -38,6 +64,8 @@ absl::string_view ComparisonShortName(Comparison c) {
       return "P-R";
     case Comparison::kEngineVsReplay:
       return "E-P";
+    case Comparison::kEngineVsEmulation:
+      return "E-M";
   }
   return "?";
 }

@@ -29,12 +29,18 @@ enum class Comparison : int {
   kEngineVsReference = 0,  // E vs R: engine drift, the production signal
   kReplayVsReference = 1,  // P vs R: replay consistency
   kEngineVsReplay = 2,     // E vs P: kernel numerics vs cache/layout faults
+  // E vs M: the engine against its declared arithmetic replayed
+  // (core/emulate), for engines that round their scores to 16 bits.
+  kEngineVsEmulation = 3,
 };
-constexpr int kNumComparisons = 3;
+constexpr int kNumComparisons = 4;
 
 enum class Quantity : int { kOut = 0, kLse = 1, kLogprob = 2 };
 
-absl::string_view VerdictName(Verdict v);             // "PASS", "DRIFT", ...
+absl::string_view VerdictName(Verdict v);  // "PASS", "DRIFT", ...
+// The graver of two verdicts: INVALID > DRIFT > INCONCLUSIVE > PASS >
+// UNSPECIFIED.
+Verdict WorseVerdict(Verdict a, Verdict b);
 absl::string_view ComparisonName(Comparison c);       // "engine_vs_reference"
 absl::string_view ComparisonShortName(Comparison c);  // "E-R"
 absl::string_view QuantityName(Quantity q);           // "out", "lse", "logprob"
@@ -232,7 +238,7 @@ struct Provenance {
   std::string prefix_fingerprint_scheme;
   StageTimings timings;
   // The engine precision profile the tolerances used
-  // (core/verdict/precision.h), e.g. "flash-decoding", "conservative".
+  // (core/engine/arithmetic.h), e.g. "flash-decoding", "conservative".
   std::string engine_profile;
   // Where the audit's RoPE values came from when it rotated: "config",
   // "engine inv_freq", "engine rows" (rows for some positions, the rest

@@ -287,9 +287,13 @@ void RopeTable::RotateAs(const float* x, const float* cos_half,
   const bool round_cos_sin = cast_point_ != RopeCastPoint::kAfterRope;
   const bool each_op = cast_point_ == RopeCastPoint::kEachOp;
   auto r = [dtype](float v) { return RoundToDType(v, dtype); };
+  auto final = [dtype, this](float v) {
+    return truncates_ ? RoundTowardZeroToDType(v, dtype)
+                      : RoundToDType(v, dtype);
+  };
   // The pass-through dims first: out may alias x, and the rotated pairs
   // read x before they write.
-  for (int64_t i = rotary_dim_; i < head_dim_; ++i) out[i] = r(x[i]);
+  for (int64_t i = rotary_dim_; i < head_dim_; ++i) out[i] = final(x[i]);
   for (int64_t i = 0; i < half; ++i) {
     const int64_t a = neox ? i : 2 * i;
     const int64_t b = neox ? i + half : 2 * i + 1;
@@ -298,13 +302,25 @@ void RopeTable::RotateAs(const float* x, const float* cos_half,
     const float x1 = x[a];
     const float x2 = x[b];
     if (each_op) {
-      out[a] = r(r(x1 * c) - r(x2 * s));
-      out[b] = r(r(x2 * c) + r(x1 * s));
+      out[a] = final(r(x1 * c) - r(x2 * s));
+      out[b] = final(r(x2 * c) + r(x1 * s));
     } else {
-      out[a] = r(x1 * c - x2 * s);
-      out[b] = r(x2 * c + x1 * s);
+      out[a] = final(x1 * c - x2 * s);
+      out[b] = final(x2 * c + x1 * s);
     }
   }
+}
+
+void RopeTable::SetFinalRounding(Rounding rounding) {
+  truncates_ = rounding == Rounding::kTowardZero;
+}
+
+absl::StatusOr<RopeTable> EngineRopeOf(const Snapshot& snapshot,
+                                       int64_t head_dim) {
+  absl::StatusOr<RopeTable> table =
+      RopeTable::Create(snapshot.rope, head_dim, snapshot.rope_table);
+  if (table.ok()) table->SetFinalRounding(snapshot.precision.rope_rounding);
+  return table;
 }
 
 std::vector<double> CandidateThetas(double declared) {

@@ -10,7 +10,8 @@
 // inverse frequencies, else from the config; AngleUncertainty bounds how far
 // each source can be from what the engine used.
 //
-// RopeTable is immutable after Create and safe to share across threads.
+// RopeTable is immutable after Create (and SetFinalRounding, if called) and
+// safe to share across threads.
 #ifndef ATTNAUDIT_CORE_ROPE_ROPE_H_
 #define ATTNAUDIT_CORE_ROPE_ROPE_H_
 
@@ -56,9 +57,16 @@ class RopeTable {
   // The engine's rotation of x[head_dim] (values of the rotation's input,
   // widened to float) under the table's cast point, rounded to `dtype` (the
   // rotation dtype) where the profile rounds and at the end; into
-  // out[head_dim] (which may alias x).
+  // out[head_dim] (which may alias x). The cast points' intermediate
+  // roundings are to nearest (torch's); the final cast follows
+  // SetFinalRounding.
   void RotateAs(const float* x, const float* cos_half, const float* sin_half,
                 DType dtype, float* out) const;
+  // How the engine narrows the rotated values at the end: towards zero for
+  // an engine that truncates (EnginePrecision::rope_rounding); to nearest
+  // otherwise (the default, and for kProfile).
+  void SetFinalRounding(Rounding rounding);
+  bool truncates() const { return truncates_; }
 
   // Which values Angles uses at `position`.
   enum class Source { kConfig, kEngineInvFreq, kEngineRow };
@@ -76,6 +84,7 @@ class RopeTable {
   int64_t rotary_dim_ = 0;
   RopeStyle style_ = RopeStyle::kNeox;
   RopeCastPoint cast_point_ = RopeCastPoint::kAfterRope;
+  bool truncates_ = false;
   bool scaled_ = false;
   std::vector<float> inv_freq_;  // rotary_dim / 2 entries
   float magnitude_ = 1.0f;
@@ -85,6 +94,11 @@ class RopeTable {
   absl::flat_hash_map<int64_t, int64_t> engine_row_of_;
   std::vector<float> engine_cos_, engine_sin_;  // [rows, rotary_dim / 2]
 };
+
+// The snapshot's RoPE as its engine computed it: its config, its own table
+// (when sent) and the final rounding it declared. Errors as Create.
+absl::StatusOr<RopeTable> EngineRopeOf(const Snapshot& snapshot,
+                                       int64_t head_dim);
 
 // The thetas a RoPE bug hypothesis tries for an engine whose rotation does
 // not follow `declared`: the common model thetas and declared x 0.1, 0.5,

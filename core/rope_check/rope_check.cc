@@ -108,13 +108,18 @@ Fit Compare(const CheckRows& rows, const RopeTable& declared,
       double angle = 0;
       if (pair >= 0) {
         const int64_t other = PartnerOf(declared, d);
-        magnitude = std::hypot(x[d], x[other]);
+        magnitude = std::hypot(static_cast<double>(x[d]),
+                               static_cast<double>(x[other]));
         angle = declared.AngleUncertainty(rows.position[r], pair);
       }
       const double tol = magnitude * (angle + 2.0 * eps_rot + eps_stored) +
                          2.0 * std::numeric_limits<float>::denorm_min();
       ++fit.count;
-      const double ratio = diff / tol;
+      // A rotation or tolerance that overflowed verifies nothing: a
+      // mismatch, never a pass (validation keeps inputs below it).
+      const double ratio = std::isfinite(ours[d]) && std::isfinite(tol)
+                               ? diff / tol
+                               : std::numeric_limits<double>::infinity();
       if (ratio > 1.0) {
         ++fit.mismatches;
         fit.excess += (ratio - 1.0) * (ratio - 1.0);
@@ -383,8 +388,7 @@ absl::StatusOr<std::vector<RopeCheckResult>> RunRopeChecks(
   const SnapshotDims& d = layout.dims;
   const bool rolling = s.pre_rope.q.present() || s.pre_rope.k.present();
   if (rolling) {
-    absl::StatusOr<RopeTable> table =
-        RopeTable::Create(s.rope, d.head_dim, s.rope_table);
+    absl::StatusOr<RopeTable> table = EngineRopeOf(s, d.head_dim);
     if (!table.ok()) return table.status();
     if (s.pre_rope.q.present()) {
       const CheckRows rows = QueryRows(s, d);
@@ -506,8 +510,7 @@ Diagnosis MakeDiagnosis(const std::string& what, const RopeVariant& v,
 
 void DiagnoseRolling(const CheckRows& rows, const Snapshot& s, int64_t D,
                      std::vector<std::pair<int, Diagnosis>>* out) {
-  absl::StatusOr<RopeTable> declared =
-      RopeTable::Create(s.rope, D, s.rope_table);
+  absl::StatusOr<RopeTable> declared = EngineRopeOf(s, D);
   if (!declared.ok()) return;
   const Fit before =
       Compare(rows, *declared, RotateWithTable(*declared, rows.rotation_dtype));
@@ -520,6 +523,7 @@ void DiagnoseRolling(const CheckRows& rows, const Snapshot& s, int64_t D,
         config_variant ? RopeTable::Create(v.config, D)
                        : RopeTable::Create(v.config, D, s.rope_table);
     if (!table.ok()) continue;
+    table->SetFinalRounding(s.precision.rope_rounding);
     const Fit after =
         Compare(rows, *declared,
                 RotateWithTable(*table, rows.rotation_dtype, v.delta, v.times));

@@ -146,6 +146,19 @@ struct EnginePrecision {
   Rounding rope_rounding = Rounding::kProfile;
   PrecisionSource source = PrecisionSource::kUnspecified;
   std::string evidence;  // at most kMaxPrecisionEvidenceBytes (validated)
+
+  // Nothing declared: no profile, field, rounding or source (an undeclared
+  // engine is audited with the widest envelope; core/engine/arithmetic.h).
+  bool Undeclared() const {
+    return profile == EngineProfile::kUnspecified &&
+           score_dtype == DType::kInvalid &&
+           probability_dtype == DType::kInvalid && exp_ulps == 0 &&
+           split_keys == 0 && score_rounding == Rounding::kProfile &&
+           probability_rounding == Rounding::kProfile &&
+           output_rounding == Rounding::kProfile &&
+           rope_rounding == Rounding::kProfile &&
+           source == PrecisionSource::kUnspecified;
+  }
 };
 
 enum class CpSharding : int {

@@ -247,6 +247,28 @@ uint8_t FloatToF8E5M2(float f) {
   return static_cast<uint8_t>(Encode(f, kE5M2Format));
 }
 
+double DTypeDenormMin(DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return std::ldexp(1.0, -24);
+    case DType::kBF16:
+      return std::ldexp(1.0, -133);
+    case DType::kF8E4M3:
+      return std::ldexp(1.0, -9);
+    case DType::kF8E5M2:
+      return std::ldexp(1.0, -16);
+    case DType::kF64:
+      return std::numeric_limits<double>::denorm_min();
+    case DType::kInvalid:
+    case DType::kF32:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kBool:
+      break;
+  }
+  return std::ldexp(1.0, -149);
+}
+
 float RoundToDType(float value, DType dtype) {
   switch (dtype) {
     case DType::kF16:
@@ -257,6 +279,53 @@ float RoundToDType(float value, DType dtype) {
       return F8E4M3ToFloat(FloatToF8E4M3(value));
     case DType::kF8E5M2:
       return F8E5M2ToFloat(FloatToF8E5M2(value));
+    case DType::kInvalid:
+    case DType::kF32:
+    case DType::kF64:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kBool:
+      break;
+  }
+  return value;
+}
+
+namespace {
+
+// What truncation needs of a narrow floating format.
+struct NarrowFormat {
+  int mantissa_bits;
+  int min_normal_exponent;
+  float max_finite;
+};
+
+float TruncateTo(float value, const NarrowFormat& f) {
+  if (!std::isfinite(value)) return value;
+  const float a = std::fabs(value);
+  if (a >= f.max_finite) return std::copysign(f.max_finite, value);
+  int e = f.min_normal_exponent;
+  if (a >= std::ldexp(1.0f, f.min_normal_exponent)) {
+    std::frexp(a, &e);
+    --e;  // a in [2^e, 2^(e+1))
+  }
+  // Powers of two: the division and the product are exact.
+  const double quantum = std::ldexp(1.0, e - f.mantissa_bits);
+  const double q = std::floor(static_cast<double>(a) / quantum) * quantum;
+  return std::copysign(static_cast<float>(q), value);
+}
+
+}  // namespace
+
+float RoundTowardZeroToDType(float value, DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return TruncateTo(value, {10, -14, 65504.0f});
+    case DType::kBF16:
+      return TruncateTo(value, {7, -126, 3.38953139e38f});
+    case DType::kF8E4M3:
+      return TruncateTo(value, {3, -6, 448.0f});
+    case DType::kF8E5M2:
+      return TruncateTo(value, {2, -14, 57344.0f});
     case DType::kInvalid:
     case DType::kF32:
     case DType::kF64:

@@ -72,9 +72,20 @@ uint8_t FloatToF8E4M3(float f);
 float F8E5M2ToFloat(uint8_t v);
 uint8_t FloatToF8E5M2(float f);
 
+// The smallest positive (subnormal) value of a floating dtype: one ULP at
+// zero (f32's for non-floating dtypes).
+double DTypeDenormMin(DType dtype);
+
 // Rounds a float to the nearest value representable in `dtype` and returns
 // it as a float (identity for f32 and f64-as-f32).
 float RoundToDType(float value, DType dtype);
+
+// Rounds a float towards zero to a value representable in `dtype`
+// (truncation: the dropped mantissa bits cleared; a finite value never
+// becomes infinite). NaN and infinities pass through; identity for f32 and
+// f64-as-f32. What some engines' conversions do (vLLM's CPU bf16 without
+// AVX512_BF16).
+float RoundTowardZeroToDType(float value, DType dtype);
 
 // Reads element i of a floating buffer of `dtype` as float (f64 is rounded
 // to float). Slow path; hot loops use the typed converters directly.

@@ -6,6 +6,7 @@
 // the scan is an unsigned max-reduction over chunks, which GCC and Clang
 // vectorise; only a chunk that fails is rescanned to locate the element.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -65,6 +66,24 @@ absl::Status ScanRange(absl::string_view field, const Tensor& t, int64_t offset,
   if (bad < 0) return absl::OkStatus();
   return Invalid(ElementPath(field, t.shape(), offset + bad),
                  "value is not finite");
+}
+
+// What attnaudit rotates must stay finite rotated in fp32: a rotated pair's
+// elements reach sqrt(2) times the pair's largest, and the rolling check's
+// tolerance twice that. 2^125 (about 4.3e37) leaves room for both; no
+// model's activations come near it.
+const float kMaxRotatedMagnitude = std::ldexp(1.0f, 125);
+
+absl::Status ScanRotatable(absl::string_view field, const Tensor& t) {
+  for (int64_t i = 0; i < t.num_elements(); ++i) {
+    const float x = t.FloatAt(i);
+    if (std::fabs(x) > kMaxRotatedMagnitude) {
+      return Invalid(ElementPath(field, t.shape(), i), "|value| ", x,
+                     " is beyond 4.3e37 (2^125): rotated in fp32 it can "
+                     "overflow");
+    }
+  }
+  return absl::OkStatus();
 }
 
 // Active K (or V) slots only. Runs of consecutive fully active pages are
@@ -146,7 +165,11 @@ absl::Status CheckFiniteValues(const Snapshot& s, const SnapshotDims& d,
     if (tensor->present()) {
       ATTNAUDIT_RETURN_IF_ERROR(
           ScanRange(field, *tensor, 0, tensor->num_elements()));
+      ATTNAUDIT_RETURN_IF_ERROR(ScanRotatable(field, *tensor));
     }
+  }
+  if (s.rope.q_state == RopeState::kPreRope) {
+    ATTNAUDIT_RETURN_IF_ERROR(ScanRotatable("q", s.q));
   }
   if (scan_kv) {
     // K first: when both are bad the message names K, whatever the timing.

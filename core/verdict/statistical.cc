@@ -69,9 +69,12 @@ double SmallestNormal(DType dtype) {
 // Running sums of one group: z^2 per element; the mean z and the mean
 // z * sign(R) per cell (one head of one query: the D elements that share
 // the cell's normalisation and keys, whose errors are correlated).
+// `slack` is the sum of each element's unknown rounding lean (in z units:
+// the shrink a correct engine may have beyond the one already added back),
+// averaged per cell like z.
 struct Sums {
   int64_t n = 0, cells = 0;
-  double z2 = 0, z = 0, zs = 0;
+  double z2 = 0, z = 0, zs = 0, slack = 0;
   void AddCell(const Sums& cell) {
     if (cell.n == 0) return;
     n += cell.n;
@@ -79,12 +82,14 @@ struct Sums {
     ++cells;
     z += cell.z / static_cast<double>(cell.n);
     zs += cell.zs / static_cast<double>(cell.n);
+    slack += cell.slack / static_cast<double>(cell.n);
   }
-  void Add(double zi, double sign) {
+  void Add(double zi, double sign, double lean) {
     ++n;
     z2 += zi * zi;
     z += zi;
     zs += zi * sign;
+    slack += lean;
   }
 };
 
@@ -104,17 +109,21 @@ double Judge(const Sums& s, const Limits& lim, StatisticalGroup* g) {
   g->mean = s.z / cells;
   g->bias = s.zs / cells;
   const NoiseModel& m = lim.noise;
+  // An unknown rounding lean may shift every z of the group by up to its
+  // mean slack: the mean tests allow it, the rms test its square.
+  const double slack = s.slack / cells;
   // Elements are not independent (rows attending to the same sink repeat
   // the same values; a cell's elements share its keys): the rms test
   // counts kDesignEffect elements as one, and adds a margin.
   const int64_t n_eff = std::max<int64_t>(1, s.n / kDesignEffect);
-  const double ms_limit = BernsteinLimit(
-      m.mean_square + kRmsMargin, m.sd_square, m.bound, n_eff, lim.delta);
+  const double ms_limit =
+      BernsteinLimit(m.mean_square + kRmsMargin + slack * slack, m.sd_square,
+                     m.bound, n_eff, lim.delta);
   g->rms_limit = std::sqrt(ms_limit);
   // The mean tests take each cell's mean as one sample, with the spread of
   // a single element (a cell mean spreads far less unless its elements
   // move together).
-  g->mean_limit = BernsteinLimit(0.0, std::sqrt(m.mean_square), m.bound,
+  g->mean_limit = BernsteinLimit(slack, std::sqrt(m.mean_square), m.bound,
                                  s.cells, lim.delta / 2.0);
   const double ratio =
       std::max({(s.z2 / n) / ms_limit, std::fabs(g->mean) / g->mean_limit,
@@ -204,21 +213,42 @@ inline double NoiseUnitAbove(double reference, double row_rms, double epsilon,
   return epsilon * binade;
 }
 
-// The elements a test reads and the noise unit's constants.
+// The elements a test reads, the noise unit's constants, and the
+// candidate's rounding lean (StatisticalInputs::shrink_*): the output
+// dtype's epsilon and smallest normal give the ulp at the reference.
 struct CellInputs {
   const double* candidate;
   const double* baseline;
   const double* reference;
   double epsilon;
   double smallest;
+  double shrink_ulps = 0;
+  double shrink_relative = 0;
+  bool shrink_known = true;
+  double out_epsilon = 0;
+  double out_smallest = 0;
+  bool Leans() const { return shrink_ulps > 0 || shrink_relative > 0; }
 };
 
+// The expected shrink of a candidate towards zero at reference `ref`,
+// signed: adding it to the difference centres a correct engine's z.
+inline double LeanAt(const CellInputs& in, double ref) {
+  const double magnitude =
+      in.shrink_ulps *
+          NoiseUnitAbove(ref, 0.0, in.out_epsilon, in.out_smallest) +
+      in.shrink_relative * std::fabs(ref);
+  return ref > 0 ? magnitude : ref < 0 ? -magnitude : 0.0;
+}
+
 // z of the dim elements of kCells cells (from element `base`, dim each),
-// NaN where either side is not finite. Each cell's sum of squares runs in
-// element order, the cells side by side so their chains overlap; the z
-// loop has no branch, so the compiler vectorises its divisions.
-template <int kCells>
-void CellZ(const CellInputs& in, int64_t base, int64_t dim, double* z) {
+// NaN where either side is not finite; with kLean the candidate's rounding
+// lean is added back and its unknown part (in z units) written to `slack`.
+// Each cell's sum of squares runs in element order, the cells side by side
+// so their chains overlap; the z loop has no branch, so the compiler
+// vectorises its divisions.
+template <int kCells, bool kLean>
+void CellZ(const CellInputs& in, int64_t base, int64_t dim, double* z,
+           double* slack) {
   double ss[kCells] = {};
   for (int64_t d = 0; d < dim; ++d) {
     for (int k = 0; k < kCells; ++k) {
@@ -232,12 +262,17 @@ void CellZ(const CellInputs& in, int64_t base, int64_t dim, double* z) {
     const int64_t first = base + k * dim;
     for (int64_t d = 0; d < dim; ++d) {
       const double ref = in.reference[first + d];
-      const double diff = in.candidate[first + d] - in.baseline[first + d];
+      double diff = in.candidate[first + d] - in.baseline[first + d];
       // & rather than &&: no branch.
       const bool counted =
           (std::fabs(diff) <= kLargest) & (std::fabs(ref) <= kLargest);
-      const double q =
-          diff / NoiseUnitAbove(ref, row_rms, in.epsilon, in.smallest);
+      const double unit = NoiseUnitAbove(ref, row_rms, in.epsilon, in.smallest);
+      if constexpr (kLean) {
+        const double lean = LeanAt(in, ref);
+        diff += lean;
+        slack[k * dim + d] = in.shrink_known ? 0.0 : std::fabs(lean) / unit;
+      }
+      const double q = diff / unit;
       z[k * dim + d] = counted ? q : std::numeric_limits<double>::quiet_NaN();
     }
   }
@@ -249,30 +284,43 @@ void CellZ(const CellInputs& in, int64_t base, int64_t dim, double* z) {
 // band); the band lets the cells' chains of dependent adds overlap.
 template <int kCells>
 void CellBand(const CellInputs& in, int64_t base, int64_t dim, const double* z,
-              Sums* cells) {
+              const double* slack, Sums* cells) {
   for (int k = 0; k < kCells; ++k) cells[k] = Sums();
   for (int64_t d = 0; d < dim; ++d) {
     for (int k = 0; k < kCells; ++k) {
       const double zk = z[k * dim + d];
       if (std::isnan(zk)) continue;
-      cells[k].Add(zk, in.reference[base + k * dim + d] < 0 ? -1.0 : 1.0);
+      cells[k].Add(zk, in.reference[base + k * dim + d] < 0 ? -1.0 : 1.0,
+                   slack[k * dim + d]);
     }
   }
 }
 
+template <int kCells>
+void CellsOf(const CellInputs& in, int64_t base, int64_t dim, double* z,
+             double* slack, Sums* cells) {
+  if (in.Leans()) {
+    CellZ<kCells, true>(in, base, dim, z, slack);
+  } else {
+    CellZ<kCells, false>(in, base, dim, z, slack);
+  }
+  CellBand<kCells>(in, base, dim, z, slack, cells);
+}
+
 // The cells (one per head) of the row whose first element is `base`, four
-// at a time; z is scratch of heads * dim.
+// at a time; z and slack are scratch of heads * dim (slack all zero unless
+// the candidate leans by an unknown amount).
 void RowCells(const CellInputs& in, int64_t base, int64_t heads, int64_t dim,
-              double* z, std::vector<Sums>* cells) {
+              double* z, double* slack, std::vector<Sums>* cells) {
   constexpr int kBand = 4;
   int64_t h = 0;
   for (; h + kBand <= heads; h += kBand) {
-    CellZ<kBand>(in, base + h * dim, dim, z + h * dim);
-    CellBand<kBand>(in, base + h * dim, dim, z + h * dim, &(*cells)[h]);
+    CellsOf<kBand>(in, base + h * dim, dim, z + h * dim, slack + h * dim,
+                   &(*cells)[h]);
   }
   for (; h < heads; ++h) {
-    CellZ<1>(in, base + h * dim, dim, z + h * dim);
-    CellBand<1>(in, base + h * dim, dim, z + h * dim, &(*cells)[h]);
+    CellsOf<1>(in, base + h * dim, dim, z + h * dim, slack + h * dim,
+               &(*cells)[h]);
   }
 }
 
@@ -300,15 +348,24 @@ StatisticalResult RunStatisticalTest(const double* candidate,
   result.noise_epsilon = lim.noise.epsilon;
   result.clean_rms = std::sqrt(lim.noise.mean_square);
 
-  const CellInputs elements{candidate, baseline, reference, lim.noise.epsilon,
-                            SmallestNormal(inputs.output_dtype)};
+  CellInputs elements{candidate, baseline, reference, lim.noise.epsilon,
+                      SmallestNormal(inputs.output_dtype)};
+  elements.shrink_ulps = std::max(0.0, inputs.shrink_ulps);
+  elements.shrink_relative = std::max(0.0, inputs.shrink_relative);
+  elements.shrink_known = inputs.shrink_known;
+  elements.out_epsilon = IsFloating(inputs.output_dtype)
+                             ? DTypeEpsilon(inputs.output_dtype)
+                             : kEpsF32;
+  elements.out_smallest = SmallestNormal(inputs.output_dtype);
   Sums all;
   std::vector<Sums> per_head(static_cast<size_t>(heads));
   ScopeResult row_scope;
   std::vector<Sums> cells(static_cast<size_t>(heads));
   std::vector<double> z(static_cast<size_t>(heads * dim));
+  std::vector<double> slack(static_cast<size_t>(heads * dim), 0.0);
   for (int64_t r = 0; r < rows; ++r) {
-    RowCells(elements, r * heads * dim, heads, dim, z.data(), &cells);
+    RowCells(elements, r * heads * dim, heads, dim, z.data(), slack.data(),
+             &cells);
     Sums row;
     for (int64_t h = 0; h < heads; ++h) {
       all.AddCell(cells[h]);

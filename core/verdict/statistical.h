@@ -38,6 +38,17 @@ struct StatisticalInputs {
   // out by about as much relative.
   double probability_epsilon = 0;
   double score_error = 0;
+  // Where the candidate's roundings lean (E-R and E-P: the engine's, from
+  // EngineArithmetic): the expected shrink of each candidate value towards
+  // zero, in ulps of the output dtype at the reference (0.5 for an output
+  // truncated, 0.25 when either rounding may be) plus a fraction of |R|
+  // (truncated probabilities), is added back before z is taken, so a
+  // correct truncating engine is centred like a rounding one. `shrink_known`
+  // false (either rounding): the shrink may be anywhere from none to twice
+  // the expected, and the mean and bias limits widen by it.
+  double shrink_ulps = 0;
+  double shrink_relative = 0;
+  bool shrink_known = true;
   // Family-wise false-alarm probability per comparison under the noise
   // model (the measured rate is in docs/NUMERICS.md).
   double alpha = 1e-7;

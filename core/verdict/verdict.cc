@@ -28,31 +28,11 @@ constexpr double kFoldCoefficient = 2.0;
 // fp32 arithmetic inside one block's state, per side (measured: an f32
 // output at 40-60 keys drifted 1.1x over the fold term alone).
 constexpr double kBlockEpsilons = 8.0;
+// A score error this large (nats) leaves the softmax weights undetermined
+// to a factor e: nothing finer can be verified.
+constexpr double kOrderedScoreError = 1.0;
 // fp32 log-softmax over a large vocabulary (and the rounding of the result).
 const double kLogprobFloor = std::ldexp(1.0, -14);
-
-// Smallest positive (subnormal) value: one ULP at zero.
-double DenormMin(DType dtype) {
-  switch (dtype) {
-    case DType::kF16:
-      return std::ldexp(1.0, -24);
-    case DType::kBF16:
-      return std::ldexp(1.0, -133);
-    case DType::kF8E4M3:
-      return std::ldexp(1.0, -9);
-    case DType::kF8E5M2:
-      return std::ldexp(1.0, -16);
-    case DType::kF64:
-      return std::numeric_limits<double>::denorm_min();
-    case DType::kInvalid:
-    case DType::kF32:
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kBool:
-      break;
-  }
-  return std::ldexp(1.0, -149);
-}
 
 bool IsFp8(DType dtype) {
   return dtype == DType::kF8E4M3 || dtype == DType::kF8E5M2;
@@ -162,6 +142,7 @@ double EngineScoreError(const ToleranceInputs& inputs) {
 double ComparisonScoreError(const ToleranceInputs& inputs) {
   switch (inputs.comparison) {
     case Comparison::kEngineVsReference:
+    case Comparison::kEngineVsEmulation:  // its own tolerance (core/emulate)
       return ScoreError(inputs.engine, inputs);
     case Comparison::kReplayVsReference:
       return ScoreError(inputs.replay, inputs);
@@ -190,16 +171,8 @@ Tolerances ComputeTolerances(const ToleranceInputs& inputs,
   const double a = NonNegativeOr(inputs.max_abs_out_reference, 0.0);
   const double l = std::max(
       1.0, NonNegativeOr(std::fabs(inputs.max_abs_lse_reference), 1.0));
-  const int64_t context = std::max<int64_t>(1, inputs.max_context);
-  // A CP engine's combine merges W more partials (engine sides only).
-  const int64_t cp =
-      engine && inputs.cp_world_size > 1 ? inputs.cp_world_size : 0;
-  const int64_t split = inputs.engine.split_keys > 0 ? inputs.engine.split_keys
-                                                     : kEngineSplitKeys;
-  const double n =
-      static_cast<double>(std::max({int64_t{1}, inputs.max_merged_blocks,
-                                    (context + split - 1) / split}) +
-                          cp);
+  const bool cp = engine && inputs.cp_world_size > 1;
+  const double n = AccumulationDepth(inputs);
   // A score off by delta moves the softmax weights by ~delta relative:
   // the LSE by delta, out by up to twice |v - out| <~ 2A times delta
   // (either side's scores: the engine's, the replay's fp32 ones).
@@ -215,10 +188,10 @@ Tolerances ComputeTolerances(const ToleranceInputs& inputs,
   // Within each side's blocks: exp (<= 2 ulp), the sums and the division.
   out_rel += kBlockEpsilons * sides * kEpsF32;
   // Its weights exp(lse_k - lse) are off by ~eps_f |lse| relative each.
-  if (cp > 0) out_rel += 2.0 * kEpsF32 * l;
+  if (cp) out_rel += 2.0 * kEpsF32 * l;
   if (fp8) out_rel += kEpsBf16 * l / 4.0;
   out_rel += 2.0 * score_error;
-  t.out_abs = a * out_rel + 2.0 * DenormMin(inputs.output_dtype) +
+  t.out_abs = a * out_rel + 2.0 * DTypeDenormMin(inputs.output_dtype) +
               2.0 * NonNegativeOr(inputs.value_max, 0.0) * rope_error;
 
   // Per fp32 merge step: half an ULP of |lse| plus ~2 eps from log/exp.
@@ -254,6 +227,42 @@ Tolerances ComputeTolerances(const ToleranceInputs& inputs,
   return t;
 }
 
+double AccumulationDepth(const ToleranceInputs& inputs) {
+  const bool engine = inputs.comparison != Comparison::kReplayVsReference;
+  const int64_t context = std::max<int64_t>(1, inputs.max_context);
+  // A CP engine's combine merges W more partials (engine sides only).
+  const int64_t cp =
+      engine && inputs.cp_world_size > 1 ? inputs.cp_world_size : 0;
+  const int64_t split = inputs.engine.split_keys > 0 ? inputs.engine.split_keys
+                                                     : kEngineSplitKeys;
+  return static_cast<double>(std::max({int64_t{1}, inputs.max_merged_blocks,
+                                       (context + split - 1) / split}) +
+                             cp);
+}
+
+std::vector<std::string> InconclusiveReasons(const ToleranceInputs& inputs,
+                                             const Tolerances& tolerances,
+                                             bool has_out) {
+  std::vector<std::string> reasons;
+  const double score_error = EngineScoreError(inputs);
+  if (!(score_error < kOrderedScoreError)) {
+    reasons.push_back(absl::StrFormat(
+        "scores: at max |lse| %.3g a correct engine's scores may be off by "
+        "%.3g nats in its precision (%s): the softmax weights are undetermined "
+        "to a factor e or more",
+        inputs.max_abs_lse_reference, score_error,
+        EngineProfileName(inputs.engine.profile)));
+  }
+  const double a = NonNegativeOr(inputs.max_abs_out_reference, 0.0);
+  if (has_out && !(tolerances.out_abs < a)) {
+    reasons.push_back(absl::StrFormat(
+        "out: the tolerance %.3g is at least the largest |R.out| %.3g: an "
+        "all-zero output would pass",
+        tolerances.out_abs, a));
+  }
+  return reasons;
+}
+
 Tolerances ComputeCombineTolerances(const CombineToleranceInputs& inputs) {
   const double eps_out = IsFloating(inputs.output_dtype)
                              ? DTypeEpsilon(inputs.output_dtype)
@@ -265,7 +274,7 @@ Tolerances ComputeCombineTolerances(const CombineToleranceInputs& inputs) {
   Tolerances t;
   // An engine may weight by exp(lse_k - lse) directly: eps_f |lse| each.
   t.out_abs = a * (eps_out + 4.0 * w * kEpsF32 + 2.0 * kEpsF32 * l) +
-              2.0 * DenormMin(inputs.output_dtype);
+              2.0 * DTypeDenormMin(inputs.output_dtype);
   t.lse_abs = kEpsF32 * (4.0 * l + 2.0 * w * (0.5 * l + 2.0));
   return t;
 }
@@ -288,8 +297,9 @@ void DecideComparison(ComparisonResult* result) {
 Verdict CombineVerdicts(const std::vector<ComparisonResult>& results) {
   Verdict verdict = Verdict::kPass;
   for (const ComparisonResult& r : results) {
-    if (r.verdict == Verdict::kInvalid) return Verdict::kInvalid;
-    if (r.verdict != Verdict::kPass) verdict = Verdict::kDrift;
+    verdict = WorseVerdict(verdict, r.verdict == Verdict::kUnspecified
+                                        ? Verdict::kDrift
+                                        : r.verdict);
   }
   return verdict;
 }

@@ -12,9 +12,11 @@
 #define ATTNAUDIT_CORE_VERDICT_VERDICT_H_
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
+#include "core/engine/arithmetic.h"
 #include "core/report/report.h"
-#include "core/verdict/precision.h"
 
 namespace attnaudit {
 
@@ -89,6 +91,23 @@ double EngineComputeEpsilon(DType kv_dtype);
 Tolerances ComputeTolerances(const ToleranceInputs& inputs,
                              const ToleranceOverrides& overrides);
 
+// The fp32 accumulation depth the tolerances assume: the merged blocks, or
+// the splits of the engine's split size over the longest context, whichever
+// is more, plus a CP engine's W combine merges (engine sides only).
+double AccumulationDepth(const ToleranceInputs& inputs);
+
+// Why an engine comparison (E-R or E-P) that found nothing wrong still
+// verifies nothing a PASS promises, one line each; empty when it does:
+// - its scores are beyond what the engine's arithmetic orders: a correct
+//   engine's scores may be off by a nat or more (the softmax weights by a
+//   factor e), at scores of this magnitude in this precision;
+// - its out tolerance is at least the largest |R.out|: an all-zero output
+//   (or any output of the right size) would pass.
+// `tolerances` are the comparison's (overrides applied).
+std::vector<std::string> InconclusiveReasons(const ToleranceInputs& inputs,
+                                             const Tolerances& tolerances,
+                                             bool has_out);
+
 // The combine step of a context-parallel engine alone: its final out/lse
 // against our fp32 merge of the engine's own W per-rank partials
 // (docs/NUMERICS.md, "Context parallelism"). Both sides merge the same
@@ -114,7 +133,8 @@ Tolerances ComputeCombineTolerances(const CombineToleranceInputs& inputs);
 // a group that fired adds a reason starting "statistical:".
 void DecideComparison(ComparisonResult* result);
 
-// PASS when every comparison passes, else DRIFT.
+// The gravest of the comparisons' verdicts (WorseVerdict); an undecided
+// one counts as DRIFT; PASS with no comparisons.
 Verdict CombineVerdicts(const std::vector<ComparisonResult>& results);
 
 }  // namespace attnaudit

@@ -187,15 +187,36 @@ def build_panels():
     # ---------------------------------------------------------- Overview ----
     row("Overview")
     stat("DRIFT fraction (10m)",
-         "Share of valid audits (PASS + DRIFT) whose verdict is DRIFT over the "
-         "last 10 minutes, all selected replicas. Same window and threshold "
-         "(5%) as the AttnauditDriftRateHigh alert. A rise means an inference "
-         "engine's attention moved beyond tolerance: look at the Drift row "
-         "below for which comparison, model and layer.",
+         "Share of valid audits (PASS + DRIFT + INCONCLUSIVE) whose verdict "
+         "is DRIFT over the last 10 minutes, all selected replicas. Same "
+         "window and threshold (5%) as the AttnauditDriftRateHigh alert. A "
+         "rise means an inference engine's attention moved beyond tolerance: "
+         "look at the Drift row below for which comparison, model and layer.",
          'sum(rate(attnaudit_audits_total{%s,verdict="DRIFT"}[10m])) / '
-         'sum(rate(attnaudit_audits_total{%s,verdict=~"PASS|DRIFT"}[10m]))'
-         % (SEL, SEL),
+         'sum(rate(attnaudit_audits_total{%s,verdict=~"PASS|DRIFT|'
+         'INCONCLUSIVE"}[10m]))' % (SEL, SEL),
          "percentunit", steps=((0.01, "orange"), (0.05, "red")), decimals=2)
+    stat("INCONCLUSIVE fraction (10m)",
+         "Share of valid audits that found nothing wrong but could not verify "
+         "what a PASS promises (verdict INCONCLUSIVE): scores beyond what "
+         "fp32 orders, or a tolerance (an undeclared engine's, a pre-RoPE "
+         "snapshot's without the engine's RoPE table, an override) wide "
+         "enough to pass an all-zero output. Above 20% for 30 minutes fires "
+         "AttnauditInconclusiveRateHigh: `attnaudit get <job>` prints the "
+         "reasons and what to send.",
+         'sum(rate(attnaudit_audits_total{%s,verdict="INCONCLUSIVE"}[10m])) / '
+         'sum(rate(attnaudit_audits_total{%s,verdict=~"PASS|DRIFT|'
+         'INCONCLUSIVE"}[10m]))' % (SEL, SEL),
+         "percentunit", steps=((0.05, "orange"), (0.2, "red")), decimals=2)
+    stat("Overridden (10m)",
+         "Share of audits whose request departed from the verdict policy "
+         "(tolerance overrides, the statistical test off, precision fields "
+         "past every profile's range; needs the override permission). Their "
+         "PASS is the client's word, not the policy's: `attnaudit list "
+         "--json` shows the overrides of each.",
+         'sum(rate(attnaudit_audits_total{%s,overridden="true"}[10m])) / '
+         'sum(rate(attnaudit_audits_total{%s}[10m]))' % (SEL, SEL),
+         "percentunit", steps=((0.01, "orange"),), decimals=2)
     stat("INVALID fraction (10m)",
          "Share of all audits whose snapshot failed validation (verdict "
          "INVALID) over 10 minutes; alert at 5%. Usually a snapshot exporter "
@@ -234,13 +255,14 @@ def build_panels():
     timeseries(
         "Audits/s by verdict",
         "Finished audits per second by verdict (stacked). PASS green, DRIFT "
-        "orange, INVALID red.",
+        "orange, INVALID red, INCONCLUSIVE purple.",
         [("sum by (verdict) (rate(attnaudit_audits_total{%s}[%s]))"
           % (SEL, RATE), "{{verdict}}")],
         "ops", w=6, stack=True,
         overrides=[color_override("PASS", "green"),
                    color_override("DRIFT", "orange"),
-                   color_override("INVALID", "red")])
+                   color_override("INVALID", "red"),
+                   color_override("INCONCLUSIVE", "purple")])
     timeseries(
         "Rejections/s by reason",
         "Requests refused at admission, by reason. queue_full / "

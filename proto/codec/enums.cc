@@ -212,6 +212,8 @@ absl::StatusOr<Comparison> DecodeComparison(int value,
       return Comparison::kReplayVsReference;
     case v1::COMPARISON_ENGINE_VS_REPLAY:
       return Comparison::kEngineVsReplay;
+    case v1::COMPARISON_ENGINE_VS_EMULATION:
+      return Comparison::kEngineVsEmulation;
   }
   return UnknownEnumValue(field, value);
 }
@@ -345,6 +347,8 @@ v1::Comparison EncodeComparison(Comparison comparison) {
       return v1::COMPARISON_REPLAY_VS_REFERENCE;
     case Comparison::kEngineVsReplay:
       return v1::COMPARISON_ENGINE_VS_REPLAY;
+    case Comparison::kEngineVsEmulation:
+      return v1::COMPARISON_ENGINE_VS_EMULATION;
   }
   return v1::COMPARISON_UNSPECIFIED;
 }

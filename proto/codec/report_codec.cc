@@ -1,5 +1,6 @@
 // AuditReport <-> attnaudit.v1.AuditReport and AuditOptions <->
 // attnaudit.v1.AuditOptions.
+#include <cmath>
 #include <string>
 #include <utility>
 
@@ -17,7 +18,7 @@ using namespace codec_internal;  // NOLINT: the Encode*/Decode* family
 absl::Status AuditOptionsFromProto(const v1::AuditOptions& msg,
                                    AuditOptions* options) {
   // Decode into locals first so that *options is untouched on error.
-  bool wanted[kNumComparisons] = {false, false, false};
+  bool wanted[kNumComparisons] = {false, false, false, false};
   if (msg.comparisons_size() == 0) {
     for (bool& w : wanted) w = true;
   }
@@ -42,9 +43,17 @@ absl::Status AuditOptionsFromProto(const v1::AuditOptions& msg,
                      msg.diagnosis_max_seconds()));
   }
   const v1::ToleranceOverrides& t = msg.tolerances();
-  if (t.out_abs() < 0 || t.lse_abs() < 0 || t.logprob_abs() < 0) {
-    return absl::InvalidArgumentError(
-        "tolerances: overrides must be >= 0 (0 keeps the policy)");
+  for (const auto& [field, value] :
+       {std::pair<const char*, double>{"tolerances.out_abs", t.out_abs()},
+        {"tolerances.lse_abs", t.lse_abs()},
+        {"tolerances.logprob_abs", t.logprob_abs()}}) {
+    if (!(std::isfinite(value) && value >= 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field,
+                       ": must be finite and >= 0 (0 keeps the "
+                       "policy), got ",
+                       value));
+    }
   }
 
   options->engine_vs_reference =
@@ -53,6 +62,8 @@ absl::Status AuditOptionsFromProto(const v1::AuditOptions& msg,
       wanted[static_cast<int>(Comparison::kReplayVsReference)];
   options->engine_vs_replay =
       wanted[static_cast<int>(Comparison::kEngineVsReplay)];
+  options->engine_vs_emulation =
+      wanted[static_cast<int>(Comparison::kEngineVsEmulation)];
   options->tolerances.out_abs = t.out_abs();
   options->tolerances.lse_abs = t.lse_abs();
   options->tolerances.logprob_abs = t.logprob_abs();
@@ -87,6 +98,9 @@ void AuditOptionsToProto(const AuditOptions& options, v1::AuditOptions* msg) {
   }
   if (options.engine_vs_replay) {
     msg->add_comparisons(v1::COMPARISON_ENGINE_VS_REPLAY);
+  }
+  if (options.engine_vs_emulation) {
+    msg->add_comparisons(v1::COMPARISON_ENGINE_VS_EMULATION);
   }
   v1::ToleranceOverrides* t = msg->mutable_tolerances();
   t->set_out_abs(options.tolerances.out_abs);

@@ -16,13 +16,14 @@
 namespace attnaudit::server {
 namespace {
 
-constexpr std::array<std::pair<absl::string_view, Permission>, 6>
+constexpr std::array<std::pair<absl::string_view, Permission>, 7>
     kPermissionNames = {{{"audit", kPermAudit},
                          {"submit", kPermSubmit},
                          {"read", kPermRead},
                          {"read_all", kPermReadAll},
                          {"cancel", kPermCancel},
-                         {"admin", kPermAdmin}}};
+                         {"admin", kPermAdmin},
+                         {"override", kPermOverride}}};
 
 std::string Digest(absl::string_view token) {
   unsigned char digest[SHA256_DIGEST_LENGTH];

@@ -77,10 +77,14 @@ enum Permission : uint32_t {
   kPermReadAll = 1u << 3,
   kPermCancel = 1u << 4,
   kPermAdmin = 1u << 5,
+  // May depart from the verdict policy: tolerance overrides, the
+  // statistical test off, precision fields past every profile's range
+  // (core/audit/audit.h, OverridesPolicy).
+  kPermOverride = 1u << 6,
 };
-inline constexpr uint32_t kAllPermissions = (1u << 6) - 1;
+inline constexpr uint32_t kAllPermissions = (1u << 7) - 1;
 
-// "audit", "submit", "read", "read_all", "cancel", "admin".
+// "audit", "submit", "read", "read_all", "cancel", "admin", "override".
 absl::string_view PermissionName(Permission p);
 
 // The tenant every caller belongs to without a token file.

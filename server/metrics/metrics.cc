@@ -73,7 +73,10 @@ constexpr const char* kStageNames[kNumStages] = {"validate", "reference",
 constexpr const char* kOutcomeNames[kNumOutcomes] = {
     "ok", "failed", "cancelled", "deadline_exceeded", "unavailable"};
 constexpr Verdict kVerdicts[] = {Verdict::kPass, Verdict::kDrift,
-                                 Verdict::kInvalid};
+                                 Verdict::kInvalid, Verdict::kInconclusive};
+// The verdicts a (model, layer) or a comparison can have.
+constexpr Verdict kAuditedVerdicts[] = {Verdict::kPass, Verdict::kDrift,
+                                        Verdict::kInconclusive};
 constexpr const char* kTruncatedLabelNames[] = {"model", "engine", "backend",
                                                 "request_id", "run"};
 constexpr const char* kCallEndNames[] = {"credentials", "upload_idle"};
@@ -151,10 +154,10 @@ prometheus::Counter& Metrics::Impl::LayerAudits(const std::string& model,
   };
   auto it = layer_audit_series.find(key(verdict));
   if (it != layer_audit_series.end()) return *it->second;
-  // Both verdicts of a new (model, layer) start together, at zero: a DRIFT
+  // Every verdict of a new (model, layer) starts together, at zero: a DRIFT
   // series born at 1 would hide that audit from rate() (a counter's first
   // sample is no increase). Only the very first audit of the pair is.
-  for (Verdict v : {Verdict::kPass, Verdict::kDrift}) {
+  for (Verdict v : kAuditedVerdicts) {
     const std::string name(VerdictName(v));
     layer_audit_series[key(name)] = &layer_audits->Add(
         {{"model", model}, {"layer", layer}, {"verdict", name}});
@@ -189,8 +192,10 @@ void Metrics::Impl::RegisterVerdicts(prometheus::Registry& r) {
               "Build information; the value is always 1.")
       .Add({{"version", options.version}})
       .Set(1);
-  auto& audit_family = CounterFamily(r, "attnaudit_audits_total",
-                                     "Audits completed, by overall verdict.");
+  auto& audit_family = CounterFamily(
+      r, "attnaudit_audits_total",
+      "Audits completed, by overall verdict and whether the request "
+      "overrode the verdict policy.");
   auto& cmp = CounterFamily(r, "attnaudit_comparison_verdicts_total",
                             "Comparison results, by comparison and verdict.");
   auto& diagnosis_family = CounterFamily(
@@ -201,11 +206,17 @@ void Metrics::Impl::RegisterVerdicts(prometheus::Registry& r) {
   }
   layer_audits = &CounterFamily(
       r, "attnaudit_layer_audits_total",
-      "Audits completed, by model, layer and verdict (PASS or DRIFT).");
+      "Audits completed, by model, layer and verdict (PASS, DRIFT or "
+      "INCONCLUSIVE).");
   for (Verdict v : kVerdicts) {
     const std::string name(VerdictName(v));
-    audits[static_cast<int>(v)] = &audit_family.Add({{"verdict", name}});
-    if (v == Verdict::kInvalid) continue;  // not a per-comparison outcome
+    for (int o = 0; o < 2; ++o) {
+      audits[static_cast<int>(v)][o] = &audit_family.Add(
+          {{"verdict", name}, {"overridden", o == 1 ? "true" : "false"}});
+    }
+  }
+  for (Verdict v : kAuditedVerdicts) {
+    const std::string name(VerdictName(v));
     for (int c = 0; c < kNumComparisons; ++c) {
       comparison_verdicts[c][static_cast<int>(v)] =
           &cmp.Add({{"comparison",
@@ -432,8 +443,9 @@ void Metrics::ObserveReport(const AuditReport& report,
   if (report.verdict == Verdict::kUnspecified) return;
   Impl& m = *impl_;
   const int v = static_cast<int>(report.verdict);
-  if (v > 0 && v < kNumVerdicts && m.audits[v] != nullptr)
-    m.audits[v]->Increment();
+  const int overridden = report.overrides.empty() ? 0 : 1;
+  if (v > 0 && v < kNumVerdicts && m.audits[v][overridden] != nullptr)
+    m.audits[v][overridden]->Increment();
   m.ObserveCp(report.cp);
   m.ObserveRopeChecks(report.rope_checks);
   if (!report.diagnoses.empty()) {
@@ -451,7 +463,8 @@ void Metrics::ObserveReport(const AuditReport& report,
       raw_layer < 0 ? "unknown" : m.layers->Bound(absl::StrCat(raw_layer));
 
   absl::MutexLock lock(&m.mu);
-  if (report.verdict == Verdict::kPass || report.verdict == Verdict::kDrift) {
+  if (report.verdict == Verdict::kPass || report.verdict == Verdict::kDrift ||
+      report.verdict == Verdict::kInconclusive) {
     m.LayerAudits(model, layer, std::string(VerdictName(report.verdict)))
         .Increment();
   }
@@ -509,7 +522,7 @@ void Metrics::CountRejection(RejectReason reason) {
 void Metrics::CountInvalidInput(InvalidInput where) {
   CountRejection(RejectReason::kInvalidArgument);
   if (where == InvalidInput::kAuditRequest) {
-    impl_->audits[static_cast<int>(Verdict::kInvalid)]->Increment();
+    impl_->audits[static_cast<int>(Verdict::kInvalid)][0]->Increment();
   }
 }
 

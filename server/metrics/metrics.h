@@ -4,11 +4,12 @@
 // Families (base units, counters end in _total; every label set known in
 // advance is created at start-up so dashboards show zeros):
 //   attnaudit_build_info{version}                      gauge = 1
-//   attnaudit_audits_total{verdict}                    counter (PASS, DRIFT,
-//                                                      INVALID)
-//   attnaudit_layer_audits_total{model,layer,verdict}  counter: PASS and
-//       DRIFT audits per layer (bounded labels as the drift histograms;
-//       a series appears when first observed)
+//   attnaudit_audits_total{verdict,overridden}         counter (PASS, DRIFT,
+//       INVALID, INCONCLUSIVE; overridden "true" when the request departed
+//       from the verdict policy: AuditReport::overrides)
+//   attnaudit_layer_audits_total{model,layer,verdict}  counter: PASS, DRIFT
+//       and INCONCLUSIVE audits per layer (bounded labels as the drift
+//       histograms; a series appears when first observed)
 //   attnaudit_comparison_verdicts_total{comparison,verdict}   counter
 //   attnaudit_diagnoses_total{hypothesis}              counter: the top
 //       diagnosis of each drifting audit (core/diagnosis HypothesisNames())

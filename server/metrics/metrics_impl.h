@@ -39,7 +39,7 @@ const std::vector<double>& DriftBuckets(DriftFamily family);
 constexpr int kNumStages = 4;  // validate, reference, replay, compare
 constexpr int kNumOutcomes =
     5;  // ok, failed, cancelled, deadline_exceeded, unavailable
-constexpr int kNumVerdicts = 4;  // indexed by Verdict; 0 unused
+constexpr int kNumVerdicts = 5;  // indexed by Verdict; 0 unused
 
 class MetricsListener : public SchedulerListener {
  public:
@@ -64,7 +64,10 @@ struct Metrics::Impl {
   MetricsOptions options;
   std::shared_ptr<prometheus::Registry> registry;
 
-  std::array<prometheus::Counter*, metrics_internal::kNumVerdicts> audits{};
+  // attnaudit_audits_total by [verdict][overridden: 0 "false", 1 "true"].
+  std::array<std::array<prometheus::Counter*, 2>,
+             metrics_internal::kNumVerdicts>
+      audits{};
   // attnaudit_diagnoses_total by hypothesis: every name of the catalogue
   // (core/diagnosis), registered at start-up.
   absl::flat_hash_map<std::string, prometheus::Counter*> diagnoses;

@@ -322,6 +322,8 @@ absl::Status AdmitInteractive(AuditServiceImpl* svc, const Principal& principal,
                               absl::Time deadline, v1::AuditResponse* response,
                               Finisher finish, absl::Duration* retry_after) {
   *retry_after = absl::ZeroDuration();
+  ATTNAUDIT_RETURN_IF_ERROR(
+      rpc_internal::CheckOverridePermission(principal, audit));
   ATTNAUDIT_RETURN_IF_ERROR(svc->admission()->RefuseIfDraining());
   auto job = std::make_unique<Job>();
   job->id = job_id;

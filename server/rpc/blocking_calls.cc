@@ -148,6 +148,8 @@ absl::StatusOr<DecodedAudit> DecodeAndAdmit(AuditServiceImpl* svc,
                                             absl::Duration* retry_after) {
   absl::StatusOr<DecodedAudit> audit = DecodeAuditRequest(request);
   if (!audit.ok()) return CountInvalid(svc, audit.status());
+  ATTNAUDIT_RETURN_IF_ERROR(
+      rpc_internal::CheckOverridePermission(caller, *audit));
   if (absl::StatusOr<ResolvedLayout> layout =
           ValidateSnapshot(audit->snapshot, svc->options().limits);
       !layout.ok()) {

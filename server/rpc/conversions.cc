@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/audit/audit.h"
 #include "core/common/status_macros.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/tensor_paths.h"
@@ -228,6 +229,17 @@ int64_t SnapshotTensorBytes(const Snapshot& snapshot) {
     }
   }
   return total;
+}
+
+absl::Status CheckOverridePermission(const Principal& caller,
+                                     const DecodedAudit& audit) {
+  if (caller.Has(kPermOverride) ||
+      !OverridesPolicy(audit.snapshot, audit.options)) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(
+      "options: tolerance overrides, the statistical test off and precision "
+      "fields past every profile's range need the override permission");
 }
 
 absl::StatusOr<DecodedAudit> DecodeAuditRequest(v1::AuditRequest* request) {

@@ -18,6 +18,7 @@
 #include "core/snapshot/snapshot.h"
 #include "google/protobuf/duration.pb.h"
 #include "google/protobuf/timestamp.pb.h"
+#include "server/auth/tenants.h"
 #include "server/memfd/memfd_snapshots.h"
 #include "server/rpc/audit_service.h"
 #include "server/rpc/label_bounds.h"
@@ -82,6 +83,11 @@ struct DecodedAudit {
 // decodes the audit options. InvalidArgument naming the field: "snapshot:
 // missing", "snapshot.q: ...", "options.tolerances...".
 absl::StatusOr<DecodedAudit> DecodeAuditRequest(v1::AuditRequest* request);
+
+// PERMISSION_DENIED when the audit departs from the verdict policy
+// (OverridesPolicy) and `caller` lacks the override permission.
+absl::Status CheckOverridePermission(const Principal& caller,
+                                     const DecodedAudit& audit);
 absl::StatusOr<DecodedAudit> DecodeAuditRequest(v1::SubmitRequest* request);
 // The audit of a request whose snapshot lies in a memfd (snapshot_memfd),
 // read in place through `memfds` (null: the server does not accept them,

@@ -21,6 +21,7 @@ import pytest
 
 from attnaudit import Verdict
 from attnaudit.vllm import capture, settings as S
+from attnaudit.v1 import snapshot_pb2
 from attnaudit.vllm.plugin import VllmAuditPlugin, layer_index
 
 D, HQ, HKV, BLOCK = 32, 4, 2, 16
@@ -333,3 +334,116 @@ def test_warm_up_passes_are_not_steps(server):
     assert plugin.state(ctx, lambda: None, lambda: [], lambda: None) is None
     assert plugin.state(ctx, lambda: 1 / 0, lambda: [], lambda: None) is None  # cached
     assert plugin.counters()["steps"] == 0
+
+
+# ----------------------------------------------------------------------
+# The measured precision (attnaudit.vllm.precision)
+# ----------------------------------------------------------------------
+
+
+class RecordingClient:
+    """Keeps every snapshot the auditor sends; audits nothing."""
+
+    def __init__(self):
+        self.metas = []
+
+    def audit(self, snapshot, **_):
+        self.metas.append(snapshot.meta)
+        raise RuntimeError("recorded, not audited")
+
+    def close(self):
+        pass
+
+
+def synthetic_prober(calls):
+    """A prober that runs the real probe on a numpy engine that truncates
+    like vLLM's CPU kernels without AVX512_BF16."""
+    from attnaudit import probe
+    from attnaudit.probe import synthetic
+
+    def run(key, rope_module):
+        calls.append((key, rope_module))
+        return probe.run(synthetic.engine(key.dtype, output="rtz", cast_point="cos_sin",
+                                          head_dim=key.head_dim, heads=(4, 2), max_keys=1024,
+                                          profile="flash_decoding"))
+    return run
+
+
+def recording_plugin(prober=None, **overrides):
+    values = {"server": "127.0.0.1:1", "sample_every": "1", "rope_check": "0",
+              "log_summary": "0", "max_in_flight": "8"}
+    values.update(overrides)
+    client = RecordingClient()
+    return VllmAuditPlugin(S.from_mapping(values), client_factory=lambda: client,
+                           prober=prober), client
+
+
+@pytest.mark.filterwarnings("ignore:attnaudit.RolloutAuditor")
+def test_snapshots_declare_the_measured_precision():
+    calls = []
+    plugin, client = recording_plugin(synthetic_prober(calls))
+    engine = Engine()
+    plugin.warm_up(capture.backend_key(engine.call(0, engine.attend())))  # start-up
+    assert len(calls) == 1
+    run_steps(plugin, engine, steps=3)
+    assert plugin.flush(30)
+    assert len(calls) == 1                      # once per process and backend
+    assert len(client.metas) == 3             # one layer per sampled step
+    for meta in client.metas:
+        p = meta.precision
+        assert p.source == snapshot_pb2.PRECISION_SOURCE_MEASURED
+        assert p.output_rounding == snapshot_pb2.ROUNDING_TOWARD_ZERO
+        assert p.profile == snapshot_pb2.ENGINE_PROFILE_FLASH_DECODING
+        assert p.evidence.startswith("measured on ") and "truncation" in p.evidence
+    assert plugin.declared(capture.backend_key(engine.call(0, engine.attend()))).measured
+    plugin.close(5)
+
+
+@pytest.mark.filterwarnings("ignore:attnaudit.RolloutAuditor")
+def test_a_failed_probe_falls_back_to_the_preset_with_one_line(caplog):
+    tries = []
+
+    def broken(key, rope_module):
+        tries.append(key)
+        raise RuntimeError("no kernels here")
+
+    plugin, client = recording_plugin(broken)
+    engine = Engine()
+    with caplog.at_level("WARNING", logger="attnaudit.vllm"):
+        run_steps(plugin, engine, steps=2)
+        assert plugin.flush(30)
+    assert len(tries) == 1                      # not retried
+    lines = [r.getMessage() for r in caplog.records if "engine probe failed" in r.getMessage()]
+    assert len(lines) == 1 and "'vllm'" in lines[0] and "no kernels here" in lines[0]
+    for meta in client.metas:
+        assert meta.precision.source == snapshot_pb2.PRECISION_SOURCE_PRESET
+        assert meta.precision.profile == snapshot_pb2.ENGINE_PROFILE_FLASH_DECODING
+    plugin.close(5)
+
+
+@pytest.mark.filterwarnings("ignore:attnaudit.RolloutAuditor")
+def test_probe_off_declares_the_preset_and_never_probes():
+    calls = []
+    plugin, client = recording_plugin(synthetic_prober(calls), probe="0", engine="vllm-cpu")
+    engine = Engine()
+    run_steps(plugin, engine, steps=1, layers=(0,))
+    assert plugin.flush(30)
+    assert calls == [] and client.metas
+    assert client.metas[0].precision.source == snapshot_pb2.PRECISION_SOURCE_PRESET
+    assert client.metas[0].precision.profile == snapshot_pb2.ENGINE_PROFILE_VLLM_CPU
+    plugin.close(5)
+
+
+def test_the_measured_cast_point_joins_the_rope_declaration():
+    engine = Engine()
+    call = engine.call(0, engine.attend())
+    rope = capture.rope_declaration(theta=1e4, rotary_dim=D, neox=True, rope_parameters=None)
+    snap = capture.build_snapshot(call, rows=[0, 1], tokens=[0, 1], engine=None, rope=rope,
+                                  pre_rope=None, labels={}, cast_point="cos_sin",
+                                  precision={"profile": "flash_decoding",
+                                             "rope_rounding": "truncate",
+                                             "source": "measured", "evidence": "x"})
+    assert snap.meta.rope.cast_point == snapshot_pb2.ROPE_CAST_POINT_COS_SIN
+    assert snap.meta.precision.rope_rounding == snapshot_pb2.ROUNDING_TOWARD_ZERO
+    key = capture.backend_key(call)
+    assert (key.backend, key.dtype, key.head_dim) == ("flash_attn", "bf16", D)

@@ -14,6 +14,8 @@ this checkout's attnaudit). It
          configured, and the plugin auditing: bit-identical tokens and
          log-probs;
        - clean: every sampled audit PASS, the rolling RoPE checks ran;
+         the plugin probed the CPU kernels once and declared the measured
+         precision (truncation without AVX512_BF16) on every snapshot;
        - the same with vLLM's engine core in its own process (the default
          outside this harness) and the plugin in submit mode: the durable
          jobs, listed by their run label, all PASS;
@@ -149,6 +151,32 @@ def expect_audits(c: Checks, label: str, data: dict, verdict: str,
             f"{counters.get('audits_failed')}")
 
 
+def check_precision(c: Checks, data: dict) -> None:
+    """The plugin probed vLLM's CPU kernels once at start-up and declared what
+    it measured on every snapshot: on a CPU without AVX512_BF16, bf16 output
+    and RoPE truncated (docs/CONFORMANCE.md, "The engine probe"), the RoPE
+    op's cast point cos_sin (enforce_eager runs vLLM's rotary op)."""
+    from attnaudit.probe import _host
+    declared = data.get("precision", {})
+    c.check("precision", len(declared) == 1 and all(d["measured"] for d in declared.values()),
+            f"probed backends {sorted(declared)}: "
+            + "; ".join(d["line"][:160] for d in declared.values()))
+    if not declared:
+        return
+    d = next(iter(declared.values()))
+    p = d["precision"] or {}
+    hw = _host.has_avx512_bf16()
+    if hw is not None:
+        want = "nearest_even" if hw else "toward_zero"
+        c.check("precision", p.get("output_rounding") == want
+                and p.get("rope_rounding") == want and d["cast_point"] == "cos_sin",
+                f"output {p.get('output_rounding')}, rope {p.get('rope_rounding')} "
+                f"at {d['cast_point']} (want {want} at cos_sin: avx512_bf16 {hw})")
+    sources = sorted({r.get("precision_source") for r in data["results"]})
+    c.check("precision", sources == ["measured"],
+            f"reports' provenance.precision_source {sources} (want ['measured'])")
+
+
 def check_stale_page(c: Checks, data: dict) -> None:
     """The stale page's diagnosis. Without the engine's LSE (vLLM's CPU
     kernel returns none) the stale-page hypothesis cannot always be told
@@ -195,6 +223,7 @@ def main() -> int:
                     other["logprobs"] == base["logprobs"],
                     "tokens and log-probs bit-identical to vLLM without the plugin")
         expect_audits(c, "clean", clean, "PASS")
+        check_precision(c, clean)
         rope = [r.get("rope_checks", {}) for r in clean["results"]]
         c.check("clean", all(set(x) >= {"q", "k"} for x in rope),
                 "the rolling RoPE check (q and k) ran on every audit")

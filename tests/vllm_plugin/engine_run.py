@@ -101,6 +101,7 @@ def outcome(result) -> dict:
         out["rope_checks"] = {c.what: c.verdict for c in report.proto.rope_checks}
         out["request_ids"] = list(report.proto.labels.request_ids) \
             if report.proto.HasField("labels") else []
+        out["precision_source"] = report.proto.provenance.precision_source
     return out
 
 
@@ -138,6 +139,12 @@ def main() -> int:
         "scenario": scenario, "engine_up_s": t1 - t0, "generate_s": t2 - t1,
         "flushed": flushed, "active": plugin is not None,
         "counters": plugin.counters() if plugin else {},
+        # What the plugin declared for each backend (the engine probe's
+        # measurement, or the preset it fell back to).
+        "precision": {label: {"measured": d.measured, "line": d.line,
+                              "precision": d.precision, "cast_point": d.cast_point}
+                      for label, d in plugin.precision.declarations().items()}
+        if plugin else {},
         "tokens": [list(o.outputs[0].token_ids) for o in outs],
         "logprobs": [[float(lp[t].logprob) for t, lp in
                       zip(o.outputs[0].token_ids, o.outputs[0].logprobs or [])]

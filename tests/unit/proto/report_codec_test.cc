@@ -1,6 +1,7 @@
 // Audit options, limits and report codecs: round trips of every field, wire
 // defaults, and rejection of unknown enum values by field path.
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -97,9 +98,19 @@ TEST(AuditOptionsCodecTest, RejectsBadValuesAndLeavesOptionsUntouched) {
        [](v1::AuditOptions* m) { m->set_worst_heads(-1); }},
       {"diagnosis_max_seconds: must be >= 0",
        [](v1::AuditOptions* m) { m->set_diagnosis_max_seconds(-1); }},
-      {"tolerances:",
+      {"tolerances.lse_abs: must be finite and >= 0",
        [](v1::AuditOptions* m) {
          m->mutable_tolerances()->set_lse_abs(-1e-3);
+       }},
+      {"tolerances.out_abs: must be finite and >= 0",
+       [](v1::AuditOptions* m) {
+         m->mutable_tolerances()->set_out_abs(
+             std::numeric_limits<double>::infinity());
+       }},
+      {"tolerances.logprob_abs: must be finite and >= 0",
+       [](v1::AuditOptions* m) {
+         m->mutable_tolerances()->set_logprob_abs(
+             std::numeric_limits<double>::quiet_NaN());
        }},
   };
   for (const Case& c : cases) {

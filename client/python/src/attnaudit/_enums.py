@@ -22,7 +22,9 @@ Comparison = _mirror("Comparison", report_pb2.Comparison.DESCRIPTOR, "COMPARISON
 JobState = _mirror("JobState", service_pb2.JobState.DESCRIPTOR, "JOB_STATE_")
 Priority = _mirror("Priority", service_pb2.Priority.DESCRIPTOR, "PRIORITY_")
 
-Verdict.__doc__ = "Outcome of an audit: UNSPECIFIED, PASS, DRIFT, INVALID."
+Verdict.__doc__ = ("Outcome of an audit: UNSPECIFIED, PASS, DRIFT, INVALID, "
+                   "INCONCLUSIVE (nothing drifted, but the audit could not "
+                   "verify what a PASS promises).")
 Comparison.__doc__ = "ENGINE_VS_REFERENCE, REPLAY_VS_REFERENCE, ENGINE_VS_REPLAY."
 JobState.__doc__ = "QUEUED, RUNNING, DONE, FAILED, CANCELLED."
 Priority.__doc__ = "INTERACTIVE (scheduled first) or SAMPLED (rollout traffic)."

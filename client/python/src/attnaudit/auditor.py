@@ -92,8 +92,8 @@ class AuditorCounters:
     closed). sent: snapshots the server accepted. failed: sampled calls that
     ended in an error (builder exception, server unreachable or refusing,
     deadline). invalid: snapshots the server found invalid (a client-side
-    bug). passed / drifted: reports by verdict. callback_errors: exceptions
-    raised by on_result."""
+    bug). passed / drifted / inconclusive: reports by verdict.
+    callback_errors: exceptions raised by on_result."""
 
     steps: int = 0
     sampled: int = 0
@@ -103,6 +103,7 @@ class AuditorCounters:
     invalid: int = 0
     passed: int = 0
     drifted: int = 0
+    inconclusive: int = 0
     callback_errors: int = 0
 
 
@@ -378,6 +379,8 @@ class RolloutAuditor:
                     self._counts["passed"] += 1
                 elif verdict == Verdict.DRIFT:
                     self._counts["drifted"] += 1
+                elif verdict == Verdict.INCONCLUSIVE:
+                    self._counts["inconclusive"] += 1
                 elif verdict == Verdict.INVALID:
                     self._counts["invalid"] += 1
             elif isinstance(error, InvalidArgumentError):

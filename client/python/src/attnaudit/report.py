@@ -178,8 +178,48 @@ class Report:
         return self.proto.verdict == report_pb2.VERDICT_DRIFT
 
     @property
+    def inconclusive(self) -> bool:
+        """Nothing drifted, but the audit could not verify what a PASS
+        promises (inconclusive_reasons say why)."""
+        return self.proto.verdict == report_pb2.VERDICT_INCONCLUSIVE
+
+    @property
     def invalid_reason(self) -> str:
         return self.proto.invalid_reason
+
+    @property
+    def inconclusive_reasons(self) -> List[str]:
+        return list(self.proto.inconclusive_reasons)
+
+    @property
+    def overrides(self) -> List[str]:
+        """The request's departures from the verdict policy (tolerance
+        overrides, the statistical test off, precision fields past every
+        profile's range), one line each; empty for a policy audit."""
+        return list(self.proto.overrides)
+
+    @property
+    def overridden(self) -> bool:
+        return len(self.proto.overrides) > 0
+
+    @property
+    def hull(self) -> report_pb2.HullCheck:
+        """The engine output against the convex hull of its visible V rows
+        (outside > 0 means DRIFT whatever the tolerances)."""
+        return self.proto.hull
+
+    @property
+    def precision_source(self) -> str:
+        """Where the engine's declared arithmetic came from: "measured",
+        "preset", "declared" or "undeclared"."""
+        return self.proto.provenance.precision_source
+
+    @property
+    def sensitivity(self) -> List[str]:
+        """What the audit could not see and what would let it, one line
+        each (an undeclared engine, a pre-RoPE snapshot without the
+        engine's RoPE table)."""
+        return list(self.proto.provenance.sensitivity)
 
     def comparison(self, which) -> Optional[ComparisonView]:
         """The comparison `which` (a Comparison or its name), or None."""

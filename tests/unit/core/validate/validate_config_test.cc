@@ -301,6 +301,18 @@ std::vector<InvalidCase> RopeInputCases() {
          s->pre_rope.q.mutable_data<float>()[9] = kNan;
        },
        "pre_rope.q[0][0][1][1]", "not finite"},
+      {"PreRopeKBeyondRotatableRange",
+       [](Snapshot* s, ValidationLimits*) {
+         s->pre_rope.k = F32({2, 2, 2, 8}, 0.5f);
+         s->pre_rope.k.mutable_data<float>()[3] = -3e38f;  // a valid bf16
+       },
+       "pre_rope.k[0][0][0][3]", "overflow"},
+      {"PreRopeQueriesBeyondRotatableRange",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.q_state = RopeState::kPreRope;
+         s->q.mutable_data<float>()[0] = 1e38f;
+       },
+       "q[0][0][0][0]", "overflow"},
       {"InvFreqWrongWidth",
        [](Snapshot* s, ValidationLimits*) {
          s->rope_table.inv_freq = F32({8}, 1.0f);
@@ -356,6 +368,21 @@ std::vector<InvalidCase> RopeInputCases() {
       {"PrecisionSplitKeysNegative",
        [](Snapshot* s, ValidationLimits*) { s->precision.split_keys = -5; },
        "precision.split_keys", ">= 0"},
+      {"PrecisionRoundingUnknown",
+       [](Snapshot* s, ValidationLimits*) {
+         s->precision.output_rounding = static_cast<Rounding>(9);
+       },
+       "precision.output_rounding", "unknown value 9"},
+      {"PrecisionSourceUnknown",
+       [](Snapshot* s, ValidationLimits*) {
+         s->precision.source = static_cast<PrecisionSource>(5);
+       },
+       "precision.source", "unknown value 5"},
+      {"PrecisionEvidenceTooLong",
+       [](Snapshot* s, ValidationLimits*) {
+         s->precision.evidence.assign(1025, 'x');
+       },
+       "precision.evidence", "at most 1024 bytes"},
   };
 }
 INSTANTIATE_TEST_SUITE_P(RopeInputs, ConfigTest,
@@ -372,6 +399,10 @@ TEST(ConfigValidTest, RopeInputsAndPrecisionWellFormedPass) {
   s.precision.score_dtype = DType::kBF16;
   s.precision.exp_ulps = 20;
   s.precision.split_keys = 512;
+  s.precision.output_rounding = Rounding::kTowardZero;
+  s.precision.rope_rounding = Rounding::kNearestEven;
+  s.precision.source = PrecisionSource::kMeasured;
+  s.precision.evidence.assign(1024, 'x');
   EXPECT_TRUE(IsValid(ValidateSnapshot(s)));
 }
 

@@ -158,6 +158,49 @@ TEST(StatisticalTest, RoundingTowardsZeroFiresTheBiasTest) {
   EXPECT_LT(all->bias, -all->mean_limit);
 }
 
+// The same truncating engine declared as such (the lean added back: half
+// an ulp), or of unknown rounding (a quarter added back, as much again
+// allowed): clean; the lean itself is no excuse for rounding noise.
+TEST(StatisticalTest, ADeclaredOrUnknownTruncationIsClean) {
+  Data d = CleanBf16(9);
+  for (int64_t i = 0; i < d.size(); ++i) {
+    d.engine[i] = RoundTowardZeroToDType(static_cast<float>(d.reference[i]),
+                                         DType::kBF16);
+  }
+  StatisticalInputs in;
+  in.output_dtype = DType::kBF16;
+  in.kv_dtype = DType::kBF16;
+  in.max_context = 4096;
+  in.max_merged_blocks = 256;
+  auto detect = [&](const StatisticalInputs& inputs) {
+    return RunStatisticalTest(d.engine.data(), d.reference.data(),
+                              d.reference.data(), d.batch, d.queries, d.heads,
+                              d.dim, inputs);
+  };
+  EXPECT_GT(detect(in).fired_groups, 0);  // assumed to round to nearest
+  StatisticalInputs truncating = in;
+  truncating.shrink_ulps = 0.5;
+  EXPECT_EQ(detect(truncating).fired_groups, 0);
+  StatisticalInputs either = in;
+  either.shrink_ulps = 0.25;
+  either.shrink_known = false;
+  EXPECT_EQ(detect(either).fired_groups, 0);
+  // A round-to-nearest engine is clean under "either" too.
+  Data nearest = CleanBf16(9);
+  EXPECT_EQ(RunStatisticalTest(nearest.engine.data(), nearest.reference.data(),
+                               nearest.reference.data(), d.batch, d.queries,
+                               d.heads, d.dim, either)
+                .fired_groups,
+            0);
+  // Twice the noise of a rounding still fires under "either".
+  TestRng rng(10);
+  for (int64_t i = 0; i < d.size(); ++i) {
+    const double ulp = std::ldexp(1.0, std::ilogb(d.reference[i]) - 7);
+    d.engine[i] += 2.0 * ulp * (rng.Uniform(0, 1) - 0.5) * 2.0;
+  }
+  EXPECT_GT(detect(either).fired_groups, 0);
+}
+
 TEST(StatisticalTest, ADriftConfinedToOneRowFiresThatRow) {
   // Row 2 (b=2) off by 3 units rms; the rest clean.
   Data d = CleanBf16(11);

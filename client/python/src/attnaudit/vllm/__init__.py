@@ -13,7 +13,9 @@ Every setting is listed in attnaudit.vllm.settings; docs/PYTHON.md,
 "Auditing vLLM without code changes", says what each costs.
 
 Active, it wraps vLLM's attention backend, rotary embedding and model
-runner (seams.py); on sampled steps it builds snapshots from the very
+runner (seams.py); at start-up it measures the backend's arithmetic once
+(attnaudit.probe: a few seconds) and declares it on every snapshot; on
+sampled steps it builds snapshots from the very
 tensors the kernel read (query, paged cache, block table, sequence lengths,
 output; pre-RoPE q and k for the rolling RoPE check) and hands them to a
 non-blocking RolloutAuditor. Each audited step yields a StepSummary:

@@ -22,6 +22,7 @@ import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..snapshot import Snapshot
+from .precision import BackendKey
 
 # Backend name -> (snapshot layout, precision preset). Every backend gets
 # the layer's cache as vLLM's logical [num_blocks, Hkv, block, 2 D] tensor;
@@ -152,10 +153,23 @@ def rope_declaration(*, theta: float, rotary_dim: int, neox: bool,
     return rope
 
 
+def backend_key(call: AttentionCall) -> BackendKey:
+    """What decides the arithmetic of the backend that made `call`."""
+    block = int(call.kv_cache.shape[2]) if len(call.kv_cache.shape) == 4 else 0
+    return BackendKey(backend=call.backend, dtype=_dtype_name(call.query),
+                      head_dim=int(call.query.shape[-1]), isa=call.isa,
+                      block_size=block if call.backend == "cpu_attn" else 0,
+                      kv_cache_dtype=call.kv_cache_dtype or "auto")
+
+
 def build_snapshot(call: AttentionCall, *, rows: Sequence[int], tokens: Sequence[int],
                    engine: Optional[str], rope: Optional[Dict[str, Any]],
-                   pre_rope: Optional[PreRope], labels: Dict[str, Any]) -> Snapshot:
-    """The snapshot of `rows` (batch rows) whose query tokens are `tokens`."""
+                   pre_rope: Optional[PreRope], labels: Dict[str, Any],
+                   precision: Optional[Dict[str, Any]] = None,
+                   cast_point: Optional[str] = None) -> Snapshot:
+    """The snapshot of `rows` (batch rows) whose query tokens are `tokens`.
+    precision / cast_point: the measured declaration (attnaudit.probe);
+    None: the engine preset's."""
     layout, preset = BACKENDS[call.backend]
     Hq = int(call.query.shape[-2])
     D = int(call.query.shape[-1])
@@ -178,7 +192,11 @@ def build_snapshot(call: AttentionCall, *, rows: Sequence[int], tokens: Sequence
         args.update(k_scale=float(call.k_scale), v_scale=float(call.v_scale))
         if rope is not None:
             rope = dict(rope, k_output_dtype=_dtype_name(call.query))
+    if precision is not None:
+        args["precision"] = precision
     if rope is not None:
+        if cast_point:
+            rope = dict(rope, cast_point=cast_point)
         args["rope"] = rope
     if pre_rope is not None and rope is not None:
         index = {t: i for i, t in enumerate(pre_rope.tokens)}

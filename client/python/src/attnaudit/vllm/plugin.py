@@ -12,6 +12,11 @@ The seams (seams.py) call three methods on the engine's thread:
                        the RolloutAuditor, which copies what it needs and
                        sends it from a background thread.
 
+Precision: the backend's arithmetic is measured once per process by the
+engine probe (attnaudit.vllm.precision, at the first attention call) and
+declared on every snapshot (source "measured", its evidence line); the
+preset when the probe cannot run (one log line says why).
+
 An unsampled step costs one attribute lookup per seam call. Nothing here
 blocks on the server: the auditor holds at most max_in_flight snapshots
 and drops (and counts) the rest.
@@ -40,6 +45,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from .._enums import Verdict
 from ..auditor import AuditResult, RolloutAuditor
 from . import capture
+from .precision import BackendKey, Declared, PrecisionCache, Prober
 from .settings import Settings
 
 log = logging.getLogger("attnaudit.vllm")
@@ -70,6 +76,7 @@ class StepSummary:
     diagnosis_summary: str
     request_ids: tuple
     results: tuple = ()
+    inconclusive: int = 0
 
     def as_dict(self, prefix: str = "attnaudit/") -> Dict[str, Any]:
         """Flat numbers for a metrics logger (wandb.log, a TensorBoard
@@ -77,6 +84,7 @@ class StepSummary:
         out: Dict[str, Any] = {
             f"{prefix}passed": self.passed, f"{prefix}drifted": self.drifted,
             f"{prefix}failed": self.failed, f"{prefix}dropped": self.dropped,
+            f"{prefix}inconclusive": self.inconclusive,
         }
         if self.worst_layer is not None:
             out[f"{prefix}worst_layer"] = self.worst_layer
@@ -89,6 +97,8 @@ class StepSummary:
     def line(self) -> str:
         text = (f"attnaudit step {self.step}: layers {list(self.layers)} "
                 f"PASS {self.passed} DRIFT {self.drifted}")
+        if self.inconclusive:
+            text += f" INCONCLUSIVE {self.inconclusive}"
         if self.failed or self.invalid or self.dropped:
             text += (f" failed {self.failed} invalid {self.invalid} "
                      f"dropped {self.dropped}")
@@ -129,11 +139,21 @@ _ATTR = "_attnaudit_step_state"
 
 class VllmAuditPlugin:
     """See the module docstring. client_factory: builds the AuditClient on
-    first use (in the process that runs attention, never before a fork)."""
+    first use (in the process that runs attention, never before a fork);
+    prober: runs the engine probe for a backend (attnaudit.vllm.precision;
+    tests pass numpy engines)."""
 
     def __init__(self, settings: Settings,
-                 client_factory: Optional[Callable[[], Any]] = None):
+                 client_factory: Optional[Callable[[], Any]] = None,
+                 prober: Optional[Prober] = None):
         self.settings = settings
+        self.precision = PrecisionCache(
+            settings.probe, prober,
+            preset=lambda key: settings.engine or capture.BACKENDS.get(key.backend, ("", ""))[1])
+        # The model's rotary module (the first the seams see): the probe
+        # rotates with it, as the model does.
+        self.rope_module: Any = None
+        self.needs_probe = settings.probe
         self._client_factory = client_factory or self._default_client
         self._auditor: Optional[RolloutAuditor] = None
         self._next_step = 0
@@ -213,10 +233,13 @@ class VllmAuditPlugin:
             model=self.model, backend=_backend_label(call), layer=call.layer,
             step=st.step, run=self.settings.run, request_ids=ids)
 
+        declared = self.declared(capture.backend_key(call))
+
         def build():
             return capture.build_snapshot(
                 call, rows=rows, tokens=tokens, engine=self.settings.engine,
-                rope=rope, pre_rope=pre, labels=labels)
+                rope=rope, pre_rope=pre, labels=labels, precision=declared.precision,
+                cast_point=declared.cast_point)
 
         auditor = self.auditor()
         dropped_before = auditor.counters.dropped
@@ -229,6 +252,17 @@ class VllmAuditPlugin:
             with self._lock:
                 tally.dropped += 1
             self._maybe_summarise(st.step)
+
+    def declared(self, key: BackendKey) -> Declared:
+        """The precision declared for a backend: probed once per process
+        (the first call pays a few seconds; later ones a dict lookup)."""
+        return self.precision.get(key, self.rope_module)
+
+    def warm_up(self, key: BackendKey) -> None:
+        """The seams' first attention call: probe its backend now, at
+        start-up, not on the first sampled step."""
+        self.needs_probe = False
+        self.declared(key)
 
     # ------------------------------------------------------------------
     # Results
@@ -397,7 +431,8 @@ class VllmAuditPlugin:
 def summarise(step: int, layers: Sequence[int], results: Sequence[AuditResult],
               dropped: int, request_ids: Sequence[str]) -> StepSummary:
     """A StepSummary from a step's audit outcomes."""
-    counts = {Verdict.PASS: 0, Verdict.DRIFT: 0, Verdict.INVALID: 0}
+    counts = {Verdict.PASS: 0, Verdict.DRIFT: 0, Verdict.INVALID: 0,
+              Verdict.INCONCLUSIVE: 0}
     failed = 0
     worst = None  # (share, layer, result)
     for r in results:
@@ -425,7 +460,8 @@ def summarise(step: int, layers: Sequence[int], results: Sequence[AuditResult],
                        invalid=counts[Verdict.INVALID], dropped=dropped,
                        worst_layer=worst_layer, worst_share=worst_share,
                        top_diagnosis=diagnosis, diagnosis_summary=diagnosis_summary,
-                       request_ids=tuple(request_ids), results=tuple(results))
+                       request_ids=tuple(request_ids), results=tuple(results),
+                       inconclusive=counts[Verdict.INCONCLUSIVE])
 
 
 def drift_share(report) -> Optional[float]:

@@ -2,9 +2,13 @@
 
   * the attention backend's forward() (CPU_ATTN on a CPU platform;
     FLASH_ATTN and FLASHINFER on CUDA): after the kernel ran, the call's
-    tensors go to VllmAuditPlugin.on_attention;
+    tensors go to VllmAuditPlugin.on_attention; the first call with a real
+    cache (vLLM's warm-up) probes the backend's arithmetic once
+    (VllmAuditPlugin.warm_up; never while compiling or capturing a CUDA
+    graph);
   * RotaryEmbeddingBase.forward: before RoPE rotates q and k (in place on
-    the CPU), the sampled decode rows are copied for the rolling check;
+    the CPU), the sampled decode rows are copied for the rolling check; the
+    first module seen is kept for the probe, which rotates with it;
   * GPUModelRunner.execute_model (the CPU runner inherits it): remembers the
     runner, for the request ids of the batch rows and the model config.
 
@@ -23,7 +27,7 @@ from __future__ import annotations
 import logging
 from typing import Any, List, Optional
 
-from .capture import AttentionCall
+from .capture import AttentionCall, backend_key
 from .plugin import VllmAuditPlugin, layer_index
 
 log = logging.getLogger("attnaudit.vllm")
@@ -125,6 +129,8 @@ def _rotary_wrapper(original):
     def forward(self, positions, query, key=None, *args, **kwargs):
         p = _PLUGIN
         if p is not None and not _compiling():
+            if p.rope_module is None:
+                p.rope_module = self
             try:
                 st = _state()
                 if st is not None and st.sampled:
@@ -142,6 +148,8 @@ def _attention_wrapper(original, backend: str):
         result = original(self, layer, query, key, value, kv_cache, attn_metadata,
                           *args, **kwargs)
         p = _PLUGIN
+        if p is not None and p.needs_probe:
+            _probe_backend(p, self, backend, layer, query, kv_cache)
         if p is not None and attn_metadata is not None:
             try:
                 st = _state()
@@ -155,6 +163,25 @@ def _attention_wrapper(original, backend: str):
                 p.error(f"{backend} capture", e)
         return result
     return forward
+
+
+def _probe_backend(p: VllmAuditPlugin, impl, backend: str, layer, query, kv_cache) -> None:
+    """On the first attention call with a real cache (vLLM's warm-up, after
+    the profile run): the engine probe for this backend, once."""
+    if _compiling() or _capturing() or kv_cache is None or kv_cache.dim() != 4 \
+            or kv_cache.numel() == 0:
+        return
+    try:
+        call = AttentionCall(
+            backend=backend, layer=0, query=query.view(query.shape[0], -1, impl.head_size),
+            kv_cache=kv_cache, block_table=None, seq_lens=None, query_start_loc=None,
+            output=None, scale=float(impl.scale),
+            kv_cache_dtype=str(getattr(impl, "kv_cache_dtype", "auto")),
+            isa=getattr(layer, "isa", None))
+        p.warm_up(backend_key(call))
+    except Exception as e:  # noqa: BLE001
+        p.needs_probe = False
+        p.error("engine probe", e)
 
 
 def _attention_call(impl, backend: str, layer, query, kv_cache, md,
@@ -223,6 +250,15 @@ def _learn_model(runner) -> None:
     hf = getattr(config, "hf_text_config", None) or getattr(config, "hf_config", None)
     params = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None)
     _PLUGIN.rope_parameters = dict(params) if params else None
+
+
+def _capturing() -> bool:
+    """Inside a CUDA graph capture: nothing extra may run."""
+    try:
+        import torch
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _compiling() -> bool:

@@ -34,7 +34,12 @@ TOML when the name ends in .toml); the environment wins over the file.
                     RoPE check; "0": post-RoPE only.
     engine          precision preset (attnaudit.ENGINE_PRESETS); default:
                     the backend's ("vllm-cpu" for CPU_ATTN, "vllm" for
-                    FlashAttention, "flash-decoding" for FlashInfer).
+                    FlashAttention, "flash-decoding" for FlashInfer). With
+                    probe on, the fallback when the probe cannot run.
+    probe           "1" (default): measure the backend's arithmetic once
+                    per process at start-up (attnaudit.probe, a few
+                    seconds) and declare it on every snapshot (source
+                    "measured"); "0": declare the preset.
     model, run      labels (model default: the served model name).
     on_step         callbacks "pkg.module:function[,...]", each called with
                     a StepSummary per audited step (a background thread).
@@ -82,6 +87,7 @@ class Settings:
     timeout: float = 120.0
     rope_check: bool = True
     engine: Optional[str] = None
+    probe: bool = True
     model: Optional[str] = None
     run: Optional[str] = None
     on_step: Tuple[str, ...] = ()
@@ -224,7 +230,7 @@ def _callbacks(name: str, v: Any) -> Tuple[str, ...]:
 
 
 _PARSERS = {
-    "enable": _bool, "rotate_layers": _bool, "rope_check": _bool,
+    "enable": _bool, "rotate_layers": _bool, "rope_check": _bool, "probe": _bool,
     "log_summary": _bool, "sample_every": _int, "seed": _int, "max_rows": _int,
     "max_in_flight": _int, "sample_rate": _float, "request_fraction": _float,
     "max_snapshot_mb": _float,

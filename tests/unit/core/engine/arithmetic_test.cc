@@ -1,11 +1,12 @@
-// Engine precision profiles (core/verdict/precision.h): what each profile
+// Engine precision profiles (core/engine/arithmetic.h): what each profile
 // resolves to; the score-error bound behind EngineScoreError against
 // perturbed long-double softmaxes; and an engine that rounds its scores to
 // bf16 (Hugging Face eager) audited with and without its declaration.
-#include "core/verdict/precision.h"
+#include "core/engine/arithmetic.h"
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/audit/audit.h"
@@ -35,12 +36,17 @@ TEST(PrecisionTest, ProfilesResolveToTheirKernelsArithmetic) {
   a = ResolveEngineArithmetic(p, DType::kF32, DType::kF32, 64);
   EXPECT_EQ(a.exp_epsilon, 20 * kEpsF32);
   EXPECT_EQ(a.probability_epsilon, kEpsF32);
-  // Undeclared: fp32 scores, the loosest exp and probabilities.
+  // Undeclared: the widest envelope -- scores rounded twice to the model
+  // dtype, either way (a whole ulp each), the loosest exp, probabilities in
+  // the model dtype, output and RoPE of either rounding.
   a = ResolveEngineArithmetic({}, DType::kBF16, DType::kBF16, 64);
   EXPECT_EQ(a.profile, EngineProfile::kUnspecified);
+  EXPECT_TRUE(a.undeclared);
   EXPECT_EQ(a.exp_epsilon, 20 * kEpsF32);
   EXPECT_EQ(a.probability_epsilon, kEpsBf16);
-  EXPECT_LT(a.score_epsilon, kEpsBf16);
+  EXPECT_EQ(a.score_epsilon, 2 * kEpsBf16);
+  EXPECT_EQ(a.output_rounding, ResolvedRounding::kEither);
+  EXPECT_EQ(a.rope_rounding, ResolvedRounding::kEither);
   // Explicit fields replace the profile's.
   p.profile = EngineProfile::kCustom;
   p.score_dtype = DType::kF16;
@@ -169,6 +175,62 @@ TEST(PrecisionTest, BF16ScoresPassWhenDeclaredAndAreFlaggedWhenNot) {
   // The reason the profile exists: bf16 scores are noise a flash-decoding
   // kernel does not make.
   EXPECT_GT(flagged, 0);
+}
+
+// Declared roundings: a truncated score rounding costs a whole ulp; a
+// truncated output and truncated probabilities lean towards zero, known.
+TEST(PrecisionTest, RoundingsResolveToTheirErrorsAndLean) {
+  EnginePrecision p;
+  p.profile = EngineProfile::kHfEager;
+  p.score_rounding = Rounding::kTowardZero;
+  p.probability_rounding = Rounding::kTowardZero;
+  p.output_rounding = Rounding::kTowardZero;
+  EngineArithmetic a =
+      ResolveEngineArithmetic(p, DType::kBF16, DType::kBF16, 128);
+  EXPECT_EQ(a.score_epsilon, 2 * kEpsBf16);
+  EXPECT_EQ(a.output_rounding, ResolvedRounding::kTowardZero);
+  EXPECT_EQ(a.rope_rounding, ResolvedRounding::kNearestEven);
+  OutputLean lean = ExpectedOutputLean(a);
+  EXPECT_EQ(lean.ulps, 0.5);
+  EXPECT_EQ(lean.relative, 0.5 * kEpsBf16);
+  EXPECT_TRUE(lean.known);
+  // A declared profile without roundings rounds to nearest: no lean.
+  lean = ExpectedOutputLean(ResolveEngineArithmetic(
+      {EngineProfile::kVllmCpu}, DType::kBF16, DType::kBF16, 128));
+  EXPECT_EQ(lean.ulps, 0.0);
+  EXPECT_EQ(lean.relative, 0.0);
+  // Undeclared: a quarter ulp each way, unknown.
+  lean = ExpectedOutputLean(
+      ResolveEngineArithmetic({}, DType::kBF16, DType::kBF16, 128));
+  EXPECT_EQ(lean.ulps, 0.25);
+  EXPECT_FALSE(lean.known);
+}
+
+TEST(PrecisionTest, OnlyFieldsPastEveryProfileAreOverrides) {
+  EnginePrecision p;
+  p.profile = EngineProfile::kCustom;
+  p.exp_ulps = 20;
+  p.score_dtype = DType::kBF16;
+  EXPECT_TRUE(PrecisionOverrides(p).empty());
+  p.exp_ulps = 21;
+  p.probability_dtype = DType::kF8E5M2;
+  const std::vector<std::string> lines = PrecisionOverrides(p);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0], "precision.exp_ulps 21 (profiles: at most 20)");
+  EXPECT_EQ(lines[1],
+            "precision.probability_dtype fp8_e5m2 (profiles: 16 bits or "
+            "wider)");
+}
+
+TEST(PrecisionTest, TheSourceIsNamed) {
+  EnginePrecision p;
+  EXPECT_EQ(PrecisionSourceName(p), "undeclared");
+  p.output_rounding = Rounding::kTowardZero;
+  EXPECT_EQ(PrecisionSourceName(p), "declared");
+  p.source = PrecisionSource::kPreset;
+  EXPECT_EQ(PrecisionSourceName(p), "preset");
+  p.source = PrecisionSource::kMeasured;
+  EXPECT_EQ(PrecisionSourceName(p), "measured");
 }
 
 }  // namespace

@@ -2,10 +2,12 @@
 // from their code and checked on real engine code by the conformance suite
 // (docs/CONFORMANCE.md); docs/NUMERICS.md ("Engine precision") derives how
 // each feeds the tolerances. Keep the three in step.
-#include "core/verdict/precision.h"
+#include "core/engine/arithmetic.h"
 
 #include <algorithm>
 #include <cmath>
+
+#include "absl/strings/str_cat.h"
 
 namespace attnaudit {
 namespace {
@@ -34,6 +36,48 @@ double WorkingEpsilon(DType dtype) {
       break;
   }
   return kEpsF32;
+}
+
+// Where the profiles end: the widest exp any profile has, and the narrowest
+// score or probability dtype (16 bits). Beyond them a declaration widens
+// the tolerances past what any known engine needs: an override.
+constexpr int kWidestProfileExpUlps = 20;
+
+bool IsEightBit(DType dtype) {
+  return dtype == DType::kF8E4M3 || dtype == DType::kF8E5M2;
+}
+
+ResolvedRounding Resolve(Rounding declared, bool undeclared) {
+  switch (declared) {
+    case Rounding::kNearestEven:
+      return ResolvedRounding::kNearestEven;
+    case Rounding::kTowardZero:
+      return ResolvedRounding::kTowardZero;
+    case Rounding::kProfile:
+      break;
+  }
+  return undeclared ? ResolvedRounding::kEither
+                    : ResolvedRounding::kNearestEven;
+}
+
+// The largest error of one rounding, in units of the dtype's epsilon:
+// half an ulp to nearest, a whole one towards zero.
+double RoundingUlps(ResolvedRounding rounding) {
+  return rounding == ResolvedRounding::kNearestEven ? 0.5 : 1.0;
+}
+
+// The expected shrink towards zero of a truncation, in units of the
+// dtype's epsilon: half an ulp; half that when either rounding may be.
+double RoundingShrink(ResolvedRounding rounding) {
+  switch (rounding) {
+    case ResolvedRounding::kTowardZero:
+      return 0.5;
+    case ResolvedRounding::kEither:
+      return 0.25;
+    case ResolvedRounding::kNearestEven:
+      break;
+  }
+  return 0.0;
 }
 
 // An fp32 dot product over D terms, summed in a tree or in blocks: about
@@ -74,18 +118,82 @@ absl::string_view EngineProfileName(EngineProfile profile) {
   return "conservative";
 }
 
+OutputLean ExpectedOutputLean(const EngineArithmetic& arithmetic) {
+  OutputLean lean;
+  lean.ulps = RoundingShrink(arithmetic.output_rounding);
+  lean.relative = arithmetic.probability_shrink;
+  lean.known = arithmetic.output_rounding != ResolvedRounding::kEither &&
+               (lean.relative == 0 ||
+                arithmetic.probability_rounding != ResolvedRounding::kEither);
+  return lean;
+}
+
+bool IsUndeclared(const EnginePrecision& declared) {
+  return declared.Undeclared();
+}
+
+absl::string_view PrecisionSourceName(const EnginePrecision& declared) {
+  switch (declared.source) {
+    case PrecisionSource::kMeasured:
+      return "measured";
+    case PrecisionSource::kPreset:
+      return "preset";
+    case PrecisionSource::kUnspecified:
+      break;
+  }
+  return IsUndeclared(declared) ? "undeclared" : "declared";
+}
+
+absl::string_view ResolvedRoundingName(ResolvedRounding rounding) {
+  switch (rounding) {
+    case ResolvedRounding::kTowardZero:
+      return "toward-zero";
+    case ResolvedRounding::kEither:
+      return "either";
+    case ResolvedRounding::kNearestEven:
+      break;
+  }
+  return "nearest-even";
+}
+
+std::vector<std::string> PrecisionOverrides(const EnginePrecision& declared) {
+  std::vector<std::string> lines;
+  if (declared.exp_ulps > kWidestProfileExpUlps) {
+    lines.push_back(absl::StrCat("precision.exp_ulps ", declared.exp_ulps,
+                                 " (profiles: at most ", kWidestProfileExpUlps,
+                                 ")"));
+  }
+  for (const auto& [field, dtype] :
+       {std::pair<const char*, DType>{"precision.score_dtype",
+                                      declared.score_dtype},
+        {"precision.probability_dtype", declared.probability_dtype}}) {
+    if (IsEightBit(dtype)) {
+      lines.push_back(absl::StrCat(field, " ", DTypeName(dtype),
+                                   " (profiles: 16 bits or wider)"));
+    }
+  }
+  return lines;
+}
+
 EngineArithmetic ResolveEngineArithmetic(const EnginePrecision& declared,
                                          DType model_dtype, DType kv_dtype,
                                          int64_t head_dim, bool softcap) {
   EngineArithmetic a;
   a.profile = declared.profile;
+  a.undeclared = IsUndeclared(declared);
+  a.score_rounding = Resolve(declared.score_rounding, a.undeclared);
+  const ResolvedRounding score_rounding = a.score_rounding;
+  a.probability_rounding = Resolve(declared.probability_rounding, a.undeclared);
+  a.output_rounding = Resolve(declared.output_rounding, a.undeclared);
+  a.rope_rounding = Resolve(declared.rope_rounding, a.undeclared);
   const double fp32_score = Fp32ScoreEpsilon(head_dim);
-  // Half an ulp of the score dtype per rounding: q.k^T written in it, then
-  // scaled; a soft-cap divides, takes tanh and multiplies (tanh's slope is
-  // at most 1, so each step's error passes through).
-  const double roundings = softcap ? 5.0 : 2.0;
+  // Per rounding of the score dtype: half an ulp (a whole one truncated):
+  // q.k^T written in it, then scaled; a soft-cap divides, takes tanh and
+  // multiplies (tanh's slope is at most 1, so each step's error passes
+  // through).
+  const double roundings = (softcap ? 5.0 : 2.0) * RoundingUlps(score_rounding);
   auto rounded_score = [&](DType dtype) {
-    return std::max(roundings * 0.5 * WorkingEpsilon(dtype), fp32_score);
+    return std::max(roundings * WorkingEpsilon(dtype), fp32_score);
   };
   const double model_score = rounded_score(model_dtype);
   const bool model_16bit =
@@ -96,11 +204,11 @@ EngineArithmetic ResolveEngineArithmetic(const EnginePrecision& declared,
   int exp_ulps = 2;
   switch (declared.profile) {
     case EngineProfile::kUnspecified:
-      // Every fp32-score kernel below at once. Scores rounded to 16 bits
-      // (HF eager) move a peaked softmax by several percent; an engine
-      // that does that must say so (score_dtype or its profile).
-      a.score_epsilon = fp32_score;
-      exp_ulps = 20;
+      // The widest envelope of every engine the conformance suite runs:
+      // scores rounded to the model dtype (HF eager), the loosest exp
+      // (torch's CPU flash), probabilities in the model dtype.
+      a.score_epsilon = model_score;
+      exp_ulps = kWidestProfileExpUlps;
       a.probability_epsilon = model_probability;
       break;
     case EngineProfile::kCustom:
@@ -125,6 +233,8 @@ EngineArithmetic ResolveEngineArithmetic(const EnginePrecision& declared,
       // softmax in fp32, cast back to the model dtype for matmul(P, V).
       a.score_epsilon = model_score;
       a.probability_epsilon = model_probability;
+      a.score_dtype = model_dtype;
+      a.probability_dtype = model_dtype;
       break;
     case EngineProfile::kTorchFlashCpu:
       // fp32 GEMM scores, a vectorised exp accurate to 20 ulp (exp_u20),
@@ -134,15 +244,22 @@ EngineArithmetic ResolveEngineArithmetic(const EnginePrecision& declared,
       // profile allows 128.
       a.score_epsilon =
           model_16bit ? std::max(kTorchFlash16BitLse, fp32_score) : fp32_score;
-      exp_ulps = 20;
+      exp_ulps = kWidestProfileExpUlps;
       a.probability_epsilon = model_probability;
       break;
   }
   if (declared.score_dtype != DType::kInvalid) {
     a.score_epsilon = rounded_score(declared.score_dtype);
+    a.score_dtype = declared.score_dtype;
   }
   if (declared.probability_dtype != DType::kInvalid) {
     a.probability_epsilon = WorkingEpsilon(declared.probability_dtype);
+    a.probability_dtype = declared.probability_dtype;
+  }
+  // Truncated probabilities all lose mass: out shrinks towards zero.
+  if (a.probability_epsilon > kEpsF32) {
+    a.probability_shrink =
+        RoundingShrink(a.probability_rounding) * a.probability_epsilon;
   }
   if (declared.exp_ulps > 0) exp_ulps = declared.exp_ulps;
   a.exp_epsilon = exp_ulps * kEpsF32;

@@ -1,0 +1,331 @@
+// The emulated engine; docs/NUMERICS.md ("The emulated engine") derives the
+// tolerance. Keep the two in step.
+#include "core/emulate/emulate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "core/common/parallel.h"
+#include "core/tensor/dtype.h"
+
+namespace attnaudit {
+namespace {
+
+const double kEpsF32 = std::ldexp(1.0, -23);
+// The error of one fp32 rounding, relative (the unit roundoff).
+const double kUnitF32 = std::ldexp(1.0, -24);
+// tanh of a 16-bit tensor is computed in fp32 by a vectorised tanh within
+// an ulp (Sleef's u10); two allow any libm.
+constexpr double kTanhUlps = 2.0;
+// Second-order terms of a score that rounds the other way (the other keys'
+// probabilities move with the normaliser, and round again).
+constexpr double kFlipMargin = 1.5;
+
+bool IsSixteenBit(DType dtype) {
+  return dtype == DType::kBF16 || dtype == DType::kF16;
+}
+
+// Narrows to a dtype as the engine does (a float first: what the engine
+// narrows is an fp32 value).
+struct Narrower {
+  DType dtype = DType::kF32;
+  bool truncate = false;
+  double operator()(double x) const {
+    const float f = static_cast<float>(x);
+    return truncate ? RoundTowardZeroToDType(f, dtype) : RoundToDType(f, dtype);
+  }
+};
+
+// A value the engine may hold: its central estimate and the bounds of what
+// a correct engine computes (equal unless some rounding is ambiguous).
+struct Uncertain {
+  double lo, mid, hi;
+  bool ambiguous() const { return lo != hi; }
+};
+
+// The score chain of one key (docs/NUMERICS.md): dot = q.k exactly, err a
+// bound on the engine's fp32 dot product's error. Each step is monotone
+// non-decreasing (scale and cap are positive), so pushing the bounds
+// through it bounds the result.
+struct ScoreChain {
+  Narrower narrow;
+  float scale = 1.0f;
+  float cap = 0.0f;  // 0: no soft-cap
+  double Step(double x, int side) const {
+    double v = narrow(x);
+    v = narrow(static_cast<float>(v) * scale);
+    if (cap > 0) {
+      v = narrow(static_cast<float>(v) / cap);
+      const double t = std::tanh(static_cast<float>(v));
+      v = narrow(t + side * kTanhUlps * kEpsF32 * std::fabs(t));
+      v = narrow(static_cast<float>(v) * cap);
+    }
+    return v;
+  }
+  Uncertain Of(double dot, double err) const {
+    return {Step(dot - err, -1), Step(dot, 0), Step(dot + err, 1)};
+  }
+};
+
+// The visible rows of one (row, KV head): K and V widened to float, and
+// each key's position.
+struct CellRows {
+  std::vector<float> k, v;
+  std::vector<int64_t> position;
+  int64_t size() const { return static_cast<int64_t>(position.size()); }
+};
+
+CellRows LoadCell(const PreparedAttention& p, int64_t b, int64_t g) {
+  const SnapshotDims& d = p.dims;
+  const Snapshot& s = *p.snapshot;
+  const int64_t length = p.layout->seq_lens[b];
+  const std::vector<int32_t>& pages = p.layout->block_pages[b];
+  const int64_t last_query = p.query_positions[(b + 1) * d.queries - 1];
+  CellRows rows;
+  std::vector<float> row(static_cast<size_t>(d.head_dim));
+  const size_t k_size = DTypeSize(p.k_dtype), v_size = DTypeSize(p.v_dtype);
+  for (int64_t token = 0; token < length; ++token) {
+    const int64_t page = pages[token / d.page_size];
+    const int64_t slot = token % d.page_size;
+    const int64_t pos = s.slot_positions.IntAt(page * d.page_size + slot);
+    if (pos < 0 || pos > last_query) continue;
+    rows.position.push_back(pos);
+    ConvertToFloat(static_cast<const char*>(p.k_data) +
+                       KvSlotOffset(p.k_layout, d, page, slot, g) * k_size,
+                   p.k_dtype, d.head_dim, row.data());
+    rows.k.insert(rows.k.end(), row.begin(), row.end());
+    ConvertToFloat(static_cast<const char*>(p.v_data) +
+                       KvSlotOffset(p.v_layout, d, page, slot, g) * v_size,
+                   p.v_dtype, d.head_dim, row.data());
+    rows.v.insert(rows.v.end(), row.begin(), row.end());
+  }
+  return rows;
+}
+
+// The relative error of the engine's fp32 sums over n terms (its softmax
+// normaliser, its P.V accumulation): a blocked or split fold's depth plus a
+// random walk over n, the tolerances' own fold terms.
+double SumEpsilon(int64_t n, int64_t split_keys) {
+  const int64_t split = std::max<int64_t>(1, split_keys);
+  return kEpsF32 * (2.0 * static_cast<double>((n + split - 1) / split) + 8.0 +
+                    4.0 * std::sqrt(static_cast<double>(n)));
+}
+
+// The per-query scratch: the engine's scores, and what its probabilities
+// and their ambiguities weigh.
+struct QueryScratch {
+  std::vector<int64_t> keys;  // indices into the cell's rows
+  std::vector<Uncertain> score;
+};
+
+struct CellCounts {
+  int64_t scores = 0, ambiguous = 0;
+};
+
+class Emulator {
+ public:
+  Emulator(const PreparedAttention& p, const EmulationPlan& plan)
+      : p_(p), plan_(plan) {
+    chain_.narrow = {plan.score_dtype, plan.score_truncates};
+    chain_.scale = static_cast<float>(p.softmax_scale);
+    chain_.cap = static_cast<float>(p.softcap);
+    probability_ = {plan.probability_dtype, plan.probability_truncates};
+    output_ = {plan.output_dtype, plan.output_truncates};
+    // The engine's fp32 dot product of D exact products: at most D
+    // roundings of the running sum.
+    dot_error_ = static_cast<double>(p.dims.head_dim) * kUnitF32;
+  }
+
+  // Every query head of the cell's group, every query of the row.
+  CellCounts Cell(int64_t b, int64_t g, Emulation* e) const {
+    const SnapshotDims& d = p_.dims;
+    const CellRows rows = LoadCell(p_, b, g);
+    const int64_t group = d.q_heads / d.kv_heads;
+    CellCounts counts;
+    QueryScratch scratch;
+    for (int64_t s = 0; s < d.queries; ++s) {
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        Query(rows, b, s, h, &scratch, &counts, e);
+      }
+    }
+    return counts;
+  }
+
+ private:
+  void Scores(const CellRows& rows, const double* q, int64_t qpos,
+              QueryScratch* sc, CellCounts* counts) const {
+    const int64_t D = p_.dims.head_dim;
+    sc->keys.clear();
+    sc->score.clear();
+    for (int64_t j = 0; j < rows.size(); ++j) {
+      if (!KeyVisible(p_, rows.position[j], qpos)) continue;
+      const float* k = &rows.k[j * D];
+      double dot = 0, magnitude = 0;
+      for (int64_t i = 0; i < D; ++i) {
+        const double term = q[i] * static_cast<double>(k[i]);
+        dot += term;
+        magnitude += std::fabs(term);
+      }
+      sc->keys.push_back(j);
+      sc->score.push_back(chain_.Of(dot, dot_error_ * magnitude));
+      ++counts->scores;
+      counts->ambiguous += sc->score.back().ambiguous() ? 1 : 0;
+    }
+  }
+
+  // GPT-OSS: every logit (and the sink's) minus their max, in the score
+  // dtype; returns the sink's centred logit.
+  double Center(QueryScratch* sc, double sink) const {
+    double m = sink;
+    for (const Uncertain& u : sc->score) m = std::max(m, u.mid);
+    const Narrower& n = chain_.narrow;
+    for (Uncertain& u : sc->score) {
+      u = {n(u.lo - m), n(u.mid - m), n(u.hi - m)};
+    }
+    return n(sink - m);
+  }
+
+  void Query(const CellRows& rows, int64_t b, int64_t s, int64_t h,
+             QueryScratch* sc, CellCounts* counts, Emulation* e) const {
+    const SnapshotDims& d = p_.dims;
+    const int64_t D = d.head_dim;
+    const int64_t cell = (b * d.queries + s) * d.q_heads + h;
+    Scores(rows, &p_.q[cell * D], p_.query_positions[b * d.queries + s], sc,
+           counts);
+    const bool has_sink = !p_.sinks.empty();
+    double sink =
+        has_sink ? p_.sinks[h] : -std::numeric_limits<double>::infinity();
+    if (plan_.center_scores) sink = Center(sc, sink);
+    // The engine's fp32 softmax of its scores.
+    double m = sink;
+    for (const Uncertain& u : sc->score) m = std::max(m, u.mid);
+    double total = has_sink ? std::exp(sink - m) : 0.0;
+    for (const Uncertain& u : sc->score) total += std::exp(u.mid - m);
+    const int64_t n = static_cast<int64_t>(sc->keys.size());
+    const double eta =
+        plan_.exp_epsilon + 2.0 * kUnitF32 + SumEpsilon(n, plan_.split_keys);
+    const double accumulate = SumEpsilon(n, plan_.split_keys);
+    std::vector<double> out(D, 0.0), weight(D, 0.0), slack(D, 0.0);
+    double flip_weight = 0;
+    for (size_t k = 0; k < sc->keys.size(); ++k) {
+      const Uncertain& u = sc->score[k];
+      const double prob = std::exp(u.mid - m) / total;
+      const Uncertain pr = Probability(prob, eta);
+      // A score that may have rounded the other way moves its weight by
+      // e^delta - 1 (the normaliser takes the rest of it from every key).
+      const double delta = std::max(u.hi - u.mid, u.mid - u.lo);
+      const double flip = prob * std::expm1(delta);
+      flip_weight += flip;
+      const float* v = &rows.v[sc->keys[k] * D];
+      for (int64_t i = 0; i < D; ++i) {
+        const double vi = v[i];
+        out[i] += pr.mid * vi;
+        weight[i] += pr.mid * std::fabs(vi);
+        slack[i] += ((pr.hi - pr.lo) + kFlipMargin * flip) * std::fabs(vi);
+      }
+    }
+    double* out_cell = &e->out[cell * D];
+    double* tol_cell = &e->tolerance[cell * D];
+    for (int64_t i = 0; i < D; ++i) {
+      const double scale =
+          p_.v_scale.empty() ? 1.0 : p_.v_scale[h * d.kv_heads / d.q_heads];
+      const double o = out[i] * scale;
+      out_cell[i] = output_(o);
+      // |v - out| <= |v| + |out| for the flips' share of the normaliser.
+      const double moved =
+          slack[i] + kFlipMargin * flip_weight * std::fabs(out[i]);
+      tol_cell[i] = 2.0 * OutputUlp(o) +
+                    2.0 * std::fabs(scale) * (accumulate * weight[i] + moved);
+    }
+  }
+
+  // The engine's probability in its P.V dtype: prob within eta relative in
+  // fp32, then narrowed; kept in fp32, its own error is the uncertainty.
+  Uncertain Probability(double prob, double eta) const {
+    if (!IsSixteenBit(probability_.dtype)) {
+      return {prob * (1.0 - eta), prob, prob * (1.0 + eta)};
+    }
+    return {probability_(prob * (1.0 - eta)), probability_(prob),
+            probability_(prob * (1.0 + eta))};
+  }
+
+  // An ulp of the output dtype at |x| (at its smallest normal for tiny x).
+  double OutputUlp(double x) const {
+    const DType dt = output_.dtype;
+    if (!IsFloating(dt) || dt == DType::kF64) return 0.0;
+    const double eps = DTypeEpsilon(dt);
+    const double smallest =
+        dt == DType::kF16 ? std::ldexp(1.0, -14) : std::ldexp(1.0, -126);
+    int e = 0;
+    std::frexp(std::max(std::fabs(x), smallest), &e);
+    return eps * std::ldexp(1.0, e - 1);
+  }
+
+  const PreparedAttention& p_;
+  const EmulationPlan& plan_;
+  ScoreChain chain_;
+  Narrower probability_, output_;
+  double dot_error_ = 0;
+};
+
+}  // namespace
+
+EmulationPlan PlanEmulation(const PreparedAttention& prepared,
+                            const EngineArithmetic& engine) {
+  EmulationPlan plan;
+  if (!IsSixteenBit(engine.score_dtype)) return plan;
+  if (engine.undeclared || engine.score_rounding == ResolvedRounding::kEither ||
+      engine.output_rounding == ResolvedRounding::kEither) {
+    plan.skipped = "the engine's roundings are not declared";
+    return plan;
+  }
+  const DType kv = prepared.v_dtype;
+  if (kv == DType::kF8E4M3 || kv == DType::kF8E5M2) {
+    plan.skipped = "fp8 KV: no 16-bit-score engine keeps an fp8 cache";
+    return plan;
+  }
+  plan.run = true;
+  plan.score_dtype = engine.score_dtype;
+  plan.score_truncates = engine.score_rounding == ResolvedRounding::kTowardZero;
+  plan.probability_dtype = engine.probability_dtype;
+  plan.probability_truncates =
+      engine.probability_rounding == ResolvedRounding::kTowardZero;
+  plan.output_dtype = prepared.output_dtype;
+  plan.output_truncates =
+      engine.output_rounding == ResolvedRounding::kTowardZero;
+  plan.center_scores =
+      engine.profile == EngineProfile::kHfEager && !prepared.sinks.empty();
+  plan.exp_epsilon = engine.exp_epsilon;
+  plan.split_keys = engine.split_keys;
+  return plan;
+}
+
+absl::StatusOr<Emulation> EmulateEngine(const PreparedAttention& prepared,
+                                        const EmulationPlan& plan, int threads,
+                                        const std::atomic<bool>* cancelled) {
+  const SnapshotDims& d = prepared.dims;
+  Emulation e;
+  const size_t size =
+      static_cast<size_t>(d.batch * d.queries * d.q_heads * d.head_dim);
+  e.out.assign(size, 0.0);
+  e.tolerance.assign(size, 0.0);
+  const Emulator emulator(prepared, plan);
+  const int64_t cells = d.batch * d.kv_heads;
+  std::vector<CellCounts> counts(static_cast<size_t>(cells));
+  ParallelFor(cells, threads, [&](int64_t c) {
+    if (cancelled != nullptr && cancelled->load()) return;
+    counts[c] = emulator.Cell(c / d.kv_heads, c % d.kv_heads, &e);
+  });
+  if (cancelled != nullptr && cancelled->load()) {
+    return absl::CancelledError("audit cancelled");
+  }
+  for (const CellCounts& c : counts) {
+    e.scores += c.scores;
+    e.ambiguous_scores += c.ambiguous;
+  }
+  return e;
+}
+
+}  // namespace attnaudit

@@ -1,0 +1,174 @@
+// The emulated engine (core/emulate) against an engine written here in
+// fp32 the way Hugging Face's eager attention runs on a CPU (bf16 q.k^T by
+// a sequential fp32 sum, rounded; the scaling and a soft-cap's three steps
+// rounded again; softmax in fp32 cast to bf16; P.V summed in fp32 and
+// written in bf16): clean, it passes E-M; with the bugs that pass the
+// 16-bit-score E-R worst case (a soft-cap dropped, Gemma-3's scale taken as
+// 1/sqrt(D)), E-M drifts.
+#include "core/emulate/emulate.h"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/audit/audit.h"
+#include "gtest/gtest.h"
+#include "tests/unit/core/testing/snapshot_builder.h"
+
+namespace attnaudit {
+namespace testing {
+namespace {
+
+float Bf16(float x) { return RoundToDType(x, DType::kBF16); }
+
+// How the test's engine computes, and which bug it has.
+struct EagerEngine {
+  float scale = 0;    // the scale the engine uses
+  float softcap = 0;  // the soft-cap it applies (0: none)
+};
+
+// One query head of one row: the engine's bf16 output over the row's keys
+// (every key visible: a decode query at the row's last position).
+void EagerHead(const LogicalCase& c, const EagerEngine& eng, int64_t b,
+               int64_t h, std::vector<double>* out) {
+  const int64_t D = c.head_dim, L = c.SeqLen(b);
+  const int64_t g = h / (c.q_heads / c.kv_heads);
+  const double* q = &c.q[(b * c.q_heads + h) * D];
+  std::vector<float> scores(static_cast<size_t>(L));
+  for (int64_t j = 0; j < L; ++j) {
+    const double* k = &c.k[b][(j * c.kv_heads + g) * D];
+    float dot = 0;
+    for (int64_t i = 0; i < D; ++i) {
+      dot += static_cast<float>(q[i]) * static_cast<float>(k[i]);
+    }
+    float s = Bf16(Bf16(dot) * eng.scale);
+    if (eng.softcap > 0) {
+      s = Bf16(s / eng.softcap);
+      s = Bf16(std::tanh(s));
+      s = Bf16(s * eng.softcap);
+    }
+    scores[j] = s;
+  }
+  float m = scores[0];
+  for (float s : scores) m = std::max(m, s);
+  float total = 0;
+  for (float& s : scores) {
+    s = std::exp(s - m);
+    total += s;
+  }
+  std::vector<float> acc(static_cast<size_t>(D), 0.0f);
+  for (int64_t j = 0; j < L; ++j) {
+    const float p = Bf16(scores[j] / total);
+    const double* v = &c.v[b][(j * c.kv_heads + g) * D];
+    for (int64_t i = 0; i < D; ++i) acc[i] += p * static_cast<float>(v[i]);
+  }
+  for (int64_t i = 0; i < D; ++i) {
+    (*out)[(b * c.q_heads + h) * D + i] = Bf16(acc[i]);
+  }
+}
+
+// A Gemma-like decode batch: bf16, 16 query heads over 4 KV heads, D 128,
+// soft-cap 50, q scaled so the logits reach the cap's bend.
+LogicalCase GemmaLike(uint64_t seed) {
+  RandomCaseOptions o;
+  o.batch = 4;
+  o.queries = 1;
+  o.q_heads = 16;
+  o.kv_heads = 4;
+  o.head_dim = 128;
+  o.seq_lens = {300, 417, 129, 520};
+  o.q_dtype = o.kv_dtype = DType::kBF16;
+  o.q_std = 4.0;
+  o.seed = seed;
+  LogicalCase c = RandomCase(o);
+  c.output_dtype = DType::kBF16;
+  c.softcap = 50.0;
+  c.softmax_scale = 1.0 / std::sqrt(144.0);  // query_pre_attn_scalar 144
+  return c;
+}
+
+Snapshot WithEagerEngine(const LogicalCase& c, const EagerEngine& eng) {
+  std::vector<double> out(c.q.size());
+  for (int64_t b = 0; b < c.batch; ++b) {
+    for (int64_t h = 0; h < c.q_heads; ++h) EagerHead(c, eng, b, h, &out);
+  }
+  PagingOptions paging;
+  paging.page_size = 16;
+  paging.permute_pages = true;
+  Snapshot s = BuildSnapshot(c, paging);
+  s.engine.out = MakeFloatTensor(
+      DType::kBF16, {c.batch, c.queries, c.q_heads, c.head_dim}, out);
+  s.precision.profile = EngineProfile::kHfEager;
+  return s;
+}
+
+AuditReport MustAudit(const Snapshot& s) {
+  absl::StatusOr<AuditReport> r = RunAudit(s, AuditOptions{});
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *std::move(r) : AuditReport{};
+}
+
+const EagerEngine kClean{static_cast<float>(1.0 / 12.0), 50.0f};
+
+TEST(EmulateTest, ACleanEagerEnginePassesItsEmulation) {
+  for (uint64_t seed : {1, 2, 3}) {
+    const LogicalCase c = GemmaLike(seed);
+    const AuditReport r = MustAudit(WithEagerEngine(c, kClean));
+    const ComparisonResult* em = r.Find(Comparison::kEngineVsEmulation);
+    ASSERT_NE(em, nullptr) << seed;
+    EXPECT_EQ(em->verdict, Verdict::kPass) << seed;
+    for (const std::string& reason : em->reasons) ADD_FAILURE() << reason;
+    EXPECT_EQ(r.verdict, Verdict::kPass) << seed;
+    // Tight: a few bf16 ulps of the output, far below E-R's worst case.
+    const ComparisonResult* er = r.Find(Comparison::kEngineVsReference);
+    ASSERT_NE(er, nullptr);
+    EXPECT_LT(em->out.tolerance, er->out.tolerance / 10) << seed;
+  }
+}
+
+TEST(EmulateTest, BugsUnderTheScoresWorstCaseDriftAgainstTheEmulation) {
+  struct Bug {
+    const char* name;
+    EagerEngine engine;
+  };
+  const Bug bugs[] = {
+      {"softcap-missing", {static_cast<float>(1.0 / 12.0), 0.0f}},
+      {"scale 1/sqrt(128) for 1/sqrt(144)",
+       {static_cast<float>(1.0 / std::sqrt(128.0)), 50.0f}},
+  };
+  for (const Bug& bug : bugs) {
+    const LogicalCase c = GemmaLike(4);
+    const AuditReport r = MustAudit(WithEagerEngine(c, bug.engine));
+    const ComparisonResult* em = r.Find(Comparison::kEngineVsEmulation);
+    ASSERT_NE(em, nullptr) << bug.name;
+    EXPECT_EQ(em->verdict, Verdict::kDrift) << bug.name;
+    EXPECT_EQ(r.verdict, Verdict::kDrift) << bug.name;
+    EXPECT_GT(em->out.over_tolerance, 0) << bug.name;
+  }
+}
+
+// Undeclared roundings or no 16-bit scores: no emulation.
+TEST(EmulateTest, PlansOnlyForDeclaredSixteenBitScores) {
+  EngineArithmetic a;
+  a.score_dtype = DType::kF32;
+  PreparedAttention p;
+  EXPECT_FALSE(PlanEmulation(p, a).run);
+  EXPECT_TRUE(PlanEmulation(p, a).skipped.empty());
+  a.score_dtype = DType::kBF16;
+  a.undeclared = true;
+  EXPECT_FALSE(PlanEmulation(p, a).run);
+  EXPECT_FALSE(PlanEmulation(p, a).skipped.empty());
+  a.undeclared = false;
+  p.v_dtype = DType::kBF16;
+  p.output_dtype = DType::kBF16;
+  a.profile = EngineProfile::kHfEager;
+  const EmulationPlan plan = PlanEmulation(p, a);
+  EXPECT_TRUE(plan.run);
+  EXPECT_EQ(plan.score_dtype, DType::kBF16);
+  EXPECT_FALSE(plan.center_scores);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace attnaudit
