@@ -530,6 +530,18 @@ def declare(args: Dict[str, Any], spec: RSpec, rounding: Dict[str, str],
         args.pop("engine", None)
         return {"engine": None, "precision": None}
     args["engine"] = preset
+    if spec.decl == "preset" and spec.engine.startswith("vllm-cpu-emu-"):
+        # The builders resolve vllm-cpu's bf16 rounding by this CPU's ISA
+        # (attnaudit.probe.preset); an emulation stands for the CPU whose
+        # path it emulates, so it declares that CPU's preset: toward zero
+        # without AVX512_BF16 (emu-rtz), to nearest with it (emu-rne).
+        mode = "toward_zero" if spec.engine.endswith("rtz") else "nearest_even"
+        prec = {"profile": PROFILE[preset], "output_rounding": mode, "rope_rounding": mode,
+                "source": "preset",
+                "evidence": f"engine preset 'vllm-cpu' as on a CPU "
+                            f"{'without' if mode == 'toward_zero' else 'with'} avx512_bf16"}
+        args["precision"] = prec
+        return {"engine": preset, "precision": prec}
     if spec.decl == "measured":
         prec = {"profile": PROFILE[preset], **rounding, "source": "measured",
                 "evidence": (evidence or f"conformance suite: {spec.engine}")[:1000]}
