@@ -99,7 +99,7 @@ from replay import field, reasons, verdict_name  # noqa: E402
 import replay  # noqa: E402  (--bugs: judge, run_cli, the diagnosis helpers)
 
 SHORT = {"ENGINE_VS_REFERENCE": "E-R", "ENGINE_VS_REPLAY": "E-P",
-         "REPLAY_VS_REFERENCE": "P-R"}
+         "REPLAY_VS_REFERENCE": "P-R", "ENGINE_VS_EMULATION": "E-M"}
 CLASSES = ("out", "lse", "stat", "stat P-R", "rope")
 FINE = ("E-R out", "E-R lse", "E-P out", "E-P lse", "P-R out", "P-R lse",
         "E-R stat", "E-P stat", "P-R stat", "rope")
