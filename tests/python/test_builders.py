@@ -295,6 +295,27 @@ def test_engine_presets_declare_precision_and_cast_point():
                                              layout="vllm_cpu", **bad)
 
 
+def test_hf_family_presets_take_the_family_cast_point():
+    cache, _, _ = _vllm_cpu_cache()
+    q = np.zeros((1, 4, 8), dtype=np.float32)
+    pb = snapshot_pb2
+
+    def cast_point(engine):
+        snap = attnaudit.Snapshot.from_paged_kv(q, cache, None, [[2]], [9],
+                                                layout="vllm_cpu", engine=engine)
+        assert snap.meta.precision.profile in (pb.ENGINE_PROFILE_HF_EAGER,
+                                               pb.ENGINE_PROFILE_TORCH_FLASH_CPU)
+        return snap.meta.rope.cast_point
+
+    assert cast_point("hf-eager/cohere") == pb.ROPE_CAST_POINT_COS_SIN
+    assert cast_point("hf-sdpa/olmo2") == pb.ROPE_CAST_POINT_AFTER_ROPE
+    assert cast_point("hf-eager/llama") == pb.ROPE_CAST_POINT_EACH_OP
+    assert cast_point("hf-eager/some_new_family") == pb.ROPE_CAST_POINT_EACH_OP
+    with pytest.raises(ValueError, match="engine"):
+        attnaudit.Snapshot.from_paged_kv(q, cache, None, [[2]], [9],
+                                         layout="vllm_cpu", engine="vllm-cpu/cohere")
+
+
 def test_rope_inputs_travel_to_the_wire():
     cache, _, _ = _vllm_cpu_cache()
     q = np.zeros((1, 4, 8), dtype=np.float32)

@@ -305,13 +305,55 @@ def test_pre_rope_rows_travel_with_their_layer(server):
     st = plugin.state(ctx, lambda: Metadata(engine), lambda: ["l.0.attn"], lambda: None)
     q = np.arange(2 * HQ * D, dtype=np.float32).reshape(2, HQ * D)
     k = np.arange(2 * HKV * D, dtype=np.float32).reshape(2, HKV * D)
-    plugin.on_rotary(st, {"theta": 1e4, "rotary_dim": D, "neox": True}, q, k)
+    plugin.on_rotary(st, {"theta": 1e4, "rotary_dim": D, "neox": True}, q, k,
+                     module=_Rotary())
     assert st.pending is not None and st.pending.tokens == (0, 1)
+    assert st.inv_freq is not None and st.inv_freq.shape == (D // 2,)
     q[:] = -1  # RoPE rotating in place must not reach the copy
     assert float(st.pending.q[0, 0]) == 0.0
     plugin.on_attention(st, engine.call(7, engine.attend()))  # layer 7 not chosen
     assert st.pending is None
     plugin.close(10)
+
+
+class _Rotary:
+    """vLLM's rotary module as engine_inv_freq sees it: the cos/sin cache
+    built by the class that computes the inverse frequencies."""
+    base = 1e4
+    rotary_dim = D
+
+    def _compute_inv_freq(self, base):
+        return 1.0 / base ** (np.arange(0, self.rotary_dim, 2) / self.rotary_dim)
+
+    def _compute_cos_sin_cache(self):
+        return None
+
+
+class _Llama3(_Rotary):  # reshapes inv_freq; the base class builds the cache
+    def _compute_inv_freq(self, base):
+        return super()._compute_inv_freq(base) / 8
+
+
+class _Linear(_Rotary):  # divides positions: inv_freq is not the whole story
+    def _compute_cos_sin_cache(self):
+        return None
+
+
+def test_the_rotary_modules_own_inverse_frequencies_are_the_rope_table():
+    want = 1.0 / 1e4 ** (np.arange(0, D, 2) / D)
+    np.testing.assert_allclose(capture.engine_inv_freq(_Rotary(), D), want, rtol=1e-7)
+    np.testing.assert_allclose(capture.engine_inv_freq(_Llama3(), D), want / 8, rtol=1e-7)
+    assert capture.engine_inv_freq(_Linear(), D) is None
+    assert capture.engine_inv_freq(_Rotary(), D // 2) is None   # not this width
+    assert capture.engine_inv_freq(object(), D) is None
+    engine = Engine()
+    call = engine.call(0, engine.attend())
+    rope = capture.rope_declaration(theta=1e4, rotary_dim=D, neox=True, rope_parameters=None)
+    snap = capture.build_snapshot(call, rows=[0, 1], tokens=[0, 1], engine=None, rope=rope,
+                                  pre_rope=None, labels={},
+                                  inv_freq=capture.engine_inv_freq(_Rotary(), D))
+    assert "rope_table.inv_freq" in snap.tensor_paths()
+    np.testing.assert_allclose(snap.tensor("rope_table.inv_freq"), want, rtol=1e-7)
 
 
 def test_engine_side_failures_are_counted_never_raised(server):

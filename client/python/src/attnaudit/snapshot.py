@@ -62,6 +62,17 @@ ENGINE_PRESETS = {
     "flash-decoding": {"precision": "flash_decoding", "cast_point": "after_rope"},
 }
 
+# Hugging Face models round their RoPE where their family's modeling code
+# does: engine="hf-eager/<family>" (or hf-sdpa/...) takes the family's cast
+# point, measured bit for bit by attnaudit.probe on transformers 5.19
+# (--family; docs/PYTHON.md, "Engine presets"). A family not listed rotates
+# as Llama does (each_op: q·cos and rotate_half(q)·sin rounded apart).
+HF_FAMILY_CAST_POINTS = {
+    "cohere": "cos_sin",      # rotates in fp32 with cos/sin already cast
+    "cohere2": "cos_sin",
+    "olmo2": "after_rope",    # rotates q and k upcast to fp32
+}
+
 
 class Snapshot:
     """A decode-attention snapshot (see the module docstring)."""
@@ -726,12 +737,18 @@ def _apply_options(meta: snapshot_pb2.Snapshot, tensors: Dict[str, A.WireTensor]
 
 
 def _engine_preset(engine) -> Optional[Dict[str, str]]:
+    """engine's preset; "hf-eager/<family>" and "hf-sdpa/<family>" take the
+    family's RoPE cast point (HF_FAMILY_CAST_POINTS)."""
     if engine is None:
         return None
-    preset = ENGINE_PRESETS.get(str(engine).lower())
-    if preset is None:
+    base, _, family = str(engine).lower().partition("/")
+    preset = ENGINE_PRESETS.get(base)
+    if preset is None or (family and not base.startswith("hf-")):
         raise ValueError(f"engine: unknown {engine!r}; expected one of "
-                         + ", ".join(sorted(ENGINE_PRESETS)))
+                         + ", ".join(sorted(ENGINE_PRESETS))
+                         + " (hf-eager and hf-sdpa also as hf-eager/<family>)")
+    if family:
+        preset = dict(preset, cast_point=HF_FAMILY_CAST_POINTS.get(family, "each_op"))
     return preset
 
 
@@ -742,7 +759,7 @@ def _preset_precision(engine, q_dtype: int, rope_style: str) -> Dict[str, Any]:
     name = A.NAMES.get(q_dtype, "")
     if name in ("bf16", "f16", "f32"):
         from .probe import preset
-        return preset(str(engine), name, rope_style=rope_style)
+        return preset(str(engine).partition("/")[0], name, rope_style=rope_style)
     return {"profile": _engine_preset(engine)["precision"], "source": "preset",  # type: ignore[index]
             "evidence": f"engine preset {str(engine).lower()!r}"}
 

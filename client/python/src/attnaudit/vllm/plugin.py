@@ -121,6 +121,7 @@ class StepState:
     request_ids: Optional[List[str]] = None
     pending: Optional[capture.PreRope] = None
     rotary: Optional[Dict[str, Any]] = None  # theta, rotary_dim, neox
+    inv_freq: Optional[Any] = None  # the rotary module's, when vLLM's
 
 
 @dataclasses.dataclass
@@ -169,6 +170,9 @@ class VllmAuditPlugin:
         self._warned: set = set()
         self.model: Optional[str] = settings.model
         self.rope_parameters: Optional[Dict[str, Any]] = None
+        # id(rotary module) -> its inverse frequencies (or None): computed
+        # once per module (a model may hold several: local and global RoPE).
+        self._inv_freqs: Dict[int, Optional[Any]] = {}
 
     # ------------------------------------------------------------------
     # Engine-thread hooks
@@ -198,12 +202,18 @@ class VllmAuditPlugin:
         return st
 
     def on_rotary(self, st: Optional[StepState], rotary: Dict[str, Any],
-                  query: Any, key: Any) -> None:
+                  query: Any, key: Any, module: Any = None) -> None:
         """Before RoPE runs (it may rotate in place): keeps copies of the
-        sampled decode rows of q [T, ...] and k [T, ...]."""
+        sampled decode rows of q [T, ...] and k [T, ...], and the module's
+        inverse frequencies (the snapshot's RoPE table)."""
         if st is None or not st.sampled:
             return
         st.rotary = rotary
+        if module is not None:
+            if id(module) not in self._inv_freqs:
+                self._inv_freqs[id(module)] = capture.engine_inv_freq(
+                    module, int(rotary["rotary_dim"]))
+            st.inv_freq = self._inv_freqs[id(module)]
         if self.settings.rope_check and key is not None:
             toks = list(st.tokens)
             st.pending = capture.PreRope(tuple(toks), query[toks], key[toks])
@@ -239,7 +249,7 @@ class VllmAuditPlugin:
             return capture.build_snapshot(
                 call, rows=rows, tokens=tokens, engine=self.settings.engine,
                 rope=rope, pre_rope=pre, labels=labels, precision=declared.precision,
-                cast_point=declared.cast_point)
+                cast_point=declared.cast_point, inv_freq=st.inv_freq)
 
         auditor = self.auditor()
         dropped_before = auditor.counters.dropped

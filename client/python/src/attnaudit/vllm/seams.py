@@ -136,7 +136,8 @@ def _rotary_wrapper(original):
                 if st is not None and st.sampled:
                     p.on_rotary(st, {"theta": float(self.base),
                                      "rotary_dim": int(self.rotary_dim),
-                                     "neox": bool(self.is_neox_style)}, query, key)
+                                     "neox": bool(self.is_neox_style)}, query, key,
+                                module=self)
             except Exception as e:  # noqa: BLE001
                 p.error("pre-RoPE capture", e)
         return original(self, positions, query, key, *args, **kwargs)
