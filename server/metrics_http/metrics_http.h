@@ -28,9 +28,8 @@
 //     first. A scraper sends its head at once and reads its answer at
 //     once, so lingering, idle or slow connections -- from other addresses
 //     or from the scraper's own (a proxy) -- can only push out each other
-//     (issue 42, F8: answered connections that trickled a byte every 5 s
-//     stayed in a 10 s-per-read drain, could not be evicted, and starved
-//     every scrape);
+//     (answered connections that trickle a byte every few seconds would
+//     otherwise hold their slots and starve every scrape);
 //   - GET or HEAD /metrics only: 200 with the text exposition format; a
 //     missing or wrong token 401 (WWW-Authenticate: Bearer); other paths
 //     404, other methods 405, an incomplete head 400.

@@ -3,7 +3,7 @@
 // round trip to PostgreSQL) never holds the worker that finished the job:
 // the next queued audit starts at once. An Audit's answer waits for its
 // result to be kept (the caller's `done`), so the job id it carries can
-// always be read back (issue 42, F5): kept means stored, or, when the
+// always be read back: kept means stored, or, when the
 // store cannot take it (unreachable, or refusing writes), journalled on
 // the replica's disk (ResultJournal, fsync'd) and stored from there as
 // soon as the store takes writes again -- then GetResult, ListResults and

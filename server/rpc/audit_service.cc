@@ -307,7 +307,7 @@ grpc::Status FinishInteractive(AuditServiceImpl* svc, const JobOutcome& outcome,
 // watchers' feed) by the result writer, off this worker. A report is
 // answered only once its result is kept (stored, or journalled until the
 // store takes it), so its job id can be read back; otherwise the answer
-// has no job id and says why (issue 42, F5). An error answer waits for
+// has no job id and says why. An error answer waits for
 // nothing: its job's record is kept on the side. With
 // --store-audit-results=false results are only published to the current
 // watchers.
@@ -512,9 +512,9 @@ grpc::Status Pruned(int64_t after) {
 
 // The backlog of a watch resumed after `after` up to the feed's `until`,
 // read from `store` (blocking), or why the watch must end. Refuses a
-// cursor beyond the newest stored result (issue 42, F11: it would drop
-// live results silently) and more than kMaxWatchBacklog results, with
-// messages that count nothing beyond the caller's own numbering (F10).
+// cursor beyond the newest stored result (it would drop live results
+// silently) and more than kMaxWatchBacklog results, with messages that
+// count nothing beyond the caller's own numbering.
 absl::StatusOr<std::vector<std::shared_ptr<const PublishedResult>>> ReadBacklog(
     JobStore* store, const CursorSpace& space, int64_t after, int64_t until,
     grpc::Status* refusal) {

@@ -220,11 +220,11 @@ void DropSpooled(AuditServiceImpl* svc, const std::string& job_id) {
 // spooled job to the scheduler, and commits it only when the scheduler
 // took the job. So the Submit is acknowledged only once both hold; a job
 // the scheduler refuses leaves no row another replica could deduplicate
-// against (issue 42, F1), and a replica given the same key meanwhile waits
+// against, and a replica given the same key meanwhile waits
 // for this decision: it then finds the row (the job runs here) or creates
 // its own (this replica refused it). In a fleet with a quota the store
 // also counts the tenant's jobs on the other replicas under the tenant's
-// lock (F9), and the scheduler adds them to the tenant's jobs here.
+// lock, and the scheduler adds them to the tenant's jobs here.
 absl::Status ScheduleSubmit(AuditServiceImpl* svc, const Principal& caller,
                             const SubmitPlan& plan, DecodedAudit audit,
                             absl::string_view payload, bool* deduplicated,

@@ -65,7 +65,7 @@ bool CancelledByDeadline(const grpc::CallbackServerContext& context);
 // tenant's results get seq instead (CursorFor).
 v1::JobResult RecordToJobResult(const ResultRecord& record);
 // The cursor `caller` sees for a stored result: the feed's seq when it
-// reads all, else the result's place among its tenant's (issue 42, F10).
+// reads all, else the result's place among its tenant's.
 int64_t CursorFor(const Principal& caller, const ResultRecord& record);
 // The JobResult of a finished job (without the report).
 v1::JobResult OutcomeToJobResult(const JobOutcome& outcome,

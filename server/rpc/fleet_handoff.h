@@ -22,8 +22,8 @@
 // only once its own heartbeats have succeeded for a whole lease without a
 // failure: after an outage of the store every replica's heartbeat is
 // stale, and the first to reach the store again would otherwise take the
-// others' jobs before they could write theirs (issue 42: five jobs ran
-// twice). A retired replica's jobs are claimed at once (it said it is
+// others' jobs before they could write theirs, and run them twice). A
+// retired replica's jobs are claimed at once (it said it is
 // gone).
 //
 // Start refuses a replica id that a live replica uses: when the id's

@@ -2,7 +2,7 @@
 // (it was unreachable, or refused the write), kept on the replica's own
 // disk until it takes them, so that an Audit answered with a job id can be
 // read back with GetResult, ListResults and resumed watches once the store
-// is back (issue 42, F5). AuditResultWriter (audit_result_writer.h) writes
+// is back. AuditResultWriter (audit_result_writer.h) writes
 // and drains it.
 //
 // Each result is one entry of a Spool under <data-dir>/journal (the spool's

@@ -5,7 +5,7 @@
 // has sent everything must end its stream). Messages are not progress: an
 // empty chunk every few seconds used to count as activity, and two
 // tenants trickling empty chunks held the whole upload budget while a
-// third was refused (issue 42, F7). A client too slow or silent for a
+// third was refused. A client too slow or silent for a
 // whole window is stalled, and the caller ends its call and frees its
 // reservation.
 //

@@ -9,7 +9,7 @@
 // (result_feed.h) in seq order. A watcher that reads every tenant's
 // results sees their feed seq as JobResult.cursor; any other sees the
 // result's place among its tenant's results (tenant_seq), so a tenant's
-// cursors reveal nothing of other tenants' volume (issue 42, F10). Each
+// cursors reveal nothing of other tenants' volume. Each
 // result is serialised once per numbering. A watcher that asks to resume
 // after cursor N (in the numbering it has when it starts) first gets the
 // stored results after N up to the hub's last seq at its registration

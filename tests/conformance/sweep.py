@@ -24,7 +24,7 @@ stopping early leaves every family with the same number of seeds.
   build/conformance-venv/bin/python tests/conformance/sweep.py \\
       [--set clean,long,bugs] [--seeds N] [--first-seed S] [--only PATTERN] \\
       [--results FILE] [--cli PATH] [--budget-min M] [--keep DIR]
-  python3 tests/conformance/sweep.py --tables OUT.md [--docs] [--results FILE]
+  python3 tests/conformance/sweep.py --tables TABLES [--docs] [--results FILE]
       [--cli-sha PREFIX]     (tables only: no torch needed)
 
 --docs rewrites the block between `<!-- sweep:begin -->` and

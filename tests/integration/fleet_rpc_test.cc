@@ -346,7 +346,7 @@ class BrokenDevice : public server::Device {
   std::atomic<bool> broken_{false};
 };
 
-// F1: the same key through A (which inserted its row, then refused the
+// the same key through A (which inserted its row, then refused the
 // job and deleted the row) and B (which answered "deduplicated" against
 // that row): an acknowledged key whose job never existed. 100 rounds of
 // the race, and every acknowledged key must name a job that finishes.
@@ -399,7 +399,7 @@ TEST_F(FleetTest, AnAcknowledgedKeyAlwaysNamesAJobThatFinishes) {
       << " acknowledged keys lost, e.g. " << *unfinished.begin();
 }
 
-// F5: during an outage of the store an Audit answered OK with a job id,
+// during an outage of the store an Audit answered OK with a job id,
 // and GetResult said NOT_FOUND ever after; watchers never saw it. Now the
 // result is journalled on the replica, readable there at once, and stored
 // when the store is back, for every replica to read, list and watch.
@@ -432,7 +432,7 @@ TEST_F(FleetTest, AnAuditAnsweredDuringAnOutageIsReadBackAfterIt) {
   EXPECT_EQ(watched[0].job_id(), audited->job_id());
 }
 
-// F5: five jobs of live replicas ran twice during an outage. After the
+// five jobs of live replicas ran twice during an outage. After the
 // store returns every heartbeat is stale, and the first replica back
 // claimed the others' jobs. A live replica's job must run once.
 TEST_F(FleetTest, AnOutageDoesNotHandALiveReplicasJobToAnother) {
@@ -461,7 +461,7 @@ TEST_F(FleetTest, AnOutageDoesNotHandALiveReplicasJobToAnother) {
   EXPECT_TRUE(gate_b->started().empty());
 }
 
-// F9: max_jobs=4 on 3 replicas let 12 concurrent Submits in (11 held at
+// max_jobs=4 on 3 replicas let 12 concurrent Submits in (11 held at
 // once). The store decides a tenant's admissions one at a time.
 TEST_F(FleetTest, AFleetWideQuotaHoldsUnderConcurrentSubmits) {
   server::TenantQuota four;
@@ -490,7 +490,7 @@ TEST_F(FleetTest, AFleetWideQuotaHoldsUnderConcurrentSubmits) {
   for (auto& gate : gates) gate->Open();
 }
 
-// F10 and F11: a tenant's cursors count its own results only (its results
+// A tenant's cursors count its own results only (its results
 // 1 and 2 no longer show five of another tenant's in between); a caller
 // that reads all sees the feed's; a cursor beyond the newest is refused,
 // not silently honoured by dropping live results.

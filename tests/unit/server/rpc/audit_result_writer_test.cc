@@ -243,25 +243,35 @@ TEST(AuditResultWriterTest, WhatCannotBeKeptIsSaidSo) {
   }
   EXPECT_EQ(outcomes.seen(), std::vector<std::string>{"a1:lost"});
 
-  // A full queue answers at once, without waiting for the store.
-  absl::Notification release;
+  // A full queue answers at once, without waiting for the store: with the
+  // store busy on the first result (the writer may take a batch, so it
+  // is given one alone) and two queued, the other three overflow.
+  absl::Notification entered, release;
   Outcomes queued;
   AuditResultWriter::Options o;
   o.capacity = 2;
   AuditResultWriter writer(
       o,
       [&](const std::vector<ResultRecord>&) {
+        if (!entered.HasBeenNotified()) entered.Notify();
         release.WaitForNotification();
         return absl::OkStatus();
       },
       nullptr);
-  for (int i = 0; i < 6; ++i) writer.Add(Record(i), queued.Sink());
-  ASSERT_TRUE(queued.WaitFor(3));  // at least 3 of 6 overflowed at once
-  for (const std::string& s : queued.seen()) {
+  writer.Add(Record(0), queued.Sink());
+  const bool busy = entered.WaitForNotificationWithTimeout(kWait);
+  for (int i = 1; i < 6; ++i) writer.Add(Record(i), queued.Sink());
+  const bool answered = queued.WaitFor(3);
+  const std::vector<std::string> early = queued.seen();
+  // Before any assertion can return: the writer's thread (joined by its
+  // destructor) waits on it.
+  release.Notify();
+  ASSERT_TRUE(busy);
+  ASSERT_TRUE(answered);
+  for (const std::string& s : early) {
     EXPECT_TRUE(absl::EndsWith(s, ":lost")) << s;
   }
   EXPECT_GE(writer.overflowed(), 3);
-  release.Notify();
 }
 
 }  // namespace

@@ -228,7 +228,7 @@ TEST_P(JobStoreTest, AnAdmittedJobIsRecordedAndARefusedOneLeavesNothing) {
   }
 }
 
-// The attack of issue 42 (F1): replica A inserts the row of a key, then
+// The key race: replica A inserts the row of a key, then
 // its scheduler refuses the job; replica B, given the same key meanwhile,
 // must not answer "deduplicated" against a row that is about to go. B
 // waits for A's decision and, A having refused, runs the job itself.
@@ -267,7 +267,7 @@ TEST_P(JobStoreTest, ASecondAdmissionOfOneJobWaitsForTheFirstsDecision) {
   EXPECT_EQ(store_->Get("k")->state, JobState::kQueued);
 }
 
-// F9: a tenant's admissions on several replicas are decided one at a time
+// a tenant's admissions on several replicas are decided one at a time
 // in the store, so their sum never passes the quota.
 TEST_P(JobStoreTest, ATenantsQuotaHoldsAcrossReplicasAdmittingAtOnce) {
   if (!store_->shared()) GTEST_SKIP() << "one process: the scheduler decides";
@@ -688,7 +688,7 @@ TEST_P(JobStoreTest, ResultsStoredTogetherAreNumberedWithoutGaps) {
   EXPECT_EQ(store_->Get("c").status().code(), absl::StatusCode::kNotFound);
 }
 
-// F3: a claim takes what fits its byte budget (always one job, so a job
+// a claim takes what fits its byte budget (always one job, so a job
 // larger than the budget is still taken over, alone).
 TEST_P(JobStoreTest, AClaimIsBoundedInBytes) {
   if (!store_->shared()) GTEST_SKIP() << "one process: no hand-off";
@@ -716,7 +716,7 @@ TEST_P(JobStoreTest, AClaimIsBoundedInBytes) {
   EXPECT_TRUE(rounds[4].empty());
 }
 
-// F10: a tenant's results are numbered among its own, so its cursors say
+// a tenant's results are numbered among its own, so its cursors say
 // nothing of other tenants' volume; pages and the tenant's feed use them.
 TEST_P(JobStoreTest, EachTenantNumbersItsOwnResults) {
   const char* tenants[] = {"a", "b", "b", "a", "b", "a"};
