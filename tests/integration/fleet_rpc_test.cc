@@ -149,7 +149,7 @@ TEST_F(FleetTest, CancelThroughAnotherReplicaStopsTheOwnersRun) {
   EXPECT_EQ(WaitFinished(At(0), id).state(), v1::JOB_STATE_CANCELLED);
   const v1::JobResult r = WaitFinished(At(1), id);
   EXPECT_EQ(r.state(), v1::JOB_STATE_CANCELLED);
-  // Issue 42: it said "cancelled before it was scheduled".
+  // It used to say "cancelled before it was scheduled".
   EXPECT_EQ(r.error().message(), "cancelled while it ran on replica replica-a")
       << r.DebugString();
 }
@@ -323,7 +323,7 @@ TEST_F(FleetTest, AnUnreachableStoreIsAClearStartError) {
   EXPECT_EQ(s.status().message().find("hunter2"), absl::string_view::npos);
 }
 
-// ---- Issue 42: what a hostile trial against a fleet found.
+// ---- What a hostile trial against a fleet found.
 
 // A CPU device that fails its first run and then reports itself broken:
 // the scheduler takes it out of the pool and refuses every later job

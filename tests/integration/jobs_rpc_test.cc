@@ -286,7 +286,7 @@ TEST(JobsDurabilityTest, SpooledJobsAreResumedByTheNextServer) {
   }
 }
 
-// Issue 42: on one replica a Submit was acknowledged even when its store
+// On one replica a Submit was acknowledged even when its store
 // write failed. It is acknowledged only once its row is committed: while
 // results.db is locked by someone else the Submit fails (and nothing of
 // it runs), and it succeeds again once the lock is gone.
@@ -314,7 +314,7 @@ TEST(JobsDurabilityTest, ASubmitIsAcknowledgedOnlyOnceItsRowIsStored) {
             v1::JOB_STATE_DONE);
 }
 
-// Issue 42: two servers on one --data-dir both started, each resuming the
+// Two servers on one --data-dir both started, each resuming the
 // other's spool. The second is refused, naming the flag; once the first
 // is gone the directory is free again.
 TEST(JobsDurabilityTest, ASecondServerOnTheSameDataDirIsRefused) {

@@ -306,7 +306,7 @@ TEST_F(UploadTest, SilentStreamsAreEndedAndTheirReservationFreed) {
   EXPECT_TRUE(WholeStream(t_->stub.get(), "tok-a").ok());
 }
 
-// Issue 42, F7: two tenants fill the upload budget with streams that send
+// Two tenants fill the upload budget with streams that send
 // an empty chunk every 200 ms (the idle timeout is 1 s); a third tenant's
 // upload must get in once they are ended for delivering no bytes.
 TEST_F(UploadTest, TricklingEmptyChunksCannotHoldTheUploadBudget) {

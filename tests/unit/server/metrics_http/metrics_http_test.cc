@@ -334,7 +334,7 @@ class LingeringClients {
   std::thread thread_;
 };
 
-// Issue 42, F8: connections that were answered and then linger, holding
+// Connections that were answered and then linger, holding
 // every slot (from other addresses) or every slot of the scraper's own
 // address (a proxy), cannot starve the scraper: answered connections are
 // the first evicted.

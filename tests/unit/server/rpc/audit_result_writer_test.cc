@@ -150,7 +150,7 @@ TEST(ResultJournalTest, IsBoundedInBytes) {
   EXPECT_LE((*journal)->bytes(), 1000);
 }
 
-// Issue 42, F5: during an outage an Audit was answered with a job id its
+// During an outage an Audit was answered with a job id its
 // result never got under (GetResult: NOT_FOUND, 74 of 74). Now the answer
 // waits until the result is kept, and what was journalled is stored when
 // the store is back.

@@ -205,7 +205,7 @@ FleetHandoff::Options TestOptions(TestClock* clock) {
   return o;
 }
 
-// Issue 42, F3: the claimer read and spooled the payloads of the jobs it
+// The claimer read and spooled the payloads of the jobs it
 // took over before its next heartbeat, which then came 17 s late (lease
 // 15 s), so its own jobs were claimed from it.
 TEST(FleetHandoffTest, HeartbeatsGoOnWhileAClaimedJobIsAdopted) {
@@ -236,7 +236,7 @@ TEST(FleetHandoffTest, HeartbeatsGoOnWhileAClaimedJobIsAdopted) {
   EXPECT_EQ(handoff.claimed(), 1);
 }
 
-// Issue 42, F5: after an outage of the store every heartbeat is stale, and
+// After an outage of the store every heartbeat is stale, and
 // the first replica back claimed the live replicas' jobs, which then ran
 // twice. A replica claims a silent replica's jobs only once its own
 // heartbeats have held for a lease since start and since its last failed
