@@ -221,6 +221,55 @@ def make_plugin(server, **overrides):
     return VllmAuditPlugin(S.from_mapping(values))
 
 
+def test_row_choice_rotates_over_the_batch():
+    rows = list(range(16))
+    for max_rows in (5, 8, 16):
+        seen = set()
+        steps = -(-16 // max_rows)
+        for k in range(steps):
+            chosen = capture.choose_rows(rows, None, pattern=None, fraction=None, seed=0,
+                                         max_rows=max_rows, offset=k * max_rows)
+            assert len(chosen) == max_rows
+            seen.update(chosen)
+        assert seen == set(rows), max_rows
+    # The filters choose which rows may be audited; the rotation runs over those.
+    ids = [f"keep-{i}" if i % 2 else f"skip-{i}" for i in rows]
+    chosen = capture.choose_rows(rows, ids, pattern="keep", fraction=None, seed=0,
+                                 max_rows=3, offset=3)
+    assert chosen == [7, 9, 11]
+
+
+def test_a_stale_page_past_max_rows_is_audited_on_a_later_step(server):
+    # Row 12 of 16 reads row 0's first page; max_rows 8 audits rows 0-7,
+    # then 8-15.
+    plugin = make_plugin(server, rotate_layers="0", layers="0", max_rows="8",
+                         sample_every="1")
+    engine = Engine(lens=tuple(20 + i for i in range(16)))
+    stale = engine.table.copy()
+    stale[12, 0] = engine.table[0, 0]
+    run_steps(plugin, engine, steps=2, layers=(0,), outputs=lambda layer: engine.attend(stale))
+    assert plugin.flush(60)
+    results = sorted(plugin.auditor().results(), key=lambda r: r.step)
+    assert [r.verdict for r in results] == [Verdict.PASS, Verdict.DRIFT], \
+        [r.error for r in results]
+    c = plugin.counters()
+    assert c["decode_rows_seen"] == 32 and c["decode_rows_chosen"] == 16
+    plugin.close(10)
+
+
+def test_a_rope_model_whose_rotary_op_is_unseen_is_counted_unchecked(server, caplog):
+    # Compiled execution: the rotary seam never runs, so no pre-RoPE rows.
+    plugin = make_plugin(server, rope_check="1", sample_every="1", layers="0")
+    plugin.rope_parameters = {"rope_type": "default", "rope_theta": 1e4}
+    engine = Engine()
+    with caplog.at_level("WARNING", logger="attnaudit.vllm"):
+        run_steps(plugin, engine, steps=2, layers=(0,))
+    assert plugin.flush(60)
+    assert plugin.counters()["rope_missed"] == 2
+    assert sum("RoPE unchecked" in r.getMessage() for r in caplog.records) == 1
+    plugin.close(10)
+
+
 def test_sampled_steps_audit_the_chosen_layers(server):
     plugin = make_plugin(server, rotate_layers="1")
     summaries = []

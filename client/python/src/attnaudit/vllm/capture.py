@@ -111,19 +111,25 @@ def step_chosen(step: int, every: int, rate: Optional[float], seed: int = 0) -> 
 
 def choose_rows(rows: Sequence[int], request_ids: Optional[Sequence[str]], *,
                 pattern: Optional[str], fraction: Optional[float], seed: int,
-                max_rows: int) -> List[int]:
-    """The positions (into `rows`) of the rows to audit."""
-    chosen = []
+                max_rows: int, offset: int = 0) -> List[int]:
+    """The positions (into `rows`) of the rows to audit: of the rows the
+    filters keep, max_rows consecutive ones starting at `offset` (modulo
+    their number, wrapping round). The plugin advances the offset by
+    max_rows per sampled step, so that over ceil(n / max_rows) sampled
+    steps every row of a batch of n is audited: max_rows bounds the cost,
+    not which rows are seen."""
+    eligible = []
     for k, row in enumerate(rows):
         if pattern is not None or fraction is not None:
             if request_ids is None or row >= len(request_ids):
                 continue  # no id to choose by: not audited
             if not request_chosen(str(request_ids[row]), pattern, fraction, seed):
                 continue
-        chosen.append(k)
-        if len(chosen) == max_rows:
-            break
-    return chosen
+        eligible.append(k)
+    if len(eligible) <= max_rows:
+        return eligible
+    start = offset % len(eligible)
+    return [eligible[(start + i) % len(eligible)] for i in range(max_rows)]
 
 
 def rows_within(call: AttentionCall, positions: Sequence[int], rows: Sequence[int],

@@ -166,7 +166,8 @@ class VllmAuditPlugin:
         self._summaries: "queue.Queue[Optional[StepSummary]]" = queue.Queue(maxsize=256)
         self._summary_thread: Optional[threading.Thread] = None
         self._counts = {"steps": 0, "sampled_steps": 0, "plugin_errors": 0,
-                        "summaries_dropped": 0, "rope_missed": 0, "too_large": 0}
+                        "summaries_dropped": 0, "rope_missed": 0, "too_large": 0,
+                        "decode_rows_seen": 0, "decode_rows_chosen": 0}
         self._warned: set = set()
         self.model: Optional[str] = settings.model
         self.rope_parameters: Optional[Dict[str, Any]] = None
@@ -233,8 +234,9 @@ class VllmAuditPlugin:
         rows = [st.rows[k] for k in keep]
         tokens = [st.tokens[k] for k in keep]
         ids = None if st.request_ids is None else [st.request_ids[k] for k in keep]
-        if self.settings.rope_check and pre is None and st.rotary is not None:
-            self._counts["rope_missed"] += 1
+        if self.settings.rope_check and pre is None and (
+                st.rotary is not None or self.rope_parameters is not None):
+            self._rope_missed()
         rope = None
         if st.rotary is not None and not _nested(self.rope_parameters):
             rope = capture.rope_declaration(rope_parameters=self.rope_parameters,
@@ -325,6 +327,17 @@ class VllmAuditPlugin:
             self._summary_thread = None
         return ok
 
+    def _rope_missed(self) -> None:
+        """A snapshot of a RoPE model sent without its pre-RoPE rows: the
+        rotary op ran where the seam cannot see it (a compiled graph, when
+        enforce_eager is off). Counted, and said once, loudly."""
+        self._counts["rope_missed"] += 1
+        if "rope_missed" not in self._warned:
+            self._warned.add("rope_missed")
+            log.warning("attnaudit plugin: RoPE unchecked: the rotary op runs inside "
+                        "a compiled graph, so no pre-RoPE q/k reach the audits "
+                        "(enforce_eager=True checks it); counted as rope_missed")
+
     def error(self, where: str, e: BaseException) -> None:
         """A failure in the plugin's code: counted, logged once per kind."""
         self._counts["plugin_errors"] += 1
@@ -344,7 +357,9 @@ class VllmAuditPlugin:
         ids = request_ids() if rows else None
         keep = capture.choose_rows(rows, ids, pattern=s.request_filter,
                                    fraction=s.request_fraction, seed=s.seed,
-                                   max_rows=s.max_rows)
+                                   max_rows=s.max_rows,
+                                   offset=self._counts["sampled_steps"] * s.max_rows)
+        self._counts["decode_rows_seen"] += len(rows)
         if not keep:
             return
         layers = self._layers(layer_names)
@@ -360,6 +375,7 @@ class VllmAuditPlugin:
         if ids is not None:
             st.request_ids = [str(ids[r]) if r < len(ids) else "" for r in st.rows]
         self._counts["sampled_steps"] += 1
+        self._counts["decode_rows_chosen"] += len(keep)
 
     def _layers(self, layer_names) -> List[int]:
         if self.settings.layers is not None:
