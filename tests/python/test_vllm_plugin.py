@@ -59,6 +59,14 @@ def test_bad_settings_name_the_setting(name, value):
         S.load({"ATTNAUDIT_VLLM_" + name: value})
 
 
+def test_a_misspelt_setting_is_refused_with_the_nearest_name():
+    with pytest.raises(S.SettingsError, match="did you mean ATTNAUDIT_VLLM_SAMPLE_EVERY"):
+        S.load({"ATTNAUDIT_VLLM_SAMPLE_EVRY": "10"})
+    with pytest.raises(S.SettingsError, match="did you mean max_rows"):
+        S.from_mapping({"max_row": "4"})
+    assert S.load({"ATTNAUDIT_VLLM_TOKEN_FILE": "", "ATTNAUDIT_VLLM_CONFIG": ""}).max_rows == 8
+
+
 def test_config_file_and_environment_override(tmp_path):
     toml = tmp_path / "audit.toml"
     toml.write_text('server = "f:1"\nlayers = [1, 2]\nsample_every = 7\n')
