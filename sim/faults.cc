@@ -347,10 +347,10 @@ absl::Status PlanWindowOffByOne(const SynthLayout& layout, EnginePlan* plan,
   const int64_t longest =
       *std::max_element(layout.seq_lens.begin(), layout.seq_lens.end());
   if (longest <= plan->window) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "fault: window-off-by-one cannot show: the window of ", plan->window,
-        " keys covers every row (the longest has ", longest,
-        "); use --context above ", plan->window));
+    return absl::InvalidArgumentError(
+        absl::StrCat("fault: window-off-by-one cannot show: the window of ",
+                     plan->window, " keys covers every row (the longest has ",
+                     longest, "); use --context above ", plan->window));
   }
   ++plan->window;
   *description =

@@ -168,9 +168,8 @@ TEST(FaultAdjustTest, AWindowFaultTheContextCannotShowIsAnError) {
   o.fault = Fault::kWindowOffByOne;
   absl::StatusOr<Snapshot> s = Synthesize(o);
   ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.status().message().rfind("fault: window-off-by-one cannot show",
-                                       0),
-            0u)
+  EXPECT_EQ(
+      s.status().message().rfind("fault: window-off-by-one cannot show", 0), 0u)
       << s.status();
   o.context = 4200;
   EXPECT_TRUE(Synthesize(o).ok());

@@ -514,10 +514,10 @@ TEST(MetricsTest, InconclusiveAndOverriddenAuditsAreCountedApart) {
                   {{"comparison", "engine_vs_reference"},
                    {"verdict", "INCONCLUSIVE"}}),
             1);
-  EXPECT_EQ(Value(*metrics, "attnaudit_layer_audits_total",
-                  {{"model", "llama"}, {"layer", "5"},
-                   {"verdict", "INCONCLUSIVE"}}),
-            1);
+  EXPECT_EQ(
+      Value(*metrics, "attnaudit_layer_audits_total",
+            {{"model", "llama"}, {"layer", "5"}, {"verdict", "INCONCLUSIVE"}}),
+      1);
 }
 
 TEST(MetricsTest, InvalidInputIsCountedOnceWhereverItWasFound) {
