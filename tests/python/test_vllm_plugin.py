@@ -427,6 +427,20 @@ def test_engine_side_failures_are_counted_never_raised(server):
     plugin.close(10)
 
 
+def test_a_server_that_is_down_is_named_once_in_the_log(caplog):
+    # log_summary off: the step lines are silent, the reason is not.
+    plugin = make_plugin(types.SimpleNamespace(address="127.0.0.1:1"),
+                         sample_every="1", layers="0", timeout="10")
+    with caplog.at_level("WARNING", logger="attnaudit.vllm"):
+        run_steps(plugin, Engine(), steps=2, layers=(0,))
+        assert plugin.flush(60)
+    failed = [r.getMessage() for r in caplog.records if "audit of step" in r.getMessage()]
+    assert len(failed) == 1, failed
+    assert "Unavailable" in failed[0] or "UNAVAILABLE" in failed[0], failed[0]
+    assert plugin.auditor().counters.failed == 2
+    plugin.close(5)
+
+
 def test_warm_up_passes_are_not_steps(server):
     plugin = make_plugin(server)
     ctx = types.SimpleNamespace()

@@ -416,7 +416,8 @@ class VllmAuditPlugin:
                              tally.request_ids))
 
     def _emit(self, summary: StepSummary) -> None:
-        if not self._callbacks and not self.settings.log_summary:
+        failed = any(r.error is not None for r in summary.results)
+        if not self._callbacks and not self.settings.log_summary and not failed:
             return
         if self._summary_thread is None:
             self._summary_thread = threading.Thread(
@@ -435,6 +436,7 @@ class VllmAuditPlugin:
                     return
                 if self.settings.log_summary:
                     (log.warning if summary.drifted else log.info)(summary.line())
+                self._warn_failures(summary)
                 for fn in list(self._callbacks):
                     try:
                         fn(summary)
@@ -442,6 +444,20 @@ class VllmAuditPlugin:
                         self.error("on_step callback", e)
             finally:
                 self._summaries.task_done()
+
+    def _warn_failures(self, summary: StepSummary) -> None:
+        """A failed audit's reason (a server down, a refused snapshot) is
+        logged once per kind, whatever log_summary says: the step line
+        alone only counts it."""
+        for r in summary.results:
+            if r.error is None:
+                continue
+            key = ("audit", type(r.error).__name__, str(r.error)[:60])
+            if key not in self._warned:
+                self._warned.add(key)
+                log.warning("attnaudit plugin: an audit of step %d layer %s failed "
+                            "(%s: %s); later failures of this kind are only counted",
+                            summary.step, r.layer, type(r.error).__name__, r.error)
 
     def _default_client(self):
         from ..client import AuditClient
