@@ -229,6 +229,12 @@ def make_plugin(server, **overrides):
     return VllmAuditPlugin(S.from_mapping(values))
 
 
+def test_a_local_checkpoint_is_labelled_by_its_name():
+    assert capture.model_label("/models/ckpt/Qwen3-8B/") == "Qwen3-8B"
+    assert capture.model_label("./runs/step-400") == "step-400"
+    assert capture.model_label("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
+
+
 def test_row_choice_rotates_over_the_batch():
     rows = list(range(16))
     for max_rows in (5, 8, 16):
@@ -439,6 +445,17 @@ def test_a_server_that_is_down_is_named_once_in_the_log(caplog):
     assert "Unavailable" in failed[0] or "UNAVAILABLE" in failed[0], failed[0]
     assert plugin.auditor().counters.failed == 2
     plugin.close(5)
+
+
+def test_a_run_that_samples_no_step_says_so(server, caplog):
+    # (A short run whose first steps are prefill meets the same: its first
+    # sampled step with decode rows would come at sample_every.)
+    plugin = make_plugin(server, sample_rate="0", layers="0")
+    run_steps(plugin, Engine(), steps=3, layers=(0,))
+    with caplog.at_level("WARNING", logger="attnaudit.vllm"):
+        plugin.close(10)
+    said = [r.getMessage() for r in caplog.records if "none sampled" in r.getMessage()]
+    assert len(said) == 1 and "3 engine steps" in said[0], said
 
 
 def test_warm_up_passes_are_not_steps(server):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import inspect
+import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -200,6 +201,15 @@ def _cache_built_from_inv_freq(cls: type) -> bool:
         return next((c for c in cls.__mro__ if name in vars(c)), None)
     inv, cache = owner("_compute_inv_freq"), owner("_compute_cos_sin_cache")
     return inv is not None and cache is not None and issubclass(inv, cache)
+
+
+def model_label(name: str) -> str:
+    """The model label for a served model name: a local path (absolute or
+    relative, as vLLM serves a checkpoint directory) by its last component,
+    a hub id ("org/model") as it is."""
+    if name.startswith(("/", "./", "../", "~")):
+        return os.path.basename(name.rstrip("/")) or name
+    return name
 
 
 def backend_key(call: AttentionCall) -> BackendKey:

@@ -318,6 +318,7 @@ class VllmAuditPlugin:
         """Flushes and stops, within `timeout` seconds overall."""
         end = None if timeout is None else time.monotonic() + timeout
         ok = self.flush(timeout)
+        self._warn_if_nothing_sampled()
         if self._auditor is not None:
             left = None if end is None else max(0.0, end - time.monotonic())
             ok = self._auditor.close(left) and ok
@@ -326,6 +327,17 @@ class VllmAuditPlugin:
             self._summary_thread.join(timeout=5)
             self._summary_thread = None
         return ok
+
+    def _warn_if_nothing_sampled(self) -> None:
+        """A run shorter than sample_every audits nothing: say so rather
+        than end as if every step had passed."""
+        c = self._counts
+        if c["steps"] > 0 and c["sampled_steps"] == 0:
+            s = self.settings
+            how = (f"sample_rate={s.sample_rate}" if s.sample_rate is not None
+                   else f"sample_every={s.sample_every}")
+            log.warning("attnaudit plugin: %d engine steps, none sampled (%s): nothing "
+                        "was audited; lower it for short runs", c["steps"], how)
 
     def _rope_missed(self) -> None:
         """A snapshot of a RoPE model sent without its pre-RoPE rows: the

@@ -40,7 +40,8 @@ TOML when the name ends in .toml); the environment wins over the file.
                     per process at start-up (attnaudit.probe, a few
                     seconds) and declare it on every snapshot (source
                     "measured"); "0": declare the preset.
-    model, run      labels (model default: the served model name).
+    model, run      labels (model default: the served model name; a local
+                    checkpoint path by its last component).
     on_step         callbacks "pkg.module:function[,...]", each called with
                     a StepSummary per audited step (a background thread).
     log_summary     "1": log each StepSummary at INFO (logger
