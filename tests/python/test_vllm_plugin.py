@@ -447,6 +447,27 @@ def test_a_server_that_is_down_is_named_once_in_the_log(caplog):
     plugin.close(5)
 
 
+def test_rope_scaled_by_length_is_not_declared_and_the_audit_runs(server, caplog):
+    plugin = make_plugin(server, sample_every="1", layers="0")
+    plugin.rope_parameters = {"rope_type": "longrope", "short_factor": [1.0] * (D // 2),
+                              "long_factor": [2.0] * (D // 2),
+                              "original_max_position_embeddings": 4096}
+    engine = Engine()
+    with caplog.at_level("WARNING", logger="attnaudit.vllm"):
+        for _ in range(2):
+            ctx = types.SimpleNamespace()
+            st = plugin.state(ctx, lambda: Metadata(engine), lambda: ["l.0.attn"],
+                              lambda: None)
+            plugin.on_rotary(st, {"theta": 1e4, "rotary_dim": D, "neox": True}, None, None)
+            plugin.on_attention(st, engine.call(0, engine.attend()))
+        assert plugin.flush(60)
+    results = plugin.auditor().results()
+    assert [r.verdict for r in results] == [Verdict.PASS] * 2, [r.error for r in results]
+    said = [r.getMessage() for r in caplog.records if "scaled by sequence length" in r.getMessage()]
+    assert len(said) == 1 and "longrope" in said[0]
+    plugin.close(10)
+
+
 def test_a_run_that_samples_no_step_says_so(server, caplog):
     # (A short run whose first steps are prefill meets the same: its first
     # sampled step with decode rows would come at sample_every.)

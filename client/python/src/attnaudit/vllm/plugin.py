@@ -238,7 +238,13 @@ class VllmAuditPlugin:
                 st.rotary is not None or self.rope_parameters is not None):
             self._rope_missed()
         rope = None
-        if st.rotary is not None and not _nested(self.rope_parameters):
+        if st.rotary is not None and _length_scaled(self.rope_parameters):
+            self._warn_once("length-scaled rope", (
+                "attnaudit plugin: RoPE scaled by sequence length (%s) is not "
+                "declared by the plugin: these audits check attention without "
+                "RoPE"), self.rope_parameters.get("rope_type",  # type: ignore[union-attr]
+                                                  self.rope_parameters.get("type")))  # type: ignore[union-attr]
+        elif st.rotary is not None and not _nested(self.rope_parameters):
             rope = capture.rope_declaration(rope_parameters=self.rope_parameters,
                                             **st.rotary)
         labels = capture.snapshot_labels(
@@ -338,6 +344,11 @@ class VllmAuditPlugin:
                    else f"sample_every={s.sample_every}")
             log.warning("attnaudit plugin: %d engine steps, none sampled (%s): nothing "
                         "was audited; lower it for short runs", c["steps"], how)
+
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, *args)
 
     def _rope_missed(self) -> None:
         """A snapshot of a RoPE model sent without its pre-RoPE rows: the
@@ -542,6 +553,15 @@ def layer_index(name: str) -> Optional[int]:
 
 def _backend_label(call: capture.AttentionCall) -> str:
     return f"{call.backend}/{call.isa}" if call.isa else call.backend
+
+
+def _length_scaled(params: Optional[Dict[str, Any]]) -> bool:
+    """Dynamic NTK and LongRoPE: what they rotate with depends on the
+    sequence length vLLM fixed at start-up, which the plugin does not
+    read; declaring them without it fails the snapshot, declaring plain
+    RoPE would call a correct engine wrong."""
+    kind = (params or {}).get("rope_type", (params or {}).get("type"))
+    return kind in ("dynamic", "longrope", "su")
 
 
 def _nested(params: Optional[Dict[str, Any]]) -> bool:
