@@ -239,11 +239,10 @@ class VllmAuditPlugin:
             self._rope_missed()
         rope = None
         if st.rotary is not None and _length_scaled(self.rope_parameters):
-            self._warn_once("length-scaled rope", (
-                "attnaudit plugin: RoPE scaled by sequence length (%s) is not "
-                "declared by the plugin: these audits check attention without "
-                "RoPE"), self.rope_parameters.get("rope_type",  # type: ignore[union-attr]
-                                                  self.rope_parameters.get("type")))  # type: ignore[union-attr]
+            self._warn_once("length-scaled rope",
+                            "attnaudit plugin: RoPE scaled by sequence length (%s) is "
+                            "not declared by the plugin: these audits check attention "
+                            "without RoPE", _rope_type(self.rope_parameters))
         elif st.rotary is not None and not _nested(self.rope_parameters):
             rope = capture.rope_declaration(rope_parameters=self.rope_parameters,
                                             **st.rotary)
@@ -355,10 +354,9 @@ class VllmAuditPlugin:
         rotary op ran where the seam cannot see it (a compiled graph, when
         enforce_eager is off). Counted, and said once, loudly."""
         self._counts["rope_missed"] += 1
-        if "rope_missed" not in self._warned:
-            self._warned.add("rope_missed")
-            log.warning("attnaudit plugin: RoPE unchecked: the rotary op runs inside "
-                        "a compiled graph, so no pre-RoPE q/k reach the audits "
+        self._warn_once("rope_missed",
+                        "attnaudit plugin: RoPE unchecked: the rotary op runs inside a "
+                        "compiled graph, so no pre-RoPE q/k reach the audits "
                         "(enforce_eager=True checks it); counted as rope_missed")
 
     def error(self, where: str, e: BaseException) -> None:
@@ -555,13 +553,17 @@ def _backend_label(call: capture.AttentionCall) -> str:
     return f"{call.backend}/{call.isa}" if call.isa else call.backend
 
 
+def _rope_type(params: Optional[Dict[str, Any]]) -> Optional[str]:
+    params = params or {}
+    return params.get("rope_type", params.get("type"))
+
+
 def _length_scaled(params: Optional[Dict[str, Any]]) -> bool:
     """Dynamic NTK and LongRoPE: what they rotate with depends on the
     sequence length vLLM fixed at start-up, which the plugin does not
     read; declaring them without it fails the snapshot, declaring plain
     RoPE would call a correct engine wrong."""
-    kind = (params or {}).get("rope_type", (params or {}).get("type"))
-    return kind in ("dynamic", "longrope", "su")
+    return _rope_type(params) in ("dynamic", "longrope", "su")
 
 
 def _nested(params: Optional[Dict[str, Any]]) -> bool:
