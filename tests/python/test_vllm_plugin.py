@@ -229,6 +229,35 @@ def make_plugin(server, **overrides):
     return VllmAuditPlugin(S.from_mapping(values))
 
 
+def test_the_configuration_implies_the_softmax_scale():
+    ns = types.SimpleNamespace
+    assert capture.config_softmax_scale(ns(head_dim=128)) == 128 ** -0.5
+    assert capture.config_softmax_scale(ns(hidden_size=4096, num_attention_heads=32)) \
+        == 128 ** -0.5
+    assert capture.config_softmax_scale(ns(head_dim=128, query_pre_attn_scalar=144)) \
+        == 144 ** -0.5
+    assert capture.config_softmax_scale(ns(head_dim=128, attention_multiplier=0.0078125)) \
+        == 0.0078125
+    assert capture.config_softmax_scale(ns(head_dim=192, kv_lora_rank=512)) is None
+    assert capture.config_softmax_scale(ns()) is None
+
+
+def test_a_layer_scale_that_disagrees_with_the_configuration_is_said(server, caplog):
+    # The kernel runs (and the snapshot declares) x1.25 the configured scale:
+    # the audit cannot see it, the configuration can.
+    plugin = make_plugin(server, sample_every="1", layers="0")
+    engine = Engine()
+    plugin.config_scale = engine.scale
+    engine.scale *= 1.25
+    with caplog.at_level("WARNING", logger="attnaudit.vllm"):
+        run_steps(plugin, engine, steps=2, layers=(0,))
+        assert plugin.flush(60)
+    assert plugin.counters()["scale_mismatch"] == 2
+    said = [r.getMessage() for r in caplog.records if "softmax scale" in r.getMessage()]
+    assert len(said) == 1 and "layer 0" in said[0], said
+    plugin.close(10)
+
+
 def test_a_local_checkpoint_is_labelled_by_its_name():
     assert capture.model_label("/models/ckpt/Qwen3-8B/") == "Qwen3-8B"
     assert capture.model_label("./runs/step-400") == "step-400"

@@ -167,10 +167,14 @@ class VllmAuditPlugin:
         self._summary_thread: Optional[threading.Thread] = None
         self._counts = {"steps": 0, "sampled_steps": 0, "plugin_errors": 0,
                         "summaries_dropped": 0, "rope_missed": 0, "too_large": 0,
-                        "decode_rows_seen": 0, "decode_rows_chosen": 0}
+                        "decode_rows_seen": 0, "decode_rows_chosen": 0,
+                        "scale_mismatch": 0}
         self._warned: set = set()
         self.model: Optional[str] = settings.model
         self.rope_parameters: Optional[Dict[str, Any]] = None
+        # The softmax scale the model's configuration implies (None:
+        # unknown); a layer that runs with another is a finding.
+        self.config_scale: Optional[float] = None
         # id(rotary module) -> its inverse frequencies (or None): computed
         # once per module (a model may hold several: local and global RoPE).
         self._inv_freqs: Dict[int, Optional[Any]] = {}
@@ -226,6 +230,7 @@ class VllmAuditPlugin:
         pre, st.pending = st.pending, None
         if call.layer not in st.layers:
             return
+        self._check_scale(call)
         budget = self.settings.max_snapshot_mb * 2.0**20
         keep = capture.rows_within(call, range(len(st.rows)), st.rows, budget)
         if not keep:
@@ -332,6 +337,20 @@ class VllmAuditPlugin:
             self._summary_thread.join(timeout=5)
             self._summary_thread = None
         return ok
+
+    def _check_scale(self, call: capture.AttentionCall) -> None:
+        """The snapshot declares the scale the kernel was given; a scale set
+        wrong on the layer would pass with it. Compared with what the
+        model's configuration implies: counted and said once per layer."""
+        want = self.config_scale
+        if want is None or abs(float(call.scale) - want) <= 1e-6 * want:
+            return
+        self._counts["scale_mismatch"] += 1
+        self._warn_once(f"scale {call.layer}",
+                        "attnaudit plugin: layer %d runs attention with softmax scale "
+                        "%.6g, its model configuration implies %.6g: a wrong scale "
+                        "that the audits, which declare the kernel's own, cannot see",
+                        call.layer, float(call.scale), want)
 
     def _warn_if_nothing_sampled(self) -> None:
         """A run shorter than sample_every audits nothing: say so rather

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from typing import Any, List, Optional
 
-from .capture import AttentionCall, backend_key, model_label
+from .capture import AttentionCall, backend_key, config_softmax_scale, model_label
 from .plugin import VllmAuditPlugin, layer_index
 
 log = logging.getLogger("attnaudit.vllm")
@@ -252,6 +252,7 @@ def _learn_model(runner) -> None:
     hf = getattr(config, "hf_text_config", None) or getattr(config, "hf_config", None)
     params = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None)
     _PLUGIN.rope_parameters = dict(params) if params else None
+    _PLUGIN.config_scale = config_softmax_scale(hf)
 
 
 def _capturing() -> bool:
