@@ -80,6 +80,24 @@ def ids(results) -> list:
     return [r.job_id for r in results]
 
 
+def test_the_cli_shows_the_run_and_request_ids(cli, client, server, listed, tmp_path):
+    table = cli.run("list", "--addr", server.address, "--label", f"run={listed['run']}").stdout.decode()
+    header, *rows = table.splitlines()
+    assert header.split()[4] == "run", header
+    assert len(rows) == 6 and all(listed["run"][:16] in r for r in rows), table
+    snap = attnaudit.Snapshot.load(cli.synth(str(tmp_path / "six.pb"), "--preset", "phi4-mini",
+                                             "--context", "64", "--batch", "6"))
+    snap.labels.run = unique("cli-run")
+    del snap.labels.request_ids[:]
+    snap.labels.request_ids.extend([f"req-{i}" for i in range(6)])
+    job = client.submit(snap).job_id
+    assert client.wait(job, timeout=120).done
+    text = cli.run("get", job, "--addr", server.address).stdout.decode()
+    line = next(x for x in text.splitlines() if x.startswith("labels:"))
+    assert f"run={snap.labels.run}" in line, line
+    assert "requests=req-0,req-1,req-2,req-3,... (6 rows)" in line, line
+
+
 def test_list_results_newest_first_with_summaries(client, listed):
     run = listed["run"]
     results = list(client.list_results(run=run))

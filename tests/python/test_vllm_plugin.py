@@ -11,8 +11,10 @@ on vLLM's own CPU engine is tests/vllm_plugin/e2e.py (`make vllm-plugin`).
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import time
 import types
 
 import ml_dtypes
@@ -20,7 +22,7 @@ import numpy as np
 import pytest
 
 from attnaudit import Verdict
-from attnaudit.vllm import capture, settings as S
+from attnaudit.vllm import capture, expected, settings as S
 from attnaudit.v1 import snapshot_pb2
 from attnaudit.vllm.plugin import VllmAuditPlugin, layer_index
 
@@ -231,31 +233,99 @@ def make_plugin(server, **overrides):
 
 def test_the_configuration_implies_the_softmax_scale():
     ns = types.SimpleNamespace
-    assert capture.config_softmax_scale(ns(head_dim=128)) == 128 ** -0.5
-    assert capture.config_softmax_scale(ns(hidden_size=4096, num_attention_heads=32)) \
-        == 128 ** -0.5
-    assert capture.config_softmax_scale(ns(head_dim=128, query_pre_attn_scalar=144)) \
-        == 144 ** -0.5
-    assert capture.config_softmax_scale(ns(head_dim=128, attention_multiplier=0.0078125)) \
-        == 0.0078125
-    assert capture.config_softmax_scale(ns(head_dim=192, kv_lora_rank=512)) is None
-    assert capture.config_softmax_scale(ns()) is None
+    scale = expected.config_softmax_scale
+    assert scale(ns(head_dim=128)) == 128 ** -0.5
+    assert scale(ns(hidden_size=4096, num_attention_heads=32)) == 128 ** -0.5
+    assert scale(ns(head_dim=128, query_pre_attn_scalar=144)) == 144 ** -0.5
+    assert scale(ns(head_dim=128, attention_multiplier=0.0078125)) == 0.0078125
+    assert scale(ns(head_dim=192, kv_lora_rank=512)) is None
+    assert scale(ns()) is None
 
 
-def test_a_layer_scale_that_disagrees_with_the_configuration_is_said(server, caplog):
-    # The kernel runs (and the snapshot declares) x1.25 the configured scale:
-    # the audit cannot see it, the configuration can.
-    plugin = make_plugin(server, sample_every="1", layers="0")
+def gemma2_like():
+    return types.SimpleNamespace(
+        model_type="gemma2", head_dim=D, num_attention_heads=HQ, query_pre_attn_scalar=D,
+        attn_logit_softcapping=50.0, sliding_window=16,
+        layer_types=["sliding_attention", "full_attention"])
+
+
+def test_the_configuration_fixes_cap_window_sinks_and_sizes():
+    want = expected.Expected.from_config(gemma2_like())
+    right = dict(scale=D ** -0.5, soft_cap=50.0, has_sinks=False, head_dim=D, num_heads=HQ)
+    assert want.mismatches(0, window=16, **right) == []
+    assert want.mismatches(1, window=-1, **right) == []   # vLLM's "no window"
+    assert want.mismatches(1, window=None, **dict(right, num_heads=HQ // 2)) == []  # TP 2
+    found = want.mismatches(0, window=None, **dict(right, soft_cap=None))
+    assert found == ["soft-cap none, the configuration's 50",
+                     "window none, the configuration's 16"], found
+    found = want.mismatches(1, window=16, **dict(right, head_dim=D // 2, num_heads=3))
+    assert [f.split(" ")[0] for f in found] == ["window", "head", "3"], found
+    # GPT-OSS always has sinks; a configuration that does not say is not checked.
+    oss = expected.Expected.from_config(types.SimpleNamespace(model_type="gpt_oss", head_dim=D))
+    assert oss.mismatches(0, **dict(right, soft_cap=None), window=None) == [
+        "no sinks, the configuration's architecture has them"]
+    plain = expected.Expected.from_config(types.SimpleNamespace(head_dim=D))
+    assert plain.mismatches(5, scale=D ** -0.5, soft_cap=30.0, window=4096, has_sinks=True,
+                            head_dim=D, num_heads=HQ) == []
+
+
+def test_a_layer_built_unlike_the_configuration_is_said(server, caplog):
+    # The kernel runs (and the snapshot declares) x1.25 the configured scale
+    # and no soft-cap: the audit cannot see it, the configuration can.
+    plugin = make_plugin(server, sample_every="1", layers="0", log_summary="1")
     engine = Engine()
-    plugin.config_scale = engine.scale
+    plugin.expected = expected.Expected(scale=engine.scale, soft_cap=30.0)
     engine.scale *= 1.25
+    summaries = []
+    plugin.add_step_callback(summaries.append)
     with caplog.at_level("WARNING", logger="attnaudit.vllm"):
         run_steps(plugin, engine, steps=2, layers=(0,))
         assert plugin.flush(60)
-    assert plugin.counters()["scale_mismatch"] == 2
-    said = [r.getMessage() for r in caplog.records if "softmax scale" in r.getMessage()]
-    assert len(said) == 1 and "layer 0" in said[0], said
+    assert plugin.counters()["config_mismatch"] == 2
+    said = [r.getMessage() for r in caplog.records if "runs attention with" in r.getMessage()]
+    assert len(said) == 2 and all("layer 0" in m for m in said), said
+    assert "softmax scale" in said[0] and "soft-cap none" in said[1]
+    assert [len(s.config_findings) for s in summaries] == [2, 2]
+    assert "unlike the model's configuration: layer 0 softmax scale" in summaries[0].line()
     plugin.close(10)
+
+
+def test_the_training_loops_step_labels_the_snapshots(server, tmp_path):
+    step_file = tmp_path / "rl_step"
+    plugin = make_plugin(server, sample_every="1", layers="0",
+                         step_file=str(step_file))
+    summaries = []
+    plugin.add_step_callback(summaries.append)
+    engine = Engine()
+    run_steps(plugin, engine, steps=1, layers=(0,))          # no file yet
+    step_file.write_text("17 grpo-7\n")
+    run_steps(plugin, engine, steps=1, layers=(0,))
+    plugin.set_rl_step(18)
+    run_steps(plugin, engine, steps=1, layers=(0,))
+    assert plugin.flush(60)
+    labels = sorted((r.step, r.report.proto.labels.step, r.report.proto.labels.run)
+                    for r in plugin.auditor().results())
+    assert labels == [(0, 0, ""), (1, 17, "grpo-7"), (2, 18, "grpo-7")], labels
+    assert [s.rl_step for s in sorted(summaries, key=lambda s: s.step)] == [None, 17, 18]
+    assert "(RL step 17)" in sorted(summaries, key=lambda s: s.step)[1].line()
+    plugin.close(10)
+
+
+def test_a_hung_server_does_not_hold_the_exit():
+    # A server that accepts the connection and never answers.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        plugin = make_plugin(types.SimpleNamespace(address=address), sample_every="1",
+                             layers="0", timeout="60")
+        run_steps(plugin, Engine(), steps=2, layers=(0,))
+        t0 = time.monotonic()
+        assert not plugin.close_at_exit(limit=30.0, stall=0.5)
+        assert time.monotonic() - t0 < 10.0  # not the 60 s call deadline
+    finally:
+        listener.close()
 
 
 def test_a_local_checkpoint_is_labelled_by_its_name():

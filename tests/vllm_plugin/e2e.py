@@ -22,6 +22,12 @@ this checkout's attnaudit). It
        - stale-page, wrong-scale, rope-scaling-ignored (bugs injected below
          the plugin's seam): every audit DRIFT, the right top diagnosis,
          and for the stale page its row, logical block and engine page;
+       - layer-scale (layers built with 1.25x the configured scale): the
+         audits PASS (the kernel computes what it declares) and every
+         layer is named unlike the model's configuration, at first sight
+         and in each step summary;
+       - the RL loop's step set through vLLM's collective_rpc reaches the
+         engine core's process: the durable jobs carry it;
        - the server's per-layer verdict counters match the audits.
 Prints a table; exits 1 on any failed check.
 """
@@ -236,7 +242,8 @@ def main() -> int:
                 f"{len(clean['summaries'])} step summaries, none drifting")
 
         mp_env = dict(plugin_env, VLLM_ENABLE_V1_MULTIPROCESSING="1",
-                      ATTNAUDIT_VLLM_MODE="submit", ATTNAUDIT_VLLM_RUN="vllm-e2e-mp")
+                      ATTNAUDIT_VLLM_MODE="submit", ATTNAUDIT_VLLM_RUN="vllm-e2e-mp",
+                      E2E_RL_STEP="7")
         mp = run(model, "clean", work, mp_env, "clean-multiprocess")
         c.check("multiprocess", mp["tokens"] == base["tokens"],
                 "engine core in its own process: tokens identical")
@@ -246,6 +253,20 @@ def main() -> int:
         verdicts = sorted({r.verdict.name if r.verdict else "none" for r in listed})
         c.check("multiprocess", len(listed) >= 5 and verdicts == ["PASS"],
                 f"{len(listed)} durable jobs of run vllm-e2e-mp, verdicts {verdicts}")
+        steps = sorted({r.step for r in listed})
+        c.check("multiprocess", steps == [7],
+                f"the RL step set through collective_rpc labels every job: {steps}")
+
+        layered = run(model, "layer-scale", work, plugin_env, "layer-scale")
+        expect_audits(c, "layer-scale", layered, "PASS")
+        counters = layered["counters"]
+        c.check("layer-scale", counters.get("config_mismatch_layers") == LAYERS,
+                f"{counters.get('config_mismatch_layers')} of {LAYERS} layers named unlike "
+                "the configuration at first sight")
+        findings = [s["config_findings"] for s in layered["summaries"]]
+        c.check("layer-scale", findings and all(
+                    f and all("softmax scale" in x for x in f) for f in findings),
+                f"every step summary names the scale: {findings[:1]}")
 
         stale = run(model, "stale-page", work, plugin_env, "stale-page")
         expect_audits(c, "stale-page", stale, "DRIFT")
@@ -255,7 +276,7 @@ def main() -> int:
         ropebug = run(model, "rope-scaling-ignored", work, plugin_env, "rope-scaling-ignored")
         expect_audits(c, "rope-scaling-ignored", ropebug, "DRIFT", "rope-scaling-ignored")
 
-        audited = sum(len(d["results"]) for d in (clean, stale, scale, ropebug)) \
+        audited = sum(len(d["results"]) for d in (clean, stale, scale, ropebug, layered)) \
             + len(listed)
         metrics = server.scrape()
         per_layer = sum(float(v) for v in re.findall(

@@ -15,6 +15,13 @@ with the bug while the plugin sees what the engine meant:
                         but exponentiates with exp (an exp2 kernel's
                         scale in an exp kernel)
   rope-scaling-ignored  the engine's RoPE drops the model's llama3 scaling
+  layer-scale           every attention layer is built with 1.25x the
+                        softmax scale the model's configuration implies
+                        (the kernel computes what the layer declares: only
+                        the configuration check can see it)
+
+E2E_RL_STEP=N: before generating, the RL loop's step N is set in the
+engine's process through vLLM's collective_rpc ("attnaudit_set_rl_step").
 
 Writes the generated token ids and log-probs, the plugin's counters and
 every audit outcome (verdict, diagnosis, page, row, RoPE checks) as JSON.
@@ -56,6 +63,14 @@ def inject(scenario: str) -> None:
     from vllm.v1.attention.backends import cpu_attn
     impl = cpu_attn.CPUAttentionBackendImpl
     kernel = impl.forward
+    if scenario == "layer-scale":
+        build = impl.__init__
+
+        def init(self, *args, **kwargs):
+            build(self, *args, **kwargs)
+            self.scale = float(self.scale) * 1.25
+        impl.__init__ = init
+        return
 
     if scenario == "wrong-scale":
         def forward(self, layer, query, key, value, kv_cache, md, *args, **kwargs):
@@ -120,9 +135,12 @@ def main() -> int:
         {"step": s.step, "layers": list(s.layers), "passed": s.passed,
          "drifted": s.drifted, "failed": s.failed, "dropped": s.dropped,
          "worst_layer": s.worst_layer, "worst_share": s.worst_share,
-         "top_diagnosis": s.top_diagnosis}))
+         "top_diagnosis": s.top_diagnosis, "rl_step": s.rl_step,
+         "config_findings": list(s.config_findings)}))
     params = SamplingParams(max_tokens=int(os.environ.get("E2E_TOKENS", "24")),
                             temperature=0.0, ignore_eos=True, logprobs=1)
+    if os.environ.get("E2E_RL_STEP"):
+        llm.collective_rpc("attnaudit_set_rl_step", args=(int(os.environ["E2E_RL_STEP"]),))
     # A finished request first: its pages keep its K/V, as in a busy engine.
     llm.generate([{"prompt_token_ids": p} for p in WARMUP],
                  SamplingParams(max_tokens=1, temperature=0.0))

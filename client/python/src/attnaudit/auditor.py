@@ -421,6 +421,13 @@ class RolloutAuditor:
             return self._busy
 
     @property
+    def outstanding(self) -> int:
+        """Sampled snapshots without an outcome yet: held, being sent, or
+        (submit mode) submitted and not yet collected."""
+        with self._lock:
+            return sum(1 for f in self._outstanding if not f.done())
+
+    @property
     def latest(self) -> Dict[Optional[int], AuditResult]:
         """The result of the newest audited step of every layer seen."""
         with self._lock:

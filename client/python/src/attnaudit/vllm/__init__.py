@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 from typing import Callable, Optional
 
 from .plugin import StepSummary, VllmAuditPlugin, summarise
 from .settings import Settings, SettingsError, load
 
 __all__ = ["StepSummary", "Settings", "SettingsError", "VllmAuditPlugin",
-           "add_step_callback", "flush", "plugin", "register", "summarise"]
+           "add_step_callback", "flush", "plugin", "register", "set_rl_step",
+           "summarise"]
 
 log = logging.getLogger("attnaudit.vllm")
 _ACTIVE: Optional[VllmAuditPlugin] = None
@@ -52,16 +54,14 @@ def register() -> None:
     _ensure_log_handler()
     active = VllmAuditPlugin(settings)
     from . import seams
-    wrapped = seams.install(active)
+    active.wrapped = seams.install(active)
     _ACTIVE = active
-    atexit.register(active.close, min(settings.timeout, 10.0))
-    log.info("attnaudit plugin active: server %s, %s, layers %s%s; wrapped: %s",
-             settings.server,
-             f"sample rate {settings.sample_rate}" if settings.sample_rate is not None
-             else f"every {settings.sample_every} steps",
-             "all" if settings.layers is None else list(settings.layers),
-             " (one per sampled step)" if settings.rotate_layers else "",
-             ", ".join(wrapped) or "nothing")
+    atexit.register(active.close_at_exit)
+    # vLLM loads its plugins in every process it starts (the front end, a
+    # model-registry subprocess, the engine core); the plugin says it is
+    # active once, in the process whose attention it audits (announce()).
+    log.debug("attnaudit plugin configured in process %d; wrapped: %s",
+              os.getpid(), ", ".join(active.wrapped) or "nothing")
 
 
 def plugin() -> Optional[VllmAuditPlugin]:
@@ -76,6 +76,20 @@ def add_step_callback(fn: Callable[[StepSummary], None]) -> bool:
     if _ACTIVE is None:
         return False
     _ACTIVE.add_step_callback(fn)
+    return True
+
+
+def set_rl_step(step: Optional[int], run: Optional[str] = None) -> bool:
+    """Labels the snapshots of later engine steps with the training loop's
+    step (and run), in place of the engine's step counter. False when the
+    plugin is not active in this process: with vLLM's engine core in its
+    own process (the default), call it there through the method the
+    plugin adds to vLLM's workers,
+    `llm.collective_rpc("attnaudit_set_rl_step", args=(step,))`, or set
+    ATTNAUDIT_VLLM_STEP_FILE."""
+    if _ACTIVE is None:
+        return False
+    _ACTIVE.set_rl_step(step, run)
     return True
 
 

@@ -203,30 +203,6 @@ def _cache_built_from_inv_freq(cls: type) -> bool:
     return inv is not None and cache is not None and issubclass(inv, cache)
 
 
-def config_softmax_scale(hf_config: Any) -> Optional[float]:
-    """The softmax scale a model's configuration implies: Granite's
-    attention_multiplier, else query_pre_attn_scalar ** -0.5 (Gemma), else
-    head_dim ** -0.5. None where the configuration does not fix it alone
-    (multi-head latent attention, whose YaRN mscale also scales it) or
-    lacks the sizes."""
-    if hf_config is None or getattr(hf_config, "kv_lora_rank", None):
-        return None
-    multiplier = getattr(hf_config, "attention_multiplier", None)
-    if multiplier:
-        return float(multiplier)
-    scalar = getattr(hf_config, "query_pre_attn_scalar", None)
-    if scalar:
-        return float(scalar) ** -0.5
-    head_dim = getattr(hf_config, "head_dim", None)
-    if not head_dim:
-        hidden = getattr(hf_config, "hidden_size", None)
-        heads = getattr(hf_config, "num_attention_heads", None)
-        if not hidden or not heads:
-            return None
-        head_dim = hidden // heads
-    return float(head_dim) ** -0.5
-
-
 def model_label(name: str) -> str:
     """The model label for a served model name: a local path (absolute or
     relative, as vLLM serves a checkpoint directory) by its last component,

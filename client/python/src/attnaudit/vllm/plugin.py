@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+import os
 import queue
 import re
 import threading
@@ -45,6 +46,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from .._enums import Verdict
 from ..auditor import AuditResult, RolloutAuditor
 from . import capture
+from .expected import Expected
 from .precision import BackendKey, Declared, PrecisionCache, Prober
 from .settings import Settings
 
@@ -61,7 +63,10 @@ class StepSummary:
     share of its tolerance (1.0 = at the limit), over every comparison;
     top_diagnosis: the first diagnosis of the worst drifting layer (e.g.
     "stale-page"), with its one-line summary; request_ids: the requests
-    audited; results: each AuditResult (reports included)."""
+    audited; results: each AuditResult (reports included); rl_step: the
+    training loop's step when it set one (set_rl_step, step_file);
+    config_findings: how the audited layers differ from the model's
+    configuration (expected.py), one phrase each."""
 
     step: int
     layers: tuple
@@ -77,6 +82,8 @@ class StepSummary:
     request_ids: tuple
     results: tuple = ()
     inconclusive: int = 0
+    rl_step: Optional[int] = None
+    config_findings: tuple = ()
 
     def as_dict(self, prefix: str = "attnaudit/") -> Dict[str, Any]:
         """Flat numbers for a metrics logger (wandb.log, a TensorBoard
@@ -92,10 +99,14 @@ class StepSummary:
             out[f"{prefix}worst_share"] = self.worst_share
         if self.top_diagnosis:
             out[f"{prefix}top_diagnosis"] = self.top_diagnosis
+        if self.rl_step is not None:
+            out[f"{prefix}rl_step"] = self.rl_step
+        out[f"{prefix}config_findings"] = len(self.config_findings)
         return out
 
     def line(self) -> str:
-        text = (f"attnaudit step {self.step}: layers {list(self.layers)} "
+        rl = "" if self.rl_step is None else f" (RL step {self.rl_step})"
+        text = (f"attnaudit step {self.step}{rl}: layers {list(self.layers)} "
                 f"PASS {self.passed} DRIFT {self.drifted}")
         if self.inconclusive:
             text += f" INCONCLUSIVE {self.inconclusive}"
@@ -106,6 +117,8 @@ class StepSummary:
             text += f"; worst layer {self.worst_layer} ({self.worst_share:.3g} of tolerance)"
         if self.top_diagnosis:
             text += f"; diagnosis {self.top_diagnosis}: {self.diagnosis_summary}"
+        if self.config_findings:
+            text += "; unlike the model's configuration: " + "; ".join(self.config_findings)
         return text
 
 
@@ -122,6 +135,8 @@ class StepState:
     pending: Optional[capture.PreRope] = None
     rotary: Optional[Dict[str, Any]] = None  # theta, rotary_dim, neox
     inv_freq: Optional[Any] = None  # the rotary module's, when vLLM's
+    rl_step: Optional[int] = None  # the training loop's, when it set one
+    run: Optional[str] = None
 
 
 @dataclasses.dataclass
@@ -132,6 +147,8 @@ class _Tally:
     results: List[AuditResult] = dataclasses.field(default_factory=list)
     closed: bool = False
     request_ids: tuple = ()
+    rl_step: Optional[int] = None
+    findings: List[str] = dataclasses.field(default_factory=list)
 
 
 _NOT_A_STEP = StepState(step=-1)
@@ -168,13 +185,22 @@ class VllmAuditPlugin:
         self._counts = {"steps": 0, "sampled_steps": 0, "plugin_errors": 0,
                         "summaries_dropped": 0, "rope_missed": 0, "too_large": 0,
                         "decode_rows_seen": 0, "decode_rows_chosen": 0,
-                        "scale_mismatch": 0}
+                        "config_mismatch": 0, "config_mismatch_layers": 0}
         self._warned: set = set()
         self.model: Optional[str] = settings.model
         self.rope_parameters: Optional[Dict[str, Any]] = None
-        # The softmax scale the model's configuration implies (None:
-        # unknown); a layer that runs with another is a finding.
-        self.config_scale: Optional[float] = None
+        # What the model's configuration fixes about attention (None:
+        # not known yet); a layer built otherwise is a finding.
+        self.expected: Optional[Expected] = None
+        # The layers (id of vLLM's module) compared with it at first sight.
+        self.layers_checked: set = set()
+        # The training loop's step and run (set_rl_step, settings.step_file).
+        self.rl_step: Optional[int] = None
+        self.rl_run: Optional[str] = None
+        self._step_file_mtime: Optional[int] = None
+        self.wrapped: List[str] = []  # the seams installed (register())
+        self.announced = False
+        self._closed = False
         # id(rotary module) -> its inverse frequencies (or None): computed
         # once per module (a model may hold several: local and global RoPE).
         self._inv_freqs: Dict[int, Optional[Any]] = {}
@@ -230,7 +256,7 @@ class VllmAuditPlugin:
         pre, st.pending = st.pending, None
         if call.layer not in st.layers:
             return
-        self._check_scale(call)
+        findings = self.check_config(call)
         budget = self.settings.max_snapshot_mb * 2.0**20
         keep = capture.rows_within(call, range(len(st.rows)), st.rows, budget)
         if not keep:
@@ -253,7 +279,8 @@ class VllmAuditPlugin:
                                             **st.rotary)
         labels = capture.snapshot_labels(
             model=self.model, backend=_backend_label(call), layer=call.layer,
-            step=st.step, run=self.settings.run, request_ids=ids)
+            step=st.step if st.rl_step is None else st.rl_step,
+            run=st.run or self.settings.run, request_ids=ids)
 
         declared = self.declared(capture.backend_key(call))
 
@@ -266,9 +293,11 @@ class VllmAuditPlugin:
         auditor = self.auditor()
         dropped_before = auditor.counters.dropped
         with self._lock:
-            tally = self._tallies.setdefault(st.step, _Tally(request_ids=tuple(ids or ())))
+            tally = self._tallies.setdefault(
+                st.step, _Tally(request_ids=tuple(ids or ()), rl_step=st.rl_step))
             tally.offered += 1
             tally.layers.append(call.layer)
+            tally.findings.extend(f"layer {call.layer} {x}" for x in findings)
         auditor.step(build, layer=call.layer, step=st.step)
         if auditor.counters.dropped != dropped_before:
             with self._lock:
@@ -324,10 +353,49 @@ class VllmAuditPlugin:
             self._summaries.join()
         return ok
 
+    def announce(self, backend: str) -> None:
+        """The start-up line, once, from the process whose attention is
+        audited (the seams' first attention call): vLLM loads plugins in
+        processes that run no model too, and they stay quiet."""
+        self.announced = True
+        s = self.settings
+        log.info("attnaudit plugin active in process %d (%s): server %s, %s, layers %s%s, "
+                 "at most %d rows a step; wrapped: %s", os.getpid(), backend, s.server,
+                 f"sample rate {s.sample_rate}" if s.sample_rate is not None
+                 else f"every {s.sample_every} steps",
+                 "all" if s.layers is None else list(s.layers),
+                 " (one per sampled step)" if s.rotate_layers else "", s.max_rows,
+                 ", ".join(self.wrapped) or "nothing")
+
+    def close_at_exit(self, limit: float = 10.0, stall: float = 2.0) -> bool:
+        """At interpreter exit: waits for the audits in flight while they
+        keep finishing (each round of `stall` seconds sees one finish;
+        `limit` in all), then closes. A server that stopped answering holds
+        the engine's exit for `stall` seconds, not for a call's deadline;
+        the audits left unfinished are said (submitted jobs stay on the
+        server)."""
+        self._close_earlier_steps(self._next_step)
+        aud = self._auditor
+        left = 0 if aud is None else aud.outstanding
+        deadline = time.monotonic() + limit
+        while left and time.monotonic() < deadline:
+            aud.flush(min(stall, max(0.0, deadline - time.monotonic())))
+            now = aud.outstanding
+            if now == left:
+                break
+            left = now
+        if left:
+            log.warning("attnaudit plugin: exiting with %d audit(s) unfinished: none "
+                        "finished within %.3g s", left, stall)
+        return self.close(0.0) and not left
+
     def close(self, timeout: Optional[float] = 30.0) -> bool:
         """Flushes and stops, within `timeout` seconds overall."""
         end = None if timeout is None else time.monotonic() + timeout
         ok = self.flush(timeout)
+        # Outcomes that arrive later (a send that ends on its deadline) are
+        # counted, not summarised: the summaries stop here.
+        self._closed = True
         self._warn_if_nothing_sampled()
         if self._auditor is not None:
             left = None if end is None else max(0.0, end - time.monotonic())
@@ -338,19 +406,35 @@ class VllmAuditPlugin:
             self._summary_thread = None
         return ok
 
-    def _check_scale(self, call: capture.AttentionCall) -> None:
-        """The snapshot declares the scale the kernel was given; a scale set
-        wrong on the layer would pass with it. Compared with what the
-        model's configuration implies: counted and said once per layer."""
-        want = self.config_scale
-        if want is None or abs(float(call.scale) - want) <= 1e-6 * want:
-            return
-        self._counts["scale_mismatch"] += 1
-        self._warn_once(f"scale {call.layer}",
-                        "attnaudit plugin: layer %d runs attention with softmax scale "
-                        "%.6g, its model configuration implies %.6g: a wrong scale "
-                        "that the audits, which declare the kernel's own, cannot see",
-                        call.layer, float(call.scale), want)
+    def check_config(self, call: capture.AttentionCall, audited: bool = True) -> List[str]:
+        """How call's layer differs from the model's configuration
+        (expected.py): the snapshot declares what the kernel was given, so
+        a layer built wrong passes its audits; the configuration does not.
+        Counted per audit (config_mismatch) and per layer at first sight
+        (config_mismatch_layers, via the seams), and said once per layer
+        and quantity."""
+        if self.expected is None:
+            return []
+        q = call.query
+        found = self.expected.mismatches(
+            call.layer, scale=float(call.scale), soft_cap=call.logits_soft_cap,
+            window=call.sliding_window, has_sinks=call.sinks is not None,
+            head_dim=int(q.shape[-1]), num_heads=int(q.shape[-2]) if len(q.shape) > 2 else 0)
+        if found:
+            self._counts["config_mismatch" if audited else "config_mismatch_layers"] += 1
+        for phrase in found:
+            self._warn_once(f"config {call.layer} {phrase.split(' ')[0]}",
+                            "attnaudit plugin: layer %d runs attention with %s: a "
+                            "difference the audits, which declare what the kernel was "
+                            "given, cannot see", call.layer, phrase)
+        return found
+
+    def set_rl_step(self, step: Optional[int], run: Optional[str] = None) -> None:
+        """The training loop's step (and run) for the snapshots of later
+        engine steps: their step label, in place of the engine's counter."""
+        self.rl_step = None if step is None else int(step)
+        if run is not None:
+            self.rl_run = str(run)
 
     def _warn_if_nothing_sampled(self) -> None:
         """A run shorter than sample_every audits nothing: say so rather
@@ -410,12 +494,36 @@ class VllmAuditPlugin:
             layers = [layers[k % len(layers)]]
         st.sampled = True
         st.layers = frozenset(layers)
+        self._read_step_file()
+        st.rl_step, st.run = self.rl_step, self.rl_run
         st.rows = [rows[k] for k in keep]
         st.tokens = [tokens[k] for k in keep]
         if ids is not None:
             st.request_ids = [str(ids[r]) if r < len(ids) else "" for r in st.rows]
         self._counts["sampled_steps"] += 1
         self._counts["decode_rows_chosen"] += len(keep)
+
+    def _read_step_file(self) -> None:
+        """settings.step_file: the training loop writes its step ("17", or
+        "17 run-name") there; read on sampled steps when it changed, for
+        loops that cannot call set_rl_step in the engine's process."""
+        path = self.settings.step_file
+        if not path:
+            return
+        try:
+            mtime = os.stat(path).st_mtime_ns
+            if mtime == self._step_file_mtime:
+                return
+            with open(path, encoding="utf-8") as f:
+                words = f.read().split()
+            self._step_file_mtime = mtime
+            if words:
+                self.set_rl_step(int(words[0]), words[1] if len(words) > 1 else None)
+        except FileNotFoundError:
+            return  # not written yet
+        except (OSError, ValueError) as e:
+            self._warn_once("step_file", "attnaudit plugin: step_file %s: %s; the "
+                            "snapshots keep the last step read", path, e)
 
     def _layers(self, layer_names) -> List[int]:
         if self.settings.layers is not None:
@@ -453,9 +561,12 @@ class VllmAuditPlugin:
                 return
             del self._tallies[step]
         self._emit(summarise(step, tally.layers, tally.results, tally.dropped,
-                             tally.request_ids))
+                             tally.request_ids, rl_step=tally.rl_step,
+                             config_findings=tally.findings))
 
     def _emit(self, summary: StepSummary) -> None:
+        if self._closed:
+            return
         failed = any(r.error is not None for r in summary.results)
         if not self._callbacks and not self.settings.log_summary and not failed:
             return
@@ -511,7 +622,8 @@ class VllmAuditPlugin:
 
 
 def summarise(step: int, layers: Sequence[int], results: Sequence[AuditResult],
-              dropped: int, request_ids: Sequence[str]) -> StepSummary:
+              dropped: int, request_ids: Sequence[str], *, rl_step: Optional[int] = None,
+              config_findings: Sequence[str] = ()) -> StepSummary:
     """A StepSummary from a step's audit outcomes."""
     counts = {Verdict.PASS: 0, Verdict.DRIFT: 0, Verdict.INVALID: 0,
               Verdict.INCONCLUSIVE: 0}
@@ -543,7 +655,8 @@ def summarise(step: int, layers: Sequence[int], results: Sequence[AuditResult],
                        worst_layer=worst_layer, worst_share=worst_share,
                        top_diagnosis=diagnosis, diagnosis_summary=diagnosis_summary,
                        request_ids=tuple(request_ids), results=tuple(results),
-                       inconclusive=counts[Verdict.INCONCLUSIVE])
+                       inconclusive=counts[Verdict.INCONCLUSIVE], rl_step=rl_step,
+                       config_findings=tuple(dict.fromkeys(config_findings)))
 
 
 def drift_share(report) -> Optional[float]:

@@ -10,7 +10,8 @@
     the CPU), the sampled decode rows are copied for the rolling check; the
     first module seen is kept for the probe, which rotates with it;
   * GPUModelRunner.execute_model (the CPU runner inherits it): remembers the
-    runner, for the request ids of the batch rows and the model config.
+    runner, for the request ids of the batch rows and the model config;
+  * WorkerBase gains attnaudit_set_rl_step, for collective_rpc.
 
 Every name of vLLM this module relies on is read here and nowhere else; a
 vLLM release that renames one makes install() log what it could not wrap
@@ -27,10 +28,15 @@ from __future__ import annotations
 import logging
 from typing import Any, List, Optional
 
-from .capture import AttentionCall, backend_key, config_softmax_scale, model_label
+from .capture import AttentionCall, backend_key, model_label
+from .expected import Expected
 from .plugin import VllmAuditPlugin, layer_index
 
 log = logging.getLogger("attnaudit.vllm")
+
+# The method an RL loop calls on every worker to label later snapshots
+# with its step: llm.collective_rpc("attnaudit_set_rl_step", args=(step,)).
+RL_STEP_METHOD = "attnaudit_set_rl_step"
 
 _PLUGIN: Optional[VllmAuditPlugin] = None
 _RUNNER: List[Any] = [None]
@@ -59,6 +65,9 @@ def install(plugin: VllmAuditPlugin) -> List[str]:
     for backend, module, cls in _backends():
         if _wrap(module, cls, "forward", lambda f, b=backend: _attention_wrapper(f, b)):
             done.append(backend)
+    if _add_method("vllm.v1.worker.worker_base", "WorkerBase", RL_STEP_METHOD,
+                   _set_rl_step):
+        done.append(f"worker.{RL_STEP_METHOD}")
     return done
 
 
@@ -91,6 +100,28 @@ def _backends():
     except Exception as e:  # noqa: BLE001 - a vLLM without the platform API
         log.warning("attnaudit plugin: cannot tell vLLM's platform (%s)", e)
     return []
+
+
+def _add_method(module: str, cls: str, name: str, fn) -> bool:
+    """Gives vLLM's class a method of ours (an RPC an RL loop can reach
+    by name through collective_rpc, which sends no code by default)."""
+    try:
+        import importlib
+        klass = getattr(importlib.import_module(module), cls)
+    except Exception as e:  # noqa: BLE001 - not in this vLLM release
+        log.warning("attnaudit plugin: %s.%s not found (%s); no %s", module, cls, e, name)
+        return False
+    setattr(klass, name, fn)
+    return True
+
+
+def _set_rl_step(worker, step, run=None) -> bool:
+    """The workers' attnaudit_set_rl_step: set_rl_step in their process."""
+    del worker
+    if _PLUGIN is None:
+        return False
+    _PLUGIN.set_rl_step(step, run)
+    return True
 
 
 def _wrap(module: str, cls: str, method: str, make) -> bool:
@@ -149,8 +180,12 @@ def _attention_wrapper(original, backend: str):
         result = original(self, layer, query, key, value, kv_cache, attn_metadata,
                           *args, **kwargs)
         p = _PLUGIN
+        if p is not None and not p.announced:
+            p.announce(backend)
         if p is not None and p.needs_probe:
             _probe_backend(p, self, backend, layer, query, kv_cache)
+        if p is not None and p.expected is not None and id(layer) not in p.layers_checked:
+            _check_layer(p, self, backend, layer, query)
         if p is not None and attn_metadata is not None:
             try:
                 st = _state()
@@ -185,8 +220,22 @@ def _probe_backend(p: VllmAuditPlugin, impl, backend: str, layer, query, kv_cach
         p.error("engine probe", e)
 
 
+def _check_layer(p: VllmAuditPlugin, impl, backend: str, layer, query) -> None:
+    """A layer's first call once the model's configuration is known: its
+    scale, soft-cap, window, sinks and sizes against the configuration."""
+    p.layers_checked.add(id(layer))
+    try:
+        call = _attention_call(impl, backend, layer, query, None, None, None)
+        if call is not None:
+            p.check_config(call, audited=False)
+    except Exception as e:  # noqa: BLE001
+        p.error("configuration check", e)
+
+
 def _attention_call(impl, backend: str, layer, query, kv_cache, md,
                     output) -> Optional[AttentionCall]:
+    """The call's tensors and the layer's attention parameters as the
+    kernel was given them; md None: the parameters only (no batch)."""
     if str(getattr(impl, "attn_type", "decoder")) not in ("decoder", "AttentionType.DECODER"):
         return None
     index = layer_index(str(getattr(layer, "layer_name", "")))
@@ -196,11 +245,14 @@ def _attention_call(impl, backend: str, layer, query, kv_cache, md,
     if isinstance(window, (tuple, list)):  # FlashAttention: (left, right)
         window = int(window[0]) + 1 if int(window[0]) >= 0 else None
     cap = getattr(impl, "logits_soft_cap", None)
+    head_size = int(getattr(impl, "head_size", 0) or query.shape[-1])
+    if query.dim() == 2:  # [T, Hq * D]
+        query = query.view(query.shape[0], -1, head_size)
     return AttentionCall(
         backend=backend, layer=index, query=query, kv_cache=kv_cache,
-        block_table=md.block_table, seq_lens=md.seq_lens,
-        query_start_loc=md.query_start_loc, output=output, scale=float(impl.scale),
-        sliding_window=window, logits_soft_cap=cap or None,
+        block_table=getattr(md, "block_table", None), seq_lens=getattr(md, "seq_lens", None),
+        query_start_loc=getattr(md, "query_start_loc", None), output=output,
+        scale=float(impl.scale), sliding_window=window, logits_soft_cap=cap or None,
         sinks=getattr(impl, "sinks", None),
         kv_cache_dtype=str(getattr(impl, "kv_cache_dtype", "auto")),
         k_scale=float(getattr(layer, "_k_scale_float", 1.0)),
@@ -252,7 +304,7 @@ def _learn_model(runner) -> None:
     hf = getattr(config, "hf_text_config", None) or getattr(config, "hf_config", None)
     params = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None)
     _PLUGIN.rope_parameters = dict(params) if params else None
-    _PLUGIN.config_scale = config_softmax_scale(hf)
+    _PLUGIN.expected = Expected.from_config(hf)
 
 
 def _capturing() -> bool:

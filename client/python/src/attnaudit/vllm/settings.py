@@ -42,6 +42,10 @@ TOML when the name ends in .toml); the environment wins over the file.
                     "measured"); "0": declare the preset.
     model, run      labels (model default: the served model name; a local
                     checkpoint path by its last component).
+    step_file       a file the training loop writes its RL step to ("17",
+                    or "17 run-name"), read on sampled steps when it
+                    changed: the snapshots' step label (and run) from then
+                    on. In the engine's process set_rl_step does the same.
     on_step         callbacks "pkg.module:function[,...]", each called with
                     a StepSummary per audited step (a background thread).
     log_summary     "1": log each StepSummary at INFO (logger
@@ -95,6 +99,7 @@ class Settings:
     probe: bool = True
     model: Optional[str] = None
     run: Optional[str] = None
+    step_file: Optional[str] = None
     on_step: Tuple[str, ...] = ()
     log_summary: bool = True
 
