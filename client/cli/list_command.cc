@@ -143,9 +143,10 @@ std::string TableRow(const v1::ResultSummary& s) {
                                   : StateName(s.state());
   const v1::Labels& l = s.labels();
   return absl::StrFormat(
-      "%-19s  %-7s  %-16s %5s %6s  %10.3g  %-18s %-12s %s",
+      "%-19s  %-7s  %-16s %-16s %5s %6s  %10.3g  %-18s %-12s %s",
       ShortTime(s.finish_time()), verdict,
       l.model().empty() ? "-" : l.model().substr(0, 16),
+      l.run().empty() ? "-" : l.run().substr(0, 16),
       l.has_layer() ? absl::StrCat(l.layer()) : "-",
       l.has_step() ? absl::StrCat(l.step()) : "-", s.engine_out().max_abs(),
       s.diagnosis().empty() ? "-" : s.diagnosis(),
@@ -159,8 +160,8 @@ int RunList(const ListCommand& o) {
   if (!client.ok()) return FailLocal("list", client.status());
   if (!o.json) {
     std::cout << absl::StrFormat(
-        "%-19s  %-7s  %-16s %5s %6s  %10s  %-18s %-12s %s\n", "finished (UTC)",
-        "verdict", "model", "layer", "step", "E-R out", "diagnosis", "replica",
+        "%-19s  %-7s  %-16s %-16s %5s %6s  %10s  %-18s %-12s %s\n",
+        "finished (UTC)", "verdict", "model", "run", "layer", "step", "E-R out", "diagnosis", "replica",
         "job");
   }
   absl::Status s = ForEachResult(

@@ -92,6 +92,19 @@ std::string ScalingText(const RopeScaling& s) {
   return absl::StrCat("unknown(", static_cast<int>(s.type), ")");
 }
 
+// The rows' request ids, the first few by name: a batch of 256 rows would
+// otherwise fill the screen.
+std::string RequestIdsText(const std::vector<std::string>& ids) {
+  constexpr size_t kShown = 4;
+  std::vector<std::string> shown(
+      ids.begin(), ids.begin() + std::min(ids.size(), kShown));
+  std::string text = absl::StrCat("requests=", absl::StrJoin(shown, ","));
+  if (ids.size() > kShown) {
+    absl::StrAppend(&text, ",... (", ids.size(), " rows)");
+  }
+  return text;
+}
+
 std::string LabelLine(const Labels& l) {
   std::vector<std::string> parts;
   if (!l.model.empty()) parts.push_back(absl::StrCat("model=", l.model));
@@ -99,6 +112,8 @@ std::string LabelLine(const Labels& l) {
   if (!l.engine.empty()) parts.push_back(absl::StrCat("engine=", l.engine));
   if (!l.backend.empty()) parts.push_back(absl::StrCat("backend=", l.backend));
   if (l.step >= 0) parts.push_back(absl::StrCat("step=", l.step));
+  if (!l.run.empty()) parts.push_back(absl::StrCat("run=", l.run));
+  if (!l.request_ids.empty()) parts.push_back(RequestIdsText(l.request_ids));
   return parts.empty() ? "(none)" : absl::StrJoin(parts, " ");
 }
 
