@@ -161,8 +161,8 @@ int RunList(const ListCommand& o) {
   if (!o.json) {
     std::cout << absl::StrFormat(
         "%-19s  %-7s  %-16s %-16s %5s %6s  %10s  %-18s %-12s %s\n",
-        "finished (UTC)", "verdict", "model", "run", "layer", "step", "E-R out", "diagnosis", "replica",
-        "job");
+        "finished (UTC)", "verdict", "model", "run", "layer", "step", "E-R out",
+        "diagnosis", "replica", "job");
   }
   absl::Status s = ForEachResult(
       client->get(), *request, o.limit, [&o](const v1::ResultSummary& r) {

@@ -96,8 +96,8 @@ std::string ScalingText(const RopeScaling& s) {
 // otherwise fill the screen.
 std::string RequestIdsText(const std::vector<std::string>& ids) {
   constexpr size_t kShown = 4;
-  std::vector<std::string> shown(
-      ids.begin(), ids.begin() + std::min(ids.size(), kShown));
+  std::vector<std::string> shown(ids.begin(),
+                                 ids.begin() + std::min(ids.size(), kShown));
   std::string text = absl::StrCat("requests=", absl::StrJoin(shown, ","));
   if (ids.size() > kShown) {
     absl::StrAppend(&text, ",... (", ids.size(), " rows)");
