@@ -259,7 +259,8 @@ void AddGet(CLI::App* app, int* exit_code) {
   auto [command, o] = AddCommand<GetCommand>(
       app, exit_code, "get", "print a job's state and result",
       "Prints a job's state and, once DONE, its report. Exit: DONE 0 PASS /\n"
-      "1 DRIFT / 2 INVALID; FAILED or CANCELLED 2; still QUEUED/RUNNING 3.",
+      "1 DRIFT / 2 INVALID / 3 INCONCLUSIVE; FAILED or CANCELLED 2; still\n"
+      "QUEUED/RUNNING 3 (the printed state tells it from INCONCLUSIVE).",
       &RunGetCommand);
   command->add_option("JOB_ID", o->job_id, "the job id Submit returned")
       ->required();
