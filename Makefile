@@ -194,7 +194,8 @@ fuzz: build
 	    tests/fuzz/corpus/$$t tests/fuzz/regressions/$$t || exit 1; \
 	done
 
-# Benchmarks (docs/PERF.md has the method and figures of each). Results are
+# Benchmarks (docs/PERF.md has the method of each and today's figures;
+# docs/perf-history.md the figures of older code). Results are
 # printed as markdown and written as JSON to $(BENCH_OUT); temporary
 # snapshots go to $(BENCH_TMP) (up to 512 MiB at a time) and are deleted.
 # Run times on the 2-core dev VM:

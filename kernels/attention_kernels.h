@@ -1,6 +1,6 @@
 // The fused R + P pass on the GPU: the launchers. Their parameters are
 // plain data (kernels/pass_params.h) planned by kernels/pass_plan.h; the
-// kernels' source is kernels/attention_device.h (compiled by nvcc in
+// kernels' source is kernels/attention_device.inc (compiled by nvcc in
 // attention_kernels.cu, and run on the CPU by the tests' SIMT emulator);
 // their per-block arithmetic is kernels/math/ (the CPU core's operation
 // order, shared source).

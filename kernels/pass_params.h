@@ -38,7 +38,7 @@ struct PassUnit {
 constexpr int64_t kPassStageTokens = 64;
 
 // Byte offsets of a thread block's shared-memory sections (see
-// attention_device.h), which the launch sets from the block's shape.
+// attention_device.inc), which the launch sets from the block's shape.
 // They live in the kernel's parameters, not in registers.
 struct PassLayout {
   int32_t raw_k = 0, raw_v = 0;                // one stage as read: K, then V

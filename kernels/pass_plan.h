@@ -72,7 +72,7 @@ struct TreeShape {
 TreeShape TreeShapeOf(const PreparedAttention& p);
 
 // The shared-memory sections for the params' shape, stage and query chunk
-// (attention_device.h uses them); total -1 when past 2^31 bytes.
+// (attention_device.inc uses them); total -1 when past 2^31 bytes.
 PassLayout MakePassLayout(const PassParams& params);
 
 // Shared memory one thread block needs for these parameters (their

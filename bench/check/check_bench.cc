@@ -172,7 +172,7 @@ std::unique_ptr<Workload> PrepareWorkload(const BenchFlags& flags,
 // the part of a whole check that no floor counts and no code of ours can
 // skip while the file is read through a mapping. MADV_POPULATE_READ in
 // 4 MiB ranges is the cheapest form this benchmark has found (its figures:
-// docs/PERF.md).
+// docs/perf-history.md).
 void MapAndUnmap(const std::string& path, int threads) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) Die(absl::ErrnoToStatus(errno, path));

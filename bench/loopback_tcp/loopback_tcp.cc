@@ -1,6 +1,6 @@
 // loopback_tcp: the raw loopback TCP transfer rate on this machine, the
 // ceiling the service's ingest (bytes of snapshot per second over gRPC) is
-// compared against in docs/PERF.md.
+// compared against (the journal docs/perf-history.md points to).
 //
 // A receiver thread accepts one connection on 127.0.0.1 (an ephemeral port)
 // and reads into a reusable buffer; the sender writes --bytes in --chunk

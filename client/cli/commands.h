@@ -2,9 +2,10 @@
 // Add*Command function. When the command line selects a subcommand, its
 // callback runs the command and stores the process exit code in
 // *exit_code: 0 success / PASS, 1 DRIFT, 2 invalid input or error (the
-// message, naming the field, goes to stderr). Each subcommand owns its
-// option values (captured by its callback), so they live as long as the
-// app. Usage errors are CLI11 exceptions, caught in main.cc.
+// message, naming the field, goes to stderr), 3 INCONCLUSIVE, 4 (`get`) a
+// job not finished yet. Each subcommand owns its option values
+// (captured by its callback), so they live as long as the app. Usage
+// errors are CLI11 exceptions, caught in main.cc.
 #ifndef ATTNAUDIT_CLIENT_CLI_COMMANDS_H_
 #define ATTNAUDIT_CLIENT_CLI_COMMANDS_H_
 

@@ -20,7 +20,8 @@
 namespace attnaudit::client::cli_internal {
 namespace {
 
-constexpr int kExitNotFinished = 3;  // get: the job is queued or running
+// get: the job is queued or running (not 3: that is INCONCLUSIVE).
+constexpr int kExitNotFinished = 4;
 
 // ---- audit
 
@@ -259,7 +260,8 @@ void AddGet(CLI::App* app, int* exit_code) {
   auto [command, o] = AddCommand<GetCommand>(
       app, exit_code, "get", "print a job's state and result",
       "Prints a job's state and, once DONE, its report. Exit: DONE 0 PASS /\n"
-      "1 DRIFT / 2 INVALID; FAILED or CANCELLED 2; still QUEUED/RUNNING 3.",
+      "1 DRIFT / 2 INVALID / 3 INCONCLUSIVE; FAILED or CANCELLED 2; still\n"
+      "QUEUED/RUNNING 4.",
       &RunGetCommand);
   command->add_option("JOB_ID", o->job_id, "the job id Submit returned")
       ->required();

@@ -26,7 +26,8 @@ constexpr int kExitError = 2;  // invalid input or an error
 // Nothing drifted, but the audit could not verify what a PASS promises.
 constexpr int kExitInconclusive = 3;
 
-// Exit code for a verdict: 0 PASS, 1 DRIFT, 2 INVALID/unspecified.
+// Exit code for a verdict: 0 PASS, 1 DRIFT, 2 INVALID/unspecified,
+// 3 INCONCLUSIVE.
 int ExitCodeFor(Verdict verdict);
 
 // Writes `report` to stdout (FormatReport, or proto3 JSON when `json`) and

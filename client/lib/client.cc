@@ -201,7 +201,7 @@ absl::StatusOr<Transport> Client::ChooseTransport(int64_t request_bytes) {
     // Headroom for framing and the non-tensor fields; and past ~8 MiB the
     // stream is faster even when unary would fit (its chunks pipeline the
     // client's serialisation, the transfer and the server's parsing;
-    // measured on loopback, docs/PERF.md).
+    // measured on loopback, docs/perf-history.md).
     threshold = std::min(limit / 4 * 3, kStreamAbove);
   }
   return request_bytes > threshold ? Transport::kStream : Transport::kUnary;

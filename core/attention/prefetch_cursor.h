@@ -4,8 +4,8 @@
 // prefetchers cannot guess it; and the core drops software prefetches
 // beyond its few outstanding misses, so a page-sized burst would mostly be
 // lost. Pacing the lines over the current page's arithmetic keeps the
-// misses in flight without dropping them (docs/PERF.md, "Prefetching the
-// next page").
+// misses in flight without dropping them (docs/perf-history.md,
+// "Prefetching the next page").
 //
 // Owned by one thread's scratch; not thread-safe. Holds pointers into the
 // run's pages, which must outlive the cursor's use until the next Start.

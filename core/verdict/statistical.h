@@ -31,7 +31,7 @@ struct StatisticalInputs {
   int64_t max_context = 1;           // largest visible key count of a query
   int64_t max_merged_blocks = 1;     // largest number of merged blocks
   double max_abs_lse_reference = 1;  // Lambda: max |R.lse| (fp8 KV noise)
-  // The engine's arithmetic (precision.h): the precision of its
+  // The engine's arithmetic (core/engine/arithmetic.h): the precision of its
   // probabilities (0: EngineComputeEpsilon(kv_dtype)) and the absolute
   // error of both sides' scores (ComparisonScoreError plus, for a pre-RoPE
   // snapshot's E-R and E-P, attnaudit's own RoPE uncertainty), which moves

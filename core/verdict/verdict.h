@@ -55,9 +55,9 @@ struct ToleranceInputs {
   // weights exp(lse_k - lse): W more merges, and weights whose exponent
   // carries ~eps_f |lse| of rounding (docs/NUMERICS.md, "Tolerances").
   int64_t cp_world_size = 1;
-  // The engine's declared arithmetic (precision.h). Zero fields (the
-  // default) mean a flash-decoding engine of kv_dtype with exact scores:
-  // no score term, probabilities by EngineComputeEpsilon.
+  // The engine's declared arithmetic (core/engine/arithmetic.h). Zero
+  // fields (the default) mean a flash-decoding engine of kv_dtype with
+  // exact scores: no score term, probabilities by EngineComputeEpsilon.
   EngineArithmetic engine;
   // The replay's own (ReplayArithmetic): its fp32 scores err like an fp32
   // engine's. Zero (the default): none.

@@ -172,8 +172,8 @@ sigset_t PrepareProcess() {
   // above), and freed snapshot buffers end up exactly there: with the
   // default arenas, ~130 MiB of a 340 MiB burst stayed resident after the
   // trim; with one, RSS went back to its pre-burst size (docs/PERF.md,
-  // "Overload"). Small allocations are served from per-thread caches, so
-  // one arena costs no measurable contention here.
+  // "Memory after a burst"). Small allocations are served from per-thread
+  // caches, so one arena costs no measurable contention here.
   mallopt(M_ARENA_MAX, 1);
   sigset_t stop_signals;
   sigemptyset(&stop_signals);

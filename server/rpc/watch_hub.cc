@@ -174,7 +174,8 @@ void WatchReactor::Push(const std::shared_ptr<const PublishedResult>& result) {
         grpc::StatusCode::RESOURCE_EXHAUSTED,
         absl::StrCat("watcher too slow: ", buffer_,
                      " results were waiting to be sent, so this watch was "
-                     "dropped; reconnect and use GetResult to catch up")));
+                     "dropped; watch again with resume_after set to the "
+                     "last cursor you saw")));
     return;
   }
   queue_.push_back(result);

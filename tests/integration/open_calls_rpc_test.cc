@@ -1,9 +1,10 @@
-// Calls that stay open, against hostile or revoked callers (docs/SECURITY.md
-// "Open calls"): a token file reload ends the watches, streams and audits
-// of a revoked credential and re-filters a watcher whose permissions
-// changed; uploads in progress count against their tenant's quota and
-// share of the upload budget, so one tenant's silent streams cannot block
-// another tenant's; a stream that stays silent is ended.
+// Calls that stay open, against hostile or revoked callers (docs/SECURITY.md,
+// "A reload applies to calls already open" and "Uploads in progress"): a
+// token file reload ends the watches, streams and audits of a revoked
+// credential and re-filters a watcher whose permissions changed; uploads
+// in progress count against their tenant's quota and share of the upload
+// budget, so one tenant's silent streams cannot block another tenant's; a
+// stream that stays silent is ended.
 #include <atomic>
 #include <fstream>
 #include <memory>

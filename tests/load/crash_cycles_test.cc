@@ -8,7 +8,8 @@
 //   - a key always maps to the same job, and the store holds no job that
 //     was never acknowledged under some key (nothing duplicated);
 //   - no spool entry is left.
-// The cycle count and totals are printed (docs/PERF.md quotes them).
+// The cycle count and totals are printed (docs/perf-history.md quotes one
+// run's).
 #include <signal.h>
 
 #include <atomic>

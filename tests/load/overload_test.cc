@@ -31,7 +31,8 @@
 //     receipt (kStreams requests), and within a minute of idle it is back
 //     near the pre-burst size (RssSettled: within 20%, or 16 MiB, the
 //     larger).
-// The run's figures are printed as a table (docs/PERF.md quotes them).
+// The run's figures are printed as a table (docs/perf-history.md quotes
+// some runs').
 // Ratios of times measured in the same run, with generous margins, and
 // counts: no absolute time is asserted, so a slow or shared machine
 // slows both sides of each comparison.

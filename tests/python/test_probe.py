@@ -4,7 +4,7 @@ rounding and the RoPE cast point, say "undetermined" rather than guess when
 an engine fits no candidate, and resolve the presets by the CPU's ISA.
 
 Runs in `make test`'s venv: numpy, no torch. The real engines are probed by
-tests/conformance/test_probe_engines.py (`make conformance`).
+tests/conformance/probe_engines.py (`make conformance`).
 """
 
 from __future__ import annotations

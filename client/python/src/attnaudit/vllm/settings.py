@@ -37,9 +37,10 @@ TOML when the name ends in .toml); the environment wins over the file.
                     FlashAttention, "flash-decoding" for FlashInfer). With
                     probe on, the fallback when the probe cannot run.
     probe           "1" (default): measure the backend's arithmetic once
-                    per process at start-up (attnaudit.probe, a few
-                    seconds) and declare it on every snapshot (source
-                    "measured"); "0": declare the preset.
+                    per process, at the first attention call on a real
+                    cache (vLLM's warm-up; attnaudit.probe, a few seconds),
+                    and declare it on every snapshot (source "measured");
+                    "0": declare the preset.
     model, run      labels (model default: the served model name; a local
                     checkpoint path by its last component).
     step_file       a file the training loop writes its RL step to ("17",
@@ -51,8 +52,9 @@ TOML when the name ends in .toml); the environment wins over the file.
     log_summary     "1": log each StepSummary at INFO (logger
                     "attnaudit.vllm"); default "1".
 
-A value that does not parse, or an ATTNAUDIT_VLLM_* variable that names no
-setting, raises SettingsError naming it (with the nearest setting's name).
+A value that does not parse, or an ATTNAUDIT_VLLM_* variable or a config
+file key that names no setting, raises SettingsError naming it (with the
+nearest setting's name), whether or not a server is set.
 vLLM calls the plugin's register() outside its own error handling, so the
 error stops vLLM's start-up: an audit its user asked for is never silently
 off.
