@@ -67,3 +67,18 @@ def test_stubs_are_not_committed():
     if tracked.returncode != 0:
         pytest.skip("not a git checkout")
     assert tracked.stdout.split() == ["client/python/src/attnaudit/v1/__init__.py"]
+
+
+def test_bundled_protos_match_the_proto_files():
+    """client/python/proto (what the package builds from outside the
+    repository) is a byte-identical copy of proto/attnaudit/v1."""
+    bundled_dir = os.path.join(REPO, "client", "python", "proto", "attnaudit", "v1")
+    source_dir = os.path.join(REPO, "proto", "attnaudit", "v1")
+    bundled = sorted(os.listdir(bundled_dir))
+    source = sorted(os.listdir(source_dir))
+    hint = "; run client/python/scripts/sync_protos.sh (make py-protos)"
+    assert bundled == source, f"client/python/proto has {bundled}, proto/ {source}" + hint
+    for name in source:
+        with open(os.path.join(bundled_dir, name), "rb") as a, \
+                open(os.path.join(source_dir, name), "rb") as b:
+            assert a.read() == b.read(), f"client/python/proto/attnaudit/v1/{name} differs" + hint
