@@ -82,3 +82,12 @@ def test_bundled_protos_match_the_proto_files():
         with open(os.path.join(bundled_dir, name), "rb") as a, \
                 open(os.path.join(source_dir, name), "rb") as b:
             assert a.read() == b.read(), f"client/python/proto/attnaudit/v1/{name} differs" + hint
+
+
+def test_one_version():
+    """attnaudit.__version__ is the installed distribution's version (both
+    come from attnaudit/_version.py)."""
+    import importlib.metadata
+
+    import attnaudit
+    assert attnaudit.__version__ == importlib.metadata.version("attnaudit")

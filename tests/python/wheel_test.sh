@@ -50,7 +50,7 @@ sdist=$(ls "$tmp"/sdist/attnaudit-*.tar.gz)
 import os, sys, tarfile, zipfile
 wheel, sdist, protos = sys.argv[1:]
 names = set(zipfile.ZipFile(wheel).namelist())
-want = {"attnaudit/py.typed"}
+want = {"attnaudit/py.typed", "attnaudit/_version.py"}
 for p in sorted(os.listdir(protos)):
     stem = p[:-len(".proto")]
     want |= {f"attnaudit/v1/{p}", f"attnaudit/v1/{stem}_pb2.py",
@@ -77,6 +77,7 @@ import attnaudit
 from attnaudit.v1 import service_pb2, service_pb2_grpc
 venv = os.path.realpath(sys.argv[1])
 assert os.path.realpath(attnaudit.__file__).startswith(venv), attnaudit.__file__
+assert attnaudit.__version__ == importlib.metadata.version("attnaudit")
 assert callable(attnaudit.AuditClient)
 assert service_pb2_grpc.AuditServiceStub is not None
 proto = importlib.resources.files("attnaudit.v1") / "service.proto"
