@@ -29,14 +29,11 @@ from typing import List, Optional
 from attnaudit.v1 import report_pb2, service_pb2
 
 from ._enums import Comparison, JobState, Priority, Verdict
+from ._records import record, timestamp
 from .errors import AuditError, job_error
 
 
-def _time(message, field: str) -> Optional[datetime.datetime]:
-    """A Timestamp field as an aware UTC datetime, or None when unset."""
-    if not message.HasField(field):
-        return None
-    return getattr(message, field).ToDatetime(tzinfo=datetime.timezone.utc)
+_time = timestamp
 
 
 class ComparisonView:
@@ -520,8 +517,7 @@ class ResultSummary:
 
     def to_record(self) -> dict:
         """The flat row of results_to_pandas (attnaudit.results.COLUMNS)."""
-        from .results import record_of
-        return record_of(self)
+        return record(self.proto)
 
     def __repr__(self) -> str:
         v = self.verdict

@@ -38,6 +38,8 @@ from attnaudit.v1 import snapshot_pb2
 from . import _arrays as A
 from . import _enums as E
 from . import _wire
+from ._presets import ENGINE_PRESETS, HF_FAMILY_CAST_POINTS
+from .fingerprint import prefix_fingerprint
 
 _LAYOUTS_FUSED = {"vllm": (0, False), "flash_attn": (0, False),
                   "flashinfer_nhd": (1, False), "flashinfer_hnd": (1, True)}
@@ -47,32 +49,6 @@ _LAYOUTS_SPLIT = {"vllm": False, "flash_attn": False, "flashinfer_nhd": False,
 # tensor per layer; per (block, KV head) the K block is stored transposed,
 # [D, block_size] row-major, then V as [block_size, D].
 _LAYOUT_VLLM_CPU = "vllm_cpu"
-
-# What the builders declare for an engine (engine=...): its attention
-# precision profile and where its RoPE rounds (docs/NUMERICS.md, "Engine
-# precision", "RoPE arithmetic"). The conformance suite checks each on the
-# engine's own code (docs/CONFORMANCE.md).
-ENGINE_PRESETS = {
-    "vllm-cpu": {"precision": "vllm_cpu", "cast_point": "cos_sin"},
-    "hf-eager": {"precision": "hf_eager", "cast_point": "each_op"},
-    "hf-sdpa": {"precision": "torch_flash_cpu", "cast_point": "each_op"},
-    "torch-flash-cpu": {"precision": "torch_flash_cpu", "cast_point": "after_rope"},
-    # GPU kernels: written from their code, not yet run by the suite.
-    "vllm": {"precision": "flash_decoding", "cast_point": "cos_sin"},
-    "flash-decoding": {"precision": "flash_decoding", "cast_point": "after_rope"},
-}
-
-# Hugging Face models round their RoPE where their family's modeling code
-# does: engine="hf-eager/<family>" (or hf-sdpa/...) takes the family's cast
-# point, measured bit for bit by attnaudit.probe on transformers 5.19
-# (--family; docs/PYTHON.md, "Engine presets"). A family not listed rotates
-# as Llama does (each_op: q·cos and rotate_half(q)·sin rounded apart).
-HF_FAMILY_CAST_POINTS = {
-    "cohere": "cos_sin",      # rotates in fp32 with cos/sin already cast
-    "cohere2": "cos_sin",
-    "olmo2": "after_rope",    # rotates q and k upcast to fp32
-}
-
 
 class Snapshot:
     """A decode-attention snapshot (see the module docstring)."""
@@ -381,7 +357,6 @@ class Snapshot:
         for t in self._tensors.values():
             t.wait()
         if self._auto_prefix:
-            from .fingerprint import prefix_fingerprint
             self._auto_prefix = False
             self._meta.prefix.fingerprint = prefix_fingerprint(
                 self, self._meta.prefix.length, self._meta.prefix.key)
@@ -758,7 +733,7 @@ def _preset_precision(engine, q_dtype: int, rope_style: str) -> Dict[str, Any]:
     the CPU's ISA and the RoPE style), source "preset"."""
     name = A.NAMES.get(q_dtype, "")
     if name in ("bf16", "f16", "f32"):
-        from .probe import preset
+        from .probe import preset  # late: the probe's imports cost ~20 ms
         return preset(str(engine).partition("/")[0], name, rope_style=rope_style)
     return {"profile": _engine_preset(engine)["precision"], "source": "preset",  # type: ignore[index]
             "evidence": f"engine preset {str(engine).lower()!r}"}
