@@ -91,3 +91,27 @@ def test_one_version():
 
     import attnaudit
     assert attnaudit.__version__ == importlib.metadata.version("attnaudit")
+
+
+def test_enums_mirror_the_wire_enums():
+    """Verdict, Comparison, JobState and Priority have exactly the values of
+    their generated wire enums, under the names without the prefix."""
+    from attnaudit import _enums
+
+    for cls, module, name, prefix in _enums.MIRRORS:
+        descriptor = getattr(importlib.import_module(f"attnaudit.v1.{module}"),
+                             name).DESCRIPTOR
+        wire = {v.name[len(prefix):]: v.number for v in descriptor.values}
+        assert {m.name: m.value for m in cls} == wire, (
+            f"attnaudit.{cls.__name__} differs from {module}.{name}; update "
+            "client/python/src/attnaudit/_enums.py")
+
+
+def test_enums_print_their_names():
+    from attnaudit import JobState, Verdict
+
+    assert str(Verdict.DRIFT) == "DRIFT" and f"{Verdict.PASS}" == "PASS"
+    assert f"{JobState.DONE:>6}|" == "  DONE|" and f"{Verdict.DRIFT:d}" == "2"
+    assert "%s" % Verdict.INVALID == "INVALID" and "%d" % Verdict.INVALID == "3"
+    assert Verdict.DRIFT == 2 and Verdict(2) is Verdict.DRIFT
+    assert repr(Verdict.PASS) == "<Verdict.PASS: 1>"

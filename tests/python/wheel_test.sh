@@ -80,6 +80,7 @@ assert os.path.realpath(attnaudit.__file__).startswith(venv), attnaudit.__file__
 assert attnaudit.__version__ == importlib.metadata.version("attnaudit")
 assert callable(attnaudit.AuditClient)
 assert service_pb2_grpc.AuditServiceStub is not None
+assert str(attnaudit.Verdict.DRIFT) == "DRIFT"
 proto = importlib.resources.files("attnaudit.v1") / "service.proto"
 assert "service AuditService" in proto.read_text()
 print(f"wheel_test.sh: attnaudit {attnaudit.__version__} imports in a fresh venv")
