@@ -34,5 +34,5 @@ __all__ = [
     "ENGINE_PRESETS", "HF_FAMILY_CAST_POINTS", "Report", "ResourceExhaustedError",
     "ResultIterator", "ResultSummary",
     "RolloutAuditor", "Snapshot", "Submitted", "Tls", "UnauthenticatedError", "UnavailableError",
-    "Verdict", "Watch", "results_to_pandas", "results_to_parquet",
+    "Verdict", "Watch", "__version__", "results_to_pandas", "results_to_parquet",
 ]

@@ -80,8 +80,8 @@ MIRRORS: Tuple[Tuple[type, str, str, str], ...] = (
 )
 
 
-def parse_enum(enum_type, prefix: str, value: Any, what: str,
-               aliases: Optional[Dict[str, str]] = None) -> int:
+def parse_enum(enum_type: Any, prefix: str, value: Any, what: str,
+               aliases: Optional[Dict[str, str]] = None) -> Any:
     """The number of a wire enum value given as its number, its full name
     ("ROPE_STYLE_NEOX"), its short name ("neox", any case) or an alias.
     Unknown values raise ValueError naming `what` and the accepted names."""
@@ -105,6 +105,13 @@ def parse_enum(enum_type, prefix: str, value: Any, what: str,
         names += sorted(aliases)
     raise ValueError(f"{what}: unknown value {value!r}; expected one of "
                      + ", ".join(names))
+
+
+def wire(number: int) -> Any:
+    """`number` for a field of a generated enum type. The generated stubs
+    type such a field as the enum's class, which no int is (parse_enum's
+    results are typed the same way); the field takes any of its numbers."""
+    return number
 
 
 KV_LAYOUT = (snapshot_pb2.KvLayout, "KV_LAYOUT_")

@@ -62,7 +62,7 @@ def record_of(item: Any) -> Dict[str, Any]:
     return _as_summary(item).to_record()
 
 
-def _require(module: str, what: str, extra: str):
+def _require(module: str, what: str, extra: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as e:
@@ -76,7 +76,7 @@ def _columns(results: Iterable[Any]) -> Dict[str, List[Any]]:
     return {name: [r[name] for r in records] for name in COLUMNS}
 
 
-def results_to_pandas(results: Iterable[Any]):
+def results_to_pandas(results: Iterable[Any]) -> Any:
     """A pandas.DataFrame with one row per result and the columns of
     COLUMNS: text as str (None when empty), state and verdict as their
     names, layer / step / error_code as nullable Int64, the drift numbers
@@ -204,7 +204,7 @@ class ResultIterator:
         """One flat dict per result (the columns of COLUMNS)."""
         return [record_of(s) for s in self]
 
-    def to_pandas(self):
+    def to_pandas(self) -> Any:
         """A pandas.DataFrame of the results (results_to_pandas)."""
         return results_to_pandas(self)
 
@@ -244,7 +244,7 @@ class AsyncResultIterator:
     async def to_records(self) -> List[Dict[str, Any]]:
         return [record_of(s) for s in await self.to_list()]
 
-    async def to_pandas(self):
+    async def to_pandas(self) -> Any:
         return results_to_pandas(await self.to_list())
 
     async def to_parquet(self, path: Any) -> int:
