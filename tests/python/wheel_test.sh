@@ -14,7 +14,7 @@
 # usage: wheel_test.sh PY_VENV PYTHON CLIENT_PYTHON_DIR
 set -euo pipefail
 
-venv=$(cd "$1" && pwd)    # build/py-venv: has pip, and $venv/wheelhouse
+venv=$(realpath -m "$1")  # build/py-venv: has pip, and $venv/wheelhouse
 python=$2                 # the interpreter for the fresh venv
 client=$(cd "$3" && pwd)  # client/python of the checkout
 wheelhouse="$venv/wheelhouse"
