@@ -26,6 +26,7 @@ Snapshot may be encoded from any thread.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import tempfile
@@ -212,42 +213,16 @@ class Snapshot:
         step's queries and new keys before RoPE, for the rolling RoPE check
         (q and the cache hold them rotated).
         """
+        # Every keyword option, by name (the parameters of _apply_options).
+        options = {name: value for name, value in locals().items() if name in OPTION_NAMES}
         plan = A.CopyPlan()
-        q4 = A.as_array(q, "q")
-        if len(q4.shape) != 4:
-            raise ValueError(f"q: shape {tuple(q4.shape)} must be [B, Sq, Hq, D]")
-        dims = tuple(int(d) for d in q4.shape)
-        tensors = {"q": plan.own(q4, "q"),
-                   "k_pages": plan.own(k_pages, "k_pages"),
-                   "v_pages": plan.own(v_pages, "v_pages")}
-        for name, value in (("block_table", block_table),
-                            ("kv_seq_lens", kv_seq_lens),
-                            ("query_positions", query_positions),
-                            ("slot_positions", slot_positions),
-                            ("page_ids", page_ids),
-                            ("key_rope_positions", key_rope_positions)):
-            if value is not None:
-                tensors[name] = _own_int(plan, value, name)
+        dims, tensors = _layout_tensors(plan, q, k_pages, v_pages, {
+            "block_table": block_table, "kv_seq_lens": kv_seq_lens,
+            "query_positions": query_positions, "slot_positions": slot_positions,
+            "page_ids": page_ids, "key_rope_positions": key_rope_positions})
         meta = snapshot_pb2.Snapshot(kv_layout=E.parse_enum(*E.KV_LAYOUT, kv_layout, "kv_layout"))
-        bt = tensors["block_table"].shape
-        auto = _apply_options(
-            meta, tensors, plan, dims, max_blocks=bt[1] if len(bt) == 2 else 0,
-            softmax_scale=softmax_scale, sliding_window=sliding_window,
-            window_convention=window_convention, logit_softcap=logit_softcap,
-            sinks=sinks, engine_lse_includes_sinks=engine_lse_includes_sinks,
-            rope=rope, output_dtype=output_dtype, k_scale=k_scale,
-            v_scale=v_scale, cp_world_size=cp_world_size,
-            cp_sharding=cp_sharding, cp_interleave_size=cp_interleave_size,
-            cp_block_owners=cp_block_owners, cp_rank_out=cp_rank_out,
-            cp_rank_lse=cp_rank_lse, engine_out=engine_out,
-            engine_lse=engine_lse, lse_base=lse_base,
-            engine_logprobs=engine_logprobs,
-            selected_token_ids=selected_token_ids, lm_head=lm_head,
-            active_mask=active_mask, logprob_temperature=logprob_temperature,
-            prefix_key=prefix_key, prefix_length=prefix_length,
-            prefix_fingerprint=prefix_fingerprint, prefix_scheme=prefix_scheme,
-            labels=labels, engine=engine, precision=precision,
-            rope_table=rope_table, pre_rope_q=pre_rope_q, pre_rope_k=pre_rope_k)
+        auto = _apply_options(meta, tensors, plan, dims, max_blocks=_max_blocks(tensors),
+                              **options)
         plan.finish()
         return cls(meta, tensors, gathered_event=plan.gathered_event,
                    auto_prefix_fingerprint=auto)
@@ -638,6 +613,28 @@ def _float_or_none(value: Any, what: str) -> float:
     return v
 
 
+def _layout_tensors(plan: A.CopyPlan, q: Any, k_pages: Any, v_pages: Any,
+                    ints: Dict[str, Any]) -> Tuple[Tuple[int, ...], Dict[str, A.WireTensor]]:
+    """The dims of q [B, Sq, Hq, D] and the owned copies of q, the page pools
+    and the integer layout tensors given (None: absent)."""
+    q4 = A.as_array(q, "q")
+    if len(q4.shape) != 4:
+        raise ValueError(f"q: shape {tuple(q4.shape)} must be [B, Sq, Hq, D]")
+    dims = tuple(int(d) for d in q4.shape)
+    tensors = {"q": plan.own(q4, "q"),
+               "k_pages": plan.own(k_pages, "k_pages"),
+               "v_pages": plan.own(v_pages, "v_pages")}
+    for name, value in ints.items():
+        if value is not None:
+            tensors[name] = _own_int(plan, value, name)
+    return dims, tensors
+
+
+def _max_blocks(tensors: Dict[str, A.WireTensor]) -> int:
+    shape = tensors["block_table"].shape
+    return shape[1] if len(shape) == 2 else 0
+
+
 def _apply_options(meta: snapshot_pb2.Snapshot, tensors: Dict[str, A.WireTensor], plan: A.CopyPlan,
                    dims: Sequence[int], *, max_blocks: int, softmax_scale: Any = None,
                    sliding_window: Any = None, window_convention: Any = None,
@@ -712,6 +709,13 @@ def _apply_options(meta: snapshot_pb2.Snapshot, tensors: Dict[str, A.WireTensor]
     if engine is not None and not meta.labels.engine:
         meta.labels.engine = str(engine)
     return auto
+
+
+# The keyword options of the builders (from_arrays, and from_paged_kv through
+# it): the keyword parameters of _apply_options but max_blocks.
+OPTION_NAMES = frozenset(
+    name for name, p in inspect.signature(_apply_options).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "max_blocks")
 
 
 def _engine_preset(engine: Any) -> Optional[Dict[str, str]]:
