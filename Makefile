@@ -15,6 +15,8 @@
 #               built is reused) and run every test (ctest; the Python
 #               client's tests build build/py-venv from pinned PyPI packages)
 #   make py-venv       the Python client in build/py-venv (pinned, no torch)
+#   make py-protos     refresh client/python/proto from proto/ (the copy the
+#                      package builds from outside the repository)
 #   make bench-python  the Python client benchmark (build/py-bench-venv with
 #                      torch from PyPI, about 3 GB of downloads the first time)
 #   make bench  every benchmark of docs/PERF.md (see the bench targets below)
@@ -54,7 +56,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
   bench-env bench-peers bench-sweeps bench-server bench-loopback bench-idle \
   bench-instructions bench-rope bench-fleet bench-copy \
   bench-diagnosis demo clean \
-  py-venv bench-python conformance conformance-sweep vllm-plugin bench-vllm-plugin
+  py-venv py-protos bench-python conformance conformance-sweep vllm-plugin bench-vllm-plugin
 
 all: build
 
@@ -351,7 +353,12 @@ PY_VENV := $(BUILD_DIR)/py-venv
 PY_BENCH_VENV := $(BUILD_DIR)/py-bench-venv
 
 py-venv: deps
-	bash client/python/scripts/make_venv.sh $(PY_VENV) $(PYTHON) client/python/requirements/test.txt
+	bash client/python/scripts/make_venv.sh $(PY_VENV) $(PYTHON) client/python/requirements/test.txt $(PY_VENV)/wheelhouse
+
+# Refreshes client/python/proto (the .proto files that travel with the
+# package, so it builds outside the repository) from proto/.
+py-protos:
+	bash client/python/scripts/sync_protos.sh
 
 # The hook's cost per decode step (docs/PERF.md "Python client"), against a
 # real attnaudit-server started by the script.

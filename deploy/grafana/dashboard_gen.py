@@ -183,7 +183,8 @@ def quantiles(metric, by, sel, legend, qs=(0.5, 0.99)):
     return out
 
 
-def build_panels():
+def _overview_verdicts():
+    """The Overview row and its verdict shares."""
     # ---------------------------------------------------------- Overview ----
     row("Overview")
     stat("DRIFT fraction (10m)",
@@ -225,6 +226,10 @@ def build_panels():
          'sum(rate(attnaudit_audits_total{%s,verdict="INVALID"}[10m])) / '
          'sum(rate(attnaudit_audits_total{%s}[10m]))' % (SEL, SEL),
          "percentunit", steps=((0.01, "orange"), (0.05, "red")), decimals=2)
+
+
+def _overview_traffic():
+    """The Overview row's traffic, queue and target stats."""
     stat("Audits/s",
          "Audits finished per second (any verdict), all selected replicas. "
          "Zero while replicas are up for 30 minutes fires AttnauditNoAudits: "
@@ -252,6 +257,10 @@ def build_panels():
          'count(up{job=~"$job",instance=~"$instance"} == 0) or vector(0)',
          "none", steps=((1, "red"),), decimals=0)
     L.newline()
+
+
+def _overview_timeseries():
+    """The Overview row's time series: verdicts, rejections, queues, devices."""
     timeseries(
         "Audits/s by verdict",
         "Finished audits per second by verdict (stacked). PASS green, DRIFT "
@@ -297,6 +306,9 @@ def build_panels():
          ("sum by (kind) (attnaudit_devices{%s})" % SEL, "{{kind}} devices")],
         "short", w=6)
 
+
+def _drift_quantiles():
+    """The Drift row's quantiles of the drift histograms."""
     # ------------------------------------------------------------- Drift ----
     row("Drift ($comparison)")
     timeseries(
@@ -333,6 +345,10 @@ def build_panels():
         quantiles("attnaudit_drift_logprob_abs_diff", "model, layer",
                   DRIFT_SEL, "{{model}} L{{layer}}"),
         "sci", log=10)
+
+
+def _drift_fractions():
+    """The Drift row's DRIFT shares by comparison and by model/layer."""
     timeseries(
         "DRIFT fraction by comparison",
         "Share of comparisons with verdict DRIFT, per comparison. "
@@ -358,6 +374,10 @@ def build_panels():
           '(rate(attnaudit_layer_audits_total{%s}[%s]))'
           % (SEL, RATE, SEL, RATE), "{{model}} L{{layer}}")],
         "percentunit", steps=((0.05, "red"),))
+
+
+def _drift_rankings():
+    """The Drift row's rankings: worst model/layer, diagnoses."""
     PANELS.append({
         "type": "bargauge",
         "title": "Worst model/layer: output max |diff| p99 over the range",
@@ -403,6 +423,10 @@ def build_panels():
                     "reduceOptions": {"calcs": ["lastNotNull"], "fields": "",
                                       "values": False}},
     })
+
+
+def _check_drifts():
+    """The Drift row's context-parallel and RoPE checks."""
     timeseries(
         "Context-parallel and RoPE checks drifting/s",
         "DRIFT verdicts per second of the context-parallel checks (rank: "
@@ -417,6 +441,9 @@ def build_panels():
           '{%s,verdict="DRIFT"}[%s]))' % (SEL, RATE), "rope {{check}}")],
         "ops")
 
+
+def _latency():
+    """The Latency row."""
     # ----------------------------------------------------------- Latency ----
     row("Latency")
     timeseries(
@@ -452,6 +479,9 @@ def build_panels():
         overrides=[color_override("ok", "green"),
                    color_override("failed", "red")])
 
+
+def _devices_and_build():
+    """The Devices, memory and build row, up to the build info table."""
     # ----------------------------------------------------- Devices/build ----
     row("Devices, memory and build")
     timeseries(
@@ -489,6 +519,10 @@ def build_panels():
             "excludeByName": {"Time": True, "Value": True, "__name__": True},
             "indexByName": {"instance": 0, "version": 1, "job": 2}}}],
     })
+
+
+def _store_and_fleet():
+    """The store and fleet panels closing that row."""
     L.newline()
     timeseries(
         "Job store up",
@@ -509,6 +543,18 @@ def build_panels():
         [("sum by (instance) (increase(attnaudit_fleet_jobs_taken_over_total"
           "{%s}[%s]))" % (SEL, RATE), "{{instance}}")],
         "short", w=12)
+
+
+# The panels of attnaudit.json, in their order on the dashboard.
+PANEL_STAGES = (_overview_verdicts, _overview_traffic, _overview_timeseries,
+                _drift_quantiles, _drift_fractions, _drift_rankings, _check_drifts,
+                _latency, _devices_and_build, _store_and_fleet)
+
+
+def build_panels():
+    """Appends every panel of attnaudit.json to PANELS, row by row."""
+    for stage in PANEL_STAGES:
+        stage()
 
 
 def query_var(name, label, query, multi=True, include_all=True, sort=1,
@@ -641,7 +687,8 @@ def sql_panel(kind, title, description, sql, w, h, fmt="table", unit="none",
     PANELS.append(p)
 
 
-def build_store_panels():
+def _store_latest_drift():
+    """The newest DRIFT audits, a full-width table."""
     sql_panel(
         "table", "Latest DRIFT audits",
         "The newest audits whose verdict is DRIFT (at most %d), from every "
@@ -666,6 +713,10 @@ def build_store_panels():
         field_config={"custom": {"align": "auto", "filterable": True}},
     )
     L.newline()
+
+
+def _store_drift_over_time():
+    """DRIFT per layer over time."""
     sql_panel(
         "timeseries", "DRIFT by layer over time",
         "DRIFT verdicts per layer, counted per time bucket ($__interval, "
@@ -690,6 +741,10 @@ def build_store_panels():
                             "calcs": ["sum"], "showLegend": True},
                  "tooltip": {"mode": "multi", "sort": "desc"}},
     )
+
+
+def _store_drift_over_steps():
+    """DRIFT per layer over training steps."""
     sql_panel(
         "table", "DRIFT by layer over steps",
         "DRIFT verdicts per training step (rows, newest first) and layer "
@@ -715,6 +770,10 @@ def build_store_panels():
             "valueField": "drift"}}],
     )
     L.newline()
+
+
+def _store_verdicts_per_replica():
+    """Finished jobs per replica by verdict and state."""
     sql_panel(
         "barchart", "Verdicts per replica",
         "Finished jobs per replica over the time range: PASS, DRIFT and "
@@ -751,6 +810,10 @@ def build_store_panels():
         color_override("PASS", "green"), color_override("DRIFT", "orange"),
         color_override("INVALID", "red"), color_override("FAILED", "purple"),
         color_override("CANCELLED", "text")]
+
+
+def _store_diagnoses():
+    """DRIFT of the last 24 hours by top diagnosis."""
     sql_panel(
         "bargauge", "Diagnoses (last 24h)",
         "DRIFT verdicts of the last 24 hours (whatever the dashboard's "
@@ -775,6 +838,18 @@ def build_store_panels():
                       "thresholds": thresholds()},
         timeFrom="24h",
     )
+
+
+# The panels of attnaudit-store.json, in their order on the dashboard.
+STORE_PANEL_STAGES = (_store_latest_drift, _store_drift_over_time,
+                      _store_drift_over_steps, _store_verdicts_per_replica,
+                      _store_diagnoses)
+
+
+def build_store_panels():
+    """Appends every panel of attnaudit-store.json to PANELS."""
+    for stage in STORE_PANEL_STAGES:
+        stage()
 
 
 def store_query_var(name, label, sql):

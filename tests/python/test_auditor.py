@@ -50,7 +50,7 @@ def test_builders_run_only_for_sampled_steps(client, snaps):
             if auditor.step(build, layer=layer):
                 sampled.append((step, layer))
     # Steps 0, 4, 8; layers 1 and 3 only.
-    assert sampled == [(s, l) for s in (0, 4, 8) for l in (1, 3)]
+    assert sampled == [(s, ly) for s in (0, 4, 8) for ly in (1, 3)]
     assert build.calls == 6
     assert auditor.flush(60)
     c = auditor.counters
@@ -67,8 +67,8 @@ def test_rotating_layers_and_explicit_steps(client, snaps):
     build = Builder(snaps["ok"])
     auditor = attnaudit.RolloutAuditor(client, sample_every=2, layers=[0, 5, 9],
                                        rotate_layers=True, max_in_flight=8)
-    taken = [(s, l) for s in range(100, 112) for l in (0, 5, 9)
-             if auditor.step(build, layer=l, step=s)]
+    taken = [(s, ly) for s in range(100, 112) for ly in (0, 5, 9)
+             if auditor.step(build, layer=ly, step=s)]
     # Sampled step s takes layer number (s // 2) mod 3: 50 mod 3 = 2 first.
     assert taken == [(100, 9), (102, 0), (104, 5), (106, 9), (108, 0), (110, 5)]
     assert auditor.flush(60) and auditor.counters.passed == 6

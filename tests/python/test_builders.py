@@ -462,3 +462,15 @@ def test_rope_config_translates_dynamic_ntk():
     with pytest.raises(ValueError, match="rope.scaling.sequence_length"):
         attnaudit.snapshot.rope_config(
             {"scaling": dict(hf, max_position_embeddings=4096)})
+
+
+def test_from_arrays_forwards_every_option():
+    """from_arrays hands its keyword options to _apply_options by name: its
+    parameters past the wire-layout ones are exactly OPTION_NAMES."""
+    import inspect
+
+    from attnaudit import snapshot
+    layout = {"q", "k_pages", "v_pages", "block_table", "kv_seq_lens", "query_positions",
+              "slot_positions", "kv_layout", "page_ids", "key_rope_positions"}
+    params = set(inspect.signature(attnaudit.Snapshot.from_arrays).parameters)
+    assert params - layout == snapshot.OPTION_NAMES

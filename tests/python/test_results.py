@@ -149,7 +149,8 @@ def test_list_results_filters(client, listed):
     assert list(client.list_results(run=run + "-other")) == []
     now = datetime.datetime.now(UTC)
     assert len(listing(since=3600)) == 6
-    assert len(listing(since=datetime.timedelta(hours=1), until=now + datetime.timedelta(minutes=5))) == 6
+    assert len(listing(since=datetime.timedelta(hours=1),
+                       until=now + datetime.timedelta(minutes=5))) == 6
     assert listing(since=now + datetime.timedelta(minutes=5)) == []
     assert listing(until=3600) == []
 
@@ -219,7 +220,8 @@ def test_list_results_to_pandas(client, listed):
     assert list(df.columns) == list(COLUMNS) and len(df) == 6
     assert df["cursor"].is_monotonic_decreasing
     assert (df["verdict"] == "DRIFT").sum() == 2
-    assert str(df["layer"].dtype) == "Int64" and str(df["finish_time"].dtype) == "datetime64[ns, UTC]"
+    assert str(df["layer"].dtype) == "Int64"
+    assert str(df["finish_time"].dtype) == "datetime64[ns, UTC]"
     assert df.loc[df["layer"] == 7, "step"].tolist() == [30]
     assert df["error_code"].isna().all()
     empty = client.list_results(run=run + "-other").to_pandas()
@@ -309,8 +311,8 @@ def test_fleet_addresses_make_one_balanced_target():
     assert _calls.channel_target(["127.0.0.1:7"]) == ("127.0.0.1:7", None)
     target, authority = _calls.channel_target(["localhost:1", "127.0.0.1:2"])
     assert target.startswith(("ipv4:", "ipv6:")) and authority == "localhost:1"
-    for bad in ([], ["127.0.0.1", "127.0.0.1:2"], ["::1:5", "127.0.0.1:1"], "127.0.0.1:1,,127.0.0.1:2",
-                ["dns:///x:1", "127.0.0.1:1"]):
+    for bad in ([], ["127.0.0.1", "127.0.0.1:2"], ["::1:5", "127.0.0.1:1"],
+                "127.0.0.1:1,,127.0.0.1:2", ["dns:///x:1", "127.0.0.1:1"]):
         with pytest.raises(ValueError):
             _calls.channel_target(bad)
     with pytest.raises(attnaudit.UnavailableError):

@@ -67,3 +67,51 @@ def test_stubs_are_not_committed():
     if tracked.returncode != 0:
         pytest.skip("not a git checkout")
     assert tracked.stdout.split() == ["client/python/src/attnaudit/v1/__init__.py"]
+
+
+def test_bundled_protos_match_the_proto_files():
+    """client/python/proto (what the package builds from outside the
+    repository) is a byte-identical copy of proto/attnaudit/v1."""
+    bundled_dir = os.path.join(REPO, "client", "python", "proto", "attnaudit", "v1")
+    source_dir = os.path.join(REPO, "proto", "attnaudit", "v1")
+    bundled = sorted(os.listdir(bundled_dir))
+    source = sorted(os.listdir(source_dir))
+    hint = "; run client/python/scripts/sync_protos.sh (make py-protos)"
+    assert bundled == source, f"client/python/proto has {bundled}, proto/ {source}" + hint
+    for name in source:
+        with open(os.path.join(bundled_dir, name), "rb") as a, \
+                open(os.path.join(source_dir, name), "rb") as b:
+            assert a.read() == b.read(), f"client/python/proto/attnaudit/v1/{name} differs" + hint
+
+
+def test_one_version():
+    """attnaudit.__version__ is the installed distribution's version (both
+    come from attnaudit/_version.py)."""
+    import importlib.metadata
+
+    import attnaudit
+    assert attnaudit.__version__ == importlib.metadata.version("attnaudit")
+
+
+def test_enums_mirror_the_wire_enums():
+    """Verdict, Comparison, JobState and Priority have exactly the values of
+    their generated wire enums, under the names without the prefix."""
+    from attnaudit import _enums
+
+    for cls, module, name, prefix in _enums.MIRRORS:
+        descriptor = getattr(importlib.import_module(f"attnaudit.v1.{module}"),
+                             name).DESCRIPTOR
+        wire = {v.name[len(prefix):]: v.number for v in descriptor.values}
+        assert {m.name: m.value for m in cls} == wire, (
+            f"attnaudit.{cls.__name__} differs from {module}.{name}; update "
+            "client/python/src/attnaudit/_enums.py")
+
+
+def test_enums_print_their_names():
+    from attnaudit import JobState, Verdict
+
+    assert str(Verdict.DRIFT) == "DRIFT" and f"{Verdict.PASS}" == "PASS"
+    assert f"{JobState.DONE:>6}|" == "  DONE|" and f"{Verdict.DRIFT:d}" == "2"
+    assert "%s" % Verdict.INVALID == "INVALID" and "%d" % Verdict.INVALID == "3"
+    assert Verdict.DRIFT == 2 and Verdict(2) is Verdict.DRIFT
+    assert repr(Verdict.PASS) == "<Verdict.PASS: 1>"

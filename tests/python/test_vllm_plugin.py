@@ -218,7 +218,7 @@ def run_steps(plugin, engine, steps, layers=(0, 1, 2), outputs=None):
             return Metadata(engine)
         names = [f"model.layers.{i}.self_attn.attn" for i in layers]
         for layer in layers:
-            st = plugin.state(ctx, md, lambda: names, lambda: ["r0", "r1"])
+            st = plugin.state(ctx, md, lambda names=names: names, lambda: ["r0", "r1"])
             out = engine.attend() if outputs is None else outputs(layer)
             plugin.on_attention(st, engine.call(layer, out))
     return touched
@@ -581,8 +581,8 @@ def test_a_run_that_samples_no_step_says_so(server, caplog):
 def test_warm_up_passes_are_not_steps(server):
     plugin = make_plugin(server)
     ctx = types.SimpleNamespace()
-    assert plugin.state(ctx, lambda: None, lambda: [], lambda: None) is None
-    assert plugin.state(ctx, lambda: 1 / 0, lambda: [], lambda: None) is None  # cached
+    assert plugin.state(ctx, lambda: None, list, lambda: None) is None
+    assert plugin.state(ctx, lambda: 1 / 0, list, lambda: None) is None  # cached
     assert plugin.counters()["steps"] == 0
 
 

@@ -14,6 +14,7 @@ docs/PYTHON.md in the repository is the guide. attnaudit.aio has the
 asyncio client; attnaudit.v1 the generated protobuf/gRPC stubs.
 """
 
+from ._version import __version__
 from ._calls import Submitted, Tls
 from ._enums import Comparison, JobState, Priority, Verdict
 from .auditor import AuditorCounters, AuditResult, RolloutAuditor
@@ -26,8 +27,6 @@ from .report import ComparisonView, Diagnosis, JobResult, Report, ResultSummary
 from .results import ResultIterator, results_to_pandas, results_to_parquet
 from .snapshot import ENGINE_PRESETS, HF_FAMILY_CAST_POINTS, Snapshot
 
-__version__ = "0.1.0"
-
 __all__ = [
     "AuditClient", "AuditError", "AuditResult", "AuditorCounters", "CancelledError",
     "Comparison", "ComparisonView", "DeadlineExceededError", "Diagnosis", "InvalidArgumentError",
@@ -35,5 +34,5 @@ __all__ = [
     "ENGINE_PRESETS", "HF_FAMILY_CAST_POINTS", "Report", "ResourceExhaustedError",
     "ResultIterator", "ResultSummary",
     "RolloutAuditor", "Snapshot", "Submitted", "Tls", "UnauthenticatedError", "UnavailableError",
-    "Verdict", "Watch", "results_to_pandas", "results_to_parquet",
+    "Verdict", "Watch", "__version__", "results_to_pandas", "results_to_parquet",
 ]

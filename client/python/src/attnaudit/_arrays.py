@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -40,7 +40,7 @@ _ALIASES = {"f32": F32, "float32": F32, "fp32": F32, "float": F32,
             "i32": I32, "int32": I32, "i64": I64, "int64": I64, "bool": BOOL}
 
 
-def _ml_dtypes():
+def _ml_dtypes() -> Any:
     import ml_dtypes  # a dependency; imported on first bf16/fp8 use
     return ml_dtypes
 
@@ -92,7 +92,7 @@ def _numpy_code(dtype: np.dtype) -> Optional[int]:
     return None
 
 
-def _torch_code(dtype) -> Optional[int]:
+def _torch_code(dtype: Any) -> Optional[int]:
     name = str(dtype).rpartition(".")[2]
     return {"float32": F32, "float16": F16, "bfloat16": BF16,
             "float8_e4m3fn": FP8_E4M3, "float8_e5m2": FP8_E5M2,
@@ -131,7 +131,7 @@ def is_cuda(x: Any) -> bool:
     return is_torch(x) and bool(x.is_cuda)
 
 
-def _torch():
+def _torch() -> Any:
     return sys.modules["torch"]
 
 
@@ -149,7 +149,7 @@ def code_of(x: Any, what: str) -> int:
     return code
 
 
-def as_array(x: Any, what: str):
+def as_array(x: Any, what: str) -> Any:
     """x itself when it is a numpy array or torch tensor, else np.asarray(x)."""
     if isinstance(x, np.ndarray) or is_torch(x):
         return x
@@ -195,7 +195,7 @@ class _Pending:
 
     __slots__ = ("event", "keepalive", "lock")
 
-    def __init__(self, event, keepalive):
+    def __init__(self, event: Any, keepalive: Any) -> None:
         self.event = event
         self.keepalive = keepalive
         self.lock = threading.Lock()
@@ -218,7 +218,7 @@ class WireTensor:
 
     __slots__ = ("dtype", "shape", "_buf", "_pending")
 
-    def __init__(self, dtype: int, shape: Sequence[int], buf, pending=None):
+    def __init__(self, dtype: int, shape: Sequence[int], buf: Any, pending: Any = None) -> None:
         self.dtype = int(dtype)
         self.shape = tuple(int(d) for d in shape)
         self._buf = buf
@@ -273,9 +273,9 @@ class CopyPlan:
     into pinned memory and records the event the pending tensors wait on.
     """
 
-    def __init__(self):
-        self._device = []  # (WireTensor, device staging tensor)
-        self.gathered_event = None
+    def __init__(self) -> None:
+        self._device: List[Tuple[WireTensor, Any]] = []  # (WireTensor, device staging tensor)
+        self.gathered_event: Any = None
 
     # -- host and device copies ------------------------------------------
 
@@ -298,7 +298,7 @@ class CopyPlan:
             a = x
         return WireTensor(code or src_code, a.shape, _numpy_bytes(a))
 
-    def _own_torch(self, t, what, code, copy) -> WireTensor:
+    def _own_torch(self, t: Any, what: Any, code: Any, copy: Any) -> WireTensor:
         torch = _torch()
         t = t.detach()
         src_code = code_of(t, what)
@@ -342,7 +342,7 @@ class CopyPlan:
         out = pool[np.asarray(ids, dtype=np.intp)]  # fresh, C-contiguous
         return WireTensor(code, out.shape, _numpy_bytes(out))
 
-    def _stage_device(self, staged, code: int) -> WireTensor:
+    def _stage_device(self, staged: Any, code: int) -> WireTensor:
         wt = WireTensor(code, tuple(staged.shape), None)
         self._device.append((wt, staged))
         return wt
@@ -369,7 +369,7 @@ class CopyPlan:
         self._device = []
 
 
-def _numpy_view(t) -> np.ndarray:
+def _numpy_view(t: Any) -> np.ndarray:
     """A zero-copy numpy view of a host torch tensor's storage (strides
     kept), as unsigned integers of the element's size: numpy has no bf16 or
     fp8 of torch's, and only the bytes matter from here on."""
@@ -378,7 +378,7 @@ def _numpy_view(t) -> np.ndarray:
     return t.view(as_int[t.element_size()]).numpy()
 
 
-def _torch_dtype(code: int):
+def _torch_dtype(code: int) -> Any:
     torch = _torch()
     return {F32: torch.float32, F16: torch.float16, BF16: torch.bfloat16,
             F64: torch.float64, I32: torch.int32, I64: torch.int64,

@@ -10,7 +10,7 @@ import json
 import os
 import socket
 import time
-from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -23,7 +23,21 @@ from .snapshot import Snapshot
 SERVICE = "/attnaudit.v1.AuditService/"
 
 
-def bind_methods(client, channel) -> None:
+class ServiceMethods:
+    """The service's methods as attributes (bind_methods sets them): a
+    client class derives from this so that they are declared."""
+
+    _audit: Any
+    _stream: Any
+    _submit: Any
+    _get: Any
+    _watch: Any
+    _cancel: Any
+    _capabilities: Any
+    _list: Any
+
+
+def bind_methods(client: ServiceMethods, channel: Any) -> None:
     """Sets client._audit, ._stream, ... to the service's methods on
     `channel` (a grpc.Channel or grpc.aio.Channel: their method factories
     have the same names)."""
@@ -80,7 +94,7 @@ class Submitted:
     deduplicated: bool
 
 
-def _pem(value, what: str) -> Optional[bytes]:
+def _pem(value: Any, what: str) -> Optional[bytes]:
     if value is None:
         return None
     if isinstance(value, bytes):
@@ -129,7 +143,7 @@ def _resolve(host: str, port: int, what: str) -> List[ipaddress._BaseAddress]:
         from .errors import UnavailableError
         raise UnavailableError(grpc.StatusCode.UNAVAILABLE,
                                f"{what}: cannot resolve {host!r}: {e}") from None
-    return [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
+    return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
 
 
 def channel_target(addr: Any) -> Tuple[str, Optional[str]]:
@@ -240,7 +254,7 @@ def channel_args(addr: Any, tls: Any, extra: Sequence = ()
 
 def channel_setup(tls: Any) -> Tuple[Optional[grpc.ChannelCredentials], List]:
     """(credentials or None for plaintext, channel options)."""
-    options = [("grpc.max_receive_message_length", 1 << 30),
+    options: List[Tuple[str, Any]] = [("grpc.max_receive_message_length", 1 << 30),
                ("grpc.max_send_message_length", -1)]
     if tls is None or tls is False:
         return None, options
@@ -302,30 +316,30 @@ def priority(value: Any) -> int:
     return E.parse_enum(service_pb2.Priority, "PRIORITY_", value, "priority")
 
 
-def _rest(message) -> bytes:
+def _rest(message: Any) -> bytes:
     return message.SerializeToString()
 
 
-def audit_request(snapshot: Snapshot, options, prio: int) -> bytes:
-    rest = service_pb2.AuditRequest(priority=prio)
+def audit_request(snapshot: Snapshot, options: Any, prio: int) -> bytes:
+    rest = service_pb2.AuditRequest(priority=E.wire(prio))
     if options is not None:
         rest.options.CopyFrom(options)
     return _wire.request_bytes(1, snapshot.pieces(), _rest(rest))
 
 
-def memfd_audit_request(memfd, options, prio: int) -> bytes:
+def memfd_audit_request(memfd: Any, options: Any, prio: int) -> bytes:
     """An AuditRequest naming `memfd` (a MemfdSnapshot) instead of carrying
     the snapshot."""
-    request = service_pb2.AuditRequest(priority=prio,
+    request = service_pb2.AuditRequest(priority=E.wire(prio),
                                        snapshot_memfd=memfd.describe())
     if options is not None:
         request.options.CopyFrom(options)
     return request.SerializeToString()
 
 
-def submit_request(snapshot: Snapshot, options, prio: int,
+def submit_request(snapshot: Snapshot, options: Any, prio: int,
                    idempotency_key: Optional[str], job_timeout: Optional[float]) -> bytes:
-    rest = service_pb2.SubmitRequest(priority=prio,
+    rest = service_pb2.SubmitRequest(priority=E.wire(prio),
                                      idempotency_key=idempotency_key or "")
     if options is not None:
         rest.options.CopyFrom(options)
@@ -362,8 +376,8 @@ def chunk_size(caps: Optional[service_pb2.Capabilities], override: Optional[int]
     return chunk
 
 
-def stream_messages(snapshot: Snapshot, options, prio: int, chunk: int,
-                    min_streamed: int = MIN_STREAMED):
+def stream_messages(snapshot: Snapshot, options: Any, prio: int, chunk: int,
+                    min_streamed: int = MIN_STREAMED) -> Iterator[bytes]:
     """The AuditStream messages: the header, then the chunks (a generator,
     so chunks are encoded as gRPC sends them)."""
     snapshot.wait()
@@ -456,7 +470,7 @@ def list_request(*, model: Optional[str] = None, layer: Optional[int] = None,
     return r
 
 
-def id_request(cls, job_id: str) -> bytes:
+def id_request(cls: Any, job_id: str) -> bytes:
     if not isinstance(job_id, str) or not job_id:
         raise ValueError("job_id: must be a non-empty string")
     return cls(job_id=job_id).SerializeToString()

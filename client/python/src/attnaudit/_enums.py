@@ -1,37 +1,87 @@
 """Python enums mirroring the wire enums, and lenient parsing of enum args.
 
-The IntEnum classes are derived from the generated descriptors, so they can
-never drift from the .proto: Verdict.PASS == report_pb2.VERDICT_PASS.
+The enums are IntEnum classes a type checker sees, with the numbers of the
+.proto (Verdict.PASS == report_pb2.VERDICT_PASS); a test checks them against
+the generated descriptors, so they cannot drift from the .proto. str() and
+format() give the member's name: print(report.verdict) prints "PASS".
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
-from attnaudit.v1 import report_pb2, service_pb2, snapshot_pb2
-
-
-def _mirror(name: str, enum_descriptor, prefix: str) -> type:
-    members = {v.name[len(prefix):]: v.number for v in enum_descriptor.values}
-    return enum.IntEnum(name, members, module=__name__)
+from attnaudit.v1 import snapshot_pb2
 
 
-Verdict = _mirror("Verdict", report_pb2.Verdict.DESCRIPTOR, "VERDICT_")
-Comparison = _mirror("Comparison", report_pb2.Comparison.DESCRIPTOR, "COMPARISON_")
-JobState = _mirror("JobState", service_pb2.JobState.DESCRIPTOR, "JOB_STATE_")
-Priority = _mirror("Priority", service_pb2.Priority.DESCRIPTOR, "PRIORITY_")
+class WireEnum(enum.IntEnum):
+    """An IntEnum that prints as its name ("DRIFT"); numeric format specs
+    (f"{v:d}") still format the number."""
 
-Verdict.__doc__ = ("Outcome of an audit: UNSPECIFIED, PASS, DRIFT, INVALID, "
-                   "INCONCLUSIVE (nothing drifted, but the audit could not "
-                   "verify what a PASS promises).")
-Comparison.__doc__ = "ENGINE_VS_REFERENCE, REPLAY_VS_REFERENCE, ENGINE_VS_REPLAY."
-JobState.__doc__ = "QUEUED, RUNNING, DONE, FAILED, CANCELLED."
-Priority.__doc__ = "INTERACTIVE (scheduled first) or SAMPLED (rollout traffic)."
+    def __str__(self) -> str:
+        return self.name
+
+    def __format__(self, spec: str) -> str:
+        try:
+            return format(self.name, spec)
+        except ValueError:
+            return int.__format__(int(self), spec)
 
 
-def parse_enum(enum_type, prefix: str, value: Any, what: str,
-               aliases: Optional[Dict[str, str]] = None) -> int:
+class Verdict(WireEnum):
+    """Outcome of an audit: UNSPECIFIED, PASS, DRIFT, INVALID, INCONCLUSIVE
+    (nothing drifted, but the audit could not verify what a PASS
+    promises)."""
+
+    UNSPECIFIED = 0
+    PASS = 1
+    DRIFT = 2
+    INVALID = 3
+    INCONCLUSIVE = 4
+
+
+class Comparison(WireEnum):
+    """ENGINE_VS_REFERENCE, REPLAY_VS_REFERENCE, ENGINE_VS_REPLAY,
+    ENGINE_VS_EMULATION."""
+
+    UNSPECIFIED = 0
+    ENGINE_VS_REFERENCE = 1
+    REPLAY_VS_REFERENCE = 2
+    ENGINE_VS_REPLAY = 3
+    ENGINE_VS_EMULATION = 4
+
+
+class JobState(WireEnum):
+    """QUEUED, RUNNING, DONE, FAILED, CANCELLED."""
+
+    UNSPECIFIED = 0
+    QUEUED = 1
+    RUNNING = 2
+    DONE = 3
+    FAILED = 4
+    CANCELLED = 5
+
+
+class Priority(WireEnum):
+    """INTERACTIVE (scheduled first) or SAMPLED (rollout traffic)."""
+
+    UNSPECIFIED = 0
+    INTERACTIVE = 1
+    SAMPLED = 2
+
+
+# Each enum, the generated wire enum it mirrors and that enum's value prefix
+# (checked by tests/python/test_stubs.py).
+MIRRORS: Tuple[Tuple[type, str, str, str], ...] = (
+    (Verdict, "report_pb2", "Verdict", "VERDICT_"),
+    (Comparison, "report_pb2", "Comparison", "COMPARISON_"),
+    (JobState, "service_pb2", "JobState", "JOB_STATE_"),
+    (Priority, "service_pb2", "Priority", "PRIORITY_"),
+)
+
+
+def parse_enum(enum_type: Any, prefix: str, value: Any, what: str,
+               aliases: Optional[Dict[str, str]] = None) -> Any:
     """The number of a wire enum value given as its number, its full name
     ("ROPE_STYLE_NEOX"), its short name ("neox", any case) or an alias.
     Unknown values raise ValueError naming `what` and the accepted names."""
@@ -55,6 +105,13 @@ def parse_enum(enum_type, prefix: str, value: Any, what: str,
         names += sorted(aliases)
     raise ValueError(f"{what}: unknown value {value!r}; expected one of "
                      + ", ".join(names))
+
+
+def wire(number: int) -> Any:
+    """`number` for a field of a generated enum type. The generated stubs
+    type such a field as the enum's class, which no int is (parse_enum's
+    results are typed the same way); the field takes any of its numbers."""
+    return number
 
 
 KV_LAYOUT = (snapshot_pb2.KvLayout, "KV_LAYOUT_")

@@ -15,10 +15,11 @@ Paths name Snapshot tensor fields as in StreamedTensor.field_path: "q",
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 from attnaudit.v1 import service_pb2, snapshot_pb2, tensor_pb2
 
+from . import _enums as E
 from ._arrays import WireTensor
 
 # Tensor paths of a Snapshot, in the order the contract lists them.
@@ -49,7 +50,7 @@ def key(field: int, wire_type: int = _LEN) -> bytes:
     return varint((field << 3) | wire_type)
 
 
-def _number(descriptor, name: str) -> int:
+def _number(descriptor: Any, name: str) -> int:
     return descriptor.fields_by_name[name].number
 
 
@@ -77,7 +78,7 @@ def _padding(n: int) -> bytes:
 
 def _tensor_message(t: WireTensor, with_data: bool, align: bool = False) -> List:
     """Pieces of one serialised attnaudit.v1.Tensor."""
-    head = tensor_pb2.Tensor(dtype=t.dtype, shape=list(t.shape)).SerializeToString()
+    head = tensor_pb2.Tensor(dtype=E.wire(t.dtype), shape=list(t.shape)).SerializeToString()
     pieces: List = [head]
     if with_data and t.nbytes > 0:
         data_header = key(3) + varint(t.nbytes)
@@ -112,7 +113,7 @@ def _field(number: int, body: List) -> List:
 
 def snapshot_pieces(meta: snapshot_pb2.Snapshot,
                     tensors: Dict[str, WireTensor],
-                    with_data=lambda path: True, align: bool = False) -> List:
+                    with_data: Any = lambda path: True, align: bool = False) -> List:
     """Pieces of a serialised Snapshot: `meta` (which holds no tensor) plus
     the tensors. with_data(path) False writes a tensor's dtype and shape
     only (the AuditStream header). align: the layout of a file (each
@@ -156,10 +157,10 @@ def request_bytes(snapshot_field: int, pieces: List, rest: bytes) -> bytes:
 
 
 def header_message(meta: snapshot_pb2.Snapshot, tensors: Dict[str, WireTensor],
-                   streamed: Sequence[str], options, priority: int) -> bytes:
+                   streamed: Sequence[str], options: Any, priority: int) -> bytes:
     """The serialised AuditStreamMessage holding the header."""
     streamed_set = set(streamed)
-    header = service_pb2.AuditStreamHeader(priority=priority)
+    header = service_pb2.AuditStreamHeader(priority=E.wire(priority))
     if options is not None:
         header.options.CopyFrom(options)
     for path in streamed:

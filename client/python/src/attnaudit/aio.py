@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Iterator, Optional, Sequence, Union
 
 import grpc
 import grpc.aio
@@ -36,7 +36,7 @@ from .snapshot import Snapshot
 Submitted = C.Submitted
 
 
-class AuditClient:
+class AuditClient(C.ServiceMethods):
     """Asyncio client (see the module docstring and attnaudit.AuditClient)."""
 
     def __init__(self, addr: Union[str, Sequence[str]] = "localhost:50051", *,
@@ -65,7 +65,7 @@ class AuditClient:
     async def __aenter__(self) -> "AuditClient":
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
     async def wait_for_ready(self, timeout: float = 10.0) -> None:
@@ -75,7 +75,7 @@ class AuditClient:
             raise UnavailableError(grpc.StatusCode.UNAVAILABLE,
                                    f"not connected within {timeout} s") from None
 
-    async def _call(self, method, request, timeout: Optional[float]):
+    async def _call(self, method: Any, request: Any, timeout: Optional[float]) -> Any:
         try:
             return await method(request, timeout=self.timeout if timeout is None else timeout,
                                 metadata=self._metadata)
@@ -84,9 +84,10 @@ class AuditClient:
 
     async def capabilities(self, refresh: bool = False, *,
                            timeout: Optional[float] = None) -> service_pb2.Capabilities:
-        if self._caps is None or refresh:
-            self._caps = await self._call(self._capabilities, b"", timeout)
-        return self._caps
+        caps = self._caps
+        if caps is None or refresh:
+            caps = self._caps = await self._call(self._capabilities, b"", timeout)
+        return caps
 
     async def audit(self, snapshot: Snapshot, *, timeout: Optional[float] = None,
                     priority: Any = None, options: Any = None,
@@ -116,7 +117,8 @@ class AuditClient:
             response = await self._call(self._audit, request, timeout)
         return Report(response.report)
 
-    async def _known_caps(self, needed: bool, timeout: Optional[float]):
+    async def _known_caps(self, needed: bool,
+                          timeout: Optional[float]) -> Optional[service_pb2.Capabilities]:
         # Asked under the deadline of the call that needs them.
         if not needed:
             return self._caps
@@ -185,7 +187,7 @@ class AuditClient:
         return Watch(call, bounded=timeout is not None)
 
 
-async def _off_loop(messages):
+async def _off_loop(messages: Iterator[bytes]) -> AsyncIterator[bytes]:
     """The stream's messages, each encoded (a chunk copy) on the default
     executor so the event loop never stalls on a large snapshot."""
     loop = asyncio.get_running_loop()
@@ -199,7 +201,7 @@ async def _off_loop(messages):
 class Watch:
     """An open WatchResults call: `async for result in watch`."""
 
-    def __init__(self, call, bounded: bool):
+    def __init__(self, call: Any, bounded: bool):
         self._call = call
         self._bounded = bounded
         self._cancelled = False
@@ -238,22 +240,22 @@ class Watch:
     async def __aenter__(self) -> "Watch":
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: Any) -> None:
         self.cancel()
 
 
 class _Finished(grpc.RpcError):
     """A finished call's status in the shape from_rpc_error reads."""
 
-    def __init__(self, code, details):
+    def __init__(self, code: Any, details: Any):
         super().__init__()
         self._code, self._details = code, details
 
-    def code(self):
+    def code(self) -> Any:
         return self._code
 
-    def details(self):
+    def details(self) -> Any:
         return self._details
 
-    def trailing_metadata(self):
+    def trailing_metadata(self) -> None:
         return None

@@ -136,7 +136,7 @@ class _Item:
 class RolloutAuditor:
     """The sampling hook (see the module docstring)."""
 
-    def __init__(self, client, *, sample_every: int = 100,
+    def __init__(self, client: Any, *, sample_every: int = 100,
                  layers: Optional[Iterable[int]] = None, rotate_layers: bool = False,
                  offset: int = 0, max_in_flight: int = 2, mode: str = "audit",
                  priority: Any = "sampled", options: Any = None,
@@ -154,7 +154,7 @@ class RolloutAuditor:
         self.sample_every = int(sample_every)
         self.offset = int(offset)
         self._layers = None if layers is None else [int(x) for x in layers]
-        self._layer_set = None if layers is None else frozenset(self._layers)
+        self._layer_set = None if self._layers is None else frozenset(self._layers)
         if rotate_layers and not self._layers:
             raise ValueError("rotate_layers: needs a non-empty layers list")
         self._rotate = bool(rotate_layers)
@@ -178,9 +178,9 @@ class RolloutAuditor:
         # Background state, under _lock.
         self._lock = threading.Lock()
         self._outstanding: set = set()  # the Futures of unfinished items
-        self._counts = collections.Counter()
+        self._counts: collections.Counter[str] = collections.Counter()
         self._latest: Dict[Optional[int], AuditResult] = {}
-        self._recent = collections.deque(maxlen=max(1, keep))
+        self._recent: collections.deque[AuditResult] = collections.deque(maxlen=max(1, keep))
         self._busy = 0
         self._pending_jobs: Dict[str, _Item] = {}
         self.last_error: Optional[BaseException] = None
@@ -204,7 +204,7 @@ class RolloutAuditor:
     # The hook
     # ------------------------------------------------------------------
 
-    def step(self, snapshot_or_builder, *, layer: Optional[int] = None,
+    def step(self, snapshot_or_builder: Any, *, layer: Optional[int] = None,
              step: Optional[int] = None, run: Optional[str] = None) -> bool:
         """Offers one attention call. Returns True when it was sampled and
         queued; False when it was not sampled or was dropped. Never blocks
@@ -218,7 +218,7 @@ class RolloutAuditor:
         k = step - self.offset
         if k % self.sample_every:
             return False
-        if self._layer_set is not None:
+        if self._layers is not None and self._layer_set is not None:
             if self._rotate:
                 if layer != self._layers[(k // self.sample_every) % len(self._layers)]:
                     return False
@@ -227,7 +227,7 @@ class RolloutAuditor:
         return self._sample(snapshot_or_builder, layer, step,
                             self.run if run is None else run)
 
-    def _sample(self, snapshot_or_builder, layer, step, run) -> bool:
+    def _sample(self, snapshot_or_builder: Any, layer: Any, step: Any, run: Any) -> bool:
         self._sampled += 1
         if self._closed or not self._slots.acquire(blocking=False):
             self._dropped += 1
@@ -255,7 +255,7 @@ class RolloutAuditor:
         self._queue.put(item)
         return True
 
-    def _build(self, snapshot_or_builder) -> Snapshot:
+    def _build(self, snapshot_or_builder: Any) -> Snapshot:
         if not callable(snapshot_or_builder):
             return snapshot_or_builder
         torch = sys.modules.get("torch")
@@ -307,7 +307,8 @@ class RolloutAuditor:
     def _finish(self, item: _Item) -> None:
         with self._lock:
             self._outstanding.discard(item.done)
-        item.done.set_result(None)
+        if item.done is not None:
+            item.done.set_result(None)
 
     def _send(self, item: _Item) -> None:
         try:
@@ -481,7 +482,7 @@ class RolloutAuditor:
     def __enter__(self) -> "RolloutAuditor":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
 

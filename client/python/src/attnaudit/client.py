@@ -38,6 +38,7 @@ import grpc
 from attnaudit.v1 import service_pb2
 
 from . import _calls as C
+from ._enums import JobState
 from .errors import AuditError, DeadlineExceededError, from_rpc_error
 from .memfd import MemfdSnapshot
 from .report import JobResult, Report
@@ -45,7 +46,7 @@ from .results import ResultIterator
 from .snapshot import Snapshot
 
 
-class AuditClient:
+class AuditClient(C.ServiceMethods):
     """Synchronous client (see the module docstring)."""
 
     def __init__(self, addr: Union[str, Sequence[str]] = "localhost:50051", *,
@@ -94,7 +95,7 @@ class AuditClient:
     def __enter__(self) -> "AuditClient":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
     def wait_for_ready(self, timeout: float = 10.0) -> None:
@@ -109,7 +110,7 @@ class AuditClient:
 
     # -- calls ---------------------------------------------------------------
 
-    def _call(self, method, request, timeout: Optional[float]):
+    def _call(self, method: Any, request: Any, timeout: Optional[float]) -> Any:
         try:
             return method(request, timeout=self.timeout if timeout is None else timeout,
                           metadata=self._metadata)
@@ -166,7 +167,8 @@ class AuditClient:
                               timeout)
         return Report(response.report)
 
-    def _known_caps(self, needed: bool, timeout: Optional[float]):
+    def _known_caps(self, needed: bool,
+                    timeout: Optional[float]) -> Optional[service_pb2.Capabilities]:
         """The capabilities when `needed` (asked once, under the deadline of
         the call that needs them), else what is cached."""
         if not needed:
@@ -207,9 +209,8 @@ class AuditClient:
                     f"job {job_id} still {result.state.name} after {timeout} s")
             time.sleep(poll)
 
-    def cancel(self, job_id: str, *, timeout: Optional[float] = None):
+    def cancel(self, job_id: str, *, timeout: Optional[float] = None) -> JobState:
         """Cancels a queued or running job; returns its JobState afterwards."""
-        from ._enums import JobState
         r = self._call(self._cancel, C.id_request(service_pb2.CancelRequest, job_id),
                        timeout)
         return JobState(r.state)
@@ -275,7 +276,7 @@ class Watch:
     """An open WatchResults call: iterate for JobResult views. A deadline
     given at watch() ends the iteration quietly; other errors raise."""
 
-    def __init__(self, call, bounded: bool):
+    def __init__(self, call: Any, bounded: bool):
         self._call = call
         self._bounded = bounded
         self._cancelled = False
@@ -303,5 +304,5 @@ class Watch:
     def __enter__(self) -> "Watch":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.cancel()

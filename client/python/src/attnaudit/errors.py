@@ -18,7 +18,7 @@ The clients have already retried what gRPC's retry policy covers
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Any, Optional
 
 import grpc
 
@@ -92,7 +92,7 @@ _BY_CODE = {
 }
 
 
-def _retry_after(metadata) -> Optional[float]:
+def _retry_after(metadata: Any) -> Optional[float]:
     found = dict(metadata or ())
     for key in ("retry-after-ms", "grpc-retry-pushback-ms"):
         if key in found:

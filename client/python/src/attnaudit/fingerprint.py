@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Dict, Optional, Protocol, Sequence, Tuple, TypeVar
 
 import numpy as np
 
@@ -24,13 +24,30 @@ from attnaudit.v1 import snapshot_pb2
 
 from . import _arrays as A
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .snapshot import Snapshot
-
 VERSION = "attnaudit.kv.v1"
 
+_T = TypeVar("_T")
 
-def prefix_fingerprint(snapshot: "Snapshot", length: int, key: str) -> str:
+
+class SnapshotView(Protocol):
+    """What the digests read of a snapshot (attnaudit.Snapshot has it; this
+    module does not import it, so the snapshot module can import this
+    one)."""
+
+    @property
+    def meta(self) -> snapshot_pb2.Snapshot: ...
+
+    @property
+    def dims(self) -> Dict[str, int]: ...
+
+    def tensor_paths(self) -> Tuple[str, ...]: ...
+
+    def tensor(self, path: str) -> np.ndarray: ...
+
+    def wire_tensor(self, path: str) -> A.WireTensor: ...
+
+
+def prefix_fingerprint(snapshot: SnapshotView, length: int, key: str) -> str:
     """The v1 prefix digest over the first `length` tokens of every row."""
     lens = snapshot.tensor("kv_seq_lens").astype(np.int64)
     if (lens < length).any():
@@ -40,7 +57,7 @@ def prefix_fingerprint(snapshot: "Snapshot", length: int, key: str) -> str:
     return _digest(snapshot, "prefix", [int(length)] * len(lens), key)
 
 
-def kv_cache_fingerprint(snapshot: "Snapshot") -> str:
+def kv_cache_fingerprint(snapshot: SnapshotView) -> str:
     """The v1 digest of the whole logical KV (Provenance.kv_fingerprint)."""
     lens = snapshot.tensor("kv_seq_lens").astype(np.int64)
     return _digest(snapshot, "kv_cache", [int(n) for n in lens], None)
@@ -50,7 +67,7 @@ def _g17(x: float) -> str:
     return "%.17g" % x
 
 
-def _or(x, default):
+def _or(x: _T, default: _T) -> _T:
     return x if x else default
 
 
@@ -97,7 +114,7 @@ _CAST_NAMES = {
 }
 
 
-def _scale_text(snapshot, path: str, kv_dtype: int, heads: int) -> str:
+def _scale_text(snapshot: SnapshotView, path: str, kv_dtype: int, heads: int) -> str:
     fp8 = kv_dtype in (A.FP8_E4M3, A.FP8_E5M2)
     if path not in snapshot.tensor_paths():
         return ",".join(["3f800000"] * heads) if fp8 else "none"
@@ -107,7 +124,7 @@ def _scale_text(snapshot, path: str, kv_dtype: int, heads: int) -> str:
                     for v in vals)
 
 
-def _header(snapshot, domain: str, key: Optional[str]) -> bytes:
+def _header(snapshot: SnapshotView, domain: str, key: Optional[str]) -> bytes:
     meta = snapshot.meta
     d = snapshot.dims
     k = snapshot.wire_tensor("k_pages")
@@ -132,7 +149,7 @@ def _header(snapshot, domain: str, key: Optional[str]) -> bytes:
     return text + b"\n"
 
 
-def _block_pages(snapshot) -> np.ndarray:
+def _block_pages(snapshot: SnapshotView) -> np.ndarray:
     table = snapshot.tensor("block_table").astype(np.int64)
     if "page_ids" not in snapshot.tensor_paths():
         return table
@@ -143,7 +160,8 @@ def _block_pages(snapshot) -> np.ndarray:
     return np.where(table >= 0, order[pos], -1)
 
 
-def _digest(snapshot, domain: str, tokens: Sequence[int], key: Optional[str]) -> str:
+def _digest(snapshot: SnapshotView, domain: str, tokens: Sequence[int],
+            key: Optional[str]) -> str:
     h = hashlib.sha256(_header(snapshot, domain, key))
     d = snapshot.dims
     P = d["P"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+from typing import Any
 
 from .snapshot import Snapshot
 from .v1 import service_pb2
@@ -80,8 +81,8 @@ class MemfdSnapshot:
     def __enter__(self) -> "MemfdSnapshot":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         self.close()

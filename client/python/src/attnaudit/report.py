@@ -24,19 +24,69 @@ the server did not set them.
 from __future__ import annotations
 
 import datetime
-from typing import List, Optional
+import operator
+from typing import Any, Callable, List, Optional, Tuple, Union
 
-from attnaudit.v1 import report_pb2, service_pb2
+from attnaudit.v1 import report_pb2, service_pb2, snapshot_pb2
 
 from ._enums import Comparison, JobState, Priority, Verdict
+from ._records import record, timestamp
 from .errors import AuditError, job_error
 
+# ---------------------------------------------------------------------------
+# The attribute table: each view declares its attributes as one line each,
+# `name: type = _kind("field.path", doc)`, read from the view's `proto`.
+# ---------------------------------------------------------------------------
 
-def _time(message, field: str) -> Optional[datetime.datetime]:
-    """A Timestamp field as an aware UTC datetime, or None when unset."""
-    if not message.HasField(field):
-        return None
-    return getattr(message, field).ToDatetime(tzinfo=datetime.timezone.utc)
+
+def _attribute(get: Callable[[Any], Any], doc: str) -> Any:
+    """A read-only attribute computed from the view's message."""
+    return property(lambda view: get(view.proto), doc=doc or None)
+
+
+def _parent_and_name(path: str) -> Tuple[Callable[[Any], Any], str]:
+    parent, _, name = path.rpartition(".")
+    return (operator.attrgetter(parent) if parent else (lambda m: m)), name
+
+
+def _field(path: str, doc: str = "") -> Any:
+    """The field at `path` ("labels.run") as it is."""
+    return _attribute(operator.attrgetter(path), doc)
+
+
+def _optional(path: str, doc: str = "") -> Any:
+    """The field at `path`, or None while it is unset (HasField)."""
+    parent, name = _parent_and_name(path)
+
+    def get(m: Any) -> Any:
+        owner = parent(m)
+        return getattr(owner, name) if owner.HasField(name) else None
+    return _attribute(get, doc)
+
+
+def _repeated(path: str, doc: str = "") -> Any:
+    """The repeated field at `path` as a list."""
+    get = operator.attrgetter(path)
+    return _attribute(lambda m: list(get(m)), doc)
+
+
+def _enum(path: str, cls: Callable[[int], Any], doc: str = "") -> Any:
+    """The enum field at `path` as a member of `cls`."""
+    get = operator.attrgetter(path)
+    return _attribute(lambda m: cls(get(m)), doc)
+
+
+def _time(path: str, doc: str = "") -> Any:
+    """The Timestamp at `path` as an aware UTC datetime, or None when unset."""
+    parent, name = _parent_and_name(path)
+    return _attribute(lambda m: timestamp(parent(m), name), doc)
+
+
+def _error(doc: str = "Why a FAILED or CANCELLED job has no report, as a typed error.") -> Any:
+    """The job's `error` as a typed AuditError, or None when unset."""
+    def get(m: Any) -> Optional[AuditError]:
+        return job_error(m.error.code, m.error.message) if m.HasField("error") else None
+    return _attribute(get, doc)
 
 
 class ComparisonView:
@@ -47,50 +97,23 @@ class ComparisonView:
     def __init__(self, proto: report_pb2.ComparisonResult):
         self.proto = proto
 
-    @property
-    def comparison(self) -> Comparison:
-        return Comparison(self.proto.comparison)
-
-    @property
-    def verdict(self) -> Verdict:
-        return Verdict(self.proto.verdict)
-
-    def _stats(self, name: str) -> Optional[report_pb2.DriftStats]:
-        return getattr(self.proto, name) if self.proto.HasField(name) else None
-
-    @property
-    def out(self) -> Optional[report_pb2.DriftStats]:
-        """Attention output drift (max_abs, max_rel, p99_abs, max_ulp, ...)."""
-        return self._stats("out")
-
-    @property
-    def lse(self) -> Optional[report_pb2.DriftStats]:
-        """LSE drift, natural log."""
-        return self._stats("lse")
-
-    @property
-    def logprob(self) -> Optional[report_pb2.DriftStats]:
-        """Selected-token log-prob drift, nats."""
-        return self._stats("logprob")
-
-    @property
-    def logprob_agreement(self) -> Optional[report_pb2.LogprobAgreement]:
-        """Log-prob agreement in RL terms (k1/k3 KL, importance ratios)."""
-        return self._stats("logprob_agreement")
-
-    @property
-    def worst_heads(self) -> List[report_pb2.HeadSummary]:
-        return list(self.proto.worst_heads)
-
-    @property
-    def reasons(self) -> List[str]:
-        return list(self.proto.reasons)
+    comparison: Comparison = _enum("comparison", Comparison)
+    verdict: Verdict = _enum("verdict", Verdict)
+    out: Optional[report_pb2.DriftStats] = _optional(
+        "out", "Attention output drift (max_abs, max_rel, p99_abs, max_ulp, ...).")
+    lse: Optional[report_pb2.DriftStats] = _optional("lse", "LSE drift, natural log.")
+    logprob: Optional[report_pb2.DriftStats] = _optional(
+        "logprob", "Selected-token log-prob drift, nats.")
+    logprob_agreement: Optional[report_pb2.LogprobAgreement] = _optional(
+        "logprob_agreement", "Log-prob agreement in RL terms (k1/k3 KL, importance ratios).")
+    worst_heads: List[report_pb2.HeadSummary] = _repeated("worst_heads")
+    reasons: List[str] = _repeated("reasons")
 
     def __repr__(self) -> str:
         parts = [f"{self.comparison.name} {self.verdict.name}"]
         for name in ("out", "lse", "logprob"):
-            s = self._stats(name)
-            if s is not None:
+            if self.proto.HasField(name):
+                s = getattr(self.proto, name)
                 parts.append(f"{name}.max_abs={s.max_abs:.3g}/tol {s.tolerance:.3g}")
         return "<" + " ".join(parts) + ">"
 
@@ -103,44 +126,26 @@ class Diagnosis:
     def __init__(self, proto: report_pb2.Diagnosis):
         self.proto = proto
 
-    @property
-    def hypothesis(self) -> str:
-        """A bounded name: "stale-page", "rope-offset", "unexplained", ..."""
-        return self.proto.hypothesis
+    hypothesis: str = _field(
+        "hypothesis", 'A bounded name: "stale-page", "rope-offset", "unexplained", ...')
+    detail: str = _field("detail")
+    score: float = _field("score", "Share of the excess drift it removes, 0 to 1.")
+    explains: bool = _field("explains", "Whether what is left is within a correct engine's noise.")
+    summary: str = _field("summary")
+    location: report_pb2.DiagnosisLocation = _field(
+        "location", "Row, query, heads, logical block, page (the engine's id), the "
+        "other block/page, CP rank; -1 / empty where it does not apply.")
 
-    @property
-    def detail(self) -> str:
-        return self.proto.detail
-
-    @property
-    def score(self) -> float:
-        """Share of the excess drift it removes, 0 to 1."""
-        return self.proto.score
-
-    @property
-    def explains(self) -> bool:
-        """Whether what is left is within a correct engine's noise."""
-        return self.proto.explains
-
-    @property
-    def summary(self) -> str:
-        return self.proto.summary
-
-    @property
-    def location(self) -> report_pb2.DiagnosisLocation:
-        """Row, query, heads, logical block, page (the engine's id), the
-        other block/page, CP rank; -1 / empty where it does not apply."""
-        return self.proto.location
+    def _located(self, value: int) -> Optional[int]:
+        return None if value < 0 or not self.proto.HasField("location") else value
 
     @property
     def page(self) -> Optional[int]:
-        p = self.proto.location.page
-        return None if p < 0 or not self.proto.HasField("location") else p
+        return self._located(self.proto.location.page)
 
     @property
     def row(self) -> Optional[int]:
-        r = self.proto.location.row
-        return None if r < 0 or not self.proto.HasField("location") else r
+        return self._located(self.proto.location.row)
 
     def __repr__(self) -> str:
         where = []
@@ -165,9 +170,31 @@ class Report:
     def __init__(self, proto: report_pb2.AuditReport):
         self.proto = proto
 
-    @property
-    def verdict(self) -> Verdict:
-        return Verdict(self.proto.verdict)
+    verdict: Verdict = _enum("verdict", Verdict)
+    invalid_reason: str = _field("invalid_reason")
+    inconclusive_reasons: List[str] = _repeated("inconclusive_reasons")
+    overrides: List[str] = _repeated(
+        "overrides", "The request's departures from the verdict policy (tolerance "
+        "overrides, the statistical test off, precision fields past every profile's "
+        "range), one line each; empty for a policy audit.")
+    hull: report_pb2.HullCheck = _field(
+        "hull", "The engine output against the convex hull of its visible V rows "
+        "(outside > 0 means DRIFT whatever the tolerances).")
+    precision_source: str = _field(
+        "provenance.precision_source", "Where the engine's declared arithmetic came "
+        'from: "measured", "preset", "declared" or "undeclared".')
+    sensitivity: List[str] = _repeated(
+        "provenance.sensitivity", "What the audit could not see and what would let it, "
+        "one line each (an undeclared engine, a pre-RoPE snapshot without the engine's "
+        "RoPE table).")
+    rope_checks: List[report_pb2.RopeCheck] = _repeated(
+        "rope_checks", 'The rolling RoPE check ("q", "k") and the RoPE table check '
+        '("table"), when the snapshot carried their inputs.')
+    engine_profile: str = _field(
+        "provenance.engine_profile", "The engine precision profile the tolerances used.")
+    dims: report_pb2.SnapshotDims = _field("dims")
+    labels: snapshot_pb2.Labels = _field("labels")
+    provenance: report_pb2.Provenance = _field("provenance")
 
     @property
     def passed(self) -> bool:
@@ -184,44 +211,10 @@ class Report:
         return self.proto.verdict == report_pb2.VERDICT_INCONCLUSIVE
 
     @property
-    def invalid_reason(self) -> str:
-        return self.proto.invalid_reason
-
-    @property
-    def inconclusive_reasons(self) -> List[str]:
-        return list(self.proto.inconclusive_reasons)
-
-    @property
-    def overrides(self) -> List[str]:
-        """The request's departures from the verdict policy (tolerance
-        overrides, the statistical test off, precision fields past every
-        profile's range), one line each; empty for a policy audit."""
-        return list(self.proto.overrides)
-
-    @property
     def overridden(self) -> bool:
         return len(self.proto.overrides) > 0
 
-    @property
-    def hull(self) -> report_pb2.HullCheck:
-        """The engine output against the convex hull of its visible V rows
-        (outside > 0 means DRIFT whatever the tolerances)."""
-        return self.proto.hull
-
-    @property
-    def precision_source(self) -> str:
-        """Where the engine's declared arithmetic came from: "measured",
-        "preset", "declared" or "undeclared"."""
-        return self.proto.provenance.precision_source
-
-    @property
-    def sensitivity(self) -> List[str]:
-        """What the audit could not see and what would let it, one line
-        each (an undeclared engine, a pre-RoPE snapshot without the
-        engine's RoPE table)."""
-        return list(self.proto.provenance.sensitivity)
-
-    def comparison(self, which) -> Optional[ComparisonView]:
+    def comparison(self, which: Union[Comparison, int, str]) -> Optional[ComparisonView]:
         """The comparison `which` (a Comparison or its name), or None."""
         if isinstance(which, str):
             which = Comparison[which.upper()]
@@ -256,37 +249,14 @@ class Report:
                 for c in self.proto.comparisons for r in c.reasons]
 
     @property
-    def diagnoses(self) -> List["Diagnosis"]:
+    def diagnoses(self) -> List[Diagnosis]:
         """On DRIFT: the hypotheses that explain it, best first."""
         return [Diagnosis(d) for d in self.proto.diagnoses]
 
     @property
-    def diagnosis(self) -> Optional["Diagnosis"]:
+    def diagnosis(self) -> Optional[Diagnosis]:
         """The top diagnosis, or None (no DRIFT, or the diagnosis was off)."""
         return Diagnosis(self.proto.diagnoses[0]) if self.proto.diagnoses else None
-
-    @property
-    def rope_checks(self) -> List[report_pb2.RopeCheck]:
-        """The rolling RoPE check ("q", "k") and the RoPE table check
-        ("table"), when the snapshot carried their inputs."""
-        return list(self.proto.rope_checks)
-
-    @property
-    def engine_profile(self) -> str:
-        """The engine precision profile the tolerances used."""
-        return self.proto.provenance.engine_profile
-
-    @property
-    def dims(self) -> report_pb2.SnapshotDims:
-        return self.proto.dims
-
-    @property
-    def labels(self):
-        return self.proto.labels
-
-    @property
-    def provenance(self) -> report_pb2.Provenance:
-        return self.proto.provenance
 
     def __repr__(self) -> str:
         d = self.proto.dims
@@ -303,13 +273,25 @@ class JobResult:
     def __init__(self, proto: service_pb2.JobResult):
         self.proto = proto
 
-    @property
-    def job_id(self) -> str:
-        return self.proto.job_id
-
-    @property
-    def state(self) -> JobState:
-        return JobState(self.proto.state)
+    job_id: str = _field("job_id")
+    state: JobState = _enum("state", JobState)
+    error: Optional[AuditError] = _error()
+    priority: Priority = _enum("priority", Priority)
+    labels: snapshot_pb2.Labels = _field(
+        "labels", "The snapshot's attnaudit.v1.Labels (model, layer, engine, backend, "
+        "step, run, request_ids).")
+    run: str = _field("labels.run", 'The rollout or training run label ("" when unset).')
+    cursor: int = _field(
+        "cursor", "The result's place in the store's result feed (1, 2, ... in commit "
+        "order across every replica sharing the store); 0 while the job is unfinished "
+        "or when the result was not stored. Pass the last one seen as "
+        "watch(resume_after=...) to continue from there.")
+    replica: str = _field(
+        "replica", 'The replica that accepted (or took over) the job; "" when the '
+        "result was not stored.")
+    submit_time: Optional[datetime.datetime] = _time("submit_time")
+    start_time: Optional[datetime.datetime] = _time("start_time")
+    finish_time: Optional[datetime.datetime] = _time("finish_time")
 
     @property
     def done(self) -> bool:
@@ -330,54 +312,6 @@ class JobResult:
         r = self.report
         return r.verdict if r is not None else None
 
-    @property
-    def error(self) -> Optional[AuditError]:
-        """Why a FAILED or CANCELLED job has no report, as a typed error."""
-        if not self.proto.HasField("error"):
-            return None
-        return job_error(self.proto.error.code, self.proto.error.message)
-
-    @property
-    def priority(self) -> Priority:
-        return Priority(self.proto.priority)
-
-    @property
-    def labels(self):
-        """The snapshot's attnaudit.v1.Labels (model, layer, engine,
-        backend, step, run, request_ids)."""
-        return self.proto.labels
-
-    @property
-    def run(self) -> str:
-        """The rollout or training run label ("" when unset)."""
-        return self.proto.labels.run
-
-    @property
-    def cursor(self) -> int:
-        """The result's place in the store's result feed (1, 2, ... in
-        commit order across every replica sharing the store); 0 while the
-        job is unfinished or when the result was not stored. Pass the last
-        one seen as watch(resume_after=...) to continue from there."""
-        return self.proto.cursor
-
-    @property
-    def replica(self) -> str:
-        """The replica that accepted (or took over) the job; "" when the
-        result was not stored."""
-        return self.proto.replica
-
-    @property
-    def submit_time(self) -> Optional[datetime.datetime]:
-        return _time(self.proto, "submit_time")
-
-    @property
-    def start_time(self) -> Optional[datetime.datetime]:
-        return _time(self.proto, "start_time")
-
-    @property
-    def finish_time(self) -> Optional[datetime.datetime]:
-        return _time(self.proto, "finish_time")
-
     def __repr__(self) -> str:
         v = self.verdict
         return (f"<attnaudit.JobResult {self.job_id} {self.state.name}"
@@ -395,14 +329,39 @@ class ResultSummary:
     def __init__(self, proto: service_pb2.ResultSummary):
         self.proto = proto
 
-    @property
-    def job_id(self) -> str:
-        return self.proto.job_id
-
-    @property
-    def state(self) -> JobState:
-        """DONE, FAILED or CANCELLED."""
-        return JobState(self.proto.state)
+    job_id: str = _field("job_id")
+    state: JobState = _enum("state", JobState, "DONE, FAILED or CANCELLED.")
+    labels: snapshot_pb2.Labels = _field(
+        "labels", "The snapshot's attnaudit.v1.Labels (without request_ids).")
+    model: str = _field("labels.model")
+    layer: Optional[int] = _optional("labels.layer")
+    engine: str = _field("labels.engine")
+    backend: str = _field("labels.backend")
+    step: Optional[int] = _optional("labels.step")
+    run: str = _field("labels.run")
+    engine_out: Optional[service_pb2.DriftBrief] = _optional(
+        "engine_out", "Engine vs reference, attention output: max_abs, rms, tolerance.")
+    engine_lse: Optional[service_pb2.DriftBrief] = _optional(
+        "engine_lse", "Engine vs reference, LSE (natural log).")
+    replay_out: Optional[service_pb2.DriftBrief] = _optional(
+        "replay_out", "Replay vs reference, attention output.")
+    replay_lse: Optional[service_pb2.DriftBrief] = _optional(
+        "replay_lse", "Replay vs reference, LSE.")
+    logprob_max_abs: float = _field(
+        "logprob_max_abs", "Engine vs reference selected-token log-prob drift, nats "
+        "(0 when the snapshot carried no log-probs).")
+    diagnosis_summary: str = _field("diagnosis_summary")
+    diagnosis_location: Optional[report_pb2.DiagnosisLocation] = _optional(
+        "diagnosis_location")
+    replica: str = _field("replica", "The replica that accepted the job.")
+    cursor: int = _field(
+        "cursor", "The result's place in the store's result feed (see JobResult.cursor).")
+    submit_time: Optional[datetime.datetime] = _time("submit_time")
+    start_time: Optional[datetime.datetime] = _time("start_time")
+    finish_time: Optional[datetime.datetime] = _time("finish_time")
+    error: Optional[AuditError] = _error()
+    audit_seconds: float = _field(
+        "audit_seconds", "The audit's own time (the report's total stage time).")
 
     @property
     def verdict(self) -> Optional[Verdict]:
@@ -411,117 +370,14 @@ class ResultSummary:
         return Verdict(v) if v != report_pb2.VERDICT_UNSPECIFIED else None
 
     @property
-    def labels(self):
-        """The snapshot's attnaudit.v1.Labels (without request_ids)."""
-        return self.proto.labels
-
-    @property
-    def model(self) -> str:
-        return self.proto.labels.model
-
-    @property
-    def layer(self) -> Optional[int]:
-        return self.proto.labels.layer if self.proto.labels.HasField("layer") else None
-
-    @property
-    def engine(self) -> str:
-        return self.proto.labels.engine
-
-    @property
-    def backend(self) -> str:
-        return self.proto.labels.backend
-
-    @property
-    def step(self) -> Optional[int]:
-        return self.proto.labels.step if self.proto.labels.HasField("step") else None
-
-    @property
-    def run(self) -> str:
-        return self.proto.labels.run
-
-    def _brief(self, name: str) -> Optional[service_pb2.DriftBrief]:
-        return getattr(self.proto, name) if self.proto.HasField(name) else None
-
-    @property
-    def engine_out(self) -> Optional[service_pb2.DriftBrief]:
-        """Engine vs reference, attention output: max_abs, rms, tolerance."""
-        return self._brief("engine_out")
-
-    @property
-    def engine_lse(self) -> Optional[service_pb2.DriftBrief]:
-        """Engine vs reference, LSE (natural log)."""
-        return self._brief("engine_lse")
-
-    @property
-    def replay_out(self) -> Optional[service_pb2.DriftBrief]:
-        """Replay vs reference, attention output."""
-        return self._brief("replay_out")
-
-    @property
-    def replay_lse(self) -> Optional[service_pb2.DriftBrief]:
-        """Replay vs reference, LSE."""
-        return self._brief("replay_lse")
-
-    @property
-    def logprob_max_abs(self) -> float:
-        """Engine vs reference selected-token log-prob drift, nats (0 when
-        the snapshot carried no log-probs)."""
-        return self.proto.logprob_max_abs
-
-    @property
     def diagnosis(self) -> Optional[str]:
         """The top diagnosis hypothesis of a DRIFT ("stale-page", ...), or
         None."""
         return self.proto.diagnosis or None
 
-    @property
-    def diagnosis_summary(self) -> str:
-        return self.proto.diagnosis_summary
-
-    @property
-    def diagnosis_location(self) -> Optional[report_pb2.DiagnosisLocation]:
-        return (self.proto.diagnosis_location
-                if self.proto.HasField("diagnosis_location") else None)
-
-    @property
-    def replica(self) -> str:
-        """The replica that accepted the job."""
-        return self.proto.replica
-
-    @property
-    def cursor(self) -> int:
-        """The result's place in the store's result feed (see
-        JobResult.cursor)."""
-        return self.proto.cursor
-
-    @property
-    def submit_time(self) -> Optional[datetime.datetime]:
-        return _time(self.proto, "submit_time")
-
-    @property
-    def start_time(self) -> Optional[datetime.datetime]:
-        return _time(self.proto, "start_time")
-
-    @property
-    def finish_time(self) -> Optional[datetime.datetime]:
-        return _time(self.proto, "finish_time")
-
-    @property
-    def error(self) -> Optional[AuditError]:
-        """Why a FAILED or CANCELLED job has no report, as a typed error."""
-        if not self.proto.HasField("error"):
-            return None
-        return job_error(self.proto.error.code, self.proto.error.message)
-
-    @property
-    def audit_seconds(self) -> float:
-        """The audit's own time (the report's total stage time)."""
-        return self.proto.audit_seconds
-
     def to_record(self) -> dict:
         """The flat row of results_to_pandas (attnaudit.results.COLUMNS)."""
-        from .results import record_of
-        return record_of(self)
+        return record(self.proto)
 
     def __repr__(self) -> str:
         v = self.verdict

@@ -23,16 +23,10 @@ import importlib
 from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Iterable, Iterator,
                     List, Optional)
 
-from attnaudit.v1 import report_pb2, service_pb2
+from attnaudit.v1 import service_pb2
 
+from ._records import COLUMNS, summarize
 from .report import JobResult, ResultSummary
-
-# The flat columns of results_to_pandas / results_to_parquet, in order.
-COLUMNS = ("job_id", "state", "verdict", "model", "layer", "engine", "backend",
-           "step", "run", "engine_out_max_abs", "engine_out_rms",
-           "engine_lse_max_abs", "replay_out_max_abs", "logprob_max_abs",
-           "diagnosis", "replica", "cursor", "submit_time", "finish_time",
-           "audit_seconds", "error_code", "error_message")
 
 _STRING = ("job_id", "state", "verdict", "model", "engine", "backend", "run",
            "diagnosis", "replica", "error_message")
@@ -45,42 +39,6 @@ _TIME = ("submit_time", "finish_time")
 # ---------------------------------------------------------------------------
 # Rows
 # ---------------------------------------------------------------------------
-
-
-def summarize(result: service_pb2.JobResult) -> service_pb2.ResultSummary:
-    """The ResultSummary of a full JobResult, computed as the server's
-    ListResults computes it (so watched and listed results tabulate
-    alike)."""
-    s = service_pb2.ResultSummary(job_id=result.job_id, state=result.state,
-                                  replica=result.replica, cursor=result.cursor)
-    s.labels.CopyFrom(result.labels)
-    s.labels.ClearField("request_ids")
-    for field in ("submit_time", "start_time", "finish_time", "error"):
-        if result.HasField(field):
-            getattr(s, field).CopyFrom(getattr(result, field))
-    if not result.HasField("report"):
-        return s
-    report = result.report
-    s.verdict = report.verdict
-    for c in report.comparisons:
-        if c.comparison == report_pb2.COMPARISON_ENGINE_VS_REFERENCE:
-            _brief(c.out, s.engine_out)
-            _brief(c.lse, s.engine_lse)
-            s.logprob_max_abs = c.logprob.max_abs
-        elif c.comparison == report_pb2.COMPARISON_REPLAY_VS_REFERENCE:
-            _brief(c.out, s.replay_out)
-            _brief(c.lse, s.replay_lse)
-    if report.diagnoses:
-        top = report.diagnoses[0]
-        s.diagnosis = top.hypothesis
-        s.diagnosis_summary = top.summary
-        s.diagnosis_location.CopyFrom(top.location)
-    s.audit_seconds = report.provenance.timings.total_seconds
-    return s
-
-
-def _brief(stats: report_pb2.DriftStats, out: service_pb2.DriftBrief) -> None:
-    out.max_abs, out.rms, out.tolerance = stats.max_abs, stats.rms, stats.tolerance
 
 
 def _as_summary(item: Any) -> ResultSummary:
@@ -101,40 +59,10 @@ def record_of(item: Any) -> Dict[str, Any]:
     flat dict with the keys of COLUMNS. Absent values are None: text left
     empty, a layer or step not labelled, a drift not compared, the error of
     a DONE job."""
-    s = _as_summary(item)
-    p = s.proto
-
-    def brief(name: str, stat: str) -> Optional[float]:
-        return getattr(getattr(p, name), stat) if p.HasField(name) else None
-
-    verdict = s.verdict
-    return {
-        "job_id": p.job_id or None,
-        "state": s.state.name,
-        "verdict": verdict.name if verdict is not None else None,
-        "model": p.labels.model or None,
-        "layer": s.layer,
-        "engine": p.labels.engine or None,
-        "backend": p.labels.backend or None,
-        "step": s.step,
-        "run": p.labels.run or None,
-        "engine_out_max_abs": brief("engine_out", "max_abs"),
-        "engine_out_rms": brief("engine_out", "rms"),
-        "engine_lse_max_abs": brief("engine_lse", "max_abs"),
-        "replay_out_max_abs": brief("replay_out", "max_abs"),
-        "logprob_max_abs": p.logprob_max_abs if p.HasField("engine_out") else None,
-        "diagnosis": p.diagnosis or None,
-        "replica": p.replica or None,
-        "cursor": int(p.cursor),
-        "submit_time": s.submit_time,
-        "finish_time": s.finish_time,
-        "audit_seconds": p.audit_seconds if p.state == service_pb2.JOB_STATE_DONE else None,
-        "error_code": p.error.code if p.HasField("error") else None,
-        "error_message": p.error.message if p.HasField("error") else None,
-    }
+    return _as_summary(item).to_record()
 
 
-def _require(module: str, what: str, extra: str):
+def _require(module: str, what: str, extra: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as e:
@@ -148,7 +76,7 @@ def _columns(results: Iterable[Any]) -> Dict[str, List[Any]]:
     return {name: [r[name] for r in records] for name in COLUMNS}
 
 
-def results_to_pandas(results: Iterable[Any]):
+def results_to_pandas(results: Iterable[Any]) -> Any:
     """A pandas.DataFrame with one row per result and the columns of
     COLUMNS: text as str (None when empty), state and verdict as their
     names, layer / step / error_code as nullable Int64, the drift numbers
@@ -276,7 +204,7 @@ class ResultIterator:
         """One flat dict per result (the columns of COLUMNS)."""
         return [record_of(s) for s in self]
 
-    def to_pandas(self):
+    def to_pandas(self) -> Any:
         """A pandas.DataFrame of the results (results_to_pandas)."""
         return results_to_pandas(self)
 
@@ -316,7 +244,7 @@ class AsyncResultIterator:
     async def to_records(self) -> List[Dict[str, Any]]:
         return [record_of(s) for s in await self.to_list()]
 
-    async def to_pandas(self):
+    async def to_pandas(self) -> Any:
         return results_to_pandas(await self.to_list())
 
     async def to_parquet(self, path: Any) -> int:

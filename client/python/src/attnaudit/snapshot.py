@@ -26,10 +26,11 @@ Snapshot may be encoded from any thread.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import tempfile
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -38,6 +39,8 @@ from attnaudit.v1 import snapshot_pb2
 from . import _arrays as A
 from . import _enums as E
 from . import _wire
+from ._presets import ENGINE_PRESETS, HF_FAMILY_CAST_POINTS
+from .fingerprint import prefix_fingerprint
 
 _LAYOUTS_FUSED = {"vllm": (0, False), "flash_attn": (0, False),
                   "flashinfer_nhd": (1, False), "flashinfer_hnd": (1, True)}
@@ -48,37 +51,11 @@ _LAYOUTS_SPLIT = {"vllm": False, "flash_attn": False, "flashinfer_nhd": False,
 # [D, block_size] row-major, then V as [block_size, D].
 _LAYOUT_VLLM_CPU = "vllm_cpu"
 
-# What the builders declare for an engine (engine=...): its attention
-# precision profile and where its RoPE rounds (docs/NUMERICS.md, "Engine
-# precision", "RoPE arithmetic"). The conformance suite checks each on the
-# engine's own code (docs/CONFORMANCE.md).
-ENGINE_PRESETS = {
-    "vllm-cpu": {"precision": "vllm_cpu", "cast_point": "cos_sin"},
-    "hf-eager": {"precision": "hf_eager", "cast_point": "each_op"},
-    "hf-sdpa": {"precision": "torch_flash_cpu", "cast_point": "each_op"},
-    "torch-flash-cpu": {"precision": "torch_flash_cpu", "cast_point": "after_rope"},
-    # GPU kernels: written from their code, not yet run by the suite.
-    "vllm": {"precision": "flash_decoding", "cast_point": "cos_sin"},
-    "flash-decoding": {"precision": "flash_decoding", "cast_point": "after_rope"},
-}
-
-# Hugging Face models round their RoPE where their family's modeling code
-# does: engine="hf-eager/<family>" (or hf-sdpa/...) takes the family's cast
-# point, measured bit for bit by attnaudit.probe on transformers 5.19
-# (--family; docs/PYTHON.md, "Engine presets"). A family not listed rotates
-# as Llama does (each_op: q·cos and rotate_half(q)·sin rounded apart).
-HF_FAMILY_CAST_POINTS = {
-    "cohere": "cos_sin",      # rotates in fp32 with cos/sin already cast
-    "cohere2": "cos_sin",
-    "olmo2": "after_rope",    # rotates q and k upcast to fp32
-}
-
-
 class Snapshot:
     """A decode-attention snapshot (see the module docstring)."""
 
     def __init__(self, meta: snapshot_pb2.Snapshot,
-                 tensors: Dict[str, A.WireTensor], *, gathered_event=None,
+                 tensors: Dict[str, A.WireTensor], *, gathered_event: Any = None,
                  auto_prefix_fingerprint: bool = False):
         # Not meant to be called directly: use the from_* builders or load.
         self._meta = meta
@@ -91,9 +68,9 @@ class Snapshot:
     # ------------------------------------------------------------------
 
     @classmethod
-    def from_paged_kv(cls, q, k_cache, v_cache, block_table, seq_lens, *,
-                      layout: str = "vllm", query_positions=None,
-                      key_positions=None, **options) -> "Snapshot":
+    def from_paged_kv(cls, q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any, *,
+                      layout: str = "vllm", query_positions: Any = None,
+                      key_positions: Any = None, **options: Any) -> "Snapshot":
         """Builds a snapshot from an engine's paged KV cache.
 
         q: [B, Hq, D] (decode) or [B, Sq, Hq, D] queries (post-RoPE unless
@@ -167,25 +144,23 @@ class Snapshot:
                    auto_prefix_fingerprint=auto)
 
     @classmethod
-    def from_arrays(cls, *, q, k_pages, v_pages, block_table, kv_seq_lens,
-                    query_positions, slot_positions, kv_layout="nhd",
-                    page_ids=None, key_rope_positions=None,
-                    softmax_scale: Optional[float] = None,
-                    sliding_window: Optional[int] = None,
-                    window_convention=None, logit_softcap: Optional[float] = None,
-                    sinks=None, engine_lse_includes_sinks: bool = False,
-                    rope=None, output_dtype=None, k_scale=None, v_scale=None,
-                    cp_world_size: Optional[int] = None, cp_sharding=None,
-                    cp_interleave_size: Optional[int] = None,
-                    cp_block_owners=None, cp_rank_out=None, cp_rank_lse=None,
-                    engine_out=None, engine_lse=None, lse_base=None,
-                    engine_logprobs=None, selected_token_ids=None, lm_head=None,
-                    active_mask=None, logprob_temperature: Optional[float] = None,
-                    prefix_key: Optional[str] = None,
-                    prefix_length: Optional[int] = None,
-                    prefix_fingerprint: Optional[str] = None, prefix_scheme=None,
-                    labels=None, engine=None, precision=None, rope_table=None,
-                    pre_rope_q=None, pre_rope_k=None) -> "Snapshot":
+    def from_arrays(cls, *, q: Any, k_pages: Any, v_pages: Any, block_table: Any, kv_seq_lens: Any,
+                    query_positions: Any, slot_positions: Any, kv_layout: Any = "nhd",
+                    page_ids: Any = None, key_rope_positions: Any = None,
+                    softmax_scale: Optional[float] = None, sliding_window: Optional[int] = None,
+                    window_convention: Any = None, logit_softcap: Optional[float] = None,
+                    sinks: Any = None, engine_lse_includes_sinks: bool = False, rope: Any = None,
+                    output_dtype: Any = None, k_scale: Any = None, v_scale: Any = None,
+                    cp_world_size: Optional[int] = None, cp_sharding: Any = None,
+                    cp_interleave_size: Optional[int] = None, cp_block_owners: Any = None,
+                    cp_rank_out: Any = None, cp_rank_lse: Any = None, engine_out: Any = None,
+                    engine_lse: Any = None, lse_base: Any = None, engine_logprobs: Any = None,
+                    selected_token_ids: Any = None, lm_head: Any = None, active_mask: Any = None,
+                    logprob_temperature: Optional[float] = None, prefix_key: Optional[str] = None,
+                    prefix_length: Optional[int] = None, prefix_fingerprint: Optional[str] = None,
+                    prefix_scheme: Any = None, labels: Any = None, engine: Any = None,
+                    precision: Any = None, rope_table: Any = None, pre_rope_q: Any = None,
+                    pre_rope_k: Any = None) -> "Snapshot":
         """Builds a snapshot from arrays already in wire layout (each copied
         once). The keyword options, shared with from_paged_kv:
 
@@ -238,42 +213,16 @@ class Snapshot:
         step's queries and new keys before RoPE, for the rolling RoPE check
         (q and the cache hold them rotated).
         """
+        # Every keyword option, by name (the parameters of _apply_options).
+        options = {name: value for name, value in locals().items() if name in OPTION_NAMES}
         plan = A.CopyPlan()
-        q4 = A.as_array(q, "q")
-        if len(q4.shape) != 4:
-            raise ValueError(f"q: shape {tuple(q4.shape)} must be [B, Sq, Hq, D]")
-        dims = tuple(int(d) for d in q4.shape)
-        tensors = {"q": plan.own(q4, "q"),
-                   "k_pages": plan.own(k_pages, "k_pages"),
-                   "v_pages": plan.own(v_pages, "v_pages")}
-        for name, value in (("block_table", block_table),
-                            ("kv_seq_lens", kv_seq_lens),
-                            ("query_positions", query_positions),
-                            ("slot_positions", slot_positions),
-                            ("page_ids", page_ids),
-                            ("key_rope_positions", key_rope_positions)):
-            if value is not None:
-                tensors[name] = _own_int(plan, value, name)
+        dims, tensors = _layout_tensors(plan, q, k_pages, v_pages, {
+            "block_table": block_table, "kv_seq_lens": kv_seq_lens,
+            "query_positions": query_positions, "slot_positions": slot_positions,
+            "page_ids": page_ids, "key_rope_positions": key_rope_positions})
         meta = snapshot_pb2.Snapshot(kv_layout=E.parse_enum(*E.KV_LAYOUT, kv_layout, "kv_layout"))
-        bt = tensors["block_table"].shape
-        auto = _apply_options(
-            meta, tensors, plan, dims, max_blocks=bt[1] if len(bt) == 2 else 0,
-            softmax_scale=softmax_scale, sliding_window=sliding_window,
-            window_convention=window_convention, logit_softcap=logit_softcap,
-            sinks=sinks, engine_lse_includes_sinks=engine_lse_includes_sinks,
-            rope=rope, output_dtype=output_dtype, k_scale=k_scale,
-            v_scale=v_scale, cp_world_size=cp_world_size,
-            cp_sharding=cp_sharding, cp_interleave_size=cp_interleave_size,
-            cp_block_owners=cp_block_owners, cp_rank_out=cp_rank_out,
-            cp_rank_lse=cp_rank_lse, engine_out=engine_out,
-            engine_lse=engine_lse, lse_base=lse_base,
-            engine_logprobs=engine_logprobs,
-            selected_token_ids=selected_token_ids, lm_head=lm_head,
-            active_mask=active_mask, logprob_temperature=logprob_temperature,
-            prefix_key=prefix_key, prefix_length=prefix_length,
-            prefix_fingerprint=prefix_fingerprint, prefix_scheme=prefix_scheme,
-            labels=labels, engine=engine, precision=precision,
-            rope_table=rope_table, pre_rope_q=pre_rope_q, pre_rope_k=pre_rope_k)
+        auto = _apply_options(meta, tensors, plan, dims, max_blocks=_max_blocks(tensors),
+                              **options)
         plan.finish()
         return cls(meta, tensors, gathered_event=plan.gathered_event,
                    auto_prefix_fingerprint=auto)
@@ -310,12 +259,12 @@ class Snapshot:
         """The binary attnaudit.v1.Snapshot encoding (one copy of the bytes)."""
         return b"".join(self.pieces())
 
-    def pieces(self):
+    def pieces(self) -> List[Any]:
         """The encoding as a list of bytes/memoryview pieces (no copy)."""
         self.wait()
         return _wire.snapshot_pieces(self._meta, self._tensors)
 
-    def file_pieces(self):
+    def file_pieces(self) -> List[Any]:
         """The encoding of a snapshot file (each tensor's data 64-byte
         aligned, so a reader can use it in place), as pieces (no copy)."""
         self.wait()
@@ -381,7 +330,6 @@ class Snapshot:
         for t in self._tensors.values():
             t.wait()
         if self._auto_prefix:
-            from .fingerprint import prefix_fingerprint
             self._auto_prefix = False
             self._meta.prefix.fingerprint = prefix_fingerprint(
                 self, self._meta.prefix.length, self._meta.prefix.key)
@@ -437,7 +385,8 @@ class Snapshot:
 # ----------------------------------------------------------------------
 
 
-def _pool_views(k_cache, v_cache, layout: str, head_dim: int):
+def _pool_views(k_cache: Any, v_cache: Any, layout: str,
+                head_dim: int) -> Tuple[Any, Any, bool]:
     """(K pool, V pool, hnd) as views of the engine's cache (no copy)."""
     k_cache = A.as_array(k_cache, "k_cache")
     if layout == _LAYOUT_VLLM_CPU:
@@ -475,7 +424,7 @@ def _pool_views(k_cache, v_cache, layout: str, head_dim: int):
     return k_cache, v_cache, hnd
 
 
-def _vllm_cpu_views(k_cache, v_cache, head_dim: int):
+def _vllm_cpu_views(k_cache: Any, v_cache: Any, head_dim: int) -> Tuple[Any, Any, bool]:
     """Logical [num_blocks, Hkv, block_size, D] views of vLLM's CPU cache:
     the fused tensor [num_blocks, Hkv, 2 * block_size, D] (or as the backend
     allocates it, [num_blocks, Hkv, block_size, 2 * D], the same memory), or
@@ -582,7 +531,7 @@ class _Paging:
         return self._key_pos[b, token]
 
 
-def _key_positions(key_positions, B: int, lens: np.ndarray) -> Optional[np.ndarray]:
+def _key_positions(key_positions: Any, B: int, lens: np.ndarray) -> Optional[np.ndarray]:
     if key_positions is None:
         return None
     kp = A.host_numpy(key_positions, "key_positions").astype(np.int64)
@@ -592,7 +541,7 @@ def _key_positions(key_positions, B: int, lens: np.ndarray) -> Optional[np.ndarr
     return kp
 
 
-def _query_positions(query_positions, paging: _Paging, B: int, Sq: int) -> np.ndarray:
+def _query_positions(query_positions: Any, paging: _Paging, B: int, Sq: int) -> np.ndarray:
     if query_positions is not None:
         qp = A.host_numpy(query_positions, "query_positions").astype(np.int64)
         if qp.ndim == 1 and Sq == 1:
@@ -610,7 +559,7 @@ def _query_positions(query_positions, paging: _Paging, B: int, Sq: int) -> np.nd
     return out
 
 
-def _int_vector(x, what: str, n: int) -> np.ndarray:
+def _int_vector(x: Any, what: str, n: int) -> np.ndarray:
     a = A.host_numpy(x, what)
     if a.ndim != 1 or a.shape[0] != n:
         raise ValueError(f"{what}: shape {tuple(a.shape)} must be [B={n}]")
@@ -619,7 +568,7 @@ def _int_vector(x, what: str, n: int) -> np.ndarray:
     return a.astype(np.int64)
 
 
-def _own_int(plan: A.CopyPlan, value, what: str) -> A.WireTensor:
+def _own_int(plan: A.CopyPlan, value: Any, what: str) -> A.WireTensor:
     a = A.as_array(value, what)
     if A.is_torch(a) or (isinstance(a, np.ndarray) and a.dtype in (np.int32, np.int64)):
         return plan.own(a, what)
@@ -634,8 +583,8 @@ def _own_int(plan: A.CopyPlan, value, what: str) -> A.WireTensor:
 # ----------------------------------------------------------------------
 
 
-def _as_bsq(x, what: str, trailing: int, flat: Optional[int] = None,
-            sq: Optional[int] = None, b: Optional[int] = None):
+def _as_bsq(x: Any, what: str, trailing: int, flat: Optional[Tuple[int, int]] = None,
+            sq: Optional[int] = None, b: Optional[int] = None) -> Any:
     """x as [B, Sq, *trailing dims]; a decode tensor without the Sq dim
     ([B, *trailing]) gets it; with `flat`, [B, flat] becomes [B, 1, Hq, D]."""
     shape = tuple(int(d) for d in x.shape)
@@ -648,13 +597,14 @@ def _as_bsq(x, what: str, trailing: int, flat: Optional[int] = None,
     raise ValueError(f"{what}: shape {shape} has the wrong rank")
 
 
-def _check_shape(x, what: str, want: Tuple[int, ...], names: str, hint: str = ""):
+def _check_shape(x: Any, what: str, want: Tuple[int, ...], names: str,
+                 hint: str = "") -> None:
     got = tuple(int(d) for d in x.shape)
     if got != want:
         raise ValueError(f"{what}: shape {got} must be {names}={list(want)}{hint}")
 
 
-def _float_or_none(value, what: str) -> float:
+def _float_or_none(value: Any, what: str) -> float:
     if value is None:
         return 0.0
     v = float(value)
@@ -663,19 +613,44 @@ def _float_or_none(value, what: str) -> float:
     return v
 
 
-def _apply_options(meta: snapshot_pb2.Snapshot, tensors: Dict[str, A.WireTensor],
-                   plan: A.CopyPlan, dims: Sequence[int], *, max_blocks: int,
-                   softmax_scale=None, sliding_window=None, window_convention=None,
-                   logit_softcap=None, sinks=None, engine_lse_includes_sinks=False,
-                   rope=None, output_dtype=None, k_scale=None, v_scale=None,
-                   cp_world_size=None, cp_sharding=None, cp_interleave_size=None,
-                   cp_block_owners=None, cp_rank_out=None, cp_rank_lse=None,
-                   engine_out=None, engine_lse=None, lse_base=None,
-                   engine_logprobs=None, selected_token_ids=None, lm_head=None,
-                   active_mask=None, logprob_temperature=None, prefix_key=None,
-                   prefix_length=None, prefix_fingerprint=None, prefix_scheme=None,
-                   labels=None, engine=None, precision=None, rope_table=None,
-                   pre_rope_q=None, pre_rope_k=None) -> bool:
+def _layout_tensors(plan: A.CopyPlan, q: Any, k_pages: Any, v_pages: Any,
+                    ints: Dict[str, Any]) -> Tuple[Tuple[int, ...], Dict[str, A.WireTensor]]:
+    """The dims of q [B, Sq, Hq, D] and the owned copies of q, the page pools
+    and the integer layout tensors given (None: absent)."""
+    q4 = A.as_array(q, "q")
+    if len(q4.shape) != 4:
+        raise ValueError(f"q: shape {tuple(q4.shape)} must be [B, Sq, Hq, D]")
+    dims = tuple(int(d) for d in q4.shape)
+    tensors = {"q": plan.own(q4, "q"),
+               "k_pages": plan.own(k_pages, "k_pages"),
+               "v_pages": plan.own(v_pages, "v_pages")}
+    for name, value in ints.items():
+        if value is not None:
+            tensors[name] = _own_int(plan, value, name)
+    return dims, tensors
+
+
+def _max_blocks(tensors: Dict[str, A.WireTensor]) -> int:
+    shape = tensors["block_table"].shape
+    return shape[1] if len(shape) == 2 else 0
+
+
+def _apply_options(meta: snapshot_pb2.Snapshot, tensors: Dict[str, A.WireTensor], plan: A.CopyPlan,
+                   dims: Sequence[int], *, max_blocks: int, softmax_scale: Any = None,
+                   sliding_window: Any = None, window_convention: Any = None,
+                   logit_softcap: Any = None, sinks: Any = None,
+                   engine_lse_includes_sinks: Any = False, rope: Any = None,
+                   output_dtype: Any = None, k_scale: Any = None, v_scale: Any = None,
+                   cp_world_size: Any = None, cp_sharding: Any = None,
+                   cp_interleave_size: Any = None, cp_block_owners: Any = None,
+                   cp_rank_out: Any = None, cp_rank_lse: Any = None, engine_out: Any = None,
+                   engine_lse: Any = None, lse_base: Any = None, engine_logprobs: Any = None,
+                   selected_token_ids: Any = None, lm_head: Any = None, active_mask: Any = None,
+                   logprob_temperature: Any = None, prefix_key: Any = None,
+                   prefix_length: Any = None, prefix_fingerprint: Any = None,
+                   prefix_scheme: Any = None, labels: Any = None, engine: Any = None,
+                   precision: Any = None, rope_table: Any = None, pre_rope_q: Any = None,
+                   pre_rope_k: Any = None) -> bool:
     """Fills the optional fields; returns True when the prefix fingerprint
     is to be computed at encode time ("auto")."""
     B, Sq, Hq, D = dims
@@ -704,7 +679,7 @@ def _apply_options(meta: snapshot_pb2.Snapshot, tensors: Dict[str, A.WireTensor]
             _preset_precision(engine, tensors["q"].dtype, style)))
     _apply_rope_inputs(tensors, plan, dims, rope_table, pre_rope_q, pre_rope_k)
     if output_dtype is not None:
-        meta.output_dtype = A.dtype_code(output_dtype, "output_dtype")
+        meta.output_dtype = E.wire(A.dtype_code(output_dtype, "output_dtype"))
     for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
         if value is not None:
             tensors[name] = _scale(plan, value, name)
@@ -736,7 +711,14 @@ def _apply_options(meta: snapshot_pb2.Snapshot, tensors: Dict[str, A.WireTensor]
     return auto
 
 
-def _engine_preset(engine) -> Optional[Dict[str, str]]:
+# The keyword options of the builders (from_arrays, and from_paged_kv through
+# it): the keyword parameters of _apply_options but max_blocks.
+OPTION_NAMES = frozenset(
+    name for name, p in inspect.signature(_apply_options).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "max_blocks")
+
+
+def _engine_preset(engine: Any) -> Optional[Dict[str, str]]:
     """engine's preset; "hf-eager/<family>" and "hf-sdpa/<family>" take the
     family's RoPE cast point (HF_FAMILY_CAST_POINTS)."""
     if engine is None:
@@ -752,13 +734,13 @@ def _engine_preset(engine) -> Optional[Dict[str, str]]:
     return preset
 
 
-def _preset_precision(engine, q_dtype: int, rope_style: str) -> Dict[str, Any]:
+def _preset_precision(engine: Any, q_dtype: int, rope_style: str) -> Dict[str, Any]:
     """An engine preset's precision resolved by what is known without
     running the engine (attnaudit.probe.preset: vllm-cpu's bf16 rounding by
     the CPU's ISA and the RoPE style), source "preset"."""
     name = A.NAMES.get(q_dtype, "")
     if name in ("bf16", "f16", "f32"):
-        from .probe import preset
+        from .probe import preset  # late: the probe's imports cost ~20 ms
         return preset(str(engine).partition("/")[0], name, rope_style=rope_style)
     return {"profile": _engine_preset(engine)["precision"], "source": "preset",  # type: ignore[index]
             "evidence": f"engine preset {str(engine).lower()!r}"}
@@ -810,7 +792,8 @@ def engine_precision(value: Any) -> snapshot_pb2.EnginePrecision:
     return out
 
 
-def _apply_rope_inputs(tensors, plan, dims, table, pre_q, pre_k) -> None:
+def _apply_rope_inputs(tensors: Any, plan: Any, dims: Any, table: Any, pre_q: Any,
+                       pre_k: Any) -> None:
     B, Sq, Hq, D = dims
     if pre_q is not None:
         x = _as_bsq(A.as_array(pre_q, "pre_rope_q"), "pre_rope_q", 2, sq=Sq)
@@ -846,7 +829,7 @@ def _apply_rope_inputs(tensors, plan, dims, table, pre_q, pre_k) -> None:
                 A.as_array(table[k], f"rope_table.{k}"), f"rope_table.{k}")
 
 
-def _scale(plan: A.CopyPlan, value, what: str) -> A.WireTensor:
+def _scale(plan: A.CopyPlan, value: Any, what: str) -> A.WireTensor:
     if isinstance(value, (int, float)):
         a = np.asarray(value, dtype=np.float32)
         return A.WireTensor(A.F32, (), a.reshape(-1).view(np.uint8).copy())
@@ -856,8 +839,8 @@ def _scale(plan: A.CopyPlan, value, what: str) -> A.WireTensor:
     return plan.own(x, what, A.F32)
 
 
-def _apply_cp(meta, tensors, plan, dims, max_blocks, world, sharding, interleave,
-              owners, rank_out, rank_lse) -> None:
+def _apply_cp(meta: Any, tensors: Any, plan: Any, dims: Any, max_blocks: Any, world: Any,
+              sharding: Any, interleave: Any, owners: Any, rank_out: Any, rank_lse: Any) -> None:
     B, Sq, Hq, D = dims
     if all(v is None for v in (world, sharding, interleave, owners, rank_out, rank_lse)):
         return
@@ -885,7 +868,7 @@ def _apply_cp(meta, tensors, plan, dims, max_blocks, world, sharding, interleave
         tensors["cp.rank_lse"] = plan.own(x, "cp_rank_lse")
 
 
-def _as_bsq_rank(x, what, trailing, sq):
+def _as_bsq_rank(x: Any, what: str, trailing: int, sq: int) -> Any:
     shape = tuple(x.shape)
     if len(shape) == trailing + 2 and sq == 1:  # [W, B, ...] without Sq
         return x[:, :, None] if isinstance(x, np.ndarray) else x.unsqueeze(2)
@@ -894,8 +877,8 @@ def _as_bsq_rank(x, what, trailing, sq):
     raise ValueError(f"{what}: shape {tuple(int(d) for d in shape)} has the wrong rank")
 
 
-def _apply_engine(meta, tensors, plan, dims, out, lse, lse_base, logprobs,
-                  has_rank_lse: bool) -> None:
+def _apply_engine(meta: Any, tensors: Any, plan: Any, dims: Any, out: Any, lse: Any, lse_base: Any,
+                  logprobs: Any, has_rank_lse: bool) -> None:
     B, Sq, Hq, D = dims
     if (lse is not None or has_rank_lse) and lse_base is None:
         raise ValueError(
@@ -922,7 +905,7 @@ def _apply_engine(meta, tensors, plan, dims, out, lse, lse_base, logprobs,
         tensors["engine.logprobs"] = plan.own(x, "engine_logprobs")
 
 
-def _apply_prefix(meta, key, length, fingerprint, scheme) -> bool:
+def _apply_prefix(meta: Any, key: Any, length: Any, fingerprint: Any, scheme: Any) -> bool:
     if key is None and length is None and fingerprint is None:
         return False
     if not key or not length:

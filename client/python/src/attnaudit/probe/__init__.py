@@ -38,6 +38,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from .._presets import ENGINE_PRESETS
 from . import _attention, _host, _rope
 from ._numerics import dtype_name
 from ._types import (AttentionOp, AttentionOutput, Engine, Finding, ProbeResult,
@@ -149,7 +150,6 @@ def preset(engine: str, dtype: str, *, cpu: Optional[Dict[str, object]] = None,
     only (its GPT-J path rounds to nearest: measured bit for bit on the same
     host); in f16 and f32 nearest. Returns an EnginePrecision dict with
     source "preset" and an evidence line."""
-    from ..snapshot import ENGINE_PRESETS
     name = str(engine).lower()
     if name not in ENGINE_PRESETS:
         raise ValueError(f"engine: unknown {engine!r}; expected one of "

@@ -23,7 +23,7 @@ kernel's tiled and split paths, not only its first block.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -161,7 +161,7 @@ def score_batches(engine: Engine, rng: np.random.Generator) -> List[Tuple[Batch,
     return out
 
 
-def _stack(rows, scale: float) -> Batch:
+def _stack(rows: Any, scale: float) -> Batch:
     return Batch(np.stack([r[0] for r in rows]), [r[1] for r in rows],
                  [r[2] for r in rows], scale)
 
@@ -170,7 +170,8 @@ FILLER = -2048.0   # a filler key's q.k: its score is below the max by > 104
 
 
 def _with_filler(L: int, first: np.ndarray, second: np.ndarray, v1: np.ndarray,
-                 v2: np.ndarray, rng: np.random.Generator, dt: str):
+                 v2: np.ndarray, rng: np.random.Generator,
+                 dt: str) -> Tuple[np.ndarray, np.ndarray]:
     """k, v [L, Hkv, D]: the two decisive keys side by side at a random even
     place among L - 2 filler keys whose scores (dimension 2 of q is 1,
     theirs FILLER) are so low that exp underflows to 0 in fp32: a long row
@@ -206,7 +207,8 @@ def _pick(pool: np.ndarray, ok: np.ndarray, n: int) -> np.ndarray:
     return good[np.linspace(0, good.size - 1, n).round().astype(int)]
 
 
-def _score_row(H, Hkv, D, dt, S, scale, L, rng):
+def _score_row(H: int, Hkv: int, D: int, dt: str, S: float, scale: float, L: int,
+               rng: np.random.Generator) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """q.k = a c (+ b_h for the second key): scores S and S + scale b_h,
     exact in fp32 (a c has few bits, b_h is one dtype value); b_h chosen
     away from the rounding points of every candidate."""
@@ -231,7 +233,8 @@ def _score_row(H, Hkv, D, dt, S, scale, L, rng):
     return q, k, v
 
 
-def _probability_row(H, Hkv, D, dt, L, lo, hi, rng):
+def _probability_row(H: int, Hkv: int, D: int, dt: str, L: int, lo: float, hi: float,
+                     rng: np.random.Generator) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Scores 0 and -d_h, exact in every dtype (scale 1/8, k = -8); d_h
     chosen so that p = exp(-d), 1/(1+p) and p/(1+p) are away from the
     rounding points."""
@@ -262,7 +265,7 @@ def fit_scores_probabilities(engine: Engine, out_mode: str,
         out, lse = run(engine.attention, batch, dt)
         runs.append((batch, kind, out, lse))
     combos = [(s, p) for s in R.score_candidates(dt) for p in R.probability_candidates(dt)]
-    table: Dict[Tuple[str, str], Dict[str, Tuple[int, int]]] = {}
+    table: Dict[Tuple[str, str], Dict[str, Tuple[int, int, int]]] = {}
     for combo in combos:
         per_kind: Dict[str, List[int]] = {"scores": [0, 0, 0], "probabilities": [0, 0, 0]}
         for batch, kind, out, _ in runs:
@@ -273,9 +276,9 @@ def fit_scores_probabilities(engine: Engine, out_mode: str,
             acc[0] += int(np.sum(err == 0))
             acc[1] += int(np.sum(err <= 1.0))
             acc[2] += int(err.size)
-        table[combo] = {k: (v[0], v[1], v[2]) for k, v in per_kind.items()}  # type: ignore[misc]
+        table[combo] = {k: (v[0], v[1], v[2]) for k, v in per_kind.items()}
 
-    def total(c):
+    def total(c: Tuple[str, str]) -> Tuple[int, int]:
         t = table[c]
         return (t["scores"][0] + t["probabilities"][0], t["scores"][1] + t["probabilities"][1])
 
@@ -285,7 +288,8 @@ def fit_scores_probabilities(engine: Engine, out_mode: str,
     return scores, probs, best
 
 
-def _side(kind: str, index: int, best: Tuple[str, str], table, dt: str) -> Finding:
+def _side(kind: str, index: int, best: Tuple[str, str],
+          table: Dict[Tuple[str, str], Dict[str, Tuple[int, int, int]]], dt: str) -> Finding:
     """The Finding for one side of the best pair: its value, and how the best
     pair with the other dtype class on that side does on the same rows."""
     mine = best[index]

@@ -40,12 +40,12 @@ def dtype_name(dtype: str) -> str:
     return name
 
 
-def f32(x: np.ndarray) -> np.ndarray:
+def f32(x: np.ndarray | float) -> np.ndarray:
     """x rounded to fp32 (nearest even), as float64."""
     return np.asarray(x, np.float64).astype(np.float32).astype(np.float64)
 
 
-def narrow(x: np.ndarray, dtype: str, mode: str = "rne") -> np.ndarray:
+def narrow(x: np.ndarray | float, dtype: str, mode: str = "rne") -> np.ndarray:
     """x rounded to fp32, then to `dtype` with `mode`; float64 out."""
     dtype = dtype_name(dtype)
     x32 = np.asarray(x, np.float64).astype(np.float32)
@@ -100,7 +100,7 @@ def spacing(x: np.ndarray, dtype: str) -> np.ndarray:
     return np.ldexp(1.0, (np.maximum(e, emin) - mant).astype(np.int64))
 
 
-def exact(x: np.ndarray, dtype: str) -> np.ndarray:
+def exact(x: np.ndarray | float, dtype: str) -> np.ndarray:
     """x rounded to `dtype` (nearest even): inputs an engine holds exactly."""
     return narrow(x, dtype, "rne")
 

