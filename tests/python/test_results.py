@@ -81,7 +81,8 @@ def ids(results) -> list:
 
 
 def test_the_cli_shows_the_run_and_request_ids(cli, client, server, listed, tmp_path):
-    table = cli.run("list", "--addr", server.address, "--label", f"run={listed['run']}").stdout.decode()
+    table = cli.run("list", "--addr", server.address,
+                    "--label", f"run={listed['run']}").stdout.decode()
     header, *rows = table.splitlines()
     assert header.split()[4] == "run", header
     assert len(rows) == 6 and all(listed["run"][:16] in r for r in rows), table

@@ -131,7 +131,7 @@ def _soft_cap(hf_config: Any) -> Optional[float]:
     # (Gemma 2: 50.0; Gemma 3: None, i.e. none).
     if not hasattr(hf_config, "attn_logit_softcapping"):
         return None
-    return float(getattr(hf_config, "attn_logit_softcapping") or 0.0)
+    return float(hf_config.attn_logit_softcapping or 0.0)
 
 
 def _windows(hf_config: Any) -> Optional[Tuple[Optional[int], ...]]:

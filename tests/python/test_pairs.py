@@ -1,0 +1,175 @@
+"""Train–rollout pairs (attnaudit.pairs): the same rows of one layer as a
+rollout engine and a trainer computed them, joined by (request id,
+position) and judged with each side's audit by a real attnaudit-server.
+
+The two sides here are numpy engines over the same tokens: the rollout
+reads a paged cache with its pages scattered (float32 softmax, bf16 out),
+the trainer one contiguous cache per sequence (float64, bf16 out), so
+correct sides differ in their last bits only; the bugs are put in one side.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import attnaudit
+from attnaudit import pairs
+
+BF16 = ml_dtypes.bfloat16
+HQ, HKV, D, PAGE = 8, 2, 64, 16
+LENS = (150, 97, 260, 33)
+IDS = ("req-a", "req-b", "req-c", "req-d")
+
+
+class Tokens:
+    """The rows' keys, values and queries (bf16), with peaked attention:
+    every row's first key is a sink most queries attend to."""
+
+    def __init__(self, seed: int = 0):
+        g = np.random.default_rng(seed)
+        self.k = [g.standard_normal((n, HKV, D)).astype(BF16) for n in LENS]
+        self.v = [g.standard_normal((n, HKV, D)).astype(BF16) for n in LENS]
+        self.q = g.standard_normal((len(LENS), HQ, D)).astype(BF16)
+        for k in self.k:
+            k[0] = (k[0].astype(np.float32) * 4).astype(BF16)
+
+
+def attend(q, k, v, dtype, cap: float = 0.0) -> np.ndarray:
+    """[Hq, D] attention of one query row over its keys in `dtype`; in
+    float32 the probabilities are rounded to bf16 before the PV product,
+    as FlashAttention-style kernels do."""
+    q, k, v = (np.asarray(x, dtype=dtype) for x in (q, k, v))
+    heads = np.arange(HQ) // (HQ // HKV)
+    s = np.einsum("hd,nhd->hn", q, k[:, heads]) * dtype(D ** -0.5)
+    if cap:
+        s = cap * np.tanh(s / cap)
+    w = np.exp(s - s.max(axis=1, keepdims=True))
+    p = w / w.sum(axis=1, keepdims=True)
+    if dtype == np.float32:
+        p = p.astype(BF16).astype(np.float32)
+    return np.einsum("hn,nhd->hd", p, v[:, heads])
+
+
+def snapshot(t: Tokens, *, scattered: bool, dtype, q=None, k=None, cap: float = 0.0,
+             declared_cap: float = 0.0, read=None) -> attnaudit.Snapshot:
+    """One side's decode snapshot of every row (its last token the query).
+    read(b, k, v) -> (k, v): what its kernel read instead, if not the cache."""
+    q = t.q if q is None else q
+    k = t.k if k is None else k
+    pages_k, pages_v, table = [], [], np.zeros((len(LENS), 32), dtype=np.int32)
+    for b, n in enumerate(LENS):
+        for j in range(0, n, PAGE):
+            chunk_k = np.zeros((PAGE, HKV, D), dtype=BF16)
+            chunk_v = np.zeros((PAGE, HKV, D), dtype=BF16)
+            chunk_k[:min(PAGE, n - j)] = k[b][j:j + PAGE]
+            chunk_v[:min(PAGE, n - j)] = t.v[b][j:j + PAGE]
+            table[b, j // PAGE] = len(pages_k)
+            pages_k.append(chunk_k)
+            pages_v.append(chunk_v)
+    order = np.random.default_rng(7).permutation(len(pages_k)) if scattered \
+        else np.arange(len(pages_k))
+    where = np.argsort(order)  # page i of the list sits at pool index where[i]
+    kp, vp = np.stack(pages_k)[order], np.stack(pages_v)[order]
+    out = np.zeros((len(LENS), HQ, D), dtype=BF16)
+    for b in range(len(LENS)):
+        kb, vb = (k[b], t.v[b]) if read is None else read(b, k[b], t.v[b])
+        out[b] = attend(q[b], kb, vb, dtype, cap).astype(BF16)
+    return attnaudit.Snapshot.from_paged_kv(
+        q, kp, vp, where[table], np.array(LENS), layout="nhd", engine_out=out,
+        logit_softcap=declared_cap or None, engine="flash-decoding",
+        labels={"request_ids": list(IDS), "layer": 3, "run": "pairs"})
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return Tokens()
+
+
+def rollout_of(t: Tokens, **kw) -> attnaudit.Snapshot:
+    return snapshot(t, scattered=True, dtype=np.float32, **kw)
+
+
+def trainer_of(t: Tokens, **kw) -> attnaudit.Snapshot:
+    return snapshot(t, scattered=False, dtype=np.float64, **kw)
+
+
+def test_the_same_arithmetic_on_both_sides_is_consistent(tokens):
+    report = pairs.compare(rollout_of(tokens), snapshot(tokens, scattered=False,
+                                                        dtype=np.float32))
+    assert report.verdict == "consistent"
+    assert [r.verdict for r in report.rows] == ["consistent"] * 4
+    assert [(r.request_id, r.position) for r in report.rows] == \
+        [(i, n - 1) for i, n in zip(IDS, LENS)]
+    assert all(r.keys_compared == n for r, n in zip(report.rows, LENS))
+
+
+def test_two_correct_kernels_differ_within_noise(tokens, client):
+    report = pairs.compare(rollout_of(tokens), trainer_of(tokens), client=client)
+    assert report.rollout_verdict == report.trainer_verdict == attnaudit.Verdict.PASS
+    assert {r.verdict for r in report.rows} <= {"consistent", "within-noise"}
+    assert any(not r.out_bitwise for r in report.rows)  # the kernels' last bits
+    assert all(r.q_ulps == 0 and r.kv_ulps == 0 and r.input_effect == 0
+               for r in report.rows)
+    assert report.verdict in ("consistent", "within-noise")
+
+
+def test_a_trainer_without_its_soft_cap_is_named(tokens, client):
+    rollout = rollout_of(tokens, cap=5.0, declared_cap=5.0)
+    trainer = trainer_of(tokens, cap=0.0, declared_cap=5.0)
+    report = pairs.compare(rollout, trainer, client=client)
+    assert report.trainer_verdict == attnaudit.Verdict.DRIFT
+    assert report.rollout_verdict == attnaudit.Verdict.PASS
+    assert report.verdict == "trainer-drift"
+    assert "trainer-drift" in report.line()
+
+
+def test_a_rollout_reading_a_stale_page_is_named(tokens, client):
+    stale = np.random.default_rng(3).standard_normal((PAGE, HKV, D)).astype(BF16)
+
+    def read(b, k, v):
+        if b != 2:
+            return k, v
+        k, v = k.copy(), v.copy()
+        k[PAGE:2 * PAGE], v[PAGE:2 * PAGE] = stale, stale
+        return k, v
+    report = pairs.compare(rollout_of(tokens, read=read), trainer_of(tokens), client=client)
+    assert report.rollout_verdict == attnaudit.Verdict.DRIFT
+    assert report.verdict == "rollout-drift"
+    assert report.rollout_diagnosis
+
+
+def test_inputs_that_differ_upstream_are_named(tokens, client):
+    # The trainer's q off by ~5 % (an upstream difference such as another
+    # norm epsilon); both kernels compute their own inputs correctly.
+    g = np.random.default_rng(11)
+    q = (tokens.q.astype(np.float32) * (1 + 0.05 * g.standard_normal(tokens.q.shape))
+         ).astype(BF16)
+    report = pairs.compare(rollout_of(tokens), trainer_of(tokens, q=q), client=client)
+    assert report.rollout_verdict == report.trainer_verdict == attnaudit.Verdict.PASS
+    assert report.verdict == "inputs-differ"
+    worst = max(report.rows, key=lambda r: r.input_effect)
+    assert worst.inputs_differing == "q" and worst.input_effect > worst.noise
+    # Only the cached K/V of the prefix (e.g. filled under other weights).
+    k = [x.copy() for x in tokens.k]
+    k[1][:PAGE] = (k[1][:PAGE].astype(np.float32) * 1.5).astype(BF16)
+    report = pairs.compare(rollout_of(tokens), trainer_of(tokens, k=k), client=client)
+    row = next(r for r in report.rows if r.request_id == "req-b")
+    assert row.verdict == "inputs-differ" and row.inputs_differing == "K/V"
+
+
+def test_rows_only_one_side_holds_are_counted(tokens):
+    trainer = trainer_of(tokens)
+    del trainer.labels.request_ids[:]
+    trainer.labels.request_ids.extend(["req-a", "req-x", "req-c", "req-y"])
+    report = pairs.compare(rollout_of(tokens), trainer)
+    assert [r.request_id for r in report.rows] == ["req-a", "req-c"]
+    assert (report.unmatched_rollout, report.unmatched_trainer) == (2, 2)
+
+
+def test_what_cannot_be_paired_is_refused(tokens):
+    unlabelled = rollout_of(tokens)
+    del unlabelled.labels.request_ids[:]
+    with pytest.raises(ValueError, match="request_ids"):
+        pairs.compare(unlabelled, trainer_of(tokens))
