@@ -101,8 +101,8 @@ def test_the_same_arithmetic_on_both_sides_is_consistent(tokens):
     assert report.verdict == "consistent"
     assert [r.verdict for r in report.rows] == ["consistent"] * 4
     assert [(r.request_id, r.position) for r in report.rows] == \
-        [(i, n - 1) for i, n in zip(IDS, LENS)]
-    assert all(r.keys_compared == n for r, n in zip(report.rows, LENS))
+        [(i, n - 1) for i, n in zip(IDS, LENS, strict=True)]
+    assert all(r.keys_compared == n for r, n in zip(report.rows, LENS, strict=True))
 
 
 def test_two_correct_kernels_differ_within_noise(tokens, client):
