@@ -28,8 +28,10 @@
 #               SWEEP_SEEDS seeds and the bug catalogue; resumable, niced;
 #               ~1 h per 10 seeds on 2 shared cores) and their tables
 #   make vllm-plugin   the vLLM plugin end to end on vLLM's CPU engine (the
-#               conformance venv; ~4 min): PASS clean, DRIFT with the right
-#               diagnosis on injected engine bugs, outputs bit-identical
+#               conformance venv; ~8 min): PASS clean, DRIFT with the right
+#               diagnosis on injected engine bugs, outputs bit-identical;
+#               then train-rollout pairs with transformers as the trainer
+#               (attnaudit.trainer, attnaudit.pairs)
 #   make bench-vllm-plugin  the plugin's decode-step overhead on that engine
 #
 # One build folder serves all of them, configured once with tests and
@@ -425,6 +427,8 @@ vllm-plugin: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target attnaudit-server
 	bash tests/conformance/make_venv.sh $(CONFORMANCE_VENV) $(PYTHON)
 	$(CONFORMANCE_VENV)/bin/python tests/vllm_plugin/e2e.py \
+	  --server $(BUILD_DIR)/bin/attnaudit-server --work $(BUILD_DIR)/vllm-plugin
+	$(CONFORMANCE_VENV)/bin/python tests/vllm_plugin/pairs_e2e.py \
 	  --server $(BUILD_DIR)/bin/attnaudit-server --work $(BUILD_DIR)/vllm-plugin
 
 bench-vllm-plugin: configure

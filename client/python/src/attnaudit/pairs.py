@@ -20,11 +20,21 @@ audits made here through a client), each pair gets one verdict:
                    a side's own audit DRIFTs: that side's kernel is off
                    (its report's diagnosis says how);
   consistent       outputs bitwise equal;
-  inputs-differ    the inputs' effect exceeds the attention's noise (the
-                   larger of the two audits' output tolerances): the
-                   divergence entered before attention;
+  inputs-differ    the inputs differ beyond the rounding of the ops that
+                   made them (INPUT_ROUNDING_ULPS) and their effect
+                   exceeds the attention's noise (the larger of the two
+                   audits' output tolerances): the divergence entered
+                   before attention;
   within-noise     both audits PASS and the inputs explain no more than
                    the noise: the two kernels' rounding.
+
+Over a model's layers the first layer whose pairs are inputs-differ is
+where a divergence enters: a norm, projection or RoPE that differs there
+(e.g. another RMSNorm epsilon) shows at its own layer. Deeper layers of
+two correct stacks differ too, by the rounding of every op before them,
+amplified (a trainer's and an engine's GEMMs round differently): their
+pairs may be inputs-differ without any bug, which is why the first layer
+is the finding.
 
 Which input differs is kept (q, or only K/V of the prefix: a prefix cache
 filled under other weights, or another upstream difference).
@@ -49,6 +59,11 @@ from ._enums import Comparison, Verdict
 from .report import Report
 from .snapshot import Snapshot
 from .v1 import snapshot_pb2
+
+# Each side's q, K and V come from a projection rounded once to their dtype
+# (0.5 ulp) and a RoPE of up to three rounded ops (bf16 engines: 1.5 ulps):
+# two correct sides fed the same hidden state differ by at most 3 ulps.
+INPUT_ROUNDING_ULPS = 3.0
 
 PAIR_VERDICTS = ("consistent", "within-noise", "inputs-differ", "rollout-drift",
                  "trainer-drift", "both-drift")
@@ -200,20 +215,20 @@ def _pair_row(rollout: Snapshot, trainer: Snapshot, key: Tuple[str, int], r: int
         noise = 4.0 * _ulp(float(np.max(np.abs(out_r.astype(np.float64)), initial=0.0)),
                            _dtype_name(rollout, "engine.out"))
     bitwise = out_r.tobytes() == out_t.tobytes()
+    q_ulps = _max_ulps(q_r, q_t, _dtype_name(rollout, "q"))
+    kv_ulps = max(_max_ulps(k_r[:n], k_t[:n], _dtype_name(rollout, "k_pages")),
+                  _max_ulps(v_r[:n], v_t[:n], _dtype_name(rollout, "v_pages")))
     diff = np.abs(out_r.astype(np.float64) - out_t.astype(np.float64))
     return RowPair(
         request_id=key[0], position=key[1], rollout_row=r, trainer_row=t,
         out_bitwise=bitwise, out_max_abs=float(np.max(diff, initial=0.0)),
         out_max_ulps=_max_ulps(out_r, out_t, _dtype_name(rollout, "engine.out")),
-        q_ulps=_max_ulps(q_r, q_t, _dtype_name(rollout, "q")),
-        kv_ulps=max(_max_ulps(k_r[:n], k_t[:n], _dtype_name(rollout, "k_pages")),
-                    _max_ulps(v_r[:n], v_t[:n], _dtype_name(rollout, "v_pages"))),
-        keys_compared=n, input_effect=effect, noise=noise,
-        verdict=_row_verdict(rv, tv, bitwise, effect, noise))
+        q_ulps=q_ulps, kv_ulps=kv_ulps, keys_compared=n, input_effect=effect, noise=noise,
+        verdict=_row_verdict(rv, tv, bitwise, effect, noise, max(q_ulps, kv_ulps)))
 
 
 def _row_verdict(rv: Optional[Verdict], tv: Optional[Verdict], bitwise: bool,
-                 effect: float, noise: float) -> str:
+                 effect: float, noise: float, input_ulps: float) -> str:
     r_drift, t_drift = rv == Verdict.DRIFT, tv == Verdict.DRIFT
     if r_drift and t_drift:
         return "both-drift"
@@ -223,7 +238,8 @@ def _row_verdict(rv: Optional[Verdict], tv: Optional[Verdict], bitwise: bool,
         return "trainer-drift"
     if bitwise:
         return "consistent"
-    return "inputs-differ" if effect > noise else "within-noise"
+    beyond_rounding = input_ulps > INPUT_ROUNDING_ULPS
+    return "inputs-differ" if beyond_rounding and effect > noise else "within-noise"
 
 
 # ----------------------------------------------------------------------
@@ -346,6 +362,14 @@ def _tolerance(report: Optional[Report]) -> float:
                 and out.tolerance > 0):
             best = max(best, float(out.tolerance))
     return float(best)
+
+
+def first_layer_inputs_differ(reports: Sequence[PairReport]) -> Optional[int]:
+    """The first layer with an inputs-differ pair: where a divergence
+    enters the stack (see the module docstring); None when none does."""
+    layers = [p.layer for p in reports if p.layer is not None
+              and any(r.verdict == "inputs-differ" for r in p.rows)]
+    return min(layers, default=None)
 
 
 def compare_files(rollout_path: str, trainer_path: str, client: Any = None) -> PairReport:

@@ -285,10 +285,13 @@ class VllmAuditPlugin:
         declared = self.declared(capture.backend_key(call))
 
         def build():
-            return capture.build_snapshot(
+            snapshot = capture.build_snapshot(
                 call, rows=rows, tokens=tokens, engine=self.settings.engine,
                 rope=rope, pre_rope=pre, labels=labels, precision=declared.precision,
                 cast_point=declared.cast_point, inv_freq=st.inv_freq)
+            if self.settings.save_dir:
+                self._save(snapshot, st.step, call.layer)
+            return snapshot
 
         auditor = self.auditor()
         dropped_before = auditor.counters.dropped
@@ -428,6 +431,14 @@ class VllmAuditPlugin:
                             "difference the audits, which declare what the kernel was "
                             "given, cannot see", call.layer, phrase)
         return found
+
+    def _save(self, snapshot: Any, step: int, layer: int) -> None:
+        name = f"{self.settings.run or 'vllm'}-step{step}-layer{layer}.pb"
+        try:
+            os.makedirs(self.settings.save_dir, exist_ok=True)
+            snapshot.save(os.path.join(self.settings.save_dir, name))
+        except OSError as e:
+            self.error("save_dir", e)
 
     def set_rl_step(self, step: Optional[int], run: Optional[str] = None) -> None:
         """The training loop's step (and run) for the snapshots of later

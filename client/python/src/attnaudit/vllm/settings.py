@@ -47,6 +47,10 @@ TOML when the name ends in .toml); the environment wins over the file.
                     or "17 run-name"), read on sampled steps when it
                     changed: the snapshots' step label (and run) from then
                     on. In the engine's process set_rl_step does the same.
+    save_dir        a folder: each audited snapshot is also saved there
+                    (<run>-step<S>-layer<L>.pb, on the engine's thread:
+                    for pairing offline with the trainer's, see
+                    attnaudit.pairs; costs a file write per snapshot).
     on_step         callbacks "pkg.module:function[,...]", each called with
                     a StepSummary per audited step (a background thread).
     log_summary     "1": log each StepSummary at INFO (logger
@@ -102,6 +106,7 @@ class Settings:
     model: Optional[str] = None
     run: Optional[str] = None
     step_file: Optional[str] = None
+    save_dir: Optional[str] = None
     on_step: Tuple[str, ...] = ()
     log_summary: bool = True
 

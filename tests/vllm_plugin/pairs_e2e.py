@@ -1,0 +1,198 @@
+"""Train–rollout pairs end to end on the CPU (`make vllm-plugin`).
+
+usage: pairs_e2e.py --server BUILD/bin/attnaudit-server --work DIR
+
+Run with the conformance venv's python. The same tiny random Llama as
+e2e.py (its model folder is reused) generates with vLLM's CPU engine and
+the plugin, which saves every audited snapshot (ATTNAUDIT_VLLM_SAVE_DIR);
+then transformers recomputes the same tokens (prompt and generated) with
+attnaudit.trainer's hook capturing the rollout's (request, position) rows
+at every layer, and attnaudit.pairs joins them, each side audited by a
+real attnaudit-server:
+
+  clean                   no pair drifts; at layer 0 every pair is
+                          consistent or within-noise (deeper layers' inputs
+                          carry the two stacks' rounding, amplified by
+                          this model's peaked attention: inputs-differ
+                          there is no finding, attnaudit.pairs);
+  trainer-wrong-scale     the trainer's sdpa scaling by 1.25x its declared
+                          scale: trainer-drift;
+  rollout stale-page      vLLM reads a stale block: rollout-drift on the
+                          row the bug struck;
+  trainer-norm-epsilon    the trainer's RMSNorm epsilon 1e-2 instead of
+                          the configuration's: inputs-differ, first at
+                          layer 0.
+
+Prints a table; exits 1 on any failed check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+import tempfile
+from typing import Dict, List, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import e2e  # noqa: E402  (the model, the server and the engine runs)
+from engine_run import PROMPTS  # noqa: E402
+
+
+def rollout(model: str, work: str, server, scenario: str) -> Tuple[dict, List[str]]:
+    save = os.path.join(work, f"saved-{scenario}")
+    for old in glob.glob(os.path.join(save, "*.pb")):
+        os.remove(old)
+    env = {"ATTNAUDIT_VLLM_SERVER": server.address, "ATTNAUDIT_VLLM_SAMPLE_EVERY": "4",
+           "ATTNAUDIT_VLLM_ROTATE_LAYERS": "0", "ATTNAUDIT_VLLM_RUN": f"pairs-{scenario}",
+           "ATTNAUDIT_VLLM_MAX_IN_FLIGHT": "64", "ATTNAUDIT_VLLM_SAVE_DIR": save}
+    data = e2e.run(model, scenario, work, env, f"pairs-{scenario}")
+    return data, sorted(glob.glob(os.path.join(save, "*.pb")))
+
+
+def trainer(model_dir: str, data: dict, rollouts, bug: str) -> list:
+    """The trainer's snapshots of the rollouts' rows: sequence i is the
+    prompt and the tokens generated for it (vLLM's request "i+1-...")."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from attnaudit.trainer import TrainerHook
+    wanted: Dict[str, set] = {}
+    for snap in rollouts:
+        positions = snap.tensor("query_positions")
+        for b, rid in enumerate(snap.labels.request_ids):
+            wanted.setdefault(str(rid), set()).add(int(positions[b, 0]))
+    config = {"rms_norm_eps": 1e-2} if bug == "norm-epsilon" else {}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16,
+                                                 attn_implementation="sdpa", **config)
+    snaps: list = []
+    hook = TrainerHook(snaps.append, max_rows=64, run="trainer")
+    hook.install()
+    restore = _inject_trainer_bug(bug)
+    try:
+        for rid, positions in wanted.items():
+            i = int(rid.split("-")[0]) - 1
+            ids = torch.tensor([PROMPTS[i] + data["tokens"][i]])
+            with torch.no_grad(), hook.capture([rid], positions=lambda _s, _n, p=positions: p):
+                model(ids)
+    finally:
+        restore()
+    if hook.errors:
+        raise RuntimeError(f"trainer hook: {hook.last_error!r}")
+    return snaps
+
+
+def _inject_trainer_bug(bug: str):
+    if bug != "wrong-scale":
+        return lambda: None
+    from transformers.integrations import sdpa_attention
+    from transformers.modeling_utils import AttentionInterface
+    right = sdpa_attention.sdpa_attention_forward
+
+    def wrong(module, query, key, value, mask, *args, scaling=None, **kwargs):
+        return right(module, query, key, value, mask, *args, scaling=scaling * 1.25, **kwargs)
+    AttentionInterface._global_mapping["sdpa"] = wrong
+    return lambda: AttentionInterface._global_mapping.__setitem__("sdpa", right)
+
+
+def pair_all(rollouts, trainers, client) -> list:
+    """Every (rollout snapshot, trainer snapshot) of one layer that share a
+    row, compared; each side audited once."""
+    from attnaudit import pairs
+    reports = {}
+
+    def audit(snap):
+        if id(snap) not in reports:
+            reports[id(snap)] = client.audit(snap)
+        return reports[id(snap)]
+    out = []
+    for r in rollouts:
+        ids = {str(x) for x in r.labels.request_ids}
+        for t in trainers:
+            if t.labels.layer != r.labels.layer or str(t.labels.request_ids[0]) not in ids:
+                continue
+            out.append(pairs.compare(r, t, rollout_report=audit(r), trainer_report=audit(t)))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--work", default=None)
+    args = ap.parse_args()
+    work = args.work or tempfile.mkdtemp(prefix="attnaudit_pairs_e2e_")
+    os.makedirs(work, exist_ok=True)
+    model = os.path.join(work, "tiny-llama3")
+    e2e.make_model(model)
+    server = e2e.Server(args.server, work)
+    c = e2e.Checks()
+    import attnaudit
+    from attnaudit import Snapshot
+    try:
+        with attnaudit.AuditClient(server.address) as client:
+            runs = {}
+            for scenario in ("clean", "stale-page"):
+                data, files = rollout(model, work, server, scenario)
+                runs[scenario] = (data, [Snapshot.load(f) for f in files])
+                c.check(scenario, len(files) > 0, f"{len(files)} rollout snapshots saved")
+            for label, scenario, bug, want in (
+                    ("clean", "clean", "", None),
+                    ("trainer-wrong-scale", "clean", "wrong-scale", {"trainer-drift"}),
+                    ("rollout-stale-page", "stale-page", "", {"rollout-drift"}),
+                    ("trainer-norm-epsilon", "clean", "norm-epsilon", None)):
+                data, rollouts = runs[scenario]
+                reports = pair_all(rollouts, trainer(model, data, rollouts, bug), client)
+                verdicts = sorted({p.verdict for p in reports})
+                rows = sum(len(p.rows) for p in reports)
+                if want is not None:
+                    c.check(label, rows > 0 and set(verdicts) <= want,
+                            f"{rows} pairs over {len(reports)} snapshot pairs: {verdicts}")
+                elif bug:
+                    check_inputs_differ(c, label, reports)
+                else:
+                    check_clean(c, label, reports)
+                worst = max(reports, key=lambda p: max(r.out_max_abs for r in p.rows))
+                print(f"{label}: {worst.line()}")
+    finally:
+        server.stop()
+    width = max(len(r[0]) for r in c.rows)
+    for label, status, detail in c.rows:
+        print(f"{label:<{width}}  {status:<4}  {detail}")
+    if c.failures:
+        print(f"\n{len(c.failures)} check(s) failed; outputs under {work}")
+        return 1
+    print("\nall checks passed")
+    return 0
+
+
+def by_layer(reports) -> Dict[int, List[str]]:
+    out: Dict[int, set] = {}
+    for p in reports:
+        out.setdefault(p.layer, set()).update(r.verdict for r in p.rows)
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def check_clean(c, label: str, reports) -> None:
+    from attnaudit import pairs
+    layers = by_layer(reports)
+    first = pairs.first_layer_inputs_differ(reports)
+    c.check(label, bool(layers) and set(layers.get(0, [])) <= {"consistent", "within-noise"}
+            and not any("drift" in v for vs in layers.values() for v in vs)
+            and first != 0,
+            f"no drift; layer 0 within noise; first inputs-differ at layer {first}; "
+            f"by layer {layers}")
+
+
+def check_inputs_differ(c, label: str, reports) -> None:
+    from attnaudit import pairs
+    layers = by_layer(reports)
+    first = pairs.first_layer_inputs_differ(reports)
+    c.check(label, first == 0 and not any("drift" in v for vs in layers.values() for v in vs),
+            f"inputs-differ first at layer {first}; by layer {layers}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
