@@ -10,6 +10,8 @@ correct sides differ in their last bits only; the bugs are put in one side.
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -173,3 +175,16 @@ def test_what_cannot_be_paired_is_refused(tokens):
     del unlabelled.labels.request_ids[:]
     with pytest.raises(ValueError, match="request_ids"):
         pairs.compare(unlabelled, trainer_of(tokens))
+
+
+def test_a_steps_pairs_as_metrics(tokens):
+    reports = [pairs.compare(rollout_of(tokens), trainer_of(tokens))]
+    q = (tokens.q.astype(np.float32) * 1.1).astype(BF16)
+    report = pairs.compare(rollout_of(tokens), trainer_of(tokens, q=q))
+    reports.append(dataclasses.replace(report, layer=5))
+    m = pairs.as_metrics(reports)
+    assert m["attnaudit/pairs/inputs-differ"] == 4
+    assert m["attnaudit/pairs/consistent"] + m["attnaudit/pairs/within-noise"] == 4
+    assert m["attnaudit/pairs/first_layer_inputs_differ"] == 5
+    assert m["attnaudit/pairs/out_max_abs"] == max(r.out_max_abs for p in reports
+                                                   for r in p.rows)

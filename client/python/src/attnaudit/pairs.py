@@ -372,6 +372,23 @@ def first_layer_inputs_differ(reports: Sequence[PairReport]) -> Optional[int]:
     return min(layers, default=None)
 
 
+def as_metrics(reports: Sequence[PairReport], prefix: str = "attnaudit/pairs/"
+               ) -> Dict[str, Any]:
+    """Flat numbers of one training step's pairs for a metrics logger
+    (wandb.log): pairs per verdict, the first layer whose inputs differ
+    (-1: none) and the largest output difference."""
+    out: Dict[str, Any] = {f"{prefix}{v}": 0 for v in PAIR_VERDICTS}
+    worst = 0.0
+    for p in reports:
+        for r in p.rows:
+            out[f"{prefix}{r.verdict}"] += 1
+            worst = max(worst, r.out_max_abs)
+    first = first_layer_inputs_differ(reports)
+    out[f"{prefix}first_layer_inputs_differ"] = -1 if first is None else first
+    out[f"{prefix}out_max_abs"] = worst
+    return out
+
+
 def compare_files(rollout_path: str, trainer_path: str, client: Any = None) -> PairReport:
     """compare() on two saved snapshots (Snapshot.save)."""
     return compare(Snapshot.load(rollout_path), Snapshot.load(trainer_path), client=client)
