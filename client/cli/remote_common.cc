@@ -109,10 +109,36 @@ std::string DescribeError(const absl::Status& status) {
   return out;
 }
 
+std::string TransportHint(const ConnectionFlags& flags,
+                          const absl::Status& status) {
+  if (status.code() != absl::StatusCode::kUnavailable) return "";
+  const bool tls = flags.tls || !flags.tls_ca.empty();
+  // OpenSSL writes "wrong version number", BoringSSL WRONG_VERSION_NUMBER.
+  std::string m = absl::AsciiStrToLower(status.message());
+  absl::c_replace(m, '_', ' ');
+  // A TLS server closes a plaintext client's connection at its first bytes;
+  // a plaintext server answers a TLS client's hello with no TLS record.
+  if (!tls && (absl::StrContains(m, "socket closed") ||
+               absl::StrContains(m, "connection reset"))) {
+    return "the server closed the connection: if it serves TLS, add --tls "
+           "(system roots) or --tls-ca FILE";
+  }
+  if (tls && absl::StrContains(m, "wrong version number")) {
+    return "the server does not speak TLS: leave out --tls and --tls-ca";
+  }
+  if (tls && absl::StrContains(m, "certificate verify failed")) {
+    return "the server's certificate is not signed by a CA this client "
+           "trusts: --tls-ca FILE names the CA bundle";
+  }
+  return "";
+}
+
 int FailRemote(const char* name, const ConnectionFlags& flags,
                const absl::Status& status) {
   std::cerr << "attnaudit " << name << ": server " << flags.addr << ": "
             << DescribeError(status) << "\n";
+  const std::string hint = TransportHint(flags, status);
+  if (!hint.empty()) std::cerr << "  hint: " << hint << "\n";
   return kExitError;
 }
 

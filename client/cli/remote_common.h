@@ -62,8 +62,14 @@ v1::Priority PriorityOf(const std::string& flag_value);
 
 // "INVALID_ARGUMENT: snapshot.q: ..." plus the retry hint when there is one.
 std::string DescribeError(const absl::Status& status);
+// What a connection failure suggests about TLS: a plaintext client refused
+// by a TLS server, a TLS client at a plaintext server, an untrusted
+// certificate; "" otherwise.
+std::string TransportHint(const ConnectionFlags& flags,
+                          const absl::Status& status);
 // A call to the server failed: prints "attnaudit NAME: server ADDR:
-// <DescribeError>" to stderr; returns kExitError.
+// <DescribeError>" to stderr, and TransportHint's hint on a line of its
+// own; returns kExitError.
 int FailRemote(const char* name, const ConnectionFlags& flags,
                const absl::Status& status);
 // A local problem, no server involved (a file that cannot be read or

@@ -292,9 +292,11 @@ if command -v openssl >/dev/null; then
   timeout 30 "$CLI" caps "${tls[@]}" --auth-token-file "$T/token" \
     --timeout 5s 2>"$WORK/nocert.err" >/dev/null
   no_cert=$?
-  timeout 30 "$CLI" caps --addr "$ADDR" --timeout 5s 2>/dev/null >/dev/null
+  timeout 30 "$CLI" caps --addr "$ADDR" --timeout 5s 2>"$WORK/plaintext.err" >/dev/null
   plaintext=$?
   set -e
+  grep -q 'hint: .*--tls' "$WORK/plaintext.err" ||
+    fail "a plaintext client refused by a TLS server gets no TLS hint: $(cat "$WORK/plaintext.err")"
   [[ $no_token == 2 ]] && grep -q UNAUTHENTICATED "$WORK/notoken.err" ||
     fail "a call without the token must be UNAUTHENTICATED"
   [[ $no_cert == 2 ]] || fail "a client without a certificate must fail"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import subprocess
 import threading
 import time
 
@@ -380,3 +382,26 @@ def test_async_client_every_call(server, cli, files):
                 raise AssertionError("nothing matches this filter")
 
     asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_tls_mismatches_get_a_hint(server, make_server, tmp_path):
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed: no test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert),
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    tls_server = make_server("--tls-cert", str(cert), "--tls-key", str(key),
+                             "--cpu-workers", "1")
+    with attnaudit.AuditClient(tls_server.address, timeout=5) as plaintext:
+        with pytest.raises(attnaudit.UnavailableError, match="hint: if the server serves TLS"):
+            plaintext.capabilities()
+    with attnaudit.AuditClient(tls_server.address, timeout=5, tls=True) as untrusted:
+        with pytest.raises(attnaudit.UnavailableError, match="not signed by a CA"):
+            untrusted.capabilities()
+    with attnaudit.AuditClient(server.address, timeout=5, tls=True) as at_plaintext:
+        with pytest.raises(attnaudit.UnavailableError, match="does not speak TLS"):
+            at_plaintext.capabilities()
+    with attnaudit.AuditClient(tls_server.address, timeout=5, tls={"ca": str(cert)}) as ok:
+        assert ok.capabilities() is not None

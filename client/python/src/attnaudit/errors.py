@@ -114,7 +114,28 @@ def from_rpc_error(error: grpc.RpcError) -> AuditError:
     except Exception:  # noqa: BLE001 - not every RpcError carries trailers
         trailers = None
     cls = _BY_CODE.get(code, AuditError)
-    return cls(code, details or "", _retry_after(trailers))
+    message = details or ""
+    if code == grpc.StatusCode.UNAVAILABLE:
+        message += _transport_hint(message)
+    return cls(code, message, _retry_after(trailers))
+
+
+# What a connection failure suggests about TLS, by gRPC's wording (OpenSSL's
+# "wrong version number" or BoringSSL's WRONG_VERSION_NUMBER alike): a TLS
+# server closes a plaintext client's connection at its first bytes; a
+# plaintext server answers a TLS hello with no TLS record.
+_TRANSPORT_HINTS = (
+    ("socket closed", " (hint: if the server serves TLS, pass tls=True or "
+     "tls={'ca': 'ca.pem'})"),
+    ("wrong version number", " (hint: the server does not speak TLS: leave tls out)"),
+    ("certificate verify failed", " (hint: the server's certificate is not signed by "
+     "a CA this client trusts: tls={'ca': 'ca.pem'})"),
+)
+
+
+def _transport_hint(message: str) -> str:
+    lowered = message.lower().replace("_", " ")
+    return next((hint for text, hint in _TRANSPORT_HINTS if text in lowered), "")
 
 
 def job_error(code: int, message: str) -> AuditError:
