@@ -49,7 +49,8 @@ SERVER_FLAGS ?=
 # Debian 12 packages the build and the tests need: deploy/packages/build.txt
 # (also what the Docker image's build stage installs) and test.txt (tests,
 # fuzzers, benchmarks only). One package per line, `#` starts a comment.
-PACKAGE_LISTS := $(addprefix $(dir $(abspath $(lastword $(MAKEFILE_LIST))))deploy/packages/,build.txt test.txt)
+REPO_DIR := $(dir $(abspath $(lastword $(MAKEFILE_LIST))))
+PACKAGE_LISTS := $(addprefix $(REPO_DIR)deploy/packages/,build.txt test.txt)
 APT_PACKAGES := $(shell sed 's/\#.*//' $(PACKAGE_LISTS))
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -144,7 +145,8 @@ run: configure
 	  [ -f $$dir/CMakeCache.txt ] || cmake -S . -B $$dir -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) \
 	    -DATTNAUDIT_ENABLE_CUDA=OFF -DATTNAUDIT_BUILD_TESTS=OFF -DATTNAUDIT_BUILD_BENCH=OFF; \
 	fi; \
-	cmake --build $$dir -j $(JOBS) --target $(RUN_TARGETS); \
+	echo "make run: building $(RUN_TARGETS) in $$dir (a first build takes ~20 min on 2 cores; a rebuild seconds)"; \
+	JOBS=$(JOBS) bash $(REPO_DIR)cmake/quiet_build.sh $$dir $$dir/run-build.log $(RUN_TARGETS); \
 	cat $(call BACKENDS_FILE,$$dir); \
 	if [ $$devices = all ]; then \
 	  echo "make run: the server drives every GPU it sees with the CUDA backend (--devices=all; $$why), and its CPU workers if it sees none."; \
@@ -157,6 +159,7 @@ run: configure
 	  echo "  GPUs need the CUDA backend: install the CUDA toolkit (nvcc), run cmake -S . -B $(BUILD_DIR) -DATTNAUDIT_ENABLE_CUDA=ON, then make run CUDA=1"; \
 	fi; \
 	mkdir -p var; \
+	echo "make run: the CLI for a second terminal is $$dir/bin/attnaudit"; \
 	echo "$$dir/bin/attnaudit-server --devices=$$devices $(SERVER_FLAGS)"; \
 	exec $$dir/bin/attnaudit-server --devices=$$devices $(SERVER_FLAGS)
 

@@ -7,7 +7,8 @@
 # whether a CPU-only folder is configured (CUDA off), the --devices the
 # server is started with, and what the lines printed say.
 #   no GPU, CUDA build       CPU-only server in build/run-cpu, --devices=cpu,
-#                            the CUDA kernels are not built; says CUDA=1
+#                            the CUDA kernels are not built; says CUDA=1,
+#                            names that folder's CLI, logs the build
 #   GPU seen, CUDA build     build/, --devices=all
 #   CUDA=1 without a GPU     build/, --devices=all
 #   CUDA=0 with a GPU        build/run-cpu, --devices=cpu
@@ -124,6 +125,10 @@ expect "no GPU, CUDA build: says CPU, why, and how to use GPUs (CUDA=1)" \
 expect "  ... and make run CUDA=1" has "$OUT" "make run CUDA=1"
 expect "no GPU, CUDA build: never prints the CUDA build's backends line" \
   lacks "$OUT" "kernels for CUDA architectures"
+expect "no GPU, CUDA build: names the CLI of the folder it built" \
+  has "$OUT" "the CLI for a second terminal is build/run-cpu/bin/attnaudit"
+expect "no GPU, CUDA build: the compiler's output goes to a log, not the screen" \
+  has "$OUT" "log: build/run-cpu/run-build.log"
 
 run_case nvcc-gpu "$CUDA_ON" 2
 expect "GPU seen, CUDA build: builds build/ (the CUDA backend) and no other folder" \
