@@ -153,12 +153,20 @@ def test_inputs_that_differ_upstream_are_named(tokens, client):
     assert report.verdict == "inputs-differ"
     worst = max(report.rows, key=lambda r: r.input_effect)
     assert worst.inputs_differing == "q" and worst.input_effect > worst.noise
-    # Only the cached K/V of the prefix (e.g. filled under other weights).
+
+
+def test_a_prefix_cached_under_other_weights_is_named(tokens, client):
+    # The rollout read the first page of req-b's prefix as it was cached
+    # under older weights; the decode token's q is the same on both sides.
     k = [x.copy() for x in tokens.k]
     k[1][:PAGE] = (k[1][:PAGE].astype(np.float32) * 1.5).astype(BF16)
-    report = pairs.compare(rollout_of(tokens), trainer_of(tokens, k=k), client=client)
+    report = pairs.compare(rollout_of(tokens, k=k), trainer_of(tokens), client=client)
+    assert report.rollout_verdict == report.trainer_verdict == attnaudit.Verdict.PASS
     row = next(r for r in report.rows if r.request_id == "req-b")
-    assert row.verdict == "inputs-differ" and row.inputs_differing == "K/V"
+    assert row.verdict == "stale-prefix-kv" and row.inputs_differing == "K/V"
+    assert row.q_ulps == 0 and row.kv_ulps > pairs.INPUT_ROUNDING_ULPS
+    assert {r.verdict for r in report.rows if r.request_id != "req-b"} <= \
+        {"consistent", "within-noise"}
 
 
 def test_rows_only_one_side_holds_are_counted(tokens):

@@ -206,6 +206,10 @@ class Metadata:
     def __init__(self, e: Engine):
         self.seq_lens = np.array(e.lens, dtype=np.int32)
         self.query_start_loc = e.starts
+        # The cache slot each row's decode token is written to.
+        self.slot_mapping = np.array(
+            [e.table[b, (n - 1) // BLOCK] * BLOCK + (n - 1) % BLOCK
+             for b, n in enumerate(e.lens)], dtype=np.int64)
 
 
 def run_steps(plugin, engine, steps, layers=(0, 1, 2), outputs=None):
@@ -308,6 +312,33 @@ def test_the_training_loops_step_labels_the_snapshots(server, tmp_path):
     assert labels == [(0, 0, ""), (1, 17, "grpo-7"), (2, 18, "grpo-7")], labels
     assert [s.rl_step for s in sorted(summaries, key=lambda s: s.step)] == [None, 17, 18]
     assert "(RL step 17)" in sorted(summaries, key=lambda s: s.step)[1].line()
+    plugin.close(10)
+
+
+def test_a_prefix_cached_under_older_weights_is_named(server, caplog):
+    plugin = make_plugin(server, sample_every="1", layers="0")
+    engine = Engine(lens=(70, 40))
+    plugin.learn_cache(engine.cache, "cpu_attn")
+    summaries = []
+    plugin.add_step_callback(summaries.append)
+    plugin.set_rl_step(1)           # the record starts: nothing is stale yet
+    run_steps(plugin, engine, steps=1, layers=(0,))
+    plugin.set_rl_step(2)           # new weights; the cache was not reset
+    with caplog.at_level("WARNING", logger="attnaudit.vllm"):
+        run_steps(plugin, engine, steps=1, layers=(0,))
+    # The prefix recomputed under the new weights (a reset cache's prefill).
+    for b, n in enumerate(engine.lens):
+        plugin.prefix.stamp(np.array([engine.table[b, i // BLOCK] * BLOCK + i % BLOCK
+                                      for i in range(n)]))
+    run_steps(plugin, engine, steps=1, layers=(0,))
+    assert plugin.flush(60)
+    stale = [s.stale_prefix for s in sorted(summaries, key=lambda s: s.step)]
+    # Row 0 fills 5 blocks of 16 (its last one written at this step), row 1 3.
+    assert stale == [(), ("r0: 4 block(s) cached before weight version 2",
+                          "r1: 2 block(s) cached before weight version 2"), ()], stale
+    assert plugin.counters()["stale_prefix_rows"] == 2
+    said = [r.getMessage() for r in caplog.records if "prefix cache not reset" in r.getMessage()]
+    assert len(said) == 1, said
     plugin.close(10)
 
 

@@ -15,6 +15,11 @@ with the bug while the plugin sees what the engine meant:
                         but exponentiates with exp (an exp2 kernel's
                         scale in an exp kernel)
   rope-scaling-ignored  the engine's RoPE drops the model's llama3 scaling
+  stale-prefix          the RL loop's weights change (layer 0's input norm
+                        scaled by 1.25, weight version 1 -> 2) between two
+                        generations of the same prompts, and vLLM's prefix
+                        cache is not reset: the second reads prefix blocks
+                        cached under the old weights
   layer-scale           every attention layer is built with 1.25x the
                         softmax scale the model's configuration implies
                         (the kernel computes what the layer declares: only
@@ -53,7 +58,7 @@ WARMUP = [[1] + [200 + (3 * i) % 300 for i in range(95)]]
 
 
 def inject(scenario: str) -> None:
-    if scenario == "clean":
+    if scenario in ("clean", "stale-prefix"):
         return
     if scenario == "rope-scaling-ignored":
         from vllm.model_executor.layers.rotary_embedding import base, llama3_rope
@@ -102,6 +107,28 @@ def inject(scenario: str) -> None:
     impl.forward = forward
 
 
+# The stale-prefix scenario's weight update: layer 0's input RMSNorm weight
+# times this (the trainer's recompute applies the same).
+NORM_SCALE = 1.25
+
+
+def update_weights_keeping_the_cache(llm, av) -> None:
+    """Generates the prompts once under weight version 1 (their full
+    blocks enter the prefix cache), then updates the weights in place and
+    moves to version 2 without llm.reset_prefix_cache()."""
+    from vllm import SamplingParams
+    av.set_rl_step(1)
+    llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
+                 SamplingParams(max_tokens=1, temperature=0.0))
+
+    def scale_norm(worker):
+        model = worker.model_runner.get_model()
+        norm = model.model.layers[0].input_layernorm.weight
+        norm.data.mul_(NORM_SCALE)
+    llm.collective_rpc(scale_norm)
+    av.set_rl_step(2)
+
+
 def outcome(result) -> dict:
     out = {"step": result.step, "layer": result.layer,
            "verdict": None if result.verdict is None else result.verdict.name,
@@ -136,7 +163,8 @@ def main() -> int:
          "drifted": s.drifted, "failed": s.failed, "dropped": s.dropped,
          "worst_layer": s.worst_layer, "worst_share": s.worst_share,
          "top_diagnosis": s.top_diagnosis, "rl_step": s.rl_step,
-         "config_findings": list(s.config_findings)}))
+         "config_findings": list(s.config_findings),
+         "stale_prefix": list(s.stale_prefix)}))
     params = SamplingParams(max_tokens=int(os.environ.get("E2E_TOKENS", "24")),
                             temperature=0.0, ignore_eos=True, logprobs=1)
     if os.environ.get("E2E_RL_STEP"):
@@ -144,6 +172,8 @@ def main() -> int:
     # A finished request first: its pages keep its K/V, as in a busy engine.
     llm.generate([{"prompt_token_ids": p} for p in WARMUP],
                  SamplingParams(max_tokens=1, temperature=0.0))
+    if scenario == "stale-prefix":
+        update_weights_keeping_the_cache(llm, av)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
     t2 = time.monotonic()
     flushed = av.flush(120)

@@ -21,7 +21,13 @@ real attnaudit-server:
                           row the bug struck;
   trainer-norm-epsilon    the trainer's RMSNorm epsilon 1e-2 instead of
                           the configuration's: inputs-differ, first at
-                          layer 0.
+                          layer 0;
+  stale-prefix            vLLM's weights updated (layer 0's input norm)
+                          without resetting its prefix cache, the trainer
+                          recomputing with the new weights: the plugin names
+                          the rows that read old blocks, and the pairs are
+                          stale-prefix-kv at layer 0 (q agrees, the cached
+                          K/V do not).
 
 Prints a table; exits 1 on any failed check.
 """
@@ -54,8 +60,8 @@ def rollout(model: str, work: str, server, scenario: str) -> Tuple[dict, List[st
 
 
 def trainer(model_dir: str, data: dict, rollouts, bug: str) -> list:
-    """The trainer's snapshots of the rollouts' rows: sequence i is the
-    prompt and the tokens generated for it (vLLM's request "i+1-...")."""
+    """The trainer's snapshots of the rollouts' rows: each the prompt and
+    the tokens the rollout generated for it."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -68,13 +74,19 @@ def trainer(model_dir: str, data: dict, rollouts, bug: str) -> list:
     config = {"rms_norm_eps": 1e-2} if bug == "norm-epsilon" else {}
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16,
                                                  attn_implementation="sdpa", **config)
+    if bug == "new-weights":  # the rollout's weight update, recomputed
+        from engine_run import NORM_SCALE
+        with torch.no_grad():
+            model.model.layers[0].input_layernorm.weight.mul_(NORM_SCALE)
     snaps: list = []
     hook = TrainerHook(snaps.append, max_rows=64, run="trainer")
     hook.install()
     restore = _inject_trainer_bug(bug)
     try:
         for rid, positions in wanted.items():
-            i = int(rid.split("-")[0]) - 1
+            # vLLM numbers requests from the warm-up's 0; each generation
+            # of the prompts takes the next len(PROMPTS) numbers.
+            i = (int(rid.split("-")[0]) - 1) % len(PROMPTS)
             ids = torch.tensor([PROMPTS[i] + data["tokens"][i]])
             with torch.no_grad(), hook.capture([rid], positions=lambda _s, _n, p=positions: p):
                 model(ids)
@@ -134,7 +146,7 @@ def main() -> int:
     try:
         with attnaudit.AuditClient(server.address) as client:
             runs = {}
-            for scenario in ("clean", "stale-page"):
+            for scenario in ("clean", "stale-page", "stale-prefix"):
                 data, files = rollout(model, work, server, scenario)
                 runs[scenario] = (data, [Snapshot.load(f) for f in files])
                 c.check(scenario, len(files) > 0, f"{len(files)} rollout snapshots saved")
@@ -142,7 +154,8 @@ def main() -> int:
                     ("clean", "clean", "", None),
                     ("trainer-wrong-scale", "clean", "wrong-scale", {"trainer-drift"}),
                     ("rollout-stale-page", "stale-page", "", {"rollout-drift"}),
-                    ("trainer-norm-epsilon", "clean", "norm-epsilon", None)):
+                    ("trainer-norm-epsilon", "clean", "norm-epsilon", None),
+                    ("stale-prefix", "stale-prefix", "new-weights", None)):
                 data, rollouts = runs[scenario]
                 reports = pair_all(rollouts, trainer(model, data, rollouts, bug), client)
                 verdicts = sorted({p.verdict for p in reports})
@@ -150,6 +163,8 @@ def main() -> int:
                 if want is not None:
                     c.check(label, rows > 0 and set(verdicts) <= want,
                             f"{rows} pairs over {len(reports)} snapshot pairs: {verdicts}")
+                elif bug == "new-weights":
+                    check_stale_prefix(c, label, reports, data)
                 elif bug:
                     check_inputs_differ(c, label, reports)
                 else:
@@ -184,6 +199,16 @@ def check_clean(c, label: str, reports) -> None:
             and first != 0,
             f"no drift; layer 0 within noise; first inputs-differ at layer {first}; "
             f"by layer {layers}")
+
+
+def check_stale_prefix(c, label: str, reports, data: dict) -> None:
+    layers = by_layer(reports)
+    named = sorted({x for s in data["summaries"] for x in s.get("stale_prefix", [])})
+    c.check(label, len(named) > 0,
+            f"the plugin names the rows that read old blocks: {named[:2]}")
+    c.check(label, "stale-prefix-kv" in layers.get(0, []) and
+            not any("drift" in v for vs in layers.values() for v in vs),
+            f"stale-prefix-kv at layer 0; by layer {layers}")
 
 
 def check_inputs_differ(c, label: str, reports) -> None:

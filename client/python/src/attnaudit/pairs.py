@@ -25,6 +25,11 @@ audits made here through a client), each pair gets one verdict:
                    exceeds the attention's noise (the larger of the two
                    audits' output tolerances): the divergence entered
                    before attention;
+  stale-prefix-kv  the same, but q agrees within that rounding while the
+                   K/V of the prefix do not: the prefix's cache was filled
+                   otherwise than the trainer recomputes it (a prefix cache
+                   filled under older weights and reused after a weight
+                   update; or a prefill path that computes differently);
   within-noise     both audits PASS and the inputs explain no more than
                    the noise: the two kernels' rounding.
 
@@ -33,8 +38,8 @@ where a divergence enters: a norm, projection or RoPE that differs there
 (e.g. another RMSNorm epsilon) shows at its own layer. Deeper layers of
 two correct stacks differ too, by the rounding of every op before them,
 amplified (a trainer's and an engine's GEMMs round differently): their
-pairs may be inputs-differ without any bug, which is why the first layer
-is the finding.
+pairs may be inputs-differ or stale-prefix-kv without any bug, which is
+why the first layer is the finding.
 
 Which input differs is kept (q, or only K/V of the prefix: a prefix cache
 filled under other weights, or another upstream difference).
@@ -65,7 +70,8 @@ from .v1 import snapshot_pb2
 # two correct sides fed the same hidden state differ by at most 3 ulps.
 INPUT_ROUNDING_ULPS = 3.0
 
-PAIR_VERDICTS = ("consistent", "within-noise", "inputs-differ", "rollout-drift",
+PAIR_VERDICTS = ("consistent", "within-noise", "inputs-differ", "stale-prefix-kv",
+                 "rollout-drift",
                  "trainer-drift", "both-drift")
 
 # Mantissa bits of the float formats a pair may hold.
@@ -97,8 +103,11 @@ class RowPair:
 
     @property
     def inputs_differing(self) -> str:
-        """"q and K/V", "q", "K/V" or "" (bitwise equal inputs)."""
-        parts = [name for name, ulps in (("q", self.q_ulps), ("K/V", self.kv_ulps)) if ulps]
+        """"q and K/V", "q", "K/V" (those beyond rounding, else those not
+        bitwise equal) or "" (bitwise equal inputs)."""
+        both = (("q", self.q_ulps), ("K/V", self.kv_ulps))
+        parts = [name for name, ulps in both if ulps > INPUT_ROUNDING_ULPS] or \
+            [name for name, ulps in both if ulps]
         return " and ".join(parts)
 
 
@@ -137,7 +146,7 @@ class PairReport:
                 + ", ".join(f"{v} {n}" for v, n in counts.items()) + "); worst "
                 f"{worst.request_id}@{worst.position}: outputs differ by "
                 f"{worst.out_max_abs:.3g} ({worst.out_max_ulps:.3g} ulps)")
-        if worst.verdict == "inputs-differ":
+        if worst.verdict in ("inputs-differ", "stale-prefix-kv"):
             text += (f", {worst.inputs_differing} differ (effect {worst.input_effect:.3g} "
                      f"> noise {worst.noise:.3g})")
         diagnosis = {"rollout-drift": self.rollout_diagnosis,
@@ -224,11 +233,11 @@ def _pair_row(rollout: Snapshot, trainer: Snapshot, key: Tuple[str, int], r: int
         out_bitwise=bitwise, out_max_abs=float(np.max(diff, initial=0.0)),
         out_max_ulps=_max_ulps(out_r, out_t, _dtype_name(rollout, "engine.out")),
         q_ulps=q_ulps, kv_ulps=kv_ulps, keys_compared=n, input_effect=effect, noise=noise,
-        verdict=_row_verdict(rv, tv, bitwise, effect, noise, max(q_ulps, kv_ulps)))
+        verdict=_row_verdict(rv, tv, bitwise, effect, noise, q_ulps, kv_ulps))
 
 
 def _row_verdict(rv: Optional[Verdict], tv: Optional[Verdict], bitwise: bool,
-                 effect: float, noise: float, input_ulps: float) -> str:
+                 effect: float, noise: float, q_ulps: float, kv_ulps: float) -> str:
     r_drift, t_drift = rv == Verdict.DRIFT, tv == Verdict.DRIFT
     if r_drift and t_drift:
         return "both-drift"
@@ -238,8 +247,9 @@ def _row_verdict(rv: Optional[Verdict], tv: Optional[Verdict], bitwise: bool,
         return "trainer-drift"
     if bitwise:
         return "consistent"
-    beyond_rounding = input_ulps > INPUT_ROUNDING_ULPS
-    return "inputs-differ" if beyond_rounding and effect > noise else "within-noise"
+    if effect <= noise or max(q_ulps, kv_ulps) <= INPUT_ROUNDING_ULPS:
+        return "within-noise"
+    return "inputs-differ" if q_ulps > INPUT_ROUNDING_ULPS else "stale-prefix-kv"
 
 
 # ----------------------------------------------------------------------
@@ -365,10 +375,12 @@ def _tolerance(report: Optional[Report]) -> float:
 
 
 def first_layer_inputs_differ(reports: Sequence[PairReport]) -> Optional[int]:
-    """The first layer with an inputs-differ pair: where a divergence
-    enters the stack (see the module docstring); None when none does."""
+    """The first layer with an inputs-differ (or stale-prefix-kv) pair:
+    where a divergence enters the stack (see the module docstring); None
+    when none does."""
+    upstream = ("inputs-differ", "stale-prefix-kv")
     layers = [p.layer for p in reports if p.layer is not None
-              and any(r.verdict == "inputs-differ" for r in p.rows)]
+              and any(r.verdict in upstream for r in p.rows)]
     return min(layers, default=None)
 
 

@@ -79,9 +79,12 @@ def add_step_callback(fn: Callable[[StepSummary], None]) -> bool:
     return True
 
 
-def set_rl_step(step: Optional[int], run: Optional[str] = None) -> bool:
+def set_rl_step(step: Optional[int], run: Optional[str] = None,
+                weight_version: Optional[object] = None) -> bool:
     """Labels the snapshots of later engine steps with the training loop's
-    step (and run), in place of the engine's step counter. False when the
+    step (and run), in place of the engine's step counter; weight_version
+    (default: the step) names the weights in use, so that prefix blocks
+    cached under older ones are named when read. False when the
     plugin is not active in this process: with vLLM's engine core in its
     own process (the default), call it there through the method the
     plugin adds to vLLM's workers,
@@ -89,7 +92,7 @@ def set_rl_step(step: Optional[int], run: Optional[str] = None) -> bool:
     ATTNAUDIT_VLLM_STEP_FILE."""
     if _ACTIVE is None:
         return False
-    _ACTIVE.set_rl_step(step, run)
+    _ACTIVE.set_rl_step(step, run, weight_version)
     return True
 
 

@@ -48,6 +48,7 @@ from ..auditor import AuditResult, RolloutAuditor
 from . import capture
 from .expected import Expected
 from .precision import BackendKey, Declared, PrecisionCache, Prober
+from .prefix_versions import PrefixVersions
 from .settings import Settings
 
 log = logging.getLogger("attnaudit.vllm")
@@ -66,7 +67,9 @@ class StepSummary:
     audited; results: each AuditResult (reports included); rl_step: the
     training loop's step when it set one (set_rl_step, step_file);
     config_findings: how the audited layers differ from the model's
-    configuration (expected.py), one phrase each."""
+    configuration (expected.py), one phrase each; stale_prefix: audited
+    requests that read prefix blocks cached under older weights
+    (prefix_versions.py), one phrase each."""
 
     step: int
     layers: tuple
@@ -84,6 +87,7 @@ class StepSummary:
     inconclusive: int = 0
     rl_step: Optional[int] = None
     config_findings: tuple = ()
+    stale_prefix: tuple = ()
 
     def as_dict(self, prefix: str = "attnaudit/") -> Dict[str, Any]:
         """Flat numbers for a metrics logger (wandb.log, a TensorBoard
@@ -102,6 +106,7 @@ class StepSummary:
         if self.rl_step is not None:
             out[f"{prefix}rl_step"] = self.rl_step
         out[f"{prefix}config_findings"] = len(self.config_findings)
+        out[f"{prefix}stale_prefix"] = len(self.stale_prefix)
         return out
 
     def line(self) -> str:
@@ -119,6 +124,8 @@ class StepSummary:
             text += f"; diagnosis {self.top_diagnosis}: {self.diagnosis_summary}"
         if self.config_findings:
             text += "; unlike the model's configuration: " + "; ".join(self.config_findings)
+        if self.stale_prefix:
+            text += "; prefix cached under older weights: " + "; ".join(self.stale_prefix)
         return text
 
 
@@ -149,6 +156,7 @@ class _Tally:
     request_ids: tuple = ()
     rl_step: Optional[int] = None
     findings: List[str] = dataclasses.field(default_factory=list)
+    stale: List[str] = dataclasses.field(default_factory=list)
 
 
 _NOT_A_STEP = StepState(step=-1)
@@ -185,7 +193,8 @@ class VllmAuditPlugin:
         self._counts = {"steps": 0, "sampled_steps": 0, "plugin_errors": 0,
                         "summaries_dropped": 0, "rope_missed": 0, "too_large": 0,
                         "decode_rows_seen": 0, "decode_rows_chosen": 0,
-                        "config_mismatch": 0, "config_mismatch_layers": 0}
+                        "config_mismatch": 0, "config_mismatch_layers": 0,
+                        "stale_prefix_rows": 0}
         self._warned: set = set()
         self.model: Optional[str] = settings.model
         self.rope_parameters: Optional[Dict[str, Any]] = None
@@ -198,6 +207,8 @@ class VllmAuditPlugin:
         self.rl_step: Optional[int] = None
         self.rl_run: Optional[str] = None
         self._step_file_mtime: Optional[int] = None
+        # The weight version each cache block was written under.
+        self.prefix = PrefixVersions()
         self.wrapped: List[str] = []  # the seams installed (register())
         self.announced = False
         self._closed = False
@@ -227,6 +238,10 @@ class VllmAuditPlugin:
         self._counts["steps"] += 1
         setattr(ctx, _ATTR, st)
         self._close_earlier_steps(st.step)
+        if self.settings.step_file:
+            self._read_step_file()
+        if self.prefix.active:
+            self.prefix.stamp(md.slot_mapping, getattr(md, "num_actual_tokens", None))
         s = self.settings
         if capture.step_chosen(st.step, s.sample_every, s.sample_rate, s.seed):
             self._choose(st, md, layer_names, request_ids)
@@ -257,6 +272,7 @@ class VllmAuditPlugin:
         if call.layer not in st.layers:
             return
         findings = self.check_config(call)
+        stale = self._stale_prefix(call, st)
         budget = self.settings.max_snapshot_mb * 2.0**20
         keep = capture.rows_within(call, range(len(st.rows)), st.rows, budget)
         if not keep:
@@ -301,6 +317,7 @@ class VllmAuditPlugin:
             tally.offered += 1
             tally.layers.append(call.layer)
             tally.findings.extend(f"layer {call.layer} {x}" for x in findings)
+            tally.stale.extend(stale)
         auditor.step(build, layer=call.layer, step=st.step)
         if auditor.counters.dropped != dropped_before:
             with self._lock:
@@ -440,12 +457,42 @@ class VllmAuditPlugin:
         except OSError as e:
             self.error("save_dir", e)
 
-    def set_rl_step(self, step: Optional[int], run: Optional[str] = None) -> None:
+    def set_rl_step(self, step: Optional[int], run: Optional[str] = None,
+                    weight_version: Any = None) -> None:
         """The training loop's step (and run) for the snapshots of later
-        engine steps: their step label, in place of the engine's counter."""
+        engine steps: their step label, in place of the engine's counter.
+        weight_version (default: the step) names the weights in use: a
+        prefix block cached under an older one and read later is stale."""
         self.rl_step = None if step is None else int(step)
         if run is not None:
             self.rl_run = str(run)
+        version = self.rl_step if weight_version is None else weight_version
+        if version is not None:
+            self.prefix.set_version(version)
+
+    def learn_cache(self, kv_cache: Any, backend: str) -> None:
+        """The cache's geometry, from the first real layer cache seen."""
+        self.prefix.learn_cache(kv_cache, backend)
+
+    def _stale_prefix(self, call: capture.AttentionCall, st: StepState) -> List[str]:
+        """The chosen rows that read prefix blocks written under older
+        weights: counted, said once, named in the step's summary."""
+        out: List[str] = []
+        if not self.prefix.active or self.prefix.index < 2:
+            return out
+        for k, row in enumerate(st.rows):
+            n = self.prefix.stale(call.block_table[row], int(call.seq_lens[row]))
+            if not n:
+                continue
+            rid = st.request_ids[k] if st.request_ids else f"row {row}"
+            out.append(f"{rid}: {n} block(s) cached before weight version "
+                       f"{self.prefix.version}")
+        if out:
+            self._counts["stale_prefix_rows"] += len(out)
+            self._warn_once("stale prefix", "attnaudit plugin: %s: a prefix cache not "
+                            "reset after the weights changed (e.g. vLLM's "
+                            "reset_prefix_cache after a weight sync)", out[0])
+        return out
 
     def _warn_if_nothing_sampled(self) -> None:
         """A run shorter than sample_every audits nothing: say so rather
@@ -505,7 +552,6 @@ class VllmAuditPlugin:
             layers = [layers[k % len(layers)]]
         st.sampled = True
         st.layers = frozenset(layers)
-        self._read_step_file()
         st.rl_step, st.run = self.rl_step, self.rl_run
         st.rows = [rows[k] for k in keep]
         st.tokens = [tokens[k] for k in keep]
@@ -515,9 +561,10 @@ class VllmAuditPlugin:
         self._counts["decode_rows_chosen"] += len(keep)
 
     def _read_step_file(self) -> None:
-        """settings.step_file: the training loop writes its step ("17", or
-        "17 run-name") there; read on sampled steps when it changed, for
-        loops that cannot call set_rl_step in the engine's process."""
+        """settings.step_file: the training loop writes its step ("17",
+        "17 run-name" or "17 run-name weight-version") there; read at each
+        engine step when it changed (a stat), for loops that cannot call
+        set_rl_step in the engine's process."""
         path = self.settings.step_file
         if not path:
             return
@@ -529,7 +576,8 @@ class VllmAuditPlugin:
                 words = f.read().split()
             self._step_file_mtime = mtime
             if words:
-                self.set_rl_step(int(words[0]), words[1] if len(words) > 1 else None)
+                self.set_rl_step(int(words[0]), words[1] if len(words) > 1 else None,
+                                 words[2] if len(words) > 2 else None)
         except FileNotFoundError:
             return  # not written yet
         except (OSError, ValueError) as e:
@@ -573,7 +621,7 @@ class VllmAuditPlugin:
             del self._tallies[step]
         self._emit(summarise(step, tally.layers, tally.results, tally.dropped,
                              tally.request_ids, rl_step=tally.rl_step,
-                             config_findings=tally.findings))
+                             config_findings=tally.findings, stale_prefix=tally.stale))
 
     def _emit(self, summary: StepSummary) -> None:
         if self._closed:
@@ -634,7 +682,8 @@ class VllmAuditPlugin:
 
 def summarise(step: int, layers: Sequence[int], results: Sequence[AuditResult],
               dropped: int, request_ids: Sequence[str], *, rl_step: Optional[int] = None,
-              config_findings: Sequence[str] = ()) -> StepSummary:
+              config_findings: Sequence[str] = (),
+              stale_prefix: Sequence[str] = ()) -> StepSummary:
     """A StepSummary from a step's audit outcomes."""
     counts = {Verdict.PASS: 0, Verdict.DRIFT: 0, Verdict.INVALID: 0,
               Verdict.INCONCLUSIVE: 0}
@@ -667,7 +716,8 @@ def summarise(step: int, layers: Sequence[int], results: Sequence[AuditResult],
                        top_diagnosis=diagnosis, diagnosis_summary=diagnosis_summary,
                        request_ids=tuple(request_ids), results=tuple(results),
                        inconclusive=counts[Verdict.INCONCLUSIVE], rl_step=rl_step,
-                       config_findings=tuple(dict.fromkeys(config_findings)))
+                       config_findings=tuple(dict.fromkeys(config_findings)),
+                       stale_prefix=tuple(dict.fromkeys(stale_prefix)))
 
 
 def drift_share(report) -> Optional[float]:

@@ -115,12 +115,12 @@ def _add_method(module: str, cls: str, name: str, fn) -> bool:
     return True
 
 
-def _set_rl_step(worker, step, run=None) -> bool:
+def _set_rl_step(worker, step, run=None, weight_version=None) -> bool:
     """The workers' attnaudit_set_rl_step: set_rl_step in their process."""
     del worker
     if _PLUGIN is None:
         return False
-    _PLUGIN.set_rl_step(step, run)
+    _PLUGIN.set_rl_step(step, run, weight_version)
     return True
 
 
@@ -184,6 +184,8 @@ def _attention_wrapper(original, backend: str):
             p.announce(backend)
         if p is not None and p.needs_probe:
             _probe_backend(p, self, backend, layer, query, kv_cache)
+        if p is not None and p.prefix.block_size == 0 and _real_cache(kv_cache):
+            p.learn_cache(kv_cache, backend)
         if p is not None and p.expected is not None and id(layer) not in p.layers_checked:
             _check_layer(p, self, backend, layer, query)
         if p is not None and attn_metadata is not None:
@@ -201,11 +203,16 @@ def _attention_wrapper(original, backend: str):
     return forward
 
 
+def _real_cache(kv_cache) -> bool:
+    """A layer's allocated cache (not the profile run's placeholder)."""
+    return (kv_cache is not None and kv_cache.dim() in (4, 5) and kv_cache.numel() > 0
+            and not _compiling() and not _capturing())
+
+
 def _probe_backend(p: VllmAuditPlugin, impl, backend: str, layer, query, kv_cache) -> None:
     """On the first attention call with a real cache (vLLM's warm-up, after
     the profile run): the engine probe for this backend, once."""
-    if _compiling() or _capturing() or kv_cache is None or kv_cache.dim() != 4 \
-            or kv_cache.numel() == 0:
+    if not _real_cache(kv_cache) or kv_cache.dim() != 4:
         return
     try:
         call = AttentionCall(
