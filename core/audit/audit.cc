@@ -255,10 +255,33 @@ Side EngineSide(const Snapshot& s) {
   return e;
 }
 
+// Whether only E-M saw the drift: an engine declared with coarse
+// arithmetic (16-bit scores) has a wide E-R tolerance, and a bug that stays
+// inside it shows against M, the engine's arithmetic replayed.
+bool OnlyEmulationDrifted(const AuditReport& report,
+                          const std::vector<double>& emulated_out) {
+  if (emulated_out.empty()) return false;
+  const ComparisonResult* er = report.Find(Comparison::kEngineVsReference);
+  return er == nullptr || er->verdict != Verdict::kDrift;
+}
+
+// E - M + R: the engine's output with its declared arithmetic's rounding
+// taken out (M is that arithmetic on the snapshot's inputs), put back on
+// R. A hypothesis is a change to R in fp64; on E' it is scored with the
+// noise of an engine that only rounds its output.
+std::vector<double> WithoutEmulatedRounding(const std::vector<double>& e,
+                                            const std::vector<double>& m,
+                                            const std::vector<double>& r) {
+  std::vector<double> out(e.size());
+  for (size_t i = 0; i < e.size(); ++i) out[i] = e[i] - m[i] + r[i];
+  return out;
+}
+
 // On DRIFT: which known bug explains E, and where (docs/DIAGNOSIS.md).
 absl::Status DiagnosisStep(const Snapshot& s, const ResolvedLayout& layout,
                            const PreparedAttention& prepared,
                            const Side& reference, const Side& engine,
+                           const std::vector<double>& emulated_out,
                            const CompareContext& ctx, int threads,
                            AuditReport* report) {
   if (report->verdict != Verdict::kDrift || !ctx.options.diagnose) {
@@ -266,6 +289,12 @@ absl::Status DiagnosisStep(const Snapshot& s, const ResolvedLayout& layout,
   }
   const Clock::time_point t = Clock::now();
   const std::vector<double> none;
+  const bool against_emulation =
+      engine.has_out && OnlyEmulationDrifted(*report, emulated_out);
+  const std::vector<double> shifted =
+      against_emulation
+          ? WithoutEmulatedRounding(engine.out, emulated_out, reference.out)
+          : std::vector<double>();
   DiagnosisInputs in;
   in.snapshot = &s;
   in.layout = &layout;
@@ -276,6 +305,15 @@ absl::Status DiagnosisStep(const Snapshot& s, const ResolvedLayout& layout,
   in.engine_lse = engine.has_lse ? &engine.lse : &none;
   in.tolerance_inputs = ctx.tolerance_inputs;
   in.tolerance_overrides = ctx.options.tolerances;
+  if (against_emulation) {
+    // M has no LSE: the engine's, rounded by its coarse scores, would be
+    // held to the replay's tolerance, so the hypotheses go on out alone.
+    in.engine_out = &shifted;
+    in.engine_lse = &none;
+    in.engine_arithmetic_removed = true;
+    in.tolerance_inputs.engine =
+        ReplayArithmetic(prepared.dims.head_dim, s.logit_softcap > 0);
+  }
   DiagnosisOptions o;
   o.max_seconds = ctx.options.diagnosis_max_seconds;
   o.threads = threads;
@@ -283,6 +321,12 @@ absl::Status DiagnosisStep(const Snapshot& s, const ResolvedLayout& layout,
   ATTNAUDIT_ASSIGN_OR_RETURN(DiagnosisResult result, Diagnose(in, o));
   report->diagnoses = std::move(result.diagnoses);
   report->diagnosis_run = std::move(result.run);
+  if (against_emulation) {
+    report->diagnosis_run.note = absl::StrCat(
+        "scored against the emulated engine, out only (only E-M drifted)",
+        report->diagnosis_run.note.empty() ? "" : "; ",
+        report->diagnosis_run.note);
+  }
   report->provenance.timings.diagnosis_seconds = SecondsSince(t);
   if (ctx.options.on_stage) {
     ctx.options.on_stage("diagnosis",
@@ -315,6 +359,8 @@ struct AuditRun {
   PreparedAttention prepared;
   AttentionResults results;
   Side reference, replay, engine;
+  // M, the emulated engine's output, when E-M drifted (else empty).
+  std::vector<double> emulated_out;
   LmHeadNorms norms;
   // CP snapshots: the single pass's unit states (R's, for the ranks'
   // reference partials) and why the CP replay is skipped, if it is.
@@ -538,7 +584,7 @@ absl::Status CompareStage(AuditRun* run) {
       ctx.output_dtype,
       run->threads};
   ATTNAUDIT_RETURN_IF_ERROR(
-      audit_internal::EmulationStep(verdict, &run->report));
+      audit_internal::EmulationStep(verdict, &run->report, &run->emulated_out));
   audit_internal::HullStep(verdict, &run->report);
   audit_internal::ConclusionStep(verdict, &run->report);
   run->report.verdict = CombineVerdicts(run->report.comparisons);
@@ -604,9 +650,9 @@ absl::Status DiagnosisStage(AuditRun* run) {
   }
   if (attention_drift) {
     const CompareContext ctx = MakeCompareContext(*run);
-    ATTNAUDIT_RETURN_IF_ERROR(
-        DiagnosisStep(run->snapshot, run->layout, run->prepared, run->reference,
-                      run->engine, ctx, run->threads, &report));
+    ATTNAUDIT_RETURN_IF_ERROR(DiagnosisStep(
+        run->snapshot, run->layout, run->prepared, run->reference, run->engine,
+        run->emulated_out, ctx, run->threads, &report));
   }
   if (report.verdict != Verdict::kDrift || !run->options.diagnose) {
     return absl::OkStatus();

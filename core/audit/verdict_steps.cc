@@ -83,7 +83,9 @@ DType ModelDType(const Snapshot& s) {
                                                   : s.q.dtype();
 }
 
-absl::Status EmulationStep(const VerdictInputs& in, AuditReport* report) {
+absl::Status EmulationStep(const VerdictInputs& in, AuditReport* report,
+                           std::vector<double>* emulated_out) {
+  emulated_out->clear();
   if (!in.options.engine_vs_emulation || in.engine_out == nullptr) {
     return absl::OkStatus();
   }
@@ -109,7 +111,9 @@ absl::Status EmulationStep(const VerdictInputs& in, AuditReport* report) {
     r.reasons.erase(r.reasons.begin());
     r.reasons.insert(r.reasons.begin(), EmulationReason(r, m));
   }
+  const bool drifted = r.verdict == Verdict::kDrift;
   report->comparisons.push_back(std::move(r));
+  if (drifted) *emulated_out = std::move(m.out);
   return absl::OkStatus();
 }
 

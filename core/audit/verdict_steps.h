@@ -43,8 +43,11 @@ DType ModelDType(const Snapshot& s);
 
 // Adds the E-M comparison when the engine's arithmetic has an emulated
 // engine (core/emulate); otherwise says why not in the sensitivity notes
-// when it rounds its scores. Errors: Cancelled.
-absl::Status EmulationStep(const VerdictInputs& in, AuditReport* report);
+// when it rounds its scores. When E-M drifts, *emulated_out receives M
+// [B, Sq, Hq, D] (the diagnosis scores its hypotheses against it);
+// otherwise it is left empty. Errors: Cancelled.
+absl::Status EmulationStep(const VerdictInputs& in, AuditReport* report,
+                           std::vector<double>* emulated_out);
 
 // Fills report->hull; an element outside the hull makes every engine
 // comparison DRIFT, with the hull's reason.

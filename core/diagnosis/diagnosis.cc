@@ -343,7 +343,7 @@ absl::Status RunFamilies(const Context& ctx, const std::vector<Row>& rows,
   if (!confirmed && !ctx.TimeUp() && !ctx.Cancelled() && !Explained(*all)) {
     ATTNAUDIT_RETURN_IF_ERROR(ConfirmGlobal(ctx, rows, screen, all));
   }
-  PrecisionHypothesis(ctx, rows, all);
+  if (!ctx.in->engine_arithmetic_removed) PrecisionHypothesis(ctx, rows, all);
   return absl::OkStatus();
 }
 

@@ -65,6 +65,11 @@ struct DiagnosisInputs {
   // The E-R tolerance inputs (dtypes, merge depth, magnitudes).
   ToleranceInputs tolerance_inputs;
   ToleranceOverrides tolerance_overrides;
+  // engine_out is E - M + R (the declared arithmetic's rounding taken out,
+  // docs/DIAGNOSIS.md, "Against the emulated engine"): what is left of a
+  // precision difference is not the engine's, so the reduced-precision
+  // hypothesis is not tried.
+  bool engine_arithmetic_removed = false;
 };
 
 struct DiagnosisResult {

@@ -213,7 +213,7 @@ struct DiagnosisRun {
   bool complete = false;   // false: stopped at its time limit
   int64_t hypotheses = 0;  // variants evaluated
   int64_t rows = 0;        // batch rows examined
-  std::string note;        // why it did not run or stopped, if so
+  std::string note;        // why it did not run or stopped, or how it scored
 };
 
 struct Provenance {

@@ -13,12 +13,15 @@
 #include <vector>
 
 #include "core/audit/audit.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/core/testing/snapshot_builder.h"
 
 namespace attnaudit {
 namespace testing {
 namespace {
+
+using ::testing::HasSubstr;
 
 float Bf16(float x) { return RoundToDType(x, DType::kBF16); }
 
@@ -130,11 +133,15 @@ TEST(EmulateTest, ACleanEagerEnginePassesItsEmulation) {
 TEST(EmulateTest, BugsUnderTheScoresWorstCaseDriftAgainstTheEmulation) {
   struct Bug {
     const char* name;
+    const char* hypothesis;
     EagerEngine engine;
   };
   const Bug bugs[] = {
-      {"softcap-missing", {static_cast<float>(1.0 / 12.0), 0.0f}},
+      {"softcap-missing",
+       "softcap-missing",
+       {static_cast<float>(1.0 / 12.0), 0.0f}},
       {"scale 1/sqrt(128) for 1/sqrt(144)",
+       "wrong-scale",
        {static_cast<float>(1.0 / std::sqrt(128.0)), 50.0f}},
   };
   for (const Bug& bug : bugs) {
@@ -145,6 +152,19 @@ TEST(EmulateTest, BugsUnderTheScoresWorstCaseDriftAgainstTheEmulation) {
     EXPECT_EQ(em->verdict, Verdict::kDrift) << bug.name;
     EXPECT_EQ(r.verdict, Verdict::kDrift) << bug.name;
     EXPECT_GT(em->out.over_tolerance, 0) << bug.name;
+    // Only E-M drifted: the diagnosis scores its hypotheses against
+    // E - M + R; the bug leads, and nothing else claims to explain.
+    const ComparisonResult* er = r.Find(Comparison::kEngineVsReference);
+    ASSERT_NE(er, nullptr);
+    EXPECT_NE(er->verdict, Verdict::kDrift) << bug.name;
+    EXPECT_THAT(r.diagnosis_run.note,
+                HasSubstr("scored against the emulated engine"))
+        << bug.name;
+    for (const Diagnosis& d : r.diagnoses) {
+      if (d.explains) EXPECT_EQ(d.hypothesis, bug.hypothesis) << bug.name;
+    }
+    ASSERT_FALSE(r.diagnoses.empty()) << bug.name;
+    EXPECT_EQ(r.diagnoses[0].hypothesis, bug.hypothesis) << bug.name;
   }
 }
 
