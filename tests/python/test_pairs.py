@@ -169,6 +169,18 @@ def test_a_prefix_cached_under_other_weights_is_named(tokens, client):
         {"consistent", "within-noise"}
 
 
+def test_keys_that_differ_up_to_the_newest_are_not_called_stale(tokens, client):
+    # Every key of req-b differs, the newest (made with q) included: the
+    # hidden states differ, as in a deeper layer of two correct stacks,
+    # even where q happens to agree. Not a stale prefix.
+    k = [x.copy() for x in tokens.k]
+    k[1] = (k[1].astype(np.float32) * 1.5).astype(BF16)
+    report = pairs.compare(rollout_of(tokens, k=k), trainer_of(tokens), client=client)
+    row = next(r for r in report.rows if r.request_id == "req-b")
+    assert row.q_ulps == 0 and row.newest_kv_ulps > pairs.INPUT_ROUNDING_ULPS
+    assert row.verdict == "inputs-differ" and row.inputs_differing == "K/V"
+
+
 def test_rows_only_one_side_holds_are_counted(tokens):
     trainer = trainer_of(tokens)
     del trainer.labels.request_ids[:]

@@ -25,11 +25,14 @@ audits made here through a client), each pair gets one verdict:
                    exceeds the attention's noise (the larger of the two
                    audits' output tolerances): the divergence entered
                    before attention;
-  stale-prefix-kv  the same, but q agrees within that rounding while the
-                   K/V of the prefix do not: the prefix's cache was filled
-                   otherwise than the trainer recomputes it (a prefix cache
-                   filled under older weights and reused after a weight
-                   update; or a prefill path that computes differently);
+  stale-prefix-kv  the same, but q and the newest key and value (made in
+                   the same forward as q) agree within that rounding while
+                   the K/V of the older prefix do not: the prefix's cache
+                   was filled otherwise than the trainer recomputes it (a
+                   prefix cache filled under older weights and reused after
+                   a weight update; or a prefill path that computes
+                   differently). When the newest key differs too, the
+                   hidden states differ everywhere: inputs-differ;
   within-noise     both audits PASS and the inputs explain no more than
                    the noise: the two kernels' rounding.
 
@@ -84,7 +87,8 @@ class RowPair:
 
     out_*: trainer output vs rollout output; q_ulps / kv_ulps: the largest
     input difference in ulps of its dtype (kv over the common prefix of
-    keys_compared keys); input_effect: max |diff| of the float64 outputs
+    keys_compared keys; newest_kv_ulps over its last key, the one made in
+    the same forward as q); input_effect: max |diff| of the float64 outputs
     of the two inputs; noise: the tolerance it is judged against."""
 
     request_id: str
@@ -96,6 +100,7 @@ class RowPair:
     out_max_ulps: float
     q_ulps: float
     kv_ulps: float
+    newest_kv_ulps: float
     keys_compared: int
     input_effect: float
     noise: float
@@ -225,19 +230,29 @@ def _pair_row(rollout: Snapshot, trainer: Snapshot, key: Tuple[str, int], r: int
                            _dtype_name(rollout, "engine.out"))
     bitwise = out_r.tobytes() == out_t.tobytes()
     q_ulps = _max_ulps(q_r, q_t, _dtype_name(rollout, "q"))
-    kv_ulps = max(_max_ulps(k_r[:n], k_t[:n], _dtype_name(rollout, "k_pages")),
-                  _max_ulps(v_r[:n], v_t[:n], _dtype_name(rollout, "v_pages")))
+    kv_ulps = _kv_ulps(rollout, k_r, v_r, k_t, v_t, 0, n)
+    newest_ulps = _kv_ulps(rollout, k_r, v_r, k_t, v_t, n - 1, n)
     diff = np.abs(out_r.astype(np.float64) - out_t.astype(np.float64))
     return RowPair(
         request_id=key[0], position=key[1], rollout_row=r, trainer_row=t,
         out_bitwise=bitwise, out_max_abs=float(np.max(diff, initial=0.0)),
         out_max_ulps=_max_ulps(out_r, out_t, _dtype_name(rollout, "engine.out")),
-        q_ulps=q_ulps, kv_ulps=kv_ulps, keys_compared=n, input_effect=effect, noise=noise,
-        verdict=_row_verdict(rv, tv, bitwise, effect, noise, q_ulps, kv_ulps))
+        q_ulps=q_ulps, kv_ulps=kv_ulps, newest_kv_ulps=newest_ulps, keys_compared=n,
+        input_effect=effect, noise=noise,
+        verdict=_row_verdict(rv, tv, bitwise, effect, noise, q_ulps, kv_ulps, newest_ulps))
+
+
+def _kv_ulps(snap: Snapshot, k_r: np.ndarray, v_r: np.ndarray, k_t: np.ndarray,
+             v_t: np.ndarray, lo: int, hi: int) -> float:
+    if hi <= lo or lo < 0:
+        return 0.0
+    return max(_max_ulps(k_r[lo:hi], k_t[lo:hi], _dtype_name(snap, "k_pages")),
+               _max_ulps(v_r[lo:hi], v_t[lo:hi], _dtype_name(snap, "v_pages")))
 
 
 def _row_verdict(rv: Optional[Verdict], tv: Optional[Verdict], bitwise: bool,
-                 effect: float, noise: float, q_ulps: float, kv_ulps: float) -> str:
+                 effect: float, noise: float, q_ulps: float, kv_ulps: float,
+                 newest_kv_ulps: float) -> str:
     r_drift, t_drift = rv == Verdict.DRIFT, tv == Verdict.DRIFT
     if r_drift and t_drift:
         return "both-drift"
@@ -249,7 +264,8 @@ def _row_verdict(rv: Optional[Verdict], tv: Optional[Verdict], bitwise: bool,
         return "consistent"
     if effect <= noise or max(q_ulps, kv_ulps) <= INPUT_ROUNDING_ULPS:
         return "within-noise"
-    return "inputs-differ" if q_ulps > INPUT_ROUNDING_ULPS else "stale-prefix-kv"
+    fresh = max(q_ulps, newest_kv_ulps)
+    return "inputs-differ" if fresh > INPUT_ROUNDING_ULPS else "stale-prefix-kv"
 
 
 # ----------------------------------------------------------------------
