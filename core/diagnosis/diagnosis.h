@@ -67,8 +67,9 @@ struct DiagnosisInputs {
   ToleranceOverrides tolerance_overrides;
   // engine_out is E - M + R (the declared arithmetic's rounding taken out,
   // docs/DIAGNOSIS.md, "Against the emulated engine"): what is left of a
-  // precision difference is not the engine's, so the reduced-precision
-  // hypothesis is not tried.
+  // precision difference is not the engine's, and a located page account
+  // cannot be told from the rounding E - M keeps, so only recomputed
+  // hypotheses are tried (no reduced-precision, page or CP hypotheses).
   bool engine_arithmetic_removed = false;
 };
 
