@@ -45,16 +45,16 @@
 #include "server/app/data_dir_lock.h"
 #include "server/auth/tenants.h"
 #include "server/device_pool/device_selection.h"
+#include "server/jobs/blocking_executor.h"
+#include "server/jobs/result_journal.h"
 #include "server/metrics/metrics.h"
 #include "server/metrics_http/metrics_http.h"
 #include "server/rpc/audit_service.h"
-#include "server/rpc/blocking_executor.h"
 #include "server/rpc/callback_queue_waker.h"
-#include "server/rpc/job_ids.h"
-#include "server/rpc/result_journal.h"
 #include "server/scheduler/device.h"
 #include "server/scheduler/scheduler.h"
 #include "server/spool/spool.h"
+#include "server/store/job_ids.h"
 #include "server/store/job_store.h"
 
 namespace attnaudit::server {
@@ -92,7 +92,7 @@ struct AuditServerOptions {
   std::string replica_id;
   // Audit/AuditStream results are stored too (GetResult, ListResults);
   // those the store cannot take are kept in <data_dir>/journal, up to
-  // result_journal_bytes, until it can (server/rpc/result_journal.h).
+  // result_journal_bytes, until it can (server/jobs/result_journal.h).
   bool store_audit_results = true;
   int64_t result_journal_bytes = int64_t{256} << 20;
   // A fleet: a replica whose heartbeat is older than this is gone and its
@@ -132,16 +132,16 @@ struct AuditServerOptions {
   absl::Duration sampled_promote_after = absl::InfiniteDuration();
   double gang_backfill_runs = 2.0;
   // Every CP ring job on GPUs gets a gang of min(W, GPUs), not only those
-  // that would not fit one GPU (server/rpc/admission.h, Shape).
+  // that would not fit one GPU (server/jobs/admission.h, Shape).
   bool cp_ring_gang_always = false;
   // What one tenant may hold queued or running, unless its token-file line
   // says otherwise (zero fields: unlimited).
   TenantQuota tenant_quota;
-  // Stream uploads in progress (server/rpc/upload_ledger.h): the share of
+  // Stream uploads in progress (server/jobs/upload_ledger.h): the share of
   // memory_budget_bytes one tenant may hold (1 without authentication,
   // where every caller is one tenant), and how long one may stay silent.
   // An upload must deliver upload_min_rate bytes per second, measured
-  // over upload_idle_timeout (server/rpc/upload_progress.h).
+  // over upload_idle_timeout (server/jobs/upload_progress.h).
   double upload_tenant_share = 0.5;
   absl::Duration upload_idle_timeout = absl::Seconds(30);
   int64_t upload_min_rate = int64_t{1} << 20;

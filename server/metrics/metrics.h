@@ -164,7 +164,7 @@ class Metrics {
   // `n` values of `label` ("model", "engine", "backend", "request_id") were
   // truncated; other names are ignored.
   void CountTruncatedLabel(absl::string_view label, int64_t n = 1);
-  // Calls the server ended while they were open (server/rpc/open_calls.h).
+  // Calls the server ended while they were open (server/jobs/open_calls.h).
   enum class CallEnd { kCredentials = 0, kUploadIdle = 1 };
   void CountCallsEnded(CallEnd why, int64_t n = 1);
   void SetStoreUp(bool up);

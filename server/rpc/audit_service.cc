@@ -11,7 +11,7 @@
 #include "core/fingerprint/fingerprint.h"
 #include "proto/codec/codec.h"
 #include "server/common/log.h"
-#include "server/rpc/admission.h"
+#include "server/jobs/admission.h"
 #include "server/rpc/blocking_calls.h"
 #include "server/rpc/call_auth.h"
 #include "server/rpc/conversions.h"

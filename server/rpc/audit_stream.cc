@@ -25,6 +25,7 @@
 #include "proto/codec/chunk_view.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/stream.h"
+#include "server/jobs/upload_progress.h"
 #include "server/rpc/audit_service.h"
 #include "server/rpc/call_auth.h"
 #include "server/rpc/conversions.h"
@@ -32,7 +33,6 @@
 #include "server/rpc/logged_reactor.h"
 #include "server/rpc/rpc_methods.h"
 #include "server/rpc/status_util.h"
-#include "server/rpc/upload_progress.h"
 
 namespace attnaudit::server {
 namespace {

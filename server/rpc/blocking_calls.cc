@@ -23,10 +23,10 @@
 #include "server/rpc/call_auth.h"
 #include "server/rpc/conversions.h"
 #include "server/rpc/durable_jobs.h"
-#include "server/rpc/job_ids.h"
 #include "server/rpc/logged_reactor.h"
 #include "server/rpc/rpc_methods.h"
 #include "server/rpc/status_util.h"
+#include "server/store/job_ids.h"
 
 namespace attnaudit::server {
 namespace rpc_internal {

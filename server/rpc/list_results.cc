@@ -18,11 +18,11 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 #include "google/protobuf/util/time_util.h"
+#include "server/jobs/label_bounds.h"
 #include "server/rpc/audit_service.h"
 #include "server/rpc/blocking_calls.h"
 #include "server/rpc/call_auth.h"
 #include "server/rpc/conversions.h"
-#include "server/rpc/label_bounds.h"
 #include "server/rpc/rpc_methods.h"
 
 namespace attnaudit::server {

@@ -46,7 +46,7 @@
 #include "absl/types/optional.h"
 #include "attnaudit/v1/service.pb.h"
 #include "server/auth/tenants.h"
-#include "server/rpc/open_calls.h"
+#include "server/jobs/open_calls.h"
 
 namespace attnaudit::server {
 

@@ -71,7 +71,7 @@ struct TenantQuota {
 };
 
 // Labels a job carries for metrics and the store. Bounded in length and
-// charset by the RPC layer before they get here (server/rpc/label_bounds.h);
+// charset by the RPC layer before they get here (server/jobs/label_bounds.h);
 // server/metrics also caps the number of distinct model/layer values.
 struct JobLabels {
   std::string model;

@@ -80,7 +80,7 @@ struct SpoolListing {
 struct SpoolOptions {
   // The folder under data_dir that holds the entries. The job spool is
   // "spool"; the RPC layer keeps a second spool, "journal", of results the
-  // store could not take (server/rpc/result_journal.h).
+  // store could not take (server/jobs/result_journal.h).
   std::string subdir = "spool";
   // Refuse Put (ResourceExhausted) when the spool's files would exceed this
   // many bytes in total. 0: no limit.

@@ -26,8 +26,8 @@ reports, as path:line, each
     heading beginning with that section sign and number;
   * path of the repository's own tree (a top-level folder of the
     repository, then folders, then a file name with an extension, such as
-    server/rpc/admission.h or bench/sweeps/metrics_linger.py;
-    `server/rpc/admission.{h,cc}` stands for both) that names no file.
+    server/jobs/admission.h or bench/sweeps/metrics_linger.py;
+    `server/jobs/admission.{h,cc}` stands for both) that names no file.
     Not a path: a URL, a glob or a placeholder (`*`, `<...>`, `$VAR`,
     `...`), a path inside another one (build/bin/..., <data-dir>/journal,
     /usr/include/...), and the generated sources of a .proto of the tree
@@ -450,7 +450,7 @@ def self_test():
                 "// Measured (" + perf + ', "' + nope + '").',
                 "// Across lines: " + perf + ', "Staging',
                 "// " + "nowhere" + '").',
-                "// Fine: server/rpc/admission.{h,cc}, tests/unit/*_test.cc,",
+                "// Fine: server/jobs/admission.{h,cc}, tests/unit/*_test.cc,",
                 "// <data-dir>/journal, build/bin/attnaudit, "
                 "/usr/include/server/x.h, server/spool/spool_record.pb.h,",
                 "// https://example.org/core/gone.h, " + perf + ', "Method" '
@@ -468,7 +468,7 @@ def self_test():
                 "Anchor: [ops](OPERATIONS" + md + "#no-such-anchor).",
                 "Script: `bench/sweeps/" + "gone_sweep.py`.",
                 "Fine: `bench/sweeps/metrics_linger.py`, [up](#planted), "
-                "`server/rpc/admission.h`, the `build/bench-results/x.json`.",
+                "`server/jobs/admission.h`, the `build/bench-results/x.json`.",
                 "",
                 "## Planted",
             ],

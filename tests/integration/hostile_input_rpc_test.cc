@@ -17,7 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "proto/codec/codec.h"
-#include "server/rpc/label_bounds.h"
+#include "server/jobs/label_bounds.h"
 #include "tests/integration/test_server.h"
 
 namespace attnaudit::testing {
