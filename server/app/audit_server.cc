@@ -18,8 +18,8 @@
 #include "absl/time/clock.h"
 #include "core/common/status_macros.h"
 #include "proto/credentials/credential_files.h"
-#include "server/common/log.h"
 #include "server/device_pool/device_pool.h"
+#include "server/log/log.h"
 
 #ifndef ATTNAUDIT_VERSION
 #define ATTNAUDIT_VERSION "unknown"

@@ -10,7 +10,7 @@
 #include "core/common/status_macros.h"
 #include "core/fingerprint/fingerprint.h"
 #include "proto/codec/codec.h"
-#include "server/common/log.h"
+#include "server/log/log.h"
 #include "server/rpc/admission.h"
 #include "server/rpc/blocking_calls.h"
 #include "server/rpc/call_auth.h"
