@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "core/common/host_device.h"
+#include "core/arithmetic/host_device.h"
 
 namespace attnaudit {
 namespace cuda_internal {

@@ -5,13 +5,15 @@
 #include <numeric>
 
 #include "core/common/parallel.h"
+#include "core/tensor/dtype_traits.h"
 #include "sim/random.h"
 #include "sim/synth_internal.h"
 
 namespace attnaudit::sim_internal {
 namespace {
 
-constexpr float kFp8E4M3Max = 448.0f;
+constexpr float kFp8E4M3Max =
+    static_cast<float>(DTypeMaxFinite(DType::kF8E4M3));
 constexpr uint64_t kHeavyOneIn = 32;  // ~3% of keys are "heavy"
 constexpr int64_t kPagesPerChunk = 8;
 

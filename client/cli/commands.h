@@ -18,10 +18,11 @@
 namespace attnaudit::client::cli_internal {
 
 // Offline (core only): synth_command.cc, check_command.cc,
-// inspect_command.cc.
+// inspect_command.cc, presets_command.cc.
 void AddSynthCommand(CLI::App* app, int* exit_code);
 void AddCheckCommand(CLI::App* app, int* exit_code);
 void AddInspectCommand(CLI::App* app, int* exit_code);
+void AddPresetsCommand(CLI::App* app, int* exit_code);
 // Against a server (client library): remote_commands.cc adds audit, submit,
 // get, watch, cancel and caps; bench_command.cc the load generator.
 void AddRemoteCommands(CLI::App* app, int* exit_code);

@@ -81,6 +81,7 @@ int Main(int argc, char** argv) {
   AddSynthCommand(&app, &exit_code);
   AddCheckCommand(&app, &exit_code);
   AddInspectCommand(&app, &exit_code);
+  AddPresetsCommand(&app, &exit_code);
   AddRemoteCommands(&app, &exit_code);
   AddListCommands(&app, &exit_code);
   AddBenchCommand(&app, &exit_code);

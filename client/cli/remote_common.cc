@@ -16,7 +16,7 @@
 #include "absl/time/clock.h"
 #include "client/cli/cli_flags.h"
 #include "client/cli/commands.h"
-#include "proto/credentials/credential_files.h"
+#include "transport/credentials/credential_files.h"
 
 namespace attnaudit::client::cli_internal {
 namespace {

@@ -17,7 +17,7 @@
 #include "proto/codec/codec.h"
 #include "proto/codec/stream.h"
 #include "proto/codec/tensor_paths.h"
-#include "proto/credentials/credential_files.h"
+#include "transport/credentials/credential_files.h"
 
 namespace attnaudit::client {
 namespace {

@@ -13,8 +13,8 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "proto/codec/aligned_writer.h"
-#include "proto/codec/boot_id.h"
 #include "proto/codec/codec.h"
+#include "transport/boot_id/boot_id.h"
 
 namespace attnaudit::client {
 namespace {

@@ -23,10 +23,10 @@
 #include <cstring>
 #include <limits>
 
+#include "core/arithmetic/scalar_exp.h"
 #include "core/attention/attention_internal.h"
 #include "core/attention/unit_states.h"
 #include "core/attention/value_tiles-inl.h"
-#include "core/common/scalar_exp.h"
 #include "core/simd/dispatch.h"
 #include "core/simd/simd-inl.h"
 #include "core/tensor/dtype.h"

@@ -1,5 +1,5 @@
 // The arithmetic of one merge step of partial attention states, written
-// once for the CPU and the GPU (core/common/host_device.h): the CPU's
+// once for the CPU and the GPU (core/arithmetic/host_device.h): the CPU's
 // merge routine (merge.cc: MergeInto, MergeStates; its SIMD lanes repeat
 // Element's operations in order, merge_test holds them to its bits) and
 // the CUDA kernels (kernels/) call these same functions, so the replay P
@@ -14,7 +14,7 @@
 // Every product, sum and quotient is one correctly rounded fp32 operation:
 // on the host the core is compiled with -ffp-contract=off, and on the
 // device Mul/Add/Div use the _rn intrinsics, which nvcc never fuses into an
-// FMA. exp and log are core/common/scalar_exp.h's, built from such
+// FMA. exp and log are core/arithmetic/scalar_exp.h's, built from such
 // operations, not the platform's math library (glibc and CUDA's libdevice
 // differ by an ulp now and then): a merge has the same bits on every
 // target (docs/NUMERICS.md, "CPU and GPU").
@@ -25,9 +25,9 @@
 
 #include <cstdint>
 
-#include "core/common/host_device.h"
-#include "core/common/rounded_ops.h"
-#include "core/common/scalar_exp.h"
+#include "core/arithmetic/host_device.h"
+#include "core/arithmetic/rounded_ops.h"
+#include "core/arithmetic/scalar_exp.h"
 
 namespace attnaudit {
 namespace merge_step {

@@ -34,8 +34,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/arithmetic/host_device.h"
 #include "core/attention/merge_step.h"
-#include "core/common/host_device.h"
 
 namespace attnaudit {
 namespace merge_tree {

@@ -9,6 +9,7 @@
 #include "core/common/parallel.h"
 #include "core/common/status_macros.h"
 #include "core/rope/rope.h"
+#include "core/tensor/dtype_traits.h"
 
 namespace attnaudit {
 namespace {
@@ -124,8 +125,7 @@ absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
       0.0f);
   const std::vector<uint8_t> referenced = ReferencedPages(layout, d);
   const std::vector<double> k_scale = PerHeadScale(s.k_scale, d.kv_heads);
-  const bool requantize =
-      out_dtype == DType::kF8E4M3 || out_dtype == DType::kF8E5M2;
+  const bool requantize = IsFp8(out_dtype);
   // fp8: the engine rotates in its compute dtype, then quantises.
   const DType rotation_dtype = requantize ? DType::kBF16 : out_dtype;
   const size_t half = rope.inv_freq().size();
@@ -224,7 +224,7 @@ DType KeyRotationDtype(const Snapshot& s) {
   const DType out = s.rope.k_output_dtype != DType::kInvalid
                         ? s.rope.k_output_dtype
                         : s.k_pages.dtype();
-  return out == DType::kF8E4M3 || out == DType::kF8E5M2 ? DType::kBF16 : out;
+  return IsFp8(out) ? DType::kBF16 : out;
 }
 
 // How far our scores can be from the engine's because attnaudit rotated q

@@ -16,6 +16,7 @@
 #include "core/common/status_macros.h"
 #include "core/diagnosis/diagnosis_internal.h"
 #include "core/rope/rope.h"
+#include "core/tensor/dtype_traits.h"
 
 namespace attnaudit {
 namespace diagnosis_internal {
@@ -214,8 +215,7 @@ class KeyRotator {
     const DType out = s.rope.k_output_dtype != DType::kInvalid
                           ? s.rope.k_output_dtype
                           : s.k_pages.dtype();
-    const DType rotation =
-        out == DType::kF8E4M3 || out == DType::kF8E5M2 ? DType::kBF16 : out;
+    const DType rotation = IsFp8(out) ? DType::kBF16 : out;
     const void* base;
     int64_t row, head;
     PageAddress(d, s.kv_layout, s.k_pages.raw(), s.k_pages.dtype(), page, &base,

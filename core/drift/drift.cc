@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/drift/pair_terms_internal.h"
+#include "core/tensor/dtype_traits.h"
 
 namespace attnaudit {
 namespace {
@@ -20,31 +21,6 @@ namespace {
 constexpr int kMaxRank = 4;  // [B, Sq, Hq, D]
 // Pairs per FiniteRange call: its ULP scratch lives on the stack.
 constexpr int64_t kTermBlock = 256;
-
-// Smallest positive normal value of a floating dtype: the floor of the
-// max_rel denominator, so that a zero baseline gives a large but finite
-// relative error instead of inf.
-double SmallestNormal(DType dtype) {
-  switch (dtype) {
-    case DType::kF16:
-      return std::ldexp(1.0, -14);
-    case DType::kBF16:
-      return std::ldexp(1.0, -126);
-    case DType::kF8E4M3:
-      return std::ldexp(1.0, -6);
-    case DType::kF8E5M2:
-      return std::ldexp(1.0, -14);
-    case DType::kF64:
-      return std::numeric_limits<double>::min();
-    case DType::kInvalid:
-    case DType::kF32:
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kBool:
-      break;
-  }
-  return static_cast<double>(std::numeric_limits<float>::min());
-}
 
 // How one (candidate, baseline) pair enters the statistics.
 enum class PairKind { kValue, kAgreeingNonFinite, kNonFiniteMismatch };
@@ -423,7 +399,9 @@ absl::StatusOr<DriftStats> ComputeDrift(const DenseView& candidate,
   pass.abs_diffs = abs_diffs.get();
   pass.ulp_dtype = options.ulp_dtype;
   pass.tolerance = options.tolerance;
-  pass.tiny = SmallestNormal(options.ulp_dtype);
+  // The floor of the max_rel denominator, so that a zero baseline gives a
+  // large but finite relative error instead of inf.
+  pass.tiny = DTypeSmallestNormal(options.ulp_dtype);
   WithUlp(options.ulp_dtype, [&](auto ulp) {
     for (int64_t g = 0; g < groups; ++g) {
       if (options.active_mask != nullptr && options.active_mask[g] == 0) {

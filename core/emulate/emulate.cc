@@ -9,11 +9,11 @@
 
 #include "core/common/parallel.h"
 #include "core/tensor/dtype.h"
+#include "core/tensor/dtype_traits.h"
 
 namespace attnaudit {
 namespace {
 
-const double kEpsF32 = std::ldexp(1.0, -23);
 // The error of one fp32 rounding, relative (the unit roundoff).
 const double kUnitF32 = std::ldexp(1.0, -24);
 // tanh of a 16-bit tensor is computed in fp32 by a vectorised tanh within
@@ -24,7 +24,7 @@ constexpr double kTanhUlps = 2.0;
 constexpr double kFlipMargin = 1.5;
 
 bool IsSixteenBit(DType dtype) {
-  return dtype == DType::kBF16 || dtype == DType::kF16;
+  return IsFloating(dtype) && DTypeSize(dtype) == 2;  // bf16, f16
 }
 
 // Narrows to a dtype as the engine does (a float first: what the engine
@@ -266,7 +266,7 @@ class Emulator {
     if (!IsFloating(dt) || dt == DType::kF64) return 0.0;
     const double eps = DTypeEpsilon(dt);
     const double smallest =
-        dt == DType::kF16 ? std::ldexp(1.0, -14) : std::ldexp(1.0, -126);
+        DTypeSmallestNormal(dt == DType::kF16 ? dt : DType::kF32);
     int e = 0;
     std::frexp(std::max(std::fabs(x), smallest), &e);
     return eps * std::ldexp(1.0, e - 1);
@@ -292,7 +292,7 @@ EmulationPlan PlanEmulation(const PreparedAttention& prepared,
     return plan;
   }
   const DType kv = prepared.v_dtype;
-  if (kv == DType::kF8E4M3 || kv == DType::kF8E5M2) {
+  if (IsFp8(kv)) {
     plan.skipped = "fp8 KV: no 16-bit-score engine keeps an fp8 cache";
     return plan;
   }

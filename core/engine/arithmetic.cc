@@ -8,44 +8,19 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "core/tensor/dtype_traits.h"
 
 namespace attnaudit {
 namespace {
 
-const double kEpsF32 = std::ldexp(1.0, -23);
 // torch's CPU flash attention, bf16/f16 inputs: the relative error of its
 // LSE (see kTorchFlashCpu below).
 const double kTorchFlash16BitLse = 128 * kEpsF32;
-
-// A 16-bit dtype's epsilon, or fp32's for anything wider.
-double WorkingEpsilon(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16:
-    case DType::kF16:
-      return DTypeEpsilon(dtype);
-    case DType::kF8E4M3:
-    case DType::kF8E5M2:
-      // fp8 values are dequantised into bf16 before they are multiplied.
-      return DTypeEpsilon(DType::kBF16);
-    case DType::kInvalid:
-    case DType::kF32:
-    case DType::kF64:
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kBool:
-      break;
-  }
-  return kEpsF32;
-}
 
 // Where the profiles end: the widest exp any profile has, and the narrowest
 // score or probability dtype (16 bits). Beyond them a declaration widens
 // the tolerances past what any known engine needs: an override.
 constexpr int kWidestProfileExpUlps = 20;
-
-bool IsEightBit(DType dtype) {
-  return dtype == DType::kF8E4M3 || dtype == DType::kF8E5M2;
-}
 
 ResolvedRounding Resolve(Rounding declared, bool undeclared) {
   switch (declared) {
@@ -89,6 +64,12 @@ double Fp32ScoreEpsilon(int64_t head_dim) {
 }
 
 }  // namespace
+
+double WorkingEpsilon(DType dtype) {
+  if (IsFp8(dtype)) return kEpsBf16;  // dequantised into bf16 first
+  const DTypeTraits& t = DTypeTraitsOf(dtype);
+  return t.floating() && t.bytes == 2 ? t.epsilon() : kEpsF32;
+}
 
 EngineArithmetic ReplayArithmetic(int64_t head_dim, bool softcap) {
   EngineArithmetic a;
@@ -167,7 +148,7 @@ std::vector<std::string> PrecisionOverrides(const EnginePrecision& declared) {
        {std::pair<const char*, DType>{"precision.score_dtype",
                                       declared.score_dtype},
         {"precision.probability_dtype", declared.probability_dtype}}) {
-    if (IsEightBit(dtype)) {
+    if (IsFp8(dtype)) {
       lines.push_back(absl::StrCat(field, " ", DTypeName(dtype),
                                    " (profiles: 16 bits or wider)"));
     }

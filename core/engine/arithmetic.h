@@ -85,6 +85,13 @@ struct OutputLean {
 };
 OutputLean ExpectedOutputLean(const EngineArithmetic& arithmetic);
 
+// The relative precision engines multiply values stored in `dtype` in
+// (the P.V product of a KV cache of `dtype`, a declared score or
+// probability dtype): tensor-core engines round to a 16-bit dtype's own
+// epsilon, to bf16's for fp8 (dequantised into bf16 before it is
+// multiplied); anything wider keeps fp32's.
+double WorkingEpsilon(DType dtype);
+
 // True when the snapshot declares nothing of its engine's arithmetic.
 bool IsUndeclared(const EnginePrecision& declared);
 

@@ -14,6 +14,7 @@
 #include "core/common/status_macros.h"
 #include "core/fingerprint/kv_access.h"
 #include "core/fingerprint/sha256_stream.h"
+#include "core/tensor/dtype_traits.h"
 
 namespace attnaudit {
 namespace {
@@ -179,7 +180,7 @@ std::string KRopeText(const Snapshot& s) {
 absl::StatusOr<std::string> ScaleText(const Tensor& scale, DType kv_dtype,
                                       int64_t kv_heads,
                                       absl::string_view field) {
-  const bool fp8 = kv_dtype == DType::kF8E4M3 || kv_dtype == DType::kF8E5M2;
+  const bool fp8 = IsFp8(kv_dtype);
   if (!scale.present()) {
     if (!fp8) return std::string("none");
     return absl::StrJoin(std::vector<std::string>(kv_heads, "3f800000"), ",");

@@ -9,17 +9,12 @@
 #include "absl/strings/str_format.h"
 #include "core/common/parallel.h"
 #include "core/tensor/dtype.h"
+#include "core/tensor/dtype_traits.h"
 
 namespace attnaudit {
 namespace {
 
-const double kEpsF32 = std::ldexp(1.0, -23);
-const double kEpsBf16 = std::ldexp(1.0, -7);
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-bool IsFp8(DType dtype) {
-  return dtype == DType::kF8E4M3 || dtype == DType::kF8E5M2;
-}
 
 // One (row, KV head) cell's finding.
 struct CellResult {

@@ -5,16 +5,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/rope/scaling.h"
+#include "core/tensor/dtype_traits.h"
 
 namespace attnaudit {
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;
-const double kEpsF32 = std::ldexp(1.0, -23);
 // The angle two libms' cos/sin may differ by. (The ulps two
 // implementations' fp32 inverse frequencies may differ by are
 // rope_internal::InvFreqUlps.)
-const double kLibmAngle = 4.0 * std::ldexp(1.0, -23);
+const double kLibmAngle = 4.0 * kEpsF32;
 
 // The scaling formulas, in the precision T (float: what engines compute;
 // double: the model's definition, for checking an engine's table).

@@ -11,11 +11,11 @@
 #include "absl/strings/str_format.h"
 #include "core/rope/rope.h"
 #include "core/rope/scaling.h"
+#include "core/tensor/dtype_traits.h"
 
 namespace attnaudit {
 namespace {
 
-const double kEpsF32 = std::ldexp(1.0, -23);
 constexpr double kTwoPi = 6.283185307179586476925;
 
 // Ulps an engine's fp32 inverse frequency may be from the exact one (its
@@ -56,14 +56,12 @@ struct Fit {
   Location worst;
 };
 
-bool IsFp8(DType dt) { return dt == DType::kF8E4M3 || dt == DType::kF8E5M2; }
-
 // ULPs of `dtype` between a and b, at b's binade (at least the smallest
 // normal's).
 double UlpsApart(double a, double b, DType dtype) {
   const double eps = DTypeEpsilon(dtype);
   const double smallest =
-      dtype == DType::kF16 ? std::ldexp(1.0, -14) : std::ldexp(1.0, -126);
+      DTypeSmallestNormal(dtype == DType::kF16 ? dtype : DType::kF32);
   const double m = std::max(std::fabs(b), smallest);
   int e = 0;
   std::frexp(m, &e);

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "core/tensor/dtype_traits.h"
+
 namespace attnaudit {
 namespace {
 
@@ -17,9 +19,15 @@ struct SmallFloat {
   bool saturate;  // out-of-range finite values clamp to max_finite
 };
 
-constexpr SmallFloat kF16Format{5, 10, 15, true, 65504.0, false};
-constexpr SmallFloat kE4M3Format{4, 3, 7, false, 448.0, true};
-constexpr SmallFloat kE5M2Format{5, 2, 15, true, 57344.0, true};
+constexpr SmallFloat SmallFloatOf(DType dtype) {
+  const DTypeTraits& t = DTypeTraitsOf(dtype);
+  return {t.exponent_bits, t.mantissa_bits, t.exponent_bias(),
+          t.has_infinity,  t.max_finite,    t.saturates};
+}
+
+constexpr SmallFloat kF16Format = SmallFloatOf(DType::kF16);
+constexpr SmallFloat kE4M3Format = SmallFloatOf(DType::kF8E4M3);
+constexpr SmallFloat kE5M2Format = SmallFloatOf(DType::kF8E5M2);
 
 uint32_t SignBit(const SmallFloat& fmt) {
   return 1u << (fmt.ebits + fmt.mbits);
@@ -117,120 +125,28 @@ int64_t OrderedFromSignMagnitude(uint64_t code, int sign_bit) {
 
 }  // namespace
 
-int DTypeSize(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return 4;
-    case DType::kF16:
-      return 2;
-    case DType::kBF16:
-      return 2;
-    case DType::kF8E4M3:
-      return 1;
-    case DType::kF8E5M2:
-      return 1;
-    case DType::kF64:
-      return 8;
-    case DType::kI32:
-      return 4;
-    case DType::kI64:
-      return 8;
-    case DType::kBool:
-      return 1;
-    case DType::kInvalid:
-      break;
-  }
-  return 0;
-}
+int DTypeSize(DType dtype) { return DTypeTraitsOf(dtype).bytes; }
 
-absl::string_view DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "f32";
-    case DType::kF16:
-      return "f16";
-    case DType::kBF16:
-      return "bf16";
-    case DType::kF8E4M3:
-      return "fp8_e4m3";
-    case DType::kF8E5M2:
-      return "fp8_e5m2";
-    case DType::kF64:
-      return "f64";
-    case DType::kI32:
-      return "i32";
-    case DType::kI64:
-      return "i64";
-    case DType::kBool:
-      return "bool";
-    case DType::kInvalid:
-      break;
-  }
-  return "invalid";
-}
+absl::string_view DTypeName(DType dtype) { return DTypeTraitsOf(dtype).name; }
 
 DType DTypeFromName(absl::string_view name) {
-  if (name == "f32" || name == "float32" || name == "float") return DType::kF32;
-  if (name == "f16" || name == "float16" || name == "half") return DType::kF16;
-  if (name == "bf16" || name == "bfloat16") return DType::kBF16;
-  if (name == "fp8_e4m3" || name == "e4m3" || name == "f8e4m3") {
-    return DType::kF8E4M3;
+  for (const DTypeTraits& t : kDTypeTraits) {
+    if (t.dtype == DType::kInvalid) continue;
+    if (name == t.name) return t.dtype;
+    for (absl::string_view alias : t.aliases) {
+      if (!alias.empty() && name == alias) return t.dtype;
+    }
   }
-  if (name == "fp8_e5m2" || name == "e5m2" || name == "f8e5m2") {
-    return DType::kF8E5M2;
-  }
-  if (name == "f64" || name == "float64" || name == "double")
-    return DType::kF64;
-  if (name == "i32" || name == "int32") return DType::kI32;
-  if (name == "i64" || name == "int64") return DType::kI64;
-  if (name == "bool") return DType::kBool;
   return DType::kInvalid;
 }
 
-bool IsFloating(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-    case DType::kF16:
-    case DType::kBF16:
-    case DType::kF8E4M3:
-    case DType::kF8E5M2:
-    case DType::kF64:
-      return true;
-    case DType::kInvalid:
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kBool:
-      break;
-  }
-  return false;
-}
+bool IsFloating(DType dtype) { return DTypeTraitsOf(dtype).floating(); }
 
 bool IsInteger(DType dtype) {
-  return dtype == DType::kI32 || dtype == DType::kI64;
+  return DTypeTraitsOf(dtype).kind == DTypeKind::kInteger;
 }
 
-double DTypeEpsilon(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return std::ldexp(1.0, -23);
-    case DType::kF16:
-      return std::ldexp(1.0, -10);
-    case DType::kBF16:
-      return std::ldexp(1.0, -7);
-    case DType::kF8E4M3:
-      return std::ldexp(1.0, -3);
-    case DType::kF8E5M2:
-      return std::ldexp(1.0, -2);
-    case DType::kF64:
-      return std::ldexp(1.0, -52);
-    case DType::kInvalid:
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kBool:
-      break;
-  }
-  return 0.0;
-}
+double DTypeEpsilon(DType dtype) { return DTypeTraitsOf(dtype).epsilon(); }
 
 float F16ToFloat(uint16_t h) {
   return static_cast<float>(Decode(h, kF16Format));
@@ -248,25 +164,9 @@ uint8_t FloatToF8E5M2(float f) {
 }
 
 double DTypeDenormMin(DType dtype) {
-  switch (dtype) {
-    case DType::kF16:
-      return std::ldexp(1.0, -24);
-    case DType::kBF16:
-      return std::ldexp(1.0, -133);
-    case DType::kF8E4M3:
-      return std::ldexp(1.0, -9);
-    case DType::kF8E5M2:
-      return std::ldexp(1.0, -16);
-    case DType::kF64:
-      return std::numeric_limits<double>::denorm_min();
-    case DType::kInvalid:
-    case DType::kF32:
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kBool:
-      break;
-  }
-  return std::ldexp(1.0, -149);
+  const DTypeTraits& t = DTypeTraitsOf(dtype);
+  return t.floating() ? t.denorm_min()
+                      : DTypeTraitsOf(DType::kF32).denorm_min();
 }
 
 float RoundToDType(float value, DType dtype) {
@@ -292,24 +192,19 @@ float RoundToDType(float value, DType dtype) {
 
 namespace {
 
-// What truncation needs of a narrow floating format.
-struct NarrowFormat {
-  int mantissa_bits;
-  int min_normal_exponent;
-  float max_finite;
-};
-
-float TruncateTo(float value, const NarrowFormat& f) {
+// Truncation to a floating format narrower than f32.
+float TruncateTo(float value, const DTypeTraits& t) {
   if (!std::isfinite(value)) return value;
+  const float max_finite = static_cast<float>(t.max_finite);
   const float a = std::fabs(value);
-  if (a >= f.max_finite) return std::copysign(f.max_finite, value);
-  int e = f.min_normal_exponent;
-  if (a >= std::ldexp(1.0f, f.min_normal_exponent)) {
+  if (a >= max_finite) return std::copysign(max_finite, value);
+  int e = t.min_normal_exponent;
+  if (a >= std::ldexp(1.0f, t.min_normal_exponent)) {
     std::frexp(a, &e);
     --e;  // a in [2^e, 2^(e+1))
   }
   // Powers of two: the division and the product are exact.
-  const double quantum = std::ldexp(1.0, e - f.mantissa_bits);
+  const double quantum = std::ldexp(1.0, e - t.mantissa_bits);
   const double q = std::floor(static_cast<double>(a) / quantum) * quantum;
   return std::copysign(static_cast<float>(q), value);
 }
@@ -317,24 +212,9 @@ float TruncateTo(float value, const NarrowFormat& f) {
 }  // namespace
 
 float RoundTowardZeroToDType(float value, DType dtype) {
-  switch (dtype) {
-    case DType::kF16:
-      return TruncateTo(value, {10, -14, 65504.0f});
-    case DType::kBF16:
-      return TruncateTo(value, {7, -126, 3.38953139e38f});
-    case DType::kF8E4M3:
-      return TruncateTo(value, {3, -6, 448.0f});
-    case DType::kF8E5M2:
-      return TruncateTo(value, {2, -14, 57344.0f});
-    case DType::kInvalid:
-    case DType::kF32:
-    case DType::kF64:
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kBool:
-      break;
-  }
-  return value;
+  const DTypeTraits& t = DTypeTraitsOf(dtype);
+  if (!t.floating() || t.bytes >= 4) return value;  // f32, f64: identity
+  return TruncateTo(value, t);
 }
 
 double LoadAsDouble(const void* data, DType dtype, int64_t i) {

@@ -4,8 +4,10 @@
 // subsets of f32), so the reference widens without rounding. Narrowing
 // (f32 -> bf16/f16/fp8) rounds to nearest, ties to even, as engines' casts
 // do; fp8 narrowing saturates to the largest finite value (vLLM's
-// scaled_fp8_quant clamps before it casts). All functions are pure and
-// thread-safe.
+// scaled_fp8_quant clamps before it casts). What each dtype is (width,
+// name, mantissa and exponent range, epsilon, limits) is one table,
+// dtype_traits.h; the functions below that describe a dtype are lookups
+// in it. All functions are pure and thread-safe.
 #ifndef ATTNAUDIT_CORE_TENSOR_DTYPE_H_
 #define ATTNAUDIT_CORE_TENSOR_DTYPE_H_
 

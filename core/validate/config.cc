@@ -12,13 +12,12 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 #include "core/rope/rope.h"
+#include "core/tensor/dtype_traits.h"
 #include "core/validate/validate_internal.h"
 
 namespace attnaudit {
 namespace validate_internal {
 namespace {
-
-bool IsFp8(DType dt) { return dt == DType::kF8E4M3 || dt == DType::kF8E5M2; }
 
 // 0 (the documented default) or a positive finite number.
 // Scale and soft-cap are used in fp32 by the replay: a value fp32 flushes to

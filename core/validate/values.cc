@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "core/tensor/dtype_traits.h"
 #include "core/validate/validate_internal.h"
 
 namespace attnaudit {
@@ -132,27 +133,28 @@ absl::Status ScanActiveKv(absl::string_view field, const Tensor& pages,
 }  // namespace
 
 int64_t FirstNonFinite(const void* data, DType dtype, int64_t n) {
-  switch (dtype) {
-    case DType::kF32:
-      return FirstAtOrAbove<uint32_t>(data, n, 0x7fffffffu, 0x7f800000u);
-    case DType::kF64:
-      return FirstAtOrAbove<uint64_t>(data, n, 0x7fffffffffffffffull,
-                                      0x7ff0000000000000ull);
-    case DType::kF16:
-      return FirstAtOrAbove<uint16_t>(data, n, 0x7fff, 0x7c00);
-    case DType::kBF16:
-      return FirstAtOrAbove<uint16_t>(data, n, 0x7fff, 0x7f80);
-    case DType::kF8E4M3:  // no infinities; S.1111.111 is NaN
-      return FirstAtOrAbove<uint8_t>(data, n, 0x7f, 0x7f);
-    case DType::kF8E5M2:
-      return FirstAtOrAbove<uint8_t>(data, n, 0x7f, 0x7c);
-    case DType::kInvalid:
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kBool:
-      break;
+  const DTypeTraits& t = DTypeTraitsOf(dtype);
+  if (!t.floating()) return -1;  // nothing can be non-finite
+  // Codes ordered by magnitude once the sign is masked off: the first one
+  // that is not finite is the all-ones exponent (inf) of an IEEE format,
+  // and e4m3fn's S.1111.111 (NaN; it has no infinity).
+  const uint64_t magnitude = (uint64_t{1} << (8 * t.bytes - 1)) - 1;
+  const uint64_t threshold =
+      t.has_infinity ? ((uint64_t{1} << t.exponent_bits) - 1) << t.mantissa_bits
+                     : magnitude;
+  switch (t.bytes) {
+    case 1:
+      return FirstAtOrAbove<uint8_t>(data, n, static_cast<uint8_t>(magnitude),
+                                     static_cast<uint8_t>(threshold));
+    case 2:
+      return FirstAtOrAbove<uint16_t>(data, n, static_cast<uint16_t>(magnitude),
+                                      static_cast<uint16_t>(threshold));
+    case 4:
+      return FirstAtOrAbove<uint32_t>(data, n, static_cast<uint32_t>(magnitude),
+                                      static_cast<uint32_t>(threshold));
+    default:
+      return FirstAtOrAbove<uint64_t>(data, n, magnitude, threshold);
   }
-  return -1;  // not floating: nothing can be non-finite
 }
 
 absl::Status CheckFiniteValues(const Snapshot& s, const SnapshotDims& d,

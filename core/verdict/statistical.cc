@@ -11,13 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "core/engine/arithmetic.h"
+#include "core/tensor/dtype_traits.h"
 #include "core/verdict/verdict.h"
 
 namespace attnaudit {
 namespace {
-
-const double kEpsF32 = std::ldexp(1.0, -23);
-const double kEpsBf16 = std::ldexp(1.0, -7);
 
 // The calibrated noise level of one comparison (NUMERICS.md): E[z^2] of a
 // pure rounding is 1/12; the engines' bf16 P, fp8 dequantisation and split
@@ -47,23 +46,10 @@ constexpr double kScoreNoise = 1.5;
 // carry the row's absolute noise, not their own ULP's).
 constexpr double kRowFloor = 0.5;
 
+// Where a noise unit and an output ulp bottom out: the output dtype's
+// smallest normal value, an fp8 output's at f32's.
 double SmallestNormal(DType dtype) {
-  switch (dtype) {
-    case DType::kF16:
-      return std::ldexp(1.0, -14);
-    case DType::kF64:
-      return std::numeric_limits<double>::min();
-    case DType::kInvalid:
-    case DType::kF32:
-    case DType::kBF16:
-    case DType::kF8E4M3:
-    case DType::kF8E5M2:
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kBool:
-      break;
-  }
-  return std::ldexp(1.0, -126);  // f32's, for bf16 too
+  return DTypeSmallestNormal(IsFp8(dtype) ? DType::kF32 : dtype);
 }
 
 // Running sums of one group: z^2 per element; the mean z and the mean
@@ -172,13 +158,13 @@ NoiseModel StatisticalNoise(const StatisticalInputs& in) {
       static_cast<double>(std::max<int64_t>(1, in.max_merged_blocks)));
   const double eps_probability = in.probability_epsilon > 0
                                      ? in.probability_epsilon
-                                     : EngineComputeEpsilon(in.kv_dtype);
+                                     : WorkingEpsilon(in.kv_dtype);
   m.epsilon = std::max({eps_out, eps_probability, kFp32Depth * kEpsF32 * depth,
                         kScoreNoise * std::max(0.0, in.score_error)});
   // fp8 K dequantised and rounded to bf16 moves every score by up to
   // eps_bf16 / 2 of its terms: noise that grows with the score magnitude,
   // for which Lambda stands.
-  if (in.kv_dtype == DType::kF8E4M3 || in.kv_dtype == DType::kF8E5M2) {
+  if (IsFp8(in.kv_dtype)) {
     const double lambda = std::isfinite(in.max_abs_lse_reference)
                               ? std::fabs(in.max_abs_lse_reference)
                               : 1.0;

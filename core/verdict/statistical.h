@@ -32,10 +32,10 @@ struct StatisticalInputs {
   int64_t max_merged_blocks = 1;     // largest number of merged blocks
   double max_abs_lse_reference = 1;  // Lambda: max |R.lse| (fp8 KV noise)
   // The engine's arithmetic (core/engine/arithmetic.h): the precision of its
-  // probabilities (0: EngineComputeEpsilon(kv_dtype)) and the absolute
-  // error of both sides' scores (ComparisonScoreError plus, for a pre-RoPE
-  // snapshot's E-R and E-P, attnaudit's own RoPE uncertainty), which moves
-  // out by about as much relative.
+  // probabilities (0: WorkingEpsilon(kv_dtype), core/engine/arithmetic.h) and
+  // the absolute error of both sides' scores (ComparisonScoreError plus, for a
+  // pre-RoPE snapshot's E-R and E-P, attnaudit's own RoPE uncertainty), which
+  // moves out by about as much relative.
   double probability_epsilon = 0;
   double score_error = 0;
   // Where the candidate's roundings lean (E-R and E-P: the engine's, from

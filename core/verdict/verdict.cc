@@ -10,12 +10,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/tensor/dtype_traits.h"
 
 namespace attnaudit {
 namespace {
-
-const double kEpsF32 = std::ldexp(1.0, -23);
-const double kEpsBf16 = std::ldexp(1.0, -7);
 
 // Keys per split of a flash-decoding engine: the least accumulation depth
 // an engine has over a long context, whatever the page size.
@@ -33,10 +31,6 @@ constexpr double kBlockEpsilons = 8.0;
 constexpr double kOrderedScoreError = 1.0;
 // fp32 log-softmax over a large vocabulary (and the rounding of the result).
 const double kLogprobFloor = std::ldexp(1.0, -14);
-
-bool IsFp8(DType dtype) {
-  return dtype == DType::kF8E4M3 || dtype == DType::kF8E5M2;
-}
 
 double NonNegativeOr(double value, double fallback) {
   return std::isfinite(value) && value >= 0 ? value : fallback;
@@ -105,25 +99,6 @@ void AddStatisticalReason(const StatisticalResult& st,
 
 }  // namespace
 
-double EngineComputeEpsilon(DType kv_dtype) {
-  switch (kv_dtype) {
-    case DType::kBF16:
-    case DType::kF8E4M3:
-    case DType::kF8E5M2:
-      return kEpsBf16;
-    case DType::kF16:
-      return DTypeEpsilon(DType::kF16);
-    case DType::kInvalid:
-    case DType::kF32:
-    case DType::kF64:
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kBool:
-      break;
-  }
-  return kEpsF32;
-}
-
 double ScoreError(const EngineArithmetic& arithmetic,
                   const ToleranceInputs& inputs) {
   const double l = std::max(
@@ -164,7 +139,7 @@ Tolerances ComputeTolerances(const ToleranceInputs& inputs,
                              : kEpsF32;
   const double eps_compute = inputs.engine.probability_epsilon > 0
                                  ? inputs.engine.probability_epsilon
-                                 : EngineComputeEpsilon(inputs.kv_dtype);
+                                 : WorkingEpsilon(inputs.kv_dtype);
   const bool fp8 = engine && IsFp8(inputs.kv_dtype);
 
   // A: out magnitude; L: lse magnitude (at least 1); n: accumulation depth.

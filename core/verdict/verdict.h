@@ -57,7 +57,7 @@ struct ToleranceInputs {
   int64_t cp_world_size = 1;
   // The engine's declared arithmetic (core/engine/arithmetic.h). Zero
   // fields (the default) mean a flash-decoding engine of kv_dtype with
-  // exact scores: no score term, probabilities by EngineComputeEpsilon.
+  // exact scores: no score term, probabilities by WorkingEpsilon(kv_dtype).
   EngineArithmetic engine;
   // The replay's own (ReplayArithmetic): its fp32 scores err like an fp32
   // engine's. Zero (the default): none.
@@ -82,11 +82,6 @@ double EngineScoreError(const ToleranceInputs& inputs);
 // What one comparison's two sides may differ by in their scores: the
 // engine's (E-R), the replay's (P-R) or both (E-P).
 double ComparisonScoreError(const ToleranceInputs& inputs);
-
-// Relative precision of an engine's P.V product for a KV cache of
-// `kv_dtype`: tensor-core engines round the probabilities (and fp8 values,
-// once dequantised) to bf16 or f16; f32 caches keep fp32.
-double EngineComputeEpsilon(DType kv_dtype);
 
 Tolerances ComputeTolerances(const ToleranceInputs& inputs,
                              const ToleranceOverrides& overrides);

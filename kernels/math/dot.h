@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "core/common/host_device.h"
+#include "core/arithmetic/host_device.h"
 #include "kernels/math/scalar.h"
 #include "kernels/math/tanh.h"
 

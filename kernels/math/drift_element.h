@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "core/common/host_device.h"
+#include "core/arithmetic/host_device.h"
 #include "kernels/math/scalar.h"
 #include "kernels/math/widen.h"
 
@@ -51,6 +51,9 @@ ATTNAUDIT_HOST_DEVICE inline int ClassifyPair(double c, double r,
 
 // core/tensor dtype's small formats (f16, fp8), as core encodes them from
 // a double: round to nearest even at the format's quantum, saturating fp8.
+// Device code cannot read core/tensor/dtype_traits.h's table; FormatOf,
+// SmallestNormal and ElemBytes (widen.h) are its copy, which
+// kernel_math_test keeps equal to it.
 struct SmallFormat {
   int ebits;
   int mbits;

@@ -24,7 +24,7 @@
 
 #include <cstdint>
 
-#include "core/common/host_device.h"
+#include "core/arithmetic/host_device.h"
 #include "kernels/math/drift_element.h"
 #include "kernels/math/scalar.h"
 

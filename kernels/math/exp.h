@@ -1,9 +1,9 @@
-// The kernels' names for the scalar exp of core/common/scalar_exp.h (the
+// The kernels' names for the scalar exp of core/arithmetic/scalar_exp.h (the
 // same bits on the host and the GPU). Pure; thread-safe.
 #ifndef ATTNAUDIT_KERNELS_MATH_EXP_H_
 #define ATTNAUDIT_KERNELS_MATH_EXP_H_
 
-#include "core/common/scalar_exp.h"
+#include "core/arithmetic/scalar_exp.h"
 #include "kernels/math/scalar.h"
 
 namespace attnaudit {

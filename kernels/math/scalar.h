@@ -1,10 +1,10 @@
 // The kernels' name for the correctly rounded scalar operations
-// (core/common/rounded_ops.h), which the CPU merge routine shares.
+// (core/arithmetic/rounded_ops.h), which the CPU merge routine shares.
 // Pure functions; thread-safe.
 #ifndef ATTNAUDIT_KERNELS_MATH_SCALAR_H_
 #define ATTNAUDIT_KERNELS_MATH_SCALAR_H_
 
-#include "core/common/rounded_ops.h"
+#include "core/arithmetic/rounded_ops.h"
 
 namespace attnaudit {
 namespace kmath {

@@ -24,9 +24,9 @@
 
 #include <cstdint>
 
+#include "core/arithmetic/host_device.h"
 #include "core/attention/merge_step.h"
 #include "core/attention/merge_tree.h"
-#include "core/common/host_device.h"
 #include "kernels/math/scalar.h"
 #include "kernels/math/unit_state.h"
 

@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "core/common/host_device.h"
+#include "core/arithmetic/host_device.h"
 #include "kernels/math/exp.h"
 #include "kernels/math/scalar.h"
 

@@ -17,9 +17,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "core/common/status_macros.h"
-#include "proto/credentials/credential_files.h"
-#include "server/common/log.h"
 #include "server/device_pool/device_pool.h"
+#include "server/log/log.h"
+#include "transport/credentials/credential_files.h"
 
 #ifndef ATTNAUDIT_VERSION
 #define ATTNAUDIT_VERSION "unknown"

@@ -7,7 +7,7 @@
 #include "core/audit/audit.h"
 #include "core/backend/backend.h"
 #include "core/backend/fallback_backend.h"
-#include "server/common/log.h"
+#include "server/log/log.h"
 
 namespace attnaudit::server {
 namespace {

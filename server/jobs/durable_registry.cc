@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
-#include "server/common/log.h"
+#include "server/log/log.h"
 
 namespace attnaudit::server {
 

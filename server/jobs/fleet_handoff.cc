@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "server/common/log.h"
+#include "server/log/log.h"
 
 namespace attnaudit::server {
 

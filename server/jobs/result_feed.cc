@@ -3,7 +3,7 @@
 #include <utility>
 #include <vector>
 
-#include "server/common/log.h"
+#include "server/log/log.h"
 
 namespace attnaudit::server {
 

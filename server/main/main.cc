@@ -25,8 +25,8 @@
 #include "absl/time/clock.h"
 #include "google/protobuf/stubs/logging.h"
 #include "server/app/audit_server.h"
-#include "server/common/log.h"
 #include "server/device_pool/device_selection.h"
+#include "server/log/log.h"
 #include "server/main/server_flags.h"
 #include "server/store/job_store.h"
 

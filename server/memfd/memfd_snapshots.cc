@@ -18,8 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/common/status_macros.h"
-#include "proto/codec/boot_id.h"
 #include "proto/codec/codec.h"
+#include "transport/boot_id/boot_id.h"
 
 namespace attnaudit::server {
 namespace {

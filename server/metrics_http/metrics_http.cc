@@ -23,7 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "proto/credentials/credential_files.h"
+#include "transport/credentials/credential_files.h"
 
 namespace attnaudit::server {
 namespace {

@@ -18,7 +18,7 @@
 #include "absl/time/clock.h"
 #include "core/common/status_macros.h"
 #include "core/validate/validate.h"
-#include "server/common/log.h"
+#include "server/log/log.h"
 #include "server/rpc/audit_service.h"
 #include "server/rpc/call_auth.h"
 #include "server/rpc/conversions.h"

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "proto/codec/wire_check.h"
-#include "server/common/log.h"
+#include "server/log/log.h"
 
 namespace attnaudit::server::rpc_internal {
 namespace {

@@ -21,7 +21,7 @@
 
 #include "absl/time/clock.h"
 #include "proto/codec/codec.h"
-#include "server/common/log.h"
+#include "server/log/log.h"
 #include "server/rpc/audit_service.h"
 #include "server/rpc/conversions.h"
 

@@ -1,7 +1,7 @@
 #include "server/rpc/logged_reactor.h"
 
 #include "absl/time/clock.h"
-#include "server/common/log.h"
+#include "server/log/log.h"
 
 namespace attnaudit::server {
 

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/codec/codec.h"
-#include "server/common/log.h"
+#include "server/log/log.h"
 #include "server/rpc/audit_service.h"
 #include "server/rpc/conversions.h"
 #include "server/rpc/durable_jobs.h"

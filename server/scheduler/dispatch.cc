@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "server/common/log.h"
+#include "server/log/log.h"
 #include "server/scheduler/scheduler_impl.h"
 
 namespace attnaudit::server {

@@ -83,6 +83,13 @@ expect_exit 2 "bad cp strategy" "$cli" check --cp-strategy spiral "$work/cp.pb"
 expect_exit 0 "inspect" "$cli" inspect "$work/llama3-8b.pb"
 grep -q "k_pages" "$work/out.txt" || fail "inspect: no k_pages line"
 
+# presets: the engine presets table, as text and as JSON.
+expect_exit 0 "presets" "$cli" presets
+grep -q "^vllm-cpu .*cos_sin" "$work/out.txt" || fail "presets: no vllm-cpu row"
+expect_exit 0 "presets --json" "$cli" presets --json
+python3 -c 'import json, sys; json.load(open(sys.argv[1]))["engine_presets"]["hf-eager"]' \
+  "$work/out.txt" || fail "presets --json: not the presets as JSON"
+
 # Truncated, corrupt, missing files: exit 2 with a message naming the problem.
 size=$(stat -c %s "$work/llama3-8b.pb")
 head -c $((size / 2)) "$work/llama3-8b.pb" >"$work/truncated.pb"

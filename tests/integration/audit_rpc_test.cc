@@ -16,7 +16,7 @@
 #include "gtest/gtest.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/stream.h"
-#include "server/common/log.h"
+#include "server/log/log.h"
 #include "sim/simulator.h"
 #include "tests/integration/test_server.h"
 

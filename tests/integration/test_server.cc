@@ -14,7 +14,7 @@
 #include "absl/time/clock.h"
 #include "core/audit/audit.h"
 #include "gtest/gtest.h"
-#include "server/common/log.h"
+#include "server/log/log.h"
 
 namespace attnaudit::testing {
 

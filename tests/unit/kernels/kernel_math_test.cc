@@ -24,6 +24,7 @@
 #include "core/drift/drift.h"
 #include "core/simd/targets.h"
 #include "core/tensor/dtype.h"
+#include "core/tensor/dtype_traits.h"
 #include "core/validate/validate.h"
 #include "gtest/gtest.h"
 #include "kernels/math/dot.h"
@@ -548,6 +549,39 @@ TEST(KernelMathDrift, TheRadixDigitsCoverEveryKeyBitOnce) {
         key ^ (1ull << kmath::DigitShift(pass - 1));
     EXPECT_FALSE(kmath::MatchesPrefix(other, key, pass)) << pass;
   }
+}
+
+// Device code cannot read core/tensor/dtype_traits.h's host table, so
+// kernels/math holds its own copy of the dtype facts it needs; this keeps
+// the copy equal to the table, row by row.
+static_assert(kmath::kElemF32 == static_cast<int>(DType::kF32) &&
+                  kmath::kElemF16 == static_cast<int>(DType::kF16) &&
+                  kmath::kElemBF16 == static_cast<int>(DType::kBF16) &&
+                  kmath::kElemF8E4M3 == static_cast<int>(DType::kF8E4M3) &&
+                  kmath::kElemF8E5M2 == static_cast<int>(DType::kF8E5M2) &&
+                  kmath::kElemF64 == static_cast<int>(DType::kF64),
+              "kmath::ElemType numbers the dtypes as DType does");
+
+TEST(KernelMathDTypes, TheKernelsCopyOfTheDTypeFactsIsTheTraitsTable) {
+  for (const DTypeTraits& t : kDTypeTraits) {
+    if (!t.floating()) continue;
+    SCOPED_TRACE(t.name);
+    const int elem = static_cast<int>(t.dtype);
+    EXPECT_EQ(kmath::ElemBytes(elem), t.bytes);
+    EXPECT_EQ(kmath::SmallestNormal(elem), t.smallest_normal());
+    // The small formats kmath encodes itself (bf16 and wider go through
+    // their bits).
+    if (t.bytes == 1 || t.dtype == DType::kF16) {
+      const kmath::SmallFormat f = kmath::FormatOf(elem);
+      EXPECT_EQ(f.ebits, t.exponent_bits);
+      EXPECT_EQ(f.mbits, t.mantissa_bits);
+      EXPECT_EQ(f.bias, t.exponent_bias());
+      EXPECT_EQ(f.has_inf, t.has_infinity);
+      EXPECT_EQ(f.max_finite, t.max_finite);
+      EXPECT_EQ(f.saturate, t.saturates);
+    }
+  }
+  EXPECT_EQ(kmath::ElemBytes(static_cast<int>(DType::kI32)), 0);
 }
 
 TEST(KernelMathSplit, SplitRunsCoverEveryRunOnceInOrder) {

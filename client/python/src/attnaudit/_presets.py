@@ -1,7 +1,11 @@
 """The engine presets of the builders' engine=... argument (re-exported as
 attnaudit.ENGINE_PRESETS / attnaudit.HF_FAMILY_CAST_POINTS): data only,
 so both the snapshot builders and attnaudit.probe read them without
-importing each other."""
+importing each other.
+
+A copy of core/engine/presets.h (`attnaudit presets --json` prints it),
+carried so that the package installs without the repository;
+tests/python/test_presets.py fails on any difference."""
 
 from typing import Dict
 

@@ -10,9 +10,9 @@
 #include <limits>
 #include <vector>
 
+#include "core/arithmetic/rounded_ops.h"
+#include "core/arithmetic/scalar_exp.h"
 #include "core/attention/merge_step.h"
-#include "core/common/rounded_ops.h"
-#include "core/common/scalar_exp.h"
 #include "core/simd/targets.h"
 #include "gtest/gtest.h"
 #include "tests/unit/core/testing/snapshot_builder.h"
@@ -292,7 +292,7 @@ TEST(MergeTest, ShiftingAllLsesShiftsTheResultAndKeepsTheOutput) {
 
 // The definition in scalar form, written from docs/DESIGN.md §2 with one
 // rounded fp32 operation per step and the contract's exp and log
-// (core/common/scalar_exp.h): the vector loops must give its bits.
+// (core/arithmetic/scalar_exp.h): the vector loops must give its bits.
 void ScalarMerge(const std::vector<State>& states, int64_t d,
                  std::vector<float>* out, float* lse) {
   using F = rounded::Ops<float>;

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <vector>
 
+#include "core/tensor/dtype_traits.h"
 #include "core/tensor/tensor.h"
 #include "gtest/gtest.h"
 
@@ -25,6 +27,251 @@ TEST(DTypeTest, SizesAndNames) {
   }
   EXPECT_EQ(DTypeFromName("bfloat16"), DType::kBF16);
   EXPECT_EQ(DTypeFromName("nope"), DType::kInvalid);
+}
+
+// The traits table agrees with the conversions: each narrow format's
+// largest finite value, smallest normal and smallest subnormal round-trip,
+// the next value past the largest is not finite (or saturates), one ulp
+// above 1 is 1 + epsilon, and half of it rounds back to 1 (ties to even).
+TEST(DTypeTraitsTest, AgreeWithTheConversions) {
+  for (DType t : {DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kF8E5M2}) {
+    const DTypeTraits& traits = DTypeTraitsOf(t);
+    SCOPED_TRACE(traits.name);
+    const float max = static_cast<float>(traits.max_finite);
+    EXPECT_EQ(RoundToDType(max, t), max);
+    EXPECT_EQ(RoundToDType(-max, t), -max);
+    const float beyond =
+        max * (1.0f + 2.0f * static_cast<float>(traits.epsilon()));
+    if (traits.saturates) {
+      EXPECT_EQ(RoundToDType(beyond, t), max);
+    } else {
+      EXPECT_TRUE(std::isinf(RoundToDType(beyond, t)));
+    }
+    EXPECT_EQ(std::ilogb(traits.max_finite), traits.max_exponent);
+    const float normal = static_cast<float>(traits.smallest_normal());
+    const float subnormal = static_cast<float>(traits.denorm_min());
+    EXPECT_EQ(RoundToDType(normal, t), normal);
+    EXPECT_EQ(RoundToDType(subnormal, t), subnormal);
+    EXPECT_EQ(RoundToDType(subnormal * 0.5f, t), 0.0f);  // tie to even
+    EXPECT_EQ(RoundToDType(normal - subnormal, t), normal - subnormal);
+    const float eps = static_cast<float>(traits.epsilon());
+    EXPECT_EQ(RoundToDType(1.0f + eps, t), 1.0f + eps);
+    EXPECT_EQ(RoundToDType(1.0f + 0.5f * eps, t), 1.0f);
+    EXPECT_EQ(DTypeSize(t), traits.bytes);
+    EXPECT_EQ(1 + traits.exponent_bits + traits.mantissa_bits,
+              8 * traits.bytes);
+    EXPECT_EQ(traits.has_infinity, t != DType::kF8E4M3);
+  }
+  EXPECT_EQ(DTypeTraitsOf(DType::kF32).max_finite,
+            std::numeric_limits<float>::max());
+  EXPECT_EQ(DTypeTraitsOf(DType::kF32).denorm_min(),
+            std::numeric_limits<float>::denorm_min());
+  EXPECT_EQ(DTypeTraitsOf(DType::kF32).smallest_normal(),
+            std::numeric_limits<float>::min());
+  EXPECT_EQ(kEpsF32, std::numeric_limits<float>::epsilon());
+  EXPECT_EQ(DTypeTraitsOf(DType::kF64).max_finite,
+            std::numeric_limits<double>::max());
+  EXPECT_EQ(DTypeTraitsOf(DType::kF64).denorm_min(),
+            std::numeric_limits<double>::denorm_min());
+  EXPECT_EQ(DTypeEpsilon(DType::kF64), std::numeric_limits<double>::epsilon());
+}
+
+TEST(DTypeTraitsTest, EveryRowAndItsAliases) {
+  for (const DTypeTraits& t : kDTypeTraits) {
+    EXPECT_EQ(DTypeTraitsOf(t.dtype).name, t.name);
+    EXPECT_EQ(DTypeName(t.dtype), t.name);
+    EXPECT_EQ(IsFloating(t.dtype), t.kind == DTypeKind::kFloating);
+    for (absl::string_view alias : t.aliases) {
+      if (!alias.empty()) {
+        EXPECT_EQ(DTypeFromName(alias), t.dtype) << alias;
+      }
+    }
+  }
+  // A value outside the enum (cast from an unchecked integer) is invalid.
+  const DType stray = static_cast<DType>(42);
+  EXPECT_EQ(DTypeName(stray), "invalid");
+  EXPECT_EQ(DTypeSize(stray), 0);
+  EXPECT_FALSE(IsFloating(stray));
+  EXPECT_TRUE(IsFp8(DType::kF8E4M3));
+  EXPECT_TRUE(IsFp8(DType::kF8E5M2));
+  EXPECT_FALSE(IsFp8(DType::kBool));
+  EXPECT_FALSE(IsFp8(DType::kF16));
+  // Not floating: f32's smallest normal and subnormal, no epsilon.
+  EXPECT_EQ(DTypeSmallestNormal(DType::kI32), std::ldexp(1.0, -126));
+  EXPECT_EQ(DTypeDenormMin(DType::kBool), std::ldexp(1.0, -149));
+  EXPECT_EQ(DTypeEpsilon(DType::kI64), 0.0);
+}
+
+// Each row of the table against the formats' published facts, written out
+// here rather than derived (IEEE 754 binary16/32/64, bfloat16, the OCP 8-bit
+// floating point formats; the numbers torch.finfo prints), and the codes of
+// known values: the largest finite, the smallest normal and subnormal, 1
+// and the next value above it, decoded and encoded by the conversions.
+struct PublishedFormat {
+  DType dtype;
+  const char* name;
+  int bits;
+  int mantissa_bits;
+  int exponent_bits;
+  double max;              // torch.finfo(...).max
+  double smallest_normal;  // .tiny
+  double denorm_min;       // .smallest_subnormal
+  double epsilon;          // .eps
+  bool has_infinity;
+  bool saturates;  // narrowing clamps to max (fp8: vLLM's scaled quant)
+};
+
+constexpr PublishedFormat kPublished[] = {
+    {DType::kF32, "f32", 32, 23, 8, 3.4028234663852886e38,
+     1.1754943508222875e-38, 1.401298464324817e-45, 1.1920928955078125e-07,
+     true, false},
+    {DType::kF16, "f16", 16, 10, 5, 65504.0, 6.103515625e-05,
+     5.960464477539063e-08, 0.0009765625, true, false},
+    {DType::kBF16, "bf16", 16, 7, 8, 3.3895313892515355e38,
+     1.1754943508222875e-38, 9.183549615799121e-41, 0.0078125, true, false},
+    {DType::kF8E4M3, "fp8_e4m3", 8, 3, 4, 448.0, 0.015625, 0.001953125, 0.125,
+     false, true},
+    {DType::kF8E5M2, "fp8_e5m2", 8, 2, 5, 57344.0, 6.103515625e-05,
+     1.52587890625e-05, 0.25, true, true},
+    {DType::kF64, "f64", 64, 52, 11, 1.7976931348623157e308,
+     2.2250738585072014e-308, 4.9406564584124654e-324, 2.220446049250313e-16,
+     true, false},
+};
+
+TEST(DTypeTraitsTest, EachFloatingRowIsThePublishedFormat) {
+  int floating_rows = 0;
+  for (const DTypeTraits& t : kDTypeTraits) floating_rows += t.floating();
+  EXPECT_EQ(floating_rows, static_cast<int>(std::size(kPublished)));
+  for (const PublishedFormat& f : kPublished) {
+    const DTypeTraits& t = DTypeTraitsOf(f.dtype);
+    SCOPED_TRACE(f.name);
+    EXPECT_EQ(t.name, f.name);
+    EXPECT_TRUE(t.floating());
+    EXPECT_TRUE(IsFloating(f.dtype));
+    EXPECT_FALSE(IsInteger(f.dtype));
+    EXPECT_EQ(8 * t.bytes, f.bits);
+    EXPECT_EQ(8 * DTypeSize(f.dtype), f.bits);
+    EXPECT_EQ(t.mantissa_bits, f.mantissa_bits);
+    EXPECT_EQ(t.exponent_bits, f.exponent_bits);
+    EXPECT_EQ(t.exponent_bias(), (1 << (f.exponent_bits - 1)) - 1);
+    EXPECT_EQ(t.max_finite, f.max);
+    EXPECT_EQ(DTypeMaxFinite(f.dtype), f.max);
+    EXPECT_EQ(t.smallest_normal(), f.smallest_normal);
+    EXPECT_EQ(DTypeSmallestNormal(f.dtype), f.smallest_normal);
+    EXPECT_EQ(t.denorm_min(), f.denorm_min);
+    EXPECT_EQ(DTypeDenormMin(f.dtype), f.denorm_min);
+    EXPECT_EQ(t.epsilon(), f.epsilon);
+    EXPECT_EQ(DTypeEpsilon(f.dtype), f.epsilon);
+    EXPECT_EQ(t.has_infinity, f.has_infinity);
+    EXPECT_EQ(t.saturates, f.saturates);
+    EXPECT_EQ(IsFp8(f.dtype), f.bits == 8);
+  }
+  EXPECT_EQ(kEpsF32, 1.1920928955078125e-07);
+  EXPECT_EQ(kEpsBf16, 0.0078125);
+}
+
+TEST(DTypeTraitsTest, TheOtherRowsAreTheirWidths) {
+  struct Row {
+    DType dtype;
+    const char* name;
+    int bytes;
+    bool integer;
+  };
+  for (const Row& r :
+       {Row{DType::kI32, "i32", 4, true}, Row{DType::kI64, "i64", 8, true},
+        Row{DType::kBool, "bool", 1, false},
+        Row{DType::kInvalid, "invalid", 0, false}}) {
+    SCOPED_TRACE(r.name);
+    EXPECT_EQ(DTypeName(r.dtype), r.name);
+    EXPECT_EQ(DTypeSize(r.dtype), r.bytes);
+    EXPECT_EQ(IsInteger(r.dtype), r.integer);
+    EXPECT_FALSE(IsFloating(r.dtype));
+    EXPECT_FALSE(IsFp8(r.dtype));
+    EXPECT_EQ(DTypeMaxFinite(r.dtype), 0.0);
+  }
+}
+
+// The codes of known values in each narrow format, decoded and encoded.
+struct KnownCode {
+  DType dtype;
+  uint16_t code;
+  double value;
+};
+
+constexpr KnownCode kKnownCodes[] = {
+    // f16: S.EEEEE.MMMMMMMMMM
+    {DType::kF16, 0x7bff, 65504.0},
+    {DType::kF16, 0x0400, 6.103515625e-05},
+    {DType::kF16, 0x0001, 5.960464477539063e-08},
+    {DType::kF16, 0x3c00, 1.0},
+    {DType::kF16, 0x3c01, 1.0009765625},
+    {DType::kF16, 0xc000, -2.0},
+    // bf16: the top half of an f32
+    {DType::kBF16, 0x7f7f, 3.3895313892515355e38},
+    {DType::kBF16, 0x0080, 1.1754943508222875e-38},
+    {DType::kBF16, 0x0001, 9.183549615799121e-41},
+    {DType::kBF16, 0x3f80, 1.0},
+    {DType::kBF16, 0x3f81, 1.0078125},
+    {DType::kBF16, 0xc000, -2.0},
+    // e4m3fn: S.EEEE.MMM, bias 7; 0x7f is NaN
+    {DType::kF8E4M3, 0x7e, 448.0},
+    {DType::kF8E4M3, 0x08, 0.015625},
+    {DType::kF8E4M3, 0x01, 0.001953125},
+    {DType::kF8E4M3, 0x38, 1.0},
+    {DType::kF8E4M3, 0x39, 1.125},
+    {DType::kF8E4M3, 0xc0, -2.0},
+    // e5m2: S.EEEEE.MM, the top byte of an f16
+    {DType::kF8E5M2, 0x7b, 57344.0},
+    {DType::kF8E5M2, 0x04, 6.103515625e-05},
+    {DType::kF8E5M2, 0x01, 1.52587890625e-05},
+    {DType::kF8E5M2, 0x3c, 1.0},
+    {DType::kF8E5M2, 0x3d, 1.25},
+    {DType::kF8E5M2, 0xc0, -2.0},
+};
+
+float Decode(DType dtype, uint16_t code) {
+  switch (DTypeSize(dtype)) {
+    case 1:
+      return dtype == DType::kF8E4M3
+                 ? F8E4M3ToFloat(static_cast<uint8_t>(code))
+                 : F8E5M2ToFloat(static_cast<uint8_t>(code));
+    default:
+      return dtype == DType::kF16 ? F16ToFloat(code) : Bf16ToFloat(code);
+  }
+}
+
+uint16_t Encode(DType dtype, float value) {
+  switch (dtype) {
+    case DType::kF16:
+      return FloatToF16(value);
+    case DType::kBF16:
+      return FloatToBf16(value);
+    case DType::kF8E4M3:
+      return FloatToF8E4M3(value);
+    default:
+      return FloatToF8E5M2(value);
+  }
+}
+
+TEST(DTypeTraitsTest, KnownCodesDecodeAndEncode) {
+  for (const KnownCode& k : kKnownCodes) {
+    SCOPED_TRACE(::testing::Message()
+                 << DTypeName(k.dtype) << " 0x" << std::hex << k.code);
+    EXPECT_EQ(static_cast<double>(Decode(k.dtype, k.code)), k.value);
+    EXPECT_EQ(Encode(k.dtype, static_cast<float>(k.value)), k.code);
+    EXPECT_EQ(
+        static_cast<double>(RoundToDType(static_cast<float>(k.value), k.dtype)),
+        k.value);
+  }
+  // Past the largest finite value: IEEE formats' infinity code, e4m3fn's
+  // NaN, and fp8 narrowing saturates.
+  EXPECT_TRUE(std::isinf(F16ToFloat(0x7c00)));
+  EXPECT_TRUE(std::isinf(Bf16ToFloat(0x7f80)));
+  EXPECT_TRUE(std::isnan(F8E4M3ToFloat(0x7f)));
+  EXPECT_TRUE(std::isinf(F8E5M2ToFloat(0x7c)));
+  EXPECT_EQ(FloatToF8E4M3(1e6f), 0x7e);
+  EXPECT_EQ(FloatToF8E5M2(1e6f), 0x7b);
+  EXPECT_EQ(FloatToF16(1e6f), 0x7c00);
 }
 
 TEST(DTypeTest, Bf16RoundsToNearestEven) {

@@ -18,8 +18,8 @@
 #include "absl/time/clock.h"
 #include "client/lib/memfd_snapshot.h"
 #include "gtest/gtest.h"
-#include "proto/codec/boot_id.h"
 #include "sim/simulator.h"
+#include "transport/boot_id/boot_id.h"
 
 namespace attnaudit::server {
 namespace {

@@ -1,6 +1,6 @@
 // Credential files: PEM files are read whole, token files trimmed to their
 // first line; errors name the flag and the path but never the contents.
-#include "proto/credentials/credential_files.h"
+#include "transport/credentials/credential_files.h"
 
 #include <cstdio>
 #include <string>

@@ -1,4 +1,4 @@
-#include "proto/codec/boot_id.h"
+#include "transport/boot_id/boot_id.h"
 
 #include <fcntl.h>
 #include <unistd.h>

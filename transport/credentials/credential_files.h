@@ -2,13 +2,13 @@
 // server (--tls-cert, --tls-key, --tls-client-ca, --auth-token-file) and
 // the client (--tls-ca, --tls-cert, --tls-key, --auth-token-file).
 //
-// Here, beside the wire contract, because it is the one layer client and
-// server share above core (which does no I/O), and the client must not
-// depend on the server. Errors are InvalidArgument naming the flag and the
-// path, never the file's contents (tokens stay out of messages and logs).
+// In transport/, which client and server both depend on: the client must
+// not depend on the server, and core does no I/O. Errors are
+// InvalidArgument naming the flag and the path, never the file's contents
+// (tokens stay out of messages and logs).
 // Thread-safe (plain functions).
-#ifndef ATTNAUDIT_PROTO_CREDENTIALS_CREDENTIAL_FILES_H_
-#define ATTNAUDIT_PROTO_CREDENTIALS_CREDENTIAL_FILES_H_
+#ifndef ATTNAUDIT_TRANSPORT_CREDENTIALS_CREDENTIAL_FILES_H_
+#define ATTNAUDIT_TRANSPORT_CREDENTIALS_CREDENTIAL_FILES_H_
 
 #include <string>
 
@@ -29,4 +29,4 @@ absl::StatusOr<std::string> ReadTokenFile(absl::string_view flag,
 
 }  // namespace attnaudit
 
-#endif  // ATTNAUDIT_PROTO_CREDENTIALS_CREDENTIAL_FILES_H_
+#endif  // ATTNAUDIT_TRANSPORT_CREDENTIALS_CREDENTIAL_FILES_H_

@@ -1,6 +1,6 @@
 // exp of a non-positive argument and log of a positive one, one element at
 // a time, built from the correctly rounded operations of rounded_ops.h
-// alone, so the host and the GPU (core/common/host_device.h) return the
+// alone, so the host and the GPU (core/arithmetic/host_device.h) return the
 // same bits -- where the platforms' expf/logf (glibc, CUDA's libdevice)
 // differ by an ulp now and then.
 //   - ExpNonPositive: the scalar twin of the CPU core's vector
@@ -13,13 +13,13 @@
 //     s = (m - 1) / (m + 1)), rounded once to fp32: P's unit and merge
 //     LSEs (docs/NUMERICS.md, "CPU and GPU").
 // Pure; thread-safe.
-#ifndef ATTNAUDIT_CORE_COMMON_SCALAR_EXP_H_
-#define ATTNAUDIT_CORE_COMMON_SCALAR_EXP_H_
+#ifndef ATTNAUDIT_CORE_ARITHMETIC_SCALAR_EXP_H_
+#define ATTNAUDIT_CORE_ARITHMETIC_SCALAR_EXP_H_
 
 #include <cstdint>
 
-#include "core/common/host_device.h"
-#include "core/common/rounded_ops.h"
+#include "core/arithmetic/host_device.h"
+#include "core/arithmetic/rounded_ops.h"
 
 namespace attnaudit {
 namespace rounded {
@@ -145,4 +145,4 @@ ATTNAUDIT_HOST_DEVICE inline float LogPositive(float x) {
 }  // namespace rounded
 }  // namespace attnaudit
 
-#endif  // ATTNAUDIT_CORE_COMMON_SCALAR_EXP_H_
+#endif  // ATTNAUDIT_CORE_ARITHMETIC_SCALAR_EXP_H_

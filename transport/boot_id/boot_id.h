@@ -3,8 +3,8 @@
 // means the same file only to a server on the same running kernel.
 //
 // Thread-safe; reads /proc on every call.
-#ifndef ATTNAUDIT_PROTO_CODEC_BOOT_ID_H_
-#define ATTNAUDIT_PROTO_CODEC_BOOT_ID_H_
+#ifndef ATTNAUDIT_TRANSPORT_BOOT_ID_BOOT_ID_H_
+#define ATTNAUDIT_TRANSPORT_BOOT_ID_BOOT_ID_H_
 
 #include <string>
 
@@ -18,4 +18,4 @@ absl::StatusOr<std::string> ReadBootId();
 
 }  // namespace attnaudit
 
-#endif  // ATTNAUDIT_PROTO_CODEC_BOOT_ID_H_
+#endif  // ATTNAUDIT_TRANSPORT_BOOT_ID_BOOT_ID_H_

@@ -1,4 +1,4 @@
-#include "server/common/log.h"
+#include "server/log/log.h"
 
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/stdout_sinks.h>

@@ -1,5 +1,5 @@
 // Correctly rounded scalar operations in float and double, host and
-// device alike (core/common/host_device.h): the one spelling of IEEE
+// device alike (core/arithmetic/host_device.h): the one spelling of IEEE
 // arithmetic that the CPU merge routine (core/attention/merge_step.h) and
 // the CUDA kernels' per-block math (kernels/math/) share. Each is one IEEE
 // operation: nvcc never contracts the _rn intrinsics into an FMA, and the
@@ -9,12 +9,12 @@
 // are the platform's: glibc on the host, CUDA's on the device (the soft-cap's
 // tanh is the core's own, kernels/math/tanh.h).
 // Pure functions; thread-safe.
-#ifndef ATTNAUDIT_CORE_COMMON_ROUNDED_OPS_H_
-#define ATTNAUDIT_CORE_COMMON_ROUNDED_OPS_H_
+#ifndef ATTNAUDIT_CORE_ARITHMETIC_ROUNDED_OPS_H_
+#define ATTNAUDIT_CORE_ARITHMETIC_ROUNDED_OPS_H_
 
 #include <cstdint>
 
-#include "core/common/host_device.h"
+#include "core/arithmetic/host_device.h"
 
 #ifndef ATTNAUDIT_DEVICE_CODE
 #include <cmath>
@@ -223,4 +223,4 @@ ATTNAUDIT_HOST_DEVICE inline T MaxStep(T acc, T x) {
 }  // namespace rounded
 }  // namespace attnaudit
 
-#endif  // ATTNAUDIT_CORE_COMMON_ROUNDED_OPS_H_
+#endif  // ATTNAUDIT_CORE_ARITHMETIC_ROUNDED_OPS_H_

@@ -1,6 +1,6 @@
 // ReadBootId: the kernel's boot id as both ends of the memfd transport
-// compare it (proto/codec/boot_id.h).
-#include "proto/codec/boot_id.h"
+// compare it (transport/boot_id/boot_id.h).
+#include "transport/boot_id/boot_id.h"
 
 #include <fstream>
 #include <string>

@@ -1,7 +1,7 @@
 // The server's log over spdlog: the line format (RFC 3339 UTC timestamp,
 // level, quoted message and key=value pairs), level filtering that skips the
 // arguments, whole lines under concurrency, and the --log-level names.
-#include "server/common/log.h"
+#include "server/log/log.h"
 
 #include <spdlog/sinks/ostream_sink.h>
 

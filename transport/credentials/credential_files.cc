@@ -1,4 +1,4 @@
-#include "proto/credentials/credential_files.h"
+#include "transport/credentials/credential_files.h"
 
 #include <fstream>
 #include <iterator>

@@ -20,8 +20,8 @@
 //
 // Never log secrets: tokens, keys and snapshot contents stay out of logs;
 // the server logs only file paths and sizes for TLS material.
-#ifndef ATTNAUDIT_SERVER_COMMON_LOG_H_
-#define ATTNAUDIT_SERVER_COMMON_LOG_H_
+#ifndef ATTNAUDIT_SERVER_LOG_LOG_H_
+#define ATTNAUDIT_SERVER_LOG_LOG_H_
 
 #include <spdlog/spdlog.h>
 
@@ -87,4 +87,4 @@ void AppendLogValue(absl::string_view value, std::string* out);
   } else                                                  \
     ::attnaudit::server::LogLine(::spdlog::level::severity, (msg))
 
-#endif  // ATTNAUDIT_SERVER_COMMON_LOG_H_
+#endif  // ATTNAUDIT_SERVER_LOG_LOG_H_

@@ -10,8 +10,8 @@
 // differs (a correctly rounded product that nvcc must not contract into an
 // FMA, the device math library) branch on it; everything else is shared
 // text.
-#ifndef ATTNAUDIT_CORE_COMMON_HOST_DEVICE_H_
-#define ATTNAUDIT_CORE_COMMON_HOST_DEVICE_H_
+#ifndef ATTNAUDIT_CORE_ARITHMETIC_HOST_DEVICE_H_
+#define ATTNAUDIT_CORE_ARITHMETIC_HOST_DEVICE_H_
 
 #if defined(__CUDACC__)
 #define ATTNAUDIT_HOST_DEVICE __host__ __device__
@@ -23,4 +23,4 @@
 #define ATTNAUDIT_DEVICE_CODE 1
 #endif
 
-#endif  // ATTNAUDIT_CORE_COMMON_HOST_DEVICE_H_
+#endif  // ATTNAUDIT_CORE_ARITHMETIC_HOST_DEVICE_H_
