@@ -243,6 +243,9 @@ void Observe(const RealisticFlags& f, const std::string& label, const Bug& bug,
   AuditOptions a;
   a.threads = f.threads;
   a.include_merge_orders = false;
+  // Accuracy, not speed: a shared or slow machine must not cut the search
+  // short (the seconds it took are reported).
+  a.diagnosis_max_seconds = 300;
   absl::StatusOr<AuditReport> r = RunAudit(faulty, a);
   if (!r.ok()) {
     std::fprintf(stderr, "%s: audit: %s\n", label.c_str(),
