@@ -1,4 +1,4 @@
-// The diagnosis at realistic attention (docs/PERF.md, "Diagnosis at
+// The diagnosis at realistic attention (docs/DIAGNOSIS.md, "Diagnosis at
 // realistic attention"): page, scale and CP bugs on snapshots of the shapes
 // users run (llama3-8b / qwen3-8b heads, batch 4-8, 1k-16k keys, pages of
 // 16, a sink carrying 30-90 % of the weight, logits up to ~50), with and
