@@ -59,14 +59,12 @@ void ScanCells(const Context& ctx, const Row& row, const RowStates& rs,
       rest = cb.Without(j);
       double lse = 0;
       Final(ctx, rest, h, out.data(), &lse);
+      // The LSE's part in the unit CellEnergy used (scaled with a large
+      // LSE): out's part is what is left, never negative.
       const double e = CellEnergy(ctx, row, out.data(), lse, c);
-      if (row.has_lse) {
-        const double z = Diff(row.e_lse[c], lse) / ctx.lse_unit;
-        loo->lse[j] += z * z;
-        loo->out[j] += e - z * z;
-      } else {
-        loo->out[j] += e;
-      }
+      const double lz2 = LseZ2(ctx, row, lse, c);
+      loo->lse[j] += lz2;
+      loo->out[j] += e - lz2;
     }
   }
 }
@@ -269,12 +267,10 @@ void ScoreTrialCells(const Context& ctx, const Row& row, CellBlocks& cb,
         }
         continue;
       }
+      // In CellEnergy's LSE unit (scaled with a large LSE), so that out's
+      // part, e - lz2, is never negative.
       const double e = CellEnergy(ctx, row, out.data(), lse, c);
-      double lz2 = 0;
-      if (row.has_lse) {
-        const double z = Diff(row.e_lse[c], lse) / ctx.lse_unit;
-        lz2 = std::isfinite(z) ? z * z : 1e30;
-      }
+      const double lz2 = LseZ2(ctx, row, lse, c);
       left[2 * i] += e - lz2;
       left[2 * i + 1] += lz2;
     }

@@ -125,6 +125,10 @@ inline double Diff(double e, double a) { return e == a ? 0.0 : e - a; }
 // the LSE, in noise units; a clean cell has about ctx.clean_cell.
 double CellEnergy(const Context& ctx, const Row& row, const double* a_out,
                   double a_lse, int64_t c);
+// The LSE's part of CellEnergy: z^2 of E's LSE against a_lse, in the LSE
+// unit scaled as the hypothesis' LSE (Context::LseScale); 0 without the
+// engine's LSE. What is left of out's energy is CellEnergy minus this.
+double LseZ2(const Context& ctx, const Row& row, double a_lse, int64_t c);
 
 // How well one hypothesis explains E over the cells it was computed for.
 struct Evaluation {

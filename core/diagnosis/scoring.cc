@@ -40,12 +40,14 @@ double CellEnergy(const Context& ctx, const Row& row, const double* a_out,
     }
     e += z2 / static_cast<double>(D);
   }
-  if (row.has_lse) {
-    const double z =
-        Diff(row.e_lse[c], a_lse) / (ctx.lse_unit * ctx.LseScale(a_lse));
-    e += std::isfinite(z) ? z * z : 1e30;
-  }
-  return e;
+  return e + LseZ2(ctx, row, a_lse, c);
+}
+
+double LseZ2(const Context& ctx, const Row& row, double a_lse, int64_t c) {
+  if (!row.has_lse) return 0;
+  const double z =
+      Diff(row.e_lse[c], a_lse) / (ctx.lse_unit * ctx.LseScale(a_lse));
+  return std::isfinite(z) ? z * z : 1e30;
 }
 
 void Scorer::AddCell(const Row& row, int64_t c, const double* a_out,
