@@ -4,8 +4,8 @@
 // shifted by 30-40, head dim 128, on the simulator. A page fault is named
 // at its place or left unexplained -- never explained at another place --
 // with or without the engine's LSE; a missing fp8 K scale is named
-// fp8-scale ahead of a wrong softmax scale; a CP fault under token interleaving is named at the rank
-// whose own partial drifts.
+// fp8-scale ahead of a wrong softmax scale; a CP fault under token
+// interleaving is named at the rank whose own partial drifts.
 #include <string>
 #include <vector>
 
@@ -71,10 +71,10 @@ std::string Dump(const AuditReport& r) {
   std::string s;
   for (const Diagnosis& d : r.diagnoses) {
     absl::StrAppend(&s, "\n  ", d.hypothesis, " explains=", d.explains,
-                    " row=", d.location.row, " block=",
-                    d.location.logical_block, " other=",
-                    d.location.other_logical_block, " rank=",
-                    d.location.cp_rank, ": ", d.summary);
+                    " row=", d.location.row,
+                    " block=", d.location.logical_block,
+                    " other=", d.location.other_logical_block,
+                    " rank=", d.location.cp_rank, ": ", d.summary);
   }
   return s;
 }
