@@ -514,8 +514,6 @@ absl::Status BuildTrials(const Context& ctx, const Row& row,
   return SeqLenTrials(ctx, rs, subs, trials);
 }
 
-// The finalists as candidates: the best per hypothesis and block
-// (duplicates: per block, the best source page).
 // Whether the engine's partials allow trial t: the ranks of the blocks it
 // changes (both of a swap) cover every drifting rank.
 bool AllowedByRanks(const Context& ctx, const RowStates& rs,
@@ -541,6 +539,8 @@ void NotPlacedIfKept(const Trial& t, Candidate* c) {
       "the block's own content takes no weight: any such block fits as well");
 }
 
+// The finalists as candidates: the best per hypothesis and block
+// (duplicates: per block, the best source page).
 void CollectCandidates(const Context& ctx, const Row& row, const RowStates& rs,
                        const std::vector<Trial>& trials, const StaleFit& fit,
                        int64_t stale_block, const RankEvidence& ranks,
