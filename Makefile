@@ -22,6 +22,9 @@
 #   make conformance   the real-engine conformance suite: regenerates the
 #               fixtures from vLLM's CPU kernels, HF transformers and torch
 #               (a venv of ~6 GB under build/) and replays them
+#   make conformance-sweep  the realistic-scale sweeps (clean families over
+#               SWEEP_SEEDS seeds and the bug catalogue; resumable, niced;
+#               ~1 h per 10 seeds on 2 shared cores) and their tables
 #   make vllm-plugin   the vLLM plugin end to end on vLLM's CPU engine (the
 #               conformance venv; ~4 min): PASS clean, DRIFT with the right
 #               diagnosis on injected engine bugs, outputs bit-identical
@@ -51,7 +54,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
   bench-env bench-peers bench-sweeps bench-server bench-loopback bench-idle \
   bench-instructions bench-rope bench-fleet bench-copy \
   bench-diagnosis demo clean \
-  py-venv bench-python conformance vllm-plugin bench-vllm-plugin
+  py-venv bench-python conformance conformance-sweep vllm-plugin bench-vllm-plugin
 
 all: build
 
@@ -376,6 +379,37 @@ conformance: configure
 	  --min-diagnosis-rate 0.95
 	$(CONFORMANCE_VENV)/bin/python tests/conformance/probe_engines.py \
 	  --table $(BUILD_DIR)/probe-table.md
+	$(CONFORMANCE_VENV)/bin/python tests/conformance/check_emulation.py
+	$(abspath $(CONFORMANCE_VENV))/bin/python tests/conformance/generate_realistic.py
+	python3 tests/conformance/replay.py tests/conformance/fixtures/realistic \
+	  --cli $(BUILD_DIR)/bin/attnaudit --table $(BUILD_DIR)/conformance-realistic-table.md \
+	  --min-diagnosis-rate 0.95
+
+# The realistic-scale sweeps (docs/CONFORMANCE.md, "Realistic scale"): every
+# clean family (engine x mode x dtype x declaration) over SWEEP_SEEDS seeds,
+# each seed its own realistic shape, and the bug catalogue, audited by the
+# CLI; one JSON line per run in $(SWEEP_RESULTS), so a stopped sweep resumes
+# where it stopped and a new CLI reruns everything into the same file.
+# Niced and single-threaded (vLLM's split-KV runs its kernel with 4-8 OMP
+# threads on purpose); SWEEP_BUDGET_MIN stops starting runs after that many
+# minutes. Cost on 2 shared cores: ~6 min per seed of the clean set (121
+# families), ~8 min per seed of the bug set, ~4 min per seed of the long set.
+# The tables go to $(SWEEP_TABLES); SWEEP_DOCS=1 also rewrites them into
+# docs/CONFORMANCE.md.
+SWEEP_SEEDS ?= 10
+SWEEP_SET ?= clean,bugs
+SWEEP_BUDGET_MIN ?= 0
+SWEEP_RESULTS ?= $(BUILD_DIR)/conformance-sweep/results.jsonl
+SWEEP_TABLES ?= $(BUILD_DIR)/conformance-sweep/tables.md
+conformance-sweep: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target attnaudit
+	bash tests/conformance/make_venv.sh $(CONFORMANCE_VENV) $(PYTHON)
+	nice -n 15 $(CONFORMANCE_VENV)/bin/python tests/conformance/sweep.py \
+	  --set $(SWEEP_SET) --seeds $(SWEEP_SEEDS) --budget-min $(SWEEP_BUDGET_MIN) \
+	  --results $(SWEEP_RESULTS) --cli $(BUILD_DIR)/bin/attnaudit
+	python3 tests/conformance/sweep.py --tables $(SWEEP_TABLES) --results $(SWEEP_RESULTS) \
+	  $(if $(SWEEP_DOCS),--docs) > /dev/null
+	@echo "tables: $(SWEEP_TABLES)"
 
 # The vLLM plugin (client/python/src/attnaudit/vllm) on vLLM's own CPU
 # engine, against a real server: tests/vllm_plugin/e2e.py says what it checks.

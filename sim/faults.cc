@@ -339,11 +339,22 @@ absl::Status PlanSoftcapMissing(EnginePlan* plan, std::string* description) {
   return absl::OkStatus();
 }
 
-absl::Status PlanWindowOffByOne(EnginePlan* plan, std::string* description) {
+// The extra key sits at distance `window` from a query: a row of at most
+// `window` keys has none, and the fault would write a clean snapshot.
+absl::Status PlanWindowOffByOne(const SynthLayout& layout, EnginePlan* plan,
+                                std::string* description) {
   if (plan->window <= 0) {
     return absl::InvalidArgumentError(
         "fault: window-off-by-one needs a sliding window (gemma2-9b or "
         "gpt-oss-20b on an even layer)");
+  }
+  const int64_t longest =
+      *std::max_element(layout.seq_lens.begin(), layout.seq_lens.end());
+  if (longest <= plan->window) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fault: window-off-by-one cannot show: the window of ",
+                     plan->window, " keys covers every row (the longest has ",
+                     longest, "); use --context above ", plan->window));
   }
   ++plan->window;
   *description =
@@ -452,7 +463,7 @@ absl::Status PlanFault(const SynthOptions& o, const SynthLayout& layout,
     case Fault::kSoftcapMissing:
       return PlanSoftcapMissing(plan, description);
     case Fault::kWindowOffByOne:
-      return PlanWindowOffByOne(plan, description);
+      return PlanWindowOffByOne(layout, plan, description);
     case Fault::kSinksMissing:
       return PlanSinksMissing(plan, description);
   }

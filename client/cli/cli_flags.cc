@@ -54,6 +54,29 @@ AuditOptions ToAuditOptions(const AuditFlags& flags) {
   return options;
 }
 
+namespace {
+
+// "7d", "1.5d" or "1d12h": whole or fractional days, then optionally an
+// absl duration (absl's syntax stops at hours).
+bool ParseDays(absl::string_view value, absl::Duration* out) {
+  const size_t d = value.find('d');
+  if (d == absl::string_view::npos || d == 0) return false;
+  double days = 0;
+  if (!absl::SimpleAtod(value.substr(0, d), &days) || days < 0 || days > 1e6) {
+    return false;
+  }
+  absl::Duration rest = absl::ZeroDuration();
+  const absl::string_view tail = value.substr(d + 1);
+  if (!tail.empty() &&
+      (!absl::ParseDuration(tail, &rest) || rest < absl::ZeroDuration())) {
+    return false;
+  }
+  *out = absl::Hours(24) * days + rest;
+  return true;
+}
+
+}  // namespace
+
 absl::StatusOr<absl::Duration> ParseCliDuration(const std::string& value) {
   absl::Duration d;
   double seconds = 0;
@@ -61,8 +84,9 @@ absl::StatusOr<absl::Duration> ParseCliDuration(const std::string& value) {
     return absl::Seconds(seconds);
   }
   if (absl::ParseDuration(value, &d) && d >= absl::ZeroDuration()) return d;
-  return absl::InvalidArgumentError(
-      absl::StrCat("'", value, "' is not a duration (e.g. 30s, 2m, 10)"));
+  if (ParseDays(value, &d)) return d;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "'", value, "' is not a duration (e.g. 30s, 2m, 1h30m, 7d, 10)"));
 }
 
 CLI::Validator DurationValidator() {

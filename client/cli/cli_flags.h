@@ -36,7 +36,8 @@ CpStrategy CpStrategyOf(const std::string& value);
 // >= 0"; CLI11's own range check prints the double range).
 CLI::Validator NonNegative();
 
-// "30s", "2m", "1h30m" or plain seconds ("2.5"); never negative.
+// "30s", "2m", "1h30m", days ("7d", "1d12h") or plain seconds ("2.5");
+// never negative.
 absl::StatusOr<absl::Duration> ParseCliDuration(const std::string& value);
 // A CLI11 check that the value parses with ParseCliDuration.
 CLI::Validator DurationValidator();

@@ -80,6 +80,14 @@ std::string ScalingText(const RopeScaling& s) {
       return absl::StrCat("llama3 factor=", s.factor);
     case RopeScalingType::kYarn:
       return absl::StrCat("yarn factor=", s.factor);
+    case RopeScalingType::kDynamic:
+      return absl::StrCat("dynamic factor=", s.factor,
+                          " sequence_length=", s.sequence_length);
+    case RopeScalingType::kLongRope:
+      return absl::StrCat(
+          "longrope ",
+          s.sequence_length > s.original_max_position ? "long" : "short",
+          " factors sequence_length=", s.sequence_length);
   }
   return absl::StrCat("unknown(", static_cast<int>(s.type), ")");
 }

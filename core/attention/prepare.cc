@@ -303,7 +303,7 @@ RopeScoreError RopeScoreUncertainty(const PreparedAttention& p,
 bool EngineAnglesEverywhere(const Snapshot& s, const PreparedAttention& p,
                             const ResolvedLayout& layout,
                             const RopeTable& rope) {
-  if (s.rope_table.inv_freq.present()) return true;
+  if (rope.has_engine_inv_freq()) return true;
   if (!s.rope_table.positions.present()) return false;
   auto covered = [&](int64_t pos) {
     return rope.SourceAt(pos) == RopeTable::Source::kEngineRow;

@@ -20,6 +20,7 @@
 #include "core/drift/drift.h"
 #include "core/engine/arithmetic.h"
 #include "core/fingerprint/fingerprint.h"
+#include "core/rope/rope.h"
 #include "core/rope_check/rope_check.h"
 #include "core/verdict/statistical.h"
 
@@ -629,8 +630,11 @@ std::string RopeSourceName(const Snapshot& s) {
       s.rope.k_state != RopeState::kPreRope) {
     return "";
   }
-  if (s.rope_table.positions.present()) return "engine rows";
-  if (s.rope_table.inv_freq.present()) return "engine inv_freq";
+  // A table of another width is not rotated with (RopeTable::Create).
+  const bool fits =
+      EngineTableFitsRotaryDim(s.rope_table, s.rope, s.q.dim(s.q.rank() - 1));
+  if (fits && s.rope_table.positions.present()) return "engine rows";
+  if (fits && s.rope_table.inv_freq.present()) return "engine inv_freq";
   return "config";
 }
 

@@ -526,8 +526,10 @@ absl::StatusOr<DiagnosisResult> Diagnose(const DiagnosisInputs& inputs,
   if (rows.empty()) {
     result.run.complete = true;
     result.run.note =
-        "out and LSE are within the engine's noise: the drift is elsewhere "
-        "(the log-probs, a CP rank's partial or a RoPE check)";
+        "out and LSE are within the engine's noise against the reference: "
+        "the drift is elsewhere (the log-probs, a CP rank's partial, a RoPE "
+        "check, or the E-M comparison with the engine's declared arithmetic "
+        "replayed, which the hypotheses here are not scored against)";
     return result;
   }
   std::vector<di::Candidate> all;

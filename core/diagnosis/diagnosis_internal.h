@@ -54,6 +54,7 @@ namespace diagnosis_internal {
   X(kVFromK, "v-from-k")                         \
   X(kRopeTheta, "rope-theta")                    \
   X(kRopeScalingIgnored, "rope-scaling-ignored") \
+  X(kRopeScalingLength, "rope-scaling-length")   \
   X(kRopePartialRotary, "rope-partial-rotary")   \
   X(kForeignPage, "foreign-page")                \
   X(kSeqLenOffByOne, "seq-len-off-by-one")       \

@@ -11,10 +11,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/common/status_macros.h"
 #include "core/diagnosis/diagnosis_internal.h"
 #include "core/rope/rope.h"
+#include "core/rope/scaling.h"
 
 namespace attnaudit {
 namespace diagnosis_internal {
@@ -91,6 +93,15 @@ void AddRopeConfigVariants(const Context& ctx, std::vector<Variant>* out) {
     RopeConfig c = base;
     c.scaling = RopeScaling();
     options.push_back({kRopeScalingIgnored, "the RoPE scaling not applied", c});
+  }
+  const int64_t max_position = *std::max_element(ctx.p->query_positions.begin(),
+                                                 ctx.p->query_positions.end());
+  for (const ScalingLengthCandidate& length :
+       CandidateScalingLengths(base.scaling, max_position)) {
+    RopeConfig c = base;
+    c.scaling.sequence_length = length.sequence_length;
+    options.push_back({kRopeScalingLength,
+                       absl::StrCat("the RoPE scaled for ", length.detail), c});
   }
   for (int64_t width : {D, D / 2}) {
     if (width == rotary || width < 2 || width % 2 != 0) continue;

@@ -79,17 +79,21 @@ struct CellRows {
 
 CellRows LoadCell(const PreparedAttention& p, int64_t b, int64_t g) {
   const SnapshotDims& d = p.dims;
-  const Snapshot& s = *p.snapshot;
+  const Snapshot& snapshot = *p.snapshot;
   const int64_t length = p.layout->seq_lens[b];
   const std::vector<int32_t>& pages = p.layout->block_pages[b];
-  const int64_t last_query = p.query_positions[(b + 1) * d.queries - 1];
+  int64_t last_query = -1;
+  for (int64_t s = 0; s < d.queries; ++s) {
+    last_query = std::max(last_query, p.query_positions[b * d.queries + s]);
+  }
   CellRows rows;
   std::vector<float> row(static_cast<size_t>(d.head_dim));
   const size_t k_size = DTypeSize(p.k_dtype), v_size = DTypeSize(p.v_dtype);
   for (int64_t token = 0; token < length; ++token) {
     const int64_t page = pages[token / d.page_size];
     const int64_t slot = token % d.page_size;
-    const int64_t pos = s.slot_positions.IntAt(page * d.page_size + slot);
+    const int64_t pos =
+        snapshot.slot_positions.IntAt(page * d.page_size + slot);
     if (pos < 0 || pos > last_query) continue;
     rows.position.push_back(pos);
     ConvertToFloat(static_cast<const char*>(p.k_data) +
@@ -136,6 +140,10 @@ class Emulator {
     // The engine's fp32 dot product of D exact products: at most D
     // roundings of the running sum.
     dot_error_ = static_cast<double>(p.dims.head_dim) * kUnitF32;
+    // attnaudit's own RoPE, in the dot product's units (before the scale).
+    rope_dot_error_ = p.softmax_scale > 0
+                          ? plan.rope_score_uncertainty / p.softmax_scale
+                          : 0.0;
   }
 
   // Every query head of the cell's group, every query of the row.
@@ -169,7 +177,8 @@ class Emulator {
         magnitude += std::fabs(term);
       }
       sc->keys.push_back(j);
-      sc->score.push_back(chain_.Of(dot, dot_error_ * magnitude));
+      sc->score.push_back(
+          chain_.Of(dot, dot_error_ * magnitude + rope_dot_error_));
       ++counts->scores;
       counts->ambiguous += sc->score.back().ambiguous() ? 1 : 0;
     }
@@ -268,6 +277,7 @@ class Emulator {
   ScoreChain chain_;
   Narrower probability_, output_;
   double dot_error_ = 0;
+  double rope_dot_error_ = 0;
 };
 
 }  // namespace
@@ -299,6 +309,7 @@ EmulationPlan PlanEmulation(const PreparedAttention& prepared,
       engine.profile == EngineProfile::kHfEager && !prepared.sinks.empty();
   plan.exp_epsilon = engine.exp_epsilon;
   plan.split_keys = engine.split_keys;
+  plan.rope_score_uncertainty = prepared.rope_score_uncertainty;
   return plan;
 }
 

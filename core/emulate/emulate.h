@@ -50,6 +50,10 @@ struct EmulationPlan {
   bool center_scores = false;
   double exp_epsilon = 0;  // the engine's exp, relative
   int64_t split_keys = 256;
+  // A pre-RoPE snapshot's bound on |our score - the engine's| from
+  // attnaudit's own rotation (PreparedAttention::rope_score_uncertainty):
+  // every score's interval widens by it.
+  double rope_score_uncertainty = 0;
 };
 
 // Runs when the engine narrows its scores to 16 bits with a declared (or

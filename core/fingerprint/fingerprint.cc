@@ -55,6 +55,12 @@ absl::string_view V1DTypeName(DType dtype) {
 
 std::string G17(double value) { return absl::StrFormat("%.17g", value); }
 
+struct G17Formatter {
+  void operator()(std::string* out, double value) const {
+    out->append(G17(value));
+  }
+};
+
 std::string StateName(RopeState state) {
   switch (state) {
     case RopeState::kPostRope:
@@ -112,8 +118,39 @@ std::string ScalingText(const RopeScaling& s) {
                           // Added with the parameter: a truncating YaRN
                           // keeps the text (and digest) it always had.
                           s.truncate ? "" : ",truncate=false", ")");
+    // The step's sequence_length is not here: a cache holds keys rotated
+    // over many steps (Hugging Face rescales as the sequence grows), and a
+    // prefix digest must identify the same prefix at every step. The RoPE
+    // identity digest binds it (SequenceLengthText).
+    case RopeScalingType::kDynamic:
+      return absl::StrCat("dynamic(factor=", G17(s.factor),
+                          ",original_max_position=", s.original_max_position,
+                          ")");
+    case RopeScalingType::kLongRope:
+      return absl::StrCat(
+          "longrope(factor=", G17(s.factor),
+          ",original_max_position=", s.original_max_position,
+          ",attention_factor=", G17(s.attention_factor), ",short_factor=[",
+          absl::StrJoin(s.short_factor, ",", G17Formatter()), "],long_factor=[",
+          absl::StrJoin(s.long_factor, ",", G17Formatter()), "])");
   }
   return absl::StrCat("unknown_", static_cast<int>(s.type));
+}
+
+// The RoPE identity's binding of the step's scaling length, written only
+// for the types that read it (every earlier input hashes as it did).
+std::string SequenceLengthText(const RopeScaling& s) {
+  switch (s.type) {
+    case RopeScalingType::kDynamic:
+    case RopeScalingType::kLongRope:
+      return absl::StrCat(";rope_sequence_length=", s.sequence_length);
+    case RopeScalingType::kNone:
+    case RopeScalingType::kLinear:
+    case RopeScalingType::kLlama3:
+    case RopeScalingType::kYarn:
+      break;
+  }
+  return "";
 }
 
 DType EffectiveKRopeDType(const Snapshot& s) {
@@ -265,7 +302,8 @@ std::string RopeIdentityFingerprint(const Snapshot& snapshot) {
   stream.Append(absl::StrCat(
       kRopeFingerprintVersion, ";q_rope_state=", StateName(s.rope.q_state), ";",
       KRopeText(s),
-      ";q_rope_output_dtype=", V1DTypeName(EffectiveQRopeDType(s)), "\n"));
+      ";q_rope_output_dtype=", V1DTypeName(EffectiveQRopeDType(s)),
+      SequenceLengthText(s.rope.scaling), "\n"));
   const Tensor& key =
       s.key_rope_positions.present() ? s.key_rope_positions : s.slot_positions;
   if (!AppendPositions(s.query_positions, "query_positions", &stream) ||

@@ -4,18 +4,16 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "core/rope/scaling.h"
 
 namespace attnaudit {
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;
 const double kEpsF32 = std::ldexp(1.0, -23);
-// Ulps between two implementations' fp32 inverse frequencies (one pow
-// each: an ulp apart at most, as measured on vLLM's and torch's; with
-// scaling, the scaling arithmetic in another order too), and the angle
-// two libms' cos/sin may differ by.
-constexpr double kInvFreqUlps = 2.0;
-constexpr double kScaledInvFreqUlps = 8.0;
+// The angle two libms' cos/sin may differ by. (The ulps two
+// implementations' fp32 inverse frequencies may differ by are
+// rope_internal::InvFreqUlps.)
 const double kLibmAngle = 4.0 * std::ldexp(1.0, -23);
 
 // The scaling formulas, in the precision T (float: what engines compute;
@@ -150,6 +148,11 @@ absl::Status ScaledInvFreq(const RopeConfig& config, int64_t rotary_dim,
       return ApplyLlama3(s, inv_freq);
     case RopeScalingType::kYarn:
       return ApplyYarn(s, base, rotary_dim, inv_freq, magnitude);
+    case RopeScalingType::kDynamic:
+      return rope_internal::DynamicNtkInvFreq(config, rotary_dim, inv_freq);
+    case RopeScalingType::kLongRope:
+      return rope_internal::LongRopeInvFreq(config, rotary_dim, inv_freq,
+                                            magnitude);
   }
   return absl::InvalidArgumentError("rope.scaling.type: unknown value");
 }
@@ -166,6 +169,7 @@ absl::StatusOr<RopeTable> RopeTable::Create(const RopeConfig& config,
   table.style_ = config.style;
   table.cast_point_ = config.cast_point;
   table.scaled_ = config.scaling.type != RopeScalingType::kNone;
+  table.inv_freq_ulps_ = rope_internal::InvFreqUlps(config.scaling);
   absl::Status st =
       ScaledInvFreq(config, *rotary_dim, &table.inv_freq_, &table.magnitude_);
   if (!st.ok()) return st;
@@ -189,6 +193,9 @@ absl::StatusOr<RopeTable> RopeTable::Create(const RopeConfig& config,
                                             const EngineRopeTable& engine) {
   absl::StatusOr<RopeTable> table = Create(config, head_dim);
   if (!table.ok()) return table.status();
+  // A table of another width (a full-head table on a partial-rotary
+  // config) is the table check's finding; rotating with it would hide it.
+  if (!EngineTableFitsRotaryDim(engine, config, head_dim)) return table;
   const int64_t half = table->rotary_dim_ / 2;
   if (engine.inv_freq.present()) {
     table->engine_inv_freq_.resize(static_cast<size_t>(half));
@@ -253,7 +260,7 @@ double RopeTable::AngleUncertainty(int64_t position, int64_t pair) const {
   // An engine's inverse frequency may be an ulp or two from ours (its pow;
   // with scaling, its order of the scaling arithmetic, a few more); the
   // angle pos * f inherits that relative error and rounds once more.
-  const double ulps = scaled_ ? kScaledInvFreqUlps : kInvFreqUlps;
+  const double ulps = inv_freq_ulps_;
   const double angle = std::fabs(static_cast<double>(position)) *
                        static_cast<double>(inv_freq_[pair]);
   return angle * (ulps + 1.0) * kEpsF32 + kLibmAngle;
@@ -321,6 +328,18 @@ absl::StatusOr<RopeTable> EngineRopeOf(const Snapshot& snapshot,
       RopeTable::Create(snapshot.rope, head_dim, snapshot.rope_table);
   if (table.ok()) table->SetFinalRounding(snapshot.precision.rope_rounding);
   return table;
+}
+
+int64_t EngineTableWidth(const EngineRopeTable& engine) {
+  if (engine.inv_freq.present()) return engine.inv_freq.num_elements();
+  if (engine.cos.present() && engine.cos.rank() == 2) return engine.cos.dim(1);
+  return -1;
+}
+
+bool EngineTableFitsRotaryDim(const EngineRopeTable& engine,
+                              const RopeConfig& config, int64_t head_dim) {
+  const int64_t rotary = config.rotary_dim > 0 ? config.rotary_dim : head_dim;
+  return EngineTableWidth(engine) == rotary / 2;
 }
 
 std::vector<double> CandidateThetas(double declared) {

@@ -1,8 +1,8 @@
 // Rotary position embedding, computed the way engines compute it: the
 // inverse frequencies and the angles in fp32, cos/sin of those (times the
-// YaRN magnitude), the rotation, and the cast to the rotation dtype where
-// the engine's arithmetic profile rounds (RopeCastPoint; docs/NUMERICS.md,
-// "RoPE arithmetic").
+// YaRN or LongRoPE magnitude), the rotation, and the cast to the rotation
+// dtype where the engine's arithmetic profile rounds (RopeCastPoint;
+// docs/NUMERICS.md, "RoPE arithmetic").
 //
 // A RopeTable may also carry the engine's own values (Snapshot.rope_table):
 // cos/sin rows for some positions and/or its inverse frequencies. Angles
@@ -32,7 +32,10 @@ class RopeTable {
   static absl::StatusOr<RopeTable> Create(const RopeConfig& config,
                                           int64_t head_dim);
   // The same, rotating with the engine's values where `engine` has them.
-  // `engine` must have passed validation (shapes, distinct positions).
+  // `engine` must have passed validation (shapes, distinct positions). A
+  // table that is not rotary_dim / 2 wide (validation accepts a full-head
+  // table on a partial-rotary config, for the table check to report) is
+  // not rotated with: the table is then the config's alone.
   static absl::StatusOr<RopeTable> Create(const RopeConfig& config,
                                           int64_t head_dim,
                                           const EngineRopeTable& engine);
@@ -43,7 +46,8 @@ class RopeTable {
   RopeCastPoint cast_point() const { return cast_point_; }
   // The config's fp32 inverse frequencies (not the engine's).
   const std::vector<float>& inv_freq() const { return inv_freq_; }
-  float magnitude() const { return magnitude_; }  // YaRN attention factor
+  // The cos/sin magnitude: YaRN's or LongRoPE's attention factor, else 1.
+  float magnitude() const { return magnitude_; }
 
   // cos/sin (magnitude included) of the rotary_dim / 2 angles at
   // `position`, in fp32: the engine's row, else its inverse frequencies,
@@ -68,6 +72,10 @@ class RopeTable {
   void SetFinalRounding(Rounding rounding);
   bool truncates() const { return truncates_; }
 
+  // Whether Angles uses the engine's inverse frequencies where it has no
+  // row for a position.
+  bool has_engine_inv_freq() const { return !engine_inv_freq_.empty(); }
+
   // Which values Angles uses at `position`.
   enum class Source { kConfig, kEngineInvFreq, kEngineRow };
   Source SourceAt(int64_t position) const;
@@ -86,6 +94,7 @@ class RopeTable {
   RopeCastPoint cast_point_ = RopeCastPoint::kAfterRope;
   bool truncates_ = false;
   bool scaled_ = false;
+  double inv_freq_ulps_ = 2.0;   // rope_internal::InvFreqUlps of the config
   std::vector<float> inv_freq_;  // rotary_dim / 2 entries
   float magnitude_ = 1.0f;
   // The engine's values: inverse frequencies (empty when not sent) and
@@ -100,6 +109,14 @@ class RopeTable {
 absl::StatusOr<RopeTable> EngineRopeOf(const Snapshot& snapshot,
                                        int64_t head_dim);
 
+// The width of the engine's table: its inverse frequencies' count, else
+// its cos rows' width; -1 when it has neither.
+int64_t EngineTableWidth(const EngineRopeTable& engine);
+// Whether that width is the declared rotary_dim / 2 (RopeTable rotates
+// with the engine's values only then).
+bool EngineTableFitsRotaryDim(const EngineRopeTable& engine,
+                              const RopeConfig& config, int64_t head_dim);
+
 // The thetas a RoPE bug hypothesis tries for an engine whose rotation does
 // not follow `declared`: the common model thetas and declared x 0.1, 0.5,
 // 2 and 10, declared itself left out.
@@ -110,7 +127,7 @@ std::vector<double> CandidateThetas(double declared);
 // tables"). Same errors as RopeTable::Create.
 struct ExactRope {
   std::vector<double> inv_freq;  // rotary_dim / 2
-  double magnitude = 1.0;
+  double magnitude = 1.0;        // YaRN's or LongRoPE's attention factor
 };
 absl::StatusOr<ExactRope> ExactRopeOf(const RopeConfig& config,
                                       int64_t head_dim);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/rope/rope.h"
+#include "core/rope/scaling.h"
 
 namespace attnaudit {
 namespace {
@@ -22,7 +23,7 @@ constexpr double kTwoPi = 6.283185307179586476925;
 // allowance RopeTable::AngleUncertainty makes, plus the exact value's own
 // rounding.
 double InvFreqUlps(const RopeConfig& config) {
-  return (config.scaling.type == RopeScalingType::kNone ? 2.0 : 8.0) + 2.0;
+  return rope_internal::InvFreqUlps(config.scaling) + 2.0;
 }
 
 // The vectors of one rolling check: each row a head vector before RoPE,
@@ -318,7 +319,10 @@ void AddTableElement(double diff, double tol, double ulp, double angle,
 }
 
 // The engine's table against the exact values of `config` (rows at their
-// position + delta).
+// position + delta). Entries past the config's rotary_dim / 2 (a full-head
+// table on a partial-rotary config) are compared with the pass-through the
+// config declares there, frequency 0 and angle 0 (cos 1, sin 0); entries
+// the table lacks count as mismatches.
 TableFit CompareTable(const Snapshot& s, const RopeConfig& config,
                       int64_t head_dim, int64_t delta) {
   TableFit fit;
@@ -329,25 +333,28 @@ TableFit CompareTable(const Snapshot& s, const RopeConfig& config,
   }
   const EngineRopeTable& t = s.rope_table;
   const int64_t half = static_cast<int64_t>(exact->inv_freq.size());
+  const int64_t width = EngineTableWidth(t);
   const double ulps = InvFreqUlps(s.rope);
   if (t.inv_freq.present()) {
-    for (int64_t i = 0; i < half; ++i) {
-      const double f = exact->inv_freq[i];
-      const double e = t.inv_freq.FloatAt(i);
-      AddTableElement(std::fabs(e - f), ulps * kEpsF32 * f,
-                      std::fabs(e - f) / (kEpsF32 * f), 0.0, {-1, -1, -1, i},
-                      "inv_freq", &fit);
+    for (int64_t i = 0; i < std::max(half, width); ++i) {
+      const double f = i < half ? exact->inv_freq[i] : 0.0;
+      const double e = i < width ? t.inv_freq.FloatAt(i) : 0.0;
+      const double scale = i < half ? f : e;
+      AddTableElement(std::fabs(e - f), ulps * kEpsF32 * scale,
+                      std::fabs(e - f) / (kEpsF32 * scale), 0.0,
+                      {-1, -1, -1, i}, "inv_freq", &fit);
     }
   }
   if (!t.positions.present()) return fit;
   const double eps_table = std::max(DTypeEpsilon(t.cos.dtype()), kEpsF32);
-  const double mag = exact->magnitude;
   for (int64_t r = 0; r < t.positions.num_elements(); ++r) {
     const double pos = static_cast<double>(t.positions.IntAt(r) + delta);
-    for (int64_t i = 0; i < half; ++i) {
-      const double theta = pos * exact->inv_freq[i];
-      const double c = t.cos.DoubleAt(r * half + i);
-      const double sn = t.sin.DoubleAt(r * half + i);
+    for (int64_t i = 0; i < std::max(half, width); ++i) {
+      // Past the rotary dims: the identity (angle 0, no magnitude).
+      const double theta = i < half ? pos * exact->inv_freq[i] : 0.0;
+      const double mag = i < half ? exact->magnitude : 1.0;
+      const double c = i < width ? t.cos.DoubleAt(r * width + i) : 0.0;
+      const double sn = i < width ? t.sin.DoubleAt(r * width + i) : 0.0;
       const double diff =
           std::hypot(c - std::cos(theta) * mag, sn - std::sin(theta) * mag);
       const double tol = mag * (std::fabs(theta) * (ulps + 1.0) * kEpsF32 +
@@ -361,8 +368,19 @@ TableFit CompareTable(const Snapshot& s, const RopeConfig& config,
   return fit;
 }
 
-RopeCheckResult TableResult(const Snapshot& s, const TableFit& fit) {
+RopeCheckResult TableResult(const Snapshot& s, int64_t head_dim,
+                            const TableFit& fit) {
   RopeCheckResult r = ResultFields("table", fit);
+  const int64_t rotary = s.rope.rotary_dim > 0 ? s.rope.rotary_dim : head_dim;
+  const int64_t width = EngineTableWidth(s.rope_table);
+  if (width * 2 != rotary) {
+    r.reasons.push_back(absl::StrFormat(
+        "rope table: the engine's table has %d frequencies, the declared "
+        "rotary_dim %d has %d: the engine rotated %d dims (attnaudit rotates "
+        "with the declared config, not with this table)",
+        width, rotary, rotary / 2, 2 * width));
+    r.verdict = Verdict::kDrift;  // even where its values cannot show it
+  }
   if (fit.mismatches > 0) {
     std::string where =
         fit.worst_what == "inv_freq"
@@ -405,8 +423,8 @@ absl::StatusOr<std::vector<RopeCheckResult>> RunRopeChecks(
     }
   }
   if (s.rope_table.present()) {
-    results.push_back(
-        TableResult(s, CompareTable(s, s.rope, d.head_dim, /*delta=*/0)));
+    results.push_back(TableResult(
+        s, d.head_dim, CompareTable(s, s.rope, d.head_dim, /*delta=*/0)));
   }
   return results;
 }
@@ -422,6 +440,21 @@ struct RopeVariant {
   int times = 1;      // rotations applied: 0 missing, 2 twice
   int rank_bias = 0;
 };
+
+// The engine scaled for another sequence length than declared
+// (CandidateScalingLengths).
+void AddScalingLengthVariants(const Snapshot& s, std::vector<RopeVariant>* v) {
+  int64_t max_position = 0;
+  for (int64_t i = 0; i < s.query_positions.num_elements(); ++i) {
+    max_position = std::max(max_position, s.query_positions.IntAt(i));
+  }
+  for (const ScalingLengthCandidate& c :
+       CandidateScalingLengths(s.rope.scaling, max_position)) {
+    RopeVariant t{"rope-scaling-length", c.detail, s.rope};
+    t.config.scaling.sequence_length = c.sequence_length;
+    v->push_back(t);
+  }
+}
 
 std::vector<RopeVariant> Variants(const Snapshot& s, int64_t head_dim,
                                   bool rolling) {
@@ -445,7 +478,21 @@ std::vector<RopeVariant> Variants(const Snapshot& s, int64_t head_dim,
     t.config.scaling = RopeScaling();
     v.push_back(t);
   }
-  if (!rolling) return v;  // a table has no style, width or rotation count
+  AddScalingLengthVariants(s, &v);
+  if (!rolling) {
+    // A table has no style or rotation count; its width says how many
+    // dims the engine rotated.
+    const int64_t width = EngineTableWidth(s.rope_table);
+    if (width > 0 && 2 * width != rotary) {
+      RopeVariant w{
+          "rope-partial-rotary",
+          absl::StrCat("rotary_dim ", 2 * width, " (declared ", rotary, ")"),
+          base};
+      w.config.rotary_dim = 2 * width;
+      v.push_back(w);
+    }
+    return v;
+  }
   RopeVariant style{"rope-style",
                     base.style == RopeStyle::kNeox ? "gptj" : "neox", base};
   style.config.style =
@@ -547,9 +594,21 @@ void DiagnoseRolling(const CheckRows& rows, const Snapshot& s, int64_t D,
 void DiagnoseTable(const Snapshot& s, int64_t D,
                    std::vector<std::pair<int, Diagnosis>>* out) {
   const TableFit before = CompareTable(s, s.rope, D, 0);
-  if (before.mismatches == 0 || before.excess <= 0) return;
+  // A table of another width drifts even where its values match (rows at
+  // position 0 only): the width is the evidence then.
+  const bool width_only = before.mismatches == 0 &&
+                          !EngineTableFitsRotaryDim(s.rope_table, s.rope, D);
+  if (!width_only && (before.mismatches == 0 || before.excess <= 0)) return;
   for (const RopeVariant& v : Variants(s, D, /*rolling=*/false)) {
     const TableFit after = CompareTable(s, v.config, D, v.delta);
+    if (width_only) {
+      if (v.hypothesis != "rope-partial-rotary" || after.mismatches > 0) {
+        continue;
+      }
+      out->emplace_back(v.rank_bias, MakeDiagnosis("table", v, 1.0, true, 0, 0,
+                                                   Location{}, 0));
+      continue;
+    }
     const double score = std::max(0.0, 1.0 - after.excess / before.excess);
     if (score < 0.25) continue;
     out->emplace_back(
@@ -600,9 +659,10 @@ std::vector<Diagnosis> DiagnoseRopeChecks(
 
 const std::vector<std::string>& RopeHypothesisNames() {
   static const auto* const names = new std::vector<std::string>{
-      "rope-offset",  "rope-theta",          "rope-scaling-ignored",
-      "rope-style",   "rope-partial-rotary", "q-rope-missing",
-      "q-rope-twice", "k-rope-missing",      "k-rope-twice"};
+      "rope-offset",         "rope-theta",   "rope-scaling-ignored",
+      "rope-scaling-length", "rope-style",   "rope-partial-rotary",
+      "q-rope-missing",      "q-rope-twice", "k-rope-missing",
+      "k-rope-twice"};
   return *names;
 }
 

@@ -43,10 +43,16 @@ enum class RopeStyle : int {
 
 enum class RopeScalingType : int {
   kNone = 0,
-  kLinear = 1,  // positions / factor
-  kLlama3 = 2,  // Llama 3.1 frequency-band scaling
-  kYarn = 3,    // YaRN ramp between interpolation and extrapolation
+  kLinear = 1,    // positions / factor
+  kLlama3 = 2,    // Llama 3.1 frequency-band scaling
+  kYarn = 3,      // YaRN ramp between interpolation and extrapolation
+  kDynamic = 4,   // dynamic NTK: theta raised for the sequence length
+  kLongRope = 5,  // LongRoPE: per-frequency short / long divisors
 };
+
+// The most entries a LongRoPE factor list may have on the wire (the codec
+// refuses more before copying; validation wants exactly rotary_dim / 2).
+inline constexpr size_t kMaxRopeFactorEntries = 1 << 15;
 
 struct RopeScaling {
   RopeScalingType type = RopeScalingType::kNone;
@@ -54,15 +60,21 @@ struct RopeScaling {
   // llama3
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
-  int64_t original_max_position = 8192;  // llama3 and yarn
+  int64_t original_max_position = 8192;  // llama3, yarn, dynamic, longrope
   // yarn
   double beta_fast = 32.0;
   double beta_slow = 1.0;
-  // YaRN's cos/sin magnitude factor; 0 means the default 0.1*ln(factor)+1.
+  // YaRN's and LongRoPE's cos/sin magnitude factor; 0 means the method's
+  // default (0.1*ln(factor)+1; sqrt(1 + ln(factor)/ln(original_max_position))).
   double attention_factor = 0.0;
   // YaRN: floor/ceil the correction range's bounds (false: keep them
   // fractional, Hugging Face's truncate=false, as GPT-OSS).
   bool truncate = true;
+  // dynamic and longrope: the sequence length the engine scaled for (> 0).
+  int64_t sequence_length = 0;
+  // longrope: rotary_dim / 2 divisors each, short up to
+  // original_max_position, long beyond.
+  std::vector<double> short_factor, long_factor;
 };
 
 // Where the engine rounds while it rotates (the RoPE arithmetic profile;

@@ -379,15 +379,27 @@ absl::Status CheckRopeInputs(const Snapshot& s, const SnapshotDims& d) {
   }
   const int64_t rotary = s.rope.rotary_dim > 0 ? s.rope.rotary_dim : d.head_dim;
   if (rotary > d.head_dim || rotary % 2 != 0) return absl::OkStatus();
-  const int64_t half = rotary / 2;
-  ATTNAUDIT_RETURN_IF_ERROR(ExpectShapeIfPresent(
-      "rope_table.inv_freq", t.inv_freq, {{"rotary_dim / 2", half}}));
+  int64_t half = rotary / 2;
+  const char* width = "rotary_dim / 2";
+  // A full-head table on a partial-rotary config is the engine's bug (it
+  // rotated every dim), which the table check reports as DRIFT
+  // (rope-partial-rotary), not a malformed request: accepted, all of the
+  // table at that width.
+  const int64_t full = d.head_dim / 2;
+  const bool wide = t.inv_freq.present()
+                        ? t.inv_freq.rank() == 1 && t.inv_freq.dim(0) == full
+                        : rows && t.cos.rank() == 2 && t.cos.dim(1) == full;
+  if (rotary < d.head_dim && wide) {
+    half = full;
+    width = "head_dim / 2";
+  }
+  ATTNAUDIT_RETURN_IF_ERROR(
+      ExpectShapeIfPresent("rope_table.inv_freq", t.inv_freq, {{width, half}}));
   if (!rows) return absl::OkStatus();
   const int64_t n = t.positions.dim(0);
-  ATTNAUDIT_RETURN_IF_ERROR(ExpectShape("rope_table.cos", t.cos,
-                                        {{"T", n}, {"rotary_dim / 2", half}}));
-  return ExpectShape("rope_table.sin", t.sin,
-                     {{"T", n}, {"rotary_dim / 2", half}});
+  ATTNAUDIT_RETURN_IF_ERROR(
+      ExpectShape("rope_table.cos", t.cos, {{"T", n}, {width, half}}));
+  return ExpectShape("rope_table.sin", t.sin, {{"T", n}, {width, half}});
 }
 
 }  // namespace

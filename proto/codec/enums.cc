@@ -91,6 +91,10 @@ absl::StatusOr<RopeScalingType> DecodeRopeScalingType(int value,
       return RopeScalingType::kLlama3;
     case v1::ROPE_SCALING_TYPE_YARN:
       return RopeScalingType::kYarn;
+    case v1::ROPE_SCALING_TYPE_DYNAMIC:
+      return RopeScalingType::kDynamic;
+    case v1::ROPE_SCALING_TYPE_LONGROPE:
+      return RopeScalingType::kLongRope;
   }
   return UnknownEnumValue(field, value);
 }
@@ -258,6 +262,10 @@ v1::RopeScalingType EncodeRopeScalingType(RopeScalingType type) {
       return v1::ROPE_SCALING_TYPE_LLAMA3;
     case RopeScalingType::kYarn:
       return v1::ROPE_SCALING_TYPE_YARN;
+    case RopeScalingType::kDynamic:
+      return v1::ROPE_SCALING_TYPE_DYNAMIC;
+    case RopeScalingType::kLongRope:
+      return v1::ROPE_SCALING_TYPE_LONGROPE;
     case RopeScalingType::kNone:
       break;
   }

@@ -1,6 +1,7 @@
 // Snapshot <-> attnaudit.v1.Snapshot, and tensors. The decoder moves every
 // tensor's bytes (std::string swap: the heap buffer changes owner, no copy).
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -106,6 +107,21 @@ absl::Status DecodeRope(const v1::RopeConfig& m, RopeConfig* rope) {
   scaling.beta_slow = OrDefault(s.beta_slow(), 1.0);
   scaling.attention_factor = s.attention_factor();
   scaling.truncate = !s.no_truncate();
+  scaling.sequence_length = s.sequence_length();
+  // Bounded here, before the copy; validation then wants exactly
+  // rotary_dim / 2 of each.
+  for (const auto& [field, from, to] :
+       {std::tuple{"rope.scaling.short_factor", &s.short_factor(),
+                   &scaling.short_factor},
+        std::tuple{"rope.scaling.long_factor", &s.long_factor(),
+                   &scaling.long_factor}}) {
+    if (static_cast<size_t>(from->size()) > kMaxRopeFactorEntries) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": at most ", kMaxRopeFactorEntries,
+                       " entries, got ", from->size()));
+    }
+    to->assign(from->begin(), from->end());
+  }
   ATTNAUDIT_ASSIGN_OR_RETURN(
       rope->cast_point, DecodeRopeCastPoint(m.cast_point(), "rope.cast_point"));
   ATTNAUDIT_ASSIGN_OR_RETURN(
@@ -133,6 +149,11 @@ void EncodeRope(const RopeConfig& rope, v1::RopeConfig* m) {
   s->set_beta_slow(rope.scaling.beta_slow);
   s->set_attention_factor(rope.scaling.attention_factor);
   s->set_no_truncate(!rope.scaling.truncate);
+  s->set_sequence_length(rope.scaling.sequence_length);
+  s->mutable_short_factor()->Assign(rope.scaling.short_factor.begin(),
+                                    rope.scaling.short_factor.end());
+  s->mutable_long_factor()->Assign(rope.scaling.long_factor.begin(),
+                                   rope.scaling.long_factor.end());
   m->set_cast_point(EncodeRopeCastPoint(rope.cast_point));
   m->set_q_output_dtype(EncodeDType(rope.q_output_dtype));
   m->set_k_output_dtype(EncodeDType(rope.k_output_dtype));

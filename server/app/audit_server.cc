@@ -237,6 +237,8 @@ absl::Status AuditServer::Init() {
                         absl::StrCat("result store (", store_->description(),
                                      "): ", s.message()));
   }
+  // A fleet: refuses a live replica's --replica-id, then heartbeats.
+  ATTNAUDIT_RETURN_IF_ERROR(service_->StartHandoff());
   ATTNAUDIT_RETURN_IF_ERROR(StartGrpc());
   StartBackgroundThreads();
   return absl::OkStatus();
@@ -338,6 +340,8 @@ absl::Status AuditServer::OpenMetrics(
 absl::Status AuditServer::OpenStorage() {
   const AuditServerOptions& o = options_;
   ATTNAUDIT_RETURN_IF_ERROR(ProbeDataDir(o.data_dir));
+  // Before anything in it is opened: one server per data directory.
+  ATTNAUDIT_ASSIGN_OR_RETURN(data_dir_lock_, DataDirLock::Acquire(o.data_dir));
   StoreConfig config;
   config.url = o.store_url;
   config.data_dir = o.data_dir;
@@ -368,6 +372,14 @@ absl::Status AuditServer::OpenStorage() {
   absl::StatusOr<std::unique_ptr<Spool>> spool = Spool::Open(o.data_dir, spo);
   if (!spool.ok()) return DataDirError(o.data_dir, spool.status());
   spool_ = *std::move(spool);
+  if (!o.store_audit_results) return absl::OkStatus();
+  ResultJournal::Options jo;
+  jo.max_bytes = o.result_journal_bytes;
+  jo.sync = o.sync_storage;
+  absl::StatusOr<std::unique_ptr<ResultJournal>> journal =
+      ResultJournal::Open(o.data_dir, jo);
+  if (!journal.ok()) return DataDirError(o.data_dir, journal.status());
+  result_journal_ = *std::move(journal);
   return absl::OkStatus();
 }
 
@@ -381,6 +393,8 @@ ServiceOptions AuditServer::MakeServiceOptions() const {
   svc.upload_tenant_share =
       auth_ != nullptr && auth_->enabled() ? o.upload_tenant_share : 1.0;
   svc.upload_idle_timeout = o.upload_idle_timeout;
+  svc.upload_min_rate = o.upload_min_rate;
+  svc.result_journal = result_journal_.get();
   svc.replica_id = replica_id_;
   svc.store_audit_results = o.store_audit_results;
   svc.fleet_lease = o.fleet_lease;
@@ -551,6 +565,10 @@ void AuditServer::Shutdown() {
   // last cursor they saw.
   if (service_ != nullptr) service_->StopFeed();
   if (service_ != nullptr) service_->CloseWatchers();
+  // Audits still being answered wait for their results: to the local
+  // journal now (stored by the next start), not to a store that may be
+  // slow or away.
+  if (service_ != nullptr) service_->audit_results()->JournalOnly();
   waker_.reset();  // its pings go through server_
   if (server_ != nullptr) {
     server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
@@ -569,7 +587,9 @@ void AuditServer::Shutdown() {
   service_.reset();
   executor_.reset();
   spool_.reset();
+  result_journal_.reset();
   store_.reset();
+  data_dir_lock_.reset();  // the directory is free for the next server
   // 5. Metrics last: the final counts were scrapeable until now.
   metrics_http_.reset();
   metrics_.reset();

@@ -42,6 +42,7 @@
 #include "absl/time/time.h"
 #include "absl/types/optional.h"
 #include "core/validate/validate.h"
+#include "server/app/data_dir_lock.h"
 #include "server/auth/tenants.h"
 #include "server/device_pool/device_selection.h"
 #include "server/metrics/metrics.h"
@@ -50,6 +51,7 @@
 #include "server/rpc/blocking_executor.h"
 #include "server/rpc/callback_queue_waker.h"
 #include "server/rpc/job_ids.h"
+#include "server/rpc/result_journal.h"
 #include "server/scheduler/device.h"
 #include "server/scheduler/scheduler.h"
 #include "server/spool/spool.h"
@@ -88,8 +90,11 @@ struct AuditServerOptions {
   // This replica's name, stored as the owner of the jobs it accepts;
   // empty: the host name.
   std::string replica_id;
-  // Audit/AuditStream results are stored too (GetResult, ListResults).
+  // Audit/AuditStream results are stored too (GetResult, ListResults);
+  // those the store cannot take are kept in <data_dir>/journal, up to
+  // result_journal_bytes, until it can (server/rpc/result_journal.h).
   bool store_audit_results = true;
+  int64_t result_journal_bytes = int64_t{256} << 20;
   // A fleet: a replica whose heartbeat is older than this is gone and its
   // unfinished jobs are taken over by the others.
   absl::Duration fleet_lease = absl::Seconds(15);
@@ -135,8 +140,11 @@ struct AuditServerOptions {
   // Stream uploads in progress (server/rpc/upload_ledger.h): the share of
   // memory_budget_bytes one tenant may hold (1 without authentication,
   // where every caller is one tenant), and how long one may stay silent.
+  // An upload must deliver upload_min_rate bytes per second, measured
+  // over upload_idle_timeout (server/rpc/upload_progress.h).
   double upload_tenant_share = 0.5;
   absl::Duration upload_idle_timeout = absl::Seconds(30);
+  int64_t upload_min_rate = int64_t{1} << 20;
 
   TlsFiles tls;
   // Tenants and permissions (server/auth/tenants.h): a token file, or for
@@ -235,8 +243,10 @@ class AuditServer {
   std::unique_ptr<Authenticator> auth_;
   absl::optional<JobIdKey> job_id_key_;
   absl::Time started_ = absl::Now();
+  std::unique_ptr<DataDirLock> data_dir_lock_;  // held until the very end
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<Spool> spool_;
+  std::unique_ptr<ResultJournal> result_journal_;  // store_audit_results
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<BlockingExecutor> executor_;
   std::unique_ptr<MemfdSnapshots> memfd_snapshots_;  // outlives service_

@@ -43,6 +43,7 @@ AuditServerOptions ToOptions(const ServerFlags& f) {
   o.store_url = f.store;
   o.replica_id = f.replica_id;
   o.store_audit_results = f.store_audit_results;
+  o.result_journal_bytes = f.result_journal_bytes;
   o.fleet_lease = f.fleet_lease;
   o.cpu_workers = static_cast<int>(f.cpu_workers);
   o.threads_per_job = static_cast<int>(f.threads_per_job);
@@ -61,6 +62,7 @@ AuditServerOptions ToOptions(const ServerFlags& f) {
   o.cp_ring_gang_always = f.cp_ring_gang_always;
   o.upload_tenant_share = f.upload_tenant_share;
   o.upload_idle_timeout = f.upload_idle_timeout;
+  o.upload_min_rate = f.upload_min_rate;
   o.tenant_quota = TenantQuota{f.tenant_max_jobs, f.tenant_max_bytes};
   o.retention_age = f.retention_age;
   o.retention_count = f.retention_count;

@@ -34,6 +34,10 @@ ABSL_FLAG(bool, store_audit_results, true,
           "store Audit/AuditStream results like Submit's (GetResult, "
           "ListResults, resumable watches); false: only stream them to "
           "watchers");
+ABSL_FLAG(ByteSize, result_journal_bytes, ByteSize{int64_t{256} << 20},
+          "Audit results the store cannot take (an outage) are kept in "
+          "<data-dir>/journal, fsync'd, up to this many bytes, and stored "
+          "when it is back; past it an Audit is answered without a job id");
 ABSL_FLAG(FlagDuration, fleet_lease, FlagDuration{absl::Seconds(15)},
           "with a postgresql:// store: a replica silent this long is gone, "
           "and another takes over its unfinished jobs");
@@ -83,8 +87,12 @@ ABSL_FLAG(double, upload_tenant_share, 0.5,
           "tenant may hold, so others' uploads keep being admitted (with no "
           "token file there is one tenant, and it may hold all)");
 ABSL_FLAG(FlagDuration, upload_idle_timeout, FlagDuration{absl::Seconds(30)},
-          "an AuditStream that sends no message for this long is ended "
-          "DEADLINE_EXCEEDED and its reservation freed");
+          "an AuditStream that receives less than --upload-min-rate x this "
+          "long of its bytes in this long is ended DEADLINE_EXCEEDED and its "
+          "reservation freed");
+ABSL_FLAG(ByteSize, upload_min_rate, ByteSize{int64_t{1} << 20},
+          "bytes per second an AuditStream must deliver, measured over "
+          "--upload-idle-timeout (messages without bytes do not count)");
 ABSL_FLAG(int64_t, tenant_max_jobs, 0,
           "queued + running jobs one tenant may hold (0: no limit; a token "
           "file line may set its own)");
@@ -168,6 +176,7 @@ const std::vector<absl::string_view>& FlagNames() {
       absl::GetFlagReflectionHandle(FLAGS_store).Name(),
       absl::GetFlagReflectionHandle(FLAGS_replica_id).Name(),
       absl::GetFlagReflectionHandle(FLAGS_store_audit_results).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_result_journal_bytes).Name(),
       absl::GetFlagReflectionHandle(FLAGS_fleet_lease).Name(),
       absl::GetFlagReflectionHandle(FLAGS_cpu_workers).Name(),
       absl::GetFlagReflectionHandle(FLAGS_threads_per_job).Name(),
@@ -183,6 +192,7 @@ const std::vector<absl::string_view>& FlagNames() {
       absl::GetFlagReflectionHandle(FLAGS_cp_ring_gang_always).Name(),
       absl::GetFlagReflectionHandle(FLAGS_upload_tenant_share).Name(),
       absl::GetFlagReflectionHandle(FLAGS_upload_idle_timeout).Name(),
+      absl::GetFlagReflectionHandle(FLAGS_upload_min_rate).Name(),
       absl::GetFlagReflectionHandle(FLAGS_tenant_max_jobs).Name(),
       absl::GetFlagReflectionHandle(FLAGS_tenant_max_bytes).Name(),
       absl::GetFlagReflectionHandle(FLAGS_retention_age).Name(),
@@ -338,6 +348,7 @@ ServerFlags ReadFlags() {
   f.store = absl::GetFlag(FLAGS_store);
   f.replica_id = absl::GetFlag(FLAGS_replica_id);
   f.store_audit_results = absl::GetFlag(FLAGS_store_audit_results);
+  f.result_journal_bytes = absl::GetFlag(FLAGS_result_journal_bytes).bytes;
   f.fleet_lease = absl::GetFlag(FLAGS_fleet_lease).value;
   f.cpu_workers = absl::GetFlag(FLAGS_cpu_workers);
   f.threads_per_job = absl::GetFlag(FLAGS_threads_per_job);
@@ -353,6 +364,7 @@ ServerFlags ReadFlags() {
   f.cp_ring_gang_always = absl::GetFlag(FLAGS_cp_ring_gang_always);
   f.upload_tenant_share = absl::GetFlag(FLAGS_upload_tenant_share);
   f.upload_idle_timeout = absl::GetFlag(FLAGS_upload_idle_timeout).value;
+  f.upload_min_rate = absl::GetFlag(FLAGS_upload_min_rate).bytes;
   f.tenant_max_jobs = absl::GetFlag(FLAGS_tenant_max_jobs);
   f.tenant_max_bytes = absl::GetFlag(FLAGS_tenant_max_bytes).bytes;
   f.retention_age = absl::GetFlag(FLAGS_retention_age).value;
@@ -402,6 +414,9 @@ absl::Status CheckRanges(const ServerFlags& f) {
            Range{"max-concurrent-streams", f.max_concurrent_streams, 1,
                  1 << 20},
            Range{"tenant-max-bytes", f.tenant_max_bytes, 0, int64_t{1} << 50},
+           Range{"result-journal-bytes", f.result_journal_bytes, 1 << 20,
+                 int64_t{1} << 50},
+           Range{"upload-min-rate", f.upload_min_rate, 1, int64_t{1} << 40},
            Range{"gpu-memory-pool-bytes", f.gpu_memory_pool_bytes, 0,
                  int64_t{1} << 50},
            Range{"metrics-max-models", f.metrics_max_models, 1, 1000},

@@ -35,6 +35,7 @@ struct ServerFlags {
   std::string store;       // "sqlite" or a postgresql:// URL
   std::string replica_id;  // "": the host name
   bool store_audit_results = true;
+  int64_t result_journal_bytes = 0;
   absl::Duration fleet_lease = absl::Seconds(15);
 
   // Execution. 0 means "derived from the machine" (see --help).
@@ -56,6 +57,7 @@ struct ServerFlags {
   bool cp_ring_gang_always = false;
   double upload_tenant_share = 0;
   absl::Duration upload_idle_timeout;
+  int64_t upload_min_rate = 0;
   int64_t tenant_max_jobs = 0;
   int64_t tenant_max_bytes = 0;
 

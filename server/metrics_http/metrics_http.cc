@@ -86,7 +86,17 @@ absl::Status ParseAddress(const std::string& address, sockaddr_storage* out,
   return absl::OkStatus();
 }
 
-// One connection's transport: plain socket or TLS over it.
+void SetSocketTimeout(int fd, int option, absl::Duration timeout) {
+  timeout = std::max(timeout, absl::Milliseconds(1));  // 0 would mean never
+  timeval tv;
+  tv.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(timeout));
+  tv.tv_usec =
+      static_cast<suseconds_t>(absl::ToInt64Microseconds(timeout) % 1000000);
+  ::setsockopt(fd, SOL_SOCKET, option, &tv, sizeof(tv));
+}
+
+// One connection's transport: plain socket or TLS over it. It does not
+// close the socket (its owner does, see Connection).
 class Conn {
  public:
   Conn(int fd, SSL* ssl) : fd_(fd), ssl_(ssl) {}
@@ -95,7 +105,6 @@ class Conn {
       SSL_shutdown(ssl_);
       SSL_free(ssl_);
     }
-    ::close(fd_);
   }
   // Bytes read, 0 at the end, -1 on error or timeout.
   ssize_t Read(char* buf, size_t n) {
@@ -112,20 +121,29 @@ class Conn {
   }
   // Ends the exchange without resetting the connection: unread request
   // bytes at close() would make the kernel send a reset, which can discard
-  // the response before the client reads it. Bounded (64 KiB, the socket
-  // timeout).
-  void LingeringClose() {
+  // the response before the client reads it. Bounded: 64 KiB, and
+  // `timeout` in all, however the client trickles.
+  void LingeringClose(absl::Duration timeout) {
     if (ssl_ != nullptr) return;  // SSL_shutdown in the destructor
     ::shutdown(fd_, SHUT_WR);
+    const absl::Time deadline = absl::Now() + timeout;
     char buf[4096];
     for (size_t drained = 0; drained < (64 << 10);) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) break;
+      SetSocketTimeout(fd_, SO_RCVTIMEO, left);
       const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
       if (n <= 0) break;
       drained += static_cast<size_t>(n);
     }
   }
-  bool WriteAll(absl::string_view data) {
+  // Writes everything before `deadline` (a client reading slowly cannot
+  // hold the connection longer).
+  bool WriteAll(absl::string_view data, absl::Time deadline) {
     while (!data.empty()) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) return false;
+      SetSocketTimeout(fd_, SO_SNDTIMEO, left);
       ssize_t w;
       if (ssl_ != nullptr) {
         const int r =
@@ -171,14 +189,6 @@ std::string SourceOf(const sockaddr_storage& peer) {
               text, sizeof(text));
   }
   return text;
-}
-
-void SetSocketTimeout(int fd, int option, absl::Duration timeout) {
-  timeval tv;
-  tv.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(timeout));
-  tv.tv_usec =
-      static_cast<suseconds_t>(absl::ToInt64Microseconds(timeout) % 1000000);
-  ::setsockopt(fd, SOL_SOCKET, option, &tv, sizeof(tv));
 }
 
 }  // namespace
@@ -288,11 +298,11 @@ void MetricsHttpServer::AcceptLoop() {
     uint64_t id = 0;
     {
       absl::MutexLock lock(&mu_);
-      if (stopping_ || !MakeRoomLocked(c.source)) {
+      if (stopping_) {
         ::close(fd);
-        if (stopping_) return;
-        continue;
+        return;
       }
+      MakeRoomLocked(c.source);
       id = next_id_++;
       connections_.emplace(id, std::move(c));
     }
@@ -303,13 +313,15 @@ void MetricsHttpServer::AcceptLoop() {
       sigaddset(&pipe, SIGPIPE);
       pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
       Serve(id, fd);
+      // Closed only once no eviction can reach it (Connection).
       absl::MutexLock lock(&mu_);
       connections_.erase(id);
+      ::close(fd);
     }).detach();
   }
 }
 
-bool MetricsHttpServer::MakeRoomLocked(const std::string& source) {
+void MetricsHttpServer::MakeRoomLocked(const std::string& source) {
   absl::flat_hash_map<std::string, int> held;  // live connections per source
   int total = 0;
   for (const auto& [id, c] : connections_) {
@@ -318,42 +330,50 @@ bool MetricsHttpServer::MakeRoomLocked(const std::string& source) {
     ++total;
   }
   const bool source_full = held[source] >= options_.max_connections_per_source;
-  if (!source_full && total < options_.max_connections) return true;
-  // The oldest connection still reading, from this source when it is the
-  // one at its limit, else from the source holding the most.
+  if (!source_full && total < options_.max_connections) return;
+  // From this source when it is the one at its limit, else from the
+  // source holding the most: the earliest stage (answered, then waiting
+  // for its head, then being answered), then the oldest.
+  auto before = [&held](const Connection& a, const Connection& b) {
+    if (a.stage != b.stage) return a.stage < b.stage;
+    if (held[a.source] != held[b.source]) {
+      return held[a.source] > held[b.source];
+    }
+    return a.accepted < b.accepted;
+  };
   Connection* victim = nullptr;
   for (auto& [id, c] : connections_) {
-    if (!c.reading || c.evicted || (source_full && c.source != source)) {
-      continue;
-    }
-    const int n = held[c.source];
-    const int v = victim == nullptr ? -1 : held[victim->source];
-    if (n > v || (n == v && c.accepted < victim->accepted)) victim = &c;
+    if (c.evicted || (source_full && c.source != source)) continue;
+    if (victim == nullptr || before(c, *victim)) victim = &c;
   }
-  if (victim == nullptr) return false;
-  EvictLocked(victim);
-  return true;
+  if (victim != nullptr) EvictLocked(victim);
 }
 
 void MetricsHttpServer::ExpireLocked(absl::Time now) {
   for (auto& [id, c] : connections_) {
-    if (c.reading && !c.evicted && now - c.accepted > options_.header_timeout) {
+    if (c.stage == Stage::kReading && !c.evicted &&
+        now - c.accepted > options_.header_timeout) {
       EvictLocked(&c);
     }
   }
 }
 
 void MetricsHttpServer::EvictLocked(Connection* c) {
-  // The connection's thread is blocked reading; this makes the read fail
-  // at once, and the thread closes the socket.
+  // The connection's thread is blocked reading, writing or lingering; this
+  // makes that fail at once, and the thread closes the socket.
   ::shutdown(c->fd, SHUT_RDWR);
   c->evicted = true;
   ++evicted_;
 }
 
-void MetricsHttpServer::EndReading(uint64_t id) {
+void MetricsHttpServer::SetStage(uint64_t id, Stage stage) {
   absl::MutexLock lock(&mu_);
-  connections_.at(id).reading = false;
+  connections_.at(id).stage = stage;
+}
+
+int MetricsHttpServer::connections() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(connections_.size());
 }
 
 int64_t MetricsHttpServer::evicted() const {
@@ -369,14 +389,10 @@ void MetricsHttpServer::Serve(uint64_t id, int fd) {
   SSL* ssl = nullptr;
   if (ssl_ctx_ != nullptr) {
     ssl = SSL_new(static_cast<SSL_CTX*>(ssl_ctx_));
-    if (ssl == nullptr) {
-      EndReading(id);
-      ::close(fd);
-      return;
-    }
+    if (ssl == nullptr) return;
     SSL_set_fd(ssl, fd);
   }
-  Conn conn(fd, ssl);  // closes fd: EndReading must come first
+  Conn conn(fd, ssl);
   const bool handshake = ssl == nullptr || SSL_accept(ssl) == 1;
   std::string head;
   char buf[2048];
@@ -386,30 +402,36 @@ void MetricsHttpServer::Serve(uint64_t id, int fd) {
     if (n <= 0) break;
     head.append(buf, static_cast<size_t>(n));
   }
-  EndReading(id);
   if (!handshake) return;
-  SetSocketTimeout(fd, SO_RCVTIMEO, options_.io_timeout);
+  SetStage(id, Stage::kWriting);
+  const std::string response = Respond(ParseRequest(head));
+  if (!conn.WriteAll(response, absl::Now() + options_.io_timeout)) return;
+  SetStage(id, Stage::kDraining);
+  conn.LingeringClose(options_.drain_timeout);
+}
+
+MetricsHttpServer::Request MetricsHttpServer::ParseRequest(
+    const std::string& head) {
   Request request;
   const size_t end = head.find("\r\n\r\n");
   request.complete = end != std::string::npos && end < kMaxHead;
-  if (request.complete) {
-    std::vector<absl::string_view> lines =
-        absl::StrSplit(absl::string_view(head).substr(0, end), "\r\n");
-    std::vector<absl::string_view> first =
-        absl::StrSplit(lines[0], ' ', absl::SkipEmpty());
-    if (first.size() == 3) {
-      request.method = std::string(first[0]);
-      request.path = std::string(first[1]);
-    }
-    for (size_t i = 1; i < lines.size(); ++i) {
-      absl::string_view line = lines[i];
-      if (absl::StartsWithIgnoreCase(line, "authorization:")) {
-        line.remove_prefix(sizeof("authorization:") - 1);
-        request.authorization = std::string(absl::StripAsciiWhitespace(line));
-      }
+  if (!request.complete) return request;
+  std::vector<absl::string_view> lines =
+      absl::StrSplit(absl::string_view(head).substr(0, end), "\r\n");
+  std::vector<absl::string_view> first =
+      absl::StrSplit(lines[0], ' ', absl::SkipEmpty());
+  if (first.size() == 3) {
+    request.method = std::string(first[0]);
+    request.path = std::string(first[1]);
+  }
+  for (size_t i = 1; i < lines.size(); ++i) {
+    absl::string_view line = lines[i];
+    if (absl::StartsWithIgnoreCase(line, "authorization:")) {
+      line.remove_prefix(sizeof("authorization:") - 1);
+      request.authorization = std::string(absl::StripAsciiWhitespace(line));
     }
   }
-  if (conn.WriteAll(Respond(request))) conn.LingeringClose();
+  return request;
 }
 
 std::string MetricsHttpServer::Respond(const Request& r) const {
@@ -452,9 +474,9 @@ MetricsHttpServer::~MetricsHttpServer() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
   absl::MutexLock lock(&mu_);
   for (auto& [id, c] : connections_) {
-    if (c.reading && !c.evicted) EvictLocked(&c);
+    if (!c.evicted) EvictLocked(&c);
   }
-  // Connections past their head end within io_timeout.
+  // Their threads end at once (their sockets are shut down).
   mu_.Await(absl::Condition(
       +[](std::map<uint64_t, Connection>* m) { return m->empty(); },
       &connections_));

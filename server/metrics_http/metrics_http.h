@@ -15,15 +15,21 @@
 //
 //   - one accept thread and one short-lived thread per connection;
 //   - a connection must finish its TLS handshake and request head within
-//     `header_timeout` (total, not per read) or it is closed;
+//     `header_timeout` (total, not per read) or it is closed; the response
+//     must be written within `io_timeout` (total), and once answered a
+//     connection lingers (reading what the client still sends, so the
+//     close does not reset the response away) for `drain_timeout` at most,
+//     however the client trickles, then is closed;
 //   - at `max_connections`, or at `max_connections_per_source` from one
-//     peer address, a new connection is not refused: the oldest connection
-//     still waiting for its head is closed instead, taken from the source
-//     that holds the most. A scraper sends its head at once, so idle or
-//     slow connections can only push out each other;
-//   - TLS 1.2+ through OpenSSL; one request per connection (Connection:
-//     close), a head of at most 8 KiB, the response written within
-//     `io_timeout`;
+//     peer address, a new connection is not refused: an older one is
+//     closed instead, taken from the source at its limit (or else from the
+//     source that holds the most): first one already answered (lingering),
+//     then one still waiting for its head, then one being answered, oldest
+//     first. A scraper sends its head at once and reads its answer at
+//     once, so lingering, idle or slow connections -- from other addresses
+//     or from the scraper's own (a proxy) -- can only push out each other
+//     (answered connections that trickle a byte every few seconds would
+//     otherwise hold their slots and starve every scrape);
 //   - GET or HEAD /metrics only: 200 with the text exposition format; a
 //     missing or wrong token 401 (WWW-Authenticate: Bearer); other paths
 //     404, other methods 405, an incomplete head 400.
@@ -65,8 +71,10 @@ struct MetricsHttpOptions {
   int max_connections_per_source = 64;
   // Handshake + request head, from accept.
   absl::Duration header_timeout = absl::Seconds(3);
-  // Writing the response.
+  // Writing the response (total).
   absl::Duration io_timeout = absl::Seconds(10);
+  // Lingering after the response (total).
+  absl::Duration drain_timeout = absl::Seconds(1);
 };
 
 class MetricsHttpServer {
@@ -83,17 +91,21 @@ class MetricsHttpServer {
   bool tls() const { return ssl_ctx_ != nullptr; }
   // Connections closed to make room for others or past header_timeout.
   int64_t evicted() const;
+  // Connections held now.
+  int connections() const;
 
  private:
   struct Request;
-  // One accepted connection. `fd` stays open while `reading`: only the
-  // accept thread shuts it down (eviction, header timeout), and only while
-  // the connection's own thread has not left the reading stage.
+  // Where a connection is; eviction takes the earliest stage first.
+  enum class Stage { kDraining = 0, kReading = 1, kWriting = 2 };
+  // One accepted connection. Its thread closes `fd` only after erasing
+  // the connection under mu_, so the accept thread may shut down the fd
+  // of any connection it finds (eviction, header timeout) at any stage.
   struct Connection {
     int fd = -1;
     std::string source;  // peer address without port
     absl::Time accepted;
-    bool reading = true;  // handshake or request head in progress
+    Stage stage = Stage::kReading;  // handshake or request head first
     bool evicted = false;
   };
   MetricsHttpServer(MetricsHttpOptions options, Render render)
@@ -101,15 +113,16 @@ class MetricsHttpServer {
   absl::Status Listen();
   absl::Status LoadTls();
   void AcceptLoop();
-  // Makes room for a connection from `source`; false when every held
-  // connection is past its head (then the new one is closed).
-  bool MakeRoomLocked(const std::string& source)
+  // Makes room for a connection from `source` (see the file comment).
+  void MakeRoomLocked(const std::string& source)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Shuts down connections still reading past header_timeout.
   void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EvictLocked(Connection* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Serve(uint64_t id, int fd);
-  void EndReading(uint64_t id);
+  void SetStage(uint64_t id, Stage stage);
+  // The request a head holds (complete: a whole head arrived).
+  static Request ParseRequest(const std::string& head);
   // The response to one request head.
   std::string Respond(const Request& request) const;
 

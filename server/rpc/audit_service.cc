@@ -302,16 +302,49 @@ grpc::Status FinishInteractive(AuditServiceImpl* svc, const JobOutcome& outcome,
   return grpc::Status::OK;
 }
 
-// After the answer: an interactive job's result is stored like a
-// Submit's (so GetResult, ListResults and the watchers' feed have it) by
-// the result writer, off this worker; with --store-audit-results=false it
-// is only published to the current watchers.
-void RecordInteractive(AuditServiceImpl* svc, ResultRecord record) {
-  if (svc->options().store_audit_results) {
-    svc->audit_results()->Add(std::move(record));
-  } else {
+// The end of an interactive job once FinishInteractive has its answer.
+// Its result is kept like a Submit's (GetResult, ListResults, the
+// watchers' feed) by the result writer, off this worker. A report is
+// answered only once its result is kept (stored, or journalled until the
+// store takes it), so its job id can be read back; otherwise the answer
+// has no job id and says why. An error answer waits for
+// nothing: its job's record is kept on the side. With
+// --store-audit-results=false results are only published to the current
+// watchers.
+void AnswerInteractive(AuditServiceImpl* svc, ResultRecord record,
+                       grpc::Status status, v1::AuditResponse* response,
+                       const Finisher& finish) {
+  record.replica = svc->options().replica_id;
+  if (!svc->options().store_audit_results) {
+    if (status.ok()) {
+      response->clear_job_id();
+      response->set_not_stored_reason(
+          "the server runs with --store-audit-results=false");
+    }
+    finish(status);
     svc->PublishUnstored(std::move(record));
+    return;
   }
+  if (!status.ok()) {
+    finish(status);
+    svc->audit_results()->Add(std::move(record),
+                              [svc](const ResultRecord& r, bool kept) {
+                                if (!kept) svc->PublishUnstored(r);
+                              });
+    return;
+  }
+  svc->audit_results()->Add(
+      std::move(record),
+      [svc, response, finish](const ResultRecord& r, bool kept) {
+        if (!kept) {
+          response->clear_job_id();
+          response->set_not_stored_reason(
+              "the result store and this replica's result journal could not "
+              "take the result (see the server's log)");
+          svc->PublishUnstored(r);
+        }
+        finish(grpc::Status::OK);
+      });
 }
 
 }  // namespace
@@ -344,11 +377,11 @@ absl::Status AdmitInteractive(AuditServiceImpl* svc, const Principal& principal,
   };
   job->on_done = [svc, response, finish = std::move(finish), submitted,
                   started](const JobOutcome& outcome) {
-    // Built before the answer: the response belongs to the call, which may
-    // be gone once it is answered.
-    ResultRecord record = OutcomeRecord(outcome, submitted, *started);
-    finish(FinishInteractive(svc, outcome, response));
-    RecordInteractive(svc, std::move(record));
+    // The response belongs to the call, which may be gone once answered:
+    // nothing reads it after `finish`.
+    grpc::Status status = FinishInteractive(svc, outcome, response);
+    AnswerInteractive(svc, OutcomeRecord(outcome, submitted, *started),
+                      std::move(status), response, finish);
   };
   return svc->admission()->Submit(std::move(job), retry_after);
 }
@@ -383,13 +416,18 @@ AuditServiceImpl::AuditServiceImpl(ServiceOptions options, Scheduler* scheduler,
           store,
           ResultFeed::Options{options_.feed_poll_interval, /*batch=*/256},
           [this](const ResultRecord& rec) { OnStoredResult(rec); },
-          [this](bool up) { metrics_->SetStoreUp(up); }),
+          [this](bool up) {
+            metrics_->SetStoreUp(up);
+            if (up) audit_results_.StoreAnswered();
+          }),
       uploads_(std::max<int64_t>(1, options_.upload_budget_bytes),
                options_.upload_tenant_share),
       audit_results_(
-          /*capacity=*/4096,
-          [this](ResultRecord r) { StoreAuditResult(std::move(r)); },
-          [this](ResultRecord r) { PublishUnstored(std::move(r)); }) {
+          AuditResultWriter::Options{},
+          [this](const std::vector<ResultRecord>& records) {
+            return StoreAuditResults(records);
+          },
+          options_.result_journal) {
   // Idle uploads are found within a quarter of the timeout (at most 1 s).
   const absl::Duration period =
       std::clamp(options_.upload_idle_timeout / 4, absl::Milliseconds(10),
@@ -401,21 +439,15 @@ AuditServiceImpl::AuditServiceImpl(ServiceOptions options, Scheduler* scheduler,
 
 AuditServiceImpl::~AuditServiceImpl() = default;
 
-void AuditServiceImpl::StoreAuditResult(ResultRecord record) {
-  record.replica = options_.replica_id;
-  absl::StatusOr<bool> put = store_->PutResult(record);
-  if (put.ok()) {
-    feed_.Wake();
-    return;
-  }
-  // Not retried: the caller already has the report.
-  ATTNAUDIT_LOG(warn, "result store refused an Audit result; published only")
-      .Kv("job_id", record.job_id)
-      .Kv("status", put.status());
-  PublishUnstored(std::move(record));
+absl::Status AuditServiceImpl::StoreAuditResults(
+    const std::vector<ResultRecord>& records) {
+  absl::StatusOr<std::vector<bool>> put = store_->PutResults(records);
+  if (!put.ok()) return put.status();
+  feed_.Wake();
+  return absl::OkStatus();
 }
 
-void AuditServiceImpl::PublishUnstored(ResultRecord record) {
+void AuditServiceImpl::PublishUnstored(const ResultRecord& record) {
   if (!hub_.HasWatchers()) return;
   hub_.Publish(rpc_internal::RecordToJobResult(record), record.tenant);
 }
@@ -425,11 +457,17 @@ absl::Status AuditServiceImpl::StartFeed() {
   if (!last.ok()) return last.status();
   hub_.SetLastSeq(*last);
   feed_.Start(*last);
+  return absl::OkStatus();
+}
+
+absl::Status AuditServiceImpl::StartHandoff() {
   if (!store_->shared()) return absl::OkStatus();
+  FleetHandoff::Options handoff;
+  handoff.replica = options_.replica_id;
+  handoff.lease = options_.fleet_lease;
+  handoff.claim_bytes = options_.fleet_claim_bytes;
   handoff_ = std::make_unique<FleetHandoff>(
-      store_,
-      FleetHandoff::Options{options_.replica_id, options_.fleet_lease,
-                            /*claims_per_round=*/8},
+      store_, std::move(handoff),
       [this](StoredJob job) {
         metrics_->CountJobsTakenOver();
         AdoptStoredJob(std::move(job));
@@ -439,7 +477,7 @@ absl::Status AuditServiceImpl::StartFeed() {
 }
 
 void AuditServiceImpl::OnStoredResult(const ResultRecord& record) {
-  hub_.Publish(record.seq, record.tenant,
+  hub_.Publish(record.seq, record.tenant_seq, record.tenant,
                [&record] { return rpc_internal::RecordToJobResult(record); });
   if (!store_->shared()) return;
   // Another replica cancelled this replica's job, or finished it after
@@ -451,53 +489,99 @@ void AuditServiceImpl::OnStoredResult(const ResultRecord& record) {
   }
 }
 
-void AuditServiceImpl::LoadBacklog(WatchReactor* watcher, int64_t after,
-                                   int64_t until) {
-  if (until - after > kMaxWatchBacklog) {
-    watcher->FailBacklog(grpc::Status(
-        grpc::StatusCode::OUT_OF_RANGE,
-        absl::StrCat("resume_after: ", until - after,
-                     " results were stored since cursor ", after,
-                     ", more than a watch replays (", kMaxWatchBacklog,
-                     "); read them with ListResults, then watch with "
-                     "resume_after ",
-                     until)));
-    return;
+namespace {
+
+// A resumed watch's numbering: the feed's (a watcher that reads every
+// tenant's results) or one tenant's.
+struct CursorSpace {
+  bool feed = true;
+  std::string tenant;
+
+  int64_t Of(const ResultRecord& r) const {
+    return feed ? r.seq : r.tenant_seq;
   }
-  const bool posted = executor_->Post([this, watcher, after, until] {
-    std::vector<std::shared_ptr<const PublishedResult>> backlog;
-    int64_t next = after;
-    while (next < until) {
-      absl::StatusOr<std::vector<ResultRecord>> rows = store_->ResultsAfter(
-          next, static_cast<int>(std::min<int64_t>(until - next, 1000)));
-      if (!rows.ok()) {
-        return watcher->FailBacklog(ToGrpcStatus(
-            rpc_internal::StorageError("result store", rows.status())));
+};
+
+grpc::Status Pruned(int64_t after) {
+  return grpc::Status(
+      grpc::StatusCode::OUT_OF_RANGE,
+      absl::StrCat("resume_after: results after cursor ", after,
+                   " were pruned by the retention policy; read what is left "
+                   "with ListResults, then watch again"));
+}
+
+// The backlog of a watch resumed after `after` up to the feed's `until`,
+// read from `store` (blocking), or why the watch must end. Refuses a
+// cursor beyond the newest stored result (it would drop live results
+// silently) and more than kMaxWatchBacklog results, with messages that
+// count nothing beyond the caller's own numbering.
+absl::StatusOr<std::vector<std::shared_ptr<const PublishedResult>>> ReadBacklog(
+    JobStore* store, const CursorSpace& space, int64_t after, int64_t until,
+    grpc::Status* refusal) {
+  absl::StatusOr<int64_t> newest =
+      space.feed ? store->LastSeq() : store->LastTenantSeq(space.tenant);
+  if (!newest.ok()) return newest.status();
+  if (after > *newest) {
+    *refusal = grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("resume_after: cursor ", after,
+                     " is beyond the newest stored result (", *newest,
+                     "); resume from a JobResult.cursor this service sent"));
+    return std::vector<std::shared_ptr<const PublishedResult>>();
+  }
+  std::vector<std::shared_ptr<const PublishedResult>> backlog;
+  for (int64_t next = after; next < *newest;) {
+    absl::StatusOr<std::vector<ResultRecord>> rows =
+        space.feed ? store->ResultsAfter(next, 1000)
+                   : store->TenantResultsAfter(space.tenant, next, 1000);
+    if (!rows.ok()) return rows.status();
+    for (const ResultRecord& r : *rows) {
+      if (r.seq > until) return backlog;  // live from here on
+      if (space.Of(r) != next + 1) {
+        *refusal = Pruned(next);
+        return backlog;
       }
-      for (const ResultRecord& r : *rows) {
-        if (r.seq > until) break;
-        if (r.seq != next + 1) {
-          return watcher->FailBacklog(grpc::Status(
-              grpc::StatusCode::OUT_OF_RANGE,
-              absl::StrCat("resume_after: results after cursor ", next,
-                           " were pruned by the retention policy; read what "
-                           "is left with ListResults, then watch with "
-                           "resume_after ",
-                           until)));
-        }
-        next = r.seq;
-        backlog.push_back(WatchHub::Prepare(rpc_internal::RecordToJobResult(r),
-                                            r.tenant, r.seq));
+      if (static_cast<int64_t>(backlog.size()) == kMaxWatchBacklog) {
+        *refusal = grpc::Status(
+            grpc::StatusCode::OUT_OF_RANGE,
+            absl::StrCat("resume_after: more than ", kMaxWatchBacklog,
+                         " results were stored after cursor ", after,
+                         ", more than a watch replays; read them with "
+                         "ListResults, then watch again"));
+        return backlog;
       }
-      if (rows->empty()) break;
+      next = space.Of(r);
+      backlog.push_back(WatchHub::Prepare(rpc_internal::RecordToJobResult(r),
+                                          r.tenant, r.seq, r.tenant_seq));
     }
-    if (next < until) {
-      return watcher->FailBacklog(
-          grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
-                       absl::StrCat("resume_after: results after cursor ", next,
-                                    " were pruned by the retention policy")));
+    if (rows->empty()) break;
+  }
+  return backlog;
+}
+
+}  // namespace
+
+void AuditServiceImpl::LoadBacklog(WatchReactor* watcher,
+                                   const Principal& caller, int64_t after,
+                                   int64_t until) {
+  CursorSpace space;
+  space.feed = caller.ReadsAll();
+  space.tenant = caller.tenant;
+  const bool posted = executor_->Post([this, watcher, space, after, until] {
+    grpc::Status refusal;
+    absl::StatusOr<std::vector<std::shared_ptr<const PublishedResult>>>
+        backlog = ReadBacklog(store_, space, after, until, &refusal);
+    if (!backlog.ok()) {
+      return watcher->FailBacklog(ToGrpcStatus(
+          rpc_internal::StorageError("result store", backlog.status())));
     }
-    watcher->DeliverBacklog(backlog);
+    if (!refusal.ok()) {
+      if (refusal.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+        metrics_->CountInvalidInput(Metrics::InvalidInput::kOtherRequest);
+      }
+      return watcher->FailBacklog(refusal);
+    }
+    watcher->DeliverBacklog(*backlog);
   });
   if (!posted) {
     watcher->FailBacklog(
@@ -578,11 +662,13 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* AuditServiceImpl::WatchResults(
     }
     resume_after = req.resume_after();
   }
+  const Principal caller = *principal;
   return new WatchReactor(
       &hub_, &open_calls_, std::move(filter), options_.watcher_buffer,
       *std::move(principal), rpc_internal::CredentialsOf(*context),
-      resume_after, [this](WatchReactor* w, int64_t after, int64_t until) {
-        LoadBacklog(w, after, until);
+      resume_after,
+      [this, caller](WatchReactor* w, int64_t after, int64_t until) {
+        LoadBacklog(w, caller, after, until);
       });
 }
 

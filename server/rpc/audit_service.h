@@ -78,6 +78,7 @@
 #include "server/rpc/job_ids.h"
 #include "server/rpc/open_calls.h"
 #include "server/rpc/result_feed.h"
+#include "server/rpc/result_journal.h"
 #include "server/rpc/upload_ledger.h"
 #include "server/rpc/watch_hub.h"
 #include "server/scheduler/scheduler.h"
@@ -100,9 +101,11 @@ struct ServiceOptions {
   int64_t upload_budget_bytes = int64_t{4} << 30;
   // The part of upload_budget_bytes one tenant may hold (upload_ledger.h).
   double upload_tenant_share = 0.5;
-  // An AuditStream that sends no message for this long is ended
-  // DEADLINE_EXCEEDED and its reservation freed.
+  // An AuditStream that delivers less than upload_min_rate bytes a second
+  // over upload_idle_timeout is ended DEADLINE_EXCEEDED and its
+  // reservation freed (upload_progress.h).
   absl::Duration upload_idle_timeout = absl::Seconds(30);
+  int64_t upload_min_rate = int64_t{1} << 20;
   // Sizes checked by validation (Submit) and reported in Capabilities.
   ValidationLimits limits;
   // AuditOptions::threads of every job (0: the device's default).
@@ -135,6 +138,11 @@ struct ServiceOptions {
   // A fleet (shared store): a replica silent this long is gone, and its
   // unfinished jobs are taken over (fleet_handoff.h).
   absl::Duration fleet_lease = absl::Seconds(15);
+  // Payload bytes one claim round takes over (fleet_handoff.h).
+  int64_t fleet_claim_bytes = int64_t{256} << 20;
+  // Audit results the store cannot take are kept here until it can
+  // (result_journal.h; not owned, outlives the service); null: not kept.
+  ResultJournal* result_journal = nullptr;
   // Audit reads AuditRequest.snapshot_memfd through these (server/memfd;
   // not owned, outlives the service): null unless --accept-memfd-snapshots.
   MemfdSnapshots* memfd_snapshots = nullptr;
@@ -205,9 +213,12 @@ class AuditServiceImpl final : public RawAuditService {
   // Starts following the store's result feed (start-up; the store's
   // error when it cannot be read), and stops it (shutdown, before the
   // store goes).
-  // In a fleet it also starts the hand-off (first heartbeat).
   absl::Status StartFeed();
   void StopFeed() { feed_.Stop(); }
+  // In a fleet, starts the hand-off (fleet_handoff.h): FailedPrecondition
+  // naming --replica-id when a live replica uses this one's id, the
+  // store's error when the first heartbeat cannot be written. Start-up.
+  absl::Status StartHandoff();
   // Stops claiming other replicas' jobs; with `retire`, this replica's
   // unfinished jobs may be claimed at once (after the drain).
   void StopHandoff(bool retire) {
@@ -243,7 +254,9 @@ class AuditServiceImpl final : public RawAuditService {
   AuditResultWriter* audit_results() { return &audit_results_; }
   // An interactive job's result that is not stored: to the watchers of
   // the moment.
-  void PublishUnstored(ResultRecord record);
+  void PublishUnstored(const ResultRecord& record);
+  // Null unless results the store refuses are journalled (result_journal.h).
+  ResultJournal* result_journal() const { return options_.result_journal; }
   DurableJobs* durable() { return &durable_; }
   void CountRequest() { requests_.fetch_add(1, std::memory_order_relaxed); }
   UploadLedger* uploads() { return &uploads_; }
@@ -254,15 +267,17 @@ class AuditServiceImpl final : public RawAuditService {
   void EndIdempotentSubmit(const std::string& job_id);
 
  private:
-  // The result writer's work: stores an Audit result (published unstored
-  // when the store refuses it).
-  void StoreAuditResult(ResultRecord record);
+  // The result writer's work: stores Audit results (one transaction).
+  absl::Status StoreAuditResults(const std::vector<ResultRecord>& records);
   // One result from the feed: to the watchers, and in a fleet, the end of
   // this replica's copy of a job that another replica finished or
   // cancelled.
   void OnStoredResult(const ResultRecord& record);
-  // The stored results (after, until] of a resumed watch, on the executor.
-  void LoadBacklog(WatchReactor* watcher, int64_t after, int64_t until);
+  // The stored results of a watch resumed after cursor `after` (in the
+  // caller's numbering: the feed's when it reads all, else its tenant's),
+  // up to the feed's `until`, on the executor.
+  void LoadBacklog(WatchReactor* watcher, const Principal& caller,
+                   int64_t after, int64_t until);
 
   ServiceOptions options_;
   Scheduler* const scheduler_;

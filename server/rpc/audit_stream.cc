@@ -3,8 +3,9 @@
 // Audit once the last byte arrived.
 //
 // The call is an OpenCall (open_calls.h): a token file reload that revokes
-// its credential, or a client silent past upload_idle_timeout, ends it
-// from another thread. Who may Finish is therefore decided under mu_:
+// its credential, or a client that delivers too few bytes for a whole
+// upload_idle_timeout (upload_progress.h: bytes count, messages do not),
+// ends it from another thread. Who may Finish is therefore decided under mu_:
 //   reading     a read is pending, or OnReadDone runs (in_reaction_);
 //               an outside end finishes at once when no reaction runs,
 //               else the reaction finishes at its next step;
@@ -31,6 +32,7 @@
 #include "server/rpc/logged_reactor.h"
 #include "server/rpc/rpc_methods.h"
 #include "server/rpc/status_util.h"
+#include "server/rpc/upload_progress.h"
 
 namespace attnaudit::server {
 namespace {
@@ -53,7 +55,9 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
         context_(context),
         response_(response),
         log_("AuditStream", context),
-        assembler_(svc->options().max_stream_bytes) {}
+        assembler_(svc->options().max_stream_bytes),
+        progress_(svc->options().upload_idle_timeout,
+                  svc->options().upload_min_rate, absl::Now()) {}
 
   void Begin() {
     svc_->CountRequest();
@@ -70,7 +74,6 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
     svc_->open_calls()->Add(this);
     registered_ = true;
     absl::MutexLock lock(&mu_);
-    last_message_ = absl::Now();
     StartRead(&raw_);
   }
 
@@ -82,19 +85,21 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
     return !now.ok() && EndFromOutside(ToGrpcStatus(now.status()));
   }
   bool EndIfIdle(absl::Time now) override {
-    const absl::Duration idle = svc_->options().upload_idle_timeout;
     {
       absl::MutexLock lock(&mu_);
       if (phase_ != Phase::kReading || in_reaction_ ||
-          now - last_message_ < idle) {
+          !progress_.Stalled(now)) {
         return false;
       }
     }
     return EndFromOutside(grpc::Status(
         grpc::StatusCode::DEADLINE_EXCEEDED,
-        absl::StrCat("AuditStream: no message for ", absl::FormatDuration(idle),
-                     " (the server's --upload-idle-timeout); the upload was "
-                     "abandoned and its reservation freed")));
+        absl::StrCat("AuditStream: less than ", svc_->options().upload_min_rate,
+                     " bytes a second over ",
+                     absl::FormatDuration(svc_->options().upload_idle_timeout),
+                     " (the server's --upload-min-rate and "
+                     "--upload-idle-timeout); the upload was abandoned and "
+                     "its reservation freed")));
   }
 
   void OnReadDone(bool ok) override {
@@ -102,7 +107,6 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
       absl::MutexLock lock(&mu_);
       if (ended_.has_value()) return FinishOnce(*ended_);
       in_reaction_ = true;
-      last_message_ = absl::Now();
     }
     if (!ok) return EndOfStream();
     if (assembler_.begun() && AppendPlainChunk()) return;
@@ -156,6 +160,7 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
     if (absl::Status s = assembler_.Begin(header); !s.ok()) return Fail(s);
     const int64_t total = assembler_.bytes_expected() + header_bytes;
     log_.set_bytes(total);
+    Progressed(header_bytes, total);
     // Admission before a single chunk is read: the queue and budget
     // (advisory; Submit re-checks) and the budget of uploads in progress.
     // The tenant's other uploads count against its quota too.
@@ -242,15 +247,25 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
       }
     }
     svc_->metrics()->AddBytesReceived(bytes);
+    Progressed(bytes);
     slices_.clear();
     raw_.Clear();
     ContinueReading();
     return true;
   }
 
+  // Bytes that advance the upload (its header, chunks' data; with the
+  // header, the upload's whole size).
+  void Progressed(int64_t bytes, int64_t total = -1) {
+    absl::MutexLock lock(&mu_);
+    progress_.Add(bytes);
+    if (total >= 0) progress_.Expect(total);
+  }
+
   void OnChunk() {
     const std::string& data = message_.chunk().data();
     svc_->metrics()->AddBytesReceived(static_cast<int64_t>(data.size()));
+    Progressed(static_cast<int64_t>(data.size()));
     if (absl::Status s = assembler_.Append(data); !s.ok()) return Fail(s);
     message_.Clear();
     ContinueReading();
@@ -360,7 +375,7 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
   absl::Mutex mu_;
   Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kReading;
   bool in_reaction_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Time last_message_ ABSL_GUARDED_BY(mu_);
+  UploadProgress progress_ ABSL_GUARDED_BY(mu_);
   // Set when the call was ended from outside (EndFromOutside).
   absl::optional<grpc::Status> ended_ ABSL_GUARDED_BY(mu_);
 };

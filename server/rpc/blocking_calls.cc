@@ -213,60 +213,68 @@ void DropSpooled(AuditServiceImpl* svc, const std::string& job_id) {
   }
 }
 
-// Step 4: hands the spooled job to the scheduler (dropping the entry if it
-// is refused) and records it QUEUED in the store. The job is registered
-// with DurableJobs first, so it is visible even when the store cannot take
-// the QUEUED row (a full disk).
-//
-// In a fleet the QUEUED row is written first, with the request bytes
-// (`payload`), in one transaction: another replica can then take the job
-// over if this one never comes back, and the row is the claim of an
-// idempotency key -- of two replicas that got the same key at once, the
-// one whose row was created runs the job, the other answers deduplicated.
-// A store that cannot take it fails the Submit (UNAVAILABLE, retry).
+// Step 4: admission and the job's row as one decision
+// (JobStore::RecordAdmitted): the store creates the QUEUED row (in a fleet
+// with the request bytes, `payload`, so another replica can take the job
+// over if this one never comes back) in the transaction that hands the
+// spooled job to the scheduler, and commits it only when the scheduler
+// took the job. So the Submit is acknowledged only once both hold; a job
+// the scheduler refuses leaves no row another replica could deduplicate
+// against, and a replica given the same key meanwhile waits
+// for this decision: it then finds the row (the job runs here) or creates
+// its own (this replica refused it). In a fleet with a quota the store
+// also counts the tenant's jobs on the other replicas under the tenant's
+// lock, and the scheduler adds them to the tenant's jobs here.
 absl::Status ScheduleSubmit(AuditServiceImpl* svc, const Principal& caller,
                             const SubmitPlan& plan, DecodedAudit audit,
                             absl::string_view payload, bool* deduplicated,
                             absl::Duration* retry_after) {
-  const JobLabels labels = JobLabelsOf(audit.snapshot.labels);
-  ResultRecord queued = rpc_internal::QueuedRecord(
-      plan.job_id, caller.tenant, plan.priority, labels, plan.created);
-  queued.replica = svc->options().replica_id;
-  queued.bytes = rpc_internal::SnapshotTensorBytes(audit.snapshot);
-  const bool claim = svc->store()->shared();
-  if (claim) {
-    absl::StatusOr<bool> claimed =
-        svc->store()->RecordQueuedWithPayload(queued, plan.deadline, payload);
-    if (!claimed.ok() || !*claimed) DropSpooled(svc, plan.job_id);
-    if (!claimed.ok()) {
-      *retry_after = absl::Seconds(1);
-      return StorageError("result store", claimed.status());
-    }
-    if (!*claimed) {
-      *deduplicated = true;
-      return absl::OkStatus();
-    }
-  }
-  if (absl::Status s = svc->admission()->Submit(
-          rpc_internal::MakeDurableJob(
-              svc, plan.job_id, caller.tenant, caller.quota, plan.priority,
-              plan.deadline, plan.created, std::move(audit)),
-          retry_after);
-      !s.ok()) {
+  const bool shared = svc->store()->shared();
+  AdmittedJob row;
+  row.record = rpc_internal::QueuedRecord(
+      plan.job_id, caller.tenant, plan.priority,
+      JobLabelsOf(audit.snapshot.labels), plan.created);
+  row.record.replica = svc->options().replica_id;
+  row.record.bytes = rpc_internal::SnapshotTensorBytes(audit.snapshot);
+  row.deadline = plan.deadline;
+  row.payload = shared ? payload : absl::string_view();
+  row.count_tenant =
+      shared && (caller.quota.max_jobs > 0 || caller.quota.max_bytes > 0);
+  auto recorded = std::make_shared<absl::Notification>();
+  std::unique_ptr<Job> job = rpc_internal::MakeDurableJob(
+      svc, plan.job_id, caller.tenant, caller.quota, plan.priority,
+      plan.deadline, plan.created, std::move(audit), recorded);
+  bool scheduled = false;
+  absl::Status refusal;
+  absl::StatusOr<bool> created =
+      svc->store()->RecordAdmitted(row, [&](const TenantUsage& elsewhere) {
+        job->held_jobs_elsewhere = elsewhere.jobs;
+        job->held_bytes_elsewhere = elsewhere.bytes;
+        refusal = svc->admission()->Submit(std::move(job), retry_after);
+        scheduled = refusal.ok();
+        return refusal;
+      });
+  recorded->Notify();  // the job may mark itself RUNNING now
+  if (created.ok() && *created) return absl::OkStatus();
+  if (!scheduled) {
     svc->durable()->Forget(plan.job_id);
     DropSpooled(svc, plan.job_id);
-    if (claim) svc->store()->ForgetQueued(plan.job_id).IgnoreError();
-    return s;
   }
-  if (claim) return absl::OkStatus();
-  // Insert-or-ignore: harmless if the job already finished.
-  absl::StatusOr<bool> recorded = svc->store()->RecordQueued(queued);
-  if (!recorded.ok()) {
-    ATTNAUDIT_LOG(warn, "result store RecordQueued failed; job stays visible")
+  if (created.ok()) {  // the job has its row already: it runs there
+    *deduplicated = true;
+    return absl::OkStatus();
+  }
+  if (!refusal.ok()) return refusal;
+  if (scheduled) {
+    // The COMMIT failed after the scheduler took the job: it runs here
+    // (spooled) and its result creates its row, but the answer cannot
+    // promise what the store did not confirm.
+    ATTNAUDIT_LOG(warn, "job scheduled but its row not confirmed")
         .Kv("job_id", plan.job_id)
-        .Kv("status", recorded.status());
+        .Kv("status", created.status());
   }
-  return absl::OkStatus();
+  *retry_after = absl::Seconds(1);
+  return StorageError("result store", created.status());
 }
 
 // Whether the idempotent job `job_id` is known already.
@@ -316,6 +324,7 @@ absl::Status DoSubmit(AuditServiceImpl* svc, const Principal& caller,
   }
   // On disk now: free the copy, unless a fleet store keeps it too.
   if (!svc->store()->shared()) std::string().swap(payload);
+  // Admission and the row (ScheduleSubmit) before the answer.
   ATTNAUDIT_RETURN_IF_ERROR(ScheduleSubmit(svc, caller, *plan, std::move(audit),
                                            payload, &deduplicated,
                                            retry_after));
@@ -338,6 +347,16 @@ absl::Status DoGetResult(AuditServiceImpl* svc, const Principal& caller,
     *response = rpc_internal::RecordToJobResult(*live);
     return absl::OkStatus();
   }
+  // An Audit's result journalled here while the store was away.
+  if (ResultJournal* journal = svc->result_journal();
+      journal != nullptr && journal->Contains(job_id)) {
+    absl::StatusOr<ResultRecord> kept = journal->Read(job_id);
+    if (kept.ok()) {
+      if (!MaySee(caller, kept->tenant)) return UnknownJob(job_id);
+      *response = rpc_internal::RecordToJobResult(*kept);
+      return absl::OkStatus();
+    }
+  }
   absl::StatusOr<ResultRecord> rec = svc->store()->Get(job_id);
   if (rec.status().code() == absl::StatusCode::kNotFound ||
       (rec.ok() && !MaySee(caller, rec->tenant))) {
@@ -345,6 +364,7 @@ absl::Status DoGetResult(AuditServiceImpl* svc, const Principal& caller,
   }
   if (!rec.ok()) return StorageError("result store", rec.status());
   *response = rpc_internal::RecordToJobResult(*rec);
+  response->set_cursor(rpc_internal::CursorFor(caller, *rec));
   return absl::OkStatus();
 }
 
@@ -365,6 +385,23 @@ absl::StatusOr<std::string> OwnerOf(AuditServiceImpl* svc,
   return rec->tenant;
 }
 
+// Why a job the store knows was cancelled, by its stored state: running
+// or queued on a replica (in a fleet, possibly another one), or spooled
+// here and not yet resumed.
+absl::Status CancelledWhile(const AuditServiceImpl& svc,
+                            const ResultRecord& rec) {
+  const std::string where =
+      rec.replica.empty() ? "" : absl::StrCat(" on replica ", rec.replica);
+  if (rec.state == JobState::kRunning) {
+    return absl::CancelledError(absl::StrCat("cancelled while it ran", where));
+  }
+  if (!rec.replica.empty() && rec.replica != svc.options().replica_id) {
+    return absl::CancelledError(
+        absl::StrCat("cancelled while it was queued", where));
+  }
+  return absl::CancelledError("cancelled before it was scheduled");
+}
+
 // Cancel of a job the scheduler no longer holds: a finishing job keeps
 // running to its result; a stored one keeps its state; one that is
 // spooled but not yet resumed is recorded cancelled.
@@ -380,13 +417,13 @@ absl::Status CancelUnscheduled(AuditServiceImpl* svc, const std::string& job_id,
     response->set_state(rpc_internal::JobStateToProto(rec->state));
     return absl::OkStatus();
   }
-  // Known but not in the scheduler: spooled and not (yet) resumed. Record
-  // the cancellation; if the resume admits it anyway, its own result is
-  // refused by PutResult, so the job keeps exactly this one.
+  // Known but not in this scheduler: spooled and not (yet) resumed, or
+  // queued or running on another replica of a fleet. Record the
+  // cancellation; the replica that has the job stops its copy when the
+  // result feed brings it, and its own result is refused by PutResult, so
+  // the job keeps exactly this one.
   rpc_internal::FailSpooledJob(
-      svc, rpc_internal::TerminalRecord(
-               *rec, absl::CancelledError("cancelled before it was "
-                                          "scheduled")));
+      svc, rpc_internal::TerminalRecord(*rec, CancelledWhile(*svc, *rec)));
   response->set_state(v1::JOB_STATE_CANCELLED);
   return absl::OkStatus();
 }

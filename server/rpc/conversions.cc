@@ -159,6 +159,10 @@ bool CancelledByDeadline(const grpc::CallbackServerContext& context) {
          absl::Now() + kDeadlineSlack >= deadline;
 }
 
+int64_t CursorFor(const Principal& caller, const ResultRecord& record) {
+  return caller.ReadsAll() ? record.seq : record.tenant_seq;
+}
+
 v1::JobResult RecordToJobResult(const ResultRecord& record) {
   v1::JobResult r;
   r.set_job_id(record.job_id);
@@ -188,7 +192,7 @@ v1::JobResult RecordToJobResult(const ResultRecord& record) {
     if (record.step >= 0) l->set_step(record.step);
     l->set_run(record.run);
   }
-  r.set_cursor(record.seq);
+  r.set_cursor(record.tenant_seq);  // CursorFor: the feed's for read_all
   r.set_replica(record.replica);
   TimeToProto(record.created, r.mutable_submit_time());
   if (record.started != absl::UnixEpoch()) {

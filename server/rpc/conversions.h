@@ -61,8 +61,12 @@ inline constexpr absl::Duration kDeadlineSlack = absl::Seconds(1);
 bool CancelledByDeadline(const grpc::CallbackServerContext& context);
 
 // A stored (or live) record as the wire's JobResult (parses the stored
-// report).
+// report). Its cursor is the record's tenant_seq: callers that read every
+// tenant's results get seq instead (CursorFor).
 v1::JobResult RecordToJobResult(const ResultRecord& record);
+// The cursor `caller` sees for a stored result: the feed's seq when it
+// reads all, else the result's place among its tenant's.
+int64_t CursorFor(const Principal& caller, const ResultRecord& record);
 // The JobResult of a finished job (without the report).
 v1::JobResult OutcomeToJobResult(const JobOutcome& outcome,
                                  const Labels& labels, absl::Time submitted,

@@ -127,12 +127,11 @@ void FailSpooledJob(AuditServiceImpl* svc, const ResultRecord& rec) {
   StoreResult(svc, rec);
 }
 
-std::unique_ptr<Job> MakeDurableJob(AuditServiceImpl* svc,
-                                    const std::string& job_id,
-                                    const std::string& tenant,
-                                    const TenantQuota& quota,
-                                    PriorityClass priority, absl::Time deadline,
-                                    absl::Time created, DecodedAudit audit) {
+std::unique_ptr<Job> MakeDurableJob(
+    AuditServiceImpl* svc, const std::string& job_id, const std::string& tenant,
+    const TenantQuota& quota, PriorityClass priority, absl::Time deadline,
+    absl::Time created, DecodedAudit audit,
+    std::shared_ptr<absl::Notification> recorded) {
   auto job = std::make_unique<Job>();
   job->id = job_id;
   job->priority = priority;
@@ -147,7 +146,11 @@ std::unique_ptr<Job> MakeDurableJob(AuditServiceImpl* svc,
   job->options = std::move(audit.options);
   svc->admission()->Shape(job.get());
   auto started = std::make_shared<absl::Time>(absl::InfinitePast());
-  job->on_start = [svc, started](const Job& j, absl::string_view) {
+  job->on_start = [svc, started, recorded](const Job& j, absl::string_view) {
+    // A moment at most: the admission's COMMIT follows its scheduling.
+    if (recorded != nullptr) {
+      recorded->WaitForNotificationWithTimeout(absl::Seconds(30));
+    }
     *started = absl::Now();
     svc->durable()->MarkRunning(j.id, *started);
     absl::StatusOr<bool> marked = svc->store()->MarkRunning(j.id, *started);

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "server/auth/tenants.h"
 #include "server/rpc/audit_service.h"
@@ -45,13 +46,15 @@ absl::StatusOr<bool> CommitResult(AuditServiceImpl* svc,
                                   const ResultRecord& rec);
 // A job whose completion commits the result to the store before removing
 // the spool entry (and which marks RUNNING in the store when it starts).
-// Registers the job with DurableJobs.
-std::unique_ptr<Job> MakeDurableJob(AuditServiceImpl* svc,
-                                    const std::string& job_id,
-                                    const std::string& tenant,
-                                    const TenantQuota& quota,
-                                    PriorityClass priority, absl::Time deadline,
-                                    absl::Time created, DecodedAudit audit);
+// Registers the job with DurableJobs. With `recorded`, the job's start
+// waits for it before marking RUNNING: its row is being created in the
+// transaction that schedules it (ScheduleSubmit), and until that commits
+// another connection cannot see the row to update it.
+std::unique_ptr<Job> MakeDurableJob(
+    AuditServiceImpl* svc, const std::string& job_id, const std::string& tenant,
+    const TenantQuota& quota, PriorityClass priority, absl::Time deadline,
+    absl::Time created, DecodedAudit audit,
+    std::shared_ptr<absl::Notification> recorded = nullptr);
 
 }  // namespace attnaudit::server::rpc_internal
 

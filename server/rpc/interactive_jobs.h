@@ -25,8 +25,9 @@ using Finisher = std::function<void(const grpc::Status&)>;
 
 // Schedules an interactive audit owned by `principal`. On an admission
 // error returns it (with *retry_after set when retrying can help) and
-// `finish` is never called; otherwise `finish` runs once, from the job's
-// completion.
+// `finish` is never called; otherwise `finish` runs once: from the job's
+// completion, or for a report once its result is kept, from the result
+// writer's thread (audit_result_writer.h).
 absl::Status AdmitInteractive(AuditServiceImpl* svc, const Principal& principal,
                               const std::string& job_id, DecodedAudit audit,
                               PriorityClass priority, int64_t bytes,

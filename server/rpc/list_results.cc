@@ -1,12 +1,15 @@
 // ListResults: the caller's stored results, newest first, as summaries.
 // It runs on the BlockingExecutor (the store may be a remote database).
 //
-// Paging: results are ordered by their feed cursor (commit order), so a
-// page token is the cursor of the page's last row ("c<cursor>"), and the
-// next page is every matching row with a smaller cursor -- stable while
-// new results arrive (they have larger cursors) and across replicas.
+// Paging: results are ordered by their cursor (commit order), so a page
+// token is the cursor of the page's last row ("c<cursor>"), and the next
+// page is every matching row with a smaller cursor -- stable while new
+// results arrive (they have larger cursors) and across replicas.
 //
-// Tenants: a caller sees its own tenant's results unless it reads all.
+// Tenants: a caller sees its own tenant's results unless it reads all,
+// and its cursors and page tokens count its own tenant's results
+// (tenant_seq; the feed's seq for a caller that reads all), so they
+// reveal nothing of other tenants' volume.
 #include <memory>
 #include <string>
 #include <utility>
@@ -55,7 +58,10 @@ absl::StatusOr<ResultQuery> QueryOf(const v1::ListResultsRequest& r,
   ResultQuery q;
   q.results_only = true;
   q.include_report = true;  // summaries are read from the report
-  if (!caller.ReadsAll()) q.tenant = caller.tenant;
+  if (!caller.ReadsAll()) {
+    q.tenant = caller.tenant;
+    q.tenant_cursor = true;
+  }
   q.model = TextFilter(r.model());
   q.engine = TextFilter(r.engine());
   q.backend = TextFilter(r.backend());
@@ -120,7 +126,8 @@ void Brief(const v1::DriftStats& s, v1::DriftBrief* out) {
   out->set_tolerance(s.tolerance());
 }
 
-v1::ResultSummary Summarize(const ResultRecord& record) {
+v1::ResultSummary Summarize(const Principal& caller,
+                            const ResultRecord& record) {
   const v1::JobResult full = rpc_internal::RecordToJobResult(record);
   v1::ResultSummary s;
   s.set_job_id(full.job_id());
@@ -128,7 +135,7 @@ v1::ResultSummary Summarize(const ResultRecord& record) {
   *s.mutable_labels() = full.labels();
   s.mutable_labels()->clear_request_ids();  // [B] ids: GetResult has them
   s.set_replica(record.replica);
-  s.set_cursor(record.seq);
+  s.set_cursor(rpc_internal::CursorFor(caller, record));
   if (full.has_submit_time()) *s.mutable_submit_time() = full.submit_time();
   if (full.has_start_time()) *s.mutable_start_time() = full.start_time();
   if (full.has_finish_time()) *s.mutable_finish_time() = full.finish_time();
@@ -169,9 +176,12 @@ absl::Status DoListResults(AuditServiceImpl* svc, const Principal& caller,
   if (!rows.ok()) {
     return rpc_internal::StorageError("result store", rows.status());
   }
-  for (const ResultRecord& r : *rows) *response->add_results() = Summarize(r);
+  for (const ResultRecord& r : *rows) {
+    *response->add_results() = Summarize(caller, r);
+  }
   if (static_cast<int>(rows->size()) == query->limit && !rows->empty()) {
-    response->set_next_page_token(absl::StrCat("c", rows->back().seq));
+    response->set_next_page_token(
+        absl::StrCat("c", rpc_internal::CursorFor(caller, rows->back())));
   }
   return absl::OkStatus();
 }

@@ -140,6 +140,9 @@ void AuditServiceImpl::AdoptStoredJob(StoredJob job) {
   listing.job_id = r.job_id;
   listing.metadata = meta;
   listing.payload_bytes = static_cast<int64_t>(job.payload.size());
+  // On disk now, and read back from there: one copy in memory at a time
+  // (a claimer adopts its jobs one after another).
+  std::string().swap(job.payload);
   bool requeued = false;
   absl::MutexLock lock(&resume_mu_);
   ResumeOne(this, listing, &requeued).IgnoreError();

@@ -48,6 +48,7 @@ WatchReactor::WatchReactor(WatchHub* hub, OpenCalls* calls,
       principal_(std::move(principal)),
       credentials_(std::move(credentials)),
       resume_after_(resume_after.has_value() ? *resume_after : -1),
+      resume_in_feed_order_(principal_.ReadsAll()),
       reads_all_(principal_.ReadsAll()) {
   {
     // Before registering, so that no live result is written ahead of a
@@ -68,8 +69,9 @@ WatchReactor::WatchReactor(WatchHub* hub, OpenCalls* calls,
                                 "server is shutting down"));
       return;
     }
-    load = backlog_pending_ && resume_after_ < live_after && !finished_ &&
-           !finishing_;
+    // Always loaded when resuming: the loader also refuses a cursor beyond
+    // the newest stored result, which would silently drop live results.
+    load = backlog_pending_ && !finished_ && !finishing_;
     backlog_pending_ = load;
     // Registered first, so the metadata promises every later result. A
     // Push or Close may have come in between: Close has finished the call
@@ -83,7 +85,8 @@ WatchReactor::WatchReactor(WatchHub* hub, OpenCalls* calls,
 }
 
 bool WatchReactor::WantsLocked(const PublishedResult& result) const {
-  if (result.seq > 0 && result.seq <= resume_after_) return false;
+  const int64_t cursor = resume_in_feed_order_ ? result.seq : result.tenant_seq;
+  if (result.seq > 0 && cursor <= resume_after_) return false;
   if (!reads_all_ && result.tenant != principal_.tenant) return false;
   return MatchesFilter(filter_, result.result);
 }
@@ -94,7 +97,8 @@ void WatchReactor::StartNextWriteLocked() {
     return;
   }
   writing_ = true;
-  StartWrite(&queue_.front()->wire);
+  // Each result with the cursor of the principal's numbering now.
+  StartWrite(reads_all_ ? &queue_.front()->wire_all : &queue_.front()->wire);
 }
 
 bool WatchReactor::EndBacklogLocked() {
@@ -252,37 +256,43 @@ void WatchHub::Remove(WatchReactor* w) {
 
 std::shared_ptr<const PublishedResult> WatchHub::Prepare(v1::JobResult result,
                                                          std::string tenant,
-                                                         int64_t seq) {
+                                                         int64_t seq,
+                                                         int64_t tenant_seq) {
   auto published = std::make_shared<PublishedResult>();
   bool own = false;
   // Cannot fail for a message we built; an empty message would be sent.
+  result.set_cursor(tenant_seq);
   grpc::SerializationTraits<v1::JobResult>::Serialize(result, &published->wire,
                                                       &own)
+      .IgnoreError();
+  result.set_cursor(seq);
+  grpc::SerializationTraits<v1::JobResult>::Serialize(
+      result, &published->wire_all, &own)
       .IgnoreError();
   published->result = std::move(result);
   published->tenant = std::move(tenant);
   published->seq = seq;
+  published->tenant_seq = tenant_seq;
   return published;
 }
 
-void WatchHub::Publish(v1::JobResult result, std::string tenant, int64_t seq) {
+void WatchHub::Publish(v1::JobResult result, std::string tenant) {
   std::shared_ptr<const PublishedResult> shared =
-      Prepare(std::move(result), std::move(tenant), seq);
+      Prepare(std::move(result), std::move(tenant), 0, 0);
   absl::MutexLock lock(&mu_);
-  // Under the hub lock with the pushes: a watcher registering now either
-  // gets this result live or counts it in its backlog, never both.
-  if (seq > last_seq_) last_seq_ = seq;
   for (WatchReactor* w : watchers_) w->Push(shared);
 }
 
-void WatchHub::Publish(int64_t seq, const std::string& tenant,
+void WatchHub::Publish(int64_t seq, int64_t tenant_seq,
+                       const std::string& tenant,
                        const std::function<v1::JobResult()>& make) {
   absl::MutexLock lock(&mu_);
   // Under the hub lock: a watcher registering now either gets this result
   // live or counts it in its backlog, never both and never neither.
   if (seq > last_seq_) last_seq_ = seq;
   if (watchers_.empty()) return;
-  std::shared_ptr<const PublishedResult> shared = Prepare(make(), tenant, seq);
+  std::shared_ptr<const PublishedResult> shared =
+      Prepare(make(), tenant, seq, tenant_seq);
   for (WatchReactor* w : watchers_) w->Push(shared);
 }
 

@@ -6,10 +6,16 @@
 // memory or slow the workers); Close ends every call (server shutdown).
 //
 // Cursor: results that were stored come from the store's result feed
-// (result_feed.h) and carry its seq (JobResult.cursor). A watcher that
-// asks to resume after cursor N first gets the stored results in
-// (N, the hub's last seq at its registration] from a backlog loader,
-// then the live ones, with nothing missed or repeated between the two.
+// (result_feed.h) in seq order. A watcher that reads every tenant's
+// results sees their feed seq as JobResult.cursor; any other sees the
+// result's place among its tenant's results (tenant_seq), so a tenant's
+// cursors reveal nothing of other tenants' volume. Each
+// result is serialised once per numbering. A watcher that asks to resume
+// after cursor N (in the numbering it has when it starts) first gets the
+// stored results after N up to the hub's last seq at its registration
+// from a backlog loader, which also refuses a cursor beyond the newest
+// stored result, then the live ones, with nothing missed or repeated
+// between the two.
 //
 // Tenants: a published result carries its owner's tenant; a watcher sees
 // only its own tenant's results unless it reads all. Watchers re-check
@@ -48,12 +54,15 @@ namespace attnaudit::server {
 bool MatchesFilter(const v1::ResultFilter& filter, const v1::JobResult& result);
 
 // One finished job as the hub hands it out: the message (for filtering),
-// its owner, and its wire bytes (written to every matching watcher).
+// its owner, and its wire bytes (written to every matching watcher): with
+// the tenant's cursor, and with the feed's for watchers that read all.
 struct PublishedResult {
   v1::JobResult result;
   std::string tenant;
-  grpc::ByteBuffer wire;
+  grpc::ByteBuffer wire;      // cursor: tenant_seq
+  grpc::ByteBuffer wire_all;  // cursor: seq
   int64_t seq = 0;  // the feed's seq; 0 for a result that was not stored
+  int64_t tenant_seq = 0;
 };
 
 // The most stored results one resumed watch replays.
@@ -62,9 +71,10 @@ inline constexpr int64_t kMaxWatchBacklog = 10000;
 class WatchHub;
 class WatchReactor;
 
-// Loads the stored results with seq in (after, until] for a resumed watch,
-// off the reaction thread, and hands them to exactly one of
-// WatchReactor::DeliverBacklog / FailBacklog.
+// Loads the stored results after cursor `after` (in the watcher's
+// numbering) with seq <= `until` for a resumed watch, off the reaction
+// thread, and hands them to exactly one of WatchReactor::DeliverBacklog /
+// FailBacklog.
 using BacklogLoader =
     std::function<void(WatchReactor* watcher, int64_t after, int64_t until)>;
 
@@ -84,7 +94,9 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   //
   // With `resume_after` set, results up to that cursor are never sent, and
   // the stored ones after it that were published before this watch began
-  // come from `load_backlog` first (live results wait behind them).
+  // come from `load_backlog` first (live results wait behind them). The
+  // cursor is in the numbering of the principal as it starts (the feed's
+  // when it reads all, else its tenant's).
   WatchReactor(WatchHub* hub, OpenCalls* calls, v1::ResultFilter filter,
                size_t buffer, Principal principal, Credentials credentials,
                absl::optional<int64_t> resume_after = absl::nullopt,
@@ -130,6 +142,8 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   const Principal principal_;
   const Credentials credentials_;
   const int64_t resume_after_;  // -1: live only
+  // resume_after_ counts the feed's seq (else the tenant's tenant_seq).
+  const bool resume_in_feed_order_;
   absl::Mutex mu_;
   // Follows the principal's read_all across reloads.
   bool reads_all_ ABSL_GUARDED_BY(mu_);
@@ -156,19 +170,20 @@ class WatchHub {
 
   // Cheap check, so publishers skip building a JobResult nobody watches.
   bool HasWatchers() const;
-  // Serialises `result` once and offers it to every watcher. `seq` > 0:
-  // the result's place in the store's feed (published in seq order).
-  void Publish(v1::JobResult result, std::string tenant, int64_t seq = 0);
-  // A stored result of the feed, `seq` in seq order: built by `make` only
-  // when someone watches (the hub's cursor moves either way).
-  void Publish(int64_t seq, const std::string& tenant,
+  // Offers a result that was not stored (cursor 0) to every watcher.
+  void Publish(v1::JobResult result, std::string tenant);
+  // A stored result of the feed, `seq` in seq order (tenant_seq its place
+  // among its tenant's): built by `make` only when someone watches (the
+  // hub's cursor moves either way).
+  void Publish(int64_t seq, int64_t tenant_seq, const std::string& tenant,
                const std::function<v1::JobResult()>& make);
   // The feed starts after `seq` (results before it are not published).
   void SetLastSeq(int64_t seq);
-  // Serialises a stored result for DeliverBacklog.
+  // Serialises a result (both numberings) for Publish and DeliverBacklog.
   static std::shared_ptr<const PublishedResult> Prepare(v1::JobResult result,
                                                         std::string tenant,
-                                                        int64_t seq);
+                                                        int64_t seq,
+                                                        int64_t tenant_seq);
   // Finishes every open call with `status` and refuses new ones.
   void Close(const grpc::Status& status);
   size_t watchers() const;

@@ -136,6 +136,11 @@ struct Job {
   // Counts against `quota` while queued or running.
   std::string tenant;
   TenantQuota quota;
+  // What the tenant holds outside this scheduler (a fleet's other
+  // replicas, as the store counted them when it admitted the job): added
+  // to its jobs here when Submit checks `quota`, and only then.
+  int64_t held_jobs_elsewhere = 0;
+  int64_t held_bytes_elsewhere = 0;
   // Devices held together for this job (a ring job across P ranks). 1 for
   // ordinary jobs. Submit fails FailedPrecondition when the pool has fewer
   // devices of the kind.

@@ -397,6 +397,8 @@ static AdmissionQuery QueryOf(const Job& job) {
   q.tenant = job.tenant;
   q.quota = job.quota;
   q.deadline = job.deadline;
+  q.held_jobs = job.held_jobs_elsewhere;
+  q.held_bytes = job.held_bytes_elsewhere;
   return q;
 }
 

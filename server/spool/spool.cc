@@ -195,7 +195,10 @@ std::string Spool::PathOf(absl::string_view job_id,
 absl::StatusOr<std::unique_ptr<Spool>> Spool::Open(
     const std::string& data_dir, const SpoolOptions& options) {
   if (data_dir.empty()) return absl::InvalidArgumentError("data_dir: empty");
-  const std::string dir = data_dir + "/spool";
+  if (options.subdir.empty() || options.subdir.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError("subdir: one folder name");
+  }
+  const std::string dir = data_dir + "/" + options.subdir;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {

@@ -78,6 +78,10 @@ struct SpoolListing {
 };
 
 struct SpoolOptions {
+  // The folder under data_dir that holds the entries. The job spool is
+  // "spool"; the RPC layer keeps a second spool, "journal", of results the
+  // store could not take (server/rpc/result_journal.h).
+  std::string subdir = "spool";
   // Refuse Put (ResourceExhausted) when the spool's files would exceed this
   // many bytes in total. 0: no limit.
   int64_t max_total_bytes = 0;
@@ -90,7 +94,7 @@ struct SpoolOptions {
 
 class Spool {
  public:
-  // Creates <data_dir>/spool (and data_dir) when missing, deletes leftover
+  // Creates <data_dir>/<subdir> (and data_dir) when missing, deletes leftover
   // *.tmp files and sizes the existing entries. Errors: Internal/
   // PermissionDenied-like errors from the file system, with the path.
   static absl::StatusOr<std::unique_ptr<Spool>> Open(

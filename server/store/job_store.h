@@ -15,8 +15,19 @@
 // becomes terminal, 1, 2, 3, ... in commit order, never reused (a counter
 // row, not MAX(seq): pruning must not recycle numbers). A reader that has
 // seen every row up to N and asks ResultsAfter(N) misses nothing and sees
-// nothing twice; WatchResults' resume_after cursor and the replicas'
-// cancel hand-off are built on it.
+// nothing twice; the replicas' cancel hand-off and the watchers of every
+// tenant are built on it. Each terminal row also gets `tenant_seq`, its
+// place among its own tenant's results (1, 2, 3, ... per tenant, in the
+// same commit order): the cursors a tenant sees (WatchResults'
+// resume_after, JobResult.cursor, ListResults' pages) are these, so a
+// tenant's cursors say nothing about how many results other tenants have.
+//
+// Admission (RecordAdmitted): a Submit's row is created in the same
+// transaction that asks the scheduler to take the job, and commits only
+// when it did; another replica creating the same job waits for that
+// decision. So an idempotency key never names a row whose job nobody
+// runs, and, with the tenant's usage read under a lock of the tenant, a
+// fleet decides one tenant's admissions one at a time (fleet-wide quotas).
 //
 // Durability: every write is one transaction, committed durably before it
 // returns (SQLite synchronous=FULL; PostgreSQL's default synchronous
@@ -30,6 +41,7 @@
 #define ATTNAUDIT_SERVER_STORE_JOB_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,9 +100,10 @@ struct ResultRecord {
   // Snapshot bytes of the job (its tensors), recorded with the QUEUED row:
   // a fleet's tenant quotas count them across replicas.
   int64_t bytes = 0;
-  // Set by the store: the row's place in the result feed (0 until
-  // terminal). Ignored on writes.
+  // Set by the store: the row's place in the result feed, and among its
+  // tenant's results (0 until terminal). Ignored on writes.
   int64_t seq = 0;
+  int64_t tenant_seq = 0;
 };
 
 // What one tenant holds queued or running.
@@ -101,11 +114,30 @@ struct TenantUsage {
 
 // An acknowledged job as a fleet store keeps it for another replica to
 // take over: its row, its deadline and its request bytes (the Submit
-// request exactly as spooled).
+// request exactly as spooled). ClaimStranded leaves `payload` empty and
+// says how long it is (ReadPayload reads it).
 struct StoredJob {
   ResultRecord record;
   absl::Time deadline = absl::InfiniteFuture();
   std::string payload;
+  int64_t payload_bytes = 0;
+};
+
+// A replica's last heartbeat and the store's clock when it was read.
+struct ReplicaBeat {
+  absl::Time written = absl::InfinitePast();
+  absl::Time now = absl::InfinitePast();
+};
+
+// The job RecordAdmitted records: its QUEUED row and, in a store shared
+// by a fleet, its deadline and request bytes.
+struct AdmittedJob {
+  ResultRecord record;
+  absl::Time deadline = absl::InfiniteFuture();
+  absl::string_view payload;
+  // Read the tenant's usage on other replicas (under the tenant's lock)
+  // and hand it to `admit`; false: `admit` gets zeros.
+  bool count_tenant = false;
 };
 
 struct ResultQuery {
@@ -125,7 +157,10 @@ struct ResultQuery {
   // page after a page that ended at before_seq) and finished in
   // [finished_since, finished_until). Otherwise every row, newest created
   // first (the finished_* and before_seq bounds are ignored).
+  // With tenant_cursor (and `tenant` set), results are ordered and paged
+  // by tenant_seq instead (the same order): before_seq bounds tenant_seq.
   bool results_only = false;
+  bool tenant_cursor = false;
   absl::optional<absl::Time> finished_since;
   absl::optional<absl::Time> finished_until;
   int64_t before_seq = 0;       // 0: no bound
@@ -165,10 +200,19 @@ class JobStore {
       const ResultRecord& record, absl::Time deadline,
       absl::string_view payload) = 0;
 
-  // Deletes the row of a job that is still QUEUED (an acknowledged job
-  // never is: this undoes a RecordQueued whose job could not be
-  // scheduled). Returns whether a row went.
-  virtual absl::StatusOr<bool> ForgetQueued(absl::string_view job_id) = 0;
+  // Admission and the job's row as one decision (see the file comment):
+  // in one transaction, creates the row (RecordQueuedWithPayload's), runs
+  // `admit` with the tenant's usage elsewhere (job.count_tenant) and
+  // commits only when `admit` returns OK. A caller creating the same job
+  // at once waits for this one's decision. Returns true when the job was
+  // admitted and recorded; false when it already had a row (`admit` did
+  // not run); `admit`'s error when it refused (nothing is recorded); a
+  // store error otherwise -- possibly after `admit` accepted (a failed
+  // COMMIT), which the caller knows from its own `admit`. `admit` runs on
+  // the calling thread, must be quick, and must not call the store.
+  using Admit = std::function<absl::Status(const TenantUsage& elsewhere)>;
+  virtual absl::StatusOr<bool> RecordAdmitted(const AdmittedJob& job,
+                                              const Admit& admit) = 0;
 
   // QUEUED -> RUNNING at `started`. Returns false (no change) when the row
   // is missing or not QUEUED.
@@ -181,6 +225,11 @@ class JobStore {
   // transaction. Returns true when this call made the job terminal, false
   // when it already was (nothing changed).
   virtual absl::StatusOr<bool> PutResult(const ResultRecord& record) = 0;
+  // PutResult of each record, all in one transaction (one commit, one
+  // fsync, for a writer with many results at once); the i-th answer is
+  // PutResult's for records[i]. On an error nothing is stored.
+  virtual absl::StatusOr<std::vector<bool>> PutResults(
+      const std::vector<ResultRecord>& records) = 0;
 
   // NotFound when the job has no row. The report is included.
   virtual absl::StatusOr<ResultRecord> Get(absl::string_view job_id) = 0;
@@ -194,6 +243,12 @@ class JobStore {
       int64_t after_seq, int limit) = 0;
   // The seq of the newest terminal row ever stored (0: none yet).
   virtual absl::StatusOr<int64_t> LastSeq() = 0;
+  // The same two in one tenant's numbering: its terminal rows with
+  // tenant_seq > after, in tenant_seq order (reports included), and its
+  // newest tenant_seq ever stored (0: none yet).
+  virtual absl::StatusOr<std::vector<ResultRecord>> TenantResultsAfter(
+      absl::string_view tenant, int64_t after, int limit) = 0;
+  virtual absl::StatusOr<int64_t> LastTenantSeq(absl::string_view tenant) = 0;
 
   // Job ids in QUEUED or RUNNING state, oldest first; with `replica`
   // non-empty only that replica's.
@@ -214,16 +269,27 @@ class JobStore {
   //
   // A replica is alive while its heartbeat, written with the database's
   // clock (so replicas' clocks need not agree), is younger than the lease.
+  // Heartbeats (and ReadHeartbeat, Retire) use a connection of their own,
+  // so calls in progress on the others never delay them.
   virtual absl::Status Heartbeat(absl::string_view replica) = 0;
+  // The replica's last heartbeat; NotFound when it has none (never wrote
+  // one, or retired; always in a store of one process).
+  virtual absl::StatusOr<ReplicaBeat> ReadHeartbeat(
+      absl::string_view replica) = 0;
   // The replica is going away (drain): its unfinished jobs may be claimed
   // at once.
   virtual absl::Status Retire(absl::string_view replica) = 0;
-  // Takes over up to `limit` unfinished jobs (with a payload) whose
-  // replica is not alive (no heartbeat within `lease`), oldest first: each
-  // becomes `replica`'s, QUEUED again. Replicas claiming at once never get
-  // the same job (row locks, SKIP LOCKED).
+  // Takes over unfinished jobs (with a payload) whose replica is gone:
+  // retired (no heartbeat at all), or, unless `retired_only`, silent (no
+  // heartbeat within `lease`). Oldest first; each becomes `replica`'s,
+  // QUEUED again. At most `limit` jobs whose payloads add up to at most
+  // `max_bytes` (but the first always, whatever its size). Payloads are
+  // not read (StoredJob::payload_bytes says their size): the caller reads
+  // each with ReadPayload once the claim committed. Replicas claiming at
+  // once never get the same job (row locks, SKIP LOCKED).
   virtual absl::StatusOr<std::vector<StoredJob>> ClaimStranded(
-      absl::string_view replica, absl::Duration lease, int limit) = 0;
+      absl::string_view replica, absl::Duration lease, int limit,
+      int64_t max_bytes, bool retired_only) = 0;
   // The stored payload of an unfinished job (a replica restarting without
   // its local spool). NotFound when there is none.
   virtual absl::StatusOr<StoredJob> ReadPayload(absl::string_view job_id) = 0;

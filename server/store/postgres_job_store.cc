@@ -69,6 +69,27 @@ CREATE TABLE attnaudit_replicas (
 );
 )sql";
 
+// Version 1 -> 2: every tenant's own numbering of its results (in feed
+// order), and its counter.
+constexpr const char* kSchemaV2 = R"sql(
+ALTER TABLE attnaudit_jobs ADD COLUMN tenant_seq BIGINT NOT NULL DEFAULT 0;
+WITH ordered AS (
+  SELECT job_id, ROW_NUMBER() OVER (PARTITION BY tenant ORDER BY seq) AS n
+  FROM attnaudit_jobs WHERE seq > 0)
+UPDATE attnaudit_jobs j SET tenant_seq = o.n FROM ordered o
+WHERE o.job_id = j.job_id;
+INSERT INTO attnaudit_counters(name, value)
+  SELECT 'tseq:' || tenant, MAX(tenant_seq) FROM attnaudit_jobs
+  WHERE seq > 0 GROUP BY tenant
+  ON CONFLICT(name) DO UPDATE SET value = excluded.value;
+CREATE INDEX attnaudit_jobs_by_tenant_seq
+  ON attnaudit_jobs(tenant, tenant_seq);
+)sql";
+
+// The advisory locks of tenants' admissions: (kTenantLockClass,
+// hashtext(tenant)), a space apart from the migration's one-key lock.
+constexpr int kTenantLockClass = 0x6174;
+
 // The database's clock in microseconds: leases compare heartbeats written
 // by different machines, so one clock decides.
 constexpr const char* kDbNowUs =
@@ -112,6 +133,10 @@ class PostgresJobStore::Rows {
     PQfreemem(raw);
     return out;
   }
+  // A column of a binary-format result, as it came.
+  std::string Raw(int row, int col) const {
+    return std::string(PQgetvalue(r_, row, col), PQgetlength(r_, row, col));
+  }
   int64_t changed() const {
     int64_t v = 0;
     return absl::SimpleAtoi(PQcmdTuples(r_), &v) ? v : 0;
@@ -151,6 +176,10 @@ PostgresJobStore::PostgresJobStore(std::string url, const StoreOptions& options)
       options_(options) {}
 
 PostgresJobStore::~PostgresJobStore() {
+  {
+    absl::MutexLock lock(&beat_mu_);
+    if (beat_.conn != nullptr) PQfinish(beat_.conn);
+  }
   absl::MutexLock lock(&pool_mu_);
   for (const std::unique_ptr<Session>& session : idle_) {
     if (session->conn != nullptr) PQfinish(session->conn);
@@ -226,7 +255,8 @@ absl::Status PostgresJobStore::Connect(Session& db) {
 }
 
 absl::StatusOr<PostgresJobStore::Rows> PostgresJobStore::Run(
-    Session& db, const std::string& sql, const std::vector<Param>& params) {
+    Session& db, const std::string& sql, const std::vector<Param>& params,
+    bool binary_results) {
   ATTNAUDIT_RETURN_IF_ERROR(Connect(db));
   std::vector<const char*> values;
   std::vector<int> lengths;
@@ -242,7 +272,7 @@ absl::StatusOr<PostgresJobStore::Rows> PostgresJobStore::Run(
                         : PQexecParams(db.conn, sql.c_str(),
                                        static_cast<int>(params.size()), nullptr,
                                        values.data(), lengths.data(),
-                                       formats.data(), /*resultFormat=*/0));
+                                       formats.data(), binary_results ? 1 : 0));
   const ExecStatusType st = PQresultStatus(r.get());
   if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) return r;
   const char* sqlstate = r.get() != nullptr
@@ -293,6 +323,7 @@ absl::Status PostgresJobStore::Migrate(Session& db) {
           "); run a newer attnaudit-server"));
     }
     if (version < 1) ATTNAUDIT_RETURN_IF_ERROR(Run(db, kSchemaV1, {}).status());
+    if (version < 2) ATTNAUDIT_RETURN_IF_ERROR(Run(db, kSchemaV2, {}).status());
     if (version == kPostgresSchemaVersion) return absl::OkStatus();
     ATTNAUDIT_RETURN_IF_ERROR(
         Run(db, "DELETE FROM attnaudit_schema", {}).status());
@@ -366,22 +397,56 @@ absl::StatusOr<bool> PostgresJobStore::RecordQueuedOn(Session& db,
   return n == 1;
 }
 
-absl::StatusOr<bool> PostgresJobStore::ForgetQueued(absl::string_view job_id) {
+absl::Status PostgresJobStore::AdmitOn(Session& db, const AdmittedJob& job,
+                                       const Admit& admit, bool* created) {
+  const ResultRecord& r = job.record;
+  // First: a concurrent admission of the same job waits here until this
+  // one's decision, and then finds its row (or creates its own).
+  ATTNAUDIT_RETURN_IF_ERROR(
+      Run(db,
+          "INSERT INTO attnaudit_payloads(job_id, deadline_us, payload) "
+          "VALUES($1, $2, $3) ON CONFLICT(job_id) DO NOTHING",
+          {Text(r.job_id), Int(Micros(job.deadline)), Bytes(job.payload)})
+          .status());
+  TenantUsage elsewhere;
+  if (job.count_tenant) {
+    // Held until COMMIT: the tenant's next admission, on any replica,
+    // counts this one's row.
+    ATTNAUDIT_RETURN_IF_ERROR(
+        Run(db, "SELECT pg_advisory_xact_lock($1::int4, hashtext($2::text))",
+            {Int(kTenantLockClass), Text(r.tenant)})
+            .status());
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        Rows rows,
+        Run(db,
+            "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM attnaudit_jobs "
+            "WHERE tenant = $1 AND replica <> $2 "
+            "AND state IN ('QUEUED', 'RUNNING')",
+            {Text(r.tenant), Text(r.replica)}));
+    if (rows.rows() == 1) {
+      elsewhere.jobs = rows.Int(0, 0);
+      elsewhere.bytes = rows.Int(0, 1);
+    }
+  }
+  ATTNAUDIT_ASSIGN_OR_RETURN(*created, RecordQueuedOn(db, r));
+  // A row already there: roll back (the payload insert too).
+  if (!*created) return absl::AlreadyExistsError("known job");
+  return admit(elsewhere);
+}
+
+absl::StatusOr<bool> PostgresJobStore::RecordAdmitted(const AdmittedJob& job,
+                                                      const Admit& admit) {
+  if (job.record.job_id.empty()) {
+    return absl::InvalidArgumentError("job_id: empty");
+  }
   Lease lease = Acquire();
   Session& db = *lease;
-  int64_t n = 0;
-  ATTNAUDIT_RETURN_IF_ERROR(InTransaction(db, [&]() -> absl::Status {
-    ATTNAUDIT_ASSIGN_OR_RETURN(
-        n, Change(db,
-                  "DELETE FROM attnaudit_jobs WHERE job_id = $1 "
-                  "AND state = 'QUEUED'",
-                  {Text(job_id)}));
-    if (n == 0) return absl::OkStatus();
-    return Run(db, "DELETE FROM attnaudit_payloads WHERE job_id = $1",
-               {Text(job_id)})
-        .status();
-  }));
-  return n == 1;
+  bool created = false;
+  absl::Status s = InTransaction(
+      db, [&]() -> absl::Status { return AdmitOn(db, job, admit, &created); });
+  if (!created && s.code() == absl::StatusCode::kAlreadyExists) return false;
+  if (!s.ok()) return s;
+  return true;
 }
 
 absl::StatusOr<bool> PostgresJobStore::MarkRunning(absl::string_view job_id,
@@ -397,71 +462,107 @@ absl::StatusOr<bool> PostgresJobStore::MarkRunning(absl::string_view job_id,
   return n == 1;
 }
 
+absl::StatusOr<bool> PostgresJobStore::PutResultOn(Session& db,
+                                                   const ResultRecord& r) {
+  // The counter row stays locked until COMMIT: seq order is commit order.
+  ATTNAUDIT_RETURN_IF_ERROR(Run(db, "SAVEPOINT put", {}).status());
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      Rows next, Run(db,
+                     "UPDATE attnaudit_counters SET value = value + 1 "
+                     "WHERE name = 'seq' RETURNING value",
+                     {}));
+  if (next.rows() != 1) return absl::InternalError("result store: no seq");
+  // Numbered among the results of the row's own tenant (an update keeps
+  // the row's tenant).
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      Rows tenant_next,
+      Run(db,
+          "INSERT INTO attnaudit_counters AS c(name, value) VALUES('tseq:' "
+          "|| COALESCE((SELECT tenant FROM attnaudit_jobs WHERE job_id = "
+          "$1), $2::text), 1) ON CONFLICT(name) DO UPDATE SET value = "
+          "c.value + 1 "
+          "RETURNING value",
+          {Text(r.job_id), Text(r.tenant)}));
+  if (tenant_next.rows() != 1) {
+    return absl::InternalError("result store: no tenant seq");
+  }
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      int64_t n,
+      Change(db,
+             "INSERT INTO attnaudit_jobs AS j(job_id, state, verdict, "
+             "priority, model, layer, engine, created_us, started_us, "
+             "finished_us, error_code, error_message, report, tenant, backend, "
+             "step, run, diagnosis, replica, seq, tenant_seq) VALUES($1, $2, "
+             "$3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, "
+             "$17, $18, $19, $20, $21) ON CONFLICT(job_id) DO UPDATE SET "
+             "state = excluded.state, verdict = excluded.verdict, "
+             "model = excluded.model, layer = excluded.layer, "
+             "engine = excluded.engine, backend = excluded.backend, "
+             "step = excluded.step, run = excluded.run, "
+             "diagnosis = excluded.diagnosis, "
+             "started_us = CASE WHEN j.started_us = 0 THEN excluded.started_us "
+             "ELSE j.started_us END, finished_us = excluded.finished_us, "
+             "error_code = excluded.error_code, "
+             "error_message = excluded.error_message, "
+             "report = excluded.report, seq = excluded.seq, "
+             "tenant_seq = excluded.tenant_seq "
+             "WHERE j.state IN ('QUEUED', 'RUNNING')",
+             {Text(r.job_id),
+              Text(JobStateName(r.state)),
+              Int(r.verdict),
+              Int(r.priority),
+              Text(r.model),
+              Int(r.layer),
+              Text(r.engine),
+              Int(Micros(r.created)),
+              Int(Micros(r.started)),
+              Int(Micros(r.finished)),
+              Int(r.error_code),
+              Text(r.error_message),
+              Bytes(r.report),
+              Text(r.tenant),
+              Text(r.backend),
+              Int(r.step),
+              Text(r.run),
+              Text(r.diagnosis),
+              Text(r.replica),
+              Int(next.Int(0, 0)),
+              Int(tenant_next.Int(0, 0))}));
+  if (n != 1) {
+    // Terminal already: nothing changes, and the numbers go back.
+    ATTNAUDIT_RETURN_IF_ERROR(
+        Run(db, "ROLLBACK TO SAVEPOINT put", {}).status());
+    return false;
+  }
+  // The payload was kept for a hand-off; a finished job needs none.
+  ATTNAUDIT_RETURN_IF_ERROR(
+      Run(db, "DELETE FROM attnaudit_payloads WHERE job_id = $1",
+          {Text(r.job_id)})
+          .status());
+  ATTNAUDIT_RETURN_IF_ERROR(Run(db, "RELEASE SAVEPOINT put", {}).status());
+  return true;
+}
+
 absl::StatusOr<bool> PostgresJobStore::PutResult(const ResultRecord& r) {
-  ATTNAUDIT_RETURN_IF_ERROR(store_internal::CheckTerminal(r));
+  ATTNAUDIT_ASSIGN_OR_RETURN(std::vector<bool> stored, PutResults({r}));
+  return stored.front();
+}
+
+absl::StatusOr<std::vector<bool>> PostgresJobStore::PutResults(
+    const std::vector<ResultRecord>& records) {
+  for (const ResultRecord& r : records) {
+    ATTNAUDIT_RETURN_IF_ERROR(store_internal::CheckTerminal(r));
+  }
   Lease lease = Acquire();
   Session& db = *lease;
-  bool stored = false;
-  // The counter row stays locked until COMMIT: seq order is commit order.
-  // A job that is terminal already changes nothing and rolls back, giving
-  // its number back.
-  absl::Status s = InTransaction(db, [&]() -> absl::Status {
-    ATTNAUDIT_ASSIGN_OR_RETURN(
-        Rows next, Run(db,
-                       "UPDATE attnaudit_counters SET value = value + 1 "
-                       "WHERE name = 'seq' RETURNING value",
-                       {}));
-    if (next.rows() != 1) return absl::InternalError("result store: no seq");
-    ATTNAUDIT_ASSIGN_OR_RETURN(
-        int64_t n,
-        Change(
-            db,
-            "INSERT INTO attnaudit_jobs AS j(job_id, state, verdict, "
-            "priority, model, layer, engine, created_us, started_us, "
-            "finished_us, error_code, error_message, report, tenant, backend, "
-            "step, run, diagnosis, replica, seq) VALUES($1, $2, $3, $4, $5, "
-            "$6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, "
-            "$19, $20) ON CONFLICT(job_id) DO UPDATE SET "
-            "state = excluded.state, verdict = excluded.verdict, "
-            "model = excluded.model, layer = excluded.layer, "
-            "engine = excluded.engine, backend = excluded.backend, "
-            "step = excluded.step, run = excluded.run, "
-            "diagnosis = excluded.diagnosis, "
-            "started_us = CASE WHEN j.started_us = 0 THEN excluded.started_us "
-            "ELSE j.started_us END, finished_us = excluded.finished_us, "
-            "error_code = excluded.error_code, "
-            "error_message = excluded.error_message, "
-            "report = excluded.report, seq = excluded.seq "
-            "WHERE j.state IN ('QUEUED', 'RUNNING')",
-            {Text(r.job_id),
-             Text(JobStateName(r.state)),
-             Int(r.verdict),
-             Int(r.priority),
-             Text(r.model),
-             Int(r.layer),
-             Text(r.engine),
-             Int(Micros(r.created)),
-             Int(Micros(r.started)),
-             Int(Micros(r.finished)),
-             Int(r.error_code),
-             Text(r.error_message),
-             Bytes(r.report),
-             Text(r.tenant),
-             Text(r.backend),
-             Int(r.step),
-             Text(r.run),
-             Text(r.diagnosis),
-             Text(r.replica),
-             Int(next.Int(0, 0))}));
-    stored = n == 1;
-    if (!stored) return absl::AbortedError("already terminal");
-    // The payload was kept for a hand-off; a finished job needs none.
-    return Run(db, "DELETE FROM attnaudit_payloads WHERE job_id = $1",
-               {Text(r.job_id)})
-        .status();
-  });
-  if (s.code() == absl::StatusCode::kAborted && !stored) return false;
-  if (!s.ok()) return s;
+  std::vector<bool> stored;
+  ATTNAUDIT_RETURN_IF_ERROR(InTransaction(db, [&]() -> absl::Status {
+    for (const ResultRecord& r : records) {
+      ATTNAUDIT_ASSIGN_OR_RETURN(const bool one, PutResultOn(db, r));
+      stored.push_back(one);
+    }
+    return absl::OkStatus();
+  }));
   return stored;
 }
 
@@ -519,6 +620,35 @@ absl::StatusOr<int64_t> PostgresJobStore::LastSeq() {
   ATTNAUDIT_ASSIGN_OR_RETURN(
       Rows rows,
       Run(db, "SELECT value FROM attnaudit_counters WHERE name = 'seq'", {}));
+  return rows.rows() > 0 ? rows.Int(0, 0) : 0;
+}
+
+absl::StatusOr<std::vector<ResultRecord>> PostgresJobStore::TenantResultsAfter(
+    absl::string_view tenant, int64_t after, int limit) {
+  if (limit < 1 || limit > 10000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("limit: must be in [1, 10000], got ", limit));
+  }
+  Lease lease = Acquire();
+  Session& db = *lease;
+  return Records(db,
+                 absl::StrCat("SELECT ", kRecordColumns,
+                              ", report FROM attnaudit_jobs WHERE tenant = $1 "
+                              "AND tenant_seq > $2 ORDER BY tenant_seq "
+                              "LIMIT $3"),
+                 {Text(tenant), Int(after), Int(limit)}, /*with_report=*/true);
+}
+
+absl::StatusOr<int64_t> PostgresJobStore::LastTenantSeq(
+    absl::string_view tenant) {
+  Lease lease = Acquire();
+  Session& db = *lease;
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      Rows rows,
+      Run(db,
+          "SELECT value FROM attnaudit_counters WHERE name = 'tseq:' "
+          "|| $1::text",
+          {Text(tenant)}));
   return rows.rows() > 0 ? rows.Int(0, 0) : 0;
 }
 
@@ -589,9 +719,8 @@ absl::StatusOr<std::string> PostgresJobStore::SharedSecret(
 }
 
 absl::Status PostgresJobStore::Heartbeat(absl::string_view replica) {
-  Lease lease = Acquire();
-  Session& db = *lease;
-  return Run(db,
+  absl::MutexLock lock(&beat_mu_);
+  return Run(beat_,
              absl::StrCat("INSERT INTO attnaudit_replicas(replica, "
                           "heartbeat_us) VALUES($1, ",
                           kDbNowUs,
@@ -601,45 +730,97 @@ absl::Status PostgresJobStore::Heartbeat(absl::string_view replica) {
       .status();
 }
 
+absl::StatusOr<ReplicaBeat> PostgresJobStore::ReadHeartbeat(
+    absl::string_view replica) {
+  absl::MutexLock lock(&beat_mu_);
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      Rows rows,
+      Run(beat_,
+          absl::StrCat("SELECT heartbeat_us, ", kDbNowUs,
+                       " FROM attnaudit_replicas WHERE replica = $1"),
+          {Text(replica)}));
+  if (rows.rows() != 1) {
+    return absl::NotFoundError(
+        absl::StrCat("replica ", replica, ": no heartbeat"));
+  }
+  ReplicaBeat beat;
+  beat.written = absl::FromUnixMicros(rows.Int(0, 0));
+  beat.now = absl::FromUnixMicros(rows.Int(0, 1));
+  return beat;
+}
+
 absl::Status PostgresJobStore::Retire(absl::string_view replica) {
-  Lease lease = Acquire();
-  Session& db = *lease;
-  return Run(db, "DELETE FROM attnaudit_replicas WHERE replica = $1",
+  absl::MutexLock lock(&beat_mu_);
+  return Run(beat_, "DELETE FROM attnaudit_replicas WHERE replica = $1",
              {Text(replica)})
       .status();
 }
 
+absl::StatusOr<std::vector<std::pair<std::string, int64_t>>>
+PostgresJobStore::PickStranded(Session& db, absl::string_view replica,
+                               absl::Duration lease, int limit,
+                               int64_t max_bytes, bool retired_only) {
+  // Locked until COMMIT; another claimer skips them rather than wait. The
+  // payloads' sizes come from their headers (octet_length reads no bytes
+  // of a value stored out of line).
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      Rows rows,
+      Run(db,
+          absl::StrCat(
+              "SELECT j.job_id, octet_length(p.payload) FROM attnaudit_jobs j "
+              "JOIN attnaudit_payloads p ON p.job_id = j.job_id "
+              "WHERE j.state IN ('QUEUED', 'RUNNING') AND j.replica <> $1 "
+              "AND NOT EXISTS (SELECT 1 FROM attnaudit_replicas r WHERE "
+              "r.replica = j.replica AND ($4::boolean OR r.heartbeat_us > ",
+              kDbNowUs,
+              " - $2)) ORDER BY j.created_us, j.job_id LIMIT $3 "
+              "FOR UPDATE OF j SKIP LOCKED"),
+          {Text(replica), Int(absl::ToInt64Microseconds(lease)), Int(limit),
+           Text(retired_only ? "true" : "false")}));
+  std::vector<std::pair<std::string, int64_t>> picked;
+  int64_t bytes = 0;
+  for (int i = 0; i < rows.rows(); ++i) {
+    const int64_t size = rows.Int(i, 1);
+    if (!picked.empty() && bytes + size > max_bytes) break;
+    bytes += size;
+    picked.emplace_back(rows.Text(i, 0), size);
+  }
+  return picked;
+}
+
 absl::StatusOr<std::vector<StoredJob>> PostgresJobStore::ClaimStranded(
-    absl::string_view replica, absl::Duration lease, int limit) {
+    absl::string_view replica, absl::Duration lease, int limit,
+    int64_t max_bytes, bool retired_only) {
   if (limit < 1) return std::vector<StoredJob>();
   Lease session = Acquire();
   Session& db = *session;
   std::vector<StoredJob> claimed;
   ATTNAUDIT_RETURN_IF_ERROR(InTransaction(db, [&]() -> absl::Status {
-    // Locked until COMMIT; another claimer skips them rather than wait.
     ATTNAUDIT_ASSIGN_OR_RETURN(
-        Rows picked,
-        Run(db,
-            absl::StrCat(
-                "SELECT j.job_id FROM attnaudit_jobs j JOIN "
-                "attnaudit_payloads p ON p.job_id = j.job_id "
-                "WHERE j.state IN ('QUEUED', 'RUNNING') AND j.replica <> $1 "
-                "AND NOT EXISTS (SELECT 1 FROM attnaudit_replicas r WHERE "
-                "r.replica = j.replica AND r.heartbeat_us > ",
-                kDbNowUs,
-                " - $2) ORDER BY j.created_us, j.job_id LIMIT $3 "
-                "FOR UPDATE OF j SKIP LOCKED"),
-            {Text(replica), Int(absl::ToInt64Microseconds(lease)),
-             Int(limit)}));
-    for (int i = 0; i < picked.rows(); ++i) {
-      const std::string id = picked.Text(i, 0);
-      ATTNAUDIT_RETURN_IF_ERROR(
+        auto picked,
+        PickStranded(db, replica, lease, limit, max_bytes, retired_only));
+    for (const auto& [id, size] : picked) {
+      ATTNAUDIT_ASSIGN_OR_RETURN(
+          std::vector<ResultRecord> rows,
+          Records(db,
+                  absl::StrCat("UPDATE attnaudit_jobs SET replica = $2, "
+                               "state = 'QUEUED', started_us = 0 WHERE "
+                               "job_id = $1 RETURNING ",
+                               kRecordColumns),
+                  {Text(id), Text(replica)}, /*with_report=*/false));
+      ATTNAUDIT_ASSIGN_OR_RETURN(
+          Rows deadline,
           Run(db,
-              "UPDATE attnaudit_jobs SET replica = $2, "
-              "state = 'QUEUED', started_us = 0 WHERE job_id = $1",
-              {Text(id), Text(replica)})
-              .status());
-      ATTNAUDIT_ASSIGN_OR_RETURN(StoredJob job, ReadStored(db, id));
+              "SELECT deadline_us FROM attnaudit_payloads WHERE job_id = $1",
+              {Text(id)}));
+      if (rows.size() != 1 || deadline.rows() != 1) continue;
+      StoredJob job;
+      job.record = std::move(rows.front());
+      const int64_t deadline_us = deadline.Int(0, 0);
+      job.deadline = deadline_us == INT64_MAX
+                         ? absl::InfiniteFuture()
+                         : absl::FromUnixMicros(deadline_us);
+      job.payload_bytes = size;
       claimed.push_back(std::move(job));
     }
     return absl::OkStatus();
@@ -662,21 +843,27 @@ absl::StatusOr<StoredJob> PostgresJobStore::ReadStored(
                                                   ", NULL FROM attnaudit_jobs "
                                                   "WHERE job_id = $1"),
                                      {Text(job_id)}, /*with_report=*/false));
+  ATTNAUDIT_ASSIGN_OR_RETURN(Rows deadline,
+                             Run(db,
+                                 "SELECT deadline_us FROM attnaudit_payloads "
+                                 "WHERE job_id = $1",
+                                 {Text(job_id)}));
+  // In binary: the bytes once, not as hex text twice their size.
   ATTNAUDIT_ASSIGN_OR_RETURN(
-      Rows payload, Run(db,
-                        "SELECT deadline_us, payload FROM attnaudit_payloads "
-                        "WHERE job_id = $1",
-                        {Text(job_id)}));
-  if (rows.size() != 1 || payload.rows() != 1) {
+      Rows payload,
+      Run(db, "SELECT payload FROM attnaudit_payloads WHERE job_id = $1",
+          {Text(job_id)}, /*binary_results=*/true));
+  if (rows.size() != 1 || deadline.rows() != 1 || payload.rows() != 1) {
     return absl::NotFoundError(
         absl::StrCat("job ", job_id, ": no stored payload"));
   }
   StoredJob job;
   job.record = std::move(rows.front());
-  const int64_t deadline_us = payload.Int(0, 0);
+  const int64_t deadline_us = deadline.Int(0, 0);
   job.deadline = deadline_us == INT64_MAX ? absl::InfiniteFuture()
                                           : absl::FromUnixMicros(deadline_us);
-  job.payload = payload.Bytes(0, 1);
+  job.payload = payload.Raw(0, 0);
+  job.payload_bytes = static_cast<int64_t>(job.payload.size());
   return job;
 }
 

@@ -14,10 +14,20 @@
 // bottleneck next to the audit itself).
 //
 // Connections: a pool of up to kMaxSessions libpq connections, one per
-// call in progress. A call that finds its connection broken (the server
-// restarted, the network dropped) returns Unavailable and the next call on
-// that connection reconnects; nothing is retried inside a call, so a write
-// is never applied twice behind the caller's back.
+// call in progress, plus one of its own for heartbeats (Heartbeat,
+// ReadHeartbeat, Retire), so a replica's heartbeat never waits for its
+// other calls (a Submit's payload, a claim). A call that finds its
+// connection broken (the server restarted, the network dropped) returns
+// Unavailable and the next call on that connection reconnects; nothing is
+// retried inside a call, so a write is never applied twice behind the
+// caller's back.
+//
+// Admission (RecordAdmitted): one transaction inserts the payload, takes
+// the tenant's advisory lock (job.count_tenant), reads the tenant's usage
+// on other replicas, inserts the row and runs `admit`; the lock and the
+// uncommitted row make concurrent admissions of the same tenant, or of the
+// same job, wait for this one's COMMIT or ROLLBACK (at most
+// StoreOptions::busy_timeout: lock_timeout).
 //
 // Thread safety: all methods are thread-safe.
 #ifndef ATTNAUDIT_SERVER_STORE_POSTGRES_JOB_STORE_H_
@@ -26,6 +36,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -40,7 +51,7 @@ struct pg_conn;
 
 namespace attnaudit::server {
 
-inline constexpr int kPostgresSchemaVersion = 1;
+inline constexpr int kPostgresSchemaVersion = 2;
 
 class PostgresJobStore final : public JobStore {
  public:
@@ -57,25 +68,33 @@ class PostgresJobStore final : public JobStore {
   absl::StatusOr<bool> RecordQueuedWithPayload(
       const ResultRecord& record, absl::Time deadline,
       absl::string_view payload) override;
-  absl::StatusOr<bool> ForgetQueued(absl::string_view job_id) override;
+  absl::StatusOr<bool> RecordAdmitted(const AdmittedJob& job,
+                                      const Admit& admit) override;
   absl::StatusOr<bool> MarkRunning(absl::string_view job_id,
                                    absl::Time started) override;
   absl::StatusOr<bool> PutResult(const ResultRecord& record) override;
+  absl::StatusOr<std::vector<bool>> PutResults(
+      const std::vector<ResultRecord>& records) override;
   absl::StatusOr<ResultRecord> Get(absl::string_view job_id) override;
   absl::StatusOr<std::vector<ResultRecord>> Query(
       const ResultQuery& query) override;
   absl::StatusOr<std::vector<ResultRecord>> ResultsAfter(int64_t after_seq,
                                                          int limit) override;
   absl::StatusOr<int64_t> LastSeq() override;
+  absl::StatusOr<std::vector<ResultRecord>> TenantResultsAfter(
+      absl::string_view tenant, int64_t after, int limit) override;
+  absl::StatusOr<int64_t> LastTenantSeq(absl::string_view tenant) override;
   absl::StatusOr<std::vector<std::string>> Unfinished(
       absl::string_view replica) override;
   absl::StatusOr<int64_t> Prune(absl::Time now) override;
   absl::StatusOr<std::string> SharedSecret(
       absl::string_view name, absl::string_view candidate) override;
   absl::Status Heartbeat(absl::string_view replica) override;
+  absl::StatusOr<ReplicaBeat> ReadHeartbeat(absl::string_view replica) override;
   absl::Status Retire(absl::string_view replica) override;
   absl::StatusOr<std::vector<StoredJob>> ClaimStranded(
-      absl::string_view replica, absl::Duration lease, int limit) override;
+      absl::string_view replica, absl::Duration lease, int limit,
+      int64_t max_bytes, bool retired_only) override;
   absl::StatusOr<StoredJob> ReadPayload(absl::string_view job_id) override;
   absl::StatusOr<TenantUsage> OthersUsage(absl::string_view tenant,
                                           absl::string_view replica) override;
@@ -116,9 +135,11 @@ class PostgresJobStore final : public JobStore {
   void Release(std::unique_ptr<Session> session);
   // (Re)connects when `db` has no healthy connection.
   absl::Status Connect(Session& db);
-  // Runs one statement; rows come back as text.
+  // Runs one statement; rows come back as text, or with `binary_results`
+  // as bytes (a payload: no hex text twice its size).
   absl::StatusOr<Rows> Run(Session& db, const std::string& sql,
-                           const std::vector<Param>& params);
+                           const std::vector<Param>& params,
+                           bool binary_results = false);
   // Runs `body` between BEGIN and COMMIT; ROLLBACK when it fails.
   template <typename Body>
   absl::Status InTransaction(Session& db, Body body);
@@ -129,6 +150,17 @@ class PostgresJobStore final : public JobStore {
   absl::StatusOr<bool> RecordQueuedOn(Session& db, const ResultRecord& record);
   // A job's row, deadline and payload; NotFound without a payload.
   absl::StatusOr<StoredJob> ReadStored(Session& db, absl::string_view job_id);
+  // The stranded jobs ClaimStranded may take (locked until COMMIT): ids
+  // and payload sizes, within `limit` and `max_bytes`.
+  absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> PickStranded(
+      Session& db, absl::string_view replica, absl::Duration lease, int limit,
+      int64_t max_bytes, bool retired_only);
+  // PutResult's work inside a transaction (a savepoint of its own, rolled
+  // back for a terminal row: its numbers are given back).
+  absl::StatusOr<bool> PutResultOn(Session& db, const ResultRecord& record);
+  // RecordAdmitted's transaction body; *created as RecordQueuedOn.
+  absl::Status AdmitOn(Session& db, const AdmittedJob& job, const Admit& admit,
+                       bool* created);
   // Rows changed by a statement that returned no rows.
   absl::StatusOr<int64_t> Change(Session& db, const std::string& sql,
                                  const std::vector<Param>& params);
@@ -142,6 +174,9 @@ class PostgresJobStore final : public JobStore {
   absl::Mutex pool_mu_;
   std::vector<std::unique_ptr<Session>> idle_ ABSL_GUARDED_BY(pool_mu_);
   int sessions_ ABSL_GUARDED_BY(pool_mu_) = 0;
+  // The heartbeats' own connection.
+  absl::Mutex beat_mu_;
+  Session beat_ ABSL_GUARDED_BY(beat_mu_);
 };
 
 }  // namespace attnaudit::server

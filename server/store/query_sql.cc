@@ -64,6 +64,12 @@ absl::StatusOr<QuerySql> BuildQuerySql(const ResultQuery& q, char placeholder) {
     return absl::InvalidArgumentError(
         absl::StrCat("limit: must be in [1, 10000], got ", q.limit));
   }
+  if (q.tenant_cursor && !q.tenant.has_value()) {
+    return absl::InvalidArgumentError(
+        "tenant_cursor: a tenant's numbering needs the tenant");
+  }
+  // Within one tenant both numberings are commit order.
+  const char* cursor = q.tenant_cursor ? "tenant_seq" : "seq";
   Builder b(placeholder);
   b.Raw(" WHERE 1 = 1");
   if (q.tenant) b.Text("tenant", *q.tenant);
@@ -84,8 +90,8 @@ absl::StatusOr<QuerySql> BuildQuerySql(const ResultQuery& q, char placeholder) {
     if (q.finished_until) {
       b.Int("finished_us", Micros(*q.finished_until), " < ");
     }
-    if (q.before_seq > 0) b.Int("seq", q.before_seq, " < ");
-    b.Raw(" ORDER BY seq DESC");
+    if (q.before_seq > 0) b.Int(cursor, q.before_seq, " < ");
+    b.Raw(absl::StrCat(" ORDER BY ", cursor, " DESC"));
   } else {
     b.Raw(" ORDER BY created_us DESC, job_id DESC");
   }
@@ -119,6 +125,7 @@ ResultRecord RecordFromColumns(const RowReader& row) {
   r.tenant = row.Text(17);
   r.seq = row.Int(18);
   r.bytes = row.Int(19);
+  r.tenant_seq = row.Int(20);
   return r;
 }
 

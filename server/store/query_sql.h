@@ -20,8 +20,8 @@ namespace attnaudit::server::store_internal {
 inline constexpr const char* kRecordColumns =
     "job_id, state, verdict, priority, model, layer, engine, backend, step, "
     "run, diagnosis, replica, created_us, started_us, finished_us, "
-    "error_code, error_message, tenant, seq, bytes";
-inline constexpr int kNumRecordColumns = 20;
+    "error_code, error_message, tenant, seq, bytes, tenant_seq";
+inline constexpr int kNumRecordColumns = 21;
 inline constexpr const char* kTerminalStates = "('DONE','FAILED','CANCELLED')";
 
 // A bound parameter: an integer or a text.
@@ -33,7 +33,8 @@ struct SqlParam {
 
 // The SQL after "SELECT <columns> FROM <table>" of `query`, with its
 // parameters numbered from 1 ("?1" for SQLite, "$1" for PostgreSQL:
-// `placeholder` is '?' or '$'). InvalidArgument for a limit out of range.
+// `placeholder` is '?' or '$'). InvalidArgument for a limit out of range,
+// or tenant_cursor without a tenant.
 struct QuerySql {
   std::string tail;
   std::vector<SqlParam> params;

@@ -44,7 +44,8 @@ CREATE TABLE IF NOT EXISTS results (
   diagnosis     TEXT NOT NULL DEFAULT '',
   replica       TEXT NOT NULL DEFAULT '',
   seq           INTEGER NOT NULL DEFAULT 0,
-  bytes         INTEGER NOT NULL DEFAULT 0
+  bytes         INTEGER NOT NULL DEFAULT 0,
+  tenant_seq    INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS counters (
   name  TEXT PRIMARY KEY NOT NULL,
@@ -61,7 +62,14 @@ CREATE INDEX IF NOT EXISTS results_by_finished ON results(finished_us, job_id);
 CREATE INDEX IF NOT EXISTS results_by_created ON results(created_us, job_id);
 CREATE INDEX IF NOT EXISTS results_by_state ON results(state);
 CREATE INDEX IF NOT EXISTS results_by_seq ON results(seq);
+CREATE INDEX IF NOT EXISTS results_by_tenant_seq
+  ON results(tenant, tenant_seq);
 )sql";
+
+// The counter of a tenant's own numbering (tenant_seq).
+std::string TenantCounter(absl::string_view tenant) {
+  return absl::StrCat("tseq:", tenant);
+}
 
 // Version 1 had no tenant: its rows belonged to the one token holder, now
 // tenant "default".
@@ -86,6 +94,21 @@ UPDATE results SET seq = (SELECT n FROM ordered
 WHERE state IN ('DONE','FAILED','CANCELLED');
 INSERT INTO counters(name, value)
   SELECT 'seq', COALESCE(MAX(seq), 0) FROM results;
+)sql";
+
+// Version 3 -> 4: every tenant's own numbering of its results (in feed
+// order), and its counter.
+constexpr const char* kMigrateV3 = R"sql(
+ALTER TABLE results ADD COLUMN tenant_seq INTEGER NOT NULL DEFAULT 0;
+WITH ordered AS (
+  SELECT job_id, ROW_NUMBER() OVER (PARTITION BY tenant ORDER BY seq) AS n
+  FROM results WHERE seq > 0)
+UPDATE results SET tenant_seq = (SELECT n FROM ordered
+                                 WHERE ordered.job_id = results.job_id)
+WHERE seq > 0;
+INSERT OR REPLACE INTO counters(name, value)
+  SELECT 'tseq:' || tenant, MAX(tenant_seq) FROM results WHERE seq > 0
+  GROUP BY tenant;
 )sql";
 
 class StmtRow final : public store_internal::RowReader {
@@ -212,6 +235,7 @@ absl::Status SqliteJobStore::MigrateLocked() {
       ATTNAUDIT_RETURN_IF_ERROR(Exec(kSchema));
       if (version == 1) ATTNAUDIT_RETURN_IF_ERROR(Exec(kMigrateV1));
       if (version <= 2) ATTNAUDIT_RETURN_IF_ERROR(Exec(kMigrateV2));
+      if (version <= 3) ATTNAUDIT_RETURN_IF_ERROR(Exec(kMigrateV3));
     }
     ATTNAUDIT_RETURN_IF_ERROR(Exec(kIndexes));
     return Exec(
@@ -219,9 +243,7 @@ absl::Status SqliteJobStore::MigrateLocked() {
   });
 }
 
-absl::StatusOr<bool> SqliteJobStore::RecordQueued(const ResultRecord& r) {
-  if (r.job_id.empty()) return absl::InvalidArgumentError("job_id: empty");
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<bool> SqliteJobStore::InsertQueuedLocked(const ResultRecord& r) {
   Stmt st(db_,
           "INSERT INTO results(job_id, state, priority, model, layer, engine, "
           "created_us, tenant, backend, step, run, replica, bytes) "
@@ -237,13 +259,28 @@ absl::StatusOr<bool> SqliteJobStore::RecordQueued(const ResultRecord& r) {
   return sqlite3_changes(db_) == 1;
 }
 
-absl::StatusOr<bool> SqliteJobStore::ForgetQueued(absl::string_view job_id) {
+absl::StatusOr<bool> SqliteJobStore::RecordQueued(const ResultRecord& r) {
+  if (r.job_id.empty()) return absl::InvalidArgumentError("job_id: empty");
   absl::MutexLock lock(&mu_);
-  Stmt st(db_, "DELETE FROM results WHERE job_id = ?1 AND state = 'QUEUED'");
-  st.Bind(1, job_id);
-  absl::StatusOr<bool> done = st.Step();
-  if (!done.ok()) return done.status();
-  return sqlite3_changes(db_) == 1;
+  return InsertQueuedLocked(r);
+}
+
+absl::StatusOr<bool> SqliteJobStore::RecordAdmitted(const AdmittedJob& job,
+                                                    const Admit& admit) {
+  if (job.record.job_id.empty()) {
+    return absl::InvalidArgumentError("job_id: empty");
+  }
+  absl::MutexLock lock(&mu_);
+  bool created = false;
+  absl::Status s = InTransaction([&]() -> absl::Status {
+    ATTNAUDIT_ASSIGN_OR_RETURN(created, InsertQueuedLocked(job.record));
+    // A row already there: roll back (nothing was written) and say so.
+    if (!created) return absl::AlreadyExistsError("known job");
+    return admit(TenantUsage());
+  });
+  if (!created && s.code() == absl::StatusCode::kAlreadyExists) return false;
+  if (!s.ok()) return s;
+  return true;
 }
 
 absl::StatusOr<bool> SqliteJobStore::MarkRunning(absl::string_view job_id,
@@ -258,56 +295,102 @@ absl::StatusOr<bool> SqliteJobStore::MarkRunning(absl::string_view job_id,
   return sqlite3_changes(db_) == 1;
 }
 
+absl::StatusOr<int64_t> SqliteJobStore::BumpCounterLocked(
+    const std::string& name, int64_t delta) {
+  Stmt st(db_,
+          "INSERT INTO counters(name, value) VALUES(?1, ?2) "
+          "ON CONFLICT(name) DO UPDATE SET value = value + ?2 "
+          "RETURNING value");
+  st.Bind(1, name).Bind(2, delta);
+  absl::StatusOr<bool> row = st.Step();
+  if (!row.ok()) return row.status();
+  if (!*row) return absl::InternalError("results.db: no counter " + name);
+  return st.Int(0);
+}
+
+absl::StatusOr<std::string> SqliteJobStore::TenantCounterOfLocked(
+    const ResultRecord& r) {
+  Stmt st(db_, "SELECT tenant FROM results WHERE job_id = ?1");
+  st.Bind(1, r.job_id);
+  absl::StatusOr<bool> row = st.Step();
+  if (!row.ok()) return row.status();
+  return TenantCounter(*row ? st.Text(0) : r.tenant);
+}
+
+absl::StatusOr<bool> SqliteJobStore::WriteResultLocked(const ResultRecord& r,
+                                                       int64_t seq,
+                                                       int64_t tenant_seq) {
+  Stmt st(db_,
+          "INSERT INTO results(job_id, state, verdict, priority, model, "
+          "layer, engine, created_us, started_us, finished_us, error_code, "
+          "error_message, report, tenant, backend, step, run, diagnosis, "
+          "replica, seq, tenant_seq) "
+          "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, "
+          "?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21) "
+          "ON CONFLICT(job_id) DO UPDATE SET state = excluded.state, "
+          "verdict = excluded.verdict, model = excluded.model, "
+          "layer = excluded.layer, engine = excluded.engine, "
+          "backend = excluded.backend, step = excluded.step, "
+          "run = excluded.run, diagnosis = excluded.diagnosis, "
+          "started_us = CASE WHEN results.started_us = 0 "
+          "THEN excluded.started_us ELSE results.started_us END, "
+          "finished_us = excluded.finished_us, "
+          "error_code = excluded.error_code, "
+          "error_message = excluded.error_message, "
+          "report = excluded.report, seq = excluded.seq, "
+          "tenant_seq = excluded.tenant_seq "
+          "WHERE results.state IN ('QUEUED', 'RUNNING')");
+  st.Bind(1, r.job_id).Bind(2, JobStateName(r.state));
+  st.Bind(3, int64_t{r.verdict}).Bind(4, int64_t{r.priority});
+  st.Bind(5, r.model).Bind(6, r.layer).Bind(7, r.engine);
+  st.Bind(8, Micros(r.created)).Bind(9, Micros(r.started));
+  st.Bind(10, Micros(r.finished)).Bind(11, int64_t{r.error_code});
+  st.Bind(12, r.error_message).BindBlob(13, r.report).Bind(14, r.tenant);
+  st.Bind(15, r.backend).Bind(16, r.step).Bind(17, r.run);
+  st.Bind(18, r.diagnosis).Bind(19, r.replica).Bind(20, seq);
+  st.Bind(21, tenant_seq);
+  absl::StatusOr<bool> done = st.Step();
+  if (!done.ok()) return done.status();
+  return sqlite3_changes(db_) == 1;
+}
+
+absl::StatusOr<bool> SqliteJobStore::PutResultLocked(const ResultRecord& r) {
+  // The next numbers are taken from the counters and the row is created or
+  // moved from QUEUED/RUNNING to terminal; a terminal row is left as it
+  // is, and then the counters go back (no gap). The row's own tenant
+  // numbers it (an update keeps the row's tenant).
+  ATTNAUDIT_ASSIGN_OR_RETURN(const std::string counter,
+                             TenantCounterOfLocked(r));
+  ATTNAUDIT_ASSIGN_OR_RETURN(const int64_t seq, BumpCounterLocked("seq", 1));
+  ATTNAUDIT_ASSIGN_OR_RETURN(const int64_t tenant_seq,
+                             BumpCounterLocked(counter, 1));
+  ATTNAUDIT_ASSIGN_OR_RETURN(const bool stored,
+                             WriteResultLocked(r, seq, tenant_seq));
+  if (stored) return true;
+  ATTNAUDIT_RETURN_IF_ERROR(BumpCounterLocked("seq", -1).status());
+  ATTNAUDIT_RETURN_IF_ERROR(BumpCounterLocked(counter, -1).status());
+  return false;
+}
+
 absl::StatusOr<bool> SqliteJobStore::PutResult(const ResultRecord& r) {
-  ATTNAUDIT_RETURN_IF_ERROR(store_internal::CheckTerminal(r));
+  ATTNAUDIT_ASSIGN_OR_RETURN(std::vector<bool> stored, PutResults({r}));
+  return stored.front();
+}
+
+absl::StatusOr<std::vector<bool>> SqliteJobStore::PutResults(
+    const std::vector<ResultRecord>& records) {
+  for (const ResultRecord& r : records) {
+    ATTNAUDIT_RETURN_IF_ERROR(store_internal::CheckTerminal(r));
+  }
   absl::MutexLock lock(&mu_);
-  bool stored = false;
-  // One transaction: the next seq is taken from the counter and the row is
-  // created or moved from QUEUED/RUNNING to terminal; a terminal row is
-  // left as it is (sqlite3_changes() == 0), and then the counter goes back.
+  std::vector<bool> stored;
   ATTNAUDIT_RETURN_IF_ERROR(InTransaction([&]() -> absl::Status {
-    Stmt next(db_,
-              "UPDATE counters SET value = value + 1 WHERE name = 'seq' "
-              "RETURNING value");
-    absl::StatusOr<bool> row = next.Step();
-    if (!row.ok()) return row.status();
-    if (!*row) return absl::InternalError("results.db: no seq counter");
-    const int64_t seq = next.Int(0);
-    Stmt st(db_,
-            "INSERT INTO results(job_id, state, verdict, priority, model, "
-            "layer, engine, created_us, started_us, finished_us, error_code, "
-            "error_message, report, tenant, backend, step, run, diagnosis, "
-            "replica, seq) "
-            "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, "
-            "?14, ?15, ?16, ?17, ?18, ?19, ?20) "
-            "ON CONFLICT(job_id) DO UPDATE SET state = excluded.state, "
-            "verdict = excluded.verdict, model = excluded.model, "
-            "layer = excluded.layer, engine = excluded.engine, "
-            "backend = excluded.backend, step = excluded.step, "
-            "run = excluded.run, diagnosis = excluded.diagnosis, "
-            "started_us = CASE WHEN results.started_us = 0 "
-            "THEN excluded.started_us ELSE results.started_us END, "
-            "finished_us = excluded.finished_us, "
-            "error_code = excluded.error_code, "
-            "error_message = excluded.error_message, "
-            "report = excluded.report, seq = excluded.seq "
-            "WHERE results.state IN ('QUEUED', 'RUNNING')");
-    st.Bind(1, r.job_id).Bind(2, JobStateName(r.state));
-    st.Bind(3, int64_t{r.verdict}).Bind(4, int64_t{r.priority});
-    st.Bind(5, r.model).Bind(6, r.layer).Bind(7, r.engine);
-    st.Bind(8, Micros(r.created)).Bind(9, Micros(r.started));
-    st.Bind(10, Micros(r.finished)).Bind(11, int64_t{r.error_code});
-    st.Bind(12, r.error_message).BindBlob(13, r.report).Bind(14, r.tenant);
-    st.Bind(15, r.backend).Bind(16, r.step).Bind(17, r.run);
-    st.Bind(18, r.diagnosis).Bind(19, r.replica).Bind(20, seq);
-    absl::StatusOr<bool> done = st.Step();
-    if (!done.ok()) return done.status();
-    stored = sqlite3_changes(db_) == 1;
-    // Nothing changed: give the number back (no gap in the feed).
-    return stored ? absl::OkStatus()
-                  : Exec(
-                        "UPDATE counters SET value = value - 1 "
-                        "WHERE name = 'seq'");
+    stored.clear();
+    for (const ResultRecord& r : records) {
+      ATTNAUDIT_ASSIGN_OR_RETURN(const bool one, PutResultLocked(r));
+      stored.push_back(one);
+    }
+    return absl::OkStatus();
   }));
   return stored;
 }
@@ -364,6 +447,32 @@ absl::StatusOr<std::vector<ResultRecord>> SqliteJobStore::ResultsAfter(
 absl::StatusOr<int64_t> SqliteJobStore::LastSeq() {
   absl::MutexLock lock(&mu_);
   Stmt st(db_, "SELECT value FROM counters WHERE name = 'seq'");
+  absl::StatusOr<bool> row = st.Step();
+  if (!row.ok()) return row.status();
+  return *row ? st.Int(0) : 0;
+}
+
+absl::StatusOr<std::vector<ResultRecord>> SqliteJobStore::TenantResultsAfter(
+    absl::string_view tenant, int64_t after, int limit) {
+  if (limit < 1 || limit > 10000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("limit: must be in [1, 10000], got ", limit));
+  }
+  const std::string sql = absl::StrCat(
+      "SELECT ", kRecordColumns,
+      ", report FROM results WHERE tenant = ?1 AND tenant_seq > ?2 "
+      "ORDER BY tenant_seq LIMIT ?3");
+  absl::MutexLock lock(&mu_);
+  Stmt st(db_, sql.c_str());
+  st.Bind(1, tenant).Bind(2, after).Bind(3, int64_t{limit});
+  return ReadRows(st, /*with_report=*/true);
+}
+
+absl::StatusOr<int64_t> SqliteJobStore::LastTenantSeq(
+    absl::string_view tenant) {
+  absl::MutexLock lock(&mu_);
+  Stmt st(db_, "SELECT value FROM counters WHERE name = ?1");
+  st.Bind(1, TenantCounter(tenant));
   absl::StatusOr<bool> row = st.Step();
   if (!row.ok()) return row.status();
   return *row ? st.Int(0) : 0;

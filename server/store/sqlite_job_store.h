@@ -36,7 +36,7 @@ struct sqlite3;
 
 namespace attnaudit::server {
 
-inline constexpr int kSqliteSchemaVersion = 3;
+inline constexpr int kSqliteSchemaVersion = 4;
 
 class SqliteJobStore final : public JobStore {
  public:
@@ -53,16 +53,24 @@ class SqliteJobStore final : public JobStore {
       absl::string_view payload) override {
     return RecordQueued(record);  // one process: the spool holds it
   }
-  absl::StatusOr<bool> ForgetQueued(absl::string_view job_id) override;
+  // One process: nothing elsewhere to count (job.count_tenant is moot) and
+  // no payload kept. Other calls wait for the decision (one connection).
+  absl::StatusOr<bool> RecordAdmitted(const AdmittedJob& job,
+                                      const Admit& admit) override;
   absl::StatusOr<bool> MarkRunning(absl::string_view job_id,
                                    absl::Time started) override;
   absl::StatusOr<bool> PutResult(const ResultRecord& record) override;
+  absl::StatusOr<std::vector<bool>> PutResults(
+      const std::vector<ResultRecord>& records) override;
   absl::StatusOr<ResultRecord> Get(absl::string_view job_id) override;
   absl::StatusOr<std::vector<ResultRecord>> Query(
       const ResultQuery& query) override;
   absl::StatusOr<std::vector<ResultRecord>> ResultsAfter(int64_t after_seq,
                                                          int limit) override;
   absl::StatusOr<int64_t> LastSeq() override;
+  absl::StatusOr<std::vector<ResultRecord>> TenantResultsAfter(
+      absl::string_view tenant, int64_t after, int limit) override;
+  absl::StatusOr<int64_t> LastTenantSeq(absl::string_view tenant) override;
   absl::StatusOr<std::vector<std::string>> Unfinished(
       absl::string_view replica) override;
   absl::StatusOr<int64_t> Prune(absl::Time now) override;
@@ -71,10 +79,13 @@ class SqliteJobStore final : public JobStore {
   absl::Status Heartbeat(absl::string_view) override {
     return absl::OkStatus();
   }
+  absl::StatusOr<ReplicaBeat> ReadHeartbeat(absl::string_view) override {
+    return absl::NotFoundError("results.db keeps no heartbeats");
+  }
   absl::Status Retire(absl::string_view) override { return absl::OkStatus(); }
   absl::StatusOr<std::vector<StoredJob>> ClaimStranded(absl::string_view,
-                                                       absl::Duration,
-                                                       int) override {
+                                                       absl::Duration, int,
+                                                       int64_t, bool) override {
     return std::vector<StoredJob>();
   }
   absl::StatusOr<StoredJob> ReadPayload(absl::string_view job_id) override {
@@ -97,6 +108,26 @@ class SqliteJobStore final : public JobStore {
   absl::Status InTransaction(Body body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Creates the schema or brings an older one to the current version.
   absl::Status MigrateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Inserts the QUEUED row unless the job has one; whether it did.
+  absl::StatusOr<bool> InsertQueuedLocked(const ResultRecord& record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves counter `name` by `delta` (creating it at 0); its new value.
+  absl::StatusOr<int64_t> BumpCounterLocked(const std::string& name,
+                                            int64_t delta)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The counter numbering `record`'s job among its tenant's results: that
+  // of the tenant of its row, or of record.tenant for a new row.
+  absl::StatusOr<std::string> TenantCounterOfLocked(const ResultRecord& record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PutResult's work inside a transaction: whether the row changed (a
+  // terminal row is left alone and its numbers given back).
+  absl::StatusOr<bool> PutResultLocked(const ResultRecord& record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The terminal write of PutResult with numbers seq and tenant_seq;
+  // whether the row changed.
+  absl::StatusOr<bool> WriteResultLocked(const ResultRecord& record,
+                                         int64_t seq, int64_t tenant_seq)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
   const StoreOptions options_;

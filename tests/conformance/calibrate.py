@@ -99,7 +99,7 @@ from replay import field, reasons, verdict_name  # noqa: E402
 import replay  # noqa: E402  (--bugs: judge, run_cli, the diagnosis helpers)
 
 SHORT = {"ENGINE_VS_REFERENCE": "E-R", "ENGINE_VS_REPLAY": "E-P",
-         "REPLAY_VS_REFERENCE": "P-R"}
+         "REPLAY_VS_REFERENCE": "P-R", "ENGINE_VS_EMULATION": "E-M"}
 CLASSES = ("out", "lse", "stat", "stat P-R", "rope")
 FINE = ("E-R out", "E-R lse", "E-P out", "E-P lse", "P-R out", "P-R lse",
         "E-R stat", "E-P stat", "P-R stat", "rope")
@@ -445,7 +445,9 @@ def bug_run(spec: CaseSpec, cli: str, tmp: str, timeout: float, keep: Optional[s
         if os.path.exists(fixture):
             with open(fixture, "rb") as a, open(path, "rb") as b:
                 base["fixture_identical"] = a.read() == b.read()
-        base["entry_identical"] = entry == committed[spec.name]
+        def bare(e):      # the producing host is not part of the case
+            return {**e, "info": {k: v for k, v in e.get("info", {}).items() if k != "host"}}
+        base["entry_identical"] = bare(entry) == bare(committed[spec.name])
     report, rc, error = replay.run_cli(cli, path, timeout)
     j = replay.judge(entry, report, rc, error)
     if report is None:

@@ -184,6 +184,19 @@ def hf_cases() -> List[CaseSpec]:
     cases += rope_bugs(EA, "phi3", "bf16", {
         "rope-partial-rotary": ("post+rolling", "pre-q", "pre-qk")})
     cases += rope_bugs(EA, "gptoss", "bf16", {"rope-scaling-ignored": ("pre-qk",)})
+    # LongRoPE (Phi-3.5): long factors at 30000, short ones at 100; the
+    # engine ignoring the scaling, or rotating past 4k with its short
+    # factors. A partial-rotary engine that rotated the whole head and sent
+    # its full-width table: DRIFT rope-partial-rotary, not INVALID.
+    cases += clean(EA, "phi3-longrope", ("bf16",), ("post+rolling", "pre-qk"))
+    cases += [spec(EA, "phi3-longrope", "bf16", "post+rolling", offset=100),
+              spec(EA, "phi3-longrope", "bf16", "pre-q", rope_table="inv_freq"),
+              spec(SD, "phi3-longrope", "bf16", "post+rolling", rope_table="rows")]
+    cases += rope_bugs(EA, "phi3-longrope", "bf16", {
+        "rope-scaling-ignored": ("post+rolling", "pre-q"),
+        "rope-scaling-length": ("post+rolling",)})
+    cases += [spec(EA, "phi3", "bf16", "post+rolling", "bug", "rope-partial-rotary",
+                   rope_table="inv_freq")]
     return cases
 
 

@@ -84,7 +84,11 @@ def _jsonable(x):
 
 def manifest_entry(spec: CaseSpec, cap, path: str) -> dict:
     """The manifest entry of a case whose capture `cap` was saved at
-    `path` (calibrate.py --bugs builds the same entry for other seeds)."""
+    `path` (calibrate.py --bugs builds the same entry for other seeds).
+    info.host: the CPU that produced it (vLLM's CPU arithmetic depends on
+    its ISA: bf16 narrowing, fp8)."""
+    from engines.realistic import host
+    cap.info.setdefault("host", host())
     return {
         "case": spec.name, "engine": spec.engine, "model": spec.model,
         "mode": spec.mode, "dtype": spec.dtype, "kind": spec.kind, "bug": spec.bug,
@@ -141,7 +145,8 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     manifest_path = os.path.join(args.out, "manifest.json")
     unsupported_path = os.path.join(args.out, "unsupported.json")
-    old = {e["case"]: e for e in _load(manifest_path)} if args.only else {}
+    committed = {e["case"]: e for e in _load(manifest_path)}
+    old = committed if args.only else {}
     old_unsupported = ({e["case"]: e for e in _load(unsupported_path)}
                        if args.only else {})
     entries, unsupported, errors = {}, {}, []
@@ -151,6 +156,14 @@ def main(argv=None) -> int:
         try:
             entry = run_case(spec, args.out)
         except Unsupported as e:
+            prev = committed.get(spec.name)
+            if str(e).startswith("host:") and prev is not None and \
+                    os.path.exists(os.path.join(args.out, prev["file"])):
+                # This CPU cannot run it; the fixture another CPU produced
+                # is kept (its info.host, where recorded, says which).
+                entries[spec.name] = prev
+                print(f"[{i:3d}/{len(selected)}] {spec.name}: kept ({e})", flush=True)
+                continue
             unsupported[spec.name] = {"case": spec.name, "engine": spec.engine,
                                       "reason": str(e)}
             print(f"[{i:3d}/{len(selected)}] {spec.name}: unsupported ({e})", flush=True)

@@ -1,7 +1,7 @@
 """The engine probe (attnaudit.probe) against the suite's real engines: it
 must recover what each is known to do on this host (`make conformance`).
 
-usage: probe_engines.py [--table OUT.md] [--json OUT.json] [--max-keys N]
+usage: probe_engines.py [--table FILE] [--json FILE] [--max-keys N]
 
 Known arithmetic (docs/CONFORMANCE.md, "The engine probe"; measured by hand
 first, then by the probe):

@@ -7,11 +7,13 @@ and exports PGHOST, PGPORT, PGUSER and PGPASSWORD; by hand:
 
     pg_virtualenv -v 15 python3 tests/deploy/store_panels_test.py
 
-1. The schema below is a literal copy of kSchemaV1 in
-   server/store/postgres_job_store.cc (the server creates it at start). The
-   test parses that file and fails, naming the column, when a table or a
-   column (its name or its declaration) differs from the copy, or when the
-   schema version is no longer 1: update the copy, the rows and the panels.
+1. The schema below is a literal copy of kSchemaV1 and the columns later
+   migrations add (kSchemaV2, ...: ALTER TABLE ... ADD COLUMN) in
+   server/store/postgres_job_store.cc (the server creates them at start).
+   The test parses that file and fails, naming the column, when a table or
+   a column (its name or its declaration) differs from the copy, or when
+   the schema version is not the copy's: update the copy, the rows and the
+   panels.
 2. It creates the schema in a fresh database and inserts realistic rows:
    PASS, DRIFT with several diagnoses (and one without), INVALID, FAILED,
    CANCELLED, unfinished QUEUED/RUNNING jobs, several tenants, models,
@@ -47,10 +49,11 @@ STORE_CC = os.path.join(ROOT, "server", "store", "postgres_job_store.cc")
 STORE_H = os.path.join(ROOT, "server", "store", "postgres_job_store.h")
 PG_TYPES = ("grafana-postgresql-datasource", "postgres")
 
-# Mirrors kSchemaV1 of server/store/postgres_job_store.cc (and the version
-# table its migration creates first). Keep it a literal copy: check_schema()
-# compares the tables and columns with that file.
-SCHEMA_VERSION = 1
+# Mirrors kSchemaV1 of server/store/postgres_job_store.cc, the columns
+# kSchemaV2 adds, and the version table its migration creates first. Keep
+# it a literal copy: check_schema() compares the tables and columns with
+# that file.
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS attnaudit_schema (version INTEGER NOT NULL);
 CREATE TABLE attnaudit_jobs (
@@ -93,6 +96,7 @@ CREATE TABLE attnaudit_replicas (
   replica      TEXT PRIMARY KEY,
   heartbeat_us BIGINT NOT NULL
 );
+ALTER TABLE attnaudit_jobs ADD COLUMN tenant_seq BIGINT NOT NULL DEFAULT 0;
 """
 
 # The role Grafana's datasource should use (attnaudit-store.yml).
@@ -182,10 +186,16 @@ ROWS = [
 
 # ------------------------------------------------------------ schema ----
 def schema_tables(sql):
-    """{table: [(column, declaration)]} of the CREATE TABLE statements."""
+    """{table: [(column, declaration)]} of the CREATE TABLE and ALTER TABLE
+    ... ADD COLUMN statements, in order."""
     tables = {}
-    for m in re.finditer(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)\s*\((.*?)\);",
+    for m in re.finditer(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)\s*\((.*?)\);"
+                         r"|ALTER TABLE (\w+) ADD COLUMN (\w+) ([^;]*);",
                          sql, re.S | re.I):
+        if m.group(3):
+            tables.setdefault(m.group(3), []).append(
+                (m.group(4), " ".join(m.group(5).split())))
+            continue
         cols = []
         for part in split_top_level(m.group(2)):
             part = " ".join(part.split())
@@ -219,11 +229,13 @@ def check_schema():
         cc = open(STORE_CC, encoding="utf-8").read()
     except OSError as e:
         return ["cannot read %s: %s" % (STORE_CC, e)]
-    m = re.search(r'kSchemaV1\s*=\s*R"(\w*)\((.*?)\)\1"', cc, re.S)
-    if not m:
+    versions = re.findall(r'kSchemaV(\d+)\s*=\s*R"(\w*)\((.*?)\)\2"', cc,
+                          re.S)
+    if not versions or versions[0][0] != "1":
         return ["%s: no kSchemaV1 raw string literal found; update this "
                 "test's SCHEMA copy" % os.path.relpath(STORE_CC, ROOT)]
-    server = schema_tables(m.group(2))
+    server_sql = "\n".join(sql for _, _, sql in versions)
+    server = schema_tables(server_sql)
     # The version table is created by the migration itself.
     vm = re.search(r"CREATE TABLE IF NOT EXISTS attnaudit_schema\s*\"?\s*"
                    r"\"?\s*\(([^)]*)\)", cc)
@@ -260,10 +272,10 @@ def check_schema():
         # And plainly: every column this test (and the dashboard) relies on
         # is still spelled in the server's schema.
         for col in a:
-            if not re.search(r"\b%s\b" % re.escape(col), m.group(2)) and \
+            if not re.search(r"\b%s\b" % re.escape(col), server_sql) and \
                     table != "attnaudit_schema":
                 problems.append("%s: column name %s does not occur in "
-                                "kSchemaV1" % (where, col))
+                                "the kSchemaV* migrations" % (where, col))
     try:
         h = open(STORE_H, encoding="utf-8").read()
         vm = re.search(r"kPostgresSchemaVersion\s*=\s*(\d+)", h + cc)

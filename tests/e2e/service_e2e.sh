@@ -170,7 +170,7 @@ scrape >"$WORK/metrics.txt" || fail "scrape"
 er_count=$(sed -n 's/^attnaudit_drift_out_max_abs_count{comparison="engine_vs_reference",layer="3",model="qwen3-8b"} \([0-9.e+]*\)$/\1/p' "$WORK/metrics.txt")
 [[ -n "$er_count" ]] || fail "no engine_vs_reference out histogram for qwen3-8b/3"
 awk -v c="$er_count" 'BEGIN { exit !(c >= 2) }' || fail "histogram count $er_count < 2"
-grep -q '^attnaudit_audits_total{verdict="DRIFT"} [1-9]' "$WORK/metrics.txt" ||
+grep -q '^attnaudit_audits_total{overridden="false",verdict="DRIFT"} [1-9]' "$WORK/metrics.txt" ||
   fail "DRIFT verdict counter did not move"
 grep -q '^attnaudit_received_bytes_total [1-9]' "$WORK/metrics.txt" ||
   fail "received bytes did not move"

@@ -46,7 +46,7 @@ double Outcome(const TestServer& t, const std::string& outcome) {
 }
 double InvalidAudits(const TestServer& t) {
   return MetricValue(*t.server->metrics(), "attnaudit_audits_total",
-                     {{"verdict", "INVALID"}});
+                     {{"verdict", "INVALID"}, {"overridden", "false"}});
 }
 double InvalidRejections(const TestServer& t) {
   return MetricValue(*t.server->metrics(), "attnaudit_rejections_total",

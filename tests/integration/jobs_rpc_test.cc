@@ -4,12 +4,15 @@
 // dropped with RESOURCE_EXHAUSTED, idempotency keys deduplicate, bad input
 // creates no job, and jobs left in the spool by a shutdown are resumed by
 // the next server on the same data dir.
+#include <sqlite3.h>
+
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "proto/codec/codec.h"
@@ -281,6 +284,58 @@ TEST(JobsDurabilityTest, SpooledJobsAreResumedByTheNextServer) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->state(), v1::JOB_STATE_DONE);
   }
+}
+
+// On one replica a Submit was acknowledged even when its store
+// write failed. It is acknowledged only once its row is committed: while
+// results.db is locked by someone else the Submit fails (and nothing of
+// it runs), and it succeeds again once the lock is gone.
+TEST(JobsDurabilityTest, ASubmitIsAcknowledgedOnlyOnceItsRowIsStored) {
+  const std::string dir = MakeTempDir("unstored");
+  std::unique_ptr<TestServer> t = StartServer(TestOptions(dir));
+  ASSERT_NE(t, nullptr);
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir + "/results.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  absl::StatusOr<v1::SubmitResponse> refused =
+      t->client->Submit(SmallSnapshot(7));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable)
+      << refused.status();
+  EXPECT_EQ(CountFiles(dir + "/spool", ".job"), 0);
+  EXPECT_EQ(t->server->scheduler()->Stats().in_flight +
+                t->server->scheduler()->Stats().queued[1],
+            0);
+  sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
+  sqlite3_close(db);
+  absl::StatusOr<v1::SubmitResponse> ok = t->client->Submit(SmallSnapshot(8));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(WaitFinished(t->client.get(), ok->job_id()).state(),
+            v1::JOB_STATE_DONE);
+}
+
+// Two servers on one --data-dir both started, each resuming the
+// other's spool. The second is refused, naming the flag; once the first
+// is gone the directory is free again.
+TEST(JobsDurabilityTest, ASecondServerOnTheSameDataDirIsRefused) {
+  const std::string dir = MakeTempDir("locked");
+  std::unique_ptr<TestServer> first = StartServer(TestOptions(dir));
+  ASSERT_NE(first, nullptr);
+  absl::StatusOr<std::unique_ptr<server::AuditServer>> second =
+      server::AuditServer::Start(TestOptions(dir));
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StartsWith(second.status().message(),
+                               absl::StrCat("--data-dir ", dir, ": in use")))
+      << second.status();
+  // The first one is untouched by the attempt.
+  absl::StatusOr<v1::SubmitResponse> r =
+      first->client->Submit(SmallSnapshot(9));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(WaitFinished(first->client.get(), r->job_id()).state(),
+            v1::JOB_STATE_DONE);
+  first.reset();
+  EXPECT_NE(StartServer(TestOptions(dir)), nullptr);
 }
 
 }  // namespace

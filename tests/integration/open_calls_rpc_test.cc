@@ -4,6 +4,7 @@
 // changed; uploads in progress count against their tenant's quota and
 // share of the upload budget, so one tenant's silent streams cannot block
 // another tenant's; a stream that stays silent is ended.
+#include <atomic>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -38,6 +39,12 @@ class HeldStream {
   ~HeldStream() {
     if (!finished_) context_.TryCancel();
     if (!finished_) writer_->Finish().IgnoreError();
+  }
+  // One message without bytes (an empty chunk); false once the call ended.
+  bool WriteEmptyChunk() {
+    v1::AuditStreamMessage empty;
+    empty.mutable_chunk();
+    return writer_->Write(empty);
   }
   // The call's status once the server ended it (blocks until then).
   grpc::Status Finish() {
@@ -224,7 +231,8 @@ class UploadTest : public ::testing::Test {
     o.auth_tokens =
         "token:tok-a fleet-a audit max_jobs=4 max_bytes=256MiB\n"
         "token:tok-b fleet-b audit\n"
-        "token:tok-c fleet-c audit\n";
+        "token:tok-c fleet-c audit\n"
+        "token:tok-d fleet-d audit\n";
     client::ClientOptions co;
     co.auth_token = "tok-b";
     t_ = StartServer(std::move(o), co);
@@ -296,6 +304,50 @@ TEST_F(UploadTest, SilentStreamsAreEndedAndTheirReservationFreed) {
   })) << CallsEnded(t_->server.get(), "upload_idle");
   // A stream that keeps sending is not idle, however long it takes.
   EXPECT_TRUE(WholeStream(t_->stub.get(), "tok-a").ok());
+}
+
+// Two tenants fill the upload budget with streams that send
+// an empty chunk every 200 ms (the idle timeout is 1 s); a third tenant's
+// upload must get in once they are ended for delivering no bytes.
+TEST_F(UploadTest, TricklingEmptyChunksCannotHoldTheUploadBudget) {
+  Start(absl::Seconds(1));
+  std::vector<std::unique_ptr<HeldStream>> squat;
+  for (const char* token : {"tok-c", "tok-d"}) {
+    for (int i = 0; i < 40; ++i) {
+      auto held = std::make_unique<HeldStream>(t_->stub.get(), token);
+      if (!held->WriteEmptyChunk()) break;  // refused: its share is full
+      squat.push_back(std::move(held));
+    }
+  }
+  ASSERT_TRUE(WaitFor(
+      [&] { return Use("fleet-c").calls > 4 && Use("fleet-d").calls > 4; }));
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    while (!stop.load()) {
+      for (auto& held : squat) held->WriteEmptyChunk();
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+  });
+  // Before: refused for as long as the squatters trickled. Now: once a
+  // window of 1 s passed without their bytes, they are ended.
+  EXPECT_TRUE(WaitFor([&] {
+    return WholeStream(t_->stub.get(), "tok-b").ok();
+  })) << "another tenant's upload never got in";
+  EXPECT_TRUE(WaitFor(
+      [&] { return Use("fleet-c").calls == 0 && Use("fleet-d").calls == 0; }));
+  stop.store(true);
+  trickle.join();
+  // Each squatter was ended for delivering no bytes, or refused at once
+  // (past its tenant's share: its own first write could not tell).
+  int ended = 0;
+  for (auto& held : squat) {
+    const grpc::Status s = held->Finish();
+    ended += s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    EXPECT_TRUE(s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << s.error_code() << " " << s.error_message();
+  }
+  EXPECT_GE(ended, 10);  // the streams that held both tenants' shares
 }
 
 }  // namespace

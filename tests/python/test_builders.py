@@ -295,6 +295,27 @@ def test_engine_presets_declare_precision_and_cast_point():
                                              layout="vllm_cpu", **bad)
 
 
+def test_hf_family_presets_take_the_family_cast_point():
+    cache, _, _ = _vllm_cpu_cache()
+    q = np.zeros((1, 4, 8), dtype=np.float32)
+    pb = snapshot_pb2
+
+    def cast_point(engine):
+        snap = attnaudit.Snapshot.from_paged_kv(q, cache, None, [[2]], [9],
+                                                layout="vllm_cpu", engine=engine)
+        assert snap.meta.precision.profile in (pb.ENGINE_PROFILE_HF_EAGER,
+                                               pb.ENGINE_PROFILE_TORCH_FLASH_CPU)
+        return snap.meta.rope.cast_point
+
+    assert cast_point("hf-eager/cohere") == pb.ROPE_CAST_POINT_COS_SIN
+    assert cast_point("hf-sdpa/olmo2") == pb.ROPE_CAST_POINT_AFTER_ROPE
+    assert cast_point("hf-eager/llama") == pb.ROPE_CAST_POINT_EACH_OP
+    assert cast_point("hf-eager/some_new_family") == pb.ROPE_CAST_POINT_EACH_OP
+    with pytest.raises(ValueError, match="engine"):
+        attnaudit.Snapshot.from_paged_kv(q, cache, None, [[2]], [9],
+                                         layout="vllm_cpu", engine="vllm-cpu/cohere")
+
+
 def test_rope_inputs_travel_to_the_wire():
     cache, _, _ = _vllm_cpu_cache()
     q = np.zeros((1, 4, 8), dtype=np.float32)
@@ -353,6 +374,11 @@ def test_every_rope_scaling_type_fingerprints_as_the_server_does(
         scaling.factor = 4.0
         scaling.original_max_position = 4096
     scaling.no_truncate = no_truncate
+    # Dynamic NTK and LongRoPE read a sequence length, LongRoPE its factor
+    # lists (rotary_dim / 2 = 64 each); the other types ignore them.
+    scaling.sequence_length = 8192
+    scaling.short_factor.extend(1.0 + 0.01 * i for i in range(64))
+    scaling.long_factor.extend(1.0 + 0.5 * i for i in range(64))
     snap.meta.prefix.fingerprint = fingerprint.prefix_fingerprint(
         snap, snap.meta.prefix.length, snap.meta.prefix.key)
     report = client.audit(snap)
@@ -363,3 +389,76 @@ def test_every_rope_scaling_type_fingerprints_as_the_server_does(
         assert fingerprint.prefix_fingerprint(
             snap, snap.meta.prefix.length,
             snap.meta.prefix.key) != report.provenance.prefix_fingerprint
+
+
+@pytest.mark.parametrize("cast_point", ["after_rope", "cos_sin", "each_op"])
+def test_the_prefix_fingerprint_binds_the_cast_point_as_the_server_does(
+        cast_point, client, cli, tmp_path):
+    path = cli.synth(str(tmp_path / "c.pb"), "--preset", "qwen3-8b", "--context", "40",
+                     "--prefix", "20")
+    snap = attnaudit.Snapshot.load(path)
+    snap.meta.rope.cast_point = attnaudit.snapshot.rope_config(
+        {"cast_point": cast_point}).cast_point
+    snap.meta.prefix.fingerprint = fingerprint.prefix_fingerprint(
+        snap, snap.meta.prefix.length, snap.meta.prefix.key)
+    report = client.audit(snap)
+    assert report.provenance.prefix_fingerprint == snap.meta.prefix.fingerprint
+
+
+# Phi-3.5-mini's rope_parameters as transformers holds them (factors cut to
+# four: the builder does not check their count, the server does).
+_PHI3 = {"rope_type": "longrope", "rope_theta": 10000.0,
+         "original_max_position_embeddings": 4096,
+         "short_factor": [1.0, 1.02, 1.05, 1.1], "long_factor": [1.08, 2.5, 14.0, 60.0]}
+
+
+def test_rope_config_translates_longrope():
+    pb = snapshot_pb2
+    rope = attnaudit.snapshot.rope_config({"theta": 10000, "scaling": {
+        **_PHI3, "max_position_embeddings": 131072, "sequence_length": 30001}})
+    s = rope.scaling
+    assert s.type == pb.ROPE_SCALING_TYPE_LONGROPE
+    assert list(s.short_factor) == _PHI3["short_factor"]
+    assert list(s.long_factor) == _PHI3["long_factor"]
+    assert s.original_max_position == 4096 and s.sequence_length == 30001
+    assert s.factor == 32.0          # HF: max_position_embeddings / original
+    assert s.attention_factor == 0   # the default, from factor
+    # The legacy name, an explicit factor, and vLLM's mscale of the set in use.
+    legacy = dict(_PHI3, rope_type="su", factor=16.0, short_mscale=1.1,
+                  long_mscale=1.3, sequence_length=4096)
+    s = attnaudit.snapshot.rope_config({"scaling": legacy}).scaling
+    assert s.type == pb.ROPE_SCALING_TYPE_LONGROPE
+    assert s.factor == 16.0 and s.attention_factor == 1.1  # short: 4096 <= 4096
+    s = attnaudit.snapshot.rope_config(
+        {"scaling": dict(legacy, sequence_length=4097)}).scaling
+    assert s.attention_factor == 1.3
+    # What cannot be guessed is asked for, naming the field.
+    for missing, field in (("sequence_length", "rope.scaling.sequence_length"),
+                           ("long_factor", "rope.scaling.long_factor"),
+                           ("original_max_position_embeddings",
+                            "rope.scaling.original_max_position")):
+        bad = dict(_PHI3, factor=32.0, sequence_length=100)
+        del bad[missing]
+        with pytest.raises(ValueError, match=field):
+            attnaudit.snapshot.rope_config({"scaling": bad})
+    with pytest.raises(ValueError, match="rope.scaling.factor"):
+        attnaudit.snapshot.rope_config({"scaling": dict(_PHI3, sequence_length=100)})
+
+
+def test_rope_config_translates_dynamic_ntk():
+    pb = snapshot_pb2
+    hf = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    s = attnaudit.snapshot.rope_config({"scaling": {
+        **hf, "max_position_embeddings": 4096, "sequence_length": 5000}}).scaling
+    assert s.type == pb.ROPE_SCALING_TYPE_DYNAMIC
+    assert (s.factor, s.original_max_position, s.sequence_length) == (2.0, 4096, 5000)
+    # vLLM: L is max_trained_positions, S the model's max_position_embeddings.
+    s = attnaudit.snapshot.rope_config({"scaling": {
+        **hf, "max_trained_positions": 2048, "max_position_embeddings": 4096,
+        "sequence_length": 4096}}).scaling
+    assert (s.original_max_position, s.sequence_length) == (2048, 4096)
+    with pytest.raises(ValueError, match="rope.scaling.original_max_position"):
+        attnaudit.snapshot.rope_config({"scaling": dict(hf, sequence_length=5000)})
+    with pytest.raises(ValueError, match="rope.scaling.sequence_length"):
+        attnaudit.snapshot.rope_config(
+            {"scaling": dict(hf, max_position_embeddings=4096)})

@@ -59,6 +59,14 @@ def test_bad_settings_name_the_setting(name, value):
         S.load({"ATTNAUDIT_VLLM_" + name: value})
 
 
+def test_a_misspelt_setting_is_refused_with_the_nearest_name():
+    with pytest.raises(S.SettingsError, match="did you mean ATTNAUDIT_VLLM_SAMPLE_EVERY"):
+        S.load({"ATTNAUDIT_VLLM_SAMPLE_EVRY": "10"})
+    with pytest.raises(S.SettingsError, match="did you mean max_rows"):
+        S.from_mapping({"max_row": "4"})
+    assert S.load({"ATTNAUDIT_VLLM_TOKEN_FILE": "", "ATTNAUDIT_VLLM_CONFIG": ""}).max_rows == 8
+
+
 def test_config_file_and_environment_override(tmp_path):
     toml = tmp_path / "audit.toml"
     toml.write_text('server = "f:1"\nlayers = [1, 2]\nsample_every = 7\n')
@@ -221,6 +229,90 @@ def make_plugin(server, **overrides):
     return VllmAuditPlugin(S.from_mapping(values))
 
 
+def test_the_configuration_implies_the_softmax_scale():
+    ns = types.SimpleNamespace
+    assert capture.config_softmax_scale(ns(head_dim=128)) == 128 ** -0.5
+    assert capture.config_softmax_scale(ns(hidden_size=4096, num_attention_heads=32)) \
+        == 128 ** -0.5
+    assert capture.config_softmax_scale(ns(head_dim=128, query_pre_attn_scalar=144)) \
+        == 144 ** -0.5
+    assert capture.config_softmax_scale(ns(head_dim=128, attention_multiplier=0.0078125)) \
+        == 0.0078125
+    assert capture.config_softmax_scale(ns(head_dim=192, kv_lora_rank=512)) is None
+    assert capture.config_softmax_scale(ns()) is None
+
+
+def test_a_layer_scale_that_disagrees_with_the_configuration_is_said(server, caplog):
+    # The kernel runs (and the snapshot declares) x1.25 the configured scale:
+    # the audit cannot see it, the configuration can.
+    plugin = make_plugin(server, sample_every="1", layers="0")
+    engine = Engine()
+    plugin.config_scale = engine.scale
+    engine.scale *= 1.25
+    with caplog.at_level("WARNING", logger="attnaudit.vllm"):
+        run_steps(plugin, engine, steps=2, layers=(0,))
+        assert plugin.flush(60)
+    assert plugin.counters()["scale_mismatch"] == 2
+    said = [r.getMessage() for r in caplog.records if "softmax scale" in r.getMessage()]
+    assert len(said) == 1 and "layer 0" in said[0], said
+    plugin.close(10)
+
+
+def test_a_local_checkpoint_is_labelled_by_its_name():
+    assert capture.model_label("/models/ckpt/Qwen3-8B/") == "Qwen3-8B"
+    assert capture.model_label("./runs/step-400") == "step-400"
+    assert capture.model_label("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
+
+
+def test_row_choice_rotates_over_the_batch():
+    rows = list(range(16))
+    for max_rows in (5, 8, 16):
+        seen = set()
+        steps = -(-16 // max_rows)
+        for k in range(steps):
+            chosen = capture.choose_rows(rows, None, pattern=None, fraction=None, seed=0,
+                                         max_rows=max_rows, offset=k * max_rows)
+            assert len(chosen) == max_rows
+            seen.update(chosen)
+        assert seen == set(rows), max_rows
+    # The filters choose which rows may be audited; the rotation runs over those.
+    ids = [f"keep-{i}" if i % 2 else f"skip-{i}" for i in rows]
+    chosen = capture.choose_rows(rows, ids, pattern="keep", fraction=None, seed=0,
+                                 max_rows=3, offset=3)
+    assert chosen == [7, 9, 11]
+
+
+def test_a_stale_page_past_max_rows_is_audited_on_a_later_step(server):
+    # Row 12 of 16 reads row 0's first page; max_rows 8 audits rows 0-7,
+    # then 8-15.
+    plugin = make_plugin(server, rotate_layers="0", layers="0", max_rows="8",
+                         sample_every="1")
+    engine = Engine(lens=tuple(20 + i for i in range(16)))
+    stale = engine.table.copy()
+    stale[12, 0] = engine.table[0, 0]
+    run_steps(plugin, engine, steps=2, layers=(0,), outputs=lambda layer: engine.attend(stale))
+    assert plugin.flush(60)
+    results = sorted(plugin.auditor().results(), key=lambda r: r.step)
+    assert [r.verdict for r in results] == [Verdict.PASS, Verdict.DRIFT], \
+        [r.error for r in results]
+    c = plugin.counters()
+    assert c["decode_rows_seen"] == 32 and c["decode_rows_chosen"] == 16
+    plugin.close(10)
+
+
+def test_a_rope_model_whose_rotary_op_is_unseen_is_counted_unchecked(server, caplog):
+    # Compiled execution: the rotary seam never runs, so no pre-RoPE rows.
+    plugin = make_plugin(server, rope_check="1", sample_every="1", layers="0")
+    plugin.rope_parameters = {"rope_type": "default", "rope_theta": 1e4}
+    engine = Engine()
+    with caplog.at_level("WARNING", logger="attnaudit.vllm"):
+        run_steps(plugin, engine, steps=2, layers=(0,))
+    assert plugin.flush(60)
+    assert plugin.counters()["rope_missed"] == 2
+    assert sum("RoPE unchecked" in r.getMessage() for r in caplog.records) == 1
+    plugin.close(10)
+
+
 def test_sampled_steps_audit_the_chosen_layers(server):
     plugin = make_plugin(server, rotate_layers="1")
     summaries = []
@@ -305,13 +397,55 @@ def test_pre_rope_rows_travel_with_their_layer(server):
     st = plugin.state(ctx, lambda: Metadata(engine), lambda: ["l.0.attn"], lambda: None)
     q = np.arange(2 * HQ * D, dtype=np.float32).reshape(2, HQ * D)
     k = np.arange(2 * HKV * D, dtype=np.float32).reshape(2, HKV * D)
-    plugin.on_rotary(st, {"theta": 1e4, "rotary_dim": D, "neox": True}, q, k)
+    plugin.on_rotary(st, {"theta": 1e4, "rotary_dim": D, "neox": True}, q, k,
+                     module=_Rotary())
     assert st.pending is not None and st.pending.tokens == (0, 1)
+    assert st.inv_freq is not None and st.inv_freq.shape == (D // 2,)
     q[:] = -1  # RoPE rotating in place must not reach the copy
     assert float(st.pending.q[0, 0]) == 0.0
     plugin.on_attention(st, engine.call(7, engine.attend()))  # layer 7 not chosen
     assert st.pending is None
     plugin.close(10)
+
+
+class _Rotary:
+    """vLLM's rotary module as engine_inv_freq sees it: the cos/sin cache
+    built by the class that computes the inverse frequencies."""
+    base = 1e4
+    rotary_dim = D
+
+    def _compute_inv_freq(self, base):
+        return 1.0 / base ** (np.arange(0, self.rotary_dim, 2) / self.rotary_dim)
+
+    def _compute_cos_sin_cache(self):
+        return None
+
+
+class _Llama3(_Rotary):  # reshapes inv_freq; the base class builds the cache
+    def _compute_inv_freq(self, base):
+        return super()._compute_inv_freq(base) / 8
+
+
+class _Linear(_Rotary):  # divides positions: inv_freq is not the whole story
+    def _compute_cos_sin_cache(self):
+        return None
+
+
+def test_the_rotary_modules_own_inverse_frequencies_are_the_rope_table():
+    want = 1.0 / 1e4 ** (np.arange(0, D, 2) / D)
+    np.testing.assert_allclose(capture.engine_inv_freq(_Rotary(), D), want, rtol=1e-7)
+    np.testing.assert_allclose(capture.engine_inv_freq(_Llama3(), D), want / 8, rtol=1e-7)
+    assert capture.engine_inv_freq(_Linear(), D) is None
+    assert capture.engine_inv_freq(_Rotary(), D // 2) is None   # not this width
+    assert capture.engine_inv_freq(object(), D) is None
+    engine = Engine()
+    call = engine.call(0, engine.attend())
+    rope = capture.rope_declaration(theta=1e4, rotary_dim=D, neox=True, rope_parameters=None)
+    snap = capture.build_snapshot(call, rows=[0, 1], tokens=[0, 1], engine=None, rope=rope,
+                                  pre_rope=None, labels={},
+                                  inv_freq=capture.engine_inv_freq(_Rotary(), D))
+    assert "rope_table.inv_freq" in snap.tensor_paths()
+    np.testing.assert_allclose(snap.tensor("rope_table.inv_freq"), want, rtol=1e-7)
 
 
 def test_engine_side_failures_are_counted_never_raised(server):
@@ -326,6 +460,52 @@ def test_engine_side_failures_are_counted_never_raised(server):
     assert plugin.auditor().counters.failed == 1
     assert "2 x head dim" in str(plugin.auditor().last_error)
     plugin.close(10)
+
+
+def test_a_server_that_is_down_is_named_once_in_the_log(caplog):
+    # log_summary off: the step lines are silent, the reason is not.
+    plugin = make_plugin(types.SimpleNamespace(address="127.0.0.1:1"),
+                         sample_every="1", layers="0", timeout="10")
+    with caplog.at_level("WARNING", logger="attnaudit.vllm"):
+        run_steps(plugin, Engine(), steps=2, layers=(0,))
+        assert plugin.flush(60)
+    failed = [r.getMessage() for r in caplog.records if "audit of step" in r.getMessage()]
+    assert len(failed) == 1, failed
+    assert "Unavailable" in failed[0] or "UNAVAILABLE" in failed[0], failed[0]
+    assert plugin.auditor().counters.failed == 2
+    plugin.close(5)
+
+
+def test_rope_scaled_by_length_is_not_declared_and_the_audit_runs(server, caplog):
+    plugin = make_plugin(server, sample_every="1", layers="0")
+    plugin.rope_parameters = {"rope_type": "longrope", "short_factor": [1.0] * (D // 2),
+                              "long_factor": [2.0] * (D // 2),
+                              "original_max_position_embeddings": 4096}
+    engine = Engine()
+    with caplog.at_level("WARNING", logger="attnaudit.vllm"):
+        for _ in range(2):
+            ctx = types.SimpleNamespace()
+            st = plugin.state(ctx, lambda: Metadata(engine), lambda: ["l.0.attn"],
+                              lambda: None)
+            plugin.on_rotary(st, {"theta": 1e4, "rotary_dim": D, "neox": True}, None, None)
+            plugin.on_attention(st, engine.call(0, engine.attend()))
+        assert plugin.flush(60)
+    results = plugin.auditor().results()
+    assert [r.verdict for r in results] == [Verdict.PASS] * 2, [r.error for r in results]
+    said = [r.getMessage() for r in caplog.records if "scaled by sequence length" in r.getMessage()]
+    assert len(said) == 1 and "longrope" in said[0]
+    plugin.close(10)
+
+
+def test_a_run_that_samples_no_step_says_so(server, caplog):
+    # (A short run whose first steps are prefill meets the same: its first
+    # sampled step with decode rows would come at sample_every.)
+    plugin = make_plugin(server, sample_rate="0", layers="0")
+    run_steps(plugin, Engine(), steps=3, layers=(0,))
+    with caplog.at_level("WARNING", logger="attnaudit.vllm"):
+        plugin.close(10)
+    said = [r.getMessage() for r in caplog.records if "none sampled" in r.getMessage()]
+    assert len(said) == 1 and "3 engine steps" in said[0], said
 
 
 def test_warm_up_passes_are_not_steps(server):

@@ -18,7 +18,8 @@ o_proj. K/V are scattered into a shuffled page pool (page 16).
 
 Families (FAMILIES): Llama (llama3 scaling), Qwen2, Qwen3 (q/k norm),
 Gemma2 (soft-cap, sliding window on alternate layers,
-query_pre_attn_scalar), Phi-3 with partial_rotary_factor 0.5, GPT-OSS
+query_pre_attn_scalar), Phi-3 with partial_rotary_factor 0.5, Phi-3 with
+LongRoPE (Phi-3.5's scaling: short / long factors, attention factor), GPT-OSS
 (sinks, YaRN, sliding window; eager only: GptOss has no sdpa).
 
 RoPE bugs are injected by patching the model's RoPE (the wrapper rotates
@@ -100,6 +101,26 @@ def _phi3():
                       pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
 
+# LongRoPE divisors shaped like Phi-3.5-mini's (32 pairs: head_dim 64).
+_SHORT_FACTOR = [round(1.0 + 0.002 * i + 0.6 * (i / 31) ** 4, 4) for i in range(32)]
+_LONG_FACTOR = [round(1.0 + 0.5 * i / 31 + 40.0 * (i / 31) ** 3, 4) for i in range(32)]
+
+
+def _phi3_longrope():
+    """Phi-3.5-style LongRoPE: 4k pre-training, 128k context, no factor in
+    the config (Hugging Face derives 131072 / 4096 for the attention
+    factor)."""
+    from transformers import Phi3Config
+    return Phi3Config(vocab_size=64, hidden_size=256, intermediate_size=128,
+                      num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=131072,
+                      original_max_position_embeddings=4096,
+                      rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                       "short_factor": list(_SHORT_FACTOR),
+                                       "long_factor": list(_LONG_FACTOR)},
+                      pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
 def _gpt_oss():
     from transformers import GptOssConfig
     # YaRN as GPT-OSS ships it (truncate False: see the README).
@@ -121,6 +142,9 @@ FAMILIES: Dict[str, Family] = {
     "gemma2": Family(_gemma2, "transformers.models.gemma2.modeling_gemma2",
                      lens=(30, 45), q_gain=12.0),
     "phi3": Family(_phi3, "transformers.models.phi3.modeling_phi3", offset=30000),
+    # Long factors at 30000 (past 4096); a case with offset 100 gets short.
+    "phi3-longrope": Family(_phi3_longrope, "transformers.models.phi3.modeling_phi3",
+                            offset=30000),
     "gptoss": Family(_gpt_oss, "transformers.models.gpt_oss.modeling_gpt_oss",
                      offset=70000),
 }
@@ -174,6 +198,8 @@ def true_rope(cfg) -> Dict[str, Any]:
     if kind != "default":
         out["scaling"] = {k: v for k, v in params.items()
                           if k not in ("rope_theta", "partial_rotary_factor")}
+    if kind == "longrope":  # its default factor (snapshot_args adds the length)
+        out["scaling"]["max_position_embeddings"] = cfg.max_position_embeddings
     return out
 
 
@@ -343,6 +369,8 @@ def engine_rope_config(bug: str, cfg):
                      if "partial_rotary_factor" in params else {})}
     elif bug == "rope-partial-rotary":
         params["partial_rotary_factor"] = 1.0
+    elif bug == "rope-scaling-length":   # LongRoPE's short factors past 4k
+        params["long_factor"] = list(params["short_factor"])
     else:
         return None
     wrong = copy.deepcopy(cfg)
@@ -379,8 +407,8 @@ def engine_rotary(model, bug: Optional[str]):
 # What this engine injects: RoPE bugs (hooks and rotary embeddings above)
 # and the real behaviours it shows (nothing injected for those).
 BUGS = {None, "rope-offset", "k-rope-twice", "rope-style", "rope-theta",
-        "rope-scaling-ignored", "rope-partial-rotary", "inv-freq-bf16",
-        "sdpa-drops-softcap"}
+        "rope-scaling-ignored", "rope-scaling-length", "rope-partial-rotary",
+        "inv-freq-bf16", "sdpa-drops-softcap"}
 
 
 def capture(spec: CaseSpec) -> Capture:
@@ -465,7 +493,7 @@ def snapshot_args(spec: CaseSpec, cfg, rows, g) -> Dict[str, Any]:
         key_positions=key_pos, query_positions=torch.tensor([r["qpos"] for r in rows]),
         engine=spec.engine, engine_out=torch.stack([r["out"] for r in rows]),
         softmax_scale=true_scale(cfg),
-        rope=rope_declaration(true_rope(cfg), mode),
+        rope=rope_declaration(_step_rope(cfg, rows), mode),
         labels={"model": f"{spec.model}-tiny", "engine": spec.engine,
                 "backend": f"transformers/{spec.engine[3:]}", "layer": spec.layer,
                 "step": 0})
@@ -482,6 +510,17 @@ def snapshot_args(spec: CaseSpec, cfg, rows, g) -> Dict[str, Any]:
         args["pre_rope_q"] = torch.stack([r["q_pre"] for r in rows])
         args["pre_rope_k"] = torch.stack([r["k_pre_new"] for r in rows])
     return args
+
+
+def _step_rope(cfg, rows) -> Dict[str, Any]:
+    """true_rope plus, for LongRoPE, the length Hugging Face scaled for:
+    each row is its own request, its step's largest position + 1 (the rows
+    lie on one side of original_max_position, so one length serves)."""
+    rope = true_rope(cfg)
+    scaling = rope.get("scaling")
+    if scaling and scaling.get("rope_type") == "longrope":
+        scaling["sequence_length"] = max(r["qpos"] for r in rows) + 1
+    return rope
 
 
 def _rope_table(kind: str, rotary, rows) -> Dict[str, Any]:

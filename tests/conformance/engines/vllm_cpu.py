@@ -166,6 +166,14 @@ def rotate_qk(rope, positions, q, k, H: int, Hkv: int):
     return qf.view(T, H, D), kf.view(T, Hkv, D)
 
 
+def _has_avx512() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx512f" in line for line in f)
+    except OSError:
+        return False
+
+
 def _isa(m: Model) -> str:
     # Never "amx" (SIGILL on CPUs without it); vec16 for 16-token blocks.
     return "vec" if m.block % 32 == 0 and m.D % 32 == 0 else "vec16"
@@ -356,6 +364,11 @@ def capture(spec: CaseSpec) -> Capture:
     kv_dtype = _kv_cache_dtype(spec.dtype)
     if kv_dtype != "auto" and m.block % 32:
         m = replace(m, block=32)   # vLLM's fp8 CPU path needs isa "vec"
+    if kv_dtype != "auto" and not _has_avx512():
+        # vLLM's backend refuses (_get_attn_isa: "FP8 KV cache on CPU requires
+        # x86 with AVX-512 or AMX") and its kernels have no fp8 path for
+        # this ISA ("Unsupported CPU attention configuration").
+        raise Unsupported("host: fp8 KV needs AVX-512 or AMX on x86 (this CPU has neither)")
     offset = m.offset if spec.offset is None else spec.offset
     batch = make_batch(m, dtype, offset, base_generator(spec, 1))
     qpos = torch.tensor([int(batch.positions[b, L - 1]) for b, L in enumerate(m.lens)])

@@ -101,6 +101,54 @@ TEST(SnapshotCodecTest, EmptyMessageDecodesToCoreDefaults) {
   EXPECT_FALSE(decoded->q.present());
 }
 
+// The sequence-length scalings through the wire bytes: the new type
+// values, the length and LongRoPE's factor lists, exactly.
+TEST(SnapshotCodecTest, SequenceLengthScalingsRoundTrip) {
+  for (RopeScalingType type :
+       {RopeScalingType::kDynamic, RopeScalingType::kLongRope}) {
+    Snapshot s;
+    s.rope.scaling.type = type;
+    s.rope.scaling.factor = 32;
+    s.rope.scaling.original_max_position = 4096;
+    s.rope.scaling.sequence_length = 131072;
+    s.rope.scaling.attention_factor = 1.1902380714238083;
+    s.rope.scaling.short_factor = {1.0, 1.0199999809265137, 3.0e-5};
+    s.rope.scaling.long_factor = {1.0800000429153442, 64.5, 1e300};
+    v1::Snapshot msg;
+    SnapshotToProto(s, &msg);
+    v1::Snapshot received;
+    ASSERT_TRUE(received.ParseFromString(msg.SerializeAsString()));
+    absl::StatusOr<Snapshot> decoded = SnapshotFromProto(&received);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    ExpectSnapshotEq(s, *decoded);
+  }
+}
+
+// LongRoPE's lists are bounded before they are copied.
+TEST(SnapshotCodecTest, OverlongFactorListsNameTheField) {
+  for (bool is_long : {false, true}) {
+    v1::Snapshot msg;
+    v1::RopeScaling* s = msg.mutable_rope()->mutable_scaling();
+    s->set_type(v1::ROPE_SCALING_TYPE_LONGROPE);
+    for (size_t i = 0; i <= kMaxRopeFactorEntries; ++i) {
+      if (is_long) {
+        s->add_long_factor(1.0);
+      } else {
+        s->add_short_factor(1.0);
+      }
+    }
+    absl::StatusOr<Snapshot> decoded = SnapshotFromProto(&msg);
+    ASSERT_FALSE(decoded.ok());
+    EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(decoded.status().message())
+                  .rfind(is_long ? "rope.scaling.long_factor: at most"
+                                 : "rope.scaling.short_factor: at most",
+                         0),
+              0u)
+        << decoded.status();
+  }
+}
+
 TEST(SnapshotCodecTest, LayerZeroIsNotUnknown) {
   Snapshot s;
   s.labels.layer = 0;
@@ -184,10 +232,10 @@ TEST(SnapshotCodecTest, UnknownEnumValuesNameTheField) {
        [](v1::Snapshot* m) {
          m->mutable_rope()->set_k_state(static_cast<v1::RopeState>(-1));
        }},
-      {"rope.scaling.type: unknown value 4",
+      {"rope.scaling.type: unknown value 6",
        [](v1::Snapshot* m) {
          m->mutable_rope()->mutable_scaling()->set_type(
-             static_cast<v1::RopeScalingType>(4));
+             static_cast<v1::RopeScalingType>(6));
        }},
       {"rope.cast_point: unknown value 4",
        [](v1::Snapshot* m) {

@@ -56,6 +56,9 @@ Snapshot FullSnapshot(uint32_t seed) {
   s.rope.scaling.beta_slow = 2.0;
   s.rope.scaling.attention_factor = 1.25;
   s.rope.scaling.truncate = false;
+  s.rope.scaling.sequence_length = 12000;
+  s.rope.scaling.short_factor = {1.0, 1.25};  // rotary_dim / 2
+  s.rope.scaling.long_factor = {2.5, 40.0};
   s.rope.cast_point = RopeCastPoint::kEachOp;
   s.rope.q_output_dtype = DType::kBF16;
   s.rope.k_output_dtype = DType::kF16;
@@ -339,6 +342,9 @@ void ExpectSnapshotEq(const Snapshot& a, const Snapshot& b) {
   EXPECT_EQ(a.rope.scaling.beta_slow, b.rope.scaling.beta_slow);
   EXPECT_EQ(a.rope.scaling.attention_factor, b.rope.scaling.attention_factor);
   EXPECT_EQ(a.rope.scaling.truncate, b.rope.scaling.truncate);
+  EXPECT_EQ(a.rope.scaling.sequence_length, b.rope.scaling.sequence_length);
+  EXPECT_EQ(a.rope.scaling.short_factor, b.rope.scaling.short_factor);
+  EXPECT_EQ(a.rope.scaling.long_factor, b.rope.scaling.long_factor);
   EXPECT_EQ(a.rope.cast_point, b.rope.cast_point);
   EXPECT_EQ(a.rope.q_output_dtype, b.rope.q_output_dtype);
   EXPECT_EQ(a.rope.k_output_dtype, b.rope.k_output_dtype);

@@ -43,6 +43,7 @@ TEST(AuditOptionsCodecTest, RoundTrip) {
   options.engine_vs_reference = true;
   options.replay_vs_reference = false;
   options.engine_vs_replay = true;
+  options.engine_vs_emulation = false;
   options.tolerances = ToleranceOverrides{1e-3, 2e-4, 5e-2};
   options.cp_strategy = CpStrategy::kPartials;
   options.include_merge_orders = false;
@@ -63,6 +64,7 @@ TEST(AuditOptionsCodecTest, RoundTrip) {
   EXPECT_TRUE(decoded->engine_vs_reference);
   EXPECT_FALSE(decoded->replay_vs_reference);
   EXPECT_TRUE(decoded->engine_vs_replay);
+  EXPECT_FALSE(decoded->engine_vs_emulation);
   EXPECT_EQ(decoded->tolerances.out_abs, 1e-3);
   EXPECT_EQ(decoded->tolerances.lse_abs, 2e-4);
   EXPECT_EQ(decoded->tolerances.logprob_abs, 5e-2);

@@ -33,6 +33,11 @@ TEST(RopeScalingPathTest, EveryWireTypeDecodesBuildsATableAndIsBound) {
     // Parameters every scaling type accepts; each type reads its own.
     scaling->set_factor(4.0);
     scaling->set_original_max_position(4096);
+    scaling->set_sequence_length(8192);
+    for (int f = 0; f < 64; ++f) {  // rotary_dim / 2 at head_dim 128
+      scaling->add_short_factor(1.0 + 0.01 * f);
+      scaling->add_long_factor(1.0 + 0.5 * f);
+    }
     msg.mutable_rope()->set_theta(10000.0);
 
     absl::StatusOr<Snapshot> decoded = SnapshotFromProto(&msg);

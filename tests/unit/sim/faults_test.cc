@@ -160,6 +160,21 @@ TEST(FaultAdjustTest, SwappedPagesThatCannotShowIsAnError) {
   EXPECT_GT(testing::CompareToOracle(*w, oracle).out_ratio, 20.0);
 }
 
+// gemma2-9b's window holds 4096 keys: at a context of 2048 the key one past
+// the window does not exist and the fault would write a clean snapshot.
+TEST(FaultAdjustTest, AWindowFaultTheContextCannotShowIsAnError) {
+  SynthOptions o = Base("gemma2-9b");
+  o.context = 2048;
+  o.fault = Fault::kWindowOffByOne;
+  absl::StatusOr<Snapshot> s = Synthesize(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(
+      s.status().message().rfind("fault: window-off-by-one cannot show", 0), 0u)
+      << s.status();
+  o.context = 4200;
+  EXPECT_TRUE(Synthesize(o).ok());
+}
+
 // Why swapped-pages must involve a partial page: swapping two fully visible
 // blocks leaves the set of visible keys unchanged, so a decode kernel's
 // output only moves by summation-order rounding.

@@ -24,7 +24,7 @@ from .errors import (AuditError, CancelledError, DeadlineExceededError,
                      ResourceExhaustedError, UnauthenticatedError, UnavailableError)
 from .report import ComparisonView, Diagnosis, JobResult, Report, ResultSummary
 from .results import ResultIterator, results_to_pandas, results_to_parquet
-from .snapshot import ENGINE_PRESETS, Snapshot
+from .snapshot import ENGINE_PRESETS, HF_FAMILY_CAST_POINTS, Snapshot
 
 __version__ = "0.1.0"
 
@@ -32,7 +32,8 @@ __all__ = [
     "AuditClient", "AuditError", "AuditResult", "AuditorCounters", "CancelledError",
     "Comparison", "ComparisonView", "DeadlineExceededError", "Diagnosis", "InvalidArgumentError",
     "JobResult", "JobState", "MemfdSnapshot", "NotFoundError", "PermissionDeniedError", "Priority",
-    "ENGINE_PRESETS", "Report", "ResourceExhaustedError", "ResultIterator", "ResultSummary",
+    "ENGINE_PRESETS", "HF_FAMILY_CAST_POINTS", "Report", "ResourceExhaustedError",
+    "ResultIterator", "ResultSummary",
     "RolloutAuditor", "Snapshot", "Submitted", "Tls", "UnauthenticatedError", "UnavailableError",
     "Verdict", "Watch", "results_to_pandas", "results_to_parquet",
 ]

@@ -81,4 +81,5 @@ ROUNDING_ALIASES = {"nearest": "nearest_even", "rne": "nearest_even",
                     "truncate": "toward_zero", "truncation": "toward_zero",
                     "rtz": "toward_zero"}
 SCALING_ALIASES = {"default": "none", "llama3": "llama3", "yarn": "yarn",
-                   "linear": "linear"}
+                   "linear": "linear", "dynamic": "dynamic",
+                   "longrope": "longrope", "su": "longrope"}

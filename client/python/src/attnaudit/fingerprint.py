@@ -73,9 +73,28 @@ def _scaling_text(s: snapshot_pb2.RopeScaling) -> str:
                 f",beta_fast={_g17(_or(s.beta_fast, 32.0))},beta_slow={_g17(_or(s.beta_slow, 1.0))}"
                 f",attention_factor={_g17(s.attention_factor)}"
                 f"{',truncate=false' if s.no_truncate else ''})")
+    # The step's sequence_length is not bound here (a prefix must hash the
+    # same at every step while the engine rescales as the sequence grows).
+    if t == snapshot_pb2.ROPE_SCALING_TYPE_DYNAMIC:
+        return f"dynamic(factor={factor},original_max_position={omp})"
+    if t == snapshot_pb2.ROPE_SCALING_TYPE_LONGROPE:
+        short = ",".join(_g17(x) for x in s.short_factor)
+        long_ = ",".join(_g17(x) for x in s.long_factor)
+        return (f"longrope(factor={factor},original_max_position={omp}"
+                f",attention_factor={_g17(s.attention_factor)}"
+                f",short_factor=[{short}],long_factor=[{long_}])")
     # A type this module does not know has no text yet: hashing it as another
     # type's would give a digest the server refuses (docs/EXTENDING.md).
     raise ValueError(f"rope.scaling.type: no fingerprint text for {t}")
+
+
+# The cast point's name in the stream (unspecified means after_rope).
+_CAST_NAMES = {
+    snapshot_pb2.ROPE_CAST_POINT_UNSPECIFIED: "after_rope",
+    snapshot_pb2.ROPE_CAST_POINT_AFTER_ROPE: "after_rope",
+    snapshot_pb2.ROPE_CAST_POINT_COS_SIN: "cos_sin",
+    snapshot_pb2.ROPE_CAST_POINT_EACH_OP: "each_op",
+}
 
 
 def _scale_text(snapshot, path: str, kv_dtype: int, heads: int) -> str:
@@ -104,7 +123,8 @@ def _header(snapshot, domain: str, key: Optional[str]) -> bytes:
             f"k_rope_state={k_state};rope_style={style};"
             f"rope_theta={_g17(_or(rope.theta, 10000.0))};"
             f"rotary_dim={_or(rope.rotary_dim, d['D'])};"
-            f"rope_scaling={_scaling_text(rope.scaling)};rope_cast_at=after_rope;"
+            f"rope_scaling={_scaling_text(rope.scaling)};"
+            f"rope_cast_at={_CAST_NAMES[rope.cast_point]};"
             f"k_rope_output_dtype={A.NAMES[k_out]}").encode()
     if key is not None:
         raw = key.encode()

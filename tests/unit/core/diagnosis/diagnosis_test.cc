@@ -330,6 +330,9 @@ void SetEngine(const testing::OracleResult& o, DType out_dtype,
   shape.pop_back();
   s->engine.lse = testing::MakeFloatTensor(
       DType::kF32, shape, std::vector<double>(l.begin(), l.end()));
+  // The oracle's engine keeps fp32 scores: declared, the audit sees what an
+  // undeclared engine's widest envelope would hide.
+  s->precision.profile = EngineProfile::kFlashDecoding;
 }
 
 std::vector<int64_t> OutShape(const testing::LogicalCase& c) {

@@ -42,6 +42,9 @@ void SetEngine(const testing::LogicalCase& engine, bool with_lse, Snapshot* s) {
   s->engine.out = testing::MakeFloatTensor(
       DType::kBF16, shape, std::vector<double>(o.out.begin(), o.out.end()));
   s->engine.lse = Tensor();
+  // The oracle's engine keeps fp32 scores: declared, the audit sees what an
+  // undeclared engine's widest envelope would hide.
+  s->precision.profile = EngineProfile::kFlashDecoding;
   if (with_lse) {
     s->engine.lse = testing::MakeFloatTensor(
         DType::kF32, {engine.batch, engine.queries, engine.q_heads},

@@ -396,6 +396,96 @@ TEST(RopeIdentityFingerprintTest, BoundToRopeFactsAndPositions) {
   EXPECT_EQ(RopeIdentityFingerprint(f.snapshot), digest);
 }
 
+// The RoPE identity digests of the base fixture (two rows at positions
+// 0..5, queries at 5, a 6 x 2 pool) under none, linear, llama3 and yarn,
+// pinned as literals computed from docs/FINGERPRINTS.md's stream outside
+// this code base: a stored digest stays valid, so none of these may ever
+// change (a new scaling type or parameter must leave them alone).
+TEST(RopeIdentityFingerprintTest, DigestsOfEstablishedScalingTypesArePinned) {
+  struct Pinned {
+    const char* name;
+    RopeScaling scaling;
+    const char* digest;
+  };
+  RopeScaling linear;
+  linear.type = RopeScalingType::kLinear;
+  linear.factor = 2;
+  RopeScaling llama3;
+  llama3.type = RopeScalingType::kLlama3;
+  llama3.factor = 8;
+  RopeScaling yarn;
+  yarn.type = RopeScalingType::kYarn;
+  yarn.factor = 4;
+  yarn.original_max_position = 4096;
+  RopeScaling yarn_fractional = yarn;
+  yarn_fractional.truncate = false;
+  const Pinned pinned[] = {
+      {"none", RopeScaling(),
+       "83c02b38036ffb9283ef3facdb9619ee7f21c7df27b98c1742c9ad945e949064"},
+      {"linear", linear,
+       "c1e6fd5ebba9b9238c32ea7c76903d6ae179f14b6222f0fea8c3cb0d499fd89e"},
+      {"llama3", llama3,
+       "f7342f306f7b170e07a4446c9d6e00981d1d32eba0f70a950fe01d32b0031c5b"},
+      {"yarn", yarn,
+       "e7181a114963489386181754bca66fce071db1b231913f246431277ca6c48e81"},
+      {"yarn truncate=false", yarn_fractional,
+       "83b2a5b5f56764bd7d6453a027850b8671d9b310b2e406489001eac2ef259bff"},
+  };
+  for (const Pinned& p : pinned) {
+    Fixture f = MakeFixture(FixtureOptions{});
+    f.snapshot.rope.scaling = p.scaling;
+    // Parameters these types do not read change nothing.
+    f.snapshot.rope.scaling.sequence_length = 12345;
+    f.snapshot.rope.scaling.short_factor = {1, 2, 3, 4};
+    EXPECT_EQ(RopeIdentityFingerprint(f.snapshot), p.digest) << p.name;
+  }
+}
+
+// Dynamic NTK and LongRoPE: their parameters in the scaling text, the
+// step's sequence length after the q output dtype (docs/FINGERPRINTS.md).
+TEST(RopeIdentityFingerprintTest,
+     SequenceLengthScalingsHashTheirDocumentedText) {
+  Fixture f = MakeFixture(FixtureOptions{});
+  RopeScaling& s = f.snapshot.rope.scaling;
+  s.type = RopeScalingType::kDynamic;
+  s.factor = 2;
+  s.original_max_position = 4096;
+  s.sequence_length = 8192;
+  s.short_factor = {9};  // not read by dynamic
+  EXPECT_EQ(RopeIdentityFingerprint(f.snapshot),
+            "55cce6436d417ac00ee5303a82a3bbf69ca0b67a25dd4a1ce9098f716191d438");
+  const std::string dynamic = RopeIdentityFingerprint(f.snapshot);
+  s.sequence_length = 8193;
+  EXPECT_NE(RopeIdentityFingerprint(f.snapshot), dynamic);
+
+  s.type = RopeScalingType::kLongRope;
+  s.factor = 32;
+  s.sequence_length = 8192;
+  s.short_factor = {1, 1.25, 1.5, 2};
+  s.long_factor = {1, 2.5, 4, 8};
+  EXPECT_EQ(RopeIdentityFingerprint(f.snapshot),
+            "760281504a03bc25a6fd958595b7f4ee38c856e97325451e7f1d6e46e1c929c1");
+  const std::string longrope = RopeIdentityFingerprint(f.snapshot);
+  s.long_factor[3] = 8.5;
+  EXPECT_NE(RopeIdentityFingerprint(f.snapshot), longrope);
+}
+
+// The KV streams bind the scaling's model parameters but not the step's
+// sequence length: a prefix hashes the same at every step of a sequence
+// whose engine rescales as it grows.
+TEST(PrefixFingerprintTest, SequenceLengthIsNotBound) {
+  Fixture f = MakeFixture(FixtureOptions{});
+  RopeScaling& s = f.snapshot.rope.scaling;
+  s.type = RopeScalingType::kDynamic;
+  s.factor = 2;
+  s.sequence_length = 100;
+  const std::string at_100 = Prefix(f);
+  s.sequence_length = 200;
+  EXPECT_EQ(Prefix(f), at_100);
+  s.factor = 3;
+  EXPECT_NE(Prefix(f), at_100);
+}
+
 TEST(VerifyPrefixFingerprintTest, AcceptsTheRecomputedDigest) {
   Fixture f = MakeFixture(FixtureOptions{});
   f.snapshot.prefix.fingerprint = Prefix(f);

@@ -217,5 +217,87 @@ TEST(RopeArithmeticTest, YarnWithoutTruncationFollowsTheOracle) {
   EXPECT_GT(differ, 0);
 }
 
+// ExactRopeOf for the scalings that read a sequence length, against the
+// long-double oracle at lengths on both sides of original_max_position.
+TEST(RopeArithmeticTest, ExactRopeOfSequenceLengthScalingsFollowsTheOracle) {
+  std::vector<RopeConfig> configs;
+  for (int64_t length : {100, 4096, 4097, 50000}) {
+    RopeConfig dynamic;
+    dynamic.theta = 10000;
+    dynamic.scaling.type = RopeScalingType::kDynamic;
+    dynamic.scaling.factor = 8;
+    dynamic.scaling.original_max_position = 4096;
+    dynamic.scaling.sequence_length = length;
+    configs.push_back(dynamic);
+    RopeConfig longrope;
+    longrope.theta = 10000;
+    longrope.rotary_dim = 48;  // Phi-4-mini: partial rotary with LongRoPE
+    longrope.scaling.type = RopeScalingType::kLongRope;
+    longrope.scaling.factor = 32;
+    longrope.scaling.original_max_position = 4096;
+    longrope.scaling.sequence_length = length;
+    for (int i = 0; i < 24; ++i) {
+      longrope.scaling.short_factor.push_back(1.0 + 0.03 * i);
+      longrope.scaling.long_factor.push_back(1.0 + 0.9 * i * i / 23.0);
+    }
+    configs.push_back(longrope);
+  }
+  for (const RopeConfig& config : configs) {
+    SCOPED_TRACE(static_cast<int>(config.scaling.type));
+    SCOPED_TRACE(config.scaling.sequence_length);
+    absl::StatusOr<ExactRope> exact = ExactRopeOf(config, 64);
+    ASSERT_TRUE(exact.ok()) << exact.status();
+    const std::vector<long double> oracle = testing::OracleInvFreq(config, 64);
+    ASSERT_EQ(exact->inv_freq.size(), oracle.size());
+    for (size_t i = 0; i < oracle.size(); ++i) {
+      EXPECT_NEAR(exact->inv_freq[i], static_cast<double>(oracle[i]),
+                  1e-13 * static_cast<double>(oracle[i]))
+          << i;
+    }
+    EXPECT_NEAR(exact->magnitude,
+                static_cast<double>(testing::OracleMagnitude(config)), 1e-15);
+  }
+}
+
+// A table of another width than rotary_dim / 2 (an engine that rotated the
+// whole head of a partial-rotary model) is not rotated with: the config's
+// values are, and the angles carry the config's uncertainty.
+TEST(RopeArithmeticTest, AFullHeadTableOnAPartialConfigIsNotRotatedWith) {
+  RopeConfig config;
+  config.theta = 10000;
+  config.rotary_dim = 4;
+  EngineRopeTable engine;
+  engine.inv_freq = Tensor(DType::kF32, {4});  // head_dim / 2
+  for (int i = 0; i < 4; ++i) {
+    engine.inv_freq.mutable_data<float>()[i] = std::pow(10000.0f, -i / 4.0f);
+  }
+  EXPECT_EQ(EngineTableWidth(engine), 4);
+  EXPECT_FALSE(EngineTableFitsRotaryDim(engine, config, 8));
+  const RopeTable t = MustCreate(config, 8, engine);
+  EXPECT_FALSE(t.has_engine_inv_freq());
+  EXPECT_EQ(t.SourceAt(1000), RopeTable::Source::kConfig);
+  const RopeTable plain = MustCreate(config, 8);
+  EXPECT_EQ(t.AngleUncertainty(1000, 1), plain.AngleUncertainty(1000, 1));
+  // At the declared width the same values are used.
+  engine.inv_freq = Tensor(DType::kF32, {2});
+  engine.inv_freq.mutable_data<float>()[0] = 1.0f;
+  engine.inv_freq.mutable_data<float>()[1] = 0.01f;
+  EXPECT_TRUE(MustCreate(config, 8, engine).has_engine_inv_freq());
+}
+
+// The sequence-length scalings are scaled: the config's angles carry the
+// scaled allowance (the engine's order of the scaling arithmetic).
+TEST(RopeArithmeticTest, SequenceLengthScalingsUseTheScaledAllowance) {
+  RopeConfig plain, dynamic;
+  plain.theta = dynamic.theta = 10000;
+  dynamic.scaling.type = RopeScalingType::kDynamic;
+  dynamic.scaling.factor = 2;
+  dynamic.scaling.original_max_position = 4096;
+  dynamic.scaling.sequence_length = 4096;  // not scaled: the same frequencies
+  const RopeTable a = MustCreate(plain, 16), b = MustCreate(dynamic, 16);
+  EXPECT_EQ(a.inv_freq(), b.inv_freq());
+  EXPECT_GT(b.AngleUncertainty(100000, 3), a.AngleUncertainty(100000, 3));
+}
+
 }  // namespace
 }  // namespace attnaudit

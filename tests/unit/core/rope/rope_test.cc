@@ -113,6 +113,31 @@ TEST(RopeTest, AnglesAndRotateWithMatchRotateBitwise) {
   EXPECT_EQ(y, Rotated(t, x, 4099));
 }
 
+// LongRoPE divisors shaped like Phi-3.5's: short ones near 1, long ones
+// growing to tens over the low frequencies.
+RopeScaling LongRope(int64_t half, int64_t sequence_length) {
+  RopeScaling s;
+  s.type = RopeScalingType::kLongRope;
+  s.factor = 32;  // max_position_embeddings 131072 / 4096
+  s.original_max_position = 4096;
+  s.sequence_length = sequence_length;
+  for (int64_t i = 0; i < half; ++i) {
+    const double t = static_cast<double>(i) / static_cast<double>(half - 1);
+    s.short_factor.push_back(1.0 + 0.08 * t + 0.5 * t * t * t);
+    s.long_factor.push_back(1.0 + 1.5 * t + 45.0 * t * t * t * t);
+  }
+  return s;
+}
+
+RopeScaling DynamicNtk(int64_t sequence_length) {
+  RopeScaling s;
+  s.type = RopeScalingType::kDynamic;
+  s.factor = 4;
+  s.original_max_position = 4096;
+  s.sequence_length = sequence_length;
+  return s;
+}
+
 // A config per scaling type, with realistic model parameters.
 std::vector<std::pair<std::string, RopeConfig>> Configs() {
   std::vector<std::pair<std::string, RopeConfig>> out;
@@ -142,6 +167,17 @@ std::vector<std::pair<std::string, RopeConfig>> Configs() {
   phi.theta = 10000;
   phi.rotary_dim = 96;
   out.push_back({"phi4 partial", phi});
+  RopeConfig dynamic;
+  dynamic.theta = 10000;
+  dynamic.scaling = DynamicNtk(13001);
+  out.push_back({"dynamic ntk", dynamic});
+  RopeConfig longrope;
+  longrope.theta = 10000;
+  longrope.rotary_dim = 64;  // 32 divisors, valid at D = 64 and 128
+  longrope.scaling = LongRope(32, 131072);
+  out.push_back({"phi3.5 longrope long", longrope});
+  longrope.scaling = LongRope(32, 4096);
+  out.push_back({"phi3.5 longrope short", longrope});
   return out;
 }
 
@@ -296,6 +332,65 @@ TEST(RopeTest, YarnMagnitudeDefaultsToTenthLogFactorPlusOne) {
   EXPECT_EQ(MustCreate(config, 64).magnitude(), 1.0f);
 }
 
+// Dynamic NTK raises the base only past original_max_position, more the
+// longer the sequence; pair 0 (theta^0) never moves.
+TEST(RopeTest, DynamicNtkScalesWithTheSequenceLength) {
+  RopeConfig none, dynamic;
+  none.theta = dynamic.theta = 10000;
+  const RopeTable base = MustCreate(none, 64);
+  for (int64_t at_most : {1, 4095, 4096}) {
+    dynamic.scaling = DynamicNtk(at_most);
+    EXPECT_EQ(MustCreate(dynamic, 64).inv_freq(), base.inv_freq()) << at_most;
+  }
+  std::vector<float> previous = base.inv_freq();
+  for (int64_t length : {4097, 8192, 16384, 65536}) {
+    dynamic.scaling = DynamicNtk(length);
+    const RopeTable t = MustCreate(dynamic, 64);
+    EXPECT_EQ(t.inv_freq()[0], 1.0f);
+    EXPECT_EQ(t.magnitude(), 1.0f);
+    for (size_t i = 1; i < previous.size(); ++i) {
+      EXPECT_LT(t.inv_freq()[i], previous[i]) << length << " i=" << i;
+    }
+    previous = t.inv_freq();
+  }
+  // At S = 2L with factor 4: theta' = theta * (4 * 2 - 3)^(64 / 62), the
+  // frequency of the last pair theta'^(-62/64) = theta^(-62/64) / 5.
+  dynamic.scaling = DynamicNtk(8192);
+  const RopeTable t = MustCreate(dynamic, 64);
+  EXPECT_NEAR(t.inv_freq()[31], base.inv_freq()[31] / 5.0,
+              16 * kU * base.inv_freq()[31] / 5.0);
+}
+
+// LongRoPE divides pair i's frequency by short_factor[i] up to
+// original_max_position and by long_factor[i] past it; the magnitude is
+// sqrt(1 + ln(factor) / ln(original_max_position)) in both.
+TEST(RopeTest, LongRopeSwitchesFactorsPastTheOriginalLength) {
+  RopeConfig none, longrope;
+  none.theta = longrope.theta = 10000;
+  const RopeTable base = MustCreate(none, 32);
+  longrope.scaling = LongRope(16, 4096);
+  const RopeTable short_table = MustCreate(longrope, 32);
+  longrope.scaling.sequence_length = 4097;
+  const RopeTable long_table = MustCreate(longrope, 32);
+  for (size_t i = 0; i < 16; ++i) {
+    const double f = base.inv_freq()[i];
+    EXPECT_NEAR(short_table.inv_freq()[i], f / longrope.scaling.short_factor[i],
+                4 * kU * f)
+        << i;
+    EXPECT_NEAR(long_table.inv_freq()[i], f / longrope.scaling.long_factor[i],
+                4 * kU * f)
+        << i;
+  }
+  const double mag = std::sqrt(1 + std::log(32.0) / std::log(4096.0));
+  EXPECT_EQ(short_table.magnitude(), static_cast<float>(mag));
+  EXPECT_EQ(long_table.magnitude(), static_cast<float>(mag));
+  longrope.scaling.attention_factor = 1.19;  // vLLM's short/long_mscale
+  EXPECT_EQ(MustCreate(longrope, 32).magnitude(), 1.19f);
+  longrope.scaling.attention_factor = 0;
+  longrope.scaling.factor = 1;
+  EXPECT_EQ(MustCreate(longrope, 32).magnitude(), 1.0f);
+}
+
 void ExpectInvalid(const RopeConfig& config, int64_t head_dim,
                    const std::string& field) {
   const absl::StatusOr<RopeTable> t = RopeTable::Create(config, head_dim);
@@ -379,6 +474,63 @@ TEST(RopeTest, InvalidScalingIsRejected) {
   RopeConfig unknown;
   unknown.scaling.type = static_cast<RopeScalingType>(9);
   ExpectInvalid(unknown, 8, "rope.scaling.type");
+}
+
+TEST(RopeTest, InvalidDynamicNtkIsRejectedNamingTheField) {
+  RopeConfig dynamic;
+  dynamic.scaling = DynamicNtk(8192);
+  dynamic.scaling.factor = 0.5;
+  ExpectInvalid(dynamic, 8, "rope.scaling.factor");
+  dynamic.scaling.factor = std::numeric_limits<double>::infinity();
+  ExpectInvalid(dynamic, 8, "rope.scaling.factor");
+  dynamic.scaling.factor = 2;
+  dynamic.scaling.sequence_length = 0;  // required
+  ExpectInvalid(dynamic, 8, "rope.scaling.sequence_length");
+  dynamic.scaling.sequence_length = 8192;
+  dynamic.scaling.original_max_position = -1;
+  ExpectInvalid(dynamic, 8, "rope.scaling.original_max_position");
+  dynamic.scaling.original_max_position = 4096;
+  dynamic.rotary_dim = 2;  // the exponent r / (r - 2)
+  ExpectInvalid(dynamic, 8, "rope.rotary_dim");
+  // A base past the fp32 range at an absurd length: named, not inf.
+  dynamic.rotary_dim = 0;
+  dynamic.scaling.factor = 1e300;
+  dynamic.scaling.sequence_length = int64_t{1} << 62;
+  ExpectInvalid(dynamic, 8, "rope.");
+}
+
+TEST(RopeTest, InvalidLongRopeIsRejectedNamingTheField) {
+  RopeConfig longrope;
+  longrope.scaling = LongRope(4, 8192);
+  ASSERT_TRUE(RopeTable::Create(longrope, 8).ok());
+  RopeConfig bad = longrope;
+  bad.scaling.short_factor.pop_back();
+  ExpectInvalid(bad, 8, "rope.scaling.short_factor");
+  bad = longrope;
+  bad.scaling.long_factor.clear();
+  ExpectInvalid(bad, 8, "rope.scaling.long_factor");
+  bad = longrope;
+  bad.scaling.long_factor[2] = -1;
+  ExpectInvalid(bad, 8, "rope.scaling.long_factor[2]");
+  bad = longrope;
+  bad.scaling.short_factor[1] = std::numeric_limits<double>::quiet_NaN();
+  ExpectInvalid(bad, 8, "rope.scaling.short_factor[1]");
+  bad = longrope;
+  bad.scaling.sequence_length = 0;
+  ExpectInvalid(bad, 8, "rope.scaling.sequence_length");
+  bad = longrope;
+  bad.scaling.original_max_position = 1;  // ln(1) = 0 in the default
+  ExpectInvalid(bad, 8, "rope.scaling.original_max_position");
+  bad = longrope;
+  bad.scaling.factor = -3;
+  ExpectInvalid(bad, 8, "rope.scaling.factor");
+  bad = longrope;
+  bad.scaling.attention_factor = std::numeric_limits<double>::infinity();
+  ExpectInvalid(bad, 8, "rope.scaling.attention_factor");
+  // The divisors follow rotary_dim, not head_dim.
+  bad = longrope;
+  bad.rotary_dim = 4;
+  ExpectInvalid(bad, 8, "rope.scaling.short_factor");
 }
 
 }  // namespace

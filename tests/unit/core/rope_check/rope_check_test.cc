@@ -123,6 +123,40 @@ RopeConfig Llama3(RopeCastPoint cast = RopeCastPoint::kAfterRope) {
   return r;
 }
 
+// Dynamic NTK scaled for `length` (Hugging Face's rule at this step: the
+// largest query position + 1, 30011 for Build's rows at base 30000).
+RopeConfig Dynamic(int64_t length = 30011,
+                   RopeCastPoint cast = RopeCastPoint::kAfterRope) {
+  RopeConfig r;
+  r.theta = 10000;
+  r.cast_point = cast;
+  r.scaling.type = RopeScalingType::kDynamic;
+  r.scaling.factor = 8;
+  r.scaling.original_max_position = 4096;
+  r.scaling.sequence_length = length;
+  return r;
+}
+
+// LongRoPE with Phi-3.5-like divisors; long factors past 4096.
+RopeConfig LongRope(int64_t length = 30011,
+                    RopeCastPoint cast = RopeCastPoint::kAfterRope) {
+  RopeConfig r;
+  r.theta = 10000;
+  r.cast_point = cast;
+  r.scaling.type = RopeScalingType::kLongRope;
+  r.scaling.factor = 32;
+  r.scaling.original_max_position = 4096;
+  r.scaling.sequence_length = length;
+  for (int64_t i = 0; i < kD / 2; ++i) {
+    r.scaling.short_factor.push_back(1.0 + 0.1 * static_cast<double>(i));
+    r.scaling.long_factor.push_back(1.0 + 0.8 * static_cast<double>(i * i));
+  }
+  return r;
+}
+
+// The engine's table: positions first..first+rows-1 (defined below).
+EngineRopeTable TableOf(const RopeConfig& engine, int64_t first, int64_t rows);
+
 struct Checked {
   std::vector<RopeCheckResult> checks;
   std::vector<Diagnosis> diagnoses;
@@ -222,6 +256,122 @@ TEST(RopeCheckTest, FullRotationWhereThePartialOneIsDeclared) {
   EXPECT_EQ(VerdictOf(c, "q"), Verdict::kDrift);
   ASSERT_FALSE(c.diagnoses.empty());
   EXPECT_EQ(c.diagnoses[0].hypothesis, "rope-partial-rotary");
+}
+
+// A clean engine passes under each sequence-length scaling and cast
+// point, its table too; one that ignores the scaling, or scales for
+// another length, drifts and is named.
+TEST(RopeCheckTest, SequenceLengthScalingsPassCleanAndNameTheirBugs) {
+  for (RopeCastPoint cast : {RopeCastPoint::kAfterRope, RopeCastPoint::kCosSin,
+                             RopeCastPoint::kEachOp}) {
+    for (const RopeConfig& config :
+         {Dynamic(30011, cast), LongRope(30011, cast), LongRope(4096, cast)}) {
+      SCOPED_TRACE(static_cast<int>(cast));
+      SCOPED_TRACE(static_cast<int>(config.scaling.type));
+      Snapshot s = Build(config, {config, config}, 30000);
+      s.rope_table = TableOf(config, 30000, 16);
+      const Checked c = Check(s);
+      ASSERT_EQ(c.checks.size(), 3u);
+      for (const RopeCheckResult& r : c.checks) {
+        EXPECT_EQ(r.verdict, Verdict::kPass) << r.what << ": " << r.max_abs;
+      }
+      EXPECT_TRUE(c.diagnoses.empty());
+    }
+  }
+  struct Bug {
+    const char* name;
+    RopeConfig declared, engine;
+    const char* hypothesis;
+  };
+  RopeConfig plain = Dynamic();
+  plain.scaling = RopeScaling();
+  const Bug bugs[] = {
+      {"dynamic ignored", Dynamic(), plain, "rope-scaling-ignored"},
+      {"longrope ignored", LongRope(), plain, "rope-scaling-ignored"},
+      // vLLM's fixed cache (factor x original length) where Hugging Face's
+      // per-step length is declared.
+      {"dynamic length", Dynamic(30011), Dynamic(32768), "rope-scaling-length"},
+      {"longrope short factors", LongRope(30011), LongRope(4096),
+       "rope-scaling-length"},
+      {"longrope long factors", LongRope(4096), LongRope(30011),
+       "rope-scaling-length"},
+  };
+  for (const Bug& bug : bugs) {
+    SCOPED_TRACE(bug.name);
+    Snapshot s = Build(bug.declared, {bug.engine, bug.engine}, 30000);
+    const Checked c = Check(s);
+    EXPECT_EQ(VerdictOf(c, "q"), Verdict::kDrift);
+    EXPECT_EQ(VerdictOf(c, "k"), Verdict::kDrift);
+    ASSERT_FALSE(c.diagnoses.empty());
+    EXPECT_EQ(c.diagnoses[0].hypothesis, bug.hypothesis)
+        << c.diagnoses[0].summary;
+    EXPECT_TRUE(c.diagnoses[0].explains) << c.diagnoses[0].summary;
+    // The engine's table tells the same story on its own.
+    s.pre_rope = PreRopeInputs();
+    s.rope_table = TableOf(bug.engine, 30000, 16);
+    const Checked t = Check(s);
+    EXPECT_EQ(VerdictOf(t, "table"), Verdict::kDrift);
+    ASSERT_FALSE(t.diagnoses.empty());
+    EXPECT_EQ(t.diagnoses[0].hypothesis, bug.hypothesis)
+        << t.diagnoses[0].summary;
+  }
+}
+
+// A partial-rotary model whose engine rotated the whole head and sent its
+// (full-width) table: a valid snapshot whose table check drifts, named
+// rope-partial-rotary, and whose rolling check (rotating with the
+// declared config, not the table) drifts too.
+TEST(RopeCheckTest, AFullHeadTableOnAPartialRotaryConfigDrifts) {
+  RopeConfig partial = Llama3();
+  partial.rotary_dim = kD / 2;
+  RopeConfig full = partial;
+  full.rotary_dim = 0;
+  Snapshot s = Build(partial, {full, full}, 30000);
+  s.rope_table = TableOf(full, 30000, 16);
+  const Checked c = Check(s);
+  ASSERT_EQ(c.checks.size(), 3u);
+  EXPECT_EQ(VerdictOf(c, "table"), Verdict::kDrift);
+  EXPECT_EQ(VerdictOf(c, "q"), Verdict::kDrift);
+  EXPECT_EQ(VerdictOf(c, "k"), Verdict::kDrift);
+  ASSERT_FALSE(c.diagnoses.empty());
+  for (const Diagnosis& d : c.diagnoses) {
+    if (d.hypothesis == "rope-partial-rotary") continue;
+    EXPECT_FALSE(d.explains) << d.summary;
+  }
+  EXPECT_EQ(c.diagnoses[0].hypothesis, "rope-partial-rotary")
+      << c.diagnoses[0].summary;
+  EXPECT_TRUE(c.diagnoses[0].explains);
+  const RopeCheckResult& table = c.checks.back();
+  ASSERT_FALSE(table.reasons.empty());
+  EXPECT_NE(table.reasons[0].find("rotated 16 dims"), std::string::npos)
+      << table.reasons[0];
+
+  // The table alone (no rolling inputs), inverse frequencies only or rows
+  // only: still DRIFT, still named.
+  s.pre_rope = PreRopeInputs();
+  const EngineRopeTable both = s.rope_table;
+  for (int part = 0; part < 2; ++part) {
+    s.rope_table = both;
+    if (part == 0) {
+      s.rope_table.positions = Tensor();
+      s.rope_table.cos = Tensor();
+      s.rope_table.sin = Tensor();
+    } else {
+      s.rope_table.inv_freq = Tensor();
+    }
+    const Checked t = Check(s);
+    EXPECT_EQ(VerdictOf(t, "table"), Verdict::kDrift) << part;
+    ASSERT_FALSE(t.diagnoses.empty()) << part;
+    EXPECT_EQ(t.diagnoses[0].hypothesis, "rope-partial-rotary") << part;
+  }
+  // A full-width table at position 0 alone matches the pass-through
+  // everywhere; its width is the finding.
+  s.rope_table = TableOf(full, 0, 1);
+  s.rope_table.inv_freq = Tensor();
+  const Checked zero = Check(s);
+  EXPECT_EQ(VerdictOf(zero, "table"), Verdict::kDrift);
+  ASSERT_FALSE(zero.diagnoses.empty());
+  EXPECT_EQ(zero.diagnoses[0].hypothesis, "rope-partial-rotary");
 }
 
 // The engine's table: positions 0..T-1 as the engine computed them.

@@ -88,12 +88,49 @@ std::vector<long double> OracleInvFreq(const RopeConfig& config,
       }
       break;
     }
+    case RopeScalingType::kDynamic: {
+      // _compute_dynamic_ntk_parameters: seq_len = max(seq_len,
+      // max_position_embeddings); base * ((factor * seq_len / max_pos) -
+      // (factor - 1)) ** (dim / (dim - 2)); 1 / base^(2i / dim).
+      const long double L = s.original_max_position;
+      const long double S =
+          std::max<long double>(s.sequence_length, s.original_max_position);
+      const long double scaled =
+          base * std::pow(factor * S / L - (factor - 1),
+                          static_cast<long double>(dim) / (dim - 2));
+      for (int64_t i = 0; i < dim / 2; ++i) {
+        inv[i] = 1.0L / std::pow(scaled, static_cast<long double>(2 * i) / dim);
+      }
+      break;
+    }
+    case RopeScalingType::kLongRope: {
+      // _compute_longrope_parameters: long_factor when seq_len >
+      // original_max_position_embeddings, else short_factor; 1 / (ext_i *
+      // base^(2i / dim)).
+      const std::vector<double>& ext =
+          s.sequence_length > s.original_max_position ? s.long_factor
+                                                      : s.short_factor;
+      for (int64_t i = 0; i < dim / 2; ++i) {
+        inv[i] = 1.0L / (static_cast<long double>(ext[i]) *
+                         std::pow(base, static_cast<long double>(2 * i) / dim));
+      }
+      break;
+    }
   }
   return inv;
 }
 
 long double OracleMagnitude(const RopeConfig& config) {
   const RopeScaling& s = config.scaling;
+  if (s.type == RopeScalingType::kLongRope) {
+    // attention_factor, else sqrt(1 + log(factor) /
+    // log(original_max_position_embeddings)) for factor > 1, else 1.
+    if (s.attention_factor > 0) return s.attention_factor;
+    const long double factor = s.factor;
+    if (factor <= 1) return 1.0L;
+    return std::sqrt(1 + std::log(factor) / std::log(static_cast<long double>(
+                                                s.original_max_position)));
+  }
   if (s.type != RopeScalingType::kYarn) return 1.0L;
   if (s.attention_factor > 0) return s.attention_factor;
   const long double factor = s.factor;

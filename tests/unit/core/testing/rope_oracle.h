@@ -1,9 +1,9 @@
 // Long-double RoPE oracle, written from Hugging Face transformers'
-// documented definitions (modeling_rope_utils: default, linear, llama3 and
-// yarn inverse frequencies; apply_rotary_pos_emb with rotate_half for the
-// NeoX pairing; interleaved pairs for GPT-J), independently of core/rope.
-// Partial rotary: the first rotary_dim dims rotate, the rest pass through.
-// Test-only; pure functions; thread-safe. Configs are assumed valid.
+// documented definitions (modeling_rope_utils: default, linear, llama3,
+// yarn, dynamic NTK and longrope inverse frequencies; apply_rotary_pos_emb with
+// rotate_half for the NeoX pairing; interleaved pairs for GPT-J), independently
+// of core/rope. Partial rotary: the first rotary_dim dims rotate, the rest pass
+// through. Test-only; pure functions; thread-safe. Configs are assumed valid.
 #ifndef ATTNAUDIT_TESTS_UNIT_CORE_TESTING_ROPE_ORACLE_H_
 #define ATTNAUDIT_TESTS_UNIT_CORE_TESTING_ROPE_ORACLE_H_
 
@@ -20,7 +20,8 @@ std::vector<long double> OracleInvFreq(const RopeConfig& config,
                                        int64_t head_dim);
 
 // The cos/sin magnitude: YaRN's attention factor (default
-// 0.1 * ln(factor) + 1 for factor > 1), else 1.
+// 0.1 * ln(factor) + 1 for factor > 1), LongRoPE's (default
+// sqrt(1 + ln(factor) / ln(original_max_position)) for factor > 1), else 1.
 long double OracleMagnitude(const RopeConfig& config);
 
 // YaRN's correction range before and after HF's floor/ceil and clamping.

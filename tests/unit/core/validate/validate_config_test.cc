@@ -207,6 +207,42 @@ std::vector<InvalidCase> RopeCases() {
          s->rope.scaling.type = static_cast<RopeScalingType>(9);
        },
        "rope.scaling.type", ""},
+      {"DynamicWithoutSequenceLength",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.scaling.type = RopeScalingType::kDynamic;
+         s->rope.scaling.factor = 2.0;
+       },
+       "rope.scaling.sequence_length", "dynamic"},
+      {"DynamicFactorBelowOne",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.scaling.type = RopeScalingType::kDynamic;
+         s->rope.scaling.factor = 0.5;
+         s->rope.scaling.sequence_length = 9000;
+       },
+       "rope.scaling.factor", ">= 1"},
+      {"LongRopeFactorsOfAnotherWidth",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.scaling.type = RopeScalingType::kLongRope;
+         s->rope.scaling.sequence_length = 9000;
+         s->rope.scaling.short_factor = {1, 1, 1};
+         s->rope.scaling.long_factor = {1, 1, 1, 1};
+       },
+       "rope.scaling.short_factor", "rotary_dim / 2 = 4 entries, got 3"},
+      {"LongRopeFactorNotPositive",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.scaling.type = RopeScalingType::kLongRope;
+         s->rope.scaling.sequence_length = 9000;
+         s->rope.scaling.short_factor = {1, 1, 1, 1};
+         s->rope.scaling.long_factor = {1, 0, 1, 1};
+       },
+       "rope.scaling.long_factor[1]", "positive finite"},
+      {"LongRopeWithoutSequenceLength",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.scaling.type = RopeScalingType::kLongRope;
+         s->rope.scaling.short_factor = {1, 1, 1, 1};
+         s->rope.scaling.long_factor = {1, 1, 1, 1};
+       },
+       "rope.scaling.sequence_length", "longrope"},
       {"QOutputDtypeInteger",
        [](Snapshot* s, ValidationLimits*) {
          s->rope.q_state = RopeState::kPreRope;
@@ -318,6 +354,24 @@ std::vector<InvalidCase> RopeInputCases() {
          s->rope_table.inv_freq = F32({8}, 1.0f);
        },
        "rope_table.inv_freq", "[rotary_dim / 2=4]"},
+      {"InvFreqOfNeitherWidthOnAPartialConfig",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.rotary_dim = 4;
+         s->rope_table.inv_freq = F32({3}, 1.0f);
+       },
+       "rope_table.inv_freq", "[rotary_dim / 2=2]"},
+      // A full-head table is accepted on a partial config, but all of it:
+      // rows of the rotary width beside full-head inverse frequencies are
+      // malformed.
+      {"FullHeadInvFreqWithRotaryWidthRows",
+       [](Snapshot* s, ValidationLimits*) {
+         s->rope.rotary_dim = 4;
+         s->rope_table.inv_freq = F32({4}, 1.0f);
+         s->rope_table.positions = I64({3, 4});
+         s->rope_table.cos = F32({2, 2}, 1.0f);
+         s->rope_table.sin = F32({2, 2}, 0.0f);
+       },
+       "rope_table.cos", "[T=2, head_dim / 2=4]"},
       {"InvFreqNotPositive",
        [](Snapshot* s, ValidationLimits*) {
          s->rope_table.inv_freq = F32({4}, 1.0f);
@@ -403,6 +457,34 @@ TEST(ConfigValidTest, RopeInputsAndPrecisionWellFormedPass) {
   s.precision.rope_rounding = Rounding::kNearestEven;
   s.precision.source = PrecisionSource::kMeasured;
   s.precision.evidence.assign(1024, 'x');
+  EXPECT_TRUE(IsValid(ValidateSnapshot(s)));
+}
+
+// An engine that rotated the whole head of a partial-rotary model and sent
+// its table: not malformed (the table check reports it as DRIFT).
+TEST(ConfigValidTest, AFullHeadTableOnAPartialRotaryConfigIsAccepted) {
+  Snapshot s = BuildSnapshot({});
+  s.rope.rotary_dim = 4;
+  s.rope_table.inv_freq = F32({4}, 0.25f);
+  SetRows(&s, {7, 3});  // [T, 4] = [T, head_dim / 2]
+  EXPECT_TRUE(IsValid(ValidateSnapshot(s)));
+  s.rope_table.inv_freq = Tensor();  // rows alone
+  EXPECT_TRUE(IsValid(ValidateSnapshot(s)));
+  s.rope_table.inv_freq = F32({2}, 0.25f);  // the rotary width, rows not
+  EXPECT_FALSE(IsValid(ValidateSnapshot(s)));
+}
+
+TEST(ConfigValidTest, SequenceLengthScalingsWellFormedPass) {
+  Snapshot s = BuildSnapshot({});
+  s.rope.scaling.type = RopeScalingType::kDynamic;
+  s.rope.scaling.factor = 4;
+  s.rope.scaling.original_max_position = 4096;
+  s.rope.scaling.sequence_length = 1;
+  EXPECT_TRUE(IsValid(ValidateSnapshot(s)));
+  s.rope.scaling.type = RopeScalingType::kLongRope;
+  s.rope.scaling.short_factor = {1, 1.5, 2, 3};
+  s.rope.scaling.long_factor = {1, 4, 16, 64};
+  s.rope.scaling.sequence_length = 131072;
   EXPECT_TRUE(IsValid(ValidateSnapshot(s)));
 }
 

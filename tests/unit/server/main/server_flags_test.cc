@@ -128,6 +128,8 @@ TEST(ServerFlagsTest, ErrorsNameTheFlag) {
       {{"--tenant-max-bytes", "lots"}, "--tenant-max-bytes"},
       {{"--metrics-tls-cert", "c.pem"}, "--metrics-tls-key"},
       {{"--metrics-tls-key", "k.pem"}, "--metrics-tls-cert"},
+      {{"--upload-min-rate", "0"}, "--upload-min-rate"},
+      {{"--result-journal-bytes", "64KiB"}, "--result-journal-bytes"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<ServerFlags> f = ParseServerFlags(c.argv);
@@ -183,6 +185,10 @@ TEST(ServerFlagsTest, HelpListsEveryFlagWithItsDefault) {
                                "--keepalive-time",
                                "--max-connection-age",
                                "[30m]",
+                               "--upload-min-rate",
+                               "[1MiB]",
+                               "--result-journal-bytes",
+                               "[256MiB]",
                                "--help"}) {
     EXPECT_TRUE(absl::StrContains(help, expected)) << expected;
   }

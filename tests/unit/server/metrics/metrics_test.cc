@@ -290,12 +290,16 @@ TEST(MetricsTest, KnownLabelSetsStartAtZero) {
   options.queue_capacity = {64, 1024};
   auto metrics = MakeMetrics(options);
   EXPECT_EQ(Value(*metrics, "attnaudit_build_info", {{"version", "1.2.3"}}), 1);
-  for (const char* v : {"PASS", "DRIFT", "INVALID"}) {
-    EXPECT_EQ(Value(*metrics, "attnaudit_audits_total", {{"verdict", v}}), 0);
+  for (const char* v : {"PASS", "DRIFT", "INVALID", "INCONCLUSIVE"}) {
+    for (const char* o : {"false", "true"}) {
+      EXPECT_EQ(Value(*metrics, "attnaudit_audits_total",
+                      {{"verdict", v}, {"overridden", o}}),
+                0);
+    }
   }
-  for (const char* c :
-       {"engine_vs_reference", "replay_vs_reference", "engine_vs_replay"}) {
-    for (const char* v : {"PASS", "DRIFT"}) {
+  for (const char* c : {"engine_vs_reference", "replay_vs_reference",
+                        "engine_vs_replay", "engine_vs_emulation"}) {
+    for (const char* v : {"PASS", "DRIFT", "INCONCLUSIVE"}) {
       EXPECT_EQ(Value(*metrics, "attnaudit_comparison_verdicts_total",
                       {{"comparison", c}, {"verdict", v}}),
                 0);
@@ -360,7 +364,8 @@ TEST(MetricsTest, ReportFeedsVerdictsAndDriftBuckets) {
   auto metrics = MakeMetrics();
   JobLabels labels = Labels("llama", 5, "vllm");
   metrics->ObserveReport(DriftReport(), labels);
-  EXPECT_EQ(Value(*metrics, "attnaudit_audits_total", {{"verdict", "DRIFT"}}),
+  EXPECT_EQ(Value(*metrics, "attnaudit_audits_total",
+                  {{"verdict", "DRIFT"}, {"overridden", "false"}}),
             1);
   EXPECT_EQ(
       Value(*metrics, "attnaudit_comparison_verdicts_total",
@@ -483,10 +488,43 @@ TEST(MetricsTest, DriftBucketsAreOneTwoFiveOverEachQuantitysRange) {
   ExpectOneTwoFive(ulp, 1, 1e6);
 }
 
+// An INCONCLUSIVE audit, and one whose request overrode the policy, are
+// counted apart.
+TEST(MetricsTest, InconclusiveAndOverriddenAuditsAreCountedApart) {
+  auto metrics = MakeMetrics();
+  const JobLabels labels = Labels("llama", 5, "vllm");
+  AuditReport inconclusive = DriftReport();
+  inconclusive.verdict = Verdict::kInconclusive;
+  inconclusive.comparisons[0].verdict = Verdict::kInconclusive;
+  metrics->ObserveReport(inconclusive, labels);
+  AuditReport overridden = DriftReport();
+  overridden.verdict = Verdict::kPass;
+  overridden.overrides = {"tolerances.out_abs 0.1 (E-R policy 0.004)"};
+  metrics->ObserveReport(overridden, labels);
+  EXPECT_EQ(Value(*metrics, "attnaudit_audits_total",
+                  {{"verdict", "INCONCLUSIVE"}, {"overridden", "false"}}),
+            1);
+  EXPECT_EQ(Value(*metrics, "attnaudit_audits_total",
+                  {{"verdict", "PASS"}, {"overridden", "true"}}),
+            1);
+  EXPECT_EQ(Value(*metrics, "attnaudit_audits_total",
+                  {{"verdict", "PASS"}, {"overridden", "false"}}),
+            0);
+  EXPECT_EQ(Value(*metrics, "attnaudit_comparison_verdicts_total",
+                  {{"comparison", "engine_vs_reference"},
+                   {"verdict", "INCONCLUSIVE"}}),
+            1);
+  EXPECT_EQ(
+      Value(*metrics, "attnaudit_layer_audits_total",
+            {{"model", "llama"}, {"layer", "5"}, {"verdict", "INCONCLUSIVE"}}),
+      1);
+}
+
 TEST(MetricsTest, InvalidInputIsCountedOnceWhereverItWasFound) {
   auto metrics = MakeMetrics();
   auto invalid_audits = [&] {
-    return Value(*metrics, "attnaudit_audits_total", {{"verdict", "INVALID"}});
+    return Value(*metrics, "attnaudit_audits_total",
+                 {{"verdict", "INVALID"}, {"overridden", "false"}});
   };
   auto invalid_rejections = [&] {
     return Value(*metrics, "attnaudit_rejections_total",
@@ -592,7 +630,8 @@ TEST(MetricsTest, SchedulerListenerDrivesQueueJobAndDeviceMetrics) {
   EXPECT_EQ(Value(*metrics, "attnaudit_job_duration_seconds",
                   {{"device_kind", "cpu"}}),
             1);
-  EXPECT_EQ(Value(*metrics, "attnaudit_audits_total", {{"verdict", "PASS"}}),
+  EXPECT_EQ(Value(*metrics, "attnaudit_audits_total",
+                  {{"verdict", "PASS"}, {"overridden", "false"}}),
             1);
   EXPECT_EQ(Value(*metrics, "attnaudit_inflight_jobs", {}), 0);
   EXPECT_EQ(Value(*metrics, "attnaudit_queue_depth", interactive), 0);

@@ -12,13 +12,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace attnaudit::server {
@@ -272,6 +277,121 @@ TEST(MetricsHttpTest, AHeadMustArriveWithinTheHeaderTimeout) {
   EXPECT_GE((*server)->evicted(), 1);
   EXPECT_TRUE(
       absl::StartsWith(Get((*server)->port(), "/metrics", ""), "HTTP/1.1 200"));
+}
+
+// A client that scrapes once, reads the whole answer, then keeps its
+// connection open and trickles a byte every 100 ms until destroyed: what
+// held the server's lingering drain (10 s per read) open indefinitely.
+class LingeringClients {
+ public:
+  LingeringClients() : thread_([this] { Trickle(); }) {}
+  ~LingeringClients() {
+    stop_.store(true);
+    thread_.join();
+    for (int fd : fds_) ::close(fd);
+  }
+  // One more from `source`; false when its scrape was not answered.
+  bool Add(int port, const char* source) {
+    const int fd = Connect(port, source);
+    if (fd < 0) return false;
+    const std::string get = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    ::send(fd, get.data(), get.size(), MSG_NOSIGNAL);
+    std::string answer;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) answer.append(buf, n);
+    absl::MutexLock lock(&mu_);
+    fds_.push_back(fd);
+    return absl::StartsWith(answer, "HTTP/1.1 200");
+  }
+  // Whether the server has closed every connection: the byte after the
+  // one its close reset fails (the server's earlier half-close only ended
+  // the answer).
+  bool AllClosed() {
+    absl::MutexLock lock(&mu_);
+    for (int fd : fds_) {
+      if (::send(fd, "x", 1, MSG_NOSIGNAL | MSG_DONTWAIT) >= 0 ||
+          (errno != EPIPE && errno != ECONNRESET)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+ private:
+  void Trickle() {
+    while (!stop_.load()) {
+      {
+        absl::MutexLock lock(&mu_);
+        for (int fd : fds_) ::send(fd, "x", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
+  absl::Mutex mu_;
+  std::vector<int> fds_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Connections that were answered and then linger, holding
+// every slot (from other addresses) or every slot of the scraper's own
+// address (a proxy), cannot starve the scraper: answered connections are
+// the first evicted.
+TEST(MetricsHttpTest, AnsweredConnectionsThatLingerCannotStarveScrapes) {
+  MetricsHttpOptions o;
+  o.listen_address = "127.0.0.1:0";
+  o.max_connections = 8;
+  o.max_connections_per_source = 4;
+  o.drain_timeout = absl::Seconds(60);  // only eviction can help here
+  auto server = MetricsHttpServer::Start(o, [] { return "up 1\n"; });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  {
+    LingeringClients others;
+    for (const char* source :
+         {"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"}) {
+      for (int i = 0; i < 2; ++i) ASSERT_TRUE(others.Add(port, source));
+    }
+    int answered = 0;
+    for (int i = 0; i < 20; ++i) {
+      answered += absl::StartsWith(Get(port, "/metrics", ""), "HTTP/1.1 200");
+    }
+    EXPECT_EQ(answered, 20);
+  }
+  LingeringClients proxy;
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(proxy.Add(port, "127.0.0.1"));
+  int answered = 0;
+  for (int i = 0; i < 20; ++i) {
+    answered += absl::StartsWith(Get(port, "/metrics", ""), "HTTP/1.1 200");
+  }
+  EXPECT_EQ(answered, 20);
+  EXPECT_GE((*server)->evicted(), 2);  // one a phase: the slot is reused
+}
+
+// Once answered, a connection is closed within drain_timeout however the
+// client trickles (the old drain renewed its 10 s wait with every byte).
+TEST(MetricsHttpTest, AnAnsweredConnectionIsClosedAfterTheDrainTimeout) {
+  MetricsHttpOptions o;
+  o.listen_address = "127.0.0.1:0";
+  o.drain_timeout = absl::Milliseconds(300);
+  auto server = MetricsHttpServer::Start(o, [] { return "up 1\n"; });
+  ASSERT_TRUE(server.ok()) << server.status();
+  LingeringClients client;
+  ASSERT_TRUE(client.Add((*server)->port(), "127.0.0.1"));
+  // A generous bound on logic, not speed: 300 ms drain against 30 s.
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (!client.AllClosed() && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(client.AllClosed());
+  EXPECT_TRUE([&] {
+    const absl::Time end = absl::Now() + absl::Seconds(30);
+    while ((*server)->connections() != 0 && absl::Now() < end) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return (*server)->connections() == 0;
+  }());
 }
 
 }  // namespace

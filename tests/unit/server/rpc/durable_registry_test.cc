@@ -92,7 +92,9 @@ TEST(DurableJobsTest, RefusedCommitsAreRetriedUntilTheyStick) {
     store.healthy = true;
   }
   ASSERT_TRUE(WaitFor([&] { return jobs.pending() == 0; }));
-  EXPECT_EQ(stored_calls.load(), 2);
+  // on_stored runs just after the entry leaves (outside the lock).
+  EXPECT_TRUE(WaitFor([&] { return stored_calls.load() == 2; }))
+      << stored_calls.load();
   EXPECT_FALSE(jobs.Get("a").has_value());
   absl::MutexLock lock(&store.mu);
   EXPECT_EQ(store.stored, 2);

@@ -109,6 +109,30 @@ TEST(SchedulerFairnessTest, TenantQuotaCapsJobsAndBytesInFlight) {
   }
 }
 
+// A fleet's quota: what the tenant holds on other replicas (counted by the
+// store when it admitted the job) adds to its jobs here, at admission.
+TEST(SchedulerFairnessTest, TheTenantsJobsElsewhereCountAgainstItsQuota) {
+  Gate gate;
+  Recorder rec;
+  auto scheduler = MakeScheduler(GatedOptions(&gate));
+  const TenantQuota quota{/*max_jobs=*/4, /*max_bytes=*/0};
+  ASSERT_TRUE(
+      scheduler->Submit(TenantJob("a1", kS, &rec, "a", 10, quota)).ok());
+  std::unique_ptr<Job> job = TenantJob("a2", kS, &rec, "a", 10, quota);
+  job->held_jobs_elsewhere = 3;  // 1 here + 3 elsewhere = 4 of 4
+  SubmitRejection why;
+  absl::Status s = scheduler->Submit(std::move(job), &why);
+  EXPECT_EQ(why.reason, RejectReason::kTenantQuota) << s;
+  EXPECT_THAT(s.message(), HasSubstr("4 of 4 jobs"));
+  job = TenantJob("a2", kS, &rec, "a", 10, quota);
+  job->held_jobs_elsewhere = 2;
+  EXPECT_TRUE(scheduler->Submit(std::move(job)).ok());
+  gate.Open();
+  for (const char* id : {"a1", "a2"}) {
+    EXPECT_TRUE(rec.Wait(id).status.ok()) << id;
+  }
+}
+
 TEST(SchedulerFairnessTest, CancelOwnedSeesOnlyTheTenantsJobs) {
   Gate gate;
   SchedulerOptions options = GatedOptions(&gate);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/store/job_store.h"
@@ -98,6 +99,36 @@ class StoreLocation {
                                    "UPDATE attnaudit_schema SET version = 99");
   }
 
+  // Turns the store back into the schema before tenants' own numbering
+  // (SQLite version 3, PostgreSQL version 1), keeping its rows.
+  absl::Status PretendNoTenantSeq() {
+    if (kind_ == "sqlite") {
+      sqlite3* db = nullptr;
+      const int rc = sqlite3_open((dir_ + "/results.db").c_str(), &db);
+      const int set =
+          rc == SQLITE_OK
+              ? sqlite3_exec(db,
+                             "DROP INDEX results_by_tenant_seq;"
+                             "ALTER TABLE results DROP COLUMN tenant_seq;"
+                             "DELETE FROM counters WHERE name LIKE 'tseq:%';"
+                             "PRAGMA user_version = 3;",
+                             nullptr, nullptr, nullptr)
+              : rc;
+      sqlite3_close(db);
+      return set == SQLITE_OK ? absl::OkStatus()
+                              : absl::InternalError("results.db: tamper");
+    }
+    for (const char* sql :
+         {"DROP INDEX attnaudit_jobs_by_tenant_seq",
+          "ALTER TABLE attnaudit_jobs DROP COLUMN tenant_seq",
+          "DELETE FROM attnaudit_counters WHERE name LIKE 'tseq:%'",
+          "UPDATE attnaudit_schema SET version = 1"}) {
+      absl::Status s = testing::RunPostgresSql(config_.url, sql);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
  private:
   const std::string kind_;
   std::string dir_;
@@ -168,17 +199,114 @@ TEST_P(JobStoreTest, ErrorsNameTheArgument) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST_P(JobStoreTest, ForgetQueuedRemovesOnlyAQueuedRow) {
-  ASSERT_TRUE(*store_->RecordQueued(Queued("q", kT0)));
-  ASSERT_TRUE(*store_->RecordQueued(Queued("r", kT0)));
-  ASSERT_TRUE(*store_->MarkRunning("r", kT0));
-  ASSERT_TRUE(*store_->PutResult(Done("d", 1, kT0)));
-  EXPECT_TRUE(*store_->ForgetQueued("q"));
-  EXPECT_FALSE(*store_->ForgetQueued("r"));
-  EXPECT_FALSE(*store_->ForgetQueued("d"));
-  EXPECT_FALSE(*store_->ForgetQueued("unknown"));
-  EXPECT_EQ(store_->Get("q").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(store_->Get("r").ok());
+// Admission and the row as one decision: a refused job leaves no row,
+// a known job is not admitted again.
+TEST_P(JobStoreTest, AnAdmittedJobIsRecordedAndARefusedOneLeavesNothing) {
+  AdmittedJob job;
+  job.record = Queued("a", kT0);
+  job.payload = "request";
+  int admits = 0;
+  auto accept = [&](const TenantUsage&) {
+    ++admits;
+    return absl::OkStatus();
+  };
+  auto refuse = [&](const TenantUsage&) {
+    ++admits;
+    return absl::ResourceExhaustedError("queue full");
+  };
+  EXPECT_EQ(store_->RecordAdmitted(job, refuse).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store_->Get("a").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->ReadPayload("a").status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(*store_->RecordAdmitted(job, accept));
+  EXPECT_EQ(store_->Get("a")->state, JobState::kQueued);
+  EXPECT_FALSE(*store_->RecordAdmitted(job, accept));  // known: not admitted
+  EXPECT_EQ(admits, 2);
+  if (store_->shared()) {
+    EXPECT_EQ(store_->ReadPayload("a")->payload, "request");
+  }
+}
+
+// The key race: replica A inserts the row of a key, then
+// its scheduler refuses the job; replica B, given the same key meanwhile,
+// must not answer "deduplicated" against a row that is about to go. B
+// waits for A's decision and, A having refused, runs the job itself.
+TEST_P(JobStoreTest, ASecondAdmissionOfOneJobWaitsForTheFirstsDecision) {
+  std::unique_ptr<JobStore> other = location_.Open();
+  ASSERT_NE(other, nullptr);
+  AdmittedJob job;
+  job.record = Queued("k", kT0);
+  job.payload = "request";
+  absl::Notification a_deciding, a_may_refuse;
+  std::thread a([&] {
+    auto refused = store_->RecordAdmitted(job, [&](const TenantUsage&) {
+      a_deciding.Notify();
+      a_may_refuse.WaitForNotification();
+      return absl::UnavailableError("devices failed");
+    });
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  });
+  a_deciding.WaitForNotification();
+  std::atomic<bool> b_done{false};
+  absl::StatusOr<bool> b_created = false;
+  std::thread b([&] {
+    b_created = other->RecordAdmitted(
+        job, [](const TenantUsage&) { return absl::OkStatus(); });
+    b_done.store(true);
+  });
+  // B cannot have decided while A's row is undecided: it would have seen
+  // A's row (deduplicated) or none.
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(b_done.load());
+  a_may_refuse.Notify();
+  a.join();
+  b.join();
+  ASSERT_TRUE(b_created.ok()) << b_created.status();
+  EXPECT_TRUE(*b_created);  // B admitted it: the key names a job B runs
+  EXPECT_EQ(store_->Get("k")->state, JobState::kQueued);
+}
+
+// a tenant's admissions on several replicas are decided one at a time
+// in the store, so their sum never passes the quota.
+TEST_P(JobStoreTest, ATenantsQuotaHoldsAcrossReplicasAdmittingAtOnce) {
+  if (!store_->shared()) GTEST_SKIP() << "one process: the scheduler decides";
+  constexpr int kReplicas = 3;
+  constexpr int kPerReplica = 8;
+  constexpr int64_t kMaxJobs = 4;
+  std::vector<std::unique_ptr<JobStore>> handles;
+  for (int r = 0; r < kReplicas; ++r) handles.push_back(location_.Open());
+  std::atomic<int> admitted{0};
+  std::atomic<int64_t> local[kReplicas] = {};  // each scheduler's own count
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kReplicas; ++r) {
+    for (int i = 0; i < kPerReplica; ++i) {
+      threads.emplace_back([&, r, i] {
+        AdmittedJob job;
+        job.record = Queued(absl::StrCat("r", r, "-", i), kT0);
+        job.record.replica = absl::StrCat("replica-", r);
+        job.record.tenant = "t";
+        job.count_tenant = true;
+        auto s = handles[r]->RecordAdmitted(job, [&](const TenantUsage& e) {
+          // The quota as the scheduler applies it: its own jobs and the
+          // other replicas' rows (held jobs stay held).
+          absl::SleepFor(absl::Milliseconds(20));  // a slow scheduler
+          if (e.jobs + local[r].load() >= kMaxJobs) {
+            return absl::ResourceExhaustedError("quota");
+          }
+          local[r].fetch_add(1);
+          return absl::OkStatus();
+        });
+        if (s.ok() && *s) admitted.fetch_add(1);
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+  ResultQuery held;
+  held.tenant = "t";
+  held.state = JobState::kQueued;
+  EXPECT_EQ(store_->Query(held)->size(), static_cast<size_t>(kMaxJobs));
+  EXPECT_EQ(admitted.load(), kMaxJobs);
 }
 
 TEST_P(JobStoreTest, QueriesFilterOrderAndPage) {
@@ -423,25 +551,48 @@ TEST_P(JobStoreTest, AStrandedJobIsClaimedOnceWithItsPayload) {
       Queued("j2", kT0 + absl::Seconds(1)), absl::InfiniteFuture(), "p2"));
   if (!store_->shared()) {
     EXPECT_TRUE(
-        other->ClaimStranded("replica-b", absl::Seconds(0), 10)->empty());
+        other->ClaimStranded("replica-b", absl::Seconds(0), 10, 1 << 20, false)
+            ->empty());
+    EXPECT_EQ(other->ReadHeartbeat("replica-a").status().code(),
+              absl::StatusCode::kNotFound);
     EXPECT_EQ(other->ReadPayload("j1").status().code(),
               absl::StatusCode::kNotFound);
     return;
   }
   // replica-a is alive: nothing to claim.
-  EXPECT_TRUE(other->ClaimStranded("replica-b", absl::Hours(1), 10)->empty());
-  // replica-a retires: both of its jobs go to the first claimer, once.
+  absl::StatusOr<ReplicaBeat> beat = other->ReadHeartbeat("replica-a");
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_LE(beat->written, beat->now);
+  EXPECT_TRUE(
+      other->ClaimStranded("replica-b", absl::Hours(1), 10, 1 << 20, false)
+          ->empty());
+  // Silent past a lease but not retired: a claimer that may take only
+  // retired replicas' jobs (one not yet healthy for a lease) leaves them.
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_TRUE(other
+                  ->ClaimStranded("replica-b", absl::Milliseconds(1), 10,
+                                  1 << 20, /*retired_only=*/true)
+                  ->empty());
+  // replica-a retires: both of its jobs go to the first claimer, once,
+  // without their payloads (read after the claim).
   ASSERT_TRUE(store_->Retire("replica-a").ok());
-  auto claimed = other->ClaimStranded("replica-b", absl::Hours(1), 10);
+  EXPECT_EQ(other->ReadHeartbeat("replica-a").status().code(),
+            absl::StatusCode::kNotFound);
+  auto claimed = other->ClaimStranded("replica-b", absl::Hours(1), 10, 1 << 20,
+                                      /*retired_only=*/true);
   ASSERT_TRUE(claimed.ok()) << claimed.status();
   ASSERT_EQ(claimed->size(), 2u);
   EXPECT_EQ((*claimed)[0].record.job_id, "j1");
-  EXPECT_EQ((*claimed)[0].payload, payload);
+  EXPECT_TRUE((*claimed)[0].payload.empty());
+  EXPECT_EQ((*claimed)[0].payload_bytes, static_cast<int64_t>(payload.size()));
+  EXPECT_EQ(other->ReadPayload("j1")->payload, payload);
   EXPECT_EQ((*claimed)[0].deadline, kT0 + absl::Hours(1));
   EXPECT_EQ((*claimed)[0].record.state, JobState::kQueued);  // was RUNNING
   EXPECT_EQ((*claimed)[0].record.replica, "replica-b");
   EXPECT_EQ((*claimed)[1].deadline, absl::InfiniteFuture());
-  EXPECT_TRUE(store_->ClaimStranded("replica-c", absl::Hours(1), 10)->empty());
+  EXPECT_TRUE(
+      store_->ClaimStranded("replica-c", absl::Hours(1), 10, 1 << 20, false)
+          ->empty());
   EXPECT_EQ(*other->Unfinished("replica-b"),
             (std::vector<std::string>{"j1", "j2"}));
   // A stored result drops the payload.
@@ -451,7 +602,8 @@ TEST_P(JobStoreTest, AStrandedJobIsClaimedOnceWithItsPayload) {
             absl::StatusCode::kNotFound);
   // A heartbeat older than the lease counts as gone.
   absl::SleepFor(absl::Milliseconds(20));
-  auto late = store_->ClaimStranded("replica-a", absl::Milliseconds(1), 10);
+  auto late = store_->ClaimStranded("replica-a", absl::Milliseconds(1), 10,
+                                    1 << 20, false);
   ASSERT_TRUE(late.ok()) << late.status();
   ASSERT_EQ(late->size(), 1u);
   EXPECT_EQ((*late)[0].record.job_id, "j1");
@@ -501,7 +653,7 @@ TEST_P(JobStoreTest, ConcurrentClaimersNeverShareAJob) {
   std::vector<std::string> got_b, got_c;
   auto claim = [](JobStore* s, const char* me, std::vector<std::string>* got) {
     for (int round = 0; round < 10; ++round) {
-      auto jobs = s->ClaimStranded(me, absl::Seconds(5), 4);
+      auto jobs = s->ClaimStranded(me, absl::Seconds(5), 4, 1 << 20, false);
       ASSERT_TRUE(jobs.ok()) << jobs.status();
       for (const StoredJob& j : *jobs) got->push_back(j.record.job_id);
     }
@@ -513,6 +665,130 @@ TEST_P(JobStoreTest, ConcurrentClaimersNeverShareAJob) {
   std::set<std::string> all(got_b.begin(), got_b.end());
   for (const std::string& id : got_c) EXPECT_TRUE(all.insert(id).second) << id;
   EXPECT_EQ(all.size(), 30u);
+}
+
+// Results stored together: one transaction, each answered as PutResult
+// would, a terminal row left alone without taking a number.
+TEST_P(JobStoreTest, ResultsStoredTogetherAreNumberedWithoutGaps) {
+  ASSERT_TRUE(*store_->PutResult(Done("old", 1, kT0)));
+  auto stored = store_->PutResults({Done("a", 1, kT0 + absl::Seconds(1)),
+                                    Done("old", 2, kT0 + absl::Seconds(2)),
+                                    Done("b", 1, kT0 + absl::Seconds(3))});
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(*stored, (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(store_->Get("old")->verdict, 1);
+  EXPECT_EQ(store_->Get("a")->seq, 2);
+  EXPECT_EQ(store_->Get("b")->seq, 3);
+  EXPECT_EQ(store_->Get("b")->tenant_seq, 3);
+  EXPECT_EQ(*store_->LastSeq(), 3);
+  // One bad record stores none.
+  EXPECT_EQ(
+      store_->PutResults({Done("c", 1, kT0), Queued("d", kT0)}).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Get("c").status().code(), absl::StatusCode::kNotFound);
+}
+
+// a claim takes what fits its byte budget (always one job, so a job
+// larger than the budget is still taken over, alone).
+TEST_P(JobStoreTest, AClaimIsBoundedInBytes) {
+  if (!store_->shared()) GTEST_SKIP() << "one process: no hand-off";
+  for (int i = 0; i < 6; ++i) {
+    ResultRecord r = Queued(absl::StrCat("s", i), kT0 + absl::Seconds(i));
+    r.replica = "gone";
+    const std::string payload(i == 3 ? 5000 : 1000, 'p');
+    ASSERT_TRUE(
+        *store_->RecordQueuedWithPayload(r, absl::InfiniteFuture(), payload));
+  }
+  std::vector<std::vector<std::string>> rounds;
+  for (int round = 0; round < 5; ++round) {
+    auto jobs = store_->ClaimStranded("me", absl::Seconds(5), 10, 2500, false);
+    ASSERT_TRUE(jobs.ok()) << jobs.status();
+    rounds.push_back(Ids([&] {
+      std::vector<ResultRecord> rows;
+      for (const StoredJob& j : *jobs) rows.push_back(j.record);
+      return rows;
+    }()));
+  }
+  EXPECT_THAT(rounds[0], ElementsAre("s0", "s1"));
+  EXPECT_THAT(rounds[1], ElementsAre("s2"));  // s3 would pass 2500 bytes
+  EXPECT_THAT(rounds[2], ElementsAre("s3"));  // alone, larger than the budget
+  EXPECT_THAT(rounds[3], ElementsAre("s4", "s5"));
+  EXPECT_TRUE(rounds[4].empty());
+}
+
+// a tenant's results are numbered among its own, so its cursors say
+// nothing of other tenants' volume; pages and the tenant's feed use them.
+TEST_P(JobStoreTest, EachTenantNumbersItsOwnResults) {
+  const char* tenants[] = {"a", "b", "b", "a", "b", "a"};
+  for (int i = 0; i < 6; ++i) {
+    ResultRecord r = Done(absl::StrCat("j", i), 1, kT0 + absl::Seconds(i));
+    r.tenant = tenants[i];
+    ASSERT_TRUE(*store_->PutResult(r));
+  }
+  // A refused duplicate takes no number of either kind.
+  ResultRecord again = Done("j0", 2, kT0);
+  again.tenant = "a";
+  EXPECT_FALSE(*store_->PutResult(again));
+  EXPECT_EQ(store_->Get("j3")->seq, 4);
+  EXPECT_EQ(store_->Get("j3")->tenant_seq, 2);
+  EXPECT_EQ(*store_->LastTenantSeq("a"), 3);
+  EXPECT_EQ(*store_->LastTenantSeq("b"), 3);
+  EXPECT_EQ(*store_->LastTenantSeq("nobody"), 0);
+  auto feed = store_->TenantResultsAfter("a", 1, 10);
+  ASSERT_TRUE(feed.ok()) << feed.status();
+  EXPECT_THAT(Ids(*feed), ElementsAre("j3", "j5"));
+  EXPECT_EQ((*feed)[1].tenant_seq, 3);
+  EXPECT_EQ(store_->TenantResultsAfter("a", 0, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  ResultQuery page;
+  page.results_only = true;
+  page.tenant = "b";
+  page.tenant_cursor = true;
+  page.limit = 2;
+  auto rows = store_->Query(page);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_THAT(Ids(*rows), ElementsAre("j4", "j2"));
+  page.before_seq = rows->back().tenant_seq;
+  EXPECT_THAT(Ids(*store_->Query(page)), ElementsAre("j1"));
+  ResultQuery no_tenant;
+  no_tenant.results_only = true;
+  no_tenant.tenant_cursor = true;
+  EXPECT_EQ(store_->Query(no_tenant).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // A job that was queued under one tenant is numbered in that tenant's.
+  ResultRecord queued = Queued("q", kT0);
+  queued.tenant = "b";
+  ASSERT_TRUE(*store_->RecordQueued(queued));
+  ResultRecord done = Done("q", 1, kT0 + absl::Seconds(9));
+  done.tenant = "b";
+  ASSERT_TRUE(*store_->PutResult(done));
+  EXPECT_EQ(store_->Get("q")->tenant_seq, 4);
+}
+
+// A store written before tenants had their own numbering is migrated:
+// every result numbered among its tenant's in feed order, and the next
+// one continues from there.
+TEST_P(JobStoreTest, AnOlderSchemaGetsTenantNumbers) {
+  const char* tenants[] = {"a", "b", "a"};
+  for (int i = 0; i < 3; ++i) {
+    ResultRecord r = Done(absl::StrCat("j", i), 1, kT0 + absl::Seconds(i));
+    r.tenant = tenants[i];
+    ASSERT_TRUE(*store_->PutResult(r));
+  }
+  store_.reset();
+  ASSERT_TRUE(location_.PretendNoTenantSeq().ok());
+  store_ = location_.Open();
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(store_->Get("j2")->tenant_seq, 2);
+  EXPECT_EQ(store_->Get("j1")->tenant_seq, 1);
+  EXPECT_EQ(*store_->LastTenantSeq("a"), 2);
+  ResultRecord next = Done("j3", 1, kT0 + absl::Seconds(3));
+  next.tenant = "a";
+  ASSERT_TRUE(*store_->PutResult(next));
+  EXPECT_EQ(store_->Get("j3")->tenant_seq, 3);
+  EXPECT_EQ(store_->Get("j3")->seq, 4);
 }
 
 INSTANTIATE_TEST_SUITE_P(BothStores, JobStoreTest,

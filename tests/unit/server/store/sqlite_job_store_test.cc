@@ -135,15 +135,17 @@ TEST(SqliteJobStoreTest, SchemaVersion1RowsBelongToTheDefaultTenant) {
   ASSERT_TRUE(old.ok()) << old.status();
   EXPECT_EQ(old->tenant, "default");
   EXPECT_EQ(old->state, JobState::kDone);
-  // Version 3 numbered the old result in the feed; new ones follow it.
+  // Version 3 numbered the old result in the feed, version 4 among its
+  // tenant's; new ones follow it.
   EXPECT_EQ(old->seq, 1);
+  EXPECT_EQ(old->tenant_seq, 1);
   EXPECT_EQ(old->step, -1);
   EXPECT_EQ(*store->LastSeq(), 1);
   ResultRecord q = Queued("new", kT0);
   q.tenant = "fleet-a";
   ASSERT_TRUE(*store->RecordQueued(q));
   store.reset();
-  store = OpenStore(dir.path());  // already version 3: opens as is
+  store = OpenStore(dir.path());  // already the current version: as is
   EXPECT_EQ(store->Get("new")->tenant, "fleet-a");
   ResultRecord done = q;
   done.state = JobState::kDone;

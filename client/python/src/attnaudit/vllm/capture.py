@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
+import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from ..snapshot import Snapshot
 from .precision import BackendKey
@@ -108,19 +112,25 @@ def step_chosen(step: int, every: int, rate: Optional[float], seed: int = 0) -> 
 
 def choose_rows(rows: Sequence[int], request_ids: Optional[Sequence[str]], *,
                 pattern: Optional[str], fraction: Optional[float], seed: int,
-                max_rows: int) -> List[int]:
-    """The positions (into `rows`) of the rows to audit."""
-    chosen = []
+                max_rows: int, offset: int = 0) -> List[int]:
+    """The positions (into `rows`) of the rows to audit: of the rows the
+    filters keep, max_rows consecutive ones starting at `offset` (modulo
+    their number, wrapping round). The plugin advances the offset by
+    max_rows per sampled step, so that over ceil(n / max_rows) sampled
+    steps every row of a batch of n is audited: max_rows bounds the cost,
+    not which rows are seen."""
+    eligible = []
     for k, row in enumerate(rows):
         if pattern is not None or fraction is not None:
             if request_ids is None or row >= len(request_ids):
                 continue  # no id to choose by: not audited
             if not request_chosen(str(request_ids[row]), pattern, fraction, seed):
                 continue
-        chosen.append(k)
-        if len(chosen) == max_rows:
-            break
-    return chosen
+        eligible.append(k)
+    if len(eligible) <= max_rows:
+        return eligible
+    start = offset % len(eligible)
+    return [eligible[(start + i) % len(eligible)] for i in range(max_rows)]
 
 
 def rows_within(call: AttentionCall, positions: Sequence[int], rows: Sequence[int],
@@ -153,6 +163,79 @@ def rope_declaration(*, theta: float, rotary_dim: int, neox: bool,
     return rope
 
 
+def engine_inv_freq(module: Any, rotary_dim: int) -> Optional[Any]:
+    """The inverse frequencies vLLM's rotary module rotates with, from its
+    own _compute_inv_freq, as an fp32 array [rotary_dim / 2]; None where
+    they are not the whole story (linear, dynamic NTK and LongRoPE scale
+    positions or switch factor sets) or the module is not vLLM's. The
+    snapshot's rope_table: with it a pre-RoPE audit and the rope checks
+    rotate with the engine's own frequencies (docs/PYTHON.md)."""
+    fn = getattr(type(module), "_compute_inv_freq", None)
+    if fn is None or not _cache_built_from_inv_freq(type(module)):
+        return None
+    try:
+        params = list(inspect.signature(fn).parameters)[1:]
+        if params == ["base"]:
+            arg = module.base
+        elif params == ["scaling_factor"]:
+            arg = module.scaling_factor
+        else:
+            return None
+        inv = fn(module, arg)
+        if hasattr(inv, "detach"):  # a torch tensor
+            inv = inv.detach().cpu().float().numpy()
+        inv = np.asarray(inv, dtype=np.float32)
+    except Exception:  # noqa: BLE001 - another vLLM's module: send no table
+        return None
+    if inv.shape != (rotary_dim // 2,) or not np.all(np.isfinite(inv)):
+        return None
+    return inv
+
+
+def _cache_built_from_inv_freq(cls: type) -> bool:
+    """Whether the class's cos/sin cache is built by a class that knows its
+    _compute_inv_freq: a subclass that rebuilds the cache over an inherited
+    inv_freq (linear scaling divides positions, dynamic NTK changes the
+    base) rotates with frequencies the inv_freq alone does not give."""
+    def owner(name: str) -> Optional[type]:
+        return next((c for c in cls.__mro__ if name in vars(c)), None)
+    inv, cache = owner("_compute_inv_freq"), owner("_compute_cos_sin_cache")
+    return inv is not None and cache is not None and issubclass(inv, cache)
+
+
+def config_softmax_scale(hf_config: Any) -> Optional[float]:
+    """The softmax scale a model's configuration implies: Granite's
+    attention_multiplier, else query_pre_attn_scalar ** -0.5 (Gemma), else
+    head_dim ** -0.5. None where the configuration does not fix it alone
+    (multi-head latent attention, whose YaRN mscale also scales it) or
+    lacks the sizes."""
+    if hf_config is None or getattr(hf_config, "kv_lora_rank", None):
+        return None
+    multiplier = getattr(hf_config, "attention_multiplier", None)
+    if multiplier:
+        return float(multiplier)
+    scalar = getattr(hf_config, "query_pre_attn_scalar", None)
+    if scalar:
+        return float(scalar) ** -0.5
+    head_dim = getattr(hf_config, "head_dim", None)
+    if not head_dim:
+        hidden = getattr(hf_config, "hidden_size", None)
+        heads = getattr(hf_config, "num_attention_heads", None)
+        if not hidden or not heads:
+            return None
+        head_dim = hidden // heads
+    return float(head_dim) ** -0.5
+
+
+def model_label(name: str) -> str:
+    """The model label for a served model name: a local path (absolute or
+    relative, as vLLM serves a checkpoint directory) by its last component,
+    a hub id ("org/model") as it is."""
+    if name.startswith(("/", "./", "../", "~")):
+        return os.path.basename(name.rstrip("/")) or name
+    return name
+
+
 def backend_key(call: AttentionCall) -> BackendKey:
     """What decides the arithmetic of the backend that made `call`."""
     block = int(call.kv_cache.shape[2]) if len(call.kv_cache.shape) == 4 else 0
@@ -166,10 +249,12 @@ def build_snapshot(call: AttentionCall, *, rows: Sequence[int], tokens: Sequence
                    engine: Optional[str], rope: Optional[Dict[str, Any]],
                    pre_rope: Optional[PreRope], labels: Dict[str, Any],
                    precision: Optional[Dict[str, Any]] = None,
-                   cast_point: Optional[str] = None) -> Snapshot:
+                   cast_point: Optional[str] = None,
+                   inv_freq: Optional[Any] = None) -> Snapshot:
     """The snapshot of `rows` (batch rows) whose query tokens are `tokens`.
     precision / cast_point: the measured declaration (attnaudit.probe);
-    None: the engine preset's."""
+    None: the engine preset's. inv_freq: the engine's (engine_inv_freq),
+    sent as the RoPE table with rope."""
     layout, preset = BACKENDS[call.backend]
     Hq = int(call.query.shape[-2])
     D = int(call.query.shape[-1])
@@ -198,6 +283,8 @@ def build_snapshot(call: AttentionCall, *, rows: Sequence[int], tokens: Sequence
         if cast_point:
             rope = dict(rope, cast_point=cast_point)
         args["rope"] = rope
+        if inv_freq is not None:
+            args["rope_table"] = {"inv_freq": inv_freq}
     if pre_rope is not None and rope is not None:
         index = {t: i for i, t in enumerate(pre_rope.tokens)}
         if all(t in index for t in toks):

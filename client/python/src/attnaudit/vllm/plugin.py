@@ -121,6 +121,7 @@ class StepState:
     request_ids: Optional[List[str]] = None
     pending: Optional[capture.PreRope] = None
     rotary: Optional[Dict[str, Any]] = None  # theta, rotary_dim, neox
+    inv_freq: Optional[Any] = None  # the rotary module's, when vLLM's
 
 
 @dataclasses.dataclass
@@ -165,10 +166,18 @@ class VllmAuditPlugin:
         self._summaries: "queue.Queue[Optional[StepSummary]]" = queue.Queue(maxsize=256)
         self._summary_thread: Optional[threading.Thread] = None
         self._counts = {"steps": 0, "sampled_steps": 0, "plugin_errors": 0,
-                        "summaries_dropped": 0, "rope_missed": 0, "too_large": 0}
+                        "summaries_dropped": 0, "rope_missed": 0, "too_large": 0,
+                        "decode_rows_seen": 0, "decode_rows_chosen": 0,
+                        "scale_mismatch": 0}
         self._warned: set = set()
         self.model: Optional[str] = settings.model
         self.rope_parameters: Optional[Dict[str, Any]] = None
+        # The softmax scale the model's configuration implies (None:
+        # unknown); a layer that runs with another is a finding.
+        self.config_scale: Optional[float] = None
+        # id(rotary module) -> its inverse frequencies (or None): computed
+        # once per module (a model may hold several: local and global RoPE).
+        self._inv_freqs: Dict[int, Optional[Any]] = {}
 
     # ------------------------------------------------------------------
     # Engine-thread hooks
@@ -198,12 +207,18 @@ class VllmAuditPlugin:
         return st
 
     def on_rotary(self, st: Optional[StepState], rotary: Dict[str, Any],
-                  query: Any, key: Any) -> None:
+                  query: Any, key: Any, module: Any = None) -> None:
         """Before RoPE runs (it may rotate in place): keeps copies of the
-        sampled decode rows of q [T, ...] and k [T, ...]."""
+        sampled decode rows of q [T, ...] and k [T, ...], and the module's
+        inverse frequencies (the snapshot's RoPE table)."""
         if st is None or not st.sampled:
             return
         st.rotary = rotary
+        if module is not None:
+            if id(module) not in self._inv_freqs:
+                self._inv_freqs[id(module)] = capture.engine_inv_freq(
+                    module, int(rotary["rotary_dim"]))
+            st.inv_freq = self._inv_freqs[id(module)]
         if self.settings.rope_check and key is not None:
             toks = list(st.tokens)
             st.pending = capture.PreRope(tuple(toks), query[toks], key[toks])
@@ -215,6 +230,7 @@ class VllmAuditPlugin:
         pre, st.pending = st.pending, None
         if call.layer not in st.layers:
             return
+        self._check_scale(call)
         budget = self.settings.max_snapshot_mb * 2.0**20
         keep = capture.rows_within(call, range(len(st.rows)), st.rows, budget)
         if not keep:
@@ -223,10 +239,16 @@ class VllmAuditPlugin:
         rows = [st.rows[k] for k in keep]
         tokens = [st.tokens[k] for k in keep]
         ids = None if st.request_ids is None else [st.request_ids[k] for k in keep]
-        if self.settings.rope_check and pre is None and st.rotary is not None:
-            self._counts["rope_missed"] += 1
+        if self.settings.rope_check and pre is None and (
+                st.rotary is not None or self.rope_parameters is not None):
+            self._rope_missed()
         rope = None
-        if st.rotary is not None and not _nested(self.rope_parameters):
+        if st.rotary is not None and _length_scaled(self.rope_parameters):
+            self._warn_once("length-scaled rope",
+                            "attnaudit plugin: RoPE scaled by sequence length (%s) is "
+                            "not declared by the plugin: these audits check attention "
+                            "without RoPE", _rope_type(self.rope_parameters))
+        elif st.rotary is not None and not _nested(self.rope_parameters):
             rope = capture.rope_declaration(rope_parameters=self.rope_parameters,
                                             **st.rotary)
         labels = capture.snapshot_labels(
@@ -239,7 +261,7 @@ class VllmAuditPlugin:
             return capture.build_snapshot(
                 call, rows=rows, tokens=tokens, engine=self.settings.engine,
                 rope=rope, pre_rope=pre, labels=labels, precision=declared.precision,
-                cast_point=declared.cast_point)
+                cast_point=declared.cast_point, inv_freq=st.inv_freq)
 
         auditor = self.auditor()
         dropped_before = auditor.counters.dropped
@@ -306,6 +328,7 @@ class VllmAuditPlugin:
         """Flushes and stops, within `timeout` seconds overall."""
         end = None if timeout is None else time.monotonic() + timeout
         ok = self.flush(timeout)
+        self._warn_if_nothing_sampled()
         if self._auditor is not None:
             left = None if end is None else max(0.0, end - time.monotonic())
             ok = self._auditor.close(left) and ok
@@ -314,6 +337,46 @@ class VllmAuditPlugin:
             self._summary_thread.join(timeout=5)
             self._summary_thread = None
         return ok
+
+    def _check_scale(self, call: capture.AttentionCall) -> None:
+        """The snapshot declares the scale the kernel was given; a scale set
+        wrong on the layer would pass with it. Compared with what the
+        model's configuration implies: counted and said once per layer."""
+        want = self.config_scale
+        if want is None or abs(float(call.scale) - want) <= 1e-6 * want:
+            return
+        self._counts["scale_mismatch"] += 1
+        self._warn_once(f"scale {call.layer}",
+                        "attnaudit plugin: layer %d runs attention with softmax scale "
+                        "%.6g, its model configuration implies %.6g: a wrong scale "
+                        "that the audits, which declare the kernel's own, cannot see",
+                        call.layer, float(call.scale), want)
+
+    def _warn_if_nothing_sampled(self) -> None:
+        """A run shorter than sample_every audits nothing: say so rather
+        than end as if every step had passed."""
+        c = self._counts
+        if c["steps"] > 0 and c["sampled_steps"] == 0:
+            s = self.settings
+            how = (f"sample_rate={s.sample_rate}" if s.sample_rate is not None
+                   else f"sample_every={s.sample_every}")
+            log.warning("attnaudit plugin: %d engine steps, none sampled (%s): nothing "
+                        "was audited; lower it for short runs", c["steps"], how)
+
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, *args)
+
+    def _rope_missed(self) -> None:
+        """A snapshot of a RoPE model sent without its pre-RoPE rows: the
+        rotary op ran where the seam cannot see it (a compiled graph, when
+        enforce_eager is off). Counted, and said once, loudly."""
+        self._counts["rope_missed"] += 1
+        self._warn_once("rope_missed",
+                        "attnaudit plugin: RoPE unchecked: the rotary op runs inside a "
+                        "compiled graph, so no pre-RoPE q/k reach the audits "
+                        "(enforce_eager=True checks it); counted as rope_missed")
 
     def error(self, where: str, e: BaseException) -> None:
         """A failure in the plugin's code: counted, logged once per kind."""
@@ -334,7 +397,9 @@ class VllmAuditPlugin:
         ids = request_ids() if rows else None
         keep = capture.choose_rows(rows, ids, pattern=s.request_filter,
                                    fraction=s.request_fraction, seed=s.seed,
-                                   max_rows=s.max_rows)
+                                   max_rows=s.max_rows,
+                                   offset=self._counts["sampled_steps"] * s.max_rows)
+        self._counts["decode_rows_seen"] += len(rows)
         if not keep:
             return
         layers = self._layers(layer_names)
@@ -350,6 +415,7 @@ class VllmAuditPlugin:
         if ids is not None:
             st.request_ids = [str(ids[r]) if r < len(ids) else "" for r in st.rows]
         self._counts["sampled_steps"] += 1
+        self._counts["decode_rows_chosen"] += len(keep)
 
     def _layers(self, layer_names) -> List[int]:
         if self.settings.layers is not None:
@@ -390,7 +456,8 @@ class VllmAuditPlugin:
                              tally.request_ids))
 
     def _emit(self, summary: StepSummary) -> None:
-        if not self._callbacks and not self.settings.log_summary:
+        failed = any(r.error is not None for r in summary.results)
+        if not self._callbacks and not self.settings.log_summary and not failed:
             return
         if self._summary_thread is None:
             self._summary_thread = threading.Thread(
@@ -409,6 +476,7 @@ class VllmAuditPlugin:
                     return
                 if self.settings.log_summary:
                     (log.warning if summary.drifted else log.info)(summary.line())
+                self._warn_failures(summary)
                 for fn in list(self._callbacks):
                     try:
                         fn(summary)
@@ -416,6 +484,20 @@ class VllmAuditPlugin:
                         self.error("on_step callback", e)
             finally:
                 self._summaries.task_done()
+
+    def _warn_failures(self, summary: StepSummary) -> None:
+        """A failed audit's reason (a server down, a refused snapshot) is
+        logged once per kind, whatever log_summary says: the step line
+        alone only counts it."""
+        for r in summary.results:
+            if r.error is None:
+                continue
+            key = ("audit", type(r.error).__name__, str(r.error)[:60])
+            if key not in self._warned:
+                self._warned.add(key)
+                log.warning("attnaudit plugin: an audit of step %d layer %s failed "
+                            "(%s: %s); later failures of this kind are only counted",
+                            summary.step, r.layer, type(r.error).__name__, r.error)
 
     def _default_client(self):
         from ..client import AuditClient
@@ -488,6 +570,19 @@ def layer_index(name: str) -> Optional[int]:
 
 def _backend_label(call: capture.AttentionCall) -> str:
     return f"{call.backend}/{call.isa}" if call.isa else call.backend
+
+
+def _rope_type(params: Optional[Dict[str, Any]]) -> Optional[str]:
+    params = params or {}
+    return params.get("rope_type", params.get("type"))
+
+
+def _length_scaled(params: Optional[Dict[str, Any]]) -> bool:
+    """Dynamic NTK and LongRoPE: what they rotate with depends on the
+    sequence length vLLM fixed at start-up, which the plugin does not
+    read; declaring them without it fails the snapshot, declaring plain
+    RoPE would call a correct engine wrong."""
+    return _rope_type(params) in ("dynamic", "longrope", "su")
 
 
 def _nested(params: Optional[Dict[str, Any]]) -> bool:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from typing import Any, List, Optional
 
-from .capture import AttentionCall, backend_key
+from .capture import AttentionCall, backend_key, config_softmax_scale, model_label
 from .plugin import VllmAuditPlugin, layer_index
 
 log = logging.getLogger("attnaudit.vllm")
@@ -136,7 +136,8 @@ def _rotary_wrapper(original):
                 if st is not None and st.sampled:
                     p.on_rotary(st, {"theta": float(self.base),
                                      "rotary_dim": int(self.rotary_dim),
-                                     "neox": bool(self.is_neox_style)}, query, key)
+                                     "neox": bool(self.is_neox_style)}, query, key,
+                                module=self)
             except Exception as e:  # noqa: BLE001
                 p.error("pre-RoPE capture", e)
         return original(self, positions, query, key, *args, **kwargs)
@@ -246,10 +247,12 @@ def _learn_model(runner) -> None:
         return
     if _PLUGIN.model is None:
         name = getattr(config, "served_model_name", None) or getattr(config, "model", None)
-        _PLUGIN.model = str(name[0] if isinstance(name, (list, tuple)) else name)
+        _PLUGIN.model = model_label(
+            str(name[0] if isinstance(name, (list, tuple)) else name))
     hf = getattr(config, "hf_text_config", None) or getattr(config, "hf_config", None)
     params = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None)
     _PLUGIN.rope_parameters = dict(params) if params else None
+    _PLUGIN.config_scale = config_softmax_scale(hf)
 
 
 def _capturing() -> bool:

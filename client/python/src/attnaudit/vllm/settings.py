@@ -40,19 +40,24 @@ TOML when the name ends in .toml); the environment wins over the file.
                     per process at start-up (attnaudit.probe, a few
                     seconds) and declare it on every snapshot (source
                     "measured"); "0": declare the preset.
-    model, run      labels (model default: the served model name).
+    model, run      labels (model default: the served model name; a local
+                    checkpoint path by its last component).
     on_step         callbacks "pkg.module:function[,...]", each called with
                     a StepSummary per audited step (a background thread).
     log_summary     "1": log each StepSummary at INFO (logger
                     "attnaudit.vllm"); default "1".
 
-Parsing errors raise SettingsError naming the setting; vLLM logs a plugin
-that raises at load and goes on without it.
+A value that does not parse, or an ATTNAUDIT_VLLM_* variable that names no
+setting, raises SettingsError naming it (with the nearest setting's name).
+vLLM calls the plugin's register() outside its own error handling, so the
+error stops vLLM's start-up: an audit its user asked for is never silently
+off.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import re
@@ -105,6 +110,7 @@ def load(environ: Optional[Mapping[str, str]] = None) -> Settings:
     path = env.get(CONFIG_ENV)
     if path:
         raw.update(_read_file(path))
+    _refuse_unknown_names(env)
     for field in dataclasses.fields(Settings):
         value = env.get(ENV_PREFIX + field.name.upper())
         if value is not None and value != "":
@@ -119,13 +125,27 @@ def load(environ: Optional[Mapping[str, str]] = None) -> Settings:
     return from_mapping(raw)
 
 
+def _refuse_unknown_names(env: Mapping[str, str]) -> None:
+    """A misspelt ATTNAUDIT_VLLM_* variable would otherwise be ignored, and
+    the plugin run with a default its user meant to change."""
+    known = {ENV_PREFIX + f.name.upper() for f in dataclasses.fields(Settings)}
+    known |= {CONFIG_ENV, ENV_PREFIX + "TOKEN_FILE"}
+    for name in sorted(k for k in env if k.startswith(ENV_PREFIX) and k not in known):
+        raise SettingsError(f"unknown setting {name}{_nearest(name, known)}")
+
+
+def _nearest(name: str, known) -> str:
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def from_mapping(raw: Mapping[str, Any]) -> Settings:
     """Settings from a dict of strings (or typed values, from a file)."""
     known = {f.name for f in dataclasses.fields(Settings)}
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise SettingsError(f"unknown setting(s) {unknown}; expected "
-                            + ", ".join(sorted(known | {'token_file'})))
+        raise SettingsError(f"unknown setting(s) {unknown}{_nearest(unknown[0], known)}; "
+                            "expected " + ", ".join(sorted(known | {'token_file'})))
     out: dict = {}
     for name, value in raw.items():
         out[name] = _PARSERS.get(name, _text)(name, value)
