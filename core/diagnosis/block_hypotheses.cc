@@ -563,7 +563,11 @@ void CollectCandidates(const Context& ctx, const Row& row, const RowStates& rs,
     // reproduces the engine, the page only resembles what was read (a
     // stale page, whose content is unknown, is the better account).
     if (!t.subs.empty() && !c.eval.within_tolerance) c.eval.score *= 0.5;
-    if (t.Replaces() && c.eval.explains) NotPlacedIfKept(t, &c);
+    // Unless the stale fit identified the block: then the block's own
+    // content is measurably missing from E (replacing any other block, a
+    // light one's replacement reading as an addition, fits worse).
+    const bool placed = fit.identified && t.j == fit.best;
+    if (t.Replaces() && c.eval.explains && !placed) NotPlacedIfKept(t, &c);
     // A stale page's content is unknown: it is located by the fit, not
     // reconstructed (docs/DIAGNOSIS.md, "Pages").
     if (t.stale) {

@@ -279,7 +279,8 @@ Diagnosis ToDiagnosis(const Context& ctx, const Candidate& c) {
 
 // Stale pages located by different fits of one row (its pages, a CP
 // rank's local pages) are alternatives: the one whose fit is best stands,
-// named only when no other fits within kStaleMargin.
+// named only when the other's best group, one more alternative, leaves
+// its posterior odds above PlaceLogOdds.
 void ResolveLocated(std::vector<Candidate>* all) {
   std::map<int64_t, std::vector<size_t>> by_row;
   for (size_t i = 0; i < all->size(); ++i) {
@@ -292,7 +293,7 @@ void ResolveLocated(std::vector<Candidate>* all) {
       return (*all)[a].fit_cost < (*all)[b].fit_cost;
     });
     Candidate& best = (*all)[idx[0]];
-    if ((*all)[idx[1]].fit_cost - best.fit_cost < kStaleMargin &&
+    if ((*all)[idx[1]].fit_cost - best.fit_cost < PlaceLogOdds() &&
         best.eval.explains) {
       best.eval.explains = false;
       best.eval.score = std::min(best.eval.score, kAmbiguousStaleScore);

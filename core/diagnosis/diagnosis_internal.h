@@ -393,13 +393,17 @@ ValueStats RowValueStats(const Context& ctx, int64_t b);
 // row, the negative log-likelihood (nats) of E under "group j was read with
 // content of unknown values": E is the rest of the row merged with one state
 // of share sigma (per cell, fitted; with the engine's LSE, the LSE pins it)
-// whose values are drawn from the row's own V (per-dim mean, variance),
-// E's rounding the noise. Integrating the values out charges a state that
+// whose value is its keys' softmax average of values drawn from the row's
+// own V (per-dim mean and variance; the average's spread, between one key's
+// and an even average's over the group's tokens, fitted per cell), E's
+// rounding the noise. Integrating the values out charges a state that
 // takes a large share for the freedom it has, so a light page whose content
 // changed outranks a heavy page that would have to hold nearly its own
-// content. `identified`: the best group fits better than any other group
-// and than unstructured noise, by kStaleMargin, and the values it implies
-// stay within the cache's range.
+// content. Its competitor is unstructured drift: E is R plus noise of
+// fitted size per cell. `identified`: the best group's posterior
+// probability (PlaceLogOdds) is at least 1 - alpha against every other
+// group and the unstructured drift, and the values it implies stay within
+// the cache's range.
 struct StaleFit {
   std::vector<double> cost;  // [groups], nats
   int64_t best = -1;         // -1: no group (or the row has one)
@@ -407,29 +411,39 @@ struct StaleFit {
   double margin = 0;    // cost[runner_up] - cost[best]
   double evidence = 0;  // cost with nothing stale - cost[best]
   // cost of E as R plus unstructured noise (per cell, of fitted size) -
-  // cost[best]: a stale page must beat noise without structure too (a
-  // heavy page with content of unknown values can absorb any small drift).
+  // cost[best], less the Laplace charge for the parameters the stale
+  // hypothesis fits beyond the noise model's: a stale page must beat
+  // noise without structure too (a heavy page with content of unknown
+  // values can absorb any small drift).
   double over_noise = 0;
+  // ln of the posterior odds against the best group (every other group
+  // and the unstructured drift), and ln of the odds of some group stale
+  // against the unstructured drift.
+  double doubt = 0;
+  double stale_odds = 0;
   bool consistent = false;
   bool identified = false;
-  // A stale page at all: the best group's values in range and its fit
-  // better than unstructured noise (else no stale page is reported).
+  // A stale page at all: the best group's values in range and a stale
+  // page somewhere surely (PlaceLogOdds) more likely than unstructured
+  // drift (else no stale page is reported).
   bool Structured() const;
 };
 // `groups`: null for the row's logical blocks; `allowed` ([groups] flags,
-// null: all) the groups that may be named (the others still count as
-// alternatives: a group the partials rule out that fits as well leaves the
-// place unknown).
+// null: all) the groups that may be named (the others are neither named
+// nor alternatives).
 StaleFit FitStalePages(const Context& ctx, const Row& row, const RowStates& rs,
                        const ValueStats& values,
                        const std::vector<std::vector<int32_t>>* groups,
                        const std::vector<uint8_t>* allowed);
 
-// The margin (nats) by which a stale fit's best group must beat any other
-// for its place to be named (StaleFit::identified), and a located stale
-// page's score: named, or with another group about as good (below the
-// floor at which "unexplained" leads).
-inline constexpr double kStaleMargin = 20.0;
+// The posterior log-odds a stale page's place must reach to be named
+// (StaleFit::identified), ln((1 - alpha) / alpha) with alpha the
+// statistical detector's family-wise false-alarm probability
+// (StatisticalInputs::alpha, about 16.1 nats): a place is named as surely
+// as a DRIFT is called. A located stale page's score: named, or with
+// another group about as good (below the floor at which "unexplained"
+// leads).
+double PlaceLogOdds();
 inline constexpr double kStaleScore = 0.9;
 inline constexpr double kAmbiguousStaleScore = 0.45;
 

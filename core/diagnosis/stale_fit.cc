@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -15,10 +16,6 @@ namespace attnaudit {
 namespace diagnosis_internal {
 namespace {
 
-// Identification (FitStalePages): the margin's least share of the best
-// group's cost and of its gain over unstructured noise.
-constexpr double kCostShare = 0.1;
-constexpr double kNoiseShare = 0.5;
 // The values a named stale state implies stay within this many times the
 // row's largest |V| (an earlier occupant's values), up to E's noise.
 constexpr double kStaleValueRange = 2.0;
@@ -33,6 +30,9 @@ constexpr int kRefine = 24;
 struct CellSums {
   double see = 0, ser = 0, sed = 0, srr = 0, srd = 0, sdd = 0;
   double rho = 0;  // the rest's key LSE
+  // 1 / the tokens the group holds: the least share of the values' prior
+  // variance the state's average keeps (below).
+  double inv_tokens = 1;
 };
 
 // What one cell of the row contributes, independent of the group.
@@ -66,7 +66,13 @@ double Cost(const CellModel& m, const CellSums& s, double sigma) {
     const double sq = std::max(
         0.0, s.see - 2.0 * a * (s.ser + sigma * s.sed) +
                  a * a * (s.srr + 2.0 * sigma * s.srd + sigma * sigma * s.sdd));
-    const double v = a * a * sigma * sigma * m.tau2 + m.n2;
+    // The state's value is its keys' softmax average of the group's values:
+    // its prior variance is tau2 times sum p_i^2, between 1 / tokens (even
+    // weights) and 1 (one key), unknown; fitted (closed form: the ML
+    // variance sq / dim, clamped to that range).
+    const double spread = a * a * sigma * sigma * m.tau2;
+    const double v = std::clamp(sq / static_cast<double>(m.dim),
+                                spread * s.inv_tokens + m.n2, spread + m.n2);
     c += sq / (2.0 * v) + 0.5 * static_cast<double>(m.dim) * std::log(v / m.n2);
   }
   if (m.has_lse) {
@@ -172,9 +178,10 @@ double NoiseCost(const Context& ctx, const Row& row, const CellModel& m,
 }
 
 CellSums Sums(const Row& row, const ValueStats& values, const Acc& rest,
-              int64_t c, int64_t D, int64_t g) {
+              int64_t c, int64_t D, int64_t g, double inv_tokens = 1.0) {
   CellSums s;
   s.rho = rest.Lse();
+  s.inv_tokens = inv_tokens;
   const double inv = rest.l > 0 ? 1.0 / rest.l : 0.0;
   for (int64_t i = 0; i < D; ++i) {
     const double e = row.has_out ? row.e_out[c * D + i] : 0.0;
@@ -190,32 +197,82 @@ CellSums Sums(const Row& row, const ValueStats& values, const Acc& rest,
   return s;
 }
 
-// Cells [c0, c1): every group's best cost into cost[j], the cost with
-// nothing stale into *none and with unstructured noise into *noise.
+// 1 / the tokens of each group of the row (its logical blocks, or `groups`
+// of units).
+std::vector<double> InverseTokens(
+    const RowStates& rs, const std::vector<std::vector<int32_t>>* groups) {
+  std::vector<double> inv;
+  const int64_t nb = groups ? static_cast<int64_t>(groups->size())
+                            : static_cast<int64_t>(rs.pages.size());
+  for (int64_t j = 0; j < nb; ++j) {
+    int64_t tokens = 0;
+    if (groups) {
+      for (int32_t u : (*groups)[j]) tokens += rs.units[u].count;
+    } else {
+      for (int32_t u = rs.block_begin[j]; u < rs.block_begin[j + 1]; ++u) {
+        tokens += rs.units[u].count;
+      }
+    }
+    inv.push_back(1.0 / static_cast<double>(std::max<int64_t>(tokens, 1)));
+  }
+  return inv;
+}
+
+// The fit's costs, summed over cells: every group's, and the row's with
+// nothing stale and with unstructured noise.
+struct Totals {
+  std::vector<double> stale;  // [groups]
+  double none = 0, noise = 0;
+};
+
+// Cells [c0, c1) added to *t.
 void FitCells(const Context& ctx, const Row& row, const RowStates& rs,
               const ValueStats& values,
               const std::vector<std::vector<int32_t>>* groups, int64_t c0,
-              int64_t c1, std::vector<double>* cost, double* none,
-              double* noise) {
+              int64_t c1, Totals* t) {
   CellBlocks cb = groups ? CellBlocks(ctx, rs, *groups) : CellBlocks(ctx, rs);
+  const std::vector<double> inv_tokens = InverseTokens(rs, groups);
   const int64_t D = ctx.d.head_dim;
   for (int64_t c = c0; c < c1; ++c) {
     const int64_t s = c / ctx.d.q_heads, h = c % ctx.d.q_heads;
     const int64_t g = h / ctx.d.group();
     cb.Load(s, h);
     const CellModel m = MakeCellModel(ctx, row, values, c);
-    *none += Cost(m, Sums(row, values, cb.All(), c, D, g), 0.0);
-    *noise += NoiseCost(ctx, row, m, c);
+    t->none += Cost(m, Sums(row, values, cb.All(), c, D, g), 0.0);
+    t->noise += NoiseCost(ctx, row, m, c);
     for (int64_t j = 0; j < cb.blocks(); ++j) {
       const Acc rest = cb.Without(j);
       if (!(rest.l > 0)) {
-        (*cost)[j] = std::numeric_limits<double>::infinity();
+        t->stale[j] = std::numeric_limits<double>::infinity();
         continue;
       }
       double sigma = 0;
-      (*cost)[j] += BestCost(m, Sums(row, values, rest, c, D, g), &sigma);
+      t->stale[j] +=
+          BestCost(m, Sums(row, values, rest, c, D, g, inv_tokens[j]), &sigma);
     }
   }
+}
+
+// Every cell of the row, split over the audit's threads.
+Totals FitRow(const Context& ctx, const Row& row, const RowStates& rs,
+              const ValueStats& values,
+              const std::vector<std::vector<int32_t>>* groups, int64_t nb) {
+  const int64_t cells = ctx.Cells();
+  const int64_t chunks =
+      std::max<int64_t>(1, std::min<int64_t>(cells, ctx.opt->threads));
+  std::vector<Totals> part(static_cast<size_t>(chunks));
+  for (Totals& p : part) p.stale.assign(static_cast<size_t>(nb), 0.0);
+  ParallelFor(chunks, ctx.opt->threads, [&](int64_t k) {
+    FitCells(ctx, row, rs, values, groups, cells * k / chunks,
+             cells * (k + 1) / chunks, &part[k]);
+  });
+  Totals t = std::move(part[0]);
+  for (int64_t k = 1; k < chunks; ++k) {
+    for (int64_t j = 0; j < nb; ++j) t.stale[j] += part[k].stale[j];
+    t.none += part[k].none;
+    t.noise += part[k].noise;
+  }
+  return t;
 }
 
 // Whether the values the best fit implies for group j stay in range in
@@ -226,6 +283,7 @@ bool ConsistentValues(const Context& ctx, const Row& row, const RowStates& rs,
                       int64_t j) {
   if (!row.has_out) return true;
   CellBlocks cb = groups ? CellBlocks(ctx, rs, *groups) : CellBlocks(ctx, rs);
+  const std::vector<double> inv_tokens = InverseTokens(rs, groups);
   const int64_t D = ctx.d.head_dim;
   for (int64_t c = 0; c < ctx.Cells(); ++c) {
     if (!(row.before[c] > 4.0 * ctx.clean_cell)) continue;
@@ -235,7 +293,7 @@ bool ConsistentValues(const Context& ctx, const Row& row, const RowStates& rs,
     const Acc rest = cb.Without(j);
     if (!(rest.l > 0)) return false;
     const CellModel m = MakeCellModel(ctx, row, values, c);
-    const CellSums sums = Sums(row, values, rest, c, D, g);
+    const CellSums sums = Sums(row, values, rest, c, D, g, inv_tokens[j]);
     double sigma = 0;
     BestCost(m, sums, &sigma);
     if (sigma <= 0) continue;  // nothing added: a dropped group
@@ -258,10 +316,79 @@ bool ConsistentValues(const Context& ctx, const Row& row, const RowStates& rs,
   return true;
 }
 
+// Laplace's (BIC's) charge for the parameters the stale hypothesis fits
+// beyond the noise model's, 1/2 ln n each (n: the elements that fit it).
+// Per cell the noise model fits out's variance and the LSE's, the stale
+// page its share sigma and the spread of its values (Cost): as many, when
+// the engine wrote an LSE (sigma then takes the LSE's place). Without
+// the LSE sigma is one more per cell, fitted from the cell's D elements.
+double ExtraParameters(const Context& ctx, const Row& row) {
+  if (row.has_lse || !row.has_out) return 0.0;
+  return 0.5 * std::log(static_cast<double>(ctx.d.head_dim)) *
+         static_cast<double>(ctx.Cells());
+}
+
+// ln of sum exp(x) over finite-or-infinite x (-inf terms add nothing).
+double LogSumExp(const std::vector<double>& x) {
+  double top = -std::numeric_limits<double>::infinity();
+  for (double v : x) top = std::max(top, v);
+  if (!std::isfinite(top)) return top;
+  double sum = 0;
+  for (double v : x) sum += std::exp(v - top);
+  return top + std::log(sum);
+}
+
+// The cheapest group that may be named, and the next.
+void PickBest(const Totals& t, const std::vector<uint8_t>& ok, StaleFit* fit) {
+  const int64_t nb = static_cast<int64_t>(t.stale.size());
+  for (int64_t j = 0; j < nb; ++j) {
+    if (ok[j] && (fit->best < 0 || t.stale[j] < t.stale[fit->best])) {
+      fit->best = j;
+    }
+  }
+  for (int64_t j = 0; j < nb && fit->best >= 0; ++j) {
+    if (j == fit->best || !ok[j]) continue;
+    if (fit->runner_up < 0 || t.stale[j] < t.stale[fit->runner_up]) {
+      fit->runner_up = j;
+    }
+  }
+}
+
+// The posterior over "unstructured drift" (prior 1/2) and "group j was
+// stale" (1/2 shared evenly by the groups that may be named), each
+// hypothesis' likelihood at its fitted parameters, the stale ones charged
+// `extra` (above). Fills margin, evidence, over_noise, doubt and
+// stale_odds of a fit with a best group.
+void Posterior(const Totals& t, const std::vector<uint8_t>& ok, double extra,
+               StaleFit* fit) {
+  const double best = t.stale[fit->best];
+  fit->margin = fit->runner_up >= 0 ? t.stale[fit->runner_up] - best
+                                    : std::numeric_limits<double>::infinity();
+  fit->evidence = t.none - best;
+  fit->over_noise = t.noise - best - extra;
+  // Log weights relative to the best group's.
+  int64_t named = 0;
+  for (uint8_t o : ok) named += o;
+  const double drift = std::log(static_cast<double>(named)) - fit->over_noise;
+  std::vector<double> others{drift}, groups{0.0};
+  for (size_t j = 0; j < t.stale.size(); ++j) {
+    if (!ok[j] || static_cast<int64_t>(j) == fit->best) continue;
+    others.push_back(best - t.stale[j]);
+    groups.push_back(best - t.stale[j]);
+  }
+  fit->doubt = LogSumExp(others);
+  fit->stale_odds = LogSumExp(groups) - drift;
+}
+
 }  // namespace
 
+double PlaceLogOdds() {
+  const double alpha = StatisticalInputs().alpha;
+  return std::log((1.0 - alpha) / alpha);
+}
+
 bool StaleFit::Structured() const {
-  return best >= 0 && consistent && over_noise >= kStaleMargin;
+  return best >= 0 && consistent && stale_odds >= PlaceLogOdds();
 }
 
 void LocateStaleFit(const StaleFit& fit, const std::string& runner_up,
@@ -274,8 +401,16 @@ void LocateStaleFit(const StaleFit& fit, const std::string& runner_up,
     return;
   }
   c->eval.score = std::min(c->eval.score, kAmbiguousStaleScore);
-  c->detail = absl::StrFormat("%s fits within %.3g nats as well", runner_up,
-                              fit.margin);
+  // What keeps the place open: another group, or a drift without
+  // structure (the noise model), whichever fits closer.
+  if (fit.runner_up >= 0 && fit.margin <= fit.over_noise) {
+    c->detail = absl::StrFormat("%s fits within %.3g nats as well", runner_up,
+                                fit.margin);
+  } else {
+    c->detail = absl::StrFormat(
+        "a drift without structure fits within %.3g nats as well",
+        std::max(fit.over_noise, 0.0));
+  }
 }
 
 StaleFit FitStalePages(const Context& ctx, const Row& row, const RowStates& rs,
@@ -286,54 +421,22 @@ StaleFit FitStalePages(const Context& ctx, const Row& row, const RowStates& rs,
   const int64_t nb = groups ? static_cast<int64_t>(groups->size())
                             : static_cast<int64_t>(rs.pages.size());
   if (nb < 2) return fit;
-  const int64_t cells = ctx.Cells();
-  const int64_t chunks = std::min<int64_t>(cells, ctx.opt->threads);
-  std::vector<std::vector<double>> part(static_cast<size_t>(chunks),
-                                        std::vector<double>(nb, 0.0));
-  std::vector<double> none(static_cast<size_t>(chunks), 0.0);
-  std::vector<double> noise(static_cast<size_t>(chunks), 0.0);
-  ParallelFor(chunks, ctx.opt->threads, [&](int64_t k) {
-    FitCells(ctx, row, rs, values, groups, cells * k / chunks,
-             cells * (k + 1) / chunks, &part[k], &none[k], &noise[k]);
-  });
-  fit.cost.assign(static_cast<size_t>(nb), 0.0);
-  double cost_none = 0, cost_noise = 0;
-  for (int64_t k = 0; k < chunks; ++k) {
-    for (int64_t j = 0; j < nb; ++j) fit.cost[j] += part[k][j];
-    cost_none += none[k];
-    cost_noise += noise[k];
-  }
+  const Totals t = FitRow(ctx, row, rs, values, groups, nb);
+  fit.cost = t.stale;
   // A group the partials rule out cannot be the stale one: it is neither
   // named nor an alternative.
-  auto ok = [&](int64_t j) {
-    return std::isfinite(fit.cost[j]) && (allowed == nullptr || (*allowed)[j]);
-  };
+  std::vector<uint8_t> ok(static_cast<size_t>(nb), 0);
   for (int64_t j = 0; j < nb; ++j) {
-    if (ok(j) && (fit.best < 0 || fit.cost[j] < fit.cost[fit.best])) {
-      fit.best = j;
-    }
+    ok[j] = std::isfinite(t.stale[j]) && (allowed == nullptr || (*allowed)[j]);
   }
+  PickBest(t, ok, &fit);
   if (fit.best < 0) return fit;
-  for (int64_t j = 0; j < nb; ++j) {
-    if (j == fit.best || !ok(j)) continue;
-    if (fit.runner_up < 0 || fit.cost[j] < fit.cost[fit.runner_up]) {
-      fit.runner_up = j;
-    }
-  }
-  fit.margin = fit.runner_up >= 0 ? fit.cost[fit.runner_up] - fit.cost[fit.best]
-                                  : std::numeric_limits<double>::infinity();
-  fit.evidence = cost_none - fit.cost[fit.best];
-  fit.over_noise = cost_noise - fit.cost[fit.best];
+  Posterior(t, ok, ExtraParameters(ctx, row), &fit);
   fit.consistent = ConsistentValues(ctx, row, rs, values, groups, fit.best);
-  // Named when the best group fits clearly better than unstructured noise
-  // and than any other group: by kStaleMargin, by a share of its own cost
-  // (the model's misfit grows with it, and a margin lost in it says
-  // nothing) and by half of what it gains over noise (the runner-up holds
-  // at most half the structure).
-  fit.identified = fit.consistent && fit.over_noise >= kStaleMargin &&
-                   fit.margin >= kStaleMargin &&
-                   fit.margin >= kCostShare * std::fabs(fit.cost[fit.best]) &&
-                   fit.margin >= kNoiseShare * fit.over_noise;
+  // Named when its posterior probability is at least 1 - alpha, alpha the
+  // statistical detector's false-alarm probability: a place is named as
+  // surely as a DRIFT is called.
+  fit.identified = fit.consistent && fit.doubt <= -PlaceLogOdds();
   return fit;
 }
 

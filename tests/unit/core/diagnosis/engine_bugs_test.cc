@@ -222,6 +222,35 @@ TEST(EngineBugNoLseTest, StalePageIsLocatedWithoutTheEnginesLse) {
   EXPECT_GE(top.score, 0.9);
 }
 
+// As in torch's flash-decoding fixture (tests/conformance): a page of
+// fresh N(0, 1) keys and values, with the engine's LSE. The stale state is
+// the softmax average of the page's values, far tighter than one value: a
+// fit that drew it like one value would lose to unstructured drift and
+// leave the page unexplained.
+TEST(EngineBugLseTest, StalePageOfFreshContentIsNamed) {
+  const testing::LogicalCase c = testing::PeakedBf16Case(27);
+  Snapshot s = testing::BuildSnapshot(c, Paging());
+  testing::LogicalCase engine = c;
+  testing::TestRng rng(7);
+  const int64_t w = c.kv_heads * c.head_dim;
+  for (int64_t t = 2 * kPage; t < 3 * kPage; ++t) {
+    for (int64_t i = 0; i < w; ++i) {
+      engine.k[1][t * w + i] =
+          RoundToDType(static_cast<float>(rng.Normal()), DType::kBF16);
+      engine.v[1][t * w + i] =
+          RoundToDType(static_cast<float>(rng.Normal()), DType::kBF16);
+    }
+  }
+  SetEngine(engine, /*with_lse=*/true, &s);
+  const AuditReport report = Audit(s);
+  const Diagnosis& top = Top(report);
+  EXPECT_EQ(top.hypothesis, "stale-page") << top.summary;
+  EXPECT_EQ(top.location.row, 1);
+  EXPECT_EQ(top.location.logical_block, 2);
+  EXPECT_EQ(top.location.page, PageOf(s, 1, 2));
+  EXPECT_TRUE(top.explains) << top.summary;
+}
+
 TEST(EngineBugNoLseTest, KPagesInVllmsCpuLayoutReadAsPlainPages) {
   // vLLM's CPU cache stores each (page, KV head) K block transposed,
   // [D, page]; a client that views it as [page, D] sends that memory.
