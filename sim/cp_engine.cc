@@ -135,6 +135,7 @@ void PlanStaleLocalPage(const SynthLayout& layout, const ContentModel& model,
       }
     }
   }
+  f->row = best_row;
   std::set<int32_t> pages;
   for (int64_t j : best_keys) pages.insert(plan.block_pages[best_row][j / P]);
   for (int32_t page : pages) {

@@ -50,6 +50,8 @@ constexpr FaultInfo kRows[] = {
      FaultSite::kHeads, true},
     {Fault::kDuplicatePage, kNoCp, "duplicate-page", "duplicate-page",
      FaultSite::kOnePlace, false},
+    {Fault::kFp8KScaleMissing, kNoCp, "fp8-k-scale-missing", "fp8-scale",
+     FaultSite::kHeads, true},
     {kNoFault, CpFault::kDropShard, "drop-shard", "cp-missing-shard",
      FaultSite::kCpCombine, false},
     {kNoFault, CpFault::kBf16Combine, "bf16-combine", "cp-bf16-combine",

@@ -306,6 +306,8 @@ absl::Status PlanFp8Scale(Fault fault, const KvPool& pool, EnginePlan* plan,
     } else if (fault == Fault::kFp8ScaleTwice) {
       plan->k_descale[h] = k * k;
       plan->v_descale[h] = v * v;
+    } else if (fault == Fault::kFp8KScaleMissing) {
+      plan->k_descale[h] = 1.0f;
     } else {
       plan->k_descale[h] = plan->v_descale[h] = 1.0f;
     }
@@ -319,6 +321,8 @@ absl::Status PlanFp8Scale(Fault fault, const KvPool& pool, EnginePlan* plan,
       fault == Fault::kFp8Scale ? "fp8-scale: K dequantised with v_scale"
       : fault == Fault::kFp8ScaleTwice
           ? "fp8-scale-twice: K and V dequantised with their scale squared"
+      : fault == Fault::kFp8KScaleMissing
+          ? "fp8-k-scale-missing: K used without its scale"
           : "fp8-scale-missing: K and V used without their scales";
   return absl::OkStatus();
 }
@@ -454,6 +458,7 @@ absl::Status PlanFault(const SynthOptions& o, const SynthLayout& layout,
     case Fault::kFp8Scale:
     case Fault::kFp8ScaleTwice:
     case Fault::kFp8ScaleMissing:
+    case Fault::kFp8KScaleMissing:
       return PlanFp8Scale(o.fault, pool, plan, description);
     case Fault::kSoftcapMissing:
       return PlanSoftcapMissing(plan, description);

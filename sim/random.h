@@ -57,6 +57,7 @@ enum StreamTag : uint64_t {
   kTagLmHead = 9,    // lm_head weights
   kTagTokens = 10,   // selected token ids
   kTagCpFault = 11,  // which rank a CP fault hits
+  kTagSink = 12,     // the sink's share of one (row, query, head)
 };
 
 class NormalSource {

@@ -31,6 +31,28 @@ absl::Status Range(const char* field, int64_t value, int64_t lo, int64_t hi) {
   return absl::OkStatus();
 }
 
+// Peaked attention: shares in [0, 1), an offset >= 0, and rotary pairs to
+// spare (the two it reserves besides the heavy direction's).
+absl::Status CheckPeaked(const SynthOptions& o, const ModelPreset& preset) {
+  if (!(o.sink_share_min >= 0 && o.sink_share_min <= o.sink_share_max &&
+        o.sink_share_max < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sink_share: need 0 <= min <= max < 1, got [",
+                     o.sink_share_min, ", ", o.sink_share_max, "]"));
+  }
+  if (!(o.logit_offset >= 0 && o.logit_offset <= 1e4)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "logit_offset: must be in [0, 1e4], got ", o.logit_offset));
+  }
+  const int64_t rot =
+      preset.rope.rotary_dim > 0 ? preset.rope.rotary_dim : preset.head_dim;
+  if ((o.sink_share_max > 0 || o.logit_offset > 0) && rot / 2 < 4) {
+    return absl::InvalidArgumentError(
+        "sink_share: peaked attention needs at least 4 rotary pairs");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckOptions(const SynthOptions& o, const ModelPreset& preset) {
   const ValidationLimits limits;
   ATTNAUDIT_RETURN_IF_ERROR(Range("batch", o.batch, 1, limits.max_batch));
@@ -71,6 +93,7 @@ absl::Status CheckOptions(const SynthOptions& o, const ModelPreset& preset) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cp_fault: ", CpFaultName(o.cp_fault), " needs cp_world_size >= 2"));
   }
+  ATTNAUDIT_RETURN_IF_ERROR(CheckPeaked(o, preset));
   const int64_t shortest = sim_internal::RowLength(o, o.batch - 1);
   if (o.prefix < 0 || o.prefix > shortest) {
     return absl::InvalidArgumentError(
@@ -316,7 +339,7 @@ absl::Status RunShardedEngine(const SynthOptions& o,
                               const RopeTable& rope,
                               const sim_internal::KvPool& pool,
                               const sim_internal::EnginePlan& plan, Snapshot* s,
-                              std::string* description, int64_t* fault_rank) {
+                              SynthDetails* site) {
   const std::vector<std::vector<int32_t>> owners =
       sim_internal::TokenOwners(o, layout);
   sim_internal::CpFaultPlan fault;
@@ -329,11 +352,12 @@ absl::Status RunShardedEngine(const SynthOptions& o,
   s->cp.rank_out = std::move(engine.rank_out);
   s->cp.rank_lse = std::move(engine.rank_lse);
   sim_internal::SetCpConfig(o, layout, owners, s);
-  *fault_rank = fault.rank;
+  site->cp_fault_rank = fault.rank;
+  if (fault.row >= 0) site->fault_row = fault.row;
   if (fault.fault != CpFault::kNone) {
-    *description = *description == "none"
-                       ? fault.description
-                       : absl::StrCat(*description, "; ", fault.description);
+    site->fault = site->fault == "none"
+                      ? fault.description
+                      : absl::StrCat(site->fault, "; ", fault.description);
   }
   return absl::OkStatus();
 }
@@ -415,6 +439,8 @@ absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options,
   s.q = sim_internal::GenerateQueries(layout, model, out_dtype);
   std::vector<float> sinks =
       SetAttentionVariant(o, preset, scale, out_dtype, &s);
+  sim_internal::SetSinkShares(o, layout, model, rope, pool, scale,
+                              s.sliding_window, &s.q);
 
   sim_internal::EnginePlan plan =
       CleanPlan(o, preset, layout, pool, rope, s, std::move(sinks));
@@ -425,9 +451,8 @@ absl::StatusOr<Snapshot> Synthesize(const SynthOptions& options,
   ATTNAUDIT_RETURN_IF_ERROR(sim_internal::PlanFault(
       o, layout, model, s.rope, rope, pool, scale, &plan, &storage, &site));
   if (o.cp_world_size > 1) {
-    ATTNAUDIT_RETURN_IF_ERROR(RunShardedEngine(o, layout, model, rope, pool,
-                                               plan, &s, &site.fault,
-                                               &site.cp_fault_rank));
+    ATTNAUDIT_RETURN_IF_ERROR(
+        RunShardedEngine(o, layout, model, rope, pool, plan, &s, &site));
   } else {
     sim_internal::EngineResult engine = sim_internal::RunFlashDecode(plan);
     s.engine.out = std::move(engine.out);

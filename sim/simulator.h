@@ -50,15 +50,16 @@ enum class Fault {
   kDropBlock,     // one visible logical block skipped by the split-KV loop
   kFp8Scale,      // fp8 K dequantised with v_scale (scales swapped)
   // Added for the diagnosis (issue 9):
-  kBf16RunningOut,   // the split combine keeps its running output in bf16
-  kKRopeMissing,     // the kernel reads K without its rotation
-  kRopeStyle,        // q rotated with the other pairing (NeoX <-> GPT-J)
-  kSoftcapMissing,   // the logit soft-cap is not applied
-  kWindowOffByOne,   // the sliding window admits one key too many
-  kSinksMissing,     // the per-head sinks are left out of the softmax
-  kFp8ScaleTwice,    // fp8 K and V dequantised with scale^2
-  kFp8ScaleMissing,  // fp8 K and V used without their scales
-  kDuplicatePage,    // one block-table entry names another block's page
+  kBf16RunningOut,    // the split combine keeps its running output in bf16
+  kKRopeMissing,      // the kernel reads K without its rotation
+  kRopeStyle,         // q rotated with the other pairing (NeoX <-> GPT-J)
+  kSoftcapMissing,    // the logit soft-cap is not applied
+  kWindowOffByOne,    // the sliding window admits one key too many
+  kSinksMissing,      // the per-head sinks are left out of the softmax
+  kFp8ScaleTwice,     // fp8 K and V dequantised with scale^2
+  kFp8ScaleMissing,   // fp8 K and V used without their scales
+  kDuplicatePage,     // one block-table entry names another block's page
+  kFp8KScaleMissing,  // fp8 K used without its scale (V's applied)
 };
 // Names from the fault registry ("none" for kNone).
 absl::StatusOr<Fault> ParseFault(const std::string& name);  // "stale-page"
@@ -135,6 +136,17 @@ struct SynthOptions {
   int64_t fault_block_rank = 0;
   // rope-offset: the positions' shift (nonzero; default +1).
   int64_t fault_magnitude = 1;
+  // Realistic peaked attention (docs/SIMULATOR.md, "Peaked attention"),
+  // off with the defaults. sink_share_max > 0: token 0 of every row (the
+  // attention sink) carries a share of each query head's key weight drawn
+  // uniformly from [sink_share_min, sink_share_max], through a massive
+  // activation on one rotary pair that no other key has. logit_offset > 0
+  // adds about that many scaled-logit units to every key's score (a large
+  // K component every token shares, on another pair), so that a row's
+  // logits reach the offset plus the row's own spread.
+  double sink_share_min = 0;
+  double sink_share_max = 0;
+  double logit_offset = 0;
 };
 
 // Makes `options` able to show the requested fault, and returns one
@@ -164,7 +176,8 @@ struct SynthDetails {
   int64_t cp_fault_rank = -1;      // the rank a per-rank CP fault hit
   // The same, machine-readable (-1: does not apply): the row, logical block
   // and pool page a one-place fault hit, and the other block / page of a
-  // swap or duplicate (the page that is read in the block's place).
+  // swap or duplicate (the page that is read in the block's place); for
+  // stale-rank-page the row only (its local page spans pool pages).
   int64_t fault_row = -1;
   int64_t fault_block = -1;
   int64_t fault_page = -1;

@@ -20,6 +20,16 @@ constexpr int64_t kPagesPerChunk = 8;
 // Score boosts (scaled-logit units) of heavy keys and of the sink token.
 constexpr double kHeavyBoost = 5.0;
 constexpr double kSinkToHeavy = 1.8;
+// Peaked attention: the rotary pairs it reserves, the sink key's massive
+// activation and every key's shared offset component (a real model's K
+// has both: a few channels of large magnitude, most of them at the sink).
+constexpr int64_t kReservedPairs = 2;
+constexpr double kSinkKey = 8.0;
+constexpr double kOffsetKey = 2.0;
+
+bool Peaked(const SynthOptions& o) {
+  return o.sink_share_max > 0 || o.logit_offset > 0;
+}
 
 // Pre-RoPE fp32 content of every slot of pool page `page` ([P, Hkv, D]),
 // rotated in fp32 at the slot's position; inactive slots get the previous
@@ -168,15 +178,31 @@ ContentModel MakeContentModel(const SynthOptions& options,
   const int64_t rot = rope.rotary_dim();
   const int64_t half = rot / 2;
   const int64_t low_pairs = std::max<int64_t>(1, half / 16);
+  // Peaked attention reserves the two lowest-frequency pairs (the sink's,
+  // then the offset's); the heavy direction moves to the pairs below them.
+  const int64_t reserved = Peaked(options) ? kReservedPairs : 0;
+  const int64_t top = std::max<int64_t>(low_pairs, half - reserved);
+  auto pair = [&](int64_t i, int64_t* dims) {
+    const bool gptj = preset.rope.style == RopeStyle::kGptj;
+    dims[0] = gptj ? 2 * i : i;
+    dims[1] = gptj ? 2 * i + 1 : i + half;
+  };
   std::vector<int64_t> support;
-  for (int64_t i = half - low_pairs; i < half; ++i) {
-    if (preset.rope.style == RopeStyle::kGptj) {
-      support.push_back(2 * i);
-      support.push_back(2 * i + 1);
-    } else {
-      support.push_back(i);
-      support.push_back(i + half);
-    }
+  for (int64_t i = top - low_pairs; i < top; ++i) {
+    int64_t dims[2];
+    pair(i, dims);
+    support.push_back(dims[0]);
+    support.push_back(dims[1]);
+  }
+  if (options.sink_share_max > 0) {
+    pair(half - 1, m.sink_dims);
+    m.sink_key = static_cast<float>(kSinkKey);
+  }
+  if (options.logit_offset > 0) {
+    pair(half - 2, m.offset_dims);
+    m.offset_key = static_cast<float>(kOffsetKey);
+    m.offset_query =
+        static_cast<float>(options.logit_offset / (scale * kOffsetKey));
   }
   for (int64_t i = rot; i < d; ++i) support.push_back(i);
   NormalSource ns(DeriveSeed(options.seed, {kTagHeads}));
@@ -223,6 +249,19 @@ void TokenContent(const ContentModel& model, int64_t row, int64_t index,
   }
   if (strength != 0.0f) {
     for (int64_t i = 0; i < width; ++i) k[i] += strength * model.direction[i];
+  }
+  // Peaked attention: only the sink holds the massive activation, and every
+  // token (a stale one too) the shared offset component.
+  for (int64_t h = 0; h < model.kv_heads; ++h) {
+    float* kh = k + h * model.head_dim;
+    if (model.sink_dims[0] >= 0) {
+      kh[model.sink_dims[0]] = index == 0 && !stale ? model.sink_key : 0.0f;
+      kh[model.sink_dims[1]] = 0.0f;
+    }
+    if (model.offset_dims[0] >= 0) {
+      kh[model.offset_dims[0]] = model.offset_key;
+      kh[model.offset_dims[1]] = 0.0f;
+    }
   }
 }
 
@@ -343,6 +382,16 @@ Tensor GenerateQueries(const SynthLayout& layout, const ContentModel& model,
         for (int64_t i = 0; i < d; ++i) {
           StoreFromFloat(dst, dtype, row + i,
                          ns.NormalF() + model.q_strength[h] * u[i]);
+        }
+        // Peaked attention: SetSinkShares sets the sink pair's first dim.
+        for (int k = 0; k < 2; ++k) {
+          if (model.sink_dims[k] >= 0) {
+            StoreFromFloat(dst, dtype, row + model.sink_dims[k], 0.0f);
+          }
+          if (model.offset_dims[k] >= 0) {
+            StoreFromFloat(dst, dtype, row + model.offset_dims[k],
+                           k == 0 ? model.offset_query : 0.0f);
+          }
         }
       }
     }

@@ -59,6 +59,15 @@ struct ContentModel {
   std::vector<float> q_strength;  // [Hq]
   float heavy_strength = 0;
   float sink_strength = 0;
+  // Peaked attention (SynthOptions::sink_share_*, logit_offset): the two
+  // dims of each reserved rotary pair ({-1, -1}: off), the sink key's value
+  // on its pair's first dim, every key's value on the offset pair's first
+  // dim and q's there. Every other key holds 0 on the sink pair.
+  int64_t sink_dims[2] = {-1, -1};
+  int64_t offset_dims[2] = {-1, -1};
+  float sink_key = 0;
+  float offset_key = 0;
+  float offset_query = 0;
 };
 
 ContentModel MakeContentModel(const SynthOptions& options,
@@ -94,6 +103,15 @@ void GenerateStalePage(const SynthLayout& layout, const ContentModel& model,
 // q [B, Sq, Hq, D] pre-RoPE in `dtype`.
 Tensor GenerateQueries(const SynthLayout& layout, const ContentModel& model,
                        DType dtype);
+
+// Peaked attention: sets q's value on the sink pair of every (row, query,
+// head) that sees token 0 so that the sink takes its drawn share of the
+// key weight (scores in fp64 from the pool as stored, q rotated in fp32;
+// `window` in the HF convention, 0: none). A no-op when the model has no
+// sink pair.
+void SetSinkShares(const SynthOptions& options, const SynthLayout& layout,
+                   const ContentModel& model, const RopeTable& rope,
+                   const KvPool& pool, double scale, int64_t window, Tensor* q);
 
 // Softmax weight of every key of `row`, summed over query heads: [Sq][L]
 // (fp32 scores of the plan's q and K, masks as the plan's; sinks ignored).
@@ -137,6 +155,7 @@ void SetCpConfig(const SynthOptions& options, const SynthLayout& layout,
 struct CpFaultPlan {
   CpFault fault = CpFault::kNone;
   int32_t rank = -1;
+  int64_t row = -1;  // stale-rank-page: the row of the stale local page
   std::vector<EnginePlan::StaleRead> stale_reads;
   std::deque<Tensor> stale_pages;  // stable addresses
   std::string description;

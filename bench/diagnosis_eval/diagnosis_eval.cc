@@ -4,9 +4,12 @@
 // kind (fp32 P, bf16 P, fp8 KV with bf16 dequantisation, split sizes 16 to
 // 512), it prints the detection rate, a confusion matrix of the top
 // diagnosis, top-1 accuracy, localisation accuracy and the false-alarm
-// rate; --w1 times the diagnosis against the plain audit on W1.
+// rate; --w1 times the diagnosis against the plain audit on W1;
+// --realistic N runs N snapshots per page, scale and CP bug at realistic
+// attention (realistic.h).
 //
 // Usage: attnaudit_bench_diagnosis [--clean N] [--faulty N] [--w1]
+//        [--realistic N [--bugs SUBSTR] [--min-context L] [--max-context L]]
 //        [--seed S] [--threads T] [--repeats R] [--verbose]
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -21,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/diagnosis_eval/realistic.h"
 #include "core/audit/audit.h"
 #include "core/diagnosis/diagnosis.h"
 #include "core/tensor/dtype.h"
@@ -46,6 +50,7 @@ struct Flags {
   std::string faults;  // substring filter on fault names
   bool dump = false;   // print every diagnosis of a wrong top-1
   std::string replay;  // --case: one snapshot's options (printed by --dump)
+  RealisticFlags realistic;
 };
 
 Flags ParseFlags(int argc, char** argv) {
@@ -66,6 +71,14 @@ Flags ParseFlags(int argc, char** argv) {
   app.add_option("--faults", f.faults, "only faults containing this");
   app.add_flag("--dump", f.dump, "all diagnoses of a wrong top-1");
   app.add_option("--case", f.replay, "run only this snapshot (see --dump)");
+  app.add_option("--realistic", f.realistic.seeds,
+                 "snapshots per bug at realistic attention");
+  app.add_option("--bugs", f.realistic.bugs,
+                 "--realistic: only bugs whose label contains this");
+  app.add_option("--min-context", f.realistic.min_context,
+                 "--realistic: shortest context");
+  app.add_option("--max-context", f.realistic.max_context,
+                 "--realistic: longest context");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -328,6 +341,7 @@ void FitFault(const FaultInfo& info, Rng& rng, bool small, SynthOptions* o) {
     case Fault::kRopeStyle:
     case Fault::kFp8ScaleTwice:
     case Fault::kFp8ScaleMissing:
+    case Fault::kFp8KScaleMissing:
     case Fault::kDuplicatePage:
       break;
   }
@@ -646,6 +660,14 @@ int Main(int argc, char** argv) {
   if (f.clean > 0) rc |= RunClean(f);
   if (f.faulty > 0) rc |= RunFaulty(f);
   if (f.w1) rc |= RunW1(f);
+  if (f.realistic.seeds > 0) {
+    RealisticFlags r = f.realistic;
+    r.seed = f.seed;
+    r.threads = f.threads;
+    r.dump = f.dump;
+    r.verbose = f.verbose;
+    rc |= RunRealistic(r);
+  }
   return rc;
 }
 

@@ -644,29 +644,47 @@ absl::Status ComputeRowStates(const Context& ctx, int64_t b, RowStates* rs) {
   return absl::OkStatus();
 }
 
-std::vector<double> RowValueMax(const Context& ctx, int64_t b) {
+ValueStats RowValueStats(const Context& ctx, int64_t b) {
   const PreparedAttention& p = *ctx.p;
   const SnapshotDims& d = ctx.d;
-  std::vector<double> vmax(static_cast<size_t>(d.kv_heads), 0.0);
+  const int64_t D = d.head_dim;
+  ValueStats vs;
+  vs.max.assign(static_cast<size_t>(d.kv_heads), 0.0);
+  vs.mean.assign(static_cast<size_t>(d.kv_heads * D), 0.0);
+  vs.var.assign(static_cast<size_t>(d.kv_heads), 0.0);
+  std::vector<double> sq(vs.mean.size(), 0.0);
   const int64_t L = ctx.in->layout->seq_lens[b];
+  std::vector<float> values(static_cast<size_t>(D));
   for (int64_t j = 0; j * d.page_size < L; ++j) {
     const int64_t page = ctx.in->layout->block_pages[b][j];
     const int64_t n = std::min(d.page_size, L - j * d.page_size);
     const void* base;
     int64_t row, head;
     PageAddress(d, p.v_layout, p.v_data, p.v_dtype, page, &base, &row, &head);
-    std::vector<float> values(static_cast<size_t>(d.head_dim));
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t g = 0; g < d.kv_heads; ++g) {
         ConvertToFloat(static_cast<const char*>(base) +
                            (t * row + g * head) * DTypeSize(p.v_dtype),
-                       p.v_dtype, d.head_dim, values.data());
-        for (float v : values)
-          vmax[g] = std::max(vmax[g], double{std::fabs(v)});
+                       p.v_dtype, D, values.data());
+        for (int64_t i = 0; i < D; ++i) {
+          const double v = values[i];
+          vs.max[g] = std::max(vs.max[g], std::fabs(v));
+          vs.mean[g * D + i] += v;
+          sq[g * D + i] += v * v;
+        }
       }
     }
   }
-  return vmax;
+  const double count = static_cast<double>(std::max<int64_t>(L, 1));
+  for (int64_t g = 0; g < d.kv_heads; ++g) {
+    for (int64_t i = 0; i < D; ++i) {
+      double& m = vs.mean[g * D + i];
+      m /= count;
+      vs.var[g] += std::max(0.0, sq[g * D + i] / count - m * m);
+    }
+    vs.var[g] /= static_cast<double>(D);
+  }
+  return vs;
 }
 
 namespace {

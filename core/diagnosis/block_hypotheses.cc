@@ -1,6 +1,6 @@
 // Page hypotheses from one row's per-unit R states: a dropped block
-// (leave one block out), a stale page (left out, its mass kept at the
-// engine's LSE), a duplicated page (one block's state replaced by another
+// (leave one block out), a stale page (located by the stale fit,
+// stale_fit.cc), a duplicated page (one block's state replaced by another
 // page read in its place) and two swapped pages. Only merges of states per
 // candidate; the states themselves are computed once per row (the pages
 // read in another block's place, when that block is not fully visible,
@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/common/parallel.h"
 #include "core/common/status_macros.h"
@@ -28,143 +29,25 @@ constexpr int kTopBlocks = 8;      // blocks tried as dropped/stale/duplicated
 constexpr int kSwapPartners = 16;  // partners tried for a swap
 // Up to this many (partial block, partner) pairs, all are tried.
 constexpr int64_t kExhaustiveSwaps = 512;
-// A stale page adds mass the dropped block does not: its lse excess must
-// stand out of the LSE noise by this many units on average.
-constexpr double kStaleMassUnits = 3.0;
-constexpr double kStaleScore = 0.9;
-// A stale page held other tokens' values (an earlier sequence's): allowed
-// up to this many times the row's largest |V| (ConsistentStale).
-constexpr double kStaleValueRange = 2.0;
-// Without the engine's LSE: the share of the drift that leaving the stale
-// block out must remove, and how many times more than any other block's
-// removal (SeparatedBlock).
-constexpr double kSeparatedShare = 0.25;
-constexpr double kSeparation = 3.0;
+// The blocks the stale fit ranks best join the candidates.
+constexpr int kFitBlocks = 4;
 
-// Per cell (s, h): the state of every block, and prefix / suffix merges.
-class CellBlocks {
- public:
-  CellBlocks(const Context& ctx, const RowStates& rs)
-      : ctx_(ctx), rs_(rs), nb_(static_cast<int64_t>(rs.pages.size())) {
-    const int64_t D = ctx.d.head_dim;
-    blocks_.assign(static_cast<size_t>(nb_), Acc(D));
-    prefix_.assign(static_cast<size_t>(nb_ + 1), Acc(D));
-    suffix_.assign(static_cast<size_t>(nb_ + 1), Acc(D));
-  }
-
-  void Load(int64_t s, int64_t h) {
-    const UnitStates& st = rs_.states;
-    const int64_t D = ctx_.d.head_dim;
-    for (int64_t j = 0; j < nb_; ++j) {
-      Acc& a = blocks_[j];
-      a.Clear();
-      for (int32_t u = rs_.block_begin[j]; u < rs_.block_begin[j + 1]; ++u) {
-        const int64_t i = st.Index(rs_.b, u, s, h);
-        a.Add(&st.r_out[i * D], st.r_lse[i]);
-      }
-    }
-    prefix_[0].Clear();
-    for (int64_t j = 0; j < nb_; ++j) {
-      prefix_[j + 1] = prefix_[j];
-      prefix_[j + 1].Merge(blocks_[j]);
-    }
-    suffix_[nb_].Clear();
-    for (int64_t j = nb_ - 1; j >= 0; --j) {
-      suffix_[j] = suffix_[j + 1];
-      suffix_[j].Merge(blocks_[j]);
-    }
-  }
-
-  // Every block but j.
-  Acc Without(int64_t j) const {
-    Acc a = prefix_[j];
-    a.Merge(suffix_[j + 1]);
-    return a;
-  }
-  const Acc& Block(int64_t j) const { return blocks_[j]; }
-  int64_t blocks() const { return nb_; }
-
- private:
-  const Context& ctx_;
-  const RowStates& rs_;
-  int64_t nb_;
-  std::vector<Acc> blocks_, prefix_, suffix_;
-};
-
-// The final (out, lse) of a key-only state for query head h.
-void Final(const Context& ctx, const Acc& a, int64_t h, double* out,
-           double* lse) {
-  *lse = a.Lse();
-  a.Out(out, 1.0);
-  FinishState(ctx, nullptr, h, out, lse);
-}
-
-// The engine's key-only LSE of cell c (its declared LSE less the sink).
-double EngineKeysLse(const Context& ctx, const Row& row, int64_t c) {
-  const double e = row.e_lse[c];
-  const PreparedAttention& p = *ctx.p;
-  if (!p.lse_includes_sinks || p.sinks.empty()) return e;
-  const double sink = p.sinks[c % ctx.d.q_heads];
-  return sink < e ? e + std::log(-std::expm1(sink - e))
-                  : -std::numeric_limits<double>::infinity();
-}
-
-// Whether E of cell c is the rest merged with one valid attention state:
-// the engine's key LSE exceeds the rest's, and the state's values, solved
-// from E, stay within kStaleValueRange * vmax (up to E's noise).
-bool ConsistentStale(const Context& ctx, const Row& row, const Acc& rest,
-                     double vmax, int64_t c, double* share_out) {
-  const PreparedAttention& p = *ctx.p;
-  const int64_t D = ctx.d.head_dim, h = c % ctx.d.q_heads;
-  const double ek = EngineKeysLse(ctx, row, c);
-  const double rl = rest.Lse();
-  if (!(ek > rl + 3.0 * ctx.lse_unit)) return false;
-  const double share = -std::expm1(rl - ek);  // the state's share of E
-  *share_out = share;
-  double keep = 1.0;
-  if (!p.sinks.empty()) keep = 1.0 / (1.0 + std::exp(p.sinks[h] - ek));
-  const double vs = p.v_scale[h / ctx.d.group()] * keep;
-  for (int64_t i = 0; i < D; ++i) {
-    const int64_t k = c * D + i;
-    const double e = row.e_out[k] / vs;
-    const double r = rest.l > 0 ? rest.acc[i] / rest.l : 0.0;
-    const double x = (e - (1.0 - share) * r) / share;
-    if (std::fabs(x) >
-        kStaleValueRange * vmax + 4.0 * row.unit[k] / (vs * share)) {
-      return false;
-    }
-  }
-  return true;
-}
-
-// Pass 1: per block, the energy left after leaving it out, and the LSE
-// excess of the engine over the rest (a stale page's extra mass).
+// Pass 1: per block, the energy left after leaving it out.
 struct LeaveOneOut {
   // Per block: what is left of out's and the LSE's energy, and the
   // candidate order's key (both, each relative to its total before).
-  std::vector<double> out, lse, energy, mass_units;
+  std::vector<double> out, lse, energy;
   double out_total = 0, lse_total = 0;  // energy when nothing is left out
-  // Per block: drifting cells that are E with some valid state in its
-  // place (ConsistentStale), and the mean share that state needs.
-  std::vector<double> consistent, share;
-  // Per block: out's energy left by the stale model (the block left out,
-  // its mass kept at the engine's LSE with values of zero).
-  std::vector<double> stale_out;
-  int64_t drifting = 0;
-  double drifting_before = 0;  // every cell's energy against R (stale case)
 };
 
 // The leave-one-out sums of cells [c0, c1) into *loo (sized by the
 // caller), with its own block states.
 void ScanCells(const Context& ctx, const Row& row, const RowStates& rs,
-               const std::vector<double>& vmax, int64_t c0, int64_t c1,
-               LeaveOneOut* loo) {
+               int64_t c0, int64_t c1, LeaveOneOut* loo) {
   CellBlocks cb(ctx, rs);
   const int64_t nb = cb.blocks(), D = ctx.d.head_dim;
-  const bool stale_possible =
-      row.has_out && row.has_lse && row.lse_drift >= kStaleMassUnits;
-  std::vector<double> out(static_cast<size_t>(D)), zero(out.size(), 0.0);
-  Acc rest(D), with(D);
+  std::vector<double> out(static_cast<size_t>(D));
+  Acc rest(D);
   for (int64_t c = c0; c < c1; ++c) {
     const int64_t s = c / ctx.d.q_heads, h = c % ctx.d.q_heads;
     cb.Load(s, h);
@@ -172,58 +55,33 @@ void ScanCells(const Context& ctx, const Row& row, const RowStates& rs,
         row.has_lse ? std::pow(row.before_lse[c] / ctx.lse_unit, 2) : 0.0;
     loo->lse_total += lse_z2;
     loo->out_total += row.before[c] - lse_z2;
-    const bool drifting =
-        stale_possible && row.before[c] > 4.0 * ctx.clean_cell;
-    loo->drifting += drifting;
-    loo->drifting_before += stale_possible ? row.before[c] : 0.0;
     for (int64_t j = 0; j < nb; ++j) {
       rest = cb.Without(j);
-      double share = 0, lse = 0;
-      if (drifting &&
-          ConsistentStale(ctx, row, rest, vmax[h / ctx.d.group()], c, &share)) {
-        loo->consistent[j] += 1.0;
-        loo->share[j] += share;
-      }
-      if (stale_possible) {
-        // The stale model in every cell, drifting or not: the block left
-        // out, its mass kept at the engine's LSE with values of zero (a
-        // heavy block that drifts nowhere is no stale page).
-        with = rest;
-        const double ek = EngineKeysLse(ctx, row, c), rl = rest.Lse();
-        if (ek > rl) with.Add(zero.data(), ek + std::log(-std::expm1(rl - ek)));
-        Final(ctx, with, h, out.data(), &lse);
-        loo->stale_out[j] += CellEnergy(ctx, row, out.data(), lse, c);
-      }
+      double lse = 0;
       Final(ctx, rest, h, out.data(), &lse);
+      // The LSE's part in the unit CellEnergy used (scaled with a large
+      // LSE): out's part is what is left, never negative.
       const double e = CellEnergy(ctx, row, out.data(), lse, c);
-      if (row.has_lse) {
-        const double z = Diff(row.e_lse[c], lse) / ctx.lse_unit;
-        loo->lse[j] += z * z;
-        loo->out[j] += e - z * z;
-        loo->mass_units[j] +=
-            (EngineKeysLse(ctx, row, c) - rest.Lse()) / ctx.lse_unit;
-      } else {
-        loo->out[j] += e;
-      }
+      const double lz2 = LseZ2(ctx, row, lse, c);
+      loo->lse[j] += lz2;
+      loo->out[j] += e - lz2;
     }
   }
 }
 
 LeaveOneOut ScanLeaveOneOut(const Context& ctx, const Row& row,
-                            const RowStates& rs,
-                            const std::vector<double>& vmax) {
+                            const RowStates& rs) {
   const int64_t nb = static_cast<int64_t>(rs.pages.size());
   const int64_t cells = ctx.Cells();
   const int64_t chunks = std::min<int64_t>(cells, ctx.opt->threads);
   std::vector<LeaveOneOut> part(static_cast<size_t>(chunks));
   for (LeaveOneOut& l : part) {
-    for (auto* v : {&l.out, &l.lse, &l.energy, &l.mass_units, &l.consistent,
-                    &l.share, &l.stale_out}) {
+    for (auto* v : {&l.out, &l.lse, &l.energy}) {
       v->assign(static_cast<size_t>(nb), 0.0);
     }
   }
   ParallelFor(chunks, ctx.opt->threads, [&](int64_t k) {
-    ScanCells(ctx, row, rs, vmax, cells * k / chunks, cells * (k + 1) / chunks,
+    ScanCells(ctx, row, rs, cells * k / chunks, cells * (k + 1) / chunks,
               &part[k]);
   });
   LeaveOneOut loo = std::move(part[0]);
@@ -231,67 +89,20 @@ LeaveOneOut ScanLeaveOneOut(const Context& ctx, const Row& row,
     for (int64_t j = 0; j < nb; ++j) {
       loo.out[j] += part[k].out[j];
       loo.lse[j] += part[k].lse[j];
-      loo.mass_units[j] += part[k].mass_units[j];
-      loo.consistent[j] += part[k].consistent[j];
-      loo.share[j] += part[k].share[j];
-      loo.stale_out[j] += part[k].stale_out[j];
     }
     loo.out_total += part[k].out_total;
     loo.lse_total += part[k].lse_total;
-    loo.drifting += part[k].drifting;
-    loo.drifting_before += part[k].drifting_before;
   }
   for (int64_t j = 0; j < nb; ++j) {
     loo.energy[j] =
         loo.out[j] / std::max(loo.out_total, 1e-300) +
         (row.has_lse ? loo.lse[j] / std::max(loo.lse_total, 1e-300) : 0.0);
-    loo.mass_units[j] /= static_cast<double>(cells);
-    if (loo.consistent[j] > 0) loo.share[j] /= loo.consistent[j];
   }
   // Leaving nothing out scores 1 per quantity (the swap partners' change
   // is measured from it).
   loo.out_total = 1.0;
   loo.lse_total = row.has_lse ? 1.0 : 0.0;
   return loo;
-}
-
-// Without the engine's LSE a stale page's extra mass is invisible: the
-// block whose removal alone takes away a good part of the drift (at least
-// kSeparatedShare), while no other block's removal takes a third as much,
-// is where E's content differs. -1: no block stands out.
-int64_t SeparatedBlock(const LeaveOneOut& loo) {
-  const int64_t nb = static_cast<int64_t>(loo.energy.size());
-  int64_t best = -1;
-  for (int64_t j = 0; j < nb; ++j) {
-    if (best < 0 || loo.energy[j] < loo.energy[best]) best = j;
-  }
-  if (best < 0) return -1;
-  const double removed = 1.0 - loo.energy[best];
-  if (!(removed >= kSeparatedShare)) return -1;
-  for (int64_t j = 0; j < nb; ++j) {
-    if (j != best && 1.0 - loo.energy[j] > removed / kSeparation) return -1;
-  }
-  return best;
-}
-
-// The block a stale page most likely is: of the blocks where every
-// drifting cell is E with some valid state in the block's place and the
-// stale model removes at least half of the drift, the one it leaves least
-// drift with. -1: none is.
-int64_t StaleBlock(const LeaveOneOut& loo, bool has_lse) {
-  if (!has_lse) return SeparatedBlock(loo);
-  int64_t best = -1;
-  for (int64_t j = 0; j < static_cast<int64_t>(loo.consistent.size()); ++j) {
-    // Every drifting cell consistent, and the model removing at least half
-    // of their drift.
-    if (loo.drifting == 0 ||
-        loo.consistent[j] < static_cast<double>(loo.drifting) ||
-        !(loo.stale_out[j] < 0.5 * loo.drifting_before)) {
-      continue;
-    }
-    if (best < 0 || loo.stale_out[j] < loo.stale_out[best]) best = j;
-  }
-  return best;
 }
 
 std::vector<int64_t> TopBlocks(const std::vector<double>& energy, int n,
@@ -367,7 +178,15 @@ struct Trial {
         bias(bias),
         subs(std::move(subs)),
         stale(stale),
-        scorer(std::move(scorer)) {}
+        scorer(scorer),
+        kept(std::move(scorer)) {}
+
+  // A page read in block j's place: whether j is where it was read, or
+  // only that the page was read once more (below, `kept`).
+  bool Replaces() const {
+    return subs.size() == 1 &&
+           (hypothesis == kDuplicatePage || hypothesis == kForeignPage);
+  }
 
   const char* hypothesis;
   int64_t j, other;
@@ -375,6 +194,10 @@ struct Trial {
   std::vector<const Substitute*> subs;  // merged after the rest
   bool stale = false;
   Scorer scorer;
+  // Replaces(): the page read in addition, block j's own content kept. When
+  // that explains E as well, block j's content takes no weight and any such
+  // block would do: the place is not known.
+  Scorer kept;
   std::string detail;
   int64_t foreign_page = -1;  // a page of another row read as block j
   // Stage one: out's and the LSE's energy left, summed over the cells.
@@ -436,14 +259,18 @@ void ScoreTrialCells(const Context& ctx, const Row& row, CellBlocks& cb,
       TrialCell(ctx, row, cb, t, without, c, &a, zero, out.data(), &lse);
       if (finalists) {
         t.scorer.AddCell(row, c, out.data(), lse);
+        if (t.Replaces()) {
+          a = cb.All();
+          AddSubstitute(cb, *t.subs[0], c, ctx.d.head_dim, &a);
+          Final(ctx, a, h, out.data(), &lse);
+          t.kept.AddCell(row, c, out.data(), lse);
+        }
         continue;
       }
+      // In CellEnergy's LSE unit (scaled with a large LSE), so that out's
+      // part, e - lz2, is never negative.
       const double e = CellEnergy(ctx, row, out.data(), lse, c);
-      double lz2 = 0;
-      if (row.has_lse) {
-        const double z = Diff(row.e_lse[c], lse) / ctx.lse_unit;
-        lz2 = std::isfinite(z) ? z * z : 1e30;
-      }
+      const double lz2 = LseZ2(ctx, row, lse, c);
       left[2 * i] += e - lz2;
       left[2 * i + 1] += lz2;
     }
@@ -509,18 +336,22 @@ struct TrialPlan {
   std::vector<int64_t> top;       // dropped / stale / duplicated candidates
   std::vector<int64_t> partial;   // not fully visible: one side of a swap
   std::vector<int64_t> partners;  // the other side
-  int64_t stale_block = -1;       // StaleBlock
+  int64_t stale_block = -1;       // the stale fit's best block
 };
 
 TrialPlan PlanTrials(const RowStates& rs, const LeaveOneOut& loo,
-                     bool has_lse) {
+                     const StaleFit& fit) {
   TrialPlan plan;
   const int64_t nb = static_cast<int64_t>(rs.pages.size());
   plan.top = TopBlocks(loo.energy, kTopBlocks, -1);
-  plan.stale_block = StaleBlock(loo, has_lse);
-  if (plan.stale_block >= 0 && std::find(plan.top.begin(), plan.top.end(),
-                                         plan.stale_block) == plan.top.end()) {
-    plan.top.push_back(plan.stale_block);
+  // The blocks the stale fit ranks best are where E's content differs.
+  std::vector<int64_t> fitted;
+  if (!fit.cost.empty()) fitted = TopBlocks(fit.cost, kFitBlocks, -1);
+  if (fit.Structured()) plan.stale_block = fit.best;
+  for (int64_t j : fitted) {
+    if (std::find(plan.top.begin(), plan.top.end(), j) == plan.top.end()) {
+      plan.top.push_back(j);
+    }
   }
   for (int64_t j = 0; j < nb; ++j) {
     if (!rs.full[j]) plan.partial.push_back(j);
@@ -650,13 +481,10 @@ absl::Status BuildTrials(const Context& ctx, const Row& row,
     return absl::OkStatus();
   };
   for (int64_t j : plan.top) {
-    // The engine's LSE tells the two apart: a dropped block leaves no mass
-    // in its place, a stale page leaves its content's.
-    const bool extra_mass = loo.mass_units[j] >= kStaleMassUnits;
-    if (!row.has_lse || !extra_mass) {
-      trials->push_back({kDropBlock, j, -1, 0, {}, false, Scorer(ctx)});
-    }
-    if (!row.has_lse || extra_mass) {
+    trials->push_back({kDropBlock, j, -1, 0, {}, false, Scorer(ctx)});
+    // The stale page is the block the fit names; its trial gives the
+    // evidence (the block left out, its mass kept at the engine's LSE).
+    if (j == plan.stale_block) {
       trials->push_back({kStalePage, j, -1, 2, {}, true, Scorer(ctx)});
     }
     for (int64_t i = 0; i < nb && !ctx.TimeUp() && !ctx.Cancelled(); ++i) {
@@ -686,42 +514,67 @@ absl::Status BuildTrials(const Context& ctx, const Row& row,
   return SeqLenTrials(ctx, rs, subs, trials);
 }
 
+// Whether the engine's partials allow trial t: the ranks of the blocks it
+// changes (both of a swap) cover every drifting rank.
+bool AllowedByRanks(const Context& ctx, const RowStates& rs,
+                    const RankEvidence& ranks, const Trial& t) {
+  if (!ranks.known) return true;
+  std::vector<int64_t> blocks{t.j};
+  if (t.hypothesis == kSwappedPages) blocks.push_back(t.other);
+  return AgreesWithRanks(ranks, RanksOf(ctx, rs, blocks));
+}
+
+// A page read in a block's place whose reading alone, the block's own
+// content kept, explains E as well: the block's content takes no weight,
+// and the page could have been read in any such block's place.
+void NotPlacedIfKept(const Trial& t, Candidate* c) {
+  const Evaluation kept = t.kept.Finish();
+  if (!kept.explains &&
+      !(kept.excess_after <= 1.1 * c->eval.excess_after + 1e-300)) {
+    return;
+  }
+  c->eval.explains = false;
+  c->detail = absl::StrCat(
+      c->detail.empty() ? "" : c->detail + "; ",
+      "the block's own content takes no weight: any such block fits as well");
+}
+
 // The finalists as candidates: the best per hypothesis and block
 // (duplicates: per block, the best source page).
 void CollectCandidates(const Context& ctx, const Row& row, const RowStates& rs,
-                       const std::vector<Trial>& trials, int64_t stale_block,
+                       const std::vector<Trial>& trials, const StaleFit& fit,
+                       int64_t stale_block, const RankEvidence& ranks,
                        std::vector<Candidate>* out) {
   std::vector<Candidate> best;
   for (const Trial& t : trials) {
-    if (!t.finalist) continue;
+    if (!t.finalist || !AllowedByRanks(ctx, rs, ranks, t)) continue;
     Candidate c =
         BlockCandidate(ctx, rs, t.hypothesis, t.j,
                        t.subs.empty() ? -1 : t.other, t.scorer, t.bias);
     c.detail = t.detail;
     if (t.foreign_page >= 0)
       c.location.other_page = EnginePageId(ctx, t.foreign_page);
-    // Without the engine's LSE a dropped block and a stale page differ only
-    // in how well leaving the block out explains out: at the located block
-    // the drop stands only when it explains.
-    if (!row.has_lse && t.hypothesis == kDropBlock && t.j == stale_block &&
-        !c.eval.explains) {
+    // At the located block a dropped block and a stale page differ only in
+    // the content left in its place: the drop stands only when it explains.
+    if (t.hypothesis == kDropBlock && t.j == stale_block && !c.eval.explains) {
       continue;
     }
     // A substitution names the content read in the block's place: unless it
     // reproduces the engine, the page only resembles what was read (a
     // stale page, whose content is unknown, is the better account).
     if (!t.subs.empty() && !c.eval.within_tolerance) c.eval.score *= 0.5;
-    // A stale page's content is unknown: the located block (StaleBlock)
-    // scores at least kStaleScore -- a located, not a reconstructed,
-    // account.
-    // Located: with the engine's LSE, some valid content in that block's
-    // place gives E in every drifting cell, which accounts for the drift;
-    // without it, the block is where E's content differs, its content
-    // unchecked (docs/DIAGNOSIS.md, "Pages").
-    if (t.stale && t.j == stale_block) {
-      c.eval.score = std::max(c.eval.score, kStaleScore);
-      c.eval.explains = row.has_lse;
-      c.located = true;
+    // Unless the stale fit identified the block: then the block's own
+    // content is measurably missing from E (replacing any other block, a
+    // light one's replacement reading as an addition, fits worse).
+    const bool placed = fit.identified && t.j == fit.best;
+    if (t.Replaces() && c.eval.explains && !placed) NotPlacedIfKept(t, &c);
+    // A stale page's content is unknown: it is located by the fit, not
+    // reconstructed (docs/DIAGNOSIS.md, "Pages").
+    if (t.stale) {
+      LocateStaleFit(
+          fit,
+          absl::StrFormat("logical block %d of row %d", fit.runner_up, row.b),
+          &c);
     }
     bool replaced = false;
     for (Candidate& b : best) {
@@ -739,13 +592,21 @@ void CollectCandidates(const Context& ctx, const Row& row, const RowStates& rs,
 }  // namespace
 
 absl::Status BlockHypotheses(const Context& ctx, const Row& row,
-                             const RowStates& rs, std::vector<Candidate>* out) {
+                             const RowStates& rs, const RankEvidence& ranks,
+                             std::vector<Candidate>* out) {
   const int64_t nb = static_cast<int64_t>(rs.pages.size());
   if (nb < 1) return absl::OkStatus();
-  const std::vector<double> vmax = RowValueMax(ctx, row.b);
-  const LeaveOneOut loo = ScanLeaveOneOut(ctx, row, rs, vmax);
-  ctx.evaluated += nb;
-  const TrialPlan plan = PlanTrials(rs, loo, row.has_lse);
+  const LeaveOneOut loo = ScanLeaveOneOut(ctx, row, rs);
+  // With the engine's partials, a block whose ranks do not cover every
+  // drifting rank cannot be the stale one.
+  std::vector<uint8_t> allowed(static_cast<size_t>(nb), 1);
+  for (int64_t j = 0; j < nb && ranks.known; ++j) {
+    allowed[j] = AgreesWithRanks(ranks, RanksOf(ctx, rs, {j}));
+  }
+  const StaleFit fit = FitStalePages(ctx, row, rs, RowValueStats(ctx, row.b),
+                                     nullptr, ranks.known ? &allowed : nullptr);
+  ctx.evaluated += 2 * nb;
+  const TrialPlan plan = PlanTrials(rs, loo, fit);
   std::deque<Substitute> subs;
   std::vector<Trial> trials;
   ATTNAUDIT_RETURN_IF_ERROR(
@@ -754,7 +615,7 @@ absl::Status BlockHypotheses(const Context& ctx, const Row& row,
   PickFinalists(ctx, row, &trials);
   ScoreTrials(ctx, row, rs, true, &trials);
   ctx.evaluated += static_cast<int64_t>(trials.size());
-  CollectCandidates(ctx, row, rs, trials, plan.stale_block, out);
+  CollectCandidates(ctx, row, rs, trials, fit, plan.stale_block, ranks, out);
   return absl::OkStatus();
 }
 

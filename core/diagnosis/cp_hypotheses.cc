@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -171,25 +173,6 @@ void RankPartials(const Context& ctx, const std::vector<Acc>& ranks, int64_t g,
   }
 }
 
-// A combine in bf16 moves E by a few of its roundings at most: on a row
-// that does not drift (a DRIFT from a rank's partial or the log-probs
-// alone) its recomputation, as near R as E is, would "remove" noise.
-// The row must drift: a cell beyond the tolerance, or out's noise above
-// twice a correct engine's.
-bool RowDrifts(const Context& ctx, const Row& row) {
-  double z2 = 0;
-  for (int64_t c = 0; c < ctx.Cells(); ++c) {
-    if ((row.has_out && !(row.before_max[c] <= ctx.tol.out_abs)) ||
-        (row.has_lse && !(row.before_lse[c] <= ctx.tol.lse_abs))) {
-      return true;
-    }
-    if (row.has_out) z2 += row.before_z2[c];
-  }
-  return row.has_out &&
-         z2 > 2.0 * ctx.noise.mean_square *
-                  static_cast<double>(ctx.Cells() * ctx.d.head_dim);
-}
-
 Candidate CpCandidate(const char* hypothesis, std::string detail,
                       Scorer* scorer, int64_t row, int32_t cp_rank,
                       int rank_bias) {
@@ -205,10 +188,137 @@ Candidate CpCandidate(const char* hypothesis, std::string detail,
   return c;
 }
 
+// Whether the engine's partials allow a CP hypothesis: a fault of the
+// combine (a partial left out or doubled, a bf16 combine) leaves every
+// rank's partial right; rank r's LSE in the other base makes r, and only
+// r, drift. True without the partials.
+bool AllowedByRanks(const RankEvidence& ranks, const char* hypothesis,
+                    int32_t rank) {
+  if (!ranks.known) return true;
+  if (std::string_view(hypothesis) != kCpLseBase) return !ranks.Any();
+  for (size_t k = 0; k < ranks.drifts.size(); ++k) {
+    if (ranks.drifts[k] != (static_cast<int32_t>(k) == rank)) return false;
+  }
+  return true;
+}
+
+// Rank r's local pages of the row: its units in order, cut every
+// page_size tokens (a unit goes with its first token). Under token
+// interleaving a local page spans several of the engine's pages.
+std::vector<std::vector<int32_t>> LocalPages(const Context& ctx,
+                                             const RowStates& rs, int32_t r) {
+  std::vector<std::vector<int32_t>> pages;
+  int64_t tokens = 0;
+  for (size_t u = 0; u < rs.units.size(); ++u) {
+    if (rs.units[u].rank != r) continue;
+    const size_t k = static_cast<size_t>(tokens / ctx.d.page_size);
+    while (pages.size() <= k) pages.emplace_back();
+    pages[k].push_back(static_cast<int32_t>(u));
+    tokens += rs.units[u].count;
+  }
+  pages.erase(std::remove_if(pages.begin(), pages.end(),
+                             [](const auto& p) { return p.empty(); }),
+              pages.end());
+  return pages;
+}
+
+// Whether some logical block of the row holds units of two ranks (token
+// interleaving finer than a page): only then is a rank's local page not
+// one of the engine's pages.
+bool PagesSpanRanks(const RowStates& rs) {
+  for (size_t u = 1; u < rs.units.size(); ++u) {
+    if (rs.units[u].block == rs.units[u - 1].block &&
+        rs.units[u].rank != rs.units[u - 1].rank) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The located stale local page's evidence: the group left out, its mass
+// kept at the engine's LSE (values of zero, their expectation).
+Evaluation StaleGroupEvaluation(const Context& ctx, const Row& row,
+                                const RowStates& rs,
+                                const std::vector<std::vector<int32_t>>& groups,
+                                int64_t g) {
+  const int64_t D = ctx.d.head_dim;
+  CellBlocks cb(ctx, rs, groups);
+  Scorer scorer(ctx);
+  std::vector<double> o(static_cast<size_t>(D)), zero(o.size(), 0.0);
+  for (int64_t c = 0; c < ctx.Cells(); ++c) {
+    const int64_t s = c / ctx.d.q_heads, h = c % ctx.d.q_heads;
+    cb.Load(s, h);
+    Acc a = cb.Without(g);
+    if (row.has_lse) {
+      const double ek = EngineKeysLse(ctx, row, c), rest = a.Lse();
+      if (ek > rest) a.Add(zero.data(), ek + std::log(-std::expm1(rest - ek)));
+    }
+    double lse = 0;
+    Final(ctx, a, h, o.data(), &lse);
+    scorer.AddCell(row, c, o.data(), lse);
+  }
+  return scorer.Finish();
+}
+
+// One local page of one rank read stale (its keys spread over several of
+// the engine's pages): the stale fit over every rank's local pages, the
+// ranks the partials rule out excluded.
+void RankPageHypothesis(const Context& ctx, const Row& row, const RowStates& rs,
+                        const RankEvidence& ranks,
+                        std::vector<Candidate>* out) {
+  const int64_t world = ctx.in->snapshot->cp.world_size;
+  if (!PagesSpanRanks(rs)) return;
+  std::vector<std::vector<int32_t>> groups;
+  std::vector<int32_t> group_rank;
+  std::vector<int64_t> local_index;
+  for (int32_t r = 0; r < world; ++r) {
+    const std::vector<std::vector<int32_t>> pages = LocalPages(ctx, rs, r);
+    for (size_t k = 0; k < pages.size(); ++k) {
+      groups.push_back(pages[k]);
+      group_rank.push_back(r);
+      local_index.push_back(static_cast<int64_t>(k));
+    }
+  }
+  std::vector<uint8_t> allowed(groups.size(), 1);
+  for (size_t g = 0; g < groups.size() && ranks.known; ++g) {
+    std::vector<uint8_t> one(static_cast<size_t>(world), 0);
+    one[group_rank[g]] = 1;
+    allowed[g] = AgreesWithRanks(ranks, one);
+  }
+  const StaleFit fit =
+      FitStalePages(ctx, row, rs, RowValueStats(ctx, row.b), &groups, &allowed);
+  ctx.evaluated += static_cast<int64_t>(groups.size());
+  if (!fit.Structured()) return;
+  const std::vector<int32_t>& units = groups[fit.best];
+  Candidate c;
+  c.hypothesis = kStalePage;
+  c.eval = StaleGroupEvaluation(ctx, row, rs, groups, fit.best);
+  const int64_t first = rs.units[units.front()].block;
+  const int64_t last = rs.units[units.back()].block;
+  c.location.row = rs.b;
+  c.location.heads = c.eval.heads;
+  c.location.logical_block = first;
+  c.location.page = EnginePageId(ctx, rs.pages[first]);
+  c.location.cp_rank = group_rank[fit.best];
+  c.detail = absl::StrFormat(
+      "local page %d of rank %d's shard (its keys in logical blocks %d to "
+      "%d)",
+      local_index[fit.best], group_rank[fit.best], first, last);
+  c.rank_bias = 2;
+  const std::string other = fit.runner_up < 0
+                                ? ""
+                                : absl::StrFormat("local page %d of rank %d",
+                                                  local_index[fit.runner_up],
+                                                  group_rank[fit.runner_up]);
+  LocateStaleFit(fit, other, &c);
+  out->push_back(std::move(c));
+}
+
 }  // namespace
 
 absl::Status CpHypotheses(const Context& ctx, const Row& row,
-                          const RowStates& rs, std::vector<Candidate>* out) {
+                          const RowStates& rs, const RankEvidence& evidence,
+                          std::vector<Candidate>* out) {
   const int64_t world = ctx.in->snapshot->cp.world_size;
   if (world <= 1) return absl::OkStatus();
   const int64_t D = ctx.d.head_dim;
@@ -249,10 +359,14 @@ absl::Status CpHypotheses(const Context& ctx, const Row& row,
   }
   ctx.evaluated += static_cast<int64_t>(trials.size() + bf16_scorers.size());
   for (CpTrial& t : trials) {
+    if (!AllowedByRanks(evidence, Name(t.kind), t.rank)) continue;
     out->push_back(CpCandidate(Name(t.kind), Detail(t.kind, t.rank), &t.scorer,
                                rs.b, t.rank, /*rank_bias=*/1));
   }
-  if (!RowDrifts(ctx, row)) return absl::OkStatus();
+  RankPageHypothesis(ctx, row, rs, evidence, out);
+  if (!RowDrifts(ctx, row) || !AllowedByRanks(evidence, kCpBf16Combine, -1)) {
+    return absl::OkStatus();
+  }
   for (size_t v = 0; v < bf16_scorers.size(); ++v) {
     out->push_back(CpCandidate(kCpBf16Combine, kBf16Variants[v].detail,
                                &bf16_scorers[v], rs.b, /*cp_rank=*/-1,

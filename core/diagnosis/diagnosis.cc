@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -26,6 +27,8 @@ constexpr double kExplainedFloor = 0.5;
 // A recomputed hypothesis removing this share of the drift outranks a
 // located one (Candidate::located), explained or not.
 constexpr double kNearlyAll = 0.98;
+// Two hypotheses whose scores differ by at most this fit E equally.
+constexpr double kEqualFit = 0.01;
 
 absl::Status CheckInputs(const DiagnosisInputs& in) {
   if (in.snapshot == nullptr || in.layout == nullptr ||
@@ -70,6 +73,7 @@ Context MakeContext(const DiagnosisInputs& in, const DiagnosisOptions& opt) {
   // An eighth of the worst-case LSE tolerance: a correct engine's LSE
   // noise is far below it (docs/DIAGNOSIS.md, "Scores").
   ctx.lse_unit = std::max(ctx.tol.lse_abs / 8.0, 1e-30);
+  ctx.lse_magnitude = ti.max_abs_lse_reference;
   ctx.clean_cell =
       ctx.noise.mean_square + (in.engine_lse->empty() ? 0.0 : 1.0 / 16.0);
   return ctx;
@@ -184,14 +188,18 @@ std::string Summarize(const Context& ctx, const Candidate& c) {
   if (h == kStalePage) {
     // Its content is unknown: the evidence is what is left without it.
     const bool agree = c.eval.after.out_rms_noise <= 2.0;
+    const std::string where = absl::StrFormat(
+        "page %d (logical block %d of row %d%s)", l.page, l.logical_block,
+        l.row, l.cp_rank >= 0 ? absl::StrCat(", CP rank ", l.cp_rank) : "");
+    if (!c.eval.explains) {
+      return absl::StrCat("a stale page, perhaps ", where, ": ", c.detail);
+    }
     return absl::StrFormat(
-        "page %d (logical block %d of row %d%s) holds stale data: %s (%s)",
-        l.page, l.logical_block, l.row,
-        l.cp_rank >= 0 ? absl::StrCat(", CP rank ", l.cp_rank) : "",
+        "%s holds stale data: %s (%s)", where,
         agree ? "without it, engine and reference agree to about an output "
                 "ulp"
-              : "the drift is what another state in its place gives, and "
-                "no other block fits as well",
+              : "the drift is what content of unknown values in its place "
+                "gives, and no other block fits as well",
         Drift(c.eval));
   }
   if (h == kDropBlock) {
@@ -206,7 +214,7 @@ std::string Summarize(const Context& ctx, const Candidate& c) {
                         "block %d's) instead of its own page %d",
                         l.logical_block, l.row, l.other_page,
                         l.other_logical_block, l.page),
-        Tail(c));
+        c.detail.empty() ? "" : absl::StrCat(" (", c.detail, ")"), Tail(c));
   }
   if (h == kSwappedPages) {
     return absl::StrCat(
@@ -242,7 +250,11 @@ std::string Summarize(const Context& ctx, const Candidate& c) {
 bool Better(const Candidate& a, const Candidate& b) {
   if (a.located != b.located) {
     const Candidate& computed = a.located ? b : a;
-    if (computed.eval.score >= kNearlyAll) return !a.located;
+    const Candidate& located = a.located ? a : b;
+    if (computed.eval.score >= kNearlyAll &&
+        (computed.eval.explains || !located.eval.explains)) {
+      return !a.located;
+    }
   }
   if (a.eval.explains != b.eval.explains) return a.eval.explains;
   const double sa = std::round(a.eval.score * 100.0);
@@ -265,11 +277,153 @@ Diagnosis ToDiagnosis(const Context& ctx, const Candidate& c) {
   return d;
 }
 
+// Stale pages located by different fits of one row (its pages, a CP
+// rank's local pages) are alternatives: the one whose fit is best stands,
+// named only when the other's best group, one more alternative, leaves
+// its posterior odds above PlaceLogOdds.
+void ResolveLocated(std::vector<Candidate>* all) {
+  std::map<int64_t, std::vector<size_t>> by_row;
+  for (size_t i = 0; i < all->size(); ++i) {
+    if ((*all)[i].located) by_row[(*all)[i].location.row].push_back(i);
+  }
+  std::vector<uint8_t> drop(all->size(), 0);
+  for (auto& [row, idx] : by_row) {
+    if (idx.size() < 2) continue;
+    std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
+      return (*all)[a].fit_cost < (*all)[b].fit_cost;
+    });
+    Candidate& best = (*all)[idx[0]];
+    if ((*all)[idx[1]].fit_cost - best.fit_cost < PlaceLogOdds() &&
+        best.eval.explains) {
+      best.eval.explains = false;
+      best.eval.score = std::min(best.eval.score, kAmbiguousStaleScore);
+      best.detail =
+          "a CP rank's local page and one of the engine's pages fit about as "
+          "well";
+    }
+    for (size_t k = 1; k < idx.size(); ++k) drop[idx[k]] = 1;
+  }
+  size_t n = 0;
+  for (size_t i = 0; i < all->size(); ++i) {
+    if (drop[i]) continue;
+    if (n != i) (*all)[n] = std::move((*all)[i]);
+    ++n;
+  }
+  all->resize(n);
+}
+
+bool IsPageHypothesis(const std::string& h) {
+  return h == kStalePage || h == kDropBlock || h == kDuplicatePage ||
+         h == kSwappedPages || h == kForeignPage || h == kSeqLenOffByOne;
+}
+
+// The logical blocks a page candidate names (a swap: both).
+std::vector<int64_t> Places(const Candidate& c) {
+  std::vector<int64_t> p{c.location.logical_block};
+  if (c.hypothesis == kSwappedPages)
+    p.push_back(c.location.other_logical_block);
+  return p;
+}
+
+bool Overlap(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  for (int64_t x : a) {
+    if (std::find(b.begin(), b.end(), x) != b.end()) return true;
+  }
+  return false;
+}
+
+// Page accounts of one row that explain E at places that do not overlap
+// (a duplicate read at one block, a stale page at another): the evidence
+// does not fix the place -- content that takes no weight, or only mass
+// added, reads the same at many blocks -- so none is named.
+void DemoteConflictingPlaces(std::vector<Candidate>* all) {
+  std::map<int64_t, std::vector<size_t>> by_row;
+  for (size_t i = 0; i < all->size(); ++i) {
+    const Candidate& c = (*all)[i];
+    if (c.eval.explains && IsPageHypothesis(c.hypothesis)) {
+      by_row[c.location.row].push_back(i);
+    }
+  }
+  for (const auto& [row, idx] : by_row) {
+    int64_t other = -1;
+    for (size_t a = 0; a < idx.size() && other < 0; ++a) {
+      for (size_t b = a + 1; b < idx.size() && other < 0; ++b) {
+        if (!Overlap(Places((*all)[idx[a]]), Places((*all)[idx[b]]))) {
+          other = (*all)[idx[b]].location.logical_block;
+        }
+      }
+    }
+    if (other < 0) continue;
+    for (size_t i : idx) {
+      Candidate& c = (*all)[i];
+      c.eval.explains = false;
+      c.eval.score = std::min(c.eval.score, kAmbiguousStaleScore);
+      c.detail = absl::StrCat(c.detail.empty() ? "" : c.detail + "; ",
+                              "another page account fits as well at another "
+                              "place (logical block ",
+                              c.location.logical_block == other
+                                  ? (*all)[idx[0]].location.logical_block
+                                  : other,
+                              ")");
+    }
+  }
+}
+
+// An fp8 scale error and another global hypothesis (a wrong softmax scale,
+// most often) can fit E equally: a factor large enough to make every
+// head's attention one-hot leaves the same output whatever made it. The
+// fp8 scale, which names which of the snapshot's declared scales was
+// misapplied, is the more specific account, and leads; the others are
+// named after it (EquallyHere).
+void PreferSpecific(std::vector<Candidate>* all) {
+  if (all->empty() || (*all)[0].hypothesis == kFp8Scale ||
+      (*all)[0].location.logical_block >= 0 || (*all)[0].located) {
+    return;
+  }
+  const Candidate& top = (*all)[0];
+  for (size_t i = 1; i < all->size(); ++i) {
+    const Candidate& c = (*all)[i];
+    if (c.hypothesis == kFp8Scale && c.eval.explains == top.eval.explains &&
+        std::fabs(c.eval.score - top.eval.score) <= kEqualFit) {
+      std::rotate(all->begin(), all->begin() + static_cast<ptrdiff_t>(i),
+                  all->begin() + static_cast<ptrdiff_t>(i) + 1);
+      return;
+    }
+  }
+}
+
+// The other hypotheses that explain E as well at the top's place (a page
+// whose content takes no weight reads the same skipped, stale or replaced
+// by another page): named after the top's summary.
+std::string EquallyHere(const std::vector<Candidate>& all) {
+  const Candidate& top = all[0];
+  if (!top.eval.explains) return "";
+  std::vector<std::string> names;
+  for (size_t i = 1; i < all.size(); ++i) {
+    const Candidate& c = all[i];
+    if (c.eval.explains && c.hypothesis != top.hypothesis &&
+        c.location.row == top.location.row &&
+        c.location.logical_block == top.location.logical_block &&
+        c.location.cp_rank == top.location.cp_rank &&
+        std::fabs(c.eval.score - top.eval.score) <= kEqualFit &&
+        std::find(names.begin(), names.end(), c.hypothesis) == names.end()) {
+      names.push_back(c.hypothesis);
+    }
+  }
+  if (names.empty()) return "";
+  return absl::StrCat("; at the same place, ", absl::StrJoin(names, ", "),
+                      names.size() == 1 ? " explains" : " explain",
+                      " it as well");
+}
+
 // Best first, one per hypothesis, "unexplained" first when nothing
 // explains at least half of the drift.
 std::vector<Diagnosis> Rank(const Context& ctx, const std::vector<Row>& rows,
                             std::vector<Candidate> all) {
+  ResolveLocated(&all);
+  DemoteConflictingPlaces(&all);
   std::stable_sort(all.begin(), all.end(), Better);
+  PreferSpecific(&all);
   std::vector<Diagnosis> out;
   std::vector<std::string> seen;
   const Candidate* best = all.empty() ? nullptr : &all[0];
@@ -285,7 +439,12 @@ std::vector<Diagnosis> Rank(const Context& ctx, const std::vector<Row>& rows,
     u.eval = scorer.Finish();
     u.eval.score = 0;
     u.eval.after = u.eval.before;
-    if (best != nullptr) {
+    if (best != nullptr && best->located) {
+      u.detail = absl::StrCat(
+          " (the best candidate, a stale page, cannot be "
+          "placed: ",
+          best->detail, ")");
+    } else if (best != nullptr) {
       u.detail =
           absl::StrFormat(" (the best candidate, %s, accounts for %.0f%%)",
                           best->hypothesis, 100.0 * best->eval.score);
@@ -300,6 +459,7 @@ std::vector<Diagnosis> Rank(const Context& ctx, const std::vector<Row>& rows,
     }
     seen.push_back(c.hypothesis);
     out.push_back(ToDiagnosis(ctx, c));
+    if (&c == best) absl::StrAppend(&out.back().summary, EquallyHere(all));
   }
   return out;
 }
@@ -333,16 +493,17 @@ absl::Status RunFamilies(const Context& ctx, const std::vector<Row>& rows,
   for (const Row& row : rows) {
     if (!pages || ctx.TimeUp() || ctx.Cancelled() || Explained(*all)) break;
     // A page that was dropped, stale, duplicated or swapped changes the
-    // keys, and so the LSE: with the engine's LSE at the reference's (within
-    // one LSE noise unit on average), the row has no page fault to find.
-    if (row.has_lse && row.lse_drift < 1.0 &&
-        ctx.in->snapshot->cp.world_size <= 1) {
+    // keys, but not always the LSE: a stale page whose content carries as
+    // much weight as the original moves out alone. Only a row where
+    // neither quantity drifts beyond noise has no page fault to find.
+    if (!RowDrifts(ctx, row) && ctx.in->snapshot->cp.world_size <= 1) {
       continue;
     }
     RowStates rs;
     ATTNAUDIT_RETURN_IF_ERROR(ComputeRowStates(ctx, row.b, &rs));
-    ATTNAUDIT_RETURN_IF_ERROR(BlockHypotheses(ctx, row, rs, all));
-    ATTNAUDIT_RETURN_IF_ERROR(CpHypotheses(ctx, row, rs, all));
+    const RankEvidence ranks = RankDrift(ctx, row, rs);
+    ATTNAUDIT_RETURN_IF_ERROR(BlockHypotheses(ctx, row, rs, ranks, all));
+    ATTNAUDIT_RETURN_IF_ERROR(CpHypotheses(ctx, row, rs, ranks, all));
   }
   if (!confirmed && !ctx.TimeUp() && !ctx.Cancelled() && !Explained(*all)) {
     ATTNAUDIT_RETURN_IF_ERROR(ConfirmGlobal(ctx, rows, screen, all));

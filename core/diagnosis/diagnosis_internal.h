@@ -5,6 +5,7 @@
 #define ATTNAUDIT_CORE_DIAGNOSIS_DIAGNOSIS_INTERNAL_H_
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -75,14 +76,23 @@ struct Context {
   const DiagnosisOptions* opt = nullptr;
   const PreparedAttention* p = nullptr;
   SnapshotDims d;
-  Tolerances tol;         // E-R
-  NoiseModel noise;       // the statistical detector's, E-R
-  double lse_unit = 1;    // noise unit of an LSE difference
-  double clean_cell = 0;  // energy of a clean cell
+  Tolerances tol;            // E-R
+  NoiseModel noise;          // the statistical detector's, E-R
+  double lse_unit = 1;       // noise unit of an LSE difference
+  double lse_magnitude = 0;  // max |R.lse|, what the LSE tolerance scales by
+  double clean_cell = 0;     // energy of a clean cell
   Clock::time_point start;
   mutable int64_t evaluated = 0;  // hypothesis variants evaluated
 
   bool TimeUp() const;
+  // The LSE unit and tolerance scale with the LSE's magnitude: against a
+  // hypothesis whose LSE is far larger than R's (a missing scale
+  // multiplying every score), E's own fp32 rounding is as much larger.
+  double LseScale(double a_lse) const {
+    return lse_magnitude > 0 && std::fabs(a_lse) > lse_magnitude
+               ? std::fabs(a_lse) / lse_magnitude
+               : 1.0;
+  }
   bool Cancelled() const;
   int64_t Cells() const { return d.queries * d.q_heads; }
 };
@@ -116,6 +126,10 @@ inline double Diff(double e, double a) { return e == a ? 0.0 : e - a; }
 // the LSE, in noise units; a clean cell has about ctx.clean_cell.
 double CellEnergy(const Context& ctx, const Row& row, const double* a_out,
                   double a_lse, int64_t c);
+// The LSE's part of CellEnergy: z^2 of E's LSE against a_lse, in the LSE
+// unit scaled as the hypothesis' LSE (Context::LseScale); 0 without the
+// engine's LSE. What is left of out's energy is CellEnergy minus this.
+double LseZ2(const Context& ctx, const Row& row, double a_lse, int64_t c);
 
 // How well one hypothesis explains E over the cells it was computed for.
 struct Evaluation {
@@ -127,6 +141,11 @@ struct Evaluation {
   std::vector<int64_t> heads;  // query heads whose cells it explains
   int64_t query = -1;          // the one query explained, when Sq > 1
 };
+
+// Whether the row drifts: a cell beyond the E-R tolerance, or out's noise
+// above twice a correct engine's. A recomputation near R "removes" some of
+// a row's noise by chance; only a drifting row has something to explain.
+bool RowDrifts(const Context& ctx, const Row& row);
 
 // Accumulates an Evaluation over (row, result) pairs.
 class Scorer {
@@ -224,10 +243,6 @@ struct RowStates {
 };
 absl::Status ComputeRowStates(const Context& ctx, int64_t b, RowStates* rs);
 
-// max |V| per KV head over the row's cached tokens (as stored, before the
-// V scale): what any attention output of that head is bounded by.
-std::vector<double> RowValueMax(const Context& ctx, int64_t b);
-
 // States of a page read as another block (the engine's block table names
 // page `page` for logical block `as_block`): fp32 states, per cell.
 // InvalidArgument when the page holds a non-finite value in the slots read
@@ -258,6 +273,12 @@ struct Candidate {
   // score is assigned, and a recomputation that removes nearly all of the
   // drift ranks above it.
   bool located = false;
+  // A located stale page: its stale fit's cost (StaleFit), which orders
+  // stale pages located by different fits of one row.
+  double fit_cost = 1.0 / 0.0;
+  // A page account whose place the evidence does not fix (another place
+  // fits about as well; `detail` says which): never "explains".
+  bool unplaced = false;
 };
 
 absl::Status LseHypotheses(const Context& ctx, const std::vector<Row>& rows,
@@ -281,15 +302,41 @@ double BestScreened(const GlobalScreen& screen);
 absl::Status ConfirmGlobal(const Context& ctx, const std::vector<Row>& rows,
                            const GlobalScreen& screen,
                            std::vector<Candidate>* out);
+// What a context-parallel engine's own partials (cp.rank_out, rank_lse)
+// say about one row: which ranks' partials drift from the reference
+// partials over their shards (R's unit states of each rank, merged). A
+// fault inside a rank (a stale page of its shard, its LSE in base 2) makes
+// that rank drift; a fault of the combine leaves every rank right.
+// `known` is false without the partials (or without CP).
+struct RankEvidence {
+  bool known = false;
+  std::vector<uint8_t> drifts;  // [W]
+  bool Any() const;
+};
+RankEvidence RankDrift(const Context& ctx, const Row& row, const RowStates& rs);
+// The ranks ([W] flags) holding any unit of the row's given logical blocks.
+std::vector<uint8_t> RanksOf(const Context& ctx, const RowStates& rs,
+                             const std::vector<int64_t>& blocks);
+// Whether a fault confined to `ranks` (the ranks whose partials it
+// changes) agrees with the evidence: some rank drifts and every drifting
+// rank is among them. True when the partials are unknown.
+bool AgreesWithRanks(const RankEvidence& ev, const std::vector<uint8_t>& ranks);
+
 absl::Status BlockHypotheses(const Context& ctx, const Row& row,
-                             const RowStates& rs, std::vector<Candidate>* out);
+                             const RowStates& rs, const RankEvidence& ranks,
+                             std::vector<Candidate>* out);
 absl::Status CpHypotheses(const Context& ctx, const Row& row,
-                          const RowStates& rs, std::vector<Candidate>* out);
+                          const RowStates& rs, const RankEvidence& ranks,
+                          std::vector<Candidate>* out);
 void PrecisionHypothesis(const Context& ctx, const std::vector<Row>& rows,
                          std::vector<Candidate>* out);
 
 // The engine's number for pool page `page` (its page id, or the index).
 int64_t EnginePageId(const Context& ctx, int64_t page);
+
+// The engine's key-only LSE of cell c of the row (its declared LSE less the
+// sink); the row must have the engine's LSE.
+double EngineKeysLse(const Context& ctx, const Row& row, int64_t c);
 
 // fp64 merge of partial states: (m, l, acc[D]) with out = acc / l,
 // lse = m + ln l.
@@ -307,11 +354,115 @@ struct Acc {
   void Out(double* dst, double scale) const;
 };
 
+// Per cell (s, h) of one row: the merged state of every group of units (a
+// logical block by default; explicit groups, e.g. a CP rank's local pages,
+// otherwise), and prefix / suffix merges, so that "every group but j" costs
+// one merge. Load() before use; not thread-safe (one per thread).
+class CellBlocks {
+ public:
+  CellBlocks(const Context& ctx, const RowStates& rs);
+  // groups[j]: the indices (into rs.units) of group j's units.
+  CellBlocks(const Context& ctx, const RowStates& rs,
+             const std::vector<std::vector<int32_t>>& groups);
+
+  void Load(int64_t s, int64_t h);
+  Acc Without(int64_t j) const;  // every group but j
+  const Acc& Block(int64_t j) const { return blocks_[j]; }
+  const Acc& All() const { return prefix_[nb_]; }
+  int64_t blocks() const { return nb_; }
+
+ private:
+  const Context& ctx_;
+  const RowStates& rs_;
+  int64_t nb_;
+  std::vector<int32_t> begin_, units_;  // group j: units_[begin_[j] ..)
+  std::vector<Acc> blocks_, prefix_, suffix_;
+};
+
+// Per KV head, over row b's cached tokens (as stored, before the V scale):
+// max |V| (what any attention output of that head is bounded by), the mean
+// of each dim, and the mean over dims of each dim's variance.
+struct ValueStats {
+  std::vector<double> max;   // [Hkv]
+  std::vector<double> mean;  // [Hkv * D]
+  std::vector<double> var;   // [Hkv]
+};
+ValueStats RowValueStats(const Context& ctx, int64_t b);
+
+// The stale-page fit (docs/DIAGNOSIS.md, "Pages"): for every group j of a
+// row, the negative log-likelihood (nats) of E under "group j was read with
+// content of unknown values": E is the rest of the row merged with one state
+// of share sigma (per cell, fitted; with the engine's LSE, the LSE pins it)
+// whose value is its keys' softmax average of values drawn from the row's
+// own V (per-dim mean and variance; the average's spread, between one key's
+// and an even average's over the group's tokens, fitted per cell), E's
+// rounding the noise. Integrating the values out charges a state that
+// takes a large share for the freedom it has, so a light page whose content
+// changed outranks a heavy page that would have to hold nearly its own
+// content. Its competitor is unstructured drift: E is R plus noise of
+// fitted size per cell. `identified`: the best group's posterior
+// probability (PlaceLogOdds) is at least 1 - alpha against every other
+// group and the unstructured drift, and the values it implies stay within
+// the cache's range.
+struct StaleFit {
+  std::vector<double> cost;  // [groups], nats
+  int64_t best = -1;         // -1: no group (or the row has one)
+  int64_t runner_up = -1;
+  double margin = 0;    // cost[runner_up] - cost[best]
+  double evidence = 0;  // cost with nothing stale - cost[best]
+  // cost of E as R plus unstructured noise (per cell, of fitted size) -
+  // cost[best], less the Laplace charge for the parameters the stale
+  // hypothesis fits beyond the noise model's: a stale page must beat
+  // noise without structure too (a heavy page with content of unknown
+  // values can absorb any small drift).
+  double over_noise = 0;
+  // ln of the posterior odds against the best group (every other group
+  // and the unstructured drift), and ln of the odds of some group stale
+  // against the unstructured drift.
+  double doubt = 0;
+  double stale_odds = 0;
+  bool consistent = false;
+  bool identified = false;
+  // A stale page at all: the best group's values in range and a stale
+  // page somewhere surely (PlaceLogOdds) more likely than unstructured
+  // drift (else no stale page is reported).
+  bool Structured() const;
+};
+// `groups`: null for the row's logical blocks; `allowed` ([groups] flags,
+// null: all) the groups that may be named (the others are neither named
+// nor alternatives).
+StaleFit FitStalePages(const Context& ctx, const Row& row, const RowStates& rs,
+                       const ValueStats& values,
+                       const std::vector<std::vector<int32_t>>* groups,
+                       const std::vector<uint8_t>* allowed);
+
+// The posterior log-odds a stale page's place must reach to be named
+// (StaleFit::identified), ln((1 - alpha) / alpha) with alpha the
+// statistical detector's family-wise false-alarm probability
+// (StatisticalInputs::alpha, about 16.1 nats): a place is named as surely
+// as a DRIFT is called. A located stale page's score: named, or with
+// another group about as good (below the floor at which "unexplained"
+// leads).
+double PlaceLogOdds();
+inline constexpr double kStaleScore = 0.9;
+inline constexpr double kAmbiguousStaleScore = 0.45;
+
+// Makes c the located stale page of `fit`: named (score 0.9, explains)
+// when the fit identifies its group, else below the floor at which
+// "unexplained" leads, its detail naming `runner_up` (the group that fits
+// about as well) and the margin.
+void LocateStaleFit(const StaleFit& fit, const std::string& runner_up,
+                    Candidate* c);
+
 // The final write of a key-only state as the engine declared it: the sink
 // of query head h (if any) in the denominator, v_scale, and the LSE with or
 // without the sink. out is normalised in place.
 void FinishState(const Context& ctx, const AltSpec* spec, int64_t h,
                  double* out, double* lse);
+
+// The final (out, lse) of a key-only state for query head h (FinishState).
+void Final(const Context& ctx, const Acc& a, int64_t h, double* out,
+           double* lse);
 
 }  // namespace diagnosis_internal
 }  // namespace attnaudit

@@ -26,6 +26,10 @@ constexpr double kLog2E = 1.4426950408889634074;
 constexpr double kLn2 = 0.69314718055994530942;
 // Screening keeps variants that remove at least this share of the drift.
 constexpr double kScreenFloor = 0.2;
+// Variants screening within this of the last confirmed one are confirmed
+// too, up to kMaxTied in all.
+constexpr double kTiedScreen = 0.005;
+constexpr size_t kMaxTied = 12;
 
 void AddRopeVariants(const Context& ctx, std::vector<Variant>* out) {
   for (int64_t delta : {1, -1, 2, -2, 3, -3, 4, -4}) {
@@ -350,8 +354,17 @@ absl::Status ScreenGlobal(const Context& ctx, const std::vector<Row>& rows,
   std::stable_sort(
       screened.begin(), screened.end(),
       [](const auto& a, const auto& b) { return a.first > b.first; });
-  if (screened.size() > static_cast<size_t>(ctx.opt->confirm)) {
-    screened.resize(static_cast<size_t>(ctx.opt->confirm));
+  // The best `confirm`, and every variant that screens as well as the last
+  // of them (attention made one-hot fits many variants equally: each is
+  // confirmed, and the ranking names the most specific), up to kMaxTied.
+  size_t keep =
+      std::min(screened.size(), static_cast<size_t>(ctx.opt->confirm));
+  while (keep > 0 && keep < screened.size() && keep < kMaxTied &&
+         screened[keep].first >= screened[keep - 1].first - kTiedScreen) {
+    ++keep;
+  }
+  if (screened.size() > keep) {
+    screened.resize(keep);
   }
   screen->screened = std::move(screened);
   return absl::OkStatus();
@@ -441,6 +454,11 @@ void PrecisionHypothesis(const Context& ctx, const std::vector<Row>& rows,
   // A reduced-precision intermediate shows as noise above a correct
   // engine's spread over (nearly) every cell, no element far over the
   // tolerance (16x) and no structure a recomputation could explain.
+  // A located stale page is structure a page accounts for (its fit beats
+  // unstructured noise), though perhaps not where.
+  for (const Candidate& c : *out) {
+    if (c.located) return;
+  }
   int64_t cells = 0, noisy = 0;
   double total = 0, worst = 0, max_abs = 0;
   for (const Row& row : rows) {

@@ -40,11 +40,14 @@ double CellEnergy(const Context& ctx, const Row& row, const double* a_out,
     }
     e += z2 / static_cast<double>(D);
   }
-  if (row.has_lse) {
-    const double z = Diff(row.e_lse[c], a_lse) / ctx.lse_unit;
-    e += std::isfinite(z) ? z * z : 1e30;
-  }
-  return e;
+  return e + LseZ2(ctx, row, a_lse, c);
+}
+
+double LseZ2(const Context& ctx, const Row& row, double a_lse, int64_t c) {
+  if (!row.has_lse) return 0;
+  const double z =
+      Diff(row.e_lse[c], a_lse) / (ctx.lse_unit * ctx.LseScale(a_lse));
+  return std::isfinite(z) ? z * z : 1e30;
 }
 
 void Scorer::AddCell(const Row& row, int64_t c, const double* a_out,
@@ -75,12 +78,13 @@ void Scorer::AddCell(const Row& row, int64_t c, const double* a_out,
   }
   if (row.has_lse) {
     const double diff = std::fabs(Diff(row.e_lse[c], a_lse));
-    const double z = diff / ctx_.lse_unit;
+    const double scale = ctx_.LseScale(a_lse);
+    const double z = diff / (ctx_.lse_unit * scale);
     lz2 = std::isfinite(z) ? z * z : 1e30;
     ev_after_.lse_max_abs = std::max(ev_after_.lse_max_abs, diff);
     ev_before_.lse_max_abs =
         std::max(ev_before_.lse_max_abs, row.before_lse[c]);
-    if (!(diff <= ctx_.tol.lse_abs)) ++over_after_;
+    if (!(diff <= ctx_.tol.lse_abs * scale)) ++over_after_;
   }
   const double eb = row.before[c];
   const double ea = z2 / static_cast<double>(D) + lz2;
@@ -110,6 +114,20 @@ void Scorer::AddCell(const Row& row, int64_t c, const double* a_out,
       ++query_explained_[c / ctx_.d.q_heads];
     }
   }
+}
+
+bool RowDrifts(const Context& ctx, const Row& row) {
+  double z2 = 0;
+  for (int64_t c = 0; c < ctx.Cells(); ++c) {
+    if ((row.has_out && !(row.before_max[c] <= ctx.tol.out_abs)) ||
+        (row.has_lse && !(row.before_lse[c] <= ctx.tol.lse_abs))) {
+      return true;
+    }
+    if (row.has_out) z2 += row.before_z2[c];
+  }
+  return row.has_out &&
+         z2 > 2.0 * ctx.noise.mean_square *
+                  static_cast<double>(ctx.Cells() * ctx.d.head_dim);
 }
 
 void Scorer::Add(const Row& row, const RowResult& result) {
@@ -230,6 +248,78 @@ double Acc::Lse() const {
 void Acc::Out(double* dst, double scale) const {
   const int64_t D = static_cast<int64_t>(acc.size());
   for (int64_t i = 0; i < D; ++i) dst[i] = l > 0 ? acc[i] / l * scale : 0.0;
+}
+
+CellBlocks::CellBlocks(const Context& ctx, const RowStates& rs)
+    : ctx_(ctx), rs_(rs), nb_(static_cast<int64_t>(rs.pages.size())) {
+  begin_.assign(rs.block_begin.begin(), rs.block_begin.end());
+  units_.resize(rs.units.size());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    units_[u] = static_cast<int32_t>(u);
+  }
+  const int64_t D = ctx.d.head_dim;
+  blocks_.assign(static_cast<size_t>(nb_), Acc(D));
+  prefix_.assign(static_cast<size_t>(nb_ + 1), Acc(D));
+  suffix_.assign(static_cast<size_t>(nb_ + 1), Acc(D));
+}
+
+CellBlocks::CellBlocks(const Context& ctx, const RowStates& rs,
+                       const std::vector<std::vector<int32_t>>& groups)
+    : ctx_(ctx), rs_(rs), nb_(static_cast<int64_t>(groups.size())) {
+  begin_.push_back(0);
+  for (const std::vector<int32_t>& g : groups) {
+    units_.insert(units_.end(), g.begin(), g.end());
+    begin_.push_back(static_cast<int32_t>(units_.size()));
+  }
+  const int64_t D = ctx.d.head_dim;
+  blocks_.assign(static_cast<size_t>(nb_), Acc(D));
+  prefix_.assign(static_cast<size_t>(nb_ + 1), Acc(D));
+  suffix_.assign(static_cast<size_t>(nb_ + 1), Acc(D));
+}
+
+void CellBlocks::Load(int64_t s, int64_t h) {
+  const UnitStates& st = rs_.states;
+  const int64_t D = ctx_.d.head_dim;
+  for (int64_t j = 0; j < nb_; ++j) {
+    Acc& a = blocks_[j];
+    a.Clear();
+    for (int32_t k = begin_[j]; k < begin_[j + 1]; ++k) {
+      const int64_t i = st.Index(rs_.b, units_[k], s, h);
+      a.Add(&st.r_out[i * D], st.r_lse[i]);
+    }
+  }
+  prefix_[0].Clear();
+  for (int64_t j = 0; j < nb_; ++j) {
+    prefix_[j + 1] = prefix_[j];
+    prefix_[j + 1].Merge(blocks_[j]);
+  }
+  suffix_[nb_].Clear();
+  for (int64_t j = nb_ - 1; j >= 0; --j) {
+    suffix_[j] = suffix_[j + 1];
+    suffix_[j].Merge(blocks_[j]);
+  }
+}
+
+Acc CellBlocks::Without(int64_t j) const {
+  Acc a = prefix_[j];
+  a.Merge(suffix_[j + 1]);
+  return a;
+}
+
+void Final(const Context& ctx, const Acc& a, int64_t h, double* out,
+           double* lse) {
+  *lse = a.Lse();
+  a.Out(out, 1.0);
+  FinishState(ctx, nullptr, h, out, lse);
+}
+
+double EngineKeysLse(const Context& ctx, const Row& row, int64_t c) {
+  const double e = row.e_lse[c];
+  const PreparedAttention& p = *ctx.p;
+  if (!p.lse_includes_sinks || p.sinks.empty()) return e;
+  const double sink = p.sinks[c % ctx.d.q_heads];
+  return sink < e ? e + std::log(-std::expm1(sink - e))
+                  : -std::numeric_limits<double>::infinity();
 }
 
 void FinishState(const Context& ctx, const AltSpec* spec, int64_t h,

@@ -79,7 +79,7 @@ TEST(PresetsTest, UnknownPresetListsTheNames) {
 
 TEST(PresetsTest, FaultNamesRoundTrip) {
   const std::vector<std::string> names = FaultNames();
-  EXPECT_EQ(names.size(), 18u);
+  EXPECT_EQ(names.size(), 19u);
   for (const std::string& name : names) {
     absl::StatusOr<Fault> f = ParseFault(name);
     ASSERT_TRUE(f.ok()) << name;

@@ -363,7 +363,10 @@ TEST(DiagnosisCaseTest, SinksInTheLseAgainstTheDeclaration) {
   Snapshot s = testing::BuildSnapshot(c, paging);
   const testing::OracleResult o = testing::OracleAttention(c);
   // The engine reports the LSE with the sinks while declaring it without.
+  // Declared as a flash-decoding kernel: an undeclared engine's envelope
+  // (16-bit scores) is wide enough to pass the sink term, ~1e-3 here.
   SetEngine(o, DType::kBF16, OutShape(c), &s, &o.lse_with_sinks);
+  s.precision.profile = EngineProfile::kFlashDecoding;
   const AuditReport r = Audit(s);
   ASSERT_FALSE(r.diagnoses.empty());
   EXPECT_EQ(r.diagnoses[0].hypothesis, "sinks-in-lse");

@@ -92,6 +92,10 @@ TEST_P(EngineBugTest, OneKeyFewer) {
   engine.v[1].resize(engine.v[1].size() - w);
   engine.positions[1].pop_back();
   SetEngine(engine, GetParam(), &s);
+  // Declared as a flash-decoding kernel: an undeclared engine's envelope
+  // (16-bit scores of either rounding) is wide enough to pass one key in
+  // 61 of a peaked row.
+  s.precision.profile = EngineProfile::kFlashDecoding;
   const AuditReport report = Audit(s);
   const Diagnosis& top = Top(report);
   EXPECT_EQ(top.hypothesis, "seq-len-off-by-one") << top.summary;
@@ -114,6 +118,10 @@ TEST_P(EngineBugTest, OneKeyMore) {
   engine.v[1].resize(engine.v[1].size() + w, paging.junk_v_value);
   engine.positions[1].push_back(c.query_positions[1]);
   SetEngine(engine, GetParam(), &s);
+  // Declared as a flash-decoding kernel: an undeclared engine's envelope
+  // (16-bit scores of either rounding) is wide enough to pass one key in
+  // 61 of a peaked row.
+  s.precision.profile = EngineProfile::kFlashDecoding;
   const AuditReport report = Audit(s);
   const Diagnosis& top = Top(report);
   EXPECT_EQ(top.hypothesis, "seq-len-off-by-one") << top.summary;
@@ -207,9 +215,40 @@ TEST(EngineBugNoLseTest, StalePageIsLocatedWithoutTheEnginesLse) {
   EXPECT_EQ(top.location.row, 1);
   EXPECT_EQ(top.location.logical_block, 3);
   EXPECT_EQ(top.location.page, PageOf(s, 1, 3));
-  // Located, its content unchecked: no LSE to weigh the stale mass with.
-  EXPECT_FALSE(top.explains);
+  // Located by the stale fit from out alone (the stale state's share fitted
+  // per cell): it fits better than every other block by the fit's margin,
+  // so its place is known and it explains.
+  EXPECT_TRUE(top.explains) << top.summary;
   EXPECT_GE(top.score, 0.9);
+}
+
+// As in torch's flash-decoding fixture (tests/conformance): a page of
+// fresh N(0, 1) keys and values, with the engine's LSE. The stale state is
+// the softmax average of the page's values, far tighter than one value: a
+// fit that drew it like one value would lose to unstructured drift and
+// leave the page unexplained.
+TEST(EngineBugLseTest, StalePageOfFreshContentIsNamed) {
+  const testing::LogicalCase c = testing::PeakedBf16Case(27);
+  Snapshot s = testing::BuildSnapshot(c, Paging());
+  testing::LogicalCase engine = c;
+  testing::TestRng rng(7);
+  const int64_t w = c.kv_heads * c.head_dim;
+  for (int64_t t = 2 * kPage; t < 3 * kPage; ++t) {
+    for (int64_t i = 0; i < w; ++i) {
+      engine.k[1][t * w + i] =
+          RoundToDType(static_cast<float>(rng.Normal()), DType::kBF16);
+      engine.v[1][t * w + i] =
+          RoundToDType(static_cast<float>(rng.Normal()), DType::kBF16);
+    }
+  }
+  SetEngine(engine, /*with_lse=*/true, &s);
+  const AuditReport report = Audit(s);
+  const Diagnosis& top = Top(report);
+  EXPECT_EQ(top.hypothesis, "stale-page") << top.summary;
+  EXPECT_EQ(top.location.row, 1);
+  EXPECT_EQ(top.location.logical_block, 2);
+  EXPECT_EQ(top.location.page, PageOf(s, 1, 2));
+  EXPECT_TRUE(top.explains) << top.summary;
 }
 
 TEST(EngineBugNoLseTest, KPagesInVllmsCpuLayoutReadAsPlainPages) {
