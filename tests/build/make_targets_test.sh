@@ -17,15 +17,17 @@ FAILED=0
 ok() { PASSED=$((PASSED + 1)); echo "PASS  $1"; }
 fail() { FAILED=$((FAILED + 1)); echo "FAIL  $1"; [[ -n "${2:-}" ]] && echo "$2" | sed 's/^/      /' | head -20; }
 
-# The recipe lines of TARGET that build (cmake --build ...), dry-run.
+# The recipe lines of TARGET that build (cmake --build ..., or
+# cmake/quiet_build.sh DIR LOG TARGETS... which runs it quietly), dry-run.
 builds() {
   make -s -n -C "$ROOT" "$1" BUILD_DIR="$BUILD" APT_PACKAGES= 2>&1 |
-    grep -E 'cmake --build' || true
+    grep -E 'cmake --build|quiet_build\.sh' || true
 }
 
 run_builds=$(builds run)
-if [[ "$run_builds" == *"--target attnaudit-server attnaudit"* &&
-      $(echo "$run_builds" | grep -c 'cmake --build') == 1 ]]; then
+if [[ ( "$run_builds" == *"--target attnaudit-server attnaudit"* ||
+        "$run_builds" == *"run-build.log attnaudit-server attnaudit;"* ) &&
+      $(echo "$run_builds" | grep -cE 'cmake --build|quiet_build\.sh') == 1 ]]; then
   ok "make run builds only attnaudit-server and attnaudit"
 else
   fail "make run builds only attnaudit-server and attnaudit" "$run_builds"
