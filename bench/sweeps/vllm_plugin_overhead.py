@@ -10,6 +10,8 @@ switched between generate() calls of the same engine, interleaved over
 
   off        vLLM's own methods (the plugin's wraps removed)
   unsampled  wraps installed, no step sampled (sample_rate 0)
+  defaults   the plugin's default sampling (one step in sample_every = 100,
+             one layer per sampled step)
   1 layer    every step sampled, one layer per step (rotate_layers)
   4 layers   every step sampled, every layer
 
@@ -40,7 +42,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "vllm_plugin"))
 import e2e  # noqa: E402  (the model and the server helper)
 
 PROMPTS = [[1] + [5 + (7 * i + 3 * b) % 400 for i in range(40 + 9 * b)] for b in range(4)]
-MODES = ("off", "unsampled", "1 layer", "4 layers")
+MODES = ("off", "unsampled", "defaults", "1 layer", "4 layers")
 
 
 def cpu_name() -> str:
@@ -113,6 +115,11 @@ def measure(model: str, args) -> int:
             return
         if mode == "unsampled":
             plugin.settings = dataclasses.replace(base, sample_rate=0.0)
+        elif mode == "defaults":
+            d = av.Settings()
+            plugin.settings = dataclasses.replace(
+                base, sample_every=d.sample_every, sample_rate=d.sample_rate,
+                rotate_layers=d.rotate_layers, layers=d.layers)
         else:
             plugin.settings = dataclasses.replace(base, sample_every=1, sample_rate=None,
                                                   rotate_layers=(mode == "1 layer"))
