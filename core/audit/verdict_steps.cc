@@ -113,7 +113,7 @@ absl::Status EmulationStep(const VerdictInputs& in, AuditReport* report,
   }
   const bool drifted = r.verdict == Verdict::kDrift;
   report->comparisons.push_back(std::move(r));
-  if (drifted) *emulated_out = std::move(m.out);
+  if (drifted) *emulated_out = m.out;
   return absl::OkStatus();
 }
 

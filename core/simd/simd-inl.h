@@ -743,8 +743,8 @@ HWY_INLINE void DotRows(D d, const hn::TFromD<D>* q, int64_t rows, const K* k,
   // the lane sums go eight at a time), eight with AVX2's 16 (4 rows x 1
   // key x 2 vectors, so each widened k vector still feeds four rows). Each
   // made the W1 fused pass faster than the 4 x 2 / 2 x 2 tiles before it
-  // (docs/perf-history.md). Two rows left (GQA groups of 2 or 3) share a tile, so
-  // each widened k vector feeds both (one row at a time widened it twice);
+  // (docs/perf-history.md). Two rows left (GQA groups of 2 or 3) share a tile,
+  // so each widened k vector feeds both (one row at a time widened it twice);
   // a last row goes against eight vectors' worth of k rows, so even one
   // row keeps eight chains busy.
   constexpr int kVec = VecsPerDot<D>();
