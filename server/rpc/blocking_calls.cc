@@ -283,6 +283,40 @@ bool KnownJob(AuditServiceImpl* svc, const std::string& job_id) {
          svc->store()->Get(job_id).ok() || svc->spool()->Contains(job_id);
 }
 
+// A retried Submit is answered with its job only once the job has a row
+// that GetResult finds. A job spooled by an earlier run that died before
+// the row's commit has none until the start-up resume reaches it (which,
+// with a long spool, can be well after the retry): the row is created here
+// from the spool entry, so the acknowledged job is never reported unknown.
+absl::Status RecordDeduplicated(AuditServiceImpl* svc, const SubmitPlan& plan,
+                                absl::Duration* retry_after) {
+  absl::StatusOr<ResultRecord> stored = svc->store()->Get(plan.job_id);
+  if (stored.ok()) return absl::OkStatus();
+  if (stored.status().code() != absl::StatusCode::kNotFound) {
+    *retry_after = absl::Seconds(1);
+    return StorageError("result store", stored.status());
+  }
+  absl::optional<ResultRecord> row = svc->durable()->Get(plan.job_id);
+  if (!row.has_value()) {
+    absl::StatusOr<SpoolMetadata> meta =
+        svc->spool()->ReadMetadata(plan.job_id);
+    if (!meta.ok()) {
+      // Finished and pruned meanwhile, or unreadable: the resume decides.
+      *retry_after = absl::Seconds(1);
+      return absl::UnavailableError(
+          "idempotency_key: the job with this key is being resumed; retry");
+    }
+    row = rpc_internal::QueuedRecord(
+        plan.job_id, meta->tenant, static_cast<PriorityClass>(meta->priority),
+        rpc_internal::JobLabelsOf(*meta), meta->created);
+  }
+  row->replica = svc->options().replica_id;
+  absl::StatusOr<bool> recorded = svc->store()->RecordQueued(*row);
+  if (recorded.ok()) return absl::OkStatus();
+  *retry_after = absl::Seconds(1);
+  return StorageError("result store", recorded.status());
+}
+
 // The body of Submit, on the executor. Fills *response on OK.
 absl::Status DoSubmit(AuditServiceImpl* svc, const Principal& caller,
                       const grpc::ByteBuffer* raw, v1::SubmitResponse* response,
@@ -307,6 +341,7 @@ absl::Status DoSubmit(AuditServiceImpl* svc, const Principal& caller,
     if (idempotent) svc->EndIdempotentSubmit(plan->job_id);
   });
   if (idempotent && KnownJob(svc, plan->job_id)) {
+    ATTNAUDIT_RETURN_IF_ERROR(RecordDeduplicated(svc, *plan, retry_after));
     response->set_deduplicated(true);
     return absl::OkStatus();
   }
@@ -319,6 +354,7 @@ absl::Status DoSubmit(AuditServiceImpl* svc, const Principal& caller,
                                         audit.snapshot.labels, payload,
                                         &deduplicated, retry_after));
   if (deduplicated) {
+    ATTNAUDIT_RETURN_IF_ERROR(RecordDeduplicated(svc, *plan, retry_after));
     response->set_deduplicated(true);
     return absl::OkStatus();
   }

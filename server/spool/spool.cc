@@ -330,6 +330,17 @@ absl::StatusOr<SpoolEntry> Spool::Read(absl::string_view job_id) {
   return entry;
 }
 
+absl::StatusOr<SpoolMetadata> Spool::ReadMetadata(absl::string_view job_id) {
+  absl::Status s = ValidateJobId(job_id);
+  if (!s.ok()) return s;
+  SpoolMetadata metadata;
+  int64_t payload_bytes = 0;
+  s = ReadEntryFile(PathOf(job_id, ".job"), options_.max_payload_bytes,
+                    /*verify_crc=*/false, &metadata, nullptr, &payload_bytes);
+  if (!s.ok()) return s;
+  return metadata;
+}
+
 absl::StatusOr<std::vector<SpoolListing>> Spool::List(bool verify_crc) {
   std::vector<std::string> ids;
   DIR* d = ::opendir(dir_.c_str());

@@ -110,6 +110,11 @@ class Spool {
   // corrupt (the file is renamed to .corrupt).
   absl::StatusOr<SpoolEntry> Read(absl::string_view job_id);
 
+  // The entry's metadata only (header and size checked, no CRC, nothing
+  // quarantined: Read or List decide about a corrupt file). NotFound when
+  // absent; DataLoss when the header does not decode.
+  absl::StatusOr<SpoolMetadata> ReadMetadata(absl::string_view job_id);
+
   // Every valid entry (header and size checked; the CRC is checked by Read,
   // or here too when verify_crc). Corrupt files are renamed and skipped.
   absl::StatusOr<std::vector<SpoolListing>> List(bool verify_crc = false);

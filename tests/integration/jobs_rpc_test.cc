@@ -286,6 +286,62 @@ TEST(JobsDurabilityTest, SpooledJobsAreResumedByTheNextServer) {
   }
 }
 
+// A run that died between a Submit's spool entry and its row's commit
+// leaves a spooled job with no row. Its retry (same key) reaches the next
+// server before that server's resume has read the entry: it is answered as
+// the same job, and GetResult must find that job at once (it said NOT_FOUND
+// until the resume came to it), and the resume runs it to one result.
+TEST(JobsDurabilityTest, ARetriedSpooledJobIsFoundBeforeItsResume) {
+  const std::string dir = MakeTempDir("retried_spooled");
+  client::SubmitOptions call;
+  call.idempotency_key = "rollout-3/step-9";
+  std::string id;
+  {
+    auto gate = std::make_shared<GateState>();
+    server::AuditServerOptions options = TestOptions(dir);
+    options.devices.push_back(std::make_unique<GateDevice>(gate, 0));
+    options.drain_timeout = absl::ZeroDuration();
+    std::unique_ptr<TestServer> t = StartServer(std::move(options));
+    ASSERT_NE(t, nullptr);
+    absl::StatusOr<v1::SubmitResponse> r =
+        t->client->Submit(SmallSnapshot(41), call);
+    ASSERT_TRUE(r.ok()) << r.status();
+    id = r->job_id();
+    ASSERT_TRUE(gate->WaitStarted(1));
+    t->server->Shutdown();
+  }
+  // The state of a crash before the commit: the entry, and no row.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir + "/results.db").c_str(), &db), SQLITE_OK);
+  const std::string del =
+      absl::StrCat("DELETE FROM results WHERE job_id = '", id, "'");
+  ASSERT_EQ(sqlite3_exec(db, del.c_str(), nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  EXPECT_EQ(sqlite3_changes(db), 1);
+  sqlite3_close(db);
+  ASSERT_EQ(CountFiles(dir + "/spool", ".job"), 1);
+  {
+    server::AuditServerOptions options = TestOptions(dir);
+    options.resume_spool = false;  // the resume has not reached the entry
+    std::unique_ptr<TestServer> t = StartServer(std::move(options));
+    ASSERT_NE(t, nullptr);
+    absl::StatusOr<v1::SubmitResponse> again =
+        t->client->Submit(SmallSnapshot(41), call);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->job_id(), id);
+    EXPECT_TRUE(again->deduplicated());
+    absl::StatusOr<v1::JobResult> seen = t->client->GetResult(id);
+    ASSERT_TRUE(seen.ok()) << seen.status();
+    EXPECT_EQ(seen->state(), v1::JOB_STATE_QUEUED);
+  }
+  std::unique_ptr<TestServer> t = StartServer(TestOptions(dir));
+  ASSERT_NE(t, nullptr);
+  ASSERT_TRUE(t->server->WaitForResume(kWait));
+  EXPECT_EQ(t->server->resumed_jobs(), 1);
+  EXPECT_EQ(WaitFinished(t->client.get(), id).state(), v1::JOB_STATE_DONE);
+  EXPECT_TRUE(WaitFor([&] { return CountFiles(dir + "/spool", ".job") == 0; }));
+}
+
 // On one replica a Submit was acknowledged even when its store
 // write failed. It is acknowledged only once its row is committed: while
 // results.db is locked by someone else the Submit fails (and nothing of

@@ -148,6 +148,32 @@ TEST(SpoolTest, PutThenReadRoundTripsEverything) {
   EXPECT_EQ(e2->payload, "");
 }
 
+// ReadMetadata reads the header only: the metadata of a whole entry, NotFound
+// for an absent one, and DataLoss for a torn one, which it leaves in place
+// (quarantine is Read's and List's decision).
+TEST(SpoolTest, ReadMetadataReadsTheHeaderOnly) {
+  TempDir tmp;
+  auto spool = OpenSpool(tmp.path());
+  SpoolMetadata m = Meta(5);
+  m.tenant = "fleet-b";
+  m.model = "qwen";
+  ASSERT_TRUE(spool->Put("job-m", m, std::string(4096, 'p')).ok());
+  absl::StatusOr<SpoolMetadata> read = spool->ReadMetadata("job-m");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->tenant, "fleet-b");
+  EXPECT_EQ(read->model, "qwen");
+  EXPECT_EQ(read->created, m.created);
+  EXPECT_EQ(spool->ReadMetadata("absent").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(spool->ReadMetadata("../x").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::string path = tmp.path() + "/spool/job-m.job";
+  fs::resize_file(path, fs::file_size(path) - 1);
+  EXPECT_EQ(spool->ReadMetadata("job-m").status().code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Files(tmp.path() + "/spool"), UnorderedElementsAre("job-m.job"));
+}
+
 TEST(SpoolTest, RejectsDuplicatesAndBadIds) {
   TempDir tmp;
   auto spool = OpenSpool(tmp.path());
