@@ -17,6 +17,8 @@
 #   make py-venv       the Python client in build/py-venv (pinned, no torch)
 #   make py-protos     refresh client/python/proto from proto/ (the copy the
 #                      package builds from outside the repository)
+#   make py-presets    regenerate the package's engine presets
+#                      (attnaudit/_presets.py) from core/engine/presets.h
 #   make bench-python  the Python client benchmark (build/py-bench-venv with
 #                      torch from PyPI, about 3 GB of downloads the first time)
 #   make bench  every benchmark of docs/PERF.md (see the bench targets below)
@@ -59,7 +61,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
   bench-env bench-peers bench-sweeps bench-server bench-loopback bench-idle \
   bench-instructions bench-rope bench-fleet bench-copy \
   bench-diagnosis demo clean \
-  py-venv py-protos bench-python conformance conformance-sweep vllm-plugin bench-vllm-plugin
+  py-venv py-protos py-presets bench-python conformance conformance-sweep vllm-plugin bench-vllm-plugin
 
 all: build
 
@@ -364,6 +366,9 @@ py-venv: deps
 # package, so it builds outside the repository) from proto/.
 py-protos:
 	bash client/python/scripts/sync_protos.sh
+
+py-presets: build
+	python3 client/python/scripts/gen_presets.py --cli $(BUILD_DIR)/bin/attnaudit
 
 # The hook's cost per decode step (docs/PERF.md "Python client"), against a
 # real attnaudit-server started by the script.

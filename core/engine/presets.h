@@ -4,9 +4,10 @@
 // "Engine precision", "RoPE arithmetic"), and the cast point of each Hugging
 // Face model family whose modeling code rounds its RoPE differently from
 // Llama's. This is the one table of them: `attnaudit presets --json` prints
-// it, and tests/python/test_presets.py keeps the Python client's copy
-// (attnaudit/_presets.py, which the package carries so that it installs
-// without this repository) equal to it.
+// it, client/python/scripts/gen_presets.py (make py-presets) generates the
+// Python client's copy from that (attnaudit/_presets.py, which the package
+// carries so that it installs without this repository), and
+// tests/python/test_presets.py fails while the copy is not what it writes.
 //
 // Pure data and lookups; thread-safe.
 #ifndef ATTNAUDIT_CORE_ENGINE_PRESETS_H_

@@ -1,13 +1,17 @@
 """The package's engine presets are the server's.
 
 core/engine/presets.h is the one table of the engine presets; the package
-carries a copy (attnaudit/_presets.py) so that it installs without the
+carries a copy generated from it (attnaudit/_presets.py, written by
+client/python/scripts/gen_presets.py) so that it installs without the
 repository. `attnaudit presets --json` prints the C++ table, and these tests
-fail on any difference: a preset or a family on one side only, or one that
-resolves to another precision profile or RoPE cast point on the wire.
+fail on any difference: a file that is not what the generator writes, a
+preset or a family on one side only, or one that resolves to another
+precision profile or RoPE cast point on the wire.
 """
 
+import importlib.util
 import json
+import os
 
 import pytest
 
@@ -27,6 +31,25 @@ def _profile(name: str) -> int:
 
 def _cast_point(name: str) -> int:
     return E.parse_enum(*E.CAST_POINT, name, "cast_point")
+
+
+PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "client", "python")
+
+
+def _generator():
+    path = os.path.join(PACKAGE, "scripts", "gen_presets.py")
+    spec = importlib.util.spec_from_file_location("gen_presets", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_package_file_is_generated_from_the_table(cpp):
+    gen = _generator()
+    with open(os.path.join(PACKAGE, "src", "attnaudit", "_presets.py"), encoding="utf-8") as f:
+        assert f.read() == gen.render(cpp), "run make py-presets"
 
 
 def test_the_same_presets(cpp):

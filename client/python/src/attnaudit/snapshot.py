@@ -39,7 +39,7 @@ from attnaudit.v1 import snapshot_pb2
 from . import _arrays as A
 from . import _enums as E
 from . import _wire
-from ._presets import ENGINE_PRESETS, HF_FAMILY_CAST_POINTS
+from ._presets import ENGINE_PRESETS, HF_DEFAULT_CAST_POINT, HF_FAMILY_CAST_POINTS
 from .fingerprint import prefix_fingerprint
 
 _LAYOUTS_FUSED = {"vllm": (0, False), "flash_attn": (0, False),
@@ -730,7 +730,7 @@ def _engine_preset(engine: Any) -> Optional[Dict[str, str]]:
                          + ", ".join(sorted(ENGINE_PRESETS))
                          + " (hf-eager and hf-sdpa also as hf-eager/<family>)")
     if family:
-        preset = dict(preset, cast_point=HF_FAMILY_CAST_POINTS.get(family, "each_op"))
+        preset = dict(preset, cast_point=HF_FAMILY_CAST_POINTS.get(family, HF_DEFAULT_CAST_POINT))
     return preset
 
 
