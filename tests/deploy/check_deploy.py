@@ -710,6 +710,20 @@ def cmd_consistency():
             if entry.get(k) != want:
                 problems.append("Dockerfile: --%s is %r, want %r"
                                 % (k, entry.get(k), want))
+    # The build context: one ignore list for BuildKit (beside the
+    # Dockerfile) and for the legacy builder (the context root's).
+    ignore = os.path.join(DEPLOY, "docker", "Dockerfile.dockerignore")
+    root_ignore = os.path.join(os.path.dirname(DEPLOY), ".dockerignore")
+    if not os.path.exists(root_ignore) or \
+            os.path.realpath(root_ignore) != os.path.realpath(ignore):
+        problems.append(".dockerignore: not a link to deploy/docker/"
+                        "Dockerfile.dockerignore (the legacy builder reads "
+                        "only the context root's)")
+    patterns = open(ignore, encoding="utf-8").read().split()
+    for needed in (".git", "build", ".venv", "**/.venv"):
+        if needed not in patterns:
+            problems.append("Dockerfile.dockerignore: %s is not excluded"
+                            % needed)
     if not re.search(r"^EXPOSE\s+50051\s+9464\s*$", docker, re.M):
         problems.append("Dockerfile: EXPOSE 50051 9464 missing")
     if not re.search(r"^USER\s+(?!0\b|root\b)\S+", docker, re.M):
