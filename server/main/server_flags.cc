@@ -514,6 +514,8 @@ Range InRange(const absl::Flag<T>& flag, int64_t min, int64_t max) {
                AsInt(absl::GetFlag(flag)), min, max};
 }
 
+// The integer flags within their bounds, read from the flags themselves:
+// the options narrow some of them to int.
 absl::Status CheckRanges() {
   for (const Range& r : {
            InRange(FLAGS_cpu_workers, 0, 4096),
@@ -540,8 +542,8 @@ absl::Status CheckRanges() {
   return absl::OkStatus();
 }
 
-// Checks on the built options; the integer ranges are CheckRanges'.
-absl::Status CheckCombinations(const AuditServerOptions& o) {
+// The shares, factors and windows of admission control.
+absl::Status CheckAdmission(const AuditServerOptions& o) {
   if (!(o.interactive_reserve >= 0 && o.interactive_reserve < 1)) {
     return FlagError("interactive-reserve",
                      absl::StrCat(o.interactive_reserve, " is outside [0, 1)"));
@@ -558,6 +560,11 @@ absl::Status CheckCombinations(const AuditServerOptions& o) {
   if (o.upload_idle_timeout < absl::Seconds(1)) {
     return FlagError("upload-idle-timeout", "must be at least 1s");
   }
+  return absl::OkStatus();
+}
+
+// TLS files come in pairs; a client CA only makes sense with TLS.
+absl::Status CheckTls(const AuditServerOptions& o) {
   if (o.metrics_tls_cert.empty() != o.metrics_tls_key.empty()) {
     return FlagError(
         o.metrics_tls_cert.empty() ? "metrics-tls-cert" : "metrics-tls-key",
@@ -570,6 +577,11 @@ absl::Status CheckCombinations(const AuditServerOptions& o) {
   if (!o.tls.client_ca.empty() && o.tls.cert.empty()) {
     return FlagError("tls-client-ca", "needs --tls-cert and --tls-key");
   }
+  return absl::OkStatus();
+}
+
+// Where the server runs: devices, endpoints, storage and fleet identity.
+absl::Status CheckPlacement(const AuditServerOptions& o) {
   // The options hold the parsed selection (the CPU workers when the text
   // is bad), so the text is parsed again for its error.
   if (absl::StatusOr<DeviceSelection> d =
@@ -599,6 +611,14 @@ absl::Status CheckCombinations(const AuditServerOptions& o) {
     return FlagError("replica-id", "at most 128 characters");
   }
   return absl::OkStatus();
+}
+
+// Checks on the built options (the integer ranges are CheckRanges'), in
+// the order that decides which error a command line with several gets.
+absl::Status CheckCombinations(const AuditServerOptions& o) {
+  if (absl::Status s = CheckAdmission(o); !s.ok()) return s;
+  if (absl::Status s = CheckTls(o); !s.ok()) return s;
+  return CheckPlacement(o);
 }
 
 }  // namespace
