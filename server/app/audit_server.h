@@ -99,7 +99,7 @@ struct AuditServerOptions {
   // unfinished jobs are taken over by the others.
   absl::Duration fleet_lease = absl::Seconds(15);
 
-  // CPU pool: 0 derives from the machine (see server_flags.h --help).
+  // CPU pool: 0 derives from the machine (see attnaudit-server --help).
   int cpu_workers = 0;
   int threads_per_job = 0;
   // --devices (server/device_pool): the CPU pool, every GPU (the CPU pool
@@ -176,7 +176,9 @@ struct AuditServerOptions {
 
   int metrics_max_models = 4;
   int metrics_max_layers = 16;
-  size_t watcher_buffer = 256;
+  // Results buffered per WatchResults call before it is dropped: the
+  // service's default (one number, the one docs/OPERATIONS.md states).
+  size_t watcher_buffer = ServiceOptions().watcher_buffer;
   int blocking_threads = 4;
   size_t blocking_queue = 1024;
   // Tests only: skip fsync in the spool and the store.
@@ -199,6 +201,8 @@ class AuditServer {
   // The bound gRPC port and metrics port (0 without an endpoint).
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
+  // The options it was started with (less `devices`, which the pool took).
+  const AuditServerOptions& options() const { return options_; }
   // What the device pool is and why, when it is not what --devices asked
   // for (e.g. --devices all without a GPU); empty for a plain CPU pool.
   const std::string& devices_note() const { return devices_note_; }

@@ -1,5 +1,6 @@
 // attnaudit-server: the audit service. Flags: `attnaudit-server --help`
-// (server_flags.h); operations: docs/OPERATIONS.md.
+// (server_flags.h: they build the AuditServerOptions the server starts
+// with); operations: docs/OPERATIONS.md.
 //
 // Signals: SIGTERM, SIGINT and SIGHUP are blocked in every thread and taken
 // by sigwait here, so everything runs on the main thread, outside any
@@ -14,8 +15,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -35,61 +38,6 @@ namespace {
 
 constexpr int kExitUsage = 2;
 
-AuditServerOptions ToOptions(const ServerFlags& f) {
-  AuditServerOptions o;
-  o.listen = f.listen;
-  o.metrics_listen = f.metrics_listen;
-  o.data_dir = f.data_dir;
-  o.store_url = f.store;
-  o.replica_id = f.replica_id;
-  o.store_audit_results = f.store_audit_results;
-  o.result_journal_bytes = f.result_journal_bytes;
-  o.fleet_lease = f.fleet_lease;
-  o.cpu_workers = static_cast<int>(f.cpu_workers);
-  o.threads_per_job = static_cast<int>(f.threads_per_job);
-  // ParseServerFlags has checked the syntax.
-  o.device_selection =
-      ParseDeviceSelection(f.devices).value_or(DeviceSelection{});
-  o.gpu_memory_pool_bytes = f.gpu_memory_pool_bytes;
-  o.max_message_bytes = f.max_message_bytes;
-  o.queue_capacity = {f.queue_interactive, f.queue_sampled};
-  o.memory_budget_bytes = f.memory_budget_bytes;
-  o.interactive_reserve = f.interactive_reserve;
-  o.sampled_promote_after = f.sampled_promote_after == absl::ZeroDuration()
-                                ? absl::InfiniteDuration()
-                                : f.sampled_promote_after;
-  o.gang_backfill_runs = f.gang_backfill_runs;
-  o.cp_ring_gang_always = f.cp_ring_gang_always;
-  o.upload_tenant_share = f.upload_tenant_share;
-  o.upload_idle_timeout = f.upload_idle_timeout;
-  o.upload_min_rate = f.upload_min_rate;
-  o.tenant_quota = TenantQuota{f.tenant_max_jobs, f.tenant_max_bytes};
-  o.retention_age = f.retention_age;
-  o.retention_count = f.retention_count;
-  o.drain_delay = f.drain_delay;
-  o.drain_timeout = f.drain_timeout;
-  o.tls.cert = f.tls_cert;
-  o.tls.key = f.tls_key;
-  o.tls.client_ca = f.tls_client_ca;
-  o.auth_token_file = f.auth_token_file;
-  o.metrics_tls_cert = f.metrics_tls_cert;
-  o.metrics_tls_key = f.metrics_tls_key;
-  o.metrics_token_file = f.metrics_token_file;
-  o.connection.keepalive_time = f.keepalive_time;
-  o.connection.keepalive_timeout = f.keepalive_timeout;
-  o.connection.keepalive_min_ping_interval = f.keepalive_min_ping_interval;
-  o.connection.max_connection_age = f.max_connection_age;
-  o.connection.max_connection_age_grace = f.max_connection_age_grace;
-  o.connection.max_connection_idle = f.max_connection_idle;
-  o.connection.max_concurrent_streams =
-      static_cast<int>(f.max_concurrent_streams);
-  o.accept_memfd_snapshots = f.accept_memfd_snapshots;
-  o.callback_wake_period = f.callback_wake_period;
-  o.metrics_max_models = static_cast<int>(f.metrics_max_models);
-  o.metrics_max_layers = static_cast<int>(f.metrics_max_layers);
-  return o;
-}
-
 // Whether `listen` is reachable from this machine only.
 bool LoopbackOnly(const std::string& listen) {
   if (absl::StartsWith(listen, "unix:") ||
@@ -105,31 +53,32 @@ bool LoopbackOnly(const std::string& listen) {
 
 // Warnings about a server open to the network, and about secrets that
 // would cross it in clear text.
-void WarnAboutExposure(const ServerFlags& flags) {
-  if (!LoopbackOnly(flags.listen) && flags.auth_token_file.empty()) {
+void WarnAboutExposure(const AuditServerOptions& options) {
+  if (!LoopbackOnly(options.listen) && options.auth_token_file.empty()) {
     ATTNAUDIT_LOG(warn,
                   "OPEN SERVER: gRPC listens beyond this machine with "
                   "authentication off: anyone who reaches this port can "
                   "submit audits, read every result and cancel jobs; set "
                   "--auth-token-file (and --tls-cert) outside a trusted "
                   "network")
-        .Kv("listen", flags.listen)
-        .Kv("tls", flags.tls_cert.empty() ? "off" : "on");
+        .Kv("listen", options.listen)
+        .Kv("tls", options.tls.cert.empty() ? "off" : "on");
   }
-  if (!flags.metrics_listen.empty() && !LoopbackOnly(flags.metrics_listen) &&
-      flags.metrics_token_file.empty()) {
+  if (!options.metrics_listen.empty() &&
+      !LoopbackOnly(options.metrics_listen) &&
+      options.metrics_token_file.empty()) {
     ATTNAUDIT_LOG(warn,
                   "/metrics listens beyond this machine without a token: "
                   "anyone who reaches it reads model names and drift "
                   "figures; set --metrics-token-file (and --metrics-tls-cert)")
-        .Kv("metrics_listen", flags.metrics_listen);
+        .Kv("metrics_listen", options.metrics_listen);
   }
-  if (!flags.auth_token_file.empty() && flags.tls_cert.empty()) {
+  if (!options.auth_token_file.empty() && options.tls.cert.empty()) {
     ATTNAUDIT_LOG(warn,
                   "bearer token auth without TLS: tokens cross the network "
                   "in plaintext; use --tls-cert outside a trusted network");
   }
-  if (!flags.metrics_token_file.empty() && flags.metrics_tls_cert.empty()) {
+  if (!options.metrics_token_file.empty() && options.metrics_tls_cert.empty()) {
     ATTNAUDIT_LOG(warn,
                   "/metrics token without TLS: the scrape token crosses the "
                   "network in plaintext; add --metrics-tls-cert");
@@ -202,14 +151,15 @@ std::string ListeningAddress(const std::string& listen, int port) {
 }
 
 // One line per endpoint (the e2e test and operators read the ports here).
-void LogEndpoints(const ServerFlags& flags, const AuditServer& server) {
+void LogEndpoints(const AuditServer& server) {
+  const AuditServerOptions& o = server.options();
   ATTNAUDIT_LOG(info, "grpc listening")
-      .Kv("addr", ListeningAddress(flags.listen, server.port()))
-      .Kv("tls", flags.tls_cert.empty()
+      .Kv("addr", ListeningAddress(o.listen, server.port()))
+      .Kv("tls", o.tls.cert.empty()
                      ? "off"
-                     : (flags.tls_client_ca.empty() ? "on" : "mutual"))
-      .Kv("auth", flags.auth_token_file.empty() ? "off" : "bearer")
-      .Kv("max_message_bytes", flags.max_message_bytes)
+                     : (o.tls.client_ca.empty() ? "on" : "mutual"))
+      .Kv("auth", o.auth_token_file.empty() ? "off" : "bearer")
+      .Kv("max_message_bytes", o.max_message_bytes)
       .Kv("health", "grpc.health.v1 (\"\", attnaudit.v1.AuditService)")
       .Kv("reflection", true);
   {
@@ -222,41 +172,40 @@ void LogEndpoints(const ServerFlags& flags, const AuditServer& server) {
     const std::string workers = absl::StrJoin(names, ",");
     if (server.devices_note().empty()) {
       ATTNAUDIT_LOG(info, "devices")
-          .Kv("requested", flags.devices)
+          .Kv("requested", DeviceSelectionText(o.device_selection))
           .Kv("using", kind)
           .Kv("workers", workers);
     } else {
       // e.g. --devices all on a machine without a GPU: say what runs.
       ATTNAUDIT_LOG(info, "devices")
-          .Kv("requested", flags.devices)
+          .Kv("requested", DeviceSelectionText(o.device_selection))
           .Kv("using", kind)
           .Kv("workers", workers)
           .Kv("note", server.devices_note());
     }
   }
-  if (flags.metrics_listen.empty()) {
+  if (o.metrics_listen.empty()) {
     ATTNAUDIT_LOG(info, "metrics endpoint disabled");
   } else {
     ATTNAUDIT_LOG(info, "metrics listening")
-        .Kv("addr", absl::StrCat(Host(flags.metrics_listen), ":",
-                                 server.metrics_port()))
+        .Kv("addr",
+            absl::StrCat(Host(o.metrics_listen), ":", server.metrics_port()))
         .Kv("path", "/metrics")
-        .Kv("tls", flags.metrics_tls_cert.empty() ? "off" : "on")
-        .Kv("auth", flags.metrics_token_file.empty() ? "off" : "bearer");
+        .Kv("tls", o.metrics_tls_cert.empty() ? "off" : "on")
+        .Kv("auth", o.metrics_token_file.empty() ? "off" : "bearer");
   }
   std::error_code ec;
-  const std::filesystem::path data =
-      std::filesystem::absolute(flags.data_dir, ec);
+  const std::filesystem::path data = std::filesystem::absolute(o.data_dir, ec);
   ATTNAUDIT_LOG(info, "data dir")
       .Kv("path", data.string())
       .Kv("spool", (data / "spool").string())
-      .Kv("store", flags.store == "sqlite" ? (data / "results.db").string()
-                                           : RedactStoreUrl(flags.store));
+      .Kv("store", o.store_url == "sqlite" ? (data / "results.db").string()
+                                           : RedactStoreUrl(o.store_url));
 }
 
 // Waits for SIGTERM/SIGINT (re-reading the token file on each SIGHUP),
 // then runs the drain; a second signal during the drain exits at once.
-void ServeUntilSignalled(const sigset_t& stop_signals, const ServerFlags& flags,
+void ServeUntilSignalled(const sigset_t& stop_signals,
                          std::unique_ptr<AuditServer> server) {
   sigset_t waited = stop_signals;
   sigaddset(&waited, SIGHUP);
@@ -273,7 +222,8 @@ void ServeUntilSignalled(const sigset_t& stop_signals, const ServerFlags& flags,
   }
   ATTNAUDIT_LOG(info, "signal received; draining")
       .Kv("signal", signal_number == SIGTERM ? "SIGTERM" : "SIGINT")
-      .Kv("drain_timeout_s", absl::ToDoubleSeconds(flags.drain_timeout));
+      .Kv("drain_timeout_s",
+          absl::ToDoubleSeconds(server->options().drain_timeout));
   std::thread([stop_signals] {
     int again = 0;
     sigwait(&stop_signals, &again);
@@ -294,31 +244,31 @@ int UsageError(const absl::Status& status) {
 }
 
 int Main(const std::vector<std::string>& args) {
-  absl::StatusOr<ServerFlags> flags = ParseServerFlags(args);
-  if (!flags.ok()) return UsageError(flags.status());
-  if (flags->help) {
+  absl::StatusOr<ServerConfig> config = ParseServerFlags(args);
+  if (!config.ok()) return UsageError(config.status());
+  if (config->help) {
     std::fputs(ServerHelpText().c_str(), stdout);
     return 0;
   }
   absl::StatusOr<spdlog::level::level_enum> level =
-      ParseLogLevel(flags->log_level);
+      ParseLogLevel(config->log_level);
   if (!level.ok()) return UsageError(level.status());
   ConfigureLogging(*level);
   const sigset_t stop_signals = PrepareProcess();
   RouteProtobufLogs();
-  WarnAboutExposure(*flags);
+  WarnAboutExposure(config->options);
 
   ATTNAUDIT_LOG(info, "attnaudit-server starting")
       .Kv("version", ServerVersion())
       .Kv("pid", static_cast<int64_t>(getpid()));
   absl::StatusOr<std::unique_ptr<AuditServer>> server =
-      AuditServer::Start(ToOptions(*flags));
+      AuditServer::Start(std::move(config->options));
   if (!server.ok()) {
     ATTNAUDIT_LOG(err, "start-up failed").Kv("status", server.status());
     return 1;
   }
-  LogEndpoints(*flags, **server);
-  ServeUntilSignalled(stop_signals, *flags, *std::move(server));
+  LogEndpoints(**server);
+  ServeUntilSignalled(stop_signals, *std::move(server));
   return 0;
 }
 

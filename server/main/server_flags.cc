@@ -1,7 +1,16 @@
+// Each server flag is one ATTNAUDIT_SERVER_FLAG row below: its absl
+// definition (type, default, help) and the function that stores its value
+// in the ServerConfig. ParseServerFlags sets the absl flags from argv, runs
+// every row's function over a fresh ServerConfig, then checks ranges and
+// combinations. Nothing else lists the flags, so a new flag is one row
+// (and its row in docs/OPERATIONS.md's table, which
+// tests/docs/check_flags_documented.py compares with --help).
 #include "server/main/server_flags.h"
 
 #include <algorithm>
+#include <functional>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "absl/flags/flag.h"
@@ -16,211 +25,353 @@
 #include "absl/strings/strip.h"
 #include "server/device_pool/device_selection.h"
 
+namespace attnaudit::server {
+namespace {
+
+// A server flag: its absl flag and how its value reaches the configuration.
+struct ServerFlag {
+  const absl::CommandLineFlag* flag;
+  std::function<void(ServerConfig&)> apply;
+};
+
+// The server's flags in definition order, which is the --help order. Only
+// these are accepted: other libraries may register absl flags of their own.
+// Filled during static initialization of this file (one thread), read-only
+// afterwards.
+std::vector<ServerFlag>& Registry() {
+  static auto* flags = new std::vector<ServerFlag>;
+  return *flags;
+}
+
+// Adds `flag` to the registry with `apply`, which stores the flag's value:
+// (const T&, AuditServerOptions&) for a setting of the server, or
+// (const T&, ServerConfig&) for one of the process (--log-level).
+template <typename T, typename Apply>
+bool Register(const absl::Flag<T>& flag, Apply apply) {
+  Registry().push_back(
+      {&absl::GetFlagReflectionHandle(flag), [&flag, apply](ServerConfig& c) {
+         if constexpr (std::is_invocable_v<Apply, const T&,
+                                           AuditServerOptions&>) {
+           apply(absl::GetFlag(flag), c.options);
+         } else {
+           apply(absl::GetFlag(flag), c);
+         }
+       }});
+  return true;
+}
+
+}  // namespace
+}  // namespace attnaudit::server
+
+// ATTNAUDIT_SERVER_FLAG(Type, name, default, help, apply): the absl flag
+// FLAGS_name (--name, --help shows `help` and `default`), registered with
+// `apply` in the order of the rows.
+#define ATTNAUDIT_SERVER_FLAG(Type, name, default_value, help, apply) \
+  ABSL_FLAG(Type, name, default_value, help);                         \
+  [[maybe_unused]] static const bool attnaudit_server_flag_##name =   \
+      ::attnaudit::server::Register(FLAGS_##name, apply)
+
+using attnaudit::server::AuditServerOptions;
 using attnaudit::server::ByteSize;
+using attnaudit::server::DeviceSelection;
 using attnaudit::server::FlagDuration;
+using attnaudit::server::ParseDeviceSelection;
+using attnaudit::server::PriorityClass;
+using attnaudit::server::ServerConfig;
 
 // Endpoints and storage.
-ABSL_FLAG(std::string, listen, "localhost:50051",
-          "gRPC address HOST:PORT (port 0 picks a free port)");
-ABSL_FLAG(std::string, metrics_listen, "localhost:9464",
-          "Prometheus /metrics address HOST:PORT (\"\" disables it)");
-ABSL_FLAG(std::string, data_dir, "./var/attnaudit",
-          "spool and result store directory");
-ABSL_FLAG(std::string, store, "sqlite",
-          "where jobs and results live: sqlite (<data-dir>/results.db, one "
-          "process) or postgresql://USER[:PASSWORD]@HOST:PORT/DB[?PARAMS] "
-          "(a fleet of replicas sharing one PostgreSQL database)");
-ABSL_FLAG(bool, store_audit_results, true,
-          "store Audit/AuditStream results like Submit's (GetResult, "
-          "ListResults, resumable watches); false: only stream them to "
-          "watchers");
-ABSL_FLAG(ByteSize, result_journal_bytes, ByteSize{int64_t{256} << 20},
-          "Audit results the store cannot take (an outage) are kept in "
-          "<data-dir>/journal, fsync'd, up to this many bytes, and stored "
-          "when it is back; past it an Audit is answered without a job id");
-ABSL_FLAG(FlagDuration, fleet_lease, FlagDuration{absl::Seconds(15)},
-          "with a postgresql:// store: a replica silent this long is gone, "
-          "and another takes over its unfinished jobs");
-ABSL_FLAG(std::string, replica_id, "",
-          "this replica's name in a fleet, stored as the owner of the jobs "
-          "it accepts and shown in results (default: the host name)");
+ATTNAUDIT_SERVER_FLAG(std::string, listen, "localhost:50051",
+                      "gRPC address HOST:PORT (port 0 picks a free port)",
+                      [](const std::string& v, AuditServerOptions& o) {
+                        o.listen = v;
+                      });
+ATTNAUDIT_SERVER_FLAG(
+    std::string, metrics_listen, "localhost:9464",
+    "Prometheus /metrics address HOST:PORT (\"\" disables it)",
+    [](const std::string& v, AuditServerOptions& o) { o.metrics_listen = v; });
+ATTNAUDIT_SERVER_FLAG(std::string, data_dir, "./var/attnaudit",
+                      "spool and result store directory",
+                      [](const std::string& v, AuditServerOptions& o) {
+                        o.data_dir = v;
+                      });
+ATTNAUDIT_SERVER_FLAG(
+    std::string, store, "sqlite",
+    "where jobs and results live: sqlite (<data-dir>/results.db, one "
+    "process) or postgresql://USER[:PASSWORD]@HOST:PORT/DB[?PARAMS] "
+    "(a fleet of replicas sharing one PostgreSQL database)",
+    [](const std::string& v, AuditServerOptions& o) { o.store_url = v; });
+ATTNAUDIT_SERVER_FLAG(
+    std::string, replica_id, "",
+    "this replica's name in a fleet, stored as the owner of the jobs "
+    "it accepts and shown in results (default: the host name)",
+    [](const std::string& v, AuditServerOptions& o) { o.replica_id = v; });
+ATTNAUDIT_SERVER_FLAG(
+    bool, store_audit_results, true,
+    "store Audit/AuditStream results like Submit's (GetResult, "
+    "ListResults, resumable watches); false: only stream them to "
+    "watchers",
+    [](bool v, AuditServerOptions& o) { o.store_audit_results = v; });
+ATTNAUDIT_SERVER_FLAG(
+    ByteSize, result_journal_bytes, ByteSize{int64_t{256} << 20},
+    "Audit results the store cannot take (an outage) are kept in "
+    "<data-dir>/journal, fsync'd, up to this many bytes, and stored "
+    "when it is back; past it an Audit is answered without a job id",
+    [](ByteSize v, AuditServerOptions& o) {
+      o.result_journal_bytes = v.bytes;
+    });
+ATTNAUDIT_SERVER_FLAG(
+    FlagDuration, fleet_lease, FlagDuration{absl::Seconds(15)},
+    "with a postgresql:// store: a replica silent this long is gone, "
+    "and another takes over its unfinished jobs",
+    [](FlagDuration v, AuditServerOptions& o) { o.fleet_lease = v.value; });
 // Execution.
-ABSL_FLAG(int64_t, cpu_workers, 0,
-          "concurrent CPU audit jobs (0: one per 16 cores, or cores / "
-          "threads-per-job)");
-ABSL_FLAG(int64_t, threads_per_job, 0,
-          "threads one audit uses (0: all cores / cpu-workers)");
-ABSL_FLAG(std::string, devices, "cpu",
-          "devices to drive: cpu (the CPU workers), all (one worker per "
-          "visible GPU; the CPU workers when there is none or the build has "
-          "no CUDA backend), or GPUs by ordinal: cuda:0,cuda:1");
-ABSL_FLAG(ByteSize, gpu_memory_pool_bytes, ByteSize{0},
-          "device memory each GPU worker reserves for its jobs (0: three "
-          "quarters of the GPU's free memory at start-up); a snapshot that "
-          "does not fit runs on the CPU backend");
+ATTNAUDIT_SERVER_FLAG(
+    int64_t, cpu_workers, 0,
+    "concurrent CPU audit jobs (0: one per 16 cores, or cores / "
+    "threads-per-job)",
+    [](int64_t v, AuditServerOptions& o) {
+      o.cpu_workers = static_cast<int>(v);
+    });
+ATTNAUDIT_SERVER_FLAG(int64_t, threads_per_job, 0,
+                      "threads one audit uses (0: all cores / cpu-workers)",
+                      [](int64_t v, AuditServerOptions& o) {
+                        o.threads_per_job = static_cast<int>(v);
+                      });
+ATTNAUDIT_SERVER_FLAG(
+    std::string, devices, "cpu",
+    "devices to drive: cpu (the CPU workers), all (one worker per "
+    "visible GPU; the CPU workers when there is none or the build has "
+    "no CUDA backend), or GPUs by ordinal: cuda:0,cuda:1",
+    [](const std::string& v, AuditServerOptions& o) {
+      // A bad value is CheckCombinations' error; this never stores it.
+      o.device_selection = ParseDeviceSelection(v).value_or(DeviceSelection{});
+    });
+ATTNAUDIT_SERVER_FLAG(
+    ByteSize, gpu_memory_pool_bytes, ByteSize{0},
+    "device memory each GPU worker reserves for its jobs (0: three "
+    "quarters of the GPU's free memory at start-up); a snapshot that "
+    "does not fit runs on the CPU backend",
+    [](ByteSize v, AuditServerOptions& o) {
+      o.gpu_memory_pool_bytes = v.bytes;
+    });
 // Admission control.
-ABSL_FLAG(ByteSize, max_message_bytes, ByteSize{int64_t{256} << 20},
-          "largest unary request; bigger snapshots use AuditStream (never "
-          "unlimited)");
-ABSL_FLAG(int64_t, queue_interactive, 64,
-          "queued INTERACTIVE jobs (Audit/AuditStream) before "
-          "RESOURCE_EXHAUSTED");
-ABSL_FLAG(int64_t, queue_sampled, 1024,
-          "queued SAMPLED jobs (Submit) before RESOURCE_EXHAUSTED");
-ABSL_FLAG(ByteSize, memory_budget_bytes, ByteSize{int64_t{8} << 30},
-          "snapshot bytes of queued jobs (and, separately, of stream uploads "
-          "in progress)");
-ABSL_FLAG(double, interactive_reserve, 0.25,
-          "share of --memory-budget-bytes only INTERACTIVE calls may use "
-          "(SAMPLED work cannot take it)");
-ABSL_FLAG(FlagDuration, sampled_promote_after, FlagDuration{},
-          "a SAMPLED job queued this long runs before newer INTERACTIVE ones "
-          "(0: never; INTERACTIVE always first)");
-ABSL_FLAG(double, gang_backfill_runs, 2.0,
-          "how long a CP gang waiting for GPUs lets later jobs use the idle "
-          "ones, in run estimates, before it holds them as they free up");
-ABSL_FLAG(bool, cp_ring_gang_always, false,
-          "give every CP ring job a gang of min(W, GPUs) GPUs (default: one "
-          "GPU, a gang only when the job would not fit one GPU's pool)");
-ABSL_FLAG(double, upload_tenant_share, 0.5,
-          "share of the stream-upload budget (--memory-budget-bytes) one "
-          "tenant may hold, so others' uploads keep being admitted (with no "
-          "token file there is one tenant, and it may hold all)");
-ABSL_FLAG(FlagDuration, upload_idle_timeout, FlagDuration{absl::Seconds(30)},
-          "an AuditStream that receives less than --upload-min-rate x this "
-          "long of its bytes in this long is ended DEADLINE_EXCEEDED and its "
-          "reservation freed");
-ABSL_FLAG(ByteSize, upload_min_rate, ByteSize{int64_t{1} << 20},
-          "bytes per second an AuditStream must deliver, measured over "
-          "--upload-idle-timeout (messages without bytes do not count)");
-ABSL_FLAG(int64_t, tenant_max_jobs, 0,
-          "queued + running jobs one tenant may hold (0: no limit; a token "
-          "file line may set its own)");
-ABSL_FLAG(ByteSize, tenant_max_bytes, ByteSize{0},
-          "snapshot bytes of one tenant's queued + running jobs (0: no "
-          "limit)");
+ATTNAUDIT_SERVER_FLAG(
+    ByteSize, max_message_bytes, ByteSize{int64_t{256} << 20},
+    "largest unary request; bigger snapshots use AuditStream (never "
+    "unlimited)",
+    [](ByteSize v, AuditServerOptions& o) { o.max_message_bytes = v.bytes; });
+ATTNAUDIT_SERVER_FLAG(
+    int64_t, queue_interactive, 64,
+    "queued INTERACTIVE jobs (Audit/AuditStream) before "
+    "RESOURCE_EXHAUSTED",
+    [](int64_t v, AuditServerOptions& o) {
+      o.queue_capacity[static_cast<int>(PriorityClass::kInteractive)] = v;
+    });
+ATTNAUDIT_SERVER_FLAG(
+    int64_t, queue_sampled, 1024,
+    "queued SAMPLED jobs (Submit) before RESOURCE_EXHAUSTED",
+    [](int64_t v, AuditServerOptions& o) {
+      o.queue_capacity[static_cast<int>(PriorityClass::kSampled)] = v;
+    });
+ATTNAUDIT_SERVER_FLAG(
+    ByteSize, memory_budget_bytes, ByteSize{int64_t{8} << 30},
+    "snapshot bytes of queued jobs (and, separately, of stream uploads "
+    "in progress)",
+    [](ByteSize v, AuditServerOptions& o) { o.memory_budget_bytes = v.bytes; });
+ATTNAUDIT_SERVER_FLAG(
+    double, interactive_reserve, 0.25,
+    "share of --memory-budget-bytes only INTERACTIVE calls may use "
+    "(SAMPLED work cannot take it)",
+    [](double v, AuditServerOptions& o) { o.interactive_reserve = v; });
+ATTNAUDIT_SERVER_FLAG(
+    FlagDuration, sampled_promote_after, FlagDuration{},
+    "a SAMPLED job queued this long runs before newer INTERACTIVE ones "
+    "(0: never; INTERACTIVE always first)",
+    [](FlagDuration v, AuditServerOptions& o) {
+      // The scheduler spells "never" as an infinite wait.
+      o.sampled_promote_after =
+          v.value == absl::ZeroDuration() ? absl::InfiniteDuration() : v.value;
+    });
+ATTNAUDIT_SERVER_FLAG(
+    double, gang_backfill_runs, 2.0,
+    "how long a CP gang waiting for GPUs lets later jobs use the idle "
+    "ones, in run estimates, before it holds them as they free up",
+    [](double v, AuditServerOptions& o) { o.gang_backfill_runs = v; });
+ATTNAUDIT_SERVER_FLAG(
+    bool, cp_ring_gang_always, false,
+    "give every CP ring job a gang of min(W, GPUs) GPUs (default: one "
+    "GPU, a gang only when the job would not fit one GPU's pool)",
+    [](bool v, AuditServerOptions& o) { o.cp_ring_gang_always = v; });
+ATTNAUDIT_SERVER_FLAG(
+    double, upload_tenant_share, 0.5,
+    "share of the stream-upload budget (--memory-budget-bytes) one "
+    "tenant may hold, so others' uploads keep being admitted (with no "
+    "token file there is one tenant, and it may hold all)",
+    [](double v, AuditServerOptions& o) { o.upload_tenant_share = v; });
+ATTNAUDIT_SERVER_FLAG(
+    FlagDuration, upload_idle_timeout, FlagDuration{absl::Seconds(30)},
+    "an AuditStream that receives less than --upload-min-rate x this "
+    "long of its bytes in this long is ended DEADLINE_EXCEEDED and its "
+    "reservation freed",
+    [](FlagDuration v, AuditServerOptions& o) {
+      o.upload_idle_timeout = v.value;
+    });
+ATTNAUDIT_SERVER_FLAG(
+    ByteSize, upload_min_rate, ByteSize{int64_t{1} << 20},
+    "bytes per second an AuditStream must deliver, measured over "
+    "--upload-idle-timeout (messages without bytes do not count)",
+    [](ByteSize v, AuditServerOptions& o) { o.upload_min_rate = v.bytes; });
+ATTNAUDIT_SERVER_FLAG(
+    int64_t, tenant_max_jobs, 0,
+    "queued + running jobs one tenant may hold (0: no limit; a token "
+    "file line may set its own)",
+    [](int64_t v, AuditServerOptions& o) { o.tenant_quota.max_jobs = v; });
+ATTNAUDIT_SERVER_FLAG(
+    ByteSize, tenant_max_bytes, ByteSize{0},
+    "snapshot bytes of one tenant's queued + running jobs (0: no "
+    "limit)",
+    [](ByteSize v, AuditServerOptions& o) {
+      o.tenant_quota.max_bytes = v.bytes;
+    });
 // Result store retention.
-ABSL_FLAG(FlagDuration, retention_age, FlagDuration{absl::Hours(24 * 7)},
-          "drop stored results older than this (0: keep forever)");
-ABSL_FLAG(int64_t, retention_count, 100000,
-          "keep at most this many results (0: no cap)");
+ATTNAUDIT_SERVER_FLAG(FlagDuration, retention_age,
+                      FlagDuration{absl::Hours(24 * 7)},
+                      "drop stored results older than this (0: keep forever)",
+                      [](FlagDuration v, AuditServerOptions& o) {
+                        o.retention_age = v.value;
+                      });
+ATTNAUDIT_SERVER_FLAG(int64_t, retention_count, 100000,
+                      "keep at most this many results (0: no cap)",
+                      [](int64_t v, AuditServerOptions& o) {
+                        o.retention_count = v;
+                      });
 // Lifecycle.
-ABSL_FLAG(FlagDuration, drain_delay, FlagDuration{absl::ZeroDuration()},
-          "on SIGTERM, wait this long NOT_SERVING before refusing work (lets "
-          "load balancers notice)");
-ABSL_FLAG(FlagDuration, drain_timeout, FlagDuration{absl::Seconds(30)},
-          "on SIGTERM, wait at most this long for in-flight jobs");
-ABSL_FLAG(std::string, log_level, "info",
-          "debug, info, warn or error (debug: one line per request)");
+ATTNAUDIT_SERVER_FLAG(
+    FlagDuration, drain_delay, FlagDuration{absl::ZeroDuration()},
+    "on SIGTERM, wait this long NOT_SERVING before refusing work (lets "
+    "load balancers notice)",
+    [](FlagDuration v, AuditServerOptions& o) { o.drain_delay = v.value; });
+ATTNAUDIT_SERVER_FLAG(FlagDuration, drain_timeout,
+                      FlagDuration{absl::Seconds(30)},
+                      "on SIGTERM, wait at most this long for in-flight jobs",
+                      [](FlagDuration v, AuditServerOptions& o) {
+                        o.drain_timeout = v.value;
+                      });
+ATTNAUDIT_SERVER_FLAG(
+    std::string, log_level, "info",
+    "debug, info, warn or error (debug: one line per request)",
+    [](const std::string& v, ServerConfig& c) { c.log_level = v; });
 // Security.
-ABSL_FLAG(std::string, tls_cert, "",
-          "PEM server certificate chain (enables TLS)");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
-ABSL_FLAG(std::string, tls_client_ca, "",
-          "PEM CA bundle; clients must present a certificate it signed "
-          "(mTLS)");
-ABSL_FLAG(std::string, auth_token_file, "",
-          "tenants and permissions: token:/cert: lines, or one bearer token "
-          "(docs/SECURITY.md); re-read on SIGHUP (health is exempt)");
-ABSL_FLAG(std::string, metrics_tls_cert, "",
-          "PEM certificate chain: serve /metrics over HTTPS");
-ABSL_FLAG(std::string, metrics_tls_key, "",
-          "PEM private key of --metrics-tls-cert");
-ABSL_FLAG(std::string, metrics_token_file, "",
-          "file holding a bearer token /metrics scrapes must send");
+ATTNAUDIT_SERVER_FLAG(std::string, tls_cert, "",
+                      "PEM server certificate chain (enables TLS)",
+                      [](const std::string& v, AuditServerOptions& o) {
+                        o.tls.cert = v;
+                      });
+ATTNAUDIT_SERVER_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert",
+                      [](const std::string& v, AuditServerOptions& o) {
+                        o.tls.key = v;
+                      });
+ATTNAUDIT_SERVER_FLAG(
+    std::string, tls_client_ca, "",
+    "PEM CA bundle; clients must present a certificate it signed "
+    "(mTLS)",
+    [](const std::string& v, AuditServerOptions& o) { o.tls.client_ca = v; });
+ATTNAUDIT_SERVER_FLAG(
+    std::string, auth_token_file, "",
+    "tenants and permissions: token:/cert: lines, or one bearer token "
+    "(docs/SECURITY.md); re-read on SIGHUP (health is exempt)",
+    [](const std::string& v, AuditServerOptions& o) { o.auth_token_file = v; });
+ATTNAUDIT_SERVER_FLAG(std::string, metrics_tls_cert, "",
+                      "PEM certificate chain: serve /metrics over HTTPS",
+                      [](const std::string& v, AuditServerOptions& o) {
+                        o.metrics_tls_cert = v;
+                      });
+ATTNAUDIT_SERVER_FLAG(std::string, metrics_tls_key, "",
+                      "PEM private key of --metrics-tls-cert",
+                      [](const std::string& v, AuditServerOptions& o) {
+                        o.metrics_tls_key = v;
+                      });
+ATTNAUDIT_SERVER_FLAG(std::string, metrics_token_file, "",
+                      "file holding a bearer token /metrics scrapes must send",
+                      [](const std::string& v, AuditServerOptions& o) {
+                        o.metrics_token_file = v;
+                      });
 // Connections.
-ABSL_FLAG(FlagDuration, keepalive_time, FlagDuration{absl::Minutes(2)},
-          "server pings an idle connection this often");
-ABSL_FLAG(FlagDuration, keepalive_timeout, FlagDuration{absl::Seconds(20)},
-          "close a connection whose ping is unanswered this long");
-ABSL_FLAG(FlagDuration, keepalive_min_ping_interval,
-          FlagDuration{absl::Seconds(30)},
-          "least interval between client pings the server accepts");
-ABSL_FLAG(FlagDuration, max_connection_age, FlagDuration{absl::Minutes(30)},
-          "close connections after this age so clients rebalance (0: never)");
-ABSL_FLAG(FlagDuration, max_connection_age_grace,
-          FlagDuration{absl::Minutes(5)},
-          "time given to calls on an aged connection");
-ABSL_FLAG(FlagDuration, max_connection_idle, FlagDuration{absl::Minutes(15)},
-          "close connections idle this long (0: never)");
-ABSL_FLAG(FlagDuration, callback_wake_period,
-          FlagDuration{absl::Milliseconds(250)},
-          "while idle, give gRPC's callback threads an event this often, so "
-          "the first call after a quiet second is not held up to 100 ms "
-          "(0: never)");
-ABSL_FLAG(int64_t, max_concurrent_streams, 64,
-          "calls open at once per connection (bounds the memory of requests "
-          "being received: this x --max-message-bytes per connection)");
-ABSL_FLAG(bool, accept_memfd_snapshots, false,
-          "Audit reads snapshots that clients on this machine name as "
-          "sealed memfds (AuditRequest.snapshot_memfd), in place");
+ATTNAUDIT_SERVER_FLAG(FlagDuration, keepalive_time,
+                      FlagDuration{absl::Minutes(2)},
+                      "server pings an idle connection this often",
+                      [](FlagDuration v, AuditServerOptions& o) {
+                        o.connection.keepalive_time = v.value;
+                      });
+ATTNAUDIT_SERVER_FLAG(FlagDuration, keepalive_timeout,
+                      FlagDuration{absl::Seconds(20)},
+                      "close a connection whose ping is unanswered this long",
+                      [](FlagDuration v, AuditServerOptions& o) {
+                        o.connection.keepalive_timeout = v.value;
+                      });
+ATTNAUDIT_SERVER_FLAG(FlagDuration, keepalive_min_ping_interval,
+                      FlagDuration{absl::Seconds(30)},
+                      "least interval between client pings the server accepts",
+                      [](FlagDuration v, AuditServerOptions& o) {
+                        o.connection.keepalive_min_ping_interval = v.value;
+                      });
+ATTNAUDIT_SERVER_FLAG(
+    FlagDuration, max_connection_age, FlagDuration{absl::Minutes(30)},
+    "close connections after this age so clients rebalance (0: never)",
+    [](FlagDuration v, AuditServerOptions& o) {
+      o.connection.max_connection_age = v.value;
+    });
+ATTNAUDIT_SERVER_FLAG(FlagDuration, max_connection_age_grace,
+                      FlagDuration{absl::Minutes(5)},
+                      "time given to calls on an aged connection",
+                      [](FlagDuration v, AuditServerOptions& o) {
+                        o.connection.max_connection_age_grace = v.value;
+                      });
+ATTNAUDIT_SERVER_FLAG(FlagDuration, max_connection_idle,
+                      FlagDuration{absl::Minutes(15)},
+                      "close connections idle this long (0: never)",
+                      [](FlagDuration v, AuditServerOptions& o) {
+                        o.connection.max_connection_idle = v.value;
+                      });
+ATTNAUDIT_SERVER_FLAG(
+    FlagDuration, callback_wake_period, FlagDuration{absl::Milliseconds(250)},
+    "while idle, give gRPC's callback threads an event this often, so "
+    "the first call after a quiet second is not held up to 100 ms "
+    "(0: never)",
+    [](FlagDuration v, AuditServerOptions& o) {
+      o.callback_wake_period = v.value;
+    });
+ATTNAUDIT_SERVER_FLAG(
+    int64_t, max_concurrent_streams, 64,
+    "calls open at once per connection (bounds the memory of requests "
+    "being received: this x --max-message-bytes per connection)",
+    [](int64_t v, AuditServerOptions& o) {
+      o.connection.max_concurrent_streams = static_cast<int>(v);
+    });
+ATTNAUDIT_SERVER_FLAG(
+    bool, accept_memfd_snapshots, false,
+    "Audit reads snapshots that clients on this machine name as "
+    "sealed memfds (AuditRequest.snapshot_memfd), in place",
+    [](bool v, AuditServerOptions& o) { o.accept_memfd_snapshots = v; });
 // Metrics.
-ABSL_FLAG(int64_t, metrics_max_models, 4,
-          "distinct model label values on drift metrics before \"other\"");
-ABSL_FLAG(int64_t, metrics_max_layers, 16,
-          "distinct layer label values on drift metrics before \"other\"");
+ATTNAUDIT_SERVER_FLAG(
+    int64_t, metrics_max_models, 4,
+    "distinct model label values on drift metrics before \"other\"",
+    [](int64_t v, AuditServerOptions& o) {
+      o.metrics_max_models = static_cast<int>(v);
+    });
+ATTNAUDIT_SERVER_FLAG(
+    int64_t, metrics_max_layers, 16,
+    "distinct layer label values on drift metrics before \"other\"",
+    [](int64_t v, AuditServerOptions& o) {
+      o.metrics_max_layers = static_cast<int>(v);
+    });
 
 namespace attnaudit::server {
 namespace {
 
 constexpr int64_t kMaxGrpcMessage = (int64_t{1} << 31) - 1;
 constexpr int64_t kMaxCount = int64_t{1} << 40;
-
-// The server's flags in --help order. Only these are accepted: other
-// libraries may register absl flags of their own.
-const std::vector<absl::string_view>& FlagNames() {
-  static const auto* names = new std::vector<absl::string_view>{
-      absl::GetFlagReflectionHandle(FLAGS_listen).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_metrics_listen).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_data_dir).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_store).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_replica_id).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_store_audit_results).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_result_journal_bytes).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_fleet_lease).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_cpu_workers).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_threads_per_job).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_devices).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_gpu_memory_pool_bytes).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_max_message_bytes).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_queue_interactive).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_queue_sampled).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_memory_budget_bytes).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_interactive_reserve).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_sampled_promote_after).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_gang_backfill_runs).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_cp_ring_gang_always).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_upload_tenant_share).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_upload_idle_timeout).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_upload_min_rate).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_tenant_max_jobs).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_tenant_max_bytes).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_retention_age).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_retention_count).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_drain_delay).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_drain_timeout).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_log_level).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_tls_cert).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_tls_key).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_tls_client_ca).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_auth_token_file).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_metrics_tls_cert).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_metrics_tls_key).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_metrics_token_file).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_keepalive_time).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_keepalive_timeout).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_keepalive_min_ping_interval).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_max_connection_age).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_max_connection_age_grace).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_max_connection_idle).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_callback_wake_period).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_max_concurrent_streams).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_accept_memfd_snapshots).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_metrics_max_models).Name(),
-      absl::GetFlagReflectionHandle(FLAGS_metrics_max_layers).Name(),
-  };
-  return *names;
-}
 
 // "max_message_bytes" -> "max-message-bytes", the documented spelling.
 std::string Dashed(absl::string_view name) {
@@ -272,8 +423,8 @@ std::string ListenAddressError(absl::string_view address) {
 // One of the server's flags by its name, dashes read as underscores.
 absl::CommandLineFlag* FindServerFlag(absl::string_view arg_name) {
   const std::string name = absl::StrReplaceAll(arg_name, {{"-", "_"}});
-  for (absl::string_view known : FlagNames()) {
-    if (known == name) return absl::FindCommandLineFlag(known);
+  for (const ServerFlag& known : Registry()) {
+    if (known.flag->Name() == name) return absl::FindCommandLineFlag(name);
   }
   return nullptr;
 }
@@ -296,8 +447,8 @@ absl::Status SetFlag(absl::CommandLineFlag& flag, absl::string_view value) {
 
 // Every server flag back to its default.
 void ResetFlags() {
-  for (absl::string_view name : FlagNames()) {
-    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+  for (const ServerFlag& known : Registry()) {
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(known.flag->Name());
     std::string ignored;
     flag->ParseFrom(flag->DefaultValue(), &ignored);
   }
@@ -340,87 +491,48 @@ absl::Status ApplyArgs(const std::vector<std::string>& argv, bool* help) {
   return absl::OkStatus();
 }
 
-ServerFlags ReadFlags() {
-  ServerFlags f;
-  f.listen = absl::GetFlag(FLAGS_listen);
-  f.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  f.data_dir = absl::GetFlag(FLAGS_data_dir);
-  f.store = absl::GetFlag(FLAGS_store);
-  f.replica_id = absl::GetFlag(FLAGS_replica_id);
-  f.store_audit_results = absl::GetFlag(FLAGS_store_audit_results);
-  f.result_journal_bytes = absl::GetFlag(FLAGS_result_journal_bytes).bytes;
-  f.fleet_lease = absl::GetFlag(FLAGS_fleet_lease).value;
-  f.cpu_workers = absl::GetFlag(FLAGS_cpu_workers);
-  f.threads_per_job = absl::GetFlag(FLAGS_threads_per_job);
-  f.devices = absl::GetFlag(FLAGS_devices);
-  f.gpu_memory_pool_bytes = absl::GetFlag(FLAGS_gpu_memory_pool_bytes).bytes;
-  f.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes).bytes;
-  f.queue_interactive = absl::GetFlag(FLAGS_queue_interactive);
-  f.queue_sampled = absl::GetFlag(FLAGS_queue_sampled);
-  f.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes).bytes;
-  f.interactive_reserve = absl::GetFlag(FLAGS_interactive_reserve);
-  f.sampled_promote_after = absl::GetFlag(FLAGS_sampled_promote_after).value;
-  f.gang_backfill_runs = absl::GetFlag(FLAGS_gang_backfill_runs);
-  f.cp_ring_gang_always = absl::GetFlag(FLAGS_cp_ring_gang_always);
-  f.upload_tenant_share = absl::GetFlag(FLAGS_upload_tenant_share);
-  f.upload_idle_timeout = absl::GetFlag(FLAGS_upload_idle_timeout).value;
-  f.upload_min_rate = absl::GetFlag(FLAGS_upload_min_rate).bytes;
-  f.tenant_max_jobs = absl::GetFlag(FLAGS_tenant_max_jobs);
-  f.tenant_max_bytes = absl::GetFlag(FLAGS_tenant_max_bytes).bytes;
-  f.retention_age = absl::GetFlag(FLAGS_retention_age).value;
-  f.retention_count = absl::GetFlag(FLAGS_retention_count);
-  f.drain_delay = absl::GetFlag(FLAGS_drain_delay).value;
-  f.drain_timeout = absl::GetFlag(FLAGS_drain_timeout).value;
-  f.log_level = absl::GetFlag(FLAGS_log_level);
-  f.tls_cert = absl::GetFlag(FLAGS_tls_cert);
-  f.tls_key = absl::GetFlag(FLAGS_tls_key);
-  f.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
-  f.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
-  f.metrics_tls_cert = absl::GetFlag(FLAGS_metrics_tls_cert);
-  f.metrics_tls_key = absl::GetFlag(FLAGS_metrics_tls_key);
-  f.metrics_token_file = absl::GetFlag(FLAGS_metrics_token_file);
-  f.keepalive_time = absl::GetFlag(FLAGS_keepalive_time).value;
-  f.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout).value;
-  f.keepalive_min_ping_interval =
-      absl::GetFlag(FLAGS_keepalive_min_ping_interval).value;
-  f.max_connection_age = absl::GetFlag(FLAGS_max_connection_age).value;
-  f.max_connection_age_grace =
-      absl::GetFlag(FLAGS_max_connection_age_grace).value;
-  f.max_connection_idle = absl::GetFlag(FLAGS_max_connection_idle).value;
-  f.callback_wake_period = absl::GetFlag(FLAGS_callback_wake_period).value;
-  f.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
-  f.accept_memfd_snapshots = absl::GetFlag(FLAGS_accept_memfd_snapshots);
-  f.metrics_max_models = absl::GetFlag(FLAGS_metrics_max_models);
-  f.metrics_max_layers = absl::GetFlag(FLAGS_metrics_max_layers);
-  return f;
+// The configuration the flags' current values make.
+ServerConfig BuildConfig() {
+  ServerConfig config;
+  for (const ServerFlag& known : Registry()) known.apply(config);
+  return config;
 }
 
-absl::Status CheckRanges(const ServerFlags& f) {
-  struct Range {
-    const char* flag;
-    int64_t value, min, max;
-  };
+// An integer flag's value, or a size flag's bytes, as CheckRanges needs it.
+int64_t AsInt(int64_t value) { return value; }
+int64_t AsInt(ByteSize size) { return size.bytes; }
+
+struct Range {
+  absl::string_view flag;
+  int64_t value, min, max;
+};
+
+// `flag`'s value (before any narrowing into the options) and its bounds.
+template <typename T>
+Range InRange(const absl::Flag<T>& flag, int64_t min, int64_t max) {
+  return Range{absl::GetFlagReflectionHandle(flag).Name(),
+               AsInt(absl::GetFlag(flag)), min, max};
+}
+
+// The integer flags within their bounds, read from the flags themselves:
+// the options narrow some of them to int.
+absl::Status CheckRanges() {
   for (const Range& r : {
-           Range{"cpu-workers", f.cpu_workers, 0, 4096},
-           Range{"threads-per-job", f.threads_per_job, 0, 4096},
-           Range{"max-message-bytes", f.max_message_bytes, 4096,
-                 kMaxGrpcMessage},
-           Range{"queue-interactive", f.queue_interactive, 1, kMaxCount},
-           Range{"queue-sampled", f.queue_sampled, 1, kMaxCount},
-           Range{"memory-budget-bytes", f.memory_budget_bytes, 4096,
-                 int64_t{1} << 50},
-           Range{"retention-count", f.retention_count, 0, kMaxCount},
-           Range{"tenant-max-jobs", f.tenant_max_jobs, 0, kMaxCount},
-           Range{"max-concurrent-streams", f.max_concurrent_streams, 1,
-                 1 << 20},
-           Range{"tenant-max-bytes", f.tenant_max_bytes, 0, int64_t{1} << 50},
-           Range{"result-journal-bytes", f.result_journal_bytes, 1 << 20,
-                 int64_t{1} << 50},
-           Range{"upload-min-rate", f.upload_min_rate, 1, int64_t{1} << 40},
-           Range{"gpu-memory-pool-bytes", f.gpu_memory_pool_bytes, 0,
-                 int64_t{1} << 50},
-           Range{"metrics-max-models", f.metrics_max_models, 1, 1000},
-           Range{"metrics-max-layers", f.metrics_max_layers, 1, 1000},
+           InRange(FLAGS_cpu_workers, 0, 4096),
+           InRange(FLAGS_threads_per_job, 0, 4096),
+           InRange(FLAGS_max_message_bytes, 4096, kMaxGrpcMessage),
+           InRange(FLAGS_queue_interactive, 1, kMaxCount),
+           InRange(FLAGS_queue_sampled, 1, kMaxCount),
+           InRange(FLAGS_memory_budget_bytes, 4096, int64_t{1} << 50),
+           InRange(FLAGS_retention_count, 0, kMaxCount),
+           InRange(FLAGS_tenant_max_jobs, 0, kMaxCount),
+           InRange(FLAGS_max_concurrent_streams, 1, 1 << 20),
+           InRange(FLAGS_tenant_max_bytes, 0, int64_t{1} << 50),
+           InRange(FLAGS_result_journal_bytes, 1 << 20, int64_t{1} << 50),
+           InRange(FLAGS_upload_min_rate, 1, int64_t{1} << 40),
+           InRange(FLAGS_gpu_memory_pool_bytes, 0, int64_t{1} << 50),
+           InRange(FLAGS_metrics_max_models, 1, 1000),
+           InRange(FLAGS_metrics_max_layers, 1, 1000),
        }) {
     if (r.value < r.min || r.value > r.max) {
       return FlagError(r.flag, absl::StrCat(r.value, " is outside [", r.min,
@@ -430,60 +542,83 @@ absl::Status CheckRanges(const ServerFlags& f) {
   return absl::OkStatus();
 }
 
-absl::Status CheckCombinations(const ServerFlags& f) {
-  if (!(f.interactive_reserve >= 0 && f.interactive_reserve < 1)) {
+// The shares, factors and windows of admission control.
+absl::Status CheckAdmission(const AuditServerOptions& o) {
+  if (!(o.interactive_reserve >= 0 && o.interactive_reserve < 1)) {
     return FlagError("interactive-reserve",
-                     absl::StrCat(f.interactive_reserve, " is outside [0, 1)"));
+                     absl::StrCat(o.interactive_reserve, " is outside [0, 1)"));
   }
-  if (!(f.gang_backfill_runs >= 0 && f.gang_backfill_runs <= 1e6)) {
+  if (!(o.gang_backfill_runs >= 0 && o.gang_backfill_runs <= 1e6)) {
     return FlagError(
         "gang-backfill-runs",
-        absl::StrCat(f.gang_backfill_runs, " is outside [0, 1e6]"));
+        absl::StrCat(o.gang_backfill_runs, " is outside [0, 1e6]"));
   }
-  if (!(f.upload_tenant_share > 0 && f.upload_tenant_share <= 1)) {
+  if (!(o.upload_tenant_share > 0 && o.upload_tenant_share <= 1)) {
     return FlagError("upload-tenant-share",
-                     absl::StrCat(f.upload_tenant_share, " is outside (0, 1]"));
+                     absl::StrCat(o.upload_tenant_share, " is outside (0, 1]"));
   }
-  if (f.upload_idle_timeout < absl::Seconds(1)) {
+  if (o.upload_idle_timeout < absl::Seconds(1)) {
     return FlagError("upload-idle-timeout", "must be at least 1s");
   }
-  if (f.metrics_tls_cert.empty() != f.metrics_tls_key.empty()) {
+  return absl::OkStatus();
+}
+
+// TLS files come in pairs; a client CA only makes sense with TLS.
+absl::Status CheckTls(const AuditServerOptions& o) {
+  if (o.metrics_tls_cert.empty() != o.metrics_tls_key.empty()) {
     return FlagError(
-        f.metrics_tls_cert.empty() ? "metrics-tls-cert" : "metrics-tls-key",
+        o.metrics_tls_cert.empty() ? "metrics-tls-cert" : "metrics-tls-key",
         "--metrics-tls-cert and --metrics-tls-key go together");
   }
-  if (f.tls_cert.empty() != f.tls_key.empty()) {
-    return FlagError(f.tls_cert.empty() ? "tls-cert" : "tls-key",
+  if (o.tls.cert.empty() != o.tls.key.empty()) {
+    return FlagError(o.tls.cert.empty() ? "tls-cert" : "tls-key",
                      "--tls-cert and --tls-key go together");
   }
-  if (!f.tls_client_ca.empty() && f.tls_cert.empty()) {
+  if (!o.tls.client_ca.empty() && o.tls.cert.empty()) {
     return FlagError("tls-client-ca", "needs --tls-cert and --tls-key");
   }
-  if (absl::StatusOr<DeviceSelection> d = ParseDeviceSelection(f.devices);
+  return absl::OkStatus();
+}
+
+// Where the server runs: devices, endpoints, storage and fleet identity.
+absl::Status CheckPlacement(const AuditServerOptions& o) {
+  // The options hold the parsed selection (the CPU workers when the text
+  // is bad), so the text is parsed again for its error.
+  if (absl::StatusOr<DeviceSelection> d =
+          ParseDeviceSelection(absl::GetFlag(FLAGS_devices));
       !d.ok()) {
     return FlagError("devices", d.status().message());
   }
-  if (std::string e = ListenAddressError(f.listen); !e.empty()) {
+  if (std::string e = ListenAddressError(o.listen); !e.empty()) {
     return FlagError("listen", e);
   }
-  if (!f.metrics_listen.empty()) {
-    if (std::string e = ListenAddressError(f.metrics_listen); !e.empty()) {
+  if (!o.metrics_listen.empty()) {
+    if (std::string e = ListenAddressError(o.metrics_listen); !e.empty()) {
       return FlagError("metrics-listen", e);
     }
   }
-  if (f.data_dir.empty()) return FlagError("data-dir", "must not be empty");
-  if (f.store != "sqlite" && !absl::StartsWith(f.store, "postgresql://") &&
-      !absl::StartsWith(f.store, "postgres://")) {
+  if (o.data_dir.empty()) return FlagError("data-dir", "must not be empty");
+  if (o.store_url != "sqlite" &&
+      !absl::StartsWith(o.store_url, "postgresql://") &&
+      !absl::StartsWith(o.store_url, "postgres://")) {
     return FlagError("store",
                      "must be sqlite or a postgresql://USER@HOST:PORT/DB URL");
   }
-  if (f.fleet_lease < absl::Seconds(1)) {
+  if (o.fleet_lease < absl::Seconds(1)) {
     return FlagError("fleet-lease", "must be at least 1s");
   }
-  if (f.replica_id.size() > 128) {
+  if (o.replica_id.size() > 128) {
     return FlagError("replica-id", "at most 128 characters");
   }
   return absl::OkStatus();
+}
+
+// Checks on the built options (the integer ranges are CheckRanges'), in
+// the order that decides which error a command line with several gets.
+absl::Status CheckCombinations(const AuditServerOptions& o) {
+  if (absl::Status s = CheckAdmission(o); !s.ok()) return s;
+  if (absl::Status s = CheckTls(o); !s.ok()) return s;
+  return CheckPlacement(o);
 }
 
 }  // namespace
@@ -563,16 +698,16 @@ std::string AbslUnparseFlag(FlagDuration d) {
   return absl::FormatDuration(d.value);
 }
 
-absl::StatusOr<ServerFlags> ParseServerFlags(
+absl::StatusOr<ServerConfig> ParseServerFlags(
     const std::vector<std::string>& argv) {
   ResetFlags();
   bool help = false;
   if (absl::Status s = ApplyArgs(argv, &help); !s.ok()) return s;
-  ServerFlags flags = ReadFlags();
-  flags.help = help;
-  if (absl::Status s = CheckRanges(flags); !s.ok()) return s;
-  if (absl::Status s = CheckCombinations(flags); !s.ok()) return s;
-  return flags;
+  if (absl::Status s = CheckRanges(); !s.ok()) return s;
+  ServerConfig config = BuildConfig();
+  config.help = help;
+  if (absl::Status s = CheckCombinations(config.options); !s.ok()) return s;
+  return config;
 }
 
 std::string ServerHelpText() {
@@ -581,11 +716,11 @@ std::string ServerHelpText() {
       "The attnaudit audit service (gRPC attnaudit.v1.AuditService, "
       "grpc.health.v1,\nreflection) with Prometheus metrics. Every flag is "
       "optional.\n\nflags (default in brackets):\n";
-  for (absl::string_view name : FlagNames()) {
-    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-    const std::string def = flag->DefaultValue();
-    absl::StrAppendFormat(&out, "  --%-28s %s [%s]\n", Dashed(name),
-                          flag->Help(), def.empty() ? "\"\"" : def);
+  for (const ServerFlag& known : Registry()) {
+    const std::string def = known.flag->DefaultValue();
+    absl::StrAppendFormat(&out, "  --%-28s %s [%s]\n",
+                          Dashed(known.flag->Name()), known.flag->Help(),
+                          def.empty() ? "\"\"" : def);
   }
   absl::StrAppendFormat(&out, "  --%-28s %s\n", "help",
                         "print this text and exit");

@@ -1,13 +1,16 @@
-// Command-line flags of attnaudit-server, defined with absl/flags
-// (server_flags.cc): each flag's type, default and help text live in its
-// ABSL_FLAG, and --help is generated from those definitions.
+// Command-line flags of attnaudit-server, defined with absl/flags in
+// server_flags.cc, and the server configuration they build. Each flag is
+// written once there: its type, default and help text (--help is generated
+// from them) together with where its value goes in the configuration
+// (AuditServerOptions, server/app/audit_server.h) and how it is converted
+// (sizes to bytes, "0: never" durations, the --devices syntax, ...).
 //
 // Spelling: the documented flags use dashes (--max-message-bytes), as the
 // CLI's do; absl flag names cannot hold a dash, so a flag's dashes are read
 // as underscores (--max_message_bytes is the same flag) and --help prints
 // the dashed form. `--flag VALUE` and `--flag=VALUE` both work. Unknown
 // flags, malformed values and values out of range are InvalidArgument
-// naming the flag. Not thread-safe (parse once at startup).
+// naming the flag.
 //
 // Value syntax: sizes accept an integer with an optional binary suffix
 // (K/KiB, M/MiB, G/GiB: 256MiB); durations accept absl's syntax (30s, 5m,
@@ -23,81 +26,20 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "server/app/audit_server.h"
 
 namespace attnaudit::server {
 
-// The parsed flags (server/main/main.cc turns them into AuditServerOptions).
-struct ServerFlags {
-  // Endpoints and storage.
-  std::string listen;
-  std::string metrics_listen;
-  std::string data_dir;
-  std::string store;       // "sqlite" or a postgresql:// URL
-  std::string replica_id;  // "": the host name
-  bool store_audit_results = true;
-  int64_t result_journal_bytes = 0;
-  absl::Duration fleet_lease = absl::Seconds(15);
-
-  // Execution. 0 means "derived from the machine" (see --help).
-  int64_t cpu_workers = 0;
-  int64_t threads_per_job = 0;
-  // "cpu", "all" or "cuda:0,cuda:1" (server/device_pool/device_selection.h
-  // parses it; ParseServerFlags has checked it does).
-  std::string devices;
-  int64_t gpu_memory_pool_bytes = 0;  // per GPU worker; 0: 3/4 of free
-
-  // Admission control.
-  int64_t max_message_bytes = 0;
-  int64_t queue_interactive = 0;
-  int64_t queue_sampled = 0;
-  int64_t memory_budget_bytes = 0;
-  double interactive_reserve = 0;
-  absl::Duration sampled_promote_after;  // 0: never
-  double gang_backfill_runs = 0;
-  bool cp_ring_gang_always = false;
-  double upload_tenant_share = 0;
-  absl::Duration upload_idle_timeout;
-  int64_t upload_min_rate = 0;
-  int64_t tenant_max_jobs = 0;
-  int64_t tenant_max_bytes = 0;
-
-  // Result store retention.
-  absl::Duration retention_age;
-  int64_t retention_count = 0;
-
-  // Lifecycle.
-  absl::Duration drain_delay;
-  absl::Duration drain_timeout;
+// The configuration of one attnaudit-server process, built once from its
+// command line by ParseServerFlags. A plain value that its holder owns;
+// main.cc hands `options` to AuditServer::Start.
+struct ServerConfig {
+  // Everything the server runs with: the flags' values, converted, and
+  // AuditServerOptions' own defaults for what no flag sets.
+  AuditServerOptions options;
+  // --log-level, unparsed: it configures the process's logging, not the
+  // server (main.cc applies it before anything logs).
   std::string log_level;
-
-  // Security. Empty paths mean "off".
-  std::string tls_cert;
-  std::string tls_key;
-  std::string tls_client_ca;
-  std::string auth_token_file;
-  std::string metrics_tls_cert;
-  std::string metrics_tls_key;
-  std::string metrics_token_file;
-
-  // Connections (Kubernetes: a finite connection age rebalances clients
-  // behind an L4 Service).
-  absl::Duration keepalive_time;
-  absl::Duration keepalive_timeout;
-  absl::Duration keepalive_min_ping_interval;
-  absl::Duration max_connection_age;
-  absl::Duration max_connection_age_grace;
-  absl::Duration max_connection_idle;
-  // While idle, how often gRPC's callback threads get an event
-  // (server/rpc/callback_queue_waker.h). 0: never.
-  absl::Duration callback_wake_period;
-  int64_t max_concurrent_streams = 0;
-  // Snapshots named as sealed memfds by clients on this machine.
-  bool accept_memfd_snapshots = false;
-
-  // Metrics: distinct label values kept before "other" is reported.
-  int64_t metrics_max_models = 0;
-  int64_t metrics_max_layers = 0;
-
   bool help = false;  // --help was given; print ServerHelpText() and exit 0
 };
 
@@ -105,8 +47,10 @@ struct ServerFlags {
 // default, so the result depends on `argv` alone. Checks ranges: positive
 // queue sizes, 4 KiB <= max-message-bytes <= 2 GiB - 1 (gRPC's int limit;
 // never unlimited), 0 <= interactive-reserve < 1, TLS cert and key
-// together (also for /metrics), a client CA only with TLS.
-absl::StatusOr<ServerFlags> ParseServerFlags(
+// together (also for /metrics), a client CA only with TLS. Errors are
+// InvalidArgument, "--flag: why". Not thread-safe: it sets the process's
+// absl flags (parse once, at start-up, or serially in tests).
+absl::StatusOr<ServerConfig> ParseServerFlags(
     const std::vector<std::string>& argv);
 
 // The --help text: usage and one entry per flag with its default.

@@ -460,11 +460,13 @@ def cmd_yaml(files):
 
 
 def server_flag_names():
-    """The server's flags, spelled with dashes as documented (the ABSL_FLAG
-    names use underscores; the server reads a dash as an underscore)."""
+    """The server's flags, spelled with dashes as documented (one
+    ATTNAUDIT_SERVER_FLAG row each, named with underscores; the server reads
+    a dash as an underscore)."""
     text = open(SERVER_FLAGS_CC, encoding="utf-8").read()
     return {name.replace("_", "-") for name in re.findall(
-        r'ABSL_FLAG\(\s*[\w:<>]+\s*,\s*([a-z0-9_]+)\s*,', text)}
+        r'^ATTNAUDIT_SERVER_FLAG\(\s*[\w:<>]+\s*,\s*([a-z0-9_]+)\s*,', text,
+        re.M)}
 
 
 def flag_args(args):
