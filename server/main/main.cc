@@ -250,6 +250,10 @@ int Main(const std::vector<std::string>& args) {
     std::fputs(ServerHelpText().c_str(), stdout);
     return 0;
   }
+  if (config->version) {
+    std::printf("attnaudit-server %s\n", ATTNAUDIT_VERSION);
+    return 0;
+  }
   absl::StatusOr<spdlog::level::level_enum> level =
       ParseLogLevel(config->log_level);
   if (!level.ok()) return UsageError(level.status());

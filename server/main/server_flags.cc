@@ -455,11 +455,16 @@ void ResetFlags() {
 }
 
 // Applies argv to the flags; sets *help for --help / -h / -help.
-absl::Status ApplyArgs(const std::vector<std::string>& argv, bool* help) {
+absl::Status ApplyArgs(const std::vector<std::string>& argv, bool* help,
+                       bool* version) {
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& arg = argv[i];
     if (arg == "--help" || arg == "-h" || arg == "-help") {
       *help = true;
+      continue;
+    }
+    if (arg == "--version") {
+      *version = true;
       continue;
     }
     if (!absl::StartsWith(arg, "--") || arg.size() == 2) {
@@ -702,10 +707,12 @@ absl::StatusOr<ServerConfig> ParseServerFlags(
     const std::vector<std::string>& argv) {
   ResetFlags();
   bool help = false;
-  if (absl::Status s = ApplyArgs(argv, &help); !s.ok()) return s;
+  bool version = false;
+  if (absl::Status s = ApplyArgs(argv, &help, &version); !s.ok()) return s;
   if (absl::Status s = CheckRanges(); !s.ok()) return s;
   ServerConfig config = BuildConfig();
   config.help = help;
+  config.version = version;
   if (absl::Status s = CheckCombinations(config.options); !s.ok()) return s;
   return config;
 }
@@ -724,6 +731,8 @@ std::string ServerHelpText() {
   }
   absl::StrAppendFormat(&out, "  --%-28s %s\n", "help",
                         "print this text and exit");
+  absl::StrAppendFormat(&out, "  --%-28s %s\n", "version",
+                        "print the version and exit");
   absl::StrAppend(&out,
                   "\nSizes: 1048576, 1MiB, 4G. Durations: 30s, 5m, 1h30m, 7d."
                   "\nSIGTERM/SIGINT: health NOT_SERVING, stop admitting, "

@@ -40,7 +40,8 @@ struct ServerConfig {
   // --log-level, unparsed: it configures the process's logging, not the
   // server (main.cc applies it before anything logs).
   std::string log_level;
-  bool help = false;  // --help was given; print ServerHelpText() and exit 0
+  bool help = false;     // --help: print ServerHelpText() and exit 0
+  bool version = false;  // --version: print the version and exit 0
 };
 
 // Parses argv (without the program name), starting from every flag's

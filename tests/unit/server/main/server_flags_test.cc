@@ -21,7 +21,7 @@ namespace {
 constexpr int kInteractive = static_cast<int>(PriorityClass::kInteractive);
 constexpr int kSampled = static_cast<int>(PriorityClass::kSampled);
 
-// The server flags --help lists, dashed, without --help itself.
+// The server flags --help lists, dashed, without --help and --version.
 std::set<std::string> HelpFlagNames() {
   std::set<std::string> names;
   for (absl::string_view line : absl::StrSplit(ServerHelpText(), '\n')) {
@@ -29,6 +29,7 @@ std::set<std::string> HelpFlagNames() {
     names.emplace(line.substr(4, line.find(' ', 4) - 4));
   }
   names.erase("help");
+  names.erase("version");
   return names;
 }
 
@@ -335,6 +336,15 @@ TEST(ServerFlagsTest, ErrorsNameTheFlag) {
     EXPECT_TRUE(absl::StartsWith(f.status().message(), c.prefix))
         << f.status() << " expected prefix " << c.prefix;
   }
+}
+
+TEST(ServerFlagsTest, VersionIsASwitchOfItsOwn) {
+  absl::StatusOr<ServerConfig> f = ParseServerFlags({"--version"});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_TRUE(f->version);
+  EXPECT_FALSE(f->help);
+  EXPECT_FALSE(ParseServerFlags({})->version);
+  EXPECT_TRUE(absl::StrContains(ServerHelpText(), "  --version"));
 }
 
 TEST(ServerFlagsTest, HelpListsEveryFlagWithItsDefault) {
