@@ -1,11 +1,10 @@
 // JobService: the life of an audit job, from admission to its stored
 // result, behind one interface without gRPC types: an RPC layer adapts it
 // (proto <-> these types, absl::Status -> grpc::Status, streaming) and a
-// composition root creates, starts and shuts it down. Its unit tests drive
-// it directly (tests/unit/server/jobs). The RPC service of today
-// (server/rpc/audit_service.h) does not call it: it composes the same parts
-// (admission.h, durable_registry.h, result_feed.h, fleet_handoff.h,
-// audit_result_writer.h, open_calls.h, upload_ledger.h) itself.
+// composition root creates, starts and shuts it down (server/app). Its
+// unit tests drive it directly (tests/unit/server/jobs). It composes the
+// parts of this folder: admission.h, durable_registry.h, result_feed.h,
+// fleet_handoff.h, audit_result_writer.h, open_calls.h, upload_ledger.h.
 //
 //   JobServiceOptions options;  options.replica_id = "r1"; ...
 //   ATTNAUDIT_ASSIGN_OR_RETURN(std::unique_ptr<JobService> jobs,

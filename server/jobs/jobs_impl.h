@@ -110,6 +110,11 @@ class JobServiceImpl final : public JobService {
                               const std::string& job_id, bool* deduplicated,
                               absl::Duration* retry_after);
   bool KnownJob(const std::string& job_id);
+  // Gives a deduplicated job its row before the answer: a job spooled by
+  // a run that died before its row's commit gets its QUEUED row from the
+  // spool entry (Unavailable, with a hint, when the entry is gone).
+  absl::Status RecordDeduplicated(const std::string& job_id,
+                                  absl::Duration* retry_after);
   void DropSpooled(const std::string& job_id);
   // Marks an idempotent job id as being submitted; false when another
   // Submit holds it.

@@ -9,6 +9,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/types/optional.h"
 #include "core/common/status_macros.h"
 #include "core/validate/validate.h"
 #include "server/jobs/jobs_impl.h"
@@ -204,6 +205,39 @@ bool JobServiceImpl::KnownJob(const std::string& job_id) {
          spool_->Contains(job_id);
 }
 
+// A retried Submit is answered with its job only once the job has a row
+// that Get finds. A job spooled by an earlier run that died before the
+// row's commit has none until the start-up resume reaches it (which, with
+// a long spool, can be well after the retry): the row is created here from
+// the spool entry, so the acknowledged job is never reported unknown.
+absl::Status JobServiceImpl::RecordDeduplicated(const std::string& job_id,
+                                                absl::Duration* retry_after) {
+  absl::StatusOr<ResultRecord> stored = store_->Get(job_id);
+  if (stored.ok()) return absl::OkStatus();
+  if (stored.status().code() != absl::StatusCode::kNotFound) {
+    *retry_after = absl::Seconds(1);
+    return StorageError("result store", stored.status());
+  }
+  absl::optional<ResultRecord> row = durable_.Get(job_id);
+  if (!row.has_value()) {
+    absl::StatusOr<SpoolMetadata> meta = spool_->ReadMetadata(job_id);
+    if (!meta.ok()) {
+      // Finished and pruned meanwhile, or unreadable: the resume decides.
+      *retry_after = absl::Seconds(1);
+      return absl::UnavailableError(
+          "idempotency_key: the job with this key is being resumed; retry");
+    }
+    row = QueuedRecord(job_id, meta->tenant,
+                       static_cast<PriorityClass>(meta->priority),
+                       JobLabelsOf(*meta), meta->created);
+  }
+  row->replica = options_.replica_id;
+  absl::StatusOr<bool> recorded = store_->RecordQueued(*row);
+  if (recorded.ok()) return absl::OkStatus();
+  *retry_after = absl::Seconds(1);
+  return StorageError("result store", recorded.status());
+}
+
 absl::Status JobServiceImpl::Submit(SubmitJob job, SubmitAnswer* answer) {
   if (absl::Status s = admission_.RefuseIfDraining(); !s.ok()) return s;
   SubmitPlan plan;
@@ -220,6 +254,7 @@ absl::Status JobServiceImpl::Submit(SubmitJob job, SubmitAnswer* answer) {
     if (idempotent) EndIdempotentSubmit(job_id);
   });
   if (idempotent && KnownJob(job_id)) {
+    ATTNAUDIT_RETURN_IF_ERROR(RecordDeduplicated(job_id, &answer->retry_after));
     answer->deduplicated = true;
     return absl::OkStatus();
   }
@@ -230,6 +265,7 @@ absl::Status JobServiceImpl::Submit(SubmitJob job, SubmitAnswer* answer) {
   ATTNAUDIT_RETURN_IF_ERROR(
       SpoolSubmit(job, plan, job_id, &deduplicated, &answer->retry_after));
   if (deduplicated) {
+    ATTNAUDIT_RETURN_IF_ERROR(RecordDeduplicated(job_id, &answer->retry_after));
     answer->deduplicated = true;
     return absl::OkStatus();
   }

@@ -306,6 +306,49 @@ TEST_F(JobServiceTest, DrainingRefusesWork) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
 }
 
+// A retried Submit whose job is only spooled (an earlier run died before
+// the row's commit) finds its job before the start-up resume reaches the
+// entry: the row is created from the spool entry before the answer, so
+// Get never says NOT_FOUND for an acknowledged job.
+TEST_F(JobServiceTest, ARetriedSpooledJobIsFoundBeforeItsResume) {
+  const std::string key = "rollout-3/step-9";
+  const std::string id =
+      JobIdKey::FromSecret("secret").IdempotentJobId(alice_.tenant, key);
+  {
+    // The state of a crash before the commit: the entry, and no row.
+    SpoolOptions options;
+    options.sync = false;
+    absl::StatusOr<std::unique_ptr<Spool>> spool = Spool::Open(dir_, options);
+    ASSERT_TRUE(spool.ok()) << spool.status();
+    SpoolMetadata meta;
+    meta.priority = static_cast<int32_t>(PriorityClass::kSampled);
+    meta.created = absl::Now() - absl::Minutes(1);
+    meta.deadline = absl::InfiniteFuture();
+    meta.model = "spooled";
+    meta.tenant = alice_.tenant;
+    ASSERT_TRUE((*spool)->Put(id, meta, "model:spooled").ok());
+  }
+  gate_.Open();
+  Replica r(dir_, &gate_);
+  EXPECT_EQ(r.jobs()->Get(alice_, id).status().code(),
+            absl::StatusCode::kNotFound);
+  SubmitAnswer again;
+  absl::Status s = r.jobs()->Submit(Submission(alice_, "spooled", key), &again);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(again.job_id, id);
+  EXPECT_TRUE(again.deduplicated);
+  absl::StatusOr<ResultRecord> seen = r.jobs()->Get(alice_, id);
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  EXPECT_EQ(seen->state, JobState::kQueued);
+  EXPECT_EQ(seen->model, "spooled");
+  EXPECT_EQ(seen->replica, "r1");
+  // The resume then runs it to its one result.
+  std::atomic<bool> stop{false};
+  EXPECT_EQ(r.jobs()->ResumeSpool(stop, absl::Now()), 1);
+  ASSERT_TRUE(r.WaitForState(alice_, id, JobState::kDone));
+  EXPECT_FALSE(r.spool()->Contains(id));
+}
+
 // A drain that times out leaves the unfinished job spooled; the next start
 // over the same directory runs it to its one result.
 TEST_F(JobServiceTest, ADrainedJobIsResumedFromTheSpoolAfterARestart) {
