@@ -19,6 +19,7 @@
 #include "core/common/status_macros.h"
 #include "server/device_pool/device_pool.h"
 #include "server/log/log.h"
+#include "server/rpc/rpc_methods.h"
 #include "transport/credentials/credential_files.h"
 
 #ifndef ATTNAUDIT_VERSION
@@ -27,8 +28,6 @@
 
 namespace attnaudit::server {
 namespace {
-
-constexpr char kServiceName[] = "attnaudit.v1.AuditService";
 
 // The default replica id.
 std::string HostName() {
@@ -229,16 +228,16 @@ absl::Status AuditServer::Init() {
     }
     memfd_snapshots_ = *std::move(memfds);
   }
-  service_ = std::make_unique<AuditServiceImpl>(
-      MakeServiceOptions(), scheduler_.get(), spool_.get(), store_.get(),
-      metrics_.get(), executor_.get(), auth_.get(), *job_id_key_);
-  if (absl::Status s = service_->StartFeed(); !s.ok()) {
-    return absl::Status(s.code(),
-                        absl::StrCat("result store (", store_->description(),
-                                     "): ", s.message()));
-  }
-  // A fleet: refuses a live replica's --replica-id, then heartbeats.
-  ATTNAUDIT_RETURN_IF_ERROR(service_->StartHandoff());
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      jobs_, JobService::Create(MakeJobOptions(), WireJobFormats(),
+                                scheduler_.get(), spool_.get(), store_.get(),
+                                metrics_.get(), *job_id_key_));
+  service_ = std::make_unique<AuditServiceImpl>(MakeServiceOptions(),
+                                                jobs_.get(), metrics_.get(),
+                                                executor_.get(), auth_.get());
+  // Follows the result feed into the watchers; a fleet also refuses a live
+  // replica's --replica-id, then heartbeats.
+  ATTNAUDIT_RETURN_IF_ERROR(jobs_->Start(service_->result_subscriber()));
   ATTNAUDIT_RETURN_IF_ERROR(StartGrpc());
   StartBackgroundThreads();
   return absl::OkStatus();
@@ -290,7 +289,7 @@ absl::Status AuditServer::OpenAuth() {
 absl::Status AuditServer::ReloadCredentials() {
   if (auth_ == nullptr) return absl::FailedPreconditionError("not started");
   ATTNAUDIT_RETURN_IF_ERROR(auth_->Reload());
-  if (service_ != nullptr) service_->RecheckOpenCalls();
+  if (jobs_ != nullptr) jobs_->RecheckOpenCalls(*auth_);
   return absl::OkStatus();
 }
 
@@ -383,25 +382,33 @@ absl::Status AuditServer::OpenStorage() {
   return absl::OkStatus();
 }
 
+JobServiceOptions AuditServer::MakeJobOptions() const {
+  const AuditServerOptions& o = options_;
+  JobServiceOptions jobs;
+  jobs.replica_id = replica_id_;
+  jobs.limits = o.limits;
+  jobs.threads_per_job = 0;  // each device's own default (MakeDevices)
+  jobs.ring_gang = o.cp_ring_gang_always ? Admission::RingGang::kAlways
+                                         : Admission::RingGang::kWhenNeeded;
+  jobs.upload_budget_bytes = o.memory_budget_bytes;
+  jobs.upload_tenant_share =
+      auth_ != nullptr && auth_->enabled() ? o.upload_tenant_share : 1.0;
+  jobs.upload_idle_timeout = o.upload_idle_timeout;
+  jobs.store_audit_results = o.store_audit_results;
+  jobs.fleet_lease = o.fleet_lease;
+  jobs.result_journal = result_journal_.get();
+  return jobs;
+}
+
 ServiceOptions AuditServer::MakeServiceOptions() const {
   const AuditServerOptions& o = options_;
   ServiceOptions svc;
   svc.max_message_bytes = o.max_message_bytes;
   svc.max_stream_bytes =
       std::min(o.limits.max_total_bytes, o.memory_budget_bytes);
-  svc.upload_budget_bytes = o.memory_budget_bytes;
-  svc.upload_tenant_share =
-      auth_ != nullptr && auth_->enabled() ? o.upload_tenant_share : 1.0;
   svc.upload_idle_timeout = o.upload_idle_timeout;
   svc.upload_min_rate = o.upload_min_rate;
-  svc.result_journal = result_journal_.get();
-  svc.replica_id = replica_id_;
-  svc.store_audit_results = o.store_audit_results;
-  svc.fleet_lease = o.fleet_lease;
   svc.limits = o.limits;
-  svc.threads_per_job = 0;  // each device's own default (MakeDevices)
-  svc.ring_gang = o.cp_ring_gang_always ? Admission::RingGang::kAlways
-                                        : Admission::RingGang::kWhenNeeded;
   svc.queue_capacity = o.queue_capacity;
   svc.queued_bytes_budget = o.memory_budget_bytes;
   svc.watcher_buffer = o.watcher_buffer;
@@ -443,7 +450,7 @@ absl::Status AuditServer::StartGrpc() {
           server_->GetHealthCheckService();
       health != nullptr) {
     health->SetServingStatus("", true);
-    health->SetServingStatus(kServiceName, true);
+    health->SetServingStatus(std::string(kRpcServiceName), true);
   }
   if (o.callback_wake_period > absl::ZeroDuration()) {
     waker_ = std::make_unique<CallbackQueueWaker>(
@@ -456,7 +463,7 @@ absl::Status AuditServer::StartGrpc() {
 void AuditServer::StartBackgroundThreads() {
   if (options_.resume_spool) {
     resume_thread_ = std::thread([this] {
-      resumed_.store(service_->ResumeSpool(stop_, started_));
+      resumed_.store(jobs_->ResumeSpool(stop_, started_));
       resume_done_.Notify();
     });
   } else {
@@ -490,9 +497,7 @@ void AuditServer::ReclaimLoop() {
   bool dirty = false;
   while (!WaitForStop(absl::Milliseconds(250))) {
     // Busy or not: a client that went away must not pin its memfd.
-    if (MemfdSnapshots* memfds = service_->memfd_snapshots()) {
-      memfds->DropIdle();
-    }
+    if (memfd_snapshots_ != nullptr) memfd_snapshots_->DropIdle();
     const SchedulerStats st = scheduler_->Stats();
     const int64_t requests = service_->requests_received();
     const bool busy = st.in_flight > 0 || st.queued[0] > 0 ||
@@ -537,7 +542,7 @@ void AuditServer::Shutdown() {
   if (server_ != nullptr) {
     // 1. Readiness off first, so load balancers stop sending work.
     if (auto* health = server_->GetHealthCheckService(); health != nullptr) {
-      health->SetServingStatus(kServiceName, false);
+      health->SetServingStatus(std::string(kRpcServiceName), false);
       health->SetServingStatus("", false);
     }
     if (options_.drain_delay > absl::ZeroDuration()) {
@@ -548,27 +553,26 @@ void AuditServer::Shutdown() {
   }
   // 2. Refuse new work; stop resuming the spool.
   stop_.store(true);
-  if (service_ != nullptr) service_->StartDraining();
-  // 3. Let queued and running jobs finish, up to the drain timeout.
-  if (scheduler_ != nullptr) {
-    absl::Status drained = scheduler_->Drain(options_.drain_timeout);
+  if (jobs_ != nullptr) jobs_->StartDraining();
+  // 3. Let queued and running jobs finish, up to the drain timeout. The
+  //    JobService then retires this replica in a fleet (what the drain
+  //    left unfinished is claimed by the others at once; it stays in the
+  //    local spool too, for a restart), stops the result feed, and sends
+  //    the interactive results still to be kept to the local journal
+  //    (stored by the next start), not to a store that may be slow or away.
+  if (jobs_ != nullptr || scheduler_ != nullptr) {
+    absl::Status drained = jobs_ != nullptr
+                               ? jobs_->Drain(options_.drain_timeout)
+                               : scheduler_->Drain(options_.drain_timeout);
     ATTNAUDIT_LOG(info, "scheduler drained")
         .Kv("status", drained)
         .Kv("seconds", absl::ToDoubleSeconds(absl::Now() - begin));
   }
-  // In a fleet, what the drain left unfinished is claimed by the other
-  // replicas at once (it stays in the local spool too, for a restart).
-  if (service_ != nullptr) service_->StopHandoff(/*retire=*/true);
   // 4. End the endless streams, then stop gRPC (a short grace for calls
   //    being answered right now; the rest are cancelled).
   // Watchers resume on another replica (or after a restart) from the
   // last cursor they saw.
-  if (service_ != nullptr) service_->StopFeed();
   if (service_ != nullptr) service_->CloseWatchers();
-  // Audits still being answered wait for their results: to the local
-  // journal now (stored by the next start), not to a store that may be
-  // slow or away.
-  if (service_ != nullptr) service_->audit_results()->JournalOnly();
   waker_.reset();  // its pings go through server_
   if (server_ != nullptr) {
     server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
@@ -582,9 +586,12 @@ void AuditServer::Shutdown() {
   if (executor_ != nullptr) executor_->Shutdown();
   server_.reset();
   scheduler_.reset();  // joins the workers
-  // Results the store still refuses stay spooled for the next start.
-  if (service_ != nullptr) service_->StopRetries();
+  // Results the store still refuses stay spooled for the next start;
+  // interactive results still queued are kept and answered (to the
+  // watchers too, so the service goes after it).
+  if (jobs_ != nullptr) jobs_->Shutdown();
   service_.reset();
+  jobs_.reset();
   executor_.reset();
   spool_.reset();
   result_journal_.reset();

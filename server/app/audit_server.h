@@ -1,7 +1,8 @@
 // AuditServer: the whole service in one object, as attnaudit-server runs it
 // and as the integration tests embed it: metrics (own HTTP port, optionally
 // TLS and a bearer token), result store, spool, scheduler with its device
-// pool, the blocking executor, the AuditService on gRPC's callback API,
+// pool, the blocking executor, the job lifecycle (server/jobs JobService),
+// the AuditService on gRPC's callback API adapting it,
 // grpc.health.v1 with real service names ("" and
 // "attnaudit.v1.AuditService"), reflection, TLS/mTLS, tenants and
 // permissions (server/auth), keepalive and connection age, a bounded
@@ -16,10 +17,11 @@
 //
 // Shutdown sequence (docs/OPERATIONS.md): health NOT_SERVING -> wait
 // drain_delay (load balancers notice) -> refuse new work (UNAVAILABLE) ->
-// drain queued and running jobs up to drain_timeout (leftover spooled jobs
-// stay on disk for the next start) -> end WatchResults streams -> gRPC
-// Shutdown with a short grace -> workers joined -> store, spool -> metrics
-// last (the final counts stay scrapeable until then).
+// drain queued and running jobs up to drain_timeout (JobService::Drain;
+// leftover spooled jobs stay on disk for the next start) -> end
+// WatchResults streams -> gRPC Shutdown with a short grace -> workers
+// joined -> JobService::Shutdown -> store, spool -> metrics last (the
+// final counts stay scrapeable until then).
 //
 // Thread safety: all methods are thread-safe; Shutdown is idempotent and
 // blocks until the sequence is complete.
@@ -46,6 +48,7 @@
 #include "server/auth/tenants.h"
 #include "server/device_pool/device_selection.h"
 #include "server/jobs/blocking_executor.h"
+#include "server/jobs/jobs.h"
 #include "server/jobs/result_journal.h"
 #include "server/metrics/metrics.h"
 #include "server/metrics_http/metrics_http.h"
@@ -223,6 +226,7 @@ class AuditServer {
 
   Metrics* metrics() const { return metrics_.get(); }
   Scheduler* scheduler() const { return scheduler_.get(); }
+  JobService* jobs() const { return jobs_.get(); }
   AuditServiceImpl* service() const { return service_.get(); }
 
  private:
@@ -233,6 +237,7 @@ class AuditServer {
   absl::Status OpenMetrics(const std::vector<std::unique_ptr<Device>>& devices);
   absl::Status OpenAuth();
   absl::Status OpenStorage();
+  JobServiceOptions MakeJobOptions() const;
   ServiceOptions MakeServiceOptions() const;
   absl::Status StartGrpc();
   void StartBackgroundThreads();
@@ -254,6 +259,7 @@ class AuditServer {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<BlockingExecutor> executor_;
   std::unique_ptr<MemfdSnapshots> memfd_snapshots_;  // outlives service_
+  std::unique_ptr<JobService> jobs_;                 // outlives service_
   std::unique_ptr<AuditServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<CallbackQueueWaker> waker_;  // goes before server_

@@ -29,8 +29,8 @@
 //
 // What it does not decide: stream uploads in progress are held against the
 // tenant's quota by UploadLedger (upload_ledger.h), and a fleet's quota
-// adds the other replicas' usage from the store (blocking_calls.cc) before
-// Check.
+// adds the other replicas' usage from the store (JobService's Submit,
+// submit.cc) before Check.
 //
 // Ownership: the scheduler and metrics are not owned and outlive it.
 // Thread safety: every method from any thread.

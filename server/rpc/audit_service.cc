@@ -1,35 +1,30 @@
-// Audit, WatchResults, GetCapabilities, the service's lifecycle, and the
-// admission of interactive jobs shared with audit_stream.cc.
+// Audit, WatchResults, GetCapabilities and the service's lifecycle: the
+// reactors parse and authorize, the JobService runs the jobs.
 #include "server/rpc/audit_service.h"
 
 #include <algorithm>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "core/common/status_macros.h"
 #include "core/fingerprint/fingerprint.h"
 #include "proto/codec/codec.h"
-#include "server/jobs/admission.h"
+#include "server/jobs/label_bounds.h"
 #include "server/log/log.h"
-#include "server/rpc/blocking_calls.h"
 #include "server/rpc/call_auth.h"
 #include "server/rpc/conversions.h"
-#include "server/rpc/durable_jobs.h"
-#include "server/rpc/interactive_jobs.h"
 #include "server/rpc/logged_reactor.h"
 #include "server/rpc/rpc_methods.h"
 #include "server/rpc/status_util.h"
+#include "server/store/job_ids.h"
 
 namespace attnaudit::server {
 namespace {
 
-using rpc_internal::AdmitInteractive;
+using rpc_internal::AnswerToProto;
 using rpc_internal::Authorize;
 using rpc_internal::CallDeadline;
-using rpc_internal::CountTruncatedLabels;
 using rpc_internal::DecodeAuditRequest;
-using rpc_internal::DecodedAudit;
 using rpc_internal::ParseRequest;
 using rpc_internal::PeekRequestField;
 using rpc_internal::PriorityFromProto;
@@ -65,14 +60,18 @@ class AuditCall final : public LoggedUnaryReactor, public OpenCall {
     absl::StatusOr<PriorityClass> priority =
         PriorityFromProto(request_.priority(), PriorityClass::kInteractive);
     if (!priority.ok()) return Reject(priority.status());
-    int64_t job_bytes = bytes;
-    absl::StatusOr<DecodedAudit> audit = Decode(&job_bytes);
-    if (!audit.ok()) return Reject(audit.status());
+    InteractiveJob job;
+    job.caller = *principal;
+    job.priority = *priority;
+    job.deadline = CallDeadline(*context_);
+    absl::StatusOr<AuditWork> work = Decode(bytes);
+    if (!work.ok()) return Reject(work.status());
+    job.work = *std::move(work);
     request_.Clear();  // its tensor bytes moved into the snapshot
-    CountTruncatedLabels(svc_, audit->truncated);
     absl::StatusOr<std::string> id = NewJobId('a');
     if (!id.ok()) return Done(ToGrpcStatus(id.status()));
     job_id_ = *std::move(id);
+    job.job_id = job_id_;
     log().set_job_id(job_id_);
     // Registered before the job can be queued, so a token file reload from
     // now on reaches this call (one between admission and registration
@@ -81,10 +80,14 @@ class AuditCall final : public LoggedUnaryReactor, public OpenCall {
     svc_->open_calls()->Add(this);
     registered_ = true;
     absl::Duration retry_after;
-    absl::Status admitted = AdmitInteractive(
-        svc_, *principal, job_id_, *std::move(audit), *priority, job_bytes,
-        CallDeadline(*context_), &response_msg_,
-        [this](const grpc::Status& status) { Answer(status); }, &retry_after);
+    absl::Status admitted = svc_->jobs()->RunInteractive(
+        std::move(job),
+        [this](InteractiveAnswer answer) {
+          // The response belongs to the call, which may be gone once
+          // answered: nothing reads it after Answer.
+          Answer(AnswerToProto(std::move(answer), &response_msg_));
+        },
+        &retry_after);
     if (!admitted.ok()) {
       if (admitted.code() == absl::StatusCode::kResourceExhausted) {
         AddRetryAfter(context_, retry_after);
@@ -98,9 +101,7 @@ class AuditCall final : public LoggedUnaryReactor, public OpenCall {
       absl::MutexLock lock(&mu_);
       revoked = ended_.has_value();  // a reload came before the job existed
     }
-    if (cancelled_.load() || revoked) {
-      svc_->scheduler()->Cancel(job_id_).IgnoreError();
-    }
+    if (cancelled_.load() || revoked) svc_->jobs()->StopInteractive(job_id_);
   }
 
   // OpenCall: runs under the registry's lock (this call is alive).
@@ -114,7 +115,7 @@ class AuditCall final : public LoggedUnaryReactor, public OpenCall {
       ended_ = ToGrpcStatus(now.status());
     }
     // The job answers (Answer) with ended_.
-    svc_->scheduler()->Cancel(job_id_).IgnoreError();
+    svc_->jobs()->StopInteractive(job_id_);
     return true;
   }
 
@@ -127,30 +128,33 @@ class AuditCall final : public LoggedUnaryReactor, public OpenCall {
     // At the deadline the scheduler's timer ends the job DEADLINE_EXCEEDED.
     if (rpc_internal::CancelledByDeadline(*context_)) return;
     cancelled_.store(true);
-    if (submitted_.load()) svc_->scheduler()->Cancel(job_id_).IgnoreError();
+    if (submitted_.load()) svc_->jobs()->StopInteractive(job_id_);
   }
 
  private:
-  // The snapshot and options of request_: inline, or read in place from
-  // the memfd it names (then *bytes becomes the snapshot's size, which the
-  // scheduler's budgets count like an inline snapshot's).
-  absl::StatusOr<DecodedAudit> Decode(int64_t* bytes) {
-    if (!request_.has_snapshot_memfd()) return DecodeAuditRequest(&request_);
-    return rpc_internal::DecodeMemfdAuditRequest(svc_->memfd_snapshots(),
-                                                 request_, bytes);
+  // The work of request_: inline (its bytes: the request's, `bytes`), or
+  // read in place from the memfd it names (its bytes: the snapshot's
+  // size, which the scheduler's budgets count like an inline snapshot's).
+  absl::StatusOr<AuditWork> Decode(int64_t bytes) {
+    if (request_.has_snapshot_memfd()) {
+      return rpc_internal::DecodeMemfdAuditRequest(svc_->memfd_snapshots(),
+                                                   request_);
+    }
+    absl::StatusOr<AuditWork> work = DecodeAuditRequest(&request_);
+    if (work.ok()) work->bytes = bytes;
+    return work;
   }
 
   // Refuses the request before a job exists (counted as a rejection).
   void Reject(const absl::Status& status) {
-    svc_->admission()->CountRefusal(status,
-                                    Metrics::InvalidInput::kAuditRequest);
+    svc_->jobs()->CountRefusal(status, Metrics::InvalidInput::kAuditRequest);
     Done(ToGrpcStatus(status));
   }
 
   // Admission checked before the request is parsed: under overload most
   // refused calls would otherwise be parsed (a copy of every byte, on a
   // gRPC thread) only to be refused. The priority is read from the raw
-  // bytes; AdmitInteractive checks again. False when the call is answered.
+  // bytes; RunInteractive checks again. False when the call is answered.
   bool Precheck(const Principal& principal, const grpc::ByteBuffer& raw,
                 int64_t bytes) {
     absl::StatusOr<PriorityClass> priority = PriorityFromProto(
@@ -164,7 +168,7 @@ class AuditCall final : public LoggedUnaryReactor, public OpenCall {
     query.quota = principal.quota;
     query.deadline = CallDeadline(*context_);
     absl::Duration retry_after;
-    absl::Status s = svc_->admission()->Check(query, &retry_after);
+    absl::Status s = svc_->jobs()->CheckAdmission(query, &retry_after);
     if (s.ok()) return true;
     if (s.code() == absl::StatusCode::kResourceExhausted) {
       AddRetryAfter(context_, retry_after);
@@ -283,305 +287,46 @@ void DescribeLimits(const ServiceOptions& o, v1::Limits* l) {
 
 }  // namespace
 
-namespace rpc_internal {
-namespace {
+// ---- The service -----------------------------------------------------------
 
-// The end of an interactive job: the call's answer (the report, or the
-// error; an INVALID verdict is INVALID_ARGUMENT naming the field).
-grpc::Status FinishInteractive(AuditServiceImpl* svc, const JobOutcome& outcome,
-                               v1::AuditResponse* response) {
-  if (!outcome.status.ok()) return ToGrpcStatus(outcome.status);
-  if (outcome.report.verdict == Verdict::kInvalid) {
-    svc->metrics()->CountInvalidInput(Metrics::InvalidInput::kAuditVerdict);
-    return grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat("snapshot.", outcome.report.invalid_reason));
-  }
-  ReportToProto(outcome.report, response->mutable_report());
-  response->set_job_id(outcome.job_id);
-  return grpc::Status::OK;
-}
-
-// The end of an interactive job once FinishInteractive has its answer.
-// Its result is kept like a Submit's (GetResult, ListResults, the
-// watchers' feed) by the result writer, off this worker. A report is
-// answered only once its result is kept (stored, or journalled until the
-// store takes it), so its job id can be read back; otherwise the answer
-// has no job id and says why. An error answer waits for
-// nothing: its job's record is kept on the side. With
-// --store-audit-results=false results are only published to the current
-// watchers.
-void AnswerInteractive(AuditServiceImpl* svc, ResultRecord record,
-                       grpc::Status status, v1::AuditResponse* response,
-                       const Finisher& finish) {
-  record.replica = svc->options().replica_id;
-  if (!svc->options().store_audit_results) {
-    if (status.ok()) {
-      response->clear_job_id();
-      response->set_not_stored_reason(
-          "the server runs with --store-audit-results=false");
-    }
-    finish(status);
-    svc->PublishUnstored(std::move(record));
-    return;
-  }
-  if (!status.ok()) {
-    finish(status);
-    svc->audit_results()->Add(std::move(record),
-                              [svc](const ResultRecord& r, bool kept) {
-                                if (!kept) svc->PublishUnstored(r);
-                              });
-    return;
-  }
-  svc->audit_results()->Add(
-      std::move(record),
-      [svc, response, finish](const ResultRecord& r, bool kept) {
-        if (!kept) {
-          response->clear_job_id();
-          response->set_not_stored_reason(
-              "the result store and this replica's result journal could not "
-              "take the result (see the server's log)");
-          svc->PublishUnstored(r);
-        }
-        finish(grpc::Status::OK);
-      });
-}
-
-}  // namespace
-
-absl::Status AdmitInteractive(AuditServiceImpl* svc, const Principal& principal,
-                              const std::string& job_id, DecodedAudit audit,
-                              PriorityClass priority, int64_t bytes,
-                              absl::Time deadline, v1::AuditResponse* response,
-                              Finisher finish, absl::Duration* retry_after) {
-  *retry_after = absl::ZeroDuration();
-  ATTNAUDIT_RETURN_IF_ERROR(
-      rpc_internal::CheckOverridePermission(principal, audit));
-  ATTNAUDIT_RETURN_IF_ERROR(svc->admission()->RefuseIfDraining());
-  auto job = std::make_unique<Job>();
-  job->id = job_id;
-  job->priority = priority;
-  job->deadline = deadline;
-  job->labels = JobLabelsOf(audit.snapshot.labels);
-  job->bytes = bytes;
-  job->tenant = principal.tenant;
-  job->quota = principal.quota;
-  job->snapshot = std::move(audit.snapshot);
-  job->options = std::move(audit.options);
-  svc->admission()->Shape(job.get());
-  const absl::Time submitted = absl::Now();
-  // Written by on_start on the worker, read by on_done on the same worker.
-  auto started = std::make_shared<absl::Time>(absl::InfinitePast());
-  job->on_start = [started](const Job&, absl::string_view) {
-    *started = absl::Now();
+JobFormats WireJobFormats() {
+  JobFormats formats;
+  formats.decode_payload = &rpc_internal::DecodeSubmitPayload;
+  formats.encode_report = [](const AuditReport& report) {
+    v1::AuditReport wire;
+    ReportToProto(report, &wire);
+    return wire.SerializeAsString();
   };
-  job->on_done = [svc, response, finish = std::move(finish), submitted,
-                  started](const JobOutcome& outcome) {
-    // The response belongs to the call, which may be gone once answered:
-    // nothing reads it after `finish`.
-    grpc::Status status = FinishInteractive(svc, outcome, response);
-    AnswerInteractive(svc, OutcomeRecord(outcome, submitted, *started),
-                      std::move(status), response, finish);
-  };
-  return svc->admission()->Submit(std::move(job), retry_after);
+  return formats;
 }
 
-}  // namespace rpc_internal
-
-// ---- The service
-// ----------------------------------------------------------------
-
-AuditServiceImpl::AuditServiceImpl(ServiceOptions options, Scheduler* scheduler,
-                                   Spool* spool, JobStore* store,
+AuditServiceImpl::AuditServiceImpl(ServiceOptions options, JobService* jobs,
                                    Metrics* metrics, BlockingExecutor* executor,
-                                   const Authenticator* auth,
-                                   JobIdKey job_id_key)
+                                   const Authenticator* auth)
     : options_(std::move(options)),
-      scheduler_(scheduler),
-      spool_(spool),
-      store_(store),
+      jobs_(jobs),
       metrics_(metrics),
       executor_(executor),
-      auth_(auth),
-      job_id_key_(std::move(job_id_key)),
-      admission_(scheduler, metrics,
-                 Admission::Options{options_.threads_per_job, options_.limits,
-                                    options_.ring_gang}),
-      durable_(
-          [this](const ResultRecord& rec) {
-            return rpc_internal::CommitResult(this, rec);
-          },
-          DurableJobs::Options{}),
-      feed_(
-          store,
-          ResultFeed::Options{options_.feed_poll_interval, /*batch=*/256},
-          [this](const ResultRecord& rec) { OnStoredResult(rec); },
-          [this](bool up) {
-            metrics_->SetStoreUp(up);
-            if (up) audit_results_.StoreAnswered();
-          }),
-      uploads_(std::max<int64_t>(1, options_.upload_budget_bytes),
-               options_.upload_tenant_share),
-      audit_results_(
-          AuditResultWriter::Options{},
-          [this](const std::vector<ResultRecord>& records) {
-            return StoreAuditResults(records);
-          },
-          options_.result_journal) {
-  // Idle uploads are found within a quarter of the timeout (at most 1 s).
-  const absl::Duration period =
-      std::clamp(options_.upload_idle_timeout / 4, absl::Milliseconds(10),
-                 absl::Seconds(1));
-  open_calls_.StartSweeper(period, [this](int64_t ended) {
-    metrics_->CountCallsEnded(Metrics::CallEnd::kUploadIdle, ended);
-  });
-}
+      auth_(auth) {}
 
 AuditServiceImpl::~AuditServiceImpl() = default;
-
-absl::Status AuditServiceImpl::StoreAuditResults(
-    const std::vector<ResultRecord>& records) {
-  absl::StatusOr<std::vector<bool>> put = store_->PutResults(records);
-  if (!put.ok()) return put.status();
-  feed_.Wake();
-  return absl::OkStatus();
-}
-
-void AuditServiceImpl::PublishUnstored(const ResultRecord& record) {
-  if (!hub_.HasWatchers()) return;
-  hub_.Publish(rpc_internal::RecordToJobResult(record), record.tenant);
-}
-
-absl::Status AuditServiceImpl::StartFeed() {
-  absl::StatusOr<int64_t> last = store_->LastSeq();
-  if (!last.ok()) return last.status();
-  hub_.SetLastSeq(*last);
-  feed_.Start(*last);
-  return absl::OkStatus();
-}
-
-absl::Status AuditServiceImpl::StartHandoff() {
-  if (!store_->shared()) return absl::OkStatus();
-  FleetHandoff::Options handoff;
-  handoff.replica = options_.replica_id;
-  handoff.lease = options_.fleet_lease;
-  handoff.claim_bytes = options_.fleet_claim_bytes;
-  handoff_ = std::make_unique<FleetHandoff>(
-      store_, std::move(handoff),
-      [this](StoredJob job) {
-        metrics_->CountJobsTakenOver();
-        AdoptStoredJob(std::move(job));
-      },
-      [this] { return draining(); });
-  return handoff_->Start();
-}
-
-void AuditServiceImpl::OnStoredResult(const ResultRecord& record) {
-  hub_.Publish(record.seq, record.tenant_seq, record.tenant,
-               [&record] { return rpc_internal::RecordToJobResult(record); });
-  if (!store_->shared()) return;
-  // Another replica cancelled this replica's job, or finished it after
-  // taking it over: stop this copy (its own result would be refused).
-  if (absl::Status s = scheduler_->Cancel(record.job_id); s.ok()) {
-    ATTNAUDIT_LOG(info, "job ended elsewhere in the fleet; stopped here")
-        .Kv("job_id", record.job_id)
-        .Kv("state", JobStateName(record.state));
-  }
-}
-
-namespace {
-
-// A resumed watch's numbering: the feed's (a watcher that reads every
-// tenant's results) or one tenant's.
-struct CursorSpace {
-  bool feed = true;
-  std::string tenant;
-
-  int64_t Of(const ResultRecord& r) const {
-    return feed ? r.seq : r.tenant_seq;
-  }
-};
-
-grpc::Status Pruned(int64_t after) {
-  return grpc::Status(
-      grpc::StatusCode::OUT_OF_RANGE,
-      absl::StrCat("resume_after: results after cursor ", after,
-                   " were pruned by the retention policy; read what is left "
-                   "with ListResults, then watch again"));
-}
-
-// The backlog of a watch resumed after `after` up to the feed's `until`,
-// read from `store` (blocking), or why the watch must end. Refuses a
-// cursor beyond the newest stored result (it would drop live results
-// silently) and more than kMaxWatchBacklog results, with messages that
-// count nothing beyond the caller's own numbering.
-absl::StatusOr<std::vector<std::shared_ptr<const PublishedResult>>> ReadBacklog(
-    JobStore* store, const CursorSpace& space, int64_t after, int64_t until,
-    grpc::Status* refusal) {
-  absl::StatusOr<int64_t> newest =
-      space.feed ? store->LastSeq() : store->LastTenantSeq(space.tenant);
-  if (!newest.ok()) return newest.status();
-  if (after > *newest) {
-    *refusal = grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat("resume_after: cursor ", after,
-                     " is beyond the newest stored result (", *newest,
-                     "); resume from a JobResult.cursor this service sent"));
-    return std::vector<std::shared_ptr<const PublishedResult>>();
-  }
-  std::vector<std::shared_ptr<const PublishedResult>> backlog;
-  for (int64_t next = after; next < *newest;) {
-    absl::StatusOr<std::vector<ResultRecord>> rows =
-        space.feed ? store->ResultsAfter(next, 1000)
-                   : store->TenantResultsAfter(space.tenant, next, 1000);
-    if (!rows.ok()) return rows.status();
-    for (const ResultRecord& r : *rows) {
-      if (r.seq > until) return backlog;  // live from here on
-      if (space.Of(r) != next + 1) {
-        *refusal = Pruned(next);
-        return backlog;
-      }
-      if (static_cast<int64_t>(backlog.size()) == kMaxWatchBacklog) {
-        *refusal = grpc::Status(
-            grpc::StatusCode::OUT_OF_RANGE,
-            absl::StrCat("resume_after: more than ", kMaxWatchBacklog,
-                         " results were stored after cursor ", after,
-                         ", more than a watch replays; read them with "
-                         "ListResults, then watch again"));
-        return backlog;
-      }
-      next = space.Of(r);
-      backlog.push_back(WatchHub::Prepare(rpc_internal::RecordToJobResult(r),
-                                          r.tenant, r.seq, r.tenant_seq));
-    }
-    if (rows->empty()) break;
-  }
-  return backlog;
-}
-
-}  // namespace
 
 void AuditServiceImpl::LoadBacklog(WatchReactor* watcher,
                                    const Principal& caller, int64_t after,
                                    int64_t until) {
-  CursorSpace space;
-  space.feed = caller.ReadsAll();
-  space.tenant = caller.tenant;
-  const bool posted = executor_->Post([this, watcher, space, after, until] {
-    grpc::Status refusal;
-    absl::StatusOr<std::vector<std::shared_ptr<const PublishedResult>>>
-        backlog = ReadBacklog(store_, space, after, until, &refusal);
+  const bool posted = executor_->Post([this, watcher, caller, after, until] {
+    absl::StatusOr<std::vector<ResultRecord>> backlog =
+        jobs_->WatchBacklog(caller, after, until);
     if (!backlog.ok()) {
-      return watcher->FailBacklog(ToGrpcStatus(
-          rpc_internal::StorageError("result store", backlog.status())));
+      return watcher->FailBacklog(ToGrpcStatus(backlog.status()));
     }
-    if (!refusal.ok()) {
-      if (refusal.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
-        metrics_->CountInvalidInput(Metrics::InvalidInput::kOtherRequest);
-      }
-      return watcher->FailBacklog(refusal);
+    std::vector<std::shared_ptr<const PublishedResult>> published;
+    published.reserve(backlog->size());
+    for (const ResultRecord& r : *backlog) {
+      published.push_back(WatchHub::Prepare(rpc_internal::RecordToJobResult(r),
+                                            r.tenant, r.seq, r.tenant_seq));
     }
-    watcher->DeliverBacklog(*backlog);
+    watcher->DeliverBacklog(published);
   });
   if (!posted) {
     watcher->FailBacklog(
@@ -591,27 +336,10 @@ void AuditServiceImpl::LoadBacklog(WatchReactor* watcher,
   }
 }
 
-void AuditServiceImpl::RecheckOpenCalls() {
-  metrics_->CountCallsEnded(Metrics::CallEnd::kCredentials,
-                            open_calls_.RecheckAll(*auth_));
-}
-
-void AuditServiceImpl::StartDraining() { admission_.StartDraining(); }
-
 void AuditServiceImpl::CloseWatchers() {
   hub_.Close(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                           "server is shutting down; reconnect to another "
                           "replica"));
-}
-
-bool AuditServiceImpl::BeginIdempotentSubmit(const std::string& job_id) {
-  absl::MutexLock lock(&submit_mu_);
-  return submitting_.insert(job_id).second;
-}
-
-void AuditServiceImpl::EndIdempotentSubmit(const std::string& job_id) {
-  absl::MutexLock lock(&submit_mu_);
-  submitting_.erase(job_id);
 }
 
 grpc::ServerUnaryReactor* AuditServiceImpl::Audit(
@@ -638,7 +366,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* AuditServiceImpl::WatchResults(
     if (!v1::Verdict_IsValid(v) || v == v1::VERDICT_UNSPECIFIED) {
       const absl::Status invalid = absl::InvalidArgumentError(
           absl::StrCat("filter.verdicts: unknown value ", v));
-      admission_.CountRefusal(invalid, Metrics::InvalidInput::kOtherRequest);
+      jobs_->CountRefusal(invalid, Metrics::InvalidInput::kOtherRequest);
       return new RejectedWatch(ToGrpcStatus(invalid));
     }
   }
@@ -657,14 +385,14 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* AuditServiceImpl::WatchResults(
     if (req.resume_after() < 0) {
       const absl::Status invalid =
           absl::InvalidArgumentError("resume_after: must not be negative");
-      admission_.CountRefusal(invalid, Metrics::InvalidInput::kOtherRequest);
+      jobs_->CountRefusal(invalid, Metrics::InvalidInput::kOtherRequest);
       return new RejectedWatch(ToGrpcStatus(invalid));
     }
     resume_after = req.resume_after();
   }
   const Principal caller = *principal;
   return new WatchReactor(
-      &hub_, &open_calls_, std::move(filter), options_.watcher_buffer,
+      &hub_, jobs_->open_calls(), std::move(filter), options_.watcher_buffer,
       *std::move(principal), rpc_internal::CredentialsOf(*context),
       resume_after,
       [this, caller](WatchReactor* w, int64_t after, int64_t until) {
@@ -692,7 +420,7 @@ grpc::ServerUnaryReactor* AuditServiceImpl::GetCapabilities(
   caps.set_version(options_.version);
   caps.set_api_version("attnaudit.v1");
   caps.set_fingerprint_version(kFingerprintVersion);
-  DescribeDevices(scheduler_->Devices(), options_, &caps);
+  DescribeDevices(jobs_->Devices(), options_, &caps);
   DescribeLimits(options_, caps.mutable_limits());
   caps.set_accepts_memfd_snapshots(options_.memfd_snapshots != nullptr);
   call->Done(SerializeResponse(caps, response));

@@ -29,19 +29,17 @@
 #include "server/rpc/audit_service.h"
 #include "server/rpc/call_auth.h"
 #include "server/rpc/conversions.h"
-#include "server/rpc/interactive_jobs.h"
 #include "server/rpc/logged_reactor.h"
 #include "server/rpc/rpc_methods.h"
 #include "server/rpc/status_util.h"
+#include "server/store/job_ids.h"
 
 namespace attnaudit::server {
 namespace {
 
-using rpc_internal::AdmitInteractive;
+using rpc_internal::AnswerToProto;
 using rpc_internal::Authorize;
 using rpc_internal::CallDeadline;
-using rpc_internal::CountTruncatedLabels;
-using rpc_internal::DecodedAudit;
 using rpc_internal::ParseRequest;
 using rpc_internal::PriorityFromProto;
 using rpc_internal::SerializeResponse;
@@ -126,7 +124,7 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
     // (an upload still in progress ends at its next read, which fails).
     if (rpc_internal::CancelledByDeadline(*context_)) return;
     cancelled_.store(true);
-    if (submitted_.load()) svc_->scheduler()->Cancel(job_id_).IgnoreError();
+    if (submitted_.load()) svc_->jobs()->StopInteractive(job_id_);
   }
 
   void OnDone() override {
@@ -162,8 +160,8 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
     log_.set_bytes(total);
     Progressed(header_bytes, total);
     // Admission before a single chunk is read: the queue and budget
-    // (advisory; Submit re-checks) and the budget of uploads in progress.
-    // The tenant's other uploads count against its quota too.
+    // (advisory; RunInteractive re-checks) and the budget of uploads in
+    // progress. The tenant's other uploads count against its quota too.
     const UploadLedger::Use held =
         svc_->uploads()->TenantUse(principal_.tenant);
     AdmissionQuery query;
@@ -175,7 +173,7 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
     query.held_jobs = held.calls;
     query.held_bytes = held.bytes;
     absl::Duration retry_after;
-    if (absl::Status s = svc_->admission()->Check(query, &retry_after);
+    if (absl::Status s = svc_->jobs()->CheckAdmission(query, &retry_after);
         !s.ok()) {
       if (s.code() == absl::StatusCode::kResourceExhausted) {
         AddRetryAfter(context_, retry_after);
@@ -220,9 +218,7 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
       // returns at once.
       if (phase == Phase::kReading && !in_reaction_) FinishOnce(status);
     }
-    if (phase == Phase::kSubmitted) {
-      svc_->scheduler()->Cancel(job_id_).IgnoreError();
-    }
+    if (phase == Phase::kSubmitted) svc_->jobs()->StopInteractive(job_id_);
     return true;
   }
 
@@ -284,12 +280,17 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
     if (!snapshot.ok()) {
       return Fail(PrefixStatus("header.snapshot.", snapshot.status()));
     }
-    DecodedAudit audit{*std::move(snapshot), std::move(options_), {}};
-    audit.truncated = BoundLabels(&audit.snapshot.labels);
-    CountTruncatedLabels(svc_, audit.truncated);
+    InteractiveJob job;
+    job.caller = principal_;
+    job.priority = priority_;
+    job.deadline = CallDeadline(*context_);
+    job.work.snapshot = *std::move(snapshot);
+    job.work.options = std::move(options_);
+    job.work.bytes = reserved_;
     absl::StatusOr<std::string> id = NewJobId('a');
     if (!id.ok()) return FinishOnce(ToGrpcStatus(id.status()));
     job_id_ = *std::move(id);
+    job.job_id = job_id_;
     log_.set_job_id(job_id_);
     {
       absl::MutexLock lock(&mu_);
@@ -297,10 +298,12 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
       phase_ = Phase::kAdmitting;
     }
     absl::Duration retry_after;
-    absl::Status admitted = AdmitInteractive(
-        svc_, principal_, job_id_, std::move(audit), priority_, reserved_,
-        CallDeadline(*context_), &response_msg_,
-        [this](const grpc::Status& status) { Answer(status); }, &retry_after);
+    absl::Status admitted = svc_->jobs()->RunInteractive(
+        std::move(job),
+        [this](InteractiveAnswer answer) {
+          Answer(AnswerToProto(std::move(answer), &response_msg_));
+        },
+        &retry_after);
     // Queued (or refused): the scheduler's budget accounts for the bytes
     // from here on.
     svc_->uploads()->Release(principal_.tenant, reserved_);
@@ -320,9 +323,7 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
       ended = ended_.has_value();
     }
     submitted_.store(true);
-    if (cancelled_.load() || ended) {
-      svc_->scheduler()->Cancel(job_id_).IgnoreError();
-    }
+    if (cancelled_.load() || ended) svc_->jobs()->StopInteractive(job_id_);
   }
 
   // The job's answer: the report, serialised into the call's response, or
@@ -338,8 +339,7 @@ class AuditStreamCall final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
   }
 
   void Fail(const absl::Status& status) {
-    svc_->admission()->CountRefusal(status,
-                                    Metrics::InvalidInput::kAuditRequest);
+    svc_->jobs()->CountRefusal(status, Metrics::InvalidInput::kAuditRequest);
     FinishOnce(ToGrpcStatus(status));
   }
 

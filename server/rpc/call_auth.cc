@@ -13,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "proto/codec/wire_check.h"
-#include "server/log/log.h"
 
 namespace attnaudit::server::rpc_internal {
 namespace {
@@ -129,22 +128,6 @@ absl::StatusOr<Principal> Authorize(AuditServiceImpl* svc,
     }
   }
   return principal;
-}
-
-bool MaySee(const Principal& principal, absl::string_view owner) {
-  return principal.ReadsAll() || principal.tenant == owner;
-}
-
-absl::Status StorageError(absl::string_view what, const absl::Status& status) {
-  ATTNAUDIT_LOG(err, "storage error").Kv("what", what).Kv("status", status);
-  if (status.code() == absl::StatusCode::kResourceExhausted) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(what, ": the server's disk is full; retry later"));
-  }
-  return absl::UnavailableError(
-      absl::StrCat(what, ": the server's storage failed (",
-                   absl::StatusCodeToString(status.code()),
-                   "); retry later or on another replica"));
 }
 
 }  // namespace attnaudit::server::rpc_internal

@@ -1,7 +1,6 @@
 // The call plumbing every reactor shares (call_auth.cc): raw request bytes
 // in and out (parse, peek, take, serialise), authentication and
-// permissions (Authorize, CredentialsOf, MaySee), and the client-facing
-// form of storage failures. Internal to server/rpc.
+// permissions (Authorize, CredentialsOf). Internal to server/rpc.
 #ifndef ATTNAUDIT_SERVER_RPC_CALL_AUTH_H_
 #define ATTNAUDIT_SERVER_RPC_CALL_AUTH_H_
 
@@ -52,15 +51,6 @@ absl::StatusOr<Principal> Authorize(AuditServiceImpl* svc,
 // identities of its verified client certificate (kept by open calls to
 // re-check them when the token file is reloaded).
 Credentials CredentialsOf(const grpc::CallbackServerContext& context);
-
-// Whether `principal` may see a job of `owner` (its own, or it reads all).
-bool MaySee(const Principal& principal, absl::string_view owner);
-
-// The client-facing form of a storage failure (spool, result store): the
-// full status, which names files, goes to the log with `what`; the caller
-// gets RESOURCE_EXHAUSTED "the server's disk is full" for a full disk and
-// UNAVAILABLE otherwise, never a path.
-absl::Status StorageError(absl::string_view what, const absl::Status& status);
 
 }  // namespace attnaudit::server::rpc_internal
 

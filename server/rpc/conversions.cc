@@ -10,7 +10,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "core/audit/audit.h"
 #include "core/common/status_macros.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/tensor_paths.h"
@@ -21,21 +20,22 @@ namespace {
 
 using google::protobuf::util::TimeUtil;
 
-// A decoded snapshot with the request's options; its labels bounded.
-absl::StatusOr<DecodedAudit> WithOptions(Snapshot snapshot,
-                                         const v1::AuditOptions& options) {
+// A decoded snapshot with the request's options.
+absl::StatusOr<AuditWork> WithOptions(Snapshot snapshot,
+                                      const v1::AuditOptions& options) {
   absl::StatusOr<AuditOptions> audit_options = AuditOptionsFromProto(options);
   if (!audit_options.ok()) {
     return PrefixStatus("options.", audit_options.status());
   }
-  DecodedAudit audit{std::move(snapshot), *std::move(audit_options), {}};
-  audit.truncated = BoundLabels(&audit.snapshot.labels);
-  return audit;
+  AuditWork work;
+  work.bytes = SnapshotTensorBytes(snapshot);
+  work.snapshot = std::move(snapshot);
+  work.options = *std::move(audit_options);
+  return work;
 }
 
-absl::StatusOr<DecodedAudit> DecodeAudit(bool has_snapshot,
-                                         v1::Snapshot* snapshot,
-                                         const v1::AuditOptions& options) {
+absl::StatusOr<AuditWork> DecodeAudit(bool has_snapshot, v1::Snapshot* snapshot,
+                                      const v1::AuditOptions& options) {
   if (!has_snapshot) return absl::InvalidArgumentError("snapshot: missing");
   absl::StatusOr<Snapshot> decoded = SnapshotFromProto(snapshot);
   if (!decoded.ok()) return PrefixStatus("snapshot.", decoded.status());
@@ -80,46 +80,6 @@ v1::JobState JobStateToProto(JobState s) {
   return v1::JOB_STATE_UNSPECIFIED;
 }
 
-JobState TerminalStateOf(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kOk:
-      return JobState::kDone;
-    case absl::StatusCode::kCancelled:
-    case absl::StatusCode::kDeadlineExceeded:
-      return JobState::kCancelled;
-    default:
-      return JobState::kFailed;
-  }
-}
-
-void LabelsToProto(const Labels& labels, v1::Labels* msg) {
-  msg->set_model(labels.model);
-  if (labels.layer >= 0) msg->set_layer(labels.layer);
-  msg->set_engine(labels.engine);
-  msg->set_backend(labels.backend);
-  if (labels.step >= 0) msg->set_step(labels.step);
-  for (const std::string& id : labels.request_ids) msg->add_request_ids(id);
-  msg->set_run(labels.run);
-}
-
-JobLabels JobLabelsOf(const Labels& labels) {
-  return JobLabels{labels.model,   labels.layer, labels.engine,
-                   labels.backend, labels.step,  labels.run};
-}
-
-JobLabels JobLabelsOf(const ResultRecord& record) {
-  return JobLabels{record.model,   record.layer, record.engine,
-                   record.backend, record.step,  record.run};
-}
-
-JobLabels JobLabelsOf(const SpoolMetadata& metadata) {
-  JobLabels labels;  // the spool keeps no backend, step or run
-  labels.model = metadata.model;
-  labels.layer = metadata.layer;
-  labels.engine = metadata.engine;
-  return labels;
-}
-
 void TimeToProto(absl::Time t, google::protobuf::Timestamp* msg) {
   *msg = TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
 }
@@ -157,10 +117,6 @@ bool CancelledByDeadline(const grpc::CallbackServerContext& context) {
   const absl::Time deadline = CallDeadline(context);
   return deadline != absl::InfiniteFuture() &&
          absl::Now() + kDeadlineSlack >= deadline;
-}
-
-int64_t CursorFor(const Principal& caller, const ResultRecord& record) {
-  return caller.ReadsAll() ? record.seq : record.tenant_seq;
 }
 
 v1::JobResult RecordToJobResult(const ResultRecord& record) {
@@ -204,26 +160,6 @@ v1::JobResult RecordToJobResult(const ResultRecord& record) {
   return r;
 }
 
-v1::JobResult OutcomeToJobResult(const JobOutcome& outcome,
-                                 const Labels& labels, absl::Time submitted,
-                                 absl::Time started) {
-  v1::JobResult r;
-  r.set_job_id(outcome.job_id);
-  r.set_state(JobStateToProto(TerminalStateOf(outcome.status)));
-  if (!outcome.status.ok()) {
-    r.mutable_error()->set_code(static_cast<int>(outcome.status.code()));
-    r.mutable_error()->set_message(std::string(outcome.status.message()));
-  }
-  r.set_priority(PriorityToProto(outcome.priority));
-  LabelsToProto(labels, r.mutable_labels());
-  TimeToProto(submitted, r.mutable_submit_time());
-  if (outcome.ran && started != absl::InfinitePast()) {
-    TimeToProto(started, r.mutable_start_time());
-  }
-  TimeToProto(absl::Now(), r.mutable_finish_time());
-  return r;
-}
-
 int64_t SnapshotTensorBytes(const Snapshot& snapshot) {
   int64_t total = 0;
   for (absl::string_view path : SnapshotTensorPaths()) {
@@ -235,26 +171,21 @@ int64_t SnapshotTensorBytes(const Snapshot& snapshot) {
   return total;
 }
 
-absl::Status CheckOverridePermission(const Principal& caller,
-                                     const DecodedAudit& audit) {
-  if (caller.Has(kPermOverride) ||
-      !OverridesPolicy(audit.snapshot, audit.options)) {
-    return absl::OkStatus();
-  }
-  return absl::PermissionDeniedError(
-      "options: tolerance overrides, the statistical test off and precision "
-      "fields past every profile's range need the override permission");
-}
-
-absl::StatusOr<DecodedAudit> DecodeAuditRequest(v1::AuditRequest* request) {
+absl::StatusOr<AuditWork> DecodeAuditRequest(v1::AuditRequest* request) {
   // Asked before mutable_snapshot(), which creates the field.
   const bool has_snapshot = request->has_snapshot();
   return DecodeAudit(has_snapshot, request->mutable_snapshot(),
                      request->options());
 }
 
-absl::StatusOr<DecodedAudit> DecodeMemfdAuditRequest(
-    MemfdSnapshots* memfds, const v1::AuditRequest& request, int64_t* bytes) {
+absl::StatusOr<AuditWork> DecodeAuditRequest(v1::SubmitRequest* request) {
+  const bool has_snapshot = request->has_snapshot();
+  return DecodeAudit(has_snapshot, request->mutable_snapshot(),
+                     request->options());
+}
+
+absl::StatusOr<AuditWork> DecodeMemfdAuditRequest(
+    MemfdSnapshots* memfds, const v1::AuditRequest& request) {
   if (request.has_snapshot()) {
     return absl::InvalidArgumentError(
         "snapshot_memfd: set together with snapshot; send one of them");
@@ -268,24 +199,28 @@ absl::StatusOr<DecodedAudit> DecodeMemfdAuditRequest(
   ATTNAUDIT_ASSIGN_OR_RETURN(
       Snapshot snapshot,
       memfds->Open({ref.path(), ref.bytes(), ref.boot_id(), ref.inode()}));
-  *bytes = ref.bytes();
-  return WithOptions(std::move(snapshot), request.options());
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      AuditWork work, WithOptions(std::move(snapshot), request.options()));
+  // The scheduler's budgets count it like an inline snapshot's bytes.
+  work.bytes = ref.bytes();
+  return work;
 }
 
-absl::StatusOr<DecodedAudit> DecodeAuditRequest(v1::SubmitRequest* request) {
-  const bool has_snapshot = request->has_snapshot();
-  return DecodeAudit(has_snapshot, request->mutable_snapshot(),
-                     request->options());
+absl::StatusOr<AuditWork> DecodeSubmitPayload(const std::string& payload) {
+  v1::SubmitRequest request;
+  if (!request.ParseFromString(payload)) {
+    return absl::DataLossError("spool entry does not hold a SubmitRequest");
+  }
+  return DecodeAuditRequest(&request);
 }
 
-void CountTruncatedLabels(AuditServiceImpl* svc, const LabelTruncations& t) {
-  if (t.total() == 0) return;
-  Metrics* m = svc->metrics();
-  m->CountTruncatedLabel("model", t.model);
-  m->CountTruncatedLabel("engine", t.engine);
-  m->CountTruncatedLabel("backend", t.backend);
-  m->CountTruncatedLabel("request_id", t.request_ids);
-  m->CountTruncatedLabel("run", t.run);
+grpc::Status AnswerToProto(InteractiveAnswer answer,
+                           v1::AuditResponse* response) {
+  if (!answer.status.ok()) return ToGrpcStatus(answer.status);
+  ReportToProto(answer.report, response->mutable_report());
+  response->set_job_id(answer.job_id);
+  response->set_not_stored_reason(answer.not_stored_reason);
+  return grpc::Status::OK;
 }
 
 }  // namespace attnaudit::server::rpc_internal

@@ -1,7 +1,8 @@
-// Conversions between the wire, the scheduler and the store
-// (conversions.cc): priorities, job states, labels, times and durations,
-// results, and the decoding of an Audit or Submit request into a snapshot
-// and audit options. Internal to server/rpc.
+// Conversions between the wire and the job lifecycle (conversions.cc):
+// priorities, job states, times and durations, stored results, the
+// decoding of an Audit or Submit request into the work of a job, and an
+// interactive job's answer as the call's response. Pure functions,
+// thread-safe; internal to server/rpc.
 #ifndef ATTNAUDIT_SERVER_RPC_CONVERSIONS_H_
 #define ATTNAUDIT_SERVER_RPC_CONVERSIONS_H_
 
@@ -14,16 +15,12 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "attnaudit/v1/service.pb.h"
-#include "core/audit/options.h"
 #include "core/snapshot/snapshot.h"
 #include "google/protobuf/duration.pb.h"
 #include "google/protobuf/timestamp.pb.h"
-#include "server/auth/tenants.h"
-#include "server/jobs/label_bounds.h"
+#include "server/jobs/jobs.h"
 #include "server/memfd/memfd_snapshots.h"
-#include "server/rpc/audit_service.h"
 #include "server/scheduler/job.h"
-#include "server/spool/spool.h"
 #include "server/store/job_store.h"
 
 namespace attnaudit::server::rpc_internal {
@@ -34,14 +31,6 @@ absl::StatusOr<PriorityClass> PriorityFromProto(int priority,
                                                 PriorityClass def);
 v1::Priority PriorityToProto(PriorityClass c);
 v1::JobState JobStateToProto(JobState s);
-// The terminal state of a job that ended with `status`: DONE for OK,
-// CANCELLED for Cancelled and DeadlineExceeded, FAILED otherwise.
-JobState TerminalStateOf(const absl::Status& status);
-
-void LabelsToProto(const Labels& labels, v1::Labels* msg);
-JobLabels JobLabelsOf(const Labels& labels);
-JobLabels JobLabelsOf(const ResultRecord& record);
-JobLabels JobLabelsOf(const SpoolMetadata& metadata);
 
 void TimeToProto(absl::Time t, google::protobuf::Timestamp* msg);
 // A request's google.protobuf.Duration; InvalidArgument naming `field` when
@@ -62,45 +51,33 @@ bool CancelledByDeadline(const grpc::CallbackServerContext& context);
 
 // A stored (or live) record as the wire's JobResult (parses the stored
 // report). Its cursor is the record's tenant_seq: callers that read every
-// tenant's results get seq instead (CursorFor).
+// tenant's results get seq instead (CursorFor, server/jobs/jobs.h).
 v1::JobResult RecordToJobResult(const ResultRecord& record);
-// The cursor `caller` sees for a stored result: the feed's seq when it
-// reads all, else the result's place among its tenant's.
-int64_t CursorFor(const Principal& caller, const ResultRecord& record);
-// The JobResult of a finished job (without the report).
-v1::JobResult OutcomeToJobResult(const JobOutcome& outcome,
-                                 const Labels& labels, absl::Time submitted,
-                                 absl::Time started);
 
 // Sum of the bytes of every present tensor (the memory a job holds).
 int64_t SnapshotTensorBytes(const Snapshot& snapshot);
 
-// The decoded body of an Audit or Submit request.
-struct DecodedAudit {
-  Snapshot snapshot;
-  AuditOptions options;
-  // Label values DecodeAuditRequest cut to their bound.
-  LabelTruncations truncated;
-};
 // Decodes the snapshot, moving its tensor bytes out of `request` (whose
-// snapshot is left unusable), bounds its labels (label_bounds.h) and
-// decodes the audit options. InvalidArgument naming the field: "snapshot:
-// missing", "snapshot.q: ...", "options.tolerances...".
-absl::StatusOr<DecodedAudit> DecodeAuditRequest(v1::AuditRequest* request);
-
-// PERMISSION_DENIED when the audit departs from the verdict policy
-// (OverridesPolicy) and `caller` lacks the override permission.
-absl::Status CheckOverridePermission(const Principal& caller,
-                                     const DecodedAudit& audit);
-absl::StatusOr<DecodedAudit> DecodeAuditRequest(v1::SubmitRequest* request);
-// The audit of a request whose snapshot lies in a memfd (snapshot_memfd),
+// snapshot is left unusable), and the audit options, into a job's work
+// (its bytes: SnapshotTensorBytes). The labels are left as sent: the
+// JobService bounds and counts them. InvalidArgument naming the field:
+// "snapshot: missing", "snapshot.q: ...", "options.tolerances...".
+absl::StatusOr<AuditWork> DecodeAuditRequest(v1::AuditRequest* request);
+absl::StatusOr<AuditWork> DecodeAuditRequest(v1::SubmitRequest* request);
+// The work of a request whose snapshot lies in a memfd (snapshot_memfd),
 // read in place through `memfds` (null: the server does not accept them,
-// FailedPrecondition); *bytes becomes the snapshot's size. InvalidArgument
+// FailedPrecondition); its bytes are the snapshot's size. InvalidArgument
 // when `snapshot` is set too, or as MemfdSnapshots::Open.
-absl::StatusOr<DecodedAudit> DecodeMemfdAuditRequest(
-    MemfdSnapshots* memfds, const v1::AuditRequest& request, int64_t* bytes);
-// Adds a fresh request's truncated labels to the metrics.
-void CountTruncatedLabels(AuditServiceImpl* svc, const LabelTruncations& t);
+absl::StatusOr<AuditWork> DecodeMemfdAuditRequest(
+    MemfdSnapshots* memfds, const v1::AuditRequest& request);
+// A spooled payload (a serialised SubmitRequest) as its work; DataLoss
+// when it does not parse (JobFormats::decode_payload).
+absl::StatusOr<AuditWork> DecodeSubmitPayload(const std::string& payload);
+
+// An interactive job's answer as the call's: on OK the report and the job
+// id (or why the result was not kept) fill `response`; else the status.
+grpc::Status AnswerToProto(InteractiveAnswer answer,
+                           v1::AuditResponse* response);
 
 }  // namespace attnaudit::server::rpc_internal
 

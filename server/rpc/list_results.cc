@@ -1,15 +1,16 @@
-// ListResults: the caller's stored results, newest first, as summaries.
-// It runs on the BlockingExecutor (the store may be a remote database).
+// ListResults: the caller's stored results, newest first, as summaries:
+// the request becomes a store query, JobService::List reads it on the
+// BlockingExecutor (the store may be a remote database).
 //
 // Paging: results are ordered by their cursor (commit order), so a page
 // token is the cursor of the page's last row ("c<cursor>"), and the next
 // page is every matching row with a smaller cursor -- stable while new
 // results arrive (they have larger cursors) and across replicas.
 //
-// Tenants: a caller sees its own tenant's results unless it reads all,
-// and its cursors and page tokens count its own tenant's results
-// (tenant_seq; the feed's seq for a caller that reads all), so they
-// reveal nothing of other tenants' volume.
+// Tenants: a caller sees its own tenant's results unless it reads all
+// (JobService::List restricts the query), and its cursors and page tokens count
+// its own tenant's results (tenant_seq; the feed's seq for a caller that reads
+// all), so they reveal nothing of other tenants' volume.
 #include <memory>
 #include <string>
 #include <utility>
@@ -53,15 +54,10 @@ absl::optional<std::string> TextFilter(std::string value) {
 }
 
 // The request as a store query (InvalidArgument naming the field).
-absl::StatusOr<ResultQuery> QueryOf(const v1::ListResultsRequest& r,
-                                    const Principal& caller) {
+absl::StatusOr<ResultQuery> QueryOf(const v1::ListResultsRequest& r) {
   ResultQuery q;
   q.results_only = true;
   q.include_report = true;  // summaries are read from the report
-  if (!caller.ReadsAll()) {
-    q.tenant = caller.tenant;
-    q.tenant_cursor = true;
-  }
   q.model = TextFilter(r.model());
   q.engine = TextFilter(r.engine());
   q.backend = TextFilter(r.backend());
@@ -135,7 +131,7 @@ v1::ResultSummary Summarize(const Principal& caller,
   *s.mutable_labels() = full.labels();
   s.mutable_labels()->clear_request_ids();  // [B] ids: GetResult has them
   s.set_replica(record.replica);
-  s.set_cursor(rpc_internal::CursorFor(caller, record));
+  s.set_cursor(CursorFor(caller, record));
   if (full.has_submit_time()) *s.mutable_submit_time() = full.submit_time();
   if (full.has_start_time()) *s.mutable_start_time() = full.start_time();
   if (full.has_finish_time()) *s.mutable_finish_time() = full.finish_time();
@@ -166,22 +162,21 @@ v1::ResultSummary Summarize(const Principal& caller,
 absl::Status DoListResults(AuditServiceImpl* svc, const Principal& caller,
                            const v1::ListResultsRequest& request,
                            v1::ListResultsResponse* response) {
-  absl::StatusOr<ResultQuery> query = QueryOf(request, caller);
+  absl::StatusOr<ResultQuery> query = QueryOf(request);
   if (!query.ok()) {
-    svc->admission()->CountRefusal(query.status(),
-                                   Metrics::InvalidInput::kOtherRequest);
+    svc->jobs()->CountRefusal(query.status(),
+                              Metrics::InvalidInput::kOtherRequest);
     return query.status();
   }
-  absl::StatusOr<std::vector<ResultRecord>> rows = svc->store()->Query(*query);
-  if (!rows.ok()) {
-    return rpc_internal::StorageError("result store", rows.status());
-  }
-  for (const ResultRecord& r : *rows) {
+  const int limit = query->limit;
+  ATTNAUDIT_ASSIGN_OR_RETURN(std::vector<ResultRecord> rows,
+                             svc->jobs()->List(caller, *std::move(query)));
+  for (const ResultRecord& r : rows) {
     *response->add_results() = Summarize(caller, r);
   }
-  if (static_cast<int>(rows->size()) == query->limit && !rows->empty()) {
+  if (static_cast<int>(rows.size()) == limit && !rows.empty()) {
     response->set_next_page_token(
-        absl::StrCat("c", rpc_internal::CursorFor(caller, rows->back())));
+        absl::StrCat("c", CursorFor(caller, rows.back())));
   }
   return absl::OkStatus();
 }
@@ -197,7 +192,7 @@ grpc::ServerUnaryReactor* AuditServiceImpl::ListResults(
       this, "ListResults", context, PermissionOf("ListResults"),
       [this, raw, request](const Principal&, CallLog*) {
         absl::Status s = rpc_internal::ParseRequest(raw, request.get());
-        admission_.CountRefusal(s, Metrics::InvalidInput::kOtherRequest);
+        jobs_->CountRefusal(s, Metrics::InvalidInput::kOtherRequest);
         return s;
       },
       [this, request, response](const Principal& caller, CallLog*,

@@ -1,5 +1,6 @@
-// The RPC methods of attnaudit.v1.AuditService and the permission each
-// needs (server/auth/tenants.h): the one table the reactors read when they
+// The RPC methods of attnaudit.v1.AuditService (the generated gRPC
+// service, kRpcServiceName) and the permission each needs
+// (server/auth/tenants.h): the one table the reactors read when they
 // authorize a call (`PermissionOf("Submit")`), and that rpc_methods_test
 // checks against the proto's service descriptor, so a method added to
 // service.proto without a row here fails a test instead of shipping with
@@ -14,9 +15,15 @@
 #include <cstdint>
 
 #include "absl/strings/string_view.h"
+#include "attnaudit/v1/service.grpc.pb.h"
 #include "server/auth/tenants.h"
 
 namespace attnaudit::server {
+
+// The gRPC service these methods belong to ("attnaudit.v1.AuditService"):
+// the name its health status is reported under.
+inline constexpr absl::string_view kRpcServiceName =
+    v1::AuditService::service_full_name();
 
 struct RpcMethod {
   const char* name;     // as in service.proto

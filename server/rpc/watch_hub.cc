@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/rpc/conversions.h"
 #include "server/rpc/rpc_methods.h"
 #include "server/rpc/status_util.h"
 
@@ -295,6 +296,16 @@ void WatchHub::Publish(int64_t seq, int64_t tenant_seq,
   std::shared_ptr<const PublishedResult> shared =
       Prepare(make(), tenant, seq, tenant_seq);
   for (WatchReactor* w : watchers_) w->Push(shared);
+}
+
+void WatchHub::Stored(const ResultRecord& record) {
+  Publish(record.seq, record.tenant_seq, record.tenant,
+          [&record] { return rpc_internal::RecordToJobResult(record); });
+}
+
+void WatchHub::Unstored(const ResultRecord& record) {
+  if (!HasWatchers()) return;
+  Publish(rpc_internal::RecordToJobResult(record), record.tenant);
 }
 
 void WatchHub::Close(const grpc::Status& status) {

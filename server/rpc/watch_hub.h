@@ -46,7 +46,9 @@
 #include "absl/types/optional.h"
 #include "attnaudit/v1/service.pb.h"
 #include "server/auth/tenants.h"
+#include "server/jobs/jobs.h"
 #include "server/jobs/open_calls.h"
+#include "server/store/job_store.h"
 
 namespace attnaudit::server {
 
@@ -64,9 +66,6 @@ struct PublishedResult {
   int64_t seq = 0;  // the feed's seq; 0 for a result that was not stored
   int64_t tenant_seq = 0;
 };
-
-// The most stored results one resumed watch replays.
-inline constexpr int64_t kMaxWatchBacklog = 10000;
 
 class WatchHub;
 class WatchReactor;
@@ -162,11 +161,22 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
 };
 
-class WatchHub {
+// The hub is the JobService's ResultSubscriber (server/jobs/jobs.h): the
+// results it publishes reach the watchers as JobResults.
+class WatchHub final : public ResultSubscriber {
  public:
   WatchHub() = default;
   WatchHub(const WatchHub&) = delete;
   WatchHub& operator=(const WatchHub&) = delete;
+
+  // --- ResultSubscriber (called by the JobService; never block).
+  // SetLastSeq.
+  void StartAfter(int64_t seq) override { SetLastSeq(seq); }
+  // A stored result of the feed, as Publish(seq, ...).
+  void Stored(const ResultRecord& record) override;
+  // A result that was not stored, to the watchers of the moment (built
+  // only when someone watches).
+  void Unstored(const ResultRecord& record) override;
 
   // Cheap check, so publishers skip building a JobResult nobody watches.
   bool HasWatchers() const;

@@ -162,8 +162,8 @@ TEST_P(DiskFaultsTest, ResultsThatCannotBeStoredAreStoredWhenSpaceReturns) {
 
   // The three acknowledged jobs finish, but their results cannot be stored.
   gate->Open();
-  server::AuditServiceImpl* svc = t->server->service();
-  ASSERT_TRUE(WaitFor([&] { return svc->durable()->pending() == 3; }));
+  server::JobService* jobs = t->server->jobs();
+  ASSERT_TRUE(WaitFor([&] { return jobs->results_pending() == 3; }));
   for (const std::string& id : ids) {
     absl::StatusOr<v1::JobResult> r = t->client->GetResult(id);
     ASSERT_TRUE(r.ok()) << id << ": " << r.status();  // visible, not NOT_FOUND
@@ -178,7 +178,7 @@ TEST_P(DiskFaultsTest, ResultsThatCannotBeStoredAreStoredWhenSpaceReturns) {
     EXPECT_EQ(r.state(), v1::JOB_STATE_DONE) << id;
     EXPECT_EQ(r.report().verdict(), v1::VERDICT_PASS) << id;
   }
-  EXPECT_EQ(svc->durable()->pending(), 0);
+  EXPECT_EQ(jobs->results_pending(), 0);
   EXPECT_EQ(CountFiles(t->data_dir + "/spool", ".job"), 0);
   // New work is accepted again.
   absl::StatusOr<v1::SubmitResponse> again =

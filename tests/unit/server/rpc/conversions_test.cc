@@ -1,6 +1,7 @@
 // The RPC layer's conversions: times and durations through protobuf's
 // TimeUtil (checked against hand-computed seconds/nanos), request decoding
-// with field-path errors, and the job-state mappings.
+// with field-path errors, the job-state mappings and an interactive
+// job's answer.
 #include "server/rpc/conversions.h"
 
 #include <google/protobuf/util/time_util.h>
@@ -11,7 +12,6 @@
 #include "absl/strings/match.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include "server/rpc/durable_jobs.h"
 
 namespace attnaudit::server::rpc_internal {
 namespace {
@@ -66,7 +66,7 @@ TEST(ConversionsTest, MalformedDurationsAreInvalidArgument) {
 
 TEST(ConversionsTest, DecodingNamesTheField) {
   v1::AuditRequest audit;
-  absl::StatusOr<DecodedAudit> decoded = DecodeAuditRequest(&audit);
+  absl::StatusOr<AuditWork> decoded = DecodeAuditRequest(&audit);
   ASSERT_FALSE(decoded.ok());
   EXPECT_EQ(decoded.status().message(), "snapshot: missing");
   // A dtype the contract does not know: the error names it from the request.
@@ -83,28 +83,71 @@ TEST(ConversionsTest, DecodingNamesTheField) {
   EXPECT_TRUE(DecodeAuditRequest(&empty).ok());
 }
 
-TEST(ConversionsTest, TerminalStatesFollowTheStatus) {
-  EXPECT_EQ(TerminalStateOf(absl::OkStatus()), JobState::kDone);
-  EXPECT_EQ(TerminalStateOf(absl::CancelledError("")), JobState::kCancelled);
-  EXPECT_EQ(TerminalStateOf(absl::DeadlineExceededError("")),
-            JobState::kCancelled);
-  EXPECT_EQ(TerminalStateOf(absl::InternalError("")), JobState::kFailed);
+TEST(ConversionsTest, StoredRecordsBecomeJobResults) {
   EXPECT_EQ(JobStateToProto(JobState::kQueued), v1::JOB_STATE_QUEUED);
   EXPECT_EQ(JobStateToProto(JobState::kCancelled), v1::JOB_STATE_CANCELLED);
   // A stored record's error and times survive the trip to the wire.
-  ResultRecord rec =
-      TerminalRecord("s1", "fleet-a", PriorityClass::kSampled,
-                     JobLabels{"m", 3, "e", "", -1, ""},
-                     absl::FromUnixSeconds(100), absl::CancelledError("stop"));
-  EXPECT_EQ(rec.tenant, "fleet-a");
+  ResultRecord rec;
+  rec.job_id = "s1";
+  rec.tenant = "fleet-a";
+  rec.state = JobState::kCancelled;
+  rec.priority = static_cast<int32_t>(PriorityClass::kSampled);
+  rec.model = "m";
+  rec.layer = 3;
+  rec.engine = "e";
+  rec.created = absl::FromUnixSeconds(100);
+  rec.finished = absl::FromUnixSeconds(101);
+  rec.error_code = static_cast<int>(absl::StatusCode::kCancelled);
+  rec.error_message = "stop";
   const v1::JobResult r = RecordToJobResult(rec);
   EXPECT_EQ(r.state(), v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(r.error().code(), static_cast<int>(absl::StatusCode::kCancelled));
   EXPECT_EQ(r.error().message(), "stop");
   EXPECT_EQ(r.submit_time().seconds(), 100);
+  EXPECT_EQ(r.finish_time().seconds(), 101);
   EXPECT_EQ(r.labels().model(), "m");
   EXPECT_EQ(r.labels().layer(), 3);
   EXPECT_EQ(r.priority(), v1::PRIORITY_SAMPLED);
+}
+
+// The answer of an interactive job: the report with its job id, or why
+// it was not kept, or the job's error as the call's status.
+TEST(ConversionsTest, AnInteractiveAnswerBecomesTheCallsResponse) {
+  InteractiveAnswer kept;
+  kept.report.verdict = Verdict::kPass;
+  kept.job_id = "a1";
+  v1::AuditResponse response;
+  ASSERT_TRUE(AnswerToProto(kept, &response).ok());
+  EXPECT_EQ(response.report().verdict(), v1::VERDICT_PASS);
+  EXPECT_EQ(response.job_id(), "a1");
+  EXPECT_TRUE(response.not_stored_reason().empty());
+
+  InteractiveAnswer unkept;
+  unkept.not_stored_reason = "not stored";
+  response.Clear();
+  ASSERT_TRUE(AnswerToProto(unkept, &response).ok());
+  EXPECT_TRUE(response.job_id().empty());
+  EXPECT_EQ(response.not_stored_reason(), "not stored");
+
+  InteractiveAnswer failed;
+  failed.status = absl::InvalidArgumentError("snapshot.q: bad");
+  response.Clear();
+  const grpc::Status s = AnswerToProto(failed, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "snapshot.q: bad");
+  EXPECT_FALSE(response.has_report());
+}
+
+// A spooled payload decodes as its request did; one that is not a
+// SubmitRequest is DataLoss (the job's terminal status after a restart).
+TEST(ConversionsTest, SpooledPayloadsDecodeAsTheirRequest) {
+  v1::SubmitRequest submit;
+  submit.mutable_snapshot();
+  absl::StatusOr<AuditWork> work =
+      DecodeSubmitPayload(submit.SerializeAsString());
+  EXPECT_TRUE(work.ok()) << work.status();
+  work = DecodeSubmitPayload(std::string("\xff\xff\xff", 3));
+  EXPECT_EQ(work.status().code(), absl::StatusCode::kDataLoss);
 }
 
 }  // namespace

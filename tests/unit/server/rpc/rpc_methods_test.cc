@@ -19,7 +19,7 @@ const google::protobuf::ServiceDescriptor& Service() {
   (void)v1::AuditRequest::descriptor();
   const google::protobuf::ServiceDescriptor* service =
       google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
-          "attnaudit.v1.AuditService");
+          std::string(kRpcServiceName));
   EXPECT_NE(service, nullptr);
   return *service;
 }
