@@ -18,11 +18,13 @@
 namespace attnaudit::client::cli_internal {
 
 // Offline (core only): synth_command.cc, check_command.cc,
-// inspect_command.cc, presets_command.cc.
+// inspect_command.cc, presets_command.cc, pair_command.cc.
 void AddSynthCommand(CLI::App* app, int* exit_code);
 void AddCheckCommand(CLI::App* app, int* exit_code);
 void AddInspectCommand(CLI::App* app, int* exit_code);
 void AddPresetsCommand(CLI::App* app, int* exit_code);
+// pair: a rollout's and a trainer's snapshot compared (core/pairs).
+void AddPairCommand(CLI::App* app, int* exit_code);
 // Against a server (client library): remote_commands.cc adds audit, submit,
 // get, watch, cancel and caps; bench_command.cc the load generator.
 void AddRemoteCommands(CLI::App* app, int* exit_code);

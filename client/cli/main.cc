@@ -70,8 +70,8 @@ int TopLevel(const CLI::App& app, std::vector<std::string>* args) {
 
 int Main(int argc, char** argv) {
   CLI::App app(
-      "audits LLM decode attention: offline (synth, check, inspect) or on an "
-      "attnaudit-server",
+      "audits LLM decode attention: offline (synth, check, inspect, pair) or "
+      "on an attnaudit-server",
       "attnaudit");
   app.require_subcommand(1);
   app.footer(
@@ -82,6 +82,7 @@ int Main(int argc, char** argv) {
   AddCheckCommand(&app, &exit_code);
   AddInspectCommand(&app, &exit_code);
   AddPresetsCommand(&app, &exit_code);
+  AddPairCommand(&app, &exit_code);
   AddRemoteCommands(&app, &exit_code);
   AddListCommands(&app, &exit_code);
   AddBenchCommand(&app, &exit_code);

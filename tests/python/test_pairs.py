@@ -6,11 +6,21 @@ The two sides here are numpy engines over the same tokens: the rollout
 reads a paged cache with its pages scattered (float32 softmax, bf16 out),
 the trainer one contiguous cache per sequence (float64, bf16 out), so
 correct sides differ in their last bits only; the bugs are put in one side.
+
+Each pair is also saved (Snapshot.save) and compared by `attnaudit pair
+--json`, the same rules in C++ (core/pairs), auditing each side in process:
+its verdict per row must be Python's. Python compares with the server's
+audit reports where the test has them; where it has none (its noise is then
+4 ulps of the output), the rows are bitwise equal or their inputs are, so
+the verdicts do not depend on the reports.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import tempfile
 
 import ml_dtypes
 import numpy as np
@@ -97,9 +107,41 @@ def trainer_of(t: Tokens, **kw) -> attnaudit.Snapshot:
     return snapshot(t, scattered=False, dtype=np.float64, **kw)
 
 
-def test_the_same_arithmetic_on_both_sides_is_consistent(tokens):
-    report = pairs.compare(rollout_of(tokens), snapshot(tokens, scattered=False,
-                                                        dtype=np.float32))
+def cli_pairs(cli, rollout: attnaudit.Snapshot, trainer: attnaudit.Snapshot,
+              expected: pairs.PairReport) -> dict:
+    """`attnaudit pair --json` on the two sides saved to files; asserts it
+    pairs the same rows with the same verdicts as `expected`."""
+    with tempfile.TemporaryDirectory(prefix="attnaudit_pairs_") as d:
+        paths = [os.path.join(d, "rollout.pb"), os.path.join(d, "trainer.pb")]
+        rollout.save(paths[0])
+        trainer.save(paths[1])
+        p = cli.run("pair", *paths, "--json")
+    got = json.loads(p.stdout)
+    assert [(r["request_id"], r["position"], r["verdict"]) for r in got["rows"]] == \
+        [(r.request_id, r.position, r.verdict) for r in expected.rows]
+    assert (got["unmatched_rollout"], got["unmatched_trainer"]) == \
+        (expected.unmatched_rollout, expected.unmatched_trainer)
+    assert got["verdict"] == expected.verdict
+    assert p.returncode == (0 if expected.verdict in (None, "consistent",
+                                                      "within-noise") else 1)
+    if expected.rollout_verdict is not None:
+        assert got["rollout_verdict"] == expected.rollout_verdict.name
+        assert got["trainer_verdict"] == expected.trainer_verdict.name
+    for g, e in zip(got["rows"], expected.rows, strict=True):
+        assert g["out_bitwise"] == e.out_bitwise
+        assert g["keys_compared"] == e.keys_compared
+        assert g["inputs_differing"] == e.inputs_differing
+        for field in ("out_max_abs", "q_ulps", "kv_ulps", "newest_kv_ulps",
+                      "input_effect"):
+            assert g[field] == pytest.approx(getattr(e, field), rel=1e-9, abs=1e-12)
+    return got
+
+
+def test_the_same_arithmetic_on_both_sides_is_consistent(tokens, cli):
+    rollout = rollout_of(tokens)
+    trainer = snapshot(tokens, scattered=False, dtype=np.float32)
+    report = pairs.compare(rollout, trainer)
+    cli_pairs(cli, rollout, trainer, report)
     assert report.verdict == "consistent"
     assert [r.verdict for r in report.rows] == ["consistent"] * 4
     assert [(r.request_id, r.position) for r in report.rows] == \
@@ -107,8 +149,10 @@ def test_the_same_arithmetic_on_both_sides_is_consistent(tokens):
     assert all(r.keys_compared == n for r, n in zip(report.rows, LENS, strict=True))
 
 
-def test_two_correct_kernels_differ_within_noise(tokens, client):
-    report = pairs.compare(rollout_of(tokens), trainer_of(tokens), client=client)
+def test_two_correct_kernels_differ_within_noise(tokens, client, cli):
+    rollout, trainer = rollout_of(tokens), trainer_of(tokens)
+    report = pairs.compare(rollout, trainer, client=client)
+    cli_pairs(cli, rollout, trainer, report)
     assert report.rollout_verdict == report.trainer_verdict == attnaudit.Verdict.PASS
     assert {r.verdict for r in report.rows} <= {"consistent", "within-noise"}
     assert any(not r.out_bitwise for r in report.rows)  # the kernels' last bits
@@ -117,17 +161,19 @@ def test_two_correct_kernels_differ_within_noise(tokens, client):
     assert report.verdict in ("consistent", "within-noise")
 
 
-def test_a_trainer_without_its_soft_cap_is_named(tokens, client):
+def test_a_trainer_without_its_soft_cap_is_named(tokens, client, cli):
     rollout = rollout_of(tokens, cap=5.0, declared_cap=5.0)
     trainer = trainer_of(tokens, cap=0.0, declared_cap=5.0)
     report = pairs.compare(rollout, trainer, client=client)
+    got = cli_pairs(cli, rollout, trainer, report)
+    assert got["trainer_diagnosis"] == report.trainer_diagnosis
     assert report.trainer_verdict == attnaudit.Verdict.DRIFT
     assert report.rollout_verdict == attnaudit.Verdict.PASS
     assert report.verdict == "trainer-drift"
     assert "trainer-drift" in report.line()
 
 
-def test_a_rollout_reading_a_stale_page_is_named(tokens, client):
+def test_a_rollout_reading_a_stale_page_is_named(tokens, client, cli):
     stale = np.random.default_rng(3).standard_normal((PAGE, HKV, D)).astype(BF16)
 
     def read(b, k, v):
@@ -136,31 +182,38 @@ def test_a_rollout_reading_a_stale_page_is_named(tokens, client):
         k, v = k.copy(), v.copy()
         k[PAGE:2 * PAGE], v[PAGE:2 * PAGE] = stale, stale
         return k, v
-    report = pairs.compare(rollout_of(tokens, read=read), trainer_of(tokens), client=client)
+    rollout, trainer = rollout_of(tokens, read=read), trainer_of(tokens)
+    report = pairs.compare(rollout, trainer, client=client)
+    got = cli_pairs(cli, rollout, trainer, report)
+    assert got["rollout_diagnosis"] == report.rollout_diagnosis
     assert report.rollout_verdict == attnaudit.Verdict.DRIFT
     assert report.verdict == "rollout-drift"
     assert report.rollout_diagnosis
 
 
-def test_inputs_that_differ_upstream_are_named(tokens, client):
+def test_inputs_that_differ_upstream_are_named(tokens, client, cli):
     # The trainer's q off by ~5 % (an upstream difference such as another
     # norm epsilon); both kernels compute their own inputs correctly.
     g = np.random.default_rng(11)
     q = (tokens.q.astype(np.float32) * (1 + 0.05 * g.standard_normal(tokens.q.shape))
          ).astype(BF16)
-    report = pairs.compare(rollout_of(tokens), trainer_of(tokens, q=q), client=client)
+    rollout, trainer = rollout_of(tokens), trainer_of(tokens, q=q)
+    report = pairs.compare(rollout, trainer, client=client)
+    cli_pairs(cli, rollout, trainer, report)
     assert report.rollout_verdict == report.trainer_verdict == attnaudit.Verdict.PASS
     assert report.verdict == "inputs-differ"
     worst = max(report.rows, key=lambda r: r.input_effect)
     assert worst.inputs_differing == "q" and worst.input_effect > worst.noise
 
 
-def test_a_prefix_cached_under_other_weights_is_named(tokens, client):
+def test_a_prefix_cached_under_other_weights_is_named(tokens, client, cli):
     # The rollout read the first page of req-b's prefix as it was cached
     # under older weights; the decode token's q is the same on both sides.
     k = [x.copy() for x in tokens.k]
     k[1][:PAGE] = (k[1][:PAGE].astype(np.float32) * 1.5).astype(BF16)
-    report = pairs.compare(rollout_of(tokens, k=k), trainer_of(tokens), client=client)
+    rollout, trainer = rollout_of(tokens, k=k), trainer_of(tokens)
+    report = pairs.compare(rollout, trainer, client=client)
+    cli_pairs(cli, rollout, trainer, report)
     assert report.rollout_verdict == report.trainer_verdict == attnaudit.Verdict.PASS
     row = next(r for r in report.rows if r.request_id == "req-b")
     assert row.verdict == "stale-prefix-kv" and row.inputs_differing == "K/V"
@@ -169,32 +222,43 @@ def test_a_prefix_cached_under_other_weights_is_named(tokens, client):
         {"consistent", "within-noise"}
 
 
-def test_keys_that_differ_up_to_the_newest_are_not_called_stale(tokens, client):
+def test_keys_that_differ_up_to_the_newest_are_not_called_stale(tokens, client, cli):
     # Every key of req-b differs, the newest (made with q) included: the
     # hidden states differ, as in a deeper layer of two correct stacks,
     # even where q happens to agree. Not a stale prefix.
     k = [x.copy() for x in tokens.k]
     k[1] = (k[1].astype(np.float32) * 1.5).astype(BF16)
-    report = pairs.compare(rollout_of(tokens, k=k), trainer_of(tokens), client=client)
+    rollout, trainer = rollout_of(tokens, k=k), trainer_of(tokens)
+    report = pairs.compare(rollout, trainer, client=client)
+    cli_pairs(cli, rollout, trainer, report)
     row = next(r for r in report.rows if r.request_id == "req-b")
     assert row.q_ulps == 0 and row.newest_kv_ulps > pairs.INPUT_ROUNDING_ULPS
     assert row.verdict == "inputs-differ" and row.inputs_differing == "K/V"
 
 
-def test_rows_only_one_side_holds_are_counted(tokens):
+def test_rows_only_one_side_holds_are_counted(tokens, cli):
     trainer = trainer_of(tokens)
     del trainer.labels.request_ids[:]
     trainer.labels.request_ids.extend(["req-a", "req-x", "req-c", "req-y"])
-    report = pairs.compare(rollout_of(tokens), trainer)
+    rollout = rollout_of(tokens)
+    report = pairs.compare(rollout, trainer)
+    cli_pairs(cli, rollout, trainer, report)
     assert [r.request_id for r in report.rows] == ["req-a", "req-c"]
     assert (report.unmatched_rollout, report.unmatched_trainer) == (2, 2)
 
 
-def test_what_cannot_be_paired_is_refused(tokens):
+def test_what_cannot_be_paired_is_refused(tokens, cli):
     unlabelled = rollout_of(tokens)
     del unlabelled.labels.request_ids[:]
     with pytest.raises(ValueError, match="request_ids"):
         pairs.compare(unlabelled, trainer_of(tokens))
+    with tempfile.TemporaryDirectory(prefix="attnaudit_pairs_") as d:
+        paths = [os.path.join(d, "rollout.pb"), os.path.join(d, "trainer.pb")]
+        unlabelled.save(paths[0])
+        trainer_of(tokens).save(paths[1])
+        p = cli.run("pair", *paths, check=False)
+    assert p.returncode == 2
+    assert b"labels.request_ids: empty" in p.stderr
 
 
 def test_a_steps_pairs_as_metrics(tokens):
