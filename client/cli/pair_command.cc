@@ -196,9 +196,9 @@ void AddPairCommand(CLI::App* app, int* exit_code) {
       "audits\neach offline, joins their rows by (request id, query "
       "position) and gives each\npair a verdict: consistent, within-noise, "
       "inputs-differ, stale-prefix-kv,\nrollout-drift, trainer-drift or "
-      "both-drift (docs/PYTHON.md, \"Train-rollout\npairs\"; the same rules as "
-      "attnaudit.pairs). Exit 0 when every pair is\nconsistent or "
-      "within-noise, 1 otherwise, 2 invalid input or error.",
+      "both-drift (the rules of attnaudit.pairs, docs/PYTHON.md).\nExit 0 "
+      "when every pair is consistent or within-noise, 1 otherwise, 2\n"
+      "invalid input or error.",
       &RunPair);
   command->add_option("ROLLOUT", o->rollout, "the rollout's snapshot file")
       ->required();

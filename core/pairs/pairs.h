@@ -10,9 +10,10 @@
 //     each side's q/K/V with the rollout's parameters, max |diff|: the
 //     output difference the inputs alone explain.
 // With each side's audit report (optional), each pair gets one verdict
-// (PairVerdict, in order of gravity; docs/PYTHON.md, "Train-rollout
-// pairs", states the rules). The same rules as the Python client's
-// attnaudit.pairs: the two must agree verdict for verdict.
+// (PairVerdict, in order of gravity; the rules: docs/PYTHON.md, "The
+// trainer's side and train–rollout pairs", and attnaudit.pairs' module
+// docstring). The Python client's attnaudit.pairs applies the same rules:
+// the two must agree verdict for verdict.
 //
 // Both snapshots must be valid, decode (Sq = 1), post-RoPE, not fp8, carry
 // engine.out and labels.request_ids, and hold the same heads.
