@@ -58,11 +58,6 @@ absl::Status CheckPairable(const Side& side) {
                      "rope.k_state: pre-RoPE keys; pairs compare post-RoPE "
                      "snapshots");
   }
-  if (s.rope.q_state == RopeState::kPreRope) {
-    return SideError(side,
-                     "rope.q_state: pre-RoPE queries; pairs compare post-RoPE "
-                     "snapshots");
-  }
   if (IsFp8(s.k_pages.dtype()) || IsFp8(s.v_pages.dtype())) {
     return SideError(side, "k_pages: fp8 pages are not compared");
   }
@@ -119,6 +114,11 @@ absl::Status CheckSameHeads(const Side& rollout, const Side& trainer) {
         absl::StrCat("engine.out: row shapes [", r.q_heads, ", ", r.head_dim,
                      "] and [", t.q_heads, ", ", t.head_dim,
                      "] differ (the same heads on both sides are needed)"));
+  }
+  if (rollout.snapshot->rope.q_state != trainer.snapshot->rope.q_state) {
+    return absl::InvalidArgumentError(
+        "rope.q_state: pre-RoPE queries on one side only; q is compared as "
+        "stored, so both sides need the same");
   }
   if (r.kv_heads != t.kv_heads) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -252,7 +252,11 @@ double KvUlps(const Snapshot& rollout, const std::vector<double>* kv_r,
 // ---------------------------------------------------------------------------
 // The inputs' effect: core's fp64 reference on each side's q/K/V.
 
+// Whether the trainer's R may use its own snapshot: the same parameters as
+// the rollout's, and post-RoPE queries (pre-RoPE ones are rotated with the
+// rollout's RoPE on both sides).
 bool SameParameters(const Snapshot& a, const Snapshot& b) {
+  if (a.rope.q_state == RopeState::kPreRope) return false;
   const auto sinks = [](const Snapshot& s) {
     return s.sinks.present() ? std::string(s.sinks.bytes()) : std::string();
   };
@@ -298,6 +302,8 @@ absl::Status ReferenceOuts(const Side& rollout, const Side& trainer,
   t.sliding_window = r.sliding_window;
   t.window_convention = r.window_convention;
   t.sinks = r.sinks;
+  t.rope = r.rope;
+  t.rope_table = r.rope_table;
   ATTNAUDIT_ASSIGN_OR_RETURN(*out_t, ReferenceOut(t, trainer.layout, threads));
   return absl::OkStatus();
 }

@@ -7,16 +7,18 @@
 //   - the inputs: q, and K and V over the common prefix of keys and over
 //     its newest key (ulps, the same way);
 //   - the inputs' effect: the fp64 reference attention (core/attention) on
-//     each side's q/K/V with the rollout's parameters, max |diff|: the
-//     output difference the inputs alone explain.
+//     each side's q/K/V with the rollout's parameters (and its RoPE, for
+//     pre-RoPE queries), max |diff|: the output difference the inputs alone
+//     explain.
 // With each side's audit report (optional), each pair gets one verdict
 // (PairVerdict, in order of gravity; the rules: docs/PYTHON.md, "The
 // trainer's side and train–rollout pairs", and attnaudit.pairs' module
 // docstring). The Python client's attnaudit.pairs applies the same rules:
 // the two must agree verdict for verdict.
 //
-// Both snapshots must be valid, decode (Sq = 1), post-RoPE, not fp8, carry
-// engine.out and labels.request_ids, and hold the same heads.
+// Both snapshots must be valid, decode (Sq = 1), with post-RoPE keys (q:
+// both post-RoPE or both pre-RoPE; it is compared as stored), not fp8,
+// carry engine.out and labels.request_ids, and hold the same heads.
 // Errors: InvalidArgument whose message starts with the field, ending with
 // the side, e.g. "labels.request_ids: empty; rows are paired by request id
 // (rollout snapshot)". Ownership: the report owns its values; nothing is

@@ -90,6 +90,20 @@ expect_exit 0 "presets --json" "$cli" presets --json
 python3 -c 'import json, sys; json.load(open(sys.argv[1]))["engine_presets"]["hf-eager"]' \
   "$work/out.txt" || fail "presets --json: not the presets as JSON"
 
+# pair: a snapshot paired with itself is consistent (exit 0); a rollout whose
+# kernel reads a stale page is rollout-drift (exit 1); --json is the
+# PairReport; a missing file exits 2 naming the side.
+expect_exit 0 "pair itself" "$cli" pair "$work/qwen3-8b.pb" "$work/qwen3-8b.pb" &&
+  { grep -q " consistent " "$work/out.txt" || fail "pair itself: no consistent row"; }
+expect_exit 0 "synth stale rollout" "$cli" synth --preset qwen3-8b --batch 2 \
+  --context 300 --permute-pages --seed 3 --fault stale-page -o "$work/stale.pb" &&
+  expect_exit 1 "pair stale rollout" "$cli" pair --json "$work/stale.pb" "$work/qwen3-8b.pb" &&
+  { python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
+assert r["verdict"] == "rollout-drift" and len(r["rows"]) == 2, r' "$work/out.txt" ||
+    fail "pair --json: not rollout-drift over two rows"; }
+expect_exit 2 "pair missing file" "$cli" pair "$work/nope.pb" "$work/qwen3-8b.pb" &&
+  { grep -q "rollout.*nope.pb" "$work/err.txt" || fail "pair: the missing side not named"; }
+
 # Truncated, corrupt, missing files: exit 2 with a message naming the problem.
 size=$(stat -c %s "$work/llama3-8b.pb")
 head -c $((size / 2)) "$work/llama3-8b.pb" >"$work/truncated.pb"

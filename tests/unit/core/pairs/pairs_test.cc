@@ -263,7 +263,24 @@ TEST(PairsTest, SnapshotsThatCannotBePairedAreRefused) {
   Snapshot pre = Side(c);
   pre.rope.k_state = RopeState::kPreRope;
   report = ComparePairs(Side(c), pre, nullptr, nullptr);
-  EXPECT_FALSE(report.ok());
+  EXPECT_THAT(report.status().message(), HasSubstr("rope.k_state"));
+
+  Snapshot pre_q = Side(c);
+  pre_q.rope.q_state = RopeState::kPreRope;
+  report = ComparePairs(Side(c), pre_q, nullptr, nullptr);
+  EXPECT_THAT(report.status().message(), HasSubstr("rope.q_state"));
+}
+
+TEST(PairsTest, PreRopeQueriesOnBothSidesAreComparedAsStored) {
+  const LogicalCase c = Tokens();
+  Snapshot rollout = Side(c, true), trainer = Side(c);
+  rollout.rope.q_state = trainer.rope.q_state = RopeState::kPreRope;
+  trainer.rope.theta = 500000;  // the rollout's RoPE rotates both
+  absl::StatusOr<PairReport> report =
+      ComparePairs(rollout, trainer, nullptr, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_THAT(Verdicts(*report), ElementsAre("consistent", "consistent"));
+  for (const RowPair& r : report->rows) EXPECT_EQ(r.input_effect, 0);
 }
 
 TEST(PairsTest, RowVerdictFollowsTheRules) {
