@@ -196,8 +196,8 @@ void AddPairCommand(CLI::App* app, int* exit_code) {
       "audits\neach offline, joins their rows by (request id, query "
       "position) and gives each\npair a verdict: consistent, within-noise, "
       "inputs-differ, stale-prefix-kv,\nrollout-drift, trainer-drift or "
-      "both-drift (the rules of attnaudit.pairs, docs/PYTHON.md).\nExit 0 "
-      "when every pair is consistent or within-noise, 1 otherwise, 2\n"
+      "both-drift (the rules of attnaudit.pairs,\ndocs/PYTHON.md). Exit 0 "
+      "when every pair is consistent or within-noise, 1\notherwise, 2 "
       "invalid input or error.",
       &RunPair);
   command->add_option("ROLLOUT", o->rollout, "the rollout's snapshot file")
