@@ -196,7 +196,7 @@ void AddPairCommand(CLI::App* app, int* exit_code) {
       "audits\neach offline, joins their rows by (request id, query "
       "position) and gives each\npair a verdict: consistent, within-noise, "
       "inputs-differ, stale-prefix-kv,\nrollout-drift, trainer-drift or "
-      "both-drift (the rules of attnaudit.pairs,\ndocs/PYTHON.md). Exit 0 "
+      "both-drift (the rules of attnaudit.pairs;\nsee docs/PYTHON.md). Exit 0 "
       "when every pair is consistent or within-noise, 1\notherwise, 2 "
       "invalid input or error.",
       &RunPair);
