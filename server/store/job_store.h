@@ -44,6 +44,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -168,6 +169,70 @@ struct ResultQuery {
   bool include_report = false;  // leave `report` empty when false
 };
 
+// --- Train-rollout pairs (server/pairs joins them; both stores keep them).
+
+// One side of a pair waiting for its counterpart: an audited snapshot
+// labelled rollout or trainer (Labels.role), with its (request id, query
+// position) rows. Sides of one tenant, run and layer of the other role
+// that share a row are counterparts.
+struct PairSide {
+  std::string job_id;  // the side's audit (its result's job id); unique
+  std::string tenant = "default";
+  std::string run;     // non-empty
+  int64_t layer = -1;  // >= 0
+  int role = 0;        // SnapshotRole wire value: 1 rollout, 2 trainer
+  int64_t step = -1;   // -1: unknown
+  std::string weight_version;
+  // (request id, query position) of each row of the snapshot; non-empty,
+  // at most kMaxPairSideRows.
+  std::vector<std::pair<std::string, int64_t>> rows;
+  std::string snapshot;  // opaque (the serialised snapshot)
+  std::string report;    // opaque (its serialised audit report)
+  // Kept until then; a side expired is never returned and Prune deletes it.
+  absl::Time expires = absl::InfinitePast();
+};
+inline constexpr size_t kMaxPairSideRows = 4096;
+
+// A joined pair as the store keeps it.
+struct PairRecord {
+  std::string tenant = "default";
+  std::string run;
+  int64_t layer = -1;
+  std::string rollout_job;  // the two sides' job ids: unique together
+  std::string trainer_job;
+  int64_t rollout_step = -1;
+  int64_t trainer_step = -1;
+  std::string rollout_weight_version;
+  std::string trainer_weight_version;
+  int verdict = 0;  // PairVerdict wire value; 0: no common row
+  // The distinct request ids of its rows (PairQuery::request_id).
+  std::vector<std::string> request_ids;
+  std::string report;  // opaque (the serialised pair report); may be empty
+  std::string replica;  // the replica that joined it
+  absl::Time joined = absl::UnixEpoch();
+  // Set by the store: 1, 2, 3, ... in commit order, for paging. Ignored on
+  // writes.
+  int64_t seq = 0;
+};
+
+struct PairQuery {
+  // Exact matches; unset matches any. `step` matches either side's step;
+  // `request_id` any of request_ids.
+  absl::optional<std::string> tenant;
+  absl::optional<std::string> run;
+  absl::optional<int64_t> layer;
+  absl::optional<int> verdict;
+  absl::optional<int64_t> step;
+  absl::optional<std::string> request_id;
+  // Joined in [joined_since, joined_until).
+  absl::optional<absl::Time> joined_since;
+  absl::optional<absl::Time> joined_until;
+  // Newest first (seq descending), only seq < before_seq when > 0.
+  int64_t before_seq = 0;
+  int limit = 100;              // 1..10000 rows
+  bool include_report = false;  // leave `report` empty when false
+};
+
 struct StoreOptions {
   // Prune(): delete terminal rows finished more than max_age ago
   // (InfiniteDuration: keep), then all but the newest max_results terminal
@@ -255,8 +320,29 @@ class JobStore {
   virtual absl::StatusOr<std::vector<std::string>> Unfinished(
       absl::string_view replica) = 0;
 
-  // Applies the retention policy relative to `now`; returns rows deleted.
+  // Applies the retention policy relative to `now` (to results, and to
+  // pairs by max_age and max_results the same way), and deletes the pair
+  // sides expired at `now`; returns rows deleted.
   virtual absl::StatusOr<int64_t> Prune(absl::Time now) = 0;
+
+  // --- Train-rollout pairs.
+  //
+  // Keeps `side` (replacing a side with its job_id: a retry) and, in the
+  // same transaction, returns its counterparts that have not expired at
+  // `now`: the other role's sides of the same tenant, run and layer that
+  // share a (request id, position) row, oldest first, snapshot and report
+  // included, at most `limit` (1..1000). Sides put at once, on any
+  // replica, are serialised per (tenant, run, layer): of two counterparts
+  // the later one finds the earlier, so every pair is found once at least.
+  // InvalidArgument for a side without run, layer, role or rows.
+  virtual absl::StatusOr<std::vector<PairSide>> PutPairSide(
+      const PairSide& side, absl::Time now, int limit) = 0;
+  // Stores a joined pair (seq is assigned). false: a pair of the same two
+  // jobs was stored already (nothing changed), so a join retried or made
+  // by two replicas is kept and counted once.
+  virtual absl::StatusOr<bool> PutPair(const PairRecord& pair) = 0;
+  virtual absl::StatusOr<std::vector<PairRecord>> QueryPairs(
+      const PairQuery& query) = 0;
 
   // The value stored under `name`; when there is none, stores `candidate`
   // and returns it. Replicas agree on shared secrets through it (the

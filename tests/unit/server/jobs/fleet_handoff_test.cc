@@ -153,6 +153,16 @@ class FakeFleetStore final : public JobStore {
     return Unused();
   }
   absl::StatusOr<int64_t> Prune(absl::Time) override { return Unused(); }
+  absl::StatusOr<std::vector<PairSide>> PutPairSide(const PairSide&,
+                                                    absl::Time,
+                                                    int) override {
+    return Unused();
+  }
+  absl::StatusOr<bool> PutPair(const PairRecord&) override { return Unused(); }
+  absl::StatusOr<std::vector<PairRecord>> QueryPairs(
+      const PairQuery&) override {
+    return Unused();
+  }
   absl::StatusOr<std::string> SharedSecret(absl::string_view,
                                            absl::string_view) override {
     return Unused();
