@@ -30,6 +30,8 @@ void AddPairCommand(CLI::App* app, int* exit_code);
 void AddRemoteCommands(CLI::App* app, int* exit_code);
 // list and export (ListResults): list_command.cc.
 void AddListCommands(CLI::App* app, int* exit_code);
+// pairs (ListPairs): pairs_command.cc.
+void AddPairsCommand(CLI::App* app, int* exit_code);
 void AddBenchCommand(CLI::App* app, int* exit_code);
 
 // Adds subcommand `name` whose callback stores run(options) in *exit_code.

@@ -85,6 +85,7 @@ int Main(int argc, char** argv) {
   AddPairCommand(&app, &exit_code);
   AddRemoteCommands(&app, &exit_code);
   AddListCommands(&app, &exit_code);
+  AddPairsCommand(&app, &exit_code);
   AddBenchCommand(&app, &exit_code);
   std::vector<std::string> args(argv + 1, argv + argc);
   if (const int done = TopLevel(app, &args); done >= 0) return done;

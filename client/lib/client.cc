@@ -70,8 +70,8 @@ std::string RetryServiceConfig(int max_attempts) {
   };
   return absl::StrCat(
       R"({"methodConfig":[{"name":[)",
-      names({"Audit", "GetResult", "Cancel", "ListResults", "GetCapabilities",
-             "WatchResults"}),
+      names({"Audit", "GetResult", "Cancel", "ListResults", "ListPairs",
+             "GetCapabilities", "WatchResults"}),
       "],", policy(R"("RESOURCE_EXHAUSTED","UNAVAILABLE")"), R"(},{"name":[)",
       names({"Submit"}), "],", policy(R"("RESOURCE_EXHAUSTED")"), "}],",
       // gRPC stops retrying while more than half of a
@@ -318,6 +318,11 @@ absl::StatusOr<v1::JobState> Client::Cancel(const std::string& job_id) {
 absl::StatusOr<v1::ListResultsResponse> Client::ListResults(
     const v1::ListResultsRequest& request) {
   return Unary(&v1::AuditService::Stub::ListResults, request, std::nullopt);
+}
+
+absl::StatusOr<v1::ListPairsResponse> Client::ListPairs(
+    const v1::ListPairsRequest& request) {
+  return Unary(&v1::AuditService::Stub::ListPairs, request, std::nullopt);
 }
 
 absl::Status Client::Watch(

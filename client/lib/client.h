@@ -13,7 +13,7 @@
 //
 // Retries: gRPC's own retry policy, set in the channel's service config
 // (RetryServiceConfig): Audit (unary), GetResult, Cancel, ListResults,
-// GetCapabilities and WatchResults are tried again on RESOURCE_EXHAUSTED
+// ListPairs, GetCapabilities and WatchResults are tried again on RESOURCE_EXHAUSTED
 // and UNAVAILABLE; Submit only on RESOURCE_EXHAUSTED, an admission refusal
 // that created no job (an UNAVAILABLE Submit without an idempotency key
 // may have been stored, so resending it could make a second job);
@@ -157,6 +157,9 @@ class Client {
   // One page of stored results (ListResults).
   absl::StatusOr<v1::ListResultsResponse> ListResults(
       const v1::ListResultsRequest& request);
+  // One page of stored train-rollout pairs (ListPairs).
+  absl::StatusOr<v1::ListPairsResponse> ListPairs(
+      const v1::ListPairsRequest& request);
 
   // Blocks until the channel is connected or `timeout` passes.
   bool WaitForConnected(absl::Duration timeout);

@@ -83,6 +83,16 @@ absl::StatusOr<Side> CheckSide(const Snapshot& snapshot, const char* name) {
   return side;
 }
 
+}  // namespace
+
+absl::StatusOr<std::vector<PairRowKey>> PairRowKeys(const Snapshot& snapshot,
+                                                    const char* side) {
+  ATTNAUDIT_ASSIGN_OR_RETURN(Side checked, CheckSide(snapshot, side));
+  return std::move(checked.keys);
+}
+
+namespace {
+
 struct Match {
   RowKey key;
   int64_t rollout_row;

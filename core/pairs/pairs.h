@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -110,6 +111,13 @@ absl::StatusOr<PairReport> ComparePairs(const Snapshot& rollout,
                                         const AuditReport* rollout_report,
                                         const AuditReport* trainer_report,
                                         int threads = 0);
+
+// The (request id, query position) of each row of a snapshot ComparePairs
+// would take (the checks above; errors name the field and end with
+// " (<side> snapshot)"): what a store joins the two sides by.
+using PairRowKey = std::pair<std::string, int64_t>;
+absl::StatusOr<std::vector<PairRowKey>> PairRowKeys(const Snapshot& snapshot,
+                                                    const char* side);
 
 // The verdict of one pair from its numbers (the rules above); rollout and
 // trainer are the sides' audit verdicts (kUnspecified: none).

@@ -209,6 +209,10 @@ struct PrefixCache {
   Scheme scheme = Scheme::kAttnauditV1;
 };
 
+// Which side of a train-rollout pair a snapshot is (server/pairs joins a
+// rollout and a trainer snapshot of one run and layer by their rows).
+enum class SnapshotRole : int { kNone = 0, kRollout = 1, kTrainer = 2 };
+
 struct Labels {
   std::string model;
   int64_t layer = -1;
@@ -217,6 +221,8 @@ struct Labels {
   int64_t step = -1;
   std::vector<std::string> request_ids;  // [B] or empty
   std::string run;  // the rollout / training run, e.g. a W&B run name
+  SnapshotRole role = SnapshotRole::kNone;
+  std::string weight_version;  // the policy weights in use; "" unknown
 };
 
 enum class SlidingWindowConvention : int {

@@ -19,6 +19,8 @@ attnaudit.json, top to bottom (what you need first at 3 a.m. is at the top):
              in-flight and devices over time
   Drift      output |diff| p50/p99 and ULP p99 by model/layer, LSE and
              log-prob |diff|, DRIFT fraction by comparison, worst layers
+  Pairs      train-rollout attention by layer (pair verdicts beyond
+             noise), pair sides by outcome
   Latency    queue wait by class, stage durations, device run time, outcomes
   Devices    device state, queued bytes, received bytes, build info
 Every panel uses the `datasource` variable (default: the provisioned uid
@@ -442,6 +444,40 @@ def _check_drifts():
         "ops")
 
 
+def _pairs():
+    """The train-rollout pairs row (server/pairs joins them)."""
+    # ------------------------------------------------------------- Pairs ----
+    row("Train-rollout pairs")
+    timeseries(
+        "train–rollout attention by layer",
+        "Row pairs per second whose trainer and rollout attention disagree "
+        "beyond both kernels' rounding, by layer and pair verdict "
+        "(rollout-drift / trainer-drift / both-drift: that side's own audit "
+        "drifts; inputs-differ: q or the newest K/V already differ, so the "
+        "divergence entered before attention -- the lowest such layer is "
+        "where to look; stale-prefix-kv: a prefix cache filled under older "
+        "weights). Zero when every pair is consistent or within noise, or "
+        "when no trainer snapshots arrive (see the next panel).",
+        [('sum by (layer, verdict) (rate(attnaudit_pair_verdicts_total'
+          '{%s,layer=~"$layer",verdict!~"consistent|within-noise"}[%s]))'
+          % (SEL, RATE), "L{{layer}} {{verdict}}")],
+        "ops", w=12, stack=True,
+        overrides=[color_override("inputs-differ", "orange")])
+    timeseries(
+        "Pair sides by outcome/s",
+        "Audited snapshots labelled rollout or trainer, by what became of "
+        "them: joined (a counterpart was waiting), waiting (kept in the "
+        "store for --pair-wait), dropped (over --pair-max-side-bytes or a "
+        "full queue), failed (store or comparison error, in the log). Only "
+        "'waiting' for long: the other side never arrives (labels run, "
+        "layer, request_ids and role must match).",
+        [("sum by (outcome) (rate(attnaudit_pair_sides_total{%s}[%s]))"
+          % (SEL, RATE), "{{outcome}}")],
+        "ops", w=12, stack=True,
+        overrides=[color_override("joined", "green"),
+                   color_override("failed", "red")])
+
+
 def _latency():
     """The Latency row."""
     # ----------------------------------------------------------- Latency ----
@@ -548,7 +584,7 @@ def _store_and_fleet():
 # The panels of attnaudit.json, in their order on the dashboard.
 PANEL_STAGES = (_overview_verdicts, _overview_traffic, _overview_timeseries,
                 _drift_quantiles, _drift_fractions, _drift_rankings, _check_drifts,
-                _latency, _devices_and_build, _store_and_fleet)
+                _pairs, _latency, _devices_and_build, _store_and_fleet)
 
 
 def build_panels():

@@ -37,6 +37,7 @@
 #include "attnaudit/v1/snapshot.pb.h"
 #include "attnaudit/v1/tensor.pb.h"
 #include "core/audit/options.h"
+#include "core/pairs/pairs.h"
 #include "core/report/report.h"
 #include "core/snapshot/snapshot.h"
 #include "core/tensor/tensor.h"
@@ -89,6 +90,11 @@ void AuditOptionsToProto(const AuditOptions& options, v1::AuditOptions* msg);
 
 void ReportToProto(const AuditReport& report, v1::AuditReport* msg);
 absl::StatusOr<AuditReport> ReportFromProto(const v1::AuditReport& msg);
+
+// A train-rollout pair report (core/pairs). Encoding only: a stored pair's
+// report is read by clients, never by the server.
+void PairReportToProto(const PairReport& report, v1::PairReport* msg);
+v1::PairVerdict EncodePairVerdict(PairVerdict verdict);
 
 // The report as proto3 JSON (proto field names, e.g. "max_abs"; enums by
 // name, e.g. "VERDICT_PASS"; zero-valued scalars printed; int64 as strings,

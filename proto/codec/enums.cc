@@ -174,6 +174,31 @@ absl::StatusOr<LseBase> DecodeLseBase(int value, absl::string_view field) {
   return UnknownEnumValue(field, value);
 }
 
+absl::StatusOr<SnapshotRole> DecodeSnapshotRole(int value,
+                                                absl::string_view field) {
+  switch (value) {
+    case v1::SNAPSHOT_ROLE_UNSPECIFIED:
+      return SnapshotRole::kNone;
+    case v1::SNAPSHOT_ROLE_ROLLOUT:
+      return SnapshotRole::kRollout;
+    case v1::SNAPSHOT_ROLE_TRAINER:
+      return SnapshotRole::kTrainer;
+  }
+  return UnknownEnumValue(field, value);
+}
+
+v1::SnapshotRole EncodeSnapshotRole(SnapshotRole role) {
+  switch (role) {
+    case SnapshotRole::kRollout:
+      return v1::SNAPSHOT_ROLE_ROLLOUT;
+    case SnapshotRole::kTrainer:
+      return v1::SNAPSHOT_ROLE_TRAINER;
+    case SnapshotRole::kNone:
+      break;
+  }
+  return v1::SNAPSHOT_ROLE_UNSPECIFIED;
+}
+
 absl::StatusOr<SlidingWindowConvention> DecodeWindowConvention(
     int value, absl::string_view field) {
   switch (value) {

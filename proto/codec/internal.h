@@ -44,6 +44,8 @@ absl::StatusOr<Rounding> DecodeRounding(int value, absl::string_view field);
 absl::StatusOr<PrecisionSource> DecodePrecisionSource(int value,
                                                       absl::string_view field);
 absl::StatusOr<LseBase> DecodeLseBase(int value, absl::string_view field);
+absl::StatusOr<SnapshotRole> DecodeSnapshotRole(int value,
+                                                absl::string_view field);
 absl::StatusOr<SlidingWindowConvention> DecodeWindowConvention(
     int value, absl::string_view field);
 absl::StatusOr<PrefixCache::Scheme> DecodeFingerprintScheme(
@@ -54,6 +56,7 @@ absl::StatusOr<Comparison> DecodeComparison(int value, absl::string_view field);
 absl::StatusOr<CpStrategy> DecodeCpStrategy(int value, absl::string_view field);
 
 v1::DType EncodeDType(DType dtype);
+v1::SnapshotRole EncodeSnapshotRole(SnapshotRole role);
 v1::KvLayout EncodeKvLayout(KvLayout layout);
 v1::RopeState EncodeRopeState(RopeState state);
 v1::RopeStyle EncodeRopeStyle(RopeStyle style);
@@ -73,7 +76,7 @@ v1::CpStrategy EncodeCpStrategy(CpStrategy strategy);
 
 // Labels: an unset layer/step is -1 in the core.
 void EncodeLabels(const Labels& labels, v1::Labels* msg);
-void DecodeLabels(const v1::Labels& msg, Labels* labels);
+absl::Status DecodeLabels(const v1::Labels& msg, Labels* labels);
 
 // Every non-tensor field of a snapshot (tensors are the caller's).
 void EncodeScalars(const Snapshot& snapshot, v1::Snapshot* msg);

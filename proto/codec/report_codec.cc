@@ -1,6 +1,7 @@
 // AuditReport <-> attnaudit.v1.AuditReport and AuditOptions <->
 // attnaudit.v1.AuditOptions.
 #include <cmath>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -728,7 +729,7 @@ absl::StatusOr<AuditReport> ReportFromProto(const v1::AuditReport& msg) {
   report.dims.num_pages = dims.num_pages();
   report.dims.page_size = dims.page_size();
   report.dims.max_blocks = dims.max_blocks();
-  DecodeLabels(msg.labels(), &report.labels);
+  ATTNAUDIT_RETURN_IF_ERROR(DecodeLabels(msg.labels(), &report.labels));
   report.comparisons.resize(msg.comparisons_size());
   for (int i = 0; i < msg.comparisons_size(); ++i) {
     ATTNAUDIT_RETURN_IF_ERROR(DecodeComparisonResult(
@@ -742,6 +743,57 @@ absl::StatusOr<AuditReport> ReportFromProto(const v1::AuditReport& msg) {
   ATTNAUDIT_RETURN_IF_ERROR(DecodeRopeChecks(msg, &report));
   DecodeVerdictNotes(msg, &report);
   return report;
+}
+
+v1::PairVerdict EncodePairVerdict(PairVerdict verdict) {
+  switch (verdict) {
+    case PairVerdict::kConsistent:
+      return v1::PAIR_VERDICT_CONSISTENT;
+    case PairVerdict::kWithinNoise:
+      return v1::PAIR_VERDICT_WITHIN_NOISE;
+    case PairVerdict::kInputsDiffer:
+      return v1::PAIR_VERDICT_INPUTS_DIFFER;
+    case PairVerdict::kStalePrefixKv:
+      return v1::PAIR_VERDICT_STALE_PREFIX_KV;
+    case PairVerdict::kRolloutDrift:
+      return v1::PAIR_VERDICT_ROLLOUT_DRIFT;
+    case PairVerdict::kTrainerDrift:
+      return v1::PAIR_VERDICT_TRAINER_DRIFT;
+    case PairVerdict::kBothDrift:
+      return v1::PAIR_VERDICT_BOTH_DRIFT;
+  }
+  return v1::PAIR_VERDICT_UNSPECIFIED;
+}
+
+void PairReportToProto(const PairReport& report, v1::PairReport* msg) {
+  msg->Clear();
+  const std::optional<PairVerdict> verdict = report.verdict();
+  if (verdict) msg->set_verdict(EncodePairVerdict(*verdict));
+  if (report.layer >= 0) msg->set_layer(report.layer);
+  for (const RowPair& r : report.rows) {
+    v1::PairRow* m = msg->add_rows();
+    m->set_request_id(r.request_id);
+    m->set_position(r.position);
+    m->set_rollout_row(r.rollout_row);
+    m->set_trainer_row(r.trainer_row);
+    m->set_out_bitwise(r.out_bitwise);
+    m->set_out_max_abs(r.out_max_abs);
+    m->set_out_max_ulps(r.out_max_ulps);
+    m->set_q_ulps(r.q_ulps);
+    m->set_kv_ulps(r.kv_ulps);
+    m->set_newest_kv_ulps(r.newest_kv_ulps);
+    m->set_keys_compared(r.keys_compared);
+    m->set_input_effect(r.input_effect);
+    m->set_noise(r.noise);
+    m->set_verdict(EncodePairVerdict(r.verdict));
+    m->set_inputs_differing(r.InputsDiffering());
+  }
+  msg->set_rollout_verdict(EncodeVerdict(report.rollout_verdict));
+  msg->set_trainer_verdict(EncodeVerdict(report.trainer_verdict));
+  msg->set_rollout_diagnosis(report.rollout_diagnosis);
+  msg->set_trainer_diagnosis(report.trainer_diagnosis);
+  msg->set_unmatched_rollout(report.unmatched_rollout);
+  msg->set_unmatched_trainer(report.unmatched_trainer);
 }
 
 }  // namespace attnaudit

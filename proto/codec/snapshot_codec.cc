@@ -61,9 +61,11 @@ void EncodeLabels(const Labels& labels, v1::Labels* m) {
   if (labels.step >= 0) m->set_step(labels.step);
   for (const std::string& id : labels.request_ids) m->add_request_ids(id);
   m->set_run(labels.run);
+  m->set_role(EncodeSnapshotRole(labels.role));
+  m->set_weight_version(labels.weight_version);
 }
 
-void DecodeLabels(const v1::Labels& m, Labels* labels) {
+absl::Status DecodeLabels(const v1::Labels& m, Labels* labels) {
   labels->model = m.model();
   labels->layer = m.has_layer() ? m.layer() : -1;
   labels->engine = m.engine();
@@ -71,6 +73,10 @@ void DecodeLabels(const v1::Labels& m, Labels* labels) {
   labels->step = m.has_step() ? m.step() : -1;
   labels->request_ids.assign(m.request_ids().begin(), m.request_ids().end());
   labels->run = m.run();
+  ATTNAUDIT_ASSIGN_OR_RETURN(labels->role,
+                             DecodeSnapshotRole(m.role(), "labels.role"));
+  labels->weight_version = m.weight_version();
+  return absl::OkStatus();
 }
 
 }  // namespace codec_internal
@@ -273,8 +279,7 @@ absl::Status DecodeScalars(const v1::Snapshot& m, Snapshot* s) {
       s->prefix.scheme,
       DecodeFingerprintScheme(prefix.scheme(), "prefix.scheme"));
 
-  DecodeLabels(m.labels(), &s->labels);
-  return absl::OkStatus();
+  return DecodeLabels(m.labels(), &s->labels);
 }
 
 }  // namespace

@@ -228,6 +228,16 @@ absl::Status AuditServer::Init() {
     }
     memfd_snapshots_ = *std::move(memfds);
   }
+  if (o.pair_wait > absl::ZeroDuration()) {
+    PairJoinerOptions po;
+    po.replica_id = replica_id_;
+    po.wait = o.pair_wait;
+    po.max_side_bytes = o.pair_max_side_bytes;
+    po.max_queued_bytes = 4 * o.pair_max_side_bytes;
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        pair_joiner_, PairJoiner::Create(po, WirePairFormats(), store_.get(),
+                                         metrics_.get()));
+  }
   ATTNAUDIT_ASSIGN_OR_RETURN(
       jobs_, JobService::Create(MakeJobOptions(), WireJobFormats(),
                                 scheduler_.get(), spool_.get(), store_.get(),
@@ -397,6 +407,7 @@ JobServiceOptions AuditServer::MakeJobOptions() const {
   jobs.store_audit_results = o.store_audit_results;
   jobs.fleet_lease = o.fleet_lease;
   jobs.result_journal = result_journal_.get();
+  jobs.pair_joiner = pair_joiner_.get();
   return jobs;
 }
 
@@ -590,8 +601,11 @@ void AuditServer::Shutdown() {
   // interactive results still queued are kept and answered (to the
   // watchers too, so the service goes after it).
   if (jobs_ != nullptr) jobs_->Shutdown();
+  // No job ends any more: the sides not yet handled are dropped.
+  if (pair_joiner_ != nullptr) pair_joiner_->Shutdown();
   service_.reset();
   jobs_.reset();
+  pair_joiner_.reset();
   executor_.reset();
   spool_.reset();
   result_journal_.reset();

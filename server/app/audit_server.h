@@ -52,6 +52,7 @@
 #include "server/jobs/result_journal.h"
 #include "server/metrics/metrics.h"
 #include "server/metrics_http/metrics_http.h"
+#include "server/pairs/joiner.h"
 #include "server/rpc/audit_service.h"
 #include "server/rpc/callback_queue_waker.h"
 #include "server/scheduler/device.h"
@@ -98,6 +99,10 @@ struct AuditServerOptions {
   // result_journal_bytes, until it can (server/jobs/result_journal.h).
   bool store_audit_results = true;
   int64_t result_journal_bytes = int64_t{256} << 20;
+  // Train-rollout pairs (server/pairs/joiner.h): how long a side waits in
+  // the store for its counterpart (zero: no pairs) and the largest kept.
+  absl::Duration pair_wait = absl::Minutes(10);
+  int64_t pair_max_side_bytes = int64_t{64} << 20;
   // A fleet: a replica whose heartbeat is older than this is gone and its
   // unfinished jobs are taken over by the others.
   absl::Duration fleet_lease = absl::Seconds(15);
@@ -259,6 +264,7 @@ class AuditServer {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<BlockingExecutor> executor_;
   std::unique_ptr<MemfdSnapshots> memfd_snapshots_;  // outlives service_
+  std::unique_ptr<PairJoiner> pair_joiner_;          // pair_wait > 0
   std::unique_ptr<JobService> jobs_;                 // outlives service_
   std::unique_ptr<AuditServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;

@@ -35,7 +35,17 @@ void JobServiceImpl::CompleteDurable(const JobOutcome& outcome,
         .Kv("job_id", outcome.job_id);
     return;
   }
+  OfferPairSide(outcome);
   StoreResult(OutcomeRecord(outcome, created, started, formats_.encode_report));
+}
+
+void JobServiceImpl::OfferPairSide(const JobOutcome& outcome) {
+  if (options_.pair_joiner == nullptr || !outcome.status.ok() ||
+      outcome.snapshot == nullptr) {
+    return;
+  }
+  options_.pair_joiner->Offer(outcome.tenant, outcome.job_id,
+                              *outcome.snapshot, outcome.report);
 }
 
 absl::StatusOr<bool> JobServiceImpl::CommitResult(const ResultRecord& rec) {

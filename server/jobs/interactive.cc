@@ -46,6 +46,7 @@ absl::Status JobServiceImpl::RunInteractive(InteractiveJob job,
   };
   run->on_done = [this, done = std::move(done), submitted,
                   started](const JobOutcome& outcome) {
+    if (options_.store_audit_results) OfferPairSide(outcome);
     KeepAndAnswer(
         OutcomeRecord(outcome, submitted, *started, formats_.encode_report),
         AnswerOf(outcome), done);

@@ -172,6 +172,7 @@ void JobServiceImpl::CountTruncations(const LabelTruncations& t) {
   metrics_->CountTruncatedLabel("backend", t.backend);
   metrics_->CountTruncatedLabel("request_id", t.request_ids);
   metrics_->CountTruncatedLabel("run", t.run);
+  metrics_->CountTruncatedLabel("weight_version", t.weight_version);
 }
 
 }  // namespace jobs_internal

@@ -89,6 +89,7 @@
 #include "server/jobs/result_journal.h"
 #include "server/jobs/upload_ledger.h"
 #include "server/metrics/metrics.h"
+#include "server/pairs/joiner.h"
 #include "server/scheduler/job.h"
 #include "server/scheduler/scheduler.h"
 #include "server/spool/spool.h"
@@ -126,6 +127,9 @@ struct JobServiceOptions {
   // Interactive results the store cannot take are kept here until it can
   // (result_journal.h; not owned, outlives the service); null: not kept.
   ResultJournal* result_journal = nullptr;
+  // Every audited job's snapshot is offered to it (server/pairs; not
+  // owned, outlives the service); null: no train-rollout pairs.
+  PairJoiner* pair_joiner = nullptr;
 };
 
 // A job's work: the snapshot and how to audit it.
@@ -278,6 +282,10 @@ class JobService {
   // (and numbered by it) unless it reads all.
   virtual absl::StatusOr<std::vector<ResultRecord>> List(
       const Principal& caller, ResultQuery query) = 0;
+  // Stored train-rollout pairs matching `query`, restricted to the
+  // caller's tenant unless it reads all.
+  virtual absl::StatusOr<std::vector<PairRecord>> ListPairs(
+      const Principal& caller, PairQuery query) = 0;
   // The stored results a watch resumed after cursor `after` (in the
   // caller's numbering) missed, up to the feed's seq `until`, oldest
   // first. InvalidArgument for a cursor beyond the newest stored result;

@@ -54,6 +54,8 @@ class JobServiceImpl final : public JobService {
                                   const std::string& job_id) override;
   absl::StatusOr<std::vector<ResultRecord>> List(const Principal& caller,
                                                  ResultQuery query) override;
+  absl::StatusOr<std::vector<PairRecord>> ListPairs(const Principal& caller,
+                                                    PairQuery query) override;
   absl::StatusOr<std::vector<ResultRecord>> WatchBacklog(
       const Principal& caller, int64_t after, int64_t until) override;
   OpenCalls* open_calls() override { return &open_calls_; }
@@ -142,6 +144,9 @@ class JobServiceImpl final : public JobService {
   // Hands a terminal result to durable_ (committed now, retried when the
   // store refuses); the feed publishes it once stored.
   void StoreResult(ResultRecord rec);
+  // An audited job's snapshot to the pair joiner (options_.pair_joiner),
+  // before its result is stored: the joiner copies what it keeps.
+  void OfferPairSide(const JobOutcome& outcome);
   void CompleteDurable(const JobOutcome& outcome, absl::Time created,
                        absl::Time started);
 

@@ -27,6 +27,7 @@ LabelTruncations BoundLabels(Labels* labels) {
   t.engine = BoundLabelValue(&labels->engine);
   t.backend = BoundLabelValue(&labels->backend);
   t.run = BoundLabelValue(&labels->run);
+  t.weight_version = BoundLabelValue(&labels->weight_version);
   for (std::string& id : labels->request_ids) {
     t.request_ids += BoundLabelValue(&id);
   }

@@ -38,14 +38,15 @@ struct LabelTruncations {
   bool engine = false;
   bool backend = false;
   bool run = false;
+  bool weight_version = false;
   int64_t request_ids = 0;  // how many of them
   int64_t total() const {
     return int64_t{model} + int64_t{engine} + int64_t{backend} + int64_t{run} +
-           request_ids;
+           int64_t{weight_version} + request_ids;
   }
 };
 
-// Bounds model, engine, backend, run and every request id.
+// Bounds model, engine, backend, run, weight_version and every request id.
 LabelTruncations BoundLabels(Labels* labels);
 
 }  // namespace attnaudit::server

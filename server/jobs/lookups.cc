@@ -195,6 +195,14 @@ absl::StatusOr<std::vector<ResultRecord>> JobServiceImpl::List(
   return rows;
 }
 
+absl::StatusOr<std::vector<PairRecord>> JobServiceImpl::ListPairs(
+    const Principal& caller, PairQuery query) {
+  if (!caller.ReadsAll()) query.tenant = caller.tenant;
+  absl::StatusOr<std::vector<PairRecord>> rows = store_->QueryPairs(query);
+  if (!rows.ok()) return StorageError("result store", rows.status());
+  return rows;
+}
+
 absl::StatusOr<std::vector<ResultRecord>> JobServiceImpl::WatchBacklog(
     const Principal& caller, int64_t after, int64_t until) {
   CursorSpace space;

@@ -120,6 +120,19 @@ ATTNAUDIT_SERVER_FLAG(
       o.result_journal_bytes = v.bytes;
     });
 ATTNAUDIT_SERVER_FLAG(
+    FlagDuration, pair_wait, FlagDuration{absl::Minutes(10)},
+    "train-rollout pairs: an audited snapshot labelled rollout or "
+    "trainer waits this long in the store for its counterpart "
+    "(ListPairs); 0: no pairs",
+    [](FlagDuration v, AuditServerOptions& o) { o.pair_wait = v.value; });
+ATTNAUDIT_SERVER_FLAG(
+    ByteSize, pair_max_side_bytes, ByteSize{int64_t{64} << 20},
+    "a pair side whose snapshot is larger is not kept for its "
+    "counterpart (counted in attnaudit_pair_sides_total{outcome=dropped})",
+    [](ByteSize v, AuditServerOptions& o) {
+      o.pair_max_side_bytes = v.bytes;
+    });
+ATTNAUDIT_SERVER_FLAG(
     FlagDuration, fleet_lease, FlagDuration{absl::Seconds(15)},
     "with a postgresql:// store: a replica silent this long is gone, "
     "and another takes over its unfinished jobs",
@@ -534,6 +547,7 @@ absl::Status CheckRanges() {
            InRange(FLAGS_max_concurrent_streams, 1, 1 << 20),
            InRange(FLAGS_tenant_max_bytes, 0, int64_t{1} << 50),
            InRange(FLAGS_result_journal_bytes, 1 << 20, int64_t{1} << 50),
+           InRange(FLAGS_pair_max_side_bytes, 1 << 20, int64_t{1} << 40),
            InRange(FLAGS_upload_min_rate, 1, int64_t{1} << 40),
            InRange(FLAGS_gpu_memory_pool_bytes, 0, int64_t{1} << 50),
            InRange(FLAGS_metrics_max_models, 1, 1000),
@@ -608,6 +622,9 @@ absl::Status CheckPlacement(const AuditServerOptions& o) {
       !absl::StartsWith(o.store_url, "postgres://")) {
     return FlagError("store",
                      "must be sqlite or a postgresql://USER@HOST:PORT/DB URL");
+  }
+  if (o.pair_wait < absl::ZeroDuration() || o.pair_wait > absl::Hours(24)) {
+    return FlagError("pair-wait", "must be in [0, 24h]");
   }
   if (o.fleet_lease < absl::Seconds(1)) {
     return FlagError("fleet-lease", "must be at least 1s");

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/diagnosis/diagnosis.h"
+#include "core/pairs/pairs.h"
 #include "server/metrics/metrics_impl.h"
 
 namespace attnaudit::server {
@@ -77,8 +78,10 @@ constexpr Verdict kVerdicts[] = {Verdict::kPass, Verdict::kDrift,
 // The verdicts a (model, layer) or a comparison can have.
 constexpr Verdict kAuditedVerdicts[] = {Verdict::kPass, Verdict::kDrift,
                                         Verdict::kInconclusive};
-constexpr const char* kTruncatedLabelNames[] = {"model", "engine", "backend",
-                                                "request_id", "run"};
+constexpr const char* kTruncatedLabelNames[] = {
+    "model", "engine", "backend", "request_id", "run", "weight_version"};
+constexpr const char* kPairSideNames[] = {"joined", "waiting", "dropped",
+                                          "failed"};
 constexpr const char* kCallEndNames[] = {"credentials", "upload_idle"};
 
 const Histogram::BucketBoundaries& SecondsBuckets() {
@@ -163,6 +166,23 @@ prometheus::Counter& Metrics::Impl::LayerAudits(const std::string& model,
         {{"model", model}, {"layer", layer}, {"verdict", name}});
   }
   return *layer_audit_series[key(verdict)];
+}
+
+prometheus::Counter* Metrics::Impl::PairVerdicts(const std::string& layer,
+                                                 absl::string_view verdict) {
+  auto key = [&](absl::string_view v) { return absl::StrCat(layer, "\x1f", v); };
+  auto it = pair_verdict_series.find(key(verdict));
+  if (it != pair_verdict_series.end()) return it->second;
+  const absl::string_view first = PairVerdictName(PairVerdict::kConsistent);
+  if (pair_verdict_series.contains(key(first))) return nullptr;  // unknown
+  // A new layer's verdicts start together at zero, as LayerAudits' do.
+  for (int v = 0; v <= static_cast<int>(PairVerdict::kBothDrift); ++v) {
+    const std::string name(PairVerdictName(static_cast<PairVerdict>(v)));
+    pair_verdict_series[key(name)] =
+        &pair_verdicts->Add({{"layer", layer}, {"verdict", name}});
+  }
+  it = pair_verdict_series.find(key(verdict));
+  return it == pair_verdict_series.end() ? nullptr : it->second;
 }
 
 std::array<Histogram*, kNumDriftFamilies>& Metrics::Impl::Drift(
@@ -281,6 +301,17 @@ void Metrics::Impl::RegisterJobs(prometheus::Registry& r) {
                     "Label values cut to the length bound, by label.");
   for (size_t i = 0; i < labels_truncated.size(); ++i) {
     labels_truncated[i] = &truncated.Add({{"label", kTruncatedLabelNames[i]}});
+  }
+  pair_verdicts = &CounterFamily(
+      r, "attnaudit_pair_verdicts_total",
+      "Row pairs of the train-rollout pairs this replica joined, by layer "
+      "and pair verdict.");
+  auto& sides = CounterFamily(
+      r, "attnaudit_pair_sides_total",
+      "Audited snapshots with a pair role, by what became of them: joined, "
+      "waiting (kept for a counterpart), dropped, failed.");
+  for (size_t i = 0; i < pair_sides.size(); ++i) {
+    pair_sides[i] = &sides.Add({{"outcome", kPairSideNames[i]}});
   }
   auto& ended = CounterFamily(
       r, "attnaudit_calls_ended_total",
@@ -537,6 +568,21 @@ void Metrics::CountTruncatedLabel(absl::string_view label, int64_t n) {
       impl_->labels_truncated[i]->Increment(static_cast<double>(n));
     }
   }
+}
+
+void Metrics::CountPairVerdicts(int64_t layer, absl::string_view verdict,
+                                int64_t n) {
+  if (n <= 0) return;
+  Impl& m = *impl_;
+  const std::string bounded =
+      layer < 0 ? "unknown" : m.layers->Bound(absl::StrCat(layer));
+  absl::MutexLock lock(&m.mu);
+  prometheus::Counter* c = m.PairVerdicts(bounded, verdict);
+  if (c != nullptr) c->Increment(static_cast<double>(n));
+}
+
+void Metrics::CountPairSide(PairSide outcome) {
+  impl_->pair_sides[static_cast<int>(outcome)]->Increment();
 }
 
 void Metrics::SetStoreUp(bool up) { impl_->store_up->Set(up ? 1 : 0); }

@@ -53,8 +53,18 @@
 //       checks of reports (docs/NUMERICS.md "RoPE checks"); check: q, k,
 //       table; verdict: PASS, DRIFT
 //   attnaudit_labels_truncated_total{label}            counter; label: model,
-//       engine, backend, request_id, run (values cut at the RPC layer's
-//       bound)
+//       engine, backend, request_id, run, weight_version (values cut at the
+//       RPC layer's bound)
+//   attnaudit_pair_verdicts_total{layer,verdict}       counter: the row pairs
+//       of the train-rollout pairs this replica joined (server/pairs);
+//       layer bounded like the drift histograms'; verdict: consistent,
+//       within-noise, inputs-differ, stale-prefix-kv, rollout-drift,
+//       trainer-drift, both-drift
+//   attnaudit_pair_sides_total{outcome}                counter: audited
+//       snapshots labelled with a pair role; outcome: joined (a counterpart
+//       was waiting), waiting (kept for one), dropped (the joiner's queue
+//       or the side's size bound was full), failed (the store or the
+//       comparison failed; logged)
 //   attnaudit_store_up                                 gauge: 1 while the
 //       job store answers the result feed's reads, 0 while it does not
 //   attnaudit_fleet_jobs_taken_over_total              counter: jobs of a
@@ -161,14 +171,20 @@ class Metrics {
   // counts alike sent to Audit, AuditStream or Submit.
   void CountInvalidInput(InvalidInput where);
   void AddBytesReceived(int64_t bytes);
-  // `n` values of `label` ("model", "engine", "backend", "request_id") were
-  // truncated; other names are ignored.
+  // `n` values of `label` ("model", "engine", "backend", "request_id",
+  // "run", "weight_version") were truncated; other names are ignored.
   void CountTruncatedLabel(absl::string_view label, int64_t n = 1);
   // Calls the server ended while they were open (server/jobs/open_calls.h).
   enum class CallEnd { kCredentials = 0, kUploadIdle = 1 };
   void CountCallsEnded(CallEnd why, int64_t n = 1);
   void SetStoreUp(bool up);
   void CountJobsTakenOver(int64_t n = 1);
+  // `n` row pairs of `layer` (-1: unknown) got `verdict`, a
+  // PairVerdictName; other names are ignored.
+  void CountPairVerdicts(int64_t layer, absl::string_view verdict,
+                         int64_t n = 1);
+  enum class PairSide { kJoined = 0, kWaiting = 1, kDropped = 2, kFailed = 3 };
+  void CountPairSide(PairSide outcome);
   void SetQueueDepth(PriorityClass c, int64_t depth);
   void SetQueuedBytes(int64_t bytes);
   void SetInFlight(int64_t jobs);

@@ -88,7 +88,8 @@ struct Metrics::Impl {
       jobs_completed{};
   prometheus::Counter* received_bytes = nullptr;
   // attnaudit_labels_truncated_total, in kTruncatedLabelNames order.
-  std::array<prometheus::Counter*, 5> labels_truncated{};
+  std::array<prometheus::Counter*, 6> labels_truncated{};
+  std::array<prometheus::Counter*, 4> pair_sides{};
   // attnaudit_calls_ended_total, by Metrics::CallEnd.
   std::array<prometheus::Counter*, 2> calls_ended{};
   prometheus::Gauge* store_up = nullptr;
@@ -134,6 +135,10 @@ struct Metrics::Impl {
   prometheus::Family<prometheus::Counter>* layer_audits = nullptr;
   absl::flat_hash_map<std::string, prometheus::Counter*> layer_audit_series
       ABSL_GUARDED_BY(mu);
+  // attnaudit_pair_verdicts_total: keyed by bounded layer and verdict.
+  prometheus::Family<prometheus::Counter>* pair_verdicts = nullptr;
+  absl::flat_hash_map<std::string, prometheus::Counter*> pair_verdict_series
+      ABSL_GUARDED_BY(mu);
 
   // Metrics::Create's steps: the families and their fixed series (none of
   // these throws for our constant names and labels, but prometheus-cpp
@@ -152,6 +157,10 @@ struct Metrics::Impl {
   // Creates (or finds) the per-kind series. Family::Add may throw only for
   // invalid label names, and ours are constants.
   KindSeries& Kind(absl::string_view kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The layer's series of `verdict`; nullptr for an unknown verdict name.
+  prometheus::Counter* PairVerdicts(const std::string& layer,
+                                    absl::string_view verdict)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   prometheus::Counter& LayerAudits(const std::string& model,
                                    const std::string& layer,
                                    const std::string& verdict)

@@ -300,6 +300,38 @@ JobFormats WireJobFormats() {
   return formats;
 }
 
+PairFormats WirePairFormats() {
+  PairFormats formats;
+  formats.encode_snapshot = [](const Snapshot& snapshot) {
+    v1::Snapshot wire;
+    SnapshotToProto(snapshot, &wire);
+    return wire.SerializeAsString();
+  };
+  formats.decode_snapshot =
+      [](const std::string& bytes) -> absl::StatusOr<Snapshot> {
+    v1::Snapshot wire;
+    if (!wire.ParseFromString(bytes)) {
+      return absl::DataLossError("a stored pair side's snapshot is corrupt");
+    }
+    return SnapshotFromProto(&wire);
+  };
+  formats.encode_report = WireJobFormats().encode_report;
+  formats.decode_report =
+      [](const std::string& bytes) -> absl::StatusOr<AuditReport> {
+    v1::AuditReport wire;
+    if (!wire.ParseFromString(bytes)) {
+      return absl::DataLossError("a stored pair side's report is corrupt");
+    }
+    return ReportFromProto(wire);
+  };
+  formats.encode_pair = [](const PairReport& report) {
+    v1::PairReport wire;
+    PairReportToProto(report, &wire);
+    return wire.SerializeAsString();
+  };
+  return formats;
+}
+
 AuditServiceImpl::AuditServiceImpl(ServiceOptions options, JobService* jobs,
                                    Metrics* metrics, BlockingExecutor* executor,
                                    const Authenticator* auth)

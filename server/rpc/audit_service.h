@@ -26,7 +26,8 @@
 //   Submit       on the BlockingExecutor: parse, decode -> JobService::
 //                Submit (validated, spooled with fsync, scheduled and
 //                recorded QUEUED) THEN the job id is answered.
-//   GetResult, Cancel, ListResults   on the executor -> JobService.
+//   GetResult, Cancel, ListResults, ListPairs
+//                                    on the executor -> JobService.
 //   WatchResults a WatchHub subscription; the hub is the JobService's
 //                ResultSubscriber (every stored result of every replica
 //                sharing the store, resumable by cursor: the backlog from
@@ -114,6 +115,9 @@ struct ServiceOptions {
 // payload is the serialised attnaudit.v1.SubmitRequest as received, a
 // stored report the serialised attnaudit.v1.AuditReport.
 JobFormats WireJobFormats();
+// The formats of the pair joiner's sides and pairs (server/pairs): the
+// serialised attnaudit.v1 Snapshot, AuditReport and PairReport.
+PairFormats WirePairFormats();
 
 // The generated service with every method raw (see the file comment).
 using RawAuditService = v1::AuditService::WithRawCallbackMethod_Audit<
@@ -124,7 +128,8 @@ using RawAuditService = v1::AuditService::WithRawCallbackMethod_Audit<
                     v1::AuditService::WithRawCallbackMethod_Cancel<
                         v1::AuditService::WithRawCallbackMethod_GetCapabilities<
                             v1::AuditService::WithRawCallbackMethod_ListResults<
-                                v1::AuditService::Service>>>>>>>>;
+                                v1::AuditService::WithRawCallbackMethod_ListPairs<
+                                    v1::AuditService::Service>>>>>>>>>;
 
 class AuditServiceImpl final : public RawAuditService {
  public:
@@ -158,6 +163,9 @@ class AuditServiceImpl final : public RawAuditService {
   grpc::ServerUnaryReactor* ListResults(grpc::CallbackServerContext* context,
                                         const grpc::ByteBuffer* request,
                                         grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ListPairs(grpc::CallbackServerContext* context,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
 
   // --- Lifecycle.
   // The WatchResults fan-out, as the subscriber JobService::Start takes.

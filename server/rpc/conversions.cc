@@ -13,6 +13,7 @@
 #include "core/common/status_macros.h"
 #include "proto/codec/codec.h"
 #include "proto/codec/tensor_paths.h"
+#include "server/jobs/label_bounds.h"
 #include "server/rpc/status_util.h"
 
 namespace attnaudit::server::rpc_internal {
@@ -82,6 +83,23 @@ v1::JobState JobStateToProto(JobState s) {
 
 void TimeToProto(absl::Time t, google::protobuf::Timestamp* msg) {
   *msg = TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
+}
+
+absl::StatusOr<absl::Time> TimeFromProto(const google::protobuf::Timestamp& t,
+                                         absl::string_view field) {
+  // The range google.protobuf.Timestamp allows: 0001-01-01 .. 9999-12-31.
+  if (t.seconds() < -62135596800 || t.seconds() > 253402300799 ||
+      t.nanos() < 0 || t.nanos() > 999999999) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": not a valid timestamp"));
+  }
+  return absl::FromUnixNanos(TimeUtil::TimestampToNanoseconds(t));
+}
+
+absl::optional<std::string> TextFilter(std::string value) {
+  if (value.empty()) return absl::nullopt;
+  BoundLabelValue(&value);
+  return value;
 }
 
 absl::StatusOr<absl::Duration> DurationFromProto(

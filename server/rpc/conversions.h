@@ -9,11 +9,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/optional.h"
 #include "attnaudit/v1/service.pb.h"
 #include "core/snapshot/snapshot.h"
 #include "google/protobuf/duration.pb.h"
@@ -33,6 +35,13 @@ v1::Priority PriorityToProto(PriorityClass c);
 v1::JobState JobStateToProto(JobState s);
 
 void TimeToProto(absl::Time t, google::protobuf::Timestamp* msg);
+// A request's timestamp; InvalidArgument naming `field` outside the range
+// google.protobuf.Timestamp allows (0001-01-01 .. 9999-12-31).
+absl::StatusOr<absl::Time> TimeFromProto(const google::protobuf::Timestamp& t,
+                                         absl::string_view field);
+// A text filter of a List call, bounded as stored labels are (label_bounds.h)
+// so that a long name still matches its own jobs; nullopt when empty.
+absl::optional<std::string> TextFilter(std::string value);
 // A request's google.protobuf.Duration; InvalidArgument naming `field` when
 // it is not a well-formed Duration (seconds and nanos in range, one sign).
 absl::StatusOr<absl::Duration> DurationFromProto(

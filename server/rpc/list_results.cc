@@ -18,8 +18,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
-#include "google/protobuf/util/time_util.h"
-#include "server/jobs/label_bounds.h"
 #include "server/rpc/audit_service.h"
 #include "server/rpc/blocking_calls.h"
 #include "server/rpc/call_auth.h"
@@ -29,29 +27,11 @@
 namespace attnaudit::server {
 namespace {
 
-using google::protobuf::util::TimeUtil;
-
 constexpr int kDefaultPageSize = 100;
 constexpr int kMaxPageSize = 1000;
 
-absl::StatusOr<absl::Time> TimeFromProto(const google::protobuf::Timestamp& t,
-                                         absl::string_view field) {
-  // The range google.protobuf.Timestamp allows: 0001-01-01 .. 9999-12-31.
-  if (t.seconds() < -62135596800 || t.seconds() > 253402300799 ||
-      t.nanos() < 0 || t.nanos() > 999999999) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": not a valid timestamp"));
-  }
-  return absl::FromUnixNanos(TimeUtil::TimestampToNanoseconds(t));
-}
-
-// Text filters are bounded as the stored labels are, so a long name still
-// matches its own jobs.
-absl::optional<std::string> TextFilter(std::string value) {
-  if (value.empty()) return absl::nullopt;
-  BoundLabelValue(&value);
-  return value;
-}
+using rpc_internal::TextFilter;
+using rpc_internal::TimeFromProto;
 
 // The request as a store query (InvalidArgument naming the field).
 absl::StatusOr<ResultQuery> QueryOf(const v1::ListResultsRequest& r) {

@@ -35,6 +35,7 @@ inline constexpr RpcMethod kRpcMethods[] = {
     {"Submit", kPermSubmit},     {"GetResult", kPermRead},
     {"WatchResults", kPermRead}, {"Cancel", kPermCancel},
     {"GetCapabilities", 0},      {"ListResults", kPermRead},
+    {"ListPairs", kPermRead},
 };
 
 // No principal holds it (kAllPermissions has the six defined bits).

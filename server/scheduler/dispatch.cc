@@ -380,6 +380,7 @@ void SchedulerImpl::TimerLoop() {
 }
 
 void SchedulerImpl::Deliver(Completion c) {
+  c.outcome.snapshot = &c.job->snapshot;
   if (listener_ != nullptr) listener_->OnFinished(c.outcome);
   if (c.job->on_done) c.job->on_done(c.outcome);
   c.job.reset();  // frees the snapshot before Drain can return

@@ -111,6 +111,9 @@ struct JobOutcome {
   std::string device_name;  // "cpu:0"; the gang leader for gang jobs
   JobLabels labels;         // copied from the Job
   std::string tenant;       // copied from the Job
+  // The job's snapshot, valid only while on_done and the listener's
+  // OnFinished run (the job is freed after them).
+  const Snapshot* snapshot = nullptr;
 };
 
 struct Job {
