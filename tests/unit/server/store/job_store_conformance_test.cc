@@ -1213,6 +1213,37 @@ TEST_P(JobStoreTest, AnOlderSchemaGetsThePairTables) {
   EXPECT_EQ(store_->QueryPairs(PairQuery{})->size(), 1u);
 }
 
+// A connection lost (the server restarted) makes the call Unavailable, and
+// the next call reconnects; nothing is half-written.
+TEST_P(JobStoreTest, PairCallsAreUnavailableWhenTheConnectionIsLost) {
+  if (GetParam() == "sqlite") GTEST_SKIP() << "a file: nothing to lose";
+  ASSERT_TRUE(Put(store_.get(), Side("r", kRollout, {{"a", 0}})).empty());
+  auto drop = [&] {
+    // Waits until the store's connections are gone.
+    ASSERT_TRUE(testing::RunPostgresSql(
+                    location_.config().url,
+                    "SELECT pg_terminate_backend(pid, 10000) FROM "
+                    "pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid()")
+                    .ok());
+  };
+  drop();
+  EXPECT_EQ(store_->PutPairSide(Side("t", kTrainer, {{"a", 0}}), kT0, 10)
+                .status()
+                .code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_THAT(Put(store_.get(), Side("t", kTrainer, {{"a", 0}})),
+              ElementsAre("r"));
+  drop();
+  EXPECT_EQ(store_->PutPair(Pair("r", "t", kT0)).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(*store_->PutPair(Pair("r", "t", kT0)));
+  drop();
+  EXPECT_EQ(store_->QueryPairs(PairQuery{}).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_THAT(Rollouts(store_->QueryPairs(PairQuery{})), ElementsAre("r"));
+}
+
 // Two replicas put the two sides of a pair at the same moment, many
 // times: sides of one group are put one at a time, so in every race at
 // least one of the two finds the other.
