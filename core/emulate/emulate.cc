@@ -19,9 +19,6 @@ const double kUnitF32 = std::ldexp(1.0, -24);
 // tanh of a 16-bit tensor is computed in fp32 by a vectorised tanh within
 // an ulp (Sleef's u10); two allow any libm.
 constexpr double kTanhUlps = 2.0;
-// Second-order terms of a score that rounds the other way (the other keys'
-// probabilities move with the normaliser, and round again).
-constexpr double kFlipMargin = 1.5;
 
 bool IsSixteenBit(DType dtype) {
   return IsFloating(dtype) && DTypeSize(dtype) == 2;  // bf16, f16
@@ -207,32 +204,46 @@ class Emulator {
     double sink =
         has_sink ? p_.sinks[h] : -std::numeric_limits<double>::infinity();
     if (plan_.center_scores) sink = Center(sc, sink);
-    // The engine's fp32 softmax of its scores.
+    // The engine's fp32 softmax of its scores. Its normaliser sums every
+    // key's weight, so a score that may have rounded either way moves every
+    // probability, not only its own: the normaliser is bounded by the
+    // scores' bounds (total_lo, total_hi) as well as estimated from their
+    // central values.
     double m = sink;
     for (const Uncertain& u : sc->score) m = std::max(m, u.mid);
-    double total = has_sink ? std::exp(sink - m) : 0.0;
-    for (const Uncertain& u : sc->score) total += std::exp(u.mid - m);
+    const double sink_weight = has_sink ? std::exp(sink - m) : 0.0;
+    double total = sink_weight, total_lo = sink_weight, total_hi = sink_weight;
+    for (const Uncertain& u : sc->score) {
+      total += std::exp(u.mid - m);
+      total_lo += std::exp(u.lo - m);
+      total_hi += std::exp(u.hi - m);
+    }
     const int64_t n = static_cast<int64_t>(sc->keys.size());
     const double eta =
         plan_.exp_epsilon + 2.0 * kUnitF32 + SumEpsilon(n, plan_.split_keys);
     const double accumulate = SumEpsilon(n, plan_.split_keys);
     std::vector<double> out(D, 0.0), weight(D, 0.0), slack(D, 0.0);
-    double flip_weight = 0;
     for (size_t k = 0; k < sc->keys.size(); ++k) {
       const Uncertain& u = sc->score[k];
-      const double prob = std::exp(u.mid - m) / total;
+      const double w_lo = std::exp(u.lo - m), w_mid = std::exp(u.mid - m),
+                   w_hi = std::exp(u.hi - m);
+      // Softmax is increasing in its own score and decreasing in every
+      // other: its extremes are this key at one end of its interval and
+      // every other key at the opposite end. A flip of a heavy key's score
+      // (e^delta - 1 of its weight) thus moves a large probability of
+      // another key by that fraction, enough to carry it across a rounding
+      // boundary of the probability dtype: a whole 16-bit ulp of it.
+      const Uncertain prob = {w_lo / (w_lo + std::max(0.0, total_hi - w_hi)),
+                              w_mid / total,
+                              w_hi / (w_hi + std::max(0.0, total_lo - w_lo))};
       const Uncertain pr = Probability(prob, eta);
-      // A score that may have rounded the other way moves its weight by
-      // e^delta - 1 (the normaliser takes the rest of it from every key).
-      const double delta = std::max(u.hi - u.mid, u.mid - u.lo);
-      const double flip = prob * std::expm1(delta);
-      flip_weight += flip;
       const float* v = &rows.v[sc->keys[k] * D];
       for (int64_t i = 0; i < D; ++i) {
         const double vi = v[i];
         out[i] += pr.mid * vi;
         weight[i] += pr.mid * std::fabs(vi);
-        slack[i] += ((pr.hi - pr.lo) + kFlipMargin * flip) * std::fabs(vi);
+        // The engine's probability and M's both lie in [lo, hi].
+        slack[i] += (pr.hi - pr.lo) * std::fabs(vi);
       }
     }
     double* out_cell = &e->out[cell * D];
@@ -242,22 +253,21 @@ class Emulator {
           p_.v_scale.empty() ? 1.0 : p_.v_scale[h * d.kv_heads / d.q_heads];
       const double o = out[i] * scale;
       out_cell[i] = output_(o);
-      // |v - out| <= |v| + |out| for the flips' share of the normaliser.
-      const double moved =
-          slack[i] + kFlipMargin * flip_weight * std::fabs(out[i]);
-      tol_cell[i] = 2.0 * OutputUlp(o) +
-                    2.0 * std::fabs(scale) * (accumulate * weight[i] + moved);
+      tol_cell[i] =
+          2.0 * OutputUlp(o) +
+          2.0 * std::fabs(scale) * (accumulate * weight[i] + slack[i]);
     }
   }
 
-  // The engine's probability in its P.V dtype: prob within eta relative in
-  // fp32, then narrowed; kept in fp32, its own error is the uncertainty.
-  Uncertain Probability(double prob, double eta) const {
+  // The engine's probability in its P.V dtype: exact within the bounds of
+  // `prob` (its scores'), within eta relative in fp32, then narrowed; kept
+  // in fp32, its own error is the uncertainty.
+  Uncertain Probability(const Uncertain& prob, double eta) const {
     if (!IsSixteenBit(probability_.dtype)) {
-      return {prob * (1.0 - eta), prob, prob * (1.0 + eta)};
+      return {prob.lo * (1.0 - eta), prob.mid, prob.hi * (1.0 + eta)};
     }
-    return {probability_(prob * (1.0 - eta)), probability_(prob),
-            probability_(prob * (1.0 + eta))};
+    return {probability_(prob.lo * (1.0 - eta)), probability_(prob.mid),
+            probability_(prob.hi * (1.0 + eta))};
   }
 
   // An ulp of the output dtype at |x| (at its smallest normal for tiny x).

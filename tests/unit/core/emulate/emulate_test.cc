@@ -168,6 +168,78 @@ TEST(EmulateTest, BugsUnderTheScoresWorstCaseDriftAgainstTheEmulation) {
   }
 }
 
+// One row, one head, built so that a correct engine's heavy probability
+// lands on the other side of a bf16 rounding boundary than M's: key B's
+// exact q.k lies 4.5 * 2^-23 above the bf16 tie 4.515625, which an fp32
+// sum of its terms in order loses (each small term is under half an fp32
+// ulp of the running sum), so the engine's score is 4.5 and M's 4.53125.
+// That moves the normaliser by p_B (1 - e^-1/32) = 2.3e-4 relative, and key
+// A's probability, 0.68547 exactly with M's scores, 1.1e-4 relative below
+// the bf16 midpoint 0.685546875, crosses it: the engine writes P_A = 0.6875,
+// M 0.68359375, and the output moves by that bf16 ulp times |v_A| = 1.
+// (The seed-81 Gemma-3 draw of the conformance sweep: a key of weight 0.006
+// flipping, a probability of 0.59 crossing.) The engine is the test's
+// honest fp32 one; the numbers were found by searching scores and filler
+// counts with it.
+LogicalCase FlipAcrossAProbabilityBoundary() {
+  LogicalCase c;
+  c.head_dim = 8;
+  c.q_dtype = c.kv_dtype = c.output_dtype = DType::kBF16;
+  c.softmax_scale = 1.0;
+  const int64_t kFillers = 9;
+  const int64_t L = 2 + kFillers;
+  c.q = {1, 1, 1, 1, 1, 0, 0, 0};
+  const double tiny = 1.5 * std::ldexp(1.0, -23);
+  std::vector<std::vector<double>> k = {{9.0625, 0, 0, 0, 0, 0, 0, 0},
+                                        {4.5, 0.015625, tiny, tiny, tiny}};
+  // out[0] = P_A - 2.23 * sum(P_F): small, so that the move is many of its
+  // ulps; out[1] = sum(P) ~ 1, the snapshot's scale for E-R.
+  std::vector<std::vector<double>> v = {{1.0, 1.0}, {0.0, 1.0}};
+  for (int64_t j = 0; j < kFillers; ++j) {
+    k.push_back({6.0625});
+    v.push_back({-2.234375, 1.0});
+  }
+  c.k.assign(1, {});
+  c.v.assign(1, {});
+  for (int64_t j = 0; j < L; ++j) {
+    k[j].resize(8, 0.0);
+    v[j].resize(8, 0.0);
+    c.k[0].insert(c.k[0].end(), k[j].begin(), k[j].end());
+    c.v[0].insert(c.v[0].end(), v[j].begin(), v[j].end());
+  }
+  c.positions.assign(1, {});
+  for (int64_t j = 0; j < L; ++j) c.positions[0].push_back(j);
+  c.query_positions = {L - 1};
+  return c;
+}
+
+TEST(EmulateTest, AFlippedScoreMovingAnotherProbabilityAcrossARounding) {
+  const LogicalCase c = FlipAcrossAProbabilityBoundary();
+  const EagerEngine engine{1.0f, 0.0f};
+  // The premise, from the engine alone: its P_A is 0.6875, where the exact
+  // softmax of M's scores (B at 4.53125) rounds to 0.68359375.
+  std::vector<double> out(c.q.size());
+  EagerHead(c, engine, 0, 0, &out);
+  double z = 0;
+  for (double s : {9.0625, 4.53125}) z += std::exp(s - 9.0625);
+  z += 9 * std::exp(6.0625 - 9.0625);
+  ASSERT_EQ(Bf16(static_cast<float>(1.0 / z)), 0.68359375f);
+  const double moved = 0.6875 - 0.68359375;
+
+  const Snapshot s = WithEagerEngine(c, engine);
+  const AuditReport r = MustAudit(s);
+  const ComparisonResult* em = r.Find(Comparison::kEngineVsEmulation);
+  ASSERT_NE(em, nullptr);
+  EXPECT_GE(em->out.max_abs, moved / 2);
+  EXPECT_EQ(em->out.over_tolerance, 0);
+  EXPECT_EQ(em->verdict, Verdict::kPass);
+  for (const std::string& reason : em->reasons) ADD_FAILURE() << reason;
+  EXPECT_EQ(r.verdict, Verdict::kPass);
+  for (const ComparisonResult& cr : r.comparisons) {
+    for (const std::string& reason : cr.reasons) ADD_FAILURE() << reason;
+  }
+}
+
 // Undeclared roundings or no 16-bit scores: no emulation.
 TEST(EmulateTest, PlansOnlyForDeclaredSixteenBitScores) {
   EngineArithmetic a;
