@@ -3,6 +3,7 @@
 // audit, stored once and counted once.
 #include "server/pairs/joiner.h"
 
+#include <prometheus/registry.h>
 #include <stdlib.h>
 
 #include <map>
