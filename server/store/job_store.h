@@ -205,7 +205,8 @@ struct PairRecord {
   std::string rollout_weight_version;
   std::string trainer_weight_version;
   int verdict = 0;  // PairVerdict wire value; 0: no common row
-  // The distinct request ids of its rows (PairQuery::request_id).
+  // The distinct request ids of its rows (PairQuery::request_id); read
+  // back sorted.
   std::vector<std::string> request_ids;
   std::string report;  // opaque (the serialised pair report); may be empty
   std::string replica;  // the replica that joined it
@@ -321,8 +322,10 @@ class JobStore {
       absl::string_view replica) = 0;
 
   // Applies the retention policy relative to `now` (to results, and to
-  // pairs by max_age and max_results the same way), and deletes the pair
-  // sides expired at `now`; returns rows deleted.
+  // pairs by max_age and max_results the same way, by `joined`), and
+  // deletes the pair sides expired at `now`; returns the results, pairs
+  // and sides deleted (a side's rows and a pair's request ids go with it
+  // and are not counted).
   virtual absl::StatusOr<int64_t> Prune(absl::Time now) = 0;
 
   // --- Train-rollout pairs.
@@ -330,10 +333,12 @@ class JobStore {
   // Keeps `side` (replacing a side with its job_id: a retry) and, in the
   // same transaction, returns its counterparts that have not expired at
   // `now`: the other role's sides of the same tenant, run and layer that
-  // share a (request id, position) row, oldest first, snapshot and report
-  // included, at most `limit` (1..1000). Sides put at once, on any
-  // replica, are serialised per (tenant, run, layer): of two counterparts
-  // the later one finds the earlier, so every pair is found once at least.
+  // share a (request id, position) row, oldest first (in the order they
+  // were put; a retried side counts as put again), snapshot and report
+  // included (their `rows` left empty: the snapshot holds them), at most
+  // `limit` (1..1000). Sides put at once, on any replica, are serialised
+  // per (tenant, run, layer): of two counterparts the later one finds the
+  // earlier, so every pair is found once at least.
   // InvalidArgument for a side without run, layer, role or rows.
   virtual absl::StatusOr<std::vector<PairSide>> PutPairSide(
       const PairSide& side, absl::Time now, int limit) = 0;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -86,9 +87,112 @@ CREATE INDEX attnaudit_jobs_by_tenant_seq
   ON attnaudit_jobs(tenant, tenant_seq);
 )sql";
 
+// Version 2 -> 3: the train-rollout pairs. A side waits for its
+// counterpart with its (request id, position) rows (deleted with it); a
+// joined pair keeps its request ids (deleted with it), numbered by a
+// counter row like the result feed (commit order, never reused).
+constexpr const char* kSchemaV3 = R"sql(
+CREATE TABLE attnaudit_pair_sides (
+  job_id         TEXT PRIMARY KEY,
+  tenant         TEXT NOT NULL,
+  run            TEXT NOT NULL,
+  layer          BIGINT NOT NULL,
+  role           INTEGER NOT NULL,
+  step           BIGINT NOT NULL DEFAULT -1,
+  weight_version TEXT NOT NULL DEFAULT '',
+  snapshot       BYTEA NOT NULL,
+  report         BYTEA NOT NULL,
+  expires_us     BIGINT NOT NULL,
+  put_seq        BIGSERIAL
+);
+CREATE INDEX attnaudit_pair_sides_by_expires
+  ON attnaudit_pair_sides(expires_us);
+-- Tensor bytes, as the payloads: out of line, uncompressed.
+ALTER TABLE attnaudit_pair_sides ALTER COLUMN snapshot SET STORAGE EXTERNAL;
+CREATE TABLE attnaudit_pair_side_rows (
+  job_id     TEXT NOT NULL
+             REFERENCES attnaudit_pair_sides(job_id) ON DELETE CASCADE,
+  request_id TEXT NOT NULL,
+  position   BIGINT NOT NULL,
+  tenant     TEXT NOT NULL,
+  run        TEXT NOT NULL,
+  layer      BIGINT NOT NULL,
+  role       INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX attnaudit_pair_side_rows_by_job
+  ON attnaudit_pair_side_rows(job_id, request_id, position);
+CREATE INDEX attnaudit_pair_side_rows_by_row
+  ON attnaudit_pair_side_rows(tenant, run, layer, request_id, position);
+CREATE TABLE attnaudit_pairs (
+  seq                    BIGINT PRIMARY KEY,
+  tenant                 TEXT NOT NULL,
+  run                    TEXT NOT NULL,
+  layer                  BIGINT NOT NULL,
+  rollout_job            TEXT NOT NULL,
+  trainer_job            TEXT NOT NULL,
+  rollout_step           BIGINT NOT NULL,
+  trainer_step           BIGINT NOT NULL,
+  rollout_weight_version TEXT NOT NULL,
+  trainer_weight_version TEXT NOT NULL,
+  verdict                INTEGER NOT NULL,
+  report                 BYTEA,
+  replica                TEXT NOT NULL,
+  joined_us              BIGINT NOT NULL
+);
+CREATE UNIQUE INDEX attnaudit_pairs_by_jobs
+  ON attnaudit_pairs(rollout_job, trainer_job);
+CREATE INDEX attnaudit_pairs_by_joined ON attnaudit_pairs(joined_us, seq);
+CREATE TABLE attnaudit_pair_request_ids (
+  seq        BIGINT NOT NULL REFERENCES attnaudit_pairs(seq) ON DELETE CASCADE,
+  request_id TEXT NOT NULL
+);
+CREATE UNIQUE INDEX attnaudit_pair_request_ids_by_seq
+  ON attnaudit_pair_request_ids(seq, request_id);
+CREATE INDEX attnaudit_pair_request_ids_by_id
+  ON attnaudit_pair_request_ids(request_id);
+INSERT INTO attnaudit_counters(name, value) VALUES('pair_seq', 0);
+)sql";
+
 // The advisory locks of tenants' admissions: (kTenantLockClass,
 // hashtext(tenant)), a space apart from the migration's one-key lock.
 constexpr int kTenantLockClass = 0x6174;
+// The advisory locks that serialise pair sides: (kPairLockClass,
+// hashtext(PairGroup(...))), one per tenant, run and layer (a collision
+// only serialises two groups more than needed).
+constexpr int kPairLockClass = 0x7061;
+
+// The lock key of a tenant, run and layer: each part length-prefixed, so
+// no two groups spell the same key.
+std::string PairGroup(const PairSide& side) {
+  return absl::StrCat(side.tenant.size(), ":", side.tenant, side.run.size(),
+                      ":", side.run, side.layer);
+}
+
+// A PostgreSQL array literal of texts ({"a","b\"c"}) for a $n::text[].
+std::string TextArray(const std::vector<std::string>& values) {
+  std::string out = "{";
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (i > 0) out.push_back(',');
+    out.push_back('"');
+    for (const char c : values[i]) {
+      if (c == '"' || c == '\\') out.push_back('\\');
+      out.push_back(c);
+    }
+    out.push_back('"');
+  }
+  out.push_back('}');
+  return out;
+}
+
+std::string IntArray(const std::vector<int64_t>& values) {
+  std::string out = "{";
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (i > 0) out.push_back(',');
+    absl::StrAppend(&out, values[i]);
+  }
+  out.push_back('}');
+  return out;
+}
 
 // The database's clock in microseconds: leases compare heartbeats written
 // by different machines, so one clock decides.
@@ -324,6 +428,7 @@ absl::Status PostgresJobStore::Migrate(Session& db) {
     }
     if (version < 1) ATTNAUDIT_RETURN_IF_ERROR(Run(db, kSchemaV1, {}).status());
     if (version < 2) ATTNAUDIT_RETURN_IF_ERROR(Run(db, kSchemaV2, {}).status());
+    if (version < 3) ATTNAUDIT_RETURN_IF_ERROR(Run(db, kSchemaV3, {}).status());
     if (version == kPostgresSchemaVersion) return absl::OkStatus();
     ATTNAUDIT_RETURN_IF_ERROR(
         Run(db, "DELETE FROM attnaudit_schema", {}).status());
@@ -696,9 +801,234 @@ absl::StatusOr<int64_t> PostgresJobStore::Prune(absl::Time now) {
               {Int(options_.max_results)}));
       deleted += n;
     }
+    ATTNAUDIT_ASSIGN_OR_RETURN(const int64_t pairs, PrunePairsOn(db, now));
+    deleted += pairs;
     return absl::OkStatus();
   }));
   return deleted;
+}
+
+absl::StatusOr<int64_t> PostgresJobStore::PrunePairsOn(Session& db,
+                                                       absl::Time now) {
+  // Sides expired at `now` (their rows go with them: ON DELETE CASCADE).
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      int64_t deleted,
+      Change(db, "DELETE FROM attnaudit_pair_sides WHERE expires_us <= $1",
+             {Int(Micros(now))}));
+  // Pairs by the results' retention (their request ids go with them).
+  if (options_.max_age != absl::InfiniteDuration()) {
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        int64_t n,
+        Change(db, "DELETE FROM attnaudit_pairs WHERE joined_us < $1",
+               {Int(Micros(now - options_.max_age))}));
+    deleted += n;
+  }
+  if (options_.max_results > 0) {
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        int64_t n,
+        Change(db,
+               "DELETE FROM attnaudit_pairs WHERE seq IN (SELECT seq FROM "
+               "attnaudit_pairs ORDER BY joined_us DESC, seq DESC OFFSET $1)",
+               {Int(options_.max_results)}));
+    deleted += n;
+  }
+  return deleted;
+}
+
+absl::StatusOr<std::vector<PairSide>> PostgresJobStore::PutPairSideOn(
+    Session& db, const PairSide& side, absl::Time now, int limit) {
+  // Held until COMMIT: sides of one tenant, run and layer are put one at a
+  // time fleet-wide, so of two counterparts the later sees the earlier
+  // (each statement below reads what committed before it began).
+  ATTNAUDIT_RETURN_IF_ERROR(
+      Run(db, "SELECT pg_advisory_xact_lock($1::int4, hashtext($2::text))",
+          {Int(kPairLockClass), Text(PairGroup(side))})
+          .status());
+  // A retry replaces the side (its rows go with it) and counts as put now.
+  ATTNAUDIT_RETURN_IF_ERROR(
+      Run(db, "DELETE FROM attnaudit_pair_sides WHERE job_id = $1",
+          {Text(side.job_id)})
+          .status());
+  ATTNAUDIT_RETURN_IF_ERROR(
+      Run(db,
+          "INSERT INTO attnaudit_pair_sides(job_id, tenant, run, layer, role, "
+          "step, weight_version, snapshot, report, expires_us) VALUES($1, $2, "
+          "$3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT(job_id) DO UPDATE SET "
+          "tenant = excluded.tenant, run = excluded.run, "
+          "layer = excluded.layer, role = excluded.role, "
+          "step = excluded.step, weight_version = excluded.weight_version, "
+          "snapshot = excluded.snapshot, report = excluded.report, "
+          "expires_us = excluded.expires_us, put_seq = excluded.put_seq",
+          {Text(side.job_id), Text(side.tenant), Text(side.run),
+           Int(side.layer), Int(side.role), Int(side.step),
+           Text(side.weight_version), Bytes(side.snapshot), Bytes(side.report),
+           Int(Micros(side.expires))})
+          .status());
+  std::vector<std::string> request_ids;
+  std::vector<int64_t> positions;
+  request_ids.reserve(side.rows.size());
+  positions.reserve(side.rows.size());
+  for (const auto& [request_id, position] : side.rows) {
+    request_ids.push_back(request_id);
+    positions.push_back(position);
+  }
+  // All rows in one statement (a row named twice is kept once).
+  ATTNAUDIT_RETURN_IF_ERROR(
+      Run(db,
+          "INSERT INTO attnaudit_pair_side_rows(job_id, request_id, position, "
+          "tenant, run, layer, role) SELECT $1::text, u.r, u.p, $2::text, "
+          "$3::text, $4::bigint, $5::integer FROM unnest($6::text[], "
+          "$7::bigint[]) AS u(r, p) ON CONFLICT DO NOTHING",
+          {Text(side.job_id), Text(side.tenant), Text(side.run),
+           Int(side.layer), Int(side.role), Text(TextArray(request_ids)),
+           Text(IntArray(positions))})
+          .status());
+  // The other role's sides sharing a row, alive at `now`, in the order
+  // they were put. In binary (the snapshots once, not as hex text): the
+  // numbers as text.
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      Rows rows,
+      Run(db,
+          "SELECT job_id, tenant, run, layer::text, role::text, step::text, "
+          "weight_version, expires_us::text, snapshot, report "
+          "FROM attnaudit_pair_sides WHERE job_id IN (SELECT o.job_id FROM "
+          "attnaudit_pair_side_rows m JOIN attnaudit_pair_side_rows o "
+          "ON o.tenant = m.tenant AND o.run = m.run AND o.layer = m.layer "
+          "AND o.request_id = m.request_id AND o.position = m.position "
+          "WHERE m.job_id = $1 AND o.role <> m.role) "
+          "AND expires_us > $2 ORDER BY put_seq LIMIT $3",
+          {Text(side.job_id), Int(Micros(now)), Int(limit)},
+          /*binary_results=*/true));
+  std::vector<PairSide> found;
+  found.reserve(rows.rows());
+  for (int i = 0; i < rows.rows(); ++i) {
+    PairSide s;
+    s.job_id = rows.Raw(i, 0);
+    s.tenant = rows.Raw(i, 1);
+    s.run = rows.Raw(i, 2);
+    s.layer = rows.Int(i, 3);
+    s.role = static_cast<int>(rows.Int(i, 4));
+    s.step = rows.Int(i, 5);
+    s.weight_version = rows.Raw(i, 6);
+    s.expires = store_internal::FromMicros(rows.Int(i, 7));
+    s.snapshot = rows.Raw(i, 8);
+    s.report = rows.Raw(i, 9);
+    found.push_back(std::move(s));
+  }
+  return found;
+}
+
+absl::StatusOr<std::vector<PairSide>> PostgresJobStore::PutPairSide(
+    const PairSide& side, absl::Time now, int limit) {
+  ATTNAUDIT_RETURN_IF_ERROR(store_internal::CheckPairSide(side, limit));
+  Lease lease = Acquire();
+  Session& db = *lease;
+  std::vector<PairSide> found;
+  ATTNAUDIT_RETURN_IF_ERROR(InTransaction(db, [&]() -> absl::Status {
+    ATTNAUDIT_ASSIGN_OR_RETURN(found, PutPairSideOn(db, side, now, limit));
+    return absl::OkStatus();
+  }));
+  return found;
+}
+
+absl::StatusOr<bool> PostgresJobStore::PutPair(const PairRecord& p) {
+  ATTNAUDIT_RETURN_IF_ERROR(store_internal::CheckPair(p));
+  Lease lease = Acquire();
+  Session& db = *lease;
+  bool known = false;
+  absl::Status s = InTransaction(db, [&]() -> absl::Status {
+    // The counter row stays locked until COMMIT: seq order is commit
+    // order, and a pair stored meanwhile by another replica is seen below.
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        Rows next, Run(db,
+                       "UPDATE attnaudit_counters SET value = value + 1 "
+                       "WHERE name = 'pair_seq' RETURNING value",
+                       {}));
+    if (next.rows() != 1)
+      return absl::InternalError("result store: no pair seq");
+    const int64_t seq = next.Int(0, 0);
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        int64_t n,
+        Change(db,
+               "INSERT INTO attnaudit_pairs(seq, tenant, run, layer, "
+               "rollout_job, trainer_job, rollout_step, trainer_step, "
+               "rollout_weight_version, trainer_weight_version, verdict, "
+               "report, replica, joined_us) VALUES($1, $2, $3, $4, $5, $6, "
+               "$7, $8, $9, $10, $11, $12, $13, $14) "
+               "ON CONFLICT(rollout_job, trainer_job) DO NOTHING",
+               {Int(seq), Text(p.tenant), Text(p.run), Int(p.layer),
+                Text(p.rollout_job), Text(p.trainer_job), Int(p.rollout_step),
+                Int(p.trainer_step), Text(p.rollout_weight_version),
+                Text(p.trainer_weight_version), Int(p.verdict), Bytes(p.report),
+                Text(p.replica), Int(Micros(p.joined))}));
+    if (n != 1) {
+      // Known: roll back, and the number goes back.
+      known = true;
+      return absl::AlreadyExistsError("known pair");
+    }
+    return Run(db,
+               "INSERT INTO attnaudit_pair_request_ids(seq, request_id) "
+               "SELECT $1::bigint, u.r FROM unnest($2::text[]) AS u(r) "
+               "ON CONFLICT DO NOTHING",
+               {Int(seq), Text(TextArray(p.request_ids))})
+        .status();
+  });
+  if (known && s.code() == absl::StatusCode::kAlreadyExists) return false;
+  if (!s.ok()) return s;
+  return true;
+}
+
+absl::StatusOr<std::vector<PairRecord>> PostgresJobStore::QueryPairs(
+    const PairQuery& q) {
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      store_internal::QuerySql where,
+      store_internal::BuildPairQuerySql(q, '$', "attnaudit_pair_request_ids"));
+  std::vector<Param> params;
+  for (const store_internal::SqlParam& p : where.params) {
+    params.push_back(p.is_int ? Int(p.i) : Text(p.s));
+  }
+  Lease lease = Acquire();
+  Session& db = *lease;
+  std::vector<PairRecord> out;
+  // One snapshot for the pairs and their request ids.
+  ATTNAUDIT_RETURN_IF_ERROR(InTransaction(db, [&]() -> absl::Status {
+    ATTNAUDIT_RETURN_IF_ERROR(
+        Run(db, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY", {})
+            .status());
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        Rows rows, Run(db,
+                       absl::StrCat("SELECT ", store_internal::kPairColumns,
+                                    q.include_report ? ", report" : "",
+                                    " FROM attnaudit_pairs", where.tail),
+                       params));
+    out.clear();
+    std::vector<int64_t> seqs;
+    for (int i = 0; i < rows.rows(); ++i) {
+      out.push_back(store_internal::PairFromColumns(ResultRow(rows, i)));
+      if (q.include_report) {
+        out.back().report = rows.Bytes(i, store_internal::kNumPairColumns);
+      }
+      seqs.push_back(out.back().seq);
+    }
+    if (seqs.empty()) return absl::OkStatus();
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        Rows ids, Run(db,
+                      "SELECT seq, request_id FROM attnaudit_pair_request_ids "
+                      "WHERE seq = ANY($1::bigint[])",
+                      {Text(IntArray(seqs))}));
+    absl::flat_hash_map<int64_t, PairRecord*> by_seq;
+    for (PairRecord& p : out) by_seq[p.seq] = &p;
+    for (int i = 0; i < ids.rows(); ++i) {
+      auto it = by_seq.find(ids.Int(i, 0));
+      if (it != by_seq.end()) it->second->request_ids.push_back(ids.Text(i, 1));
+    }
+    // Sorted by bytes, as the SQLite store reads them.
+    for (PairRecord& p : out) {
+      std::sort(p.request_ids.begin(), p.request_ids.end());
+    }
+    return absl::OkStatus();
+  }));
+  return out;
 }
 
 absl::StatusOr<std::string> PostgresJobStore::SharedSecret(

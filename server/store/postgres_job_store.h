@@ -13,6 +13,13 @@
 // order fleet-wide (terminal writes are serialised: a few per audit, not a
 // bottleneck next to the audit itself).
 //
+// Pairs (PutPairSide): sides of one tenant, run and layer are put one at
+// a time fleet-wide, under a transaction-scoped advisory lock of their
+// group, so of two counterparts put at once the later finds the earlier.
+// Tables: attnaudit_pair_sides and attnaudit_pair_side_rows (deleted with
+// their side), attnaudit_pairs (seq from a counter row, as the feed) and
+// attnaudit_pair_request_ids (deleted with their pair); since version 3.
+//
 // Connections: a pool of up to kMaxSessions libpq connections, one per
 // call in progress, plus one of its own for heartbeats (Heartbeat,
 // ReadHeartbeat, Retire), so a replica's heartbeat never waits for its
@@ -51,7 +58,7 @@ struct pg_conn;
 
 namespace attnaudit::server {
 
-inline constexpr int kPostgresSchemaVersion = 2;
+inline constexpr int kPostgresSchemaVersion = 3;
 
 class PostgresJobStore final : public JobStore {
  public:
@@ -87,6 +94,12 @@ class PostgresJobStore final : public JobStore {
   absl::StatusOr<std::vector<std::string>> Unfinished(
       absl::string_view replica) override;
   absl::StatusOr<int64_t> Prune(absl::Time now) override;
+  absl::StatusOr<std::vector<PairSide>> PutPairSide(const PairSide& side,
+                                                    absl::Time now,
+                                                    int limit) override;
+  absl::StatusOr<bool> PutPair(const PairRecord& pair) override;
+  absl::StatusOr<std::vector<PairRecord>> QueryPairs(
+      const PairQuery& query) override;
   absl::StatusOr<std::string> SharedSecret(
       absl::string_view name, absl::string_view candidate) override;
   absl::Status Heartbeat(absl::string_view replica) override;
@@ -161,6 +174,13 @@ class PostgresJobStore final : public JobStore {
   // RecordAdmitted's transaction body; *created as RecordQueuedOn.
   absl::Status AdmitOn(Session& db, const AdmittedJob& job, const Admit& admit,
                        bool* created);
+  // PutPairSide's transaction body: the side kept, its counterparts.
+  absl::StatusOr<std::vector<PairSide>> PutPairSideOn(Session& db,
+                                                      const PairSide& side,
+                                                      absl::Time now,
+                                                      int limit);
+  // Prune's pair sides and pairs (inside its transaction); rows deleted.
+  absl::StatusOr<int64_t> PrunePairsOn(Session& db, absl::Time now);
   // Rows changed by a statement that returned no rows.
   absl::StatusOr<int64_t> Change(Session& db, const std::string& sql,
                                  const std::vector<Param>& params);

@@ -59,6 +59,12 @@ int64_t Micros(absl::Time t) {
   return absl::ToUnixMicros(t);
 }
 
+absl::Time FromMicros(int64_t us) {
+  if (us == INT64_MAX) return absl::InfiniteFuture();
+  if (us == INT64_MIN) return absl::InfinitePast();
+  return absl::FromUnixMicros(us);
+}
+
 absl::StatusOr<QuerySql> BuildQuerySql(const ResultQuery& q, char placeholder) {
   if (q.limit < 1 || q.limit > 10000) {
     return absl::InvalidArgumentError(
@@ -101,6 +107,99 @@ absl::StatusOr<QuerySql> BuildQuerySql(const ResultQuery& q, char placeholder) {
   limit.i = q.limit;
   b.Bind(std::move(limit));
   return b.Take();
+}
+
+absl::Status CheckPairSide(const PairSide& side, int limit) {
+  if (side.job_id.empty()) {
+    return absl::InvalidArgumentError("side.job_id: empty");
+  }
+  if (side.run.empty()) return absl::InvalidArgumentError("side.run: empty");
+  if (side.layer < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("side.layer: must be >= 0, got ", side.layer));
+  }
+  if (side.role != 1 && side.role != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "side.role: must be 1 (rollout) or 2 (trainer), got ", side.role));
+  }
+  if (side.rows.empty()) return absl::InvalidArgumentError("side.rows: empty");
+  if (side.rows.size() > kMaxPairSideRows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "side.rows: ", side.rows.size(), " rows, at most ", kMaxPairSideRows));
+  }
+  if (limit < 1 || limit > 1000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("limit: must be in [1, 1000], got ", limit));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPair(const PairRecord& pair) {
+  if (pair.rollout_job.empty()) {
+    return absl::InvalidArgumentError("pair.rollout_job: empty");
+  }
+  if (pair.trainer_job.empty()) {
+    return absl::InvalidArgumentError("pair.trainer_job: empty");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<QuerySql> BuildPairQuerySql(
+    const PairQuery& q, char placeholder, absl::string_view request_ids_table) {
+  if (q.limit < 1 || q.limit > 10000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("limit: must be in [1, 10000], got ", q.limit));
+  }
+  Builder b(placeholder);
+  b.Raw(" WHERE 1 = 1");
+  if (q.tenant) b.Text("tenant", *q.tenant);
+  if (q.run) b.Text("run", *q.run);
+  if (q.layer) b.Int("layer", *q.layer);
+  if (q.verdict) b.Int("verdict", *q.verdict);
+  if (q.step) {
+    // Either side's step: one parameter, named twice.
+    const std::string step = b.Next();
+    b.Raw(absl::StrCat(" AND (rollout_step = ", step,
+                       " OR trainer_step = ", step, ")"));
+    SqlParam p;
+    p.is_int = true;
+    p.i = *q.step;
+    b.Bind(std::move(p));
+  }
+  if (q.request_id) {
+    b.Raw(absl::StrCat(" AND seq IN (SELECT seq FROM ", request_ids_table,
+                       " WHERE request_id = ", b.Next(), ")"));
+    SqlParam p;
+    p.s = *q.request_id;
+    b.Bind(std::move(p));
+  }
+  if (q.joined_since) b.Int("joined_us", Micros(*q.joined_since), " >= ");
+  if (q.joined_until) b.Int("joined_us", Micros(*q.joined_until), " < ");
+  if (q.before_seq > 0) b.Int("seq", q.before_seq, " < ");
+  b.Raw(absl::StrCat(" ORDER BY seq DESC LIMIT ", b.Next()));
+  SqlParam limit;
+  limit.is_int = true;
+  limit.i = q.limit;
+  b.Bind(std::move(limit));
+  return b.Take();
+}
+
+PairRecord PairFromColumns(const RowReader& row) {
+  PairRecord p;
+  p.seq = row.Int(0);
+  p.tenant = row.Text(1);
+  p.run = row.Text(2);
+  p.layer = row.Int(3);
+  p.rollout_job = row.Text(4);
+  p.trainer_job = row.Text(5);
+  p.rollout_step = row.Int(6);
+  p.trainer_step = row.Int(7);
+  p.rollout_weight_version = row.Text(8);
+  p.trainer_weight_version = row.Text(9);
+  p.verdict = static_cast<int>(row.Int(10));
+  p.replica = row.Text(11);
+  p.joined = absl::FromUnixMicros(row.Int(12));
+  return p;
 }
 
 ResultRecord RecordFromColumns(const RowReader& row) {

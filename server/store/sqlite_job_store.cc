@@ -19,7 +19,8 @@ using store_internal::kTerminalStates;
 using store_internal::Micros;
 using store_internal::Stmt;
 
-// The current schema, created whole on an empty file. auto_vacuum must be
+// The current schema, created whole on an empty file (and, IF NOT EXISTS,
+// the tables an older file lacks). auto_vacuum must be
 // set before the first table exists so that Prune can hand freed pages
 // back to the file system.
 constexpr const char* kSchema = R"sql(
@@ -55,6 +56,51 @@ CREATE TABLE IF NOT EXISTS secrets (
   name  TEXT PRIMARY KEY NOT NULL,
   value BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS pair_sides (
+  job_id         TEXT PRIMARY KEY NOT NULL,
+  tenant         TEXT NOT NULL,
+  run            TEXT NOT NULL,
+  layer          INTEGER NOT NULL,
+  role           INTEGER NOT NULL,
+  step           INTEGER NOT NULL DEFAULT -1,
+  weight_version TEXT NOT NULL DEFAULT '',
+  snapshot       BLOB NOT NULL,
+  report         BLOB NOT NULL,
+  expires_us     INTEGER NOT NULL,
+  put_seq        INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS pair_side_rows (
+  job_id     TEXT NOT NULL,
+  request_id TEXT NOT NULL,
+  position   INTEGER NOT NULL,
+  tenant     TEXT NOT NULL,
+  run        TEXT NOT NULL,
+  layer      INTEGER NOT NULL,
+  role       INTEGER NOT NULL,
+  PRIMARY KEY (job_id, request_id, position)
+);
+CREATE TABLE IF NOT EXISTS pairs (
+  seq                    INTEGER PRIMARY KEY AUTOINCREMENT,
+  tenant                 TEXT NOT NULL,
+  run                    TEXT NOT NULL,
+  layer                  INTEGER NOT NULL,
+  rollout_job            TEXT NOT NULL,
+  trainer_job            TEXT NOT NULL,
+  rollout_step           INTEGER NOT NULL,
+  trainer_step           INTEGER NOT NULL,
+  rollout_weight_version TEXT NOT NULL,
+  trainer_weight_version TEXT NOT NULL,
+  verdict                INTEGER NOT NULL,
+  report                 BLOB,
+  replica                TEXT NOT NULL,
+  joined_us              INTEGER NOT NULL,
+  UNIQUE (rollout_job, trainer_job)
+);
+CREATE TABLE IF NOT EXISTS pair_request_ids (
+  seq        INTEGER NOT NULL,
+  request_id TEXT NOT NULL,
+  PRIMARY KEY (seq, request_id)
+);
 )sql";
 
 constexpr const char* kIndexes = R"sql(
@@ -64,6 +110,13 @@ CREATE INDEX IF NOT EXISTS results_by_state ON results(state);
 CREATE INDEX IF NOT EXISTS results_by_seq ON results(seq);
 CREATE INDEX IF NOT EXISTS results_by_tenant_seq
   ON results(tenant, tenant_seq);
+CREATE INDEX IF NOT EXISTS pair_side_rows_by_row
+  ON pair_side_rows(tenant, run, layer, request_id, position);
+CREATE INDEX IF NOT EXISTS pair_sides_by_expires ON pair_sides(expires_us);
+CREATE INDEX IF NOT EXISTS pair_sides_by_put ON pair_sides(put_seq);
+CREATE INDEX IF NOT EXISTS pairs_by_joined ON pairs(joined_us, seq);
+CREATE INDEX IF NOT EXISTS pair_request_ids_by_id
+  ON pair_request_ids(request_id);
 )sql";
 
 // The counter of a tenant's own numbering (tenant_seq).
@@ -231,7 +284,8 @@ absl::Status SqliteJobStore::MigrateLocked() {
       ATTNAUDIT_RETURN_IF_ERROR(
           Exec("INSERT OR IGNORE INTO counters(name, value) VALUES('seq', 0)"));
     } else {
-      // The tables of version 3 that older files lack.
+      // The tables of the current version that older files lack (version
+      // 4 -> 5 adds the pair tables, nothing else).
       ATTNAUDIT_RETURN_IF_ERROR(Exec(kSchema));
       if (version == 1) ATTNAUDIT_RETURN_IF_ERROR(Exec(kMigrateV1));
       if (version <= 2) ATTNAUDIT_RETURN_IF_ERROR(Exec(kMigrateV2));
@@ -521,11 +575,235 @@ absl::StatusOr<int64_t> SqliteJobStore::Prune(absl::Time now) {
       if (!done.ok()) return done.status();
       deleted += sqlite3_changes(db_);
     }
+    ATTNAUDIT_ASSIGN_OR_RETURN(const int64_t pairs, PrunePairsLocked(now));
+    deleted += pairs;
     return absl::OkStatus();
   }));
   // Hand the freed pages back (cheap; no-op when nothing was freed).
   if (deleted > 0) Exec("PRAGMA incremental_vacuum").IgnoreError();
   return deleted;
+}
+
+absl::StatusOr<int64_t> SqliteJobStore::ChangeLocked(
+    const std::string& sql, const std::vector<int64_t>& params) {
+  Stmt st(db_, sql.c_str());
+  for (size_t i = 0; i < params.size(); ++i) {
+    st.Bind(static_cast<int>(i + 1), params[i]);
+  }
+  absl::StatusOr<bool> done = st.Step();
+  if (!done.ok()) return done.status();
+  return sqlite3_changes(db_);
+}
+
+absl::StatusOr<int64_t> SqliteJobStore::PrunePairsLocked(absl::Time now) {
+  int64_t deleted = 0;
+  // Sides expired at `now`, their rows first.
+  ATTNAUDIT_RETURN_IF_ERROR(
+      ChangeLocked("DELETE FROM pair_side_rows WHERE job_id IN (SELECT "
+                   "job_id FROM pair_sides WHERE expires_us <= ?1)",
+                   {Micros(now)})
+          .status());
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      int64_t sides,
+      ChangeLocked("DELETE FROM pair_sides WHERE expires_us <= ?1",
+                   {Micros(now)}));
+  deleted += sides;
+  // Pairs by the results' retention: joined too long ago, then all but the
+  // newest max_results; their request ids with them.
+  if (options_.max_age != absl::InfiniteDuration()) {
+    const int64_t cutoff = Micros(now - options_.max_age);
+    ATTNAUDIT_RETURN_IF_ERROR(
+        ChangeLocked("DELETE FROM pair_request_ids WHERE seq IN (SELECT seq "
+                     "FROM pairs WHERE joined_us < ?1)",
+                     {cutoff})
+            .status());
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        int64_t n,
+        ChangeLocked("DELETE FROM pairs WHERE joined_us < ?1", {cutoff}));
+    deleted += n;
+  }
+  if (options_.max_results > 0) {
+    constexpr const char* kOld =
+        "(SELECT seq FROM pairs ORDER BY joined_us DESC, seq DESC "
+        "LIMIT -1 OFFSET ?1)";
+    ATTNAUDIT_RETURN_IF_ERROR(
+        ChangeLocked(
+            absl::StrCat("DELETE FROM pair_request_ids WHERE seq IN ", kOld),
+            {options_.max_results})
+            .status());
+    ATTNAUDIT_ASSIGN_OR_RETURN(
+        int64_t n,
+        ChangeLocked(absl::StrCat("DELETE FROM pairs WHERE seq IN ", kOld),
+                     {options_.max_results}));
+    deleted += n;
+  }
+  return deleted;
+}
+
+absl::StatusOr<std::vector<PairSide>> SqliteJobStore::PutPairSideLocked(
+    const PairSide& side, absl::Time now, int limit) {
+  // A retry replaces the side: its rows go, then it is put again (last).
+  {
+    Stmt st(db_, "DELETE FROM pair_side_rows WHERE job_id = ?1");
+    st.Bind(1, side.job_id);
+    ATTNAUDIT_RETURN_IF_ERROR(st.Step().status());
+  }
+  {
+    Stmt st(db_, "DELETE FROM pair_sides WHERE job_id = ?1");
+    st.Bind(1, side.job_id);
+    ATTNAUDIT_RETURN_IF_ERROR(st.Step().status());
+  }
+  {
+    Stmt st(db_,
+            "INSERT INTO pair_sides(job_id, tenant, run, layer, role, step, "
+            "weight_version, snapshot, report, expires_us, put_seq) "
+            "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "
+            "(SELECT COALESCE(MAX(put_seq), 0) + 1 FROM pair_sides))");
+    st.Bind(1, side.job_id).Bind(2, side.tenant).Bind(3, side.run);
+    st.Bind(4, side.layer).Bind(5, int64_t{side.role}).Bind(6, side.step);
+    st.Bind(7, side.weight_version).BindBlob(8, side.snapshot);
+    st.BindBlob(9, side.report).Bind(10, Micros(side.expires));
+    ATTNAUDIT_RETURN_IF_ERROR(st.Step().status());
+  }
+  {
+    // A row named twice is kept once.
+    Stmt st(db_,
+            "INSERT INTO pair_side_rows(job_id, request_id, position, tenant, "
+            "run, layer, role) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7) "
+            "ON CONFLICT DO NOTHING");
+    for (const auto& [request_id, position] : side.rows) {
+      st.Reset();
+      st.Bind(1, side.job_id).Bind(2, request_id).Bind(3, position);
+      st.Bind(4, side.tenant).Bind(5, side.run).Bind(6, side.layer);
+      st.Bind(7, int64_t{side.role});
+      ATTNAUDIT_RETURN_IF_ERROR(st.Step().status());
+    }
+  }
+  // The other role's sides of the same tenant, run and layer sharing a
+  // row, alive at `now`, in the order they were put.
+  Stmt st(db_,
+          "SELECT job_id, tenant, run, layer, role, step, weight_version, "
+          "expires_us, snapshot, report FROM pair_sides WHERE job_id IN ("
+          "SELECT o.job_id FROM pair_side_rows m JOIN pair_side_rows o "
+          "ON o.tenant = m.tenant AND o.run = m.run AND o.layer = m.layer "
+          "AND o.request_id = m.request_id AND o.position = m.position "
+          "WHERE m.job_id = ?1 AND o.role <> m.role) "
+          "AND expires_us > ?2 ORDER BY put_seq LIMIT ?3");
+  st.Bind(1, side.job_id).Bind(2, Micros(now)).Bind(3, int64_t{limit});
+  std::vector<PairSide> found;
+  while (true) {
+    ATTNAUDIT_ASSIGN_OR_RETURN(const bool row, st.Step());
+    if (!row) break;
+    PairSide s;
+    s.job_id = st.Text(0);
+    s.tenant = st.Text(1);
+    s.run = st.Text(2);
+    s.layer = st.Int(3);
+    s.role = static_cast<int>(st.Int(4));
+    s.step = st.Int(5);
+    s.weight_version = st.Text(6);
+    s.expires = store_internal::FromMicros(st.Int(7));
+    s.snapshot = st.Blob(8);
+    s.report = st.Blob(9);
+    found.push_back(std::move(s));
+  }
+  return found;
+}
+
+absl::StatusOr<std::vector<PairSide>> SqliteJobStore::PutPairSide(
+    const PairSide& side, absl::Time now, int limit) {
+  ATTNAUDIT_RETURN_IF_ERROR(store_internal::CheckPairSide(side, limit));
+  absl::MutexLock lock(&mu_);
+  std::vector<PairSide> found;
+  ATTNAUDIT_RETURN_IF_ERROR(InTransaction([&]() -> absl::Status {
+    ATTNAUDIT_ASSIGN_OR_RETURN(found, PutPairSideLocked(side, now, limit));
+    return absl::OkStatus();
+  }));
+  return found;
+}
+
+absl::StatusOr<bool> SqliteJobStore::PutPair(const PairRecord& p) {
+  ATTNAUDIT_RETURN_IF_ERROR(store_internal::CheckPair(p));
+  absl::MutexLock lock(&mu_);
+  bool stored = false;
+  ATTNAUDIT_RETURN_IF_ERROR(InTransaction([&]() -> absl::Status {
+    {
+      // Known: nothing written. Asked first, as an insert that does
+      // nothing still takes an AUTOINCREMENT number (seq has no gaps).
+      Stmt known(db_,
+                 "SELECT 1 FROM pairs WHERE rollout_job = ?1 AND "
+                 "trainer_job = ?2");
+      known.Bind(1, p.rollout_job).Bind(2, p.trainer_job);
+      ATTNAUDIT_ASSIGN_OR_RETURN(const bool row, known.Step());
+      if (row) return absl::OkStatus();
+    }
+    Stmt st(db_,
+            "INSERT INTO pairs(tenant, run, layer, rollout_job, trainer_job, "
+            "rollout_step, trainer_step, rollout_weight_version, "
+            "trainer_weight_version, verdict, report, replica, joined_us) "
+            "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)");
+    st.Bind(1, p.tenant).Bind(2, p.run).Bind(3, p.layer);
+    st.Bind(4, p.rollout_job).Bind(5, p.trainer_job);
+    st.Bind(6, p.rollout_step).Bind(7, p.trainer_step);
+    st.Bind(8, p.rollout_weight_version).Bind(9, p.trainer_weight_version);
+    st.Bind(10, int64_t{p.verdict}).BindBlob(11, p.report);
+    st.Bind(12, p.replica).Bind(13, Micros(p.joined));
+    ATTNAUDIT_RETURN_IF_ERROR(st.Step().status());
+    stored = true;
+    const int64_t seq = sqlite3_last_insert_rowid(db_);
+    Stmt ids(db_,
+             "INSERT INTO pair_request_ids(seq, request_id) VALUES(?1, ?2) "
+             "ON CONFLICT DO NOTHING");
+    for (const std::string& id : p.request_ids) {
+      ids.Reset();
+      ids.Bind(1, seq).Bind(2, id);
+      ATTNAUDIT_RETURN_IF_ERROR(ids.Step().status());
+    }
+    return absl::OkStatus();
+  }));
+  return stored;
+}
+
+absl::StatusOr<std::vector<PairRecord>> SqliteJobStore::QueryPairs(
+    const PairQuery& q) {
+  ATTNAUDIT_ASSIGN_OR_RETURN(
+      store_internal::QuerySql where,
+      store_internal::BuildPairQuerySql(q, '?', "pair_request_ids"));
+  const std::string sql = absl::StrCat("SELECT ", store_internal::kPairColumns,
+                                       q.include_report ? ", report" : "",
+                                       " FROM pairs", where.tail);
+  absl::MutexLock lock(&mu_);
+  Stmt st(db_, sql.c_str());
+  for (size_t i = 0; i < where.params.size(); ++i) {
+    const store_internal::SqlParam& p = where.params[i];
+    if (p.is_int) {
+      st.Bind(static_cast<int>(i + 1), p.i);
+    } else {
+      st.Bind(static_cast<int>(i + 1), p.s);
+    }
+  }
+  std::vector<PairRecord> out;
+  while (true) {
+    ATTNAUDIT_ASSIGN_OR_RETURN(const bool row, st.Step());
+    if (!row) break;
+    out.push_back(store_internal::PairFromColumns(StmtRow(st)));
+    if (q.include_report) {
+      out.back().report = st.Blob(store_internal::kNumPairColumns);
+    }
+  }
+  Stmt ids(db_,
+           "SELECT request_id FROM pair_request_ids WHERE seq = ?1 "
+           "ORDER BY request_id");
+  for (PairRecord& p : out) {
+    ids.Reset();
+    ids.Bind(1, p.seq);
+    while (true) {
+      ATTNAUDIT_ASSIGN_OR_RETURN(const bool row, ids.Step());
+      if (!row) break;
+      p.request_ids.push_back(ids.Text(0));
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<std::string> SqliteJobStore::SharedSecret(

@@ -12,6 +12,11 @@
 // Schema: PRAGMA user_version holds its version (kSqliteSchemaVersion);
 // older files are migrated at Open, a newer one is refused
 // (FailedPrecondition) so an old server never writes rows it misreads.
+// Tables: results (a job's row and its result), counters (seq and each
+// tenant's tseq), secrets; since version 5 the train-rollout pairs:
+// pair_sides (a side waiting for its counterpart, with its snapshot and
+// report) and pair_side_rows (its (request id, position) rows), pairs (the
+// joined pairs, seq AUTOINCREMENT) and pair_request_ids.
 //
 // Thread safety: all methods are thread-safe (one connection, serialised
 // by a mutex). Errors: Internal("results.db: <sqlite message>") for SQLite
@@ -36,7 +41,7 @@ struct sqlite3;
 
 namespace attnaudit::server {
 
-inline constexpr int kSqliteSchemaVersion = 4;
+inline constexpr int kSqliteSchemaVersion = 5;
 
 class SqliteJobStore final : public JobStore {
  public:
@@ -74,6 +79,14 @@ class SqliteJobStore final : public JobStore {
   absl::StatusOr<std::vector<std::string>> Unfinished(
       absl::string_view replica) override;
   absl::StatusOr<int64_t> Prune(absl::Time now) override;
+  // The one connection serialises sides: a side always sees every side put
+  // before it.
+  absl::StatusOr<std::vector<PairSide>> PutPairSide(const PairSide& side,
+                                                    absl::Time now,
+                                                    int limit) override;
+  absl::StatusOr<bool> PutPair(const PairRecord& pair) override;
+  absl::StatusOr<std::vector<PairRecord>> QueryPairs(
+      const PairQuery& query) override;
   absl::StatusOr<std::string> SharedSecret(
       absl::string_view name, absl::string_view candidate) override;
   absl::Status Heartbeat(absl::string_view) override {
@@ -127,6 +140,19 @@ class SqliteJobStore final : public JobStore {
   // whether the row changed.
   absl::StatusOr<bool> WriteResultLocked(const ResultRecord& record,
                                          int64_t seq, int64_t tenant_seq)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs a statement with integer parameters ?1, ?2, ...; rows changed.
+  absl::StatusOr<int64_t> ChangeLocked(const std::string& sql,
+                                       const std::vector<int64_t>& params)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PutPairSide's work inside a transaction: keeps the side, returns its
+  // counterparts.
+  absl::StatusOr<std::vector<PairSide>> PutPairSideLocked(const PairSide& side,
+                                                          absl::Time now,
+                                                          int limit)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Prune's pair sides and pairs (inside its transaction); rows deleted.
+  absl::StatusOr<int64_t> PrunePairsLocked(absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;

@@ -53,6 +53,16 @@ class Stmt {
     return *this;
   }
 
+  // Back to before the first step, bindings cleared: the statement runs
+  // again with new values.
+  Stmt& Reset() {
+    if (stmt_ != nullptr) {
+      sqlite3_reset(stmt_);
+      sqlite3_clear_bindings(stmt_);
+    }
+    return *this;
+  }
+
   // One step: true when a row is available, false when done.
   absl::StatusOr<bool> Step() {
     if (rc_ != SQLITE_OK) return Error(db_, "prepare/bind");

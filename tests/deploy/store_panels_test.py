@@ -50,10 +50,10 @@ STORE_H = os.path.join(ROOT, "server", "store", "postgres_job_store.h")
 PG_TYPES = ("grafana-postgresql-datasource", "postgres")
 
 # Mirrors kSchemaV1 of server/store/postgres_job_store.cc, the columns
-# kSchemaV2 adds, and the version table its migration creates first. Keep
-# it a literal copy: check_schema() compares the tables and columns with
-# that file.
-SCHEMA_VERSION = 2
+# kSchemaV2 adds, the pair tables of kSchemaV3 (no panel reads them), and
+# the version table its migration creates first. Keep it a literal copy:
+# check_schema() compares the tables and columns with that file.
+SCHEMA_VERSION = 3
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS attnaudit_schema (version INTEGER NOT NULL);
 CREATE TABLE attnaudit_jobs (
@@ -97,6 +97,49 @@ CREATE TABLE attnaudit_replicas (
   heartbeat_us BIGINT NOT NULL
 );
 ALTER TABLE attnaudit_jobs ADD COLUMN tenant_seq BIGINT NOT NULL DEFAULT 0;
+CREATE TABLE attnaudit_pair_sides (
+  job_id         TEXT PRIMARY KEY,
+  tenant         TEXT NOT NULL,
+  run            TEXT NOT NULL,
+  layer          BIGINT NOT NULL,
+  role           INTEGER NOT NULL,
+  step           BIGINT NOT NULL DEFAULT -1,
+  weight_version TEXT NOT NULL DEFAULT '',
+  snapshot       BYTEA NOT NULL,
+  report         BYTEA NOT NULL,
+  expires_us     BIGINT NOT NULL,
+  put_seq        BIGSERIAL
+);
+CREATE TABLE attnaudit_pair_side_rows (
+  job_id     TEXT NOT NULL
+             REFERENCES attnaudit_pair_sides(job_id) ON DELETE CASCADE,
+  request_id TEXT NOT NULL,
+  position   BIGINT NOT NULL,
+  tenant     TEXT NOT NULL,
+  run        TEXT NOT NULL,
+  layer      BIGINT NOT NULL,
+  role       INTEGER NOT NULL
+);
+CREATE TABLE attnaudit_pairs (
+  seq                    BIGINT PRIMARY KEY,
+  tenant                 TEXT NOT NULL,
+  run                    TEXT NOT NULL,
+  layer                  BIGINT NOT NULL,
+  rollout_job            TEXT NOT NULL,
+  trainer_job            TEXT NOT NULL,
+  rollout_step           BIGINT NOT NULL,
+  trainer_step           BIGINT NOT NULL,
+  rollout_weight_version TEXT NOT NULL,
+  trainer_weight_version TEXT NOT NULL,
+  verdict                INTEGER NOT NULL,
+  report                 BYTEA,
+  replica                TEXT NOT NULL,
+  joined_us              BIGINT NOT NULL
+);
+CREATE TABLE attnaudit_pair_request_ids (
+  seq        BIGINT NOT NULL REFERENCES attnaudit_pairs(seq) ON DELETE CASCADE,
+  request_id TEXT NOT NULL
+);
 """
 
 # The role Grafana's datasource should use (attnaudit-store.yml).

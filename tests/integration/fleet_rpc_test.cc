@@ -246,6 +246,41 @@ TEST_F(FleetTest, AuditResultsAreStoredAndListedFromAnyReplica) {
   EXPECT_GT(cursors[0], cursors[1]);
 }
 
+// The two sides of a train-rollout pair meet in the shared store: a
+// rollout audited on one replica, its trainer on another, both see the
+// pair, joined once.
+TEST_F(FleetTest, APairJoinsAcrossReplicas) {
+  StartAll();
+  auto side = [](SnapshotRole role) {
+    Snapshot s = SmallSnapshot(31);
+    s.labels.role = role;
+    s.labels.run = "fleet-run";
+    s.labels.layer = 4;
+    s.labels.request_ids = {"req-31"};
+    return s;
+  };
+  v1::AuditRequest rollout;
+  SnapshotToProto(side(SnapshotRole::kRollout), rollout.mutable_snapshot());
+  ASSERT_TRUE(At(0)->AuditUnary(rollout).ok());
+  v1::AuditRequest trainer;
+  SnapshotToProto(side(SnapshotRole::kTrainer), trainer.mutable_snapshot());
+  ASSERT_TRUE(At(1)->AuditUnary(trainer).ok());
+  v1::ListPairsRequest by_run;
+  by_run.set_run("fleet-run");
+  EXPECT_TRUE(WaitFor([&] {
+    absl::StatusOr<v1::ListPairsResponse> r = At(2)->ListPairs(by_run);
+    return r.ok() && r->pairs_size() == 1;
+  }));
+  absl::StatusOr<v1::ListPairsResponse> r = At(0)->ListPairs(by_run);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->pairs_size(), 1);
+  // Joined by whichever replica's side reached the store second.
+  EXPECT_TRUE(r->pairs(0).replica() == "replica-a" ||
+              r->pairs(0).replica() == "replica-b")
+      << r->pairs(0).replica();
+  EXPECT_EQ(r->pairs(0).report().verdict(), v1::PAIR_VERDICT_CONSISTENT);
+}
+
 TEST_F(FleetTest, ATenantsQuotaCountsItsJobsOnEveryReplica) {
   server::TenantQuota two_jobs;
   two_jobs.max_jobs = 2;

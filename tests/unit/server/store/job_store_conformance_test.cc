@@ -99,9 +99,40 @@ class StoreLocation {
                                    "UPDATE attnaudit_schema SET version = 99");
   }
 
+  // Turns the store back into the schema before the train-rollout pairs
+  // (SQLite version 4, PostgreSQL version 2), keeping its rows.
+  absl::Status PretendNoPairs() {
+    if (kind_ == "sqlite") {
+      sqlite3* db = nullptr;
+      const int rc = sqlite3_open((dir_ + "/results.db").c_str(), &db);
+      const int set = rc == SQLITE_OK
+                          ? sqlite3_exec(db,
+                                         "DROP TABLE pair_sides;"
+                                         "DROP TABLE pair_side_rows;"
+                                         "DROP TABLE pairs;"
+                                         "DROP TABLE pair_request_ids;"
+                                         "PRAGMA user_version = 4;",
+                                         nullptr, nullptr, nullptr)
+                          : rc;
+      sqlite3_close(db);
+      return set == SQLITE_OK ? absl::OkStatus()
+                              : absl::InternalError("results.db: tamper");
+    }
+    for (const char* sql :
+         {"DROP TABLE attnaudit_pair_request_ids, attnaudit_pairs, "
+          "attnaudit_pair_side_rows, attnaudit_pair_sides",
+          "DELETE FROM attnaudit_counters WHERE name = 'pair_seq'",
+          "UPDATE attnaudit_schema SET version = 2"}) {
+      absl::Status s = testing::RunPostgresSql(config_.url, sql);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
   // Turns the store back into the schema before tenants' own numbering
   // (SQLite version 3, PostgreSQL version 1), keeping its rows.
   absl::Status PretendNoTenantSeq() {
+    if (absl::Status s = PretendNoPairs(); !s.ok()) return s;
     if (kind_ == "sqlite") {
       sqlite3* db = nullptr;
       const int rc = sqlite3_open((dir_ + "/results.db").c_str(), &db);
@@ -789,6 +820,468 @@ TEST_P(JobStoreTest, AnOlderSchemaGetsTenantNumbers) {
   ASSERT_TRUE(*store_->PutResult(next));
   EXPECT_EQ(store_->Get("j3")->tenant_seq, 3);
   EXPECT_EQ(store_->Get("j3")->seq, 4);
+}
+
+// --- Train-rollout pairs.
+
+constexpr int kRollout = 1;
+constexpr int kTrainer = 2;
+
+// A side of tenant "default", run "run-a", layer 3 with `rows`; its
+// snapshot and report are binary (NUL and 0xff bytes) and name it.
+PairSide Side(const std::string& id, int role,
+              std::vector<std::pair<std::string, int64_t>> rows,
+              absl::Time expires = kT0 + absl::Hours(1)) {
+  PairSide s;
+  s.job_id = id;
+  s.run = "run-a";
+  s.layer = 3;
+  s.role = role;
+  s.step = role == kRollout ? 10 : 11;
+  s.weight_version = role == kRollout ? "w10" : "w11";
+  s.rows = std::move(rows);
+  s.snapshot = std::string("snap\0\xff", 6) + id;
+  s.report = std::string("report\0\x01", 8) + id;
+  s.expires = expires;
+  return s;
+}
+
+std::vector<std::string> SideIds(const std::vector<PairSide>& sides) {
+  std::vector<std::string> out;
+  for (const PairSide& s : sides) out.push_back(s.job_id);
+  return out;
+}
+
+// The ids of the sides PutPairSide returns for `side` at kT0 (limit 100);
+// "error: ..." when it fails.
+std::vector<std::string> Put(JobStore* store, const PairSide& side,
+                             absl::Time now = kT0, int limit = 100) {
+  absl::StatusOr<std::vector<PairSide>> found =
+      store->PutPairSide(side, now, limit);
+  if (!found.ok()) return {absl::StrCat("error: ", found.status().ToString())};
+  return SideIds(*found);
+}
+
+// A pair of run "run-a", layer 3, PASS, joined at `joined`.
+PairRecord Pair(const std::string& rollout, const std::string& trainer,
+                absl::Time joined) {
+  PairRecord p;
+  p.run = "run-a";
+  p.layer = 3;
+  p.rollout_job = rollout;
+  p.trainer_job = trainer;
+  p.rollout_step = 10;
+  p.trainer_step = 11;
+  p.rollout_weight_version = "w10";
+  p.trainer_weight_version = "w11";
+  p.verdict = 1;
+  p.request_ids = {"req-b", "req-a"};
+  p.report = std::string("pair\0report\xff", 12);
+  p.replica = "replica-a";
+  p.joined = joined;
+  return p;
+}
+
+// The rollout jobs of `pairs` (unique in these tests), in order.
+std::vector<std::string> Rollouts(
+    const absl::StatusOr<std::vector<PairRecord>>& pairs) {
+  if (!pairs.ok()) return {absl::StrCat("error: ", pairs.status().ToString())};
+  std::vector<std::string> out;
+  for (const PairRecord& p : *pairs) out.push_back(p.rollout_job);
+  return out;
+}
+
+TEST_P(JobStoreTest, ASideFindsTheOtherRolesSidesThatShareARow) {
+  EXPECT_TRUE(
+      Put(store_.get(), Side("r1", kRollout, {{"a", 0}, {"a", 1}})).empty());
+  std::string big;  // a snapshot of real size, every byte value
+  for (int i = 0; i < 100000; ++i) big.push_back(static_cast<char>(i * 13));
+  PairSide t1 = Side("t1", kTrainer, {{"a", 1}, {"b", 0}});
+  t1.snapshot = big;
+  auto found = store_->PutPairSide(t1, kT0, 100);
+  ASSERT_TRUE(found.ok()) << found.status();
+  ASSERT_EQ(found->size(), 1u);
+  const PairSide& r1 = found->front();
+  const PairSide want = Side("r1", kRollout, {});
+  EXPECT_EQ(r1.job_id, "r1");
+  EXPECT_EQ(r1.tenant, "default");
+  EXPECT_EQ(r1.run, "run-a");
+  EXPECT_EQ(r1.layer, 3);
+  EXPECT_EQ(r1.role, kRollout);
+  EXPECT_EQ(r1.step, 10);
+  EXPECT_EQ(r1.weight_version, "w10");
+  EXPECT_EQ(r1.snapshot, want.snapshot);
+  EXPECT_EQ(r1.report, want.report);
+  EXPECT_EQ(r1.expires, want.expires);
+  EXPECT_TRUE(r1.rows.empty());  // the snapshot holds them
+  // A rollout sharing t1's other row finds t1 (and its bytes), not r1.
+  found = store_->PutPairSide(Side("r2", kRollout, {{"b", 0}}), kT0, 100);
+  ASSERT_TRUE(found.ok()) << found.status();
+  ASSERT_THAT(SideIds(*found), ElementsAre("t1"));
+  EXPECT_EQ(found->front().snapshot, big);
+  // Same role never pairs: a second trainer on t1's row finds r1 only.
+  EXPECT_THAT(Put(store_.get(), Side("t2", kTrainer, {{"a", 1}})),
+              ElementsAre("r1"));
+  // The same request id at another position is another row.
+  EXPECT_TRUE(Put(store_.get(), Side("r3", kRollout, {{"b", 1}})).empty());
+}
+
+TEST_P(JobStoreTest, SidesPairOnlyWithinTheirTenantRunAndLayer) {
+  ASSERT_TRUE(Put(store_.get(), Side("r", kRollout, {{"a", 0}})).empty());
+  PairSide other_run = Side("t-run", kTrainer, {{"a", 0}});
+  other_run.run = "run-b";
+  EXPECT_TRUE(Put(store_.get(), other_run).empty());
+  PairSide other_layer = Side("t-layer", kTrainer, {{"a", 0}});
+  other_layer.layer = 4;
+  EXPECT_TRUE(Put(store_.get(), other_layer).empty());
+  PairSide other_tenant = Side("t-tenant", kTrainer, {{"a", 0}});
+  other_tenant.tenant = "fleet-b";
+  EXPECT_TRUE(Put(store_.get(), other_tenant).empty());
+  EXPECT_THAT(Put(store_.get(), Side("t", kTrainer, {{"a", 0}})),
+              ElementsAre("r"));
+  // And within another group, its own counterparts.
+  PairSide r_tenant = Side("r-tenant", kRollout, {{"a", 0}});
+  r_tenant.tenant = "fleet-b";
+  EXPECT_THAT(Put(store_.get(), r_tenant), ElementsAre("t-tenant"));
+}
+
+TEST_P(JobStoreTest, ExpiredSidesAreNeverReturnedAndPruneDeletesThem) {
+  const absl::Time soon = kT0 + absl::Seconds(10);
+  ASSERT_TRUE(
+      Put(store_.get(), Side("old", kRollout, {{"a", 0}}, soon)).empty());
+  ASSERT_TRUE(Put(store_.get(), Side("new", kRollout, {{"a", 0}})).empty());
+  // Expired at the moment it expires.
+  EXPECT_THAT(Put(store_.get(), Side("t1", kTrainer, {{"a", 0}}), soon),
+              ElementsAre("new"));
+  EXPECT_THAT(Put(store_.get(), Side("t2", kTrainer, {{"a", 0}}), kT0),
+              ElementsAre("old", "new"));
+  auto deleted = store_->Prune(soon);
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_EQ(*deleted, 1);  // old
+  // Gone, even for a caller whose clock says it is not expired yet.
+  EXPECT_THAT(Put(store_.get(), Side("t3", kTrainer, {{"a", 0}}), kT0),
+              ElementsAre("new"));
+  EXPECT_EQ(*store_->Prune(kT0 + absl::Hours(2)), 4);  // new, t1, t2, t3
+  EXPECT_TRUE(Put(store_.get(), Side("t4", kTrainer, {{"a", 0}}), kT0).empty());
+  EXPECT_EQ(*store_->Prune(kT0 + absl::Hours(2)), 1);  // t4
+}
+
+TEST_P(JobStoreTest, ARetriedSideReplacesItself) {
+  ASSERT_TRUE(Put(store_.get(), Side("r1", kRollout, {{"a", 0}})).empty());
+  ASSERT_TRUE(Put(store_.get(), Side("r2", kRollout, {{"a", 0}})).empty());
+  // A row named twice is one row.
+  EXPECT_THAT(Put(store_.get(), Side("t", kTrainer, {{"a", 0}, {"a", 0}})),
+              ElementsAre("r1", "r2"));
+  // The retry finds each counterpart once, never itself.
+  EXPECT_THAT(Put(store_.get(), Side("t", kTrainer, {{"a", 0}})),
+              ElementsAre("r1", "r2"));
+  // A retried side counts as put again (last), with its new rows only.
+  EXPECT_THAT(Put(store_.get(), Side("r1", kRollout, {{"a", 0}, {"b", 0}})),
+              ElementsAre("t"));
+  EXPECT_THAT(Put(store_.get(), Side("t2", kTrainer, {{"a", 0}})),
+              ElementsAre("r2", "r1"));
+  EXPECT_TRUE(Put(store_.get(), Side("r1", kRollout, {{"b", 0}})).empty());
+  EXPECT_THAT(Put(store_.get(), Side("t3", kTrainer, {{"a", 0}})),
+              ElementsAre("r2"));
+  // A side retried in the other role does not meet its former self.
+  ASSERT_TRUE(Put(store_.get(), Side("x", kRollout, {{"c", 0}})).empty());
+  EXPECT_TRUE(Put(store_.get(), Side("x", kTrainer, {{"c", 0}})).empty());
+  // Prune counts each side once (no duplicates were kept).
+  EXPECT_EQ(*store_->Prune(kT0 + absl::Hours(2)), 6);  // r1 r2 t t2 t3 x
+}
+
+TEST_P(JobStoreTest, CounterpartsAreBoundedByTheLimitOldestFirst) {
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(
+        Put(store_.get(), Side(absl::StrCat("r", i), kRollout, {{"a", 0}}))
+            .empty());
+  }
+  EXPECT_THAT(Put(store_.get(), Side("t", kTrainer, {{"a", 0}}), kT0, 3),
+              ElementsAre("r0", "r1", "r2"));
+  EXPECT_THAT(Put(store_.get(), Side("t", kTrainer, {{"a", 0}}), kT0, 1000),
+              ElementsAre("r0", "r1", "r2", "r3", "r4"));
+}
+
+TEST_P(JobStoreTest, BadSidesAndPairsNameTheField) {
+  auto field = [&](PairSide side, int limit = 10) {
+    absl::StatusOr<std::vector<PairSide>> s =
+        store_->PutPairSide(side, kT0, limit);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument)
+        << s.status();
+    const std::string message(s.status().message());
+    return message.substr(0, message.find(':'));
+  };
+  const PairSide good = Side("s", kRollout, {{"a", 0}});
+  PairSide bad = good;
+  bad.job_id = "";
+  EXPECT_EQ(field(bad), "side.job_id");
+  bad = good;
+  bad.run = "";
+  EXPECT_EQ(field(bad), "side.run");
+  bad = good;
+  bad.layer = -1;
+  EXPECT_EQ(field(bad), "side.layer");
+  bad = good;
+  bad.role = 0;
+  EXPECT_EQ(field(bad), "side.role");
+  bad.role = 3;
+  EXPECT_EQ(field(bad), "side.role");
+  bad = good;
+  bad.rows.clear();
+  EXPECT_EQ(field(bad), "side.rows");
+  for (size_t i = 0; i < kMaxPairSideRows; ++i) {
+    bad.rows.emplace_back("r", static_cast<int64_t>(i));
+  }
+  EXPECT_TRUE(store_->PutPairSide(bad, kT0, 10).ok());  // the most allowed
+  bad.job_id = "s2";
+  bad.rows.emplace_back("r", -1);
+  EXPECT_EQ(field(bad), "side.rows");
+  EXPECT_EQ(field(good, 0), "limit");
+  EXPECT_EQ(field(good, 1001), "limit");
+  PairRecord pair = Pair("r", "t", kT0);
+  pair.rollout_job = "";
+  EXPECT_EQ(store_->PutPair(pair).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(store_->PutPair(pair).status().message()),
+              ::testing::StartsWith("pair.rollout_job"));
+  pair = Pair("r", "", kT0);
+  EXPECT_THAT(std::string(store_->PutPair(pair).status().message()),
+              ::testing::StartsWith("pair.trainer_job"));
+  PairQuery query;
+  query.limit = 0;
+  EXPECT_EQ(store_->QueryPairs(query).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  query.limit = 10001;
+  EXPECT_EQ(store_->QueryPairs(query).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(JobStoreTest, APairOfTwoJobsIsStoredOnce) {
+  ASSERT_TRUE(*store_->PutPair(Pair("r", "t", kT0)));
+  PairRecord again = Pair("r", "t", kT0 + absl::Seconds(5));
+  again.verdict = 2;
+  auto stored = store_->PutPair(again);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_FALSE(*stored);
+  // The other way round is another pair of jobs.
+  ASSERT_TRUE(*store_->PutPair(Pair("t", "r", kT0 + absl::Seconds(6))));
+  PairQuery all;
+  all.include_report = true;
+  auto pairs = store_->QueryPairs(all);
+  ASSERT_TRUE(pairs.ok()) << pairs.status();
+  ASSERT_EQ(pairs->size(), 2u);
+  const PairRecord& p = (*pairs)[1];
+  EXPECT_EQ(p.seq, 1);
+  EXPECT_EQ((*pairs)[0].seq, 2);  // the refused one took no number
+  EXPECT_EQ(p.verdict, 1);
+  EXPECT_EQ(p.tenant, "default");
+  EXPECT_EQ(p.run, "run-a");
+  EXPECT_EQ(p.layer, 3);
+  EXPECT_EQ(p.rollout_job, "r");
+  EXPECT_EQ(p.trainer_job, "t");
+  EXPECT_EQ(p.rollout_step, 10);
+  EXPECT_EQ(p.trainer_step, 11);
+  EXPECT_EQ(p.rollout_weight_version, "w10");
+  EXPECT_EQ(p.trainer_weight_version, "w11");
+  EXPECT_THAT(p.request_ids, ElementsAre("req-a", "req-b"));  // sorted
+  EXPECT_EQ(p.report, std::string("pair\0report\xff", 12));
+  EXPECT_EQ(p.replica, "replica-a");
+  EXPECT_EQ(p.joined, kT0);
+}
+
+TEST_P(JobStoreTest, PairQueriesFilterOrderAndPage) {
+  PairRecord a = Pair("a", "ta", kT0 + absl::Seconds(10));
+  a.request_ids = {"q1"};
+  PairRecord b = Pair("b", "tb", kT0 + absl::Seconds(20));
+  b.run = "run-b";
+  b.verdict = 2;
+  b.rollout_step = 20;
+  b.trainer_step = 21;
+  b.request_ids = {"q1", "q2"};
+  PairRecord c = Pair("c", "tc", kT0 + absl::Seconds(30));
+  c.layer = 9;
+  c.verdict = 2;
+  c.rollout_step = 21;
+  c.trainer_step = 30;
+  c.request_ids = {"q3"};
+  PairRecord d = Pair("d", "td", kT0 + absl::Seconds(40));
+  d.tenant = "fleet-b";
+  d.request_ids = {"q1"};
+  for (const PairRecord& p : {a, b, c, d}) ASSERT_TRUE(*store_->PutPair(p));
+
+  PairQuery q;
+  EXPECT_THAT(Rollouts(store_->QueryPairs(q)), ElementsAre("d", "c", "b", "a"));
+  q.tenant = "default";
+  EXPECT_THAT(Rollouts(store_->QueryPairs(q)), ElementsAre("c", "b", "a"));
+  PairQuery run;
+  run.run = "run-b";
+  EXPECT_THAT(Rollouts(store_->QueryPairs(run)), ElementsAre("b"));
+  PairQuery layer;
+  layer.layer = 9;
+  EXPECT_THAT(Rollouts(store_->QueryPairs(layer)), ElementsAre("c"));
+  PairQuery verdict;
+  verdict.verdict = 2;
+  EXPECT_THAT(Rollouts(store_->QueryPairs(verdict)), ElementsAre("c", "b"));
+  PairQuery step;  // either side's
+  step.step = 21;
+  EXPECT_THAT(Rollouts(store_->QueryPairs(step)), ElementsAre("c", "b"));
+  step.step = 30;
+  EXPECT_THAT(Rollouts(store_->QueryPairs(step)), ElementsAre("c"));
+  step.step = 10;
+  EXPECT_THAT(Rollouts(store_->QueryPairs(step)), ElementsAre("d", "a"));
+  PairQuery request;
+  request.request_id = "q1";
+  EXPECT_THAT(Rollouts(store_->QueryPairs(request)),
+              ElementsAre("d", "b", "a"));
+  request.tenant = "default";
+  request.verdict = 2;
+  auto rows = store_->QueryPairs(request);
+  ASSERT_THAT(Rollouts(rows), ElementsAre("b"));
+  EXPECT_THAT(rows->front().request_ids, ElementsAre("q1", "q2"));
+  request.request_id = "nobody";
+  EXPECT_TRUE(store_->QueryPairs(request)->empty());
+  PairQuery window;
+  window.joined_since = kT0 + absl::Seconds(20);
+  window.joined_until = kT0 + absl::Seconds(40);
+  EXPECT_THAT(Rollouts(store_->QueryPairs(window)), ElementsAre("c", "b"));
+
+  // Newest first, paged by seq; reports only when asked for.
+  PairQuery page;
+  page.limit = 3;
+  page.include_report = true;
+  rows = store_->QueryPairs(page);
+  ASSERT_THAT(Rollouts(rows), ElementsAre("d", "c", "b"));
+  EXPECT_EQ(rows->front().report, d.report);
+  page.before_seq = rows->back().seq;
+  page.include_report = false;
+  rows = store_->QueryPairs(page);
+  ASSERT_THAT(Rollouts(rows), ElementsAre("a"));
+  EXPECT_TRUE(rows->front().report.empty());
+  EXPECT_THAT(rows->front().request_ids, ElementsAre("q1"));
+  page.before_seq = rows->back().seq;
+  EXPECT_TRUE(store_->QueryPairs(page)->empty());
+}
+
+TEST_P(JobStoreTest, PairsArePrunedByAgeThenByCount) {
+  StoreOptions options;
+  options.max_age = absl::Hours(24);
+  options.max_results = 2;
+  store_ = location_.Open(options);
+  ASSERT_NE(store_, nullptr);
+  const absl::Time now = kT0 + absl::Hours(1000);
+  ASSERT_TRUE(*store_->PutPair(Pair("ancient", "t0", now - absl::Hours(48))));
+  ASSERT_TRUE(*store_->PutPair(Pair("p1", "t1", now - absl::Hours(3))));
+  ASSERT_TRUE(*store_->PutPair(Pair("p2", "t2", now - absl::Hours(2))));
+  ASSERT_TRUE(*store_->PutPair(Pair("p3", "t3", now - absl::Hours(1))));
+  ASSERT_TRUE(*store_->PutResult(Done("j", 1, now - absl::Hours(1))));
+  auto deleted = store_->Prune(now);
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_EQ(*deleted, 2);  // ancient by age, p1 by count; the result stays
+  EXPECT_THAT(Rollouts(store_->QueryPairs(PairQuery{})),
+              ElementsAre("p3", "p2"));
+  PairQuery request;
+  request.request_id = "req-a";
+  EXPECT_THAT(Rollouts(store_->QueryPairs(request)), ElementsAre("p3", "p2"));
+  EXPECT_EQ(*store_->Prune(now), 0);
+  // Numbers are never reused.
+  ASSERT_TRUE(*store_->PutPair(Pair("p4", "t4", now)));
+  EXPECT_EQ(store_->QueryPairs(PairQuery{})->front().seq, 5);
+}
+
+// A store written before the pairs is migrated: its rows kept, the pair
+// tables added.
+TEST_P(JobStoreTest, AnOlderSchemaGetsThePairTables) {
+  ASSERT_TRUE(*store_->PutResult(Done("j", 2, kT0, "report")));
+  ASSERT_TRUE(*store_->RecordQueued(Queued("q", kT0)));
+  store_.reset();
+  ASSERT_TRUE(location_.PretendNoPairs().ok());
+  store_ = location_.Open();
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(store_->Get("j")->report, "report");
+  EXPECT_EQ(store_->Get("j")->seq, 1);
+  EXPECT_EQ(store_->Get("q")->state, JobState::kQueued);
+  ASSERT_TRUE(Put(store_.get(), Side("r", kRollout, {{"a", 0}})).empty());
+  EXPECT_THAT(Put(store_.get(), Side("t", kTrainer, {{"a", 0}})),
+              ElementsAre("r"));
+  ASSERT_TRUE(*store_->PutPair(Pair("r", "t", kT0)));
+  EXPECT_EQ(store_->QueryPairs(PairQuery{})->front().seq, 1);
+  ASSERT_TRUE(*store_->PutResult(Done("k", 1, kT0)));
+  EXPECT_EQ(store_->Get("k")->seq, 2);
+  // Opening again finds the current version: nothing to migrate.
+  store_ = location_.Open();
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(store_->QueryPairs(PairQuery{})->size(), 1u);
+}
+
+// A connection lost (the server restarted) makes the call Unavailable, and
+// the next call reconnects; nothing is half-written.
+TEST_P(JobStoreTest, PairCallsAreUnavailableWhenTheConnectionIsLost) {
+  if (GetParam() == "sqlite") GTEST_SKIP() << "a file: nothing to lose";
+  ASSERT_TRUE(Put(store_.get(), Side("r", kRollout, {{"a", 0}})).empty());
+  auto drop = [&] {
+    // Waits until the store's connections are gone.
+    ASSERT_TRUE(testing::RunPostgresSql(
+                    location_.config().url,
+                    "SELECT pg_terminate_backend(pid, 10000) FROM "
+                    "pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid()")
+                    .ok());
+  };
+  drop();
+  EXPECT_EQ(store_->PutPairSide(Side("t", kTrainer, {{"a", 0}}), kT0, 10)
+                .status()
+                .code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_THAT(Put(store_.get(), Side("t", kTrainer, {{"a", 0}})),
+              ElementsAre("r"));
+  drop();
+  EXPECT_EQ(store_->PutPair(Pair("r", "t", kT0)).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(*store_->PutPair(Pair("r", "t", kT0)));
+  drop();
+  EXPECT_EQ(store_->QueryPairs(PairQuery{}).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_THAT(Rollouts(store_->QueryPairs(PairQuery{})), ElementsAre("r"));
+}
+
+// Two replicas put the two sides of a pair at the same moment, many
+// times: sides of one group are put one at a time, so in every race at
+// least one of the two finds the other.
+TEST_P(JobStoreTest, CounterpartsPutAtOnceOnTwoReplicasMeet) {
+  std::unique_ptr<JobStore> other = location_.Open();
+  ASSERT_NE(other, nullptr);
+  constexpr int kRaces = 60;
+  std::vector<int> rollout_found(kRaces, 0), trainer_found(kRaces, 0);
+  std::atomic<int> arrived{0};
+  // Both threads start race i together (no sleeps: a spin barrier).
+  auto barrier = [&](int i) {
+    arrived.fetch_add(1);
+    while (arrived.load() < 2 * (i + 1)) std::this_thread::yield();
+  };
+  auto side = [&](JobStore* s, int role, std::vector<int>* found) {
+    for (int i = 0; i < kRaces; ++i) {
+      barrier(i);
+      const std::string mine = absl::StrCat(role == kRollout ? "r" : "t", i);
+      const std::string theirs = absl::StrCat(role == kRollout ? "t" : "r", i);
+      auto got = s->PutPairSide(
+          Side(mine, role, {{absl::StrCat("q", i), i % 3}}), kT0, 10);
+      if (!got.ok()) {  // no ASSERT: the other thread waits at the barrier
+        ADD_FAILURE() << got.status();
+        continue;
+      }
+      for (const PairSide& p : *got) {
+        EXPECT_EQ(p.job_id, theirs);
+        if (p.job_id == theirs) (*found)[i] = 1;
+      }
+    }
+  };
+  std::thread a(side, store_.get(), kRollout, &rollout_found);
+  std::thread b(side, other.get(), kTrainer, &trainer_found);
+  a.join();
+  b.join();
+  for (int i = 0; i < kRaces; ++i) {
+    EXPECT_TRUE(rollout_found[i] || trainer_found[i]) << "race " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(BothStores, JobStoreTest,

@@ -141,6 +141,8 @@ TEST(SqliteJobStoreTest, SchemaVersion1RowsBelongToTheDefaultTenant) {
   EXPECT_EQ(old->tenant_seq, 1);
   EXPECT_EQ(old->step, -1);
   EXPECT_EQ(*store->LastSeq(), 1);
+  // Version 5 added the pair tables.
+  EXPECT_TRUE(store->QueryPairs(PairQuery{})->empty());
   ResultRecord q = Queued("new", kT0);
   q.tenant = "fleet-a";
   ASSERT_TRUE(*store->RecordQueued(q));
