@@ -17,17 +17,22 @@ the verdicts do not depend on the reports.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
+import sys
 import tempfile
+import time
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 import attnaudit
+import attnaudit.aio
 from attnaudit import pairs
+from attnaudit.v1 import snapshot_pb2
 
 BF16 = ml_dtypes.bfloat16
 HQ, HKV, D, PAGE = 8, 2, 64, 16
@@ -65,9 +70,12 @@ def attend(q, k, v, dtype, cap: float = 0.0) -> np.ndarray:
 
 
 def snapshot(t: Tokens, *, scattered: bool, dtype, q=None, k=None, cap: float = 0.0,
-             declared_cap: float = 0.0, read=None) -> attnaudit.Snapshot:
+             declared_cap: float = 0.0, read=None, out_error: float = 0.0,
+             labels=None) -> attnaudit.Snapshot:
     """One side's decode snapshot of every row (its last token the query).
-    read(b, k, v) -> (k, v): what its kernel read instead, if not the cache."""
+    read(b, k, v) -> (k, v): what its kernel read instead, if not the cache.
+    out_error: added to the first head's output of every row. labels:
+    added to (or replacing) the test's."""
     q = t.q if q is None else q
     k = t.k if k is None else k
     pages_k, pages_v, table = [], [], np.zeros((len(LENS), 32), dtype=np.int32)
@@ -88,10 +96,11 @@ def snapshot(t: Tokens, *, scattered: bool, dtype, q=None, k=None, cap: float = 
     for b in range(len(LENS)):
         kb, vb = (k[b], t.v[b]) if read is None else read(b, k[b], t.v[b])
         out[b] = attend(q[b], kb, vb, dtype, cap).astype(BF16)
+        out[b, 0] = (out[b, 0].astype(np.float32) + out_error).astype(BF16)
     return attnaudit.Snapshot.from_paged_kv(
         q, kp, vp, where[table], np.array(LENS), layout="nhd", engine_out=out,
         logit_softcap=declared_cap or None, engine="flash-decoding",
-        labels={"request_ids": list(IDS), "layer": 3, "run": "pairs"})
+        labels={"request_ids": list(IDS), "layer": 3, "run": "pairs", **(labels or {})})
 
 
 @pytest.fixture(scope="module")
@@ -272,3 +281,151 @@ def test_a_steps_pairs_as_metrics(tokens):
     assert m["attnaudit/pairs/first_layer_inputs_differ"] == 5
     assert m["attnaudit/pairs/out_max_abs"] == max(r.out_max_abs for p in reports
                                                    for r in p.rows)
+
+
+# ----------------------------------------------------------------------
+# Pairs joined by the server (ListPairs)
+# ----------------------------------------------------------------------
+
+
+def test_labels_take_a_role_and_a_weight_version():
+    from attnaudit.snapshot import make_labels
+    labels = make_labels({"role": "trainer", "weight_version": 7, "run": "r"})
+    assert labels.role == snapshot_pb2.SNAPSHOT_ROLE_TRAINER
+    assert labels.weight_version == "7"
+    assert make_labels({"role": "ROLLOUT"}).role == snapshot_pb2.SNAPSHOT_ROLE_ROLLOUT
+    assert make_labels({"role": snapshot_pb2.SNAPSHOT_ROLE_TRAINER}).role == \
+        snapshot_pb2.SNAPSHOT_ROLE_TRAINER
+    assert make_labels({"role": None, "weight_version": None}) == snapshot_pb2.Labels()
+    with pytest.raises(ValueError, match=r"labels\.role: unknown value 'critic'.*"
+                                         r"rollout, trainer"):
+        make_labels({"role": "critic"})
+    with pytest.raises(ValueError, match=r"labels\.role"):
+        make_labels({"role": 9})
+    with pytest.raises(TypeError, match="unknown key 'side'.*role, weight_version"):
+        make_labels({"side": "rollout"})
+
+
+def side(t: Tokens, role: str, run: str, step: int, weight_version: str,
+         **kw) -> attnaudit.Snapshot:
+    """A pair side: the rollout's arithmetic (paged, float32), labelled."""
+    return rollout_of(t, labels={"role": role, "run": run, "step": step,
+                                 "weight_version": weight_version}, **kw)
+
+
+def joined(client, run: str, timeout: float = 30.0) -> list:
+    """The server's pairs of `run` once there is one (the join is
+    asynchronous: it follows the second side's audit)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = client.list_pairs(run=run).to_list()
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def other_job(client, run: str, known: str) -> str:
+    """The job id of run's stored result that is not `known` (an Audit's
+    id, which attnaudit.Report does not carry)."""
+    ids = [s.job_id for s in client.list_results(run=run)]
+    assert len(ids) == 2 and known in ids, ids
+    return next(i for i in ids if i != known)
+
+
+def test_the_server_joins_a_rollout_and_a_trainer_snapshot(tokens, client, server):
+    run = "r"
+    rollout = side(tokens, "rollout", run, 5, "7")
+    trainer = side(tokens, "trainer", run, 6, "7")       # the same rows, bit for bit
+    rollout_job = client.submit(rollout).job_id
+    assert client.wait(rollout_job).report.verdict == attnaudit.Verdict.PASS
+    assert client.audit(trainer).verdict == attnaudit.Verdict.PASS
+    found = joined(client, run)
+    assert len(found) == 1, found
+    p = found[0]
+    assert isinstance(p, attnaudit.PairResult)
+    assert p.verdict == "consistent"
+    assert (p.rollout_job_id, p.trainer_job_id) == (rollout_job,
+                                                    other_job(client, run, rollout_job))
+    assert (p.run, p.layer, p.rollout_step, p.trainer_step) == (run, 3, 5, 6)
+    assert (p.rollout_weight_version, p.trainer_weight_version) == ("7", "7")
+    assert not p.weight_versions_differ
+    assert p.rollout_verdict == p.trainer_verdict == attnaudit.Verdict.PASS
+    assert p.rollout_diagnosis is None and p.trainer_diagnosis is None
+    assert [(r.request_id, r.position, r.verdict) for r in p.rows] == \
+        [(i, n - 1, "consistent") for i, n in zip(IDS, LENS, strict=True)]
+    assert all(r.out_bitwise and r.out_max_ulps == 0 and r.q_ulps == 0 and r.kv_ulps == 0
+               and r.input_effect == 0 and r.keys_compared == n
+               for r, n in zip(p.rows, LENS, strict=True))
+    assert p.join_time is not None and p.join_time.tzinfo is not None
+    assert p.report.verdict == "consistent" and "consistent 4" in p.line()
+    # The filters.
+    assert [x.trainer_job_id for x in client.list_pairs(run=run, verdict="consistent",
+                                                        layer=3, step=6,
+                                                        request_id="req-c",
+                                                        since=600)] == [p.trainer_job_id]
+    for miss in (dict(verdict="trainer-drift"), dict(layer=4), dict(step=7),
+                 dict(request_id="req-z"), dict(until=600)):
+        assert client.list_pairs(run=run, **miss).to_list() == [], miss
+    assert client.list_pairs(run=run, limit=0).to_list() == []
+    records = client.list_pairs(run=run).to_records()
+    assert [r["request_id"] for r in records] == list(IDS)
+    assert list(records[0]) == list(pairs.PAIR_COLUMNS)
+    assert records[0]["pair_verdict"] == "consistent"
+    assert records[0]["rollout_verdict"] == "PASS"
+
+    async def listed():
+        async with attnaudit.aio.AuditClient(server.address) as c:
+            return [x.trainer_job_id async for x in c.list_pairs(run=run, verdict=2)]
+    # verdict as its wire number: 2 is within-noise, which this pair is not.
+    assert asyncio.run(listed()) == []
+
+
+def test_a_trainer_output_off_beyond_noise_is_a_trainer_drift_pair(tokens, client):
+    # The rows as the rollout computed them, but the trainer's output is off
+    # by 0.25 in one head: the trainer's own audit DRIFTs, the rollout's
+    # PASSes, so every row -- and the pair -- is trainer-drift (the side
+    # audits decide before the outputs and inputs are compared).
+    run = "r-trainer-drift"
+    rollout = side(tokens, "rollout", run, 5, "7")
+    trainer = side(tokens, "trainer", run, 6, "8", out_error=0.25)
+    rollout_report = client.audit(rollout)
+    trainer_job = client.submit(trainer).job_id
+    trainer_report = client.wait(trainer_job).report
+    assert trainer_report.verdict == attnaudit.Verdict.DRIFT
+    found = joined(client, run)
+    assert len(found) == 1, found
+    p = found[0]
+    assert p.verdict == "trainer-drift"
+    assert p.trainer_job_id == trainer_job
+    assert p.rollout_verdict == attnaudit.Verdict.PASS
+    assert p.trainer_verdict == attnaudit.Verdict.DRIFT
+    assert p.rollout_diagnosis is None
+    assert p.weight_versions_differ
+    assert (p.rollout_weight_version, p.trainer_weight_version) == ("7", "8")
+    assert all(not r.out_bitwise and r.out_max_abs > 0.2 for r in p.rows)
+    # The server's rows are the client's, given the same audits.
+    here = pairs.compare(rollout, trainer, rollout_report=rollout_report,
+                         trainer_report=trainer_report)
+    assert [(r.request_id, r.position, r.verdict) for r in p.rows] == \
+        [(r.request_id, r.position, r.verdict) for r in here.rows]
+    assert p.trainer_diagnosis == here.trainer_diagnosis
+    for a, b in zip(p.rows, here.rows, strict=True):
+        for field in ("out_max_abs", "out_max_ulps", "q_ulps", "kv_ulps", "input_effect",
+                      "noise"):
+            assert getattr(a, field) == pytest.approx(getattr(b, field), rel=1e-9,
+                                                      abs=1e-12), field
+    assert client.list_pairs(run=run, verdict="trainer_drift").to_list()[0].trainer_job_id \
+        == trainer_job
+
+
+def test_list_pairs_arguments_are_checked(client, monkeypatch):
+    with pytest.raises(ValueError, match="unknown pair verdict 'drift'.*consistent, "
+                                         "within-noise"):
+        client.list_pairs(verdict="drift")
+    with pytest.raises(ValueError, match="page_size"):
+        client.list_pairs(page_size=0)
+    with pytest.raises(TypeError, match="since"):
+        client.list_pairs(since="yesterday")
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    with pytest.raises(ImportError, match="pip install pandas"):
+        client.list_pairs(run="r").to_pandas()

@@ -304,12 +304,19 @@ def test_the_training_loops_step_labels_the_snapshots(server, tmp_path):
     run_steps(plugin, engine, steps=1, layers=(0,))          # no file yet
     step_file.write_text("17 grpo-7\n")
     run_steps(plugin, engine, steps=1, layers=(0,))
-    plugin.set_rl_step(18)
+    plugin.set_rl_step(18, weight_version="sync-3")
     run_steps(plugin, engine, steps=1, layers=(0,))
     assert plugin.flush(60)
-    labels = sorted((r.step, r.report.proto.labels.step, r.report.proto.labels.run)
+    labels = sorted((r.step, r.report.proto.labels.step, r.report.proto.labels.run,
+                     r.report.proto.labels.weight_version)
                     for r in plugin.auditor().results())
-    assert labels == [(0, 0, ""), (1, 17, "grpo-7"), (2, 18, "grpo-7")], labels
+    # The weight version: unknown until the loop sets a step, then the step
+    # unless it names one.
+    assert labels == [(0, 0, "", ""), (1, 17, "grpo-7", "17"),
+                      (2, 18, "grpo-7", "sync-3")], labels
+    # Every snapshot is the rollout's side of a train-rollout pair.
+    assert {r.report.proto.labels.role for r in plugin.auditor().results()} == \
+        {snapshot_pb2.SNAPSHOT_ROLE_ROLLOUT}
     assert [s.rl_step for s in sorted(summaries, key=lambda s: s.step)] == [None, 17, 18]
     assert "(RL step 17)" in sorted(summaries, key=lambda s: s.step)[1].line()
     plugin.close(10)

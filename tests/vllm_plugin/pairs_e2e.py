@@ -29,6 +29,11 @@ real attnaudit-server:
                           stale-prefix-kv at layer 0 (q agrees, the cached
                           K/V do not).
 
+Each case's sides are also joined by the server: the rollout snapshots
+(labelled role rollout by the plugin) and the trainer's (role trainer, by
+the hook) are audited under one run per case, and ListPairs must give the
+same verdict per (layer, request, position) as attnaudit.pairs here.
+
 Prints a table; exits 1 on any failed check.
 """
 
@@ -39,6 +44,7 @@ import glob
 import os
 import sys
 import tempfile
+import time
 from typing import Dict, List, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -59,7 +65,7 @@ def rollout(model: str, work: str, server, scenario: str) -> Tuple[dict, List[st
     return data, sorted(glob.glob(os.path.join(save, "*.pb")))
 
 
-def trainer(model_dir: str, data: dict, rollouts, bug: str) -> list:
+def trainer(model_dir: str, data: dict, rollouts, bug: str, run: str) -> list:
     """The trainer's snapshots of the rollouts' rows: each the prompt and
     the tokens the rollout generated for it."""
     import torch
@@ -79,7 +85,7 @@ def trainer(model_dir: str, data: dict, rollouts, bug: str) -> list:
         with torch.no_grad():
             model.model.layers[0].input_layernorm.weight.mul_(NORM_SCALE)
     snaps: list = []
-    hook = TrainerHook(snaps.append, max_rows=64, run="trainer")
+    hook = TrainerHook(snaps.append, max_rows=64, run=run)
     hook.install()
     restore = _inject_trainer_bug(bug)
     try:
@@ -110,14 +116,16 @@ def _inject_trainer_bug(bug: str):
     return lambda: AttentionInterface._global_mapping.__setitem__("sdpa", right)
 
 
-def pair_all(rollouts, trainers, client) -> list:
+def pair_all(rollouts, trainers, client, run: str) -> list:
     """Every (rollout snapshot, trainer snapshot) of one layer that share a
-    row, compared; each side audited once."""
+    row, compared; each side audited once, under `run` (the trainer's
+    snapshots have it from the hook), so the server joins the same sides."""
     from attnaudit import pairs
     reports = {}
 
     def audit(snap):
         if id(snap) not in reports:
+            snap.labels.run = run
             reports[id(snap)] = client.audit(snap)
         return reports[id(snap)]
     out = []
@@ -157,7 +165,9 @@ def main() -> int:
                     ("trainer-norm-epsilon", "clean", "norm-epsilon", None),
                     ("stale-prefix", "stale-prefix", "new-weights", None)):
                 data, rollouts = runs[scenario]
-                reports = pair_all(rollouts, trainer(model, data, rollouts, bug), client)
+                run = f"joined-{label}"
+                reports = pair_all(rollouts, trainer(model, data, rollouts, bug, run),
+                                   client, run)
                 verdicts = sorted({p.verdict for p in reports})
                 rows = sum(len(p.rows) for p in reports)
                 if want is not None:
@@ -169,6 +179,7 @@ def main() -> int:
                     check_inputs_differ(c, label, reports)
                 else:
                     check_clean(c, label, reports)
+                check_joined(c, label, client, run, reports)
                 worst = max(reports, key=lambda p: max(r.out_max_abs for r in p.rows))
                 print(f"{label}: {worst.line()}")
     finally:
@@ -199,6 +210,27 @@ def check_clean(c, label: str, reports) -> None:
             and first != 0,
             f"no drift; layer 0 within noise; first inputs-differ at layer {first}; "
             f"by layer {layers}")
+
+
+def check_joined(c, label: str, client, run: str, reports) -> None:
+    """The server's pairs of `run` (ListPairs): the same (layer, request,
+    position) rows as the client's, with the same verdicts."""
+    want = {(p.layer, r.request_id, r.position): r.verdict for p in reports for r in p.rows}
+    deadline = time.monotonic() + 60  # the joins follow the audits
+    while True:
+        got, rows = {}, 0
+        for p in client.list_pairs(run=run):
+            for r in p.rows:
+                got[(p.layer, r.request_id, r.position)] = r.verdict
+                rows += 1
+        if rows >= len(want) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    differ = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
+    detail = (f"the server joined the same {rows} pairs, the same verdicts" if not differ
+              else f"{len(differ)} of {len(want)} pairs unlike the server's {rows}, e.g. "
+                   f"{differ[0]}: here {want.get(differ[0])}, server {got.get(differ[0])}")
+    c.check(label, not differ and rows == len(want), detail)
 
 
 def check_stale_prefix(c, label: str, reports, data: dict) -> None:

@@ -18,6 +18,7 @@ from attnaudit.v1 import report_pb2, service_pb2
 
 from . import _enums as E
 from . import _wire
+from ._pair_views import verdict_number
 from .snapshot import Snapshot
 
 SERVICE = "/attnaudit.v1.AuditService/"
@@ -35,6 +36,7 @@ class ServiceMethods:
     _cancel: Any
     _capabilities: Any
     _list: Any
+    _list_pairs: Any
 
 
 def bind_methods(client: ServiceMethods, channel: Any) -> None:
@@ -58,6 +60,8 @@ def bind_methods(client: ServiceMethods, channel: Any) -> None:
         SERVICE + "GetCapabilities", response_deserializer=pb.Capabilities.FromString)
     client._list = channel.unary_unary(
         SERVICE + "ListResults", response_deserializer=pb.ListResultsResponse.FromString)
+    client._list_pairs = channel.unary_unary(
+        SERVICE + "ListPairs", response_deserializer=pb.ListPairsResponse.FromString)
 
 # Past this size the stream is faster than one unary message even when the
 # unary call would fit (its chunks pipeline encoding, transfer and parsing).
@@ -226,7 +230,7 @@ def _methods(*names: str) -> List[dict]:
 # largest that audit() sends unary on its own. channel_options may replace
 # any of these ("grpc.enable_retries", 0 turns retries off).
 RETRY_SERVICE_CONFIG = json.dumps({"methodConfig": [
-    {"name": _methods("Audit", "GetResult", "Cancel", "ListResults",
+    {"name": _methods("Audit", "GetResult", "Cancel", "ListResults", "ListPairs",
                       "GetCapabilities", "WatchResults"),
      "retryPolicy": _retry_policy(["RESOURCE_EXHAUSTED", "UNAVAILABLE"])},
     {"name": _methods("Submit"),
@@ -464,6 +468,29 @@ def list_request(*, model: Optional[str] = None, layer: Optional[int] = None,
         r.state = E.parse_enum(service_pb2.JobState, "JOB_STATE_", state, "state")
     for field, value, what in (("finished_after", since, "since"),
                                ("finished_before", until, "until")):
+        instant = _instant(value, what)
+        if instant is not None:
+            getattr(r, field).FromDatetime(instant.astimezone(datetime.timezone.utc))
+    return r
+
+
+def pairs_request(*, run: Optional[str] = None, layer: Optional[int] = None,
+                  verdict: Any = None, step: Optional[int] = None,
+                  request_id: Optional[str] = None, since: Any = None, until: Any = None,
+                  page_size: int = 100) -> service_pb2.ListPairsRequest:
+    """The first page's ListPairsRequest (page_token empty)."""
+    if isinstance(page_size, bool) or not 1 <= int(page_size) <= MAX_PAGE_SIZE:
+        raise ValueError(f"page_size: must be in [1, {MAX_PAGE_SIZE}], got {page_size!r}")
+    r = service_pb2.ListPairsRequest(run=run or "", request_id=request_id or "",
+                                     page_size=int(page_size))
+    if layer is not None:
+        r.layer = int(layer)
+    if step is not None:
+        r.step = int(step)
+    if verdict is not None:
+        r.verdict = E.wire(verdict_number(verdict))
+    for field, value, what in (("joined_after", since, "since"),
+                               ("joined_before", until, "until")):
         instant = _instant(value, what)
         if instant is not None:
             getattr(r, field).FromDatetime(instant.astimezone(datetime.timezone.utc))

@@ -126,6 +126,7 @@ CAST_POINT = (snapshot_pb2.RopeCastPoint, "ROPE_CAST_POINT_")
 ENGINE_PROFILE = (snapshot_pb2.EngineProfile, "ENGINE_PROFILE_")
 ROUNDING = (snapshot_pb2.Rounding, "ROUNDING_")
 PRECISION_SOURCE = (snapshot_pb2.PrecisionSource, "PRECISION_SOURCE_")
+SNAPSHOT_ROLE = (snapshot_pb2.SnapshotRole, "SNAPSHOT_ROLE_")
 
 ROPE_STATE_ALIASES = {"post": "post_rope", "pre": "pre_rope"}
 WINDOW_ALIASES = {"hf": "hugging_face", "huggingface": "hugging_face",

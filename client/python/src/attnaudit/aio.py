@@ -30,7 +30,7 @@ from ._enums import JobState
 from .errors import AuditError, DeadlineExceededError, UnavailableError, from_rpc_error
 from .memfd import MemfdSnapshot
 from .report import JobResult, Report
-from .results import AsyncResultIterator
+from .results import AsyncPairIterator, AsyncResultIterator
 from .snapshot import Snapshot
 
 Submitted = C.Submitted
@@ -175,6 +175,19 @@ class AuditClient(C.ServiceMethods):
                                  until=until, page_size=page_size)
         return AsyncResultIterator(lambda r: self._call(self._list, r, timeout),
                                    request, limit)
+
+    def list_pairs(self, *, run: Optional[str] = None, layer: Optional[int] = None,
+                   verdict: Any = None, step: Optional[int] = None,
+                   request_id: Optional[str] = None, since: Any = None, until: Any = None,
+                   page_size: int = 100, limit: Optional[int] = None,
+                   timeout: Optional[float] = None) -> AsyncPairIterator:
+        """As attnaudit.AuditClient.list_pairs, as an async iterator
+        (`async for`; `await it.to_list()`)."""
+        request = C.pairs_request(run=run, layer=layer, verdict=verdict, step=step,
+                                  request_id=request_id, since=since, until=until,
+                                  page_size=page_size)
+        return AsyncPairIterator(lambda r: self._call(self._list_pairs, r, timeout),
+                                 request, limit)
 
     def watch(self, *, model: Optional[str] = None, layer: Optional[int] = None,
               engine: Optional[str] = None, backend: Optional[str] = None,

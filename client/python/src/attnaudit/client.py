@@ -7,6 +7,8 @@
     result = client.wait(job.job_id)           # or get() / watch()
     for s in client.list_results(run="grpo-7", verdict="DRIFT"):
         print(s.job_id, s.layer, s.step, s.diagnosis)
+    for p in client.list_pairs(run="grpo-7"):  # train-rollout pairs
+        print(p.layer, p.verdict, p.rollout_job_id, p.trainer_job_id)
 
 A fleet of replicas sharing one store: give every address, or one DNS
 name that resolves to all of them, and the calls are spread round-robin:
@@ -42,7 +44,7 @@ from ._enums import JobState
 from .errors import AuditError, DeadlineExceededError, from_rpc_error
 from .memfd import MemfdSnapshot
 from .report import JobResult, Report
-from .results import ResultIterator
+from .results import PairIterator, ResultIterator
 from .snapshot import Snapshot
 
 
@@ -244,6 +246,35 @@ class AuditClient(C.ServiceMethods):
                                  step=step, run=run, state=state, since=since,
                                  until=until, page_size=page_size)
         return ResultIterator(lambda r: self._call(self._list, r, timeout), request, limit)
+
+    def list_pairs(self, *, run: Optional[str] = None, layer: Optional[int] = None,
+                   verdict: Any = None, step: Optional[int] = None,
+                   request_id: Optional[str] = None, since: Any = None, until: Any = None,
+                   page_size: int = 100, limit: Optional[int] = None,
+                   timeout: Optional[float] = None) -> PairIterator:
+        """The train-rollout pairs the server joined (a rollout snapshot
+        and a trainer snapshot, labelled with their role, of one run and
+        layer that hold common (request id, position) rows, each audited)
+        that match every criterion given, newest first, as an iterator of
+        attnaudit.PairResult views read a page at a time.
+
+        run, layer: the pair's. verdict: the pair's ("consistent",
+        "within-noise", "inputs-differ", "stale-prefix-kv",
+        "rollout-drift", "trainer-drift", "both-drift"). step: either
+        side's step label. request_id: a request id the pair's rows hold.
+        since / until: joined at or after / before, each given as seconds
+        ago, a timedelta ago, or a datetime. page_size: pairs per ListPairs
+        call (1 to 1000). limit: stop after this many pairs (None: all).
+        timeout: the deadline of each page's call.
+
+        The iterator's to_records() / to_pandas() give one row per pair
+        row. The server joins asynchronously, after both sides' audits:
+        a pair appears shortly after its second side was audited."""
+        request = C.pairs_request(run=run, layer=layer, verdict=verdict, step=step,
+                                  request_id=request_id, since=since, until=until,
+                                  page_size=page_size)
+        return PairIterator(lambda r: self._call(self._list_pairs, r, timeout), request,
+                            limit)
 
     def watch(self, *, model: Optional[str] = None, layer: Optional[int] = None,
               engine: Optional[str] = None, backend: Optional[str] = None,

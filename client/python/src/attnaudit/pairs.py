@@ -52,113 +52,36 @@ rank's snapshot pairs with the trainer's snapshot of the same heads only
 if the trainer's holds just those). Pages may be NHD or HND, bf16, f16 or
 f32; fp8 pages are not compared.
 
-Thread safety: functions only; no shared state. Errors: ValueError naming
-what cannot be compared.
+The server makes the same comparison (core/pairs, the same rules) as
+snapshots arrive: a rollout snapshot and a trainer snapshot labelled with
+their role, the same run and layer and common (request id, position) rows,
+each audited once, are joined and stored. AuditClient.list_pairs() reads
+those pairs back as PairResult views, whose `report` is a PairReport like
+compare()'s.
+
+Thread safety: functions only; no shared state (PairResult views are
+immutable). Errors: ValueError naming what cannot be compared.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ._enums import Comparison, Verdict
+from ._pair_views import (INPUT_ROUNDING_ULPS, PAIR_COLUMNS, PAIR_VERDICTS, PairReport,
+                          PairResult, RowPair, verdict_name, verdict_number)
 from .report import Report
 from .snapshot import Snapshot
 from .v1 import snapshot_pb2
 
-# Each side's q, K and V come from a projection rounded once to their dtype
-# (0.5 ulp) and a RoPE of up to three rounded ops (bf16 engines: 1.5 ulps):
-# two correct sides fed the same hidden state differ by at most 3 ulps.
-INPUT_ROUNDING_ULPS = 3.0
-
-PAIR_VERDICTS = ("consistent", "within-noise", "inputs-differ", "stale-prefix-kv",
-                 "rollout-drift",
-                 "trainer-drift", "both-drift")
+__all__ = ["INPUT_ROUNDING_ULPS", "PAIR_COLUMNS", "PAIR_VERDICTS", "PairReport", "PairResult",
+           "RowPair", "as_metrics", "compare", "compare_files", "first_layer_inputs_differ",
+           "main", "verdict_name", "verdict_number"]
 
 # Mantissa bits of the float formats a pair may hold.
 _MANTISSA = {"bfloat16": 7, "float16": 10, "float32": 23, "float64": 52}
-
-
-@dataclasses.dataclass(frozen=True)
-class RowPair:
-    """One (request id, position) both snapshots hold.
-
-    out_*: trainer output vs rollout output; q_ulps / kv_ulps: the largest
-    input difference in ulps of its dtype (kv over the common prefix of
-    keys_compared keys; newest_kv_ulps over its last key, the one made in
-    the same forward as q); input_effect: max |diff| of the float64 outputs
-    of the two inputs; noise: the tolerance it is judged against."""
-
-    request_id: str
-    position: int
-    rollout_row: int
-    trainer_row: int
-    out_bitwise: bool
-    out_max_abs: float
-    out_max_ulps: float
-    q_ulps: float
-    kv_ulps: float
-    newest_kv_ulps: float
-    keys_compared: int
-    input_effect: float
-    noise: float
-    verdict: str
-
-    @property
-    def inputs_differing(self) -> str:
-        """"q and K/V", "q", "K/V" (those beyond rounding, else those not
-        bitwise equal) or "" (bitwise equal inputs)."""
-        both = (("q", self.q_ulps), ("K/V", self.kv_ulps))
-        parts = [name for name, ulps in both if ulps > INPUT_ROUNDING_ULPS] or \
-            [name for name, ulps in both if ulps]
-        return " and ".join(parts)
-
-
-@dataclasses.dataclass(frozen=True)
-class PairReport:
-    """The pairs of one layer's two snapshots; verdict: the worst row's
-    (in PAIR_VERDICTS order, later is worse)."""
-
-    layer: Optional[int]
-    rows: Tuple[RowPair, ...]
-    rollout_verdict: Optional[Verdict]
-    trainer_verdict: Optional[Verdict]
-    rollout_diagnosis: Optional[str]
-    trainer_diagnosis: Optional[str]
-    unmatched_rollout: int
-    unmatched_trainer: int
-
-    @property
-    def verdict(self) -> Optional[str]:
-        if not self.rows:
-            return None
-        return max((r.verdict for r in self.rows), key=PAIR_VERDICTS.index)
-
-    def line(self) -> str:
-        """One line for a log: the verdict, the counts, the worst row."""
-        if not self.rows:
-            return (f"pair layer {self.layer}: no common (request, position) rows "
-                    f"({self.unmatched_rollout} rollout, {self.unmatched_trainer} "
-                    "trainer rows unmatched)")
-        counts: Dict[str, int] = {}
-        for r in self.rows:
-            counts[r.verdict] = counts.get(r.verdict, 0) + 1
-        worst = max(self.rows, key=lambda r: (PAIR_VERDICTS.index(r.verdict),
-                                              r.out_max_abs))
-        text = (f"pair layer {self.layer}: {self.verdict} ("
-                + ", ".join(f"{v} {n}" for v, n in counts.items()) + "); worst "
-                f"{worst.request_id}@{worst.position}: outputs differ by "
-                f"{worst.out_max_abs:.3g} ({worst.out_max_ulps:.3g} ulps)")
-        if worst.verdict in ("inputs-differ", "stale-prefix-kv"):
-            text += (f", {worst.inputs_differing} differ (effect {worst.input_effect:.3g} "
-                     f"> noise {worst.noise:.3g})")
-        diagnosis = {"rollout-drift": self.rollout_diagnosis,
-                     "trainer-drift": self.trainer_diagnosis}.get(worst.verdict)
-        if diagnosis:
-            text += f"; diagnosis {diagnosis}"
-        return text
 
 
 def compare(rollout: Snapshot, trainer: Snapshot, *,

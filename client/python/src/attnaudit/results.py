@@ -9,24 +9,30 @@
 list_results() returns a ResultIterator (ResultSummary views, newest
 first) that asks for the next page only when the previous one has been
 consumed, following the server's page tokens, and stops after `limit`
-results. results_to_pandas() / results_to_parquet() turn any iterable of
+results; list_pairs() a PairIterator of the train-rollout pairs the server
+joined (attnaudit.pairs.PairResult views), the same way.
+results_to_pandas() / results_to_parquet() turn any iterable of
 ResultSummary or JobResult views (a list_results() iterator, a watch, a
-list) into one flat row per result, with the columns of COLUMNS. pandas and
-pyarrow are optional: only these functions need them, and they raise an
-ImportError naming the package when it is missing.
+list) into one flat row per result, with the columns of COLUMNS;
+pairs_to_pandas() one row per pair row. pandas and pyarrow are optional:
+only these functions need them, and they raise an ImportError naming the
+package when it is missing.
 """
 
 from __future__ import annotations
 
 import collections
 import importlib
-from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Iterable, Iterator,
-                    List, Optional)
+from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Generic, Iterable,
+                    Iterator, List, Optional, Sequence, TypeVar)
 
 from attnaudit.v1 import service_pb2
 
 from ._records import COLUMNS, summarize
+from ._pair_views import PAIR_COLUMNS, PairResult
 from .report import JobResult, ResultSummary
+
+V = TypeVar("V")
 
 _STRING = ("job_id", "state", "verdict", "model", "engine", "backend", "run",
            "diagnosis", "replica", "error_message")
@@ -122,22 +128,44 @@ def results_to_parquet(results: Iterable[Any], path: Any) -> int:
     return table.num_rows
 
 
+def pairs_to_pandas(pairs: Iterable[PairResult]) -> Any:
+    """A pandas.DataFrame with one row per pair row (the columns of
+    attnaudit.pairs.PAIR_COLUMNS: each row's request id, position, verdict
+    and ulps beside its pair's run, layer, steps, weight versions, verdicts
+    and job ids); layer and steps as nullable Int64, join_time as
+    datetime64[ns, UTC]. `pairs`: PairResult views, e.g. client.list_pairs().
+    ImportError when pandas is not installed."""
+    pd = _require("pandas", "pairs_to_pandas", "pandas")
+    records = [r for p in pairs for r in p.to_records()]
+    frame = pd.DataFrame.from_records(records, columns=list(PAIR_COLUMNS))
+    for name in ("layer", "rollout_step", "trainer_step", "position", "keys_compared"):
+        frame[name] = pd.array([r[name] for r in records], dtype="Int64")
+    frame["join_time"] = pd.to_datetime(pd.Series([r["join_time"] for r in records],
+                                                  dtype=object),
+                                        utc=True).astype("datetime64[ns, UTC]")
+    return frame
+
+
 # ---------------------------------------------------------------------------
 # Pages
 # ---------------------------------------------------------------------------
 
 
-class _Pager:
-    """The paging state both iterators share: the request, the token, the
-    buffered rows and the limit."""
+class _Pager(Generic[V]):
+    """The paging state every iterator shares: the request, the token, the
+    buffered rows, the limit, and how a response's rows (`items`) become
+    views (`view`)."""
 
-    def __init__(self, request: service_pb2.ListResultsRequest, limit: Optional[int]):
+    def __init__(self, request: Any, limit: Optional[int],
+                 items: Callable[[Any], Sequence[Any]], view: Callable[[Any], V]):
         if limit is not None and (isinstance(limit, bool) or int(limit) < 0):
             raise ValueError(f"limit: must be >= 0 or None, got {limit!r}")
         self.request = request
         self.limit = None if limit is None else int(limit)
         self.page_size = request.page_size
-        self.buffer: "collections.deque[service_pb2.ResultSummary]" = collections.deque()
+        self._items = items
+        self._view = view
+        self.buffer: "collections.deque[Any]" = collections.deque()
         self.token: Optional[str] = None  # None: no page read yet; "": last page read
         self.returned = 0
         self.pages_read = 0
@@ -155,18 +183,26 @@ class _Pager:
             self.request.page_size = max(1, min(self.page_size, wanted))
         return self.request.SerializeToString()
 
-    def take_page(self, response: service_pb2.ListResultsResponse) -> None:
+    def take_page(self, response: Any) -> None:
         self.pages_read += 1
-        self.buffer.extend(response.results)
+        self.buffer.extend(self._items(response))
         token = response.next_page_token
         # A token that does not move would repeat the page forever.
         self.token = "" if token == (self.token or "") else token
 
-    def pop(self) -> Optional[ResultSummary]:
+    def pop(self) -> Optional[V]:
         if self.exhausted() or not self.buffer:
             return None
         self.returned += 1
-        return ResultSummary(self.buffer.popleft())
+        return self._view(self.buffer.popleft())
+
+
+def _results(response: service_pb2.ListResultsResponse) -> Sequence[Any]:
+    return response.results
+
+
+def _pairs(response: service_pb2.ListPairsResponse) -> Sequence[Any]:
+    return response.pairs
 
 
 class ResultIterator:
@@ -178,7 +214,7 @@ class ResultIterator:
     def __init__(self, fetch: Callable[[bytes], service_pb2.ListResultsResponse],
                  request: service_pb2.ListResultsRequest, limit: Optional[int] = None):
         self._fetch = fetch
-        self._pager = _Pager(request, limit)
+        self._pager = _Pager(request, limit, _results, ResultSummary)
 
     @property
     def pages_read(self) -> int:
@@ -220,7 +256,7 @@ class AsyncResultIterator:
     def __init__(self, fetch: Callable[[bytes], Awaitable[service_pb2.ListResultsResponse]],
                  request: service_pb2.ListResultsRequest, limit: Optional[int] = None):
         self._fetch = fetch
-        self._pager = _Pager(request, limit)
+        self._pager = _Pager(request, limit, _results, ResultSummary)
 
     @property
     def pages_read(self) -> int:
@@ -249,3 +285,78 @@ class AsyncResultIterator:
 
     async def to_parquet(self, path: Any) -> int:
         return results_to_parquet(await self.to_list(), path)
+
+
+class PairIterator:
+    """The pairs of client.list_pairs(), newest first, read a page at a
+    time as iteration reaches it (an iterator: it can be consumed once).
+    to_list(), to_records() (one dict per pair row) and to_pandas() consume
+    what is left."""
+
+    def __init__(self, fetch: Callable[[bytes], service_pb2.ListPairsResponse],
+                 request: service_pb2.ListPairsRequest, limit: Optional[int] = None):
+        self._fetch = fetch
+        self._pager = _Pager(request, limit, _pairs, PairResult)
+
+    @property
+    def pages_read(self) -> int:
+        """ListPairs calls made so far."""
+        return self._pager.pages_read
+
+    def __iter__(self) -> Iterator[PairResult]:
+        return self
+
+    def __next__(self) -> PairResult:
+        pager = self._pager
+        while not pager.exhausted() and pager.needs_page():
+            pager.take_page(self._fetch(pager.next_request()))
+        item = pager.pop()
+        if item is None:
+            raise StopIteration
+        return item
+
+    def to_list(self) -> List[PairResult]:
+        return list(self)
+
+    def to_records(self) -> List[Dict[str, Any]]:
+        """One flat dict per pair row (attnaudit.pairs.PAIR_COLUMNS)."""
+        return [r for p in self for r in p.to_records()]
+
+    def to_pandas(self) -> Any:
+        """A pandas.DataFrame, one row per pair row (pairs_to_pandas)."""
+        return pairs_to_pandas(self)
+
+
+class AsyncPairIterator:
+    """The asyncio twin of PairIterator: `async for p in ...`, and
+    `await it.to_list()`, `await it.to_records()`, `await it.to_pandas()`."""
+
+    def __init__(self, fetch: Callable[[bytes], Awaitable[service_pb2.ListPairsResponse]],
+                 request: service_pb2.ListPairsRequest, limit: Optional[int] = None):
+        self._fetch = fetch
+        self._pager = _Pager(request, limit, _pairs, PairResult)
+
+    @property
+    def pages_read(self) -> int:
+        return self._pager.pages_read
+
+    def __aiter__(self) -> AsyncIterator[PairResult]:
+        return self
+
+    async def __anext__(self) -> PairResult:
+        pager = self._pager
+        while not pager.exhausted() and pager.needs_page():
+            pager.take_page(await self._fetch(pager.next_request()))
+        item = pager.pop()
+        if item is None:
+            raise StopAsyncIteration
+        return item
+
+    async def to_list(self) -> List[PairResult]:
+        return [p async for p in self]
+
+    async def to_records(self) -> List[Dict[str, Any]]:
+        return [r for p in await self.to_list() for r in p.to_records()]
+
+    async def to_pandas(self) -> Any:
+        return pairs_to_pandas(await self.to_list())

@@ -194,8 +194,11 @@ class Snapshot:
         compute attnaudit's v1 digest here), prefix_scheme
         ("attnaudit_v1", "rl_kernel_compat"): prefix-cache identity.
         labels: a dict (model, layer, engine, backend, step, run,
-        request_ids) or an attnaudit.v1.Labels; run names the rollout or
-        training run (list_results filters on it).
+        request_ids, role, weight_version) or an attnaudit.v1.Labels; run
+        names the rollout or training run (list_results filters on it);
+        role ("rollout" or "trainer") with run, layer and request_ids makes
+        the snapshot one side of a train-rollout pair the server joins
+        (make_labels).
         engine: a name of ENGINE_PRESETS ("vllm-cpu", "hf-eager", "hf-sdpa",
         "torch-flash-cpu", "vllm", "flash-decoding"): declares the engine's
         precision profile and its RoPE cast point (either may still be given
@@ -926,8 +929,17 @@ def _apply_prefix(meta: Any, key: Any, length: Any, fingerprint: Any, scheme: An
 
 
 def make_labels(labels: Any) -> snapshot_pb2.Labels:
-    """An attnaudit.v1.Labels from a dict (model, layer, engine, backend,
-    step, run, request_ids) or a Labels message."""
+    """An attnaudit.v1.Labels from a dict or a Labels message. Keys: model,
+    engine, backend, run, weight_version (text); layer, step (ints);
+    request_ids (one per sequence); role: "rollout" or "trainer" (or
+    snapshot_pb2.SNAPSHOT_ROLE_*), the side of a train-rollout pair. A
+    snapshot with a role, run, layer and request_ids is a pair side: once
+    audited, the server joins it with the other role's snapshot of the same
+    run and layer that holds the same (request id, position) rows
+    (AuditClient.list_pairs). weight_version names the policy weights the
+    snapshot was computed under (e.g. the step of the last weight sync).
+    None values are left unset. An unknown key raises TypeError, an unknown
+    role ValueError, each naming the key."""
     if isinstance(labels, snapshot_pb2.Labels):
         return labels
     if not isinstance(labels, Mapping):
@@ -935,7 +947,7 @@ def make_labels(labels: Any) -> snapshot_pb2.Labels:
                         f"{type(labels).__name__}")
     out = snapshot_pb2.Labels()
     for k, v in labels.items():
-        if k in ("model", "engine", "backend", "run"):
+        if k in ("model", "engine", "backend", "run", "weight_version"):
             if v is not None:
                 setattr(out, k, str(v))
         elif k in ("layer", "step"):
@@ -943,9 +955,13 @@ def make_labels(labels: Any) -> snapshot_pb2.Labels:
                 setattr(out, k, int(v))
         elif k == "request_ids":
             out.request_ids.extend(str(r) for r in v)
+        elif k == "role":
+            if v is not None:
+                out.role = E.parse_enum(*E.SNAPSHOT_ROLE, v, "labels.role")
         else:
             raise TypeError(f"labels: unknown key {k!r}; expected model, layer, "
-                            "engine, backend, step, run, request_ids")
+                            "engine, backend, step, run, request_ids, role, "
+                            "weight_version")
     return out
 
 

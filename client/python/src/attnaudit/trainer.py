@@ -9,14 +9,17 @@ sequences, layers and positions what the trainer's kernel used and
 produced: the post-RoPE q of those positions, the keys and values before
 them, the output, and the layer's scale, soft-cap, window and sinks. Each
 (sequence, layer) becomes one decode-shaped Snapshot whose rows are the
-sampled positions, labelled with the sequence's sample id (the rollout's
-request id), layer, step and run: what attnaudit.pairs joins with the
-rollout's snapshots, and what the server audits like any engine's.
+sampled positions, labelled role="trainer" with the sequence's sample id
+(the rollout's request id), layer, step, run and the weight version given
+to capture(): what the server joins with the rollout's snapshots of the
+same run once both are audited (AuditClient.list_pairs), what
+attnaudit.pairs compares offline, and what the server audits like any
+engine's.
 
     hook = TrainerHook(auditor_or_callback, layers=[0, 15, 31], run="grpo-7")
     hook.install()
     with hook.capture(sample_ids=batch_request_ids, step=global_step,
-                      lengths=valid_lengths):
+                      lengths=valid_lengths, weight_version=str(synced_step)):
         logits = model(input_ids, attention_mask=mask).logits
 
 Sequences are rows of the batch, right-padded to `lengths` (packed or
@@ -58,6 +61,7 @@ class _Capture:
     step: Optional[int]
     lengths: Optional[Sequence[int]]
     positions: Optional[Callable[[str, int], Sequence[int]]]
+    weight_version: Optional[str] = None
 
 
 class TrainerHook:
@@ -100,11 +104,17 @@ class TrainerHook:
     @contextlib.contextmanager
     def capture(self, sample_ids: Sequence[Optional[str]], *, step: Optional[int] = None,
                 lengths: Optional[Sequence[int]] = None,
-                positions: Optional[Callable[[str, int], Sequence[int]]] = None
-                ) -> Iterator[None]:
+                positions: Optional[Callable[[str, int], Sequence[int]]] = None,
+                weight_version: Any = None) -> Iterator[None]:
         """Captures the forwards run inside: batch row b is sample
-        sample_ids[b] (None: not captured), lengths[b] tokens long."""
-        token = _ACTIVE.set(_Capture(self, list(sample_ids), step, lengths, positions))
+        sample_ids[b] (None: not captured), lengths[b] tokens long.
+        weight_version: the policy weights the trainer computes with (e.g.
+        the step of the last weight sync to the rollout engine), put on the
+        snapshots as text; a pair whose rollout names another version says
+        so (attnaudit pairs --rows). None: unknown."""
+        token = _ACTIVE.set(_Capture(self, list(sample_ids), step, lengths, positions,
+                                     None if weight_version is None
+                                     else str(weight_version)))
         try:
             yield
         finally:
@@ -161,7 +171,8 @@ class TrainerHook:
             sinks=None if sinks is None else sinks.detach().float().to(**host),
             engine=self.engine or _preset(implementation),
             labels=_labels(engine="hf", backend=implementation, layer=layer, step=cap.step,
-                           run=self.run, model=self.model, request_ids=[sample] * len(rows)))
+                           run=self.run, model=self.model, request_ids=[sample] * len(rows),
+                           role="trainer", weight_version=cap.weight_version))
 
     def _send(self, snapshot: Any, layer: int, step: Optional[int]) -> None:
         self.captured += 1

@@ -83,8 +83,10 @@ def set_rl_step(step: Optional[int], run: Optional[str] = None,
                 weight_version: Optional[object] = None) -> bool:
     """Labels the snapshots of later engine steps with the training loop's
     step (and run), in place of the engine's step counter; weight_version
-    (default: the step) names the weights in use, so that prefix blocks
-    cached under older ones are named when read. False when the
+    (default: the step) names the weights in use: the snapshots' weight
+    version label (a train-rollout pair whose trainer names another says
+    so), and prefix blocks cached under older ones are named when read.
+    False when the
     plugin is not active in this process: with vLLM's engine core in its
     own process (the default), call it there through the method the
     plugin adds to vLLM's workers,

@@ -272,9 +272,15 @@ def build_snapshot(call: AttentionCall, *, rows: Sequence[int], tokens: Sequence
 
 
 def snapshot_labels(*, model: Optional[str], backend: str, layer: int, step: int,
-                    run: Optional[str], request_ids: Optional[Sequence[str]]) -> Dict[str, Any]:
+                    run: Optional[str], request_ids: Optional[Sequence[str]],
+                    weight_version: Any = None) -> Dict[str, Any]:
+    """The labels of a rollout snapshot: role rollout (with a run, layer and
+    request ids, a side of a train-rollout pair the server joins with the
+    trainer's) and the weight version in use, when known."""
     labels: Dict[str, Any] = {"engine": "vllm", "backend": backend, "layer": layer,
-                              "step": step}
+                              "step": step, "role": "rollout"}
+    if weight_version is not None:
+        labels["weight_version"] = str(weight_version)
     if model:
         labels["model"] = model
     if run:

@@ -144,6 +144,7 @@ class StepState:
     inv_freq: Optional[Any] = None  # the rotary module's, when vLLM's
     rl_step: Optional[int] = None  # the training loop's, when it set one
     run: Optional[str] = None
+    weight_version: Any = None  # the weights in use, when the loop named them
 
 
 @dataclasses.dataclass
@@ -296,7 +297,8 @@ class VllmAuditPlugin:
         labels = capture.snapshot_labels(
             model=self.model, backend=_backend_label(call), layer=call.layer,
             step=st.step if st.rl_step is None else st.rl_step,
-            run=st.run or self.settings.run, request_ids=ids)
+            run=st.run or self.settings.run, request_ids=ids,
+            weight_version=st.weight_version)
 
         declared = self.declared(capture.backend_key(call))
 
@@ -461,8 +463,9 @@ class VllmAuditPlugin:
                     weight_version: Any = None) -> None:
         """The training loop's step (and run) for the snapshots of later
         engine steps: their step label, in place of the engine's counter.
-        weight_version (default: the step) names the weights in use: a
-        prefix block cached under an older one and read later is stale."""
+        weight_version (default: the step) names the weights in use: the
+        weight_version label of later snapshots, and a prefix block cached
+        under an older one and read later is stale."""
         self.rl_step = None if step is None else int(step)
         if run is not None:
             self.rl_run = str(run)
@@ -553,6 +556,7 @@ class VllmAuditPlugin:
         st.sampled = True
         st.layers = frozenset(layers)
         st.rl_step, st.run = self.rl_step, self.rl_run
+        st.weight_version = self.prefix.version
         st.rows = [rows[k] for k in keep]
         st.tokens = [tokens[k] for k in keep]
         if ids is not None:
