@@ -111,6 +111,8 @@ Snapshot FullSnapshot(uint32_t seed) {
   s.labels.step = 123456;
   s.labels.request_ids = {"req-a", "req-b"};
   s.labels.run = "grpo-run-7";
+  s.labels.role = SnapshotRole::kTrainer;
+  s.labels.weight_version = "sync-12";
   return s;
 }
 

@@ -109,6 +109,10 @@ TEST(ServerFlagsTest, EveryFlagReachesItsOption) {
                                          "2MiB",
                                          "--fleet-lease",
                                          "20s",
+                                         "--pair-wait",
+                                         "3m",
+                                         "--pair-max-side-bytes",
+                                         "8MiB",
                                          "--cpu-workers",
                                          "3",
                                          "--threads-per-job",
@@ -206,6 +210,8 @@ TEST(ServerFlagsTest, EveryFlagReachesItsOption) {
   EXPECT_FALSE(o.store_audit_results);
   EXPECT_EQ(o.result_journal_bytes, int64_t{2} << 20);
   EXPECT_EQ(o.fleet_lease, absl::Seconds(20));
+  EXPECT_EQ(o.pair_wait, absl::Minutes(3));
+  EXPECT_EQ(o.pair_max_side_bytes, int64_t{8} << 20);
   EXPECT_EQ(o.cpu_workers, 3);
   EXPECT_EQ(o.threads_per_job, 5);
   EXPECT_EQ(o.device_selection.mode, DeviceSelection::Mode::kList);

@@ -154,6 +154,9 @@ TEST(MetricsTest, ExactlyTheDocumentedFamilies) {
   pass.verdict = Verdict::kPass;
   pass.comparisons.emplace_back();
   metrics->ObserveReport(pass, Labels("m", 0, ""));
+  // Pair verdicts carry a layer label too.
+  EXPECT_EQ(families().count("attnaudit_pair_verdicts_total"), 0u);
+  metrics->CountPairVerdicts(0, "consistent");
   const auto got = families();
   using T = prometheus::MetricType;
   const std::map<std::string, prometheus::MetricType> want = {
@@ -186,8 +189,44 @@ TEST(MetricsTest, ExactlyTheDocumentedFamilies) {
       {"attnaudit_device_memory_bytes", T::Gauge},
       {"attnaudit_cp_checks_total", T::Counter},
       {"attnaudit_rope_checks_total", T::Counter},
+      {"attnaudit_pair_verdicts_total", T::Counter},
+      {"attnaudit_pair_sides_total", T::Counter},
   };
   EXPECT_EQ(got, want);
+}
+
+TEST(MetricsTest, PairVerdictsStartTogetherPerBoundedLayer) {
+  MetricsOptions o;
+  o.max_layers = 1;
+  auto metrics = MakeMetrics(o);
+  const std::string family = "attnaudit_pair_verdicts_total";
+  metrics->CountPairVerdicts(3, "trainer-drift", 2);
+  EXPECT_EQ(Value(*metrics, family, {{"layer", "3"}, {"verdict", "trainer-drift"}}),
+            2);
+  // Every verdict of the layer exists from its first pair, at zero.
+  EXPECT_EQ(Value(*metrics, family, {{"layer", "3"}, {"verdict", "consistent"}}),
+            0);
+  EXPECT_EQ(
+      Value(*metrics, family, {{"layer", "3"}, {"verdict", "stale-prefix-kv"}}),
+      0);
+  // Past max_layers a layer counts as "other"; -1 as "unknown".
+  metrics->CountPairVerdicts(4, "consistent");
+  EXPECT_EQ(
+      Value(*metrics, family, {{"layer", "other"}, {"verdict", "consistent"}}),
+      1);
+  metrics->CountPairVerdicts(-1, "both-drift");
+  EXPECT_EQ(
+      Value(*metrics, family, {{"layer", "unknown"}, {"verdict", "both-drift"}}),
+      1);
+  // A name that is no pair verdict is ignored.
+  metrics->CountPairVerdicts(3, "bogus");
+  EXPECT_EQ(Find(metrics->registry()->Collect(), family,
+                 {{"layer", "3"}, {"verdict", "bogus"}}),
+            nullptr);
+  metrics->CountPairSide(Metrics::PairSide::kWaiting);
+  EXPECT_EQ(Value(*metrics, "attnaudit_pair_sides_total",
+                  {{"outcome", "waiting"}}),
+            1);
 }
 
 TEST(MetricsTest, CallsEndedAreCountedByReason) {
