@@ -21,6 +21,9 @@ struct SynthCommand {
   std::string fault;     // empty: none
   std::string cp_sharding = "page";
   std::string cp_fault;  // empty: none
+  // Labels of a train-rollout pair side (both empty: none).
+  std::string role;
+  std::string run;
   std::string output;
 };
 
@@ -90,6 +93,11 @@ int RunSynth(const SynthCommand& o) {
   SynthDetails details;
   absl::StatusOr<Snapshot> snapshot = Synthesize(*synth, &details);
   if (!snapshot.ok()) return Fail(snapshot.status().message());
+  if (!o.role.empty()) {
+    snapshot->labels.role =
+        o.role == "trainer" ? SnapshotRole::kTrainer : SnapshotRole::kRollout;
+  }
+  snapshot->labels.run = o.run;
   for (const std::string& note : details.notes) {
     std::cerr << "attnaudit synth: note: " << note << "\n";
   }
@@ -173,6 +181,12 @@ void AddSynthCommand(CLI::App* app, int* exit_code) {
                    "the rank a per-rank CP fault hits (-1: from the seed)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{-1}, int64_t{1023}));
+  command
+      ->add_option("--role", o->role,
+                   "labels.role: rollout or trainer (a server joins the two "
+                   "sides of one --run, layer and seed: attnaudit pairs)")
+      ->check(CLI::IsMember({"rollout", "trainer"}));
+  command->add_option("--run", o->run, "labels.run");
   command->add_option("-o,--output", o->output, "the snapshot file to write")
       ->required();
 }

@@ -200,11 +200,16 @@ class Prometheus:
 
 def make_snapshots(cli, work):
     """pass.pb, drift.pb (lse-base2) and invalid.pb (pass.pb with
-    sliding_window = -1 appended: Snapshot field 21, last value wins)."""
+    sliding_window = -1 appended: Snapshot field 21, last value wins);
+    rollout.pb and trainer.pb: pass.pb's tensors as the two sides of a
+    train-rollout pair (a consistent one)."""
     paths = {k: os.path.join(work, k + ".pb")
-             for k in ("pass", "drift", "invalid")}
+             for k in ("pass", "drift", "invalid", "rollout", "trainer")}
     common = ["--preset", MODEL, "--batch", "1", "--context", "256"]
     run([cli, "synth"] + common + ["-o", paths["pass"]])
+    for role in ("rollout", "trainer"):
+        run([cli, "synth"] + common + ["--role", role, "--run", "live", "-o",
+                                       paths[role]])
     run([cli, "synth"] + common + ["--fault", "lse-base2", "-o",
                                    paths["drift"]])
     shutil.copyfile(paths["pass"], paths["invalid"])
@@ -241,6 +246,8 @@ def feed(cli, addr, paths):
     p = run([cli, "submit", paths["invalid"]] + a, want=(2,))
     check("sliding_window" in p.stderr, "submit of an invalid snapshot names "
           "the field", p.stderr.strip())
+    for role in ("rollout", "trainer"):
+        run([cli, "audit", paths[role]] + a)
     p = run([cli, "submit", paths["pass"], paths["pass"]] + a)
     for line in p.stdout.split("\n"):
         if line.strip():
@@ -457,6 +464,20 @@ def build_expectations(ctx):
                        for s in r]
         return checks
 
+    def no_pair_drift(results):
+        checks = [(all(len(r) > 0 for r in results), "every target has data")]
+        checks += [(s["metric"].get("layer") == LAYER and
+                    float(s["value"][1]) == 0, "%s = 0" % s["metric"])
+                   for s in results[0]]
+        return checks
+
+    def pair_sides(results):
+        v = by_label(results[0], "outcome")
+        return [(v.get("waiting", 0) > 0, "waiting > 0 (the first side)"),
+                (v.get("joined", 0) > 0, "joined > 0 (the second)"),
+                (v.get("dropped", 0) == 0, "dropped 0"),
+                (v.get("failed", 0) == 0, "failed 0")]
+
     def outcomes(results):
         v = by_label(results[0], "outcome")
         return [(v.get("ok", 0) > 0, "ok > 0"),
@@ -530,6 +551,9 @@ def build_expectations(ctx):
         # No fleet here: nothing taken over.
         "Fleet jobs taken over": lambda r: [
             (single(r) == 0, "0, got %r" % single(r))],
+        # One consistent pair (rollout.pb, trainer.pb): nothing beyond noise.
+        "train\u2013rollout attention by layer": no_pair_drift,
+        "Pair sides by outcome/s": pair_sides,
     }
 
 
@@ -586,7 +610,7 @@ def run_checks(args, work):
                                     '"attnaudit",model="%s"}' % MODEL)[0],
                  "the drift series in Prometheus")
         feed(args.cli, server.addr, paths)
-        counts = {"PASS": 7, "DRIFT": 2, "INVALID": 3}  # see feed()
+        counts = {"PASS": 9, "DRIFT": 2, "INVALID": 3}  # see feed()
         for verdict, n in counts.items():
             wait_for(lambda v=verdict, n=n: prom.scalar(
                 'attnaudit_audits_total{job="attnaudit",verdict="%s"}' % v)
@@ -597,6 +621,9 @@ def run_checks(args, work):
             counts["PASS"] + counts["DRIFT"] + 2 and prom.scalar(
             'attnaudit_inflight_jobs{job="attnaudit"}') == 0,
             "every job finished in Prometheus")
+        wait_for(lambda: prom.scalar(
+            'sum(attnaudit_pair_verdicts_total{job="attnaudit"})') == 1,
+            "the pair's one row in Prometheus")
         time.sleep(2.5)  # one more scrape of the final gauges
         check(prom.scalar('count(up == 0)') == 1,
               "the shared Prometheus has a down target of another job "
@@ -610,7 +637,7 @@ def run_checks(args, work):
               "model/layer variables find the audited series")
         ctx = {"counts": counts, "version": version,
                "truth": truth_values(truth_pass, truth_drift,
-                                     {"pass": 6, "drift": 2}),
+                                     {"pass": 8, "drift": 2}),
                "bounds": {f: bucket_bounds(prom, f) for f in (
                    "attnaudit_drift_out_max_abs", "attnaudit_drift_out_max_ulp",
                    "attnaudit_drift_lse_max_abs",
