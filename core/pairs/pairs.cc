@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "core/attention/attention.h"
 #include "core/common/status_macros.h"
@@ -204,7 +205,10 @@ double Tolerance(const AuditReport* report) {
 std::string TopDiagnosis(const AuditReport* report) {
   if (report == nullptr || report->diagnoses.empty()) return "";
   const Diagnosis& top = report->diagnoses.front();
-  return absl::StrCat(top.hypothesis, ": ", top.summary);
+  // Some summaries name their hypothesis already (core/diagnosis).
+  const std::string prefix = absl::StrCat(top.hypothesis, ": ");
+  if (absl::StartsWith(top.summary, prefix)) return top.summary;
+  return absl::StrCat(prefix, top.summary);
 }
 
 // ---------------------------------------------------------------------------

@@ -297,7 +297,11 @@ def _verdict(report: Optional[Report]) -> Optional[Verdict]:
 
 def _diagnosis(report: Optional[Report]) -> Optional[str]:
     top = None if report is None else report.diagnosis
-    return None if top is None else f"{top.hypothesis}: {top.summary}"
+    if top is None:
+        return None
+    # Some summaries name their hypothesis already (core/diagnosis).
+    prefix = f"{top.hypothesis}: "
+    return top.summary if top.summary.startswith(prefix) else prefix + top.summary
 
 
 def _tolerance(report: Optional[Report]) -> float:
