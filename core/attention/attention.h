@@ -76,6 +76,11 @@ struct PreparedAttention {
   // row's scores move its output (set with row_score_uncertainty).
   std::vector<double> row_score_uncertainty;
   std::vector<double> row_value_max;
+  // [B * Sq * Hq] when row_score_uncertainty is set: 1 where the row's own
+  // q has an ambiguous element (a shift of all its scores, which the
+  // statistical detector cannot tell from a bias; it leaves these rows
+  // out). A key's ambiguity moves one key's score of many and stays in.
+  std::vector<uint8_t> row_query_ambiguous;
   // What the report says of them: the ambiguous rotated elements of q and
   // of K, and the rows they widen.
   int64_t ambiguous_q_elements = 0;

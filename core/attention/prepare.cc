@@ -528,6 +528,7 @@ void RowScoreUncertainty(const Snapshot& s, const ResolvedLayout& layout,
   const int64_t group = d.q_heads / d.kv_heads;
   const int64_t rows = d.batch * d.queries * d.q_heads;
   p->row_score_uncertainty.assign(static_cast<size_t>(rows), 0.0);
+  p->row_query_ambiguous.assign(static_cast<size_t>(rows), 0);
   for (int64_t row = 0; row < rows; ++row) {
     const int64_t g = (row % d.q_heads) / group;
     double delta = keys.elements > 0 ? keys.head_score[g] * widen : 0.0;
@@ -536,6 +537,7 @@ void RowScoreUncertainty(const Snapshot& s, const ResolvedLayout& layout,
       for (int64_t i = 0; i < d.head_dim; ++i) {
         if (gap[i] != 0.0f) {
           delta += gap[i] * key_dim_max[g * d.head_dim + i] * widen;
+          p->row_query_ambiguous[row] = 1;
         }
       }
     }

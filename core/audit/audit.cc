@@ -110,6 +110,7 @@ struct CompareContext {
   // Rows whose scores may differ from the engine's by a rotated element at
   // a rounding boundary (PreparedAttention::row_score_uncertainty).
   RowScoreInputs row_scores;
+  const std::vector<uint8_t>* row_query_ambiguous = nullptr;
 };
 
 // The statistical detector on out (core/verdict/statistical.h).
@@ -139,20 +140,19 @@ void StatisticalStep(const CompareContext& ctx, Comparison which,
     si.shrink_known = lean.known;
   }
   const SnapshotDims& d = ctx.dims;
-  // A row with an ambiguous rotated element carries a bias of up to a
-  // flip's effect, which the detector's noise model (independent
-  // roundings) does not describe and its tolerance already bounds: such
-  // (b, s, h) cells are left out of the test. They are a handful of
-  // thousands; a bug that moves many rows still shows in the rest.
-  std::vector<uint8_t> excluded;
-  if (which != Comparison::kReplayVsReference && !ctx.row_scores.empty()) {
-    const std::vector<double>& delta = *ctx.row_scores.row_score_uncertainty;
-    excluded.resize(delta.size());
-    for (size_t i = 0; i < delta.size(); ++i) excluded[i] = delta[i] > 0;
-    if (static_cast<int64_t>(excluded.size()) ==
-        d.batch * d.queries * d.q_heads) {
-      si.excluded_cells = excluded.data();
-    }
+  // A row whose own q has an ambiguous rotated element carries a bias of
+  // up to a flip's effect on all its scores, which the detector's noise
+  // model (independent roundings) does not describe and its tolerance
+  // already bounds: such (b, s, h) cells are left out of the test. They
+  // are a few of thousands; a bug that moves many rows still shows in the
+  // rest. A key's flip moves one score of many and is not excluded: with
+  // thousands of ambiguous keys every row would be, and the detector
+  // silenced.
+  if (which != Comparison::kReplayVsReference &&
+      ctx.row_query_ambiguous != nullptr &&
+      static_cast<int64_t>(ctx.row_query_ambiguous->size()) ==
+          d.batch * d.queries * d.q_heads) {
+    si.excluded_cells = ctx.row_query_ambiguous->data();
   }
   result->statistical = RunStatisticalTest(
       candidate.out.data(), baseline.out.data(), ctx.reference_out->data(),
@@ -540,7 +540,7 @@ absl::Status LogprobStage(AuditRun* run) {
 CompareContext MakeCompareContext(const AuditRun& run) {
   const DType out_dtype = run.prepared.output_dtype;
   CompareContext ctx{*run.backend, run.snapshot, run.layout.dims,   out_dtype,
-                     {},           run.options,  &run.reference.out, {}};
+                     {},           run.options,  &run.reference.out, {}, nullptr};
   ToleranceInputs& ti = ctx.tolerance_inputs;
   ti.output_dtype = out_dtype;
   ti.kv_dtype = run.snapshot.k_pages.dtype();
@@ -566,6 +566,7 @@ CompareContext MakeCompareContext(const AuditRun& run) {
     ctx.row_scores.row_value_max = &run.prepared.row_value_max;
     ctx.row_scores.q_heads = run.layout.dims.q_heads;
     ctx.row_scores.kv_heads = run.layout.dims.kv_heads;
+    ctx.row_query_ambiguous = &run.prepared.row_query_ambiguous;
   }
   return ctx;
 }
