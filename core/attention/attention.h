@@ -65,6 +65,28 @@ struct PreparedAttention {
   // for the statistical detector's noise.
   double rope_score_noise = 0;
   double value_max = 0;
+  // Rotation-boundary ambiguity (a pre-RoPE snapshot whose engine declared
+  // its arithmetic): a rotated element of q or K whose unrounded value lies
+  // within two libms' cos/sin (and fp32 arithmetic order) of a rounding
+  // boundary of the rotation dtype may be stored one ulp away by the engine
+  // (RopeTable::RotationAmbiguity). Per (b, s, h) row [B * Sq * Hq]: a bound,
+  // in nats, on how far such flips move any of the row's scores from ours;
+  // empty when no element is ambiguous. `row_value_max` [Hkv]: max |v| (V
+  // scale applied) of each KV head's referenced keys, through which the
+  // row's scores move its output (set with row_score_uncertainty).
+  std::vector<double> row_score_uncertainty;
+  std::vector<double> row_value_max;
+  // [B * Sq * Hq] when row_score_uncertainty is set: 1 where the row's own
+  // q has an ambiguous element (a shift of all its scores, which the
+  // statistical detector cannot tell from a bias; it leaves these rows
+  // out). A key's ambiguity moves one key's score of many and stays in.
+  std::vector<uint8_t> row_query_ambiguous;
+  // What the report says of them: the ambiguous rotated elements of q and
+  // of K, and the rows they widen.
+  int64_t ambiguous_q_elements = 0;
+  int64_t ambiguous_k_elements = 0;
+  int64_t ambiguous_rows = 0;
+  DType rotation_dtype = DType::kInvalid;
   // P's units (core/attention/units.h) per row, and for each logical block
   // the first of its units: block_unit_begin[b][blk] .. [blk + 1].
   std::vector<std::vector<KvUnit>> units;

@@ -2,6 +2,7 @@
 // the attention variant, resolved once per snapshot.
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -111,9 +112,20 @@ int64_t PairIndex(RopeStyle style, int64_t i, int64_t half, bool second) {
 // Rotates every active slot of the referenced K pages into an f32 NHD pool,
 // as the engine did (its cast point; one cast to the K RoPE output dtype),
 // and, when `maxima` is set, takes the pair maxima of K and V on the way.
+// What RotateKeys finds of the rotated keys that may round the other way
+// in the engine (RopeTable::RotationAmbiguity): their count, and per KV
+// head the largest, over its keys, of sum_d gap_{j,d} max|q_d| (the most
+// one key's score moves before the softmax scale).
+struct KeyAmbiguity {
+  int64_t elements = 0;
+  std::vector<double> head_score;  // [Hkv]
+};
+
 absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
                         const RopeTable& rope, PreparedAttention* p,
-                        PairMaxima* maxima, int threads) {
+                        PairMaxima* maxima, int threads,
+                        const std::vector<double>* query_dim_max,
+                        KeyAmbiguity* ambiguity) {
   const SnapshotDims& d = p->dims;
   const DType out_dtype = s.rope.k_output_dtype != DType::kInvalid
                               ? s.rope.k_output_dtype
@@ -131,12 +143,18 @@ absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
   const size_t half = rope.inv_freq().size();
   std::vector<ScanPart> per_page(
       maxima != nullptr ? static_cast<size_t>(d.num_pages) : 0);
+  const bool detect = query_dim_max != nullptr;
+  std::vector<KeyAmbiguity> page_ambiguity(
+      detect ? static_cast<size_t>(d.num_pages) : 0);
   ParallelFor(d.num_pages, threads, [&](int64_t page) {
     if (!referenced[page]) return;
     std::vector<float> cos_half(half);
     std::vector<float> sin_half(half);
     std::vector<float> row(static_cast<size_t>(d.head_dim));
     std::vector<float> vrow(row.size());
+    std::vector<float> gap(detect ? row.size() : 0);
+    KeyAmbiguity* found = detect ? &page_ambiguity[page] : nullptr;
+    if (found != nullptr) found->head_score.assign(d.kv_heads, 0.0);
     ScanPart* part = maxima != nullptr ? &per_page[page] : nullptr;
     if (part != nullptr) {
       part->key_sq.assign(static_cast<size_t>(d.kv_heads) * half, 0.0f);
@@ -162,8 +180,31 @@ absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
         }
         float* dst = p->rotated_k.data() +
                      KvSlotOffset(KvLayout::kNHD, d, page, slot, g);
+        if (found != nullptr) {
+          rope.RotationAmbiguity(row.data(), cos_half.data(), sin_half.data(),
+                                 rotation_dtype, pos, gap.data());
+        }
         rope.RotateAs(row.data(), cos_half.data(), sin_half.data(),
                       rotation_dtype, dst);
+        if (found != nullptr) {
+          double score = 0;
+          for (int64_t i = 0; i < d.head_dim; ++i) {
+            if (gap[i] == 0.0f) continue;
+            // An fp8 cache re-quantises the rotated value: its two
+            // candidates may land an fp8 step apart.
+            const double step =
+                requantize
+                    ? std::fabs(RoundToDType((dst[i] + gap[i]) / ks,
+                                             out_dtype) -
+                                RoundToDType((dst[i] - gap[i]) / ks,
+                                             out_dtype)) *
+                          ks
+                    : gap[i];
+            ++found->elements;
+            score += step * (*query_dim_max)[g * d.head_dim + i];
+          }
+          found->head_score[g] = std::max(found->head_score[g], score);
+        }
         if (requantize) {
           // An fp8 cache stores the rotated key re-quantised with its scale;
           // the pool holds the dequantised value (the scale is applied here,
@@ -176,6 +217,16 @@ absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
     }
   });
   if (maxima != nullptr) MergeMaxima(per_page, s, d, half, maxima);
+  if (detect) {
+    ambiguity->head_score.assign(d.kv_heads, 0.0);
+    for (const KeyAmbiguity& part : page_ambiguity) {
+      ambiguity->elements += part.elements;
+      for (size_t g = 0; g < part.head_score.size(); ++g) {
+        ambiguity->head_score[g] =
+            std::max(ambiguity->head_score[g], part.head_score[g]);
+      }
+    }
+  }
   p->k_data = p->rotated_k.data();
   p->k_dtype = DType::kF32;
   p->k_layout = KvLayout::kNHD;
@@ -332,8 +383,11 @@ bool EngineAnglesEverywhere(const Snapshot& s, const PreparedAttention& p,
 
 // q as the engine attends with it: rotated as the engine did when it is
 // pre-RoPE; the largest |q pair| per rotary pair into *pair_max.
+// With `q_gap` set, also each rotated element's gap
+// (RopeTable::RotationAmbiguity) into it [B * Sq * Hq * D].
 void RotateQueries(const Snapshot& s, const RopeTable& rope,
-                   PreparedAttention* p, std::vector<double>* pair_max) {
+                   PreparedAttention* p, std::vector<double>* pair_max,
+                   std::vector<float>* q_gap) {
   const SnapshotDims& d = p->dims;
   const size_t half = rope.inv_freq().size();
   pair_max->assign(half, 0.0);
@@ -347,6 +401,8 @@ void RotateQueries(const Snapshot& s, const RopeTable& rope,
   // A query position's angles serve all of its heads.
   std::vector<float> cos_half(half);
   std::vector<float> sin_half(half);
+  const bool detect = rotate && q_gap != nullptr;
+  if (detect) q_gap->assign(p->q.size(), 0.0f);
   for (int64_t bs = 0; bs < d.batch * d.queries; ++bs) {
     if (rotate) {
       rope.Angles(p->query_positions[bs], cos_half.data(), sin_half.data());
@@ -365,11 +421,133 @@ void RotateQueries(const Snapshot& s, const RopeTable& rope,
         }
         continue;
       }
+      if (detect) {
+        rope.RotationAmbiguity(row.data(), cos_half.data(), sin_half.data(),
+                               q_out_dtype, p->query_positions[bs],
+                               q_gap->data() + base);
+      }
       rope.RotateAs(row.data(), cos_half.data(), sin_half.data(), q_out_dtype,
                     row.data());
       for (int64_t i = 0; i < d.head_dim; ++i) p->q[base + i] = row[i];
     }
   }
+}
+
+// Per KV head and dim the largest |k| (K scale applied) of the referenced,
+// active keys as the replay attends with them (p->k_data: the pages, or the
+// rotated pool), and per KV head the largest |v| (V scale applied).
+void KeyDimMaxima(const Snapshot& s, const ResolvedLayout& layout,
+                  const PreparedAttention& p, int threads,
+                  std::vector<double>* key_dim_max,
+                  std::vector<double>* value_max) {
+  const SnapshotDims& d = p.dims;
+  const std::vector<uint8_t> referenced = ReferencedPages(layout, d);
+  const size_t width = static_cast<size_t>(d.kv_heads * d.head_dim);
+  std::vector<std::vector<float>> key_part(static_cast<size_t>(d.num_pages));
+  std::vector<std::vector<float>> value_part(
+      static_cast<size_t>(d.num_pages));
+  ParallelFor(d.num_pages, threads, [&](int64_t page) {
+    if (!referenced[page]) return;
+    std::vector<float>& km = key_part[page];
+    std::vector<float>& vm = value_part[page];
+    km.assign(width, 0.0f);
+    vm.assign(static_cast<size_t>(d.kv_heads), 0.0f);
+    std::vector<float> row(static_cast<size_t>(d.head_dim));
+    for (int64_t slot = 0; slot < d.page_size; ++slot) {
+      if (s.slot_positions.IntAt(page * d.page_size + slot) < 0) continue;
+      for (int64_t g = 0; g < d.kv_heads; ++g) {
+        const int64_t src = KvSlotOffset(p.k_layout, d, page, slot, g);
+        ConvertToFloat(static_cast<const char*>(p.k_data) +
+                           src * DTypeSize(p.k_dtype),
+                       p.k_dtype, d.head_dim, row.data());
+        for (int64_t i = 0; i < d.head_dim; ++i) {
+          const float a = std::fabs(row[i]);
+          float& m = km[g * d.head_dim + i];
+          m = a <= std::numeric_limits<float>::max() && a > m ? a : m;
+        }
+        vm[g] = std::max(vm[g], ValueRowMax(s, d, page, slot, g, row.data()));
+      }
+    }
+  });
+  key_dim_max->assign(width, 0.0);
+  value_max->assign(static_cast<size_t>(d.kv_heads), 0.0);
+  for (int64_t page = 0; page < d.num_pages; ++page) {
+    if (key_part[page].empty()) continue;
+    for (int64_t g = 0; g < d.kv_heads; ++g) {
+      for (int64_t i = 0; i < d.head_dim; ++i) {
+        const size_t at = static_cast<size_t>(g * d.head_dim + i);
+        (*key_dim_max)[at] = std::max(
+            (*key_dim_max)[at], key_part[page][at] * p.k_scale[g]);
+      }
+      (*value_max)[g] =
+          std::max((*value_max)[g], value_part[page][g] * p.v_scale[g]);
+    }
+  }
+}
+
+// Per KV head and dim the largest |q| of the query heads reading it.
+std::vector<double> QueryDimMaxima(const PreparedAttention& p) {
+  const SnapshotDims& d = p.dims;
+  const int64_t group = d.q_heads / d.kv_heads;
+  std::vector<double> out(static_cast<size_t>(d.kv_heads * d.head_dim), 0.0);
+  for (int64_t bs = 0; bs < d.batch * d.queries; ++bs) {
+    for (int64_t h = 0; h < d.q_heads; ++h) {
+      const double* q = &p.q[(bs * d.q_heads + h) * d.head_dim];
+      double* m = &out[(h / group) * d.head_dim];
+      for (int64_t i = 0; i < d.head_dim; ++i) {
+        const double a = std::fabs(q[i]);
+        if (std::isfinite(a)) m[i] = std::max(m[i], a);
+      }
+    }
+  }
+  return out;
+}
+
+// The per-row score uncertainty of rotation-boundary ambiguity
+// (PreparedAttention::row_score_uncertainty). An ambiguous q element
+// (b, s, h, d) moves every score of its row by at most gap * |k_{j,d}| *
+// scale, so the row's scores move by at most scale * sum over its
+// ambiguous elements of gap * max_j |k_{j,d}|. An ambiguous key element
+// moves one key's score, by at most gap * |q_d| * scale; the largest such
+// key of a KV head (KeyAmbiguity) bounds every row of the heads reading it
+// (a row's LSE and output move by at most the largest shift of its scores,
+// so one key's bound serves all). The maxima are of our values; the
+// engine's may be a flip larger, so they are widened by two ulps of the
+// rotation dtype.
+void RowScoreUncertainty(const Snapshot& s, const ResolvedLayout& layout,
+                         const std::vector<float>& q_gap,
+                         const KeyAmbiguity& keys, DType rotation_dtype,
+                         int threads, PreparedAttention* p) {
+  const SnapshotDims& d = p->dims;
+  int64_t q_elements = 0;
+  for (float g : q_gap) q_elements += g != 0.0f;
+  if (q_elements == 0 && keys.elements == 0) return;
+  const double widen = 1.0 + 2.0 * DTypeEpsilon(rotation_dtype);
+  std::vector<double> key_dim_max, value_max;
+  KeyDimMaxima(s, layout, *p, threads, &key_dim_max, &value_max);
+  const int64_t group = d.q_heads / d.kv_heads;
+  const int64_t rows = d.batch * d.queries * d.q_heads;
+  p->row_score_uncertainty.assign(static_cast<size_t>(rows), 0.0);
+  p->row_query_ambiguous.assign(static_cast<size_t>(rows), 0);
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t g = (row % d.q_heads) / group;
+    double delta = keys.elements > 0 ? keys.head_score[g] * widen : 0.0;
+    if (!q_gap.empty()) {
+      const float* gap = &q_gap[row * d.head_dim];
+      for (int64_t i = 0; i < d.head_dim; ++i) {
+        if (gap[i] != 0.0f) {
+          delta += gap[i] * key_dim_max[g * d.head_dim + i] * widen;
+          p->row_query_ambiguous[row] = 1;
+        }
+      }
+    }
+    p->row_score_uncertainty[row] = delta * p->softmax_scale;
+    p->ambiguous_rows += delta > 0;
+  }
+  p->row_value_max = std::move(value_max);
+  p->ambiguous_q_elements = q_elements;
+  p->ambiguous_k_elements = keys.elements;
+  p->rotation_dtype = rotation_dtype;
 }
 
 }  // namespace
@@ -426,16 +604,27 @@ absl::StatusOr<PreparedAttention> PrepareAttention(const Snapshot& s,
   }
   ATTNAUDIT_ASSIGN_OR_RETURN(const RopeTable rope, EngineRopeOf(s, d.head_dim));
   PairMaxima maxima;
-  RotateQueries(s, rope, &p, &maxima.query);
+  // A declared engine narrows its rotation exactly as we do, up to the
+  // elements that lie at a rounding boundary (RotationAmbiguity); an
+  // undeclared one is held to ~2 ulps of every rotated element in
+  // RopeScoreUncertainty already.
+  const bool detect = !s.precision.Undeclared();
+  std::vector<float> q_gap;
+  RotateQueries(s, rope, &p, &maxima.query, detect ? &q_gap : nullptr);
   // With the engine's own angles everywhere and its arithmetic declared,
   // our rotation is the engine's up to two libms' cos/sin (a few fp32 ulps
   // of angle, inside the tolerances' fp32 terms): no uncertainty, and no
   // scan of the cache.
   const bool exact =
       EngineAnglesEverywhere(s, p, layout, rope) && !s.precision.Undeclared();
+  KeyAmbiguity key_ambiguity;
   if (s.rope.k_state == RopeState::kPreRope) {
-    ATTNAUDIT_RETURN_IF_ERROR(
-        RotateKeys(s, layout, rope, &p, exact ? nullptr : &maxima, threads));
+    const std::vector<double> query_dim_max =
+        detect ? QueryDimMaxima(p) : std::vector<double>();
+    ATTNAUDIT_RETURN_IF_ERROR(RotateKeys(s, layout, rope, &p,
+                                         exact ? nullptr : &maxima, threads,
+                                         detect ? &query_dim_max : nullptr,
+                                         &key_ambiguity));
   } else if (!exact) {
     ScanKeys(s, layout, rope, d, threads, &maxima);
   }
@@ -445,6 +634,13 @@ absl::StatusOr<PreparedAttention> PrepareAttention(const Snapshot& s,
     p.rope_score_uncertainty = rope_error.bound;
     p.rope_score_noise = rope_error.typical;
     p.value_max = maxima.value;
+  }
+  if (detect) {
+    const DType rotation_dtype = s.rope.q_state == RopeState::kPreRope
+                                     ? QueryRotationDtype(s)
+                                     : KeyRotationDtype(s);
+    RowScoreUncertainty(s, layout, q_gap, key_ambiguity, rotation_dtype,
+                        threads, &p);
   }
   return p;
 }

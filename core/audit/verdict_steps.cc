@@ -198,6 +198,32 @@ void NoteSensitivity(const VerdictInputs& in, AuditReport* report) {
         now.out_abs, now.out_abs / std::max(sharp.out_abs, 1e-300),
         sharp.out_abs));
   }
+  const PreparedAttention& p = in.prepared;
+  if (!p.row_score_uncertainty.empty()) {
+    RowScoreInputs rows;
+    rows.row_score_uncertainty = &p.row_score_uncertainty;
+    rows.row_value_max = &p.row_value_max;
+    rows.q_heads = p.dims.q_heads;
+    rows.kv_heads = p.dims.kv_heads;
+    const RowTolerances extra = ComputeRowTolerances(ti, rows, {});
+    const double max_lse = *std::max_element(p.row_score_uncertainty.begin(),
+                                             p.row_score_uncertainty.end());
+    const double max_out =
+        extra.out.empty()
+            ? 0.0
+            : *std::max_element(extra.out.begin(), extra.out.end());
+    lines.push_back(absl::StrFormat(
+        "%d rotated q and %d rotated K elements lie at a rounding boundary "
+        "of %s within the engine's libm and fp32 difference (the engine may "
+        "store them one ulp the other way): their %d of %d rows (b, s, h) "
+        "are held to tolerances widened by up to %.3g (lse) and %.3g (out, "
+        "%.1fx the E-R out tolerance); rows with an ambiguous q element are left "
+        "out of the statistical test",
+        p.ambiguous_q_elements, p.ambiguous_k_elements,
+        DTypeName(p.rotation_dtype), p.ambiguous_rows,
+        static_cast<int64_t>(p.row_score_uncertainty.size()), max_lse, max_out,
+        max_out / std::max(now.out_abs, 1e-300)));
+  }
   if (ti.rope_score_uncertainty > 0) {
     ToleranceInputs exact = ti;
     exact.rope_score_uncertainty = 0;

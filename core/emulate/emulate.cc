@@ -159,8 +159,11 @@ class Emulator {
   }
 
  private:
+  // `row_dot_error`: the row's own rotation-boundary uncertainty
+  // (PreparedAttention::row_score_uncertainty), in the dot product's units.
   void Scores(const CellRows& rows, const double* q, int64_t qpos,
-              QueryScratch* sc, CellCounts* counts) const {
+              double row_dot_error, QueryScratch* sc,
+              CellCounts* counts) const {
     const int64_t D = p_.dims.head_dim;
     sc->keys.clear();
     sc->score.clear();
@@ -175,7 +178,8 @@ class Emulator {
       }
       sc->keys.push_back(j);
       sc->score.push_back(
-          chain_.Of(dot, dot_error_ * magnitude + rope_dot_error_));
+          chain_.Of(dot, dot_error_ * magnitude + rope_dot_error_ +
+                             row_dot_error));
       ++counts->scores;
       counts->ambiguous += sc->score.back().ambiguous() ? 1 : 0;
     }
@@ -198,8 +202,12 @@ class Emulator {
     const SnapshotDims& d = p_.dims;
     const int64_t D = d.head_dim;
     const int64_t cell = (b * d.queries + s) * d.q_heads + h;
-    Scores(rows, &p_.q[cell * D], p_.query_positions[b * d.queries + s], sc,
-           counts);
+    const double row_dot_error =
+        !p_.row_score_uncertainty.empty() && p_.softmax_scale > 0
+            ? p_.row_score_uncertainty[cell] / p_.softmax_scale
+            : 0.0;
+    Scores(rows, &p_.q[cell * D], p_.query_positions[b * d.queries + s],
+           row_dot_error, sc, counts);
     const bool has_sink = !p_.sinks.empty();
     double sink =
         has_sink ? p_.sinks[h] : -std::numeric_limits<double>::infinity();

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/rope/scaling.h"
@@ -315,6 +317,102 @@ void RopeTable::RotateAs(const float* x, const float* cos_half,
       out[a] = final(x1 * c - x2 * s);
       out[b] = final(x2 * c + x1 * s);
     }
+  }
+}
+
+void RopeTable::RotationAmbiguity(const float* x, const float* cos_half,
+                                  const float* sin_half, DType dtype,
+                                  int64_t position, float* gap) const {
+  const int64_t half = rotary_dim_ / 2;
+  const bool neox = style_ == RopeStyle::kNeox;
+  const bool round_cos_sin = cast_point_ != RopeCastPoint::kAfterRope;
+  const bool each_op = cast_point_ == RopeCastPoint::kEachOp;
+  // fp32's unit roundoff: every fp32 operation of the engine's rotation
+  // (a product, the sum) is within it, relative, of the exact value.
+  constexpr double kUnit = 0x1p-24;
+  auto r = [dtype](double v) {
+    return static_cast<double>(RoundToDType(static_cast<float>(v), dtype));
+  };
+  auto final = [dtype, this](double v) {
+    const float f = static_cast<float>(v);
+    return static_cast<double>(truncates_ ? RoundTowardZeroToDType(f, dtype)
+                                          : RoundToDType(f, dtype));
+  };
+  // The pass-through dims are only narrowed: the same in every engine. A
+  // rotation kept in fp32 (or wider) is not narrowed at all: its fp32
+  // differences are inside the tolerances' fp32 terms.
+  const bool narrowed = dtype != DType::kF32 && dtype != DType::kF64;
+  for (int64_t i = narrowed ? rotary_dim_ : 0; i < head_dim_; ++i) {
+    gap[i] = 0.0f;
+  }
+  if (!narrowed) return;
+  // Every rounding is monotone, so the engine's value lies between the
+  // roundings of its interval's ends.
+  struct Range {
+    double lo, hi;
+  };
+  // x * c for c in [c.lo, c.hi], as the engine's fp32 (and, for kEachOp,
+  // its dtype) product may give it.
+  auto product = [&](double xv, Range c) {
+    double a = xv * c.lo, b = xv * c.hi;
+    if (a > b) std::swap(a, b);
+    a -= kUnit * std::fabs(a);
+    b += kUnit * std::fabs(b);
+    if (each_op) return Range{r(a), r(b)};
+    return Range{a, b};
+  };
+  // p - q (p + q with q negated by the caller), its fp32 rounding included.
+  auto sum = [&](Range p, Range q) {
+    const double lo = p.lo + q.lo, hi = p.hi + q.hi;
+    const double m = kUnit * std::max(std::fabs(lo), std::fabs(hi));
+    return Range{lo - m, hi + m};
+  };
+  // A value past the dtype's range is the engine's overflow, reported
+  // elsewhere; no gap to bound there.
+  auto gap_of = [&](Range y) {
+    const double g = std::fabs(final(y.hi) - final(y.lo));
+    return std::isfinite(g) ? static_cast<float>(g) : 0.0f;
+  };
+  const Source source = SourceAt(position);
+  const double swing = std::max(1.0, static_cast<double>(magnitude_));
+  // Two libms' fp32 cos (sin) of the same fp32 angle, each within an ulp of
+  // the true value, then scaled by the magnitude: at most two ulps of the
+  // value apart (measured: torch's and ours differ by one ulp in ~5 % of
+  // entries). An fp32 ulp, not kLibmAngle's absolute 4 eps: a small cos is
+  // known to its own ulp, and elements whose value cancels (|x1 c| ~ |x2 s|)
+  // would otherwise nearly all look ambiguous.
+  auto libm = [](float v) {
+    const float a = std::fabs(v);
+    return 2.0 * static_cast<double>(
+                     std::nextafter(a, std::numeric_limits<float>::infinity()) -
+                     a);
+  };
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t a = neox ? i : 2 * i;
+    const int64_t b = neox ? i + half : 2 * i + 1;
+    // The engine's own row: its cos/sin exactly. The config's inverse
+    // frequencies: also an angle off by AngleUncertainty's first term,
+    // which moves cos and sin by at most |magnitude| times it.
+    double dt = 0, dc = 0, ds = 0;
+    if (source != Source::kEngineRow) {
+      if (source == Source::kConfig) {
+        dt = swing * std::max(0.0, AngleUncertainty(position, i) - kLibmAngle);
+      }
+      dc = dt + libm(cos_half[i]);
+      ds = dt + libm(sin_half[i]);
+    }
+    Range c{cos_half[i] - dc, cos_half[i] + dc};
+    Range s{sin_half[i] - ds, sin_half[i] + ds};
+    if (round_cos_sin) {
+      c = {r(c.lo), r(c.hi)};
+      s = {r(s.lo), r(s.hi)};
+    }
+    const double x1 = x[a];
+    const double x2 = x[b];
+    const Range x1c = product(x1, c), x2s = product(x2, s);
+    const Range x2c = product(x2, c), x1s = product(x1, s);
+    gap[a] = gap_of(sum(x1c, Range{-x2s.hi, -x2s.lo}));
+    gap[b] = gap_of(sum(x2c, x1s));
   }
 }
 

@@ -66,6 +66,19 @@ class RopeTable {
   // SetFinalRounding.
   void RotateAs(const float* x, const float* cos_half, const float* sin_half,
                 DType dtype, float* out) const;
+  // How far an engine's RotateAs can store each element from ours, with
+  // cos_half/sin_half from Angles(position): its cos/sin may be two fp32
+  // ulps from ours (another libm on the same fp32 angle; with the config's
+  // inverse frequencies also an angle off by AngleUncertainty; none for the
+  // engine's own row) and its fp32 arithmetic may round in another order
+  // or with an FMA, under the same cast point and roundings:
+  // into gap[head_dim], 0 where every such engine stores our value, else
+  // |the rounding of the interval's upper end - its lower end's| (one ulp
+  // of `dtype` at the element: the unrounded value lies that close to a
+  // midpoint, or for a truncating engine to a representable value).
+  void RotationAmbiguity(const float* x, const float* cos_half,
+                         const float* sin_half, DType dtype, int64_t position,
+                         float* gap) const;
   // How the engine narrows the rotated values at the end: towards zero for
   // an engine that truncates (EnginePrecision::rope_rounding); to nearest
   // otherwise (the default, and for kProfile).

@@ -354,6 +354,10 @@ StatisticalResult RunStatisticalTest(const double* candidate,
              &cells);
     Sums row;
     for (int64_t h = 0; h < heads; ++h) {
+      if (inputs.excluded_cells != nullptr &&
+          inputs.excluded_cells[r * heads + h] != 0) {
+        continue;
+      }
       all.AddCell(cells[h]);
       row.AddCell(cells[h]);
       per_head[h].AddCell(cells[h]);

@@ -52,6 +52,10 @@ struct StatisticalInputs {
   // Family-wise false-alarm probability per comparison under the noise
   // model (the measured rate is in docs/NUMERICS.md).
   double alpha = 1e-7;
+  // Optional [B * Sq * Hq] (b, s, h) cells left out of every group (1):
+  // rows whose bias the tolerances bound apart (a rotated element at a
+  // rounding boundary, PreparedAttention::row_score_uncertainty).
+  const uint8_t* excluded_cells = nullptr;
 };
 
 // The noise model of one comparison: the epsilon of the unit, the mean of

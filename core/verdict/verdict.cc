@@ -202,6 +202,70 @@ Tolerances ComputeTolerances(const ToleranceInputs& inputs,
   return t;
 }
 
+RowTolerances ComputeRowTolerances(const ToleranceInputs& inputs,
+                                   const RowScoreInputs& rows,
+                                   const ToleranceOverrides& overrides) {
+  RowTolerances t;
+  if (inputs.comparison == Comparison::kReplayVsReference || rows.empty()) {
+    return t;
+  }
+  const std::vector<double>& delta = *rows.row_score_uncertainty;
+  const int64_t n = static_cast<int64_t>(delta.size());
+  const int64_t q_heads = std::max<int64_t>(1, rows.q_heads);
+  const int64_t group =
+      std::max<int64_t>(1, q_heads / std::max<int64_t>(1, rows.kv_heads));
+  std::vector<double> out(static_cast<size_t>(n), 0.0);
+  for (int64_t r = 0; r < n; ++r) {
+    const size_t g = static_cast<size_t>((r % q_heads) / group);
+    const double v = rows.row_value_max != nullptr &&
+                             g < rows.row_value_max->size()
+                         ? NonNegativeOr((*rows.row_value_max)[g], 0.0)
+                         : NonNegativeOr(inputs.value_max, 0.0);
+    out[r] = 2.0 * v * NonNegativeOr(delta[r], 0.0);
+  }
+  if (overrides.lse_abs <= 0) {
+    t.lse.resize(delta.size());
+    for (int64_t r = 0; r < n; ++r) t.lse[r] = NonNegativeOr(delta[r], 0.0);
+  }
+  // The log-prob bound is linear in out_abs (ComputeTolerances): the same
+  // factor carries a token's largest row slack.
+  const double temperature = inputs.logprob_temperature > 0 &&
+                                     std::isfinite(inputs.logprob_temperature)
+                                 ? inputs.logprob_temperature
+                                 : 1.0;
+  const double w = NonNegativeOr(inputs.lm_head_max_row_l1, 0.0) / temperature;
+  const double w2 = NonNegativeOr(inputs.lm_head_max_row_l2, 0.0) / temperature;
+  const double factor = w2 > 0 ? 4.0 * w2 : 2.0 * w;
+  if (overrides.logprob_abs <= 0 && factor > 0) {
+    t.logprob.assign(static_cast<size_t>(n / q_heads), 0.0);
+    for (int64_t r = 0; r < n; ++r) {
+      double& lp = t.logprob[r / q_heads];
+      lp = std::max(lp, factor * out[r]);
+    }
+  }
+  if (overrides.out_abs <= 0) t.out = std::move(out);
+  return t;
+}
+
+int64_t CountOverRowTolerance(const double* candidate, const double* baseline,
+                              int64_t n, double tolerance,
+                              const std::vector<double>& row_extra,
+                              const uint8_t* active_mask) {
+  const int64_t rows = static_cast<int64_t>(row_extra.size());
+  // Extras that do not tile the values (a caller's slip) widen nothing.
+  const bool per_row = rows > 0 && n % rows == 0;
+  const int64_t length = per_row ? n / rows : 1;
+  int64_t over = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = i / length;
+    if (active_mask != nullptr && active_mask[row] == 0) continue;
+    if (!std::isfinite(candidate[i]) || !std::isfinite(baseline[i])) continue;
+    const double extra = per_row ? row_extra[row] : 0.0;
+    over += std::fabs(candidate[i] - baseline[i]) > tolerance + extra;
+  }
+  return over;
+}
+
 double AccumulationDepth(const ToleranceInputs& inputs) {
   const bool engine = inputs.comparison != Comparison::kReplayVsReference;
   const int64_t context = std::max<int64_t>(1, inputs.max_context);

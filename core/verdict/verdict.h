@@ -86,6 +86,44 @@ double ComparisonScoreError(const ToleranceInputs& inputs);
 Tolerances ComputeTolerances(const ToleranceInputs& inputs,
                              const ToleranceOverrides& overrides);
 
+// Rotation-boundary ambiguity of a pre-RoPE snapshot
+// (PreparedAttention::row_score_uncertainty): per (b, s, h) row a score
+// uncertainty, and per KV head the largest |v|. Empty: none.
+struct RowScoreInputs {
+  const std::vector<double>* row_score_uncertainty = nullptr;  // [B*Sq*Hq]
+  const std::vector<double>* row_value_max = nullptr;          // [Hkv]
+  int64_t q_heads = 1;
+  int64_t kv_heads = 1;
+  bool empty() const {
+    return row_score_uncertainty == nullptr || row_score_uncertainty->empty();
+  }
+};
+
+// What an engine comparison (E-R, E-P) adds to its tolerances on the rows
+// whose scores carry such an uncertainty d, mirroring ComputeTolerances'
+// use of rope_score_uncertainty: out by 2 max|v| d per element of the row
+// (its KV head's max|v|), lse by d, and a token's log-prob by what its
+// rows' largest out slack moves it (the log-prob bound's factor). Empty
+// vectors where nothing is added (P-R, no ambiguity, or the quantity's
+// tolerance overridden).
+struct RowTolerances {
+  std::vector<double> out;      // [B*Sq*Hq], per element of the row
+  std::vector<double> lse;      // [B*Sq*Hq]
+  std::vector<double> logprob;  // [B*Sq]
+};
+RowTolerances ComputeRowTolerances(const ToleranceInputs& inputs,
+                                   const RowScoreInputs& rows,
+                                   const ToleranceOverrides& overrides);
+
+// The elements of candidate - baseline (n of them, in rows of
+// n / row_extra.size()) beyond tolerance + their row's extra; a pair with a
+// non-finite side is not counted (the drift statistics count it apart),
+// nor one whose row is inactive in `active_mask` (per row; may be null).
+int64_t CountOverRowTolerance(const double* candidate, const double* baseline,
+                              int64_t n, double tolerance,
+                              const std::vector<double>& row_extra,
+                              const uint8_t* active_mask);
+
 // The fp32 accumulation depth the tolerances assume: the merged blocks, or
 // the splits of the engine's split size over the longest context, whichever
 // is more, plus a CP engine's W combine merges (engine sides only).
