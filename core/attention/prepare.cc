@@ -109,9 +109,6 @@ int64_t PairIndex(RopeStyle style, int64_t i, int64_t half, bool second) {
   return second ? 2 * i + 1 : 2 * i;
 }
 
-// Rotates every active slot of the referenced K pages into an f32 NHD pool,
-// as the engine did (its cast point; one cast to the K RoPE output dtype),
-// and, when `maxima` is set, takes the pair maxima of K and V on the way.
 // What RotateKeys finds of the rotated keys that may round the other way
 // in the engine (RopeTable::RotationAmbiguity): their count, and per KV
 // head the largest, over its keys, of sum_d gap_{j,d} max|q_d| (the most
@@ -121,6 +118,44 @@ struct KeyAmbiguity {
   std::vector<double> head_score;  // [Hkv]
 };
 
+// One rotated key row's ambiguous elements (gap != 0) into *found: their
+// count, and the most its score moves for KV head g before the softmax
+// scale. requantize_scale > 0: an fp8 cache re-quantises the rotated value
+// with that scale, so its two candidates may land an fp8 step apart.
+void NoteKeyAmbiguity(const float* gap, const float* rotated, int64_t head_dim,
+                      int64_t g, float requantize_scale, DType out_dtype,
+                      const std::vector<double>& query_dim_max,
+                      KeyAmbiguity* found) {
+  const float ks = requantize_scale;
+  double score = 0;
+  for (int64_t i = 0; i < head_dim; ++i) {
+    if (gap[i] == 0.0f) continue;
+    const double step =
+        ks > 0 ? std::fabs(RoundToDType((rotated[i] + gap[i]) / ks, out_dtype) -
+                           RoundToDType((rotated[i] - gap[i]) / ks, out_dtype)) *
+                     ks
+               : gap[i];
+    ++found->elements;
+    score += step * query_dim_max[g * head_dim + i];
+  }
+  found->head_score[g] = std::max(found->head_score[g], score);
+}
+
+void MergeKeyAmbiguity(const std::vector<KeyAmbiguity>& parts,
+                       int64_t kv_heads, KeyAmbiguity* out) {
+  out->head_score.assign(static_cast<size_t>(kv_heads), 0.0);
+  for (const KeyAmbiguity& part : parts) {
+    out->elements += part.elements;
+    for (size_t g = 0; g < part.head_score.size(); ++g) {
+      out->head_score[g] = std::max(out->head_score[g], part.head_score[g]);
+    }
+  }
+}
+
+// Rotates every active slot of the referenced K pages into an f32 NHD pool,
+// as the engine did (its cast point; one cast to the K RoPE output dtype),
+// and, when `maxima` is set, takes the pair maxima of K and V on the way. With
+// `query_dim_max` set, also what may round the other way into *ambiguity.
 absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
                         const RopeTable& rope, PreparedAttention* p,
                         PairMaxima* maxima, int threads,
@@ -187,23 +222,8 @@ absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
         rope.RotateAs(row.data(), cos_half.data(), sin_half.data(),
                       rotation_dtype, dst);
         if (found != nullptr) {
-          double score = 0;
-          for (int64_t i = 0; i < d.head_dim; ++i) {
-            if (gap[i] == 0.0f) continue;
-            // An fp8 cache re-quantises the rotated value: its two
-            // candidates may land an fp8 step apart.
-            const double step =
-                requantize
-                    ? std::fabs(RoundToDType((dst[i] + gap[i]) / ks,
-                                             out_dtype) -
-                                RoundToDType((dst[i] - gap[i]) / ks,
-                                             out_dtype)) *
-                          ks
-                    : gap[i];
-            ++found->elements;
-            score += step * (*query_dim_max)[g * d.head_dim + i];
-          }
-          found->head_score[g] = std::max(found->head_score[g], score);
+          NoteKeyAmbiguity(gap.data(), dst, d.head_dim, g, requantize ? ks : 0,
+                           out_dtype, *query_dim_max, found);
         }
         if (requantize) {
           // An fp8 cache stores the rotated key re-quantised with its scale;
@@ -217,16 +237,7 @@ absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
     }
   });
   if (maxima != nullptr) MergeMaxima(per_page, s, d, half, maxima);
-  if (detect) {
-    ambiguity->head_score.assign(d.kv_heads, 0.0);
-    for (const KeyAmbiguity& part : page_ambiguity) {
-      ambiguity->elements += part.elements;
-      for (size_t g = 0; g < part.head_score.size(); ++g) {
-        ambiguity->head_score[g] =
-            std::max(ambiguity->head_score[g], part.head_score[g]);
-      }
-    }
-  }
+  if (detect) MergeKeyAmbiguity(page_ambiguity, d.kv_heads, ambiguity);
   p->k_data = p->rotated_k.data();
   p->k_dtype = DType::kF32;
   p->k_layout = KvLayout::kNHD;
@@ -604,19 +615,19 @@ absl::StatusOr<PreparedAttention> PrepareAttention(const Snapshot& s,
   }
   ATTNAUDIT_ASSIGN_OR_RETURN(const RopeTable rope, EngineRopeOf(s, d.head_dim));
   PairMaxima maxima;
-  // A declared engine narrows its rotation exactly as we do, up to the
-  // elements that lie at a rounding boundary (RotationAmbiguity); an
-  // undeclared one is held to ~2 ulps of every rotated element in
-  // RopeScoreUncertainty already.
-  const bool detect = !s.precision.Undeclared();
-  std::vector<float> q_gap;
-  RotateQueries(s, rope, &p, &maxima.query, detect ? &q_gap : nullptr);
   // With the engine's own angles everywhere and its arithmetic declared,
   // our rotation is the engine's up to two libms' cos/sin (a few fp32 ulps
-  // of angle, inside the tolerances' fp32 terms): no uncertainty, and no
-  // scan of the cache.
+  // of angle): no snapshot-wide uncertainty and no scan of the cache, but
+  // the elements that lie at a rounding boundary of the rotation dtype
+  // within that difference may round the other way (RotationAmbiguity):
+  // their rows get a bound of their own. With our own angles somewhere, or
+  // an undeclared engine, RopeScoreUncertainty's snapshot-wide term holds
+  // every score instead (the conformance sweeps' clean runs stay inside it).
   const bool exact =
       EngineAnglesEverywhere(s, p, layout, rope) && !s.precision.Undeclared();
+  const bool detect = exact;
+  std::vector<float> q_gap;
+  RotateQueries(s, rope, &p, &maxima.query, detect ? &q_gap : nullptr);
   KeyAmbiguity key_ambiguity;
   if (s.rope.k_state == RopeState::kPreRope) {
     const std::vector<double> query_dim_max =

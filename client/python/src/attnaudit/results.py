@@ -205,26 +205,23 @@ def _pairs(response: service_pb2.ListPairsResponse) -> Sequence[Any]:
     return response.pairs
 
 
-class ResultIterator:
-    """The results of client.list_results(), newest first, read a page at
-    a time as iteration reaches it (an iterator: it can be consumed once).
-    to_list(), to_records(), to_pandas() and to_parquet() consume what is
-    left."""
+class _Paged(Generic[V]):
+    """An iterator over the views of a List call's pages, read a page at a
+    time as iteration reaches it (it can be consumed once)."""
 
-    def __init__(self, fetch: Callable[[bytes], service_pb2.ListResultsResponse],
-                 request: service_pb2.ListResultsRequest, limit: Optional[int] = None):
+    def __init__(self, fetch: Callable[[bytes], Any], pager: _Pager[V]):
         self._fetch = fetch
-        self._pager = _Pager(request, limit, _results, ResultSummary)
+        self._pager = pager
 
     @property
     def pages_read(self) -> int:
-        """ListResults calls made so far."""
+        """List calls made so far."""
         return self._pager.pages_read
 
-    def __iter__(self) -> Iterator[ResultSummary]:
+    def __iter__(self) -> Iterator[V]:
         return self
 
-    def __next__(self) -> ResultSummary:
+    def __next__(self) -> V:
         pager = self._pager
         while not pager.exhausted() and pager.needs_page():
             pager.take_page(self._fetch(pager.next_request()))
@@ -233,8 +230,46 @@ class ResultIterator:
             raise StopIteration
         return item
 
-    def to_list(self) -> List[ResultSummary]:
+    def to_list(self) -> List[V]:
         return list(self)
+
+
+class _AsyncPaged(Generic[V]):
+    """The asyncio twin of _Paged: `async for x in ...`."""
+
+    def __init__(self, fetch: Callable[[bytes], Awaitable[Any]], pager: _Pager[V]):
+        self._fetch = fetch
+        self._pager = pager
+
+    @property
+    def pages_read(self) -> int:
+        return self._pager.pages_read
+
+    def __aiter__(self) -> AsyncIterator[V]:
+        return self
+
+    async def __anext__(self) -> V:
+        pager = self._pager
+        while not pager.exhausted() and pager.needs_page():
+            pager.take_page(await self._fetch(pager.next_request()))
+        item = pager.pop()
+        if item is None:
+            raise StopAsyncIteration
+        return item
+
+    async def to_list(self) -> List[V]:
+        return [x async for x in self]
+
+
+class ResultIterator(_Paged[ResultSummary]):
+    """The results of client.list_results(), newest first, read a page at
+    a time as iteration reaches it (an iterator: it can be consumed once).
+    to_list(), to_records(), to_pandas() and to_parquet() consume what is
+    left."""
+
+    def __init__(self, fetch: Callable[[bytes], service_pb2.ListResultsResponse],
+                 request: service_pb2.ListResultsRequest, limit: Optional[int] = None):
+        super().__init__(fetch, _Pager(request, limit, _results, ResultSummary))
 
     def to_records(self) -> List[Dict[str, Any]]:
         """One flat dict per result (the columns of COLUMNS)."""
@@ -249,33 +284,13 @@ class ResultIterator:
         return results_to_parquet(self, path)
 
 
-class AsyncResultIterator:
+class AsyncResultIterator(_AsyncPaged[ResultSummary]):
     """The asyncio twin of ResultIterator: `async for s in ...`, and
     `await it.to_list()`, `await it.to_pandas()`, `await it.to_parquet(path)`."""
 
     def __init__(self, fetch: Callable[[bytes], Awaitable[service_pb2.ListResultsResponse]],
                  request: service_pb2.ListResultsRequest, limit: Optional[int] = None):
-        self._fetch = fetch
-        self._pager = _Pager(request, limit, _results, ResultSummary)
-
-    @property
-    def pages_read(self) -> int:
-        return self._pager.pages_read
-
-    def __aiter__(self) -> AsyncIterator[ResultSummary]:
-        return self
-
-    async def __anext__(self) -> ResultSummary:
-        pager = self._pager
-        while not pager.exhausted() and pager.needs_page():
-            pager.take_page(await self._fetch(pager.next_request()))
-        item = pager.pop()
-        if item is None:
-            raise StopAsyncIteration
-        return item
-
-    async def to_list(self) -> List[ResultSummary]:
-        return [s async for s in self]
+        super().__init__(fetch, _Pager(request, limit, _results, ResultSummary))
 
     async def to_records(self) -> List[Dict[str, Any]]:
         return [record_of(s) for s in await self.to_list()]
@@ -287,7 +302,7 @@ class AsyncResultIterator:
         return results_to_parquet(await self.to_list(), path)
 
 
-class PairIterator:
+class PairIterator(_Paged[PairResult]):
     """The pairs of client.list_pairs(), newest first, read a page at a
     time as iteration reaches it (an iterator: it can be consumed once).
     to_list(), to_records() (one dict per pair row) and to_pandas() consume
@@ -295,28 +310,7 @@ class PairIterator:
 
     def __init__(self, fetch: Callable[[bytes], service_pb2.ListPairsResponse],
                  request: service_pb2.ListPairsRequest, limit: Optional[int] = None):
-        self._fetch = fetch
-        self._pager = _Pager(request, limit, _pairs, PairResult)
-
-    @property
-    def pages_read(self) -> int:
-        """ListPairs calls made so far."""
-        return self._pager.pages_read
-
-    def __iter__(self) -> Iterator[PairResult]:
-        return self
-
-    def __next__(self) -> PairResult:
-        pager = self._pager
-        while not pager.exhausted() and pager.needs_page():
-            pager.take_page(self._fetch(pager.next_request()))
-        item = pager.pop()
-        if item is None:
-            raise StopIteration
-        return item
-
-    def to_list(self) -> List[PairResult]:
-        return list(self)
+        super().__init__(fetch, _Pager(request, limit, _pairs, PairResult))
 
     def to_records(self) -> List[Dict[str, Any]]:
         """One flat dict per pair row (attnaudit.pairs.PAIR_COLUMNS)."""
@@ -327,33 +321,13 @@ class PairIterator:
         return pairs_to_pandas(self)
 
 
-class AsyncPairIterator:
+class AsyncPairIterator(_AsyncPaged[PairResult]):
     """The asyncio twin of PairIterator: `async for p in ...`, and
     `await it.to_list()`, `await it.to_records()`, `await it.to_pandas()`."""
 
     def __init__(self, fetch: Callable[[bytes], Awaitable[service_pb2.ListPairsResponse]],
                  request: service_pb2.ListPairsRequest, limit: Optional[int] = None):
-        self._fetch = fetch
-        self._pager = _Pager(request, limit, _pairs, PairResult)
-
-    @property
-    def pages_read(self) -> int:
-        return self._pager.pages_read
-
-    def __aiter__(self) -> AsyncIterator[PairResult]:
-        return self
-
-    async def __anext__(self) -> PairResult:
-        pager = self._pager
-        while not pager.exhausted() and pager.needs_page():
-            pager.take_page(await self._fetch(pager.next_request()))
-        item = pager.pop()
-        if item is None:
-            raise StopAsyncIteration
-        return item
-
-    async def to_list(self) -> List[PairResult]:
-        return [p async for p in self]
+        super().__init__(fetch, _Pager(request, limit, _pairs, PairResult))
 
     async def to_records(self) -> List[Dict[str, Any]]:
         return [r for p in await self.to_list() for r in p.to_records()]
