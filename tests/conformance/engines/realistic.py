@@ -576,10 +576,12 @@ def memo_key(spec: RSpec, d: "Draw") -> tuple:
     """What a clean engine pass depends on: the engine, dtype, seed and what
     the seed drew (not the mode, the declaration or the RoPE table sent:
     only the snapshot depends on those), so the cases of a seed that share
-    a draw share one pass."""
+    a draw share one pass. The statistics are drawn after the table, which
+    `post` does not draw: they differ by mode and are part of the key."""
     return (spec.engine, spec.dtype, spec.arch, spec.window_layer, spec.positions, spec.size,
             spec.seed, d.arch.name, d.arch.H, d.arch.Hkv, d.arch.window, d.B, d.lens,
-            d.page, d.threads)
+            d.page, d.threads, d.q_gain, d.sink_heads, d.outlier_pairs, d.outlier_k,
+            d.outlier_q, d.peak_frac, tuple(d.qpos.tolist()))
 
 
 def memo_get(spec: RSpec, d: "Draw"):
