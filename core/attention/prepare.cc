@@ -1,5 +1,6 @@
 // PrepareAttention: RoPE for q (and for a pre-RoPE K cache), fp8 scales, and
 // the attention variant, resolved once per snapshot.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -444,21 +445,53 @@ void RotateQueries(const Snapshot& s, const RopeTable& rope,
   }
 }
 
-// Per KV head and dim the largest |k| (K scale applied) of the referenced,
-// active keys as the replay attends with them (p->k_data: the pages, or the
-// rotated pool), and per KV head the largest |v| (V scale applied).
-void KeyDimMaxima(const Snapshot& s, const ResolvedLayout& layout,
+// Which (page, KV head) cells the maxima below need, [N * Hkv]: with
+// ambiguous keys every referenced one (their bound serves every row); else
+// only those the rows with an ambiguous q element read (a row without one
+// has no slack to size), so a snapshot with a few such rows reads a few of
+// its cells, not the whole cache.
+std::vector<uint8_t> CellsToScan(const ResolvedLayout& layout,
+                                 const SnapshotDims& d,
+                                 const std::vector<float>& q_gap,
+                                 bool every_cell) {
+  std::vector<uint8_t> cells(static_cast<size_t>(d.num_pages * d.kv_heads), 0);
+  const int64_t group = d.q_heads / d.kv_heads;
+  for (int64_t b = 0; b < d.batch; ++b) {
+    std::vector<uint8_t> heads(static_cast<size_t>(d.kv_heads), every_cell);
+    for (int64_t row = b * d.queries * d.q_heads;
+         !every_cell && !q_gap.empty() &&
+         row < (b + 1) * d.queries * d.q_heads;
+         ++row) {
+      const float* gap = &q_gap[row * d.head_dim];
+      for (int64_t i = 0; i < d.head_dim; ++i) {
+        if (gap[i] != 0.0f) heads[(row % d.q_heads) / group] = 1;
+      }
+    }
+    for (int32_t page : layout.block_pages[b]) {
+      for (int64_t g = 0; g < d.kv_heads; ++g) {
+        if (heads[g]) cells[page * d.kv_heads + g] = 1;
+      }
+    }
+  }
+  return cells;
+}
+
+// Per KV head and dim the largest |k| (K scale applied) of the active keys
+// of the `cells` to scan as the replay attends with them (p->k_data: the
+// pages, or the rotated pool), and per KV head the largest |v| (V scale
+// applied).
+void KeyDimMaxima(const Snapshot& s, const std::vector<uint8_t>& cells,
                   const PreparedAttention& p, int threads,
                   std::vector<double>* key_dim_max,
                   std::vector<double>* value_max) {
   const SnapshotDims& d = p.dims;
-  const std::vector<uint8_t> referenced = ReferencedPages(layout, d);
   const size_t width = static_cast<size_t>(d.kv_heads * d.head_dim);
   std::vector<std::vector<float>> key_part(static_cast<size_t>(d.num_pages));
   std::vector<std::vector<float>> value_part(
       static_cast<size_t>(d.num_pages));
   ParallelFor(d.num_pages, threads, [&](int64_t page) {
-    if (!referenced[page]) return;
+    const uint8_t* scan = &cells[page * d.kv_heads];
+    if (std::find(scan, scan + d.kv_heads, 1) == scan + d.kv_heads) return;
     std::vector<float>& km = key_part[page];
     std::vector<float>& vm = value_part[page];
     km.assign(width, 0.0f);
@@ -467,6 +500,7 @@ void KeyDimMaxima(const Snapshot& s, const ResolvedLayout& layout,
     for (int64_t slot = 0; slot < d.page_size; ++slot) {
       if (s.slot_positions.IntAt(page * d.page_size + slot) < 0) continue;
       for (int64_t g = 0; g < d.kv_heads; ++g) {
+        if (!scan[g]) continue;
         const int64_t src = KvSlotOffset(p.k_layout, d, page, slot, g);
         ConvertToFloat(static_cast<const char*>(p.k_data) +
                            src * DTypeSize(p.k_dtype),
@@ -535,7 +569,8 @@ void RowScoreUncertainty(const Snapshot& s, const ResolvedLayout& layout,
   if (q_elements == 0 && keys.elements == 0) return;
   const double widen = 1.0 + 2.0 * DTypeEpsilon(rotation_dtype);
   std::vector<double> key_dim_max, value_max;
-  KeyDimMaxima(s, layout, *p, threads, &key_dim_max, &value_max);
+  KeyDimMaxima(s, CellsToScan(layout, d, q_gap, keys.elements > 0), *p,
+               threads, &key_dim_max, &value_max);
   const int64_t group = d.q_heads / d.kv_heads;
   const int64_t rows = d.batch * d.queries * d.q_heads;
   p->row_score_uncertainty.assign(static_cast<size_t>(rows), 0.0);
