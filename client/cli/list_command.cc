@@ -5,6 +5,7 @@
 // notebook).
 #include <iostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -108,26 +109,19 @@ absl::StatusOr<v1::ListResultsRequest> RequestOf(const ListCommand& o) {
   return r;
 }
 
-// Follows the pages until `limit` results (0: all) or the last page;
-// `emit` gets each result.
+// Every matching result up to `limit` (0: all), newest first, to `emit`.
 absl::Status ForEachResult(
     Client* client, v1::ListResultsRequest request, int64_t limit,
     const std::function<void(const v1::ResultSummary&)>& emit) {
-  int64_t emitted = 0;
-  while (true) {
-    const int64_t left = limit == 0 ? 1000 : limit - emitted;
-    request.set_page_size(static_cast<int32_t>(std::min<int64_t>(left, 1000)));
-    absl::StatusOr<v1::ListResultsResponse> page = client->ListResults(request);
-    if (!page.ok()) return page.status();
-    for (const v1::ResultSummary& s : page->results()) {
-      emit(s);
-      ++emitted;
-    }
-    if (page->next_page_token().empty() || (limit > 0 && emitted >= limit)) {
-      return absl::OkStatus();
-    }
-    request.set_page_token(page->next_page_token());
-  }
+  return ForEachPage(
+      std::move(request), limit,
+      [client](const v1::ListResultsRequest& r) {
+        return client->ListResults(r);
+      },
+      [](const v1::ListResultsResponse& page) -> const auto& {
+        return page.results();
+      },
+      emit);
 }
 
 std::string ShortTime(const google::protobuf::Timestamp& t) {

@@ -1,10 +1,10 @@
 // pairs: the train-rollout pairs a server joined (ListPairs), newest first.
 // A table of at most --limit pairs (each with its rows under --rows), or
 // one attnaudit.v1.PairResult JSON per line with --json.
-#include <algorithm>
 #include <functional>
 #include <iostream>
 #include <string>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -48,8 +48,8 @@ absl::StatusOr<v1::ListPairsRequest> RequestOf(const PairsCommand& o) {
   if (!o.verdict.empty()) {
     v1::PairVerdict v = v1::PAIR_VERDICT_UNSPECIFIED;
     const std::string wire = absl::StrCat(
-        "PAIR_VERDICT_", absl::AsciiStrToUpper(absl::StrReplaceAll(
-                             o.verdict, {{"-", "_"}})));
+        "PAIR_VERDICT_",
+        absl::AsciiStrToUpper(absl::StrReplaceAll(o.verdict, {{"-", "_"}})));
     if (!v1::PairVerdict_Parse(wire, &v) || v == v1::PAIR_VERDICT_UNSPECIFIED) {
       return absl::InvalidArgumentError(
           "--verdict: consistent, within-noise, inputs-differ, "
@@ -73,25 +73,17 @@ absl::StatusOr<v1::ListPairsRequest> RequestOf(const PairsCommand& o) {
   return r;
 }
 
-// Follows the pages until `limit` pairs (0: all) or the last page.
-absl::Status ForEachPair(Client* client, v1::ListPairsRequest request,
-                         int64_t limit,
-                         const std::function<void(const v1::PairResult&)>& emit) {
-  int64_t emitted = 0;
-  while (true) {
-    const int64_t left = limit == 0 ? 1000 : limit - emitted;
-    request.set_page_size(static_cast<int32_t>(std::min<int64_t>(left, 1000)));
-    absl::StatusOr<v1::ListPairsResponse> page = client->ListPairs(request);
-    if (!page.ok()) return page.status();
-    for (const v1::PairResult& p : page->pairs()) {
-      emit(p);
-      ++emitted;
-    }
-    if (page->next_page_token().empty() || (limit > 0 && emitted >= limit)) {
-      return absl::OkStatus();
-    }
-    request.set_page_token(page->next_page_token());
-  }
+// Every matching pair up to `limit` (0: all), newest first, to `emit`.
+absl::Status ForEachPair(
+    Client* client, v1::ListPairsRequest request, int64_t limit,
+    const std::function<void(const v1::PairResult&)>& emit) {
+  return ForEachPage(
+      std::move(request), limit,
+      [client](const v1::ListPairsRequest& r) { return client->ListPairs(r); },
+      [](const v1::ListPairsResponse& page) -> const auto& {
+        return page.pairs();
+      },
+      emit);
 }
 
 std::string Step(bool has, int64_t step) {
@@ -117,10 +109,12 @@ std::string RowLines(const v1::PairResult& p) {
   std::string out;
   const v1::PairReport& r = p.report();
   if (!r.rollout_diagnosis().empty()) {
-    absl::StrAppend(&out, "    rollout diagnosis: ", r.rollout_diagnosis(), "\n");
+    absl::StrAppend(&out, "    rollout diagnosis: ", r.rollout_diagnosis(),
+                    "\n");
   }
   if (!r.trainer_diagnosis().empty()) {
-    absl::StrAppend(&out, "    trainer diagnosis: ", r.trainer_diagnosis(), "\n");
+    absl::StrAppend(&out, "    trainer diagnosis: ", r.trainer_diagnosis(),
+                    "\n");
   }
   if (p.rollout_weight_version() != p.trainer_weight_version()) {
     absl::StrAppend(&out, "    weight versions differ: rollout '",
@@ -129,13 +123,13 @@ std::string RowLines(const v1::PairResult& p) {
   }
   for (const v1::PairRow& row : r.rows()) {
     absl::StrAppend(
-        &out, absl::StrFormat(
-                  "    %-24s %8d  %-15s out %8.3g ulps  q %6.3g  kv %6.3g  "
-                  "effect/noise %.3g/%.3g\n",
-                  row.request_id().substr(0, 24), row.position(),
-                  PairVerdictText(row.verdict()), row.out_max_ulps(),
-                  row.q_ulps(), row.kv_ulps(), row.input_effect(),
-                  row.noise()));
+        &out,
+        absl::StrFormat(
+            "    %-24s %8d  %-15s out %8.3g ulps  q %6.3g  kv %6.3g  "
+            "effect/noise %.3g/%.3g\n",
+            row.request_id().substr(0, 24), row.position(),
+            PairVerdictText(row.verdict()), row.out_max_ulps(), row.q_ulps(),
+            row.kv_ulps(), row.input_effect(), row.noise()));
   }
   return out;
 }
@@ -147,9 +141,9 @@ int RunPairs(const PairsCommand& o) {
   if (!client.ok()) return FailLocal("pairs", client.status());
   if (!o.json) {
     std::cout << absl::StrFormat(
-        "%-19s  %-15s  %-16s %5s %6s %6s %5s  %-7s %-7s  %s\n",
-        "joined (UTC)", "pair verdict", "run", "layer", "r.step", "t.step",
-        "rows", "rollout", "trainer", "rollout job, trainer job");
+        "%-19s  %-15s  %-16s %5s %6s %6s %5s  %-7s %-7s  %s\n", "joined (UTC)",
+        "pair verdict", "run", "layer", "r.step", "t.step", "rows", "rollout",
+        "trainer", "rollout job, trainer job");
   }
   absl::Status s = ForEachPair(
       client->get(), *request, o.limit, [&o](const v1::PairResult& p) {

@@ -19,6 +19,7 @@
 #define ATTNAUDIT_CLIENT_CLI_REMOTE_COMMON_H_
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -100,6 +101,31 @@ class ProgressBar {
   absl::Time start_;
   int last_decile_ = -1;
 };
+
+// Follows the pages of a List call (ListResults, ListPairs) until `limit`
+// rows (0: all) or the last page: `call(request)` reads a page (a StatusOr
+// of the response), `rows(response)` its rows, and `emit` gets each row.
+template <typename Request, typename Call, typename Rows, typename Emit>
+absl::Status ForEachPage(Request request, int64_t limit, const Call& call,
+                         const Rows& rows, const Emit& emit) {
+  constexpr int64_t kMaxPageSize = 1000;
+  int64_t emitted = 0;
+  while (true) {
+    const int64_t left = limit == 0 ? kMaxPageSize : limit - emitted;
+    request.set_page_size(
+        static_cast<int32_t>(std::min<int64_t>(left, kMaxPageSize)));
+    auto page = call(request);
+    if (!page.ok()) return page.status();
+    for (const auto& row : rows(*page)) {
+      emit(row);
+      ++emitted;
+    }
+    if (page->next_page_token().empty() || (limit > 0 && emitted >= limit)) {
+      return absl::OkStatus();
+    }
+    request.set_page_token(page->next_page_token());
+  }
+}
 
 }  // namespace attnaudit::client::cli_internal
 

@@ -13,11 +13,11 @@
 //
 // Retries: gRPC's own retry policy, set in the channel's service config
 // (RetryServiceConfig): Audit (unary), GetResult, Cancel, ListResults,
-// ListPairs, GetCapabilities and WatchResults are tried again on RESOURCE_EXHAUSTED
-// and UNAVAILABLE; Submit only on RESOURCE_EXHAUSTED, an admission refusal
-// that created no job (an UNAVAILABLE Submit without an idempotency key
-// may have been stored, so resending it could make a second job);
-// AuditStream never (its chunks are not buffered for a resend). The next
+// ListPairs, GetCapabilities and WatchResults are tried again on
+// RESOURCE_EXHAUSTED and UNAVAILABLE; Submit only on RESOURCE_EXHAUSTED, an
+// admission refusal that created no job (an UNAVAILABLE Submit without an
+// idempotency key may have been stored, so resending it could make a second
+// job); AuditStream never (its chunks are not buffered for a resend). The next
 // attempt waits the server's grpc-retry-pushback-ms trailer when it sends
 // one (a negative one: no retry), else gRPC's jittered backoff; and gRPC
 // throttles retries on a channel whose calls keep failing.

@@ -132,18 +132,19 @@ void NoteKeyAmbiguity(const float* gap, const float* rotated, int64_t head_dim,
   for (int64_t i = 0; i < head_dim; ++i) {
     if (gap[i] == 0.0f) continue;
     const double step =
-        ks > 0 ? std::fabs(RoundToDType((rotated[i] + gap[i]) / ks, out_dtype) -
-                           RoundToDType((rotated[i] - gap[i]) / ks, out_dtype)) *
-                     ks
-               : gap[i];
+        ks > 0
+            ? std::fabs(RoundToDType((rotated[i] + gap[i]) / ks, out_dtype) -
+                        RoundToDType((rotated[i] - gap[i]) / ks, out_dtype)) *
+                  ks
+            : gap[i];
     ++found->elements;
     score += step * query_dim_max[g * head_dim + i];
   }
   found->head_score[g] = std::max(found->head_score[g], score);
 }
 
-void MergeKeyAmbiguity(const std::vector<KeyAmbiguity>& parts,
-                       int64_t kv_heads, KeyAmbiguity* out) {
+void MergeKeyAmbiguity(const std::vector<KeyAmbiguity>& parts, int64_t kv_heads,
+                       KeyAmbiguity* out) {
   out->head_score.assign(static_cast<size_t>(kv_heads), 0.0);
   for (const KeyAmbiguity& part : parts) {
     out->elements += part.elements;
@@ -455,16 +456,16 @@ std::vector<uint8_t> CellsToScan(const ResolvedLayout& layout,
                                  const std::vector<float>& q_gap,
                                  bool every_cell) {
   std::vector<uint8_t> cells(static_cast<size_t>(d.num_pages * d.kv_heads), 0);
+  if (!every_cell && q_gap.empty()) return cells;
   const int64_t group = d.q_heads / d.kv_heads;
+  const int64_t rows_per_sequence = d.queries * d.q_heads;
   for (int64_t b = 0; b < d.batch; ++b) {
     std::vector<uint8_t> heads(static_cast<size_t>(d.kv_heads), every_cell);
-    for (int64_t row = b * d.queries * d.q_heads;
-         !every_cell && !q_gap.empty() &&
-         row < (b + 1) * d.queries * d.q_heads;
-         ++row) {
+    for (int64_t row = b * rows_per_sequence;
+         !every_cell && row < (b + 1) * rows_per_sequence; ++row) {
       const float* gap = &q_gap[row * d.head_dim];
-      for (int64_t i = 0; i < d.head_dim; ++i) {
-        if (gap[i] != 0.0f) heads[(row % d.q_heads) / group] = 1;
+      if (std::any_of(gap, gap + d.head_dim, [](float g) { return g != 0; })) {
+        heads[(row % d.q_heads) / group] = 1;
       }
     }
     for (int32_t page : layout.block_pages[b]) {
@@ -487,8 +488,7 @@ void KeyDimMaxima(const Snapshot& s, const std::vector<uint8_t>& cells,
   const SnapshotDims& d = p.dims;
   const size_t width = static_cast<size_t>(d.kv_heads * d.head_dim);
   std::vector<std::vector<float>> key_part(static_cast<size_t>(d.num_pages));
-  std::vector<std::vector<float>> value_part(
-      static_cast<size_t>(d.num_pages));
+  std::vector<std::vector<float>> value_part(static_cast<size_t>(d.num_pages));
   ParallelFor(d.num_pages, threads, [&](int64_t page) {
     const uint8_t* scan = &cells[page * d.kv_heads];
     if (std::find(scan, scan + d.kv_heads, 1) == scan + d.kv_heads) return;
@@ -502,9 +502,9 @@ void KeyDimMaxima(const Snapshot& s, const std::vector<uint8_t>& cells,
       for (int64_t g = 0; g < d.kv_heads; ++g) {
         if (!scan[g]) continue;
         const int64_t src = KvSlotOffset(p.k_layout, d, page, slot, g);
-        ConvertToFloat(static_cast<const char*>(p.k_data) +
-                           src * DTypeSize(p.k_dtype),
-                       p.k_dtype, d.head_dim, row.data());
+        ConvertToFloat(
+            static_cast<const char*>(p.k_data) + src * DTypeSize(p.k_dtype),
+            p.k_dtype, d.head_dim, row.data());
         for (int64_t i = 0; i < d.head_dim; ++i) {
           const float a = std::fabs(row[i]);
           float& m = km[g * d.head_dim + i];
@@ -521,8 +521,8 @@ void KeyDimMaxima(const Snapshot& s, const std::vector<uint8_t>& cells,
     for (int64_t g = 0; g < d.kv_heads; ++g) {
       for (int64_t i = 0; i < d.head_dim; ++i) {
         const size_t at = static_cast<size_t>(g * d.head_dim + i);
-        (*key_dim_max)[at] = std::max(
-            (*key_dim_max)[at], key_part[page][at] * p.k_scale[g]);
+        (*key_dim_max)[at] =
+            std::max((*key_dim_max)[at], key_part[page][at] * p.k_scale[g]);
       }
       (*value_max)[g] =
           std::max((*value_max)[g], value_part[page][g] * p.v_scale[g]);
@@ -569,8 +569,8 @@ void RowScoreUncertainty(const Snapshot& s, const ResolvedLayout& layout,
   if (q_elements == 0 && keys.elements == 0) return;
   const double widen = 1.0 + 2.0 * DTypeEpsilon(rotation_dtype);
   std::vector<double> key_dim_max, value_max;
-  KeyDimMaxima(s, CellsToScan(layout, d, q_gap, keys.elements > 0), *p,
-               threads, &key_dim_max, &value_max);
+  KeyDimMaxima(s, CellsToScan(layout, d, q_gap, keys.elements > 0), *p, threads,
+               &key_dim_max, &value_max);
   const int64_t group = d.q_heads / d.kv_heads;
   const int64_t rows = d.batch * d.queries * d.q_heads;
   p->row_score_uncertainty.assign(static_cast<size_t>(rows), 0.0);
@@ -667,10 +667,9 @@ absl::StatusOr<PreparedAttention> PrepareAttention(const Snapshot& s,
   if (s.rope.k_state == RopeState::kPreRope) {
     const std::vector<double> query_dim_max =
         detect ? QueryDimMaxima(p) : std::vector<double>();
-    ATTNAUDIT_RETURN_IF_ERROR(RotateKeys(s, layout, rope, &p,
-                                         exact ? nullptr : &maxima, threads,
-                                         detect ? &query_dim_max : nullptr,
-                                         &key_ambiguity));
+    ATTNAUDIT_RETURN_IF_ERROR(
+        RotateKeys(s, layout, rope, &p, exact ? nullptr : &maxima, threads,
+                   detect ? &query_dim_max : nullptr, &key_ambiguity));
   } else if (!exact) {
     ScanKeys(s, layout, rope, d, threads, &maxima);
   }

@@ -176,9 +176,9 @@ absl::Status DriftStep(const CompareContext& ctx, Comparison which,
                     const std::vector<double>& extra, const uint8_t* mask,
                     DriftStats* stats) {
     if (extra.empty() || c.size() != b.size()) return;
-    stats->over_tolerance =
-        CountOverRowTolerance(c.data(), b.data(), static_cast<int64_t>(c.size()),
-                              stats->tolerance, extra, mask);
+    stats->over_tolerance = CountOverRowTolerance(
+        c.data(), b.data(), static_cast<int64_t>(c.size()), stats->tolerance,
+        extra, mask);
   };
   const SnapshotDims& d = ctx.dims;
   const std::vector<int64_t> out_shape{d.batch, d.queries, d.q_heads,
@@ -539,8 +539,9 @@ absl::Status LogprobStage(AuditRun* run) {
 
 CompareContext MakeCompareContext(const AuditRun& run) {
   const DType out_dtype = run.prepared.output_dtype;
-  CompareContext ctx{*run.backend, run.snapshot, run.layout.dims,   out_dtype,
-                     {},           run.options,  &run.reference.out, {}, nullptr};
+  CompareContext ctx{*run.backend,       run.snapshot, run.layout.dims,
+                     out_dtype,          {},           run.options,
+                     &run.reference.out, {},           nullptr};
   ToleranceInputs& ti = ctx.tolerance_inputs;
   ti.output_dtype = out_dtype;
   ti.kv_dtype = run.snapshot.k_pages.dtype();
@@ -561,8 +562,7 @@ CompareContext MakeCompareContext(const AuditRun& run) {
   ti.rope_score_noise = run.prepared.rope_score_noise;
   ti.value_max = run.prepared.value_max;
   if (!run.prepared.row_score_uncertainty.empty()) {
-    ctx.row_scores.row_score_uncertainty =
-        &run.prepared.row_score_uncertainty;
+    ctx.row_scores.row_score_uncertainty = &run.prepared.row_score_uncertainty;
     ctx.row_scores.row_value_max = &run.prepared.row_value_max;
     ctx.row_scores.q_heads = run.layout.dims.q_heads;
     ctx.row_scores.kv_heads = run.layout.dims.kv_heads;

@@ -177,9 +177,8 @@ class Emulator {
         magnitude += std::fabs(term);
       }
       sc->keys.push_back(j);
-      sc->score.push_back(
-          chain_.Of(dot, dot_error_ * magnitude + rope_dot_error_ +
-                             row_dot_error));
+      sc->score.push_back(chain_.Of(
+          dot, dot_error_ * magnitude + rope_dot_error_ + row_dot_error));
       ++counts->scores;
       counts->ambiguous += sc->score.back().ambiguous() ? 1 : 0;
     }

@@ -85,9 +85,7 @@ class PairJoiner::Impl {
 void PairJoiner::Impl::Dropped(const std::string& job_id,
                                absl::string_view why) {
   metrics_->CountPairSide(Metrics::PairSide::kDropped);
-  ATTNAUDIT_LOG(warn, "pair side dropped")
-      .Kv("job_id", job_id)
-      .Kv("why", why);
+  ATTNAUDIT_LOG(warn, "pair side dropped").Kv("job_id", job_id).Kv("why", why);
 }
 
 void PairJoiner::Impl::Offer(const std::string& tenant,
@@ -178,8 +176,9 @@ void PairJoiner::Impl::Handle(QueuedSide& q) {
   mine.report = std::move(q.report);
   absl::StatusOr<Snapshot> snapshot = formats_.decode_snapshot(q.side.snapshot);
   absl::StatusOr<std::vector<PairRowKey>> rows =
-      snapshot.ok() ? PairRowKeys(*snapshot, RoleName(SnapshotRole(q.side.role)))
-                    : absl::StatusOr<std::vector<PairRowKey>>(snapshot.status());
+      snapshot.ok()
+          ? PairRowKeys(*snapshot, RoleName(SnapshotRole(q.side.role)))
+          : absl::StatusOr<std::vector<PairRowKey>>(snapshot.status());
   if (!rows.ok() || rows->size() > kMaxPairSideRows) {
     metrics_->CountPairSide(Metrics::PairSide::kFailed);
     ATTNAUDIT_LOG(warn, "pair side cannot be paired")
@@ -222,10 +221,12 @@ absl::Status PairJoiner::Impl::Join(const Decoded& mine,
                                     const PairSide& other_side) {
   Decoded other;
   other.side = &other_side;
-  absl::StatusOr<Snapshot> snapshot = formats_.decode_snapshot(other_side.snapshot);
+  absl::StatusOr<Snapshot> snapshot =
+      formats_.decode_snapshot(other_side.snapshot);
   if (!snapshot.ok()) return snapshot.status();
   other.snapshot = *std::move(snapshot);
-  absl::StatusOr<AuditReport> report = formats_.decode_report(other_side.report);
+  absl::StatusOr<AuditReport> report =
+      formats_.decode_report(other_side.report);
   if (!report.ok()) return report.status();
   other.report = *std::move(report);
   const bool mine_rollout =
@@ -236,7 +237,8 @@ absl::Status PairJoiner::Impl::Join(const Decoded& mine,
       ComparePairs(rollout.snapshot, trainer.snapshot, &rollout.report,
                    &trainer.report, options_.threads);
   if (!pairs.ok()) return pairs.status();
-  absl::StatusOr<bool> stored = store_->PutPair(RecordOf(rollout, trainer, *pairs));
+  absl::StatusOr<bool> stored =
+      store_->PutPair(RecordOf(rollout, trainer, *pairs));
   if (!stored.ok()) return stored.status();
   if (!*stored) return absl::OkStatus();  // joined before: counted then
   for (const RowPair& row : pairs->rows) {

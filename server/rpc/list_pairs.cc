@@ -88,8 +88,7 @@ v1::PairResult PairToProto(const PairRecord& p) {
   // A report that does not parse (never written so) leaves the verdict.
   if (!out.mutable_report()->ParseFromString(p.report)) {
     out.clear_report();
-    out.mutable_report()->set_verdict(
-        static_cast<v1::PairVerdict>(p.verdict));
+    out.mutable_report()->set_verdict(static_cast<v1::PairVerdict>(p.verdict));
   }
   rpc_internal::TimeToProto(p.joined, out.mutable_join_time());
   out.set_replica(p.replica);

@@ -40,8 +40,7 @@ class PairsRpcTest : public ::testing::Test {
     absl::StatusOr<v1::SubmitResponse> r = client()->Submit(s);
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return "";
-    EXPECT_EQ(WaitFinished(client(), r->job_id()).state(),
-              v1::JOB_STATE_DONE);
+    EXPECT_EQ(WaitFinished(client(), r->job_id()).state(), v1::JOB_STATE_DONE);
     return r->job_id();
   }
   std::string AuditSide(const Snapshot& s) {
@@ -52,15 +51,15 @@ class PairsRpcTest : public ::testing::Test {
     return r.ok() ? r->job_id() : "";
   }
   // The pairs of `request`, once there are `n` (the join is asynchronous).
-  std::vector<v1::PairResult> WaitPairs(v1::ListPairsRequest request,
-                                        int n) {
+  std::vector<v1::PairResult> WaitPairs(v1::ListPairsRequest request, int n) {
     std::vector<v1::PairResult> out;
     EXPECT_TRUE(WaitFor([&] {
       absl::StatusOr<v1::ListPairsResponse> r = client()->ListPairs(request);
       if (!r.ok()) return false;
       out.assign(r->pairs().begin(), r->pairs().end());
       return static_cast<int>(out.size()) >= n;
-    })) << "pairs seen: " << out.size();
+    })) << "pairs seen: "
+        << out.size();
     return out;
   }
 

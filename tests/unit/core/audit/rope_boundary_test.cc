@@ -38,7 +38,8 @@ std::vector<double> EngineRotate(const double* x, int64_t position) {
   for (int64_t i = 0; i < kHalf; ++i) {
     const float angle = static_cast<float>(position) * freq[i];
     const float c = std::cos(angle), s = std::sin(angle);
-    const float x1 = static_cast<float>(x[i]), x2 = static_cast<float>(x[i + kHalf]);
+    const float x1 = static_cast<float>(x[i]),
+                x2 = static_cast<float>(x[i + kHalf]);
     out[i] = RoundToDType(x1 * c - x2 * s, DType::kF16);
     out[i + kHalf] = RoundToDType(x2 * c + x1 * s, DType::kF16);
   }
