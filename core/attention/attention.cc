@@ -202,6 +202,14 @@ absl::StatusOr<AttentionResults> ComputeAttention(
       order.reserve(p.units[b].size());
     }
   }
+  if (!p.slack_cells.empty()) {
+    // Sized only where marked: each cell is written by its item alone.
+    for (uint8_t marked : p.slack_cells) {
+      const int64_t n = marked ? d.head_dim : 0;
+      res.slack_key_maxima.emplace_back(p.k_dtype, n);
+      res.slack_value_maxima.emplace_back(p.v_dtype, n);
+    }
+  }
   std::atomic<bool> kv_non_finite{false};
   const bool replay = options.passes != AttentionPasses::kReferenceOnly;
   // The states are cleared by the items, each its own rows and heads, in

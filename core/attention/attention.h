@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/attention/units.h"
+#include "core/simd/abs_max.h"
 #include "core/snapshot/snapshot.h"
 #include "core/validate/validate.h"
 
@@ -71,7 +72,8 @@ struct PreparedAttention {
   // boundary of the rotation dtype may be stored one ulp away by the engine
   // (RopeTable::RotationAmbiguity). Per (b, s, h) row [B * Sq * Hq]: a bound,
   // in nats, on how far such flips move any of the row's scores from ours;
-  // empty when no element is ambiguous. `row_value_max` [Hkv]: max |v| (V
+  // empty when no element is ambiguous, and until FinishRowSlack (below)
+  // has sized it after the pass. `row_value_max` [Hkv]: max |v| (V
   // scale applied) of each KV head's referenced keys, through which the
   // row's scores move its output (set with row_score_uncertainty).
   std::vector<double> row_score_uncertainty;
@@ -81,6 +83,17 @@ struct PreparedAttention {
   // statistical detector cannot tell from a bias; it leaves these rows
   // out). A key's ambiguity moves one key's score of many and stays in.
   std::vector<uint8_t> row_query_ambiguous;
+  // What the slack is made of, from PrepareAttention until FinishRowSlack:
+  // `slack_q_gap` [B * Sq * Hq * D] each rotated q element's gap (0: clear;
+  // empty when none is ambiguous), `slack_key_head_score` [Hkv] the most an
+  // ambiguous key's score moves per KV head (empty when none is), and
+  // `slack_cells` [B * Hkv] the (row, KV head) cells whose K and V maxima
+  // the slack is sized with (empty when no element is ambiguous). The
+  // maxima are taken by the fused pass as it reads the cells anyway: a
+  // read of its own cost a pre-RoPE snapshot a fifth of its audit.
+  std::vector<float> slack_q_gap;
+  std::vector<double> slack_key_head_score;
+  std::vector<uint8_t> slack_cells;
   // What the report says of them: the ambiguous rotated elements of q and
   // of K, and the rows they widen.
   int64_t ambiguous_q_elements = 0;
@@ -132,8 +145,24 @@ struct AttentionResults {
   // the audit's only read of the cache; ValidateSnapshot with
   // ValueScan::kAll locates the value for the error message).
   bool kv_non_finite = false;
+  // [B * Hkv] when PreparedAttention::slack_cells is set: per marked cell
+  // the largest finite |k| per dim (K scale not applied; the rotated pool
+  // for a pre-RoPE cache) and |v| of the active keys of the row's blocks.
+  // Empty when no cell is marked, or from a backend whose pass does not
+  // take them (FinishRowSlack then reads them itself).
+  std::vector<AbsMaxima> slack_key_maxima;
+  std::vector<AbsMaxima> slack_value_maxima;
   double seconds = 0;
 };
+
+// Sizes the rotation-boundary rows' slack (row_score_uncertainty,
+// row_value_max, row_query_ambiguous, ambiguous_rows) once the K and V
+// maxima of PreparedAttention::slack_cells are known: those `results`
+// carries, or else its own read of the cells (`threads` as ComputeAttention
+// takes them). A no-op when no cell is marked. Call after the pass, before
+// the verdict reads the rows.
+void FinishRowSlack(const AttentionResults& results, int threads,
+                    PreparedAttention* p);
 
 // Which halves of the fused pass run; benchmarks time R and P apart. The
 // skipped half's outputs stay zero.

@@ -127,6 +127,15 @@ void RunStates(const PassContext& ctx, const TokenRun& run, int64_t b,
 void PrepareItem(const PreparedAttention& p, int64_t b, int64_t g0, int64_t g1,
                  Scratch& sc);
 
+// Folds KV head g of the first n slots of `page` whose positions are
+// active (>= 0) into the rotation-boundary slack's maxima (K as the pass
+// reads it, V as stored; PreparedAttention::slack_cells). The pass calls it
+// on each marked cell's page just read; FinishRowSlack on what it reads
+// itself, so both take the same keys.
+void FoldSlackMaxima(const PreparedAttention& p, int64_t page, int64_t n,
+                     const int64_t* positions, int64_t g, AbsMaxima* key,
+                     AbsMaxima* value);
+
 // Whether key position `key_pos` is visible to a query at `query_pos`.
 inline bool Visible(const PreparedAttention& p, int64_t key_pos,
                     int64_t query_pos) {

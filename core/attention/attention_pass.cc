@@ -667,6 +667,22 @@ void PrefetchSlotPositions(const Tensor& positions, int64_t first, int64_t n) {
   __builtin_prefetch(begin + n * elem - 1, /*rw=*/0, /*locality=*/3);
 }
 
+// The slack's maxima of the marked cells of heads [g0, g1) of the page
+// just read (PreparedAttention::slack_cells), while it is in cache.
+void FoldSlackCells(const PassContext& ctx, int64_t b, int64_t g0, int64_t g1,
+                    int64_t page, int64_t n, const int64_t* positions) {
+  AttentionResults* res = ctx.results;
+  if (res == nullptr || res->slack_key_maxima.empty()) return;
+  const int64_t kv_heads = ctx.p.dims.kv_heads;
+  for (int64_t g = g0; g < g1; ++g) {
+    const int64_t cell = b * kv_heads + g;
+    if (!ctx.p.slack_cells[cell]) continue;
+    attention_internal::FoldSlackMaxima(ctx.p, page, n, positions, g,
+                                        &res->slack_key_maxima[cell],
+                                        &res->slack_value_maxima[cell]);
+  }
+}
+
 void RunPassItemImpl(const PassContext& ctx, int64_t b, int64_t g0, int64_t g1,
                      Scratch& sc) {
   const PreparedAttention& p = ctx.p;
@@ -694,6 +710,7 @@ void RunPassItemImpl(const PassContext& ctx, int64_t b, int64_t g0, int64_t g1,
     PointAtPage(p, page, n, sc.positions.data(), &run);
     BlockUnits(p, b, blk, &run);
     non_finite |= ProcessRun(ctx, run, b, g0, g1, sc);
+    FoldSlackCells(ctx, b, g0, g1, page, n, sc.positions.data());
     sc.prefetch.Finish();  // what skipped steps left (invisible tokens)
     if (g0 == 0) RecordMergeOrder(ctx, run, b, blk, sc);
   }

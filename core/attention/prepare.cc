@@ -8,9 +8,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/attention/attention.h"
+#include "core/attention/attention_internal.h"
 #include "core/common/parallel.h"
 #include "core/common/status_macros.h"
 #include "core/rope/rope.h"
+#include "core/simd/abs_max.h"
 #include "core/tensor/dtype_traits.h"
 
 namespace attnaudit {
@@ -446,88 +448,26 @@ void RotateQueries(const Snapshot& s, const RopeTable& rope,
   }
 }
 
-// Which (page, KV head) cells the maxima below need, [N * Hkv]: with
-// ambiguous keys every referenced one (their bound serves every row); else
-// only those the rows with an ambiguous q element read (a row without one
-// has no slack to size), so a snapshot with a few such rows reads a few of
-// its cells, not the whole cache.
-std::vector<uint8_t> CellsToScan(const ResolvedLayout& layout,
-                                 const SnapshotDims& d,
-                                 const std::vector<float>& q_gap,
-                                 bool every_cell) {
-  std::vector<uint8_t> cells(static_cast<size_t>(d.num_pages * d.kv_heads), 0);
-  if (!every_cell && q_gap.empty()) return cells;
+// Which (row, KV head) cells the slack's maxima need, [B * Hkv]: with
+// ambiguous keys every one (their bound serves every row); else those of
+// the rows with an ambiguous q element (a row without one has no slack to
+// size). Empty when no element is ambiguous.
+std::vector<uint8_t> SlackCells(const SnapshotDims& d,
+                                const std::vector<float>& q_gap,
+                                bool every_cell) {
+  if (!every_cell && q_gap.empty()) return {};
+  std::vector<uint8_t> cells(static_cast<size_t>(d.batch * d.kv_heads),
+                             every_cell);
   const int64_t group = d.q_heads / d.kv_heads;
-  const int64_t rows_per_sequence = d.queries * d.q_heads;
-  for (int64_t b = 0; b < d.batch; ++b) {
-    std::vector<uint8_t> heads(static_cast<size_t>(d.kv_heads), every_cell);
-    for (int64_t row = b * rows_per_sequence;
-         !every_cell && row < (b + 1) * rows_per_sequence; ++row) {
-      const float* gap = &q_gap[row * d.head_dim];
-      if (std::any_of(gap, gap + d.head_dim, [](float g) { return g != 0; })) {
-        heads[(row % d.q_heads) / group] = 1;
-      }
-    }
-    for (int32_t page : layout.block_pages[b]) {
-      for (int64_t g = 0; g < d.kv_heads; ++g) {
-        if (heads[g]) cells[page * d.kv_heads + g] = 1;
-      }
+  const int64_t rows = d.batch * d.queries * d.q_heads;
+  for (int64_t row = 0; !every_cell && row < rows; ++row) {
+    const float* gap = &q_gap[row * d.head_dim];
+    if (std::any_of(gap, gap + d.head_dim, [](float g) { return g != 0; })) {
+      const int64_t b = row / (d.queries * d.q_heads);
+      cells[b * d.kv_heads + (row % d.q_heads) / group] = 1;
     }
   }
   return cells;
-}
-
-// Per KV head and dim the largest |k| (K scale applied) of the active keys
-// of the `cells` to scan as the replay attends with them (p->k_data: the
-// pages, or the rotated pool), and per KV head the largest |v| (V scale
-// applied).
-void KeyDimMaxima(const Snapshot& s, const std::vector<uint8_t>& cells,
-                  const PreparedAttention& p, int threads,
-                  std::vector<double>* key_dim_max,
-                  std::vector<double>* value_max) {
-  const SnapshotDims& d = p.dims;
-  const size_t width = static_cast<size_t>(d.kv_heads * d.head_dim);
-  std::vector<std::vector<float>> key_part(static_cast<size_t>(d.num_pages));
-  std::vector<std::vector<float>> value_part(static_cast<size_t>(d.num_pages));
-  ParallelFor(d.num_pages, threads, [&](int64_t page) {
-    const uint8_t* scan = &cells[page * d.kv_heads];
-    if (std::find(scan, scan + d.kv_heads, 1) == scan + d.kv_heads) return;
-    std::vector<float>& km = key_part[page];
-    std::vector<float>& vm = value_part[page];
-    km.assign(width, 0.0f);
-    vm.assign(static_cast<size_t>(d.kv_heads), 0.0f);
-    std::vector<float> row(static_cast<size_t>(d.head_dim));
-    for (int64_t slot = 0; slot < d.page_size; ++slot) {
-      if (s.slot_positions.IntAt(page * d.page_size + slot) < 0) continue;
-      for (int64_t g = 0; g < d.kv_heads; ++g) {
-        if (!scan[g]) continue;
-        const int64_t src = KvSlotOffset(p.k_layout, d, page, slot, g);
-        ConvertToFloat(
-            static_cast<const char*>(p.k_data) + src * DTypeSize(p.k_dtype),
-            p.k_dtype, d.head_dim, row.data());
-        for (int64_t i = 0; i < d.head_dim; ++i) {
-          const float a = std::fabs(row[i]);
-          float& m = km[g * d.head_dim + i];
-          m = a <= std::numeric_limits<float>::max() && a > m ? a : m;
-        }
-        vm[g] = std::max(vm[g], ValueRowMax(s, d, page, slot, g, row.data()));
-      }
-    }
-  });
-  key_dim_max->assign(width, 0.0);
-  value_max->assign(static_cast<size_t>(d.kv_heads), 0.0);
-  for (int64_t page = 0; page < d.num_pages; ++page) {
-    if (key_part[page].empty()) continue;
-    for (int64_t g = 0; g < d.kv_heads; ++g) {
-      for (int64_t i = 0; i < d.head_dim; ++i) {
-        const size_t at = static_cast<size_t>(g * d.head_dim + i);
-        (*key_dim_max)[at] =
-            std::max((*key_dim_max)[at], key_part[page][at] * p.k_scale[g]);
-      }
-      (*value_max)[g] =
-          std::max((*value_max)[g], value_part[page][g] * p.v_scale[g]);
-    }
-  }
 }
 
 // Per KV head and dim the largest |q| of the query heads reading it.
@@ -546,54 +486,6 @@ std::vector<double> QueryDimMaxima(const PreparedAttention& p) {
     }
   }
   return out;
-}
-
-// The per-row score uncertainty of rotation-boundary ambiguity
-// (PreparedAttention::row_score_uncertainty). An ambiguous q element
-// (b, s, h, d) moves every score of its row by at most gap * |k_{j,d}| *
-// scale, so the row's scores move by at most scale * sum over its
-// ambiguous elements of gap * max_j |k_{j,d}|. An ambiguous key element
-// moves one key's score, by at most gap * |q_d| * scale; the largest such
-// key of a KV head (KeyAmbiguity) bounds every row of the heads reading it
-// (a row's LSE and output move by at most the largest shift of its scores,
-// so one key's bound serves all). The maxima are of our values; the
-// engine's may be a flip larger, so they are widened by two ulps of the
-// rotation dtype.
-void RowScoreUncertainty(const Snapshot& s, const ResolvedLayout& layout,
-                         const std::vector<float>& q_gap,
-                         const KeyAmbiguity& keys, DType rotation_dtype,
-                         int threads, PreparedAttention* p) {
-  const SnapshotDims& d = p->dims;
-  int64_t q_elements = 0;
-  for (float g : q_gap) q_elements += g != 0.0f;
-  if (q_elements == 0 && keys.elements == 0) return;
-  const double widen = 1.0 + 2.0 * DTypeEpsilon(rotation_dtype);
-  std::vector<double> key_dim_max, value_max;
-  KeyDimMaxima(s, CellsToScan(layout, d, q_gap, keys.elements > 0), *p, threads,
-               &key_dim_max, &value_max);
-  const int64_t group = d.q_heads / d.kv_heads;
-  const int64_t rows = d.batch * d.queries * d.q_heads;
-  p->row_score_uncertainty.assign(static_cast<size_t>(rows), 0.0);
-  p->row_query_ambiguous.assign(static_cast<size_t>(rows), 0);
-  for (int64_t row = 0; row < rows; ++row) {
-    const int64_t g = (row % d.q_heads) / group;
-    double delta = keys.elements > 0 ? keys.head_score[g] * widen : 0.0;
-    if (!q_gap.empty()) {
-      const float* gap = &q_gap[row * d.head_dim];
-      for (int64_t i = 0; i < d.head_dim; ++i) {
-        if (gap[i] != 0.0f) {
-          delta += gap[i] * key_dim_max[g * d.head_dim + i] * widen;
-          p->row_query_ambiguous[row] = 1;
-        }
-      }
-    }
-    p->row_score_uncertainty[row] = delta * p->softmax_scale;
-    p->ambiguous_rows += delta > 0;
-  }
-  p->row_value_max = std::move(value_max);
-  p->ambiguous_q_elements = q_elements;
-  p->ambiguous_k_elements = keys.elements;
-  p->rotation_dtype = rotation_dtype;
 }
 
 }  // namespace
@@ -684,10 +576,149 @@ absl::StatusOr<PreparedAttention> PrepareAttention(const Snapshot& s,
     const DType rotation_dtype = s.rope.q_state == RopeState::kPreRope
                                      ? QueryRotationDtype(s)
                                      : KeyRotationDtype(s);
-    RowScoreUncertainty(s, layout, q_gap, key_ambiguity, rotation_dtype,
-                        threads, &p);
+    for (float g : q_gap) p.ambiguous_q_elements += g != 0.0f;
+    p.ambiguous_k_elements = key_ambiguity.elements;
+    if (p.ambiguous_q_elements > 0 || key_ambiguity.elements > 0) {
+      p.slack_cells = SlackCells(d, q_gap, key_ambiguity.elements > 0);
+      p.rotation_dtype = rotation_dtype;
+      if (p.ambiguous_q_elements > 0) p.slack_q_gap = std::move(q_gap);
+      if (key_ambiguity.elements > 0) {
+        p.slack_key_head_score = std::move(key_ambiguity.head_score);
+      }
+    }
   }
   return p;
+}
+
+namespace attention_internal {
+
+void FoldSlackMaxima(const PreparedAttention& p, int64_t page, int64_t n,
+                     const int64_t* positions, int64_t g, AbsMaxima* key,
+                     AbsMaxima* value) {
+  const SnapshotDims& d = p.dims;
+  const auto stride = [&](KvLayout layout) {
+    return KvSlotOffset(layout, d, 0, 1, 0) - KvSlotOffset(layout, d, 0, 0, 0);
+  };
+  const char* k = static_cast<const char*>(p.k_data);
+  const char* v = static_cast<const char*>(p.v_data);
+  // Runs of active slots, each in one call (an inactive slot's bytes may
+  // be anything).
+  for (int64_t t = 0; t < n;) {
+    if (positions[t] < 0) {
+      ++t;
+      continue;
+    }
+    int64_t end = t + 1;
+    while (end < n && positions[end] >= 0) ++end;
+    key->AddRows(
+        k + KvSlotOffset(p.k_layout, d, page, t, g) * DTypeSize(p.k_dtype),
+        end - t, stride(p.k_layout));
+    value->AddRows(
+        v + KvSlotOffset(p.v_layout, d, page, t, g) * DTypeSize(p.v_dtype),
+        end - t, stride(p.v_layout));
+    t = end;
+  }
+}
+
+}  // namespace attention_internal
+
+namespace {
+
+// The maxima of the marked cells read here, for a backend whose pass did
+// not take them: each row's blocks as the pass reads them.
+void ReadSlackMaxima(const PreparedAttention& p, int threads,
+                     std::vector<AbsMaxima>* key,
+                     std::vector<AbsMaxima>* value) {
+  const SnapshotDims& d = p.dims;
+  ParallelFor(d.batch, threads, [&](int64_t b) {
+    const std::vector<int32_t>& pages = p.layout->block_pages[b];
+    const int64_t length = p.layout->seq_lens[b];
+    std::vector<int64_t> positions(static_cast<size_t>(d.page_size));
+    for (size_t blk = 0; blk < pages.size(); ++blk) {
+      const int64_t first = static_cast<int64_t>(blk) * d.page_size;
+      const int64_t n = std::min(d.page_size, length - first);
+      for (int64_t t = 0; t < n; ++t) {
+        positions[t] =
+            p.snapshot->slot_positions.IntAt(pages[blk] * d.page_size + t);
+      }
+      for (int64_t g = 0; g < d.kv_heads; ++g) {
+        const int64_t cell = b * d.kv_heads + g;
+        if (!p.slack_cells[cell]) continue;
+        attention_internal::FoldSlackMaxima(p, pages[blk], n, positions.data(),
+                                            g, &(*key)[cell], &(*value)[cell]);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// An ambiguous q element (b, s, h, d) moves every score of its row by at
+// most gap * |k_{j,d}| * scale, so the row's scores move by at most scale *
+// sum over its ambiguous elements of gap * max_j |k_{j,d}|, the maximum
+// over the KV head's marked cells. An ambiguous key element moves one key's
+// score, by at most gap * |q_d| * scale; the largest such key of a KV head
+// (slack_key_head_score) bounds every row of the heads reading it (a row's
+// LSE and output move by at most the largest shift of its scores, so one
+// key's bound serves all). The maxima are of our values; the engine's may
+// be a flip larger, so they are widened by two ulps of the rotation dtype.
+void FinishRowSlack(const AttentionResults& results, int threads,
+                    PreparedAttention* p) {
+  if (p->slack_cells.empty()) return;
+  const SnapshotDims& d = p->dims;
+  const size_t cells = p->slack_cells.size();
+  std::vector<AbsMaxima> key_read, value_read;
+  const std::vector<AbsMaxima>* key = &results.slack_key_maxima;
+  const std::vector<AbsMaxima>* value = &results.slack_value_maxima;
+  if (key->size() != cells || value->size() != cells) {
+    key_read.assign(cells, AbsMaxima(p->k_dtype, d.head_dim));
+    value_read.assign(cells, AbsMaxima(p->v_dtype, d.head_dim));
+    ReadSlackMaxima(*p, threads, &key_read, &value_read);
+    key = &key_read;
+    value = &value_read;
+  }
+  std::vector<AbsMaxima> head_key(static_cast<size_t>(d.kv_heads),
+                                  AbsMaxima(p->k_dtype, d.head_dim));
+  std::vector<AbsMaxima> head_value(static_cast<size_t>(d.kv_heads),
+                                    AbsMaxima(p->v_dtype, d.head_dim));
+  for (size_t cell = 0; cell < cells; ++cell) {
+    if (!p->slack_cells[cell]) continue;
+    head_key[cell % d.kv_heads].Merge((*key)[cell]);
+    head_value[cell % d.kv_heads].Merge((*value)[cell]);
+  }
+  std::vector<double> key_dim_max(static_cast<size_t>(d.kv_heads * d.head_dim));
+  for (int64_t g = 0; g < d.kv_heads; ++g) {
+    for (int64_t i = 0; i < d.head_dim; ++i) {
+      key_dim_max[g * d.head_dim + i] = head_key[g].At(i) * p->k_scale[g];
+    }
+  }
+  const double widen = 1.0 + 2.0 * DTypeEpsilon(p->rotation_dtype);
+  const int64_t group = d.q_heads / d.kv_heads;
+  const int64_t rows = d.batch * d.queries * d.q_heads;
+  p->row_score_uncertainty.assign(static_cast<size_t>(rows), 0.0);
+  p->row_query_ambiguous.assign(static_cast<size_t>(rows), 0);
+  p->row_value_max.assign(static_cast<size_t>(d.kv_heads), 0.0);
+  for (int64_t g = 0; g < d.kv_heads; ++g) {
+    p->row_value_max[g] = head_value[g].Max() * p->v_scale[g];
+  }
+  p->ambiguous_rows = 0;
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t g = (row % d.q_heads) / group;
+    double delta = p->slack_key_head_score.empty()
+                       ? 0.0
+                       : p->slack_key_head_score[g] * widen;
+    if (!p->slack_q_gap.empty()) {
+      const float* gap = &p->slack_q_gap[row * d.head_dim];
+      for (int64_t i = 0; i < d.head_dim; ++i) {
+        if (gap[i] != 0.0f) {
+          delta += gap[i] * key_dim_max[g * d.head_dim + i] * widen;
+          p->row_query_ambiguous[row] = 1;
+        }
+      }
+    }
+    p->row_score_uncertainty[row] = delta * p->softmax_scale;
+    p->ambiguous_rows += delta > 0;
+  }
 }
 
 }  // namespace attnaudit

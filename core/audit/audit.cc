@@ -490,6 +490,7 @@ absl::Status AttentionStage(AuditRun* run) {
   if (run->keep_unit_states) options.unit_states = &run->unit_states;
   ATTNAUDIT_ASSIGN_OR_RETURN(
       run->results, run->backend->ComputeAttention(run->prepared, options));
+  FinishRowSlack(run->results, run->threads, &run->prepared);
   if (run->results.kv_non_finite) {
     // Name the first non-finite K/V value exactly as validation would.
     ATTNAUDIT_RETURN_IF_ERROR(

@@ -205,8 +205,8 @@ TEST(RopeBoundaryTest, NoAmbiguousElementKeepsTheScalarTolerances) {
         PrepareAttention(s, *layout, 1);
     ASSERT_TRUE(prepared.ok()) << prepared.status();
     EXPECT_EQ(prepared->rope_score_uncertainty, 0.0);
-    clear = prepared->row_score_uncertainty.empty() &&
-            prepared->ambiguous_q_elements == 0;
+    clear =
+        prepared->slack_cells.empty() && prepared->ambiguous_q_elements == 0;
   }
   ASSERT_TRUE(clear);
   const AuditReport r = MustAudit(s);

@@ -161,7 +161,9 @@ TEST(EmulateTest, BugsUnderTheScoresWorstCaseDriftAgainstTheEmulation) {
                 HasSubstr("scored against the emulated engine"))
         << bug.name;
     for (const Diagnosis& d : r.diagnoses) {
-      if (d.explains) EXPECT_EQ(d.hypothesis, bug.hypothesis) << bug.name;
+      if (d.explains) {
+        EXPECT_EQ(d.hypothesis, bug.hypothesis) << bug.name;
+      }
     }
     ASSERT_FALSE(r.diagnoses.empty()) << bug.name;
     EXPECT_EQ(r.diagnoses[0].hypothesis, bug.hypothesis) << bug.name;
