@@ -4,12 +4,14 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/attention/attention.h"
 #include "core/attention/merge.h"
+#include "core/attention/row_slack.h"
 #include "core/attention/unit_states.h"
 #include "core/audit/cp_stage.h"
 #include "core/audit/verdict_steps.h"
@@ -111,7 +113,39 @@ struct CompareContext {
   // a rounding boundary (PreparedAttention::row_score_uncertainty).
   RowScoreInputs row_scores;
   const std::vector<uint8_t>* row_query_ambiguous = nullptr;
+  // Those rows' bounds from their own keys, for the rows a comparison
+  // finds beyond its scalar tolerance (null: none pending).
+  RowSlackCache* row_slack = nullptr;
 };
+
+// A row whose slack decides something (one of its elements is beyond the
+// scalar tolerance) is held to the bound from its own keys' weights
+// (BoundRowSlack) where that is smaller: the row's shared bound counts a
+// heavy key at full weight, which can hide a real bug on the row. Rows
+// within the scalar tolerance are left alone (their bound changes nothing).
+void TightenRows(const CompareContext& ctx, const Side& candidate,
+                 const Side& baseline, const Tolerances& tol,
+                 RowTolerances* rows) {
+  if (ctx.row_slack == nullptr) return;
+  const int64_t n = ctx.dims.batch * ctx.dims.queries * ctx.dims.q_heads;
+  const int64_t dim = ctx.dims.head_dim;
+  const bool out = !rows->out.empty() && candidate.has_out && baseline.has_out;
+  const bool lse = !rows->lse.empty() && candidate.has_lse && baseline.has_lse;
+  for (int64_t r = 0; r < n; ++r) {
+    bool over = false;
+    for (int64_t i = 0; out && !over && i < dim; ++i) {
+      over = std::fabs(candidate.out[r * dim + i] - baseline.out[r * dim + i]) >
+             tol.out_abs;
+    }
+    over = over ||
+           (lse && std::fabs(candidate.lse[r] - baseline.lse[r]) > tol.lse_abs);
+    if (!over) continue;
+    const RowSlackBound own = ctx.row_slack->Get(r);
+    if (!own.bounded) continue;
+    if (!rows->out.empty()) rows->out[r] = std::min(rows->out[r], own.out);
+    if (!rows->lse.empty()) rows->lse[r] = std::min(rows->lse[r], own.lse);
+  }
+}
 
 // The statistical detector on out (core/verdict/statistical.h).
 void StatisticalStep(const CompareContext& ctx, Comparison which,
@@ -170,8 +204,9 @@ absl::Status DriftStep(const CompareContext& ctx, Comparison which,
   const Tolerances tol = ComputeTolerances(ti, ctx.options.tolerances);
   // The rows with an ambiguous rotated element get their own slack on top
   // of the reported tolerance; the elements over are counted again with it.
-  const RowTolerances rows =
+  RowTolerances rows =
       ComputeRowTolerances(ti, ctx.row_scores, ctx.options.tolerances);
+  TightenRows(ctx, candidate, baseline, tol, &rows);
   auto recount = [](const std::vector<double>& c, const std::vector<double>& b,
                     const std::vector<double>& extra, const uint8_t* mask,
                     DriftStats* stats) {
@@ -401,6 +436,8 @@ struct AuditRun {
   UnitStates unit_states;
   bool keep_unit_states = false;
   std::string cp_skipped;
+  // The rounding-boundary rows' own bounds (set when any row has slack).
+  std::unique_ptr<RowSlackCache> row_slack;
 
   void StageDone(const char* name, double seconds) const {
     if (options.on_stage) options.on_stage(name, seconds);
@@ -491,6 +528,9 @@ absl::Status AttentionStage(AuditRun* run) {
   ATTNAUDIT_ASSIGN_OR_RETURN(
       run->results, run->backend->ComputeAttention(run->prepared, options));
   FinishRowSlack(run->results, run->threads, &run->prepared);
+  if (!run->prepared.row_score_uncertainty.empty()) {
+    run->row_slack = std::make_unique<RowSlackCache>(run->prepared);
+  }
   if (run->results.kv_non_finite) {
     // Name the first non-finite K/V value exactly as validation would.
     ATTNAUDIT_RETURN_IF_ERROR(
@@ -568,6 +608,7 @@ CompareContext MakeCompareContext(const AuditRun& run) {
     ctx.row_scores.q_heads = run.layout.dims.q_heads;
     ctx.row_scores.kv_heads = run.layout.dims.kv_heads;
     ctx.row_query_ambiguous = &run.prepared.row_query_ambiguous;
+    ctx.row_slack = run.row_slack.get();
   }
   return ctx;
 }

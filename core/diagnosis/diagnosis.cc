@@ -369,6 +369,40 @@ void DemoteConflictingPlaces(std::vector<Candidate>* all) {
   }
 }
 
+// A page account of one row cannot explain an examined row that does not
+// read its page and lies beyond the tolerance too (a fault of every row: a
+// RoPE or scale bug whose variant did not reproduce E exactly, which a
+// stale-page fit of one row may otherwise claim): it is named as a
+// candidate only.
+void DemoteWhereOtherRowsDrift(const Context& ctx, const std::vector<Row>& rows,
+                               std::vector<Candidate>* all) {
+  const std::vector<std::vector<int32_t>>& tables = ctx.in->layout->block_pages;
+  for (Candidate& c : *all) {
+    const int64_t b = c.location.row;
+    const int64_t blk = c.location.logical_block;
+    if (!c.eval.explains || !IsPageHypothesis(c.hypothesis) || b < 0 ||
+        b >= static_cast<int64_t>(tables.size()) || blk < 0 ||
+        blk >= static_cast<int64_t>(tables[b].size())) {
+      continue;
+    }
+    const int32_t page = tables[b][blk];
+    for (const Row& other : rows) {
+      const std::vector<int32_t>& read = tables[other.b];
+      if (other.b == b || !BeyondTolerance(ctx, other) ||
+          std::find(read.begin(), read.end(), page) != read.end()) {
+        continue;
+      }
+      c.eval.explains = false;
+      c.eval.score = std::min(c.eval.score, kAmbiguousStaleScore);
+      c.detail =
+          absl::StrCat(c.detail.empty() ? "" : c.detail + "; ", "row ", other.b,
+                       " drifts beyond the tolerance too and does not "
+                       "read this page");
+      break;
+    }
+  }
+}
+
 // An fp8 scale error and another global hypothesis (a wrong softmax scale,
 // most often) can fit E equally: a factor large enough to make every
 // head's attention one-hot leaves the same output whatever made it. The
@@ -422,6 +456,7 @@ std::vector<Diagnosis> Rank(const Context& ctx, const std::vector<Row>& rows,
                             std::vector<Candidate> all) {
   ResolveLocated(&all);
   DemoteConflictingPlaces(&all);
+  DemoteWhereOtherRowsDrift(ctx, rows, &all);
   std::stable_sort(all.begin(), all.end(), Better);
   PreferSpecific(&all);
   std::vector<Diagnosis> out;

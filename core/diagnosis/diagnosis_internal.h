@@ -146,6 +146,9 @@ struct Evaluation {
 // above twice a correct engine's. A recomputation near R "removes" some of
 // a row's noise by chance; only a drifting row has something to explain.
 bool RowDrifts(const Context& ctx, const Row& row);
+// Whether a cell of the row is beyond the E-R tolerance (of out or the
+// LSE): what a correct engine never shows.
+bool BeyondTolerance(const Context& ctx, const Row& row);
 
 // Accumulates an Evaluation over (row, result) pairs.
 class Scorer {

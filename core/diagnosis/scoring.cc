@@ -116,13 +116,20 @@ void Scorer::AddCell(const Row& row, int64_t c, const double* a_out,
   }
 }
 
-bool RowDrifts(const Context& ctx, const Row& row) {
-  double z2 = 0;
+bool BeyondTolerance(const Context& ctx, const Row& row) {
   for (int64_t c = 0; c < ctx.Cells(); ++c) {
     if ((row.has_out && !(row.before_max[c] <= ctx.tol.out_abs)) ||
         (row.has_lse && !(row.before_lse[c] <= ctx.tol.lse_abs))) {
       return true;
     }
+  }
+  return false;
+}
+
+bool RowDrifts(const Context& ctx, const Row& row) {
+  if (BeyondTolerance(ctx, row)) return true;
+  double z2 = 0;
+  for (int64_t c = 0; c < ctx.Cells(); ++c) {
     if (row.has_out) z2 += row.before_z2[c];
   }
   return row.has_out &&

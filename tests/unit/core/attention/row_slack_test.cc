@@ -3,7 +3,12 @@
 // for a backend whose pass takes none, against the logical case's own
 // values (the builder leaves junk in unused slots and permutes the pages),
 // in both layouts and at one and three threads; and the rows' slack sized
-// from either alike, one row by hand.
+// from either alike, one row by hand. Then a row's own bound
+// (BoundRowSlack) against every flip of its ambiguous q elements, replayed
+// in long double, with and without a sink: it holds, and a heavy key that
+// takes no weight no longer widens it.
+#include "core/attention/row_slack.h"
+
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -128,6 +133,127 @@ INSTANTIATE_TEST_SUITE_P(LayoutsAndThreads, RowSlackTest,
                          ::testing::Combine(::testing::Values(KvLayout::kNHD,
                                                               KvLayout::kHND),
                                             ::testing::Values(1, 3)));
+
+// One row's exact attention (long double) with q shifted by `shift`.
+struct Exact {
+  long double lse = 0;  // over keys and the sink, or keys only
+  std::vector<long double> out;
+};
+Exact ExactRow(const LogicalCase& c, const std::vector<double>& q,
+               const std::vector<double>& shift, double scale, bool sink,
+               double sink_logit, bool lse_with_sink) {
+  const int64_t D = c.head_dim;
+  std::vector<long double> z;
+  for (int64_t t = 0; t < c.SeqLen(0); ++t) {
+    long double dot = 0;
+    for (int64_t i = 0; i < D; ++i) {
+      dot += (static_cast<long double>(q[i]) + shift[i]) * c.k[0][t * D + i];
+    }
+    z.push_back(dot * scale);
+  }
+  long double m = sink ? sink_logit : -INFINITY;
+  for (long double x : z) m = std::max(m, x);
+  long double keys = 0;
+  for (long double x : z) keys += std::exp(x - m);
+  const long double all = keys + (sink ? std::exp(sink_logit - m) : 0.0L);
+  Exact e;
+  e.lse = m + std::log(lse_with_sink ? all : keys);
+  e.out.assign(D, 0.0L);
+  for (size_t t = 0; t < z.size(); ++t) {
+    for (int64_t i = 0; i < D; ++i) {
+      e.out[i] += std::exp(z[t] - m) / all * c.v[0][t * D + i];
+    }
+  }
+  return e;
+}
+
+class BoundRowSlackTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(BoundRowSlackTest, HoldsForEveryFlipAndIgnoresAnUnweightedHeavyKey) {
+  const bool sink = GetParam();
+  RandomCaseOptions o;
+  o.batch = 1;
+  o.q_heads = 1;
+  o.kv_heads = 1;
+  o.head_dim = 8;
+  o.seq_lens = {24};
+  o.q_std = 2.0;
+  o.seed = 11;
+  LogicalCase c = RandomCase(o);
+  // Key 5: |k_3| of 400, its score far below the others' (no weight).
+  for (int64_t i = 0; i < 8; ++i) {
+    c.k[0][5 * 8 + i] = c.q[i] > 0 ? -300.0 : 300.0;
+  }
+  c.k[0][5 * 8 + 3] = 400.0;
+  if (sink) {
+    c.sinks = {1.5f};
+    c.lse_includes_sinks = false;
+  }
+  const Snapshot s = BuildSnapshot(c, PagingOptions{});
+  absl::StatusOr<ResolvedLayout> layout = ValidateSnapshot(s);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  absl::StatusOr<PreparedAttention> prepared = PrepareAttention(s, *layout, 1);
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  PreparedAttention p = *std::move(prepared);
+  const std::vector<float> gaps = {0, 0, 0, 0.0625f, 0, 0.03125f, 0, 0};
+  p.slack_cells = {1};
+  p.slack_q_gap = gaps;
+  p.ambiguous_q_elements = 2;
+  p.rotation_dtype = DType::kBF16;
+  FinishRowSlack(AttentionResults{}, 1, &p);
+  const RowSlackBound bound = BoundRowSlack(p, 0);
+  ASSERT_TRUE(bound.bounded);
+
+  const double scale = p.softmax_scale;
+  const Exact base =
+      ExactRow(c, p.q, std::vector<double>(8, 0.0), scale, sink, 1.5, false);
+  long double worst_lse = 0, worst_out = 0;
+  for (int a = -1; a <= 1; ++a) {
+    for (int b = -1; b <= 1; ++b) {
+      std::vector<double> shift(8, 0.0);
+      shift[3] = a * gaps[3];
+      shift[5] = b * gaps[5];
+      const Exact e = ExactRow(c, p.q, shift, scale, sink, 1.5, false);
+      worst_lse = std::max(worst_lse, std::fabs(e.lse - base.lse));
+      for (int64_t i = 0; i < 8; ++i) {
+        worst_out = std::max(worst_out, std::fabs(e.out[i] - base.out[i]));
+      }
+    }
+  }
+  EXPECT_GT(worst_lse, 0.0L);
+  EXPECT_LE(worst_lse, bound.lse);
+  EXPECT_LE(worst_out, bound.out);
+  // Within a small factor of what a flip does; the shared bound counts key
+  // 5's |k_3| of 400 at full weight: over a hundred times wider.
+  EXPECT_LE(bound.lse, 4.0 * static_cast<double>(worst_lse));
+  EXPECT_GT(p.row_score_uncertainty[0], 100.0 * bound.lse);
+}
+
+TEST(BoundRowSlackTest, SoftCappedOrUnmarkedRowsAreNotBounded) {
+  RandomCaseOptions o;
+  o.batch = 1;
+  o.q_heads = 1;
+  o.kv_heads = 1;
+  o.head_dim = 8;
+  o.seq_lens = {10};
+  LogicalCase c = RandomCase(o);
+  const Snapshot plain = BuildSnapshot(c, PagingOptions{});
+  absl::StatusOr<ResolvedLayout> layout = ValidateSnapshot(plain);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  absl::StatusOr<PreparedAttention> p = PrepareAttention(plain, *layout, 1);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(BoundRowSlack(*p, 0).bounded);  // nothing pending
+  p->slack_cells = {1};
+  p->slack_q_gap.assign(8, 0.01f);
+  p->rotation_dtype = DType::kBF16;
+  EXPECT_TRUE(BoundRowSlack(*p, 0).bounded);
+  EXPECT_FALSE(BoundRowSlack(*p, 1).bounded);  // no such row
+  p->softcap = 30.0;
+  EXPECT_FALSE(BoundRowSlack(*p, 0).bounded);
+}
+
+INSTANTIATE_TEST_SUITE_P(WithAndWithoutSink, BoundRowSlackTest,
+                         ::testing::Bool());
 
 }  // namespace
 }  // namespace testing
