@@ -419,6 +419,39 @@ TEST(DiagnosisCaseTest, DroppedBlockIsNamedByTheEnginesPageId) {
       absl::StrContains(top.summary, std::to_string(top.location.page)));
 }
 
+// Two rows each skipped a block: a page account of one row leaves the
+// other's drift unexplained, so none explains E (a one-row account that
+// claimed it would name a wrong cause for half the drift); the places are
+// still named as candidates.
+TEST(DiagnosisCaseTest, APageOfOneRowDoesNotExplainAnotherRowsDrift) {
+  const testing::LogicalCase c = testing::PeakedBf16Case(3);
+  testing::PagingOptions paging;
+  paging.page_size = 8;
+  paging.permute_pages = true;
+  Snapshot s = testing::BuildSnapshot(c, paging);
+  const testing::LogicalCase one =
+      Without(c, 1, [](int64_t t) { return t / 8 != 2; });
+  SetEngine(testing::OracleAttention(one), DType::kBF16, OutShape(c), &s);
+  const AuditReport single = Audit(s);
+  ASSERT_FALSE(single.diagnoses.empty());
+  EXPECT_TRUE(single.diagnoses[0].explains) << single.diagnoses[0].summary;
+
+  const testing::LogicalCase both =
+      Without(one, 0, [](int64_t t) { return t / 8 != 4; });
+  SetEngine(testing::OracleAttention(both), DType::kBF16, OutShape(c), &s);
+  const AuditReport r = Audit(s);
+  ASSERT_EQ(r.verdict, Verdict::kDrift);
+  ASSERT_FALSE(r.diagnoses.empty());
+  bool named = false;
+  for (const Diagnosis& d : r.diagnoses) {
+    EXPECT_FALSE(d.explains && d.location.logical_block >= 0) << d.summary;
+    named |= d.hypothesis == "drop-block" &&
+             ((d.location.row == 1 && d.location.logical_block == 2) ||
+              (d.location.row == 0 && d.location.logical_block == 4));
+  }
+  EXPECT_TRUE(named);
+}
+
 // Context parallelism: pages interleaved over 3 ranks (block j on rank
 // j % 3); the engine's combine goes wrong for rank 1.
 struct CpCase {
