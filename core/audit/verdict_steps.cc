@@ -217,9 +217,10 @@ void NoteSensitivity(const VerdictInputs& in, AuditReport* report) {
         "of %s within the engine's libm and fp32 difference (the engine may "
         "store them one ulp the other way): their %d of %d rows (b, s, h) "
         "are held to tolerances widened by up to %.3g (lse) and %.3g (out, "
-        "%.1fx the E-R out tolerance); rows with an ambiguous q element are "
-        "left "
-        "out of the statistical test",
+        "%.1fx the E-R out tolerance), or where a comparison finds a row "
+        "beyond its scalar tolerance, to the smaller bound from the row's own "
+        "keys' weights; rows with an ambiguous q element are left out of the "
+        "statistical test",
         p.ambiguous_q_elements, p.ambiguous_k_elements,
         DTypeName(p.rotation_dtype), p.ambiguous_rows,
         static_cast<int64_t>(p.row_score_uncertainty.size()), max_lse, max_out,
