@@ -281,12 +281,7 @@ class Emulator {
   double OutputUlp(double x) const {
     const DType dt = output_.dtype;
     if (!IsFloating(dt) || dt == DType::kF64) return 0.0;
-    const double eps = DTypeEpsilon(dt);
-    const double smallest =
-        DTypeSmallestNormal(dt == DType::kF16 ? dt : DType::kF32);
-    int e = 0;
-    std::frexp(std::max(std::fabs(x), smallest), &e);
-    return eps * std::ldexp(1.0, e - 1);
+    return UlpAt(x, dt);
   }
 
   const PreparedAttention& p_;

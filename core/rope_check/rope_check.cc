@@ -59,13 +59,7 @@ struct Fit {
 // ULPs of `dtype` between a and b, at b's binade (at least the smallest
 // normal's).
 double UlpsApart(double a, double b, DType dtype) {
-  const double eps = DTypeEpsilon(dtype);
-  const double smallest =
-      DTypeSmallestNormal(dtype == DType::kF16 ? dtype : DType::kF32);
-  const double m = std::max(std::fabs(b), smallest);
-  int e = 0;
-  std::frexp(m, &e);
-  return std::fabs(a - b) / (eps * std::ldexp(1.0, e - 1));
+  return std::fabs(a - b) / UlpAt(b, dtype);
 }
 
 int64_t PairOf(const RopeTable& t, int64_t d) {

@@ -308,6 +308,14 @@ void StoreFromDouble(void* data, DType dtype, int64_t i, double value) {
   }
 }
 
+double UlpAt(double x, DType dtype) {
+  const double smallest =
+      DTypeSmallestNormal(dtype == DType::kF16 ? dtype : DType::kF32);
+  int e = 0;
+  std::frexp(std::max(std::fabs(x), smallest), &e);
+  return DTypeEpsilon(dtype) * std::ldexp(1.0, e - 1);
+}
+
 void ConvertToFloat(const void* src, DType dtype, int64_t n, float* dst) {
   switch (dtype) {
     case DType::kF32:

@@ -78,6 +78,11 @@ uint8_t FloatToF8E5M2(float f);
 // zero (f32's for non-floating dtypes).
 double DTypeDenormMin(DType dtype);
 
+// The spacing of a floating `dtype`'s values at |x| (one ulp there),
+// counted as a normal number's: |x| below the smallest normal (f16's own,
+// else f32's, where engines flush or compute) counts as that normal.
+double UlpAt(double x, DType dtype);
+
 // Rounds a float to the nearest value representable in `dtype` and returns
 // it as a float (identity for f32 and f64-as-f32).
 float RoundToDType(float value, DType dtype);

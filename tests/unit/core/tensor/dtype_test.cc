@@ -33,6 +33,19 @@ TEST(DTypeTest, SizesAndNames) {
 // largest finite value, smallest normal and smallest subnormal round-trip,
 // the next value past the largest is not finite (or saturates), one ulp
 // above 1 is 1 + epsilon, and half of it rounds back to 1 (ties to even).
+TEST(DTypeTest, UlpAtIsTheSpacingOfTheValuesThere) {
+  EXPECT_EQ(UlpAt(1.0, DType::kBF16), std::ldexp(1.0, -7));
+  EXPECT_EQ(UlpAt(-1.5, DType::kF16), std::ldexp(1.0, -10));
+  EXPECT_EQ(UlpAt(3.0, DType::kF32), std::ldexp(1.0, -22));
+  // The next value above x is x + UlpAt(x): 1.0 + 2^-7 is bf16's.
+  EXPECT_EQ(RoundToDType(1.0f + std::ldexp(1.0f, -7), DType::kBF16),
+            1.0f + std::ldexp(1.0f, -7));
+  // Below the smallest normal: f16's own, f32's for the others.
+  EXPECT_EQ(UlpAt(0.0, DType::kF16), std::ldexp(1.0, -24));
+  EXPECT_EQ(UlpAt(1e-40, DType::kBF16), std::ldexp(1.0, -133));
+  EXPECT_EQ(UlpAt(1e-30, DType::kBF16), std::ldexp(1.0, -107));
+}
+
 TEST(DTypeTraitsTest, AgreeWithTheConversions) {
   for (DType t : {DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kF8E5M2}) {
     const DTypeTraits& traits = DTypeTraitsOf(t);
