@@ -195,8 +195,10 @@ TEST(PrecisionTest, RoundingsResolveToTheirErrorsAndLean) {
   EXPECT_EQ(lean.relative, 0.5 * kEpsBf16);
   EXPECT_TRUE(lean.known);
   // A declared profile without roundings rounds to nearest: no lean.
-  lean = ExpectedOutputLean(ResolveEngineArithmetic(
-      {EngineProfile::kVllmCpu}, DType::kBF16, DType::kBF16, 128));
+  EnginePrecision vllm;
+  vllm.profile = EngineProfile::kVllmCpu;
+  lean = ExpectedOutputLean(
+      ResolveEngineArithmetic(vllm, DType::kBF16, DType::kBF16, 128));
   EXPECT_EQ(lean.ulps, 0.0);
   EXPECT_EQ(lean.relative, 0.0);
   // Undeclared: a quarter ulp each way, unknown.
