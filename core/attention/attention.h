@@ -93,6 +93,9 @@ struct PreparedAttention {
   // read of its own cost a pre-RoPE snapshot a fifth of its audit.
   std::vector<float> slack_q_gap;
   std::vector<double> slack_key_head_score;
+  // [N * P * Hkv] (slot-major) each rotated key's own score move before the
+  // scale (0: clear), when slack_key_head_score is set.
+  std::vector<float> slack_key_score;
   std::vector<uint8_t> slack_cells;
   // What the report says of them: the ambiguous rotated elements of q and
   // of K, and the rows they widen.

@@ -113,22 +113,25 @@ int64_t PairIndex(RopeStyle style, int64_t i, int64_t half, bool second) {
 }
 
 // What RotateKeys finds of the rotated keys that may round the other way
-// in the engine (RopeTable::RotationAmbiguity): their count, and per KV
-// head the largest, over its keys, of sum_d gap_{j,d} max|q_d| (the most
-// one key's score moves before the softmax scale).
+// in the engine (RopeTable::RotationAmbiguity): their count, per key
+// sum_d gap_{j,d} max|q_d| (the most its score moves before the softmax
+// scale; 0 for a clear key), and per KV head the largest of those.
 struct KeyAmbiguity {
   int64_t elements = 0;
   std::vector<double> head_score;  // [Hkv]
+  std::vector<float> key_score;    // [N * P * Hkv], slot-major
 };
 
 // One rotated key row's ambiguous elements (gap != 0) into *found: their
 // count, and the most its score moves for KV head g before the softmax
-// scale. requantize_scale > 0: an fp8 cache re-quantises the rotated value
-// with that scale, so its two candidates may land an fp8 step apart.
-void NoteKeyAmbiguity(const float* gap, const float* rotated, int64_t head_dim,
-                      int64_t g, float requantize_scale, DType out_dtype,
-                      const std::vector<double>& query_dim_max,
-                      KeyAmbiguity* found) {
+// scale (returned). requantize_scale > 0: an fp8 cache re-quantises the
+// rotated value with that scale, so its two candidates may land an fp8
+// step apart.
+double NoteKeyAmbiguity(const float* gap, const float* rotated,
+                        int64_t head_dim, int64_t g, float requantize_scale,
+                        DType out_dtype,
+                        const std::vector<double>& query_dim_max,
+                        KeyAmbiguity* found) {
   const float ks = requantize_scale;
   double score = 0;
   for (int64_t i = 0; i < head_dim; ++i) {
@@ -143,6 +146,7 @@ void NoteKeyAmbiguity(const float* gap, const float* rotated, int64_t head_dim,
     score += step * query_dim_max[g * head_dim + i];
   }
   found->head_score[g] = std::max(found->head_score[g], score);
+  return score;
 }
 
 void MergeKeyAmbiguity(const std::vector<KeyAmbiguity>& parts, int64_t kv_heads,
@@ -185,6 +189,9 @@ absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
   const bool detect = query_dim_max != nullptr;
   std::vector<KeyAmbiguity> page_ambiguity(
       detect ? static_cast<size_t>(d.num_pages) : 0);
+  // Each page's slots are written by its own task.
+  std::vector<float> key_score(
+      detect ? static_cast<size_t>(d.num_pages * d.page_size * d.kv_heads) : 0);
   ParallelFor(d.num_pages, threads, [&](int64_t page) {
     if (!referenced[page]) return;
     std::vector<float> cos_half(half);
@@ -226,8 +233,10 @@ absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
         rope.RotateAs(row.data(), cos_half.data(), sin_half.data(),
                       rotation_dtype, dst);
         if (found != nullptr) {
-          NoteKeyAmbiguity(gap.data(), dst, d.head_dim, g, requantize ? ks : 0,
-                           out_dtype, *query_dim_max, found);
+          key_score[(page * d.page_size + slot) * d.kv_heads + g] =
+              static_cast<float>(NoteKeyAmbiguity(
+                  gap.data(), dst, d.head_dim, g, requantize ? ks : 0,
+                  out_dtype, *query_dim_max, found));
         }
         if (requantize) {
           // An fp8 cache stores the rotated key re-quantised with its scale;
@@ -241,7 +250,10 @@ absl::Status RotateKeys(const Snapshot& s, const ResolvedLayout& layout,
     }
   });
   if (maxima != nullptr) MergeMaxima(per_page, s, d, half, maxima);
-  if (detect) MergeKeyAmbiguity(page_ambiguity, d.kv_heads, ambiguity);
+  if (detect) {
+    MergeKeyAmbiguity(page_ambiguity, d.kv_heads, ambiguity);
+    ambiguity->key_score = std::move(key_score);
+  }
   p->k_data = p->rotated_k.data();
   p->k_dtype = DType::kF32;
   p->k_layout = KvLayout::kNHD;
@@ -584,6 +596,7 @@ absl::StatusOr<PreparedAttention> PrepareAttention(const Snapshot& s,
       if (p.ambiguous_q_elements > 0) p.slack_q_gap = std::move(q_gap);
       if (key_ambiguity.elements > 0) {
         p.slack_key_head_score = std::move(key_ambiguity.head_score);
+        p.slack_key_score = std::move(key_ambiguity.key_score);
       }
     }
   }

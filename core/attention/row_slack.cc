@@ -21,7 +21,7 @@ struct SeenKey {
 std::vector<SeenKey> ReadRowKeys(const PreparedAttention& p, int64_t b,
                                  int64_t query_position, int64_t g,
                                  const double* q, const float* gap,
-                                 double key_term, double widen) {
+                                 double widen) {
   const SnapshotDims& d = p.dims;
   const std::vector<int32_t>& pages = p.layout->block_pages[b];
   const int64_t length = p.layout->seq_lens[b];
@@ -36,7 +36,15 @@ std::vector<SeenKey> ReadRowKeys(const PreparedAttention& p, int64_t b,
                       query_position)) {
         continue;
       }
-      SeenKey key{0.0, key_term, std::vector<double>(d.head_dim)};
+      // The key's own move, or the KV head's worst key's when not kept.
+      double own_key = 0;
+      if (!p.slack_key_score.empty()) {
+        own_key = p.slack_key_score[slot * d.kv_heads + g];
+      } else if (!p.slack_key_head_score.empty()) {
+        own_key = p.slack_key_head_score[g];
+      }
+      SeenKey key{0.0, own_key * widen * p.softmax_scale,
+                  std::vector<double>(d.head_dim)};
       ConvertToDouble(static_cast<const char*>(p.k_data) +
                           KvSlotOffset(p.k_layout, d, pages[blk], t, g) *
                               DTypeSize(p.k_dtype),
@@ -101,15 +109,10 @@ RowSlackBound BoundRowSlack(const PreparedAttention& p, int64_t row) {
   const int64_t b = bs / d.queries;
   const int64_t g = h / (d.q_heads / d.kv_heads);
   const double widen = 1.0 + 2.0 * DTypeEpsilon(p.rotation_dtype);
-  const double key_term =
-      p.slack_key_head_score.empty()
-          ? 0.0
-          : p.slack_key_head_score[g] * widen * p.softmax_scale;
   const float* gap =
       p.slack_q_gap.empty() ? nullptr : &p.slack_q_gap[row * d.head_dim];
-  const std::vector<SeenKey> keys =
-      ReadRowKeys(p, b, p.query_positions[bs], g, &p.q[row * d.head_dim], gap,
-                  key_term, widen);
+  const std::vector<SeenKey> keys = ReadRowKeys(
+      p, b, p.query_positions[bs], g, &p.q[row * d.head_dim], gap, widen);
   const double* sink = p.sinks.empty() ? nullptr : &p.sinks[h];
   // Weights over keys and sink (what out is made of), and over the keys
   // alone (an LSE reported without the sink moves with those).

@@ -6,7 +6,8 @@
 // that takes no weight can make many times what a flip can do to the row:
 // wide enough to hide a real bug. This reads the row's visible keys once,
 // takes each key's own shift bound η_j (its ambiguous q elements' gaps
-// times its |k|, plus the KV head's key bound) and R's weights p_j, and
+// times its |k|, plus what its own ambiguous rotated elements move its
+// score) and R's weights p_j, and
 // bounds, with no approximation (docs/NUMERICS.md, "Rounding-boundary
 // rows"):
 //

@@ -227,6 +227,20 @@ TEST_P(BoundRowSlackTest, HoldsForEveryFlipAndIgnoresAnUnweightedHeavyKey) {
   // 5's |k_3| of 400 at full weight: over a hundred times wider.
   EXPECT_LE(bound.lse, 4.0 * static_cast<double>(worst_lse));
   EXPECT_GT(p.row_score_uncertainty[0], 100.0 * bound.lse);
+
+  // Key 5's rotated elements ambiguous too (a pre-qk cache): its own move
+  // counts at its weight, none; the KV head's worst key for every key would
+  // add its whole move to the LSE.
+  const int64_t page_size = PagingOptions{}.page_size;
+  const int64_t slot5 =
+      PageOfBlock(s, 0, 5 / page_size) * page_size + 5 % page_size;
+  p.slack_key_head_score = {50.0};
+  p.slack_key_score.assign(s.slot_positions.num_elements(), 0.0f);
+  p.slack_key_score[slot5] = 50.0f;
+  const RowSlackBound own = BoundRowSlack(p, 0);
+  EXPECT_LE(own.lse, 1.01 * bound.lse);
+  p.slack_key_score.clear();
+  EXPECT_GT(BoundRowSlack(p, 0).lse, 50.0 * p.softmax_scale);
 }
 
 TEST(BoundRowSlackTest, SoftCappedOrUnmarkedRowsAreNotBounded) {
