@@ -10,23 +10,23 @@
 namespace attnaudit {
 namespace {
 
-// A visible key of the row: its score, its shift bound and its V.
-struct SeenKey {
-  double score;
-  double eta;
-  std::vector<double> v;
+// The row's visible keys: each one's score and shift bound, and their V
+// rows (K and V scales applied), in block order.
+struct SeenKeys {
+  std::vector<double> score, eta;
+  std::vector<double> v;  // [keys][D]
+  size_t size() const { return score.size(); }
 };
 
-// The row's visible keys (K and V scales applied) in block order.
-std::vector<SeenKey> ReadRowKeys(const PreparedAttention& p, int64_t b,
-                                 int64_t query_position, int64_t g,
-                                 const double* q, const float* gap,
-                                 double widen) {
+SeenKeys ReadRowKeys(const PreparedAttention& p, int64_t b,
+                     int64_t query_position, int64_t g, const double* q,
+                     const float* gap, double widen) {
   const SnapshotDims& d = p.dims;
   const std::vector<int32_t>& pages = p.layout->block_pages[b];
   const int64_t length = p.layout->seq_lens[b];
   std::vector<double> k(static_cast<size_t>(d.head_dim));
-  std::vector<SeenKey> keys;
+  std::vector<double> v(static_cast<size_t>(d.head_dim));
+  SeenKeys keys;
   for (size_t blk = 0; blk < pages.size(); ++blk) {
     const int64_t first = static_cast<int64_t>(blk) * d.page_size;
     const int64_t n = std::min(d.page_size, length - first);
@@ -37,14 +37,13 @@ std::vector<SeenKey> ReadRowKeys(const PreparedAttention& p, int64_t b,
         continue;
       }
       // The key's own move, or the KV head's worst key's when not kept.
-      double own_key = 0;
+      double eta = 0;
       if (!p.slack_key_score.empty()) {
-        own_key = p.slack_key_score[slot * d.kv_heads + g];
+        eta = p.slack_key_score[slot * d.kv_heads + g];
       } else if (!p.slack_key_head_score.empty()) {
-        own_key = p.slack_key_head_score[g];
+        eta = p.slack_key_head_score[g];
       }
-      SeenKey key{0.0, own_key * widen * p.softmax_scale,
-                  std::vector<double>(d.head_dim)};
+      eta *= widen * p.softmax_scale;
       ConvertToDouble(static_cast<const char*>(p.k_data) +
                           KvSlotOffset(p.k_layout, d, pages[blk], t, g) *
                               DTypeSize(p.k_dtype),
@@ -52,18 +51,18 @@ std::vector<SeenKey> ReadRowKeys(const PreparedAttention& p, int64_t b,
       ConvertToDouble(static_cast<const char*>(p.v_data) +
                           KvSlotOffset(p.v_layout, d, pages[blk], t, g) *
                               DTypeSize(p.v_dtype),
-                      p.v_dtype, d.head_dim, key.v.data());
+                      p.v_dtype, d.head_dim, v.data());
       double dot = 0;
       for (int64_t i = 0; i < d.head_dim; ++i) {
         const double ki = k[i] * p.k_scale[g];
         dot += q[i] * ki;
         if (gap != nullptr && gap[i] != 0.0f) {
-          key.eta += p.softmax_scale * gap[i] * std::fabs(ki) * widen;
+          eta += p.softmax_scale * gap[i] * std::fabs(ki) * widen;
         }
-        key.v[i] *= p.v_scale[g];
+        keys.v.push_back(v[i] * p.v_scale[g]);
       }
-      key.score = dot * p.softmax_scale;
-      keys.push_back(std::move(key));
+      keys.score.push_back(dot * p.softmax_scale);
+      keys.eta.push_back(eta);
     }
   }
   return keys;
@@ -74,24 +73,25 @@ std::vector<SeenKey> ReadRowKeys(const PreparedAttention& p, int64_t b,
 // p_j e^{η_j + A}, A = Σ p_j η_j (by Jensen the normaliser falls by at most
 // e^{-A}), so |ΔLSE| <= Σ p_j e^{η_j + A} η_j. Exponents are summed before
 // exp, so a key of no weight with a large η adds nothing.
-double LseSlack(const std::vector<SeenKey>& keys, double lse) {
+double LseSlack(const SeenKeys& keys, double lse) {
   double mean_shift = 0;
-  for (const SeenKey& key : keys) {
-    mean_shift += std::exp(key.score - lse) * key.eta;
+  for (size_t j = 0; j < keys.size(); ++j) {
+    mean_shift += std::exp(keys.score[j] - lse) * keys.eta[j];
   }
   double slack = 0;
-  for (const SeenKey& key : keys) {
-    slack += std::exp(key.score - lse + key.eta + mean_shift) * key.eta;
+  for (size_t j = 0; j < keys.size(); ++j) {
+    slack +=
+        std::exp(keys.score[j] - lse + keys.eta[j] + mean_shift) * keys.eta[j];
   }
   return slack;
 }
 
-double LogSumExp(const std::vector<SeenKey>& keys, const double* sink) {
+double LogSumExp(const SeenKeys& keys, const double* sink) {
   double m = sink != nullptr ? *sink : -INFINITY;
-  for (const SeenKey& key : keys) m = std::max(m, key.score);
+  for (double score : keys.score) m = std::max(m, score);
   if (!std::isfinite(m)) return m;
   double sum = sink != nullptr ? std::exp(*sink - m) : 0.0;
-  for (const SeenKey& key : keys) sum += std::exp(key.score - m);
+  for (double score : keys.score) sum += std::exp(score - m);
   return m + std::log(sum);
 }
 
@@ -111,8 +111,8 @@ RowSlackBound BoundRowSlack(const PreparedAttention& p, int64_t row) {
   const double widen = 1.0 + 2.0 * DTypeEpsilon(p.rotation_dtype);
   const float* gap =
       p.slack_q_gap.empty() ? nullptr : &p.slack_q_gap[row * d.head_dim];
-  const std::vector<SeenKey> keys = ReadRowKeys(
-      p, b, p.query_positions[bs], g, &p.q[row * d.head_dim], gap, widen);
+  const SeenKeys keys = ReadRowKeys(p, b, p.query_positions[bs], g,
+                                    &p.q[row * d.head_dim], gap, widen);
   const double* sink = p.sinks.empty() ? nullptr : &p.sinks[h];
   // Weights over keys and sink (what out is made of), and over the keys
   // alone (an LSE reported without the sink moves with those).
@@ -122,17 +122,18 @@ RowSlackBound BoundRowSlack(const PreparedAttention& p, int64_t row) {
   const double lambda = LseSlack(keys, lse_all);
   const double lambda_keys =
       std::isfinite(lse_keys) ? LseSlack(keys, lse_keys) : 0.0;
-  std::vector<double> out(static_cast<size_t>(d.head_dim), 0.0);
-  for (const SeenKey& key : keys) {
-    const double w = std::exp(key.score - lse_all);
-    for (int64_t i = 0; i < d.head_dim; ++i) out[i] += w * key.v[i];
+  const int64_t D = d.head_dim;
+  std::vector<double> out(static_cast<size_t>(D), 0.0);
+  for (size_t j = 0; j < keys.size(); ++j) {
+    const double w = std::exp(keys.score[j] - lse_all);
+    for (int64_t i = 0; i < D; ++i) out[i] += w * keys.v[j * D + i];
   }
-  std::vector<double> slack(static_cast<size_t>(d.head_dim), 0.0);
-  for (const SeenKey& key : keys) {
-    const double w =
-        std::exp(key.score - lse_all + key.eta + lambda) * (key.eta + lambda);
-    for (int64_t i = 0; i < d.head_dim; ++i) {
-      slack[i] += w * std::fabs(key.v[i] - out[i]);
+  std::vector<double> slack(static_cast<size_t>(D), 0.0);
+  for (size_t j = 0; j < keys.size(); ++j) {
+    const double w = std::exp(keys.score[j] - lse_all + keys.eta[j] + lambda) *
+                     (keys.eta[j] + lambda);
+    for (int64_t i = 0; i < D; ++i) {
+      slack[i] += w * std::fabs(keys.v[j * D + i] - out[i]);
     }
   }
   if (sink != nullptr) {

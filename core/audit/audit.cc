@@ -132,6 +132,9 @@ void TightenRows(const CompareContext& ctx, const Side& candidate,
   const bool out = !rows->out.empty() && candidate.has_out && baseline.has_out;
   const bool lse = !rows->lse.empty() && candidate.has_lse && baseline.has_lse;
   for (int64_t r = 0; r < n; ++r) {
+    const bool widened = (!rows->out.empty() && rows->out[r] > 0) ||
+                         (!rows->lse.empty() && rows->lse[r] > 0);
+    if (!widened) continue;  // no slack of its own to tighten
     bool over = false;
     for (int64_t i = 0; out && !over && i < dim; ++i) {
       over = std::fabs(candidate.out[r * dim + i] - baseline.out[r * dim + i]) >
