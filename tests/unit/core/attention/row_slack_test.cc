@@ -167,16 +167,22 @@ Exact ExactRow(const LogicalCase& c, const std::vector<double>& q,
   return e;
 }
 
-class BoundRowSlackTest : public ::testing::TestWithParam<bool> {};
-
-TEST_P(BoundRowSlackTest, HoldsForEveryFlipAndIgnoresAnUnweightedHeavyKey) {
-  const bool sink = GetParam();
+// One row of one head (D 8) over `keys` keys.
+RandomCaseOptions OneRow(int64_t keys) {
   RandomCaseOptions o;
   o.batch = 1;
   o.q_heads = 1;
   o.kv_heads = 1;
   o.head_dim = 8;
-  o.seq_lens = {24};
+  o.seq_lens = {keys};
+  return o;
+}
+
+class BoundRowSlackTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(BoundRowSlackTest, HoldsForEveryFlipAndIgnoresAnUnweightedHeavyKey) {
+  const bool sink = GetParam();
+  RandomCaseOptions o = OneRow(24);
   o.q_std = 2.0;
   o.seed = 11;
   LogicalCase c = RandomCase(o);
@@ -244,13 +250,7 @@ TEST_P(BoundRowSlackTest, HoldsForEveryFlipAndIgnoresAnUnweightedHeavyKey) {
 }
 
 TEST(BoundRowSlackTest, SoftCappedOrUnmarkedRowsAreNotBounded) {
-  RandomCaseOptions o;
-  o.batch = 1;
-  o.q_heads = 1;
-  o.kv_heads = 1;
-  o.head_dim = 8;
-  o.seq_lens = {10};
-  LogicalCase c = RandomCase(o);
+  const LogicalCase c = RandomCase(OneRow(10));
   const Snapshot plain = BuildSnapshot(c, PagingOptions{});
   absl::StatusOr<ResolvedLayout> layout = ValidateSnapshot(plain);
   ASSERT_TRUE(layout.ok()) << layout.status();
