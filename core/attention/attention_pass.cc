@@ -164,7 +164,8 @@ bool ComputeVisibility(const PassContext& ctx, int64_t b, const TokenRun& run,
   const int64_t P = d.page_size;
   bool any = false;
   for (int64_t sq = 0; sq < d.queries; ++sq) {
-    const int64_t qpos = p.query_positions[b * d.queries + sq];
+    const int64_t qpos =
+        p.query_positions[b * d.queries + sq] + run.query_shift;
     int32_t* vis = &sc.visible[sq * P];
     int64_t count = 0;
     for (int64_t t = 0; t < run.n; ++t) {

@@ -97,6 +97,10 @@ struct TokenRun {
   const int64_t* positions = nullptr;
   int64_t n = 0;
   std::vector<int32_t> unit_of, first, count;
+  // The row's queries taken as this many positions later for visibility
+  // only (their causal and window limits; their rotation is done): the
+  // diagnosis's account of an engine that counts a row's keys off by one.
+  int64_t query_shift = 0;
 };
 
 // Computes the states of the run's units for the query rows of batch row b

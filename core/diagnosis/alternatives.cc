@@ -690,10 +690,11 @@ ValueStats RowValueStats(const Context& ctx, int64_t b) {
 namespace {
 
 // States per cell of one page read as logical block `as_block` of row b:
-// its first n slots at `positions`.
+// its first n slots at `positions`, seen by the row's queries moved by
+// `query_shift` (TokenRun::query_shift).
 absl::Status PageAsBlockStates(const Context& ctx, int64_t b, int64_t page,
                                int64_t as_block, int64_t n,
-                               const int64_t* positions,
+                               const int64_t* positions, int64_t query_shift,
                                std::vector<double>* out,
                                std::vector<double>* lse) {
   const PreparedAttention& p = *ctx.p;
@@ -708,6 +709,7 @@ absl::Status PageAsBlockStates(const Context& ctx, int64_t b, int64_t page,
   run.unit_of = {0};
   run.first = {0};
   run.count = {static_cast<int32_t>(n)};
+  run.query_shift = query_shift;
   ATTNAUDIT_RETURN_IF_ERROR(ComputeRunStates(p, run, b, 0, d.kv_heads, &st));
   out->assign(static_cast<size_t>(ctx.Cells() * D), 0.0);
   lse->assign(static_cast<size_t>(ctx.Cells()),
@@ -735,7 +737,7 @@ absl::Status ComputeSubstituteStates(const Context& ctx, int64_t b,
   const int64_t own_page = ctx.in->layout->block_pages[b][as_block];
   std::vector<int64_t> positions;
   SlotPositions(*ctx.in->snapshot, own_page, n, P, &positions);
-  return PageAsBlockStates(ctx, b, page, as_block, n, positions.data(), out,
+  return PageAsBlockStates(ctx, b, page, as_block, n, positions.data(), 0, out,
                            lse);
 }
 
@@ -753,15 +755,47 @@ absl::Status ComputeResizedLastBlock(const Context& ctx, int64_t b,
   const int64_t page = ctx.in->layout->block_pages[b][j];
   std::vector<int64_t> positions;
   SlotPositions(*ctx.in->snapshot, page, resized, P, &positions);
-  if (delta > 0) {
-    // The engine reads one token more by count: to it the next slot is the
-    // newest key, visible to the row's last query.
-    const int64_t last_query = (b + 1) * ctx.d.queries - 1;
-    for (int64_t t = n; t < resized; ++t) {
-      positions[t] = ctx.p->query_positions[last_query];
-    }
+  // The slots past the row's end hold no position of the row: to the
+  // engine they follow its newest key.
+  const int64_t last_query = (b + 1) * ctx.d.queries - 1;
+  for (int64_t t = n; t < resized; ++t) {
+    positions[t] = ctx.p->query_positions[last_query] + (t - n + 1);
   }
-  return PageAsBlockStates(ctx, b, page, j, resized, positions.data(), out,
+  return PageAsBlockStates(ctx, b, page, j, resized, positions.data(), delta,
+                           out, lse);
+}
+
+std::vector<int64_t> BlocksMovedByCount(const Context& ctx, int64_t b,
+                                        int64_t delta) {
+  const PreparedAttention& p = *ctx.p;
+  const int64_t P = ctx.d.page_size;
+  const int64_t L = ctx.in->layout->seq_lens[b];
+  const int64_t last = (L - 1) / P;
+  const int64_t* queries = &p.query_positions[b * ctx.d.queries];
+  std::vector<int64_t> positions, moved;
+  for (int64_t j = 0; j < last; ++j) {
+    SlotPositions(*ctx.in->snapshot, ctx.in->layout->block_pages[b][j], P, P,
+                  &positions);
+    bool changes = false;
+    for (int64_t t = 0; t < P && !changes; ++t) {
+      for (int64_t s = 0; s < ctx.d.queries && !changes; ++s) {
+        changes = KeyVisible(p, positions[t], queries[s]) !=
+                  KeyVisible(p, positions[t], queries[s] + delta);
+      }
+    }
+    if (changes) moved.push_back(j);
+  }
+  return moved;
+}
+
+absl::Status ComputeMovedBlock(const Context& ctx, int64_t b, int64_t block,
+                               int64_t delta, std::vector<double>* out,
+                               std::vector<double>* lse) {
+  const int64_t P = ctx.d.page_size;
+  const int64_t page = ctx.in->layout->block_pages[b][block];
+  std::vector<int64_t> positions;
+  SlotPositions(*ctx.in->snapshot, page, P, P, &positions);
+  return PageAsBlockStates(ctx, b, page, block, P, positions.data(), delta, out,
                            lse);
 }
 

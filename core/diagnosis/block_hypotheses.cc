@@ -425,28 +425,47 @@ absl::Status ForeignTrials(const Context& ctx, const RowStates& rs,
   return absl::OkStatus();
 }
 
-// The row read with one key fewer or one more than kv_seq_lens says (its
-// last block resized).
+// The row read with one key fewer or one more than kv_seq_lens says: its
+// last block resized, and where the count moves a sliding window's start
+// into an earlier block, that block read with the window moved.
 absl::Status SeqLenTrials(const Context& ctx, const RowStates& rs,
                           std::deque<Substitute>* subs,
                           std::vector<Trial>* trials) {
   const int64_t last = static_cast<int64_t>(rs.pages.size()) - 1;
   if (last < 0) return absl::OkStatus();
   for (int64_t delta : {-1, 1}) {
+    const size_t before = subs->size();
     subs->emplace_back();
     Substitute& sub = subs->back();
     sub.as = last;
     sub.from = -1;
-    const absl::Status st =
+    absl::Status st =
         ComputeResizedLastBlock(ctx, rs.b, delta, &sub.out, &sub.lse);
+    std::vector<const Substitute*> parts{&sub};
+    const std::vector<int64_t> moved = BlocksMovedByCount(ctx, rs.b, delta);
+    // One query's window starts in one block; more (a long chunk of
+    // queries) is not tried.
+    if (st.ok() && moved.size() > 1) st = absl::NotFoundError("");
+    if (st.ok() && moved.size() == 1) {
+      subs->emplace_back();
+      Substitute& window = subs->back();
+      window.as = window.from = moved[0];
+      st = ComputeMovedBlock(ctx, rs.b, moved[0], delta, &window.out,
+                             &window.lse);
+      parts.push_back(&window);
+    }
     if (absl::IsNotFound(st) || absl::IsInvalidArgument(st)) {
-      subs->pop_back();
+      subs->resize(before);
       continue;
     }
     ATTNAUDIT_RETURN_IF_ERROR(st);
-    Trial t{kSeqLenOffByOne, last, -1, 1, {&sub}, false, Scorer(ctx)};
+    const int64_t other = moved.empty() ? -1 : moved[0];
+    Trial t{kSeqLenOffByOne, last, other, 1, parts, false, Scorer(ctx)};
     t.detail = absl::StrFormat("%+d: the engine read %d keys of row %d", delta,
                                ctx.in->layout->seq_lens[rs.b] + delta, rs.b);
+    if (!moved.empty()) {
+      absl::StrAppend(&t.detail, ", its sliding window's start moved with it");
+    }
     trials->push_back(std::move(t));
   }
   return absl::OkStatus();
@@ -548,9 +567,11 @@ void CollectCandidates(const Context& ctx, const Row& row, const RowStates& rs,
   std::vector<Candidate> best;
   for (const Trial& t : trials) {
     if (!t.finalist || !AllowedByRanks(ctx, rs, ranks, t)) continue;
-    Candidate c =
-        BlockCandidate(ctx, rs, t.hypothesis, t.j,
-                       t.subs.empty() ? -1 : t.other, t.scorer, t.bias);
+    // A count's moved window block is part of the account, not a page
+    // named beside the block.
+    const bool names_other = !t.subs.empty() && t.hypothesis != kSeqLenOffByOne;
+    Candidate c = BlockCandidate(ctx, rs, t.hypothesis, t.j,
+                                 names_other ? t.other : -1, t.scorer, t.bias);
     c.detail = t.detail;
     if (t.foreign_page >= 0)
       c.location.other_page = EnginePageId(ctx, t.foreign_page);

@@ -256,13 +256,29 @@ absl::Status ComputeSubstituteStates(const Context& ctx, int64_t b,
                                      std::vector<double>* out,
                                      std::vector<double>* lse);
 
+// An engine that counts `delta` keys more or fewer for row b places its
+// queries by its count: each query's causal and window limits move by
+// `delta` positions with it (TokenRun::query_shift).
+//
 // States of row b's last block read with `delta` tokens more (+1: the next
-// slot of its page, seen as a key at the query's position) or fewer (-1),
-// per cell. NotFound when there is no such slot (a full last page, or a
-// one-token block for -1); InvalidArgument as above.
+// slot of its page, seen as the newest key) or fewer (-1), per cell, by
+// such an engine. NotFound when there is no such slot (a full last
+// page, or a one-token block for -1); InvalidArgument as above.
 absl::Status ComputeResizedLastBlock(const Context& ctx, int64_t b,
                                      int64_t delta, std::vector<double>* out,
                                      std::vector<double>* lse);
+
+// The blocks of row b before its last in which some key's visibility to
+// some query of the row changes when the row is counted `delta` keys off
+// (a sliding window's start moving: one block for one query), ascending.
+std::vector<int64_t> BlocksMovedByCount(const Context& ctx, int64_t b,
+                                        int64_t delta);
+
+// States of row b's block `block`, its own page, read by an engine that
+// counts the row `delta` keys off (above); InvalidArgument as above.
+absl::Status ComputeMovedBlock(const Context& ctx, int64_t b, int64_t block,
+                               int64_t delta, std::vector<double>* out,
+                               std::vector<double>* lse);
 
 // --- Hypothesis families; each appends what it evaluated. ---
 

@@ -129,6 +129,30 @@ TEST_P(EngineBugTest, OneKeyMore) {
   EXPECT_TRUE(absl::StartsWith(top.detail, "+1")) << top.detail;
 }
 
+TEST_P(EngineBugTest, OneKeyFewerMovesTheSlidingWindow) {
+  // An engine that counts row 1 a key short places its query a key early:
+  // the newest key drops out and the key before the window's start (in
+  // block 4 of 8; the window is 24 of 61 keys) comes in.
+  testing::LogicalCase c = testing::PeakedBf16Case(28);
+  c.sliding_window = 24;
+  Snapshot s = testing::BuildSnapshot(c, Paging());
+  testing::LogicalCase engine = c;
+  const int64_t w = c.kv_heads * c.head_dim;
+  engine.k[1].resize(engine.k[1].size() - w);
+  engine.v[1].resize(engine.v[1].size() - w);
+  engine.positions[1].pop_back();
+  engine.query_positions[1] -= 1;
+  SetEngine(engine, GetParam(), &s);
+  const AuditReport report = Audit(s);
+  const Diagnosis& top = Top(report);
+  EXPECT_EQ(top.hypothesis, "seq-len-off-by-one") << top.summary;
+  EXPECT_EQ(top.location.row, 1);
+  EXPECT_EQ(top.location.logical_block, 7);
+  EXPECT_TRUE(top.explains) << top.summary;
+  EXPECT_TRUE(absl::StartsWith(top.detail, "-1")) << top.detail;
+  EXPECT_TRUE(absl::StrContains(top.detail, "window")) << top.detail;
+}
+
 TEST_P(EngineBugTest, ValuesReadFromTheKeyBuffer) {
   const testing::LogicalCase c = testing::PeakedBf16Case(23);
   Snapshot s = testing::BuildSnapshot(c, Paging());
