@@ -25,7 +25,8 @@ stopping early leaves every family with the same number of seeds.
       [--set clean,long,bugs] [--seeds N] [--first-seed S] [--only PATTERN] \\
       [--results FILE] [--cli PATH] [--budget-min M] [--keep DIR]
   python3 tests/conformance/sweep.py --tables TABLES [--docs] [--results FILE]
-      [--cli-sha PREFIX]     (tables only: no torch needed)
+      [--cli-sha PREFIX|any]     (tables only: no torch needed; --results
+      may name several files, read in order)
 
 --docs rewrites the block between `<!-- sweep:begin -->` and
 `<!-- sweep:end -->` in docs/CONFORMANCE.md with the tables.
@@ -350,12 +351,14 @@ def _max_ratio(r: dict, keys=None) -> (float, str):
 
 
 def select(results: List[dict], cli_sha: Optional[str]) -> (List[dict], str):
-    """The runs of one CLI (the given sha prefix, else the latest line's);
-    of a (case, seed) run more than once, the last."""
+    """The runs of one CLI (the given sha prefix, else the latest line's;
+    "any": every CLI, for sweeps resumed across CLIs whose reports are
+    known equal); of a (case, seed) run more than once, the last."""
     if not results:
         return [], ""
     sha = cli_sha or results[-1].get("cli_sha", "")
-    runs = [r for r in results if r.get("cli_sha", "").startswith(sha)]
+    runs = [r for r in results
+            if sha == "any" or r.get("cli_sha", "").startswith(sha)]
     latest: "OrderedDict[tuple, dict]" = OrderedDict()
     for r in runs:                    # the last record of a (case, seed) wins
         latest[(r["case"], r["seed"])] = r
@@ -515,6 +518,9 @@ def summary_lines(runs: List[dict], sha: str) -> List[str]:
     t = sum(r.get("t_engine", 0) + r.get("t_cli", 0) for r in runs)
     hosts = Counter((r.get("host") or {}).get("cpu", "?") + " [" +
                     ",".join((r.get("host") or {}).get("flags", [])) + "]" for r in ok)
+    if sha == "any":
+        clis = Counter(r.get("cli_sha", "?") for r in runs)
+        sha = "any of " + ", ".join(f"{c} ({n} runs)" for c, n in clis.most_common())
     return [f"CLI sha256 {sha}; {len(runs)} runs ({len(ok)} audited, "
             f"{sum(r['status'] == 'unsupported' for r in runs)} unsupported, "
             f"{sum(r['status'] == 'error' for r in runs)} errors), seeds "
@@ -562,7 +568,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--only", help="comma-separated substrings of case names or families")
-    ap.add_argument("--results", default=DEFAULT_RESULTS)
+    ap.add_argument("--results", default=DEFAULT_RESULTS,
+                    help="the results file (--tables: several, comma-separated)")
     ap.add_argument("--cli", default=os.environ.get(
         "ATTNAUDIT_CLI", os.path.join(REPO, "build", "bin", "attnaudit")))
     ap.add_argument("--budget-min", type=float, default=0.0,
@@ -572,14 +579,16 @@ def main(argv=None) -> int:
     ap.add_argument("--tables", help="write the tables (Markdown) here and exit")
     ap.add_argument("--docs", action="store_true",
                     help="with --tables: also rewrite docs/CONFORMANCE.md's sweep block")
-    ap.add_argument("--cli-sha", help="tables of this CLI (sha prefix; default: the latest)")
+    ap.add_argument("--cli-sha", help="tables of this CLI (sha prefix; default: the latest; "
+                                      "any: every CLI, the last record of a run winning)")
     ap.add_argument("--force", action="store_true",
                     help="rerun the selected runs even if the results file has them "
                          "(after a change to the suite that changes them)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     if args.tables:
-        text = tables_text(load_results(args.results), args.cli_sha)
+        results = [r for path in args.results.split(",") for r in load_results(path)]
+        text = tables_text(results, args.cli_sha)
         with open(args.tables, "w") as f:
             f.write(text)
         if args.docs:
