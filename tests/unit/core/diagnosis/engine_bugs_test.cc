@@ -81,16 +81,21 @@ void CopyToken(const testing::LogicalCase& from, int64_t fb, int64_t u,
   std::copy_n(from.v[fb].begin() + u * w, w, to->v[b].begin() + t * w);
 }
 
+// Row b of *c without its newest key.
+void DropNewestKey(int64_t b, testing::LogicalCase* c) {
+  const int64_t w = c->kv_heads * c->head_dim;
+  c->k[b].resize(c->k[b].size() - w);
+  c->v[b].resize(c->v[b].size() - w);
+  c->positions[b].pop_back();
+}
+
 class EngineBugTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(EngineBugTest, OneKeyFewer) {
   const testing::LogicalCase c = testing::PeakedBf16Case(21);
   Snapshot s = testing::BuildSnapshot(c, Paging());
   testing::LogicalCase engine = c;
-  const int64_t w = c.kv_heads * c.head_dim;
-  engine.k[1].resize(engine.k[1].size() - w);
-  engine.v[1].resize(engine.v[1].size() - w);
-  engine.positions[1].pop_back();
+  DropNewestKey(1, &engine);
   SetEngine(engine, GetParam(), &s);
   // Declared as a flash-decoding kernel: an undeclared engine's envelope
   // (16-bit scores of either rounding) is wide enough to pass one key in
@@ -137,10 +142,7 @@ TEST_P(EngineBugTest, OneKeyFewerMovesTheSlidingWindow) {
   c.sliding_window = 24;
   Snapshot s = testing::BuildSnapshot(c, Paging());
   testing::LogicalCase engine = c;
-  const int64_t w = c.kv_heads * c.head_dim;
-  engine.k[1].resize(engine.k[1].size() - w);
-  engine.v[1].resize(engine.v[1].size() - w);
-  engine.positions[1].pop_back();
+  DropNewestKey(1, &engine);
   engine.query_positions[1] -= 1;
   SetEngine(engine, GetParam(), &s);
   const AuditReport report = Audit(s);
